@@ -1,0 +1,383 @@
+//! The `Backend` trait: the small set of primitives every device implements, generic over op enums.
+//!
+//! Tensors are always contiguous in their own buffer; strided reads (broadcast, narrow, permute)
+//! are expressed by the `Layout` an op reads its inputs through. Outputs are contiguous.
+//! Adding an elementwise op: see CONTRIBUTING.md.
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
+
+use crate::{DType, Layout, Result};
+use std::any::Any;
+use std::sync::Arc;
+
+/// Elementwise ops of one input. Parameters travel in the variant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    Identity,
+    Neg,
+    Exp,
+    Log,
+    Relu,
+    /// 1 where x > 0, else 0 (the derivative of relu).
+    Step,
+    Sqrt,
+    Recip,
+    Square,
+    Abs,
+    Tanh,
+    Sigmoid,
+    /// x * mul + add
+    Affine { mul: f32, add: f32 },
+    /// x ^ p
+    Powf(f32),
+}
+
+impl UnaryOp {
+    /// Every op, with representative parameters: conformance tests iterate over this list.
+    pub const ALL: [UnaryOp; 14] = [
+        UnaryOp::Identity,
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Relu,
+        UnaryOp::Step,
+        UnaryOp::Sqrt,
+        UnaryOp::Recip,
+        UnaryOp::Square,
+        UnaryOp::Abs,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Affine { mul: 0.5, add: -1.25 },
+        UnaryOp::Powf(1.5),
+    ];
+
+    /// Stable small integer passed to kernels; the WGSL and CUDA `switch` use the same codes.
+    pub fn code(self) -> u32 {
+        match self {
+            UnaryOp::Identity => 0,
+            UnaryOp::Neg => 1,
+            UnaryOp::Exp => 2,
+            UnaryOp::Log => 3,
+            UnaryOp::Relu => 4,
+            UnaryOp::Step => 5,
+            UnaryOp::Sqrt => 6,
+            UnaryOp::Recip => 7,
+            UnaryOp::Square => 8,
+            UnaryOp::Abs => 9,
+            UnaryOp::Tanh => 10,
+            UnaryOp::Sigmoid => 11,
+            UnaryOp::Affine { .. } => 12,
+            UnaryOp::Powf(_) => 13,
+        }
+    }
+    /// The two f32 parameters passed to kernels beside the code.
+    pub fn params(self) -> [f32; 2] {
+        match self {
+            UnaryOp::Affine { mul, add } => [mul, add],
+            UnaryOp::Powf(p) => [p, 0.0],
+            _ => [0.0, 0.0],
+        }
+    }
+}
+
+/// Elementwise ops of two inputs, broadcast through their layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+    Min,
+    /// 1.0 where a > b, else 0.0
+    Gt,
+    /// 1.0 where a == b, else 0.0
+    Eq,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 8] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Gt,
+        BinaryOp::Eq,
+    ];
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// Reductions along one axis. `ArgMax` writes I32 indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+    ArgMax,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::ArgMax];
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// A reduction over the middle axis of a contiguous `[outer, len, inner]` view; the output is
+/// `[outer, inner]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReduceSpec {
+    pub outer: usize,
+    pub len: usize,
+    pub inner: usize,
+}
+
+/// `C[b] = op(A[b]) · op(B[b])` with `C[b]` m×n, `op(A)` m×k, `op(B)` k×n, all row-major.
+/// With `trans_a`, A is stored k×m; with `trans_b`, B is stored n×k. A batch stride of 0 reuses
+/// one matrix for every batch entry. Offsets are in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulSpec {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub a_offset: usize,
+    pub b_offset: usize,
+    pub a_batch_stride: usize,
+    pub b_batch_stride: usize,
+}
+
+impl MatmulSpec {
+    /// A plain (batched) product of contiguous operands.
+    pub fn new(batch: usize, m: usize, n: usize, k: usize) -> Self {
+        MatmulSpec {
+            batch,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            a_offset: 0,
+            b_offset: 0,
+            a_batch_stride: m * k,
+            b_batch_stride: k * n,
+        }
+    }
+}
+
+/// Geometry of a 2-D convolution or pooling window over `[n, c, h, w]` input, producing
+/// `[n, c_out, oh, ow]`. im2col columns are `[n, c*kh*kw, oh*ow]`, row index `(ci*kh + i)*kw + j`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSpec {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: (usize, usize),
+    pub pad: (usize, usize),
+    pub oh: usize,
+    pub ow: usize,
+}
+
+impl WindowSpec {
+    /// The output size follows PyTorch's floor rule; errors when the window does not fit.
+    pub fn new(
+        op: &'static str,
+        nchw: [usize; 4],
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        pad: (usize, usize),
+    ) -> Result<Self> {
+        let [n, c, h, w] = nchw;
+        if kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
+            return Err(crate::Error::invalid(op, "kernel and stride must be positive"));
+        }
+        if h + 2 * pad.0 < kernel.0 || w + 2 * pad.1 < kernel.1 {
+            return Err(crate::Error::shape(
+                op,
+                format!("window {kernel:?} does not fit input {:?} with padding {pad:?}", [n, c, h, w]),
+            ));
+        }
+        let oh = (h + 2 * pad.0 - kernel.0) / stride.0 + 1;
+        let ow = (w + 2 * pad.1 - kernel.1) / stride.1 + 1;
+        Ok(WindowSpec { n, c, h, w, kh: kernel.0, kw: kernel.1, stride, pad, oh, ow })
+    }
+    pub fn col_rows(&self) -> usize {
+        self.c * self.kh * self.kw
+    }
+    pub fn col_len(&self) -> usize {
+        self.oh * self.ow
+    }
+}
+
+/// Row-wise indexing with class labels (I32): `Gather` reads `out[r] = x[r, idx[r]]` from
+/// `[rows, cols]`; `Scatter` writes `out[r, c] = (c == idx[r]) ? g[r] : 0`. Labels outside
+/// `0..cols` read 0 and write nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexOp {
+    Gather,
+    Scatter,
+}
+
+/// Fused optimizer updates, an optional fast path over the composed update.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OptimStep {
+    /// PyTorch SGD; `state[0]` is the momentum buffer (ignored when momentum is 0).
+    Sgd { lr: f32, momentum: f32, dampening: f32, nesterov: bool, weight_decay: f32, first: bool },
+    /// PyTorch Adam (`decoupled` = AdamW); `state` is `[exp_avg, exp_avg_sq]`; `step` counts from 1.
+    Adam { lr: f32, beta1: f32, beta2: f32, eps: f32, weight_decay: f32, decoupled: bool, step: u64 },
+}
+
+/// What kind of processor a device is; `auto` prefers hardware over software.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum DeviceKind {
+    Discrete,
+    Integrated,
+    Software,
+    Cpu,
+    Other,
+}
+
+/// Which implementation drives a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum BackendKind {
+    Cpu,
+    Wgpu,
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Wgpu => "wgpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// Static facts about an opened device.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceInfo {
+    pub backend: BackendKind,
+    /// Index among its backend's devices (`wgpu:1` has ordinal 1).
+    pub ordinal: usize,
+    pub name: String,
+    pub kind: DeviceKind,
+    /// Total device memory in bytes, when the driver says.
+    pub memory: Option<u64>,
+    pub driver: String,
+}
+
+/// Allocator statistics of one device, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryStats {
+    pub in_use: u64,
+    pub peak: u64,
+    /// Freed buffers kept for reuse.
+    pub pooled: u64,
+}
+
+/// Device memory owned by one backend. Cheap to clone (shared); the backend's own type inside
+/// returns itself to that backend's pool when the last clone drops.
+#[derive(Clone)]
+pub struct Buffer {
+    raw: Arc<dyn Any + Send + Sync>,
+    len: usize,
+    dtype: DType,
+}
+
+impl Buffer {
+    pub fn new<T: Any + Send + Sync>(raw: T, len: usize, dtype: DType) -> Self {
+        Buffer { raw: Arc::new(raw), len, dtype }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// The backend's own buffer type; `None` means the buffer belongs to another backend.
+    pub fn downcast<T: Any>(&self) -> Option<&T> {
+        self.raw.downcast_ref::<T>()
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({} x {:?})", self.len, self.dtype)
+    }
+}
+
+/// The primitives a device implements. Object safe; one `Arc<dyn Backend>` per logical device,
+/// shared by every thread that uses it. Ops may run asynchronously: results are guaranteed
+/// visible to `download` and after `sync`. All sizes and offsets count elements.
+pub trait Backend: Send + Sync {
+    fn info(&self) -> &DeviceInfo;
+
+    /// A buffer of `len` elements with unspecified contents.
+    fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer>;
+    /// A buffer holding `bytes` (little-endian elements of `dtype`).
+    fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer>;
+    /// The buffer's elements as little-endian bytes; waits for pending work.
+    fn download(&self, buf: &Buffer) -> Result<Vec<u8>>;
+    /// Sets every element to `value` (cast to the buffer's dtype).
+    fn fill(&self, buf: &Buffer, value: f32) -> Result<()>;
+    /// Copies `len` elements from `src[src_off..]` to `dst[dst_off..]`.
+    fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()>;
+
+    /// `out[i] = op(x[layout(i)])`, with `out` contiguous of `layout.shape`.
+    fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()>;
+    /// `out[i] = op(a[la(i)], b[lb(i)])`; `la` and `lb` share the output's shape.
+    fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()>;
+    /// Reduction over the middle axis of contiguous `x` viewed as `spec`.
+    fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()>;
+    /// `out = A · B` per `spec`; `out` is `[batch, m, n]` contiguous.
+    fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()>;
+    /// Unfolds `[n, c, h, w]` into `[n, c*kh*kw, oh*ow]` columns (zero padding).
+    fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()>;
+    /// Folds columns back, summing overlaps: the adjoint of `im2col`. Overwrites `x`.
+    fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()>;
+    /// Max pooling over `[n, c, h, w]` (`spec.c` channels in and out); `argmax` (I32) records
+    /// each output's source position `y*w + x` in its plane, or -1 if the window is all padding.
+    fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()>;
+    /// Gradient of `max_pool2d` into `[n, c, h, w]`; overwrites `grad_x`.
+    fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()>;
+    /// See `IndexOp`; `x` is `[rows, cols]` for gather, `out` is `[rows, cols]` for scatter.
+    fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()>;
+
+    /// Fused optimizer update of `param` in place; `Ok(false)` means "not fused here, compose it".
+    fn optim_step(&self, _step: OptimStep, _param: &Buffer, _grad: &Buffer, _state: &[&Buffer]) -> Result<bool> {
+        Ok(false)
+    }
+    /// A direct copy from a buffer on another device of this backend (CUDA peer access);
+    /// `Ok(None)` means the caller stages through host memory.
+    fn copy_from_peer(&self, _src_device: &dyn Backend, _src: &Buffer) -> Result<Option<Buffer>> {
+        Ok(None)
+    }
+    /// Whether `copy_from_peer` from `other` is a direct device-to-device path.
+    fn has_peer_path(&self, _other: &dyn Backend) -> bool {
+        false
+    }
+
+    /// Waits until every recorded op has finished.
+    fn sync(&self) -> Result<()>;
+    fn memory(&self) -> MemoryStats;
+    /// Lets backends downcast a peer (`copy_from_peer`).
+    fn as_any(&self) -> &dyn Any;
+}

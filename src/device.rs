@@ -1,0 +1,179 @@
+//! `Device`: a cheap, thread-safe handle to one opened logical device, plus discovery and specs.
+use crate::backend::{Backend, BackendKind, DeviceInfo, DeviceKind, MemoryStats};
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One opened logical device. Cloning shares it; it is `Send + Sync`, so each worker thread can
+/// hold its own clone. Opening the same adapter twice gives two independent devices.
+///
+/// ```ignore
+/// # fn main() -> tandem::Result<()> {
+/// let dev = tandem::Device::cpu();
+/// let x = tandem::Tensor::from_vec(vec![1.0, 2.0, 3.0], [3], &dev)?;
+/// assert_eq!(x.sum_all()?.to_scalar()?, 6.0);
+/// # Ok(()) }
+/// ```ignore
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    backend: Arc<dyn Backend>,
+    id: u64,
+}
+
+impl Device {
+    /// Wraps an opened backend as a new logical device.
+    pub fn from_backend(backend: Arc<dyn Backend>) -> Self {
+        Device { inner: Arc::new(DeviceInner { backend, id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed) }) }
+    }
+    /// The CPU reference device (one shared instance).
+    pub fn cpu() -> Self {
+        static CPU: OnceLock<Device> = OnceLock::new();
+        CPU.get_or_init(|| Device::from_backend(Arc::new(crate::backend::cpu::CpuBackend::new()))).clone()
+    }
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.inner.backend
+    }
+    pub fn backend_arc(&self) -> Arc<dyn Backend> {
+        self.inner.backend.clone()
+    }
+    pub fn info(&self) -> &DeviceInfo {
+        self.inner.backend.info()
+    }
+    /// Unique per opened logical device in this process.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+    /// The spec this device answers to, such as `wgpu:0` or `cpu`.
+    pub fn spec(&self) -> String {
+        let i = self.info();
+        match i.backend {
+            BackendKind::Cpu => "cpu".into(),
+            b => format!("{}:{}", b.name(), i.ordinal),
+        }
+    }
+    pub fn same(&self, other: &Device) -> bool {
+        self.inner.id == other.inner.id
+    }
+    pub fn sync(&self) -> Result<()> {
+        self.inner.backend.sync()
+    }
+    pub fn memory(&self) -> MemoryStats {
+        self.inner.backend.memory()
+    }
+
+    /// Every device of every compiled backend: CUDA devices, wgpu adapters (hardware before
+    /// software, Vulkan/Metal/DX12 before GL), then the CPU reference.
+    pub fn list() -> Vec<DeviceInfo> {
+        let mut out = Vec::new();
+        #[cfg(feature = "cuda")]
+        out.extend(crate::backend::cuda::devices());
+        #[cfg(feature = "wgpu")]
+        out.extend(crate::backend::wgpu::adapters());
+        out.push(Device::cpu().info().clone());
+        out
+    }
+
+    /// Opens the devices a spec names: `cpu`, `wgpu:N`, `cuda:N`, `auto`, `all`, or a comma
+    /// list of these. Each named entry opens a fresh logical device (except `cpu`, which is
+    /// shared), so `wgpu:0,wgpu:0` gives two independent devices on one adapter.
+    pub fn parse(spec: &str) -> Result<Vec<Device>> {
+        let mut out = Vec::new();
+        for part in spec.split(',').map(str::trim) {
+            match part {
+                "auto" => out.push(Device::auto()?),
+                "all" => {
+                    for info in Device::list() {
+                        out.push(Device::open(info.backend, info.ordinal)?);
+                    }
+                }
+                _ => {
+                    let (backend, ordinal) = parse_one(part)?;
+                    out.push(Device::open(backend, ordinal)?);
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(no_such(spec));
+        }
+        Ok(out)
+    }
+
+    /// CUDA device 0 if any, else the first hardware GPU adapter, else the CPU reference.
+    /// A software adapter (lavapipe) is slower than the CPU reference and is used only by name.
+    pub fn auto() -> Result<Device> {
+        let list = Device::list();
+        let pick = list
+            .iter()
+            .find(|i| i.backend == BackendKind::Cuda)
+            .or_else(|| {
+                list.iter().find(|i| {
+                    i.backend == BackendKind::Wgpu && matches!(i.kind, DeviceKind::Discrete | DeviceKind::Integrated)
+                })
+            });
+        match pick {
+            Some(i) => Device::open(i.backend, i.ordinal),
+            None => Ok(Device::cpu()),
+        }
+    }
+
+    /// Opens a new logical device on the given backend's `ordinal`-th device.
+    pub fn open(backend: BackendKind, ordinal: usize) -> Result<Device> {
+        let exists = Device::list().iter().any(|i| i.backend == backend && i.ordinal == ordinal);
+        if !exists {
+            return Err(no_such(&format!("{}:{ordinal}", backend.name())));
+        }
+        match backend {
+            BackendKind::Cpu => Ok(Device::cpu()),
+            #[cfg(feature = "wgpu")]
+            BackendKind::Wgpu => Ok(Device::from_backend(crate::backend::wgpu::open(ordinal)?)),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => Ok(Device::from_backend(crate::backend::cuda::open(ordinal)?)),
+            #[allow(unreachable_patterns)]
+            b => Err(Error::Unavailable { backend: b.name(), reason: "not compiled in (cargo feature)".into() }),
+        }
+    }
+}
+
+fn parse_one(part: &str) -> Result<(BackendKind, usize)> {
+    if part == "cpu" || part == "cpu:0" {
+        return Ok((BackendKind::Cpu, 0));
+    }
+    let (name, idx) = part.split_once(':').ok_or_else(|| no_such(part))?;
+    let backend = match name {
+        "wgpu" => BackendKind::Wgpu,
+        "cuda" => BackendKind::Cuda,
+        _ => return Err(no_such(part)),
+    };
+    let ordinal = idx.parse::<usize>().map_err(|_| no_such(part))?;
+    Ok((backend, ordinal))
+}
+
+fn no_such(spec: &str) -> Error {
+    let available = Device::list()
+        .iter()
+        .map(|i| match i.backend {
+            BackendKind::Cpu => "cpu".to_string(),
+            b => format!("{}:{} ({})", b.name(), i.ordinal, i.name),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Error::NoSuchDevice { spec: spec.to_string(), available }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({}#{})", self.spec(), self.inner.id)
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.spec())
+    }
+}

@@ -1,0 +1,19 @@
+//! tandem: train neural networks on GPUs of any vendor (WGSL via wgpu, CUDA via cudarc) with a
+//! CPU reference backend, autograd, `nn` layers, optimizers and a multi-device scheduler.
+pub mod autograd;
+pub mod backend;
+pub mod checkpoint;
+pub mod data;
+mod device;
+mod error;
+pub mod nn;
+pub mod optim;
+pub mod parallel;
+mod shape;
+pub mod tensor;
+
+pub use backend::{Backend, BackendKind, DeviceInfo, DeviceKind, MemoryStats};
+pub use device::Device;
+pub use error::{Error, Result};
+pub use shape::{DType, Layout, Shape, MAX_RANK};
+// pub use tensor::Tensor;

@@ -1,0 +1,2 @@
+//! The `tandem` command (being written).
+fn main() {}

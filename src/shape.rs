@@ -1,0 +1,151 @@
+//! Shapes, dtypes and strided layouts: the vocabulary shared by tensors and backends.
+use crate::{Error, Result};
+use std::fmt;
+
+/// Element types. `I32` holds class labels and argmax results (WGSL has no 64-bit integers;
+/// I64 labels from files are narrowed on load).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum DType {
+    F32,
+    I32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        4
+    }
+}
+
+/// A tensor's dimensions, outermost first.
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct Shape(pub Vec<usize>);
+
+impl Shape {
+    pub fn new(dims: impl Into<Vec<usize>>) -> Self {
+        Shape(dims.into())
+    }
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+    pub fn numel(&self) -> usize {
+        self.0.iter().product()
+    }
+    /// Row-major strides of a contiguous tensor of this shape.
+    pub fn contiguous_strides(&self) -> Vec<usize> {
+        let mut s = vec![1; self.0.len()];
+        for i in (0..self.0.len().saturating_sub(1)).rev() {
+            s[i] = s[i + 1] * self.0[i + 1];
+        }
+        s
+    }
+    /// Resolves a possibly negative axis (`-1` is the last) for `op`.
+    pub fn axis(&self, op: &'static str, axis: isize) -> Result<usize> {
+        let r = self.rank() as isize;
+        let a = if axis < 0 { axis + r } else { axis };
+        if a < 0 || a >= r {
+            return Err(Error::shape(op, format!("axis {axis} out of range for shape {self:?}")));
+        }
+        Ok(a as usize)
+    }
+    /// The shape two operands broadcast to, NumPy/PyTorch rules.
+    pub fn broadcast(op: &'static str, a: &Shape, b: &Shape) -> Result<Shape> {
+        let r = a.rank().max(b.rank());
+        let mut out = vec![0; r];
+        for i in 0..r {
+            let da = if i + a.rank() >= r { a.0[i + a.rank() - r] } else { 1 };
+            let db = if i + b.rank() >= r { b.0[i + b.rank() - r] } else { 1 };
+            out[i] = match (da, db) {
+                (x, y) if x == y => x,
+                (1, y) => y,
+                (x, 1) => x,
+                _ => return Err(Error::shape(op, format!("cannot broadcast {a:?} with {b:?}"))),
+            };
+        }
+        Ok(Shape(out))
+    }
+}
+
+impl fmt::Debug for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(d: &[usize]) -> Self {
+        Shape(d.to_vec())
+    }
+}
+impl From<Vec<usize>> for Shape {
+    fn from(d: Vec<usize>) -> Self {
+        Shape(d)
+    }
+}
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(d: [usize; N]) -> Self {
+        Shape(d.to_vec())
+    }
+}
+
+/// Most dimensions a strided layout may have; kernels pass layouts in fixed-size arrays.
+pub const MAX_RANK: usize = 6;
+
+/// How an operand is read: element `idx` (a multi-index over `shape`) lives at
+/// `offset + sum(idx[i] * strides[i])` in its buffer. Stride 0 broadcasts a dimension.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub offset: usize,
+}
+
+impl Layout {
+    pub fn contiguous(shape: &Shape) -> Self {
+        Layout { shape: shape.0.clone(), strides: shape.contiguous_strides(), offset: 0 }
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.strides == Shape(self.shape.clone()).contiguous_strides()
+    }
+    /// This contiguous layout read as `target` (broadcast: size-1 or missing leading dims get
+    /// stride 0).
+    pub fn broadcast_to(shape: &Shape, target: &Shape) -> Self {
+        let s = shape.contiguous_strides();
+        let r = target.rank();
+        let mut strides = vec![0; r];
+        for i in 0..shape.rank() {
+            let t = i + r - shape.rank();
+            strides[t] = if shape.0[i] == 1 { 0 } else { s[i] };
+        }
+        Layout { shape: target.0.clone(), strides, offset: 0 }
+    }
+    /// Padded to `MAX_RANK` with leading unit dimensions, as kernels expect; errors past it.
+    pub fn padded(&self, op: &'static str) -> Result<([u32; MAX_RANK], [u32; MAX_RANK])> {
+        if self.shape.len() > MAX_RANK {
+            return Err(Error::shape(op, format!("rank {} exceeds {MAX_RANK}", self.shape.len())));
+        }
+        let mut shape = [1u32; MAX_RANK];
+        let mut strides = [0u32; MAX_RANK];
+        let pad = MAX_RANK - self.shape.len();
+        for i in 0..self.shape.len() {
+            shape[pad + i] = self.shape[i] as u32;
+            strides[pad + i] = self.strides[i] as u32;
+        }
+        Ok((shape, strides))
+    }
+    /// Buffer position of the `i`-th element in row-major order of `shape`.
+    pub fn index(&self, mut i: usize) -> usize {
+        let mut pos = self.offset;
+        for d in (0..self.shape.len()).rev() {
+            let n = self.shape[d];
+            pos += (i % n) * self.strides[d];
+            i /= n;
+        }
+        pos
+    }
+}
