@@ -9,13 +9,13 @@ static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 /// One opened logical device. Cloning shares it; it is `Send + Sync`, so each worker thread can
 /// hold its own clone. Opening the same adapter twice gives two independent devices.
 ///
-/// ```ignore
+/// ```
 /// # fn main() -> tandem::Result<()> {
 /// let dev = tandem::Device::cpu();
 /// let x = tandem::Tensor::from_vec(vec![1.0, 2.0, 3.0], [3], &dev)?;
 /// assert_eq!(x.sum_all()?.to_scalar()?, 6.0);
 /// # Ok(()) }
-/// ```ignore
+/// ```
 #[derive(Clone)]
 pub struct Device {
     inner: Arc<DeviceInner>,
