@@ -11,6 +11,7 @@ pub mod optim;
 pub mod parallel;
 mod shape;
 pub mod tensor;
+pub mod tolerance;
 
 pub use backend::{Backend, BackendKind, DeviceInfo, DeviceKind, MemoryStats};
 pub use device::Device;

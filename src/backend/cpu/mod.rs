@@ -65,25 +65,39 @@ fn raw(b: &Buffer) -> Result<&CpuBuffer> {
     b.downcast::<CpuBuffer>().ok_or_else(|| Error::invalid("cpu", "buffer belongs to another device"))
 }
 
-/// Reads `x` as f32, runs `f` with the output as f32; handles `x` aliasing `out`.
-fn read(b: &Buffer) -> Result<Vec<f32>> {
-    Ok(raw(b)?.data.read().unwrap().iter().map(|&u| f32::from_bits(u)).collect())
+fn same(a: &Buffer, b: &Buffer) -> Result<bool> {
+    Ok(std::ptr::eq(raw(a)?, raw(b)?))
+}
+/// Runs `f` on the input's elements as f32 without copying (unless the input is the output).
+fn with_f32<R>(x: &Buffer, out: &Buffer, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    if same(x, out)? {
+        let copy = raw(x)?.data.read().unwrap().clone();
+        return Ok(f(bytemuck::cast_slice(&copy)));
+    }
+    let guard = raw(x)?.data.read().unwrap();
+    Ok(f(bytemuck::cast_slice(&guard)))
 }
 fn read_i32(b: &Buffer) -> Result<Vec<i32>> {
-    Ok(raw(b)?.data.read().unwrap().iter().map(|&u| u as i32).collect())
+    Ok(bytemuck::cast_slice(&raw(b)?.data.read().unwrap()).to_vec())
 }
-fn write(b: &Buffer, v: &[f32]) -> Result<()> {
-    let mut d = raw(b)?.data.write().unwrap();
-    for (o, x) in d.iter_mut().zip(v) {
-        *o = x.to_bits();
+/// Runs `f` on the output's elements as mutable f32.
+fn write_with<R>(out: &Buffer, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
+    let mut guard = raw(out)?.data.write().unwrap();
+    Ok(f(bytemuck::cast_slice_mut(&mut guard)))
+}
+/// Stores a freshly computed result: moves the vector in when it fills the buffer.
+fn write(b: &Buffer, v: Vec<f32>) -> Result<()> {
+    let mut guard = raw(b)?.data.write().unwrap();
+    if v.len() == guard.len() {
+        *guard = bytemuck::cast_vec(v);
+    } else {
+        bytemuck::cast_slice_mut::<u32, f32>(&mut guard)[..v.len()].copy_from_slice(&v);
     }
     Ok(())
 }
 fn write_i32(b: &Buffer, v: &[i32]) -> Result<()> {
     let mut d = raw(b)?.data.write().unwrap();
-    for (o, x) in d.iter_mut().zip(v) {
-        *o = *x as u32;
-    }
+    d[..v.len()].copy_from_slice(bytemuck::cast_slice(v));
     Ok(())
 }
 
@@ -126,50 +140,54 @@ impl Backend for CpuBackend {
         Ok(())
     }
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
-        let xs = read(x)?;
-        let v: Vec<f32> = (0..layout.numel()).map(|i| kernels::unary(op, xs[layout.index(i)])).collect();
-        write(out, &v)
+        let v = with_f32(x, out, |xs| kernels::strided_map(layout, xs, |a| kernels::unary(op, a)))?;
+        write(out, v)
     }
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
-        let (av, bv) = (read(a)?, read(b)?);
-        let v: Vec<f32> = (0..la.numel()).map(|i| kernels::binary(op, av[la.index(i)], bv[lb.index(i)])).collect();
-        write(out, &v)
+        let v = with_f32(a, out, |av| with_f32(b, out, |bv| kernels::strided_zip(la, av, lb, bv, |x, y| kernels::binary(op, x, y))))??;
+        write(out, v)
     }
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
-        let xs = read(x)?;
-        let (vals, idx) = kernels::reduce(op, &xs, spec);
+        let (vals, idx) = with_f32(x, out, |xs| kernels::reduce(op, xs, spec))?;
         match op {
             ReduceOp::ArgMax => write_i32(out, &idx),
-            _ => write(out, &vals),
+            _ => write(out, vals),
         }
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
-        let (av, bv) = (read(a)?, read(b)?);
-        let mut c = vec![0.0f32; spec.batch * spec.m * spec.n];
-        kernels::matmul(&av, &bv, &mut c, spec);
-        write(out, &c)
+        if same(a, out)? || same(b, out)? {
+            return Err(Error::invalid("matmul", "the output must not alias an input"));
+        }
+        let ga = raw(a)?.data.read().unwrap();
+        let gb = raw(b)?.data.read().unwrap();
+        write_with(out, |c| kernels::matmul(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec))
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
-        write(cols, &kernels::im2col(&read(x)?, spec))
+        let v = with_f32(x, cols, |xs| kernels::im2col(xs, spec))?;
+        write(cols, v)
     }
     fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
-        write(x, &kernels::col2im(&read(cols)?, spec))
+        let v = with_f32(cols, x, |c| kernels::col2im(c, spec))?;
+        write(x, v)
     }
     fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
-        let (v, idx) = kernels::max_pool2d(&read(x)?, spec);
-        write(out, &v)?;
+        let (v, idx) = with_f32(x, out, |xs| kernels::max_pool2d(xs, spec))?;
+        write(out, v)?;
         write_i32(argmax, &idx)
     }
     fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
-        write(grad_x, &kernels::max_pool2d_backward(&read(grad_out)?, &read_i32(argmax)?, spec))
+        let arg = read_i32(argmax)?;
+        let v = with_f32(grad_out, grad_x, |g| kernels::max_pool2d_backward(g, &arg, spec))?;
+        write(grad_x, v)
     }
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
-        let (xs, is) = (read(x)?, read_i32(idx)?);
+        let is = read_i32(idx)?;
+        let xs: Vec<f32> = with_f32(x, out, |v| v.to_vec())?;
         let in_range = |r: usize| (is[r] >= 0 && (is[r] as usize) < cols).then_some(is[r] as usize);
         match op {
             IndexOp::Gather => {
                 let v: Vec<f32> = (0..rows).map(|r| in_range(r).map_or(0.0, |c| xs[r * cols + c])).collect();
-                write(out, &v)
+                write(out, v)
             }
             IndexOp::Scatter => {
                 let mut v = vec![0.0f32; rows * cols];
@@ -178,7 +196,7 @@ impl Backend for CpuBackend {
                         v[r * cols + c] = xs[r];
                     }
                 }
-                write(out, &v)
+                write(out, v)
             }
         }
     }
