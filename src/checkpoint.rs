@@ -261,3 +261,49 @@ fn f16_to_f32(h: u16) -> f32 {
     };
     f32::from_bits(bits)
 }
+
+/// Copies named tensors to the host.
+pub fn to_host(tensors: &[(String, crate::Tensor)]) -> Result<Vec<(String, HostTensor)>> {
+    tensors
+        .iter()
+        .map(|(n, t)| {
+            let shape = t.dims().to_vec();
+            let h = match t.dtype() {
+                DType::F32 => HostTensor::f32(shape, t.to_vec()?)?,
+                DType::I32 => HostTensor::i32(shape, t.to_vec_i32()?)?,
+            };
+            Ok((n.clone(), h))
+        })
+        .collect()
+}
+
+/// Writes named tensors (a model's `parameters()` or `state_dict()`) as safetensors with
+/// PyTorch's names and layouts, atomically.
+///
+/// ```no_run
+/// # fn main() -> tandem::Result<()> {
+/// use tandem::nn::{models::SeedModel, Module};
+/// let model = SeedModel::Cnn.build(0, &tandem::Device::cpu())?;
+/// tandem::checkpoint::save_weights("model.safetensors", &model.parameters())?;
+/// let back = tandem::checkpoint::load_weights("model.safetensors", &tandem::Device::cpu())?;
+/// model.load_state(&back)?;
+/// # Ok(()) }
+/// ```
+pub fn save_weights(path: impl AsRef<Path>, tensors: &[(String, crate::Tensor)]) -> Result<()> {
+    write_safetensors(path, &to_host(tensors)?, &BTreeMap::new())
+}
+
+/// Reads every tensor of a safetensors file onto `device`, sorted by name.
+pub fn load_weights(path: impl AsRef<Path>, device: &crate::Device) -> Result<Vec<(String, crate::Tensor)>> {
+    let (tensors, _) = read_safetensors(path)?;
+    tensors
+        .into_iter()
+        .map(|(n, h)| {
+            let t = match h.data {
+                HostData::F32(v) => crate::Tensor::from_vec(v, h.shape, device)?,
+                HostData::I32(v) => crate::Tensor::from_labels(v, h.shape, device)?,
+            };
+            Ok((n, t))
+        })
+        .collect()
+}

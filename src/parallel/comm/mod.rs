@@ -1,0 +1,1 @@
+//! Collective communication between devices (being written).
