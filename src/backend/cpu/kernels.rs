@@ -22,44 +22,47 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
 }
 
 /// `f` over the elements of `x` read through `layout`, in row-major order of its shape.
-pub fn strided_map(layout: &Layout, x: &[f32], f: impl Fn(f32) -> f32) -> Vec<f32> {
+pub fn strided_map(layout: &Layout, x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
+    let n = layout.numel();
     if layout.is_contiguous() {
-        return x[layout.offset..layout.offset + layout.numel()].iter().map(|&a| f(a)).collect();
+        out[..n].iter_mut().zip(&x[layout.offset..layout.offset + n]).for_each(|(o, &a)| *o = f(a));
+        return;
     }
-    let mut out = Vec::with_capacity(layout.numel());
-    for_each_offset(layout, |p| out.push(f(x[p])));
-    out
+    let mut i = 0;
+    for_each_offset(layout, |p| {
+        out[i] = f(x[p]);
+        i += 1;
+    });
 }
 
 /// `f` over pairs read through two layouts of the same shape.
-pub fn strided_zip(la: &Layout, a: &[f32], lb: &Layout, b: &[f32], f: impl Fn(f32, f32) -> f32) -> Vec<f32> {
+pub fn strided_zip(la: &Layout, a: &[f32], lb: &Layout, b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
     let n = la.numel();
     if la.is_contiguous() && lb.is_contiguous() {
         let (a, b) = (&a[la.offset..la.offset + n], &b[lb.offset..lb.offset + n]);
-        return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
+        out[..n].iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&x, &y))| *o = f(x, y));
+        return;
     }
-    let mut out = Vec::with_capacity(n);
     let mut i = 0;
     if la.is_contiguous() {
         let a = &a[la.offset..la.offset + n];
         for_each_offset(lb, |pb| {
-            out.push(f(a[i], b[pb]));
+            out[i] = f(a[i], b[pb]);
             i += 1;
         });
     } else if lb.is_contiguous() {
         let b = &b[lb.offset..lb.offset + n];
         for_each_offset(la, |pa| {
-            out.push(f(a[pa], b[i]));
+            out[i] = f(a[pa], b[i]);
             i += 1;
         });
     } else {
         let pa = offsets(la);
         for_each_offset(lb, |pb| {
-            out.push(f(a[pa[i]], b[pb]));
+            out[i] = f(a[pa[i]], b[pb]);
             i += 1;
         });
     }
-    out
 }
 
 fn offsets(l: &Layout) -> Vec<usize> {
@@ -195,9 +198,9 @@ fn valid_range(out: usize, stride: usize, j: usize, pad: usize, w: usize) -> std
     lo..hi.max(lo)
 }
 
-pub fn im2col(x: &[f32], s: WindowSpec) -> Vec<f32> {
+pub fn im2col(x: &[f32], s: WindowSpec, cols: &mut [f32]) {
     let (rows, cl) = (s.col_rows(), s.col_len());
-    let mut cols = vec![0.0f32; s.n * rows * cl];
+    cols[..s.n * rows * cl].fill(0.0);
     for n in 0..s.n {
         for r in 0..rows {
             let (ci, i, j) = (r / (s.kh * s.kw), (r / s.kw) % s.kh, r % s.kw);
@@ -212,12 +215,11 @@ pub fn im2col(x: &[f32], s: WindowSpec) -> Vec<f32> {
             }
         }
     }
-    cols
 }
 
-pub fn col2im(cols: &[f32], s: WindowSpec) -> Vec<f32> {
+pub fn col2im(cols: &[f32], s: WindowSpec, x: &mut [f32]) {
     let (rows, cl) = (s.col_rows(), s.col_len());
-    let mut x = vec![0.0f32; s.n * s.c * s.h * s.w];
+    x[..s.n * s.c * s.h * s.w].fill(0.0);
     for n in 0..s.n {
         for r in 0..rows {
             let (ci, i, j) = (r / (s.kh * s.kw), (r / s.kw) % s.kh, r % s.kw);
@@ -232,13 +234,10 @@ pub fn col2im(cols: &[f32], s: WindowSpec) -> Vec<f32> {
             }
         }
     }
-    x
 }
 
-pub fn max_pool2d(x: &[f32], s: WindowSpec) -> (Vec<f32>, Vec<i32>) {
+pub fn max_pool2d(x: &[f32], s: WindowSpec, out: &mut [f32], arg: &mut [i32]) {
     let planes = s.n * s.c;
-    let mut out = vec![0.0f32; planes * s.oh * s.ow];
-    let mut arg = vec![-1i32; planes * s.oh * s.ow];
     for p in 0..planes {
         let plane = &x[p * s.h * s.w..][..s.h * s.w];
         for oy in 0..s.oh {
@@ -264,12 +263,11 @@ pub fn max_pool2d(x: &[f32], s: WindowSpec) -> (Vec<f32>, Vec<i32>) {
             }
         }
     }
-    (out, arg)
 }
 
-pub fn max_pool2d_backward(gy: &[f32], arg: &[i32], s: WindowSpec) -> Vec<f32> {
+pub fn max_pool2d_backward(gy: &[f32], arg: &[i32], s: WindowSpec, gx: &mut [f32]) {
     let planes = s.n * s.c;
-    let mut gx = vec![0.0f32; planes * s.h * s.w];
+    gx[..planes * s.h * s.w].fill(0.0);
     for p in 0..planes {
         for o in 0..s.oh * s.ow {
             let a = arg[p * s.oh * s.ow + o];
@@ -278,5 +276,4 @@ pub fn max_pool2d_backward(gy: &[f32], arg: &[i32], s: WindowSpec) -> Vec<f32> {
             }
         }
     }
-    gx
 }
