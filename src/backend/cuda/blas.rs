@@ -7,6 +7,7 @@
 use crate::backend::MatmulSpec;
 use cudarc::cublas::{result, sys, CudaBlas};
 use cudarc::driver::{sys::CUdeviceptr, CudaStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 /// A cuBLAS handle bound to one logical device's stream. The handle is not safe to use from two
@@ -14,15 +15,19 @@ use std::sync::{Arc, Mutex};
 pub(crate) struct Blas(Mutex<CudaBlas>);
 
 impl Blas {
-    /// `Ok(None)` when libcublas is not installed: matmul then runs the fallback kernel.
-    pub(crate) fn new(stream: Arc<CudaStream>) -> Result<Option<Self>, String> {
+    /// A handle on `stream`, or why there is none (libcublas missing or unusable); matmul then
+    /// runs the fallback kernel, so a missing cuBLAS costs speed, not the device.
+    pub(crate) fn new(stream: Arc<CudaStream>) -> Result<Self, String> {
         // SAFETY: is_culib_present only dlopens candidate names and closes them again.
-        let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+        let present = catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
         if !present {
-            return Ok(None);
+            return Err("libcublas not found".into());
         }
-        let blas = CudaBlas::new(stream).map_err(|e| format!("cublasCreate: {e:?}"))?;
-        Ok(Some(Blas(Mutex::new(blas))))
+        match catch_unwind(AssertUnwindSafe(|| CudaBlas::new(stream))) {
+            Ok(Ok(blas)) => Ok(Blas(Mutex::new(blas))),
+            Ok(Err(e)) => Err(format!("cublasCreate: {e:?}")),
+            Err(_) => Err("libcublas lacks a symbol cudarc needs".into()),
+        }
     }
 
     /// `c = op(a)·op(b)` per `spec` on the handle's stream; `a`, `b`, `c` are base addresses

@@ -97,8 +97,17 @@ impl CudaBackend {
                 funcs.insert(*name, f);
             }
         }
-        let blas = Blas::new(stream.clone()).map_err(|e| backend_error(&label, "cuBLAS", e))?;
-        info.driver = format!("{}, {}", info.driver, if blas.is_some() { "cuBLAS" } else { "no cuBLAS (fallback matmul kernel)" });
+        let blas = match Blas::new(stream.clone()) {
+            Ok(blas) => {
+                info.driver.push_str(", cuBLAS");
+                Some(blas)
+            }
+            Err(why) => {
+                tracing::warn!("{label}: {why}; matmul uses the fallback kernel");
+                info.driver.push_str(&format!(", matmul kernel ({why})"));
+                None
+            }
+        };
         Ok(CudaBackend {
             pool: Arc::new(Pool::new(stream.clone(), label.clone())),
             staging: Staging::new(stream.clone(), label.clone()),

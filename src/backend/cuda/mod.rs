@@ -121,6 +121,14 @@ pub fn compile_check(arch: &str) -> Result<Vec<String>> {
     })
 }
 
+/// The version of the NVRTC library this process loads, as `(major, minor)`.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    if let Some(reason) = nvrtc::unavailable() {
+        return Err(Error::Unavailable { backend: "cuda", reason });
+    }
+    guarded("nvrtc", || nvrtc::version().map_err(|e| backend_error("nvrtc", "version", e)))
+}
+
 fn describe(ordinal: usize) -> Result<DeviceInfo> {
     let label = format!("cuda:{ordinal}");
     let dev = result::device::get(ordinal as i32).map_err(|e| backend_error(&label, "cuDeviceGet", e))?;

@@ -34,6 +34,11 @@ impl Staging {
         backend_error(&self.label, what, e)
     }
 
+    /// Makes the device's context current: raw driver copies act on the calling thread's context.
+    fn bind(&self) -> Result<()> {
+        self.stream.context().bind_to_thread().map_err(|e| self.err("binding the context", e))
+    }
+
     /// A pinned buffer of at least `len` bytes, or `None` if page-locked memory is refused (the
     /// copy then goes from pageable memory, which the driver stages itself).
     fn ensure(&self, p: &mut Pinned, len: usize) -> Result<bool> {
@@ -43,7 +48,6 @@ impl Staging {
         if p.cap >= len {
             return Ok(true);
         }
-        self.stream.context().bind_to_thread().map_err(|e| self.err("binding the context", e))?;
         if !p.ptr.is_null() {
             // SAFETY: allocated by cuMemHostAlloc below; no copy reads it (waited above).
             unsafe { result::free_host(p.ptr as _) }.map_err(|e| self.err("cuMemFreeHost", e))?;
@@ -65,6 +69,7 @@ impl Staging {
     /// Queues a copy of `bytes` to device address `dst`; returns before it completes.
     pub(crate) fn upload(&self, bytes: &[u8], dst: sys::CUdeviceptr) -> Result<()> {
         let mut p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        self.bind()?;
         let stream = self.stream.cu_stream();
         for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
             let at = dst + (i * CHUNK) as u64;
@@ -89,6 +94,7 @@ impl Staging {
     pub(crate) fn download(&self, src: sys::CUdeviceptr, len: usize) -> Result<Vec<u8>> {
         let mut out = vec![0u8; len];
         let mut p = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        self.bind()?;
         let stream = self.stream.cu_stream();
         for (i, chunk) in out.chunks_mut(CHUNK).enumerate() {
             let at = src + (i * CHUNK) as u64;
