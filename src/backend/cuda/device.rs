@@ -90,7 +90,8 @@ impl CudaBackend {
         let stream = ctx.new_stream().map_err(|e| err("cuStreamCreate", e))?;
         let cc = ctx.compute_capability().map_err(|e| err("compute capability", e))?;
         let mut funcs = HashMap::new();
-        for ((family, source), (_, names)) in kernels::KERNELS.iter().zip(kernels::FUNCTIONS) {
+        for (family, source) in kernels::KERNELS {
+            let names = kernels::functions(family);
             let module = load_family(&ctx, family, source, cc).map_err(|e| backend_error(&label, "loading kernels", e))?;
             for name in names.iter() {
                 let f = module.load_function(name).map_err(|e| err(name, e))?;

@@ -28,7 +28,30 @@ pub const FUNCTIONS: &[(&str, &[&str])] = &[
     ("matmul", &["matmul_f32"]),
 ];
 
+/// The entry points of `family` (none for an unknown family).
+pub fn functions(family: &str) -> &'static [&'static str] {
+    FUNCTIONS.iter().find(|(f, _)| *f == family).map_or(&[], |(_, names)| names)
+}
+
 /// The full translation unit NVRTC compiles for `family`'s source.
 pub fn translation_unit(source: &str) -> String {
     format!("{COMMON}\n{source}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_lists_the_kernels_its_source_defines() {
+        assert_eq!(KERNELS.len(), FUNCTIONS.len());
+        for (family, source) in KERNELS {
+            let names = functions(family);
+            assert!(!names.is_empty(), "{family} has no entry in FUNCTIONS");
+            for name in names {
+                assert!(source.contains(&format!("__global__ void {name}(")), "{family}.cu does not define {name}");
+            }
+            assert_eq!(source.matches("__global__").count(), names.len(), "{family}.cu defines kernels FUNCTIONS omits");
+        }
+    }
 }
