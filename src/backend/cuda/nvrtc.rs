@@ -64,7 +64,7 @@ pub(crate) fn compile(family: &str, source: &str, target: &str) -> Result<Compil
 /// Compiles through the disk cache: a valid cached image is returned as is.
 pub(crate) fn compile_cached(family: &str, source: &str, target: &str) -> Result<Vec<u8>, String> {
     let path = cache_path(family, source, target)?;
-    if let Some(image) = path.as_ref().and_then(|p| read_entry(p)) {
+    if let Some(image) = path.as_ref().and_then(read_entry) {
         return Ok(image);
     }
     let image = compile(family, source, target)?.image;
@@ -170,4 +170,24 @@ fn write_entry(path: &PathBuf, image: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{read_entry, write_entry};
+
+    #[test]
+    fn cache_entries_round_trip_and_reject_corruption() {
+        let dir = std::env::temp_dir().join(format!("tandem-ptx-cache-test-{}", std::process::id()));
+        let path = dir.join("unary-compute_52-0.bin");
+        write_entry(&path, b"// ptx text\0").unwrap();
+        assert_eq!(read_entry(&path).as_deref(), Some(&b"// ptx text\0"[..]));
+        let mut data = std::fs::read(&path).unwrap();
+        *data.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &data).unwrap();
+        assert_eq!(read_entry(&path), None, "a corrupt entry reads as a miss");
+        std::fs::write(&path, b"short").unwrap();
+        assert_eq!(read_entry(&path), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -19,7 +19,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
-        if bytes.len() % dtype.size() != 0 {
+        if !bytes.len().is_multiple_of(dtype.size()) {
             return Err(Error::invalid("upload", format!("{} bytes is not a whole number of elements", bytes.len())));
         }
         let buf = self.alloc(bytes.len() / dtype.size(), dtype)?;
