@@ -1,7 +1,7 @@
 //! Compiles every CUDA kernel family with NVRTC (no GPU needed) through the library's own path.
 //!
 //! Needs `libnvrtc.so.12` on the loader path, e.g.
-//! `LD_LIBRARY_PATH=$(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.dirname(nvidia.cuda_nvrtc.__file__))')/lib`.
+//! `LD_LIBRARY_PATH=$(python3 -c 'import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0] + "/lib")')`.
 //! Without it the test prints why it is skipped, or fails when `CI=true`.
 #![cfg(feature = "cuda")]
 
