@@ -179,8 +179,17 @@ fn first_bucket_all_reduce_starts_before_backward_ends() {
     // the conv layers' gradients.
     let cfg = DataParallelConfig { bucket_bytes: 1, ..Default::default() };
     let mut dp = data_parallel(2, cfg, &sgd());
+    let trace = tandem::parallel::trace::Trace::new();
+    dp.set_trace(trace.clone());
     let b = batches(32);
     let report = dp.step(&b[0]).unwrap();
+    let tracks = trace.tracks();
+    for (i, d) in dp.devices().iter().enumerate() {
+        for t in [format!("dp{i}:{}", d.spec()), format!("dp{i}:{} comm", d.spec())] {
+            assert!(tracks.contains(&t), "track {t} in {tracks:?}");
+        }
+    }
+    assert!(trace.to_json().contains("all-reduce bucket 0"));
     let events = dp.last_step_events();
     let first_launch = events.iter().find_map(|e| match e {
         StepEvent::BucketLaunched { at, .. } => Some(*at),
@@ -250,7 +259,7 @@ fn bad_input_is_an_error() {
 
     let mut dp = data_parallel(3, DataParallelConfig::default(), &sgd());
     let small = synthetic::seed_images(2, 1).unwrap().batch(&[0, 1]).unwrap();
-    let err = dp.step(&small).err().expect("2 samples on 3 devices");
+    let err = dp.step(&small).expect_err("2 samples on 3 devices");
     assert!(err.to_string().contains("at least 3"), "{err}");
 
     // Regression rows of 10 features into a CNN that wants [1, 28, 28]: the op's error.
@@ -264,4 +273,36 @@ fn bad_input_is_an_error() {
     assert!(DataParallel::new(&model(), &devices(2), &sgd(), Loss::CrossEntropy, bad_weights).is_err());
     let zero_micro = DataParallelConfig { micro_batches: 0, ..Default::default() };
     assert!(DataParallel::new(&model(), &devices(2), &sgd(), Loss::CrossEntropy, zero_micro).is_err());
+}
+
+/// Step time, communication time and overlap of the seed CNN at batch 64 on 1 and 2 CPU
+/// devices. Timing, not correctness: run with
+/// `cargo test --test data_parallel -- --ignored --nocapture measure`.
+#[test]
+#[ignore]
+fn measure_step_and_comm_time() {
+    let b = batches(64);
+    let configs = [
+        ("default buckets (25 MiB)", DataParallelConfig::default()),
+        ("16 KiB buckets", DataParallelConfig { bucket_bytes: 16 << 10, ..Default::default() }),
+        ("deterministic, 4 shards", DataParallelConfig { deterministic: true, ..Default::default() }),
+    ];
+    let mut single = Single::new(model(), &sgd(), Loss::CrossEntropy, &cpu_devices(1)[0]).unwrap();
+    let walls: Vec<f64> = b.iter().map(|x| single.step(x).unwrap().wall_s).skip(1).collect();
+    println!("Single: step {:.1} ms", 1e3 * walls.iter().sum::<f64>() / walls.len() as f64);
+    for n in [1, 2] {
+        for (name, cfg) in &configs {
+            let mut dp = DataParallel::new(&model(), &cpu_devices(n), &sgd(), Loss::CrossEntropy, cfg.clone()).unwrap();
+            let reports: Vec<_> = b.iter().map(|x| dp.step(x).unwrap()).skip(1).collect();
+            let mean = |f: &dyn Fn(&tandem::parallel::StepReport) -> f64| reports.iter().map(f).sum::<f64>() / reports.len() as f64;
+            println!(
+                "{n} device(s), {name}: step {:.1} ms, compute {:.1} ms, comm {:.2} ms, overlap {:.2}, {} bytes moved",
+                1e3 * mean(&|r| r.wall_s),
+                1e3 * mean(&|r| r.compute_s),
+                1e3 * mean(&|r| r.comm_s),
+                mean(&|r| r.overlap),
+                dp.communicator().bytes_moved()
+            );
+        }
+    }
 }

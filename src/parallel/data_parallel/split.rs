@@ -17,7 +17,7 @@ pub(super) fn check_batch(batch: &Batch, devices: usize) -> Result<()> {
             format!("a batch of {n} samples cannot give each of the {devices} devices at least one; use a batch of at least {devices}"),
         ));
     }
-    if batch.x.len() % n != 0 || batch.x.len() != batch.x_shape.iter().product::<usize>() {
+    if !batch.x.len().is_multiple_of(n) || batch.x.len() != batch.x_shape.iter().product::<usize>() {
         return Err(Error::shape("DataParallel::step", format!("{} input values for shape {:?}", batch.x.len(), batch.x_shape)));
     }
     if batch.y.len() != n {
