@@ -9,6 +9,7 @@ use tandem::data::{synthetic, Batch};
 use tandem::nn::models::SeedModel;
 use tandem::nn::Sequential;
 use tandem::optim::{AdamConfig, SgdConfig};
+use tandem::parallel::comm::PeerRing;
 use tandem::parallel::{assign_buckets, DataParallel, DataParallelConfig, Loss, OptimConfig, Single, StepEvent, Strategy};
 use tandem::tolerance::assert_close;
 use tandem::{Device, Error};
@@ -90,6 +91,16 @@ fn matches_single_on_2_and_3_devices() {
         let mut dp = data_parallel(n, DataParallelConfig::default(), &sgd());
         check_against_single(&format!("{n} devices"), &mut dp, &sgd(), &b);
     }
+}
+
+#[test]
+fn peer_ring_communicator_matches_single() {
+    // The CUDA algorithm, staged through the host here; 25 samples over 3 devices.
+    let b = batches(25);
+    let comm = Box::new(PeerRing::new(&devices(3)).unwrap());
+    let mut dp = DataParallel::with_communicator(&model(), comm, &sgd(), Loss::CrossEntropy, DataParallelConfig { bucket_bytes: 4096, ..Default::default() }).unwrap();
+    assert_eq!(dp.communicator().name(), "peer-ring");
+    check_against_single("peer ring", &mut dp, &sgd(), &b);
 }
 
 #[test]

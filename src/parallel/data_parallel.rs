@@ -146,6 +146,17 @@ impl DataParallel {
     /// Replicates `model` on every device (one copy, then a broadcast from device 0 so the
     /// replicas are identical), with one optimizer per replica.
     pub fn new(model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+        if devices.is_empty() {
+            return Err(Error::invalid("DataParallel::new", "needs at least one device"));
+        }
+        Self::with_communicator(model, comm::for_devices(devices)?, opt, loss, cfg)
+    }
+
+    /// `new` with a chosen communicator (for example `PeerRing` on devices without a peer
+    /// path, to test the CUDA algorithm); the replicas go on `comm.devices()`.
+    pub fn with_communicator(model: &Sequential, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+        let devices = comm.devices().to_vec();
+        let devices = &devices[..];
         let n = devices.len();
         if n == 0 {
             return Err(Error::invalid("DataParallel::new", "needs at least one device"));
@@ -162,7 +173,6 @@ impl DataParallel {
                 return Err(Error::invalid("DataParallel::new", "give split weights or calibrate, not both"));
             }
         }
-        let comm = comm::for_devices(devices)?;
         let models = devices.iter().map(|d| model.slice(0..model.len(), d)).collect::<Result<Vec<_>>>()?;
         let params: Vec<Vec<(String, Tensor)>> = models.iter().map(|m| m.parameters()).collect();
         for p in 0..params[0].len() {
