@@ -5,7 +5,10 @@
 //! batches. All strategies give the same losses and weights as `Single` on one device, within
 //! floating-point tolerance (bit for bit where a strategy documents determinism).
 pub mod comm;
+mod data_parallel;
 pub mod trace;
+
+pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, StepEvent};
 
 use crate::data::{Batch, Targets};
 use crate::nn::{Module, Sequential};
