@@ -125,7 +125,8 @@ impl Backend for CpuBackend {
         &self.info
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
-        if let Some(v) = self.pool.lock().unwrap().take(len) {
+        let reused = self.pool.lock().unwrap().take(len);
+        if let Some(v) = reused {
             return Ok(self.make(v, dtype));
         }
         let mut v = Vec::new();
