@@ -5,7 +5,13 @@
 //! batches. All strategies give the same losses and weights as `Single` on one device, within
 //! floating-point tolerance (bit for bit where a strategy documents determinism).
 pub mod comm;
+pub mod pipeline;
+mod placement;
+mod tensor_parallel;
 pub mod trace;
+
+pub use placement::{LayerPlacement, Split};
+pub use tensor_parallel::{ColumnParallelLinear, RowParallelLinear, TensorParallel};
 
 use crate::data::{Batch, Targets};
 use crate::nn::{Module, Sequential};
