@@ -261,6 +261,19 @@ fn as_linear(name: &str, layer: &dyn Module) -> Result<Linear> {
     }
 }
 
+/// For a sharded parameter name of the (column, row) layers `names`: the dimension its
+/// shards split.
+fn split_dim(names: &(String, String), name: &str) -> Option<usize> {
+    let (a, b) = names;
+    if name == format!("{a}.weight") || name == format!("{a}.bias") {
+        Some(0)
+    } else if name == format!("{b}.weight") {
+        Some(1)
+    } else {
+        None
+    }
+}
+
 /// Tensor parallelism for a model ending in `Linear → parameterless elementwise layers →
 /// Linear` (the seed CNN's fc1, relu3, fc2): everything before runs on the first device, the
 /// first Linear is column-parallel, the second row-parallel, each device with its own
@@ -307,18 +320,6 @@ impl TensorParallel {
         p.extend(self.col.device_params(i).into_iter().map(|(n, t)| (format!("{}.{n}", self.names.0), t)));
         p.extend(self.row.device_params(i).into_iter().map(|(n, t)| (format!("{}.{n}", self.names.1), t)));
         p
-    }
-
-    /// For a sharded parameter name: the dimension it is split along.
-    fn split_dim(&self, name: &str) -> Option<usize> {
-        let (a, b) = (&self.names.0, &self.names.1);
-        if name == format!("{a}.weight") || name == format!("{a}.bias") {
-            Some(0)
-        } else if name == format!("{b}.weight") {
-            Some(1)
-        } else {
-            None
-        }
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -405,7 +406,7 @@ impl Strategy for TensorParallel {
         let per: Vec<_> = self.opts.iter().map(|o| o.state()).collect();
         let mut out = Vec::new();
         for (name, t) in &per[0].0 {
-            let dim = self.split_dim(name.rsplit_once('.').map_or("", |(p, _)| p));
+            let dim = split_dim(&self.names, name.rsplit_once('.').map_or("", |(p, _)| p));
             match dim {
                 Some(d) => {
                     let parts = per.iter().map(|(s, _)| s.iter().find(|x| &x.0 == name).map(|x| x.1.clone())).collect::<Option<Vec<_>>>();
@@ -419,15 +420,16 @@ impl Strategy for TensorParallel {
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         let ranges = self.col.ranges.clone();
-        for i in 0..self.opts.len() {
+        let names = self.names.clone();
+        for (opt, &(start, len)) in self.opts.iter_mut().zip(&ranges) {
             let mine = state
                 .iter()
-                .map(|(n, t)| match self.split_dim(n.rsplit_once('.').map_or("", |(p, _)| p)) {
-                    Some(d) => Ok((n.clone(), no_grad(|| t.narrow(d, ranges[i].0, ranges[i].1))?)),
+                .map(|(n, t)| match split_dim(&names, n.rsplit_once('.').map_or("", |(p, _)| p)) {
+                    Some(d) => Ok((n.clone(), no_grad(|| t.narrow(d, start, len))?)),
                     None => Ok((n.clone(), t.clone())),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            self.opts[i].load_state(&mine, steps)?;
+            opt.load_state(&mine, steps)?;
         }
         Ok(())
     }

@@ -122,7 +122,7 @@ impl Pipeline {
 /// The batch cut into `m` equal micro-batches along the sample dimension.
 fn split_batch(batch: &Batch, m: usize) -> Result<Vec<Batch>> {
     let n = batch.len();
-    if n == 0 || n % m != 0 {
+    if n == 0 || !n.is_multiple_of(m) {
         return Err(Error::invalid("Pipeline::step", format!("{m} micro-batches do not divide a batch of {n} samples evenly")));
     }
     let k = n / m;
