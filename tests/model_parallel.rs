@@ -165,3 +165,19 @@ fn placement_errors_and_predict() {
     let err = TensorParallel::new(&one_linear, &devices(2), &opt, Loss::CrossEntropy).err().unwrap().to_string();
     assert!(err.contains("two Linear layers"), "{err}");
 }
+
+#[test]
+fn strategies_on_the_models_own_device_leave_the_model_untouched() {
+    let dev = devices(1).remove(0);
+    let model = SeedModel::Cnn.build(3, &dev).unwrap();
+    let before: Vec<Vec<f32>> = model.parameters().iter().map(|(_, t)| t.to_vec().unwrap()).collect();
+    let opt = OptimConfig::Sgd(SgdConfig { lr: 0.1, ..Default::default() });
+    let mut lp = LayerPlacement::new(&model, &[dev.clone(), dev.clone()], Split::At(vec![5]), &opt, Loss::CrossEntropy).unwrap();
+    let mut tp = TensorParallel::new(&model, &[dev.clone(), dev.clone()], &opt, Loss::CrossEntropy).unwrap();
+    let batch = &batches(4, 1)[0];
+    lp.step(batch).unwrap();
+    tp.step(batch).unwrap();
+    for ((name, t), want) in model.parameters().iter().zip(&before) {
+        assert_close(name, &t.to_vec().unwrap(), want, 0.0, 0.0);
+    }
+}

@@ -30,7 +30,8 @@ fn shard_ranges(op: &'static str, n: usize, devices: &[Device]) -> Result<Vec<(u
         .collect())
 }
 
-/// A new leaf on `device` holding `t`'s slice `start..start+len` of dimension `dim`.
+/// A new leaf on `device` holding `t`'s slice `start..start+len` of dimension `dim` (a copy,
+/// never sharing storage with `t`: `narrow` always copies).
 fn shard(t: &Tensor, dim: usize, (start, len): (usize, usize), device: &Device) -> Result<Tensor> {
     no_grad(|| Ok(t.narrow(dim, start, len)?.to(device)?.detach().requires_grad()))
 }
@@ -182,7 +183,7 @@ impl RowParallelLinear {
     pub fn from_linear(linear: &Linear, devices: &[Device]) -> Result<Self> {
         let ranges = shard_ranges("RowParallelLinear", linear.weight.dims()[1], devices)?;
         let weights = ranges.iter().zip(devices).map(|(&r, d)| shard(&linear.weight, 1, r, d)).collect::<Result<_>>()?;
-        let bias = linear.bias.as_ref().map(|b| no_grad(|| Ok::<_, Error>(b.to(&devices[0])?.detach().requires_grad()))).transpose()?;
+        let bias = linear.bias.as_ref().map(|b| shard(b, 0, (0, b.numel()), &devices[0])).transpose()?;
         Ok(RowParallelLinear { weights, bias, devices: devices.to_vec(), ranges })
     }
     /// The output on the first device from inputs already split by `forward_shards` of a
