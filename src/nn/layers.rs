@@ -13,7 +13,13 @@ fn init_pair(w_shape: Vec<usize>, fan_in: usize, bias: bool, rng: &mut impl Rng,
 }
 
 fn leaf_on(t: &Tensor, dev: &Device) -> Result<Tensor> {
-    Ok(t.detach().to(dev)?.detach().requires_grad())
+    if !t.device().same(dev) {
+        return Ok(t.detach().to(dev)?.detach().requires_grad());
+    }
+    // `to` on the same device shares storage; copy so the new module trains independently.
+    let own = Tensor::zeros(t.shape().clone(), dev)?;
+    own.assign(t)?;
+    Ok(own.requires_grad())
 }
 
 fn params(w: &Tensor, b: &Option<Tensor>) -> Vec<(String, Tensor)> {

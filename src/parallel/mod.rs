@@ -6,9 +6,15 @@
 //! floating-point tolerance (bit for bit where a strategy documents determinism).
 pub mod comm;
 mod data_parallel;
+pub mod pipeline;
+mod placement;
+mod tensor_parallel;
 pub mod trace;
 
 pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, StepEvent};
+pub use pipeline::{Pipeline, PipelineConfig, Schedule};
+pub use placement::{LayerPlacement, Split};
+pub use tensor_parallel::{ColumnParallelLinear, RowParallelLinear, TensorParallel};
 
 use crate::data::{Batch, Targets};
 use crate::nn::{Module, Sequential};
