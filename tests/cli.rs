@@ -179,6 +179,7 @@ fn damaged_checkpoints_are_skipped_with_a_message() {
     assert!(err.contains("ckpt-00000020.safetensors") && err.contains("checksum"), "{err}");
     assert!(err.contains("ckpt-00000015.safetensors"), "{err}");
     assert!(err.contains("resuming from") && err.contains("(step 10)"), "{err}");
+    fails(&[&args[..], &["--steps", "30", "--resume", "--batch", "20"]].concat(), "was written with other settings: --batch 20 (checkpoint: 10)");
 }
 
 #[test]
@@ -217,6 +218,8 @@ fn each_bad_input_gets_a_clear_error() {
         (with(&["--init", &p("dtype.safetensors")]), "linear.weight holds integers"),
         (with(&["--data", &p("missing.safetensors")]), "missing.safetensors"),
         (with(&["--data", &p("truncated.safetensors")]), "not a valid safetensors file"),
+        (with(&["--data", &p("text.safetensors")]), "not a valid safetensors file"),
+        (["train", "--model", "seed-linear", "--data", "synthetic", "--epochs", "18446744073709551615"].map(String::from).to_vec(), "more steps than can be counted"),
         (with(&["--data", &p("labels.safetensors")]), "seed-linear takes inputs of shape [10]"),
         (with(&["--model", "seed-cnn", "--data", &p("labels.safetensors")]), "label 12 at index 13, outside 0..10"),
         (with(&["--micro-batches", "3"]), "3 does not divide --batch 64"),

@@ -6,7 +6,7 @@ use super::setup::{self, build_strategy, DataSource, StrategyPlan};
 use super::{plot, TrainArgs};
 use crate::data::{DataLoader, Dataset, Targets};
 use crate::nn::Module;
-use crate::parallel::{trace::Trace, Loss, Strategy};
+use crate::parallel::{trace::Trace, Loss, OptimConfig, Strategy};
 use crate::{Device, Error, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -52,7 +52,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let mut loader = DataLoader::new(Arc::new(train), args.batch, true, args.seed)?.drop_last(true)?;
     let total = match (args.steps, args.epochs) {
         (Some(s), _) => s,
-        (None, Some(e)) => e * loader.batches_per_epoch() as u64,
+        (None, Some(e)) => e
+            .checked_mul(loader.batches_per_epoch() as u64)
+            .ok_or_else(|| Error::invalid("--epochs", format!("{e} epochs is more steps than can be counted")))?,
         (None, None) => DEFAULT_STEPS,
     };
 
@@ -72,7 +74,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     };
     let mut strategy = build_strategy(plan)?;
 
-    let config = run_config(args);
+    let config = run_config(args, &optim);
     let mut start = 0;
     if let Some(dir) = &args.checkpoint_dir {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -142,14 +144,14 @@ pub fn run(args: &TrainArgs) -> Result<()> {
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.
-fn run_config(args: &TrainArgs) -> serde_json::Value {
+/// The optimizer is recorded with every setting in effect (defaults included), so that `--lr
+/// 0.01` and the default 0.01 agree.
+fn run_config(args: &TrainArgs, optim: &OptimConfig) -> serde_json::Value {
     serde_json::json!({
         "model": setup::model_name(args.model),
         "data": args.data,
         "batch": args.batch,
-        "optimizer": format!("{:?}", args.optimizer).to_lowercase(),
-        "lr": args.lr,
-        "momentum": args.momentum,
+        "optimizer": format!("{optim:?}"),
         "seed": args.seed,
     })
 }
