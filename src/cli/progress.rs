@@ -82,7 +82,7 @@ impl Reporter {
                 bar.set_message(format!("loss {loss:.4}  {rate:.0} samples/s"));
             }
             (LogFormat::Text, None) => {
-                if step % self.every == 0 || step == self.total || step == self.first_step {
+                if step.is_multiple_of(self.every) || step == self.total || step == self.first_step {
                     let left = (self.total - step) as f64 * self.batch as f64 / rate.max(1e-9);
                     println!("step {step}/{}  loss {loss:.4}  {rate:.0} samples/s  eta {left:.0}s", self.total);
                 }

@@ -27,7 +27,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         return Err(Error::invalid("--batch", "must be at least 1"));
     }
     let micro_batches = args.micro_batches.unwrap_or(1);
-    if micro_batches == 0 || args.batch % micro_batches != 0 {
+    if micro_batches == 0 || !args.batch.is_multiple_of(micro_batches) {
         return Err(Error::invalid("--micro-batches", format!("{micro_batches} does not divide --batch {}", args.batch)));
     }
     if args.steps == Some(0) || args.epochs == Some(0) || args.checkpoint_every == Some(0) {
@@ -102,7 +102,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         reporter.step(step, rep.loss, rep.wall_s);
         losses.push((step, rep.loss));
         if let Some(dir) = &args.checkpoint_dir {
-            if step % every == 0 || step == total {
+            if step.is_multiple_of(every) || step == total {
                 let state = run_state(step, strategy.as_ref(), &loader, &config, args.seed)?;
                 checkpoints::save(dir, strategy.as_ref(), &state)?;
                 last_saved = step;
