@@ -3,6 +3,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;
+pub mod cli;
 pub mod data;
 mod device;
 mod error;
