@@ -6,7 +6,7 @@ use crate::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
 use crate::nn::models::SeedModel;
 use crate::nn::{Module, Sequential};
 use crate::optim::{AdamConfig, SgdConfig};
-use crate::parallel::{Loss, OptimConfig, Single, Strategy};
+use crate::parallel::{pipeline, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, PipelineConfig, Single, Split, Strategy, TensorParallel};
 use crate::{Device, Error, Result, Tensor};
 use clap::ValueEnum;
 use std::path::{Path, PathBuf};
@@ -55,7 +55,8 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
         k => k,
     };
     match kind {
-        StrategyKind::Single => {
+        // `Auto` was resolved to Single or Data above.
+        StrategyKind::Single | StrategyKind::Auto => {
             if plan.devices.len() != 1 {
                 let specs: Vec<String> = plan.devices.iter().map(Device::spec).collect();
                 return Err(Error::invalid("--strategy single", format!("runs on one device, --devices names {}: {}", specs.len(), specs.join(","))));
@@ -67,11 +68,34 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
             // so --deterministic asks nothing more of Single.
             Ok(Box::new(Single::new(plan.model, &plan.optim, plan.loss, &plan.devices[0])?))
         }
-        other => {
-            let name = other.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string());
-            Err(Error::Msg(format!("strategy {name} is not available in this build (use --strategy single)")))
+        StrategyKind::Data => {
+            let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, ..Default::default() };
+            Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss, cfg)?))
+        }
+        StrategyKind::Model => {
+            no_micro_batches(&plan, "model")?;
+            Ok(Box::new(LayerPlacement::new(&plan.model, &plan.devices, Split::Auto, &plan.optim, plan.loss)?))
+        }
+        StrategyKind::Tensor => {
+            no_micro_batches(&plan, "tensor")?;
+            Ok(Box::new(TensorParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss)?))
+        }
+        StrategyKind::Pipeline => {
+            let schedule = match plan.schedule {
+                Schedule::Gpipe => pipeline::Schedule::GPipe,
+                Schedule::OneFOneB => pipeline::Schedule::OneFOneB,
+            };
+            let cfg = PipelineConfig { recompute: false };
+            Ok(Box::new(Pipeline::new(&plan.model, &plan.devices, Split::Auto, plan.micro_batches, schedule, &plan.optim, plan.loss, cfg)?))
         }
     }
+}
+
+fn no_micro_batches(plan: &StrategyPlan, name: &str) -> Result<()> {
+    if plan.micro_batches != 1 {
+        return Err(Error::invalid("--micro-batches", format!("needs --strategy pipeline or data, not {name}")));
+    }
+    Ok(())
 }
 
 /// Where the training data comes from; `--data`.
