@@ -34,8 +34,21 @@ pub fn devices_under_test() -> Vec<Device> {
     out
 }
 
+/// Tests share adapters; a test moving hundreds of megabytes takes this exclusively so that
+/// the others do not wait on it (wgpu's GL backend gives up on a context held for seconds).
+pub static HEAVY: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+pub fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    HEAVY.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    HEAVY.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Runs `check(device, cpu)` on every device under test, naming the device on failure.
 pub fn on_each_device(check: impl Fn(&Device, &Device) -> tandem::Result<()>) {
+    let _guard = shared();
     let cpu = Device::cpu();
     for dev in devices_under_test() {
         eprintln!("running on {dev} ({})", dev.info().name);
@@ -54,8 +67,10 @@ pub fn assert_close(op: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
         if g.is_nan() && w.is_nan() || g == w {
             continue;
         }
+        // NaN excess (a NaN against a number) counts as a failure.
         let excess = (g - w).abs() - (atol + rtol * w.abs());
-        if !(excess <= 0.0) && worst.is_none_or(|(_, e)| excess > e || e.is_nan()) {
+        let fails = excess.partial_cmp(&0.0) != Some(std::cmp::Ordering::Less) && excess != 0.0;
+        if fails && worst.is_none_or(|(_, e)| excess > e || e.is_nan()) {
             worst = Some((i, excess));
         }
     }

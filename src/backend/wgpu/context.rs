@@ -11,6 +11,9 @@ const SLOT: u64 = 256;
 /// Dispatches recorded before a batch is submitted, so the device starts working while the host
 /// records more; also the number of uniform slots.
 const BATCH: usize = 256;
+/// Workgroups recorded before a batch is submitted early: bounds how long one submit runs, which
+/// on GL is how long the adapter's shared context stays locked against other devices.
+const BATCH_GROUPS: u64 = 1 << 16;
 
 /// A storage binding: a byte range of a buffer.
 pub(crate) struct Bind<'a> {
@@ -29,12 +32,16 @@ pub(crate) struct Limits {
     pub max_groups: u32,
 }
 
+/// Compiled pipelines with their bind-group layout, by (shader, entry point).
+type Pipelines = HashMap<(&'static str, &'static str), (wgpu::ComputePipeline, wgpu::BindGroupLayout)>;
+
 struct Pending {
     // `pass` records into `encoder` and is ended (dropped) before the encoder is used otherwise.
     pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     uniforms: Vec<u8>,
     dispatches: usize,
+    groups: u64,
 }
 
 pub(crate) struct Ctx {
@@ -47,7 +54,7 @@ pub(crate) struct Ctx {
     pending: Mutex<Pending>,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
-    pipelines: Mutex<HashMap<(&'static str, &'static str), (wgpu::ComputePipeline, wgpu::BindGroupLayout)>>,
+    pipelines: Mutex<Pipelines>,
     errors: Arc<Mutex<Vec<String>>>,
 }
 
@@ -84,7 +91,7 @@ impl Ctx {
             limits,
             uniform,
             uniform_stride,
-            pending: Mutex::new(Pending { pass: None, encoder: None, uniforms: Vec::new(), dispatches: 0 }),
+            pending: Mutex::new(Pending { pass: None, encoder: None, uniforms: Vec::new(), dispatches: 0, groups: 0 }),
             modules: Mutex::default(),
             layouts: Mutex::default(),
             pipelines: Mutex::default(),
@@ -273,7 +280,8 @@ impl Ctx {
         pass.set_bind_group(0, &group, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
         p.dispatches += 1;
-        if p.dispatches >= BATCH {
+        p.groups += grid.iter().map(|&g| u64::from(g)).product::<u64>();
+        if p.dispatches >= BATCH || p.groups >= BATCH_GROUPS {
             self.submit(p);
         }
         Ok(())
@@ -297,6 +305,7 @@ impl Ctx {
         }
         p.uniforms.clear();
         p.dispatches = 0;
+        p.groups = 0;
     }
 
     /// Submits everything recorded so far.

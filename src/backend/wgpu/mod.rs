@@ -152,7 +152,7 @@ impl Backend for WgpuBackend {
         Ok(Buffer::new(raw, len, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err(Error::invalid("upload", format!("{} bytes is not a whole number of elements", bytes.len())));
         }
         let raw = self.pool.alloc(bytes.len() as u64)?;

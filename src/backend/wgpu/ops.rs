@@ -129,8 +129,8 @@ fn batches_per_dispatch(ctx: &Ctx, operands: &[(usize, usize)]) -> Result<usize>
                 ),
             ));
         }
-        if stride > 0 {
-            most = most.min((cap - size) / stride + 1);
+        if let Some(q) = (cap - size).checked_div(stride) {
+            most = most.min(q + 1);
         }
     }
     Ok(most.max(1))
@@ -152,7 +152,7 @@ pub(crate) fn matmul(
     let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
     let (a_bs, b_bs) = if s.batch == 1 { (0, 0) } else { (s.a_batch_stride, s.b_batch_stride) };
     let plain = !s.trans_a && !s.trans_b;
-    let vec4 = plain && n % 4 == 0 && k % 4 == 0 && (s.a_offset | s.b_offset | a_bs | b_bs) % 4 == 0;
+    let vec4 = plain && n.is_multiple_of(4) && k.is_multiple_of(4) && (s.a_offset | s.b_offset | a_bs | b_bs).is_multiple_of(4);
     let (entry, cols, rows) = match (vec4, kernel) {
         (true, MatmulKernel::Registers) => ("regs", 64, 32),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
