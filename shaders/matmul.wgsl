@@ -36,47 +36,62 @@ fn dot4(a: vec4<f32>, r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>
 }
 
 // Untransposed operands, N and K multiples of 4, offsets and batch strides multiples of 4.
-// Each invocation owns 4 rows × 8 columns of C; rows and columns past the edge are clamped on
-// load and skipped on store.
-@compute @workgroup_size(8, 8)
+// A workgroup owns 8 rows of C and 64 columns, one vec4 column group per invocation. A's
+// addresses depend only on the workgroup and the loop counter, so CPU rasterizers load them once
+// for all lanes, and each B load feeds 8 rows (fewer rows halve the speed on lavapipe, more
+// spill registers). Consecutive workgroups (`workgroup_id.x`) walk down the rows of one strip
+// of B. Rows and columns past the edge are clamped on load and skipped on store.
+@compute @workgroup_size(16)
 fn regs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let n4 = p.n / 4u;
     let k4 = p.k / 4u;
-    let row0 = (wid.y * 8u + lid.y) * 4u;
-    let col = (wid.x * 8u + lid.x) * 2u;
-    if row0 >= p.m || col >= n4 { return; }
+    let row0 = wid.x * 8u;
+    let col = wid.y * 16u + lid.x;
     let z = wid.z;
     let abase = (p.a_off + z * p.a_bs) / 4u;
+    let last = p.m - 1u;
     let ar0 = abase + row0 * k4;
-    let ar1 = abase + min(row0 + 1u, p.m - 1u) * k4;
-    let ar2 = abase + min(row0 + 2u, p.m - 1u) * k4;
-    let ar3 = abase + min(row0 + 3u, p.m - 1u) * k4;
-    let bcol = (p.b_off + z * p.b_bs) / 4u + col;
-    let dc = min(col + 1u, n4 - 1u) - col;
-    var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
-    var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
-    var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
-    var c30 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0);
+    let ar1 = abase + min(row0 + 1u, last) * k4;
+    let ar2 = abase + min(row0 + 2u, last) * k4;
+    let ar3 = abase + min(row0 + 3u, last) * k4;
+    let ar4 = abase + min(row0 + 4u, last) * k4;
+    let ar5 = abase + min(row0 + 5u, last) * k4;
+    let ar6 = abase + min(row0 + 6u, last) * k4;
+    let ar7 = abase + min(row0 + 7u, last) * k4;
+    let bcol = (p.b_off + z * p.b_bs) / 4u + min(col, n4 - 1u);
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
     for (var kk = 0u; kk < k4; kk++) {
         let br = bcol + kk * 4u * n4;
-        let b00 = b4[br]; let b01 = b4[br + dc];
-        let b10 = b4[br + n4]; let b11 = b4[br + n4 + dc];
-        let b20 = b4[br + 2u * n4]; let b21 = b4[br + 2u * n4 + dc];
-        let b30 = b4[br + 3u * n4]; let b31 = b4[br + 3u * n4 + dc];
-        let x0 = a4[ar0 + kk]; let x1 = a4[ar1 + kk];
-        let x2 = a4[ar2 + kk]; let x3 = a4[ar3 + kk];
-        c00 += dot4(x0, b00, b10, b20, b30); c01 += dot4(x0, b01, b11, b21, b31);
-        c10 += dot4(x1, b00, b10, b20, b30); c11 += dot4(x1, b01, b11, b21, b31);
-        c20 += dot4(x2, b00, b10, b20, b30); c21 += dot4(x2, b01, b11, b21, b31);
-        c30 += dot4(x3, b00, b10, b20, b30); c31 += dot4(x3, b01, b11, b21, b31);
+        let b0 = b4[br];
+        let b1 = b4[br + n4];
+        let b2 = b4[br + 2u * n4];
+        let b3 = b4[br + 3u * n4];
+        acc0 += dot4(a4[ar0 + kk], b0, b1, b2, b3);
+        acc1 += dot4(a4[ar1 + kk], b0, b1, b2, b3);
+        acc2 += dot4(a4[ar2 + kk], b0, b1, b2, b3);
+        acc3 += dot4(a4[ar3 + kk], b0, b1, b2, b3);
+        acc4 += dot4(a4[ar4 + kk], b0, b1, b2, b3);
+        acc5 += dot4(a4[ar5 + kk], b0, b1, b2, b3);
+        acc6 += dot4(a4[ar6 + kk], b0, b1, b2, b3);
+        acc7 += dot4(a4[ar7 + kk], b0, b1, b2, b3);
     }
+    if col >= n4 { return; }
     let cb = (p.c_off + z * p.m * p.n) / 4u + row0 * n4 + col;
-    let two = col + 1u < n4;
-    c4[cb] = c00;
-    if two { c4[cb + 1u] = c01; }
-    if row0 + 1u < p.m { c4[cb + n4] = c10; if two { c4[cb + n4 + 1u] = c11; } }
-    if row0 + 2u < p.m { c4[cb + 2u * n4] = c20; if two { c4[cb + 2u * n4 + 1u] = c21; } }
-    if row0 + 3u < p.m { c4[cb + 3u * n4] = c30; if two { c4[cb + 3u * n4 + 1u] = c31; } }
+    c4[cb] = acc0;
+    if row0 + 1u < p.m { c4[cb + 1u * n4] = acc1; }
+    if row0 + 2u < p.m { c4[cb + 2u * n4] = acc2; }
+    if row0 + 3u < p.m { c4[cb + 3u * n4] = acc3; }
+    if row0 + 4u < p.m { c4[cb + 4u * n4] = acc4; }
+    if row0 + 5u < p.m { c4[cb + 5u * n4] = acc5; }
+    if row0 + 6u < p.m { c4[cb + 6u * n4] = acc6; }
+    if row0 + 7u < p.m { c4[cb + 7u * n4] = acc7; }
 }
 
 // Any shapes, transposes, offsets and strides: 4×4 outputs per invocation, scalar loads.

@@ -154,12 +154,15 @@ pub(crate) fn matmul(
     let plain = !s.trans_a && !s.trans_b;
     let vec4 = plain && n.is_multiple_of(4) && k.is_multiple_of(4) && (s.a_offset | s.b_offset | a_bs | b_bs).is_multiple_of(4);
     let (entry, cols, rows) = match (vec4, kernel) {
-        (true, MatmulKernel::Registers) => ("regs", 64, 32),
+        (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
         (false, _) => ("generic", 32, 32),
     };
-    let gx = n.div_ceil(cols);
-    let gy = m.div_ceil(rows);
+    let (mut gx, mut gy) = (n.div_ceil(cols), m.div_ceil(rows));
+    if entry == "regs" {
+        // `regs` takes row blocks along X so that consecutive workgroups share a strip of B.
+        std::mem::swap(&mut gx, &mut gy);
+    }
     if gx.max(gy) > ctx.limits.max_groups as usize {
         return Err(Error::invalid("matmul", format!("{m}x{n} output needs more workgroups than {} allows", ctx.name)));
     }
