@@ -1,6 +1,6 @@
 // conv.wgsl: im2col and its adjoint col2im, the data movement around a convolution's matmul.
 //
-// im2col: one invocation per column element, cols[n, r, q] = x[n, ci, y, x] with
+// im2col: cols[n, r, q] = x[n, ci, y, x] with
 // r = (ci*KH + i)*KW + j, q = oy*OW + ox, y = oy*SH + i - PH, x = ox*SW + j - PW (0 in padding).
 // col2im: one invocation per input pixel, summing the column entries that read it in the order
 // of r, so the result is deterministic and needs no atomics.
@@ -29,25 +29,32 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> cols: array<f32>;
 
-@compute @workgroup_size(256)
+// One invocation per column row segment (n, r, oy), looping over ox: the index arithmetic
+// (integer division, slow on CPU rasterizers) happens once per OW outputs.
+@compute @workgroup_size(64)
 fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 256u + gid.x;
-    let cl = p.oh * p.ow;
+    let e = gid.y * nwg.x * 64u + gid.x;
     let rows = p.c * p.kh * p.kw;
-    if e >= p.n * rows * cl { return; }
-    let q = e % cl;
-    let r = (e / cl) % rows;
-    let img = e / (cl * rows);
+    if e >= p.n * rows * p.oh { return; }
+    let oy = e % p.oh;
+    let r = (e / p.oh) % rows;
+    let img = e / (p.oh * rows);
     let ci = r / (p.kh * p.kw);
     let i = (r / p.kw) % p.kh;
     let j = r % p.kw;
-    let y = i32((q / p.ow) * p.sh + i) - i32(p.ph);
-    let xx = i32((q % p.ow) * p.sw + j) - i32(p.pw);
-    var v = 0.0;
-    if y >= 0 && y < i32(p.h) && xx >= 0 && xx < i32(p.w) {
-        v = x[p.x_off + ((img * p.c + ci) * p.h + u32(y)) * p.w + u32(xx)];
+    let y = i32(oy * p.sh + i) - i32(p.ph);
+    let dst = p.cols_off + e * p.ow;
+    if y < 0 || y >= i32(p.h) {
+        for (var ox = 0u; ox < p.ow; ox++) { cols[dst + ox] = 0.0; }
+        return;
     }
-    cols[p.cols_off + e] = v;
+    let src = p.x_off + ((img * p.c + ci) * p.h + u32(y)) * p.w;
+    for (var ox = 0u; ox < p.ow; ox++) {
+        let xx = i32(ox * p.sw + j) - i32(p.pw);
+        var v = 0.0;
+        if xx >= 0 && xx < i32(p.w) { v = x[src + u32(xx)]; }
+        cols[dst + ox] = v;
+    }
 }
 
 @compute @workgroup_size(256)

@@ -20,8 +20,8 @@ pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: Window
         let (xb, xo) = ctx.span(op, x, n0 * img, cnt * img)?;
         let (cb, co) = ctx.span(op, cols, n0 * col, cnt * col)?;
         let w = window(Words::default().u(cnt).u(s.c).u(s.h).u(s.w), &s).u(xo).u(co);
-        let work = if forward { cnt * col } else { cnt * img };
-        ctx.dispatch("conv", op, &w.0, &[xb, cb], ctx.grid(work, 256))?;
+        let grid = if forward { ctx.grid(cnt * s.col_rows() * s.oh, 64) } else { ctx.grid(cnt * img, 256) };
+        ctx.dispatch("conv", op, &w.0, &[xb, cb], grid)?;
     }
     Ok(())
 }
