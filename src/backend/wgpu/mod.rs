@@ -1,6 +1,276 @@
-//! WGSL compute backend on wgpu (being written).
-use crate::backend::{Backend, DeviceInfo};
-use crate::Result;
-use std::sync::Arc;
-pub fn adapters() -> Vec<DeviceInfo> { Vec::new() }
-pub fn open(_ordinal: usize) -> Result<Arc<dyn Backend>> { Err(crate::Error::Unavailable { backend: "wgpu", reason: "not yet".into() }) }
+//! WGSL compute backend on wgpu: every adapter of every wgpu backend (Vulkan, Metal, DX12, GL).
+mod context;
+mod nn;
+mod ops;
+mod pool;
+pub mod shaders;
+
+use crate::backend::{
+    Backend, BackendKind, BinaryOp, Buffer, DeviceInfo, DeviceKind, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
+    ReduceSpec, UnaryOp, WindowSpec,
+};
+use crate::{DType, Error, Layout, Result};
+use context::Ctx;
+use pool::{Pool, WgpuBuffer};
+use std::sync::{Arc, OnceLock};
+
+/// Settings for opening a device; `Default` takes everything from the adapter.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Caps storage bindings below the adapter's limit, so that splitting large operands into
+    /// sub-range dispatches can be exercised on small tensors.
+    pub max_binding_bytes: Option<u64>,
+    /// Bytes this device may hold in buffers; allocations beyond it fail with `OutOfMemory`.
+    pub memory_budget: Option<u64>,
+    /// Forces the matmul kernel family instead of choosing by adapter kind.
+    pub matmul: Option<MatmulKernel>,
+}
+
+/// Matmul kernel families: register blocking without workgroup memory suits CPU rasterizers,
+/// workgroup-memory tiles suit hardware GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulKernel {
+    Registers,
+    Tiled,
+}
+
+struct Adapters {
+    // Adapters refer to the instance; it stays alive with them.
+    _instance: wgpu::Instance,
+    list: Vec<(wgpu::Adapter, DeviceInfo)>,
+}
+
+fn kind(t: wgpu::DeviceType) -> DeviceKind {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => DeviceKind::Discrete,
+        wgpu::DeviceType::IntegratedGpu => DeviceKind::Integrated,
+        wgpu::DeviceType::Cpu => DeviceKind::Software,
+        wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => DeviceKind::Other,
+    }
+}
+
+/// Enumerates once per process: adapter discovery takes long (GL context creation, drivers).
+fn all() -> &'static Adapters {
+    static ADAPTERS: OnceLock<Adapters> = OnceLock::new();
+    ADAPTERS.get_or_init(|| {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12 | wgpu::Backends::GL;
+        desc.flags = wgpu::InstanceFlags::empty();
+        let instance = wgpu::Instance::new(desc);
+        let mut found: Vec<wgpu::Adapter> = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let rank = |a: &wgpu::Adapter| {
+            let i = a.get_info();
+            let software = matches!(kind(i.device_type), DeviceKind::Software | DeviceKind::Other);
+            (software, i.backend == wgpu::Backend::Gl)
+        };
+        found.sort_by_key(rank);
+        let list = found
+            .into_iter()
+            .enumerate()
+            .map(|(ordinal, a)| {
+                let i = a.get_info();
+                let driver = format!("{:?} {} {}", i.backend, i.driver, i.driver_info).trim().to_string();
+                let info = DeviceInfo {
+                    backend: BackendKind::Wgpu,
+                    ordinal,
+                    name: i.name.clone(),
+                    kind: kind(i.device_type),
+                    memory: None,
+                    driver,
+                };
+                (a, info)
+            })
+            .collect();
+        Adapters { _instance: instance, list }
+    })
+}
+
+/// Every wgpu adapter: hardware before software, Vulkan/Metal/DX12 before GL; ordinals in order.
+pub fn adapters() -> Vec<DeviceInfo> {
+    all().list.iter().map(|(_, i)| i.clone()).collect()
+}
+
+/// Opens a new logical device and queue on adapter `ordinal`.
+pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>> {
+    open_with(ordinal, Options::default())
+}
+
+/// `open` with explicit `Options`.
+pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
+    let (adapter, info) = all().list.get(ordinal).ok_or_else(|| Error::NoSuchDevice {
+        spec: format!("wgpu:{ordinal}"),
+        available: adapters().iter().map(|i| format!("wgpu:{} ({})", i.ordinal, i.name)).collect::<Vec<_>>().join(", "),
+    })?;
+    let name = format!("wgpu:{ordinal} ({})", info.name);
+    let limits = adapter.limits();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("tandem"),
+        required_features: wgpu::Features::empty(),
+        required_limits: limits.clone(),
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    }))
+    .map_err(|e| Error::Backend { backend: "wgpu", device: name.clone(), detail: format!("request_device: {e}") })?;
+    let matmul = options.matmul.unwrap_or(match info.kind {
+        DeviceKind::Discrete | DeviceKind::Integrated => MatmulKernel::Tiled,
+        _ => MatmulKernel::Registers,
+    });
+    let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget));
+    let ctx = Ctx::new(device, queue, name, options.max_binding_bytes);
+    Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul }))
+}
+
+/// One logical wgpu device.
+pub struct WgpuBackend {
+    info: DeviceInfo,
+    ctx: Ctx,
+    pool: Arc<Pool>,
+    matmul: MatmulKernel,
+}
+
+impl WgpuBackend {
+    /// The device's own buffer inside `b`, holding at least `need` elements.
+    fn raw<'a>(&self, op: &'static str, b: &'a Buffer, need: usize) -> Result<&'a wgpu::Buffer> {
+        let w = b
+            .downcast::<WgpuBuffer>()
+            .filter(|w| Arc::ptr_eq(&w.pool, &self.pool))
+            .ok_or_else(|| Error::invalid(op, format!("buffer does not belong to {}", self.ctx.name)))?;
+        if b.len() < need {
+            return Err(Error::invalid(op, format!("buffer of {} elements, {need} needed", b.len())));
+        }
+        Ok(&w.raw)
+    }
+}
+
+impl Backend for WgpuBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+    fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
+        let raw = self.pool.alloc(len as u64 * 4)?;
+        Ok(Buffer::new(raw, len, dtype))
+    }
+    fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
+        if !bytes.len().is_multiple_of(4) {
+            return Err(Error::invalid("upload", format!("{} bytes is not a whole number of elements", bytes.len())));
+        }
+        let raw = self.pool.alloc(bytes.len() as u64)?;
+        self.ctx.write(&raw.raw, bytes);
+        Ok(Buffer::new(raw, bytes.len() / 4, dtype))
+    }
+    fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
+        let raw = self.raw("download", buf, 0)?;
+        self.ctx.read(raw, buf.len() as u64 * 4)
+    }
+    fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
+        let bits = match buf.dtype() {
+            DType::F32 => value.to_bits(),
+            DType::I32 => value as i32 as u32,
+        };
+        ops::fill(&self.ctx, self.raw("fill", buf, 0)?, buf.len(), bits)
+    }
+    fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
+        let s = self.raw("copy", src, src_off + len)?;
+        let d = self.raw("copy", dst, dst_off + len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bytes = len as u64 * 4;
+        if s == d {
+            // wgpu copies never read and write one buffer; go through a scratch buffer.
+            let tmp = self.pool.alloc(bytes)?;
+            self.ctx.encode(|e| {
+                e.copy_buffer_to_buffer(s, src_off as u64 * 4, &tmp.raw, 0, bytes);
+                e.copy_buffer_to_buffer(&tmp.raw, 0, d, dst_off as u64 * 4, bytes);
+            });
+        } else {
+            self.ctx.encode(|e| e.copy_buffer_to_buffer(s, src_off as u64 * 4, d, dst_off as u64 * 4, bytes));
+        }
+        Ok(())
+    }
+    fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
+        let xr = self.raw("unary", x, ops::extent(layout))?;
+        let or = self.raw("unary", out, layout.numel())?;
+        ops::unary(&self.ctx, op, xr, layout, or)
+    }
+    fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
+        if la.shape != lb.shape {
+            return Err(Error::shape("binary", format!("operand shapes {:?} and {:?} differ", la.shape, lb.shape)));
+        }
+        let ar = self.raw("binary", a, ops::extent(la))?;
+        let br = self.raw("binary", b, ops::extent(lb))?;
+        let or = self.raw("binary", out, la.numel())?;
+        ops::binary(&self.ctx, op, ar, la, br, lb, or)
+    }
+    fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
+        let xr = self.raw("reduce", x, spec.outer * spec.len * spec.inner)?;
+        let or = self.raw("reduce", out, spec.outer * spec.inner)?;
+        ops::reduce(&self.ctx, op, xr, spec, or)
+    }
+    fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
+        let s = spec;
+        let extent = |off: usize, bs: usize, size: usize| {
+            if s.batch == 0 || size == 0 {
+                0
+            } else {
+                off + (s.batch - 1) * bs + size
+            }
+        };
+        let ar = self.raw("matmul", a, extent(s.a_offset, s.a_batch_stride, s.m * s.k))?;
+        let br = self.raw("matmul", b, extent(s.b_offset, s.b_batch_stride, s.k * s.n))?;
+        let or = self.raw("matmul", out, s.batch * s.m * s.n)?;
+        ops::matmul(&self.ctx, self.matmul, ar, br, or, spec)
+    }
+    fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
+        let xr = self.raw("im2col", x, spec.n * spec.c * spec.h * spec.w)?;
+        let cr = self.raw("im2col", cols, spec.n * spec.col_rows() * spec.col_len())?;
+        nn::im2col(&self.ctx, xr, cr, spec, true)
+    }
+    fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
+        let xr = self.raw("col2im", x, spec.n * spec.c * spec.h * spec.w)?;
+        let cr = self.raw("col2im", cols, spec.n * spec.col_rows() * spec.col_len())?;
+        nn::im2col(&self.ctx, xr, cr, spec, false)
+    }
+    fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
+        let outs = spec.n * spec.c * spec.oh * spec.ow;
+        let xr = self.raw("max_pool2d", x, spec.n * spec.c * spec.h * spec.w)?;
+        let or = self.raw("max_pool2d", out, outs)?;
+        let ar = self.raw("max_pool2d", argmax, outs)?;
+        nn::max_pool(&self.ctx, xr, or, ar, spec, true)
+    }
+    fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
+        let outs = spec.n * spec.c * spec.oh * spec.ow;
+        let gx = self.raw("max_pool2d_backward", grad_x, spec.n * spec.c * spec.h * spec.w)?;
+        let go = self.raw("max_pool2d_backward", grad_out, outs)?;
+        let ar = self.raw("max_pool2d_backward", argmax, outs)?;
+        nn::max_pool(&self.ctx, gx, go, ar, spec, false)
+    }
+    fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
+        let (xn, on) = match op {
+            IndexOp::Gather => (rows * cols, rows),
+            IndexOp::Scatter => (rows, rows * cols),
+        };
+        let xr = self.raw("index", x, xn)?;
+        let ir = self.raw("index", idx, rows)?;
+        let or = self.raw("index", out, on)?;
+        nn::index(&self.ctx, op, xr, ir, or, rows, cols)
+    }
+    fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
+        let n = param.len();
+        let p = self.raw("optim_step", param, n)?;
+        let g = self.raw("optim_step", grad, n)?;
+        let s = state.iter().map(|b| self.raw("optim_step", b, n)).collect::<Result<Vec<_>>>()?;
+        nn::optim(&self.ctx, step, p, g, &s, n)?;
+        Ok(true)
+    }
+    fn sync(&self) -> Result<()> {
+        self.ctx.wait()
+    }
+    fn memory(&self) -> MemoryStats {
+        self.pool.stats()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

@@ -1,0 +1,68 @@
+// binary.wgsl: elementwise ops of two inputs, out[i] = op(a[pos_a(i)], b[pos_b(i)]).
+//
+// One invocation per output element of this dispatch's chunk; `a` and `b` are read through
+// strided layouts that share the output's shape (stride 0 broadcasts). The op is `p.code`, the
+// numbering of `BinaryOp::code()`.
+// Bindings: 0 `p` parameters; 1 `a` input (f32); 2 `b` input (f32); 3 `out` output (f32,
+// contiguous).
+// Shape letters: N elements in the chunk, D0..D5 the shared shape padded to rank 6.
+// Offsets are relative to each bound range and wrap modulo 2^32.
+
+struct Params {
+    shape: array<vec4<u32>, 2>,
+    a_strides: array<vec4<u32>, 2>,
+    b_strides: array<vec4<u32>, 2>,
+    n: u32,      // N
+    start: u32,  // linear index of the chunk's first element in the whole output
+    a_off: u32,
+    b_off: u32,
+    out_off: u32,
+    code: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+fn apply(code: u32, x: f32, y: f32) -> f32 {
+    switch code {
+        case 0u: { return x + y; }
+        case 1u: { return x - y; }
+        case 2u: { return x * y; }
+        case 3u: { return x / y; }
+        case 4u: { return max(x, y); }
+        case 5u: { return min(x, y); }
+        case 6u: { return select(0.0, 1.0, x > y); }
+        default: { return select(0.0, 1.0, x == y); }
+    }
+}
+
+fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.y * nwg.x * 256u + gid.x;
+}
+
+@compute @workgroup_size(256)
+fn contig(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if i >= p.n { return; }
+    let g = p.start + i;
+    out[p.out_off + i] = apply(p.code, a[p.a_off + g], b[p.b_off + g]);
+}
+
+@compute @workgroup_size(256)
+fn strided(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if i >= p.n { return; }
+    var rem = p.start + i;
+    var pa = p.a_off;
+    var pb = p.b_off;
+    for (var d = 5; d >= 0; d--) {
+        let dim = p.shape[d / 4][d % 4];
+        let c = rem % dim;
+        pa += c * p.a_strides[d / 4][d % 4];
+        pb += c * p.b_strides[d / 4][d % 4];
+        rem /= dim;
+    }
+    out[p.out_off + i] = apply(p.code, a[pa], b[pb]);
+}

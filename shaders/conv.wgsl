@@ -1,0 +1,86 @@
+// conv.wgsl: im2col and its adjoint col2im, the data movement around a convolution's matmul.
+//
+// im2col: cols[n, r, q] = x[n, ci, y, x] with
+// r = (ci*KH + i)*KW + j, q = oy*OW + ox, y = oy*SH + i - PH, x = ox*SW + j - PW (0 in padding).
+// col2im: one invocation per input pixel, summing the column entries that read it in the order
+// of r, so the result is deterministic and needs no atomics.
+// Bindings: 0 `p` parameters; 1 `x` image [N, C, H, W]; 2 `cols` [N, C*KH*KW, OH*OW].
+// Shape letters: N images in this chunk, C channels, H×W input, KH×KW window, SH/SW stride,
+// PH/PW padding, OH×OW output positions.
+
+struct Params {
+    n: u32,
+    c: u32,
+    h: u32,
+    w: u32,
+    kh: u32,
+    kw: u32,
+    sh: u32,
+    sw: u32,
+    ph: u32,
+    pw: u32,
+    oh: u32,
+    ow: u32,
+    x_off: u32,
+    cols_off: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> cols: array<f32>;
+
+// One invocation per column row segment (n, r, oy), looping over ox: the index arithmetic
+// (integer division, slow on CPU rasterizers) happens once per OW outputs.
+@compute @workgroup_size(64)
+fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = gid.y * nwg.x * 64u + gid.x;
+    let rows = p.c * p.kh * p.kw;
+    if e >= p.n * rows * p.oh { return; }
+    let oy = e % p.oh;
+    let r = (e / p.oh) % rows;
+    let img = e / (p.oh * rows);
+    let ci = r / (p.kh * p.kw);
+    let i = (r / p.kw) % p.kh;
+    let j = r % p.kw;
+    let y = i32(oy * p.sh + i) - i32(p.ph);
+    let dst = p.cols_off + e * p.ow;
+    if y < 0 || y >= i32(p.h) {
+        for (var ox = 0u; ox < p.ow; ox++) { cols[dst + ox] = 0.0; }
+        return;
+    }
+    let src = p.x_off + ((img * p.c + ci) * p.h + u32(y)) * p.w;
+    for (var ox = 0u; ox < p.ow; ox++) {
+        let xx = i32(ox * p.sw + j) - i32(p.pw);
+        var v = 0.0;
+        if xx >= 0 && xx < i32(p.w) { v = x[src + u32(xx)]; }
+        cols[dst + ox] = v;
+    }
+}
+
+@compute @workgroup_size(256)
+fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = gid.y * nwg.x * 256u + gid.x;
+    if e >= p.n * p.c * p.h * p.w { return; }
+    let xx = e % p.w;
+    let y = (e / p.w) % p.h;
+    let ci = (e / (p.w * p.h)) % p.c;
+    let img = e / (p.w * p.h * p.c);
+    let cl = p.oh * p.ow;
+    let rows = p.c * p.kh * p.kw;
+    var acc = 0.0;
+    for (var i = 0u; i < p.kh; i++) {
+        let ty = y + p.ph;
+        if ty < i || (ty - i) % p.sh != 0u { continue; }
+        let oy = (ty - i) / p.sh;
+        if oy >= p.oh { continue; }
+        for (var j = 0u; j < p.kw; j++) {
+            let tx = xx + p.pw;
+            if tx < j || (tx - j) % p.sw != 0u { continue; }
+            let ox = (tx - j) / p.sw;
+            if ox >= p.ow { continue; }
+            let r = (ci * p.kh + i) * p.kw + j;
+            acc += cols[p.cols_off + (img * rows + r) * cl + oy * p.ow + ox];
+        }
+    }
+    x[p.x_off + e] = acc;
+}

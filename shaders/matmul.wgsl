@@ -1,0 +1,198 @@
+// matmul.wgsl: batched C[z] = op(A[z]) · op(B[z]), C[z] M×N row-major, op(A) M×K, op(B) K×N.
+//
+// Each invocation computes a block of C in registers, reading A and B straight from storage:
+// on software rasterizers (lavapipe, llvmpipe) workgroup memory and barriers cost more than they
+// save, and caches serve the reuse. `workgroup_id.z` is the batch entry z.
+// Bindings: 0 `p` parameters; 1 A; 2 B; 3 C (written). The `regs` and `tiled` entry points view them as
+// vec4 arrays, the `generic` one as f32 arrays.
+// Shape letters: M, K, N as above; Z batch entries in this dispatch.
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    a_off: u32, // element offsets relative to each bound range
+    b_off: u32,
+    c_off: u32,
+    a_bs: u32,  // batch strides in elements; 0 reuses one matrix
+    b_bs: u32,
+    a_rs: u32,  // strides of op(A) along M and K, and of op(B) along K and N (transposes)
+    a_cs: u32,
+    b_rs: u32,
+    b_cs: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> a4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> b4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c4: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> a1: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b1: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c1: array<f32>;
+
+// Row a (four consecutive K values) times the 4×4 block of B rows r0..r3.
+fn dot4(a: vec4<f32>, r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>) -> vec4<f32> {
+    return a.x * r0 + a.y * r1 + a.z * r2 + a.w * r3;
+}
+
+// Untransposed operands, N and K multiples of 4, offsets and batch strides multiples of 4.
+// A workgroup owns 8 rows of C and 64 columns, one vec4 column group per invocation. A's
+// addresses depend only on the workgroup and the loop counter, so CPU rasterizers load them once
+// for all lanes, and each B load feeds 8 rows (fewer rows halve the speed on lavapipe, more
+// spill registers). Consecutive workgroups (`workgroup_id.x`) walk down the rows of one strip
+// of B. Rows and columns past the edge are clamped on load and skipped on store.
+@compute @workgroup_size(16)
+fn regs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n4 = p.n / 4u;
+    let k4 = p.k / 4u;
+    let row0 = wid.x * 8u;
+    let col = wid.y * 16u + lid.x;
+    let z = wid.z;
+    let abase = (p.a_off + z * p.a_bs) / 4u;
+    let last = p.m - 1u;
+    let ar0 = abase + row0 * k4;
+    let ar1 = abase + min(row0 + 1u, last) * k4;
+    let ar2 = abase + min(row0 + 2u, last) * k4;
+    let ar3 = abase + min(row0 + 3u, last) * k4;
+    let ar4 = abase + min(row0 + 4u, last) * k4;
+    let ar5 = abase + min(row0 + 5u, last) * k4;
+    let ar6 = abase + min(row0 + 6u, last) * k4;
+    let ar7 = abase + min(row0 + 7u, last) * k4;
+    let bcol = (p.b_off + z * p.b_bs) / 4u + min(col, n4 - 1u);
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
+    for (var kk = 0u; kk < k4; kk++) {
+        let br = bcol + kk * 4u * n4;
+        let b0 = b4[br];
+        let b1 = b4[br + n4];
+        let b2 = b4[br + 2u * n4];
+        let b3 = b4[br + 3u * n4];
+        acc0 += dot4(a4[ar0 + kk], b0, b1, b2, b3);
+        acc1 += dot4(a4[ar1 + kk], b0, b1, b2, b3);
+        acc2 += dot4(a4[ar2 + kk], b0, b1, b2, b3);
+        acc3 += dot4(a4[ar3 + kk], b0, b1, b2, b3);
+        acc4 += dot4(a4[ar4 + kk], b0, b1, b2, b3);
+        acc5 += dot4(a4[ar5 + kk], b0, b1, b2, b3);
+        acc6 += dot4(a4[ar6 + kk], b0, b1, b2, b3);
+        acc7 += dot4(a4[ar7 + kk], b0, b1, b2, b3);
+    }
+    if col >= n4 { return; }
+    let cb = (p.c_off + z * p.m * p.n) / 4u + row0 * n4 + col;
+    c4[cb] = acc0;
+    if row0 + 1u < p.m { c4[cb + 1u * n4] = acc1; }
+    if row0 + 2u < p.m { c4[cb + 2u * n4] = acc2; }
+    if row0 + 3u < p.m { c4[cb + 3u * n4] = acc3; }
+    if row0 + 4u < p.m { c4[cb + 4u * n4] = acc4; }
+    if row0 + 5u < p.m { c4[cb + 5u * n4] = acc5; }
+    if row0 + 6u < p.m { c4[cb + 6u * n4] = acc6; }
+    if row0 + 7u < p.m { c4[cb + 7u * n4] = acc7; }
+}
+
+// Any shapes, transposes, offsets and strides: 4×4 outputs per invocation, scalar loads.
+@compute @workgroup_size(8, 8)
+fn generic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row0 = (wid.y * 8u + lid.y) * 4u;
+    let col0 = (wid.x * 8u + lid.x) * 4u;
+    if row0 >= p.m || col0 >= p.n { return; }
+    let z = wid.z;
+    let ab = p.a_off + z * p.a_bs;
+    let bb = p.b_off + z * p.b_bs;
+    let r = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.m - 1u));
+    let c = min(vec4<u32>(col0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u));
+    let ar = vec4<u32>(ab) + r * p.a_rs;
+    let bc = vec4<u32>(bb) + c * p.b_cs;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var kk = 0u; kk < p.k; kk++) {
+        let ak = kk * p.a_cs;
+        let bk = kk * p.b_rs;
+        let bv = vec4<f32>(b1[bc.x + bk], b1[bc.y + bk], b1[bc.z + bk], b1[bc.w + bk]);
+        acc0 += a1[ar.x + ak] * bv;
+        acc1 += a1[ar.y + ak] * bv;
+        acc2 += a1[ar.z + ak] * bv;
+        acc3 += a1[ar.w + ak] * bv;
+    }
+    let cb = p.c_off + z * p.m * p.n;
+    for (var i = 0u; i < 4u; i++) {
+        let row = row0 + i;
+        if row >= p.m { break; }
+        var v = acc0;
+        if i == 1u { v = acc1; }
+        if i == 2u { v = acc2; }
+        if i == 3u { v = acc3; }
+        for (var j = 0u; j < 4u; j++) {
+            if col0 + j < p.n { c1[cb + row * p.n + col0 + j] = v[j]; }
+        }
+    }
+}
+
+// Hardware GPUs: a 64×64 tile of C per 16×16 workgroup, 4×4 outputs per invocation, A and B
+// staged through workgroup memory 16 K values at a time. Same operand conditions as `regs`.
+var<workgroup> ta: array<array<f32, 64>, 16>; // [k][row of the tile]
+var<workgroup> tb: array<array<f32, 64>, 16>; // [k][column of the tile]
+
+@compute @workgroup_size(16, 16)
+fn tiled(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let n4 = p.n / 4u;
+    let k4 = p.k / 4u;
+    let row0 = wid.y * 64u;
+    let col0 = wid.x * 64u;
+    let z = wid.z;
+    let abase = (p.a_off + z * p.a_bs) / 4u;
+    let bbase = (p.b_off + z * p.b_bs) / 4u;
+    let ar = li / 4u;
+    let aq = li % 4u;
+    let arow = min(row0 + ar, p.m - 1u);
+    let br = li / 16u;
+    let bq = li % 16u;
+    let bcol = col0 / 4u + bq;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var kt = 0u; kt < p.k; kt += 16u) {
+        let ak = kt / 4u + aq;
+        var av = vec4<f32>(0.0);
+        if ak < k4 { av = a4[abase + arow * k4 + ak]; }
+        ta[aq * 4u][ar] = av.x;
+        ta[aq * 4u + 1u][ar] = av.y;
+        ta[aq * 4u + 2u][ar] = av.z;
+        ta[aq * 4u + 3u][ar] = av.w;
+        var bv = vec4<f32>(0.0);
+        if kt + br < p.k && bcol < n4 { bv = b4[bbase + (kt + br) * n4 + bcol]; }
+        tb[br][bq * 4u] = bv.x;
+        tb[br][bq * 4u + 1u] = bv.y;
+        tb[br][bq * 4u + 2u] = bv.z;
+        tb[br][bq * 4u + 3u] = bv.w;
+        workgroupBarrier();
+        for (var t = 0u; t < 16u; t++) {
+            let x = vec4<f32>(ta[t][lid.y * 4u], ta[t][lid.y * 4u + 1u], ta[t][lid.y * 4u + 2u], ta[t][lid.y * 4u + 3u]);
+            let y = vec4<f32>(tb[t][lid.x * 4u], tb[t][lid.x * 4u + 1u], tb[t][lid.x * 4u + 2u], tb[t][lid.x * 4u + 3u]);
+            acc0 += x.x * y;
+            acc1 += x.y * y;
+            acc2 += x.z * y;
+            acc3 += x.w * y;
+        }
+        workgroupBarrier();
+    }
+    let row = row0 + lid.y * 4u;
+    let col = col0 / 4u + lid.x;
+    if col >= n4 { return; }
+    let cb = (p.c_off + z * p.m * p.n) / 4u + col;
+    if row < p.m { c4[cb + row * n4] = acc0; }
+    if row + 1u < p.m { c4[cb + (row + 1u) * n4] = acc1; }
+    if row + 2u < p.m { c4[cb + (row + 2u) * n4] = acc2; }
+    if row + 3u < p.m { c4[cb + (row + 3u) * n4] = acc3; }
+}

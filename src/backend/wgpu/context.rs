@@ -1,0 +1,359 @@
+//! One logical wgpu device: pipelines compiled lazily, dispatches recorded into a shared command
+//! encoder and submitted in batches, parameters in a uniform ring, sub-range bindings, readback.
+use super::shaders;
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Bytes of one parameter slot in the uniform ring; every kernel's `Params` fits.
+const SLOT: u64 = 256;
+/// Dispatches recorded before a batch is submitted, so the device starts working while the host
+/// records more; also the number of uniform slots.
+const BATCH: usize = 256;
+/// Workgroups recorded before a batch is submitted early: bounds how long one submit runs, which
+/// on GL is how long the adapter's shared context stays locked against other devices.
+const BATCH_GROUPS: u64 = 1 << 16;
+
+/// A storage binding: a byte range of a buffer.
+pub(crate) struct Bind<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// Limits that shape how ops are split into dispatches.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// Largest storage binding in bytes (possibly lowered by `Options`).
+    pub max_binding: u64,
+    /// Storage binding offsets must be multiples of this many bytes.
+    pub align: u64,
+    pub max_groups: u32,
+}
+
+/// Compiled pipelines with their bind-group layout, by (shader, entry point).
+type Pipelines = HashMap<(&'static str, &'static str), (wgpu::ComputePipeline, wgpu::BindGroupLayout)>;
+
+struct Pending {
+    // `pass` records into `encoder` and is ended (dropped) before the encoder is used otherwise.
+    pass: Option<wgpu::ComputePass<'static>>,
+    encoder: Option<wgpu::CommandEncoder>,
+    uniforms: Vec<u8>,
+    dispatches: usize,
+    groups: u64,
+}
+
+pub(crate) struct Ctx {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub name: String,
+    pub limits: Limits,
+    uniform: wgpu::Buffer,
+    uniform_stride: u64,
+    pending: Mutex<Pending>,
+    modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
+    layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    pipelines: Mutex<Pipelines>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Ctx {
+    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String, max_binding: Option<u64>) -> Self {
+        let l = device.limits();
+        // u32 element offsets in kernels stay exact below 2 GiB per binding.
+        let mut max = l.max_storage_buffer_binding_size.min(1 << 31);
+        if let Some(m) = max_binding {
+            max = max.min(m);
+        }
+        // At least 16 so that vec4 kernels see vec4-aligned bindings.
+        let align = u64::from(l.min_storage_buffer_offset_alignment).max(16);
+        let limits = Limits { max_binding: max.max(align * 2), align, max_groups: l.max_compute_workgroups_per_dimension };
+        let uniform_stride = SLOT.max(u64::from(l.min_uniform_buffer_offset_alignment));
+        let uniform = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tandem params"),
+            size: uniform_stride * BATCH as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        // wgpu's default handler panics; errors are reported by the next op that waits instead.
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| lock(&sink).push(e.to_string())));
+        Ctx {
+            device,
+            queue,
+            name,
+            limits,
+            uniform,
+            uniform_stride,
+            pending: Mutex::new(Pending { pass: None, encoder: None, uniforms: Vec::new(), dispatches: 0, groups: 0 }),
+            modules: Mutex::default(),
+            layouts: Mutex::default(),
+            pipelines: Mutex::default(),
+            errors,
+        }
+    }
+
+    /// The backend error every wgpu failure becomes.
+    pub(crate) fn err(&self, detail: impl Into<String>) -> Error {
+        Error::Backend { backend: "wgpu", device: self.name.clone(), detail: detail.into() }
+    }
+
+    /// Errors wgpu reported asynchronously since the last check.
+    fn check_errors(&self) -> Result<()> {
+        let mut e = lock(&self.errors);
+        if e.is_empty() {
+            return Ok(());
+        }
+        let detail = e.join("; ");
+        e.clear();
+        Err(self.err(detail))
+    }
+
+    fn layout(&self, storage: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+        let mut layouts = lock(&self.layouts);
+        let (bgl, pl) = layouts.entry(storage).or_insert_with(|| {
+            let buffer = |binding, ty| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None },
+                count: None,
+            };
+            // Every storage binding is read-write so that an op may alias its input and output
+            // (in-place updates): read-only and writable uses of one buffer may not mix.
+            let mut entries = vec![buffer(0, wgpu::BufferBindingType::Uniform)];
+            entries.extend(
+                (1..=storage as u32).map(|b| buffer(b, wgpu::BufferBindingType::Storage { read_only: false })),
+            );
+            let bgl = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
+            let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+            (bgl, pl)
+        });
+        (bgl.clone(), pl.clone())
+    }
+
+    fn pipeline(
+        &self,
+        shader: &'static str,
+        entry: &'static str,
+        storage: usize,
+    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+        if let Some(p) = lock(&self.pipelines).get(&(shader, entry)) {
+            return Ok(p.clone());
+        }
+        let module = {
+            let mut modules = lock(&self.modules);
+            match modules.get(shader) {
+                Some(m) => m.clone(),
+                None => {
+                    let src = shaders::source(shader).ok_or_else(|| self.err(format!("no shader named {shader}")))?;
+                    let m = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(shader),
+                        source: wgpu::ShaderSource::Wgsl(src.into()),
+                    });
+                    modules.insert(shader, m.clone());
+                    m
+                }
+            }
+        };
+        let (bgl, layout) = self.layout(storage);
+        let p = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: Some(&layout),
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        self.check_errors()?;
+        lock(&self.pipelines).insert((shader, entry), (p.clone(), bgl.clone()));
+        Ok((p, bgl))
+    }
+
+    /// Binds `count` elements from element `first` of `buf`: the range starts at the aligned
+    /// position at or before `first`, and the returned offset is `first` relative to it.
+    pub(crate) fn span<'a>(&self, op: &'static str, buf: &'a wgpu::Buffer, first: usize, count: usize) -> Result<(Bind<'a>, u32)> {
+        let start = first as u64 * 4;
+        let offset = start - start % self.limits.align;
+        // 16 bytes at least: a vec4 array binding holds one element.
+        let end = ((first + count) as u64 * 4).max(offset + 16).min(buf.size());
+        let size = end - offset;
+        if size > self.limits.max_binding {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "an operand range of {size} bytes exceeds the device's storage binding limit of {} bytes on {}",
+                    self.limits.max_binding, self.name
+                ),
+            ));
+        }
+        Ok((Bind { buf, offset, size }, ((start - offset) / 4) as u32))
+    }
+
+    /// Elements one binding may span, leaving room for the alignment of its start.
+    pub(crate) fn max_elems(&self) -> usize {
+        ((self.limits.max_binding - self.limits.align) / 4) as usize
+    }
+
+    /// Splits `units` (rows, images, batch entries) into chunks whose every binding fits:
+    /// `per_unit[i]` is how many elements binding `i` spans per unit.
+    pub(crate) fn chunks(&self, op: &'static str, units: usize, per_unit: &[usize]) -> Result<Vec<(usize, usize)>> {
+        let cap = self.max_elems();
+        let most = per_unit.iter().filter(|&&e| e > 0).map(|&e| cap / e).min().unwrap_or(units.max(1));
+        if most == 0 {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "one unit of work spans {} bytes, more than the storage binding limit of {} bytes on {}",
+                    per_unit.iter().max().copied().unwrap_or(0) * 4,
+                    self.limits.max_binding,
+                    self.name
+                ),
+            ));
+        }
+        Ok((0..units).step_by(most).map(|s| (s, (s + most).min(units))).collect())
+    }
+
+    /// A grid covering `invocations` with workgroups of `wg`, folded into Y past the X limit;
+    /// kernels recover the linear id as `gid.y * num_workgroups.x * wg + gid.x`.
+    pub(crate) fn grid(&self, invocations: usize, wg: usize) -> [u32; 3] {
+        let groups = invocations.div_ceil(wg) as u64;
+        let max = u64::from(self.limits.max_groups);
+        if groups <= max {
+            [groups as u32, 1, 1]
+        } else {
+            [max as u32, groups.div_ceil(max) as u32, 1]
+        }
+    }
+
+    /// Records one dispatch of `shader::entry` with `params` (32-bit words) and storage `binds`.
+    pub(crate) fn dispatch(&self, shader: &'static str, entry: &'static str, params: &[u32], binds: &[Bind], grid: [u32; 3]) -> Result<()> {
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        debug_assert!(params.len() * 4 <= SLOT as usize);
+        let (pipeline, layout) = self.pipeline(shader, entry, binds.len())?;
+        let mut guard = lock(&self.pending);
+        let p = &mut *guard;
+        let slot = p.dispatches as u64 * self.uniform_stride;
+        p.uniforms.resize((slot + SLOT) as usize, 0);
+        for (i, w) in params.iter().enumerate() {
+            p.uniforms[slot as usize + 4 * i..slot as usize + 4 * i + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.uniform,
+                offset: slot,
+                size: NonZeroU64::new(SLOT),
+            }),
+        }];
+        for (i, b) in binds.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b.buf,
+                    offset: b.offset,
+                    size: NonZeroU64::new(b.size),
+                }),
+            });
+        }
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &layout, entries: &entries });
+        if p.pass.is_none() {
+            let enc = p.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            p.pass = Some(pass.forget_lifetime());
+        }
+        let Some(pass) = p.pass.as_mut() else {
+            return Err(self.err("no compute pass to record into"));
+        };
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        p.dispatches += 1;
+        p.groups += grid.iter().map(|&g| u64::from(g)).product::<u64>();
+        if p.dispatches >= BATCH || p.groups >= BATCH_GROUPS {
+            self.submit(p);
+        }
+        Ok(())
+    }
+
+    /// Records a non-compute command (copy, clear) in order with the dispatches.
+    pub(crate) fn encode(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut p = lock(&self.pending);
+        p.pass = None;
+        let enc = p.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+        f(enc);
+    }
+
+    fn submit(&self, p: &mut Pending) {
+        p.pass = None;
+        if let Some(enc) = p.encoder.take() {
+            if !p.uniforms.is_empty() {
+                self.queue.write_buffer(&self.uniform, 0, &p.uniforms);
+            }
+            self.queue.submit([enc.finish()]);
+        }
+        p.uniforms.clear();
+        p.dispatches = 0;
+        p.groups = 0;
+    }
+
+    /// Submits everything recorded so far.
+    pub(crate) fn flush(&self) {
+        let mut p = lock(&self.pending);
+        self.submit(&mut p);
+    }
+
+    /// Writes `bytes` at the start of `buf`, after every op recorded so far (which may still
+    /// read a recycled buffer's previous contents).
+    pub(crate) fn write(&self, buf: &wgpu::Buffer, bytes: &[u8]) {
+        self.flush();
+        if !bytes.is_empty() {
+            self.queue.write_buffer(buf, 0, bytes);
+        }
+    }
+
+    /// Waits for all submitted work and reports errors wgpu raised meanwhile.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.flush();
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| self.err(e.to_string()))?;
+        self.check_errors()
+    }
+
+    /// The first `bytes` bytes of `src`, after every op recorded so far.
+    pub(crate) fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        if bytes == 0 {
+            self.wait()?;
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tandem readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.encode(|enc| enc.copy_buffer_to_buffer(src, 0, &staging, 0, bytes));
+        self.flush();
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|_| self.err("readback mapping was dropped"))?
+            .map_err(|e| self.err(format!("readback mapping failed: {e}")))?;
+        let data = staging.get_mapped_range(..).map_err(|e| self.err(format!("readback: {e}")))?.to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+}

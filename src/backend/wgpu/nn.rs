@@ -1,0 +1,116 @@
+//! Network-specific kernels: im2col/col2im, max pooling, label indexing and fused optimizers,
+//! each split over images, planes or rows so that every binding fits the device's limit.
+use super::context::Ctx;
+use super::ops::Words;
+use crate::backend::{IndexOp, OptimStep, WindowSpec};
+use crate::{Error, Result};
+
+/// The window geometry words shared by conv.wgsl and pool.wgsl after the leading count.
+fn window(w: Words, s: &WindowSpec) -> Words {
+    w.u(s.kh).u(s.kw).u(s.stride.0).u(s.stride.1).u(s.pad.0).u(s.pad.1).u(s.oh).u(s.ow)
+}
+
+/// `forward`: im2col from `x` into `cols`; otherwise col2im from `cols` into `x`.
+pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: WindowSpec, forward: bool) -> Result<()> {
+    let op = if forward { "im2col" } else { "col2im" };
+    let img = s.c * s.h * s.w;
+    let col = s.col_rows() * s.col_len();
+    for (n0, n1) in ctx.chunks(op, s.n, &[img, col])? {
+        let cnt = n1 - n0;
+        let (xb, xo) = ctx.span(op, x, n0 * img, cnt * img)?;
+        let (cb, co) = ctx.span(op, cols, n0 * col, cnt * col)?;
+        let w = window(Words::default().u(cnt).u(s.c).u(s.h).u(s.w), &s).u(xo).u(co);
+        let grid = if forward { ctx.grid(cnt * s.col_rows() * s.oh, 64) } else { ctx.grid(cnt * img, 256) };
+        ctx.dispatch("conv", op, &w.0, &[xb, cb], grid)?;
+    }
+    Ok(())
+}
+
+/// `forward`: pooling from `x` into `out` and `arg`; otherwise the gradient from `out`
+/// (grad_out) and `arg` into `x` (grad_x).
+pub(crate) fn max_pool(
+    ctx: &Ctx,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    arg: &wgpu::Buffer,
+    s: WindowSpec,
+    forward: bool,
+) -> Result<()> {
+    let op = if forward { "max_pool2d" } else { "max_pool2d_backward" };
+    let (hw, ohw) = (s.h * s.w, s.oh * s.ow);
+    for (p0, p1) in ctx.chunks(op, s.n * s.c, &[hw, ohw, ohw])? {
+        let cnt = p1 - p0;
+        let (xb, xo) = ctx.span(op, x, p0 * hw, cnt * hw)?;
+        let (ob, oo) = ctx.span(op, out, p0 * ohw, cnt * ohw)?;
+        let (ab, ao) = ctx.span(op, arg, p0 * ohw, cnt * ohw)?;
+        let w = window(Words::default().u(cnt).u(s.h).u(s.w), &s).u(xo).u(oo).u(ao);
+        let (entry, work) = if forward { ("forward", cnt * ohw) } else { ("backward", cnt * hw) };
+        ctx.dispatch("pool", entry, &w.0, &[xb, ob, ab], ctx.grid(work, 256))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn index(
+    ctx: &Ctx,
+    op: IndexOp,
+    x: &wgpu::Buffer,
+    idx: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    let (name, x_per, out_per, entry, wg) = match op {
+        IndexOp::Gather => ("index gather", cols, 1, "gather", 64),
+        IndexOp::Scatter => ("index scatter", 1, cols, "scatter", 256),
+    };
+    for (r0, r1) in ctx.chunks(name, rows, &[x_per, 1, out_per])? {
+        let cnt = r1 - r0;
+        let (xb, xo) = ctx.span(name, x, r0 * x_per, cnt * x_per)?;
+        let (ib, io) = ctx.span(name, idx, r0, cnt)?;
+        let (ob, oo) = ctx.span(name, out, r0 * out_per, cnt * out_per)?;
+        let w = Words::default().u(cnt).u(cols).u(xo).u(io).u(oo);
+        ctx.dispatch("index", entry, &w.0, &[xb, ib, ob], ctx.grid(cnt * out_per, wg))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn optim(ctx: &Ctx, step: OptimStep, param: &wgpu::Buffer, grad: &wgpu::Buffer, state: &[&wgpu::Buffer], n: usize) -> Result<()> {
+    let (entry, states, head) = match step {
+        OptimStep::Sgd { lr, momentum, dampening, nesterov, weight_decay, first } => {
+            let flags = u32::from(nesterov) | u32::from(first) << 1;
+            let entry = if momentum == 0.0 { "sgd" } else { "sgd_momentum" };
+            let w = Words::default().u(flags).f(lr).f(weight_decay).f(momentum).f(dampening).f(0.0).f(1.0).f(1.0);
+            (entry, usize::from(momentum != 0.0), w)
+        }
+        OptimStep::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, step } => {
+            if step == 0 {
+                return Err(Error::invalid("optim_step", "Adam's step counts from 1"));
+            }
+            let t = step.min(i32::MAX as u64) as i32;
+            let bc1 = 1.0 - beta1.powi(t);
+            let bc2 = 1.0 - beta2.powi(t);
+            let w = Words::default().u(u32::from(decoupled)).f(lr).f(weight_decay).f(beta1).f(beta2).f(eps).f(bc1).f(bc2);
+            ("adam", 2, w)
+        }
+    };
+    if state.len() < states {
+        return Err(Error::invalid("optim_step", format!("{entry} needs {states} state buffers, got {}", state.len())));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let bufs: Vec<&wgpu::Buffer> = [param, grad].into_iter().chain(state[..states].iter().copied()).collect();
+    for (s, e) in ctx.chunks("optim_step", n, &vec![1; bufs.len()])? {
+        let mut binds = Vec::with_capacity(bufs.len());
+        let mut off = 0;
+        for b in &bufs {
+            let (bind, o) = ctx.span("optim_step", b, s, e - s)?;
+            off = o;
+            binds.push(bind);
+        }
+        let mut w = Words::default().u(e - s).u(off);
+        w.0.extend_from_slice(&head.0);
+        ctx.dispatch("optim", entry, &w.0, &binds, ctx.grid(e - s, 256))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! Elementwise ops, fill, reductions and matmul: parameter packing and splitting into dispatches
+//! that respect the device's binding and workgroup-count limits.
+use super::context::{Bind, Ctx};
+use super::MatmulKernel;
+use crate::backend::{BinaryOp, MatmulSpec, ReduceOp, ReduceSpec, UnaryOp};
+use crate::{Error, Layout, Result};
+
+/// Elements of the buffer a layout reaches: one past its furthest element (0 when empty).
+pub(crate) fn extent(l: &Layout) -> usize {
+    if l.numel() == 0 {
+        return 0;
+    }
+    l.offset + l.shape.iter().zip(&l.strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>() + 1
+}
+
+/// 32-bit words of a kernel's `Params`, in declaration order.
+#[derive(Default)]
+pub(crate) struct Words(pub Vec<u32>);
+
+impl Words {
+    pub fn u(mut self, v: impl TryInto<u32>) -> Self {
+        // Every caller passes a value already bounded by a binding size or a u32 limit.
+        self.0.push(v.try_into().unwrap_or(u32::MAX));
+        self
+    }
+    pub fn f(mut self, v: f32) -> Self {
+        self.0.push(v.to_bits());
+        self
+    }
+    /// Six dims or strides padded to two vec4 (eight words).
+    pub fn dims(mut self, d: [u32; 6]) -> Self {
+        self.0.extend_from_slice(&d);
+        self.0.extend_from_slice(&[0, 0]);
+        self
+    }
+}
+
+/// Binds an elementwise operand for output elements `s..e`: a contiguous one only over the
+/// chunk (offset relative to the chunk's global index), a strided one over its whole extent.
+fn operand<'a>(ctx: &Ctx, op: &'static str, buf: &'a wgpu::Buffer, l: &Layout, s: usize, e: usize) -> Result<(Bind<'a>, u32)> {
+    if l.is_contiguous() {
+        let (b, off) = ctx.span(op, buf, l.offset + s, e - s)?;
+        Ok((b, off.wrapping_sub(s as u32)))
+    } else {
+        ctx.span(op, buf, l.offset, extent(l) - l.offset)
+    }
+}
+
+pub(crate) fn fill(ctx: &Ctx, buf: &wgpu::Buffer, len: usize, bits: u32) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    if bits == 0 {
+        ctx.encode(|e| e.clear_buffer(buf, 0, Some(len as u64 * 4)));
+        return Ok(());
+    }
+    for (s, e) in ctx.chunks("fill", len, &[1])? {
+        let (b, off) = ctx.span("fill", buf, s, e - s)?;
+        let w = Words::default().u(e - s).u(off).u(bits);
+        ctx.dispatch("util", "fill", &w.0, &[b], ctx.grid(e - s, 256))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn unary(ctx: &Ctx, op: UnaryOp, x: &wgpu::Buffer, l: &Layout, out: &wgpu::Buffer) -> Result<()> {
+    let n = l.numel();
+    let (shape, strides) = l.padded("unary")?;
+    let entry = if l.is_contiguous() { "contig" } else { "strided" };
+    let [p0, p1] = op.params();
+    for (s, e) in ctx.chunks("unary", n, &[1, 1])? {
+        let (xb, xo) = operand(ctx, "unary", x, l, s, e)?;
+        let (ob, oo) = ctx.span("unary", out, s, e - s)?;
+        let w = Words::default().dims(shape).dims(strides).u(e - s).u(s).u(xo).u(oo).u(op.code()).f(p0).f(p1);
+        ctx.dispatch("unary", entry, &w.0, &[xb, ob], ctx.grid(e - s, 256))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn binary(
+    ctx: &Ctx,
+    op: BinaryOp,
+    a: &wgpu::Buffer,
+    la: &Layout,
+    b: &wgpu::Buffer,
+    lb: &Layout,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    let n = la.numel();
+    let (shape, sa) = la.padded("binary")?;
+    let (_, sb) = lb.padded("binary")?;
+    let entry = if la.is_contiguous() && lb.is_contiguous() { "contig" } else { "strided" };
+    for (s, e) in ctx.chunks("binary", n, &[1, 1, 1])? {
+        let (ab, ao) = operand(ctx, "binary", a, la, s, e)?;
+        let (bb, bo) = operand(ctx, "binary", b, lb, s, e)?;
+        let (ob, oo) = ctx.span("binary", out, s, e - s)?;
+        let w = Words::default().dims(shape).dims(sa).dims(sb).u(e - s).u(s).u(ao).u(bo).u(oo).u(op.code());
+        ctx.dispatch("binary", entry, &w.0, &[ab, bb, ob], ctx.grid(e - s, 256))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn reduce(ctx: &Ctx, op: ReduceOp, x: &wgpu::Buffer, r: ReduceSpec, out: &wgpu::Buffer) -> Result<()> {
+    if r.outer * r.inner == 0 {
+        return Ok(());
+    }
+    for (s, e) in ctx.chunks("reduce", r.outer, &[r.len * r.inner, r.inner])? {
+        let (xb, xo) = ctx.span("reduce", x, s * r.len * r.inner, (e - s) * r.len * r.inner)?;
+        let (ob, oo) = ctx.span("reduce", out, s * r.inner, (e - s) * r.inner)?;
+        let w = Words::default().u(e - s).u(r.len).u(r.inner).u(op.code()).u(xo).u(oo);
+        ctx.dispatch("reduce", "reduce", &w.0, &[xb, ob], ctx.grid((e - s) * r.inner, 64))?;
+    }
+    Ok(())
+}
+
+/// Batch entries per dispatch so that each operand's range fits one binding: an operand spans
+/// `(count-1)*stride + size` elements.
+fn batches_per_dispatch(ctx: &Ctx, operands: &[(usize, usize)]) -> Result<usize> {
+    let cap = ctx.max_elems();
+    let mut most = ctx.limits.max_groups as usize;
+    for &(stride, size) in operands {
+        if size > cap {
+            return Err(Error::invalid(
+                "matmul",
+                format!(
+                    "one operand matrix of {} bytes exceeds the storage binding limit of {} bytes on {}",
+                    size * 4,
+                    ctx.limits.max_binding,
+                    ctx.name
+                ),
+            ));
+        }
+        if let Some(q) = (cap - size).checked_div(stride) {
+            most = most.min(q + 1);
+        }
+    }
+    Ok(most.max(1))
+}
+
+pub(crate) fn matmul(
+    ctx: &Ctx,
+    kernel: MatmulKernel,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    c: &wgpu::Buffer,
+    s: MatmulSpec,
+) -> Result<()> {
+    let (m, n, k) = (s.m, s.n, s.k);
+    if s.batch == 0 || m == 0 || n == 0 {
+        return Ok(());
+    }
+    let (a_rs, a_cs) = if s.trans_a { (1, m) } else { (k, 1) };
+    let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
+    let (a_bs, b_bs) = if s.batch == 1 { (0, 0) } else { (s.a_batch_stride, s.b_batch_stride) };
+    let plain = !s.trans_a && !s.trans_b;
+    let vec4 = plain && n.is_multiple_of(4) && k.is_multiple_of(4) && (s.a_offset | s.b_offset | a_bs | b_bs).is_multiple_of(4);
+    let (entry, cols, rows) = match (vec4, kernel) {
+        (true, MatmulKernel::Registers) => ("regs", 64, 8),
+        (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
+        (false, _) => ("generic", 32, 32),
+    };
+    let (mut gx, mut gy) = (n.div_ceil(cols), m.div_ceil(rows));
+    if entry == "regs" {
+        // `regs` takes row blocks along X so that consecutive workgroups share a strip of B.
+        std::mem::swap(&mut gx, &mut gy);
+    }
+    if gx.max(gy) > ctx.limits.max_groups as usize {
+        return Err(Error::invalid("matmul", format!("{m}x{n} output needs more workgroups than {} allows", ctx.name)));
+    }
+    let per = batches_per_dispatch(ctx, &[(a_bs, m * k), (b_bs, k * n), (m * n, m * n)])?;
+    let mut b0 = 0;
+    while b0 < s.batch {
+        let cnt = per.min(s.batch - b0);
+        let (ab, ao) = ctx.span("matmul", a, s.a_offset + b0 * a_bs, (cnt - 1) * a_bs + m * k)?;
+        let (bb, bo) = ctx.span("matmul", b, s.b_offset + b0 * b_bs, (cnt - 1) * b_bs + k * n)?;
+        let (cb, co) = ctx.span("matmul", c, b0 * m * n, cnt * m * n)?;
+        let w = Words::default()
+            .u(m)
+            .u(n)
+            .u(k)
+            .u(ao)
+            .u(bo)
+            .u(co)
+            .u(a_bs)
+            .u(b_bs)
+            .u(a_rs)
+            .u(a_cs)
+            .u(b_rs)
+            .u(b_cs);
+        ctx.dispatch("matmul", entry, &w.0, &[ab, bb, cb], [gx as u32, gy as u32, cnt as u32])?;
+        b0 += cnt;
+    }
+    Ok(())
+}

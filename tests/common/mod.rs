@@ -1,0 +1,104 @@
+//! Shared test helpers: the devices every conformance test runs on, seeded inputs, and the one
+//! tolerance check.
+#![allow(dead_code)]
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tandem::backend::Buffer;
+use tandem::{BackendKind, DType, Device};
+
+/// Every device except the CPU reference, opened fresh; prints each skipped backend and why.
+/// With `CI=true`, finding no wgpu adapter while the `wgpu` feature is on fails the test.
+pub fn devices_under_test() -> Vec<Device> {
+    let mut out = Vec::new();
+    for info in Device::list() {
+        if info.backend == BackendKind::Cpu {
+            continue;
+        }
+        match Device::open(info.backend, info.ordinal) {
+            Ok(d) => out.push(d),
+            Err(e) => eprintln!("skipping {}:{} ({}): {e}", info.backend.name(), info.ordinal, info.name),
+        }
+    }
+    if !cfg!(feature = "cuda") {
+        eprintln!("skipping cuda: the `cuda` feature is off");
+    } else if !out.iter().any(|d| d.info().backend == BackendKind::Cuda) {
+        eprintln!("skipping cuda: no CUDA device found");
+    }
+    if !cfg!(feature = "wgpu") {
+        eprintln!("skipping wgpu: the `wgpu` feature is off");
+    } else if !out.iter().any(|d| d.info().backend == BackendKind::Wgpu) {
+        let ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
+        assert!(!ci, "CI=true but no wgpu adapter was found (is a Vulkan/GL driver such as lavapipe installed?)");
+        eprintln!("skipping wgpu: no adapter found");
+    }
+    out
+}
+
+/// Tests share adapters; a test moving hundreds of megabytes takes this exclusively so that
+/// the others do not wait on it (wgpu's GL backend gives up on a context held for seconds).
+pub static HEAVY: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+pub fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    HEAVY.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    HEAVY.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `check(device, cpu)` on every device under test, naming the device on failure.
+pub fn on_each_device(check: impl Fn(&Device, &Device) -> tandem::Result<()>) {
+    let _guard = shared();
+    let cpu = Device::cpu();
+    for dev in devices_under_test() {
+        eprintln!("running on {dev} ({})", dev.info().name);
+        if let Err(e) = check(&dev, &cpu) {
+            panic!("on {dev} ({}): {e}", dev.info().name);
+        }
+    }
+}
+
+/// Passes when `|got - want| <= atol + rtol * |want|` everywhere (NaN matches NaN); otherwise
+/// panics naming the op and the worst element.
+pub fn assert_close(op: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(got.len(), want.len(), "{op}: length {} vs reference {}", got.len(), want.len());
+    let mut worst: Option<(usize, f32)> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if g.is_nan() && w.is_nan() || g == w {
+            continue;
+        }
+        // NaN excess (a NaN against a number) counts as a failure.
+        let excess = (g - w).abs() - (atol + rtol * w.abs());
+        let fails = excess.partial_cmp(&0.0) != Some(std::cmp::Ordering::Less) && excess != 0.0;
+        if fails && worst.is_none_or(|(_, e)| excess > e || e.is_nan()) {
+            worst = Some((i, excess));
+        }
+    }
+    if let Some((i, _)) = worst {
+        panic!("{op}: element {i} is {} but the reference is {} (atol {atol}, rtol {rtol})", got[i], want[i]);
+    }
+}
+
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+pub fn uniform(r: &mut ChaCha8Rng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(lo..hi)).collect()
+}
+
+pub fn up(dev: &Device, v: &[f32]) -> Buffer {
+    dev.backend().upload(bytemuck::cast_slice(v), DType::F32).expect("upload")
+}
+
+pub fn up_i32(dev: &Device, v: &[i32]) -> Buffer {
+    dev.backend().upload(bytemuck::cast_slice(v), DType::I32).expect("upload")
+}
+
+pub fn down(dev: &Device, b: &Buffer) -> Vec<f32> {
+    bytemuck::pod_collect_to_vec(&dev.backend().download(b).expect("download"))
+}
+
+pub fn down_i32(dev: &Device, b: &Buffer) -> Vec<i32> {
+    bytemuck::pod_collect_to_vec(&dev.backend().download(b).expect("download"))
+}

@@ -1,0 +1,29 @@
+//! Parses and validates every WGSL shader of the wgpu backend with naga; needs no GPU.
+#![cfg(feature = "wgpu")]
+use tandem::backend::wgpu::shaders::SHADERS;
+
+#[test]
+fn every_shader_parses_and_validates() {
+    assert!(SHADERS.len() >= 9, "the shader table lost entries");
+    for (name, src) in SHADERS {
+        let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}.wgsl: {}", e.emit_to_string(src)));
+        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+        if let Err(e) = v.validate(&module) {
+            panic!("{name}.wgsl does not validate: {}", e.emit_to_string(src));
+        }
+        assert!(
+            module.entry_points.iter().all(|e| e.stage == naga::ShaderStage::Compute),
+            "{name}.wgsl: every entry point is a compute shader"
+        );
+        assert!(src.starts_with(&format!("// {name}.wgsl: ")), "{name}.wgsl opens with what it computes");
+    }
+}
+
+#[test]
+fn a_broken_shader_is_rejected() {
+    let src = "@compute @workgroup_size(1) fn f() { let x: u32 = 1.5; }";
+    let ok = naga::front::wgsl::parse_str(src).ok().map(|m| {
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty()).validate(&m).is_ok()
+    });
+    assert_ne!(ok, Some(true), "the validator accepted a type error");
+}
