@@ -1,14 +1,14 @@
 //! The one tolerance rule every comparison in tandem uses: `|got - want| <= atol + rtol * |want|`.
 
 /// Checks `got` against the reference `want` element by element; the error names `what`, the
-/// worst element and how far it is from passing. NaN matches only NaN.
+/// worst element and how far it is from passing. NaN matches only NaN; equal infinities match.
 pub fn check_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) -> Result<(), String> {
     if got.len() != want.len() {
         return Err(format!("{what}: {} values, reference has {}", got.len(), want.len()));
     }
     let mut worst: Option<(usize, f32)> = None;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        if g.is_nan() && w.is_nan() {
+        if (g.is_nan() && w.is_nan()) || g == w {
             continue;
         }
         let excess = (g - w).abs() - (atol + rtol * w.abs());
