@@ -239,3 +239,32 @@ fn each_bad_input_gets_a_clear_error() {
         fails(&args, needle);
     }
 }
+
+fn losses(out: &Output) -> Vec<f32> {
+    text(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()).map(|l| l as f32))
+        .collect()
+}
+
+/// Every `--strategy` on two logical devices of one adapter (lavapipe here, when the wgpu
+/// feature finds it; otherwise two CPU devices) logs the single-device losses.
+#[test]
+fn every_strategy_matches_single_device_losses() {
+    let has_wgpu = cfg!(feature = "wgpu") && text(&ok(&["devices"]).stdout).contains("wgpu:0");
+    if !has_wgpu && std::env::var("CI").is_ok_and(|v| v == "true") && cfg!(feature = "wgpu") {
+        panic!("CI=true but no wgpu adapter was found");
+    }
+    let (one, two) = if has_wgpu { ("wgpu:0", "wgpu:0,wgpu:0") } else { ("cpu", "cpu,cpu") };
+    let base = ["train", "--model", "seed-cnn", "--data", "synthetic", "--steps", "4", "--batch", "32", "--log-format", "json"];
+    let want = losses(&ok(&[&base[..], &["--devices", one]].concat()));
+    assert_eq!(want.len(), 4);
+    for (strategy, extra) in [("data", &[][..]), ("model", &[]), ("tensor", &[]), ("pipeline", &["--micro-batches", "4", "--schedule", "1f1b"][..]), ("pipeline", &["--micro-batches", "2", "--schedule", "gpipe"])] {
+        let args = [&base[..], &["--devices", two, "--strategy", strategy], extra].concat();
+        let got = losses(&ok(&args));
+        if let Err(e) = tandem::tolerance::check_close(&format!("--strategy {strategy} {extra:?} on {two}"), &got, &want, 1e-5, 1e-4) {
+            panic!("{e}");
+        }
+    }
+}

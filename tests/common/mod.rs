@@ -89,3 +89,21 @@ pub fn down(dev: &Device, b: &Buffer) -> Vec<f32> {
 pub fn down_i32(dev: &Device, b: &Buffer) -> Vec<i32> {
     bytemuck::pod_collect_to_vec(&dev.backend().download(b).expect("download"))
 }
+
+/// The CPU reference, then the first two wgpu adapters (here lavapipe Vulkan and llvmpipe GL):
+/// devices of different backends for the parallel strategies. `None`, with the reason printed,
+/// when they are not there, except with `CI=true`, where that fails the test.
+pub fn mixed_devices() -> Option<Vec<Device>> {
+    let wgpu: Vec<_> = Device::list().into_iter().filter(|i| i.backend == BackendKind::Wgpu).collect();
+    if wgpu.len() < 2 {
+        let ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
+        assert!(!ci, "CI=true but fewer than two wgpu adapters were found (lavapipe Vulkan and llvmpipe GL expected)");
+        eprintln!("skipping mixed-device test: {} wgpu adapter(s) found, 2 needed", wgpu.len());
+        return None;
+    }
+    let mut out = vec![Device::cpu()];
+    for info in &wgpu[..2] {
+        out.push(Device::open(info.backend, info.ordinal).expect("listed adapter opens"));
+    }
+    Some(out)
+}
