@@ -209,7 +209,7 @@ fn each_bad_input_gets_a_clear_error() {
         (with(&["--log-format", "xml"]), "invalid value 'xml'"),
         (with(&["--data", "imagenet"]), "is not digits, synthetic"),
         (with(&["--devices", "cuda:7"]), "no device matches 'cuda:7'"),
-        (with(&["--strategy", "pipeline"]), "not available in this build"),
+        (with(&["--strategy", "pipeline", "--devices", "cpu,cpu,cpu"]), "3 stages (one per device) but the model has only 1 layers"),
         (with(&["--init", &p("missing.safetensors")]), "missing.safetensors"),
         (with(&["--init", &p("truncated.safetensors")]), "not a valid safetensors file"),
         (with(&["--init", &p("text.safetensors")]), "not a valid safetensors file"),
