@@ -20,7 +20,7 @@ fn main() -> tandem::Result<()> {
     let mut loader = DataLoader::new(std::sync::Arc::new(train), 128, true, 0)?;
     for step in 1..=20 {
         let r = dp.step(&loader.next_batch())?;
-        println!("step {step:2}  loss {:.4}  compute {:.1} ms  comm {:.1} ms  overlap {:.0}%", r.loss, r.compute_s * 1e3, r.comm_s * 1e3, r.overlap * 100.0);
+        println!("step {step:2}  loss {:.4}  step {:.1} ms  compute {:.1} ms  comm {:.1} ms  overlap {:.0}%", r.loss, r.wall_s * 1e3, r.compute_s * 1e3, r.comm_s * 1e3, r.overlap * 100.0);
     }
     Ok(())
 }
