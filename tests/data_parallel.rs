@@ -290,7 +290,7 @@ fn bad_input_is_an_error() {
 /// devices. Timing, not correctness: run with
 /// `cargo test --test data_parallel -- --ignored --nocapture measure`.
 #[test]
-#[ignore]
+#[ignore = "timing, not correctness: run by hand with --ignored --nocapture"]
 fn measure_step_and_comm_time() {
     let b = batches(64);
     let configs = [
