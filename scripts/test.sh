@@ -10,7 +10,7 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   echo "test.sh: installing Mesa's software Vulkan/GL drivers (lavapipe, llvmpipe)"
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libegl1 libgl1 >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri >/dev/null
 fi
 
 nvrtc_dir() {
