@@ -9,13 +9,13 @@ static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 /// One opened logical device. Cloning shares it; it is `Send + Sync`, so each worker thread can
 /// hold its own clone. Opening the same adapter twice gives two independent devices.
 ///
-/// ```ignore
+/// ```
 /// # fn main() -> tandem::Result<()> {
 /// let dev = tandem::Device::cpu();
 /// let x = tandem::Tensor::from_vec(vec![1.0, 2.0, 3.0], [3], &dev)?;
 /// assert_eq!(x.sum_all()?.to_scalar()?, 6.0);
 /// # Ok(()) }
-/// ```ignore
+/// ```
 #[derive(Clone)]
 pub struct Device {
     inner: Arc<DeviceInner>,
@@ -80,8 +80,9 @@ impl Device {
     }
 
     /// Opens the devices a spec names: `cpu`, `wgpu:N`, `cuda:N`, `auto`, `all`, or a comma
-    /// list of these. Each named entry opens a fresh logical device (except `cpu`, which is
-    /// shared), so `wgpu:0,wgpu:0` gives two independent devices on one adapter.
+    /// list of these. Each named entry opens a fresh logical device, so `wgpu:0,wgpu:0` gives
+    /// two independent devices on one adapter (the first `cpu` is the shared CPU reference,
+    /// later ones are independent CPU devices).
     pub fn parse(spec: &str) -> Result<Vec<Device>> {
         let mut out = Vec::new();
         for part in spec.split(',').map(str::trim) {
@@ -94,7 +95,12 @@ impl Device {
                 }
                 _ => {
                     let (backend, ordinal) = parse_one(part)?;
-                    out.push(Device::open(backend, ordinal)?);
+                    let repeated_cpu = backend == BackendKind::Cpu && out.iter().any(|d: &Device| d.info().backend == BackendKind::Cpu);
+                    if repeated_cpu {
+                        out.push(Device::from_backend(Arc::new(crate::backend::cpu::CpuBackend::new())));
+                    } else {
+                        out.push(Device::open(backend, ordinal)?);
+                    }
                 }
             }
         }

@@ -3,6 +3,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;
+pub mod cli;
 pub mod data;
 mod device;
 mod error;
@@ -11,9 +12,10 @@ pub mod optim;
 pub mod parallel;
 mod shape;
 pub mod tensor;
+pub mod tolerance;
 
 pub use backend::{Backend, BackendKind, DeviceInfo, DeviceKind, MemoryStats};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use shape::{DType, Layout, Shape, MAX_RANK};
-// pub use tensor::Tensor;
+pub use tensor::Tensor;

@@ -1,2 +1,30 @@
-//! The `tandem` command (being written).
-fn main() {}
+//! The `tandem` command: parses the arguments, runs the command, and turns any error into a
+//! short message on stderr and a non-zero exit status.
+use clap::error::ErrorKind;
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match tandem::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            print!("{e}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // clap's report has blank lines and a usage block; three lines say it all.
+            let text = e.render().to_string();
+            for line in text.lines().filter(|l| !l.trim().is_empty()).take(3) {
+                eprintln!("{line}");
+            }
+            return ExitCode::from(2);
+        }
+    };
+    match tandem::cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

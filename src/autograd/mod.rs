@@ -1,1 +1,160 @@
-//! (being written)
+//! Define-by-run reverse-mode autograd: the graph records, the engine that walks it, `no_grad`.
+mod rules;
+
+use crate::backend::{BinaryOp, Buffer, UnaryOp, WindowSpec};
+use crate::{Error, Result, Tensor};
+use std::cell::Cell;
+use std::collections::HashMap;
+
+/// How a tensor was computed: its op and the tensors it read.
+pub struct Node {
+    pub(crate) op: GradOp,
+    pub(crate) inputs: Vec<Tensor>,
+}
+
+/// Every differentiable op; `rules::backward` holds one gradient rule for each.
+pub enum GradOp {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Sum { axis: usize },
+    Max { axis: usize },
+    Reshape,
+    Permute(Vec<usize>),
+    Expand,
+    Narrow { dim: usize, start: usize },
+    /// Concatenation along dimension 0.
+    Cat,
+    Matmul { trans_a: bool, trans_b: bool },
+    /// `cols` is the forward pass's im2col, kept for the weight gradient.
+    Conv2d { spec: WindowSpec, cols: Buffer },
+    MaxPool2d { spec: WindowSpec, argmax: Buffer },
+    Gather { cols: usize },
+    ToDevice,
+}
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether ops on this thread record history.
+pub fn is_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Runs `f` without recording history on this thread (evaluation, optimizer updates).
+pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
+    let _guard = NoGradGuard::new();
+    f()
+}
+
+/// Disables history on this thread until dropped.
+pub struct NoGradGuard {
+    prev: bool,
+}
+
+impl NoGradGuard {
+    pub fn new() -> Self {
+        NoGradGuard { prev: GRAD_ENABLED.with(|g| g.replace(false)) }
+    }
+}
+
+impl Default for NoGradGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.prev));
+    }
+}
+
+/// Backward from scalar `root`. `on_leaf_ready` is called for each leaf the moment its
+/// gradient for this pass is complete (its `grad()` is updated), in the order backward
+/// finishes them: data parallelism starts communicating a bucket from there.
+pub fn backward(root: &Tensor, on_leaf_ready: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
+    if root.numel() != 1 {
+        return Err(Error::shape("backward", format!("needs a scalar (one element), got {:?}", root.shape())));
+    }
+    if !root.needs_grad() {
+        return Err(Error::invalid("backward", "the tensor does not depend on anything that requires grad"));
+    }
+    let _guard = NoGradGuard::new();
+    let order = topo_order(root);
+    // How many gradient contributions each tensor still waits for.
+    let mut pending: HashMap<u64, usize> = HashMap::new();
+    for t in &order {
+        if let Some(node) = &t.0.node {
+            for i in node.inputs.iter().filter(|i| i.needs_grad()) {
+                *pending.entry(i.id()).or_default() += 1;
+            }
+        }
+    }
+    let mut grads: HashMap<u64, Tensor> = HashMap::new();
+    grads.insert(root.id(), Tensor::ones(root.shape().clone(), root.device())?);
+    if root.is_leaf() {
+        return finish_leaf(root, grads.remove(&root.id()), on_leaf_ready);
+    }
+    for t in order.iter().rev() {
+        let Some(node) = &t.0.node else { continue };
+        // A node no gradient reached still releases its inputs' pending counts.
+        let input_grads = match grads.remove(&t.id()) {
+            Some(g) => rules::backward(&node.op, &node.inputs, t, &g)?,
+            None => vec![None; node.inputs.len()],
+        };
+        for (input, gi) in node.inputs.iter().zip(input_grads) {
+            if !input.needs_grad() {
+                continue;
+            }
+            if let Some(gi) = gi {
+                let acc = match grads.remove(&input.id()) {
+                    Some(prev) => prev.add(&gi)?,
+                    None => gi,
+                };
+                grads.insert(input.id(), acc);
+            }
+            let left = pending.get_mut(&input.id()).expect("counted above");
+            *left -= 1;
+            if *left == 0 && input.is_leaf() {
+                finish_leaf(input, grads.remove(&input.id()), on_leaf_ready)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn finish_leaf(leaf: &Tensor, g: Option<Tensor>, on_ready: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
+    if let Some(g) = g {
+        let total = match leaf.grad() {
+            Some(prev) => prev.add(&g)?,
+            None => g,
+        };
+        leaf.set_grad(Some(total));
+    }
+    on_ready(leaf)
+}
+
+/// Tensors reachable from `root` that need grad, each after all of its inputs.
+fn topo_order(root: &Tensor) -> Vec<Tensor> {
+    let mut order = Vec::new();
+    let mut visited = std::collections::HashSet::new();
+    // Iterative DFS: (tensor, inputs already pushed)
+    let mut stack = vec![(root.clone(), false)];
+    while let Some((t, expanded)) = stack.pop() {
+        if expanded {
+            order.push(t);
+            continue;
+        }
+        if !visited.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        if let Some(node) = &t.0.node {
+            for i in node.inputs.iter().filter(|i| i.needs_grad() && !visited.contains(&i.id())) {
+                stack.push((i.clone(), false));
+            }
+        }
+    }
+    order
+}

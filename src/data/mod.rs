@@ -1,1 +1,219 @@
-//! (being written)
+//! Host-side datasets: samples as plain `Vec<f32>`, targets, batching and built-in data sources.
+//!
+//! Everything here lives in host memory; turning a [`Batch`] into device tensors is the
+//! caller's job. Sources: [`synthetic`] (random data), [`digits`] (rendered digit glyphs, no
+//! download), [`mnist`] (IDX files) and [`tensor_file`] (safetensors).
+use crate::{Error, Result};
+use std::ops::Range;
+
+pub mod digits;
+mod loader;
+pub mod mnist;
+pub mod synthetic;
+pub mod tensor_file;
+
+pub use loader::{DataLoader, LoaderState};
+
+/// MNIST's pixel mean and standard deviation, used to normalize [`digits`] and [`mnist`] alike.
+pub const MNIST_MEAN: f32 = 0.1307;
+pub const MNIST_STD: f32 = 0.3081;
+
+/// What a model should predict for each sample.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Targets {
+    /// One class index per sample, each in `0..classes`.
+    Classes { labels: Vec<i32>, classes: usize },
+    /// A real-valued target of shape `shape_per_sample` per sample, samples concatenated.
+    Values { data: Vec<f32>, shape_per_sample: Vec<usize> },
+}
+
+impl Targets {
+    /// Number of samples these targets describe.
+    pub fn len(&self) -> usize {
+        match self {
+            Targets::Classes { labels, .. } => labels.len(),
+            Targets::Values { data, shape_per_sample } => match shape_per_sample.iter().product::<usize>() {
+                0 => 0,
+                per => data.len() / per,
+            },
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The targets of the samples at `indices`, in that order. Indices must be in range.
+    fn gather(&self, indices: &[usize]) -> Targets {
+        match self {
+            Targets::Classes { labels, classes } => {
+                Targets::Classes { labels: indices.iter().map(|&i| labels[i]).collect(), classes: *classes }
+            }
+            Targets::Values { data, shape_per_sample } => {
+                let per = shape_per_sample.iter().product::<usize>();
+                let mut out = Vec::with_capacity(indices.len() * per);
+                for &i in indices {
+                    out.extend_from_slice(&data[i * per..(i + 1) * per]);
+                }
+                Targets::Values { data: out, shape_per_sample: shape_per_sample.clone() }
+            }
+        }
+    }
+}
+
+/// A whole dataset in host memory: `x` holds `len()` samples of `sample_shape`, concatenated.
+///
+/// ```
+/// use tandem::data::{Dataset, Targets};
+/// let ds = Dataset {
+///     x: vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+///     sample_shape: vec![2],
+///     y: Targets::Classes { labels: vec![0, 1, 1], classes: 2 },
+/// };
+/// ds.validate()?;
+/// assert_eq!(ds.len(), 3);
+/// assert_eq!(ds.subset(1..3)?.x, [2.0, 3.0, 4.0, 5.0]);
+/// # Ok::<(), tandem::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset {
+    pub x: Vec<f32>,
+    pub sample_shape: Vec<usize>,
+    pub y: Targets,
+}
+
+impl Dataset {
+    /// Number of samples (counted from the targets; [`Dataset::validate`] checks `x` agrees).
+    pub fn len(&self) -> usize {
+        self.y.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Elements in one input sample.
+    pub fn sample_numel(&self) -> usize {
+        self.sample_shape.iter().product()
+    }
+
+    /// Checks that `x` and `y` describe the same number of samples and that every label lies in
+    /// `0..classes`; the error names the first bad label and its index.
+    pub fn validate(&self) -> Result<()> {
+        let per = self.sample_numel();
+        if per == 0 {
+            return Err(Error::shape("Dataset", format!("sample shape {:?} has no elements", self.sample_shape)));
+        }
+        if self.x.len() % per != 0 {
+            return Err(Error::shape(
+                "Dataset",
+                format!("x has {} elements, not a multiple of sample shape {:?}", self.x.len(), self.sample_shape),
+            ));
+        }
+        let n_x = self.x.len() / per;
+        match &self.y {
+            Targets::Classes { labels, classes } => {
+                if let Some((i, &l)) = labels.iter().enumerate().find(|&(_, &l)| l < 0 || l as usize >= *classes) {
+                    return Err(Error::invalid(
+                        "Dataset",
+                        format!("label {l} at index {i} is outside 0..{classes}"),
+                    ));
+                }
+            }
+            Targets::Values { data, shape_per_sample } => {
+                let per_y = shape_per_sample.iter().product::<usize>();
+                if per_y == 0 || data.len() % per_y != 0 {
+                    return Err(Error::shape(
+                        "Dataset",
+                        format!("y has {} elements, not a whole number of {:?} targets", data.len(), shape_per_sample),
+                    ));
+                }
+            }
+        }
+        if n_x != self.y.len() {
+            return Err(Error::shape(
+                "Dataset",
+                format!("x holds {n_x} samples of {:?} but y holds {} targets", self.sample_shape, self.y.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A copy of the samples in `range`.
+    pub fn subset(&self, range: Range<usize>) -> Result<Dataset> {
+        self.validate()?;
+        if range.start > range.end || range.end > self.len() {
+            return Err(Error::invalid(
+                "Dataset::subset",
+                format!("range {range:?} is outside the {} samples", self.len()),
+            ));
+        }
+        let indices: Vec<usize> = range.collect();
+        Ok(self.gather(&indices))
+    }
+
+    /// Removes the last `fraction` of the samples (rounded to whole samples) and returns them as
+    /// a test set. The split is by position, so shuffle first if the order is meaningful.
+    pub fn split_off_test(&mut self, fraction: f32) -> Result<Dataset> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::invalid("Dataset::split_off_test", format!("fraction {fraction} is outside [0, 1]")));
+        }
+        let n = self.len();
+        let n_test = ((n as f64) * fraction as f64).round() as usize;
+        let test = self.subset(n - n_test..n)?;
+        *self = self.subset(0..n - n_test)?;
+        Ok(test)
+    }
+
+    /// The samples at `indices` as a batch; errors on an index out of range.
+    pub fn batch(&self, indices: &[usize]) -> Result<Batch> {
+        self.validate()?;
+        self.batch_of_valid(indices)
+    }
+
+    /// [`Dataset::batch`] for a dataset already validated (the loader validates once).
+    fn batch_of_valid(&self, indices: &[usize]) -> Result<Batch> {
+        let n = self.len();
+        if let Some((pos, &i)) = indices.iter().enumerate().find(|&(_, &i)| i >= n) {
+            return Err(Error::invalid("Dataset::batch", format!("index {i} at position {pos} is outside the {n} samples")));
+        }
+        let ds = self.gather(indices);
+        let mut x_shape = vec![indices.len()];
+        x_shape.extend_from_slice(&self.sample_shape);
+        Ok(Batch { x: ds.x, x_shape, y: ds.y })
+    }
+
+    /// The samples at in-range `indices`.
+    fn gather(&self, indices: &[usize]) -> Dataset {
+        let per = self.sample_numel();
+        let mut x = Vec::with_capacity(indices.len() * per);
+        for &i in indices {
+            x.extend_from_slice(&self.x[i * per..(i + 1) * per]);
+        }
+        Dataset { x, sample_shape: self.sample_shape.clone(), y: self.y.gather(indices) }
+    }
+}
+
+/// A batch of samples ready to upload: `x` has shape `x_shape` = `[b, ...sample_shape]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub x: Vec<f32>,
+    pub x_shape: Vec<usize>,
+    pub y: Targets,
+}
+
+impl Batch {
+    /// Number of samples in the batch.
+    pub fn len(&self) -> usize {
+        self.x_shape.first().copied().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// MNIST-style normalization of a pixel in [0, 1].
+fn normalize(p: f32) -> f32 {
+    (p - MNIST_MEAN) / MNIST_STD
+}

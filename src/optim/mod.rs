@@ -1,1 +1,235 @@
-//! (being written)
+//! Optimizers with PyTorch's exact update rules: SGD (momentum, dampening, nesterov, weight
+//! decay), Adam and AdamW. Each uses a backend's fused update when it has one.
+use crate::autograd::no_grad;
+use crate::backend::OptimStep;
+use crate::{Error, Result, Tensor};
+
+/// Updates parameters from their gradients.
+pub trait Optimizer: Send {
+    /// One update of every parameter that has a gradient.
+    fn step(&mut self) -> Result<()>;
+    fn params(&self) -> &[(String, Tensor)];
+    /// Clears every parameter's gradient (PyTorch's `zero_grad(set_to_none=True)`).
+    fn zero_grad(&self) {
+        for (_, p) in self.params() {
+            p.set_grad(None);
+        }
+    }
+    /// Named state tensors (`fc1.weight.momentum_buffer`, `fc1.weight.exp_avg`, ...) and the
+    /// step count, for checkpoints.
+    fn state(&self) -> (Vec<(String, Tensor)>, u64);
+    /// Restores what `state` returned.
+    fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()>;
+    fn lr(&self) -> f32;
+    fn set_lr(&mut self, lr: f32);
+}
+
+/// Settings of `Sgd`, PyTorch's names and defaults (lr has none there; 0.01 here).
+#[derive(Clone, Copy, Debug)]
+pub struct SgdConfig {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub nesterov: bool,
+    pub weight_decay: f32,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        SgdConfig { lr: 0.01, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0 }
+    }
+}
+
+pub struct Sgd {
+    cfg: SgdConfig,
+    params: Vec<(String, Tensor)>,
+    momentum: Vec<Option<Tensor>>,
+    steps: u64,
+}
+
+impl Sgd {
+    pub fn new(params: Vec<(String, Tensor)>, cfg: SgdConfig) -> Result<Self> {
+        check_lr(cfg.lr)?;
+        if cfg.nesterov && (cfg.momentum <= 0.0 || cfg.dampening != 0.0) {
+            return Err(Error::invalid("Sgd", "nesterov needs momentum > 0 and dampening 0"));
+        }
+        let n = params.len();
+        Ok(Sgd { cfg, params, momentum: vec![None; n], steps: 0 })
+    }
+}
+
+fn check_lr(lr: f32) -> Result<()> {
+    if !(lr >= 0.0 && lr.is_finite()) {
+        return Err(Error::invalid("optimizer", format!("learning rate must be a finite number >= 0, got {lr}")));
+    }
+    Ok(())
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        let c = self.cfg;
+        no_grad(|| {
+            for ((_, p), buf) in self.params.iter().zip(self.momentum.iter_mut()) {
+                let Some(g) = p.grad() else { continue };
+                let first = buf.is_none();
+                if c.momentum != 0.0 && first {
+                    *buf = Some(Tensor::zeros(p.shape().clone(), p.device())?);
+                }
+                let step = OptimStep::Sgd { lr: c.lr, momentum: c.momentum, dampening: c.dampening, nesterov: c.nesterov, weight_decay: c.weight_decay, first };
+                let state: Vec<&crate::backend::Buffer> = buf.iter().map(|b| b.buffer()).collect();
+                if p.backend().optim_step(step, p.buffer(), g.buffer(), &state)? {
+                    continue;
+                }
+                let mut d = if c.weight_decay != 0.0 { g.add(&p.mul_scalar(c.weight_decay)?)? } else { g.clone() };
+                if let Some(b) = buf {
+                    let nb = if first { d.clone() } else { b.mul_scalar(c.momentum)?.add(&d.mul_scalar(1.0 - c.dampening)?)? };
+                    b.assign(&nb)?;
+                    d = if c.nesterov { d.add(&nb.mul_scalar(c.momentum)?)? } else { nb };
+                }
+                p.assign(&p.sub(&d.mul_scalar(c.lr)?)?)?;
+            }
+            self.steps += 1;
+            Ok(())
+        })
+    }
+    fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+    fn state(&self) -> (Vec<(String, Tensor)>, u64) {
+        let s = self.params.iter().zip(&self.momentum).filter_map(|((n, _), b)| b.as_ref().map(|b| (format!("{n}.momentum_buffer"), b.clone()))).collect();
+        (s, self.steps)
+    }
+    fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        for ((n, p), buf) in self.params.iter().zip(self.momentum.iter_mut()) {
+            *buf = find_state(state, &format!("{n}.momentum_buffer"), p)?;
+        }
+        self.steps = steps;
+        Ok(())
+    }
+    fn lr(&self) -> f32 {
+        self.cfg.lr
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.cfg.lr = lr;
+    }
+}
+
+fn find_state(state: &[(String, Tensor)], name: &str, p: &Tensor) -> Result<Option<Tensor>> {
+    match state.iter().find(|(n, _)| n == name) {
+        None => Ok(None),
+        Some((_, t)) if t.shape() == p.shape() => {
+            let own = Tensor::zeros(p.shape().clone(), p.device())?;
+            own.assign(t)?;
+            Ok(Some(own))
+        }
+        Some((_, t)) => Err(Error::shape("optimizer load_state", format!("{name}: {:?} for parameter {:?}", t.shape(), p.shape()))),
+    }
+}
+
+/// Settings of `Adam`/`AdamW`, PyTorch's defaults.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamConfig {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// AdamW: decay the weights directly instead of adding to the gradient.
+    pub decoupled: bool,
+}
+
+impl Default for AdamConfig {
+    fn default() -> Self {
+        AdamConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, decoupled: false }
+    }
+}
+
+impl AdamConfig {
+    /// PyTorch's AdamW defaults (weight decay 0.01).
+    pub fn adamw() -> Self {
+        AdamConfig { weight_decay: 0.01, decoupled: true, ..Default::default() }
+    }
+}
+
+pub struct Adam {
+    cfg: AdamConfig,
+    params: Vec<(String, Tensor)>,
+    moments: Vec<Option<(Tensor, Tensor)>>,
+    steps: u64,
+}
+
+impl Adam {
+    pub fn new(params: Vec<(String, Tensor)>, cfg: AdamConfig) -> Result<Self> {
+        check_lr(cfg.lr)?;
+        if !(0.0..1.0).contains(&cfg.beta1) || !(0.0..1.0).contains(&cfg.beta2) {
+            return Err(Error::invalid("Adam", format!("betas must be in [0, 1), got ({}, {})", cfg.beta1, cfg.beta2)));
+        }
+        let n = params.len();
+        Ok(Adam { cfg, params, moments: vec![None; n], steps: 0 })
+    }
+}
+
+impl Optimizer for Adam {
+    fn step(&mut self) -> Result<()> {
+        let c = self.cfg;
+        self.steps += 1;
+        let t = self.steps;
+        no_grad(|| {
+            for ((_, p), mom) in self.params.iter().zip(self.moments.iter_mut()) {
+                let Some(g) = p.grad() else { continue };
+                if mom.is_none() {
+                    *mom = Some((Tensor::zeros(p.shape().clone(), p.device())?, Tensor::zeros(p.shape().clone(), p.device())?));
+                }
+                let (m, v) = mom.as_ref().expect("set above");
+                let step = OptimStep::Adam { lr: c.lr, beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay, decoupled: c.decoupled, step: t };
+                if p.backend().optim_step(step, p.buffer(), g.buffer(), &[m.buffer(), v.buffer()])? {
+                    continue;
+                }
+                let mut g = g.clone();
+                let mut pv = p.clone();
+                if c.weight_decay != 0.0 {
+                    if c.decoupled {
+                        pv = p.mul_scalar(1.0 - c.lr * c.weight_decay)?;
+                    } else {
+                        g = g.add(&p.mul_scalar(c.weight_decay)?)?;
+                    }
+                }
+                m.assign(&m.mul_scalar(c.beta1)?.add(&g.mul_scalar(1.0 - c.beta1)?)?)?;
+                v.assign(&v.mul_scalar(c.beta2)?.add(&g.square()?.mul_scalar(1.0 - c.beta2)?)?)?;
+                let bc1 = 1.0 - c.beta1.powi(t as i32);
+                let bc2 = 1.0 - c.beta2.powi(t as i32);
+                let denom = v.sqrt()?.mul_scalar(1.0 / bc2.sqrt())?.add_scalar(c.eps)?;
+                p.assign(&pv.sub(&m.div(&denom)?.mul_scalar(c.lr / bc1)?)?)?;
+            }
+            Ok(())
+        })
+    }
+    fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+    fn state(&self) -> (Vec<(String, Tensor)>, u64) {
+        let mut s = Vec::new();
+        for ((n, _), mom) in self.params.iter().zip(&self.moments) {
+            if let Some((m, v)) = mom {
+                s.push((format!("{n}.exp_avg"), m.clone()));
+                s.push((format!("{n}.exp_avg_sq"), v.clone()));
+            }
+        }
+        (s, self.steps)
+    }
+    fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        for ((n, p), mom) in self.params.iter().zip(self.moments.iter_mut()) {
+            let m = find_state(state, &format!("{n}.exp_avg"), p)?;
+            let v = find_state(state, &format!("{n}.exp_avg_sq"), p)?;
+            *mom = m.zip(v);
+        }
+        self.steps = steps;
+        Ok(())
+    }
+    fn lr(&self) -> f32 {
+        self.cfg.lr
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.cfg.lr = lr;
+    }
+}

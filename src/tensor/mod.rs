@@ -1,1 +1,256 @@
-//! (being written)
+//! `Tensor`: an n-dimensional array on one device, with define-by-run autograd.
+//!
+//! Storage is always contiguous in the tensor's own buffer, so reshape and flatten are free;
+//! transposes, broadcasts and slices are strided reads inside the op that consumes them.
+mod nn_ops;
+mod ops;
+mod shape_ops;
+
+use crate::autograd::{self, GradOp, Node};
+use crate::backend::{Backend, Buffer};
+use crate::{DType, Device, Error, Layout, Result, Shape};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+static NEXT_TENSOR_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An n-dimensional f32 (or I32 label) array on one device.
+///
+/// ```
+/// # fn main() -> tandem::Result<()> {
+/// use tandem::{Device, Tensor};
+/// let dev = Device::cpu();
+/// let w = Tensor::from_vec(vec![1.0, -2.0, 3.0], [3], &dev)?.requires_grad();
+/// let loss = w.square()?.sum_all()?;
+/// loss.backward()?;
+/// assert_eq!(w.grad().unwrap().to_vec()?, vec![2.0, -4.0, 6.0]);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<Inner>);
+
+pub(crate) struct Inner {
+    pub(crate) id: u64,
+    pub(crate) buffer: Buffer,
+    pub(crate) shape: Shape,
+    pub(crate) device: Device,
+    pub(crate) node: Option<Node>,
+    pub(crate) requires_grad: bool,
+    pub(crate) grad: Mutex<Option<Tensor>>,
+}
+
+impl Tensor {
+    /// Wraps a buffer as a tensor; `node` records how it was computed (when grad is on).
+    pub(crate) fn from_parts(buffer: Buffer, shape: Shape, device: Device, node: Option<Node>) -> Tensor {
+        let requires_grad = node.is_some();
+        Tensor(Arc::new(Inner {
+            id: NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed),
+            buffer,
+            shape,
+            device,
+            node,
+            requires_grad,
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// The result of an op on `inputs`: records `op` for backward when any input needs grad.
+    pub(crate) fn result(buffer: Buffer, shape: Shape, device: &Device, op: GradOp, inputs: &[&Tensor]) -> Tensor {
+        let node = (autograd::is_enabled() && inputs.iter().any(|t| t.0.requires_grad))
+            .then(|| Node { op, inputs: inputs.iter().map(|t| (*t).clone()).collect() });
+        Tensor::from_parts(buffer, shape, device.clone(), node)
+    }
+
+    /// A tensor holding `data` with `shape` on `device`.
+    pub fn from_vec(data: Vec<f32>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        if data.len() != shape.numel() {
+            return Err(Error::shape("from_vec", format!("{} values for shape {shape:?}", data.len())));
+        }
+        let buf = device.backend().upload(bytemuck::cast_slice(&data), DType::F32)?;
+        Ok(Tensor::from_parts(buf, shape, device.clone(), None))
+    }
+    /// An I32 tensor of class labels (or other integers) on `device`.
+    pub fn from_labels(data: Vec<i32>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        if data.len() != shape.numel() {
+            return Err(Error::shape("from_labels", format!("{} values for shape {shape:?}", data.len())));
+        }
+        let buf = device.backend().upload(bytemuck::cast_slice(&data), DType::I32)?;
+        Ok(Tensor::from_parts(buf, shape, device.clone(), None))
+    }
+    pub fn full(value: f32, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let buf = device.backend().alloc(shape.numel(), DType::F32)?;
+        device.backend().fill(&buf, value)?;
+        Ok(Tensor::from_parts(buf, shape, device.clone(), None))
+    }
+    pub fn zeros(shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Tensor::full(0.0, shape, device)
+    }
+    pub fn ones(shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Tensor::full(1.0, shape, device)
+    }
+    /// Uniform in `[lo, hi)` from `rng` (drawn on the host, so results do not depend on the device).
+    pub fn rand_uniform(lo: f32, hi: f32, shape: impl Into<Shape>, rng: &mut impl rand::Rng, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let data = (0..shape.numel()).map(|_| lo + (hi - lo) * rng.random::<f32>()).collect();
+        Tensor::from_vec(data, shape, device)
+    }
+    /// Standard normal values from `rng` (Box–Muller, on the host).
+    pub fn randn(shape: impl Into<Shape>, rng: &mut impl rand::Rng, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let data = normal_vec(shape.numel(), rng);
+        Tensor::from_vec(data, shape, device)
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.0.shape
+    }
+    pub fn dims(&self) -> &[usize] {
+        self.0.shape.dims()
+    }
+    pub fn rank(&self) -> usize {
+        self.0.shape.rank()
+    }
+    pub fn numel(&self) -> usize {
+        self.0.shape.numel()
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.buffer.dtype()
+    }
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+    pub fn buffer(&self) -> &Buffer {
+        &self.0.buffer
+    }
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.0.device.backend()
+    }
+    pub(crate) fn layout(&self) -> Layout {
+        Layout::contiguous(&self.0.shape)
+    }
+    /// Unique per tensor value; autograd keys gradients by it.
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// The values, copied to the host (waits for pending work on the device).
+    pub fn to_vec(&self) -> Result<Vec<f32>> {
+        self.expect_dtype("to_vec", DType::F32)?;
+        let bytes = self.backend().download(&self.0.buffer)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes[..self.numel() * 4]))
+    }
+    pub fn to_vec_i32(&self) -> Result<Vec<i32>> {
+        self.expect_dtype("to_vec_i32", DType::I32)?;
+        let bytes = self.backend().download(&self.0.buffer)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes[..self.numel() * 4]))
+    }
+    /// The single value of a one-element tensor.
+    pub fn to_scalar(&self) -> Result<f32> {
+        if self.numel() != 1 {
+            return Err(Error::shape("to_scalar", format!("expected one element, shape is {:?}", self.shape())));
+        }
+        Ok(self.to_vec()?[0])
+    }
+
+    /// This tensor on `device` (differentiable: gradients flow back to the source device).
+    /// CUDA devices with peer access copy directly; other pairs stage through host memory.
+    pub fn to(&self, device: &Device) -> Result<Tensor> {
+        if self.device().same(device) {
+            return Ok(self.clone());
+        }
+        let buf = match device.backend().copy_from_peer(self.backend(), &self.0.buffer)? {
+            Some(b) => b,
+            None => {
+                let bytes = self.backend().download(&self.0.buffer)?;
+                device.backend().upload(&bytes[..self.numel() * 4], self.dtype())?
+            }
+        };
+        Ok(Tensor::result(buf, self.shape().clone(), device, GradOp::ToDevice, &[self]))
+    }
+
+    /// Marks this tensor as a leaf that accumulates gradients.
+    pub fn requires_grad(self) -> Tensor {
+        Tensor(Arc::new(Inner {
+            id: NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed),
+            buffer: self.0.buffer.clone(),
+            shape: self.0.shape.clone(),
+            device: self.0.device.clone(),
+            node: None,
+            requires_grad: true,
+            grad: Mutex::new(None),
+        }))
+    }
+    pub fn needs_grad(&self) -> bool {
+        self.0.requires_grad
+    }
+    pub fn is_leaf(&self) -> bool {
+        self.0.node.is_none()
+    }
+    /// The same values without history.
+    pub fn detach(&self) -> Tensor {
+        Tensor::from_parts(self.0.buffer.clone(), self.0.shape.clone(), self.0.device.clone(), None)
+    }
+    /// The accumulated gradient of a leaf, if any backward has reached it.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.0.grad.lock().unwrap().clone()
+    }
+    pub fn set_grad(&self, grad: Option<Tensor>) {
+        *self.0.grad.lock().unwrap() = grad;
+    }
+    /// Computes gradients of this scalar with respect to every leaf that needs them,
+    /// accumulating into their `grad()` as PyTorch does.
+    pub fn backward(&self) -> Result<()> {
+        autograd::backward(self, &mut |_| Ok(()))
+    }
+
+    /// Overwrites this tensor's values in place with `src`'s (same shape, dtype); not recorded
+    /// by autograd. Optimizers and checkpoint loading use it.
+    pub fn assign(&self, src: &Tensor) -> Result<()> {
+        if src.shape() != self.shape() || src.dtype() != self.dtype() {
+            return Err(Error::shape("assign", format!("{:?} into {:?}", src.shape(), self.shape())));
+        }
+        let src = src.to(self.device())?;
+        self.backend().copy(&src.0.buffer, 0, &self.0.buffer, 0, self.numel())
+    }
+
+    pub(crate) fn expect_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
+        if self.dtype() != dtype {
+            return Err(Error::DType { op, expected: dtype, got: self.dtype() });
+        }
+        Ok(())
+    }
+    pub(crate) fn same_device(&self, op: &'static str, other: &Tensor) -> Result<()> {
+        if !self.device().same(other.device()) {
+            return Err(Error::DeviceMismatch { op, a: format!("{:?}", self.device()), b: format!("{:?}", other.device()) });
+        }
+        Ok(())
+    }
+    /// A fresh output buffer on this tensor's device.
+    pub(crate) fn alloc_like(&self, numel: usize, dtype: DType) -> Result<Buffer> {
+        self.backend().alloc(numel, dtype)
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {:?}, {:?})", self.shape(), self.dtype(), self.device())
+    }
+}
+
+/// `n` standard normal samples by Box–Muller (kept here so tensors need no distribution crate).
+pub(crate) fn normal_vec(n: usize, rng: &mut impl rand::Rng) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n + 1);
+    while out.len() < n {
+        let u1 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+        let u2 = rng.random::<f64>();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let t = std::f64::consts::TAU * u2;
+        out.push((r * t.cos()) as f32);
+        out.push((r * t.sin()) as f32);
+    }
+    out.truncate(n);
+    out
+}

@@ -60,23 +60,10 @@ pub fn on_each_device(check: impl Fn(&Device, &Device) -> tandem::Result<()>) {
 
 /// Passes when `|got - want| <= atol + rtol * |want|` everywhere (NaN matches NaN); otherwise
 /// panics naming the op and the worst element.
+/// The library's one tolerance rule (`|a-b| <= atol + rtol*|ref|`), panicking on failure.
+#[track_caller]
 pub fn assert_close(op: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
-    assert_eq!(got.len(), want.len(), "{op}: length {} vs reference {}", got.len(), want.len());
-    let mut worst: Option<(usize, f32)> = None;
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        if g.is_nan() && w.is_nan() || g == w {
-            continue;
-        }
-        // NaN excess (a NaN against a number) counts as a failure.
-        let excess = (g - w).abs() - (atol + rtol * w.abs());
-        let fails = excess.partial_cmp(&0.0) != Some(std::cmp::Ordering::Less) && excess != 0.0;
-        if fails && worst.is_none_or(|(_, e)| excess > e || e.is_nan()) {
-            worst = Some((i, excess));
-        }
-    }
-    if let Some((i, _)) = worst {
-        panic!("{op}: element {i} is {} but the reference is {} (atol {atol}, rtol {rtol})", got[i], want[i]);
-    }
+    tandem::tolerance::assert_close(op, got, want, atol, rtol)
 }
 
 pub fn rng(seed: u64) -> ChaCha8Rng {

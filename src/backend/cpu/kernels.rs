@@ -1,5 +1,6 @@
 //! Scalar definitions of every op on host slices; the CPU backend runs them and tests read them.
 use crate::backend::{BinaryOp, MatmulSpec, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
+use crate::Layout;
 
 pub fn unary(op: UnaryOp, x: f32) -> f32 {
     match op {
@@ -20,6 +21,91 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
     }
 }
 
+/// `f` over the elements of `x` read through `layout`, in row-major order of its shape.
+pub fn strided_map(layout: &Layout, x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
+    let n = layout.numel();
+    if layout.is_contiguous() {
+        out[..n].iter_mut().zip(&x[layout.offset..layout.offset + n]).for_each(|(o, &a)| *o = f(a));
+        return;
+    }
+    let mut i = 0;
+    for_each_offset(layout, |p| {
+        out[i] = f(x[p]);
+        i += 1;
+    });
+}
+
+/// `f` over pairs read through two layouts of the same shape.
+pub fn strided_zip(la: &Layout, a: &[f32], lb: &Layout, b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    let n = la.numel();
+    if la.is_contiguous() && lb.is_contiguous() {
+        let (a, b) = (&a[la.offset..la.offset + n], &b[lb.offset..lb.offset + n]);
+        out[..n].iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&x, &y))| *o = f(x, y));
+        return;
+    }
+    let mut i = 0;
+    if la.is_contiguous() {
+        let a = &a[la.offset..la.offset + n];
+        for_each_offset(lb, |pb| {
+            out[i] = f(a[i], b[pb]);
+            i += 1;
+        });
+    } else if lb.is_contiguous() {
+        let b = &b[lb.offset..lb.offset + n];
+        for_each_offset(la, |pa| {
+            out[i] = f(a[pa], b[i]);
+            i += 1;
+        });
+    } else {
+        let pa = offsets(la);
+        for_each_offset(lb, |pb| {
+            out[i] = f(a[pa[i]], b[pb]);
+            i += 1;
+        });
+    }
+}
+
+fn offsets(l: &Layout) -> Vec<usize> {
+    let mut v = Vec::with_capacity(l.numel());
+    for_each_offset(l, |p| v.push(p));
+    v
+}
+
+/// Calls `f` with the buffer position of each element, row-major, without a division per
+/// element: an odometer over the outer dimensions and a strided walk of the last.
+fn for_each_offset(l: &Layout, mut f: impl FnMut(usize)) {
+    if l.numel() == 0 {
+        return;
+    }
+    let r = l.shape.len();
+    if r == 0 {
+        f(l.offset);
+        return;
+    }
+    let (last, ls) = (l.shape[r - 1], l.strides[r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let mut base = l.offset;
+    loop {
+        for j in 0..last {
+            f(base + j * ls);
+        }
+        let mut d = r - 1;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            base += l.strides[d];
+            if idx[d] < l.shape[d] {
+                break;
+            }
+            base -= idx[d] * l.strides[d];
+            idx[d] = 0;
+        }
+    }
+}
+
 pub fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
     match op {
         BinaryOp::Add => a + b,
@@ -33,34 +119,34 @@ pub fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
     }
 }
 
-/// Values (Sum/Max/Min) or first-maximum indices (ArgMax) over the middle axis.
+/// Values (Sum/Max/Min) or first-maximum indices (ArgMax) over the middle axis. Walks rows
+/// of `inner` contiguous values so memory is read in order.
 pub fn reduce(op: ReduceOp, x: &[f32], s: ReduceSpec) -> (Vec<f32>, Vec<i32>) {
-    let mut vals = vec![0.0f32; s.outer * s.inner];
+    let init = match op {
+        ReduceOp::Sum => 0.0,
+        ReduceOp::Max | ReduceOp::ArgMax => f32::NEG_INFINITY,
+        ReduceOp::Min => f32::INFINITY,
+    };
+    let mut vals = vec![init; s.outer * s.inner];
     let mut idx = vec![0i32; s.outer * s.inner];
     for o in 0..s.outer {
-        for i in 0..s.inner {
-            let at = |j: usize| x[(o * s.len + j) * s.inner + i];
-            let (mut acc, mut best) = match op {
-                ReduceOp::Sum => (0.0, 0),
-                ReduceOp::Max | ReduceOp::ArgMax => (f32::NEG_INFINITY, 0),
-                ReduceOp::Min => (f32::INFINITY, 0),
-            };
-            for j in 0..s.len {
-                let v = at(j);
-                match op {
-                    ReduceOp::Sum => acc += v,
-                    ReduceOp::Max => acc = acc.max(v),
-                    ReduceOp::Min => acc = acc.min(v),
-                    ReduceOp::ArgMax => {
-                        if v > acc || (j == 0) {
-                            acc = v;
-                            best = j as i32;
+        let acc = &mut vals[o * s.inner..(o + 1) * s.inner];
+        let best = &mut idx[o * s.inner..(o + 1) * s.inner];
+        for j in 0..s.len {
+            let row = &x[(o * s.len + j) * s.inner..][..s.inner];
+            match op {
+                ReduceOp::Sum => acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v),
+                ReduceOp::Max => acc.iter_mut().zip(row).for_each(|(a, &v)| *a = a.max(v)),
+                ReduceOp::Min => acc.iter_mut().zip(row).for_each(|(a, &v)| *a = a.min(v)),
+                ReduceOp::ArgMax => {
+                    for i in 0..s.inner {
+                        if j == 0 || row[i] > acc[i] {
+                            acc[i] = row[i];
+                            best[i] = j as i32;
                         }
                     }
                 }
             }
-            vals[o * s.inner + i] = acc;
-            idx[o * s.inner + i] = best;
         }
     }
     (vals, idx)
@@ -105,77 +191,69 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: MatmulSpec) {
     }
 }
 
-pub fn im2col(x: &[f32], s: WindowSpec) -> Vec<f32> {
+/// The output columns `ox` whose input column `ox*stride + j - pad` lies inside `0..w`.
+fn valid_range(out: usize, stride: usize, j: usize, pad: usize, w: usize) -> std::ops::Range<usize> {
+    let lo = pad.saturating_sub(j).div_ceil(stride);
+    let hi = if w + pad > j { ((w + pad - j - 1) / stride + 1).min(out) } else { 0 };
+    lo..hi.max(lo)
+}
+
+pub fn im2col(x: &[f32], s: WindowSpec, cols: &mut [f32]) {
     let (rows, cl) = (s.col_rows(), s.col_len());
-    let mut cols = vec![0.0f32; s.n * rows * cl];
+    cols[..s.n * rows * cl].fill(0.0);
     for n in 0..s.n {
         for r in 0..rows {
             let (ci, i, j) = (r / (s.kh * s.kw), (r / s.kw) % s.kh, r % s.kw);
-            for oy in 0..s.oh {
-                let y = (oy * s.stride.0 + i) as isize - s.pad.0 as isize;
-                if y < 0 || y >= s.h as isize {
-                    continue;
-                }
-                for ox in 0..s.ow {
-                    let xx = (ox * s.stride.1 + j) as isize - s.pad.1 as isize;
-                    if xx < 0 || xx >= s.w as isize {
-                        continue;
-                    }
-                    cols[(n * rows + r) * cl + oy * s.ow + ox] =
-                        x[((n * s.c + ci) * s.h + y as usize) * s.w + xx as usize];
+            let xr = valid_range(s.ow, s.stride.1, j, s.pad.1, s.w);
+            for oy in valid_range(s.oh, s.stride.0, i, s.pad.0, s.h) {
+                let y = oy * s.stride.0 + i - s.pad.0;
+                let src = &x[((n * s.c + ci) * s.h + y) * s.w..][..s.w];
+                let dst = &mut cols[(n * rows + r) * cl + oy * s.ow..][..s.ow];
+                for ox in xr.clone() {
+                    dst[ox] = src[ox * s.stride.1 + j - s.pad.1];
                 }
             }
         }
     }
-    cols
 }
 
-pub fn col2im(cols: &[f32], s: WindowSpec) -> Vec<f32> {
+pub fn col2im(cols: &[f32], s: WindowSpec, x: &mut [f32]) {
     let (rows, cl) = (s.col_rows(), s.col_len());
-    let mut x = vec![0.0f32; s.n * s.c * s.h * s.w];
+    x[..s.n * s.c * s.h * s.w].fill(0.0);
     for n in 0..s.n {
         for r in 0..rows {
             let (ci, i, j) = (r / (s.kh * s.kw), (r / s.kw) % s.kh, r % s.kw);
-            for oy in 0..s.oh {
-                let y = (oy * s.stride.0 + i) as isize - s.pad.0 as isize;
-                if y < 0 || y >= s.h as isize {
-                    continue;
-                }
-                for ox in 0..s.ow {
-                    let xx = (ox * s.stride.1 + j) as isize - s.pad.1 as isize;
-                    if xx < 0 || xx >= s.w as isize {
-                        continue;
-                    }
-                    x[((n * s.c + ci) * s.h + y as usize) * s.w + xx as usize] +=
-                        cols[(n * rows + r) * cl + oy * s.ow + ox];
+            let xr = valid_range(s.ow, s.stride.1, j, s.pad.1, s.w);
+            for oy in valid_range(s.oh, s.stride.0, i, s.pad.0, s.h) {
+                let y = oy * s.stride.0 + i - s.pad.0;
+                let dst = &mut x[((n * s.c + ci) * s.h + y) * s.w..][..s.w];
+                let src = &cols[(n * rows + r) * cl + oy * s.ow..][..s.ow];
+                for ox in xr.clone() {
+                    dst[ox * s.stride.1 + j - s.pad.1] += src[ox];
                 }
             }
         }
     }
-    x
 }
 
-pub fn max_pool2d(x: &[f32], s: WindowSpec) -> (Vec<f32>, Vec<i32>) {
+pub fn max_pool2d(x: &[f32], s: WindowSpec, out: &mut [f32], arg: &mut [i32]) {
     let planes = s.n * s.c;
-    let mut out = vec![0.0f32; planes * s.oh * s.ow];
-    let mut arg = vec![-1i32; planes * s.oh * s.ow];
     for p in 0..planes {
+        let plane = &x[p * s.h * s.w..][..s.h * s.w];
         for oy in 0..s.oh {
+            let y0 = (oy * s.stride.0) as isize - s.pad.0 as isize;
+            let ys = y0.max(0) as usize..((y0 + s.kh as isize).min(s.h as isize)).max(0) as usize;
             for ox in 0..s.ow {
+                let x0 = (ox * s.stride.1) as isize - s.pad.1 as isize;
+                let xs = x0.max(0) as usize..((x0 + s.kw as isize).min(s.w as isize)).max(0) as usize;
                 let mut best = f32::NEG_INFINITY;
                 let mut at = -1i32;
-                for i in 0..s.kh {
-                    for j in 0..s.kw {
-                        let y = (oy * s.stride.0 + i) as isize - s.pad.0 as isize;
-                        let xx = (ox * s.stride.1 + j) as isize - s.pad.1 as isize;
-                        if y < 0 || xx < 0 || y >= s.h as isize || xx >= s.w as isize {
-                            continue;
-                        }
-                        let pos = y as usize * s.w + xx as usize;
-                        let v = x[p * s.h * s.w + pos];
+                for y in ys.clone() {
+                    for xx in xs.clone() {
+                        let v = plane[y * s.w + xx];
                         if at < 0 || v > best || v.is_nan() {
                             best = v;
-                            at = pos as i32;
+                            at = (y * s.w + xx) as i32;
                         }
                     }
                 }
@@ -185,12 +263,11 @@ pub fn max_pool2d(x: &[f32], s: WindowSpec) -> (Vec<f32>, Vec<i32>) {
             }
         }
     }
-    (out, arg)
 }
 
-pub fn max_pool2d_backward(gy: &[f32], arg: &[i32], s: WindowSpec) -> Vec<f32> {
+pub fn max_pool2d_backward(gy: &[f32], arg: &[i32], s: WindowSpec, gx: &mut [f32]) {
     let planes = s.n * s.c;
-    let mut gx = vec![0.0f32; planes * s.h * s.w];
+    gx[..planes * s.h * s.w].fill(0.0);
     for p in 0..planes {
         for o in 0..s.oh * s.ow {
             let a = arg[p * s.oh * s.ow + o];
@@ -199,5 +276,4 @@ pub fn max_pool2d_backward(gy: &[f32], arg: &[i32], s: WindowSpec) -> Vec<f32> {
             }
         }
     }
-    gx
 }

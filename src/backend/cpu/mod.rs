@@ -3,32 +3,59 @@ mod kernels;
 
 use crate::backend::*;
 use crate::{DType, Error, Layout, Result};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Host memory as 32-bit words (f32 or i32 bit patterns), behind a lock so that ops can write
 /// through a shared `Buffer`.
 pub(crate) struct CpuBuffer {
     pub(crate) data: RwLock<Vec<u32>>,
-    stats: Arc<Stats>,
+    pool: Arc<Mutex<Pool>>,
 }
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        let bytes = self.data.get_mut().map(|d| d.len() as u64 * 4).unwrap_or(0);
-        self.stats.in_use.fetch_sub(bytes, Ordering::Relaxed);
+        let data = std::mem::take(self.data.get_mut().unwrap_or_else(|e| e.into_inner()));
+        self.pool.lock().unwrap().give_back(data);
     }
 }
 
+/// Freed vectors kept by length, so a training loop stops paying for fresh zeroed pages.
 #[derive(Default)]
-struct Stats {
-    in_use: AtomicU64,
-    peak: AtomicU64,
+struct Pool {
+    free: HashMap<usize, Vec<Vec<u32>>>,
+    in_use: u64,
+    peak: u64,
+    pooled: u64,
+}
+
+/// Most bytes kept for reuse; beyond it freed memory goes back to the system.
+const POOL_CAP: u64 = 1 << 30;
+
+impl Pool {
+    fn take(&mut self, len: usize) -> Option<Vec<u32>> {
+        let v = self.free.get_mut(&len)?.pop()?;
+        self.pooled -= len as u64 * 4;
+        Some(v)
+    }
+    fn give_back(&mut self, v: Vec<u32>) {
+        let bytes = v.len() as u64 * 4;
+        self.in_use -= bytes;
+        if v.is_empty() || self.pooled + bytes > POOL_CAP {
+            return;
+        }
+        self.pooled += bytes;
+        self.free.entry(v.len()).or_default().push(v);
+    }
+    fn count(&mut self, len: usize) {
+        self.in_use += len as u64 * 4;
+        self.peak = self.peak.max(self.in_use);
+    }
 }
 
 pub struct CpuBackend {
     info: DeviceInfo,
-    stats: Arc<Stats>,
+    pool: Arc<Mutex<Pool>>,
 }
 
 impl Default for CpuBackend {
@@ -48,16 +75,14 @@ impl CpuBackend {
                 memory: None,
                 driver: format!("{} threads", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)),
             },
-            stats: Arc::default(),
+            pool: Arc::default(),
         }
     }
 
     fn make(&self, data: Vec<u32>, dtype: DType) -> Buffer {
-        let bytes = data.len() as u64 * 4;
-        let now = self.stats.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.stats.peak.fetch_max(now, Ordering::Relaxed);
         let len = data.len();
-        Buffer::new(CpuBuffer { data: RwLock::new(data), stats: self.stats.clone() }, len, dtype)
+        self.pool.lock().unwrap().count(len);
+        Buffer::new(CpuBuffer { data: RwLock::new(data), pool: self.pool.clone() }, len, dtype)
     }
 }
 
@@ -65,25 +90,33 @@ fn raw(b: &Buffer) -> Result<&CpuBuffer> {
     b.downcast::<CpuBuffer>().ok_or_else(|| Error::invalid("cpu", "buffer belongs to another device"))
 }
 
-/// Reads `x` as f32, runs `f` with the output as f32; handles `x` aliasing `out`.
-fn read(b: &Buffer) -> Result<Vec<f32>> {
-    Ok(raw(b)?.data.read().unwrap().iter().map(|&u| f32::from_bits(u)).collect())
+fn same(a: &Buffer, b: &Buffer) -> Result<bool> {
+    Ok(std::ptr::eq(raw(a)?, raw(b)?))
 }
-fn read_i32(b: &Buffer) -> Result<Vec<i32>> {
-    Ok(raw(b)?.data.read().unwrap().iter().map(|&u| u as i32).collect())
-}
-fn write(b: &Buffer, v: &[f32]) -> Result<()> {
-    let mut d = raw(b)?.data.write().unwrap();
-    for (o, x) in d.iter_mut().zip(v) {
-        *o = x.to_bits();
+
+/// Runs `f` on the input's elements as f32 without copying (unless the input is the output).
+fn with_f32<R>(x: &Buffer, out: &Buffer, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    if same(x, out)? {
+        let copy = raw(x)?.data.read().unwrap().clone();
+        return Ok(f(bytemuck::cast_slice(&copy)));
     }
-    Ok(())
+    let guard = raw(x)?.data.read().unwrap();
+    Ok(f(bytemuck::cast_slice(&guard)))
 }
+
+fn read_i32(b: &Buffer) -> Result<Vec<i32>> {
+    Ok(bytemuck::cast_slice(&raw(b)?.data.read().unwrap()).to_vec())
+}
+
+/// Runs `f` on the output's elements as mutable f32.
+fn write_with<R>(out: &Buffer, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
+    let mut guard = raw(out)?.data.write().unwrap();
+    Ok(f(bytemuck::cast_slice_mut(&mut guard)))
+}
+
 fn write_i32(b: &Buffer, v: &[i32]) -> Result<()> {
     let mut d = raw(b)?.data.write().unwrap();
-    for (o, x) in d.iter_mut().zip(v) {
-        *o = *x as u32;
-    }
+    d[..v.len()].copy_from_slice(bytemuck::cast_slice(v));
     Ok(())
 }
 
@@ -92,6 +125,10 @@ impl Backend for CpuBackend {
         &self.info
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
+        let reused = self.pool.lock().unwrap().take(len);
+        if let Some(v) = reused {
+            return Ok(self.make(v, dtype));
+        }
         let mut v = Vec::new();
         v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
             device: "cpu".into(),
@@ -121,76 +158,83 @@ impl Backend for CpuBackend {
         Ok(())
     }
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
-        let s: Vec<u32> = raw(src)?.data.read().unwrap()[src_off..src_off + len].to_vec();
-        raw(dst)?.data.write().unwrap()[dst_off..dst_off + len].copy_from_slice(&s);
+        let check = |b: &Buffer, off: usize| {
+            if off + len > b.len() {
+                return Err(Error::invalid("copy", format!("range {off}..{} of a buffer of {}", off + len, b.len())));
+            }
+            Ok(())
+        };
+        check(src, src_off)?;
+        check(dst, dst_off)?;
+        if same(src, dst)? {
+            raw(dst)?.data.write().unwrap().copy_within(src_off..src_off + len, dst_off);
+            return Ok(());
+        }
+        let s = raw(src)?.data.read().unwrap();
+        raw(dst)?.data.write().unwrap()[dst_off..dst_off + len].copy_from_slice(&s[src_off..src_off + len]);
         Ok(())
     }
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
-        let xs = read(x)?;
-        let v: Vec<f32> = (0..layout.numel()).map(|i| kernels::unary(op, xs[layout.index(i)])).collect();
-        write(out, &v)
+        with_f32(x, out, |xs| write_with(out, |o| kernels::strided_map(layout, xs, o, |a| kernels::unary(op, a))))?
     }
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
-        let (av, bv) = (read(a)?, read(b)?);
-        let v: Vec<f32> = (0..la.numel()).map(|i| kernels::binary(op, av[la.index(i)], bv[lb.index(i)])).collect();
-        write(out, &v)
+        with_f32(a, out, |av| {
+            with_f32(b, out, |bv| write_with(out, |o| kernels::strided_zip(la, av, lb, bv, o, |x, y| kernels::binary(op, x, y))))
+        })??
     }
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
-        let xs = read(x)?;
-        let (vals, idx) = kernels::reduce(op, &xs, spec);
+        let (vals, idx) = with_f32(x, out, |xs| kernels::reduce(op, xs, spec))?;
         match op {
             ReduceOp::ArgMax => write_i32(out, &idx),
-            _ => write(out, &vals),
+            _ => write_with(out, |o| o[..vals.len()].copy_from_slice(&vals)),
         }
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
-        let (av, bv) = (read(a)?, read(b)?);
-        let mut c = vec![0.0f32; spec.batch * spec.m * spec.n];
-        kernels::matmul(&av, &bv, &mut c, spec);
-        write(out, &c)
+        if same(a, out)? || same(b, out)? {
+            return Err(Error::invalid("matmul", "the output must not alias an input"));
+        }
+        let ga = raw(a)?.data.read().unwrap();
+        let gb = raw(b)?.data.read().unwrap();
+        write_with(out, |c| kernels::matmul(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec))
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
-        write(cols, &kernels::im2col(&read(x)?, spec))
+        with_f32(x, cols, |xs| write_with(cols, |c| kernels::im2col(xs, spec, c)))?
     }
     fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
-        write(x, &kernels::col2im(&read(cols)?, spec))
+        with_f32(cols, x, |c| write_with(x, |xs| kernels::col2im(c, spec, xs)))?
     }
     fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
-        let (v, idx) = kernels::max_pool2d(&read(x)?, spec);
-        write(out, &v)?;
-        write_i32(argmax, &idx)
+        let mut arg = vec![0i32; argmax.len()];
+        with_f32(x, out, |xs| write_with(out, |o| kernels::max_pool2d(xs, spec, o, &mut arg)))??;
+        write_i32(argmax, &arg)
     }
     fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
-        write(grad_x, &kernels::max_pool2d_backward(&read(grad_out)?, &read_i32(argmax)?, spec))
+        let arg = read_i32(argmax)?;
+        with_f32(grad_out, grad_x, |g| write_with(grad_x, |gx| kernels::max_pool2d_backward(g, &arg, spec, gx)))?
     }
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
-        let (xs, is) = (read(x)?, read_i32(idx)?);
+        let is = read_i32(idx)?;
         let in_range = |r: usize| (is[r] >= 0 && (is[r] as usize) < cols).then_some(is[r] as usize);
-        match op {
-            IndexOp::Gather => {
-                let v: Vec<f32> = (0..rows).map(|r| in_range(r).map_or(0.0, |c| xs[r * cols + c])).collect();
-                write(out, &v)
-            }
-            IndexOp::Scatter => {
-                let mut v = vec![0.0f32; rows * cols];
-                for r in 0..rows {
-                    if let Some(c) = in_range(r) {
-                        v[r * cols + c] = xs[r];
+        with_f32(x, out, |xs| {
+            write_with(out, |o| match op {
+                IndexOp::Gather => (0..rows).for_each(|r| o[r] = in_range(r).map_or(0.0, |c| xs[r * cols + c])),
+                IndexOp::Scatter => {
+                    o[..rows * cols].fill(0.0);
+                    for r in 0..rows {
+                        if let Some(c) = in_range(r) {
+                            o[r * cols + c] = xs[r];
+                        }
                     }
                 }
-                write(out, &v)
-            }
-        }
+            })
+        })?
     }
     fn sync(&self) -> Result<()> {
         Ok(())
     }
     fn memory(&self) -> MemoryStats {
-        MemoryStats {
-            in_use: self.stats.in_use.load(Ordering::Relaxed),
-            peak: self.stats.peak.load(Ordering::Relaxed),
-            pooled: 0,
-        }
+        let p = self.pool.lock().unwrap();
+        MemoryStats { in_use: p.in_use, peak: p.peak, pooled: p.pooled }
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

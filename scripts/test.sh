@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need on a fresh machine (Mesa's lavapipe Vulkan
+# driver and llvmpipe GL, and NVRTC from the PyPI wheel), then runs the whole suite with the
+# CUDA backend compiled in. Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+  echo "test.sh: installing Mesa's software Vulkan/GL drivers (lavapipe, llvmpipe)"
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libegl1 libgl1 >/dev/null
+fi
+
+nvrtc_dir() {
+  python3 - <<'PY' 2>/dev/null
+import glob, os, sys
+for p in sys.path:
+    hits = glob.glob(os.path.join(p, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12"))
+    if hits:
+        print(os.path.dirname(hits[0])); break
+PY
+}
+dir=$(nvrtc_dir || true)
+if [ -z "$dir" ]; then
+  echo "test.sh: installing NVRTC 12 from PyPI (nvidia-cuda-nvrtc-cu12)"
+  python3 -m pip install -q 'nvidia-cuda-nvrtc-cu12>=12.0,<13'
+  dir=$(nvrtc_dir)
+fi
+export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+cargo test --features cuda "$@"

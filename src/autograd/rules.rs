@@ -1,0 +1,162 @@
+//! The gradient table: one rule per differentiable op, all in one place.
+//!
+//! `backward(op, inputs, out, g)` returns, for each input, the gradient of the loss with
+//! respect to it given `g` = dL/d(out); `None` where an input has no gradient.
+use super::GradOp;
+use crate::backend::{BinaryOp, IndexOp, MatmulSpec, UnaryOp};
+use crate::{DType, Result, Shape, Tensor};
+
+pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let x = &inputs[0];
+    Ok(match op {
+        GradOp::Unary(u) => vec![Some(unary(*u, x, out, g)?)],
+        GradOp::Binary(b) => {
+            let (a, bb) = (&inputs[0], &inputs[1]);
+            let (ga, gb) = match b {
+                BinaryOp::Add => (Some(g.clone()), Some(g.clone())),
+                BinaryOp::Sub => (Some(g.clone()), Some(g.neg()?)),
+                BinaryOp::Mul => (Some(g.mul(bb)?), Some(g.mul(a)?)),
+                // d(a/b)/db = -a/b² = -out/b
+                BinaryOp::Div => (Some(g.div(bb)?), Some(g.mul(out)?.div(bb)?.neg()?)),
+                // ties share the gradient evenly, as torch.maximum/minimum do
+                BinaryOp::Max | BinaryOp::Min => {
+                    let (win_a, win_b) = if *b == BinaryOp::Max { (a.gt(bb)?, bb.gt(a)?) } else { (bb.gt(a)?, a.gt(bb)?) };
+                    let tie = a.eq_elem(bb)?.mul_scalar(0.5)?;
+                    (Some(g.mul(&win_a.add(&tie)?)?), Some(g.mul(&win_b.add(&tie)?)?))
+                }
+                BinaryOp::Gt | BinaryOp::Eq => (None, None),
+            };
+            vec![ga.map(|t| t.sum_to(a.shape())).transpose()?, gb.map(|t| t.sum_to(bb.shape())).transpose()?]
+        }
+        GradOp::Sum { axis } => vec![Some(g.reshape(keepdim(x.shape(), *axis))?.broadcast_to(x.shape().clone())?)],
+        // d max / dx_i = [x_i == max] / (number of maxima)
+        GradOp::Max { axis } => {
+            let kd = keepdim(x.shape(), *axis);
+            let mask = x.eq_elem(&out.reshape(kd.clone())?)?;
+            let count = mask.sum(*axis as isize, true)?;
+            vec![Some(mask.mul(&g.reshape(kd)?.div(&count)?)?)]
+        }
+        GradOp::Reshape => vec![Some(g.reshape(x.shape().clone())?)],
+        GradOp::Permute(perm) => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            vec![Some(g.permute(&inv)?)]
+        }
+        GradOp::Expand => vec![Some(g.sum_to(x.shape())?)],
+        // zeros around the slice
+        GradOp::Narrow { dim, start } => {
+            let (d, s) = (*dim, *start);
+            let full = x.dims()[d];
+            let len = g.dims()[d];
+            let mut parts = Vec::new();
+            for (at, n) in [(0, s), (s + len, full - s - len)] {
+                if n > 0 {
+                    let mut shape = x.dims().to_vec();
+                    shape[d] = n;
+                    parts.push((at, Tensor::zeros(shape, g.device())?));
+                }
+            }
+            parts.push((s, g.clone()));
+            parts.sort_by_key(|p| p.0);
+            let parts: Vec<Tensor> = parts.into_iter().map(|p| p.1).collect();
+            vec![Some(Tensor::cat(&parts, d)?)]
+        }
+        GradOp::Cat => {
+            let mut at = 0;
+            inputs
+                .iter()
+                .map(|t| {
+                    let n = t.dims()[0];
+                    at += n;
+                    g.narrow(0, at - n, n).map(Some)
+                })
+                .collect::<Result<_>>()?
+        }
+        // C = op(A)·op(B): dop(A) = G·op(B)ᵀ, dop(B) = op(A)ᵀ·G, transposed back when stored transposed.
+        GradOp::Matmul { trans_a, trans_b } => {
+            let (a, b, ta, tb) = (&inputs[0], &inputs[1], *trans_a, *trans_b);
+            let ga = if a.needs_grad() {
+                Some(if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(b, false, !tb)? })
+            } else {
+                None
+            };
+            let gb = if b.needs_grad() {
+                Some(if tb { g.matmul_t(a, true, ta)? } else { a.matmul_t(g, !ta, false)? })
+            } else {
+                None
+            };
+            vec![ga, gb]
+        }
+        GradOp::Conv2d { spec, cols } => {
+            let w = &inputs[1];
+            let (o, p, r) = (w.dims()[0], spec.col_len(), spec.col_rows());
+            let dev = g.device();
+            // dW = Σ_n G[n]·cols[n]ᵀ
+            let gw = if w.needs_grad() {
+                let mm = MatmulSpec { batch: spec.n, m: o, n: r, k: p, trans_a: false, trans_b: true, a_offset: 0, b_offset: 0, a_batch_stride: o * p, b_batch_stride: r * p };
+                let per = dev.backend().alloc(spec.n * o * r, DType::F32)?;
+                dev.backend().matmul(g.buffer(), cols, &per, mm)?;
+                let per = Tensor::from_parts(per, Shape(vec![spec.n, o * r]), dev.clone(), None);
+                Some(per.sum_batch()?.reshape(w.shape().clone())?)
+            } else {
+                None
+            };
+            // dcols[n] = Wᵀ·G[n], folded back by col2im
+            let gx = if x.needs_grad() {
+                let mm = MatmulSpec { batch: spec.n, m: r, n: p, k: o, trans_a: true, trans_b: false, a_offset: 0, b_offset: 0, a_batch_stride: 0, b_batch_stride: o * p };
+                let dcols = dev.backend().alloc(spec.n * r * p, DType::F32)?;
+                dev.backend().matmul(w.buffer(), g.buffer(), &dcols, mm)?;
+                let gx = dev.backend().alloc(x.numel(), DType::F32)?;
+                dev.backend().col2im(&dcols, &gx, *spec)?;
+                Some(Tensor::from_parts(gx, x.shape().clone(), dev.clone(), None))
+            } else {
+                None
+            };
+            vec![gx, gw]
+        }
+        GradOp::MaxPool2d { spec, argmax } => {
+            let gx = x.backend().alloc(x.numel(), DType::F32)?;
+            x.backend().max_pool2d_backward(g.buffer(), argmax, &gx, *spec)?;
+            vec![Some(Tensor::from_parts(gx, x.shape().clone(), x.device().clone(), None))]
+        }
+        GradOp::Gather { cols } => {
+            let rows = x.dims()[0];
+            let gx = x.backend().alloc(rows * cols, DType::F32)?;
+            x.backend().index(IndexOp::Scatter, g.buffer(), inputs[1].buffer(), &gx, rows, *cols)?;
+            vec![Some(Tensor::from_parts(gx, x.shape().clone(), x.device().clone(), None)), None]
+        }
+        GradOp::ToDevice => vec![Some(g.to(x.device())?)],
+    })
+}
+
+fn unary(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Tensor> {
+    match op {
+        UnaryOp::Identity => Ok(g.clone()),
+        UnaryOp::Neg => g.neg(),
+        UnaryOp::Exp => g.mul(out),
+        UnaryOp::Log => g.div(x),
+        UnaryOp::Relu => g.mul(&x.unary(UnaryOp::Step)?),
+        UnaryOp::Step => g.mul_scalar(0.0),
+        // d sqrt(x) = 1 / (2 sqrt(x))
+        UnaryOp::Sqrt => g.div(out)?.mul_scalar(0.5),
+        // d (1/x) = -1/x² = -out²
+        UnaryOp::Recip => g.mul(&out.square()?)?.neg(),
+        UnaryOp::Square => g.mul(x)?.mul_scalar(2.0),
+        // sign(x) = step(x) - step(-x)
+        UnaryOp::Abs => g.mul(&x.unary(UnaryOp::Step)?.sub(&x.neg()?.unary(UnaryOp::Step)?)?),
+        UnaryOp::Tanh => g.mul(&out.square()?.affine(-1.0, 1.0)?),
+        UnaryOp::Sigmoid => g.mul(&out.mul(&out.affine(-1.0, 1.0)?)?),
+        UnaryOp::Affine { mul, .. } => g.mul_scalar(mul),
+        UnaryOp::Powf(p) => g.mul(&x.powf(p - 1.0)?)?.mul_scalar(p),
+    }
+}
+
+fn keepdim(shape: &Shape, axis: usize) -> Shape {
+    let mut d = shape.dims().to_vec();
+    if d.len() > axis {
+        d[axis] = 1;
+    }
+    Shape(d)
+}

@@ -1,0 +1,193 @@
+//! Runtime compilation of the kernel families with NVRTC for one GPU architecture, cached on disk.
+//!
+//! A target is either `compute_XY` (PTX, which the driver finishes for the device) or `sm_XY`
+//! (a CUBIN, which needs no driver JIT and so also loads on a driver older than this NVRTC).
+//! Cache entries live in `$TANDEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tandem/ptx`, else
+//! `~/.cache/tandem/ptx`; each file holds a SHA-256 of its image, so a torn or corrupt entry is
+//! detected and recompiled.
+use super::kernels::translation_unit;
+use cudarc::nvrtc::{result, sys};
+use sha2::{Digest, Sha256};
+use std::ffi::{c_char, CString};
+use std::path::PathBuf;
+
+/// Options every family is compiled with: IEEE division and square root, so results track the
+/// CPU reference; `-default-device` would hide a missing `__global__`, so it is not used.
+const OPTIONS: &[&str] = &["--prec-div=true", "--prec-sqrt=true", "--ftz=false", "--std=c++14"];
+
+/// The product of one compilation: the image to load and NVRTC's log (warnings live there).
+pub(crate) struct Compiled {
+    pub image: Vec<u8>,
+    pub log: String,
+}
+
+/// Why NVRTC cannot be used at all in this process; `None` when `libnvrtc` loads.
+pub(crate) fn unavailable() -> Option<String> {
+    // SAFETY: is_culib_present only dlopens candidate names and closes them again.
+    let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+    (!present).then(|| {
+        "libnvrtc not found (put the directory holding libnvrtc.so.12 on LD_LIBRARY_PATH, e.g. the \
+         nvidia-cuda-nvrtc-cu12 wheel's nvidia/cuda_nvrtc/lib)"
+            .to_string()
+    })
+}
+
+/// NVRTC's version as `(major, minor)`; part of every cache key.
+pub(crate) fn version() -> Result<(i32, i32), String> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: plain out-parameters.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| format!("nvrtcVersion: {e:?}"))?;
+    Ok((major, minor))
+}
+
+/// Compiles one family's source for `target` (`compute_XY` or `sm_XY`), without the cache.
+pub(crate) fn compile(family: &str, source: &str, target: &str) -> Result<Compiled, String> {
+    let unit = CString::new(translation_unit(source)).map_err(|_| format!("{family}.cu contains a NUL byte"))?;
+    let name = CString::new(format!("{family}.cu")).map_err(|_| "bad family name".to_string())?;
+    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    options.push(format!("--gpu-architecture={target}"));
+    let prog = result::create_program(&unit, Some(&name)).map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
+    let guard = Program(prog);
+    // SAFETY: `prog` is live until `guard` drops; `unit` and `name` outlive it.
+    let compiled = unsafe { result::compile_program(guard.0, &options) };
+    // SAFETY: as above.
+    let log = unsafe { result::get_program_log(guard.0) }.map(|l| c_text(&l)).unwrap_or_default();
+    let log = without_arch_notice(&log);
+    if let Err(e) = compiled {
+        return Err(format!("{family}.cu for {target}: {e:?}\n{log}"));
+    }
+    let image = if target.starts_with("sm_") { cubin(guard.0) } else { ptx(guard.0) }
+        .map_err(|e| format!("{family}.cu for {target}: reading the image: {e}"))?;
+    Ok(Compiled { image, log })
+}
+
+/// Compiles through the disk cache: a valid cached image is returned as is.
+pub(crate) fn compile_cached(family: &str, source: &str, target: &str) -> Result<Vec<u8>, String> {
+    let path = cache_path(family, source, target)?;
+    if let Some(image) = path.as_ref().and_then(read_entry) {
+        return Ok(image);
+    }
+    let image = compile(family, source, target)?.image;
+    if let Some(p) = path {
+        // A cache that cannot be written only costs a recompile next time.
+        if let Err(e) = write_entry(&p, &image) {
+            tracing::debug!("kernel cache {}: {e}", p.display());
+        }
+    }
+    Ok(image)
+}
+
+/// Deletes the cache entry of one family and target, after the driver rejected its image.
+pub(crate) fn evict(family: &str, source: &str, target: &str) {
+    if let Ok(Some(p)) = cache_path(family, source, target) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created by create_program and destroyed only here.
+        let _ = unsafe { result::destroy_program(self.0) };
+    }
+}
+
+fn ptx(prog: sys::nvrtcProgram) -> Result<Vec<u8>, String> {
+    // SAFETY: the program compiled successfully. The PTX keeps its trailing NUL, which
+    // cuModuleLoadData needs to find the end of the text.
+    let raw = unsafe { result::get_ptx(prog) }.map_err(|e| format!("{e:?}"))?;
+    Ok(raw.into_iter().map(|c| c as u8).collect())
+}
+
+fn cubin(prog: sys::nvrtcProgram) -> Result<Vec<u8>, String> {
+    let mut size = 0usize;
+    // SAFETY: the program compiled successfully for a real `sm_XY` target.
+    unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) }.result().map_err(|e| format!("{e:?}"))?;
+    let mut image = vec![0u8; size];
+    // SAFETY: `image` holds exactly the size NVRTC reported.
+    unsafe { sys::nvrtcGetCUBIN(prog, image.as_mut_ptr() as *mut c_char) }.result().map_err(|e| format!("{e:?}"))?;
+    Ok(image)
+}
+
+/// NVRTC 12.8+ warns that targets below compute_75 are deprecated, and offers no option to
+/// silence it. Maxwell (the M60) is a deliberate target, so that one line is not a warning
+/// about our code; every other line of the log is kept.
+fn without_arch_notice(log: &str) -> String {
+    log.lines()
+        .filter(|l| !(l.contains("Architectures prior to") && l.contains("are deprecated")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn c_text(raw: &[c_char]) -> String {
+    let bytes: Vec<u8> = raw.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
+    String::from_utf8_lossy(&bytes).trim().to_string()
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("TANDEM_CACHE_DIR") {
+        return Some(PathBuf::from(d).join("ptx"));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("tandem").join("ptx"))
+}
+
+/// `<family>-<target>-<hash>.bin`, the hash covering the source, the options and NVRTC's
+/// version; `Ok(None)` when there is no cache directory.
+fn cache_path(family: &str, source: &str, target: &str) -> Result<Option<PathBuf>, String> {
+    let Some(dir) = cache_dir() else { return Ok(None) };
+    let (major, minor) = version()?;
+    let mut h = Sha256::new();
+    h.update(translation_unit(source).as_bytes());
+    h.update(OPTIONS.join(" ").as_bytes());
+    h.update(format!("nvrtc {major}.{minor} {target}").as_bytes());
+    let hex: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    Ok(Some(dir.join(format!("{family}-{target}-{hex}.bin"))))
+}
+
+/// The image in a cache file laid out as `sha256(image) ++ image`, if the checksum holds.
+fn read_entry(path: &PathBuf) -> Option<Vec<u8>> {
+    let data = std::fs::read(path).ok()?;
+    if data.len() <= 32 {
+        return None;
+    }
+    let (sum, image) = data.split_at(32);
+    (Sha256::digest(image).as_slice() == sum).then(|| image.to_vec())
+}
+
+/// Writes through a temporary file and a rename, so readers never see half an entry.
+fn write_entry(path: &PathBuf, image: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().ok_or_else(|| std::io::Error::other("cache path has no parent"))?;
+    std::fs::create_dir_all(dir)?;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let tmp = dir.join(format!(".{}.{}.{nanos}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("entry"), std::process::id()));
+    let mut data = Sha256::digest(image).to_vec();
+    data.extend_from_slice(image);
+    std::fs::write(&tmp, &data)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{read_entry, write_entry};
+
+    #[test]
+    fn cache_entries_round_trip_and_reject_corruption() {
+        let dir = std::env::temp_dir().join(format!("tandem-ptx-cache-test-{}", std::process::id()));
+        let path = dir.join("unary-compute_52-0.bin");
+        write_entry(&path, b"// ptx text\0").unwrap();
+        assert_eq!(read_entry(&path).as_deref(), Some(&b"// ptx text\0"[..]));
+        let mut data = std::fs::read(&path).unwrap();
+        *data.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &data).unwrap();
+        assert_eq!(read_entry(&path), None, "a corrupt entry reads as a miss");
+        std::fs::write(&path, b"short").unwrap();
+        assert_eq!(read_entry(&path), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,268 @@
+//! The `Backend` primitives of `CudaBackend`: argument checks, then one kernel launch, cuBLAS call
+//! or driver copy on the device's stream.
+use super::device::{grid, window, CudaBackend, THREADS};
+use super::memory::CudaBuf;
+use super::peer;
+use crate::backend::*;
+use crate::{DType, Error, Layout, Result};
+use cudarc::driver::{result, sys, LaunchConfig, PushKernelArg};
+use std::any::Any;
+
+impl Backend for CudaBackend {
+    fn info(&self) -> &DeviceInfo {
+        self.info_ref()
+    }
+
+    fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
+        let bytes = len.checked_mul(dtype.size()).ok_or_else(|| Error::invalid("alloc", format!("{len} elements overflow")))?;
+        Ok(Buffer::new(self.pool.alloc(bytes)?, len, dtype))
+    }
+
+    fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
+        if !bytes.len().is_multiple_of(dtype.size()) {
+            return Err(Error::invalid("upload", format!("{} bytes is not a whole number of elements", bytes.len())));
+        }
+        let buf = self.alloc(bytes.len() / dtype.size(), dtype)?;
+        let ptr = self.ptr("upload", &buf, 0, dtype)?;
+        self.staging.upload(bytes, ptr)?;
+        Ok(buf)
+    }
+
+    fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
+        let ptr = self.ptr("download", buf, 0, buf.dtype())?;
+        self.staging.download(ptr, buf.len() * buf.dtype().size())
+    }
+
+    fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
+        let ptr = self.ptr("fill", buf, 0, buf.dtype())?;
+        let bits = match buf.dtype() {
+            DType::F32 => value.to_bits(),
+            DType::I32 => value as i32 as u32,
+        };
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `ptr` holds `buf.len()` 4-byte elements of this context.
+        unsafe { sys::cuMemsetD32Async(ptr, bits, buf.len(), self.stream().cu_stream()) }
+            .result()
+            .map_err(|e| self.err("cuMemsetD32Async", e))
+    }
+
+    fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
+        let s = self.ptr("copy", src, src_off + len, src.dtype())?;
+        let d = self.ptr("copy", dst, dst_off + len, src.dtype())?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let (s, d) = (s + 4 * src_off as u64, d + 4 * dst_off as u64);
+        // SAFETY: both ranges were checked to lie inside their buffers.
+        unsafe { result::memcpy_dtod_async(d, s, 4 * len, self.stream().cu_stream()) }
+            .map_err(|e| self.err("cuMemcpyDtoDAsync", e))
+    }
+
+    fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
+        let n = layout.numel() as u64;
+        let (x, lx) = self.layout("unary", x, layout)?;
+        let out = self.ptr("unary", out, n as usize, DType::F32)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let code = op.code();
+        let [p0, p1] = op.params();
+        launch!(self, "unary_f32", grid(n), code, p0, p1, x, lx, out, n)
+    }
+
+    fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
+        if la.shape != lb.shape {
+            return Err(Error::shape("binary", format!("operand layouts {:?} and {:?} differ", la.shape, lb.shape)));
+        }
+        let n = la.numel() as u64;
+        let (a, la) = self.layout("binary", a, la)?;
+        let (b, lb) = self.layout("binary", b, lb)?;
+        let out = self.ptr("binary", out, n as usize, DType::F32)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let code = op.code();
+        launch!(self, "binary_f32", grid(n), code, a, la, b, lb, out, n)
+    }
+
+    fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
+        let out_dtype = if op == ReduceOp::ArgMax { DType::I32 } else { DType::F32 };
+        let x = self.ptr("reduce", x, spec.outer * spec.len * spec.inner, DType::F32)?;
+        let out = self.ptr("reduce", out, spec.outer * spec.inner, out_dtype)?;
+        let (outer, len, inner) = (spec.outer as u64, spec.len as u64, spec.inner as u64);
+        if outer * inner == 0 {
+            return Ok(());
+        }
+        let code = op.code();
+        if inner == 1 {
+            let cfg = LaunchConfig {
+                grid_dim: (outer.min(65535) as u32, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(self, "reduce_rows_f32", cfg, code, x, out, outer, len)
+        } else {
+            launch!(self, "reduce_cols_f32", grid(outer * inner), code, x, out, outer, len, inner)
+        }
+    }
+
+    fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
+        let s = &spec;
+        let last = s.batch.saturating_sub(1);
+        let a = self.ptr("matmul", a, s.a_offset + last * s.a_batch_stride + s.m * s.k, DType::F32)?;
+        let b = self.ptr("matmul", b, s.b_offset + last * s.b_batch_stride + s.k * s.n, DType::F32)?;
+        let c_len = s.batch * s.m * s.n;
+        let c = self.ptr("matmul", out, c_len, DType::F32)?;
+        if c_len == 0 {
+            return Ok(());
+        }
+        if s.k == 0 {
+            self.bind()?;
+            // SAFETY: `c` holds `c_len` floats; an empty sum is 0.
+            return unsafe { sys::cuMemsetD32Async(c, 0, c_len, self.stream().cu_stream()) }
+                .result()
+                .map_err(|e| self.err("cuMemsetD32Async", e));
+        }
+        match self.blas.as_ref() {
+            Some(blas) => {
+                self.bind()?;
+                blas.sgemm(a, b, c, s).map_err(|e| self.err("matmul", e))
+            }
+            None => self.matmul_kernel(a, b, c, s),
+        }
+    }
+
+    fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
+        let n = (spec.n * spec.col_rows() * spec.col_len()) as u64;
+        let x = self.ptr("im2col", x, spec.n * spec.c * spec.h * spec.w, DType::F32)?;
+        let cols = self.ptr("im2col", cols, n as usize, DType::F32)?;
+        let s = window(&spec);
+        if n == 0 {
+            return Ok(());
+        }
+        launch!(self, "im2col_f32", grid(n), x, cols, s)
+    }
+
+    fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
+        let n = (spec.n * spec.c * spec.h * spec.w) as u64;
+        let cols = self.ptr("col2im", cols, spec.n * spec.col_rows() * spec.col_len(), DType::F32)?;
+        let x = self.ptr("col2im", x, n as usize, DType::F32)?;
+        let s = window(&spec);
+        if n == 0 {
+            return Ok(());
+        }
+        launch!(self, "col2im_f32", grid(n), cols, x, s)
+    }
+
+    fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
+        let n = (spec.n * spec.c * spec.oh * spec.ow) as u64;
+        let x = self.ptr("max_pool2d", x, spec.n * spec.c * spec.h * spec.w, DType::F32)?;
+        let out = self.ptr("max_pool2d", out, n as usize, DType::F32)?;
+        let arg = self.ptr("max_pool2d", argmax, n as usize, DType::I32)?;
+        let s = window(&spec);
+        if n == 0 {
+            return Ok(());
+        }
+        launch!(self, "max_pool2d_f32", grid(n), x, out, arg, s)
+    }
+
+    fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
+        let outs = spec.n * spec.c * spec.oh * spec.ow;
+        let n = (spec.n * spec.c * spec.h * spec.w) as u64;
+        let gy = self.ptr("max_pool2d_backward", grad_out, outs, DType::F32)?;
+        let arg = self.ptr("max_pool2d_backward", argmax, outs, DType::I32)?;
+        let gx = self.ptr("max_pool2d_backward", grad_x, n as usize, DType::F32)?;
+        let s = window(&spec);
+        if n == 0 {
+            return Ok(());
+        }
+        launch!(self, "max_pool2d_backward_f32", grid(n), gy, arg, gx, s)
+    }
+
+    fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
+        let (x_len, out_len) = match op {
+            IndexOp::Gather => (rows * cols, rows),
+            IndexOp::Scatter => (rows, rows * cols),
+        };
+        let x = self.ptr("index", x, x_len, DType::F32)?;
+        let idx = self.ptr("index", idx, rows, DType::I32)?;
+        let out = self.ptr("index", out, out_len, DType::F32)?;
+        let (r, c) = (rows as u64, cols as u64);
+        if out_len == 0 {
+            return Ok(());
+        }
+        match op {
+            IndexOp::Gather => launch!(self, "gather_f32", grid(r), x, idx, out, r, c),
+            IndexOp::Scatter => launch!(self, "scatter_f32", grid(r * c), x, idx, out, r, c),
+        }
+    }
+
+    fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
+        let len = param.len();
+        let n = len as u64;
+        let p = self.ptr("optim_step", param, len, DType::F32)?;
+        let g = self.ptr("optim_step", grad, len, DType::F32)?;
+        let slot = |i: usize| {
+            let b = state.get(i).ok_or_else(|| Error::invalid("optim_step", format!("missing optimizer state {i}")))?;
+            self.ptr("optim_step", b, len, DType::F32)
+        };
+        match step {
+            OptimStep::Sgd { lr, momentum, dampening, nesterov, weight_decay, first } => {
+                // Without momentum the kernel never touches the buffer; any valid address will do.
+                let buf = if momentum != 0.0 { slot(0)? } else { p };
+                let (nesterov, first) = (nesterov as u32, first as u32);
+                if n > 0 {
+                    launch!(self, "sgd_f32", grid(n), p, g, buf, n, lr, momentum, dampening, nesterov, weight_decay, first)?;
+                }
+            }
+            OptimStep::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, step } => {
+                let (m, v) = (slot(0)?, slot(1)?);
+                let t = step.max(1) as f64;
+                let bc1 = (1.0 - (beta1 as f64).powf(t)) as f32;
+                let bc2 = (1.0 - (beta2 as f64).powf(t)) as f32;
+                let decoupled = decoupled as u32;
+                if n > 0 {
+                    launch!(self, "adam_f32", grid(n), p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, decoupled, bc1, bc2)?;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn copy_from_peer(&self, src_device: &dyn Backend, src: &Buffer) -> Result<Option<Buffer>> {
+        let Some(owner) = src_device.as_any().downcast_ref::<CudaBackend>() else { return Ok(None) };
+        if !self.has_peer_path(src_device) {
+            return Ok(None);
+        }
+        let src_mem = src
+            .downcast::<CudaBuf>()
+            .ok_or_else(|| Error::invalid("copy_from_peer", "source buffer is not a CUDA buffer"))?;
+        let out = self.alloc(src.len(), src.dtype())?;
+        let bytes = src.len() * src.dtype().size();
+        if bytes > 0 {
+            let dst_mem = out.downcast::<CudaBuf>().ok_or_else(|| self.err("copy_from_peer", "fresh buffer"))?;
+            peer::copy(self, dst_mem, owner, src_mem, bytes)?;
+        }
+        Ok(Some(out))
+    }
+
+    fn has_peer_path(&self, other: &dyn Backend) -> bool {
+        other.as_any().downcast_ref::<CudaBackend>().is_some_and(|o| peer::enable(self, o))
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.stream().synchronize().map_err(|e| self.err("cuStreamSynchronize", e))
+    }
+
+    fn memory(&self) -> MemoryStats {
+        self.pool.stats()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

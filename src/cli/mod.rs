@@ -1,0 +1,143 @@
+//! The `tandem` command line: argument definitions and dispatch to `devices`, `train` and
+//! `bench`. The binary's `main` only parses, calls [`run`] and prints the error.
+mod bench;
+mod checkpoints;
+mod devices;
+mod plot;
+mod progress;
+mod setup;
+mod train;
+
+use crate::nn::models::SeedModel;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+pub use setup::{build_strategy, StrategyKind, StrategyPlan};
+
+/// Train neural networks on GPUs of any vendor, or on the CPU reference.
+#[derive(Debug, Parser)]
+#[command(name = "tandem", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List every device of every compiled backend and mark the one `auto` picks.
+    Devices,
+    /// Train a seed model and evaluate it on the test split.
+    // A repeated flag overrides the earlier one, so wrappers can append to a base command.
+    #[command(args_override_self = true)]
+    Train(Box<TrainArgs>),
+    /// Benchmark matmul, a training step and op dispatch on the chosen devices.
+    Bench(BenchArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerKind {
+    Sgd,
+    Adam,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Schedule {
+    Gpipe,
+    #[value(name = "1f1b")]
+    OneFOneB,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Flags of `tandem train`. Defaults train the seed CNN on the built-in digits to >= 95% test
+/// accuracy on the device `auto` picks.
+#[derive(Clone, Debug, Args)]
+pub struct TrainArgs {
+    /// seed-cnn, seed-linear or seed-two-layer.
+    #[arg(long, default_value = "seed-cnn")]
+    pub model: SeedModel,
+    /// digits, synthetic, mnist:DIR, or a PATH.safetensors holding tensors `x` and `y`.
+    #[arg(long, default_value = "digits")]
+    pub data: String,
+    /// Initial weights (safetensors with PyTorch state_dict names).
+    #[arg(long, value_name = "PATH")]
+    pub init: Option<PathBuf>,
+    /// Write the final weights here (safetensors, PyTorch state_dict names).
+    #[arg(long, value_name = "PATH")]
+    pub save: Option<PathBuf>,
+    /// Optimizer steps to run [default: 1500].
+    #[arg(long, conflicts_with = "epochs")]
+    pub steps: Option<u64>,
+    /// Passes over the training set (full batches only) instead of --steps.
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Learning rate [default: 0.01 for sgd, 0.001 for adam].
+    #[arg(long, allow_negative_numbers = true)]
+    pub lr: Option<f32>,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
+    pub momentum: f32,
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
+    pub optimizer: OptimizerKind,
+    /// Seeds the model's initialisation, the generated data and the shuffle.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// cpu, wgpu:N, cuda:N, auto, all, or a comma list.
+    #[arg(long, default_value = "auto")]
+    pub devices: String,
+    #[arg(long, value_enum, default_value_t = StrategyKind::Auto)]
+    pub strategy: StrategyKind,
+    /// Split each batch into this many micro-batches (pipeline strategies).
+    #[arg(long, value_name = "N")]
+    pub micro_batches: Option<usize>,
+    /// Pipeline schedule.
+    #[arg(long, value_enum, default_value_t = Schedule::OneFOneB)]
+    pub schedule: Schedule,
+    /// Bit-identical results across runs on the same devices, at some cost in speed.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Write resumable checkpoints into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every N steps [default: 100].
+    #[arg(long, value_name = "N", requires = "checkpoint_dir")]
+    pub checkpoint_every: Option<u64>,
+    /// Continue from the newest valid checkpoint in --checkpoint-dir.
+    #[arg(long, requires = "checkpoint_dir")]
+    pub resume: bool,
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Write a Chrome trace of the device timelines (open in Perfetto).
+    #[arg(long, value_name = "PATH.json")]
+    pub trace: Option<PathBuf>,
+    /// Write an SVG plot of the loss curve and the test accuracy.
+    #[arg(long, value_name = "PATH.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct BenchArgs {
+    /// Devices to benchmark, one after another (cpu, wgpu:N, cuda:N, auto, all, comma list).
+    #[arg(long, default_value = "auto")]
+    pub devices: String,
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// One timed run per figure instead of several: a quick smoke run.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// Runs one parsed command.
+pub fn run(cli: Cli) -> crate::Result<()> {
+    match cli.command {
+        Command::Devices => devices::run(),
+        Command::Train(args) => train::run(&args),
+        Command::Bench(args) => bench::run(&args),
+    }
+}

@@ -1,0 +1,249 @@
+//! Turning `train` flags into checked inputs before any step runs: the data, the model's fit to
+//! it, output paths, initial weights, and the strategy (one constructor per `--strategy`).
+use super::{OptimizerKind, Schedule, TrainArgs};
+use crate::checkpoint::{read_safetensors, HostData, HostTensor};
+use crate::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
+use crate::nn::models::SeedModel;
+use crate::nn::{Module, Sequential};
+use crate::optim::{AdamConfig, SgdConfig};
+use crate::parallel::{pipeline, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, PipelineConfig, Single, Split, Strategy, TensorParallel};
+use crate::{Device, Error, Result, Tensor};
+use clap::ValueEnum;
+use std::path::{Path, PathBuf};
+
+/// Size of the built-in digits set: enough distinct images that 1500 steps of 64 see each
+/// about five times, generated in about a second.
+const DIGITS_TRAIN: usize = 20_000;
+const DIGITS_TEST: usize = 2_000;
+/// Sample count of `--data synthetic`, the seeds' 1000 random rows or images.
+const SYNTHETIC_N: usize = 1_000;
+
+/// How the model is spread over the devices; `--strategy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StrategyKind {
+    /// Everything on one device.
+    Single,
+    /// Data parallelism: a replica per device, gradients all-reduced.
+    Data,
+    /// Model parallelism: consecutive layers placed on different devices.
+    Model,
+    /// Tensor parallelism: large layers split across devices.
+    Tensor,
+    /// Pipeline parallelism over micro-batches.
+    Pipeline,
+    /// Single on one device; data parallelism on several.
+    Auto,
+}
+
+/// Everything a strategy constructor needs.
+pub struct StrategyPlan {
+    pub kind: StrategyKind,
+    pub model: Sequential,
+    pub optim: OptimConfig,
+    pub loss: Loss,
+    pub devices: Vec<Device>,
+    pub micro_batches: usize,
+    pub schedule: Schedule,
+    pub deterministic: bool,
+}
+
+/// The one place where `--strategy` becomes a constructor.
+pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
+    let kind = match plan.kind {
+        StrategyKind::Auto if plan.devices.len() == 1 => StrategyKind::Single,
+        StrategyKind::Auto => StrategyKind::Data,
+        k => k,
+    };
+    match kind {
+        // `Auto` was resolved to Single or Data above.
+        StrategyKind::Single | StrategyKind::Auto => {
+            if plan.devices.len() != 1 {
+                let specs: Vec<String> = plan.devices.iter().map(Device::spec).collect();
+                return Err(Error::invalid("--strategy single", format!("runs on one device, --devices names {}: {}", specs.len(), specs.join(","))));
+            }
+            if plan.micro_batches != 1 {
+                return Err(Error::invalid("--micro-batches", "needs --strategy pipeline (single runs each batch whole)"));
+            }
+            // The CPU reference and one device's op order are already run-to-run identical,
+            // so --deterministic asks nothing more of Single.
+            Ok(Box::new(Single::new(plan.model, &plan.optim, plan.loss, &plan.devices[0])?))
+        }
+        StrategyKind::Data => {
+            let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, ..Default::default() };
+            Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss, cfg)?))
+        }
+        StrategyKind::Model => {
+            no_micro_batches(&plan, "model")?;
+            Ok(Box::new(LayerPlacement::new(&plan.model, &plan.devices, Split::Auto, &plan.optim, plan.loss)?))
+        }
+        StrategyKind::Tensor => {
+            no_micro_batches(&plan, "tensor")?;
+            Ok(Box::new(TensorParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss)?))
+        }
+        StrategyKind::Pipeline => {
+            let schedule = match plan.schedule {
+                Schedule::Gpipe => pipeline::Schedule::GPipe,
+                Schedule::OneFOneB => pipeline::Schedule::OneFOneB,
+            };
+            let cfg = PipelineConfig { recompute: false };
+            Ok(Box::new(Pipeline::new(&plan.model, &plan.devices, Split::Auto, plan.micro_batches, schedule, &plan.optim, plan.loss, cfg)?))
+        }
+    }
+}
+
+fn no_micro_batches(plan: &StrategyPlan, name: &str) -> Result<()> {
+    if plan.micro_batches != 1 {
+        return Err(Error::invalid("--micro-batches", format!("needs --strategy pipeline or data, not {name}")));
+    }
+    Ok(())
+}
+
+/// Where the training data comes from; `--data`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DataSource {
+    Digits,
+    Synthetic,
+    Mnist(PathBuf),
+    File(PathBuf),
+}
+
+impl DataSource {
+    pub fn parse(s: &str) -> Result<DataSource> {
+        Ok(match s {
+            "digits" => DataSource::Digits,
+            "synthetic" => DataSource::Synthetic,
+            _ => match s.strip_prefix("mnist:") {
+                Some("") => return Err(Error::invalid("--data", "mnist: needs a directory, as in mnist:data/mnist")),
+                Some(dir) => DataSource::Mnist(dir.into()),
+                None if s.ends_with(".safetensors") => DataSource::File(s.into()),
+                None => {
+                    return Err(Error::invalid(
+                        "--data",
+                        format!("'{s}' is not digits, synthetic, mnist:DIR or a PATH.safetensors"),
+                    ))
+                }
+            },
+        })
+    }
+
+    /// The train split and, when the source has one, the test split.
+    pub fn load(&self, model: SeedModel, seed: u64) -> Result<(Dataset, Option<Dataset>)> {
+        match self {
+            DataSource::Digits => digits::load(DIGITS_TRAIN, DIGITS_TEST, seed).map(|(a, b)| (a, Some(b))),
+            DataSource::Mnist(dir) => mnist::load(dir).map(|(a, b)| (a, Some(b))),
+            DataSource::Synthetic if model.is_classifier() => Ok((synthetic::seed_images(SYNTHETIC_N, seed)?, None)),
+            DataSource::Synthetic => Ok((synthetic::regression(SYNTHETIC_N, model.input_shape()[0], seed)?, None)),
+            DataSource::File(path) => {
+                let classes = model.is_classifier().then_some(CNN_CLASSES);
+                Ok((tensor_file::load(path, classes)?, None))
+            }
+        }
+    }
+}
+
+/// Output width of the seed CNN.
+const CNN_CLASSES: usize = 10;
+
+/// Checks that `model` can train on `ds`: input shape, and class labels for the classifier or
+/// one real target per sample for the regression models.
+pub fn check_fit(model: SeedModel, ds: &Dataset, what: &str) -> Result<()> {
+    let name = model_name(model);
+    if ds.sample_shape != model.input_shape() {
+        return Err(Error::Msg(format!(
+            "{name} takes inputs of shape {:?} but the {what} has samples of shape {:?}",
+            model.input_shape(),
+            ds.sample_shape
+        )));
+    }
+    match (&ds.y, model.is_classifier()) {
+        (Targets::Classes { classes, .. }, true) if *classes == CNN_CLASSES => Ok(()),
+        (Targets::Classes { classes, .. }, true) => {
+            Err(Error::Msg(format!("{name} predicts {CNN_CLASSES} classes but the {what} has {classes}")))
+        }
+        (Targets::Values { .. }, true) => Err(Error::Msg(format!("{name} is a classifier but the {what} has real-valued targets (y must hold integer labels)"))),
+        (Targets::Classes { .. }, false) => Err(Error::Msg(format!("{name} is a regression model but the {what} has class labels (y must be F32)"))),
+        (Targets::Values { shape_per_sample, .. }, false) if shape_per_sample == &[1] => Ok(()),
+        (Targets::Values { shape_per_sample, .. }, false) => {
+            Err(Error::Msg(format!("{name} predicts one value per sample but the {what} has targets of shape {shape_per_sample:?}")))
+        }
+    }
+}
+
+pub fn model_name(model: SeedModel) -> &'static str {
+    match model {
+        SeedModel::Cnn => "seed-cnn",
+        SeedModel::Linear => "seed-linear",
+        SeedModel::TwoLayer => "seed-two-layer",
+    }
+}
+
+/// The optimizer the flags ask for, with the learning rate checked.
+pub fn optim_config(args: &TrainArgs) -> Result<OptimConfig> {
+    let lr = args.lr.unwrap_or(match args.optimizer {
+        OptimizerKind::Sgd => 0.01,
+        OptimizerKind::Adam => 1e-3,
+    });
+    if !(lr.is_finite() && lr >= 0.0) {
+        return Err(Error::invalid("--lr", format!("must be a finite number >= 0, got {lr}")));
+    }
+    Ok(match args.optimizer {
+        OptimizerKind::Sgd => {
+            if !(args.momentum.is_finite() && (0.0..1.0).contains(&args.momentum)) {
+                return Err(Error::invalid("--momentum", format!("must be in [0, 1), got {}", args.momentum)));
+            }
+            OptimConfig::Sgd(SgdConfig { lr, momentum: args.momentum, ..Default::default() })
+        }
+        OptimizerKind::Adam => OptimConfig::Adam(AdamConfig { lr, ..Default::default() }),
+    })
+}
+
+/// Fails early, before a long run, when an output file could not be written: a missing parent
+/// directory, a path that is a directory, or a directory we may not create files in.
+pub fn check_output(flag: &str, path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::Msg(format!("{flag} {}: is a directory; give a file path", path.display())));
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !parent.is_dir() {
+        return Err(Error::Msg(format!("{flag} {}: directory {} does not exist", path.display(), parent.display())));
+    }
+    let probe = parent.join(format!(".tandem-probe-{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(|e| Error::Msg(format!("{flag} {}: cannot write there: {e}", path.display())))?;
+    std::fs::remove_file(&probe).map_err(|e| Error::io(&probe, e))?;
+    Ok(())
+}
+
+/// Reads `--init` weights and checks them against the model's parameters (names, shapes,
+/// dtypes) so that a mismatch names the file and the tensor.
+pub fn read_init(path: &Path, model: &Sequential) -> Result<Vec<(String, Tensor)>> {
+    let (tensors, _) = read_safetensors(path)?;
+    let params = model.parameters();
+    let missing: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).filter(|n| !tensors.iter().any(|(t, _)| t == n)).collect();
+    let unexpected: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).filter(|n| !params.iter().any(|(p, _)| p == n)).collect();
+    if !missing.is_empty() || !unexpected.is_empty() {
+        return Err(Error::format(
+            path,
+            format!("tensor names do not match the model: missing [{}], unexpected [{}]", missing.join(", "), unexpected.join(", ")),
+        ));
+    }
+    let mut out = Vec::with_capacity(params.len());
+    for (name, p) in &params {
+        let h = &tensors.iter().find(|(n, _)| n == name).expect("every name was checked present").1;
+        if h.shape != p.dims() {
+            return Err(Error::format(path, format!("{name} has shape {:?}; the model needs {:?}", h.shape, p.dims())));
+        }
+        out.push((name.clone(), host_f32(path, name, h)?));
+    }
+    Ok(out)
+}
+
+/// A host tensor of float weights as a CPU tensor; integer tensors are refused.
+fn host_f32(path: &Path, name: &str, h: &HostTensor) -> Result<Tensor> {
+    match &h.data {
+        HostData::F32(v) => Tensor::from_vec(v.clone(), h.shape.clone(), &Device::cpu()),
+        HostData::I32(_) => Err(Error::format(path, format!("{name} holds integers; weights must be F32, F16 or BF16"))),
+    }
+}

@@ -1,0 +1,157 @@
+//! The layers: Linear, Conv2d, MaxPool2d, ReLU, Flatten, with PyTorch's default initialisation.
+use super::Module;
+use crate::{Device, Error, Result, Tensor};
+use rand::Rng;
+
+/// PyTorch's default for Linear and Conv2d: kaiming_uniform(a = sqrt(5)) for the weight, which
+/// is U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias from the same range.
+fn init_pair(w_shape: Vec<usize>, fan_in: usize, bias: bool, rng: &mut impl Rng, dev: &Device) -> Result<(Tensor, Option<Tensor>)> {
+    let bound = 1.0 / (fan_in.max(1) as f32).sqrt();
+    let w = Tensor::rand_uniform(-bound, bound, w_shape.clone(), rng, dev)?.requires_grad();
+    let b = if bias { Some(Tensor::rand_uniform(-bound, bound, [w_shape[0]], rng, dev)?.requires_grad()) } else { None };
+    Ok((w, b))
+}
+
+fn leaf_on(t: &Tensor, dev: &Device) -> Result<Tensor> {
+    if !t.device().same(dev) {
+        return Ok(t.detach().to(dev)?.detach().requires_grad());
+    }
+    // `to` on the same device shares storage; copy so the new module trains independently.
+    let own = Tensor::zeros(t.shape().clone(), dev)?;
+    own.assign(t)?;
+    Ok(own.requires_grad())
+}
+
+fn params(w: &Tensor, b: &Option<Tensor>) -> Vec<(String, Tensor)> {
+    let mut p = vec![("weight".to_string(), w.clone())];
+    if let Some(b) = b {
+        p.push(("bias".to_string(), b.clone()));
+    }
+    p
+}
+
+/// `y = x·Wᵀ + b` with weight `[out, in]`.
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(inputs: usize, outputs: usize, rng: &mut impl Rng, dev: &Device) -> Result<Self> {
+        let (weight, bias) = init_pair(vec![outputs, inputs], inputs, true, rng, dev)?;
+        Ok(Linear { weight, bias })
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (o, i) = (self.weight.dims()[0], self.weight.dims()[1]);
+        if x.dims().last() != Some(&i) {
+            return Err(Error::shape("Linear", format!("input {:?} does not end in in_features {i} (weight [{o}, {i}])", x.shape())));
+        }
+        let y = x.matmul_t(&self.weight, false, true)?;
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        params(&self.weight, &self.bias)
+    }
+    fn to_device(&self, dev: &Device) -> Result<Box<dyn Module>> {
+        Ok(Box::new(Linear { weight: leaf_on(&self.weight, dev)?, bias: self.bias.as_ref().map(|b| leaf_on(b, dev)).transpose()? }))
+    }
+    fn describe(&self) -> String {
+        format!("Linear({}, {})", self.weight.dims()[1], self.weight.dims()[0])
+    }
+}
+
+/// 2-D convolution with weight `[out, in, kh, kw]`.
+pub struct Conv2d {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+}
+
+impl Conv2d {
+    pub fn new(inputs: usize, outputs: usize, kernel: usize, rng: &mut impl Rng, dev: &Device) -> Result<Self> {
+        let (weight, bias) = init_pair(vec![outputs, inputs, kernel, kernel], inputs * kernel * kernel, true, rng, dev)?;
+        Ok(Conv2d { weight, bias, stride: (1, 1), padding: (0, 0) })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.conv2d(&self.weight, self.stride, self.padding)?;
+        match &self.bias {
+            Some(b) => y.add(&b.reshape([b.numel(), 1, 1])?),
+            None => Ok(y),
+        }
+    }
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        params(&self.weight, &self.bias)
+    }
+    fn to_device(&self, dev: &Device) -> Result<Box<dyn Module>> {
+        Ok(Box::new(Conv2d {
+            weight: leaf_on(&self.weight, dev)?,
+            bias: self.bias.as_ref().map(|b| leaf_on(b, dev)).transpose()?,
+            stride: self.stride,
+            padding: self.padding,
+        }))
+    }
+    fn describe(&self) -> String {
+        let d = self.weight.dims();
+        format!("Conv2d({}, {}, k={})", d[1], d[0], d[2])
+    }
+}
+
+/// Max pooling with a square window; the stride defaults to the window (PyTorch's default).
+#[derive(Clone, Copy)]
+pub struct MaxPool2d {
+    pub kernel: usize,
+    pub stride: usize,
+}
+
+impl Module for MaxPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.max_pool2d((self.kernel, self.kernel), (self.stride, self.stride), (0, 0))
+    }
+    fn to_device(&self, _: &Device) -> Result<Box<dyn Module>> {
+        Ok(Box::new(*self))
+    }
+    fn describe(&self) -> String {
+        format!("MaxPool2d({}, {})", self.kernel, self.stride)
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct ReLU;
+
+impl Module for ReLU {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.relu()
+    }
+    fn to_device(&self, _: &Device) -> Result<Box<dyn Module>> {
+        Ok(Box::new(ReLU))
+    }
+    fn describe(&self) -> String {
+        "ReLU".into()
+    }
+}
+
+/// `x.view(N, -1)`.
+#[derive(Clone, Copy)]
+pub struct Flatten;
+
+impl Module for Flatten {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.flatten()
+    }
+    fn to_device(&self, _: &Device) -> Result<Box<dyn Module>> {
+        Ok(Box::new(Flatten))
+    }
+    fn describe(&self) -> String {
+        "Flatten".into()
+    }
+}

@@ -1,0 +1,160 @@
+//! Collective communication between devices: the `Communicator` trait and its two algorithms.
+//!
+//! A collective acts on a group of devices with one tensor per device: the i-th tensor lives on
+//! the i-th device of the group. Two implementations, picked by [`for_devices`]:
+//!
+//! - [`HostStaged`]: download, combine on the host in a fixed order, upload. Works for any mix
+//!   of backends and vendors (wgpu has no peer-to-peer path) and is deterministic.
+//! - [`PeerRing`]: ring algorithms built on [`Tensor::to`], which copies device to device where
+//!   the backend has a peer path (CUDA) and stages through the host elsewhere.
+//!
+//! NCCL (cargo feature `nccl`) belongs beside these once the CUDA backend is merged.
+//! Collectives are not recorded by autograd: they move values, not history.
+mod host_staged;
+mod peer_ring;
+
+pub use host_staged::HostStaged;
+pub use peer_ring::PeerRing;
+
+use crate::backend::BackendKind;
+use crate::{DType, Device, Error, Result, Tensor};
+use std::ops::Range;
+
+/// How `all_reduce` and `reduce_scatter` combine the devices' values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceKind {
+    Sum,
+    /// The sum divided by the number of devices.
+    Mean,
+}
+
+/// Collectives over a fixed group of devices. Object safe, shared by threads.
+///
+/// Costs are per device, for a tensor of `S` bytes on `n` devices; "traffic" counts bytes that
+/// leave or enter a device.
+pub trait Communicator: Send + Sync {
+    /// A short name for reports and traces (`host-staged`, `peer-ring`).
+    fn name(&self) -> &'static str;
+    /// The group, in rank order.
+    fn devices(&self) -> &[Device];
+    /// Replaces every tensor, in place, with the elementwise reduction over all of them.
+    fn all_reduce(&self, tensors: &[Tensor], op: ReduceKind) -> Result<()>;
+    /// Overwrites every tensor, in place, with the values of `tensors[root]`.
+    fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()>;
+    /// The concatenation along dim 0 of all tensors (which may differ in dim 0), on every device.
+    fn all_gather(&self, tensors: &[Tensor]) -> Result<Vec<Tensor>>;
+    /// The reduction over all tensors, split along dim 0 into `n` near-equal row blocks
+    /// (the first `rows % n` blocks get one extra row); device i receives block i.
+    /// Needs at least `n` rows so that no device receives an empty block.
+    fn reduce_scatter(&self, tensors: &[Tensor], op: ReduceKind) -> Result<Vec<Tensor>>;
+    /// A copy of `src` on `dst` (point to point).
+    fn send_recv(&self, src: &Tensor, dst: &Device) -> Result<Tensor>;
+    /// Total bytes this communicator has moved between devices (host staging counts each
+    /// download and each upload).
+    fn bytes_moved(&self) -> u64;
+}
+
+/// The best communicator for `devices`: `PeerRing` when every device is CUDA and each has a
+/// peer path to its ring neighbour, else `HostStaged`.
+pub fn for_devices(devices: &[Device]) -> Result<Box<dyn Communicator>> {
+    if devices.is_empty() {
+        return Err(Error::invalid("for_devices", "a communicator needs at least one device"));
+    }
+    let n = devices.len();
+    let all_cuda = devices.iter().all(|d| d.info().backend == BackendKind::Cuda);
+    let peers = (0..n).all(|i| {
+        let next = &devices[(i + 1) % n];
+        n == 1 || next.backend().has_peer_path(devices[i].backend())
+    });
+    if all_cuda && peers {
+        Ok(Box::new(PeerRing::new(devices)?))
+    } else {
+        Ok(Box::new(HostStaged::new(devices)?))
+    }
+}
+
+/// Checks a group: one f32 tensor per device, each on its device, all with the same shape
+/// when `same_shape` (all_gather allows dim 0 to differ).
+fn check_group(op: &'static str, devices: &[Device], tensors: &[Tensor], same_shape: bool) -> Result<()> {
+    if tensors.len() != devices.len() {
+        return Err(Error::invalid(op, format!("{} tensors for a group of {} devices", tensors.len(), devices.len())));
+    }
+    for (i, (t, d)) in tensors.iter().zip(devices).enumerate() {
+        t.expect_dtype(op, DType::F32)?;
+        if !t.device().same(d) {
+            return Err(Error::DeviceMismatch { op, a: format!("tensor {i} on {:?}", t.device()), b: format!("rank {i} is {d:?}") });
+        }
+        if t.numel() == 0 {
+            return Err(Error::shape(op, format!("tensor {i} is empty ({:?})", t.shape())));
+        }
+        let first = tensors[0].dims();
+        let ok = if same_shape {
+            t.dims() == first
+        } else {
+            t.rank() == first.len() && t.dims()[1..] == first[1..]
+        };
+        if !ok {
+            let shapes: Vec<_> = tensors.iter().map(|t| t.shape().clone()).collect();
+            return Err(Error::shape(op, format!("tensors of shapes {shapes:?} cannot be combined")));
+        }
+    }
+    Ok(())
+}
+
+fn check_root(op: &'static str, root: usize, n: usize) -> Result<()> {
+    if root >= n {
+        return Err(Error::invalid(op, format!("root {root} is outside the group of {n} devices")));
+    }
+    Ok(())
+}
+
+/// `len` items cut into `n` contiguous near-equal ranges; the first `len % n` get one extra.
+pub(crate) fn even_ranges(len: usize, n: usize) -> Vec<Range<usize>> {
+    let (base, extra) = (len / n, len % n);
+    let mut start = 0;
+    (0..n)
+        .map(|i| {
+            let size = base + usize::from(i < extra);
+            start += size;
+            start - size..start
+        })
+        .collect()
+}
+
+/// The elementwise sum of equally long vectors in a fixed pairwise tree over their index:
+/// each level adds neighbours (0+1, 2+3, ...) and carries an odd last one up unchanged. The
+/// rounding therefore depends only on the number of parts and their order, never on timing.
+pub fn tree_sum(mut parts: Vec<Vec<f32>>) -> Result<Vec<f32>> {
+    let len = parts.first().map(Vec::len).ok_or_else(|| Error::invalid("tree_sum", "nothing to sum"))?;
+    if parts.iter().any(|p| p.len() != len) {
+        let lens: Vec<usize> = parts.iter().map(Vec::len).collect();
+        return Err(Error::shape("tree_sum", format!("parts of different lengths {lens:?}")));
+    }
+    while parts.len() > 1 {
+        let mut next = Vec::with_capacity(parts.len().div_ceil(2));
+        let mut it = parts.into_iter();
+        while let Some(mut a) = it.next() {
+            if let Some(b) = it.next() {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            }
+            next.push(a);
+        }
+        parts = next;
+    }
+    Ok(parts.pop().expect("at least one part"))
+}
+
+/// Applies `f` to every element index on its own scoped thread, returning results in order.
+/// Each device's transfers wait on that device only, so they run side by side.
+fn per_device<T: Send>(n: usize, f: impl Fn(usize) -> Result<T> + Sync) -> Result<Vec<T>> {
+    if n == 1 {
+        return Ok(vec![f(0)?]);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n).map(|i| { let f = &f; s.spawn(move || f(i)) }).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a collective's transfer thread panicked".into()))))
+            .collect()
+    })
+}

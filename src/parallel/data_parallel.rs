@@ -1,0 +1,385 @@
+//! `DataParallel`: one model replica per device, each step's batch split across them, gradients
+//! all-reduced in buckets that overlap backward, every replica applying the same update.
+//!
+//! Each device's shard loss is scaled by its share `n_i / N` of the global batch, so the SUM of
+//! the devices' gradients is exactly the gradient of the global mean loss, whatever the split
+//! (uneven, user-weighted, calibrated) and however many micro-batches accumulate on a device.
+//! See [`DataParallelConfig`] for the options: bucket size, split weights, calibration,
+//! deterministic mode and ZeRO-1 optimizer sharding.
+mod buckets;
+mod deterministic;
+mod overlapped;
+mod split;
+
+pub use buckets::assign_buckets;
+
+use super::comm::{self, Communicator};
+use super::trace::{Phase, Trace};
+use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
+use crate::data::Batch;
+use crate::nn::{Module, Sequential};
+use crate::optim::Optimizer;
+use crate::{Device, Error, Result, Tensor};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::Instant;
+
+/// Options of [`DataParallel`]; `Default` matches PyTorch DDP's defaults where there is one.
+#[derive(Clone, Debug)]
+pub struct DataParallelConfig {
+    /// Gradient bytes per all-reduce bucket (DDP's 25 MiB). Smaller buckets start
+    /// communicating earlier in backward but pay more per-call overhead.
+    pub bucket_bytes: usize,
+    /// Relative speed of each device: the batch is split in these proportions.
+    pub weights: Option<Vec<f64>>,
+    /// Measure each device's speed on the first step and split by it (excludes `weights`).
+    pub calibrate: bool,
+    /// Bit-identical results across device counts (see `deterministic_shards`); no overlap.
+    pub deterministic: bool,
+    /// Micro-shards per global batch in deterministic mode (fewer if the batch is smaller);
+    /// fixed so results do not depend on the device count. Use at least the device count.
+    pub deterministic_shards: usize,
+    /// Micro-batches each device accumulates before the all-reduce (gradient accumulation).
+    pub micro_batches: usize,
+    /// ZeRO-1: each device keeps optimizer state only for the parameters it owns.
+    pub shard_optimizer: bool,
+}
+
+impl Default for DataParallelConfig {
+    fn default() -> Self {
+        DataParallelConfig {
+            bucket_bytes: 25 << 20,
+            weights: None,
+            calibrate: false,
+            deterministic: false,
+            deterministic_shards: 4,
+            micro_batches: 1,
+            shard_optimizer: false,
+        }
+    }
+}
+
+/// Something that happened during the last step, for checking and explaining overlap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepEvent {
+    /// The all-reduce of a bucket started (every device had reported it).
+    BucketLaunched { bucket: usize, at: Instant },
+    /// A device finished backward (all micro-batches).
+    BackwardDone { device: usize, at: Instant },
+}
+
+impl StepEvent {
+    pub fn at(&self) -> Instant {
+        match *self {
+            StepEvent::BucketLaunched { at, .. } | StepEvent::BackwardDone { at, .. } => at,
+        }
+    }
+}
+
+/// One device's model copy. (Its optimizer lives beside it in `DataParallel::opts`, because
+/// workers share replicas by reference and an optimizer is `Send` but not `Sync`.)
+struct Replica {
+    device: Device,
+    /// Trace track: the rank and spec, since several devices can share a spec (`cpu`).
+    track: String,
+    model: Sequential,
+    params: Vec<(String, Tensor)>,
+    /// Parameter index of each parameter's tensor id, for the autograd leaf hook.
+    index_of: HashMap<u64, usize>,
+}
+
+impl Replica {
+    fn comm_track(&self) -> String {
+        format!("{} comm", self.track)
+    }
+}
+
+/// What the compute phase of a step measured.
+struct Computed {
+    loss: f32,
+    /// Forward + backward seconds per device.
+    compute_s: Vec<f64>,
+    /// Start and end of each communication.
+    comm: Vec<(Instant, Instant)>,
+    /// When the last device finished backward.
+    backward_end: Option<Instant>,
+    events: Vec<StepEvent>,
+}
+
+/// Data parallelism over any set of devices, any mix of backends.
+///
+/// ```
+/// # fn main() -> tandem::Result<()> {
+/// use std::sync::Arc;
+/// use tandem::backend::cpu::CpuBackend;
+/// use tandem::nn::models::SeedModel;
+/// use tandem::optim::SgdConfig;
+/// use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
+/// use tandem::Device;
+/// let devices: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
+/// let model = SeedModel::Cnn.build(0, &devices[0])?;
+/// let opt = OptimConfig::Sgd(SgdConfig::default());
+/// let mut dp = DataParallel::new(&model, &devices, &opt, Loss::CrossEntropy, DataParallelConfig::default())?;
+/// let data = tandem::data::synthetic::seed_images(6, 1)?;
+/// let report = dp.step(&data.batch(&[0, 1, 2, 3, 4, 5])?)?;
+/// assert!(report.loss.is_finite());
+/// # Ok(()) }
+/// ```
+pub struct DataParallel {
+    replicas: Vec<Replica>,
+    /// One optimizer per replica (over the parameters it owns, with ZeRO-1).
+    opts: Vec<Box<dyn Optimizer>>,
+    comm: Box<dyn Communicator>,
+    loss: Loss,
+    cfg: DataParallelConfig,
+    buckets: Vec<Vec<usize>>,
+    bucket_of: Vec<usize>,
+    /// ZeRO-1: the device that owns (keeps optimizer state for, and updates) each parameter.
+    owners: Option<Vec<usize>>,
+    /// Split proportions: the user's, the calibrated ones, or `None` for equal shares.
+    split_weights: Option<Vec<f64>>,
+    trace: Option<Trace>,
+    events: Vec<StepEvent>,
+}
+
+impl DataParallel {
+    /// Replicates `model` on every device (one copy, then a broadcast from device 0 so the
+    /// replicas are identical), with one optimizer per replica.
+    pub fn new(model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+        if devices.is_empty() {
+            return Err(Error::invalid("DataParallel::new", "needs at least one device"));
+        }
+        Self::with_communicator(model, comm::for_devices(devices)?, opt, loss, cfg)
+    }
+
+    /// `new` with a chosen communicator (for example `PeerRing` on devices without a peer
+    /// path, to test the CUDA algorithm); the replicas go on `comm.devices()`.
+    pub fn with_communicator(model: &Sequential, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+        let devices = comm.devices().to_vec();
+        let devices = &devices[..];
+        let n = devices.len();
+        if n == 0 {
+            return Err(Error::invalid("DataParallel::new", "needs at least one device"));
+        }
+        if cfg.micro_batches == 0 || cfg.deterministic_shards == 0 {
+            return Err(Error::invalid("DataParallel::new", "micro_batches and deterministic_shards must be at least 1"));
+        }
+        if let Some(w) = &cfg.weights {
+            if w.len() != n {
+                return Err(Error::invalid("DataParallel::new", format!("{} split weights for {n} devices", w.len())));
+            }
+            super::proportional_split(n, w)?;
+            if cfg.calibrate {
+                return Err(Error::invalid("DataParallel::new", "give split weights or calibrate, not both"));
+            }
+        }
+        let models = devices.iter().map(|d| model.slice(0..model.len(), d)).collect::<Result<Vec<_>>>()?;
+        let params: Vec<Vec<(String, Tensor)>> = models.iter().map(|m| m.parameters()).collect();
+        for p in 0..params[0].len() {
+            let group: Vec<Tensor> = params.iter().map(|ps| ps[p].1.clone()).collect();
+            comm.broadcast(&group, 0)?;
+        }
+        let sizes: Vec<usize> = params[0].iter().map(|(_, t)| 4 * t.numel()).collect();
+        let buckets = assign_buckets(&sizes, cfg.bucket_bytes);
+        let bucket_of = buckets::bucket_of(&buckets, sizes.len());
+        let owners = cfg.shard_optimizer.then(|| assign_owners(&sizes, n));
+        let opts = params
+            .iter()
+            .enumerate()
+            .map(|(i, params)| {
+                let mine = params.iter().enumerate().filter(|(p, _)| owners.as_ref().is_none_or(|o| o[*p] == i)).map(|(_, p)| p.clone());
+                opt.build(mine.collect())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let replicas = models
+            .into_iter()
+            .zip(params)
+            .enumerate()
+            .map(|(i, (model, params))| Replica {
+                device: devices[i].clone(),
+                track: format!("dp{i}:{}", devices[i].spec()),
+                index_of: params.iter().enumerate().map(|(p, (_, t))| (t.id(), p)).collect(),
+                model,
+                params,
+            })
+            .collect();
+        Ok(DataParallel { replicas, opts, comm, loss, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, trace: None, events: Vec::new() })
+    }
+
+    /// The communicator in use (its name says which algorithm; it counts bytes moved).
+    pub fn communicator(&self) -> &dyn Communicator {
+        &*self.comm
+    }
+    /// Parameter names of each gradient bucket, in the order backward fills them.
+    pub fn buckets(&self) -> Vec<Vec<String>> {
+        let names = &self.replicas[0].params;
+        self.buckets.iter().map(|b| b.iter().map(|&p| names[p].0.clone()).collect()).collect()
+    }
+    /// The split proportions in use: the user's, the calibrated ones after the first step, or
+    /// `None` for equal shares.
+    pub fn split_weights(&self) -> Option<&[f64]> {
+        self.split_weights.as_deref()
+    }
+    /// Bucket launches and backward completions of the last step, in time order (empty in
+    /// deterministic mode, which does not overlap).
+    pub fn last_step_events(&self) -> &[StepEvent] {
+        &self.events
+    }
+    /// Bytes of optimizer state held on each device (ZeRO-1 divides it among them).
+    pub fn optimizer_state_bytes(&self) -> Vec<u64> {
+        self.opts.iter().map(|o| o.state().0.iter().map(|(_, t)| 4 * t.numel() as u64).sum()).collect()
+    }
+    /// The parameters of every replica; tests use it to check the replicas stay identical.
+    pub fn replica_parameters(&self) -> Vec<Vec<(String, Tensor)>> {
+        self.replicas.iter().map(|r| r.params.clone()).collect()
+    }
+
+    /// Sample ranges of the global batch per device (overlapped mode).
+    fn device_ranges(&self, n: usize) -> Result<Vec<Range<usize>>> {
+        split::ranges(n, self.replicas.len(), self.split_weights.as_deref())
+    }
+}
+
+/// ZeRO-1 ownership: parameters from largest to smallest, each to the device holding the
+/// fewest bytes so far (lowest rank on ties), which balances state without splitting tensors.
+fn assign_owners(sizes: &[usize], devices: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
+    let mut load = vec![0usize; devices];
+    let mut owner = vec![0; sizes.len()];
+    for p in order {
+        let d = (0..devices).min_by_key(|&d| (load[d], d)).unwrap_or(0);
+        owner[p] = d;
+        load[d] += sizes[p];
+    }
+    owner
+}
+
+impl Strategy for DataParallel {
+    fn step(&mut self, batch: &Batch) -> Result<StepReport> {
+        let t0 = Instant::now();
+        let n = self.replicas.len();
+        split::check_batch(batch, n)?;
+        if self.cfg.calibrate && self.split_weights.is_none() {
+            let models: Vec<(&Sequential, &Device)> = self.replicas.iter().map(|r| (&r.model, &r.device)).collect();
+            self.split_weights = Some(split::calibrate(&models, batch, self.loss)?);
+        }
+        let trace = self.trace.as_ref();
+        let (computed, reduced) = if self.cfg.deterministic {
+            let shards = split::ranges(batch.len(), self.cfg.deterministic_shards.min(batch.len()), None)?;
+            let owned = split::ranges(shards.len(), n, self.split_weights.as_deref())?;
+            (deterministic::run(&self.replicas, batch, &shards, &owned, self.loss, trace)?, None)
+        } else {
+            let shards: Vec<Batch> = self.device_ranges(batch.len())?.into_iter().map(|r| split::slice(batch, r)).collect();
+            let plan = overlapped::Plan {
+                buckets: &self.buckets,
+                bucket_of: &self.bucket_of,
+                loss: self.loss,
+                micro_batches: self.cfg.micro_batches,
+                total: batch.len(),
+                trace,
+            };
+            let (c, r) = overlapped::run(&self.replicas, &shards, &*self.comm, &plan)?;
+            (c, Some(r))
+        };
+
+        // Every replica unpacks its reduced gradients and applies its optimizer.
+        let buckets = &self.buckets;
+        let opt_s = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .replicas
+                .iter()
+                .zip(self.opts.iter_mut())
+                .enumerate()
+                .map(|(i, (r, opt))| {
+                    let reduced = reduced.as_ref();
+                    s.spawn(move || -> Result<f64> {
+                        let t = Instant::now();
+                        if let Some(reduced) = reduced {
+                            for (b, members) in buckets.iter().enumerate() {
+                                buckets::unpack(&r.params, members, &reduced[b][i])?;
+                            }
+                        }
+                        opt.step()?;
+                        r.device.sync()?;
+                        if let Some(tr) = trace {
+                            tr.span(&r.track, "optimizer", Phase::Optimizer, t, t.elapsed().as_secs_f64());
+                        }
+                        Ok(t.elapsed().as_secs_f64())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("data parallel: an optimizer thread panicked".into())))).collect::<Result<Vec<f64>>>()
+        })?;
+
+        // ZeRO-1: each parameter was updated only by its owner; send it to the others.
+        let mut comm_spans = computed.comm.clone();
+        if let Some(owners) = &self.owners {
+            let tb = Instant::now();
+            for (p, &owner) in owners.iter().enumerate() {
+                let group: Vec<Tensor> = self.replicas.iter().map(|r| r.params[p].1.clone()).collect();
+                self.comm.broadcast(&group, owner)?;
+            }
+            comm_spans.push((tb, Instant::now()));
+            if let Some(tr) = trace {
+                for r in &self.replicas {
+                    tr.span(&r.comm_track(), "broadcast owned parameters", Phase::Comm, tb, tb.elapsed().as_secs_f64());
+                }
+            }
+        }
+
+        let comm_s: f64 = comm_spans.iter().map(|(s, e)| (*e - *s).as_secs_f64()).sum();
+        let overlapped: f64 = match computed.backward_end {
+            Some(end) => comm_spans.iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
+            None => 0.0,
+        };
+        let compute_s = computed.compute_s.iter().zip(&opt_s).map(|(c, o)| c + o).fold(0.0, f64::max);
+        self.events = computed.events;
+        Ok(StepReport {
+            loss: computed.loss,
+            wall_s: t0.elapsed().as_secs_f64(),
+            compute_s,
+            comm_s,
+            overlap: if comm_s > 0.0 { overlapped / comm_s } else { 0.0 },
+            peak_memory: self.replicas.iter().map(|r| r.device.memory().peak).collect(),
+        })
+    }
+
+    fn predict(&self, x: &Batch) -> Result<Tensor> {
+        let r = &self.replicas[0];
+        let (x, _) = batch_to_device(x, &r.device)?;
+        crate::autograd::no_grad(|| r.model.forward(&x))
+    }
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self.replicas[0].params.clone())
+    }
+    fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        self.replicas.iter().try_for_each(|r| r.model.load_state(state))
+    }
+    /// Replica 0's state; with ZeRO-1, each parameter's state gathered from its owner onto
+    /// device 0, in state_dict order.
+    fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
+        let (first, steps) = self.opts[0].state();
+        let Some(owners) = &self.owners else { return Ok((first, steps)) };
+        let states: Vec<Vec<(String, Tensor)>> = self.opts.iter().map(|o| o.state().0).collect();
+        let dev0 = &self.replicas[0].device;
+        let mut out = Vec::new();
+        for (p, (name, _)) in self.replicas[0].params.iter().enumerate() {
+            let prefix = format!("{name}.");
+            for (key, t) in states[owners[p]].iter().filter(|(k, _)| k.starts_with(&prefix)) {
+                out.push((key.clone(), self.comm.send_recv(t, dev0)?));
+            }
+        }
+        Ok((out, steps))
+    }
+    /// Every replica loads `state`; with ZeRO-1 each keeps only its own parameters' entries.
+    fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        self.opts.iter_mut().try_for_each(|o| o.load_state(state, steps))
+    }
+    fn devices(&self) -> Vec<Device> {
+        self.replicas.iter().map(|r| r.device.clone()).collect()
+    }
+    fn set_trace(&mut self, trace: Trace) {
+        self.trace = Some(trace);
+    }
+}

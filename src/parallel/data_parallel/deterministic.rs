@@ -1,0 +1,102 @@
+//! Deterministic steps: losses and weights bit-for-bit identical whatever the device count.
+//!
+//! The global batch is cut into a fixed number of micro-shards that does not depend on the
+//! devices. Each device computes whole micro-shards, each one's gradient separately, and
+//! downloads it. The host sums the micro-shard gradients (and scaled losses) with
+//! [`tree_sum`] in a fixed tree over micro-shard index and uploads the sum to every replica.
+//! So every floating-point operation, and its order, is the same on 1, 2 or 4 devices of one
+//! backend. The price: no overlap of communication with backward, one full-gradient download
+//! per micro-shard and one upload per device, and the host doing the additions.
+use super::split::slice;
+use super::{Computed, Replica};
+use crate::data::Batch;
+use crate::nn::Module;
+use crate::parallel::comm::tree_sum;
+use crate::parallel::trace::{Phase, Trace};
+use crate::parallel::{batch_to_device, Loss};
+use crate::{Error, Result, Tensor};
+use std::ops::Range;
+use std::time::Instant;
+
+/// One micro-shard's result: its index, flat gradient (all parameters, state_dict order) and
+/// scaled loss.
+type ShardGrad = (usize, Vec<f32>, f32);
+
+struct WorkerOut {
+    grads: Vec<ShardGrad>,
+    compute_s: f64,
+    end: Instant,
+}
+
+/// Computes every micro-shard (`shards[k]` are sample ranges of `batch`; device i takes the
+/// micro-shards `owned[i]`) and leaves the summed gradient on every replica.
+pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], loss: Loss, trace: Option<&Trace>) -> Result<Computed> {
+    let total = batch.len();
+    let outs = std::thread::scope(|s| {
+        let handles: Vec<_> = replicas
+            .iter()
+            .zip(owned)
+            .map(|(r, ks)| s.spawn(move || worker(r, batch, &shards[ks.clone()], ks.start, total, loss, trace)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("data parallel: a worker thread panicked".into())))).collect::<Vec<_>>()
+    });
+    let outs = outs.into_iter().collect::<Result<Vec<_>>>()?;
+    let backward_end = outs.iter().map(|o| o.end).max();
+    let compute_s = outs.iter().map(|o| o.compute_s).collect();
+
+    let t0 = Instant::now();
+    let mut all: Vec<ShardGrad> = outs.into_iter().flat_map(|o| o.grads).collect();
+    all.sort_by_key(|g| g.0);
+    let losses = tree_sum(all.iter().map(|g| vec![g.2]).collect())?;
+    let sum = tree_sum(all.into_iter().map(|g| g.1).collect())?;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = replicas.iter().map(|r| s.spawn(|| upload(r, &sum))).collect();
+        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("data parallel: an upload thread panicked".into()))))
+    })?;
+    let t1 = Instant::now();
+    if let Some(tr) = trace {
+        for r in replicas {
+            tr.span(&r.comm_track(), "host reduce", Phase::Comm, t0, (t1 - t0).as_secs_f64());
+        }
+    }
+    Ok(Computed { loss: losses[0], compute_s, comm: vec![(t0, t1)], backward_end, events: Vec::new() })
+}
+
+/// Micro-shards `ks` (the first has index `first`) on replica `r`, each gradient on its own.
+fn worker(r: &Replica, batch: &Batch, ks: &[Range<usize>], first: usize, total: usize, loss: Loss, trace: Option<&Trace>) -> Result<WorkerOut> {
+    let t0 = Instant::now();
+    let mut grads = Vec::with_capacity(ks.len());
+    for (j, range) in ks.iter().enumerate() {
+        r.model.zero_grad();
+        let tf = Instant::now();
+        let (x, y) = batch_to_device(&slice(batch, range.clone()), &r.device)?;
+        let scaled = loss.compute(&r.model.forward(&x)?, &y)?.mul_scalar(range.len() as f32 / total as f32)?;
+        let tb = Instant::now();
+        scaled.backward()?;
+        let mut flat = Vec::new();
+        for (_, p) in &r.params {
+            match p.grad() {
+                Some(g) => flat.extend(g.to_vec()?),
+                None => flat.resize(flat.len() + p.numel(), 0.0),
+            }
+        }
+        grads.push((first + j, flat, scaled.to_scalar()?));
+        if let Some(tr) = trace {
+            tr.span(&r.track, &format!("forward shard {}", first + j), Phase::Forward, tf, (tb - tf).as_secs_f64());
+            tr.span(&r.track, &format!("backward shard {}", first + j), Phase::Backward, tb, tb.elapsed().as_secs_f64());
+        }
+    }
+    let end = Instant::now();
+    Ok(WorkerOut { grads, compute_s: (end - t0).as_secs_f64(), end })
+}
+
+/// Sets every parameter's gradient on `r` from the host sum.
+fn upload(r: &Replica, sum: &[f32]) -> Result<()> {
+    let mut at = 0;
+    for (_, p) in &r.params {
+        let g = Tensor::from_vec(sum[at..at + p.numel()].to_vec(), p.shape().clone(), &r.device)?;
+        p.set_grad(Some(g));
+        at += p.numel();
+    }
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The default step: one worker thread per device runs forward and backward on its shard
+//! while a communication thread all-reduces gradient buckets as they complete.
+use super::buckets::{self, Ready};
+use super::split::{micro_ranges, slice};
+use super::{Computed, Replica, StepEvent};
+use crate::autograd;
+use crate::data::Batch;
+use crate::nn::Module;
+use crate::parallel::comm::Communicator;
+use crate::parallel::trace::{Phase, Trace};
+use crate::parallel::{batch_to_device, Loss};
+use crate::{Error, Result};
+use std::sync::mpsc::{channel, Sender};
+use std::time::Instant;
+
+/// What one worker measured.
+struct WorkerOut {
+    loss: f32,
+    compute_s: f64,
+    backward_end: Instant,
+}
+
+/// Everything the workers share.
+pub(super) struct Plan<'a> {
+    pub buckets: &'a [Vec<usize>],
+    pub bucket_of: &'a [usize],
+    pub loss: Loss,
+    pub micro_batches: usize,
+    /// Samples in the global batch: each micro-batch's loss is scaled by its share of it.
+    pub total: usize,
+    pub trace: Option<&'a Trace>,
+}
+
+/// Runs forward, backward and the bucketed all-reduce on every device; returns the reduced
+/// buckets (`[bucket][device]`) for the optimizer phase to unpack.
+pub(super) fn run(replicas: &[Replica], shards: &[Batch], comm: &dyn Communicator, plan: &Plan) -> Result<(Computed, Vec<Vec<crate::Tensor>>)> {
+    let n = replicas.len();
+    let (tx, rx) = channel::<Ready>();
+    let (workers, exchanged) = std::thread::scope(|s| {
+        let comm_thread = s.spawn(move || buckets::exchange(comm, rx, plan.buckets.len(), n));
+        let handles: Vec<_> = replicas
+            .iter()
+            .zip(shards)
+            .enumerate()
+            .map(|(i, (r, shard))| {
+                let tx = tx.clone();
+                s.spawn(move || worker(i, r, shard, plan, tx))
+            })
+            .collect();
+        // Only the workers' senders remain, so the exchange ends when the last worker does.
+        drop(tx);
+        let workers: Vec<Result<WorkerOut>> = handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect();
+        (workers, comm_thread.join().unwrap_or_else(|_| Err(panicked())))
+    });
+    // A failed all-reduce makes the workers fail to send; report the cause, not the symptom.
+    let exchanged = exchanged?;
+    let workers = workers.into_iter().collect::<Result<Vec<_>>>()?;
+    let reduced = exchanged
+        .reduced
+        .into_iter()
+        .enumerate()
+        .map(|(b, r)| r.ok_or_else(|| Error::Msg(format!("data parallel: bucket {b} was not reported by every device"))))
+        .collect::<Result<Vec<_>>>()?;
+    let mut events: Vec<StepEvent> = exchanged.launches.iter().map(|&(bucket, at, _)| StepEvent::BucketLaunched { bucket, at }).collect();
+    events.extend(workers.iter().enumerate().map(|(device, w)| StepEvent::BackwardDone { device, at: w.backward_end }));
+    events.sort_by_key(StepEvent::at);
+    if let Some(tr) = plan.trace {
+        for &(bucket, start, end) in &exchanged.launches {
+            for r in replicas {
+                tr.span(&r.comm_track(), &format!("all-reduce bucket {bucket}"), Phase::Comm, start, (end - start).as_secs_f64());
+            }
+        }
+    }
+    let computed = Computed {
+        // Summed in device order: the global mean, since each shard's loss carries its share.
+        loss: workers.iter().map(|w| w.loss).sum(),
+        compute_s: workers.iter().map(|w| w.compute_s).collect(),
+        comm: exchanged.launches.iter().map(|&(_, s, e)| (s, e)).collect(),
+        backward_end: workers.iter().map(|w| w.backward_end).max(),
+        events,
+    };
+    Ok((computed, reduced))
+}
+
+fn panicked() -> Error {
+    Error::Msg("data parallel: a worker thread panicked".into())
+}
+
+/// Forward + backward of every micro-batch of `shard` on replica `i`; during the last
+/// micro-batch's backward, each completed bucket is sent to the communication thread.
+fn worker(i: usize, r: &Replica, shard: &Batch, plan: &Plan, tx: Sender<Ready>) -> Result<WorkerOut> {
+    let t0 = Instant::now();
+    r.model.zero_grad();
+    let mut pending: Vec<usize> = plan.buckets.iter().map(Vec::len).collect();
+    let mut sent = vec![false; plan.buckets.len()];
+    let mut loss = 0.0f32;
+    let micro = micro_ranges(shard.len(), plan.micro_batches);
+    for (j, range) in micro.iter().enumerate() {
+        let last = j + 1 == micro.len();
+        let tf = Instant::now();
+        let (x, y) = batch_to_device(&slice(shard, range.clone()), &r.device)?;
+        // Scaling by n_ij / N makes the sum over all devices and micro-batches the global mean.
+        let scaled = plan.loss.compute(&r.model.forward(&x)?, &y)?.mul_scalar(range.len() as f32 / plan.total as f32)?;
+        loss += scaled.to_scalar()?;
+        let tb = Instant::now();
+        autograd::backward(&scaled, &mut |leaf| {
+            let Some(&p) = r.index_of.get(&leaf.id()) else { return Ok(()) };
+            if !last {
+                return Ok(());
+            }
+            let b = plan.bucket_of[p];
+            pending[b] -= 1;
+            if pending[b] == 0 {
+                sent[b] = true;
+                buckets::send(&tx, Ready { bucket: b, device: i, flat: buckets::pack(&r.params, &plan.buckets[b])? })?;
+            }
+            Ok(())
+        })?;
+        if let Some(tr) = plan.trace {
+            tr.span(&r.track, &format!("forward {j}"), Phase::Forward, tf, (tb - tf).as_secs_f64());
+            tr.span(&r.track, &format!("backward {j}"), Phase::Backward, tb, tb.elapsed().as_secs_f64());
+        }
+    }
+    r.device.sync()?;
+    let backward_end = Instant::now();
+    // Buckets whose parameters backward never reached (unused layers, an empty shard).
+    for b in (0..plan.buckets.len()).filter(|&b| !sent[b]) {
+        buckets::send(&tx, Ready { bucket: b, device: i, flat: buckets::pack(&r.params, &plan.buckets[b])? })?;
+    }
+    Ok(WorkerOut { loss, compute_s: (backward_end - t0).as_secs_f64(), backward_end })
+}

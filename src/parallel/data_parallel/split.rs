@@ -1,0 +1,89 @@
+//! Cutting a global batch into per-device shards and micro-batches, and measuring devices'
+//! throughput to choose the split.
+use crate::data::{Batch, Targets};
+use crate::nn::{Module, Sequential};
+use crate::parallel::comm::even_ranges;
+use crate::parallel::{batch_to_device, proportional_split, Loss};
+use crate::{Device, Error, Result};
+use std::ops::Range;
+use std::time::Instant;
+
+/// Checks that `batch` is well formed and has at least one sample per device.
+pub(super) fn check_batch(batch: &Batch, devices: usize) -> Result<()> {
+    let n = batch.len();
+    if n < devices {
+        return Err(Error::invalid(
+            "DataParallel::step",
+            format!("a batch of {n} samples cannot give each of the {devices} devices at least one; use a batch of at least {devices}"),
+        ));
+    }
+    if !batch.x.len().is_multiple_of(n) || batch.x.len() != batch.x_shape.iter().product::<usize>() {
+        return Err(Error::shape("DataParallel::step", format!("{} input values for shape {:?}", batch.x.len(), batch.x_shape)));
+    }
+    if batch.y.len() != n {
+        return Err(Error::shape("DataParallel::step", format!("{} targets for {n} inputs", batch.y.len())));
+    }
+    Ok(())
+}
+
+/// Samples `r` of a checked batch.
+pub(super) fn slice(batch: &Batch, r: Range<usize>) -> Batch {
+    let per = batch.x.len() / batch.len();
+    let mut x_shape = batch.x_shape.clone();
+    x_shape[0] = r.len();
+    let y = match &batch.y {
+        Targets::Classes { labels, classes } => Targets::Classes { labels: labels[r.clone()].to_vec(), classes: *classes },
+        Targets::Values { data, shape_per_sample } => {
+            let per_y = shape_per_sample.iter().product::<usize>();
+            Targets::Values { data: data[r.start * per_y..r.end * per_y].to_vec(), shape_per_sample: shape_per_sample.clone() }
+        }
+    };
+    Batch { x: batch.x[r.start * per..r.end * per].to_vec(), x_shape, y }
+}
+
+/// Contiguous ranges of `n` items, sized in proportion to `weights` (equal without).
+pub(super) fn ranges(n: usize, parts: usize, weights: Option<&[f64]>) -> Result<Vec<Range<usize>>> {
+    let sizes = match weights {
+        Some(w) => proportional_split(n, w)?,
+        None => even_ranges(n, parts).iter().map(Range::len).collect(),
+    };
+    let mut start = 0;
+    Ok(sizes
+        .into_iter()
+        .map(|s| {
+            start += s;
+            start - s..start
+        })
+        .collect())
+}
+
+/// `len` samples cut into at most `micro` non-empty near-equal micro-batches.
+pub(super) fn micro_ranges(len: usize, micro: usize) -> Vec<Range<usize>> {
+    match micro.min(len) {
+        0 => Vec::new(),
+        m => even_ranges(len, m),
+    }
+}
+
+/// Split weights from measured speed: each device runs forward + backward on the same probe
+/// (the batch's first few samples) twice, and the second run's time counts, so one-time
+/// costs (kernel compilation, allocator growth) do not. Devices are timed one after the other
+/// because running them together would measure the shared host, not the devices.
+pub(super) fn calibrate(models: &[(&Sequential, &Device)], batch: &Batch, loss: Loss) -> Result<Vec<f64>> {
+    let probe = slice(batch, 0..batch.len().min(8));
+    models
+        .iter()
+        .map(|(model, device)| {
+            let (x, y) = batch_to_device(&probe, device)?;
+            let mut seconds = 0.0;
+            for _ in 0..2 {
+                let t0 = Instant::now();
+                loss.compute(&model.forward(&x)?, &y)?.backward()?;
+                device.sync()?;
+                seconds = t0.elapsed().as_secs_f64();
+            }
+            model.zero_grad();
+            Ok(1.0 / seconds.max(1e-9))
+        })
+        .collect()
+}

@@ -1,0 +1,278 @@
+//! Pipeline parallelism: layer stages on different devices, each driven by its own thread,
+//! working on micro-batches in a GPipe or 1F1B order; gradients accumulate over micro-batches
+//! and each stage's optimizer steps once per batch.
+mod schedule;
+mod worker;
+
+pub use schedule::{schedule, simulate, theoretical_bubble, Action, Plan, Schedule, Simulation};
+
+use super::placement::{self, Split, Stage};
+use super::trace::{Phase, Trace};
+use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
+use crate::data::{Batch, Targets};
+use crate::nn::{Module, Sequential};
+use crate::{Device, Error, Result, Tensor};
+use std::sync::mpsc::channel;
+use std::time::Instant;
+use worker::{Job, Links, Outcome};
+
+/// Pipeline options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PipelineConfig {
+    /// Keep only each stage's input during forward and redo the forward before backward
+    /// (activation recomputation): less memory, about one more forward of compute.
+    pub recompute: bool,
+}
+
+/// What the last step measured, per stage in device order.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PipelineStats {
+    /// Seconds each stage spent computing or copying its inputs in.
+    pub busy_s: Vec<f64>,
+    /// Seconds each stage waited, from the step's start until the last stage finished.
+    pub idle_s: Vec<f64>,
+    /// Total idle over total stage time (`stages × span`).
+    pub bubble_measured: f64,
+    /// `(p-1)/(m+p-1)`, the bubble of equal stages with free communication.
+    pub bubble_theoretical: f64,
+    /// Most bytes of saved activations alive at once on each stage.
+    pub peak_activation_bytes: Vec<u64>,
+}
+
+/// Pipeline-parallel training of a `Sequential` over one stage per device.
+///
+/// ```
+/// # fn main() -> tandem::Result<()> {
+/// use std::sync::Arc;
+/// use tandem::parallel::pipeline::{Pipeline, PipelineConfig, Schedule};
+/// use tandem::parallel::{Loss, OptimConfig, Split, Strategy};
+/// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
+/// let model = tandem::nn::models::SeedModel::Cnn.build(0, &dev())?;
+/// let opt = OptimConfig::Sgd(Default::default());
+/// let mut pipe = Pipeline::new(&model, &[dev(), dev()], Split::At(vec![6]), 2, Schedule::OneFOneB, &opt, Loss::CrossEntropy, PipelineConfig::default())?;
+/// let data = tandem::data::synthetic::seed_images(4, 0)?;
+/// pipe.step(&data.batch(&[0, 1, 2, 3])?)?;
+/// let stats = pipe.last_stats().expect("one step ran");
+/// assert_eq!(stats.busy_s.len(), 2);
+/// # Ok(()) }
+/// ```
+pub struct Pipeline {
+    stages: Vec<Stage>,
+    micro_batches: usize,
+    schedule: Schedule,
+    plan: Vec<Vec<Action>>,
+    opt: OptimConfig,
+    loss: Loss,
+    cfg: PipelineConfig,
+    balance_pending: bool,
+    trace: Option<Trace>,
+    stats: Option<PipelineStats>,
+}
+
+impl Pipeline {
+    /// Splits `model` into one stage per device. Errors (before any work) on zero
+    /// micro-batches, more devices than layers, a split point that does not exist, or a stage
+    /// whose weights, gradients and optimizer state cannot fit its device's memory.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: &Sequential,
+        devices: &[Device],
+        split: Split,
+        micro_batches: usize,
+        schedule: Schedule,
+        opt: &OptimConfig,
+        loss: Loss,
+        cfg: PipelineConfig,
+    ) -> Result<Self> {
+        if micro_batches == 0 {
+            return Err(Error::invalid("Pipeline", "micro_batches must be at least 1"));
+        }
+        let stages = placement::build_stages(model, devices, &split, opt)?;
+        let plan = schedule::schedule(schedule, stages.len(), micro_batches);
+        Ok(Pipeline {
+            stages,
+            micro_batches,
+            schedule,
+            plan,
+            opt: *opt,
+            loss,
+            cfg,
+            balance_pending: split == Split::Auto,
+            trace: None,
+            stats: None,
+        })
+    }
+    /// Each stage's action list.
+    pub fn plan(&self) -> &[Vec<Action>] {
+        &self.plan
+    }
+    pub fn schedule_kind(&self) -> Schedule {
+        self.schedule
+    }
+    /// The layer range of each stage, in device order.
+    pub fn ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.stages.iter().map(|s| s.range.clone()).collect()
+    }
+    /// Measurements of the last step, `None` before the first.
+    pub fn last_stats(&self) -> Option<&PipelineStats> {
+        self.stats.as_ref()
+    }
+}
+
+/// The batch cut into `m` equal micro-batches along the sample dimension.
+fn split_batch(batch: &Batch, m: usize) -> Result<Vec<Batch>> {
+    let n = batch.len();
+    if n == 0 || !n.is_multiple_of(m) {
+        return Err(Error::invalid("Pipeline::step", format!("{m} micro-batches do not divide a batch of {n} samples evenly")));
+    }
+    let k = n / m;
+    let per: usize = batch.x_shape.iter().skip(1).product();
+    (0..m)
+        .map(|i| {
+            let mut x_shape = batch.x_shape.clone();
+            x_shape[0] = k;
+            let y = match &batch.y {
+                Targets::Classes { labels, classes } => Targets::Classes { labels: labels[i * k..(i + 1) * k].to_vec(), classes: *classes },
+                Targets::Values { data, shape_per_sample } => {
+                    let per_y: usize = shape_per_sample.iter().product();
+                    Targets::Values { data: data[i * k * per_y..(i + 1) * k * per_y].to_vec(), shape_per_sample: shape_per_sample.clone() }
+                }
+            };
+            Ok(Batch { x: batch.x[i * k * per..(i + 1) * k * per].to_vec(), x_shape, y })
+        })
+        .collect()
+}
+
+/// Picks the error that explains a failed step: a stage's own failure over the "neighbour
+/// stopped" errors it causes in the others.
+fn first_cause(results: Vec<Result<Outcome>>) -> Result<Vec<Outcome>> {
+    let mut errors = Vec::new();
+    let mut ok = Vec::new();
+    for r in results {
+        match r {
+            Ok(o) => ok.push(o),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        return Ok(ok);
+    }
+    let knock_on = |e: &Error| e.to_string().contains("stopped (it failed)");
+    let pos = errors.iter().position(|e| !knock_on(e)).unwrap_or(0);
+    Err(errors.swap_remove(pos))
+}
+
+impl Strategy for Pipeline {
+    fn step(&mut self, batch: &Batch) -> Result<StepReport> {
+        let micro = split_batch(batch, self.micro_batches)?;
+        if self.balance_pending {
+            let probe = placement::probe_input(batch, 4, &self.stages[0].device)?;
+            placement::rebalance(&mut self.stages, &probe, &self.opt)?;
+            self.balance_pending = false;
+        }
+        let n = batch.len() as f32;
+        let scale: Vec<f32> = micro.iter().map(|b| b.len() as f32 / n).collect();
+        for s in &self.stages {
+            s.opt.zero_grad();
+        }
+        let p = self.stages.len();
+        let mut links: Vec<Links> = (0..p).map(|_| Links::default()).collect();
+        for s in 0..p.saturating_sub(1) {
+            let (act_tx, act_rx) = channel();
+            let (grad_tx, grad_rx) = channel();
+            links[s].act_out = Some(act_tx);
+            links[s].grad_in = Some(grad_rx);
+            links[s + 1].act_in = Some(act_rx);
+            links[s + 1].grad_out = Some(grad_tx);
+        }
+        let start = Instant::now();
+        let results: Vec<Result<Outcome>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .stages
+                .iter_mut()
+                .zip(links)
+                .zip(&self.plan)
+                .enumerate()
+                .map(|(index, ((stage, links), actions))| {
+                    let job = Job {
+                        index,
+                        last: index + 1 == p,
+                        track: placement::track_name(index, &stage.device),
+                        stage,
+                        actions,
+                        micro_batches: &micro,
+                        scale: &scale,
+                        loss: self.loss,
+                        recompute: self.cfg.recompute,
+                        trace: self.trace.clone(),
+                        links,
+                    };
+                    scope.spawn(move || job.run())
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a pipeline stage thread panicked".into()))))
+                .collect()
+        });
+        let outcomes = first_cause(results)?;
+        let span = outcomes.iter().map(|o| o.end.duration_since(start).as_secs_f64()).fold(0.0, f64::max);
+        for (i, stage) in self.stages.iter_mut().enumerate() {
+            let t0 = Instant::now();
+            stage.opt.step()?;
+            if let Some(tr) = &self.trace {
+                tr.span(&placement::track_name(i, &stage.device), "optimizer", Phase::Optimizer, t0, t0.elapsed().as_secs_f64());
+            }
+        }
+        let busy: Vec<f64> = outcomes.iter().map(|o| o.compute_s + o.comm_s).collect();
+        let idle: Vec<f64> = busy.iter().map(|b| (span - b).max(0.0)).collect();
+        let stats = PipelineStats {
+            bubble_measured: if span > 0.0 { idle.iter().sum::<f64>() / (p as f64 * span) } else { 0.0 },
+            bubble_theoretical: theoretical_bubble(p, self.micro_batches),
+            peak_activation_bytes: outcomes.iter().map(|o| o.peak_activation_bytes).collect(),
+            busy_s: busy,
+            idle_s: idle,
+        };
+        let report = StepReport {
+            loss: outcomes[p - 1].loss,
+            wall_s: start.elapsed().as_secs_f64(),
+            compute_s: outcomes.iter().map(|o| o.compute_s).fold(0.0, f64::max),
+            comm_s: outcomes.iter().map(|o| o.comm_s).sum(),
+            overlap: 0.0,
+            peak_memory: self.stages.iter().map(|s| s.device.memory().peak).collect(),
+        };
+        self.stats = Some(stats);
+        Ok(report)
+    }
+    fn predict(&self, x: &Batch) -> Result<Tensor> {
+        let (x, _) = batch_to_device(x, &self.stages[0].device)?;
+        crate::autograd::no_grad(|| {
+            let mut h = x;
+            for s in &self.stages {
+                h = s.model.forward(&h.to(&s.device)?)?;
+            }
+            h.to(&self.stages[0].device)
+        })
+    }
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(placement::stage_params(&self.stages))
+    }
+    fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        placement::load_stage_params(&self.stages, state)
+    }
+    fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
+        Ok(placement::stage_opt_state(&self.stages))
+    }
+    fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        for s in &mut self.stages {
+            s.opt.load_state(state, steps)?;
+        }
+        Ok(())
+    }
+    fn devices(&self) -> Vec<Device> {
+        self.stages.iter().map(|s| s.device.clone()).collect()
+    }
+    fn set_trace(&mut self, trace: Trace) {
+        self.trace = Some(trace);
+    }
+}

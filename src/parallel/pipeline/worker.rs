@@ -1,0 +1,210 @@
+//! One pipeline stage's worker: runs its action list on its own thread, receiving activations
+//! from the previous stage and gradients from the next over channels.
+//!
+//! Autograd graphs never cross threads: an activation is sent detached, and the receiving
+//! stage makes it a leaf that requires grad; after backward that leaf's gradient is what goes
+//! back to the sender, which seeds its own backward with it.
+use super::schedule::Action;
+use crate::autograd::{no_grad, GradOp};
+use crate::data::Batch;
+use crate::nn::Module;
+use crate::parallel::placement::Stage;
+use crate::parallel::trace::{Phase, Trace};
+use crate::parallel::{batch_to_device, Loss};
+use crate::{Error, Result, Tensor};
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::Instant;
+
+/// A tensor for micro-batch `mb`, sent between neighbouring stages.
+pub(super) struct Msg {
+    pub mb: usize,
+    pub tensor: Tensor,
+}
+
+/// The channel ends a stage holds; `None` at the pipeline's ends.
+#[derive(Default)]
+pub(super) struct Links {
+    pub act_in: Option<Receiver<Msg>>,
+    pub act_out: Option<Sender<Msg>>,
+    pub grad_in: Option<Receiver<Msg>>,
+    pub grad_out: Option<Sender<Msg>>,
+}
+
+/// What a stage's run measured.
+pub(super) struct Outcome {
+    /// Seconds computing forwards and backwards.
+    pub compute_s: f64,
+    /// Seconds copying activations and gradients onto this stage's device.
+    pub comm_s: f64,
+    /// When the stage finished its last action.
+    pub end: Instant,
+    /// Sum of this stage's scaled micro-batch losses (the last stage's is the batch loss).
+    pub loss: f32,
+    /// Most bytes of saved activations (graph tensors kept for backward) alive at once.
+    pub peak_activation_bytes: u64,
+}
+
+/// Everything one stage's thread needs for one step.
+pub(super) struct Job<'a> {
+    pub index: usize,
+    pub last: bool,
+    pub stage: &'a mut Stage,
+    pub actions: &'a [Action],
+    pub micro_batches: &'a [Batch],
+    /// Each micro-batch's share of the batch (its size over N), so scaled losses add up to
+    /// the full batch's mean.
+    pub scale: &'a [f32],
+    pub loss: Loss,
+    pub recompute: bool,
+    pub trace: Option<Trace>,
+    pub track: String,
+    pub links: Links,
+}
+
+/// What a micro-batch keeps between its forward and its backward.
+struct Saved {
+    input: Tensor,
+    /// The stage output (or the scaled loss on the last stage); `None` when recomputing.
+    output: Option<Tensor>,
+    bytes: u64,
+}
+
+fn recv(rx: &Option<Receiver<Msg>>, mb: usize, what: &str, stage: usize) -> Result<Tensor> {
+    let rx = rx.as_ref().ok_or_else(|| Error::Msg(format!("pipeline stage {stage}: no {what} channel")))?;
+    let msg = rx.recv().map_err(|_| Error::Msg(format!("pipeline stage {stage}: the neighbour sending {what} stopped (it failed)")))?;
+    if msg.mb != mb {
+        return Err(Error::Msg(format!("pipeline stage {stage}: expected the {what} of micro-batch {mb}, got {}", msg.mb)));
+    }
+    Ok(msg.tensor)
+}
+
+fn send(tx: &Option<Sender<Msg>>, msg: Msg, what: &str, stage: usize) -> Result<()> {
+    let tx = tx.as_ref().ok_or_else(|| Error::Msg(format!("pipeline stage {stage}: no {what} channel")))?;
+    tx.send(msg).map_err(|_| Error::Msg(format!("pipeline stage {stage}: the neighbour receiving {what} stopped (it failed)")))
+}
+
+/// Bytes that autograd keeps alive for `root`'s backward: every non-parameter tensor of its
+/// graph plus the buffers ops saved (im2col columns, pooling argmax).
+pub(super) fn graph_bytes(root: &Tensor, params: &HashSet<u64>) -> u64 {
+    let mut seen = HashSet::new();
+    let mut stack = vec![root.clone()];
+    let mut bytes = 0;
+    while let Some(t) = stack.pop() {
+        if params.contains(&t.id()) || !seen.insert(t.id()) {
+            continue;
+        }
+        bytes += t.buffer().len() as u64 * 4;
+        if let Some(node) = &t.0.node {
+            bytes += match &node.op {
+                GradOp::Conv2d { cols, .. } => cols.len() as u64 * 4,
+                GradOp::MaxPool2d { argmax, .. } => argmax.len() as u64 * 4,
+                _ => 0,
+            };
+            stack.extend(node.inputs.iter().cloned());
+        }
+    }
+    bytes
+}
+
+impl Job<'_> {
+    fn span(&self, name: &str, phase: Phase, start: Instant) {
+        if let Some(tr) = &self.trace {
+            tr.span(&self.track, name, phase, start, start.elapsed().as_secs_f64());
+        }
+    }
+
+    /// The stage input of `mb`: uploaded on the first stage, received (and made a leaf) on the
+    /// others. Counts waiting as idle and the copy as communication.
+    fn input(&self, mb: usize, out: &mut Outcome) -> Result<Tensor> {
+        let dev = &self.stage.device;
+        if self.index == 0 {
+            return Ok(batch_to_device(&self.micro_batches[mb], dev)?.0);
+        }
+        let wait = Instant::now();
+        let sent = recv(&self.links.act_in, mb, "activation", self.index)?;
+        self.span(&format!("wait F{mb}"), Phase::Idle, wait);
+        let copy = Instant::now();
+        let x = sent.to(dev)?.detach().requires_grad();
+        out.comm_s += copy.elapsed().as_secs_f64();
+        self.span(&format!("recv act {mb}"), Phase::Comm, copy);
+        Ok(x)
+    }
+
+    /// The stage's forward of `mb` from `input`, ending in the scaled loss on the last stage.
+    fn forward(&self, mb: usize, input: &Tensor) -> Result<Tensor> {
+        let out = self.stage.model.forward(input)?;
+        if !self.last {
+            return Ok(out);
+        }
+        let (_, y) = batch_to_device(&self.micro_batches[mb], &self.stage.device)?;
+        self.loss.compute(&out, &y)?.mul_scalar(self.scale[mb])
+    }
+
+    /// Runs the action list; the caller steps the optimizer once every stage succeeded.
+    pub fn run(self) -> Result<Outcome> {
+        let params: HashSet<u64> = self.stage.model.parameters().iter().map(|(_, t)| t.id()).collect();
+        let mut out = Outcome { compute_s: 0.0, comm_s: 0.0, end: Instant::now(), loss: 0.0, peak_activation_bytes: 0 };
+        let mut saved: HashMap<usize, Saved> = HashMap::new();
+        let mut alive = 0u64;
+        for &action in self.actions {
+            match action {
+                Action::Forward(mb) => {
+                    let input = self.input(mb, &mut out)?;
+                    let t0 = Instant::now();
+                    let output = if self.recompute { no_grad(|| self.forward(mb, &input))? } else { self.forward(mb, &input)? };
+                    if self.last {
+                        out.loss += output.to_scalar()?;
+                    } else {
+                        send(&self.links.act_out, Msg { mb, tensor: output.detach() }, "activation", self.index)?;
+                    }
+                    let bytes = if self.recompute { input.buffer().len() as u64 * 4 } else { graph_bytes(&output, &params) };
+                    alive += bytes;
+                    out.peak_activation_bytes = out.peak_activation_bytes.max(alive);
+                    saved.insert(mb, Saved { input, output: (!self.recompute).then_some(output), bytes });
+                    out.compute_s += t0.elapsed().as_secs_f64();
+                    self.span(&format!("F{mb}"), Phase::Forward, t0);
+                }
+                Action::Backward(mb) => {
+                    let s = saved.remove(&mb).ok_or_else(|| Error::Msg(format!("pipeline stage {}: backward of micro-batch {mb} before its forward", self.index)))?;
+                    let grad = if self.last {
+                        None
+                    } else {
+                        let wait = Instant::now();
+                        let g = recv(&self.links.grad_in, mb, "gradient", self.index)?;
+                        self.span(&format!("wait B{mb}"), Phase::Idle, wait);
+                        let copy = Instant::now();
+                        let g = g.to(&self.stage.device)?;
+                        out.comm_s += copy.elapsed().as_secs_f64();
+                        self.span(&format!("recv grad {mb}"), Phase::Comm, copy);
+                        Some(g)
+                    };
+                    let t0 = Instant::now();
+                    let output = match s.output {
+                        Some(o) => o,
+                        None => self.forward(mb, &s.input)?,
+                    };
+                    // Seeding backward with g: d/d(out) of sum(out * g) is g.
+                    let root = match grad {
+                        Some(g) => output.mul(&g)?.sum_all()?,
+                        None => output,
+                    };
+                    // A first stage without parameters has nothing to learn and no one to tell.
+                    if root.needs_grad() {
+                        root.backward()?;
+                    }
+                    if self.index > 0 {
+                        let g = s.input.grad().ok_or_else(|| Error::Msg(format!("pipeline stage {}: no gradient reached the stage input", self.index)))?;
+                        send(&self.links.grad_out, Msg { mb, tensor: g }, "gradient", self.index)?;
+                    }
+                    alive -= s.bytes;
+                    out.compute_s += t0.elapsed().as_secs_f64();
+                    self.span(&format!("B{mb}"), Phase::Backward, t0);
+                }
+            }
+        }
+        self.stage.device.sync()?;
+        out.end = Instant::now();
+        Ok(out)
+    }
+}

@@ -1,0 +1,399 @@
+//! Layer placement (model parallelism): consecutive layers of a `Sequential` on different
+//! devices, activations crossing with the differentiable `Tensor::to`.
+//!
+//! The stage planning here (explicit split points, or a split balanced by measured layer
+//! times within each device's memory) is shared with the pipeline.
+use super::trace::{Phase, Trace};
+use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
+use crate::data::Batch;
+use crate::nn::{Module, Sequential};
+use crate::optim::Optimizer;
+use crate::{Device, Error, Result, Tensor};
+use std::ops::Range;
+use std::time::Instant;
+
+/// Where the stages of a layer-split model begin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Layer indices where the next device's stage starts: `At(vec![4])` on two devices puts
+    /// layers `0..4` on the first and the rest on the second.
+    At(Vec<usize>),
+    /// Balanced by each layer's forward+backward time, measured on every device with a few
+    /// samples of the first batch, keeping each stage within its device's memory. Until the
+    /// first step the stages are balanced by parameter bytes.
+    Auto,
+}
+
+/// Consecutive layers on one device with their own optimizer.
+pub(crate) struct Stage {
+    pub range: Range<usize>,
+    pub device: Device,
+    pub model: Sequential,
+    pub opt: Box<dyn Optimizer>,
+}
+
+/// Bytes of each layer's parameters.
+fn layer_bytes(model: &Sequential) -> Vec<u64> {
+    model.layers().iter().map(|(_, l)| l.parameters().iter().map(|(_, t)| t.numel() as u64 * 4).sum()).collect()
+}
+
+/// Parameters, their gradients and up to two optimizer moments: four copies of the weights.
+const BYTES_PER_PARAM_BYTE: u64 = 4;
+
+/// Errors when a stage's parameters, gradients and optimizer state cannot fit its device.
+fn check_fits(model: &Sequential, ranges: &[Range<usize>], devices: &[Device]) -> Result<()> {
+    let bytes = layer_bytes(model);
+    for (s, (r, dev)) in ranges.iter().zip(devices).enumerate() {
+        let need = BYTES_PER_PARAM_BYTE * bytes[r.clone()].iter().sum::<u64>();
+        if let Some(total) = dev.info().memory {
+            if need > total {
+                let names: Vec<&str> = model.layers()[r.clone()].iter().map(|(n, _)| n.as_str()).collect();
+                return Err(Error::OutOfMemory {
+                    device: format!("{dev:?}"),
+                    requested: need,
+                    free: total,
+                    detail: format!("stage {s} (layers {r:?}: {names:?}) needs 4 x its parameter bytes for weights, gradients and optimizer state"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The stages' layer ranges for `split`, checked against the model and the devices' memory.
+pub(crate) fn plan(model: &Sequential, devices: &[Device], split: &Split) -> Result<Vec<Range<usize>>> {
+    let (n, p) = (model.len(), devices.len());
+    if p == 0 {
+        return Err(Error::invalid("stage split", "no devices given"));
+    }
+    if p > n {
+        return Err(Error::invalid("stage split", format!("{p} stages (one per device) but the model has only {n} layers")));
+    }
+    let ranges = match split {
+        Split::At(points) => {
+            if points.len() != p - 1 {
+                return Err(Error::invalid("stage split", format!("{} split points {points:?} for {p} devices; give {}", points.len(), p - 1)));
+            }
+            let mut bounds = vec![0];
+            bounds.extend(points);
+            bounds.push(n);
+            if let Some(w) = bounds.windows(2).find(|w| w[0] >= w[1]) {
+                return Err(Error::invalid(
+                    "stage split",
+                    format!("split points {points:?} must be strictly increasing layer indices in 1..{n}; {} does not start a non-empty stage", w[1]),
+                ));
+            }
+            bounds.windows(2).map(|w| w[0]..w[1]).collect()
+        }
+        Split::Auto => {
+            let bytes = layer_bytes(model);
+            // Parameter bytes stand in for cost until a step measures the real times; +1 keeps
+            // parameterless layers from being free.
+            let cost: Vec<f64> = bytes.iter().map(|&b| b as f64 + 1.0).collect();
+            balance(&vec![cost; p], &bytes, devices)?
+        }
+    };
+    check_fits(model, &ranges, devices)?;
+    Ok(ranges)
+}
+
+/// Contiguous non-empty stages minimising the slowest stage's time, where `cost[s][i]` is
+/// layer `i`'s time on stage `s`'s device and each stage must fit its device's memory.
+fn balance(cost: &[Vec<f64>], bytes: &[u64], devices: &[Device]) -> Result<Vec<Range<usize>>> {
+    let (p, n) = (devices.len(), bytes.len());
+    let fits = |s: usize, r: Range<usize>| match devices[s].info().memory {
+        Some(total) => BYTES_PER_PARAM_BYTE * bytes[r].iter().sum::<u64>() <= total,
+        None => true,
+    };
+    // best[s][j]: the smallest possible slowest-stage time with layers 0..j on stages 0..=s.
+    let mut best = vec![vec![f64::INFINITY; n + 1]; p];
+    let mut from = vec![vec![0usize; n + 1]; p];
+    for j in 1..=n {
+        if fits(0, 0..j) {
+            best[0][j] = cost[0][..j].iter().sum();
+        }
+    }
+    for s in 1..p {
+        for j in s + 1..=n {
+            for i in s..j {
+                if best[s - 1][i].is_finite() && fits(s, i..j) {
+                    let t = best[s - 1][i].max(cost[s][i..j].iter().sum());
+                    if t < best[s][j] {
+                        best[s][j] = t;
+                        from[s][j] = i;
+                    }
+                }
+            }
+        }
+    }
+    if !best[p - 1][n].is_finite() {
+        let total: u64 = BYTES_PER_PARAM_BYTE * bytes.iter().sum::<u64>();
+        return Err(Error::OutOfMemory {
+            device: format!("{devices:?}"),
+            requested: total,
+            free: devices.iter().filter_map(|d| d.info().memory).sum(),
+            detail: "no split into contiguous stages fits every device's memory".into(),
+        });
+    }
+    let mut ranges = vec![0..0; p];
+    let mut end = n;
+    for s in (0..p).rev() {
+        let start = if s == 0 { 0 } else { from[s][end] };
+        ranges[s] = start..end;
+        end = start;
+    }
+    Ok(ranges)
+}
+
+/// Copies of `layers` (in order, across stages) cut into `ranges`, each on its device with a
+/// fresh optimizer.
+fn build(layers: &[&(String, Box<dyn Module>)], ranges: &[Range<usize>], devices: &[Device], opt: &OptimConfig) -> Result<Vec<Stage>> {
+    ranges
+        .iter()
+        .zip(devices)
+        .map(|(r, dev)| {
+            let mut model = Sequential::new();
+            for (name, layer) in layers[r.clone()].iter().map(|l| (&l.0, &l.1)) {
+                model.push_boxed(name.clone(), layer.to_device(dev)?);
+            }
+            let opt = opt.build(model.parameters())?;
+            Ok(Stage { range: r.clone(), device: dev.clone(), model, opt })
+        })
+        .collect()
+}
+
+/// The stages of `model` on `devices` per `split`.
+pub(crate) fn build_stages(model: &Sequential, devices: &[Device], split: &Split, opt: &OptimConfig) -> Result<Vec<Stage>> {
+    let ranges = plan(model, devices, split)?;
+    let layers: Vec<_> = model.layers().iter().collect();
+    build(&layers, &ranges, devices, opt)
+}
+
+/// Each layer's forward+backward seconds on each stage's device (`[device][layer]`), the best
+/// of two runs, on `probe` (a few samples).
+fn profile(stages: &[Stage], probe: &Tensor) -> Result<Vec<Vec<f64>>> {
+    let layers: Vec<_> = stages.iter().flat_map(|s| s.model.layers()).collect();
+    stages
+        .iter()
+        .map(|stage| {
+            let dev = &stage.device;
+            let mut h = probe.to(dev)?;
+            let mut times = Vec::with_capacity(layers.len());
+            for (_, layer) in &layers {
+                let copy = layer.to_device(dev)?;
+                let mut best = f64::INFINITY;
+                let mut out = h.clone();
+                for _ in 0..2 {
+                    let x = h.detach().requires_grad();
+                    let t0 = Instant::now();
+                    out = copy.forward(&x)?;
+                    out.sum_all()?.backward()?;
+                    dev.sync()?;
+                    best = best.min(t0.elapsed().as_secs_f64());
+                }
+                times.push(best);
+                h = out.detach();
+            }
+            Ok(times)
+        })
+        .collect()
+}
+
+/// Re-splits `stages` by measured layer times on `probe`, moving layers with their current
+/// weights and optimizer state.
+pub(crate) fn rebalance(stages: &mut Vec<Stage>, probe: &Tensor, opt: &OptimConfig) -> Result<()> {
+    let cost = profile(stages, probe)?;
+    let devices: Vec<Device> = stages.iter().map(|s| s.device.clone()).collect();
+    let bytes: Vec<u64> = stages.iter().flat_map(|s| layer_bytes(&s.model)).collect();
+    let ranges = balance(&cost, &bytes, &devices)?;
+    if ranges.iter().eq(stages.iter().map(|s| &s.range)) {
+        return Ok(());
+    }
+    let layers: Vec<_> = stages.iter().flat_map(|s| s.model.layers()).collect();
+    let mut fresh = build(&layers, &ranges, &devices, opt)?;
+    let mut state = Vec::new();
+    let mut steps = 0;
+    for s in stages.iter() {
+        let (st, n) = s.opt.state();
+        state.extend(st);
+        steps = n;
+    }
+    for s in &mut fresh {
+        s.opt.load_state(&state, steps)?;
+    }
+    *stages = fresh;
+    Ok(())
+}
+
+/// The first `k` samples of a batch as one input tensor on `device`.
+pub(crate) fn probe_input(batch: &Batch, k: usize, device: &Device) -> Result<Tensor> {
+    let per: usize = batch.x_shape.iter().skip(1).product();
+    let k = k.min(batch.len()).max(1);
+    let mut shape = batch.x_shape.clone();
+    if shape.is_empty() || batch.x.len() < k * per {
+        return Err(Error::shape("probe batch", format!("a batch of shape {:?} has no sample to probe with", batch.x_shape)));
+    }
+    shape[0] = k;
+    Tensor::from_vec(batch.x[..k * per].to_vec(), shape, device)
+}
+
+/// Gathers every stage's parameters, named as in the unsplit model.
+pub(crate) fn stage_params(stages: &[Stage]) -> Vec<(String, Tensor)> {
+    stages.iter().flat_map(|s| s.model.parameters()).collect()
+}
+
+/// Loads weights into whichever stage owns each name (strict over the whole model).
+pub(crate) fn load_stage_params(stages: &[Stage], state: &[(String, Tensor)]) -> Result<()> {
+    let all = stage_params(stages);
+    let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !all.iter().any(|p| p.0 == *n)).collect();
+    if !unexpected.is_empty() {
+        return Err(Error::invalid("load_state_dict", format!("unexpected {unexpected:?}")));
+    }
+    for s in stages {
+        let names: Vec<String> = s.model.parameters().into_iter().map(|p| p.0).collect();
+        let mine: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| names.contains(n)).cloned().collect();
+        s.model.load_state(&mine)?;
+    }
+    Ok(())
+}
+
+/// Every stage optimizer's state in stage order, and the step count.
+pub(crate) fn stage_opt_state(stages: &[Stage]) -> (Vec<(String, Tensor)>, u64) {
+    let mut all = Vec::new();
+    let mut steps = 0;
+    for s in stages {
+        let (st, n) = s.opt.state();
+        all.extend(st);
+        steps = n;
+    }
+    (all, steps)
+}
+
+/// Model parallelism by layers: stage `s` runs on `devices[s]`; a step is one forward through
+/// all stages and one backward (autograd crosses devices through `Tensor::to`).
+///
+/// ```
+/// # fn main() -> tandem::Result<()> {
+/// use std::sync::Arc;
+/// use tandem::parallel::{LayerPlacement, Loss, OptimConfig, Split, Strategy};
+/// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
+/// let model = tandem::nn::models::SeedModel::Cnn.build(0, &dev())?;
+/// let opt = OptimConfig::Sgd(Default::default());
+/// let mut lp = LayerPlacement::new(&model, &[dev(), dev()], Split::At(vec![6]), &opt, Loss::CrossEntropy)?;
+/// let data = tandem::data::synthetic::seed_images(4, 0)?;
+/// let report = lp.step(&data.batch(&[0, 1, 2, 3])?)?;
+/// assert!(report.loss.is_finite());
+/// # Ok(()) }
+/// ```
+pub struct LayerPlacement {
+    stages: Vec<Stage>,
+    opt: OptimConfig,
+    loss: Loss,
+    /// `Split::Auto` still has to measure layer times on the first batch.
+    balance_pending: bool,
+    trace: Option<Trace>,
+}
+
+impl LayerPlacement {
+    pub fn new(model: &Sequential, devices: &[Device], split: Split, opt: &OptimConfig, loss: Loss) -> Result<Self> {
+        let stages = build_stages(model, devices, &split, opt)?;
+        Ok(LayerPlacement { stages, opt: *opt, loss, balance_pending: split == Split::Auto, trace: None })
+    }
+    /// The layer range of each stage, in device order.
+    pub fn ranges(&self) -> Vec<Range<usize>> {
+        self.stages.iter().map(|s| s.range.clone()).collect()
+    }
+    fn forward(&self, x: &Tensor, mut on_stage: impl FnMut(usize, Instant, f64, f64)) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (i, s) in self.stages.iter().enumerate() {
+            let t0 = Instant::now();
+            h = h.to(&s.device)?;
+            let comm = t0.elapsed().as_secs_f64();
+            h = s.model.forward(&h)?;
+            on_stage(i, t0, comm, t0.elapsed().as_secs_f64());
+        }
+        Ok(h)
+    }
+}
+
+impl Strategy for LayerPlacement {
+    fn step(&mut self, batch: &Batch) -> Result<StepReport> {
+        if self.balance_pending {
+            let probe = probe_input(batch, 4, &self.stages[0].device)?;
+            rebalance(&mut self.stages, &probe, &self.opt)?;
+            self.balance_pending = false;
+        }
+        let t0 = Instant::now();
+        let first = &self.stages[0].device;
+        let last = &self.stages[self.stages.len() - 1].device;
+        let (x, _) = batch_to_device(batch, first)?;
+        let (_, y) = batch_to_device(batch, last)?;
+        let mut comm_s = 0.0;
+        let tracks: Vec<String> = (0..self.stages.len()).map(|i| track_name(i, &self.stages[i].device)).collect();
+        let trace = self.trace.clone();
+        let out = self.forward(&x, |i, start, comm, total| {
+            comm_s += comm;
+            if let Some(tr) = &trace {
+                tr.span(&tracks[i], "forward", Phase::Forward, start, total);
+            }
+        })?;
+        let loss = self.loss.compute(&out, &y)?;
+        for s in &self.stages {
+            s.opt.zero_grad();
+        }
+        let tb = Instant::now();
+        loss.backward()?;
+        if let Some(tr) = &trace {
+            // One backward crosses every device; it is drawn on the last stage, where it starts.
+            tr.span(&tracks[tracks.len() - 1], "backward (all stages)", Phase::Backward, tb, tb.elapsed().as_secs_f64());
+        }
+        for (s, track) in self.stages.iter_mut().zip(&tracks) {
+            let to = Instant::now();
+            s.opt.step()?;
+            if let Some(tr) = &trace {
+                tr.span(track, "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
+            }
+        }
+        let value = loss.to_scalar()?;
+        let wall = t0.elapsed().as_secs_f64();
+        Ok(StepReport {
+            loss: value,
+            wall_s: wall,
+            compute_s: wall - comm_s,
+            comm_s,
+            overlap: 0.0,
+            peak_memory: self.stages.iter().map(|s| s.device.memory().peak).collect(),
+        })
+    }
+    fn predict(&self, x: &Batch) -> Result<Tensor> {
+        let (x, _) = batch_to_device(x, &self.stages[0].device)?;
+        let out = crate::autograd::no_grad(|| self.forward(&x, |_, _, _, _| {}))?;
+        out.to(&self.stages[0].device)
+    }
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(stage_params(&self.stages))
+    }
+    fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        load_stage_params(&self.stages, state)
+    }
+    fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
+        Ok(stage_opt_state(&self.stages))
+    }
+    fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        for s in &mut self.stages {
+            s.opt.load_state(state, steps)?;
+        }
+        Ok(())
+    }
+    fn devices(&self) -> Vec<Device> {
+        self.stages.iter().map(|s| s.device.clone()).collect()
+    }
+    fn set_trace(&mut self, trace: Trace) {
+        self.trace = Some(trace);
+    }
+}
+
+/// The trace track of stage `i`: distinct per stage even when devices share a spec.
+pub(crate) fn track_name(i: usize, device: &Device) -> String {
+    format!("stage {i} ({})", device.spec())
+}

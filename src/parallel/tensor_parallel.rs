@@ -1,0 +1,443 @@
+//! Tensor parallelism (Megatron-LM style): one Linear's weight split across devices, by output
+//! rows (`ColumnParallelLinear`) or input columns (`RowParallelLinear`), and a strategy that
+//! runs a model's last two Linear layers that way.
+//!
+//! Column then row needs no communication in between: each device keeps its slice of the
+//! hidden activation, and only the row layer's partial outputs are summed.
+use super::trace::{Phase, Trace};
+use super::{batch_to_device, proportional_split, Loss, OptimConfig, StepReport, Strategy};
+use crate::autograd::no_grad;
+use crate::data::Batch;
+use crate::nn::{Linear, Module, Sequential};
+use crate::optim::Optimizer;
+use crate::{Device, Error, Result, Tensor};
+use std::time::Instant;
+
+/// `(start, len)` of each device's share of `n`, as equal as integers allow; every share must
+/// be non-empty.
+fn shard_ranges(op: &'static str, n: usize, devices: &[Device]) -> Result<Vec<(usize, usize)>> {
+    if devices.is_empty() || devices.len() > n {
+        return Err(Error::invalid(op, format!("cannot split {n} features over {} devices", devices.len())));
+    }
+    let sizes = proportional_split(n, &vec![1.0; devices.len()])?;
+    let mut start = 0;
+    Ok(sizes
+        .into_iter()
+        .map(|len| {
+            start += len;
+            (start - len, len)
+        })
+        .collect())
+}
+
+/// A new leaf on `device` holding `t`'s slice `start..start+len` of dimension `dim` (a copy,
+/// never sharing storage with `t`: `narrow` always copies).
+fn shard(t: &Tensor, dim: usize, (start, len): (usize, usize), device: &Device) -> Result<Tensor> {
+    no_grad(|| Ok(t.narrow(dim, start, len)?.to(device)?.detach().requires_grad()))
+}
+
+/// The sum of tensors on different devices, on `device` (a plain all-reduce to one place).
+fn sum_on(parts: &[Tensor], device: &Device) -> Result<Tensor> {
+    let mut acc = parts.first().ok_or_else(|| Error::invalid("sum_on", "no tensors"))?.to(device)?;
+    for p in &parts[1..] {
+        acc = acc.add(&p.to(device)?)?;
+    }
+    Ok(acc)
+}
+
+/// Values of shards concatenated along `dim` on `device`, without history.
+fn gather(parts: &[Tensor], dim: usize, device: &Device) -> Result<Tensor> {
+    no_grad(|| Tensor::cat(&parts.iter().map(|p| p.to(device)).collect::<Result<Vec<_>>>()?, dim))
+}
+
+/// Gradients of shards concatenated like `gather`; `None` until every shard has one.
+fn gather_grads(parts: &[Tensor], dim: usize, device: &Device) -> Result<Option<Tensor>> {
+    let grads: Option<Vec<Tensor>> = parts.iter().map(|p| p.grad()).collect();
+    grads.map(|g| gather(&g, dim, device)).transpose()
+}
+
+/// Writes `full`'s slices into the shards.
+fn scatter(full: &Tensor, parts: &[Tensor], dim: usize, ranges: &[(usize, usize)]) -> Result<()> {
+    for (p, &(start, len)) in parts.iter().zip(ranges) {
+        p.assign(&no_grad(|| full.narrow(dim, start, len))?)?;
+    }
+    Ok(())
+}
+
+/// `y = x·Wᵀ + b` with `W`'s output rows split across devices: every device gets the whole
+/// input and computes its slice of the outputs. Autograd sums the input's gradient over the
+/// devices, since the input was copied to each with `Tensor::to`.
+///
+/// ```
+/// # fn main() -> tandem::Result<()> {
+/// use std::sync::Arc;
+/// use tandem::nn::{Linear, Module};
+/// use tandem::parallel::ColumnParallelLinear;
+/// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
+/// let mut rng = rand::rng();
+/// let lin = Linear::new(3, 5, &mut rng, &dev())?;
+/// let col = ColumnParallelLinear::from_linear(&lin, &[dev(), dev()])?;
+/// let x = tandem::Tensor::ones([2, 3], lin.weight.device())?;
+/// tandem::tolerance::check_close("y", &col.forward(&x)?.to_vec()?, &lin.forward(&x)?.to_vec()?, 1e-6, 1e-5).map_err(tandem::Error::Msg)?;
+/// # Ok(()) }
+/// ```
+pub struct ColumnParallelLinear {
+    weights: Vec<Tensor>,
+    biases: Option<Vec<Tensor>>,
+    devices: Vec<Device>,
+    ranges: Vec<(usize, usize)>,
+}
+
+impl ColumnParallelLinear {
+    /// `linear`'s weight (and bias) split by output rows over `devices`.
+    pub fn from_linear(linear: &Linear, devices: &[Device]) -> Result<Self> {
+        let ranges = shard_ranges("ColumnParallelLinear", linear.weight.dims()[0], devices)?;
+        let weights = ranges.iter().zip(devices).map(|(&r, d)| shard(&linear.weight, 0, r, d)).collect::<Result<_>>()?;
+        let biases = match &linear.bias {
+            Some(b) => Some(ranges.iter().zip(devices).map(|(&r, d)| shard(b, 0, r, d)).collect::<Result<_>>()?),
+            None => None,
+        };
+        Ok(ColumnParallelLinear { weights, biases, devices: devices.to_vec(), ranges })
+    }
+    /// Each device's slice of the output, on that device (no gather).
+    pub fn forward_shards(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        (0..self.devices.len())
+            .map(|i| {
+                let y = x.to(&self.devices[i])?.matmul_t(&self.weights[i], false, true)?;
+                match &self.biases {
+                    Some(b) => y.add(&b[i]),
+                    None => Ok(y),
+                }
+            })
+            .collect()
+    }
+    /// The whole weight `[out, in]` on the first device.
+    pub fn weight(&self) -> Result<Tensor> {
+        gather(&self.weights, 0, &self.devices[0])
+    }
+    pub fn bias(&self) -> Result<Option<Tensor>> {
+        self.biases.as_ref().map(|b| gather(b, 0, &self.devices[0])).transpose()
+    }
+    /// The weight's gradient reassembled like `weight()`.
+    pub fn weight_grad(&self) -> Result<Option<Tensor>> {
+        gather_grads(&self.weights, 0, &self.devices[0])
+    }
+    pub fn bias_grad(&self) -> Result<Option<Tensor>> {
+        Ok(match &self.biases {
+            Some(b) => gather_grads(b, 0, &self.devices[0])?,
+            None => None,
+        })
+    }
+    /// Overwrites the shards from a whole weight and bias.
+    pub fn load(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<()> {
+        scatter(weight, &self.weights, 0, &self.ranges)?;
+        match (&self.biases, bias) {
+            (Some(parts), Some(b)) => scatter(b, parts, 0, &self.ranges),
+            (None, None) => Ok(()),
+            _ => Err(Error::invalid("ColumnParallelLinear::load", "bias given for a layer without one, or missing")),
+        }
+    }
+    /// Device `i`'s parameters under the unsplit layer's names (`weight`, `bias`).
+    fn device_params(&self, i: usize) -> Vec<(String, Tensor)> {
+        let mut p = vec![("weight".to_string(), self.weights[i].clone())];
+        if let Some(b) = &self.biases {
+            p.push(("bias".to_string(), b[i].clone()));
+        }
+        p
+    }
+}
+
+impl Module for ColumnParallelLinear {
+    /// The output gathered (concatenated along the last dimension) on the first device.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let first = &self.devices[0];
+        let parts = self.forward_shards(x)?.iter().map(|y| y.to(first)).collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&parts, parts[0].rank() - 1)
+    }
+    /// Shards named `weight.shard{i}` and `bias.shard{i}`.
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        (0..self.devices.len()).flat_map(|i| self.device_params(i).into_iter().map(move |(n, t)| (format!("{n}.shard{i}"), t))).collect()
+    }
+    /// The unsplit `Linear` on `device`.
+    fn to_device(&self, device: &Device) -> Result<Box<dyn Module>> {
+        Linear { weight: self.weight()?, bias: self.bias()? }.to_device(device)
+    }
+    fn describe(&self) -> String {
+        let out: usize = self.ranges.iter().map(|r| r.1).sum();
+        format!("ColumnParallelLinear({}, {out}, {} shards)", self.weights[0].dims()[1], self.devices.len())
+    }
+}
+
+/// `y = x·Wᵀ + b` with `W`'s input columns split across devices: device `i` multiplies its
+/// slice of the input's last dimension, the partial outputs are summed on the first device
+/// and the bias is added once there.
+pub struct RowParallelLinear {
+    weights: Vec<Tensor>,
+    bias: Option<Tensor>,
+    devices: Vec<Device>,
+    ranges: Vec<(usize, usize)>,
+}
+
+impl RowParallelLinear {
+    /// `linear`'s weight split by input columns over `devices`; the bias stays whole on the first.
+    pub fn from_linear(linear: &Linear, devices: &[Device]) -> Result<Self> {
+        let ranges = shard_ranges("RowParallelLinear", linear.weight.dims()[1], devices)?;
+        let weights = ranges.iter().zip(devices).map(|(&r, d)| shard(&linear.weight, 1, r, d)).collect::<Result<_>>()?;
+        let bias = linear.bias.as_ref().map(|b| shard(b, 0, (0, b.numel()), &devices[0])).transpose()?;
+        Ok(RowParallelLinear { weights, bias, devices: devices.to_vec(), ranges })
+    }
+    /// The output on the first device from inputs already split by `forward_shards` of a
+    /// `ColumnParallelLinear` (one slice per device, in device order).
+    pub fn forward_shards(&self, xs: &[Tensor]) -> Result<Tensor> {
+        if xs.len() != self.devices.len() {
+            return Err(Error::invalid("RowParallelLinear", format!("{} input slices for {} devices", xs.len(), self.devices.len())));
+        }
+        let partial = xs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x.to(&self.devices[i])?.matmul_t(&self.weights[i], false, true))
+            .collect::<Result<Vec<_>>>()?;
+        let y = sum_on(&partial, &self.devices[0])?;
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+    pub fn weight(&self) -> Result<Tensor> {
+        gather(&self.weights, 1, &self.devices[0])
+    }
+    pub fn bias(&self) -> Option<Tensor> {
+        self.bias.clone()
+    }
+    pub fn weight_grad(&self) -> Result<Option<Tensor>> {
+        gather_grads(&self.weights, 1, &self.devices[0])
+    }
+    pub fn load(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<()> {
+        scatter(weight, &self.weights, 1, &self.ranges)?;
+        match (&self.bias, bias) {
+            (Some(own), Some(b)) => own.assign(b),
+            (None, None) => Ok(()),
+            _ => Err(Error::invalid("RowParallelLinear::load", "bias given for a layer without one, or missing")),
+        }
+    }
+    fn device_params(&self, i: usize) -> Vec<(String, Tensor)> {
+        let mut p = vec![("weight".to_string(), self.weights[i].clone())];
+        if let (0, Some(b)) = (i, &self.bias) {
+            p.push(("bias".to_string(), b.clone()));
+        }
+        p
+    }
+}
+
+impl Module for RowParallelLinear {
+    /// Splits `x`'s last dimension over the devices, then `forward_shards`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let last = x.rank().checked_sub(1).ok_or_else(|| Error::shape("RowParallelLinear", "a scalar input"))?;
+        let xs = self.ranges.iter().map(|&(s, n)| x.narrow(last, s, n)).collect::<Result<Vec<_>>>()?;
+        self.forward_shards(&xs)
+    }
+    /// Shards named `weight.shard{i}`; the bias is `bias`.
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p: Vec<_> = self.weights.iter().enumerate().map(|(i, w)| (format!("weight.shard{i}"), w.clone())).collect();
+        if let Some(b) = &self.bias {
+            p.push(("bias".into(), b.clone()));
+        }
+        p
+    }
+    fn to_device(&self, device: &Device) -> Result<Box<dyn Module>> {
+        Linear { weight: self.weight()?, bias: self.bias.clone() }.to_device(device)
+    }
+    fn describe(&self) -> String {
+        format!("RowParallelLinear({}, {}, {} shards)", self.ranges.iter().map(|r| r.1).sum::<usize>(), self.weights[0].dims()[0], self.devices.len())
+    }
+}
+
+/// The `Linear` a layer's `weight [out, in]` and `bias [out]` parameters describe.
+fn as_linear(name: &str, layer: &dyn Module) -> Result<Linear> {
+    let params = layer.parameters();
+    let get = |n: &str| params.iter().find(|p| p.0 == n).map(|p| p.1.clone());
+    match get("weight") {
+        Some(w) if w.rank() == 2 && params.len() <= 2 => Ok(Linear { weight: w, bias: get("bias") }),
+        _ => Err(Error::invalid("TensorParallel", format!("layer {name} ({}) is not a Linear", layer.describe()))),
+    }
+}
+
+/// For a sharded parameter name of the (column, row) layers `names`: the dimension its
+/// shards split.
+fn split_dim(names: &(String, String), name: &str) -> Option<usize> {
+    let (a, b) = names;
+    if name == format!("{a}.weight") || name == format!("{a}.bias") {
+        Some(0)
+    } else if name == format!("{b}.weight") {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// Tensor parallelism for a model ending in `Linear → parameterless elementwise layers →
+/// Linear` (the seed CNN's fc1, relu3, fc2): everything before runs on the first device, the
+/// first Linear is column-parallel, the second row-parallel, each device with its own
+/// optimizer. `state_dict()` gives the unsplit names and shapes.
+pub struct TensorParallel {
+    trunk: Option<Sequential>,
+    between: Sequential,
+    names: (String, String),
+    col: ColumnParallelLinear,
+    row: RowParallelLinear,
+    opts: Vec<Box<dyn Optimizer>>,
+    devices: Vec<Device>,
+    loss: Loss,
+    trace: Option<Trace>,
+}
+
+impl TensorParallel {
+    pub fn new(model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Self> {
+        let first = devices.first().ok_or_else(|| Error::invalid("TensorParallel", "no devices given"))?;
+        let layers = model.layers();
+        let with_params: Vec<usize> = (0..layers.len()).filter(|&i| !layers[i].1.parameters().is_empty()).collect();
+        let (i1, i2) = match with_params[..] {
+            [.., a, b] if b + 1 == layers.len() => (a, b),
+            _ => return Err(Error::invalid("TensorParallel", "the model must end in two Linear layers with only parameterless layers between")),
+        };
+        let trunk = if i1 > 0 { Some(model.slice(0..i1, first)?) } else { None };
+        let between = if i1 + 1 < i2 { model.slice(i1 + 1..i2, first)? } else { Sequential::new() };
+        let fc1 = as_linear(&layers[i1].0, &*layers[i1].1)?;
+        let fc2 = as_linear(&layers[i2].0, &*layers[i2].1)?;
+        if fc1.weight.dims()[0] != fc2.weight.dims()[1] {
+            return Err(Error::shape("TensorParallel", format!("{} outputs {:?} but {} takes {:?}", layers[i1].0, fc1.weight.shape(), layers[i2].0, fc2.weight.shape())));
+        }
+        let col = ColumnParallelLinear::from_linear(&fc1, devices)?;
+        let row = RowParallelLinear::from_linear(&fc2, devices)?;
+        let names = (layers[i1].0.clone(), layers[i2].0.clone());
+        let mut tp = TensorParallel { trunk, between, names, col, row, opts: Vec::new(), devices: devices.to_vec(), loss, trace: None };
+        tp.opts = (0..devices.len()).map(|i| opt.build(tp.device_params(i))).collect::<Result<_>>()?;
+        Ok(tp)
+    }
+
+    /// Device `i`'s parameters with the unsplit model's names (shards share their layer's names).
+    fn device_params(&self, i: usize) -> Vec<(String, Tensor)> {
+        let mut p = if i == 0 { self.trunk.as_ref().map(|t| t.parameters()).unwrap_or_default() } else { Vec::new() };
+        p.extend(self.col.device_params(i).into_iter().map(|(n, t)| (format!("{}.{n}", self.names.0), t)));
+        p.extend(self.row.device_params(i).into_iter().map(|(n, t)| (format!("{}.{n}", self.names.1), t)));
+        p
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = match &self.trunk {
+            Some(t) => t.forward(x)?,
+            None => x.clone(),
+        };
+        let shards = self.col.forward_shards(&h)?.iter().map(|s| self.between.forward(s)).collect::<Result<Vec<_>>>()?;
+        self.row.forward_shards(&shards)
+    }
+}
+
+impl Strategy for TensorParallel {
+    fn step(&mut self, batch: &Batch) -> Result<StepReport> {
+        let t0 = Instant::now();
+        let (x, y) = batch_to_device(batch, &self.devices[0])?;
+        let loss = self.loss.compute(&self.forward(&x)?, &y)?;
+        let tf = t0.elapsed().as_secs_f64();
+        for o in &self.opts {
+            o.zero_grad();
+        }
+        let tb = Instant::now();
+        loss.backward()?;
+        let dur_b = tb.elapsed().as_secs_f64();
+        let track0 = self.devices[0].spec() + " #0";
+        if let Some(tr) = &self.trace {
+            // The forward and backward cross every device from the first device's thread.
+            tr.span(&track0, "forward", Phase::Forward, t0, tf);
+            tr.span(&track0, "backward", Phase::Backward, tb, dur_b);
+        }
+        for (i, o) in self.opts.iter_mut().enumerate() {
+            let to = Instant::now();
+            o.step()?;
+            if let Some(tr) = &self.trace {
+                tr.span(&format!("{} #{i}", self.devices[i].spec()), "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
+            }
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        Ok(StepReport {
+            loss: loss.to_scalar()?,
+            wall_s: wall,
+            compute_s: wall,
+            peak_memory: self.devices.iter().map(|d| d.memory().peak).collect(),
+            ..Default::default()
+        })
+    }
+    fn predict(&self, x: &Batch) -> Result<Tensor> {
+        let (x, _) = batch_to_device(x, &self.devices[0])?;
+        no_grad(|| self.forward(&x))
+    }
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = self.trunk.as_ref().map(|t| t.parameters()).unwrap_or_default();
+        let (a, b) = &self.names;
+        out.push((format!("{a}.weight"), self.col.weight()?));
+        if let Some(bias) = self.col.bias()? {
+            out.push((format!("{a}.bias"), bias));
+        }
+        out.push((format!("{b}.weight"), self.row.weight()?));
+        if let Some(bias) = self.row.bias() {
+            out.push((format!("{b}.bias"), bias));
+        }
+        Ok(out)
+    }
+    fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        let names: Vec<String> = self.state_dict()?.into_iter().map(|p| p.0).collect();
+        let missing: Vec<&String> = names.iter().filter(|n| !state.iter().any(|s| &s.0 == *n)).collect();
+        let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !names.iter().any(|m| m == n)).collect();
+        if !missing.is_empty() || !unexpected.is_empty() {
+            return Err(Error::invalid("load_state_dict", format!("missing {missing:?}, unexpected {unexpected:?}")));
+        }
+        let get = |n: String| state.iter().find(|s| s.0 == n).map(|s| &s.1);
+        if let Some(t) = &self.trunk {
+            let names: Vec<String> = t.parameters().into_iter().map(|p| p.0).collect();
+            t.load_state(&state.iter().filter(|s| names.contains(&s.0)).cloned().collect::<Vec<_>>())?;
+        }
+        let (a, b) = &self.names;
+        let wa = get(format!("{a}.weight")).ok_or_else(|| Error::invalid("load_state_dict", format!("missing {a}.weight")))?;
+        self.col.load(wa, get(format!("{a}.bias")))?;
+        let wb = get(format!("{b}.weight")).ok_or_else(|| Error::invalid("load_state_dict", format!("missing {b}.weight")))?;
+        self.row.load(wb, get(format!("{b}.bias")))
+    }
+    /// Device 0's state, with the sharded parameters' state reassembled from every device.
+    fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
+        let per: Vec<_> = self.opts.iter().map(|o| o.state()).collect();
+        let mut out = Vec::new();
+        for (name, t) in &per[0].0 {
+            let dim = split_dim(&self.names, name.rsplit_once('.').map_or("", |(p, _)| p));
+            match dim {
+                Some(d) => {
+                    let parts = per.iter().map(|(s, _)| s.iter().find(|x| &x.0 == name).map(|x| x.1.clone())).collect::<Option<Vec<_>>>();
+                    let parts = parts.ok_or_else(|| Error::Msg(format!("optimizer state {name} is missing on some device")))?;
+                    out.push((name.clone(), gather(&parts, d, &self.devices[0])?));
+                }
+                None => out.push((name.clone(), t.clone())),
+            }
+        }
+        Ok((out, per[0].1))
+    }
+    fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        let ranges = self.col.ranges.clone();
+        let names = self.names.clone();
+        for (opt, &(start, len)) in self.opts.iter_mut().zip(&ranges) {
+            let mine = state
+                .iter()
+                .map(|(n, t)| match split_dim(&names, n.rsplit_once('.').map_or("", |(p, _)| p)) {
+                    Some(d) => Ok((n.clone(), no_grad(|| t.narrow(d, start, len))?)),
+                    None => Ok((n.clone(), t.clone())),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            opt.load_state(&mine, steps)?;
+        }
+        Ok(())
+    }
+    fn devices(&self) -> Vec<Device> {
+        self.devices.clone()
+    }
+    fn set_trace(&mut self, trace: Trace) {
+        self.trace = Some(trace);
+    }
+}

@@ -1,0 +1,208 @@
+//! Elementwise arithmetic, reductions and losses on tensors.
+use super::Tensor;
+use crate::autograd::GradOp;
+use crate::backend::{BinaryOp, IndexOp, ReduceOp, ReduceSpec, UnaryOp};
+use crate::{DType, Error, Layout, Result, Shape};
+
+impl Tensor {
+    /// Applies an elementwise op (recorded for autograd).
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        self.expect_dtype("unary", DType::F32)?;
+        let out = self.alloc_like(self.numel(), DType::F32)?;
+        self.backend().unary(op, &self.0.buffer, &self.layout(), &out)?;
+        Ok(Tensor::result(out, self.shape().clone(), self.device(), GradOp::Unary(op), &[self]))
+    }
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Neg)
+    }
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Exp)
+    }
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Log)
+    }
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Relu)
+    }
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sqrt)
+    }
+    pub fn square(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Square)
+    }
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Tanh)
+    }
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+    pub fn recip(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Recip)
+    }
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Abs)
+    }
+    pub fn powf(&self, p: f32) -> Result<Tensor> {
+        self.unary(UnaryOp::Powf(p))
+    }
+    /// `self * mul + add`.
+    pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
+        self.unary(UnaryOp::Affine { mul, add })
+    }
+    pub fn mul_scalar(&self, s: f32) -> Result<Tensor> {
+        self.affine(s, 0.0)
+    }
+    pub fn add_scalar(&self, s: f32) -> Result<Tensor> {
+        self.affine(1.0, s)
+    }
+
+    /// Broadcasting elementwise op of two tensors (recorded for autograd).
+    pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
+        let name = binary_name(op);
+        self.same_device(name, other)?;
+        self.expect_dtype(name, DType::F32)?;
+        other.expect_dtype(name, DType::F32)?;
+        let shape = Shape::broadcast(name, self.shape(), other.shape())?;
+        let la = Layout::broadcast_to(self.shape(), &shape);
+        let lb = Layout::broadcast_to(other.shape(), &shape);
+        let out = self.alloc_like(shape.numel(), DType::F32)?;
+        self.backend().binary(op, &self.0.buffer, &la, &other.0.buffer, &lb, &out)?;
+        Ok(Tensor::result(out, shape, self.device(), GradOp::Binary(op), &[self, other]))
+    }
+    pub fn add(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Add, o)
+    }
+    pub fn sub(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Sub, o)
+    }
+    pub fn mul(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Mul, o)
+    }
+    pub fn div(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Div, o)
+    }
+    pub fn maximum(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Max, o)
+    }
+    pub fn minimum(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Min, o)
+    }
+    pub fn gt(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Gt, o)
+    }
+    pub fn eq_elem(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Eq, o)
+    }
+
+    fn reduce_raw(&self, op: ReduceOp, axis: usize, keepdim: bool) -> Result<(crate::backend::Buffer, Shape)> {
+        let d = self.dims();
+        let spec = ReduceSpec { outer: d[..axis].iter().product(), len: d[axis], inner: d[axis + 1..].iter().product() };
+        if spec.len == 0 && op != ReduceOp::Sum {
+            return Err(Error::shape("reduce", format!("{op:?} over an empty axis of {:?}", self.shape())));
+        }
+        let dtype = if op == ReduceOp::ArgMax { DType::I32 } else { DType::F32 };
+        let out = self.alloc_like(spec.outer * spec.inner, dtype)?;
+        self.backend().reduce(op, &self.0.buffer, spec, &out)?;
+        let mut shape = d.to_vec();
+        if keepdim {
+            shape[axis] = 1;
+        } else {
+            shape.remove(axis);
+        }
+        Ok((out, Shape(shape)))
+    }
+    /// Sum over `axis` (negative counts from the end).
+    pub fn sum(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.expect_dtype("sum", DType::F32)?;
+        let a = self.shape().axis("sum", axis)?;
+        let (out, shape) = self.reduce_raw(ReduceOp::Sum, a, keepdim)?;
+        Ok(Tensor::result(out, shape, self.device(), GradOp::Sum { axis: a }, &[self]))
+    }
+    pub fn mean(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let a = self.shape().axis("mean", axis)?;
+        let n = self.dims()[a].max(1) as f32;
+        self.sum(axis, keepdim)?.mul_scalar(1.0 / n)
+    }
+    /// Maximum over `axis`; the gradient is shared evenly between tied maxima.
+    pub fn max(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.expect_dtype("max", DType::F32)?;
+        let a = self.shape().axis("max", axis)?;
+        let (out, shape) = self.reduce_raw(ReduceOp::Max, a, keepdim)?;
+        Ok(Tensor::result(out, shape, self.device(), GradOp::Max { axis: a }, &[self]))
+    }
+    pub fn min(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.neg()?.max(axis, keepdim)?.neg()
+    }
+    /// Index of the first maximum along `axis`, as I32.
+    pub fn argmax(&self, axis: isize) -> Result<Tensor> {
+        self.expect_dtype("argmax", DType::F32)?;
+        let a = self.shape().axis("argmax", axis)?;
+        let (out, shape) = self.reduce_raw(ReduceOp::ArgMax, a, false)?;
+        Ok(Tensor::from_parts(out, shape, self.device().clone(), None))
+    }
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.flatten_all()?.sum(0, false)
+    }
+    pub fn mean_all(&self) -> Result<Tensor> {
+        let n = self.numel().max(1) as f32;
+        self.sum_all()?.mul_scalar(1.0 / n)
+    }
+
+    /// Numerically stable softmax along `axis`.
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        self.log_softmax(axis)?.exp()
+    }
+    /// `x - max - log(sum(exp(x - max)))` along `axis`; the max is a constant shift, so it is
+    /// detached (the result's gradient does not depend on it).
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        let m = self.detach().max(axis, true)?;
+        let z = self.sub(&m)?;
+        let lse = z.exp()?.sum(axis, true)?.log()?;
+        z.sub(&lse)
+    }
+
+    /// Picks `self[r, labels[r]]` from `[rows, cols]`; labels are I32 `[rows]`.
+    pub fn gather_rows(&self, labels: &Tensor) -> Result<Tensor> {
+        self.same_device("gather_rows", labels)?;
+        labels.expect_dtype("gather_rows", DType::I32)?;
+        if self.rank() != 2 || labels.dims() != [self.dims()[0]] {
+            return Err(Error::shape(
+                "gather_rows",
+                format!("input {:?} needs rank 2 and labels [{}], got labels {:?}", self.shape(), self.dims().first().copied().unwrap_or(0), labels.shape()),
+            ));
+        }
+        let (rows, cols) = (self.dims()[0], self.dims()[1]);
+        let out = self.alloc_like(rows, DType::F32)?;
+        self.backend().index(IndexOp::Gather, &self.0.buffer, &labels.0.buffer, &out, rows, cols)?;
+        Ok(Tensor::result(out, Shape(vec![rows]), self.device(), GradOp::Gather { cols }, &[self, labels]))
+    }
+
+    /// Mean cross-entropy of `[N, C]` logits against I32 class indices `[N]`, as PyTorch's
+    /// `CrossEntropyLoss()` (reduction mean).
+    pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
+        if self.rank() != 2 {
+            return Err(Error::shape("cross_entropy", format!("logits must be [N, C], got {:?}", self.shape())));
+        }
+        self.log_softmax(1)?.gather_rows(labels)?.mean_all()?.neg()
+    }
+    /// Mean squared error, as PyTorch's `MSELoss()`; shapes must match exactly.
+    pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
+        if self.shape() != target.shape() {
+            return Err(Error::shape("mse_loss", format!("prediction {:?} vs target {:?}", self.shape(), target.shape())));
+        }
+        self.sub(target)?.square()?.mean_all()
+    }
+}
+
+fn binary_name(op: BinaryOp) -> &'static str {
+    match op {
+        BinaryOp::Add => "add",
+        BinaryOp::Sub => "sub",
+        BinaryOp::Mul => "mul",
+        BinaryOp::Div => "div",
+        BinaryOp::Max => "maximum",
+        BinaryOp::Min => "minimum",
+        BinaryOp::Gt => "gt",
+        BinaryOp::Eq => "eq",
+    }
+}

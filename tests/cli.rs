@@ -1,0 +1,241 @@
+//! End-to-end tests of the `tandem` binary on the CPU device: JSON logs, weights round trips,
+//! crash-safe resume (SIGKILL, then bit-identical weights), damaged checkpoints, and one clear
+//! error for each kind of bad input.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use tandem::checkpoint::{read_safetensors, write_safetensors, HostTensor};
+
+fn tandem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+}
+
+fn run(args: &[&str]) -> Output {
+    tandem().args(args).output().expect("the tandem binary runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A fresh, empty directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tandem-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = run(args);
+    assert!(out.status.success(), "tandem {args:?} failed:\n{}", text(&out.stderr));
+    out
+}
+
+/// Asserts the run fails with 1-3 lines on stderr, no panic, mentioning `needle`.
+fn fails(args: &[&str], needle: &str) {
+    let out = run(args);
+    let err = text(&out.stderr);
+    let lines = err.lines().filter(|l| !l.trim().is_empty()).count();
+    assert!(!out.status.success(), "tandem {args:?} should fail; stderr:\n{err}");
+    assert!((1..=3).contains(&lines), "tandem {args:?}: {lines} lines on stderr:\n{err}");
+    assert!(!err.contains("panicked"), "tandem {args:?} panicked:\n{err}");
+    assert!(err.contains(needle), "tandem {args:?}: stderr lacks '{needle}':\n{err}");
+}
+
+/// Random-looking but reproducible f32s in [-1, 1).
+fn noise(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn write(path: &Path, tensors: Vec<(&str, HostTensor)>) {
+    let tensors: Vec<(String, HostTensor)> = tensors.into_iter().map(|(n, t)| (n.to_string(), t)).collect();
+    write_safetensors(path, &tensors, &BTreeMap::new()).unwrap();
+}
+
+/// `n` 1x28x28 images with labels `label(i)`, as a `--data` file.
+fn image_file(path: &Path, n: usize, label: impl Fn(usize) -> i32) {
+    let x = HostTensor::f32(vec![n, 1, 28, 28], noise(n * 784, 7)).unwrap();
+    let y = HostTensor::i32(vec![n], (0..n).map(label).collect()).unwrap();
+    write(path, vec![("x", x), ("y", y)]);
+}
+
+#[test]
+fn devices_lists_the_cpu() {
+    let out = ok(&["devices"]);
+    let table = text(&out.stdout);
+    assert!(table.lines().any(|l| l.contains("cpu") && l.starts_with('*')), "{table}");
+}
+
+#[test]
+fn json_log_has_one_object_per_step_then_a_summary() {
+    let dir = scratch("json");
+    let (plot, trace) = (dir.join("loss.svg"), dir.join("trace.json"));
+    let out = ok(&["train", "--data", "digits", "--steps", "3", "--batch", "8", "--devices", "cpu", "--log-format", "json", "--plot", s(&plot), "--trace", s(&trace)]);
+    let lines: Vec<serde_json::Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("each stdout line is JSON")).collect();
+    assert_eq!(lines.len(), 4);
+    for (i, l) in lines[..3].iter().enumerate() {
+        assert_eq!(l["step"], i as u64 + 1);
+        assert!(l["loss"].as_f64().unwrap().is_finite());
+    }
+    let summary = &lines[3];
+    let acc = summary["test_accuracy"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+    assert!(summary["samples_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(summary["wall_s"].as_f64().unwrap() > 0.0);
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    assert!(trace["traceEvents"].as_array().unwrap().len() > 3);
+}
+
+#[test]
+fn save_then_init_round_trips_the_weights() {
+    let dir = scratch("roundtrip");
+    let (a, b) = (dir.join("a.safetensors"), dir.join("b.safetensors"));
+    let base = ["train", "--model", "seed-two-layer", "--data", "synthetic", "--devices", "cpu", "--batch", "50"];
+    ok(&[&base[..], &["--steps", "5", "--save", s(&a)]].concat());
+    // lr 0 leaves the weights as loaded, so what is saved must be exactly what was read.
+    ok(&[&base[..], &["--steps", "1", "--lr", "0", "--init", s(&a), "--save", s(&b)]].concat());
+    let (ta, tb) = (read_safetensors(&a).unwrap().0, read_safetensors(&b).unwrap().0);
+    let names: Vec<&str> = ta.iter().map(|t| t.0.as_str()).collect();
+    assert_eq!(names, ["linear1.bias", "linear1.weight", "linear2.bias", "linear2.weight"]);
+    assert_eq!(ta, tb);
+}
+
+/// Runs `args` until it finishes; returns whether it was cut short by SIGKILL.
+fn run_and_kill_after_first_checkpoint(args: &[&str], ckpt_dir: &Path, delay: Duration) -> bool {
+    let mut child = tandem().args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_dir(ckpt_dir).unwrap().next().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(delay);
+    let killed = child.try_wait().unwrap().is_none();
+    child.kill().unwrap_or(());
+    child.wait().unwrap();
+    killed
+}
+
+#[test]
+fn sigkill_then_resume_ends_with_the_uninterrupted_weights() {
+    let dir = scratch("kill");
+    let data = dir.join("data.safetensors");
+    // 50 samples at batch 8: 6 batches an epoch, so 60 steps cross many epoch boundaries.
+    image_file(&data, 50, |i| (i % 10) as i32);
+    let common = ["train", "--data", s(&data), "--batch", "8", "--steps", "60", "--devices", "cpu", "--checkpoint-every", "5"];
+    let (full, resumed) = (dir.join("full.safetensors"), dir.join("resumed.safetensors"));
+    let (ck_full, ck_kill) = (dir.join("ck-full"), dir.join("ck-kill"));
+    std::fs::create_dir_all(&ck_kill).unwrap();
+    ok(&[&common[..], &["--checkpoint-dir", s(&ck_full), "--save", s(&full)]].concat());
+
+    let killing = [&common[..], &["--checkpoint-dir", s(&ck_kill)]].concat();
+    // A delay that varies from run to run, so that over many runs the kill lands anywhere.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let delay = Duration::from_millis(u64::from(nanos % 200));
+    let killed = run_and_kill_after_first_checkpoint(&killing, &ck_kill, delay);
+    eprintln!("killed mid-run: {killed} (after {delay:?})");
+    let out = ok(&[&killing[..], &["--resume", "--save", s(&resumed)]].concat());
+    assert!(text(&out.stderr).contains("resuming from"), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(&full).unwrap(), std::fs::read(&resumed).unwrap(), "weights differ after resume");
+}
+
+#[test]
+fn damaged_checkpoints_are_skipped_with_a_message() {
+    let dir = scratch("corrupt");
+    let ck = dir.join("ck");
+    let args = ["train", "--model", "seed-linear", "--data", "synthetic", "--batch", "10", "--devices", "cpu", "--checkpoint-dir", s(&ck), "--checkpoint-every", "5"];
+    ok(&[&args[..], &["--steps", "20"]].concat());
+    let names: Vec<String> = {
+        let mut v: Vec<String> = std::fs::read_dir(&ck).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names, ["ckpt-00000010.safetensors", "ckpt-00000015.safetensors", "ckpt-00000020.safetensors"]);
+    // Newest: one flipped bit in the tensor bytes. Next: cut in half.
+    let newest = ck.join(&names[2]);
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x10;
+    std::fs::write(&newest, bytes).unwrap();
+    let middle = ck.join(&names[1]);
+    let len = std::fs::metadata(&middle).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&middle).unwrap().set_len(len / 2).unwrap();
+
+    let out = ok(&[&args[..], &["--steps", "25", "--resume"]].concat());
+    let err = text(&out.stderr);
+    assert!(err.contains("ckpt-00000020.safetensors") && err.contains("checksum"), "{err}");
+    assert!(err.contains("ckpt-00000015.safetensors"), "{err}");
+    assert!(err.contains("resuming from") && err.contains("(step 10)"), "{err}");
+    fails(&[&args[..], &["--steps", "30", "--resume", "--batch", "20"]].concat(), "was written with other settings: --batch 20 (checkpoint: 10)");
+}
+
+#[test]
+fn each_bad_input_gets_a_clear_error() {
+    let dir = scratch("errors");
+    let p = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    std::fs::write(p("text.safetensors"), "this is not a safetensors file").unwrap();
+    image_file(&dir.join("labels.safetensors"), 20, |i| if i == 13 { 12 } else { 1 });
+    let good = dir.join("good.safetensors");
+    write(&good, vec![("linear.weight", HostTensor::f32(vec![1, 10], vec![0.1; 10]).unwrap()), ("linear.bias", HostTensor::f32(vec![1], vec![0.0]).unwrap())]);
+    let bytes = std::fs::read(&good).unwrap();
+    std::fs::write(p("truncated.safetensors"), &bytes[..bytes.len() - 7]).unwrap();
+    write(&dir.join("names.safetensors"), vec![("fc.weight", HostTensor::f32(vec![1, 10], vec![0.1; 10]).unwrap())]);
+    write(&dir.join("shape.safetensors"), vec![("linear.weight", HostTensor::f32(vec![2, 10], vec![0.1; 20]).unwrap()), ("linear.bias", HostTensor::f32(vec![1], vec![0.0]).unwrap())]);
+    write(&dir.join("dtype.safetensors"), vec![("linear.weight", HostTensor::i32(vec![1, 10], vec![1; 10]).unwrap()), ("linear.bias", HostTensor::f32(vec![1], vec![0.0]).unwrap())]);
+    let mut x = noise(200, 3);
+    x[37] = f32::NAN;
+    write(&dir.join("nan.safetensors"), vec![("x", HostTensor::f32(vec![20, 10], x).unwrap()), ("y", HostTensor::f32(vec![20, 1], noise(20, 4)).unwrap())]);
+    std::fs::create_dir_all(dir.join("empty-ck")).unwrap();
+
+    let lin = ["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--steps", "2"];
+    let with = |extra: &[&str]| -> Vec<String> { lin.iter().chain(extra).map(|a| a.to_string()).collect() };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (with(&["--model", "seed-rnn"]), "invalid value 'seed-rnn'"),
+        (with(&["--optimizer", "rmsprop"]), "invalid value 'rmsprop'"),
+        (with(&["--strategy", "magic"]), "invalid value 'magic'"),
+        (with(&["--log-format", "xml"]), "invalid value 'xml'"),
+        (with(&["--data", "imagenet"]), "is not digits, synthetic"),
+        (with(&["--devices", "cuda:7"]), "no device matches 'cuda:7'"),
+        (with(&["--strategy", "pipeline"]), "not available in this build"),
+        (with(&["--init", &p("missing.safetensors")]), "missing.safetensors"),
+        (with(&["--init", &p("truncated.safetensors")]), "not a valid safetensors file"),
+        (with(&["--init", &p("text.safetensors")]), "not a valid safetensors file"),
+        (with(&["--init", &p("names.safetensors")]), "missing [linear.weight, linear.bias], unexpected [fc.weight]"),
+        (with(&["--init", &p("shape.safetensors")]), "linear.weight has shape [2, 10]"),
+        (with(&["--init", &p("dtype.safetensors")]), "linear.weight holds integers"),
+        (with(&["--data", &p("missing.safetensors")]), "missing.safetensors"),
+        (with(&["--data", &p("truncated.safetensors")]), "not a valid safetensors file"),
+        (with(&["--data", &p("text.safetensors")]), "not a valid safetensors file"),
+        (["train", "--model", "seed-linear", "--data", "synthetic", "--epochs", "18446744073709551615"].map(String::from).to_vec(), "more steps than can be counted"),
+        (with(&["--data", &p("labels.safetensors")]), "seed-linear takes inputs of shape [10]"),
+        (with(&["--model", "seed-cnn", "--data", &p("labels.safetensors")]), "label 12 at index 13, outside 0..10"),
+        (with(&["--micro-batches", "3"]), "3 does not divide --batch 64"),
+        (with(&["--batch", "0"]), "--batch"),
+        (with(&["--batch", "5000"]), "exceeds the 1000 training samples"),
+        (with(&["--lr", "-0.5"]), "finite number >= 0"),
+        (with(&["--lr", "NaN"]), "finite number >= 0"),
+        (with(&["--resume", "--checkpoint-dir", &p("empty-ck")]), "no checkpoint in"),
+        (with(&["--resume"]), "--checkpoint-dir"),
+        (with(&["--save", &p("no-such-dir/w.safetensors")]), "does not exist"),
+        (with(&["--save", &p("empty-ck")]), "is a directory"),
+        (with(&["--steps", "50", "--lr", "1e30"]), "at step"),
+        (with(&["--data", &p("nan.safetensors"), "--batch", "20"]), "loss is NaN at step 1"),
+    ];
+    for (args, needle) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(&args, needle);
+    }
+}

@@ -1,0 +1,113 @@
+//! Bad input gives a clear error naming the op and the shapes, dtypes, devices or paths.
+use std::sync::Arc;
+use tandem::backend::cpu::CpuBackend;
+use tandem::nn::{models::SeedModel, Module};
+use tandem::{Device, Error, Tensor};
+
+fn t(shape: &[usize]) -> Tensor {
+    Tensor::zeros(shape.to_vec(), &Device::cpu()).unwrap()
+}
+fn msg(r: tandem::Result<Tensor>) -> String {
+    match r {
+        Ok(t) => panic!("expected an error, got {t:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn shape_errors_name_op_and_shapes() {
+    let m = msg(t(&[2, 3]).matmul(&t(&[4, 5])));
+    assert!(
+        m.contains("matmul") && m.contains("[2, 3]") && m.contains("[4, 5]"),
+        "{m}"
+    );
+    let m = msg(t(&[2, 3]).add(&t(&[4])));
+    assert!(
+        m.contains("add") && m.contains("[2, 3]") && m.contains("[4]"),
+        "{m}"
+    );
+    let m = msg(t(&[1, 2, 8, 8]).conv2d(&t(&[4, 3, 3, 3]), (1, 1), (0, 0)));
+    assert!(m.contains("conv2d") && m.contains("[4, 3, 3, 3]"), "{m}");
+    let m = msg(t(&[1, 1, 2, 2]).conv2d(&t(&[1, 1, 3, 3]), (1, 1), (0, 0)));
+    assert!(m.contains("conv2d") && m.contains("does not fit"), "{m}");
+    let m = msg(t(&[6]).reshape([4, 2]));
+    assert!(m.contains("reshape") && m.contains("[6]"), "{m}");
+    let m = msg(t(&[2, 3]).sum(2, false));
+    assert!(m.contains("sum") && m.contains("axis 2"), "{m}");
+    let m = msg(t(&[2, 3]).mse_loss(&t(&[3, 2])));
+    assert!(m.contains("mse_loss"), "{m}");
+    let m = msg(t(&[2, 3]).narrow(1, 2, 2));
+    assert!(m.contains("narrow"), "{m}");
+    let m = msg(t(&[2, 3]).permute(&[0, 0]));
+    assert!(m.contains("permute"), "{m}");
+    let m = msg(Tensor::cat(&[t(&[2, 3]), t(&[2, 4])], 0));
+    assert!(m.contains("cat") && m.contains("[2, 4]"), "{m}");
+    let m = msg(Tensor::from_vec(vec![1.0; 5], [2, 3], &Device::cpu()));
+    assert!(m.contains("5 values") && m.contains("[2, 3]"), "{m}");
+    let model = SeedModel::Cnn.build(0, &Device::cpu()).unwrap();
+    let m = msg(model.forward(&t(&[2, 1, 20, 20])));
+    assert!(m.contains("Linear") && m.contains("320"), "{m}");
+}
+
+#[test]
+fn dtype_and_device_errors() {
+    let labels = Tensor::from_labels(vec![0, 1], [2], &Device::cpu()).unwrap();
+    let e = t(&[2, 3]).cross_entropy(&t(&[2])).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                op: "gather_rows",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(matches!(labels.exp().unwrap_err(), Error::DType { .. }));
+    let other = Device::from_backend(Arc::new(CpuBackend::new()));
+    let b = Tensor::zeros([2, 3], &other).unwrap();
+    let e = t(&[2, 3]).add(&b).unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { op: "add", .. }), "{e}");
+    assert!(e.to_string().contains("Tensor::to"), "{e}");
+}
+
+#[test]
+fn device_spec_errors_list_what_exists() {
+    for spec in ["cuda:7", "wgpu:99", "tpu:0", "cpu:x", ""] {
+        let e = Device::parse(spec).unwrap_err().to_string();
+        assert!(
+            e.contains("devices found") && e.contains("cpu"),
+            "{spec}: {e}"
+        );
+    }
+    assert_eq!(Device::parse("cpu").unwrap()[0].spec(), "cpu");
+}
+
+#[test]
+fn backward_and_loading_errors() {
+    assert!(t(&[2]).sum_all().unwrap().backward().is_err());
+    let w = t(&[3]).requires_grad();
+    assert!(w
+        .square()
+        .unwrap()
+        .backward()
+        .unwrap_err()
+        .to_string()
+        .contains("scalar"));
+    let model = SeedModel::Linear.build(0, &Device::cpu()).unwrap();
+    let bad = vec![
+        ("linear.weight".to_string(), t(&[2, 10])),
+        ("linear.bias".to_string(), t(&[1])),
+    ];
+    let e = model.load_state(&bad).unwrap_err().to_string();
+    assert!(
+        e.contains("linear.weight") && e.contains("[2, 10]") && e.contains("[1, 10]"),
+        "{e}"
+    );
+    let e = model.load_state(&bad[1..]).unwrap_err().to_string();
+    assert!(e.contains("missing") && e.contains("linear.weight"), "{e}");
+    let e = tandem::checkpoint::load_weights("/nonexistent/w.safetensors", &Device::cpu())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/nonexistent/w.safetensors"), "{e}");
+}

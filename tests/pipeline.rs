@@ -1,0 +1,309 @@
+//! Pipeline parallelism: GPipe and 1F1B give `Single`'s losses and weights; schedules are
+//! checked by simulation; recompute, traces, statistics and every construction error.
+//!
+//! Devices are independent CPU reference devices, or `TANDEM_TEST_DEVICES` (such as
+//! `cpu,wgpu:0,wgpu:1`), cycled to the number of stages a test needs.
+use std::sync::Arc;
+use tandem::backend::cpu::CpuBackend;
+use tandem::backend::*;
+use tandem::data::{synthetic, Batch};
+use tandem::nn::models::SeedModel;
+use tandem::optim::SgdConfig;
+use tandem::parallel::pipeline::{schedule, simulate, Action, Pipeline, PipelineConfig, Plan, Schedule};
+use tandem::parallel::{Loss, OptimConfig, Single, Split, Strategy};
+use tandem::tolerance::assert_close;
+use tandem::{DType, Device, Layout, Result};
+
+fn devices(n: usize) -> Vec<Device> {
+    match std::env::var("TANDEM_TEST_DEVICES") {
+        Ok(spec) => {
+            let list = Device::parse(&spec).expect("TANDEM_TEST_DEVICES names devices");
+            (0..n).map(|i| list[i % list.len()].clone()).collect()
+        }
+        Err(_) => (0..n).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect(),
+    }
+}
+
+fn opt() -> OptimConfig {
+    OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
+}
+
+fn batches(n: usize, steps: usize) -> Vec<Batch> {
+    let ds = synthetic::seed_images(n * steps, 11).unwrap();
+    (0..steps).map(|s| ds.batch(&(s * n..(s + 1) * n).collect::<Vec<_>>()).unwrap()).collect()
+}
+
+/// Losses of every step and the final weights (flattened, in state_dict order).
+fn train(strategy: &mut dyn Strategy, data: &[Batch]) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
+    let losses = data.iter().map(|b| strategy.step(b).unwrap().loss).collect();
+    let weights = strategy.state_dict().unwrap().into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect();
+    (losses, weights)
+}
+
+fn reference(data: &[Batch]) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
+    let dev = devices(1).remove(0);
+    let model = SeedModel::Cnn.build(7, &dev).unwrap();
+    train(&mut Single::new(model, &opt(), Loss::CrossEntropy, &dev).unwrap(), data)
+}
+
+fn same_as_reference(what: &str, got: &(Vec<f32>, Vec<(String, Vec<f32>)>), want: &(Vec<f32>, Vec<(String, Vec<f32>)>)) {
+    assert_close(&format!("{what}: losses"), &got.0, &want.0, 1e-5, 1e-4);
+    let names = |w: &[(String, Vec<f32>)]| w.iter().map(|p| p.0.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&got.1), names(&want.1), "{what}: parameter names");
+    for ((name, g), (_, w)) in got.1.iter().zip(&want.1) {
+        assert_close(&format!("{what}: {name}"), g, w, 1e-5, 1e-4);
+    }
+}
+
+fn pipeline(stages: usize, split: Split, m: usize, kind: Schedule, recompute: bool) -> Pipeline {
+    let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
+    Pipeline::new(&model, &devices(stages), split, m, kind, &opt(), Loss::CrossEntropy, PipelineConfig { recompute }).unwrap()
+}
+
+#[test]
+fn gpipe_and_1f1b_match_single_over_ten_steps() {
+    let data = batches(16, 10);
+    let want = reference(&data);
+    for kind in [Schedule::GPipe, Schedule::OneFOneB] {
+        for (stages, split) in [(2, Split::At(vec![4])), (3, Split::At(vec![3, 7]))] {
+            for m in [2, 4] {
+                let got = train(&mut pipeline(stages, split.clone(), m, kind, false), &data);
+                same_as_reference(&format!("{kind:?} p={stages} m={m}"), &got, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn recompute_and_auto_split_match_single() {
+    let data = batches(16, 10);
+    let want = reference(&data);
+    let got = train(&mut pipeline(3, Split::At(vec![2, 8]), 4, Schedule::OneFOneB, true), &data);
+    same_as_reference("1F1B with recompute", &got, &want);
+    let got = train(&mut pipeline(2, Split::At(vec![5]), 2, Schedule::GPipe, true), &data);
+    same_as_reference("GPipe with recompute", &got, &want);
+    let mut auto = pipeline(2, Split::Auto, 2, Schedule::OneFOneB, false);
+    let got = train(&mut auto, &data);
+    same_as_reference("1F1B with Split::Auto", &got, &want);
+    let ranges = auto.ranges();
+    assert_eq!((ranges[0].start, ranges[1].end), (0, 10), "{ranges:?}");
+}
+
+/// Positions of each micro-batch's forward and backward in one stage's list.
+fn position(list: &[Action], a: Action) -> usize {
+    list.iter().position(|x| *x == a).unwrap_or_else(|| panic!("{a} missing from {list:?}"))
+}
+
+#[test]
+fn schedules_respect_dependencies_and_bound_activations() {
+    for kind in [Schedule::GPipe, Schedule::OneFOneB] {
+        for p in 1..=4 {
+            for m in 1..=8 {
+                let plan = schedule(kind, p, m);
+                let text = Plan(&plan).to_string();
+                // Finishing the dataflow simulation means no deadlock.
+                let sim = simulate(&plan, m, 1.0, 2.0).unwrap_or_else(|e| panic!("{kind:?} p={p} m={m}: {e}\n{text}"));
+                for (s, list) in plan.iter().enumerate() {
+                    for mb in 0..m {
+                        assert!(position(list, Action::Forward(mb)) < position(list, Action::Backward(mb)), "{text}");
+                        let (f, b) = (position(list, Action::Forward(mb)), position(list, Action::Backward(mb)));
+                        if s + 1 < p {
+                            let next = &plan[s + 1];
+                            let (nf, nb) = (position(next, Action::Forward(mb)), position(next, Action::Backward(mb)));
+                            assert!(sim.timeline[s + 1][nf].0 >= sim.timeline[s][f].1, "forward {mb} on {} before {s}\n{text}", s + 1);
+                            assert!(sim.timeline[s][b].0 >= sim.timeline[s + 1][nb].1, "backward {mb} on {s} before {}\n{text}", s + 1);
+                        }
+                    }
+                    let mut in_flight: i64 = 0;
+                    let mut most = 0;
+                    for a in list {
+                        in_flight += if matches!(a, Action::Forward(_)) { 1 } else { -1 };
+                        most = most.max(in_flight);
+                    }
+                    assert_eq!(most as usize, sim.max_in_flight[s]);
+                    match kind {
+                        Schedule::GPipe => assert_eq!(most as usize, m, "{text}"),
+                        Schedule::OneFOneB => assert!(most as usize <= p.min(m), "stage {s}: {most} in flight\n{text}"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn trace_has_one_track_per_device_and_parses() {
+    let mut pipe = pipeline(3, Split::At(vec![3, 7]), 2, Schedule::OneFOneB, false);
+    let trace = tandem::parallel::trace::Trace::new();
+    pipe.set_trace(trace.clone());
+    pipe.step(&batches(8, 1)[0]).unwrap();
+    let path = std::env::temp_dir().join(format!("tandem-pipeline-trace-{}.json", std::process::id()));
+    trace.write(&path).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let tracks: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "M").collect();
+    assert_eq!(tracks.len(), 3, "{tracks:?}");
+    for cat in ["forward", "backward", "optimizer"] {
+        for tid in 0..3 {
+            assert!(events.iter().any(|e| e["cat"] == cat && e["tid"] == tid), "no {cat} span on track {tid}");
+        }
+    }
+    assert!(events.iter().any(|e| e["cat"] == "comm"), "no comm span");
+}
+
+/// Bubble and activation memory of the seed CNN over two CPU stages, printed as a table.
+#[test]
+fn bubble_and_activation_memory_are_measured() {
+    let data = batches(32, 3);
+    // Split::Auto balances the stages by measured time, so that the bubble is the schedule's
+    // and not the imbalance's.
+    println!("p=2, batch 32, seed CNN, Split::Auto | bubble measured / theoretical, busy and idle s per stage, peak activation bytes per stage");
+    for m in [1, 2, 4, 8] {
+        for kind in [Schedule::GPipe, Schedule::OneFOneB] {
+            let mut pipe = pipeline(2, Split::Auto, m, kind, false);
+            for b in &data {
+                pipe.step(b).unwrap();
+            }
+            let st = pipe.last_stats().unwrap().clone();
+            let ms = |v: &[f64]| v.iter().map(|x| format!("{:.1}ms", x * 1e3)).collect::<Vec<_>>().join(" ");
+            println!(
+                "{kind:?} m={m} stages {:?}: {:.3} / {:.3}, busy {} idle {}, activations {:?}",
+                pipe.ranges(),
+                st.bubble_measured,
+                st.bubble_theoretical,
+                ms(&st.busy_s),
+                ms(&st.idle_s),
+                st.peak_activation_bytes
+            );
+            assert!((0.0..1.0).contains(&st.bubble_measured), "{st:?}");
+            assert!((st.bubble_theoretical - 1.0 / (m as f64 + 1.0)).abs() < 1e-12);
+            assert!(st.peak_activation_bytes.iter().all(|&b| b > 0));
+        }
+    }
+    // Stage 0 keeps every micro-batch under GPipe but at most p = 2 under 1F1B.
+    let peak = |kind, recompute| {
+        let mut pipe = pipeline(2, Split::At(vec![4]), 8, kind, recompute);
+        pipe.step(&data[0]).unwrap();
+        pipe.last_stats().unwrap().peak_activation_bytes[0]
+    };
+    let (gpipe, ofob, recomputed) = (peak(Schedule::GPipe, false), peak(Schedule::OneFOneB, false), peak(Schedule::GPipe, true));
+    println!("stage 0 peak activations, m=8: GPipe {gpipe} B, 1F1B {ofob} B, GPipe+recompute {recomputed} B");
+    assert_eq!(gpipe, 4 * ofob, "8 micro-batches in flight against 2");
+    assert!(recomputed < ofob);
+}
+
+/// A CPU device that reports `memory` bytes of device memory.
+struct SmallDevice {
+    cpu: CpuBackend,
+    info: DeviceInfo,
+}
+
+impl Backend for SmallDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+    fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
+        self.cpu.alloc(len, dtype)
+    }
+    fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
+        self.cpu.upload(bytes, dtype)
+    }
+    fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
+        self.cpu.download(buf)
+    }
+    fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
+        self.cpu.fill(buf, value)
+    }
+    fn copy(&self, src: &Buffer, so: usize, dst: &Buffer, d: usize, len: usize) -> Result<()> {
+        self.cpu.copy(src, so, dst, d, len)
+    }
+    fn unary(&self, op: UnaryOp, x: &Buffer, l: &Layout, out: &Buffer) -> Result<()> {
+        self.cpu.unary(op, x, l, out)
+    }
+    fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
+        self.cpu.binary(op, a, la, b, lb, out)
+    }
+    fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
+        self.cpu.reduce(op, x, spec, out)
+    }
+    fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
+        self.cpu.matmul(a, b, out, spec)
+    }
+    fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
+        self.cpu.im2col(x, cols, spec)
+    }
+    fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
+        self.cpu.col2im(cols, x, spec)
+    }
+    fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
+        self.cpu.max_pool2d(x, out, argmax, spec)
+    }
+    fn max_pool2d_backward(&self, g: &Buffer, argmax: &Buffer, gx: &Buffer, spec: WindowSpec) -> Result<()> {
+        self.cpu.max_pool2d_backward(g, argmax, gx, spec)
+    }
+    fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
+        self.cpu.index(op, x, idx, out, rows, cols)
+    }
+    fn sync(&self) -> Result<()> {
+        self.cpu.sync()
+    }
+    fn memory(&self) -> MemoryStats {
+        self.cpu.memory()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+fn small_device(memory: u64) -> Device {
+    let cpu = CpuBackend::new();
+    let info = DeviceInfo { memory: Some(memory), name: format!("CPU with {memory} bytes"), ..cpu.info().clone() };
+    Device::from_backend(Arc::new(SmallDevice { cpu, info }))
+}
+
+fn new_err(model_layers: usize, devices: &[Device], split: Split, m: usize) -> String {
+    let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
+    assert_eq!(model.len(), model_layers);
+    let cfg = PipelineConfig::default();
+    match Pipeline::new(&model, devices, split, m, Schedule::GPipe, &opt(), Loss::CrossEntropy, cfg) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn errors_come_before_any_work() {
+    // Micro-batches that do not divide the batch: both numbers named, nothing trained.
+    let mut pipe = pipeline(2, Split::At(vec![4]), 3, Schedule::GPipe, false);
+    let before = pipe.state_dict().unwrap()[0].1.to_vec().unwrap();
+    let err = pipe.step(&batches(16, 1)[0]).unwrap_err().to_string();
+    assert!(err.contains('3') && err.contains("16"), "{err}");
+    assert_eq!(pipe.state_dict().unwrap()[0].1.to_vec().unwrap(), before);
+    assert!(pipe.last_stats().is_none());
+
+    let err = new_err(10, &devices(11), Split::Auto, 2);
+    assert!(err.contains("11 stages") && err.contains("10 layers"), "{err}");
+    for points in [vec![0], vec![10], vec![12]] {
+        let err = new_err(10, &devices(2), Split::At(points.clone()), 2);
+        assert!(err.contains("split points"), "{points:?}: {err}");
+    }
+    let err = new_err(10, &devices(3), Split::At(vec![6, 4]), 2);
+    assert!(err.contains("strictly increasing"), "{err}");
+    let err = new_err(10, &devices(3), Split::At(vec![4]), 2);
+    assert!(err.contains("for 3 devices"), "{err}");
+    let err = new_err(10, &devices(2), Split::At(vec![4]), 0);
+    assert!(err.contains("at least 1"), "{err}");
+
+    // fc1 alone has 320*50+50 weights: 64 200 bytes, x4 = 256 800 bytes with grads and state.
+    let tight = [devices(1).remove(0), small_device(100_000)];
+    let err = new_err(10, &tight, Split::At(vec![4]), 2);
+    assert!(err.contains("out of memory") && err.contains("stage 1"), "{err}");
+    // Auto moves the big layers to the device that can hold them... when there is one.
+    let err = new_err(10, &[small_device(100_000), small_device(100_000)], Split::Auto, 2);
+    assert!(err.contains("no split"), "{err}");
+    let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
+    let fits = [devices(1).remove(0), small_device(50_000)];
+    let pipe = Pipeline::new(&model, &fits, Split::Auto, 2, Schedule::GPipe, &opt(), Loss::CrossEntropy, PipelineConfig::default()).unwrap();
+    assert_eq!(pipe.ranges()[1], 8..10, "only relu3 and fc2 fit in 50 000 bytes");
+}
