@@ -94,6 +94,60 @@ fn regs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if row0 + 7u < p.m { c4[cb + 7u * n4] = acc7; }
 }
 
+// Any op(A) (scalar loads through its strides), untransposed B with N a multiple of 4 and its
+// offset and batch stride multiples of 4, any K: like `regs`, 8 rows of C by one vec4 column
+// group per invocation. A's addresses are uniform across the workgroup, so each B load feeds 8
+// rows. Serves the small batched GEMMs of convolutions, whose K (C·kh·kw) is rarely a multiple
+// of 4.
+@compute @workgroup_size(16)
+fn regs_k1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n4 = p.n / 4u;
+    let row0 = wid.x * 8u;
+    let col = wid.y * 16u + lid.x;
+    let z = wid.z;
+    let abase = p.a_off + z * p.a_bs;
+    let last = p.m - 1u;
+    let ar0 = abase + row0 * p.a_rs;
+    let ar1 = abase + min(row0 + 1u, last) * p.a_rs;
+    let ar2 = abase + min(row0 + 2u, last) * p.a_rs;
+    let ar3 = abase + min(row0 + 3u, last) * p.a_rs;
+    let ar4 = abase + min(row0 + 4u, last) * p.a_rs;
+    let ar5 = abase + min(row0 + 5u, last) * p.a_rs;
+    let ar6 = abase + min(row0 + 6u, last) * p.a_rs;
+    let ar7 = abase + min(row0 + 7u, last) * p.a_rs;
+    let bcol = (p.b_off + z * p.b_bs) / 4u + min(col, n4 - 1u);
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
+    for (var kk = 0u; kk < p.k; kk++) {
+        let bv = b4[bcol + kk * n4];
+        let ak = kk * p.a_cs;
+        acc0 += a1[ar0 + ak] * bv;
+        acc1 += a1[ar1 + ak] * bv;
+        acc2 += a1[ar2 + ak] * bv;
+        acc3 += a1[ar3 + ak] * bv;
+        acc4 += a1[ar4 + ak] * bv;
+        acc5 += a1[ar5 + ak] * bv;
+        acc6 += a1[ar6 + ak] * bv;
+        acc7 += a1[ar7 + ak] * bv;
+    }
+    if col >= n4 { return; }
+    let cb = (p.c_off + z * p.m * p.n) / 4u + row0 * n4 + col;
+    c4[cb] = acc0;
+    if row0 + 1u < p.m { c4[cb + 1u * n4] = acc1; }
+    if row0 + 2u < p.m { c4[cb + 2u * n4] = acc2; }
+    if row0 + 3u < p.m { c4[cb + 3u * n4] = acc3; }
+    if row0 + 4u < p.m { c4[cb + 4u * n4] = acc4; }
+    if row0 + 5u < p.m { c4[cb + 5u * n4] = acc5; }
+    if row0 + 6u < p.m { c4[cb + 6u * n4] = acc6; }
+    if row0 + 7u < p.m { c4[cb + 7u * n4] = acc7; }
+}
+
 // Any shapes, transposes, offsets and strides: 4×4 outputs per invocation, scalar loads.
 @compute @workgroup_size(8, 8)
 fn generic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {

@@ -152,7 +152,7 @@ fn matmul_odd_shapes_transposes_offsets_broadcast() {
             }
         }
         // Batched with offsets, B broadcast (stride 0), aligned and unaligned.
-        for (m, n, k, off) in [(9, 12, 8, 4), (9, 11, 7, 3), (16, 16, 16, 0)] {
+        for (m, n, k, off) in [(9, 12, 8, 4), (9, 11, 7, 3), (16, 16, 16, 0), (10, 24, 7, 4)] {
             let mut s = MatmulSpec::new(3, m, n, k);
             s.a_offset = off;
             s.b_offset = off + 1 - off % 2;

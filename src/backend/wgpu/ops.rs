@@ -153,13 +153,17 @@ pub(crate) fn matmul(
     let (a_bs, b_bs) = if s.batch == 1 { (0, 0) } else { (s.a_batch_stride, s.b_batch_stride) };
     let plain = !s.trans_a && !s.trans_b;
     let vec4 = plain && n.is_multiple_of(4) && k.is_multiple_of(4) && (s.a_offset | s.b_offset | a_bs | b_bs).is_multiple_of(4);
+    // Register blocking also when only B qualifies for vec4 loads along N (any K, any op(A)):
+    // the small batched GEMMs of convolutions, whose K = C·kh·kw is rarely a multiple of 4.
+    let b_vec_n = !s.trans_b && n.is_multiple_of(4) && (s.b_offset | b_bs).is_multiple_of(4);
     let (entry, cols, rows) = match (vec4, kernel) {
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
+        (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
         (false, _) => ("generic", 32, 32),
     };
     let (mut gx, mut gy) = (n.div_ceil(cols), m.div_ceil(rows));
-    if entry == "regs" {
+    if entry.starts_with("regs") {
         // `regs` takes row blocks along X so that consecutive workgroups share a strip of B.
         std::mem::swap(&mut gx, &mut gy);
     }
