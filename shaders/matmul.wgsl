@@ -188,6 +188,55 @@ fn generic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     }
 }
 
+// Untransposed A times transposed B (C = A·Bᵀ, both read along K), K a multiple of 4 and
+// offsets and batch strides of A and B multiples of 4, any M and N: the `generic` layout (4×4
+// outputs per invocation) with vec4 loads along K of both operands. Serves convolution weight
+// gradients (grad_out · colsᵀ), whose N = C·kh·kw is rarely a multiple of 4.
+@compute @workgroup_size(8, 8)
+fn generic_tb(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row0 = (wid.y * 8u + lid.y) * 4u;
+    let col0 = (wid.x * 8u + lid.x) * 4u;
+    if row0 >= p.m || col0 >= p.n { return; }
+    let z = wid.z;
+    let k4 = p.k / 4u;
+    let ab = (p.a_off + z * p.a_bs) / 4u;
+    let bb = (p.b_off + z * p.b_bs) / 4u;
+    let r = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.m - 1u));
+    let c = min(vec4<u32>(col0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u));
+    let ar = vec4<u32>(ab) + r * k4;
+    let bc = vec4<u32>(bb) + c * k4;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var kk = 0u; kk < k4; kk++) {
+        let b0 = b4[bc.x + kk];
+        let b1v = b4[bc.y + kk];
+        let b2 = b4[bc.z + kk];
+        let b3 = b4[bc.w + kk];
+        let a0 = a4[ar.x + kk];
+        let a1v = a4[ar.y + kk];
+        let a2 = a4[ar.z + kk];
+        let a3 = a4[ar.w + kk];
+        acc0 += vec4<f32>(dot(a0, b0), dot(a0, b1v), dot(a0, b2), dot(a0, b3));
+        acc1 += vec4<f32>(dot(a1v, b0), dot(a1v, b1v), dot(a1v, b2), dot(a1v, b3));
+        acc2 += vec4<f32>(dot(a2, b0), dot(a2, b1v), dot(a2, b2), dot(a2, b3));
+        acc3 += vec4<f32>(dot(a3, b0), dot(a3, b1v), dot(a3, b2), dot(a3, b3));
+    }
+    let cb = p.c_off + z * p.m * p.n;
+    for (var i = 0u; i < 4u; i++) {
+        let row = row0 + i;
+        if row >= p.m { break; }
+        var v = acc0;
+        if i == 1u { v = acc1; }
+        if i == 2u { v = acc2; }
+        if i == 3u { v = acc3; }
+        for (var j = 0u; j < 4u; j++) {
+            if col0 + j < p.n { c1[cb + row * p.n + col0 + j] = v[j]; }
+        }
+    }
+}
+
 // Hardware GPUs: a 64×64 tile of C per 16×16 workgroup, 4×4 outputs per invocation, A and B
 // staged through workgroup memory 16 K values at a time. Same operand conditions as `regs`.
 var<workgroup> ta: array<array<f32, 64>, 16>; // [k][row of the tile]

@@ -191,10 +191,12 @@ pub(crate) fn matmul(
     // Register blocking also when only B qualifies for vec4 loads along N (any K, any op(A)):
     // the small batched GEMMs of convolutions, whose K = C·kh·kw is rarely a multiple of 4.
     let b_vec_n = !s.trans_b && n.is_multiple_of(4) && (s.b_offset | b_bs).is_multiple_of(4);
+    let ab_vec_k = !s.trans_a && s.trans_b && k.is_multiple_of(4) && (s.a_offset | s.b_offset | a_bs | b_bs).is_multiple_of(4);
     let (entry, cols, rows) = match (vec4, kernel) {
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
         (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
+        (false, MatmulKernel::Registers) if ab_vec_k => ("generic_tb", 32, 32),
         (false, _) => ("generic", 32, 32),
     };
     let (mut gx, mut gy) = (n.div_ceil(cols), m.div_ceil(rows));
