@@ -73,3 +73,33 @@ fn strided(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     pb += rem * p.b_strides[outer / 4][outer % 4];
     out[p.out_off + i] = apply(p.code, a[pa], b[pb]);
 }
+
+// `strided` for rank <= 3 after merging (D0..D2 are 1): constant indices into the parameters
+// and exactly two divisions, no loop. `bcast3` is the same with `a` contiguous, read like
+// `contig` so that its loads (and the stores) stay vector loads on CPU rasterizers: a bias
+// broadcast over [N, C, H*W].
+fn pos3(g: u32, off: u32, s: array<vec4<u32>, 2>) -> u32 {
+    let d5 = p.shape[1].y;
+    let d4 = p.shape[1].x;
+    let q = g / d5;
+    let c5 = g - q * d5;
+    let c3 = q / d4;
+    let c4 = q - c3 * d4;
+    return off + c3 * s[0].w + c4 * s[1].x + c5 * s[1].y;
+}
+
+@compute @workgroup_size(256)
+fn strided3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if i >= p.n { return; }
+    let g = p.start + i;
+    out[p.out_off + i] = apply(p.code, a[pos3(g, p.a_off, p.a_strides)], b[pos3(g, p.b_off, p.b_strides)]);
+}
+
+@compute @workgroup_size(256)
+fn bcast3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if i >= p.n { return; }
+    let g = p.start + i;
+    out[p.out_off + i] = apply(p.code, a[p.a_off + g], b[pos3(g, p.b_off, p.b_strides)]);
+}

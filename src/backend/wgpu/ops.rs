@@ -123,7 +123,12 @@ pub(crate) fn binary(
     let (shape, sa) = la.padded("binary")?;
     let (_, sb) = lb.padded("binary")?;
     let (shape, [sa, sb], rank) = coalesce(shape, [sa, sb]);
-    let entry = if la.is_contiguous() && lb.is_contiguous() { "contig" } else { "strided" };
+    let entry = match (la.is_contiguous(), lb.is_contiguous(), rank <= 3) {
+        (true, true, _) => "contig",
+        (true, false, true) => "bcast3",
+        (false, _, true) => "strided3",
+        (_, _, false) => "strided",
+    };
     for (s, e) in ctx.chunks("binary", n, &[1, 1, 1])? {
         let (ab, ao) = operand(ctx, "binary", a, la, s, e)?;
         let (bb, bo) = operand(ctx, "binary", b, lb, s, e)?;
