@@ -5,7 +5,8 @@
 // numbering of `BinaryOp::code()`.
 // Bindings: 0 `p` parameters; 1 `a` input (f32); 2 `b` input (f32); 3 `out` output (f32,
 // contiguous).
-// Shape letters: N elements in the chunk, D0..D5 the shared shape padded to rank 6.
+// Shape letters: N elements in the chunk, D0..D5 the shared shape padded to rank 6 (after
+// merging dimensions both operands walk as one).
 // Offsets are relative to each bound range and wrap modulo 2^32.
 
 struct Params {
@@ -18,6 +19,7 @@ struct Params {
     b_off: u32,
     out_off: u32,
     code: u32,
+    rank: u32,   // dimensions in use after merging, 1..6: D(6-rank)..D5
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -57,12 +59,47 @@ fn strided(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     var rem = p.start + i;
     var pa = p.a_off;
     var pb = p.b_off;
-    for (var d = 5; d >= 0; d--) {
+    // One division per dimension but the outermost, whose coordinate is what remains.
+    let outer = 6 - i32(p.rank);
+    for (var d = 5; d > outer; d--) {
         let dim = p.shape[d / 4][d % 4];
-        let c = rem % dim;
+        let q = rem / dim;
+        let c = rem - q * dim;
         pa += c * p.a_strides[d / 4][d % 4];
         pb += c * p.b_strides[d / 4][d % 4];
-        rem /= dim;
+        rem = q;
     }
+    pa += rem * p.a_strides[outer / 4][outer % 4];
+    pb += rem * p.b_strides[outer / 4][outer % 4];
     out[p.out_off + i] = apply(p.code, a[pa], b[pb]);
+}
+
+// `strided` for rank <= 3 after merging (D0..D2 are 1): constant indices into the parameters
+// and exactly two divisions, no loop. `bcast3` is the same with `a` contiguous, read like
+// `contig` so that its loads (and the stores) stay vector loads on CPU rasterizers: a bias
+// broadcast over [N, C, H*W].
+fn pos3(g: u32, off: u32, s: array<vec4<u32>, 2>) -> u32 {
+    let d5 = p.shape[1].y;
+    let d4 = p.shape[1].x;
+    let q = g / d5;
+    let c5 = g - q * d5;
+    let c3 = q / d4;
+    let c4 = q - c3 * d4;
+    return off + c3 * s[0].w + c4 * s[1].x + c5 * s[1].y;
+}
+
+@compute @workgroup_size(256)
+fn strided3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if i >= p.n { return; }
+    let g = p.start + i;
+    out[p.out_off + i] = apply(p.code, a[pos3(g, p.a_off, p.a_strides)], b[pos3(g, p.b_off, p.b_strides)]);
+}
+
+@compute @workgroup_size(256)
+fn bcast3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if i >= p.n { return; }
+    let g = p.start + i;
+    out[p.out_off + i] = apply(p.code, a[p.a_off + g], b[pos3(g, p.b_off, p.b_strides)]);
 }

@@ -67,20 +67,30 @@ fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let img = e / (p.w * p.h * p.c);
     let cl = p.oh * p.ow;
     let rows = p.c * p.kh * p.kw;
+    if cl == 0u {
+        x[p.x_off + e] = 0.0;
+        return;
+    }
+    // Window offsets i with (ty - i) a multiple of SH and oy = (ty - i) / SH < OH, ascending:
+    // start at the largest valid oy and step oy down by one as i steps up by SH (no division in
+    // the loops; integer division is slow on CPU rasterizers).
+    let ty = y + p.ph;
+    let tx = xx + p.pw;
+    let oy_hi = min(ty / p.sh, p.oh - 1u);
+    let ox_hi = min(tx / p.sw, p.ow - 1u);
+    let i0 = ty - oy_hi * p.sh;
+    let j0 = tx - ox_hi * p.sw;
+    let base = p.cols_off + img * rows * cl;
     var acc = 0.0;
-    for (var i = 0u; i < p.kh; i++) {
-        let ty = y + p.ph;
-        if ty < i || (ty - i) % p.sh != 0u { continue; }
-        let oy = (ty - i) / p.sh;
-        if oy >= p.oh { continue; }
-        for (var j = 0u; j < p.kw; j++) {
-            let tx = xx + p.pw;
-            if tx < j || (tx - j) % p.sw != 0u { continue; }
-            let ox = (tx - j) / p.sw;
-            if ox >= p.ow { continue; }
+    var oy = oy_hi;
+    for (var i = i0; i < p.kh && i <= ty; i += p.sh) {
+        var ox = ox_hi;
+        for (var j = j0; j < p.kw && j <= tx; j += p.sw) {
             let r = (ci * p.kh + i) * p.kw + j;
-            acc += cols[p.cols_off + (img * rows + r) * cl + oy * p.ow + ox];
+            acc += cols[base + r * cl + oy * p.ow + ox];
+            ox -= 1u;
         }
+        oy -= 1u;
     }
     x[p.x_off + e] = acc;
 }

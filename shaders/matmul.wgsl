@@ -94,6 +94,60 @@ fn regs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if row0 + 7u < p.m { c4[cb + 7u * n4] = acc7; }
 }
 
+// Any op(A) (scalar loads through its strides), untransposed B with N a multiple of 4 and its
+// offset and batch stride multiples of 4, any K: like `regs`, 8 rows of C by one vec4 column
+// group per invocation. A's addresses are uniform across the workgroup, so each B load feeds 8
+// rows. Serves the small batched GEMMs of convolutions, whose K (C·kh·kw) is rarely a multiple
+// of 4.
+@compute @workgroup_size(16)
+fn regs_k1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n4 = p.n / 4u;
+    let row0 = wid.x * 8u;
+    let col = wid.y * 16u + lid.x;
+    let z = wid.z;
+    let abase = p.a_off + z * p.a_bs;
+    let last = p.m - 1u;
+    let ar0 = abase + row0 * p.a_rs;
+    let ar1 = abase + min(row0 + 1u, last) * p.a_rs;
+    let ar2 = abase + min(row0 + 2u, last) * p.a_rs;
+    let ar3 = abase + min(row0 + 3u, last) * p.a_rs;
+    let ar4 = abase + min(row0 + 4u, last) * p.a_rs;
+    let ar5 = abase + min(row0 + 5u, last) * p.a_rs;
+    let ar6 = abase + min(row0 + 6u, last) * p.a_rs;
+    let ar7 = abase + min(row0 + 7u, last) * p.a_rs;
+    let bcol = (p.b_off + z * p.b_bs) / 4u + min(col, n4 - 1u);
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
+    for (var kk = 0u; kk < p.k; kk++) {
+        let bv = b4[bcol + kk * n4];
+        let ak = kk * p.a_cs;
+        acc0 += a1[ar0 + ak] * bv;
+        acc1 += a1[ar1 + ak] * bv;
+        acc2 += a1[ar2 + ak] * bv;
+        acc3 += a1[ar3 + ak] * bv;
+        acc4 += a1[ar4 + ak] * bv;
+        acc5 += a1[ar5 + ak] * bv;
+        acc6 += a1[ar6 + ak] * bv;
+        acc7 += a1[ar7 + ak] * bv;
+    }
+    if col >= n4 { return; }
+    let cb = (p.c_off + z * p.m * p.n) / 4u + row0 * n4 + col;
+    c4[cb] = acc0;
+    if row0 + 1u < p.m { c4[cb + 1u * n4] = acc1; }
+    if row0 + 2u < p.m { c4[cb + 2u * n4] = acc2; }
+    if row0 + 3u < p.m { c4[cb + 3u * n4] = acc3; }
+    if row0 + 4u < p.m { c4[cb + 4u * n4] = acc4; }
+    if row0 + 5u < p.m { c4[cb + 5u * n4] = acc5; }
+    if row0 + 6u < p.m { c4[cb + 6u * n4] = acc6; }
+    if row0 + 7u < p.m { c4[cb + 7u * n4] = acc7; }
+}
+
 // Any shapes, transposes, offsets and strides: 4×4 outputs per invocation, scalar loads.
 @compute @workgroup_size(8, 8)
 fn generic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -119,6 +173,55 @@ fn generic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
         acc1 += a1[ar.y + ak] * bv;
         acc2 += a1[ar.z + ak] * bv;
         acc3 += a1[ar.w + ak] * bv;
+    }
+    let cb = p.c_off + z * p.m * p.n;
+    for (var i = 0u; i < 4u; i++) {
+        let row = row0 + i;
+        if row >= p.m { break; }
+        var v = acc0;
+        if i == 1u { v = acc1; }
+        if i == 2u { v = acc2; }
+        if i == 3u { v = acc3; }
+        for (var j = 0u; j < 4u; j++) {
+            if col0 + j < p.n { c1[cb + row * p.n + col0 + j] = v[j]; }
+        }
+    }
+}
+
+// Untransposed A times transposed B (C = A·Bᵀ, both read along K), K a multiple of 4 and
+// offsets and batch strides of A and B multiples of 4, any M and N: the `generic` layout (4×4
+// outputs per invocation) with vec4 loads along K of both operands. Serves convolution weight
+// gradients (grad_out · colsᵀ), whose N = C·kh·kw is rarely a multiple of 4.
+@compute @workgroup_size(8, 8)
+fn generic_tb(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row0 = (wid.y * 8u + lid.y) * 4u;
+    let col0 = (wid.x * 8u + lid.x) * 4u;
+    if row0 >= p.m || col0 >= p.n { return; }
+    let z = wid.z;
+    let k4 = p.k / 4u;
+    let ab = (p.a_off + z * p.a_bs) / 4u;
+    let bb = (p.b_off + z * p.b_bs) / 4u;
+    let r = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.m - 1u));
+    let c = min(vec4<u32>(col0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u));
+    let ar = vec4<u32>(ab) + r * k4;
+    let bc = vec4<u32>(bb) + c * k4;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var kk = 0u; kk < k4; kk++) {
+        let b0 = b4[bc.x + kk];
+        let b1v = b4[bc.y + kk];
+        let b2 = b4[bc.z + kk];
+        let b3 = b4[bc.w + kk];
+        let a0 = a4[ar.x + kk];
+        let a1v = a4[ar.y + kk];
+        let a2 = a4[ar.z + kk];
+        let a3 = a4[ar.w + kk];
+        acc0 += vec4<f32>(dot(a0, b0), dot(a0, b1v), dot(a0, b2), dot(a0, b3));
+        acc1 += vec4<f32>(dot(a1v, b0), dot(a1v, b1v), dot(a1v, b2), dot(a1v, b3));
+        acc2 += vec4<f32>(dot(a2, b0), dot(a2, b1v), dot(a2, b2), dot(a2, b3));
+        acc3 += vec4<f32>(dot(a3, b0), dot(a3, b1v), dot(a3, b2), dot(a3, b3));
     }
     let cb = p.c_off + z * p.m * p.n;
     for (var i = 0u; i < 4u; i++) {

@@ -17,6 +17,7 @@ struct Params {
     code: u32,
     p0: f32,
     p1: f32,
+    rank: u32,   // dimensions in use after merging, 1..6: D(6-rank)..D5
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -61,10 +62,14 @@ fn strided(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     if i >= p.n { return; }
     var rem = p.start + i;
     var pos = p.x_off;
-    for (var d = 5; d >= 0; d--) {
+    // One division per dimension but the outermost, whose coordinate is what remains.
+    let outer = 6 - i32(p.rank);
+    for (var d = 5; d > outer; d--) {
         let dim = p.shape[d / 4][d % 4];
-        pos += (rem % dim) * p.strides[d / 4][d % 4];
-        rem /= dim;
+        let q = rem / dim;
+        pos += (rem - q * dim) * p.strides[d / 4][d % 4];
+        rem = q;
     }
+    pos += rem * p.strides[outer / 4][outer % 4];
     out[p.out_off + i] = apply(p.code, x[pos]);
 }

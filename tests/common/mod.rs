@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tandem::backend::Buffer;
-use tandem::{BackendKind, DType, Device};
+use tandem::backend::{Buffer, MatmulSpec};
+use tandem::{BackendKind, DType, Device, Layout, Result};
 
 /// Every device except the CPU reference, opened fresh; prints each skipped backend and why.
 /// With `CI=true`, finding no wgpu adapter while the `wgpu` feature is on fails the test.
@@ -107,3 +107,30 @@ pub fn mixed_devices() -> Option<Vec<Device>> {
     }
     Some(out)
 }
+
+pub fn layout(shape: &[usize], strides: &[usize], offset: usize) -> Layout {
+    Layout { shape: shape.to_vec(), strides: strides.to_vec(), offset }
+}
+
+/// Runs `f` on `dev` and on the CPU with the same host inputs and compares the f32 outputs.
+pub fn same_f32(dev: &Device, cpu: &Device, op: &str, atol: f32, rtol: f32, f: impl Fn(&Device) -> Result<Vec<f32>>) -> Result<()> {
+    let (got, want) = (f(dev)?, f(cpu)?);
+    assert_close(op, &got, &want, atol, rtol);
+    Ok(())
+}
+
+/// One matmul on seeded inputs sized for `spec`, against the CPU reference.
+pub fn matmul_case(dev: &Device, cpu: &Device, spec: MatmulSpec, seed: u64) -> Result<()> {
+    let a_len = spec.a_offset + spec.a_batch_stride * (spec.batch - 1) + spec.m * spec.k;
+    let b_len = spec.b_offset + spec.b_batch_stride * (spec.batch - 1) + spec.k * spec.n;
+    let mut r = rng(seed);
+    let (a, b) = (uniform(&mut r, a_len, -1.0, 1.0), uniform(&mut r, b_len, -1.0, 1.0));
+    let tol = 1e-5 * spec.k as f32 + 1e-6;
+    same_f32(dev, cpu, &format!("matmul {spec:?}"), tol, 1e-5, |d| {
+        let (x, y) = (up(d, &a), up(d, &b));
+        let out = d.backend().alloc(spec.batch * spec.m * spec.n, DType::F32)?;
+        d.backend().matmul(&x, &y, &out, spec)?;
+        Ok(down(d, &out))
+    })
+}
+

@@ -44,7 +44,12 @@ pub(crate) fn max_pool(
         let (ob, oo) = ctx.span(op, out, p0 * ohw, cnt * ohw)?;
         let (ab, ao) = ctx.span(op, arg, p0 * ohw, cnt * ohw)?;
         let w = window(Words::default().u(cnt).u(s.h).u(s.w), &s).u(xo).u(oo).u(ao);
-        let (entry, work) = if forward { ("forward", cnt * ohw) } else { ("backward", cnt * hw) };
+        let tiles = s.stride == (s.kh, s.kw) && s.pad == (0, 0) && s.h == s.oh * s.kh && s.w == s.ow * s.kw;
+        let (entry, work) = match (forward, tiles) {
+            (true, _) => ("forward", cnt * ohw),
+            (false, true) => ("backward_tiled", cnt * ohw),
+            (false, false) => ("backward", cnt * hw),
+        };
         ctx.dispatch("pool", entry, &w.0, &[xb, ob, ab], ctx.grid(work, 256))?;
     }
     Ok(())

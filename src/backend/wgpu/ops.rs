@@ -35,6 +35,39 @@ impl Words {
     }
 }
 
+/// Merges adjacent dimensions that every operand walks as one (the outer stride equals the
+/// inner stride times the inner size) and drops size-1 ones, so that the strided kernels divide
+/// once per remaining dimension but the outermost (a bias broadcast over [N, C, H, W] becomes
+/// rank 3, a row broadcast rank 2). Returns the padded shape, the operands' padded strides and
+/// the rank (at least 1).
+fn coalesce<const K: usize>(shape: [u32; 6], strides: [[u32; 6]; K]) -> ([u32; 6], [[u32; 6]; K], u32) {
+    let mut dims: Vec<(u32, [u32; K])> = Vec::with_capacity(6);
+    for d in 0..6 {
+        if shape[d] == 1 {
+            continue;
+        }
+        let st: [u32; K] = std::array::from_fn(|j| strides[j][d]);
+        if let Some(last) = dims.last_mut() {
+            if (0..K).all(|j| u64::from(last.1[j]) == u64::from(st[j]) * u64::from(shape[d])) {
+                last.0 *= shape[d];
+                last.1 = st;
+                continue;
+            }
+        }
+        dims.push((shape[d], st));
+    }
+    let mut out_shape = [1u32; 6];
+    let mut out_strides = [[0u32; 6]; K];
+    let pad = 6 - dims.len();
+    for (i, (n, st)) in dims.iter().enumerate() {
+        out_shape[pad + i] = *n;
+        for j in 0..K {
+            out_strides[j][pad + i] = st[j];
+        }
+    }
+    (out_shape, out_strides, dims.len().max(1) as u32)
+}
+
 /// Binds an elementwise operand for output elements `s..e`: a contiguous one only over the
 /// chunk (offset relative to the chunk's global index), a strided one over its whole extent.
 fn operand<'a>(ctx: &Ctx, op: &'static str, buf: &'a wgpu::Buffer, l: &Layout, s: usize, e: usize) -> Result<(Bind<'a>, u32)> {
@@ -65,12 +98,13 @@ pub(crate) fn fill(ctx: &Ctx, buf: &wgpu::Buffer, len: usize, bits: u32) -> Resu
 pub(crate) fn unary(ctx: &Ctx, op: UnaryOp, x: &wgpu::Buffer, l: &Layout, out: &wgpu::Buffer) -> Result<()> {
     let n = l.numel();
     let (shape, strides) = l.padded("unary")?;
+    let (shape, [strides], rank) = coalesce(shape, [strides]);
     let entry = if l.is_contiguous() { "contig" } else { "strided" };
     let [p0, p1] = op.params();
     for (s, e) in ctx.chunks("unary", n, &[1, 1])? {
         let (xb, xo) = operand(ctx, "unary", x, l, s, e)?;
         let (ob, oo) = ctx.span("unary", out, s, e - s)?;
-        let w = Words::default().dims(shape).dims(strides).u(e - s).u(s).u(xo).u(oo).u(op.code()).f(p0).f(p1);
+        let w = Words::default().dims(shape).dims(strides).u(e - s).u(s).u(xo).u(oo).u(op.code()).f(p0).f(p1).u(rank);
         ctx.dispatch("unary", entry, &w.0, &[xb, ob], ctx.grid(e - s, 256))?;
     }
     Ok(())
@@ -88,12 +122,18 @@ pub(crate) fn binary(
     let n = la.numel();
     let (shape, sa) = la.padded("binary")?;
     let (_, sb) = lb.padded("binary")?;
-    let entry = if la.is_contiguous() && lb.is_contiguous() { "contig" } else { "strided" };
+    let (shape, [sa, sb], rank) = coalesce(shape, [sa, sb]);
+    let entry = match (la.is_contiguous(), lb.is_contiguous(), rank <= 3) {
+        (true, true, _) => "contig",
+        (true, false, true) => "bcast3",
+        (false, _, true) => "strided3",
+        (_, _, false) => "strided",
+    };
     for (s, e) in ctx.chunks("binary", n, &[1, 1, 1])? {
         let (ab, ao) = operand(ctx, "binary", a, la, s, e)?;
         let (bb, bo) = operand(ctx, "binary", b, lb, s, e)?;
         let (ob, oo) = ctx.span("binary", out, s, e - s)?;
-        let w = Words::default().dims(shape).dims(sa).dims(sb).u(e - s).u(s).u(ao).u(bo).u(oo).u(op.code());
+        let w = Words::default().dims(shape).dims(sa).dims(sb).u(e - s).u(s).u(ao).u(bo).u(oo).u(op.code()).u(rank);
         ctx.dispatch("binary", entry, &w.0, &[ab, bb, ob], ctx.grid(e - s, 256))?;
     }
     Ok(())
@@ -153,13 +193,19 @@ pub(crate) fn matmul(
     let (a_bs, b_bs) = if s.batch == 1 { (0, 0) } else { (s.a_batch_stride, s.b_batch_stride) };
     let plain = !s.trans_a && !s.trans_b;
     let vec4 = plain && n.is_multiple_of(4) && k.is_multiple_of(4) && (s.a_offset | s.b_offset | a_bs | b_bs).is_multiple_of(4);
+    // Register blocking also when only B qualifies for vec4 loads along N (any K, any op(A)):
+    // the small batched GEMMs of convolutions, whose K = C·kh·kw is rarely a multiple of 4.
+    let b_vec_n = !s.trans_b && n.is_multiple_of(4) && (s.b_offset | b_bs).is_multiple_of(4);
+    let ab_vec_k = !s.trans_a && s.trans_b && k.is_multiple_of(4) && (s.a_offset | s.b_offset | a_bs | b_bs).is_multiple_of(4);
     let (entry, cols, rows) = match (vec4, kernel) {
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
+        (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
+        (false, MatmulKernel::Registers) if ab_vec_k => ("generic_tb", 32, 32),
         (false, _) => ("generic", 32, 32),
     };
     let (mut gx, mut gy) = (n.div_ceil(cols), m.div_ceil(rows));
-    if entry == "regs" {
+    if entry.starts_with("regs") {
         // `regs` takes row blocks along X so that consecutive workgroups share a strip of B.
         std::mem::swap(&mut gx, &mut gy);
     }
