@@ -105,6 +105,26 @@ impl<T> DevicePtrMut<T> for Span<T> {
     }
 }
 
+/// Restores the calling thread's current CUDA context on drop: NCCL selects devices through
+/// the runtime (`cudaSetDevice`), which would otherwise leave the last rank's context current.
+struct KeepContext(Option<cudarc::driver::sys::CUcontext>);
+
+impl KeepContext {
+    fn save() -> Self {
+        KeepContext(cudarc::driver::result::ctx::get_current().ok().flatten())
+    }
+}
+
+impl Drop for KeepContext {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.0 {
+            // SAFETY: `ctx` was current on this thread a moment ago and the devices' backends
+            // (which hold their contexts) outlive the call.
+            let _ = unsafe { cudarc::driver::result::ctx::set_current(ctx) };
+        }
+    }
+}
+
 /// The CUDA backend behind `device`, or `None` for any other backend.
 fn cuda(device: &Device) -> Option<&CudaBackend> {
     device.backend().as_any().downcast_ref::<CudaBackend>()
@@ -181,7 +201,10 @@ impl Nccl {
         }
         let version = probe()?;
         let streams: Vec<Arc<CudaStream>> = ranks.iter().map(|r| r.stream.clone()).collect();
-        let comms = match catch_unwind(AssertUnwindSafe(|| Comm::from_devices(streams))) {
+        let keep = KeepContext::save();
+        let created = catch_unwind(AssertUnwindSafe(|| Comm::from_devices(streams)));
+        drop(keep);
+        let comms = match created {
             Ok(Ok(comms)) => comms,
             Ok(Err(e)) => {
                 let gpus: Vec<String> = ordinals.iter().map(|o| format!("cuda:{o}")).collect();
@@ -220,14 +243,15 @@ impl Nccl {
 
     /// Runs `calls` (one NCCL call per rank, or more) inside one NCCL group, holding the lock.
     /// `calls` gets the communicators and a checker that turns an NCCL result into tandem's.
-    /// Everything that can be validated is validated before this, so a call only fails inside
-    /// NCCL; the group is closed whatever happens.
+    /// Everything that can be validated (buffers, devices, counts) is validated before this, so
+    /// a call only fails inside NCCL; the group is closed whatever happens.
     fn grouped(&self, op: &'static str, calls: impl FnOnce(&[Comm], &dyn Fn(usize, &str, Result<(), NcclError>) -> Result<()>) -> Result<()>) -> Result<()> {
         let comms = self.comms.lock().unwrap_or_else(|e| e.into_inner());
         let check = |rank: usize, what: &str, r: Result<(), NcclError>| {
             r.map_err(|e| Error::Backend { backend: "nccl", device: self.ranks[rank].label.clone(), detail: format!("{op}: {what}: {e:?}") })
         };
         let run = AssertUnwindSafe(|| {
+            let _keep = KeepContext::save();
             check(0, "ncclGroupStart", group_start().map(drop))?;
             let issued = calls(&comms.0, &check);
             let ended = check(0, "ncclGroupEnd", group_end().map(drop));
@@ -355,7 +379,7 @@ impl Communicator for Nccl {
         let mut outputs = (0..n)
             .map(|i| self.output("reduce_scatter", i, blocks[i].len() * row, DType::F32))
             .collect::<Result<Vec<_>>>()?;
-        let even = dims[0] % n == 0;
+        let even = dims[0].is_multiple_of(n);
         self.grouped("reduce_scatter", |comms, check| {
             if even {
                 for (i, (_, out)) in outputs.iter_mut().enumerate() {
