@@ -57,8 +57,14 @@ unsafe impl Send for Comms {}
 
 impl Drop for Comms {
     fn drop(&mut self) {
-        // cudarc's Drop for Comm aborts the communicator and panics if that fails; a failure
-        // there leaves nothing to recover, so it is logged instead of unwinding out of a drop.
+        // cudarc's Drop for Comm calls ncclCommAbort, which may cut short a collective still
+        // queued on a stream: wait for every rank's stream first. It also panics if the abort
+        // fails; that leaves nothing to recover, so it is logged instead of unwinding out of drop.
+        for comm in &self.0 {
+            if let Err(e) = comm.stream().synchronize() {
+                tracing::warn!("nccl: waiting for rank {}'s stream before closing: {e:?}", comm.rank());
+            }
+        }
         for comm in self.0.drain(..) {
             if catch_unwind(AssertUnwindSafe(|| drop(comm))).is_err() {
                 tracing::warn!("nccl: ncclCommAbort failed while dropping a communicator");
