@@ -129,6 +129,17 @@ impl CudaBackend {
     pub(crate) fn info_ref(&self) -> &DeviceInfo {
         &self.info
     }
+    /// `cuda:N (name)`, as error messages name this device.
+    #[cfg(feature = "nccl")]
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+    /// The device address of `b`, checked to be this device's buffer of at least `need` elements
+    /// of `dtype`; for libraries that take raw pointers on [`Self::stream`] (NCCL).
+    #[cfg(feature = "nccl")]
+    pub(crate) fn device_ptr(&self, op: &'static str, b: &Buffer, need: usize, dtype: DType) -> Result<u64> {
+        self.ptr(op, b, need, dtype)
+    }
 
     pub(super) fn err(&self, what: &str, e: impl std::fmt::Debug) -> Error {
         backend_error(&self.label, what, e)

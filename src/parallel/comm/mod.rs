@@ -8,12 +8,18 @@
 //! - [`PeerRing`]: ring algorithms built on [`Tensor::to`], which copies device to device where
 //!   the backend has a peer path (CUDA) and stages through the host elsewhere.
 //!
-//! NCCL (cargo feature `nccl`) belongs beside these once the CUDA backend is merged.
+//! - [`Nccl`] (cargo feature `nccl`): NVIDIA's NCCL on the devices' own streams, for groups of
+//!   distinct CUDA GPUs; preferred by [`for_devices`] whenever it can be created.
+//!
 //! Collectives are not recorded by autograd: they move values, not history.
 mod host_staged;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod peer_ring;
 
 pub use host_staged::HostStaged;
+#[cfg(feature = "nccl")]
+pub use nccl::Nccl;
 pub use peer_ring::PeerRing;
 
 use crate::backend::BackendKind;
@@ -54,8 +60,9 @@ pub trait Communicator: Send + Sync {
     fn bytes_moved(&self) -> u64;
 }
 
-/// The best communicator for `devices`: `PeerRing` when every device is CUDA and each has a
-/// peer path to its ring neighbour, else `HostStaged`.
+/// The best communicator for `devices`: with the `nccl` feature, `Nccl` when every device is
+/// CUDA and NCCL can be set up (the library loads, one device per GPU); else `PeerRing` when
+/// every device is CUDA and each has a peer path to its ring neighbour; else `HostStaged`.
 pub fn for_devices(devices: &[Device]) -> Result<Box<dyn Communicator>> {
     if devices.is_empty() {
         return Err(Error::invalid("for_devices", "a communicator needs at least one device"));
@@ -66,6 +73,13 @@ pub fn for_devices(devices: &[Device]) -> Result<Box<dyn Communicator>> {
         let next = &devices[(i + 1) % n];
         n == 1 || next.backend().has_peer_path(devices[i].backend())
     });
+    #[cfg(feature = "nccl")]
+    if all_cuda {
+        match Nccl::new(devices) {
+            Ok(c) => return Ok(Box::new(c)),
+            Err(e) => tracing::info!("not using NCCL: {e}"),
+        }
+    }
     if all_cuda && peers {
         Ok(Box::new(PeerRing::new(devices)?))
     } else {
