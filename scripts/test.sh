@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need on a fresh machine (Mesa's lavapipe Vulkan
 # driver and llvmpipe GL, and NVRTC from the PyPI wheel), then runs the whole suite with the
-# CUDA backend compiled in. Extra arguments go to `cargo test`.
+# CUDA backend and its NCCL communicator compiled in. Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -30,4 +30,4 @@ if [ -z "$dir" ]; then
 fi
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-cargo test --features cuda "$@"
+cargo test --features cuda,nccl "$@"
