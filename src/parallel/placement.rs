@@ -269,6 +269,14 @@ pub(crate) fn stage_opt_state(stages: &[Stage]) -> (Vec<(String, Tensor)>, u64) 
     (all, steps)
 }
 
+/// Restores what `stage_opt_state` gathered: each stage's optimizer picks its own names.
+pub(crate) fn load_stage_opt_state(stages: &mut [Stage], state: &[(String, Tensor)], steps: u64) -> Result<()> {
+    for s in stages {
+        s.opt.load_state(state, steps)?;
+    }
+    Ok(())
+}
+
 /// Model parallelism by layers: stage `s` runs on `devices[s]`; a step is one forward through
 /// all stages and one backward (autograd crosses devices through `Tensor::to`).
 ///
@@ -380,10 +388,7 @@ impl Strategy for LayerPlacement {
         Ok(stage_opt_state(&self.stages))
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
-        for s in &mut self.stages {
-            s.opt.load_state(state, steps)?;
-        }
-        Ok(())
+        load_stage_opt_state(&mut self.stages, state, steps)
     }
     fn devices(&self) -> Vec<Device> {
         self.stages.iter().map(|s| s.device.clone()).collect()

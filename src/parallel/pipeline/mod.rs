@@ -264,10 +264,7 @@ impl Strategy for Pipeline {
         Ok(placement::stage_opt_state(&self.stages))
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
-        for s in &mut self.stages {
-            s.opt.load_state(state, steps)?;
-        }
-        Ok(())
+        placement::load_stage_opt_state(&mut self.stages, state, steps)
     }
     fn devices(&self) -> Vec<Device> {
         self.stages.iter().map(|s| s.device.clone()).collect()
