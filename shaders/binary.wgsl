@@ -1,10 +1,10 @@
 // binary.wgsl: elementwise ops of two inputs, out[i] = op(a[pos_a(i)], b[pos_b(i)]).
 //
 // One invocation per output element of this dispatch's chunk; `a` and `b` are read through
-// strided layouts that share the output's shape (stride 0 broadcasts). The op is `p.code`, the
-// numbering of `BinaryOp::code()`.
+// strided layouts that share the output's shape (stride 0 broadcasts). The op is the override
+// constant `OP`, the numbering of `BinaryOp::code()`, fixed per pipeline.
 // Bindings: 0 `p` parameters; 1 `a` input (f32); 2 `b` input (f32); 3 `out` output (f32,
-// contiguous).
+// contiguous); `a4`, `b4`, `out4` are the same bindings as vec4 arrays.
 // Shape letters: N elements in the chunk, D0..D5 the shared shape padded to rank 6 (after
 // merging dimensions both operands walk as one).
 // Offsets are relative to each bound range and wrap modulo 2^32.
@@ -18,7 +18,6 @@ struct Params {
     a_off: u32,
     b_off: u32,
     out_off: u32,
-    code: u32,
     rank: u32,   // dimensions in use after merging, 1..6: D(6-rank)..D5
 }
 
@@ -26,9 +25,14 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<storage, read_write> a4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> b4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out4: array<vec4<f32>>;
 
-fn apply(code: u32, x: f32, y: f32) -> f32 {
-    switch code {
+override OP: u32 = 0u;
+
+fn apply(x: f32, y: f32) -> f32 {
+    switch OP {
         case 0u: { return x + y; }
         case 1u: { return x - y; }
         case 2u: { return x * y; }
@@ -49,7 +53,22 @@ fn contig(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let i = linear_id(gid, nwg);
     if i >= p.n { return; }
     let g = p.start + i;
-    out[p.out_off + i] = apply(p.code, a[p.a_off + g], b[p.b_off + g]);
+    out[p.out_off + i] = apply(a[p.a_off + g], b[p.b_off + g]);
+}
+
+fn apply4(x: vec4<f32>, y: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(apply(x.x, y.x), apply(x.y, y.y), apply(x.z, y.z), apply(x.w, y.w));
+}
+
+// `contig` four elements per invocation (a multiple of 4 in the chunk, 16-byte aligned
+// operands): CPU rasterizers access storage lane by lane, so a vec4 per lane costs little more
+// than an f32.
+@compute @workgroup_size(256)
+fn contig4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if i >= p.n / 4u { return; }
+    let g = p.start + 4u * i;
+    out4[p.out_off / 4u + i] = apply4(a4[(p.a_off + g) / 4u], b4[(p.b_off + g) / 4u]);
 }
 
 @compute @workgroup_size(256)
@@ -71,7 +90,7 @@ fn strided(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     }
     pa += rem * p.a_strides[outer / 4][outer % 4];
     pb += rem * p.b_strides[outer / 4][outer % 4];
-    out[p.out_off + i] = apply(p.code, a[pa], b[pb]);
+    out[p.out_off + i] = apply(a[pa], b[pb]);
 }
 
 // `strided` for rank <= 3 after merging (D0..D2 are 1): constant indices into the parameters
@@ -93,7 +112,7 @@ fn strided3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let i = linear_id(gid, nwg);
     if i >= p.n { return; }
     let g = p.start + i;
-    out[p.out_off + i] = apply(p.code, a[pos3(g, p.a_off, p.a_strides)], b[pos3(g, p.b_off, p.b_strides)]);
+    out[p.out_off + i] = apply(a[pos3(g, p.a_off, p.a_strides)], b[pos3(g, p.b_off, p.b_strides)]);
 }
 
 @compute @workgroup_size(256)
@@ -101,5 +120,18 @@ fn bcast3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let i = linear_id(gid, nwg);
     if i >= p.n { return; }
     let g = p.start + i;
-    out[p.out_off + i] = apply(p.code, a[p.a_off + g], b[pos3(g, p.b_off, p.b_strides)]);
+    out[p.out_off + i] = apply(a[p.a_off + g], b[pos3(g, p.b_off, p.b_strides)]);
+}
+
+// `bcast3` four elements per invocation, when D5 and the chunk start are multiples of 4 (the
+// four share D3 and D4, so `b` is four loads at its D5 stride) and `a` and `out` are aligned.
+@compute @workgroup_size(256)
+fn bcast4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if i >= p.n / 4u { return; }
+    let g = p.start + 4u * i;
+    let pb = pos3(g, p.b_off, p.b_strides);
+    let sb = p.b_strides[1].y;
+    let bv = vec4<f32>(b[pb], b[pb + sb], b[pb + 2u * sb], b[pb + 3u * sb]);
+    out4[p.out_off / 4u + i] = apply4(a4[(p.a_off + g) / 4u], bv);
 }

@@ -36,12 +36,13 @@ fn dot4(a: vec4<f32>, r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>
 }
 
 // Untransposed operands, N and K multiples of 4, offsets and batch strides multiples of 4.
-// A workgroup owns 8 rows of C and 64 columns, one vec4 column group per invocation. A's
-// addresses depend only on the workgroup and the loop counter, so CPU rasterizers load them once
-// for all lanes, and each B load feeds 8 rows (fewer rows halve the speed on lavapipe, more
-// spill registers). Consecutive workgroups (`workgroup_id.x`) walk down the rows of one strip
-// of B. Rows and columns past the edge are clamped on load and skipped on store.
-@compute @workgroup_size(16)
+// A workgroup owns 8 rows of C and 64 columns: each of its 8 invocations two vec4 column groups
+// 8 apart (32 accumulators). CPU rasterizers load storage lane by lane, so what counts is
+// outputs per load: each B load feeds 8 rows and each A load 8 columns (8×4 outputs ran about
+// 25% slower on lavapipe; more spill registers). Consecutive workgroups (`workgroup_id.x`) walk
+// down the rows of one strip of B. Rows and columns past the edge are clamped on load and
+// skipped on store.
+@compute @workgroup_size(8)
 fn regs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let n4 = p.n / 4u;
     let k4 = p.k / 4u;
@@ -50,56 +51,49 @@ fn regs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let z = wid.z;
     let abase = (p.a_off + z * p.a_bs) / 4u;
     let last = p.m - 1u;
-    let ar0 = abase + row0 * k4;
-    let ar1 = abase + min(row0 + 1u, last) * k4;
-    let ar2 = abase + min(row0 + 2u, last) * k4;
-    let ar3 = abase + min(row0 + 3u, last) * k4;
-    let ar4 = abase + min(row0 + 4u, last) * k4;
-    let ar5 = abase + min(row0 + 5u, last) * k4;
-    let ar6 = abase + min(row0 + 6u, last) * k4;
-    let ar7 = abase + min(row0 + 7u, last) * k4;
-    let bcol = (p.b_off + z * p.b_bs) / 4u + min(col, n4 - 1u);
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    var acc4 = vec4<f32>(0.0);
-    var acc5 = vec4<f32>(0.0);
-    var acc6 = vec4<f32>(0.0);
-    var acc7 = vec4<f32>(0.0);
+    var ar = array<u32, 8>();
+    for (var r = 0u; r < 8u; r++) { ar[r] = abase + min(row0 + r, last) * k4; }
+    let bbase = (p.b_off + z * p.b_bs) / 4u;
+    let bc0 = bbase + min(col, n4 - 1u);
+    let bc1 = bbase + min(col + 8u, n4 - 1u);
+    var acc = array<vec4<f32>, 16>();
     for (var kk = 0u; kk < k4; kk++) {
-        let br = bcol + kk * 4u * n4;
-        let b0 = b4[br];
-        let b1 = b4[br + n4];
-        let b2 = b4[br + 2u * n4];
-        let b3 = b4[br + 3u * n4];
-        acc0 += dot4(a4[ar0 + kk], b0, b1, b2, b3);
-        acc1 += dot4(a4[ar1 + kk], b0, b1, b2, b3);
-        acc2 += dot4(a4[ar2 + kk], b0, b1, b2, b3);
-        acc3 += dot4(a4[ar3 + kk], b0, b1, b2, b3);
-        acc4 += dot4(a4[ar4 + kk], b0, b1, b2, b3);
-        acc5 += dot4(a4[ar5 + kk], b0, b1, b2, b3);
-        acc6 += dot4(a4[ar6 + kk], b0, b1, b2, b3);
-        acc7 += dot4(a4[ar7 + kk], b0, b1, b2, b3);
+        let br = kk * 4u * n4;
+        let b0 = b4[bc0 + br];
+        let b1 = b4[bc0 + br + n4];
+        let b2 = b4[bc0 + br + 2u * n4];
+        let b3 = b4[bc0 + br + 3u * n4];
+        let d0 = b4[bc1 + br];
+        let d1 = b4[bc1 + br + n4];
+        let d2 = b4[bc1 + br + 2u * n4];
+        let d3 = b4[bc1 + br + 3u * n4];
+        for (var r = 0u; r < 8u; r++) {
+            let x = a4[ar[r] + kk];
+            acc[r] += dot4(x, b0, b1, b2, b3);
+            acc[r + 8u] += dot4(x, d0, d1, d2, d3);
+        }
     }
-    if col >= n4 { return; }
+    store8x8(row0, col, z, acc);
+}
+
+// Writes an 8-row block of C from `acc` (rows 0..7 at vec4 column `col`, then at `col + 8`),
+// skipping rows and columns past the edge.
+fn store8x8(row0: u32, col: u32, z: u32, acc: array<vec4<f32>, 16>) {
+    let n4 = p.n / 4u;
     let cb = (p.c_off + z * p.m * p.n) / 4u + row0 * n4 + col;
-    c4[cb] = acc0;
-    if row0 + 1u < p.m { c4[cb + 1u * n4] = acc1; }
-    if row0 + 2u < p.m { c4[cb + 2u * n4] = acc2; }
-    if row0 + 3u < p.m { c4[cb + 3u * n4] = acc3; }
-    if row0 + 4u < p.m { c4[cb + 4u * n4] = acc4; }
-    if row0 + 5u < p.m { c4[cb + 5u * n4] = acc5; }
-    if row0 + 6u < p.m { c4[cb + 6u * n4] = acc6; }
-    if row0 + 7u < p.m { c4[cb + 7u * n4] = acc7; }
+    for (var r = 0u; r < 8u; r++) {
+        if row0 + r < p.m {
+            if col < n4 { c4[cb + r * n4] = acc[r]; }
+            if col + 8u < n4 { c4[cb + r * n4 + 8u] = acc[r + 8u]; }
+        }
+    }
 }
 
 // Any op(A) (scalar loads through its strides), untransposed B with N a multiple of 4 and its
-// offset and batch stride multiples of 4, any K: like `regs`, 8 rows of C by one vec4 column
-// group per invocation. A's addresses are uniform across the workgroup, so each B load feeds 8
-// rows. Serves the small batched GEMMs of convolutions, whose K (C·kh·kw) is rarely a multiple
-// of 4.
-@compute @workgroup_size(16)
+// offset and batch stride multiples of 4, any K: the `regs` layout (8 rows by two vec4 column
+// groups per invocation), one K value per step. Serves the small batched GEMMs of
+// convolutions, whose K (C·kh·kw) is rarely a multiple of 4.
+@compute @workgroup_size(8)
 fn regs_k1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let n4 = p.n / 4u;
     let row0 = wid.x * 8u;
@@ -107,45 +101,23 @@ fn regs_k1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let z = wid.z;
     let abase = p.a_off + z * p.a_bs;
     let last = p.m - 1u;
-    let ar0 = abase + row0 * p.a_rs;
-    let ar1 = abase + min(row0 + 1u, last) * p.a_rs;
-    let ar2 = abase + min(row0 + 2u, last) * p.a_rs;
-    let ar3 = abase + min(row0 + 3u, last) * p.a_rs;
-    let ar4 = abase + min(row0 + 4u, last) * p.a_rs;
-    let ar5 = abase + min(row0 + 5u, last) * p.a_rs;
-    let ar6 = abase + min(row0 + 6u, last) * p.a_rs;
-    let ar7 = abase + min(row0 + 7u, last) * p.a_rs;
-    let bcol = (p.b_off + z * p.b_bs) / 4u + min(col, n4 - 1u);
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    var acc4 = vec4<f32>(0.0);
-    var acc5 = vec4<f32>(0.0);
-    var acc6 = vec4<f32>(0.0);
-    var acc7 = vec4<f32>(0.0);
+    var ar = array<u32, 8>();
+    for (var r = 0u; r < 8u; r++) { ar[r] = abase + min(row0 + r, last) * p.a_rs; }
+    let bbase = (p.b_off + z * p.b_bs) / 4u;
+    let bc0 = bbase + min(col, n4 - 1u);
+    let bc1 = bbase + min(col + 8u, n4 - 1u);
+    var acc = array<vec4<f32>, 16>();
     for (var kk = 0u; kk < p.k; kk++) {
-        let bv = b4[bcol + kk * n4];
+        let b0 = b4[bc0 + kk * n4];
+        let b1 = b4[bc1 + kk * n4];
         let ak = kk * p.a_cs;
-        acc0 += a1[ar0 + ak] * bv;
-        acc1 += a1[ar1 + ak] * bv;
-        acc2 += a1[ar2 + ak] * bv;
-        acc3 += a1[ar3 + ak] * bv;
-        acc4 += a1[ar4 + ak] * bv;
-        acc5 += a1[ar5 + ak] * bv;
-        acc6 += a1[ar6 + ak] * bv;
-        acc7 += a1[ar7 + ak] * bv;
+        for (var r = 0u; r < 8u; r++) {
+            let x = a1[ar[r] + ak];
+            acc[r] += x * b0;
+            acc[r + 8u] += x * b1;
+        }
     }
-    if col >= n4 { return; }
-    let cb = (p.c_off + z * p.m * p.n) / 4u + row0 * n4 + col;
-    c4[cb] = acc0;
-    if row0 + 1u < p.m { c4[cb + 1u * n4] = acc1; }
-    if row0 + 2u < p.m { c4[cb + 2u * n4] = acc2; }
-    if row0 + 3u < p.m { c4[cb + 3u * n4] = acc3; }
-    if row0 + 4u < p.m { c4[cb + 4u * n4] = acc4; }
-    if row0 + 5u < p.m { c4[cb + 5u * n4] = acc5; }
-    if row0 + 6u < p.m { c4[cb + 6u * n4] = acc6; }
-    if row0 + 7u < p.m { c4[cb + 7u * n4] = acc7; }
+    store8x8(row0, col, z, acc);
 }
 
 // Any shapes, transposes, offsets and strides: 4×4 outputs per invocation, scalar loads.

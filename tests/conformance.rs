@@ -41,9 +41,14 @@ fn unary_every_op_contiguous_and_strided() {
     let mut r = rng(1);
     let signed = uniform(&mut r, 2 * 3 * 5 * 7, -3.0, 3.0);
     let positive = uniform(&mut r, 2 * 3 * 5 * 7, 0.05, 4.0);
-    // contiguous; permuted (a transposed view); narrowed with an offset; broadcast (stride 0).
+    // contiguous; permuted (a transposed view); narrowed with an offset; broadcast (stride 0);
+    // contiguous with 4 | numel at an aligned and a misaligned offset (the wgpu backend's
+    // four-per-invocation kernel and its scalar fallback).
     let layouts = [
         layout(&[2, 3, 5, 7], &[105, 35, 7, 1], 0),
+        layout(&[3, 4, 8], &[32, 8, 1], 4),
+        layout(&[2, 4, 8], &[32, 8, 1], 2),
+        layout(&[5, 20], &[20, 1], 0),
         layout(&[7, 5, 3, 2], &[1, 7, 35, 105], 0),
         layout(&[2, 4, 7], &[105, 7, 1], 36),
         layout(&[4, 3, 7], &[0, 35, 1], 1),
@@ -88,6 +93,12 @@ fn binary_every_op_broadcast_and_strided() {
         (layout(&[4, 5, 6], &[30, 6, 1], 0), layout(&[4, 5, 6], &[0, 1, 0], 3)),
         (layout(&[4, 5, 6], &[30, 6, 1], 7), layout(&[4, 5, 6], &[5, 0, 20], 1)),
         (layout(&[2, 3, 2, 2, 2, 3], &[72, 24, 12, 6, 3, 1], 0), layout(&[2, 3, 2, 2, 2, 3], &[0, 1, 0, 3, 0, 6], 4)),
+        // Innermost size a multiple of 4 (wgpu's four-per-invocation kernels): both contiguous;
+        // a bias over the middle dimension; a row broadcast at an aligned offset; a misaligned a.
+        (layout(&[4, 5, 8], &[40, 8, 1], 0), layout(&[4, 5, 8], &[40, 8, 1], 0)),
+        (layout(&[4, 5, 8], &[40, 8, 1], 0), layout(&[4, 5, 8], &[0, 1, 0], 3)),
+        (layout(&[4, 5, 8], &[40, 8, 1], 4), layout(&[4, 5, 8], &[0, 0, 1], 1)),
+        (layout(&[4, 5, 8], &[40, 8, 1], 2), layout(&[4, 5, 8], &[0, 1, 0], 0)),
     ];
     on_each_device(|dev, cpu| {
         for op in BinaryOp::ALL {

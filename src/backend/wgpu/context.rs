@@ -32,8 +32,8 @@ pub(crate) struct Limits {
     pub max_groups: u32,
 }
 
-/// Compiled pipelines with their bind-group layout, by (shader, entry point).
-type Pipelines = HashMap<(&'static str, &'static str), (wgpu::ComputePipeline, wgpu::BindGroupLayout)>;
+/// Compiled pipelines with their bind-group layout, by (shader, entry point, value of `OP`).
+type Pipelines = HashMap<(&'static str, &'static str, Option<u32>), (wgpu::ComputePipeline, wgpu::BindGroupLayout)>;
 
 struct Pending {
     // `pass` records into `encoder` and is ended (dropped) before the encoder is used otherwise.
@@ -56,6 +56,10 @@ pub(crate) struct Ctx {
     layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     pipelines: Mutex<Pipelines>,
     errors: Arc<Mutex<Vec<String>>>,
+    /// `TANDEM_WGPU_PROFILE=1`: every dispatch is submitted and waited for, and its wall time
+    /// summed by kernel (`=2`: by kernel, `OP` and grid); the table goes to stderr when the
+    /// device closes. For tuning only.
+    profile: Option<(bool, Mutex<HashMap<String, (u32, f64)>>)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -96,6 +100,11 @@ impl Ctx {
             layouts: Mutex::default(),
             pipelines: Mutex::default(),
             errors,
+            profile: match std::env::var("TANDEM_WGPU_PROFILE").as_deref() {
+                Ok("1") => Some((false, Mutex::default())),
+                Ok("2") => Some((true, Mutex::default())),
+                _ => None,
+            },
         }
     }
 
@@ -145,9 +154,10 @@ impl Ctx {
         &self,
         shader: &'static str,
         entry: &'static str,
+        op: Option<u32>,
         storage: usize,
     ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
-        if let Some(p) = lock(&self.pipelines).get(&(shader, entry)) {
+        if let Some(p) = lock(&self.pipelines).get(&(shader, entry, op)) {
             return Ok(p.clone());
         }
         let module = {
@@ -171,11 +181,14 @@ impl Ctx {
             layout: Some(&layout),
             module: &module,
             entry_point: Some(entry),
-            compilation_options: Default::default(),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &op.map(|v| [("OP", f64::from(v))]).unwrap_or_default()[..usize::from(op.is_some())],
+                ..Default::default()
+            },
             cache: None,
         });
         self.check_errors()?;
-        lock(&self.pipelines).insert((shader, entry), (p.clone(), bgl.clone()));
+        lock(&self.pipelines).insert((shader, entry, op), (p.clone(), bgl.clone()));
         Ok((p, bgl))
     }
 
@@ -237,11 +250,26 @@ impl Ctx {
 
     /// Records one dispatch of `shader::entry` with `params` (32-bit words) and storage `binds`.
     pub(crate) fn dispatch(&self, shader: &'static str, entry: &'static str, params: &[u32], binds: &[Bind], grid: [u32; 3]) -> Result<()> {
+        self.dispatch_op(shader, entry, None, params, binds, grid)
+    }
+
+    /// `dispatch` of a pipeline whose override constant `OP` is `op`: the elementwise and
+    /// reduce kernels select their operation this way, so that the compiler removes the other
+    /// cases (CPU rasterizers run every arm of a switch on a value they cannot prove uniform).
+    pub(crate) fn dispatch_op(
+        &self,
+        shader: &'static str,
+        entry: &'static str,
+        op: Option<u32>,
+        params: &[u32],
+        binds: &[Bind],
+        grid: [u32; 3],
+    ) -> Result<()> {
         if grid.contains(&0) {
             return Ok(());
         }
         debug_assert!(params.len() * 4 <= SLOT as usize);
-        let (pipeline, layout) = self.pipeline(shader, entry, binds.len())?;
+        let (pipeline, layout) = self.pipeline(shader, entry, op, binds.len())?;
         let mut guard = lock(&self.pending);
         let p = &mut *guard;
         let slot = p.dispatches as u64 * self.uniform_stride;
@@ -284,7 +312,35 @@ impl Ctx {
         if p.dispatches >= BATCH || p.groups >= BATCH_GROUPS {
             self.submit(p);
         }
+        if let Some((detailed, prof)) = &self.profile {
+            // Everything before this dispatch has already been waited for.
+            let t = std::time::Instant::now();
+            self.submit(p);
+            drop(guard);
+            self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| self.err(e.to_string()))?;
+            let key = match (detailed, op) {
+                (false, _) => format!("{shader}::{entry}"),
+                (true, None) => format!("{shader}::{entry} {grid:?}"),
+                (true, Some(op)) => format!("{shader}::{entry} OP={op} {grid:?}"),
+            };
+            let mut prof = lock(prof);
+            let e = prof.entry(key).or_default();
+            *e = (e.0 + 1, e.1 + t.elapsed().as_secs_f64());
+        }
         Ok(())
+    }
+
+    /// The profile table (see `profile`), slowest kernel first.
+    fn profile_report(&self) -> Option<String> {
+        let prof = lock(&self.profile.as_ref()?.1);
+        let mut rows: Vec<_> = prof.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        let total: f64 = rows.iter().map(|r| r.1 .1).sum();
+        let mut out = format!("wgpu profile of {}: {:.1} ms in {} kernels\n", self.name, total * 1e3, rows.len());
+        for (kernel, (count, secs)) in rows {
+            out += &format!("  {:>9.2} ms {:>6} x  {kernel}\n", secs * 1e3, count);
+        }
+        Some(out)
     }
 
     /// Records a non-compute command (copy, clear) in order with the dispatches.
@@ -355,5 +411,13 @@ impl Ctx {
         let data = staging.get_mapped_range(..).map_err(|e| self.err(format!("readback: {e}")))?.to_vec();
         staging.unmap();
         Ok(data)
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        if let Some(r) = self.profile_report() {
+            eprint!("{r}");
+        }
     }
 }

@@ -79,6 +79,13 @@ fn operand<'a>(ctx: &Ctx, op: &'static str, buf: &'a wgpu::Buffer, l: &Layout, s
     }
 }
 
+/// Whether a chunk of `len` elementwise outputs can go four per invocation: `len` a multiple
+/// of 4, and each operand's first element at a multiple of 4 in its bound range (`starts`), so
+/// that vec4 views of the bindings line up.
+fn vec4_chunk(len: usize, starts: &[u32]) -> bool {
+    len.is_multiple_of(4) && starts.iter().all(|o| o.is_multiple_of(4))
+}
+
 pub(crate) fn fill(ctx: &Ctx, buf: &wgpu::Buffer, len: usize, bits: u32) -> Result<()> {
     if len == 0 {
         return Ok(());
@@ -104,8 +111,12 @@ pub(crate) fn unary(ctx: &Ctx, op: UnaryOp, x: &wgpu::Buffer, l: &Layout, out: &
     for (s, e) in ctx.chunks("unary", n, &[1, 1])? {
         let (xb, xo) = operand(ctx, "unary", x, l, s, e)?;
         let (ob, oo) = ctx.span("unary", out, s, e - s)?;
-        let w = Words::default().dims(shape).dims(strides).u(e - s).u(s).u(xo).u(oo).u(op.code()).f(p0).f(p1).u(rank);
-        ctx.dispatch("unary", entry, &w.0, &[xb, ob], ctx.grid(e - s, 256))?;
+        let w = Words::default().dims(shape).dims(strides).u(e - s).u(s).u(xo).u(oo).f(p0).f(p1).u(rank);
+        if entry == "contig" && vec4_chunk(e - s, &[xo.wrapping_add(s as u32), oo]) {
+            ctx.dispatch_op("unary", "contig4", Some(op.code()), &w.0, &[xb, ob], ctx.grid((e - s) / 4, 256))?;
+            continue;
+        }
+        ctx.dispatch_op("unary", entry, Some(op.code()), &w.0, &[xb, ob], ctx.grid(e - s, 256))?;
     }
     Ok(())
 }
@@ -133,8 +144,18 @@ pub(crate) fn binary(
         let (ab, ao) = operand(ctx, "binary", a, la, s, e)?;
         let (bb, bo) = operand(ctx, "binary", b, lb, s, e)?;
         let (ob, oo) = ctx.span("binary", out, s, e - s)?;
-        let w = Words::default().dims(shape).dims(sa).dims(sb).u(e - s).u(s).u(ao).u(bo).u(oo).u(op.code()).u(rank);
-        ctx.dispatch("binary", entry, &w.0, &[ab, bb, ob], ctx.grid(e - s, 256))?;
+        let w = Words::default().dims(shape).dims(sa).dims(sb).u(e - s).u(s).u(ao).u(bo).u(oo).u(rank);
+        let (a0, b0) = (ao.wrapping_add(s as u32), bo.wrapping_add(s as u32));
+        let wide = match entry {
+            "contig" if vec4_chunk(e - s, &[a0, b0, oo]) => Some("contig4"),
+            "bcast3" if shape[5] % 4 == 0 && vec4_chunk(e - s, &[s as u32, a0, oo]) => Some("bcast4"),
+            _ => None,
+        };
+        if let Some(wide) = wide {
+            ctx.dispatch_op("binary", wide, Some(op.code()), &w.0, &[ab, bb, ob], ctx.grid((e - s) / 4, 256))?;
+            continue;
+        }
+        ctx.dispatch_op("binary", entry, Some(op.code()), &w.0, &[ab, bb, ob], ctx.grid(e - s, 256))?;
     }
     Ok(())
 }
@@ -146,8 +167,8 @@ pub(crate) fn reduce(ctx: &Ctx, op: ReduceOp, x: &wgpu::Buffer, r: ReduceSpec, o
     for (s, e) in ctx.chunks("reduce", r.outer, &[r.len * r.inner, r.inner])? {
         let (xb, xo) = ctx.span("reduce", x, s * r.len * r.inner, (e - s) * r.len * r.inner)?;
         let (ob, oo) = ctx.span("reduce", out, s * r.inner, (e - s) * r.inner)?;
-        let w = Words::default().u(e - s).u(r.len).u(r.inner).u(op.code()).u(xo).u(oo);
-        ctx.dispatch("reduce", "reduce", &w.0, &[xb, ob], ctx.grid((e - s) * r.inner, 64))?;
+        let w = Words::default().u(e - s).u(r.len).u(r.inner).u(xo).u(oo);
+        ctx.dispatch_op("reduce", "reduce", Some(op.code()), &w.0, &[xb, ob], ctx.grid((e - s) * r.inner, 64))?;
     }
     Ok(())
 }
