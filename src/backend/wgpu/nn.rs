@@ -21,7 +21,8 @@ pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: Window
         let (cb, co) = ctx.span(op, cols, n0 * col, cnt * col)?;
         let w = window(Words::default().u(cnt).u(s.c).u(s.h).u(s.w), &s).u(xo).u(co);
         let grid = if forward { ctx.grid(cnt * s.col_rows() * s.oh, 64) } else { ctx.grid(cnt * img, 256) };
-        ctx.dispatch("conv", op, &w.0, &[xb, cb], grid)?;
+        let entry = if forward && s.ow.is_multiple_of(4) && co.is_multiple_of(4) { "im2col4" } else { op };
+        ctx.dispatch("conv", entry, &w.0, &[xb, cb], grid)?;
     }
     Ok(())
 }
