@@ -4,7 +4,8 @@
 // on software rasterizers (lavapipe, llvmpipe) workgroup memory and barriers cost more than they
 // save, and caches serve the reuse. `workgroup_id.z` is the batch entry z.
 // Bindings: 0 `p` parameters; 1 A; 2 B; 3 C (written). The `regs` and `tiled` entry points view them as
-// vec4 arrays, the `generic` one as f32 arrays.
+// vec4 arrays, the `generic` one as f32 arrays; `regs_k1_ua` binds A as a 64 KiB uniform
+// buffer `au` (a staged copy of a small A).
 // Shape letters: M, K, N as above; Z batch entries in this dispatch.
 
 struct Params {
@@ -29,6 +30,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> a1: array<f32>;
 @group(0) @binding(2) var<storage, read_write> b1: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c1: array<f32>;
+@group(0) @binding(1) var<uniform> au: array<vec4<f32>, 4096>;
 
 // Row a (four consecutive K values) times the 4×4 block of B rows r0..r3.
 fn dot4(a: vec4<f32>, r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>) -> vec4<f32> {
@@ -113,6 +115,37 @@ fn regs_k1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
         let ak = kk * p.a_cs;
         for (var r = 0u; r < 8u; r++) {
             let x = a1[ar[r] + ak];
+            acc[r] += x * b0;
+            acc[r + 8u] += x * b1;
+        }
+    }
+    store8x8(row0, col, z, acc);
+}
+
+// `regs_k1` with A read from the uniform copy `au`: every lane reads the same A value, which
+// CPU rasterizers load once from a uniform buffer but lane by lane from a storage buffer, so
+// this runs about 1.5 times as fast on lavapipe. A's offsets are relative to the copy.
+@compute @workgroup_size(8)
+fn regs_k1_ua(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n4 = p.n / 4u;
+    let row0 = wid.x * 8u;
+    let col = wid.y * 16u + lid.x;
+    let z = wid.z;
+    let abase = p.a_off + z * p.a_bs;
+    let last = p.m - 1u;
+    var ar = array<u32, 8>();
+    for (var r = 0u; r < 8u; r++) { ar[r] = abase + min(row0 + r, last) * p.a_rs; }
+    let bbase = (p.b_off + z * p.b_bs) / 4u;
+    let bc0 = bbase + min(col, n4 - 1u);
+    let bc1 = bbase + min(col + 8u, n4 - 1u);
+    var acc = array<vec4<f32>, 16>();
+    for (var kk = 0u; kk < p.k; kk++) {
+        let b0 = b4[bc0 + kk * n4];
+        let b1 = b4[bc1 + kk * n4];
+        let ak = kk * p.a_cs;
+        for (var r = 0u; r < 8u; r++) {
+            let e = ar[r] + ak;
+            let x = au[e / 4u][e % 4u];
             acc[r] += x * b0;
             acc[r + 8u] += x * b1;
         }

@@ -176,6 +176,14 @@ fn matmul_odd_shapes_transposes_offsets_broadcast() {
             s.b_batch_stride = k * n + 4;
             matmul_case(dev, cpu, s, 8)?;
         }
+        // Batches of A larger than wgpu's 64 KiB uniform stage for small A (4000 values per
+        // entry: four entries per copy, so five entries take two copies), shared and transposed.
+        for (ta, a_bs) in [(false, 4000), (true, 4000), (false, 0)] {
+            let mut s = MatmulSpec::new(5, 40, 8, 100);
+            s.trans_a = ta;
+            s.a_batch_stride = a_bs;
+            matmul_case(dev, cpu, s, 9)?;
+        }
         Ok(())
     });
 }

@@ -15,6 +15,9 @@ const BATCH: usize = 256;
 /// on GL is how long the adapter's shared context stays locked against other devices.
 const BATCH_GROUPS: u64 = 1 << 16;
 
+/// Bytes of the uniform operand stage: the `array<vec4<f32>, 4096>` the `*_ua` kernels declare.
+pub(crate) const STAGE_BYTES: u64 = 65536;
+
 /// A storage binding: a byte range of a buffer.
 pub(crate) struct Bind<'a> {
     pub buf: &'a wgpu::Buffer,
@@ -51,9 +54,11 @@ pub(crate) struct Ctx {
     pub limits: Limits,
     uniform: wgpu::Buffer,
     uniform_stride: u64,
+    /// A uniform copy of a small matmul operand for `*_ua` kernels (see `stage_uniform`).
+    stage: wgpu::Buffer,
     pending: Mutex<Pending>,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
-    layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    layouts: Mutex<HashMap<(usize, bool), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     pipelines: Mutex<Pipelines>,
     errors: Arc<Mutex<Vec<String>>>,
     /// `TANDEM_WGPU_PROFILE=1`: every dispatch is submitted and waited for, and its wall time
@@ -84,6 +89,12 @@ impl Ctx {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let stage = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tandem uniform operand"),
+            size: STAGE_BYTES.min(u64::from(l.max_uniform_buffer_binding_size)),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         // wgpu's default handler panics; errors are reported by the next op that waits instead.
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
@@ -95,6 +106,7 @@ impl Ctx {
             limits,
             uniform,
             uniform_stride,
+            stage,
             pending: Mutex::new(Pending { pass: None, encoder: None, uniforms: Vec::new(), dispatches: 0, groups: 0 }),
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -124,9 +136,11 @@ impl Ctx {
         Err(self.err(detail))
     }
 
-    fn layout(&self, storage: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+    /// The layout of a kernel with `storage` buffer bindings after the parameters; with
+    /// `uniform_first`, binding 1 is a uniform buffer instead (entry points named `*_ua`).
+    fn layout(&self, storage: usize, uniform_first: bool) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
         let mut layouts = lock(&self.layouts);
-        let (bgl, pl) = layouts.entry(storage).or_insert_with(|| {
+        let (bgl, pl) = layouts.entry((storage, uniform_first)).or_insert_with(|| {
             let buffer = |binding, ty| wgpu::BindGroupLayoutEntry {
                 binding,
                 visibility: wgpu::ShaderStages::COMPUTE,
@@ -136,9 +150,14 @@ impl Ctx {
             // Every storage binding is read-write so that an op may alias its input and output
             // (in-place updates): read-only and writable uses of one buffer may not mix.
             let mut entries = vec![buffer(0, wgpu::BufferBindingType::Uniform)];
-            entries.extend(
-                (1..=storage as u32).map(|b| buffer(b, wgpu::BufferBindingType::Storage { read_only: false })),
-            );
+            entries.extend((1..=storage as u32).map(|b| {
+                let ty = if b == 1 && uniform_first {
+                    wgpu::BufferBindingType::Uniform
+                } else {
+                    wgpu::BufferBindingType::Storage { read_only: false }
+                };
+                buffer(b, ty)
+            }));
             let bgl = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
             let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                 label: None,
@@ -175,7 +194,7 @@ impl Ctx {
                 }
             }
         };
-        let (bgl, layout) = self.layout(storage);
+        let (bgl, layout) = self.layout(storage, entry.ends_with("_ua"));
         let p = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
             layout: Some(&layout),
@@ -341,6 +360,24 @@ impl Ctx {
             out += &format!("  {:>9.2} ms {:>6} x  {kernel}\n", secs * 1e3, count);
         }
         Some(out)
+    }
+
+    /// f32 values the uniform stage holds: 0 where the adapter's uniform bindings are smaller
+    /// than the 64 KiB array the `*_ua` kernels declare.
+    pub(crate) fn stage_floats(&self) -> usize {
+        if self.stage.size() < STAGE_BYTES { 0 } else { (STAGE_BYTES / 4) as usize }
+    }
+
+    /// Copies `len` f32 (at most `stage_floats()`) from `src` at element `first` to the uniform
+    /// stage, in order with the dispatches, and returns the stage's binding. CPU rasterizers
+    /// load storage buffers lane by lane but a uniform value once for all lanes, so a small
+    /// operand that every lane reads at the same address is cheaper from here.
+    pub(crate) fn stage_uniform(&self, src: &wgpu::Buffer, first: usize, len: usize) -> Result<Bind<'_>> {
+        if len == 0 || len > self.stage_floats() {
+            return Err(self.err(format!("{len} values do not fit the uniform stage")));
+        }
+        self.encode(|e| e.copy_buffer_to_buffer(src, first as u64 * 4, &self.stage, 0, len as u64 * 4));
+        Ok(Bind { buf: &self.stage, offset: 0, size: STAGE_BYTES })
     }
 
     /// Records a non-compute command (copy, clear) in order with the dispatches.

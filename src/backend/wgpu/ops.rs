@@ -218,13 +218,18 @@ pub(crate) fn matmul(
     // the small batched GEMMs of convolutions, whose K = C·kh·kw is rarely a multiple of 4.
     let b_vec_n = !s.trans_b && n.is_multiple_of(4) && (s.b_offset | b_bs).is_multiple_of(4);
     let ab_vec_k = !s.trans_a && s.trans_b && k.is_multiple_of(4) && (s.a_offset | s.b_offset | a_bs | b_bs).is_multiple_of(4);
+    // A small A (a convolution's weights) goes through the uniform stage on software adapters,
+    // as many batch entries per copy as fit.
+    let staged = m * k > 0 && ctx.stage_floats() >= m * k;
     let (entry, cols, rows) = match (vec4, kernel) {
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
+        (false, MatmulKernel::Registers) if b_vec_n && staged => ("regs_k1_ua", 64, 8),
         (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
         (false, MatmulKernel::Registers) if ab_vec_k => ("generic_tb", 32, 32),
         (false, _) => ("generic", 32, 32),
     };
+    let staged = entry.ends_with("_ua");
     let (mut gx, mut gy) = (n.div_ceil(cols), m.div_ceil(rows));
     if entry.starts_with("regs") {
         // `regs` takes row blocks along X so that consecutive workgroups share a strip of B.
@@ -233,11 +238,15 @@ pub(crate) fn matmul(
     if gx.max(gy) > ctx.limits.max_groups as usize {
         return Err(Error::invalid("matmul", format!("{m}x{n} output needs more workgroups than {} allows", ctx.name)));
     }
-    let per = batches_per_dispatch(ctx, &[(a_bs, m * k), (b_bs, k * n), (m * n, m * n)])?;
+    let mut per = batches_per_dispatch(ctx, &[(a_bs, m * k), (b_bs, k * n), (m * n, m * n)])?;
+    if staged && a_bs > 0 {
+        per = per.min((ctx.stage_floats() - m * k) / a_bs + 1);
+    }
     let mut b0 = 0;
     while b0 < s.batch {
         let cnt = per.min(s.batch - b0);
-        let (ab, ao) = ctx.span("matmul", a, s.a_offset + b0 * a_bs, (cnt - 1) * a_bs + m * k)?;
+        let (a_first, a_len) = (s.a_offset + b0 * a_bs, (cnt - 1) * a_bs + m * k);
+        let (ab, ao) = if staged { (ctx.stage_uniform(a, a_first, a_len)?, 0) } else { ctx.span("matmul", a, a_first, a_len)? };
         let (bb, bo) = ctx.span("matmul", b, s.b_offset + b0 * b_bs, (cnt - 1) * b_bs + k * n)?;
         let (cb, co) = ctx.span("matmul", c, b0 * m * n, cnt * m * n)?;
         let w = Words::default()
