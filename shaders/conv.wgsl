@@ -31,32 +31,32 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> cols: array<f32>;
 @group(0) @binding(2) var<storage, read_write> cols4: array<vec4<f32>>;
 
-// One invocation per column row segment (n, r, oy), looping over ox: the index arithmetic
-// (integer division, slow on CPU rasterizers) happens once per OW outputs.
-@compute @workgroup_size(64)
-fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 64u + gid.x;
+// One column row segment (n, r, oy) of im2col: where its OW outputs go (`dst`, an element
+// index), the input row they read (`src`; `inside` false when that row is padding) and the
+// input column of output 0 (`x0`, may be negative).
+struct ColRow {
+    dst: u32,
+    src: u32,
+    inside: bool,
+    x0: i32,
+}
+
+// The index arithmetic (integer division, slow on CPU rasterizers) of segment `e`, done once per
+// OW outputs.
+fn col_row(e: u32) -> ColRow {
     let rows = p.c * p.kh * p.kw;
-    if e >= p.n * rows * p.oh { return; }
     let oy = e % p.oh;
     let r = (e / p.oh) % rows;
     let img = e / (p.oh * rows);
     let ci = r / (p.kh * p.kw);
     let i = (r / p.kw) % p.kh;
-    let j = r % p.kw;
     let y = i32(oy * p.sh + i) - i32(p.ph);
-    let dst = p.cols_off + e * p.ow;
-    if y < 0 || y >= i32(p.h) {
-        for (var ox = 0u; ox < p.ow; ox++) { cols[dst + ox] = 0.0; }
-        return;
-    }
-    let src = p.x_off + ((img * p.c + ci) * p.h + u32(y)) * p.w;
-    for (var ox = 0u; ox < p.ow; ox++) {
-        let xx = i32(ox * p.sw + j) - i32(p.pw);
-        var v = 0.0;
-        if xx >= 0 && xx < i32(p.w) { v = x[src + u32(xx)]; }
-        cols[dst + ox] = v;
-    }
+    var s: ColRow;
+    s.dst = p.cols_off + e * p.ow;
+    s.inside = y >= 0 && y < i32(p.h);
+    s.src = p.x_off + ((img * p.c + ci) * p.h + u32(max(y, 0))) * p.w;
+    s.x0 = i32(r % p.kw) - i32(p.pw);
+    return s;
 }
 
 // x at column `xx` of the row starting at `src`, 0 outside [0, W).
@@ -66,32 +66,35 @@ fn pixel(src: u32, xx: i32) -> f32 {
     return v;
 }
 
+// One invocation per column row segment, looping over ox.
+@compute @workgroup_size(64)
+fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = gid.y * nwg.x * 64u + gid.x;
+    if e >= p.n * p.c * p.kh * p.kw * p.oh { return; }
+    let s = col_row(e);
+    for (var ox = 0u; ox < p.ow; ox++) {
+        var v = 0.0;
+        if s.inside { v = pixel(s.src, s.x0 + i32(ox * p.sw)); }
+        cols[s.dst + ox] = v;
+    }
+}
+
 // `im2col` storing four columns at a time, for OW a multiple of 4 and a 16-byte aligned `cols`
 // range: CPU rasterizers store lane by lane, so a vec4 store costs about one f32 store.
 @compute @workgroup_size(64)
 fn im2col4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = gid.y * nwg.x * 64u + gid.x;
-    let rows = p.c * p.kh * p.kw;
-    if e >= p.n * rows * p.oh { return; }
-    let oy = e % p.oh;
-    let r = (e / p.oh) % rows;
-    let img = e / (p.oh * rows);
-    let ci = r / (p.kh * p.kw);
-    let i = (r / p.kw) % p.kh;
-    let j = r % p.kw;
-    let y = i32(oy * p.sh + i) - i32(p.ph);
-    let dst = (p.cols_off + e * p.ow) / 4u;
-    let ow4 = p.ow / 4u;
-    if y < 0 || y >= i32(p.h) {
-        for (var q = 0u; q < ow4; q++) { cols4[dst + q] = vec4<f32>(0.0); }
-        return;
-    }
-    let src = p.x_off + ((img * p.c + ci) * p.h + u32(y)) * p.w;
-    let x0 = i32(j) - i32(p.pw);
+    if e >= p.n * p.c * p.kh * p.kw * p.oh { return; }
+    let s = col_row(e);
+    let dst = s.dst / 4u;
     let sw = i32(p.sw);
-    for (var q = 0u; q < ow4; q++) {
-        let xx = x0 + i32(q * 4u) * sw;
-        cols4[dst + q] = vec4<f32>(pixel(src, xx), pixel(src, xx + sw), pixel(src, xx + 2 * sw), pixel(src, xx + 3 * sw));
+    for (var q = 0u; q < p.ow / 4u; q++) {
+        var v = vec4<f32>(0.0);
+        if s.inside {
+            let xx = s.x0 + i32(q * 4u) * sw;
+            v = vec4<f32>(pixel(s.src, xx), pixel(s.src, xx + sw), pixel(s.src, xx + 2 * sw), pixel(s.src, xx + 3 * sw));
+        }
+        cols4[dst + q] = v;
     }
 }
 

@@ -91,66 +91,69 @@ fn store8x8(row0: u32, col: u32, z: u32, acc: array<vec4<f32>, 16>) {
     }
 }
 
+// Where one `regs_k1` invocation reads: A's 8 row starts (element indices, clamped to M) and
+// B's two vec4 columns (clamped to N); output block origin `row0`, `col`.
+struct K1 {
+    ar: array<u32, 8>,
+    bc0: u32,
+    bc1: u32,
+    row0: u32,
+    col: u32,
+}
+
+fn k1_setup(wid: vec3<u32>, lid: vec3<u32>) -> K1 {
+    var s: K1;
+    let n4 = p.n / 4u;
+    s.row0 = wid.x * 8u;
+    s.col = wid.y * 16u + lid.x;
+    let abase = p.a_off + wid.z * p.a_bs;
+    for (var r = 0u; r < 8u; r++) { s.ar[r] = abase + min(s.row0 + r, p.m - 1u) * p.a_rs; }
+    let bbase = (p.b_off + wid.z * p.b_bs) / 4u;
+    s.bc0 = bbase + min(s.col, n4 - 1u);
+    s.bc1 = bbase + min(s.col + 8u, n4 - 1u);
+    return s;
+}
+
 // Any op(A) (scalar loads through its strides), untransposed B with N a multiple of 4 and its
 // offset and batch stride multiples of 4, any K: the `regs` layout (8 rows by two vec4 column
 // groups per invocation), one K value per step. Serves the small batched GEMMs of
 // convolutions, whose K (C·kh·kw) is rarely a multiple of 4.
 @compute @workgroup_size(8)
 fn regs_k1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let s = k1_setup(wid, lid);
     let n4 = p.n / 4u;
-    let row0 = wid.x * 8u;
-    let col = wid.y * 16u + lid.x;
-    let z = wid.z;
-    let abase = p.a_off + z * p.a_bs;
-    let last = p.m - 1u;
-    var ar = array<u32, 8>();
-    for (var r = 0u; r < 8u; r++) { ar[r] = abase + min(row0 + r, last) * p.a_rs; }
-    let bbase = (p.b_off + z * p.b_bs) / 4u;
-    let bc0 = bbase + min(col, n4 - 1u);
-    let bc1 = bbase + min(col + 8u, n4 - 1u);
     var acc = array<vec4<f32>, 16>();
     for (var kk = 0u; kk < p.k; kk++) {
-        let b0 = b4[bc0 + kk * n4];
-        let b1 = b4[bc1 + kk * n4];
-        let ak = kk * p.a_cs;
+        let b0 = b4[s.bc0 + kk * n4];
+        let b1 = b4[s.bc1 + kk * n4];
         for (var r = 0u; r < 8u; r++) {
-            let x = a1[ar[r] + ak];
+            let x = a1[s.ar[r] + kk * p.a_cs];
             acc[r] += x * b0;
             acc[r + 8u] += x * b1;
         }
     }
-    store8x8(row0, col, z, acc);
+    store8x8(s.row0, s.col, wid.z, acc);
 }
 
-// `regs_k1` with A read from the uniform copy `au`: every lane reads the same A value, which
-// CPU rasterizers load once from a uniform buffer but lane by lane from a storage buffer, so
-// this runs about 1.5 times as fast on lavapipe. A's offsets are relative to the copy.
+// `regs_k1` with A read from the uniform copy `au` (offsets relative to the copy): every lane
+// reads the same A value, which CPU rasterizers load once from a uniform buffer but lane by
+// lane from a storage buffer, so this runs about 1.5 times as fast on lavapipe.
 @compute @workgroup_size(8)
 fn regs_k1_ua(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let s = k1_setup(wid, lid);
     let n4 = p.n / 4u;
-    let row0 = wid.x * 8u;
-    let col = wid.y * 16u + lid.x;
-    let z = wid.z;
-    let abase = p.a_off + z * p.a_bs;
-    let last = p.m - 1u;
-    var ar = array<u32, 8>();
-    for (var r = 0u; r < 8u; r++) { ar[r] = abase + min(row0 + r, last) * p.a_rs; }
-    let bbase = (p.b_off + z * p.b_bs) / 4u;
-    let bc0 = bbase + min(col, n4 - 1u);
-    let bc1 = bbase + min(col + 8u, n4 - 1u);
     var acc = array<vec4<f32>, 16>();
     for (var kk = 0u; kk < p.k; kk++) {
-        let b0 = b4[bc0 + kk * n4];
-        let b1 = b4[bc1 + kk * n4];
-        let ak = kk * p.a_cs;
+        let b0 = b4[s.bc0 + kk * n4];
+        let b1 = b4[s.bc1 + kk * n4];
         for (var r = 0u; r < 8u; r++) {
-            let e = ar[r] + ak;
+            let e = s.ar[r] + kk * p.a_cs;
             let x = au[e / 4u][e % 4u];
             acc[r] += x * b0;
             acc[r + 8u] += x * b1;
         }
     }
-    store8x8(row0, col, z, acc);
+    store8x8(s.row0, s.col, wid.z, acc);
 }
 
 // Any shapes, transposes, offsets and strides: 4×4 outputs per invocation, scalar loads.
