@@ -46,10 +46,14 @@ pub(crate) fn max_pool(
         let (ab, ao) = ctx.span(op, arg, p0 * ohw, cnt * ohw)?;
         let w = window(Words::default().u(cnt).u(s.h).u(s.w), &s).u(xo).u(oo).u(ao);
         let tiles = s.stride == (s.kh, s.kw) && s.pad == (0, 0) && s.h == s.oh * s.kh && s.w == s.ow * s.kw;
-        let (entry, work) = match (forward, tiles) {
-            (true, _) => ("forward", cnt * ohw),
-            (false, true) => ("backward_tiled", cnt * ohw),
-            (false, false) => ("backward", cnt * hw),
+        // Two outputs per invocation through vector views: 2×2 tiles, rows of whole vec4s.
+        let pairs = tiles && (s.kh, s.kw) == (2, 2) && s.w.is_multiple_of(4) && xo.is_multiple_of(4) && (oo | ao).is_multiple_of(2);
+        let (entry, work) = match (forward, tiles, pairs) {
+            (true, _, true) => ("forward_2x2", cnt * ohw / 2),
+            (false, _, true) => ("backward_2x2", cnt * ohw / 2),
+            (true, _, false) => ("forward", cnt * ohw),
+            (false, true, false) => ("backward_tiled", cnt * ohw),
+            (false, false, false) => ("backward", cnt * hw),
         };
         ctx.dispatch("pool", entry, &w.0, &[xb, ob, ab], ctx.grid(work, 256))?;
     }
