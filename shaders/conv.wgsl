@@ -41,21 +41,35 @@ struct ColRow {
     x0: i32,
 }
 
-// The index arithmetic (integer division, slow on CPU rasterizers) of segment `e`, done once per
-// OW outputs.
+// a / d without integer division, which CPU rasterizers do lane by lane at tens of cycles
+// each: a float estimate, refined once from the remainder, then corrected by one. Exact for
+// every a and 0 < d < 2^20 (the first remainder stays within ±2^11·d).
+fn udiv(a: u32, d: u32) -> u32 {
+    let fd = f32(d);
+    var q = u32(f32(a) / fd);
+    q = u32(i32(q) + i32(f32(i32(a - q * d)) / fd));
+    let r = i32(a - q * d);
+    if r < 0 { q -= 1u; }
+    if r >= i32(d) { q += 1u; }
+    return q;
+}
+
+// The index arithmetic of segment `e`, done once per OW outputs.
 fn col_row(e: u32) -> ColRow {
     let rows = p.c * p.kh * p.kw;
-    let oy = e % p.oh;
-    let r = (e / p.oh) % rows;
-    let img = e / (p.oh * rows);
-    let ci = r / (p.kh * p.kw);
-    let i = (r / p.kw) % p.kh;
+    let t = udiv(e, p.oh);
+    let oy = e - t * p.oh;
+    let img = udiv(t, rows);
+    let r = t - img * rows;
+    let ci = udiv(r, p.kh * p.kw);
+    let ij = r - ci * p.kh * p.kw;
+    let i = udiv(ij, p.kw);
     let y = i32(oy * p.sh + i) - i32(p.ph);
     var s: ColRow;
     s.dst = p.cols_off + e * p.ow;
     s.inside = y >= 0 && y < i32(p.h);
     s.src = p.x_off + ((img * p.c + ci) * p.h + u32(max(y, 0))) * p.w;
-    s.x0 = i32(r % p.kw) - i32(p.pw);
+    s.x0 = i32(ij - i * p.kw) - i32(p.pw);
     return s;
 }
 
@@ -102,10 +116,12 @@ fn im2col4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = gid.y * nwg.x * 256u + gid.x;
     if e >= p.n * p.c * p.h * p.w { return; }
-    let xx = e % p.w;
-    let y = (e / p.w) % p.h;
-    let ci = (e / (p.w * p.h)) % p.c;
-    let img = e / (p.w * p.h * p.c);
+    let t = udiv(e, p.w);
+    let xx = e - t * p.w;
+    let plane = udiv(t, p.h);
+    let y = t - plane * p.h;
+    let img = udiv(plane, p.c);
+    let ci = plane - img * p.c;
     let cl = p.oh * p.ow;
     let rows = p.c * p.kh * p.kw;
     if cl == 0u {

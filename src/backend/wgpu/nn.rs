@@ -13,6 +13,11 @@ fn window(w: Words, s: &WindowSpec) -> Words {
 /// `forward`: im2col from `x` into `cols`; otherwise col2im from `cols` into `x`.
 pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: WindowSpec, forward: bool) -> Result<()> {
     let op = if forward { "im2col" } else { "col2im" };
+    // conv.wgsl divides by these with `udiv`, exact below 2^20.
+    let divisors = [s.oh, s.col_rows(), s.kh * s.kw, s.kw, s.w, s.h, s.c];
+    if divisors.iter().any(|&d| d >= 1 << 20) {
+        return Err(Error::invalid(op, format!("{s:?} has a dimension of 2^20 or more, beyond what {} supports", ctx.name)));
+    }
     let img = s.c * s.h * s.w;
     let col = s.col_rows() * s.col_len();
     for (n0, n1) in ctx.chunks(op, s.n, &[img, col])? {
