@@ -40,7 +40,8 @@ fn apply(x: f32, y: f32) -> f32 {
         case 4u: { return max(x, y); }
         case 5u: { return min(x, y); }
         case 6u: { return select(0.0, 1.0, x > y); }
-        default: { return select(0.0, 1.0, x == y); }
+        case 7u: { return select(0.0, 1.0, x == y); }
+        default: { return select(0.0, x, y > 0.0); }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Every differentiable op's gradient against central finite differences, on the CPU reference.
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use tandem::backend::{cpu::CpuBackend, UnaryOp};
+use tandem::backend::{cpu::CpuBackend, BinaryOp, UnaryOp};
 use tandem::tolerance::check_close;
 use tandem::{Device, Result, Tensor};
 
@@ -114,6 +114,11 @@ fn binary_ops_with_broadcasting() {
     });
     gradcheck("maximum", &[&[3, 4], &[3, 4]], &|x| x[0].maximum(&x[1]));
     gradcheck("minimum", &[&[3, 4], &[4]], &|x| x[0].minimum(&x[1]));
+    // ReLU's fused gradient, itself differentiable in its first operand; values away from 0.
+    gradcheck_with("relu_backward", &[&[3, 4], &[4]], &|x| x[0].binary(BinaryOp::ReluBackward, &x[1]), |rng| {
+        let v = rng.random_range(0.2f32..1.5);
+        if rng.random::<bool>() { v } else { -v }
+    });
 }
 
 #[test]

@@ -25,6 +25,8 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
                     (Some(g.mul(&win_a.add(&tie)?)?), Some(g.mul(&win_b.add(&tie)?)?))
                 }
                 BinaryOp::Gt | BinaryOp::Eq => (None, None),
+                // piecewise constant in b: zero wherever defined
+                BinaryOp::ReluBackward => (Some(g.binary(BinaryOp::ReluBackward, bb)?), Some(Tensor::zeros(bb.dims().to_vec(), g.device())?)),
             };
             vec![ga.map(|t| t.sum_to(a.shape())).transpose()?, gb.map(|t| t.sum_to(bb.shape())).transpose()?]
         }
@@ -137,7 +139,7 @@ fn unary(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Tensor> {
         UnaryOp::Neg => g.neg(),
         UnaryOp::Exp => g.mul(out),
         UnaryOp::Log => g.div(x),
-        UnaryOp::Relu => g.mul(&x.unary(UnaryOp::Step)?),
+        UnaryOp::Relu => g.binary(BinaryOp::ReluBackward, x),
         UnaryOp::Step => g.mul_scalar(0.0),
         // d sqrt(x) = 1 / (2 sqrt(x))
         UnaryOp::Sqrt => g.div(out)?.mul_scalar(0.5),

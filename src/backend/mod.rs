@@ -96,10 +96,13 @@ pub enum BinaryOp {
     Gt,
     /// 1.0 where a == b, else 0.0
     Eq,
+    /// a where b > 0, else 0.0: ReLU's gradient in one pass (a = grad_out, b = the ReLU's
+    /// input), and 0 even where a is NaN or infinite, as PyTorch's threshold_backward.
+    ReluBackward,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 8] = [
+    pub const ALL: [BinaryOp; 9] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -108,6 +111,7 @@ impl BinaryOp {
         BinaryOp::Min,
         BinaryOp::Gt,
         BinaryOp::Eq,
+        BinaryOp::ReluBackward,
     ];
     pub fn code(self) -> u32 {
         self as u32

@@ -204,5 +204,6 @@ fn binary_name(op: BinaryOp) -> &'static str {
         BinaryOp::Min => "minimum",
         BinaryOp::Gt => "gt",
         BinaryOp::Eq => "eq",
+        BinaryOp::ReluBackward => "relu_backward",
     }
 }

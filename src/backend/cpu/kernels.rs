@@ -116,6 +116,13 @@ pub fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
         BinaryOp::Min => a.min(b),
         BinaryOp::Gt => (a > b) as i32 as f32,
         BinaryOp::Eq => (a == b) as i32 as f32,
+        BinaryOp::ReluBackward => {
+            if b > 0.0 {
+                a
+            } else {
+                0.0
+            }
+        }
     }
 }
 
