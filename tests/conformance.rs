@@ -176,6 +176,12 @@ fn matmul_odd_shapes_transposes_offsets_broadcast() {
             s.b_batch_stride = k * n + 4;
             matmul_case(dev, cpu, s, 8)?;
         }
+        // Large enough for wgpu's 16×4-per-invocation kernel, with edges in M and N, batched
+        // with offsets.
+        let mut s = MatmulSpec::new(3, 37, 136, 12);
+        s.a_offset = 4;
+        s.b_offset = 8;
+        matmul_case(dev, cpu, s, 10)?;
         // Batches of A larger than wgpu's 64 KiB uniform stage for small A (4000 values per
         // entry: four entries per copy, so five entries take two copies), shared and transposed.
         for (ta, a_bs) in [(false, 4000), (true, 4000), (false, 0)] {

@@ -1,11 +1,14 @@
 //! Parses and validates every WGSL shader of the wgpu backend with naga; needs no GPU.
 #![cfg(feature = "wgpu")]
-use tandem::backend::wgpu::shaders::SHADERS;
+use tandem::backend::wgpu::shaders::{source, SHADERS};
 
 #[test]
 fn every_shader_parses_and_validates() {
     assert!(SHADERS.len() >= 9, "the shader table lost entries");
-    for (name, src) in SHADERS {
+    for (name, file) in SHADERS {
+        // As compiled: the file plus any generated kernels.
+        let src = source(name).expect("every table entry has a source");
+        assert!(src.starts_with(file), "{name}: generated kernels come after the file");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}.wgsl: {}", e.emit_to_string(src)));
         let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
         if let Err(e) = v.validate(&module) {

@@ -222,6 +222,8 @@ pub(crate) fn matmul(
     // as many batch entries per copy as fit.
     let staged = m * k > 0 && ctx.stage_floats() >= m * k;
     let (entry, cols, rows) = match (vec4, kernel) {
+        // The generated 16×4 block where it is not mostly edge, else 8×8.
+        (true, MatmulKernel::Registers) if m >= 16 && n >= 128 => ("regs16x4", 128, 16),
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
         (false, MatmulKernel::Registers) if b_vec_n && staged => ("regs_k1_ua", 64, 8),
