@@ -184,8 +184,10 @@ fn matmul_odd_shapes_transposes_offsets_broadcast() {
         matmul_case(dev, cpu, s, 10)?;
         // Batches of A larger than wgpu's 64 KiB uniform stage for small A (4000 values per
         // entry: four entries per copy, so five entries take two copies), shared and transposed.
-        for (ta, a_bs) in [(false, 4000), (true, 4000), (false, 0)] {
-            let mut s = MatmulSpec::new(5, 40, 8, 100);
+        // wgpu's kernel choice: M = 40 the 16×2 block, M = 10 with N = 136 the 8×4 one, M = 9
+        // with N = 8 the 8×2 one.
+        for (ta, a_bs, m, n) in [(false, 4000, 40, 8), (true, 4000, 40, 8), (false, 0, 40, 8), (false, 0, 10, 136), (true, 1000, 10, 136), (false, 0, 9, 8)] {
+            let mut s = MatmulSpec::new(5, m, n, 100);
             s.trans_a = ta;
             s.a_batch_stride = a_bs;
             matmul_case(dev, cpu, s, 9)?;

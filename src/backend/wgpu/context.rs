@@ -137,7 +137,7 @@ impl Ctx {
     }
 
     /// The layout of a kernel with `storage` buffer bindings after the parameters; with
-    /// `uniform_first`, binding 1 is a uniform buffer instead (entry points named `*_ua`).
+    /// `uniform_first`, binding 1 is a uniform buffer instead (entry points with `_ua` in their name).
     fn layout(&self, storage: usize, uniform_first: bool) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
         let mut layouts = lock(&self.layouts);
         let (bgl, pl) = layouts.entry((storage, uniform_first)).or_insert_with(|| {
@@ -194,7 +194,7 @@ impl Ctx {
                 }
             }
         };
-        let (bgl, layout) = self.layout(storage, entry.ends_with("_ua"));
+        let (bgl, layout) = self.layout(storage, entry.contains("_ua"));
         let p = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
             layout: Some(&layout),

