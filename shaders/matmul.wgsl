@@ -4,8 +4,13 @@
 // on software rasterizers (lavapipe, llvmpipe) workgroup memory and barriers cost more than they
 // save, and caches serve the reuse. `workgroup_id.z` is the batch entry z.
 // Bindings: 0 `p` parameters; 1 A; 2 B; 3 C (written). The `regs` and `tiled` entry points view them as
-// vec4 arrays, the `generic` one as f32 arrays; `regs_k1_ua` binds A as a 64 KiB uniform
-// buffer `au` (a staged copy of a small A).
+// vec4 arrays, the `generic` one as f32 arrays.
+//
+// More kernels are generated and appended by `shaders::source` (src/backend/wgpu/shaders.rs):
+// bigger blocks of `regs`; `regs_k1_ua*`, which are `regs_k1` with A bound as the 64 KiB
+// uniform buffer `au` (a staged copy of a small A, such as a convolution's weights: every lane
+// reads the same A value, which CPU rasterizers load once from a uniform buffer but lane by
+// lane from a storage buffer); and `tb8x8` for C = A·Bᵀ.
 // Shape letters: M, K, N as above; Z batch entries in this dispatch.
 
 struct Params {
@@ -128,27 +133,6 @@ fn regs_k1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
         let b1 = b4[s.bc1 + kk * n4];
         for (var r = 0u; r < 8u; r++) {
             let x = a1[s.ar[r] + kk * p.a_cs];
-            acc[r] += x * b0;
-            acc[r + 8u] += x * b1;
-        }
-    }
-    store8x8(s.row0, s.col, wid.z, acc);
-}
-
-// `regs_k1` with A read from the uniform copy `au` (offsets relative to the copy): every lane
-// reads the same A value, which CPU rasterizers load once from a uniform buffer but lane by
-// lane from a storage buffer, so this runs about 1.5 times as fast on lavapipe.
-@compute @workgroup_size(8)
-fn regs_k1_ua(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let s = k1_setup(wid, lid);
-    let n4 = p.n / 4u;
-    var acc = array<vec4<f32>, 16>();
-    for (var kk = 0u; kk < p.k; kk++) {
-        let b0 = b4[s.bc0 + kk * n4];
-        let b1 = b4[s.bc1 + kk * n4];
-        for (var r = 0u; r < 8u; r++) {
-            let e = s.ar[r] + kk * p.a_cs;
-            let x = au[e / 4u][e % 4u];
             acc[r] += x * b0;
             acc[r + 8u] += x * b1;
         }

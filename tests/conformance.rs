@@ -176,6 +176,10 @@ fn matmul_odd_shapes_transposes_offsets_broadcast() {
             s.b_batch_stride = k * n + 4;
             matmul_case(dev, cpu, s, 8)?;
         }
+        // C = A·Bᵀ with N >= 64 (wgpu's 8×8-per-invocation kernel), edges in M and N.
+        let mut s = MatmulSpec::new(2, 19, 70, 12);
+        s.trans_b = true;
+        matmul_case(dev, cpu, s, 11)?;
         // Large enough for wgpu's 16×4-per-invocation kernel, with edges in M and N, batched
         // with offsets.
         let mut s = MatmulSpec::new(3, 37, 136, 12);

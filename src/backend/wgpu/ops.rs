@@ -229,8 +229,9 @@ pub(crate) fn matmul(
         // Generated bigger blocks where the matrix fills them (each measured 1.2-1.5x faster).
         (false, MatmulKernel::Registers) if b_vec_n && staged && m >= 16 => ("regs_k1_ua16x2", 64, 16),
         (false, MatmulKernel::Registers) if b_vec_n && staged && n >= 128 => ("regs_k1_ua8x4", 128, 8),
-        (false, MatmulKernel::Registers) if b_vec_n && staged => ("regs_k1_ua", 64, 8),
+        (false, MatmulKernel::Registers) if b_vec_n && staged => ("regs_k1_ua8x2", 64, 8),
         (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
+        (false, MatmulKernel::Registers) if ab_vec_k && n >= 64 => ("tb8x8", 64, 8),
         (false, MatmulKernel::Registers) if ab_vec_k => ("generic_tb", 32, 32),
         (false, _) => ("generic", 32, 32),
     };
