@@ -31,9 +31,10 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> cols: array<f32>;
 @group(0) @binding(2) var<storage, read_write> cols4: array<vec4<f32>>;
 
-// One column row segment (n, r, oy) of im2col: where its OW outputs go (`dst`, an element
-// index), the input row they read (`src`; `inside` false when that row is padding) and the
-// input column of output 0 (`x0`, may be negative).
+// The KW column row segments (n, r, oy) of im2col with r = (ci·KH + i)·KW + j, j = 0..KW-1:
+// they read one input row (`src`; `inside` false when that row is padding) and write their OW
+// outputs at `dst + j·OH·OW` (element indices); segment j's output 0 reads input column
+// j - PW (`x0` for j = 0, may be negative).
 struct ColRow {
     dst: u32,
     src: u32,
@@ -54,22 +55,21 @@ fn udiv(a: u32, d: u32) -> u32 {
     return q;
 }
 
-// The index arithmetic of segment `e`, done once per OW outputs.
+// The index arithmetic of segment group `e` = (n·C·KH + ci·KH + i)·OH + oy, done once per
+// KW·OW outputs.
 fn col_row(e: u32) -> ColRow {
-    let rows = p.c * p.kh * p.kw;
     let t = udiv(e, p.oh);
     let oy = e - t * p.oh;
-    let img = udiv(t, rows);
-    let r = t - img * rows;
-    let ci = udiv(r, p.kh * p.kw);
-    let ij = r - ci * p.kh * p.kw;
-    let i = udiv(ij, p.kw);
+    let img = udiv(t, p.c * p.kh);
+    let cki = t - img * p.c * p.kh;
+    let ci = udiv(cki, p.kh);
+    let i = cki - ci * p.kh;
     let y = i32(oy * p.sh + i) - i32(p.ph);
     var s: ColRow;
-    s.dst = p.cols_off + e * p.ow;
+    s.dst = p.cols_off + ((img * p.c * p.kh + cki) * p.kw * p.oh + oy) * p.ow;
     s.inside = y >= 0 && y < i32(p.h);
     s.src = p.x_off + ((img * p.c + ci) * p.h + u32(max(y, 0))) * p.w;
-    s.x0 = i32(ij - i * p.kw) - i32(p.pw);
+    s.x0 = -i32(p.pw);
     return s;
 }
 
@@ -80,16 +80,19 @@ fn pixel(src: u32, xx: i32) -> f32 {
     return v;
 }
 
-// One invocation per column row segment, looping over ox.
+// One invocation per group of KW column row segments, looping over j and ox.
 @compute @workgroup_size(64)
 fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = gid.y * nwg.x * 64u + gid.x;
-    if e >= p.n * p.c * p.kh * p.kw * p.oh { return; }
+    if e >= p.n * p.c * p.kh * p.oh { return; }
     let s = col_row(e);
-    for (var ox = 0u; ox < p.ow; ox++) {
-        var v = 0.0;
-        if s.inside { v = pixel(s.src, s.x0 + i32(ox * p.sw)); }
-        cols[s.dst + ox] = v;
+    for (var j = 0u; j < p.kw; j++) {
+        let dst = s.dst + j * p.oh * p.ow;
+        for (var ox = 0u; ox < p.ow; ox++) {
+            var v = 0.0;
+            if s.inside { v = pixel(s.src, s.x0 + i32(j + ox * p.sw)); }
+            cols[dst + ox] = v;
+        }
     }
 }
 
@@ -98,17 +101,20 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 @compute @workgroup_size(64)
 fn im2col4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = gid.y * nwg.x * 64u + gid.x;
-    if e >= p.n * p.c * p.kh * p.kw * p.oh { return; }
+    if e >= p.n * p.c * p.kh * p.oh { return; }
     let s = col_row(e);
-    let dst = s.dst / 4u;
     let sw = i32(p.sw);
-    for (var q = 0u; q < p.ow / 4u; q++) {
-        var v = vec4<f32>(0.0);
-        if s.inside {
-            let xx = s.x0 + i32(q * 4u) * sw;
-            v = vec4<f32>(pixel(s.src, xx), pixel(s.src, xx + sw), pixel(s.src, xx + 2 * sw), pixel(s.src, xx + 3 * sw));
+    for (var j = 0u; j < p.kw; j++) {
+        let dst = (s.dst + j * p.oh * p.ow) / 4u;
+        let x0 = s.x0 + i32(j);
+        for (var q = 0u; q < p.ow / 4u; q++) {
+            var v = vec4<f32>(0.0);
+            if s.inside {
+                let xx = x0 + i32(q * 4u) * sw;
+                v = vec4<f32>(pixel(s.src, xx), pixel(s.src, xx + sw), pixel(s.src, xx + 2 * sw), pixel(s.src, xx + 3 * sw));
+            }
+            cols4[dst + q] = v;
         }
-        cols4[dst + q] = v;
     }
 }
 

@@ -14,7 +14,7 @@ fn window(w: Words, s: &WindowSpec) -> Words {
 pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: WindowSpec, forward: bool) -> Result<()> {
     let op = if forward { "im2col" } else { "col2im" };
     // conv.wgsl divides by these with `udiv`, exact below 2^20.
-    let divisors = [s.oh, s.col_rows(), s.kh * s.kw, s.kw, s.w, s.h, s.c];
+    let divisors = [s.oh, s.c * s.kh, s.kh, s.w, s.h, s.c];
     if divisors.iter().any(|&d| d >= 1 << 20) {
         return Err(Error::invalid(op, format!("{s:?} has a dimension of 2^20 or more, beyond what {} supports", ctx.name)));
     }
@@ -25,7 +25,7 @@ pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: Window
         let (xb, xo) = ctx.span(op, x, n0 * img, cnt * img)?;
         let (cb, co) = ctx.span(op, cols, n0 * col, cnt * col)?;
         let w = window(Words::default().u(cnt).u(s.c).u(s.h).u(s.w), &s).u(xo).u(co);
-        let grid = if forward { ctx.grid(cnt * s.col_rows() * s.oh, 64) } else { ctx.grid(cnt * img, 256) };
+        let grid = if forward { ctx.grid(cnt * s.c * s.kh * s.oh, 64) } else { ctx.grid(cnt * img, 256) };
         let entry = if forward && s.ow.is_multiple_of(4) && co.is_multiple_of(4) { "im2col4" } else { op };
         ctx.dispatch("conv", entry, &w.0, &[xb, cb], grid)?;
     }
