@@ -26,6 +26,8 @@ struct Params {
     a_cs: u32,
     b_rs: u32,
     b_cs: u32,
+    bias_at: u32, // generated `regs_k1_ua*` only: where the bias starts in `au`, and whether
+    epi: u32,     // to add it (1) to each row of C
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

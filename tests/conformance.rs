@@ -431,3 +431,35 @@ fn the_tolerance_helper_rejects_wrong_values() {
         assert!(r.is_err(), "{got:?} passed against {want:?}");
     }
 }
+
+/// A convolution with its bias, which wgpu adds in the product's epilogue: output and the
+/// gradients of input, weight and bias against the CPU reference (which adds it separately),
+/// for weights that fit the uniform stage (fused) and a batch too large for one dispatch chunk.
+#[test]
+fn conv2d_with_bias_forward_and_backward() {
+    use tandem::Tensor;
+    on_each_device(|dev, cpu| {
+        for (i, (x_shape, w_shape, pad)) in [([3, 2, 9, 8], [5, 2, 3, 3], (1, 0)), ([2, 3, 12, 12], [20, 3, 5, 5], (0, 0))].into_iter().enumerate() {
+            let mut r = rng(40 + i as u64);
+            let xs = uniform(&mut r, x_shape.iter().product(), -1.0, 1.0);
+            let ws = uniform(&mut r, w_shape.iter().product(), -1.0, 1.0);
+            let bs = uniform(&mut r, w_shape[0], -1.0, 1.0);
+            let run = |d: &Device| -> Result<Vec<Vec<f32>>> {
+                let x = Tensor::from_vec(xs.clone(), x_shape.to_vec(), d)?.requires_grad();
+                let w = Tensor::from_vec(ws.clone(), w_shape.to_vec(), d)?.requires_grad();
+                let b = Tensor::from_vec(bs.clone(), vec![w_shape[0]], d)?.requires_grad();
+                let y = x.conv2d_bias(&w, &b, (1, 1), pad)?;
+                // A non-uniform upstream gradient: (y²).sum().
+                y.mul(&y)?.sum_all()?.backward()?;
+                let grad = |t: &Tensor| t.grad().map(|g| g.to_vec()).unwrap_or_else(|| Ok(Vec::new()));
+                Ok(vec![y.to_vec()?, grad(&x)?, grad(&w)?, grad(&b)?])
+            };
+            let (got, want) = (run(dev)?, run(cpu)?);
+            for (name, (g, w)) in ["output", "grad x", "grad weight", "grad bias"].iter().zip(got.iter().zip(&want)) {
+                assert!(!w.is_empty(), "{name} missing on the CPU");
+                tandem::tolerance::assert_close(&format!("conv2d_bias {x_shape:?} {name}"), g, w, 1e-4, 1e-4);
+            }
+        }
+        Ok(())
+    });
+}

@@ -25,8 +25,9 @@ pub enum GradOp {
     /// Concatenation along dimension 0.
     Cat,
     Matmul { trans_a: bool, trans_b: bool },
-    /// `cols` is the forward pass's im2col, kept for the weight gradient.
-    Conv2d { spec: WindowSpec, cols: Buffer },
+    /// `cols` is the forward pass's im2col, kept for the weight gradient; `bias`: the bias was
+    /// added in the same pass (a third input).
+    Conv2d { spec: WindowSpec, cols: Buffer, bias: bool },
     MaxPool2d { spec: WindowSpec, argmax: Buffer },
     Gather { cols: usize },
     ToDevice,

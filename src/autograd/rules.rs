@@ -91,7 +91,7 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             };
             vec![ga, gb]
         }
-        GradOp::Conv2d { spec, cols } => {
+        GradOp::Conv2d { spec, cols, bias } => {
             let w = &inputs[1];
             let (o, p, r) = (w.dims()[0], spec.col_len(), spec.col_rows());
             let dev = g.device();
@@ -116,7 +116,13 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             } else {
                 None
             };
-            vec![gx, gw]
+            if *bias {
+                // d bias = G summed over images and positions, per channel
+                let gb = if inputs[2].needs_grad() { Some(g.sum_to(&Shape(vec![o, 1, 1]))?.reshape([o])?) } else { None };
+                vec![gx, gw, gb]
+            } else {
+                vec![gx, gw]
+            }
         }
         GradOp::MaxPool2d { spec, argmax } => {
             let gx = x.backend().alloc(x.numel(), DType::F32)?;

@@ -365,6 +365,12 @@ pub trait Backend: Send + Sync {
     /// See `IndexOp`; `x` is `[rows, cols]` for gather, `out` is `[rows, cols]` for scatter.
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()>;
 
+    /// Fused `out[z] = A·B[z] + bias[row]` (`bias` has `m` values, one per row of each output
+    /// matrix): a convolution and its bias in one pass. `Ok(false)` means "not fused here":
+    /// the caller multiplies and adds.
+    fn matmul_row_bias(&self, _a: &Buffer, _b: &Buffer, _bias: &Buffer, _out: &Buffer, _spec: MatmulSpec) -> Result<bool> {
+        Ok(false)
+    }
     /// Fused optimizer update of `param` in place; `Ok(false)` means "not fused here, compose it".
     fn optim_step(&self, _step: OptimStep, _param: &Buffer, _grad: &Buffer, _state: &[&Buffer]) -> Result<bool> {
         Ok(false)

@@ -83,10 +83,9 @@ impl Conv2d {
 
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.conv2d(&self.weight, self.stride, self.padding)?;
         match &self.bias {
-            Some(b) => y.add(&b.reshape([b.numel(), 1, 1])?),
-            None => Ok(y),
+            Some(b) => x.conv2d_bias(&self.weight, b, self.stride, self.padding),
+            None => x.conv2d(&self.weight, self.stride, self.padding),
         }
     }
     fn parameters(&self) -> Vec<(String, Tensor)> {

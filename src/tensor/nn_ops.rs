@@ -61,9 +61,23 @@ impl Tensor {
         Ok(Tensor::result(out, shape, self.device(), GradOp::Matmul { trans_a, trans_b }, &[self, other]))
     }
 
-    /// 2-D convolution of `[N, C, H, W]` input with `[O, C, KH, KW]` weight (no bias; add it
-    /// with broadcasting), as im2col followed by one batched product.
+    /// 2-D convolution of `[N, C, H, W]` input with `[O, C, KH, KW]` weight (no bias), as
+    /// im2col followed by one batched product.
     pub fn conv2d(&self, weight: &Tensor, stride: (usize, usize), pad: (usize, usize)) -> Result<Tensor> {
+        self.conv2d_impl(weight, None, stride, pad)
+    }
+
+    /// `conv2d` plus a per-channel `[O]` bias, added in the product's epilogue where the backend
+    /// fuses it (wgpu on software adapters), else by a broadcast add.
+    pub fn conv2d_bias(&self, weight: &Tensor, bias: &Tensor, stride: (usize, usize), pad: (usize, usize)) -> Result<Tensor> {
+        self.same_device("conv2d", bias)?;
+        if bias.dims() != [weight.dims().first().copied().unwrap_or(0)] {
+            return Err(Error::shape("conv2d", format!("bias {:?} for weight {:?} (need [O])", bias.shape(), weight.shape())));
+        }
+        self.conv2d_impl(weight, Some(bias), stride, pad)
+    }
+
+    fn conv2d_impl(&self, weight: &Tensor, bias: Option<&Tensor>, stride: (usize, usize), pad: (usize, usize)) -> Result<Tensor> {
         self.same_device("conv2d", weight)?;
         let (x, w) = (self.dims(), weight.dims());
         if x.len() != 4 || w.len() != 4 || x[1] != w[1] {
@@ -86,9 +100,19 @@ impl Tensor {
             b_batch_stride: spec.col_rows() * spec.col_len(),
         };
         let out = self.alloc_like(spec.n * o * spec.col_len(), DType::F32)?;
-        self.backend().matmul(&weight.0.buffer, &cols, &out, mm)?;
         let shape = Shape(vec![spec.n, o, spec.oh, spec.ow]);
-        Ok(Tensor::result(out, shape, self.device(), GradOp::Conv2d { spec, cols }, &[self, weight]))
+        if let Some(b) = bias {
+            if self.backend().matmul_row_bias(&weight.0.buffer, &cols, &b.0.buffer, &out, mm)? {
+                let op = GradOp::Conv2d { spec, cols, bias: true };
+                return Ok(Tensor::result(out, shape, self.device(), op, &[self, weight, b]));
+            }
+        }
+        self.backend().matmul(&weight.0.buffer, &cols, &out, mm)?;
+        let y = Tensor::result(out, shape, self.device(), GradOp::Conv2d { spec, cols, bias: false }, &[self, weight]);
+        match bias {
+            Some(b) => y.add(&b.reshape([o, 1, 1])?),
+            None => Ok(y),
+        }
     }
 
     /// Max pooling over `[N, C, H, W]` with PyTorch's floor output size.

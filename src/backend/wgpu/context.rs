@@ -373,11 +373,18 @@ impl Ctx {
     /// load storage buffers lane by lane but a uniform value once for all lanes, so a small
     /// operand that every lane reads at the same address is cheaper from here.
     pub(crate) fn stage_uniform(&self, src: &wgpu::Buffer, first: usize, len: usize) -> Result<Bind<'_>> {
-        if len == 0 || len > self.stage_floats() {
-            return Err(self.err(format!("{len} values do not fit the uniform stage")));
-        }
-        self.encode(|e| e.copy_buffer_to_buffer(src, first as u64 * 4, &self.stage, 0, len as u64 * 4));
+        self.stage_at(src, first, len, 0)?;
         Ok(Bind { buf: &self.stage, offset: 0, size: STAGE_BYTES })
+    }
+
+    /// Copies `len` f32 from `src` at element `first` to element `at` of the uniform stage (a
+    /// second operand beside the first, such as a bias), in order with the dispatches.
+    pub(crate) fn stage_at(&self, src: &wgpu::Buffer, first: usize, len: usize, at: usize) -> Result<()> {
+        if len == 0 || at + len > self.stage_floats() {
+            return Err(self.err(format!("{len} values at {at} do not fit the uniform stage")));
+        }
+        self.encode(|e| e.copy_buffer_to_buffer(src, first as u64 * 4, &self.stage, at as u64 * 4, len as u64 * 4));
+        Ok(())
     }
 
     /// Records a non-compute command (copy, clear) in order with the dispatches.

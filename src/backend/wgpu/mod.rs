@@ -131,6 +131,21 @@ pub struct WgpuBackend {
 
 impl WgpuBackend {
     /// The device's own buffer inside `b`, holding at least `need` elements.
+    /// `matmul`, with `bias[row]` added in the epilogue when given (see `ops::matmul`).
+    fn matmul_with(&self, a: &Buffer, b: &Buffer, bias: Option<&Buffer>, out: &Buffer, s: MatmulSpec) -> Result<bool> {
+        let extent = |off: usize, bs: usize, size: usize| {
+            if s.batch == 0 || size == 0 {
+                0
+            } else {
+                off + (s.batch - 1) * bs + size
+            }
+        };
+        let ar = self.raw("matmul", a, extent(s.a_offset, s.a_batch_stride, s.m * s.k))?;
+        let br = self.raw("matmul", b, extent(s.b_offset, s.b_batch_stride, s.k * s.n))?;
+        let or = self.raw("matmul", out, s.batch * s.m * s.n)?;
+        let bias = bias.map(|x| self.raw("matmul", x, s.m)).transpose()?;
+        ops::matmul(&self.ctx, self.matmul, ar, br, bias, or, s)
+    }
     fn raw<'a>(&self, op: &'static str, b: &'a Buffer, need: usize) -> Result<&'a wgpu::Buffer> {
         let w = b
             .downcast::<WgpuBuffer>()
@@ -209,18 +224,10 @@ impl Backend for WgpuBackend {
         ops::reduce(&self.ctx, op, xr, spec, or)
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
-        let s = spec;
-        let extent = |off: usize, bs: usize, size: usize| {
-            if s.batch == 0 || size == 0 {
-                0
-            } else {
-                off + (s.batch - 1) * bs + size
-            }
-        };
-        let ar = self.raw("matmul", a, extent(s.a_offset, s.a_batch_stride, s.m * s.k))?;
-        let br = self.raw("matmul", b, extent(s.b_offset, s.b_batch_stride, s.k * s.n))?;
-        let or = self.raw("matmul", out, s.batch * s.m * s.n)?;
-        ops::matmul(&self.ctx, self.matmul, ar, br, or, spec)
+        self.matmul_with(a, b, None, out, spec).map(drop)
+    }
+    fn matmul_row_bias(&self, a: &Buffer, b: &Buffer, bias: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<bool> {
+        self.matmul_with(a, b, Some(bias), out, spec)
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
         let xr = self.raw("im2col", x, spec.n * spec.c * spec.h * spec.w)?;

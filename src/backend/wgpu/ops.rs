@@ -197,17 +197,21 @@ fn batches_per_dispatch(ctx: &Ctx, operands: &[(usize, usize)]) -> Result<usize>
     Ok(most.max(1))
 }
 
+/// `c = op(a)·op(b)` per `s`, plus `bias[row]` when given; `Ok(false)` (nothing recorded) when
+/// a bias is given but this product cannot add it in its epilogue (only the uniform-A kernels
+/// do, with A shared across the batch).
 pub(crate) fn matmul(
     ctx: &Ctx,
     kernel: MatmulKernel,
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
+    bias: Option<&wgpu::Buffer>,
     c: &wgpu::Buffer,
     s: MatmulSpec,
-) -> Result<()> {
+) -> Result<bool> {
     let (m, n, k) = (s.m, s.n, s.k);
     if s.batch == 0 || m == 0 || n == 0 {
-        return Ok(());
+        return Ok(bias.is_none());
     }
     let (a_rs, a_cs) = if s.trans_a { (1, m) } else { (k, 1) };
     let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
@@ -219,8 +223,10 @@ pub(crate) fn matmul(
     let b_vec_n = !s.trans_b && n.is_multiple_of(4) && (s.b_offset | b_bs).is_multiple_of(4);
     let ab_vec_k = !s.trans_a && s.trans_b && k.is_multiple_of(4) && (s.a_offset | s.b_offset | a_bs | b_bs).is_multiple_of(4);
     // A small A (a convolution's weights) goes through the uniform stage on software adapters,
-    // as many batch entries per copy as fit.
-    let staged = m * k > 0 && ctx.stage_floats() >= m * k;
+    // as many batch entries per copy as fit; a bias goes after it, 16-byte aligned.
+    let bias_at = (m * k).next_multiple_of(4);
+    let room = if bias.is_some() { bias_at + m } else { m * k };
+    let staged = m * k > 0 && ctx.stage_floats() >= room && (bias.is_none() || a_bs == 0);
     let (entry, cols, rows) = match (vec4, kernel) {
         // The generated 16×4 block where it is not mostly edge, else 8×8.
         (true, MatmulKernel::Registers) if m >= 16 && n >= 128 => ("regs16x4", 128, 16),
@@ -236,6 +242,9 @@ pub(crate) fn matmul(
         (false, _) => ("generic", 32, 32),
     };
     let staged = entry.contains("_ua");
+    if bias.is_some() && !staged {
+        return Ok(false);
+    }
     let (mut gx, mut gy) = (n.div_ceil(cols), m.div_ceil(rows));
     if entry.starts_with("regs") {
         // `regs` takes row blocks along X so that consecutive workgroups share a strip of B.
@@ -253,6 +262,9 @@ pub(crate) fn matmul(
         let cnt = per.min(s.batch - b0);
         let (a_first, a_len) = (s.a_offset + b0 * a_bs, (cnt - 1) * a_bs + m * k);
         let (ab, ao) = if staged { (ctx.stage_uniform(a, a_first, a_len)?, 0) } else { ctx.span("matmul", a, a_first, a_len)? };
+        if let Some(bias) = bias {
+            ctx.stage_at(bias, 0, m, bias_at)?;
+        }
         let (bb, bo) = ctx.span("matmul", b, s.b_offset + b0 * b_bs, (cnt - 1) * b_bs + k * n)?;
         let (cb, co) = ctx.span("matmul", c, b0 * m * n, cnt * m * n)?;
         let w = Words::default()
@@ -267,9 +279,11 @@ pub(crate) fn matmul(
             .u(a_rs)
             .u(a_cs)
             .u(b_rs)
-            .u(b_cs);
+            .u(b_cs)
+            .u(bias_at)
+            .u(u32::from(bias.is_some()));
         ctx.dispatch("matmul", entry, &w.0, &[ab, bb, cb], [gx as u32, gy as u32, cnt as u32])?;
         b0 += cnt;
     }
-    Ok(())
+    Ok(true)
 }
