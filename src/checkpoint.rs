@@ -179,12 +179,15 @@ pub fn write_safetensors(
     write_atomic(path, &bytes)
 }
 
+/// What `read_safetensors` returns: the tensors sorted by name, and the string metadata.
+pub type SafetensorsContents = (Vec<(String, HostTensor)>, BTreeMap<String, String>);
+
 /// Reads every tensor of a safetensors file, sorted by name, with its string metadata.
 ///
 /// F32 stays F32; F16 and BF16 widen exactly to F32; I64, I32 and U8 become I32 (an I64 value
 /// outside the i32 range is an error, since WGSL has no 64-bit integers). Other dtypes are
 /// errors. Every error names the path. See [`write_safetensors`] for an example.
-pub fn read_safetensors(path: impl AsRef<Path>) -> Result<(Vec<(String, HostTensor)>, BTreeMap<String, String>)> {
+pub fn read_safetensors(path: impl AsRef<Path>) -> Result<SafetensorsContents> {
     let path = path.as_ref();
     let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
     let st = parse(path, &bytes)?;

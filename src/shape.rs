@@ -54,10 +54,10 @@ impl Shape {
     pub fn broadcast(op: &'static str, a: &Shape, b: &Shape) -> Result<Shape> {
         let r = a.rank().max(b.rank());
         let mut out = vec![0; r];
-        for i in 0..r {
+        for (i, o) in out.iter_mut().enumerate() {
             let da = if i + a.rank() >= r { a.0[i + a.rank() - r] } else { 1 };
             let db = if i + b.rank() >= r { b.0[i + b.rank() - r] } else { 1 };
-            out[i] = match (da, db) {
+            *o = match (da, db) {
                 (x, y) if x == y => x,
                 (1, y) => y,
                 (x, 1) => x,
@@ -118,9 +118,8 @@ impl Layout {
         let s = shape.contiguous_strides();
         let r = target.rank();
         let mut strides = vec![0; r];
-        for i in 0..shape.rank() {
-            let t = i + r - shape.rank();
-            strides[t] = if shape.0[i] == 1 { 0 } else { s[i] };
+        for (i, (&d, &st)) in shape.0.iter().zip(&s).enumerate() {
+            strides[i + r - shape.rank()] = if d == 1 { 0 } else { st };
         }
         Layout { shape: target.0.clone(), strides, offset: 0 }
     }

@@ -104,7 +104,7 @@ impl Dataset {
         if per == 0 {
             return Err(Error::shape("Dataset", format!("sample shape {:?} has no elements", self.sample_shape)));
         }
-        if self.x.len() % per != 0 {
+        if !self.x.len().is_multiple_of(per) {
             return Err(Error::shape(
                 "Dataset",
                 format!("x has {} elements, not a multiple of sample shape {:?}", self.x.len(), self.sample_shape),

@@ -11,7 +11,7 @@ impl Tensor {
         let mut dims = shape.into().0;
         if let Some(pos) = dims.iter().position(|&d| d == usize::MAX) {
             let known: usize = dims.iter().filter(|&&d| d != usize::MAX).product();
-            if known == 0 || self.numel() % known != 0 {
+            if known == 0 || !self.numel().is_multiple_of(known) {
                 return Err(Error::shape("reshape", format!("cannot infer a dimension of {dims:?} from {:?}", self.shape())));
             }
             dims[pos] = self.numel() / known;

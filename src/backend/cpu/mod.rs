@@ -140,7 +140,7 @@ impl Backend for CpuBackend {
         Ok(self.make(v, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err(Error::invalid("upload", format!("{} bytes is not a whole number of elements", bytes.len())));
         }
         let v = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();

@@ -35,6 +35,9 @@ pub(crate) struct Limits {
     pub max_groups: u32,
 }
 
+/// `TANDEM_WGPU_PROFILE`'s dispatch count and seconds by kernel.
+type ProfileTable = HashMap<String, (u32, f64)>;
+
 /// Compiled pipelines with their bind-group layout, by (shader, entry point, value of `OP`).
 type Pipelines = HashMap<(&'static str, &'static str, Option<u32>), (wgpu::ComputePipeline, wgpu::BindGroupLayout)>;
 
@@ -64,7 +67,7 @@ pub(crate) struct Ctx {
     /// `TANDEM_WGPU_PROFILE=1`: every dispatch is submitted and waited for, and its wall time
     /// summed by kernel (`=2`: by kernel, `OP` and grid); the table goes to stderr when the
     /// device closes. For tuning only.
-    profile: Option<(bool, Mutex<HashMap<String, (u32, f64)>>)>,
+    profile: Option<(bool, Mutex<ProfileTable>)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -91,7 +94,7 @@ impl Ctx {
         });
         let stage = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("tandem uniform operand"),
-            size: STAGE_BYTES.min(u64::from(l.max_uniform_buffer_binding_size)),
+            size: STAGE_BYTES.min(l.max_uniform_buffer_binding_size),
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
