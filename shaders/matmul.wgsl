@@ -142,6 +142,18 @@ fn regs_k1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     store8x8(s.row0, s.col, wid.z, acc);
 }
 
+// Writes the 4×4 block of C at (`row0`, `col0`) of batch entry `z` with scalar stores (any N),
+// skipping rows and columns past the edge.
+fn store4x4(row0: u32, col0: u32, z: u32, acc: array<vec4<f32>, 4>) {
+    let cb = p.c_off + z * p.m * p.n;
+    for (var i = 0u; i < 4u; i++) {
+        if row0 + i >= p.m { break; }
+        for (var j = 0u; j < 4u; j++) {
+            if col0 + j < p.n { c1[cb + (row0 + i) * p.n + col0 + j] = acc[i][j]; }
+        }
+    }
+}
+
 // Any shapes, transposes, offsets and strides: 4×4 outputs per invocation, scalar loads.
 @compute @workgroup_size(8, 8)
 fn generic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -168,18 +180,7 @@ fn generic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
         acc2 += a1[ar.z + ak] * bv;
         acc3 += a1[ar.w + ak] * bv;
     }
-    let cb = p.c_off + z * p.m * p.n;
-    for (var i = 0u; i < 4u; i++) {
-        let row = row0 + i;
-        if row >= p.m { break; }
-        var v = acc0;
-        if i == 1u { v = acc1; }
-        if i == 2u { v = acc2; }
-        if i == 3u { v = acc3; }
-        for (var j = 0u; j < 4u; j++) {
-            if col0 + j < p.n { c1[cb + row * p.n + col0 + j] = v[j]; }
-        }
-    }
+    store4x4(row0, col0, z, array<vec4<f32>, 4>(acc0, acc1, acc2, acc3));
 }
 
 // Untransposed A times transposed B (C = A·Bᵀ, both read along K), K a multiple of 4 and
@@ -217,18 +218,7 @@ fn generic_tb(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         acc2 += vec4<f32>(dot(a2, b0), dot(a2, b1v), dot(a2, b2), dot(a2, b3));
         acc3 += vec4<f32>(dot(a3, b0), dot(a3, b1v), dot(a3, b2), dot(a3, b3));
     }
-    let cb = p.c_off + z * p.m * p.n;
-    for (var i = 0u; i < 4u; i++) {
-        let row = row0 + i;
-        if row >= p.m { break; }
-        var v = acc0;
-        if i == 1u { v = acc1; }
-        if i == 2u { v = acc2; }
-        if i == 3u { v = acc3; }
-        for (var j = 0u; j < 4u; j++) {
-            if col0 + j < p.n { c1[cb + row * p.n + col0 + j] = v[j]; }
-        }
-    }
+    store4x4(row0, col0, z, array<vec4<f32>, 4>(acc0, acc1, acc2, acc3));
 }
 
 // Hardware GPUs: a 64×64 tile of C per 16×16 workgroup, 4×4 outputs per invocation, A and B
