@@ -1,6 +1,6 @@
 //! Parses and validates every WGSL shader of the wgpu backend with naga; needs no GPU.
 #![cfg(feature = "wgpu")]
-use tandem::backend::wgpu::shaders::{source, SHADERS};
+use tandem::backend::wgpu::shaders::{source, SHADERS, SUBGROUP8_MODULES};
 
 #[test]
 fn every_shader_parses_and_validates() {
@@ -19,6 +19,27 @@ fn every_shader_parses_and_validates() {
             "{name}.wgsl: every entry point is a compute shader"
         );
         assert!(src.starts_with(&format!("// {name}.wgsl: ")), "{name}.wgsl opens with what it computes");
+    }
+}
+
+#[test]
+fn subgroup_modules_validate_only_with_subgroups() {
+    assert!(!SUBGROUP8_MODULES.is_empty());
+    let caps = naga::valid::Capabilities::SUBGROUP;
+    let stages = naga::valid::ShaderStages::COMPUTE;
+    let ops = naga::valid::SubgroupOperationSet::all();
+    for (name, base) in SUBGROUP8_MODULES {
+        let src = source(name).expect("every subgroup module has a source");
+        assert!(src.starts_with(source(base).expect("its base shader")), "{name} extends {base}");
+        let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+        v.subgroup_stages(stages).subgroup_operations(ops);
+        if let Err(e) = v.validate(&module) {
+            panic!("{name} does not validate: {}", e.emit_to_string(src));
+        }
+        // The gate in `Ctx::subgroup8` is what keeps it off devices without subgroups.
+        let plain = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty()).validate(&module);
+        assert!(plain.is_err(), "{name} validated without the subgroup capability: it needs no gate");
     }
 }
 

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use tandem::backend::{BinaryOp, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
-use tandem::backend::wgpu::{open_with, MatmulKernel, Options};
+use tandem::backend::wgpu::{has_subgroups_of_8, open_with, MatmulKernel, Options};
 use tandem::{DType, Device, Result};
 
 /// Every wgpu adapter opened with `options`.
@@ -136,3 +136,26 @@ fn memory_budget_is_enforced() {
     }
 }
 
+
+#[test]
+fn register_matmul_kernels_with_and_without_subgroups() {
+    let _guard = shared();
+    let cpu = Device::cpu();
+    let n = Device::list().iter().filter(|i| i.backend == tandem::BackendKind::Wgpu).count();
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    // CI's lavapipe has 8-wide subgroups; losing them (a wgpu or Mesa change) loses the fast
+    // matmul silently, so CI says so.
+    assert!(!ci || (0..n).any(has_subgroups_of_8), "CI=true but no wgpu adapter offers subgroups of 8");
+    for without_subgroups in [false, true] {
+        for dev in devices(Options { without_subgroups, ..Default::default() }) {
+            // Edges in M and N, batches with offsets, and a size with whole blocks: on an adapter
+            // with subgroups of 8 these take `regs_sg32x2`, without them `regs16x4` and `regs`.
+            for (batch, m, n, k, off) in [(3, 37, 136, 12, 4), (1, 64, 64, 64, 0), (2, 33, 68, 20, 8), (1, 100, 200, 36, 0), (1, 8, 64, 8, 0)] {
+                let mut s = MatmulSpec::new(batch, m, n, k);
+                s.a_offset = off;
+                s.b_offset = 2 * off;
+                matmul_case(&dev, &cpu, s, 61).unwrap_or_else(|e| panic!("{m}x{n}x{k} on {dev} (without_subgroups: {without_subgroups}): {e}"));
+            }
+        }
+    }
+}

@@ -55,6 +55,8 @@ pub(crate) struct Ctx {
     pub queue: wgpu::Queue,
     pub name: String,
     pub limits: Limits,
+    /// Subgroups of exactly 8 invocations are available: the `matmul_sg` kernels may run.
+    pub subgroup8: bool,
     uniform: wgpu::Buffer,
     uniform_stride: u64,
     /// A uniform copy of a small matmul operand for `*_ua` kernels (see `stage_uniform`).
@@ -75,7 +77,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Ctx {
-    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String, max_binding: Option<u64>) -> Self {
+    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String, max_binding: Option<u64>, subgroup8: bool) -> Self {
         let l = device.limits();
         // u32 element offsets in kernels stay exact below 2 GiB per binding.
         let mut max = l.max_storage_buffer_binding_size.min(1 << 31);
@@ -107,6 +109,7 @@ impl Ctx {
             queue,
             name,
             limits,
+            subgroup8,
             uniform,
             uniform_stride,
             stage,

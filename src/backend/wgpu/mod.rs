@@ -24,6 +24,9 @@ pub struct Options {
     pub memory_budget: Option<u64>,
     /// Forces the matmul kernel family instead of choosing by adapter kind.
     pub matmul: Option<MatmulKernel>,
+    /// Never uses subgroup operations, so that the kernels adapters without them run can be
+    /// tested on one that has them.
+    pub without_subgroups: bool,
 }
 
 /// Matmul kernel families: register blocking without workgroup memory suits CPU rasterizers,
@@ -90,6 +93,15 @@ pub fn adapters() -> Vec<DeviceInfo> {
     all().list.iter().map(|(_, i)| i.clone()).collect()
 }
 
+/// Whether adapter `ordinal` has subgroup operations with subgroups of exactly 8 invocations
+/// (lavapipe's at 256-bit vectors), which its devices use for the `matmul_sg` kernels.
+pub fn has_subgroups_of_8(ordinal: usize) -> bool {
+    all().list.get(ordinal).is_some_and(|(a, _)| {
+        let i = a.get_info();
+        a.features().contains(wgpu::Features::SUBGROUP) && (i.subgroup_min_size, i.subgroup_max_size) == (8, 8)
+    })
+}
+
 /// Opens a new logical device and queue on adapter `ordinal`.
 pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>> {
     open_with(ordinal, Options::default())
@@ -105,7 +117,8 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
     let limits = adapter.limits();
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("tandem"),
-        required_features: wgpu::Features::empty(),
+        // Subgroups where the adapter has them: lavapipe's 8-wide ones serve `matmul_sg`.
+        required_features: adapter.features() & wgpu::Features::SUBGROUP,
         required_limits: limits.clone(),
         experimental_features: wgpu::ExperimentalFeatures::disabled(),
         memory_hints: wgpu::MemoryHints::Performance,
@@ -117,7 +130,8 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
         _ => MatmulKernel::Registers,
     });
     let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget));
-    let ctx = Ctx::new(device, queue, name, options.max_binding_bytes);
+    let subgroup8 = has_subgroups_of_8(ordinal) && !options.without_subgroups;
+    let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8);
     Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul }))
 }
 

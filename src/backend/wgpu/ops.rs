@@ -228,7 +228,9 @@ pub(crate) fn matmul(
     let room = if bias.is_some() { bias_at + m } else { m * k };
     let staged = m * k > 0 && ctx.stage_floats() >= room && (bias.is_none() || a_bs == 0);
     let (entry, cols, rows) = match (vec4, kernel) {
-        // The generated 16×4 block where it is not mostly edge, else 8×8.
+        // Subgroup-shared A rows where the device has 8-wide subgroups (about 2x `regs16x4`),
+        // else the generated 16×4 block where it is not mostly edge, else 8×8.
+        (true, MatmulKernel::Registers) if ctx.subgroup8 && m >= 32 && n >= 64 => ("regs_sg32x2", 64, 32),
         (true, MatmulKernel::Registers) if m >= 16 && n >= 128 => ("regs16x4", 128, 16),
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
@@ -282,7 +284,8 @@ pub(crate) fn matmul(
             .u(b_cs)
             .u(bias_at)
             .u(u32::from(bias.is_some()));
-        ctx.dispatch("matmul", entry, &w.0, &[ab, bb, cb], [gx as u32, gy as u32, cnt as u32])?;
+        let shader = if entry.contains("_sg") { "matmul_sg" } else { "matmul" };
+        ctx.dispatch(shader, entry, &w.0, &[ab, bb, cb], [gx as u32, gy as u32, cnt as u32])?;
         b0 += cnt;
     }
     Ok(true)
