@@ -29,8 +29,7 @@ pub fn source(name: &str) -> Option<&'static str> {
     static MATMUL_SG: OnceLock<String> = OnceLock::new();
     if name == "matmul_sg" {
         let base = source("matmul")?;
-        return Some(MATMUL_SG.get_or_init(|| format!("{base}
-{}", regs_unrolled(Regs::SubgroupA, 32, 2))));
+        return Some(MATMUL_SG.get_or_init(|| format!("{base}\n{}", regs_unrolled(Regs::SubgroupA, 32, 2))));
     }
     let file = SHADERS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)?;
     if name == "matmul" {
