@@ -156,6 +156,15 @@ fn register_matmul_kernels_with_and_without_subgroups() {
                 s.b_offset = 2 * off;
                 matmul_case(&dev, &cpu, s, 61).unwrap_or_else(|e| panic!("{m}x{n}x{k} on {dev} (without_subgroups: {without_subgroups}): {e}"));
             }
+            // C = A·Bᵀ (convolution weight gradients): with subgroups of 8, `tb_sg{8,16,24,32}x4`
+            // by M, with edges in M and N; without, `tb8x8` and `generic_tb`.
+            for (m, n) in [(5, 25), (10, 25), (20, 250), (16, 33), (37, 70), (24, 64)] {
+                let mut s = MatmulSpec::new(2, m, n, 36);
+                s.trans_b = true;
+                s.a_offset = 4;
+                s.b_offset = 8;
+                matmul_case(&dev, &cpu, s, 62).unwrap_or_else(|e| panic!("{m}x{n} A·Bᵀ on {dev} (without_subgroups: {without_subgroups}): {e}"));
+            }
         }
     }
 }

@@ -239,6 +239,13 @@ pub(crate) fn matmul(
         (false, MatmulKernel::Registers) if b_vec_n && staged && n >= 128 => ("regs_k1_ua8x4", 128, 8),
         (false, MatmulKernel::Registers) if b_vec_n && staged => ("regs_k1_ua8x2", 64, 8),
         (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
+        // A·Bᵀ with subgroup-shared rows of A: one block over all of a small M.
+        (false, MatmulKernel::Registers) if ab_vec_k && ctx.subgroup8 => match m {
+            ..=8 => ("tb_sg8x4", 32, 8),
+            ..=16 => ("tb_sg16x4", 32, 16),
+            ..=24 => ("tb_sg24x4", 32, 24),
+            _ => ("tb_sg32x4", 32, 32),
+        },
         (false, MatmulKernel::Registers) if ab_vec_k && n >= 64 => ("tb8x8", 64, 8),
         (false, MatmulKernel::Registers) if ab_vec_k => ("generic_tb", 32, 32),
         (false, _) => ("generic", 32, 32),
