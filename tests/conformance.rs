@@ -188,9 +188,20 @@ fn matmul_odd_shapes_transposes_offsets_broadcast() {
         matmul_case(dev, cpu, s, 10)?;
         // Batches of A larger than wgpu's 64 KiB uniform stage for small A (4000 values per
         // entry: four entries per copy, so five entries take two copies), shared and transposed.
-        // wgpu's kernel choice: M = 40 the 16×2 block, M = 10 with N = 136 the 8×4 one, M = 9
-        // with N = 8 the 8×2 one.
-        for (ta, a_bs, m, n) in [(false, 4000, 40, 8), (true, 4000, 40, 8), (false, 0, 40, 8), (false, 0, 10, 136), (true, 1000, 10, 136), (false, 0, 9, 8)] {
+        // wgpu's uniform-A kernels (transposed A; an untransposed one takes the vec4 kernels,
+        // K being a multiple of 4) by M and N: 40 the 32×2 block, 10 with N = 136 the 16×4 one,
+        // 20 the 24×2 one, 6 with N = 136 the 8×4 one, 5 the 8×2 one.
+        for (ta, a_bs, m, n) in [
+            (false, 4000, 40, 8),
+            (true, 4000, 40, 8),
+            (false, 0, 40, 8),
+            (false, 0, 10, 136),
+            (true, 1000, 10, 136),
+            (false, 0, 9, 8),
+            (true, 2000, 20, 12),
+            (true, 0, 6, 136),
+            (true, 500, 5, 8),
+        ] {
             let mut s = MatmulSpec::new(5, m, n, 100);
             s.trans_a = ta;
             s.a_batch_stride = a_bs;

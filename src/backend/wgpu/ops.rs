@@ -234,10 +234,17 @@ pub(crate) fn matmul(
         (true, MatmulKernel::Registers) if m >= 16 && n >= 128 => ("regs16x4", 128, 16),
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
-        // Generated bigger blocks where the matrix fills them (each measured 1.2-1.5x faster).
-        (false, MatmulKernel::Registers) if b_vec_n && staged && m >= 16 => ("regs_k1_ua16x2", 64, 16),
-        (false, MatmulKernel::Registers) if b_vec_n && staged && n >= 128 => ("regs_k1_ua8x4", 128, 8),
-        (false, MatmulKernel::Registers) if b_vec_n && staged => ("regs_k1_ua8x2", 64, 8),
+        // Generated blocks of as few rows as cover a small M (a convolution's output channels;
+        // less waste at the edge), four column groups where N fills them: on the seed CNN's
+        // GEMMs 16×4 ran 1.2× 8×4 at M = 10, 24×2 1.35× 16×2 at M = 20, 32×2 1.07× 16×2 at M = 250.
+        (false, MatmulKernel::Registers) if b_vec_n && staged => match (m, n >= 128) {
+            (..=8, true) => ("regs_k1_ua8x4", 128, 8),
+            (..=8, false) => ("regs_k1_ua8x2", 64, 8),
+            (..=16, true) => ("regs_k1_ua16x4", 128, 16),
+            (..=16, false) => ("regs_k1_ua16x2", 64, 16),
+            (..=24, _) => ("regs_k1_ua24x2", 64, 24),
+            _ => ("regs_k1_ua32x2", 64, 32),
+        },
         (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
         // A·Bᵀ with subgroup-shared rows of A: one block over all of a small M.
         (false, MatmulKernel::Registers) if ab_vec_k && ctx.subgroup8 => match m {

@@ -28,7 +28,7 @@ pub const SUBGROUP8_MODULES: &[(&str, &str)] = &[("matmul_sg", "matmul")];
 pub const TB_SG_ROWS: [usize; 4] = [8, 16, 24, 32];
 
 /// The source of shader `name` as it is compiled: its file, and for `matmul` the generated
-/// `regs16x4`, `regs_k1_ua8x2`, `regs_k1_ua16x2`, `regs_k1_ua8x4` and `tb8x8` kernels appended;
+/// `regs16x4`, `regs_k1_ua{8x2,8x4,16x2,16x4,24x2,32x2}` and `tb8x8` kernels appended;
 /// `matmul_sg` is all of `matmul` plus the generated `regs_sg32x2` and `tb_sg{R}x4` for each R
 /// of `TB_SG_ROWS`.
 pub fn source(name: &str) -> Option<&'static str> {
@@ -50,6 +50,9 @@ pub fn source(name: &str) -> Option<&'static str> {
                 regs_unrolled(Regs::UniformA, 8, 2),
                 regs_unrolled(Regs::UniformA, 16, 2),
                 regs_unrolled(Regs::UniformA, 8, 4),
+                regs_unrolled(Regs::UniformA, 16, 4),
+                regs_unrolled(Regs::UniformA, 24, 2),
+                regs_unrolled(Regs::UniformA, 32, 2),
                 tb_unrolled(8, 8, false),
             ];
             format!("{file}\n{}", kernels.join("\n"))
