@@ -26,8 +26,8 @@ struct Params {
     a_cs: u32,
     b_rs: u32,
     b_cs: u32,
-    bias_at: u32, // generated `regs_k1_ua*` only: where the bias starts in `au`, and whether
-    epi: u32,     // to add it (1) to each row of C
+    bias_at: u32, // generated `regs_k1_ua*` only: where the bias starts in `au`, and the
+    epi: u32,     // epilogue: 0 none, 1 add it to each row of C, 2 add it then ReLU
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -38,6 +38,11 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> b1: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c1: array<f32>;
 @group(0) @binding(1) var<uniform> au: array<vec4<f32>, 4096>;
+
+// The `epi` = 2 clamp of the uniform-A kernels' outputs (bias already added).
+fn epilogue(v: vec4<f32>) -> vec4<f32> {
+    return select(v, max(v, vec4<f32>(0.0)), p.epi == 2u);
+}
 
 // Row a (four consecutive K values) times the 4×4 block of B rows r0..r3.
 fn dot4(a: vec4<f32>, r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>) -> vec4<f32> {

@@ -26,8 +26,9 @@ pub enum GradOp {
     Cat,
     Matmul { trans_a: bool, trans_b: bool },
     /// `cols` is the forward pass's im2col, kept for the weight gradient; `bias`: the bias was
-    /// added in the same pass (a third input).
-    Conv2d { spec: WindowSpec, cols: Buffer, bias: bool },
+    /// added in the same pass (a third input); `relu`: a ReLU was applied in the same pass too,
+    /// and this is the output it left, whose positive entries pass the gradient through.
+    Conv2d { spec: WindowSpec, cols: Buffer, bias: bool, relu: Option<Buffer> },
     MaxPool2d { spec: WindowSpec, argmax: Buffer },
     Gather { cols: usize },
     ToDevice,

@@ -91,7 +91,17 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             };
             vec![ga, gb]
         }
-        GradOp::Conv2d { spec, cols, bias } => {
+        GradOp::Conv2d { spec, cols, bias, relu } => {
+            // A fused ReLU first: its gradient from the output, as `UnaryOp::Relu`'s from its input.
+            let masked;
+            let g = match relu {
+                Some(y) => {
+                    let y = Tensor::from_parts(y.clone(), g.shape().clone(), g.device().clone(), None);
+                    masked = g.binary(BinaryOp::ReluBackward, &y)?;
+                    &masked
+                }
+                None => g,
+            };
             let w = &inputs[1];
             let (o, p, r) = (w.dims()[0], spec.col_len(), spec.col_rows());
             let dev = g.device();

@@ -366,9 +366,9 @@ pub trait Backend: Send + Sync {
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()>;
 
     /// Fused `out[z] = A·B[z] + bias[row]` (`bias` has `m` values, one per row of each output
-    /// matrix): a convolution and its bias in one pass. `Ok(false)` means "not fused here":
-    /// the caller multiplies and adds.
-    fn matmul_row_bias(&self, _a: &Buffer, _b: &Buffer, _bias: &Buffer, _out: &Buffer, _spec: MatmulSpec) -> Result<bool> {
+    /// matrix), then `max(0, ·)` when `relu`: a convolution, its bias and a following ReLU in one
+    /// pass. `Ok(false)` means "not fused here": the caller multiplies, adds and clamps.
+    fn matmul_row_bias(&self, _a: &Buffer, _b: &Buffer, _bias: &Buffer, _out: &Buffer, _spec: MatmulSpec, _relu: bool) -> Result<bool> {
         Ok(false)
     }
     /// Fused optimizer update of `param` in place; `Ok(false)` means "not fused here, compose it".

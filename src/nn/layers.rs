@@ -88,6 +88,9 @@ impl Module for Conv2d {
             None => x.conv2d(&self.weight, self.stride, self.padding),
         }
     }
+    fn forward_relu(&self, x: &Tensor) -> Option<Result<Tensor>> {
+        self.bias.as_ref().map(|b| x.conv2d_bias_relu(&self.weight, b, self.stride, self.padding))
+    }
     fn parameters(&self) -> Vec<(String, Tensor)> {
         params(&self.weight, &self.bias)
     }
@@ -136,6 +139,9 @@ impl Module for ReLU {
     }
     fn describe(&self) -> String {
         "ReLU".into()
+    }
+    fn is_relu(&self) -> bool {
+        true
     }
 }
 

@@ -19,6 +19,16 @@ pub trait Module: Send + Sync {
     fn to_device(&self, device: &Device) -> Result<Box<dyn Module>>;
     /// A short description for traces and errors, such as `Linear(320, 50)`.
     fn describe(&self) -> String;
+    /// `relu(self.forward(x))` as one fused op, where this module has one (a convolution with a
+    /// bias adds both in its product's epilogue); `None` where it has not. `Sequential` uses it
+    /// for a layer followed by a `ReLU`; values and gradients are those of the two layers.
+    fn forward_relu(&self, _x: &Tensor) -> Option<Result<Tensor>> {
+        None
+    }
+    /// Whether this module is a plain ReLU, which the layer before it may absorb.
+    fn is_relu(&self) -> bool {
+        false
+    }
 
     /// Copies values from `state` into this module's parameters, by name. Every parameter must
     /// be present with the same shape; extra names are an error too (PyTorch's strict load).
@@ -96,8 +106,23 @@ impl Default for Sequential {
 impl Module for Sequential {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
-        for (_, layer) in &self.layers {
-            h = layer.forward(&h)?;
+        let mut i = 0;
+        while i < self.layers.len() {
+            let layer = &self.layers[i].1;
+            let fused = match self.layers.get(i + 1) {
+                Some((_, next)) if next.is_relu() => layer.forward_relu(&h),
+                _ => None,
+            };
+            match fused {
+                Some(y) => {
+                    h = y?;
+                    i += 2;
+                }
+                None => {
+                    h = layer.forward(&h)?;
+                    i += 1;
+                }
+            }
         }
         Ok(h)
     }

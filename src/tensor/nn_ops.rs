@@ -64,20 +64,33 @@ impl Tensor {
     /// 2-D convolution of `[N, C, H, W]` input with `[O, C, KH, KW]` weight (no bias), as
     /// im2col followed by one batched product.
     pub fn conv2d(&self, weight: &Tensor, stride: (usize, usize), pad: (usize, usize)) -> Result<Tensor> {
-        self.conv2d_impl(weight, None, stride, pad)
+        self.conv2d_impl(weight, None, stride, pad, false)
     }
 
     /// `conv2d` plus a per-channel `[O]` bias, added in the product's epilogue where the backend
     /// fuses it (wgpu on software adapters), else by a broadcast add.
     pub fn conv2d_bias(&self, weight: &Tensor, bias: &Tensor, stride: (usize, usize), pad: (usize, usize)) -> Result<Tensor> {
+        self.check_conv_bias(weight, bias)?;
+        self.conv2d_impl(weight, Some(bias), stride, pad, false)
+    }
+
+    /// `conv2d_bias(..)?.relu()`, with the ReLU in the product's epilogue as well where the
+    /// backend fuses the bias (saving a pass over the output and its buffer); the gradients are
+    /// those of the composition.
+    pub fn conv2d_bias_relu(&self, weight: &Tensor, bias: &Tensor, stride: (usize, usize), pad: (usize, usize)) -> Result<Tensor> {
+        self.check_conv_bias(weight, bias)?;
+        self.conv2d_impl(weight, Some(bias), stride, pad, true)
+    }
+
+    fn check_conv_bias(&self, weight: &Tensor, bias: &Tensor) -> Result<()> {
         self.same_device("conv2d", bias)?;
         if bias.dims() != [weight.dims().first().copied().unwrap_or(0)] {
             return Err(Error::shape("conv2d", format!("bias {:?} for weight {:?} (need [O])", bias.shape(), weight.shape())));
         }
-        self.conv2d_impl(weight, Some(bias), stride, pad)
+        Ok(())
     }
 
-    fn conv2d_impl(&self, weight: &Tensor, bias: Option<&Tensor>, stride: (usize, usize), pad: (usize, usize)) -> Result<Tensor> {
+    fn conv2d_impl(&self, weight: &Tensor, bias: Option<&Tensor>, stride: (usize, usize), pad: (usize, usize), relu: bool) -> Result<Tensor> {
         self.same_device("conv2d", weight)?;
         let (x, w) = (self.dims(), weight.dims());
         if x.len() != 4 || w.len() != 4 || x[1] != w[1] {
@@ -102,16 +115,21 @@ impl Tensor {
         let out = self.alloc_like(spec.n * o * spec.col_len(), DType::F32)?;
         let shape = Shape(vec![spec.n, o, spec.oh, spec.ow]);
         if let Some(b) = bias {
-            if self.backend().matmul_row_bias(&weight.0.buffer, &cols, &b.0.buffer, &out, mm)? {
-                let op = GradOp::Conv2d { spec, cols, bias: true };
+            if self.backend().matmul_row_bias(&weight.0.buffer, &cols, &b.0.buffer, &out, mm, relu)? {
+                let op = GradOp::Conv2d { spec, cols, bias: true, relu: relu.then(|| out.clone()) };
                 return Ok(Tensor::result(out, shape, self.device(), op, &[self, weight, b]));
             }
         }
         self.backend().matmul(&weight.0.buffer, &cols, &out, mm)?;
-        let y = Tensor::result(out, shape, self.device(), GradOp::Conv2d { spec, cols, bias: false }, &[self, weight]);
-        match bias {
-            Some(b) => y.add(&b.reshape([o, 1, 1])?),
-            None => Ok(y),
+        let y = Tensor::result(out, shape, self.device(), GradOp::Conv2d { spec, cols, bias: false, relu: None }, &[self, weight]);
+        let y = match bias {
+            Some(b) => y.add(&b.reshape([o, 1, 1])?)?,
+            None => y,
+        };
+        if relu {
+            y.relu()
+        } else {
+            Ok(y)
         }
     }
 

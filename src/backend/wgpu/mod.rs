@@ -146,7 +146,7 @@ pub struct WgpuBackend {
 impl WgpuBackend {
     /// The device's own buffer inside `b`, holding at least `need` elements.
     /// `matmul`, with `bias[row]` added in the epilogue when given (see `ops::matmul`).
-    fn matmul_with(&self, a: &Buffer, b: &Buffer, bias: Option<&Buffer>, out: &Buffer, s: MatmulSpec) -> Result<bool> {
+    fn matmul_with(&self, a: &Buffer, b: &Buffer, bias: Option<(&Buffer, bool)>, out: &Buffer, s: MatmulSpec) -> Result<bool> {
         let extent = |off: usize, bs: usize, size: usize| {
             if s.batch == 0 || size == 0 {
                 0
@@ -157,7 +157,7 @@ impl WgpuBackend {
         let ar = self.raw("matmul", a, extent(s.a_offset, s.a_batch_stride, s.m * s.k))?;
         let br = self.raw("matmul", b, extent(s.b_offset, s.b_batch_stride, s.k * s.n))?;
         let or = self.raw("matmul", out, s.batch * s.m * s.n)?;
-        let bias = bias.map(|x| self.raw("matmul", x, s.m)).transpose()?;
+        let bias = bias.map(|(x, relu)| self.raw("matmul", x, s.m).map(|r| (r, relu))).transpose()?;
         ops::matmul(&self.ctx, self.matmul, ar, br, bias, or, s)
     }
     fn raw<'a>(&self, op: &'static str, b: &'a Buffer, need: usize) -> Result<&'a wgpu::Buffer> {
@@ -240,8 +240,8 @@ impl Backend for WgpuBackend {
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
         self.matmul_with(a, b, None, out, spec).map(drop)
     }
-    fn matmul_row_bias(&self, a: &Buffer, b: &Buffer, bias: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<bool> {
-        self.matmul_with(a, b, Some(bias), out, spec)
+    fn matmul_row_bias(&self, a: &Buffer, b: &Buffer, bias: &Buffer, out: &Buffer, spec: MatmulSpec, relu: bool) -> Result<bool> {
+        self.matmul_with(a, b, Some((bias, relu)), out, spec)
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
         let xr = self.raw("im2col", x, spec.n * spec.c * spec.h * spec.w)?;

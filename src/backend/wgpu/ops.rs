@@ -197,7 +197,8 @@ fn batches_per_dispatch(ctx: &Ctx, operands: &[(usize, usize)]) -> Result<usize>
     Ok(most.max(1))
 }
 
-/// `c = op(a)·op(b)` per `s`, plus `bias[row]` when given; `Ok(false)` (nothing recorded) when
+/// `c = op(a)·op(b)` per `s`, plus `bias[row]` when given, then `max(0, ·)` when its flag is
+/// set (a convolution's bias and ReLU); `Ok(false)` (nothing recorded) when
 /// a bias is given but this product cannot add it in its epilogue (only the uniform-A kernels
 /// do, with A shared across the batch).
 pub(crate) fn matmul(
@@ -205,7 +206,7 @@ pub(crate) fn matmul(
     kernel: MatmulKernel,
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
-    bias: Option<&wgpu::Buffer>,
+    bias: Option<(&wgpu::Buffer, bool)>,
     c: &wgpu::Buffer,
     s: MatmulSpec,
 ) -> Result<bool> {
@@ -238,19 +239,19 @@ pub(crate) fn matmul(
         // less waste at the edge), four column groups where N fills them: on the seed CNN's
         // GEMMs 16×4 ran 1.2× 8×4 at M = 10, 24×2 1.35× 16×2 at M = 20, 32×2 1.07× 16×2 at M = 250.
         (false, MatmulKernel::Registers) if b_vec_n && staged => match (m, n >= 128) {
-            (..=8, true) => ("regs_k1_ua8x4", 128, 8),
-            (..=8, false) => ("regs_k1_ua8x2", 64, 8),
-            (..=16, true) => ("regs_k1_ua16x4", 128, 16),
-            (..=16, false) => ("regs_k1_ua16x2", 64, 16),
-            (..=24, _) => ("regs_k1_ua24x2", 64, 24),
+            (0..=8, true) => ("regs_k1_ua8x4", 128, 8),
+            (0..=8, false) => ("regs_k1_ua8x2", 64, 8),
+            (9..=16, true) => ("regs_k1_ua16x4", 128, 16),
+            (9..=16, false) => ("regs_k1_ua16x2", 64, 16),
+            (17..=24, _) => ("regs_k1_ua24x2", 64, 24),
             _ => ("regs_k1_ua32x2", 64, 32),
         },
         (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
         // A·Bᵀ with subgroup-shared rows of A: one block over all of a small M.
         (false, MatmulKernel::Registers) if ab_vec_k && ctx.subgroup8 => match m {
-            ..=8 => ("tb_sg8x4", 32, 8),
-            ..=16 => ("tb_sg16x4", 32, 16),
-            ..=24 => ("tb_sg24x4", 32, 24),
+            0..=8 => ("tb_sg8x4", 32, 8),
+            9..=16 => ("tb_sg16x4", 32, 16),
+            17..=24 => ("tb_sg24x4", 32, 24),
             _ => ("tb_sg32x4", 32, 32),
         },
         (false, MatmulKernel::Registers) if ab_vec_k && n >= 64 => ("tb8x8", 64, 8),
@@ -278,7 +279,7 @@ pub(crate) fn matmul(
         let cnt = per.min(s.batch - b0);
         let (a_first, a_len) = (s.a_offset + b0 * a_bs, (cnt - 1) * a_bs + m * k);
         let (ab, ao) = if staged { (ctx.stage_uniform(a, a_first, a_len)?, 0) } else { ctx.span("matmul", a, a_first, a_len)? };
-        if let Some(bias) = bias {
+        if let Some((bias, _)) = bias {
             ctx.stage_at(bias, 0, m, bias_at)?;
         }
         let (bb, bo) = ctx.span("matmul", b, s.b_offset + b0 * b_bs, (cnt - 1) * b_bs + k * n)?;
@@ -297,7 +298,8 @@ pub(crate) fn matmul(
             .u(b_rs)
             .u(b_cs)
             .u(bias_at)
-            .u(u32::from(bias.is_some()));
+            // The epilogue: 0 none, 1 bias, 2 bias then ReLU.
+            .u(bias.map_or(0, |(_, relu)| 1 + u32::from(relu)));
         let shader = if entry.contains("_sg") { "matmul_sg" } else { "matmul" };
         ctx.dispatch(shader, entry, &w.0, &[ab, bb, cb], [gx as u32, gy as u32, cnt as u32])?;
         b0 += cnt;

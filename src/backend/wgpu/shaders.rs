@@ -153,16 +153,18 @@ pub fn regs_unrolled(kind: Regs, rows: usize, groups: usize) -> String {
     let _ = writeln!(s, "    }}\n    let cb = (p.c_off + z * p.m * p.n) / 4u + row0 * n4 + col;");
     for r in 0..rows {
         let _ = writeln!(s, "    if row0 + {r}u < p.m {{");
-        // The uniform-A kernels add a per-row bias from `au` when `p.epi` is 1 (a convolution's).
+        // The uniform-A kernels add a per-row bias from `au` when `p.epi` is 1 (a convolution's),
+        // and clamp at 0 as well when it is 2 (a ReLU after it).
         let bias = if vec4 {
             String::new()
         } else {
             let _ = writeln!(s, "        let q{r} = p.bias_at + row0 + {r}u;");
-            let _ = writeln!(s, "        let y{r} = select(0.0, au[q{r} / 4u][q{r} % 4u], p.epi == 1u);");
+            let _ = writeln!(s, "        let y{r} = select(0.0, au[q{r} / 4u][q{r} % 4u], p.epi >= 1u);");
             format!(" + y{r}")
         };
         for g in 0..groups {
-            let _ = writeln!(s, "        if col + {0}u < n4 {{ c4[cb + {r}u * n4 + {0}u] = c{r}_{g}{bias}; }}", 8 * g);
+            let v = if vec4 { format!("c{r}_{g}") } else { format!("epilogue(c{r}_{g}{bias})") };
+            let _ = writeln!(s, "        if col + {0}u < n4 {{ c4[cb + {r}u * n4 + {0}u] = {v}; }}", 8 * g);
         }
         let _ = writeln!(s, "    }}");
     }
