@@ -149,14 +149,23 @@ fn regs_k1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
 
 // Writes the 4×4 block of C at (`row0`, `col0`) of batch entry `z` with scalar stores (any N),
 // skipping rows and columns past the edge.
-fn store4x4(row0: u32, col0: u32, z: u32, acc: array<vec4<f32>, 4>) {
+fn store4x4(row0: u32, col0: u32, z: u32, acc0: vec4<f32>, acc1: vec4<f32>, acc2: vec4<f32>, acc3: vec4<f32>) {
     let cb = p.c_off + z * p.m * p.n;
-    for (var i = 0u; i < 4u; i++) {
-        if row0 + i >= p.m { break; }
-        for (var j = 0u; j < 4u; j++) {
-            if col0 + j < p.n { c1[cb + (row0 + i) * p.n + col0 + j] = acc[i][j]; }
-        }
-    }
+    store_row(cb, row0, col0, acc0);
+    store_row(cb, row0 + 1u, col0, acc1);
+    store_row(cb, row0 + 2u, col0, acc2);
+    store_row(cb, row0 + 3u, col0, acc3);
+}
+
+// Row `row` of C from column `col0`, what lies inside C; no loops or indexing by variables,
+// which llvmpipe compiles slowly (indexing a local array by a variable took ~0.8 s to JIT).
+fn store_row(cb: u32, row: u32, col0: u32, v: vec4<f32>) {
+    if row >= p.m { return; }
+    let at = cb + row * p.n + col0;
+    if col0 < p.n { c1[at] = v.x; }
+    if col0 + 1u < p.n { c1[at + 1u] = v.y; }
+    if col0 + 2u < p.n { c1[at + 2u] = v.z; }
+    if col0 + 3u < p.n { c1[at + 3u] = v.w; }
 }
 
 // Any shapes, transposes, offsets and strides: 4×4 outputs per invocation, scalar loads.
@@ -185,7 +194,7 @@ fn generic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
         acc2 += a1[ar.z + ak] * bv;
         acc3 += a1[ar.w + ak] * bv;
     }
-    store4x4(row0, col0, z, array<vec4<f32>, 4>(acc0, acc1, acc2, acc3));
+    store4x4(row0, col0, z, acc0, acc1, acc2, acc3);
 }
 
 // Untransposed A times transposed B (C = A·Bᵀ, both read along K), K a multiple of 4 and
@@ -223,7 +232,7 @@ fn generic_tb(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         acc2 += vec4<f32>(dot(a2, b0), dot(a2, b1v), dot(a2, b2), dot(a2, b3));
         acc3 += vec4<f32>(dot(a3, b0), dot(a3, b1v), dot(a3, b2), dot(a3, b3));
     }
-    store4x4(row0, col0, z, array<vec4<f32>, 4>(acc0, acc1, acc2, acc3));
+    store4x4(row0, col0, z, acc0, acc1, acc2, acc3);
 }
 
 // Hardware GPUs: a 64×64 tile of C per 16×16 workgroup, 4×4 outputs per invocation, A and B

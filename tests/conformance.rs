@@ -189,8 +189,8 @@ fn matmul_odd_shapes_transposes_offsets_broadcast() {
         // Batches of A larger than wgpu's 64 KiB uniform stage for small A (4000 values per
         // entry: four entries per copy, so five entries take two copies), shared and transposed.
         // wgpu's uniform-A kernels (transposed A; an untransposed one takes the vec4 kernels,
-        // K being a multiple of 4) by M and N: 40 the 32×2 block, 10 with N = 136 the 16×4 one,
-        // 20 the 24×2 one, 6 with N = 136 the 8×4 one, 5 the 8×2 one.
+        // K being a multiple of 4) by M and N: 40 and 20 the 24×2 block, 10 the 16×2 one, 6
+        // with N = 136 the 8×4 one, 5 the 8×2 one.
         for (ta, a_bs, m, n) in [
             (false, 4000, 40, 8),
             (true, 4000, 40, 8),

@@ -156,7 +156,7 @@ fn register_matmul_kernels_with_and_without_subgroups() {
                 s.b_offset = 2 * off;
                 matmul_case(&dev, &cpu, s, 61).unwrap_or_else(|e| panic!("{m}x{n}x{k} on {dev} (without_subgroups: {without_subgroups}): {e}"));
             }
-            // C = A·Bᵀ (convolution weight gradients): with subgroups of 8, `tb_sg{8,16,24,32}x4`
+            // C = A·Bᵀ (convolution weight gradients): with subgroups of 8, `tb_sg{8,16,24}x4`
             // by M, with edges in M and N; without, `tb8x8` and `generic_tb`.
             for (m, n) in [(5, 25), (10, 25), (20, 250), (16, 33), (37, 70), (24, 64)] {
                 let mut s = MatmulSpec::new(2, m, n, 36);

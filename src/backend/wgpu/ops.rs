@@ -236,23 +236,21 @@ pub(crate) fn matmul(
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
         // Generated blocks of as few rows as cover a small M (a convolution's output channels;
-        // less waste at the edge), four column groups where N fills them: on the seed CNN's
-        // GEMMs 16×4 ran 1.2× 8×4 at M = 10, 24×2 1.35× 16×2 at M = 20, 32×2 1.07× 16×2 at M = 250.
+        // less waste at the edge): on the seed CNN's GEMMs 16×2 ran 1.15× 8×4 at M = 10 and
+        // 24×2 1.35× 16×2 at M = 20. 16×4 and 32×2 were 4-7% faster still at M = 10 and 250,
+        // but each cost ~0.5 s more of llvmpipe compiling in a fresh process's first step.
         (false, MatmulKernel::Registers) if b_vec_n && staged => match (m, n >= 128) {
             (0..=8, true) => ("regs_k1_ua8x4", 128, 8),
             (0..=8, false) => ("regs_k1_ua8x2", 64, 8),
-            (9..=16, true) => ("regs_k1_ua16x4", 128, 16),
-            (9..=16, false) => ("regs_k1_ua16x2", 64, 16),
-            (17..=24, _) => ("regs_k1_ua24x2", 64, 24),
-            _ => ("regs_k1_ua32x2", 64, 32),
+            (9..=16, _) => ("regs_k1_ua16x2", 64, 16),
+            _ => ("regs_k1_ua24x2", 64, 24),
         },
         (false, MatmulKernel::Registers) if b_vec_n => ("regs_k1", 64, 8),
         // A·Bᵀ with subgroup-shared rows of A: one block over all of a small M.
         (false, MatmulKernel::Registers) if ab_vec_k && ctx.subgroup8 => match m {
             0..=8 => ("tb_sg8x4", 32, 8),
             9..=16 => ("tb_sg16x4", 32, 16),
-            17..=24 => ("tb_sg24x4", 32, 24),
-            _ => ("tb_sg32x4", 32, 32),
+            _ => ("tb_sg24x4", 32, 24),
         },
         (false, MatmulKernel::Registers) if ab_vec_k && n >= 64 => ("tb8x8", 64, 8),
         (false, MatmulKernel::Registers) if ab_vec_k => ("generic_tb", 32, 32),
