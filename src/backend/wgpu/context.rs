@@ -1,13 +1,13 @@
 //! One logical wgpu device: pipelines compiled lazily, dispatches recorded into a shared command
 //! encoder and submitted in batches, parameters in a uniform ring, sub-range bindings, readback.
+use super::bind_groups::BindGroups;
 use super::shaders;
 use crate::{Error, Result};
 use std::collections::HashMap;
-use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Bytes of one parameter slot in the uniform ring; every kernel's `Params` fits.
-const SLOT: u64 = 256;
+pub(crate) const SLOT: u64 = 256;
 /// Dispatches recorded before a batch is submitted, so the device starts working while the host
 /// records more; also the number of uniform slots.
 const BATCH: usize = 256;
@@ -61,6 +61,7 @@ pub(crate) struct Ctx {
     uniform_stride: u64,
     /// A uniform copy of a small matmul operand for `*_ua` kernels (see `stage_uniform`).
     stage: wgpu::Buffer,
+    bind_groups: Arc<BindGroups>,
     pending: Mutex<Pending>,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     layouts: Mutex<HashMap<(usize, bool), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
@@ -77,7 +78,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Ctx {
-    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String, max_binding: Option<u64>, subgroup8: bool) -> Self {
+    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String, max_binding: Option<u64>, subgroup8: bool, bind_groups: Arc<BindGroups>) -> Self {
         let l = device.limits();
         // u32 element offsets in kernels stay exact below 2 GiB per binding.
         let mut max = l.max_storage_buffer_binding_size.min(1 << 31);
@@ -113,6 +114,7 @@ impl Ctx {
             uniform,
             uniform_stride,
             stage,
+            bind_groups,
             pending: Mutex::new(Pending { pass: None, encoder: None, uniforms: Vec::new(), dispatches: 0, groups: 0 }),
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -147,10 +149,11 @@ impl Ctx {
     fn layout(&self, storage: usize, uniform_first: bool) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
         let mut layouts = lock(&self.layouts);
         let (bgl, pl) = layouts.entry((storage, uniform_first)).or_insert_with(|| {
+            // The parameters (binding 0) sit at a dynamic offset in the uniform ring.
             let buffer = |binding, ty| wgpu::BindGroupLayoutEntry {
                 binding,
                 visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None },
+                ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: binding == 0, min_binding_size: None },
                 count: None,
             };
             // Every storage binding is read-write so that an op may alias its input and output
@@ -295,6 +298,7 @@ impl Ctx {
         }
         debug_assert!(params.len() * 4 <= SLOT as usize);
         let (pipeline, layout) = self.pipeline(shader, entry, op, binds.len())?;
+        let group = self.bind_groups.get(&self.device, &layout, entry.contains("_ua"), &self.uniform, binds);
         let mut guard = lock(&self.pending);
         let p = &mut *guard;
         let slot = p.dispatches as u64 * self.uniform_stride;
@@ -302,25 +306,6 @@ impl Ctx {
         for (i, w) in params.iter().enumerate() {
             p.uniforms[slot as usize + 4 * i..slot as usize + 4 * i + 4].copy_from_slice(&w.to_le_bytes());
         }
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.uniform,
-                offset: slot,
-                size: NonZeroU64::new(SLOT),
-            }),
-        }];
-        for (i, b) in binds.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: b.buf,
-                    offset: b.offset,
-                    size: NonZeroU64::new(b.size),
-                }),
-            });
-        }
-        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &layout, entries: &entries });
         if p.pass.is_none() {
             let enc = p.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
             let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
@@ -330,7 +315,7 @@ impl Ctx {
             return Err(self.err("no compute pass to record into"));
         };
         pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &group, &[]);
+        pass.set_bind_group(0, &group, &[slot as u32]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
         p.dispatches += 1;
         p.groups += grid.iter().map(|&g| u64::from(g)).product::<u64>();

@@ -1,4 +1,5 @@
 //! WGSL compute backend on wgpu: every adapter of every wgpu backend (Vulkan, Metal, DX12, GL).
+mod bind_groups;
 mod context;
 mod nn;
 mod ops;
@@ -129,9 +130,10 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
         DeviceKind::Discrete | DeviceKind::Integrated => MatmulKernel::Tiled,
         _ => MatmulKernel::Registers,
     });
-    let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget));
+    let bind_groups = Arc::new(bind_groups::BindGroups::default());
+    let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget, bind_groups.clone()));
     let subgroup8 = has_subgroups_of_8(ordinal) && !options.without_subgroups;
-    let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8);
+    let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups);
     Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul }))
 }
 

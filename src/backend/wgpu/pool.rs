@@ -1,4 +1,5 @@
 //! Device memory: storage buffers in size classes, recycled through a per-device pool.
+use super::bind_groups::BindGroups;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,8 @@ pub(crate) struct Pool {
     max_buffer: u64,
     budget: Option<u64>,
     state: Mutex<State>,
+    /// The device's cached bind groups, which keep their buffers alive: emptied with the pool.
+    bind_groups: Arc<BindGroups>,
 }
 
 #[derive(Default)]
@@ -47,8 +50,8 @@ fn size_class(bytes: u64) -> u64 {
 }
 
 impl Pool {
-    pub(crate) fn new(device: wgpu::Device, name: String, max_buffer: u64, budget: Option<u64>) -> Self {
-        Pool { device, name, max_buffer, budget, state: Mutex::default() }
+    pub(crate) fn new(device: wgpu::Device, name: String, max_buffer: u64, budget: Option<u64>, bind_groups: Arc<BindGroups>) -> Self {
+        Pool { device, name, max_buffer, budget, state: Mutex::default(), bind_groups }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -80,6 +83,7 @@ impl Pool {
                     // Pooled buffers of other classes are dropped before giving up.
                     s.free.clear();
                     s.pooled = 0;
+                    self.bind_groups.clear();
                 }
                 if s.in_use + class > budget {
                     let free = budget.saturating_sub(s.in_use);
@@ -107,6 +111,7 @@ impl Pool {
             let mut s = self.lock();
             s.free.clear();
             s.pooled = 0;
+            self.bind_groups.clear();
             return Err(self.oom(size, 0, format!("the driver refused the allocation: {e}")));
         }
         Ok(raw)
@@ -129,6 +134,41 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::size_class;
+
+    /// Cached bind groups hold their buffers: when the pool drops its spare buffers to stay in
+    /// budget, the cache must go too, or the memory is not given back.
+    #[test]
+    fn freeing_pooled_memory_empties_the_bind_group_cache() {
+        use super::super::bind_groups::BindGroups;
+        use super::super::context::{Bind, SLOT};
+        use std::sync::Arc;
+        let Some((adapter, _)) = super::super::all().list.first() else {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but no wgpu adapter was found");
+            eprintln!("skipping: no wgpu adapter");
+            return;
+        };
+        let (device, _queue) = pollster::block_on(adapter.request_device(&Default::default())).expect("device");
+        let groups = Arc::new(BindGroups::default());
+        let pool = Arc::new(super::Pool::new(device.clone(), "test".into(), 1 << 30, Some(1 << 20), groups.clone()));
+        let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: binding == 0, min_binding_size: None },
+            count: None,
+        };
+        let entries = [entry(0, wgpu::BufferBindingType::Uniform), entry(1, wgpu::BufferBindingType::Storage { read_only: false })];
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
+        let usage = wgpu::BufferUsages::UNIFORM;
+        let uniform = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: SLOT, usage, mapped_at_creation: false });
+        let a = pool.alloc(600_000).expect("first allocation");
+        let _ = groups.get(&device, &layout, false, &uniform, &[Bind { buf: &a.raw, offset: 0, size: 600_000 }]);
+        let _ = groups.get(&device, &layout, false, &uniform, &[Bind { buf: &a.raw, offset: 0, size: 600_000 }]);
+        assert_eq!(groups.len(), 1, "the same ranges reuse one group");
+        drop(a);
+        // Another size class does not fit next to the pooled buffer: the pool frees it.
+        let _b = pool.alloc(800_000).expect("second allocation");
+        assert_eq!(groups.len(), 0, "the pool freed memory but the cache still holds its buffer");
+    }
 
     #[test]
     fn size_classes_round_up_by_at_most_a_quarter() {
