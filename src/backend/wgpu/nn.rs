@@ -26,7 +26,14 @@ pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: Window
         let (cb, co) = ctx.span(op, cols, n0 * col, cnt * col)?;
         let w = window(Words::default().u(cnt).u(s.c).u(s.h).u(s.w), &s).u(xo).u(co);
         let grid = if forward { ctx.grid(cnt * s.c * s.kh * s.oh, 64) } else { ctx.grid(cnt * img, 256) };
-        let entry = if forward && s.ow.is_multiple_of(4) && co.is_multiple_of(4) { "im2col4" } else { op };
+        let vec_out = forward && s.ow.is_multiple_of(4) && co.is_multiple_of(4);
+        // Whole input rows as vec4 quads: stride 1 along W, W and the row starts multiples of 4.
+        let quads = vec_out && s.stride.1 == 1 && s.w.is_multiple_of(4) && xo.is_multiple_of(4);
+        let entry = match (quads, vec_out) {
+            (true, _) => "im2col_s1",
+            (false, true) => "im2col4",
+            _ => op,
+        };
         ctx.dispatch("conv", entry, &w.0, &[xb, cb], grid)?;
     }
     Ok(())
