@@ -7,9 +7,9 @@ use std::sync::{Mutex, MutexGuard};
 /// Groups kept at most; past it the cache starts over (sub-range bindings can make many keys).
 const KEPT: usize = 4096;
 
-/// Layout (storage bindings, whether binding 1 is uniform) and the bound buffer ranges. The
-/// parameters are bound at a dynamic offset into the uniform ring, so they are not part of it.
-type Key = (usize, bool, Vec<(wgpu::Buffer, u64, u64)>);
+/// The layout and the bound buffer ranges. The parameters are bound at a dynamic offset into the
+/// uniform ring, so they are not part of it.
+type Key = (wgpu::BindGroupLayout, Vec<(wgpu::Buffer, u64, u64)>);
 
 /// Creating a group was about 2 of the 4 µs a dispatch costs the host on lavapipe, and chains of
 /// ops bind the same pooled buffers again and again: a chain of 1000 small adds took 7-13% less
@@ -29,11 +29,10 @@ impl BindGroups {
         &self,
         device: &wgpu::Device,
         layout: &wgpu::BindGroupLayout,
-        uniform_first: bool,
         uniform: &wgpu::Buffer,
         binds: &[Bind],
     ) -> wgpu::BindGroup {
-        let key: Key = (binds.len(), uniform_first, binds.iter().map(|b| (b.buf.clone(), b.offset, b.size)).collect());
+        let key: Key = (layout.clone(), binds.iter().map(|b| (b.buf.clone(), b.offset, b.size)).collect());
         let mut groups = self.lock();
         if let Some(g) = groups.get(&key) {
             return g.clone();

@@ -298,7 +298,7 @@ impl Ctx {
         }
         debug_assert!(params.len() * 4 <= SLOT as usize);
         let (pipeline, layout) = self.pipeline(shader, entry, op, binds.len())?;
-        let group = self.bind_groups.get(&self.device, &layout, entry.contains("_ua"), &self.uniform, binds);
+        let group = self.bind_groups.get(&self.device, &layout, &self.uniform, binds);
         let mut guard = lock(&self.pending);
         let p = &mut *guard;
         let slot = p.dispatches as u64 * self.uniform_stride;

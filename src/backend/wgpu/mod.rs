@@ -146,8 +146,8 @@ pub struct WgpuBackend {
 }
 
 impl WgpuBackend {
-    /// The device's own buffer inside `b`, holding at least `need` elements.
-    /// `matmul`, with `bias[row]` added in the epilogue when given (see `ops::matmul`).
+    /// `matmul`, with `bias[row]` (and a ReLU when its flag is set) added in the epilogue when
+    /// given (see `ops::matmul`).
     fn matmul_with(&self, a: &Buffer, b: &Buffer, bias: Option<(&Buffer, bool)>, out: &Buffer, s: MatmulSpec) -> Result<bool> {
         let extent = |off: usize, bs: usize, size: usize| {
             if s.batch == 0 || size == 0 {
@@ -162,6 +162,7 @@ impl WgpuBackend {
         let bias = bias.map(|(x, relu)| self.raw("matmul", x, s.m).map(|r| (r, relu))).transpose()?;
         ops::matmul(&self.ctx, self.matmul, ar, br, bias, or, s)
     }
+    /// The device's own buffer inside `b`, holding at least `need` elements.
     fn raw<'a>(&self, op: &'static str, b: &'a Buffer, need: usize) -> Result<&'a wgpu::Buffer> {
         let w = b
             .downcast::<WgpuBuffer>()

@@ -227,7 +227,7 @@ pub(crate) fn matmul(
     // as many batch entries per copy as fit; a bias goes after it, 16-byte aligned.
     let bias_at = (m * k).next_multiple_of(4);
     let room = if bias.is_some() { bias_at + m } else { m * k };
-    let staged = m * k > 0 && ctx.stage_floats() >= room && (bias.is_none() || a_bs == 0);
+    let stageable = m * k > 0 && ctx.stage_floats() >= room && (bias.is_none() || a_bs == 0);
     let (entry, cols, rows) = match (vec4, kernel) {
         // Subgroup-shared A rows where the device has 8-wide subgroups (about 2x `regs16x4`),
         // else the generated 16×4 block where it is not mostly edge, else 8×8.
@@ -239,7 +239,7 @@ pub(crate) fn matmul(
         // less waste at the edge): on the seed CNN's GEMMs 16×2 ran 1.15× 8×4 at M = 10 and
         // 24×2 1.35× 16×2 at M = 20. 16×4 and 32×2 were 4-7% faster still at M = 10 and 250,
         // but each cost ~0.5 s more of llvmpipe compiling in a fresh process's first step.
-        (false, MatmulKernel::Registers) if b_vec_n && staged => match (m, n >= 128) {
+        (false, MatmulKernel::Registers) if b_vec_n && stageable => match (m, n >= 128) {
             (0..=8, true) => ("regs_k1_ua8x4", 128, 8),
             (0..=8, false) => ("regs_k1_ua8x2", 64, 8),
             (9..=16, _) => ("regs_k1_ua16x2", 64, 16),

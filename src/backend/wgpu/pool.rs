@@ -81,9 +81,7 @@ impl Pool {
             if let Some(budget) = self.budget {
                 if s.in_use + s.pooled + class > budget {
                     // Pooled buffers of other classes are dropped before giving up.
-                    s.free.clear();
-                    s.pooled = 0;
-                    self.bind_groups.clear();
+                    self.drop_spares(&mut s);
                 }
                 if s.in_use + class > budget {
                     let free = budget.saturating_sub(s.in_use);
@@ -108,13 +106,17 @@ impl Pool {
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
             // Dropping the pool's spare buffers lets the caller retry into their memory.
-            let mut s = self.lock();
-            s.free.clear();
-            s.pooled = 0;
-            self.bind_groups.clear();
+            self.drop_spares(&mut self.lock());
             return Err(self.oom(size, 0, format!("the driver refused the allocation: {e}")));
         }
         Ok(raw)
+    }
+
+    /// Frees the pooled buffers, and the cached bind groups that would keep them alive.
+    fn drop_spares(&self, s: &mut State) {
+        s.free.clear();
+        s.pooled = 0;
+        self.bind_groups.clear();
     }
 
     fn release(&self, raw: wgpu::Buffer) {
@@ -161,8 +163,8 @@ mod tests {
         let usage = wgpu::BufferUsages::UNIFORM;
         let uniform = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: SLOT, usage, mapped_at_creation: false });
         let a = pool.alloc(600_000).expect("first allocation");
-        let _ = groups.get(&device, &layout, false, &uniform, &[Bind { buf: &a.raw, offset: 0, size: 600_000 }]);
-        let _ = groups.get(&device, &layout, false, &uniform, &[Bind { buf: &a.raw, offset: 0, size: 600_000 }]);
+        let _ = groups.get(&device, &layout, &uniform, &[Bind { buf: &a.raw, offset: 0, size: 600_000 }]);
+        let _ = groups.get(&device, &layout, &uniform, &[Bind { buf: &a.raw, offset: 0, size: 600_000 }]);
         assert_eq!(groups.len(), 1, "the same ranges reuse one group");
         drop(a);
         // Another size class does not fit next to the pooled buffer: the pool frees it.
