@@ -3,9 +3,12 @@
 // op:   `ReduceOp::code()`: 0 sum, 1 max, 2 min, 3 argmax (first index of the maximum).
 // x:    input, O*L*I floats.
 // out:  O*I outputs: floats, or int32 indices for argmax (the same 4-byte slots).
-// Deterministic: no atomics; every output is produced by a fixed sequence of operations, so
-// repeated runs give identical bits. An empty axis (L = 0) gives 0, -inf, +inf, index 0 like the
-// CPU reference.
+// Both kernels are block reductions: the threads of a block split the reduced axis (strided, so
+// neighbouring threads read neighbouring addresses), then a fixed shared-memory tree merges
+// their partial results. Deterministic: no atomics; every output is produced by a fixed sequence
+// of operations, so repeated runs give identical bits. NaN as PyTorch: max and min are NaN when
+// any element is, argmax is the first NaN's index if any, else the first maximum's. An empty
+// axis (L = 0) gives 0, -inf, +inf, index 0 like the CPU reference.
 
 #define REDUCE_THREADS 256
 
@@ -21,14 +24,29 @@ __device__ __forceinline__ Acc reduce_init(u32 op) {
     return a;
 }
 
-// Folds element `v` at axis position `j` into `a`.
+// `v != v` is NaN's test: NVRTC compiles without fast-math here (see nvrtc.rs's options).
+__device__ __forceinline__ bool reduce_isnan(float v) {
+    return v != v;
+}
+
+// Whether argmax candidate (v, j) beats the best so far `a`: NaN beats any number, and between
+// equals (two NaNs, or two equal values) the lower index wins.
+__device__ __forceinline__ bool reduce_beats(float v, int j, Acc a) {
+    if (a.i < 0) return true;
+    if (reduce_isnan(a.v)) return reduce_isnan(v) && j < a.i;
+    if (reduce_isnan(v)) return true;
+    return v > a.v || (v == a.v && j < a.i);
+}
+
+// Folds element `v` at axis position `j` into `a`; a NaN, once taken, stays (a comparison
+// with it is false).
 __device__ __forceinline__ Acc reduce_step(u32 op, Acc a, float v, int j) {
     switch (op) {
         case 0: a.v += v; break;
-        case 1: a.v = fmaxf(a.v, v); break;
-        case 2: a.v = fminf(a.v, v); break;
+        case 1: if (reduce_isnan(v) || v > a.v) a.v = v; break;
+        case 2: if (reduce_isnan(v) || v < a.v) a.v = v; break;
         default:
-            if (a.i < 0 || v > a.v) {
+            if (reduce_beats(v, j, a)) {
                 a.v = v;
                 a.i = j;
             }
@@ -36,19 +54,13 @@ __device__ __forceinline__ Acc reduce_step(u32 op, Acc a, float v, int j) {
     return a;
 }
 
-// Merges two partial results; for argmax the lower index wins a tie, so the result is the first
-// maximum whatever the partition.
+// Merges two partial results; for argmax `reduce_beats` makes the result the first NaN or the
+// first maximum whatever the partition.
 __device__ __forceinline__ Acc reduce_merge(u32 op, Acc a, Acc b) {
-    switch (op) {
-        case 0: a.v += b.v; break;
-        case 1: a.v = fmaxf(a.v, b.v); break;
-        case 2: a.v = fminf(a.v, b.v); break;
-        default:
-            if (b.i >= 0 && (a.i < 0 || b.v > a.v || (b.v == a.v && b.i < a.i))) {
-                a = b;
-            }
+    if (op == 3) {
+        return b.i >= 0 && reduce_beats(b.v, b.i, a) ? b : a;
     }
-    return a;
+    return reduce_step(op, a, b.v, b.i);
 }
 
 __device__ __forceinline__ void reduce_write(u32 op, float* out, u64 k, Acc a) {
@@ -91,16 +103,44 @@ extern "C" __global__ void reduce_rows_f32(u32 op, const float* x, float* out, u
     }
 }
 
-// I > 1: one thread per output walks its column in order, so neighbouring threads read
-// neighbouring addresses and the sum order equals the CPU reference's.
+// I > 1: a block of COLS_X × COLS_Y threads per COLS_X consecutive outputs of one outer row
+// (grid-stride over those tiles): the COLS_X threads of a row read neighbouring addresses, the
+// COLS_Y rows of threads take every COLS_Y-th element of the axis, and a shared-memory tree
+// merges the rows.
+#define COLS_X 32
+#define COLS_Y 8
+
 extern "C" __global__ void reduce_cols_f32(u32 op, const float* x, float* out, u64 outer, u64 len, u64 inner) {
-    FOR_EACH(k, outer * inner) {
-        const u64 o = k / inner;
-        const u64 i = k % inner;
+    __shared__ float vals[COLS_Y][COLS_X];
+    __shared__ int idxs[COLS_Y][COLS_X];
+    const u32 tx = threadIdx.x, ty = threadIdx.y;
+    const u64 tiles = (inner + COLS_X - 1) / COLS_X;
+    for (u64 t = blockIdx.x; t < outer * tiles; t += gridDim.x) {
+        const u64 o = t / tiles;
+        const u64 i = (t % tiles) * COLS_X + tx;
         Acc a = reduce_init(op);
-        for (u64 j = 0; j < len; ++j) {
-            a = reduce_step(op, a, x[(o * len + j) * inner + i], (int)j);
+        if (i < inner) {
+            for (u64 j = ty; j < len; j += COLS_Y) {
+                a = reduce_step(op, a, x[(o * len + j) * inner + i], (int)j);
+            }
         }
-        reduce_write(op, out, k, a);
+        vals[ty][tx] = a.v;
+        idxs[ty][tx] = a.i;
+        __syncthreads();
+        for (u32 half = COLS_Y / 2; half > 0; half /= 2) {
+            if (ty < half) {
+                Acc mine = {vals[ty][tx], idxs[ty][tx]};
+                Acc other = {vals[ty + half][tx], idxs[ty + half][tx]};
+                mine = reduce_merge(op, mine, other);
+                vals[ty][tx] = mine.v;
+                idxs[ty][tx] = mine.i;
+            }
+            __syncthreads();
+        }
+        if (ty == 0 && i < inner) {
+            Acc total = {vals[0][tx], idxs[0][tx]};
+            reduce_write(op, out, o * inner + i, total);
+        }
+        __syncthreads();
     }
 }

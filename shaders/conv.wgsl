@@ -2,12 +2,15 @@
 //
 // im2col: cols[n, r, q] = x[n, ci, y, x] with
 // r = (ci*KH + i)*KW + j, q = oy*OW + ox, y = oy*SH + i - PH, x = ox*SW + j - PW (0 in padding).
+// im2col takes one invocation per group of KW column row segments and slice of at most OC
+// output columns (`workgroup_id.z` is the slice), so that no loop runs past the 65,535
+// iterations after which Mesa's software drivers end it, however wide the image.
 // col2im: one invocation per input pixel, summing the column entries that read it in the order
 // of r, so the result is deterministic and needs no atomics.
 // Bindings: 0 `p` parameters; 1 `x` image [N, C, H, W] (`x4` the same as vec4); 2 `cols`
 // [N, C*KH*KW, OH*OW] (`cols4` the same as vec4).
 // Shape letters: N images in this chunk, C channels, H×W input, KH×KW window, SH/SW stride,
-// PH/PW padding, OH×OW output positions.
+// PH/PW padding, OH×OW output positions, OC output columns per im2col slice (a multiple of 4).
 
 struct Params {
     n: u32,
@@ -24,6 +27,7 @@ struct Params {
     ow: u32,
     x_off: u32,
     cols_off: u32,
+    oc: u32, // OC
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -74,6 +78,12 @@ fn col_row(e: u32) -> ColRow {
     return s;
 }
 
+// The output columns [start, end) of im2col slice `z`.
+fn col_slice(z: u32) -> vec2<u32> {
+    let start = z * p.oc;
+    return vec2<u32>(start, min(start + p.oc, p.ow));
+}
+
 // x at column `xx` of the row starting at `src`, 0 outside [0, W).
 fn pixel(src: u32, xx: i32) -> f32 {
     var v = 0.0;
@@ -81,15 +91,16 @@ fn pixel(src: u32, xx: i32) -> f32 {
     return v;
 }
 
-// One invocation per group of KW column row segments, looping over j and ox.
+// One invocation per group of KW column row segments and slice, looping over j and ox.
 @compute @workgroup_size(64)
 fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = gid.y * nwg.x * 64u + gid.x;
     if e >= p.n * p.c * p.kh * p.oh { return; }
     let s = col_row(e);
+    let cs = col_slice(gid.z);
     for (var j = 0u; j < p.kw; j++) {
         let dst = s.dst + j * p.oh * p.ow;
-        for (var ox = 0u; ox < p.ow; ox++) {
+        for (var ox = cs.x; ox < cs.y; ox++) {
             var v = 0.0;
             if s.inside { v = pixel(s.src, s.x0 + i32(j + ox * p.sw)); }
             cols[dst + ox] = v;
@@ -105,10 +116,11 @@ fn im2col4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     if e >= p.n * p.c * p.kh * p.oh { return; }
     let s = col_row(e);
     let sw = i32(p.sw);
+    let cs = col_slice(gid.z) / 4u;
     for (var j = 0u; j < p.kw; j++) {
         let dst = (s.dst + j * p.oh * p.ow) / 4u;
         let x0 = s.x0 + i32(j);
-        for (var q = 0u; q < p.ow / 4u; q++) {
+        for (var q = cs.x; q < cs.y; q++) {
             var v = vec4<f32>(0.0);
             if s.inside {
                 let xx = x0 + i32(q * 4u) * sw;
@@ -144,6 +156,7 @@ fn im2col_s1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     if e >= p.n * p.c * p.kh * p.oh { return; }
     let s = col_row(e);
     let src4 = s.src / 4u;
+    let cs = col_slice(gid.z) / 4u;
     for (var j = 0u; j < p.kw; j++) {
         let dst = (s.dst + j * p.oh * p.ow) / 4u;
         // Output 0 of this segment reads column x0: quad x0 >> 2 (floor), shifted by x0 & 3.
@@ -151,11 +164,11 @@ fn im2col_s1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
         let v0 = x0 >> 2u;
         let shift = u32(x0 & 3);
         if !s.inside {
-            for (var q = 0u; q < p.ow / 4u; q++) { cols4[dst + q] = vec4<f32>(0.0); }
+            for (var q = cs.x; q < cs.y; q++) { cols4[dst + q] = vec4<f32>(0.0); }
             continue;
         }
-        var a = quad(src4, v0);
-        for (var q = 0u; q < p.ow / 4u; q++) {
+        var a = quad(src4, v0 + i32(cs.x));
+        for (var q = cs.x; q < cs.y; q++) {
             let b = quad(src4, v0 + i32(q) + 1);
             cols4[dst + q] = window4(a, b, shift);
             a = b;

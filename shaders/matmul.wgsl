@@ -27,7 +27,9 @@ struct Params {
     b_rs: u32,
     b_cs: u32,
     bias_at: u32, // generated `regs_k1_ua*` only: where the bias starts in `au`, and the
-    epi: u32,     // epilogue: 0 none, 1 add it to each row of C, 2 add it then ReLU
+    epi: u32,     // epilogue: 0 none, 1 add it to each row of C, 2 add it then ReLU; 3
+                  // (`generic` only) add the product to what C holds: a later slice of a K
+                  // that the host cut into slices
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -162,10 +164,17 @@ fn store4x4(row0: u32, col0: u32, z: u32, acc0: vec4<f32>, acc1: vec4<f32>, acc2
 fn store_row(cb: u32, row: u32, col0: u32, v: vec4<f32>) {
     if row >= p.m { return; }
     let at = cb + row * p.n + col0;
-    if col0 < p.n { c1[at] = v.x; }
-    if col0 + 1u < p.n { c1[at + 1u] = v.y; }
-    if col0 + 2u < p.n { c1[at + 2u] = v.z; }
-    if col0 + 3u < p.n { c1[at + 3u] = v.w; }
+    if col0 < p.n { c1[at] = v.x + prior(at); }
+    if col0 + 1u < p.n { c1[at + 1u] = v.y + prior(at + 1u); }
+    if col0 + 2u < p.n { c1[at + 2u] = v.z + prior(at + 2u); }
+    if col0 + 3u < p.n { c1[at + 3u] = v.w + prior(at + 3u); }
+}
+
+// What C holds at `at` when this dispatch adds a later slice of K (`p.epi` = 3), else 0.
+fn prior(at: u32) -> f32 {
+    var c = 0.0;
+    if p.epi == 3u { c = c1[at]; }
+    return c;
 }
 
 // Any shapes, transposes, offsets and strides: 4×4 outputs per invocation, scalar loads.

@@ -1,51 +1,89 @@
-// reduce.wgsl: reductions over the middle axis of a contiguous [O, L, I] view into [O, I].
+// reduce.wgsl: one pass of a reduction over the middle axis of a contiguous [O, L, I] view,
+// from L values per output down to P partial results: [O, L, I] -> [O, P, I].
 //
-// One invocation per output element; each walks its L inputs in order, so results are
-// deterministic and match the CPU reference's order. The override constant `OP`
-// follows `ReduceOp::code()`:
-// 0 sum, 1 max, 2 min, 3 argmax (first maximum, written as an i32 index).
-// Bindings: 0 `p` parameters; 1 `x` input (f32); 2 `out` output words (f32 bits, or i32 for
-// argmax).
-// Shape letters: O outer rows in this chunk, L reduced length, I inner length.
+// Invocation (o, q, i) folds the elements j = q, q + P, q + 2P, ... < L of its column, so that
+// neighbouring invocations read neighbouring addresses and no loop runs more than ceil(L / P)
+// times (the host keeps that well below the 65,535 iterations after which Mesa's software
+// drivers end a loop). The host repeats passes over the partials until P = 1; every output is
+// a fixed sequence of operations, so results are deterministic.
+// The override constant `OP` follows `ReduceOp::code()`: 0 sum, 1 max, 2 min, 3 argmax.
+// NaN as PyTorch: max and min are NaN when any element is; argmax is the first NaN's index if
+// any, else the first maximum's.
+// Bindings: 0 `p` parameters; 1 `x` input values (f32); 2 `xi` input indices (u32, argmax
+// partials; read only when `p.flags` bit 0 is set, else an element's index is its j); 3 `out`
+// output words: with P = 1 the results (f32 bits, or i32 indices for argmax), else the partial
+// values at `out_off` and (argmax) their indices at `outi_off`.
+// Shape letters: O outer rows in this chunk, L reduced length of this pass's input, I inner
+// length, P parts (the reduced length of this pass's output).
 
 struct Params {
     outer: u32, // O
     len: u32,   // L
     inner: u32, // I
+    parts: u32, // P
     x_off: u32,
+    xi_off: u32,
     out_off: u32,
+    outi_off: u32,
+    flags: u32, // bit 0: indices come from `xi`
 }
 
 override OP: u32 = 0u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@group(0) @binding(2) var<storage, read_write> xi: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<u32>;
+
+// By the bits: compilers may fold `v != v` away under their no-NaN assumptions.
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// Whether argmax candidate (v, iv) beats the best so far (a, ia): NaN beats any number, and
+// between equals (two NaNs, or two equal values) the lower index wins, so the result is the
+// first NaN or the first maximum however the axis was split into parts.
+fn beats(v: f32, iv: u32, a: f32, ia: u32) -> bool {
+    if is_nan(a) { return is_nan(v) && iv < ia; }
+    if is_nan(v) { return true; }
+    return v > a || (v == a && iv < ia);
+}
 
 @compute @workgroup_size(64)
 fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let o = gid.y * nwg.x * 64u + gid.x;
-    if o >= p.outer * p.inner { return; }
-    let row = o / p.inner;
-    let col = o % p.inner;
-    let base = p.x_off + row * p.len * p.inner + col;
+    let k = gid.y * nwg.x * 64u + gid.x;
+    let per_row = p.parts * p.inner;
+    if k >= p.outer * per_row { return; }
+    let row = k / per_row;
+    let q = (k % per_row) / p.inner;
+    let col = k % p.inner;
+    let step = p.parts * p.inner;
+    var at = row * p.len * p.inner + q * p.inner + col;
     var acc = 0.0;
     if OP == 1u || OP == 3u { acc = bitcast<f32>(0xff800000u); }
     if OP == 2u { acc = bitcast<f32>(0x7f800000u); }
-    var best = 0u;
-    for (var j = 0u; j < p.len; j++) {
-        let v = x[base + j * p.inner];
+    var best = 0xffffffffu;
+    for (var j = q; j < p.len; j += p.parts) {
+        let v = x[p.x_off + at];
         switch OP {
             case 0u: { acc += v; }
-            case 1u: { acc = max(acc, v); }
-            case 2u: { acc = min(acc, v); }
+            case 1u: { if is_nan(v) || v > acc { acc = v; } }
+            case 2u: { if is_nan(v) || v < acc { acc = v; } }
             default: {
-                if v > acc || j == 0u {
+                let iv = select(j, xi[p.xi_off + at], (p.flags & 1u) != 0u);
+                if beats(v, iv, acc, best) {
                     acc = v;
-                    best = j;
+                    best = iv;
                 }
             }
         }
+        at += step;
     }
-    out[p.out_off + o] = select(bitcast<u32>(acc), best, OP == 3u);
+    if p.parts == 1u {
+        // An empty axis gives index 0, as the CPU reference does.
+        out[p.out_off + k] = select(bitcast<u32>(acc), select(best, 0u, best == 0xffffffffu), OP == 3u);
+    } else {
+        out[p.out_off + k] = bitcast<u32>(acc);
+        if OP == 3u { out[p.outi_off + k] = best; }
+    }
 }

@@ -128,33 +128,45 @@ pub fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
 
 /// Values (Sum/Max/Min) or first-maximum indices (ArgMax) over the middle axis. Walks rows
 /// of `inner` contiguous values so memory is read in order.
+/// The reference reductions: sums accumulated in f64 (the oracle must be more accurate than the
+/// f32 kernels it checks: a 3M-element f32 sum drifts by ~1e-3 relative), and NaN as PyTorch:
+/// max and min are NaN when any element is, argmax is the index of the first NaN if any, else
+/// of the first maximum.
 pub fn reduce(op: ReduceOp, x: &[f32], s: ReduceSpec) -> (Vec<f32>, Vec<i32>) {
     let init = match op {
         ReduceOp::Sum => 0.0,
-        ReduceOp::Max | ReduceOp::ArgMax => f32::NEG_INFINITY,
-        ReduceOp::Min => f32::INFINITY,
+        ReduceOp::Max | ReduceOp::ArgMax => f64::NEG_INFINITY,
+        ReduceOp::Min => f64::INFINITY,
     };
-    let mut vals = vec![init; s.outer * s.inner];
+    let mut vals = vec![0.0f32; s.outer * s.inner];
     let mut idx = vec![0i32; s.outer * s.inner];
+    let mut acc = vec![init; s.inner];
+    let mut best = vec![-1i64; s.inner];
     for o in 0..s.outer {
-        let acc = &mut vals[o * s.inner..(o + 1) * s.inner];
-        let best = &mut idx[o * s.inner..(o + 1) * s.inner];
+        acc.fill(init);
+        best.fill(-1);
         for j in 0..s.len {
             let row = &x[(o * s.len + j) * s.inner..][..s.inner];
-            match op {
-                ReduceOp::Sum => acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v),
-                ReduceOp::Max => acc.iter_mut().zip(row).for_each(|(a, &v)| *a = a.max(v)),
-                ReduceOp::Min => acc.iter_mut().zip(row).for_each(|(a, &v)| *a = a.min(v)),
-                ReduceOp::ArgMax => {
-                    for i in 0..s.inner {
-                        if j == 0 || row[i] > acc[i] {
-                            acc[i] = row[i];
-                            best[i] = j as i32;
-                        }
+            for ((a, b), &v) in acc.iter_mut().zip(best.iter_mut()).zip(row) {
+                let v = f64::from(v);
+                let take = match op {
+                    ReduceOp::Sum => {
+                        *a += v;
+                        false
                     }
+                    ReduceOp::Max => v.is_nan() || v > *a,
+                    ReduceOp::Min => v.is_nan() || v < *a,
+                    // The first element, a first NaN, or a larger number while no NaN was seen.
+                    ReduceOp::ArgMax => *b < 0 || (!a.is_nan() && (v.is_nan() || v > *a)),
+                };
+                if take {
+                    *a = v;
+                    *b = j as i64;
                 }
             }
         }
+        vals[o * s.inner..(o + 1) * s.inner].iter_mut().zip(&acc).for_each(|(d, &a)| *d = a as f32);
+        idx[o * s.inner..(o + 1) * s.inner].iter_mut().zip(&best).for_each(|(d, &b)| *d = b.max(0) as i32);
     }
     (vals, idx)
 }

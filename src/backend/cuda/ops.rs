@@ -106,7 +106,13 @@ impl Backend for CudaBackend {
             };
             launch!(self, "reduce_rows_f32", cfg, code, x, out, outer, len)
         } else {
-            launch!(self, "reduce_cols_f32", grid(outer * inner), code, x, out, outer, len, inner)
+            // Blocks of 32 × 8 threads, one per 32 outputs of an outer row (reduce.cu's COLS_X, COLS_Y).
+            let cfg = LaunchConfig {
+                grid_dim: ((outer * inner.div_ceil(32)).min(65535) as u32, 1, 1),
+                block_dim: (32, 8, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(self, "reduce_cols_f32", cfg, code, x, out, outer, len, inner)
         }
     }
 

@@ -238,7 +238,7 @@ impl Backend for WgpuBackend {
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
         let xr = self.raw("reduce", x, spec.outer * spec.len * spec.inner)?;
         let or = self.raw("reduce", out, spec.outer * spec.inner)?;
-        ops::reduce(&self.ctx, op, xr, spec, or)
+        ops::reduce(&self.ctx, &self.pool, op, xr, spec, or)
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
         self.matmul_with(a, b, None, out, spec).map(drop)

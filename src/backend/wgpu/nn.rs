@@ -10,6 +10,11 @@ fn window(w: Words, s: &WindowSpec) -> Words {
     w.u(s.kh).u(s.kw).u(s.stride.0).u(s.stride.1).u(s.pad.0).u(s.pad.1).u(s.oh).u(s.ow)
 }
 
+/// Output columns one im2col invocation writes per window column at most (a multiple of 4):
+/// wider outputs are cut into slices along `workgroup_id.z`, since Mesa's software drivers end
+/// a loop after 65,535 iterations.
+const IM2COL_SLICE: usize = 8192;
+
 /// `forward`: im2col from `x` into `cols`; otherwise col2im from `cols` into `x`.
 pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: WindowSpec, forward: bool) -> Result<()> {
     let op = if forward { "im2col" } else { "col2im" };
@@ -24,8 +29,13 @@ pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: Window
         let cnt = n1 - n0;
         let (xb, xo) = ctx.span(op, x, n0 * img, cnt * img)?;
         let (cb, co) = ctx.span(op, cols, n0 * col, cnt * col)?;
-        let w = window(Words::default().u(cnt).u(s.c).u(s.h).u(s.w), &s).u(xo).u(co);
-        let grid = if forward { ctx.grid(cnt * s.c * s.kh * s.oh, 64) } else { ctx.grid(cnt * img, 256) };
+        let w = window(Words::default().u(cnt).u(s.c).u(s.h).u(s.w), &s).u(xo).u(co).u(IM2COL_SLICE);
+        let grid = if forward {
+            let [x, y, _] = ctx.grid(cnt * s.c * s.kh * s.oh, 64);
+            [x, y, s.ow.div_ceil(IM2COL_SLICE) as u32]
+        } else {
+            ctx.grid(cnt * img, 256)
+        };
         let vec_out = forward && s.ow.is_multiple_of(4) && co.is_multiple_of(4);
         // Whole input rows as vec4 quads: stride 1 along W, W and the row starts multiples of 4.
         let quads = vec_out && s.stride.1 == 1 && s.w.is_multiple_of(4) && xo.is_multiple_of(4);

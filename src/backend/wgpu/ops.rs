@@ -1,9 +1,11 @@
 //! Elementwise ops, fill, reductions and matmul: parameter packing and splitting into dispatches
 //! that respect the device's binding and workgroup-count limits.
 use super::context::{Bind, Ctx};
+use super::pool::{Pool, WgpuBuffer};
 use super::MatmulKernel;
 use crate::backend::{BinaryOp, MatmulSpec, ReduceOp, ReduceSpec, UnaryOp};
 use crate::{Error, Layout, Result};
+use std::sync::Arc;
 
 /// Elements of the buffer a layout reaches: one past its furthest element (0 when empty).
 pub(crate) fn extent(l: &Layout) -> usize {
@@ -160,15 +162,64 @@ pub(crate) fn binary(
     Ok(())
 }
 
-pub(crate) fn reduce(ctx: &Ctx, op: ReduceOp, x: &wgpu::Buffer, r: ReduceSpec, out: &wgpu::Buffer) -> Result<()> {
+/// The most elements one reduce invocation folds in one pass: an axis up to this long takes a
+/// single pass; a longer one is split into parts of `REDUCE_PART` (and the partials reduced
+/// again), which keeps every loop far below the 65,535 iterations Mesa's software drivers allow
+/// and gives a long axis L / 256 invocations of parallelism instead of one.
+const REDUCE_WALK: usize = 1024;
+const REDUCE_PART: usize = 256;
+
+/// Output parts of one reduce pass over an axis of `len` elements.
+fn reduce_parts(len: usize) -> usize {
+    if len <= REDUCE_WALK { 1 } else { len.div_ceil(REDUCE_PART) }
+}
+
+pub(crate) fn reduce(ctx: &Ctx, pool: &Arc<Pool>, op: ReduceOp, x: &wgpu::Buffer, r: ReduceSpec, out: &wgpu::Buffer) -> Result<()> {
     if r.outer * r.inner == 0 {
         return Ok(());
     }
+    // Argmax partials carry an index beside each value.
+    let words_per = if op == ReduceOp::ArgMax { 2 } else { 1 };
     for (s, e) in ctx.chunks("reduce", r.outer, &[r.len * r.inner, r.inner])? {
-        let (xb, xo) = ctx.span("reduce", x, s * r.len * r.inner, (e - s) * r.len * r.inner)?;
-        let (ob, oo) = ctx.span("reduce", out, s * r.inner, (e - s) * r.inner)?;
-        let w = Words::default().u(e - s).u(r.len).u(r.inner).u(xo).u(oo);
-        ctx.dispatch_op("reduce", "reduce", Some(op.code()), &w.0, &[xb, ob], ctx.grid((e - s) * r.inner, 64))?;
+        let cnt = e - s;
+        // The partials of the previous pass (values, then indices), or None in the first pass.
+        let mut prev: Option<WgpuBuffer> = None;
+        let mut len = r.len;
+        loop {
+            let parts = reduce_parts(len);
+            let (src, first) = match &prev {
+                Some(t) => (&t.raw, 0),
+                None => (x, s * r.len * r.inner),
+            };
+            let n_in = cnt * len * r.inner;
+            let (xb, xo) = ctx.span("reduce", src, first, n_in * if prev.is_some() { words_per } else { 1 })?;
+            // The indices of argmax partials follow their values in the same range.
+            let ib = Bind { buf: xb.buf, offset: xb.offset, size: xb.size };
+            let n_out = cnt * parts * r.inner;
+            let next = if parts == 1 { None } else { Some(pool.alloc((n_out * words_per) as u64 * 4)?) };
+            let (ob, oo) = match &next {
+                Some(t) => ctx.span("reduce", &t.raw, 0, n_out * words_per)?,
+                None => ctx.span("reduce", out, s * r.inner, n_out)?,
+            };
+            let w = Words::default()
+                .u(cnt)
+                .u(len)
+                .u(r.inner)
+                .u(parts)
+                .u(xo)
+                .u(xo + n_in as u32)
+                .u(oo)
+                .u(oo + n_out as u32)
+                .u(u32::from(prev.is_some()));
+            ctx.dispatch_op("reduce", "reduce", Some(op.code()), &w.0, &[xb, ib, ob], ctx.grid(n_out, 64))?;
+            match next {
+                Some(t) => {
+                    prev = Some(t);
+                    len = parts;
+                }
+                None => break,
+            }
+        }
     }
     Ok(())
 }
@@ -213,6 +264,14 @@ pub(crate) fn matmul(
     let (m, n, k) = (s.m, s.n, s.k);
     if s.batch == 0 || m == 0 || n == 0 {
         return Ok(bias.is_none());
+    }
+    if k > K_SLICE {
+        // The epilogue would add the bias once per slice: the caller composes instead.
+        if bias.is_some() {
+            return Ok(false);
+        }
+        matmul_split_k(ctx, a, b, c, s)?;
+        return Ok(true);
     }
     let (a_rs, a_cs) = if s.trans_a { (1, m) } else { (k, 1) };
     let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
@@ -282,25 +341,60 @@ pub(crate) fn matmul(
         }
         let (bb, bo) = ctx.span("matmul", b, s.b_offset + b0 * b_bs, (cnt - 1) * b_bs + k * n)?;
         let (cb, co) = ctx.span("matmul", c, b0 * m * n, cnt * m * n)?;
-        let w = Words::default()
-            .u(m)
-            .u(n)
-            .u(k)
-            .u(ao)
-            .u(bo)
-            .u(co)
-            .u(a_bs)
-            .u(b_bs)
-            .u(a_rs)
-            .u(a_cs)
-            .u(b_rs)
-            .u(b_cs)
-            .u(bias_at)
-            // The epilogue: 0 none, 1 bias, 2 bias then ReLU.
-            .u(bias.map_or(0, |(_, relu)| 1 + u32::from(relu)));
+        // The epilogue: 0 none, 1 bias, 2 bias then ReLU.
+        let epi = bias.map_or(0, |(_, relu)| 1 + u32::from(relu));
+        let w = matmul_words([m, n, k], [ao, bo, co], [a_bs, b_bs], [a_rs, a_cs, b_rs, b_cs], bias_at, epi);
         let shader = if entry.contains("_sg") { "matmul_sg" } else { "matmul" };
         ctx.dispatch(shader, entry, &w.0, &[ab, bb, cb], [gx as u32, gy as u32, cnt as u32])?;
         b0 += cnt;
     }
     Ok(true)
+}
+
+/// The words of matmul.wgsl's `Params`: sizes M, N, K; offsets of A, B, C in their bound
+/// ranges; batch strides of A and B; strides of op(A) and op(B); where the bias starts in the
+/// uniform stage; the epilogue code.
+fn matmul_words(mnk: [usize; 3], offs: [u32; 3], bs: [usize; 2], strides: [usize; 4], bias_at: usize, epi: u32) -> Words {
+    let mut w = Words::default();
+    for v in mnk.into_iter().chain([offs[0] as usize, offs[1] as usize, offs[2] as usize]).chain(bs).chain(strides) {
+        w = w.u(v);
+    }
+    w.u(bias_at).u(epi)
+}
+
+/// K values one matmul dispatch sums at most. Every kernel loops over K, and Mesa's software
+/// drivers end a loop after 65,535 iterations; a longer K is cut into slices of this size.
+const K_SLICE: usize = 16384;
+
+/// `matmul` for K past `K_SLICE`: the `generic` kernel (which walks both operands through their
+/// strides, so a slice is only an offset) once per slice of K, in order; the first slice writes
+/// C and each later one adds to it (epilogue 3), so the sum order is fixed.
+fn matmul_split_k(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, c: &wgpu::Buffer, s: MatmulSpec) -> Result<()> {
+    let (m, n, k) = (s.m, s.n, s.k);
+    let (a_rs, a_cs) = if s.trans_a { (1, m) } else { (k, 1) };
+    let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
+    let (a_bs, b_bs) = if s.batch == 1 { (0, 0) } else { (s.a_batch_stride, s.b_batch_stride) };
+    let (gx, gy) = (n.div_ceil(32), m.div_ceil(32));
+    if gx.max(gy) > ctx.limits.max_groups as usize {
+        return Err(Error::invalid("matmul", format!("{m}x{n} output needs more workgroups than {} allows", ctx.name)));
+    }
+    for (slice, k0) in (0..k).step_by(K_SLICE).enumerate() {
+        let kc = K_SLICE.min(k - k0);
+        // Elements from each operand's first one of this slice to its last.
+        let a_size = (m - 1) * a_rs + (kc - 1) * a_cs + 1;
+        let b_size = (kc - 1) * b_rs + (n - 1) * b_cs + 1;
+        let per = batches_per_dispatch(ctx, &[(a_bs, a_size), (b_bs, b_size), (m * n, m * n)])?;
+        let mut b0 = 0;
+        while b0 < s.batch {
+            let cnt = per.min(s.batch - b0);
+            let (ab, ao) = ctx.span("matmul", a, s.a_offset + b0 * a_bs + k0 * a_cs, (cnt - 1) * a_bs + a_size)?;
+            let (bb, bo) = ctx.span("matmul", b, s.b_offset + b0 * b_bs + k0 * b_rs, (cnt - 1) * b_bs + b_size)?;
+            let (cb, co) = ctx.span("matmul", c, b0 * m * n, cnt * m * n)?;
+            let epi = if slice == 0 { 0 } else { 3 };
+            let w = matmul_words([m, n, kc], [ao, bo, co], [a_bs, b_bs], [a_rs, a_cs, b_rs, b_cs], 0, epi);
+            ctx.dispatch("matmul", "generic", &w.0, &[ab, bb, cb], [gx as u32, gy as u32, cnt as u32])?;
+            b0 += cnt;
+        }
+    }
+    Ok(())
 }
