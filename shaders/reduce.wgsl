@@ -9,7 +9,7 @@
 // The override constant `OP` follows `ReduceOp::code()`: 0 sum, 1 max, 2 min, 3 argmax.
 // NaN as PyTorch: max and min are NaN when any element is; argmax is the first NaN's index if
 // any, else the first maximum's.
-// Bindings: 0 `p` parameters; 1 `x` input values (f32); 2 `xi` input indices (u32, argmax
+// Bindings: 0 `p` parameters; 1 `x` input values (f32; `x4` the same as vec4); 2 `xi` input indices (u32, argmax
 // partials; read only when `p.flags` bit 0 is set, else an element's index is its j); 3 `out`
 // output words: with P = 1 the results (f32 bits, or i32 indices for argmax), else the partial
 // values at `out_off` and (argmax) their indices at `outi_off`.
@@ -34,6 +34,7 @@ override OP: u32 = 0u;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> xi: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
+@group(0) @binding(1) var<storage, read_write> x4: array<vec4<f32>>;
 
 // By the bits: compilers may fold `v != v` away under their no-NaN assumptions.
 fn is_nan(v: f32) -> bool {
@@ -49,6 +50,42 @@ fn beats(v: f32, iv: u32, a: f32, ia: u32) -> bool {
     return v > a || (v == a && iv < ia);
 }
 
+// A running result: the value, and for argmax its index (none yet: 0xffffffff).
+struct Acc {
+    v: f32,
+    i: u32,
+}
+
+fn acc_init() -> Acc {
+    var a = Acc(0.0, 0xffffffffu);
+    if OP == 1u || OP == 3u { a.v = bitcast<f32>(0xff800000u); }
+    if OP == 2u { a.v = bitcast<f32>(0x7f800000u); }
+    return a;
+}
+
+// Folds element `v` with index `iv` into `a`.
+fn fold(a: Acc, v: f32, iv: u32) -> Acc {
+    var r = a;
+    switch OP {
+        case 0u: { r.v += v; }
+        case 1u: { if is_nan(v) || v > a.v { r.v = v; } }
+        case 2u: { if is_nan(v) || v < a.v { r.v = v; } }
+        default: { if beats(v, iv, a.v, a.i) { r = Acc(v, iv); } }
+    }
+    return r;
+}
+
+// Writes invocation `k`'s result: final with P = 1, else a partial (and its index).
+fn finish(k: u32, a: Acc) {
+    if p.parts == 1u {
+        // An empty axis gives index 0, as the CPU reference does.
+        out[p.out_off + k] = select(bitcast<u32>(a.v), select(a.i, 0u, a.i == 0xffffffffu), OP == 3u);
+    } else {
+        out[p.out_off + k] = bitcast<u32>(a.v);
+        if OP == 3u { out[p.outi_off + k] = a.i; }
+    }
+}
+
 @compute @workgroup_size(64)
 fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let k = gid.y * nwg.x * 64u + gid.x;
@@ -59,31 +96,31 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let col = k % p.inner;
     let step = p.parts * p.inner;
     var at = row * p.len * p.inner + q * p.inner + col;
-    var acc = 0.0;
-    if OP == 1u || OP == 3u { acc = bitcast<f32>(0xff800000u); }
-    if OP == 2u { acc = bitcast<f32>(0x7f800000u); }
-    var best = 0xffffffffu;
+    var a = acc_init();
+    let indexed = (p.flags & 1u) != 0u;
     for (var j = q; j < p.len; j += p.parts) {
-        let v = x[p.x_off + at];
-        switch OP {
-            case 0u: { acc += v; }
-            case 1u: { if is_nan(v) || v > acc { acc = v; } }
-            case 2u: { if is_nan(v) || v < acc { acc = v; } }
-            default: {
-                let iv = select(j, xi[p.xi_off + at], (p.flags & 1u) != 0u);
-                if beats(v, iv, acc, best) {
-                    acc = v;
-                    best = iv;
-                }
-            }
-        }
+        // Only argmax reads an index (the compiler drops the load for the other ops).
+        var iv = j;
+        if OP == 3u && indexed { iv = xi[p.xi_off + at]; }
+        a = fold(a, x[p.x_off + at], iv);
         at += step;
     }
-    if p.parts == 1u {
-        // An empty axis gives index 0, as the CPU reference does.
-        out[p.out_off + k] = select(bitcast<u32>(acc), select(best, 0u, best == 0xffffffffu), OP == 3u);
-    } else {
-        out[p.out_off + k] = bitcast<u32>(acc);
-        if OP == 3u { out[p.outi_off + k] = best; }
+    finish(k, a);
+}
+
+// The first pass over contiguous rows (I = 1) whose length and start are multiples of 4, four
+// elements per step through the vec4 view `x4`: `p.len` and `p.x_off` count vec4s. CPU
+// rasterizers load storage lane by lane, so a vec4 load costs about one f32 load.
+@compute @workgroup_size(64)
+fn reduce4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let k = gid.y * nwg.x * 64u + gid.x;
+    if k >= p.outer * p.parts { return; }
+    let row = k / p.parts;
+    let q = k % p.parts;
+    var a = acc_init();
+    for (var j = q; j < p.len; j += p.parts) {
+        let v = x4[p.x_off + row * p.len + j];
+        a = fold(fold(fold(fold(a, v.x, 4u * j), v.y, 4u * j + 1u), v.z, 4u * j + 2u), v.w, 4u * j + 3u);
     }
+    finish(k, a);
 }

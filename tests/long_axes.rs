@@ -85,6 +85,9 @@ fn max_min_argmax_propagate_nan_as_pytorch() {
         (vec![nan, 5.0, nan], nan, nan, 0),
         (vec![-2.0, 7.0, nan], nan, nan, 2),
         (vec![f32::NEG_INFINITY, f32::NEG_INFINITY], f32::NEG_INFINITY, f32::NEG_INFINITY, 0),
+        // Lengths that are multiples of 4 (read four at a time on wgpu): ties and NaN in a quad.
+        (vec![4.0, 1.0, 4.0, 3.0], 4.0, 1.0, 0),
+        (vec![2.0, 9.0, 0.0, 1.0, 5.0, 9.0, nan, nan], nan, nan, 6),
     ];
     // Long rows: the first NaN after the partition points of the multi-pass kernels, a larger
     // index NaN in an earlier part, and a 9.0 before either.

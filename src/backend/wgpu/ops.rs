@@ -186,7 +186,6 @@ pub(crate) fn reduce(ctx: &Ctx, pool: &Arc<Pool>, op: ReduceOp, x: &wgpu::Buffer
         let mut prev: Option<WgpuBuffer> = None;
         let mut len = r.len;
         loop {
-            let parts = reduce_parts(len);
             let (src, first) = match &prev {
                 Some(t) => (&t.raw, 0),
                 None => (x, s * r.len * r.inner),
@@ -195,6 +194,10 @@ pub(crate) fn reduce(ctx: &Ctx, pool: &Arc<Pool>, op: ReduceOp, x: &wgpu::Buffer
             let (xb, xo) = ctx.span("reduce", src, first, n_in * if prev.is_some() { words_per } else { 1 })?;
             // The indices of argmax partials follow their values in the same range.
             let ib = Bind { buf: xb.buf, offset: xb.offset, size: xb.size };
+            // Whole contiguous rows of vec4s: the first pass reads four elements per load.
+            let quads = prev.is_none() && r.inner == 1 && len.is_multiple_of(4) && xo.is_multiple_of(4);
+            let (entry, steps, x_at) = if quads { ("reduce4", len / 4, xo / 4) } else { ("reduce", len, xo) };
+            let parts = reduce_parts(steps);
             let n_out = cnt * parts * r.inner;
             let next = if parts == 1 { None } else { Some(pool.alloc((n_out * words_per) as u64 * 4)?) };
             let (ob, oo) = match &next {
@@ -203,15 +206,15 @@ pub(crate) fn reduce(ctx: &Ctx, pool: &Arc<Pool>, op: ReduceOp, x: &wgpu::Buffer
             };
             let w = Words::default()
                 .u(cnt)
-                .u(len)
+                .u(steps)
                 .u(r.inner)
                 .u(parts)
-                .u(xo)
+                .u(x_at)
                 .u(xo + n_in as u32)
                 .u(oo)
                 .u(oo + n_out as u32)
                 .u(u32::from(prev.is_some()));
-            ctx.dispatch_op("reduce", "reduce", Some(op.code()), &w.0, &[xb, ib, ob], ctx.grid(n_out, 64))?;
+            ctx.dispatch_op("reduce", entry, Some(op.code()), &w.0, &[xb, ib, ob], ctx.grid(n_out, 64))?;
             match next {
                 Some(t) => {
                     prev = Some(t);
