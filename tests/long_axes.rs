@@ -76,6 +76,27 @@ fn every_reduction_past_65535_along_each_axis() {
     });
 }
 
+/// Long rows split over several dispatches by the binding limit (1 MiB: three rows of 70,000),
+/// each through the multi-pass reduction.
+#[cfg(feature = "wgpu")]
+#[test]
+fn long_reductions_split_under_a_small_binding_limit() {
+    use tandem::backend::wgpu::{open_with, Options};
+    let _guard = shared();
+    let cpu = Device::cpu();
+    let n = Device::list().iter().filter(|i| i.backend == tandem::BackendKind::Wgpu).count();
+    for ordinal in 0..n {
+        let dev = Device::from_backend(open_with(ordinal, Options { max_binding_bytes: Some(1 << 20), ..Default::default() }).expect("open_with"));
+        for (i, s) in [ReduceSpec { outer: 8, len: LONG, inner: 1 }, ReduceSpec { outer: 3, len: LONG, inner: 2 }].into_iter().enumerate() {
+            let x = uniform(&mut rng(120 + i as u64), s.outer * s.len * s.inner, -1.0, 1.0);
+            for op in ReduceOp::ALL {
+                let (got, want) = (reduce_on(&dev, op, &x, s).expect("device"), reduce_on(&cpu, op, &x, s).expect("cpu"));
+                assert_close(&format!("{op:?} over {s:?} on {dev}"), &got, &want, 1e-3, 1e-5);
+            }
+        }
+    }
+}
+
 #[test]
 fn max_min_argmax_propagate_nan_as_pytorch() {
     let nan = f32::NAN;
