@@ -39,7 +39,7 @@ fn cases() -> Vec<Case> {
     let (t1, t2) = (transposed.clone(), transposed.clone());
     let red = ReduceSpec { outer: 2, len: 3, inner: 4 };
     let (sgd, adam) = (optim_sgd(), optim_adam(1));
-    let (c, p) = (conv(), pool());
+    let c = conv();
     let cols = c.n * c.col_rows() * c.col_len();
     vec![
         case("copy", &[(5, F, true), (5, F, true)], |b, x| b.copy(&x[0], 1, &x[1], 1, 4)),
