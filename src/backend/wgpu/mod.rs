@@ -7,7 +7,7 @@ mod pool;
 pub mod shaders;
 
 use crate::backend::{
-    contract, Backend, BackendKind, BinaryOp, Buffer, DeviceInfo, DeviceKind, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
+    Backend, BackendKind, BinaryOp, Buffer, DeviceInfo, DeviceKind, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
     ReduceSpec, UnaryOp, WindowSpec,
 };
 use crate::{DType, Error, Layout, Result};
@@ -180,12 +180,12 @@ impl Backend for WgpuBackend {
         &self.info
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
-        contract::alloc(&self.info, len, dtype)?;
+        super::contract::alloc(&self.info, len, dtype)?;
         let raw = self.pool.alloc(len as u64 * 4)?;
         Ok(Buffer::new(raw, len, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
-        contract::upload(&self.info, bytes, dtype)?;
+        super::contract::upload(&self.info, bytes, dtype)?;
         let raw = self.pool.alloc(bytes.len() as u64)?;
         self.ctx.write(&raw.raw, bytes);
         Ok(Buffer::new(raw, bytes.len() / 4, dtype))
@@ -195,7 +195,7 @@ impl Backend for WgpuBackend {
         self.ctx.read(raw, buf.len() as u64 * 4)
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
-        contract::fill(&self.info, buf)?;
+        super::contract::fill(&self.info, buf)?;
         let bits = match buf.dtype() {
             DType::F32 => value.to_bits(),
             DType::I32 => value as i32 as u32,
@@ -203,7 +203,7 @@ impl Backend for WgpuBackend {
         ops::fill(&self.ctx, self.raw("fill", buf, 0)?, buf.len(), bits)
     }
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
-        contract::copy(&self.info, src, src_off, dst, dst_off, len)?;
+        super::contract::copy(&self.info, src, src_off, dst, dst_off, len)?;
         let s = self.raw("copy", src, 0)?;
         let d = self.raw("copy", dst, 0)?;
         if len == 0 {
@@ -223,67 +223,67 @@ impl Backend for WgpuBackend {
         Ok(())
     }
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
-        contract::unary(&self.info, x, layout, out)?;
+        super::contract::unary(&self.info, x, layout, out)?;
         let xr = self.raw("unary", x, 0)?;
         let or = self.raw("unary", out, 0)?;
         ops::unary(&self.ctx, op, xr, layout, or)
     }
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
-        contract::binary(&self.info, a, la, b, lb, out)?;
+        super::contract::binary(&self.info, a, la, b, lb, out)?;
         let ar = self.raw("binary", a, 0)?;
         let br = self.raw("binary", b, 0)?;
         let or = self.raw("binary", out, 0)?;
         ops::binary(&self.ctx, op, ar, la, br, lb, or)
     }
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
-        contract::reduce(&self.info, op, x, spec, out)?;
+        super::contract::reduce(&self.info, op, x, spec, out)?;
         let xr = self.raw("reduce", x, 0)?;
         let or = self.raw("reduce", out, 0)?;
         ops::reduce(&self.ctx, op, xr, spec, or)
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
-        contract::matmul(&self.info, a, b, None, out, spec)?;
+        super::contract::matmul(&self.info, a, b, None, out, spec)?;
         self.matmul_with(a, b, None, out, spec).map(drop)
     }
     fn matmul_row_bias(&self, a: &Buffer, b: &Buffer, bias: &Buffer, out: &Buffer, spec: MatmulSpec, relu: bool) -> Result<bool> {
-        contract::matmul(&self.info, a, b, Some(bias), out, spec)?;
+        super::contract::matmul(&self.info, a, b, Some(bias), out, spec)?;
         self.matmul_with(a, b, Some((bias, relu)), out, spec)
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
-        contract::im2col(&self.info, x, cols, spec)?;
+        super::contract::im2col(&self.info, x, cols, spec)?;
         let xr = self.raw("im2col", x, 0)?;
         let cr = self.raw("im2col", cols, 0)?;
         nn::im2col(&self.ctx, xr, cr, spec, true)
     }
     fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
-        contract::col2im(&self.info, cols, x, spec)?;
+        super::contract::col2im(&self.info, cols, x, spec)?;
         let xr = self.raw("col2im", x, 0)?;
         let cr = self.raw("col2im", cols, 0)?;
         nn::im2col(&self.ctx, xr, cr, spec, false)
     }
     fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
-        contract::max_pool2d(&self.info, x, out, argmax, spec)?;
+        super::contract::max_pool2d(&self.info, x, out, argmax, spec)?;
         let xr = self.raw("max_pool2d", x, 0)?;
         let or = self.raw("max_pool2d", out, 0)?;
         let ar = self.raw("max_pool2d", argmax, 0)?;
         nn::max_pool(&self.ctx, xr, or, ar, spec, true)
     }
     fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
-        contract::max_pool2d_backward(&self.info, grad_out, argmax, grad_x, spec)?;
+        super::contract::max_pool2d_backward(&self.info, grad_out, argmax, grad_x, spec)?;
         let gx = self.raw("max_pool2d_backward", grad_x, 0)?;
         let go = self.raw("max_pool2d_backward", grad_out, 0)?;
         let ar = self.raw("max_pool2d_backward", argmax, 0)?;
         nn::max_pool(&self.ctx, gx, go, ar, spec, false)
     }
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
-        contract::index(&self.info, op, x, idx, out, rows, cols)?;
+        super::contract::index(&self.info, op, x, idx, out, rows, cols)?;
         let xr = self.raw("index", x, 0)?;
         let ir = self.raw("index", idx, 0)?;
         let or = self.raw("index", out, 0)?;
         nn::index(&self.ctx, op, xr, ir, or, rows, cols)
     }
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
-        contract::optim_step(&self.info, step, param, grad, state)?;
+        super::contract::optim_step(&self.info, step, param, grad, state)?;
         let n = param.len();
         let p = self.raw("optim_step", param, 0)?;
         let g = self.raw("optim_step", grad, 0)?;
