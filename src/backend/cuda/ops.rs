@@ -53,7 +53,7 @@ impl Backend for CudaBackend {
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
         contract::copy(self.info_ref(), src, src_off, dst, dst_off, len)?;
         let s = self.ptr("copy", src, 0, src.dtype())?;
-        let d = self.ptr("copy", dst, 0, src.dtype())?;
+        let d = self.ptr("copy", dst, 0, dst.dtype())?;
         if len == 0 {
             return Ok(());
         }
