@@ -2,8 +2,11 @@
 use std::path::PathBuf;
 
 /// Everything that can go wrong in tandem, grouped by kind. Each variant names what the user
-/// needs to fix it: the op, the shapes, the device, the path.
+/// needs to fix it: the op, the shapes, the device, the path. A cause a caller can act on has
+/// a variant of its own; match on variants, never on the message text. New variants may come,
+/// so matches need a wildcard arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     // --- user input: shapes, dtypes, devices ---
     #[error("{op}: shape mismatch: {detail}")]
@@ -16,6 +19,12 @@ pub enum Error {
     NoSuchDevice { spec: String, available: String },
     #[error("invalid argument to {op}: {detail}")]
     Invalid { op: &'static str, detail: String },
+    /// A class label outside `0..classes` (the first one, by position).
+    #[error("{op}: label {label} at index {index} is outside 0..{classes} ({classes} classes)")]
+    Label { op: &'static str, label: i32, index: usize, classes: usize },
+    /// A command-line usage error: a flag's value or a combination of flags.
+    #[error("{0}")]
+    Usage(String),
 
     // --- resources ---
     #[error("out of memory on {device}: asked for {requested} bytes, {free} bytes free ({detail})")]
@@ -30,10 +39,26 @@ pub enum Error {
     Io { path: PathBuf, #[source] source: std::io::Error },
     #[error("{path}: {detail}")]
     Format { path: PathBuf, detail: String },
+    /// Resuming from a checkpoint written with other settings; `changed` names each one.
+    #[error("--resume: {path} was written with other settings: {}", changed.join(", "))]
+    ResumeMismatch { path: PathBuf, changed: Vec<String> },
+
+    // --- parallel workers (pipeline stages, per-device threads) ---
+    /// The thread driving `role` `index` on `device` stopped with `source`.
+    #[error("{role} {index} on {device} failed: {source}")]
+    Worker { role: &'static str, index: usize, device: String, #[source] source: Box<Error> },
+    /// A thread panicked; the message is the panic's.
+    #[error("panicked: {0}")]
+    Panicked(String),
+    /// The other end of a channel between workers went away: a knock-on of its own failure,
+    /// which the step reports instead.
+    #[error("{role} {index}: the {what} channel closed (the neighbour stopped)")]
+    ChannelClosed { role: &'static str, index: usize, what: &'static str },
 
     // --- training ---
     #[error("loss is {value} at step {step}; stopped (the last good checkpoint is kept)")]
     NonFinite { step: u64, value: f32 },
+    /// A broken invariant inside tandem: a bug to report, not a cause to handle.
     #[error("{0}")]
     Msg(String),
 }
@@ -53,5 +78,27 @@ impl Error {
     }
     pub fn format(path: impl Into<PathBuf>, detail: impl Into<String>) -> Self {
         Error::Format { path: path.into(), detail: detail.into() }
+    }
+    /// `Panicked` with the message of a caught panic (`catch_unwind`, `JoinHandle::join`).
+    pub fn panicked(payload: Box<dyn std::any::Any + Send>) -> Self {
+        let msg = match payload.downcast::<String>() {
+            Ok(s) => *s,
+            Err(p) => p.downcast_ref::<&str>().map_or_else(|| "a panic without a message".to_string(), |s| s.to_string()),
+        };
+        Error::Panicked(msg)
+    }
+    /// `self` as the failure of `role` `index` on `device`, unless it already names a worker.
+    pub fn in_worker(self, role: &'static str, index: usize, device: impl std::fmt::Display) -> Self {
+        match self {
+            Error::Worker { .. } => self,
+            e => Error::Worker { role, index, device: device.to_string(), source: Box::new(e) },
+        }
+    }
+    /// The error at the bottom of any `Worker` wrapping.
+    pub fn root_cause(&self) -> &Error {
+        match self {
+            Error::Worker { source, .. } => source.root_cause(),
+            e => e,
+        }
     }
 }

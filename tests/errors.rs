@@ -1,4 +1,6 @@
 //! Bad input gives a clear error naming the op and the shapes, dtypes, devices or paths.
+mod common;
+
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
 use tandem::nn::{models::SeedModel, Module};
@@ -57,7 +59,7 @@ fn dtype_and_device_errors() {
         matches!(
             e,
             Error::DType {
-                op: "gather_rows",
+                op: "cross_entropy",
                 ..
             }
         ),
@@ -110,4 +112,49 @@ fn backward_and_loading_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("/nonexistent/w.safetensors"), "{e}");
+}
+
+/// `cross_entropy` rejects labels outside `0..classes` on every device, naming the first bad
+/// label, its index and the class count: labels from the host (bounds known), labels made on
+/// the device (checked there), and labels overwritten since their bounds were noted.
+#[test]
+fn out_of_range_labels_are_errors() {
+    let _guard = common::shared();
+    let mut devices = vec![Device::cpu()];
+    devices.extend(common::devices_under_test());
+    for dev in &devices {
+        let logits = Tensor::zeros([4, 10], dev).unwrap();
+        let label_err = |labels: &Tensor| match logits.cross_entropy(labels) {
+            Ok(l) => panic!("on {dev}: a loss of {:?} from bad labels", l.to_vec()),
+            Err(Error::Label { op, label, index, classes }) => {
+                assert_eq!((op, classes), ("cross_entropy", 10), "on {dev}");
+                (label, index)
+            }
+            Err(e) => panic!("on {dev}: {e}"),
+        };
+        let host = |v: Vec<i32>| Tensor::from_labels(v, [4], dev).unwrap();
+        assert_eq!(label_err(&host(vec![0, 9, 10, 3])), (10, 2));
+        assert_eq!(label_err(&host(vec![0, -1, 1, -7])), (-1, 1));
+        let e = logits.cross_entropy(&host(vec![0, 9, 10, 3])).unwrap_err().to_string();
+        assert!(e.contains("label 10") && e.contains("index 2") && e.contains("10 classes"), "{e}");
+        let ok = logits.cross_entropy(&host(vec![0, 9, 5, 3])).unwrap().to_scalar().unwrap();
+        assert!((ok - 10f32.ln()).abs() < 1e-5, "on {dev}: {ok}");
+
+        // Labels computed on the device (an argmax) have no host-side bounds.
+        let one_hot = |pos: [usize; 4]| {
+            let mut v = vec![0.0; 4 * 12];
+            pos.iter().enumerate().for_each(|(r, &p)| v[r * 12 + p] = 1.0);
+            Tensor::from_vec(v, [4, 12], dev).unwrap().argmax(1).unwrap()
+        };
+        assert_eq!(label_err(&one_hot([1, 11, 3, 10])), (11, 1));
+        let made = logits.cross_entropy(&one_hot([1, 2, 9, 0])).unwrap().to_scalar().unwrap();
+        assert!((made - 10f32.ln()).abs() < 1e-5, "on {dev}: {made}");
+        let e = logits.gather_rows(&one_hot([0, 0, 0, 10])).unwrap_err();
+        assert!(matches!(e, Error::Label { op: "gather_rows", label: 10, index: 3, classes: 10 }), "on {dev}: {e}");
+
+        // Writing into labels forgets the bounds noted when they were uploaded.
+        let labels = host(vec![0, 1, 2, 3]);
+        labels.assign(&one_hot([0, 1, 11, 2])).unwrap();
+        assert_eq!(label_err(&labels), (11, 2));
+    }
 }

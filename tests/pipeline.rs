@@ -307,3 +307,63 @@ fn errors_come_before_any_work() {
     let pipe = Pipeline::new(&model, &fits, Split::Auto, 2, Schedule::GPipe, &opt(), Loss::CrossEntropy, PipelineConfig::default()).unwrap();
     assert_eq!(pipe.ranges()[1], 8..10, "only relu3 and fc2 fit in 50 000 bytes");
 }
+
+/// A layer whose forward fails as told: a fault injected into one stage.
+#[derive(Clone, Copy)]
+enum Faulty {
+    Panics,
+    Errors,
+}
+
+impl tandem::nn::Module for Faulty {
+    fn forward(&self, _x: &tandem::Tensor) -> Result<tandem::Tensor> {
+        match self {
+            Faulty::Panics => panic!("injected fault"),
+            Faulty::Errors => Err(tandem::Error::invalid("Faulty", "injected fault")),
+        }
+    }
+    fn to_device(&self, _device: &Device) -> Result<Box<dyn tandem::nn::Module>> {
+        Ok(Box::new(*self))
+    }
+    fn describe(&self) -> String {
+        "Faulty".into()
+    }
+}
+
+/// A stage whose forward panics or errors makes `step` an error naming that stage and its
+/// device (not the closed channels its neighbours see), on every step; nothing hangs, and the
+/// pipeline drops cleanly afterwards.
+#[test]
+fn a_failing_stage_is_an_error_naming_it() {
+    use tandem::nn::{Flatten, Linear};
+    use tandem::Error;
+    for fault in [Faulty::Panics, Faulty::Errors] {
+        let cpu = Device::cpu();
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(3);
+        let model = tandem::nn::Sequential::new()
+            .push("flat", Flatten)
+            .push("fc1", Linear::new(784, 16, &mut rng, &cpu).unwrap())
+            .push("boom", fault)
+            .push("fc2", Linear::new(16, 10, &mut rng, &cpu).unwrap());
+        let devs = devices(3);
+        let cfg = PipelineConfig::default();
+        let mut pipe = Pipeline::new(&model, &devs, Split::At(vec![2, 3]), 2, Schedule::OneFOneB, &opt(), Loss::CrossEntropy, cfg).unwrap();
+        for _ in 0..2 {
+            let e = pipe.step(&batches(4, 1)[0]).unwrap_err();
+            let text = e.to_string();
+            match &e {
+                Error::Worker { role: "pipeline stage", index: 1, device, source } => {
+                    assert_eq!(device, &devs[1].to_string());
+                    assert!(text.contains("pipeline stage 1") && text.contains(device.as_str()), "{text}");
+                    match (fault, &**source) {
+                        (Faulty::Panics, Error::Panicked(m)) => assert!(m.contains("injected fault"), "{text}"),
+                        (Faulty::Errors, Error::Invalid { op: "Faulty", .. }) => {}
+                        _ => panic!("wrong cause: {text}"),
+                    }
+                }
+                _ => panic!("expected stage 1's failure, got {text}"),
+            }
+        }
+        drop(pipe);
+    }
+}

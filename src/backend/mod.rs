@@ -3,6 +3,7 @@
 //! Tensors are always contiguous in their own buffer; strided reads (broadcast, narrow, permute)
 //! are expressed by the `Layout` an op reads its inputs through. Outputs are contiguous.
 //! Adding an elementwise op: see CONTRIBUTING.md.
+pub mod contract;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -11,7 +12,7 @@ pub mod wgpu;
 
 use crate::{DType, Layout, Result};
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Elementwise ops of one input. Parameters travel in the variant.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -226,8 +227,9 @@ impl WindowSpec {
 }
 
 /// Row-wise indexing with class labels (I32): `Gather` reads `out[r] = x[r, idx[r]]` from
-/// `[rows, cols]`; `Scatter` writes `out[r, c] = (c == idx[r]) ? g[r] : 0`. Labels outside
-/// `0..cols` read 0 and write nothing.
+/// `[rows, cols]`; `Scatter` writes `out[r, c] = (c == idx[r]) ? g[r] : 0`. Labels belong in
+/// `0..cols`: `Tensor` rejects others before it calls (`gather_rows`, `cross_entropy`), and a
+/// backend called directly with one reads 0 and writes nothing for it, never out of bounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexOp {
     Gather,
@@ -297,14 +299,22 @@ pub struct MemoryStats {
 /// returns itself to that backend's pool when the last clone drops.
 #[derive(Clone)]
 pub struct Buffer {
-    raw: Arc<dyn Any + Send + Sync>,
+    raw: Arc<Shared<dyn Any + Send + Sync>>,
     len: usize,
     dtype: DType,
 }
 
+/// What every clone of a buffer shares: the backend's memory and what is known of its values.
+struct Shared<T: ?Sized> {
+    /// For I32 buffers, bounds that every value lies within, when known without reading the
+    /// device (labels uploaded from the host); cleared by every op that writes I32 values.
+    label_bound: Mutex<Option<(i32, i32)>>,
+    raw: T,
+}
+
 impl Buffer {
     pub fn new<T: Any + Send + Sync>(raw: T, len: usize, dtype: DType) -> Self {
-        Buffer { raw: Arc::new(raw), len, dtype }
+        Buffer { raw: Arc::new(Shared { label_bound: Mutex::new(None), raw }), len, dtype }
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
@@ -316,9 +326,20 @@ impl Buffer {
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// Whether both handles share one allocation (the same buffer, not equal contents).
+    pub fn same_as(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.raw, &other.raw)
+    }
     /// The backend's own buffer type; `None` means the buffer belongs to another backend.
     pub fn downcast<T: Any>(&self) -> Option<&T> {
-        self.raw.downcast_ref::<T>()
+        self.raw.raw.downcast_ref::<T>()
+    }
+    /// `(min, max)` bounds of the values, if known (see `Tensor::from_labels`).
+    pub fn label_bound(&self) -> Option<(i32, i32)> {
+        *self.raw.label_bound.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub(crate) fn set_label_bound(&self, bound: Option<(i32, i32)>) {
+        *self.raw.label_bound.lock().unwrap_or_else(|e| e.into_inner()) = bound;
     }
 }
 
@@ -331,6 +352,10 @@ impl std::fmt::Debug for Buffer {
 /// The primitives a device implements. Object safe; one `Arc<dyn Backend>` per logical device,
 /// shared by every thread that uses it. Ops may run asynchronously: results are guaranteed
 /// visible to `download` and after `sync`. All sizes and offsets count elements.
+///
+/// Every implementation calls the `contract` function of the same name first in each method,
+/// so that a short buffer, a wrong dtype or a spec that reaches past a buffer is the same
+/// error on every backend, before any kernel or `unsafe` runs.
 pub trait Backend: Send + Sync {
     fn info(&self) -> &DeviceInfo;
 
@@ -368,11 +393,13 @@ pub trait Backend: Send + Sync {
     /// Fused `out[z] = A·B[z] + bias[row]` (`bias` has `m` values, one per row of each output
     /// matrix), then `max(0, ·)` when `relu`: a convolution, its bias and a following ReLU in one
     /// pass. `Ok(false)` means "not fused here": the caller multiplies, adds and clamps.
-    fn matmul_row_bias(&self, _a: &Buffer, _b: &Buffer, _bias: &Buffer, _out: &Buffer, _spec: MatmulSpec, _relu: bool) -> Result<bool> {
+    fn matmul_row_bias(&self, a: &Buffer, b: &Buffer, bias: &Buffer, out: &Buffer, spec: MatmulSpec, _relu: bool) -> Result<bool> {
+        contract::matmul(self.info(), a, b, Some(bias), out, spec)?;
         Ok(false)
     }
     /// Fused optimizer update of `param` in place; `Ok(false)` means "not fused here, compose it".
-    fn optim_step(&self, _step: OptimStep, _param: &Buffer, _grad: &Buffer, _state: &[&Buffer]) -> Result<bool> {
+    fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
+        contract::optim_step(self.info(), step, param, grad, state)?;
         Ok(false)
     }
     /// A direct copy from a buffer on another device of this backend (CUDA peer access);

@@ -317,7 +317,7 @@ impl LayerPlacement {
             let t0 = Instant::now();
             h = h.to(&s.device)?;
             let comm = t0.elapsed().as_secs_f64();
-            h = s.model.forward(&h)?;
+            h = s.model.forward(&h).map_err(|e| e.in_worker("placement stage", i, &s.device))?;
             on_stage(i, t0, comm, t0.elapsed().as_secs_f64());
         }
         Ok(h)

@@ -7,7 +7,7 @@ mod ops;
 mod shape_ops;
 
 use crate::autograd::{self, GradOp, Node};
-use crate::backend::{Backend, Buffer};
+use crate::backend::{Backend, Buffer, IndexOp, ReduceOp, ReduceSpec};
 use crate::{DType, Device, Error, Layout, Result, Shape};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -70,13 +70,16 @@ impl Tensor {
         let buf = device.backend().upload(bytemuck::cast_slice(&data), DType::F32)?;
         Ok(Tensor::from_parts(buf, shape, device.clone(), None))
     }
-    /// An I32 tensor of class labels (or other integers) on `device`.
+    /// An I32 tensor of class labels (or other integers) on `device`. Their range is noted
+    /// while they are on the host, so that `cross_entropy` checks them without a device pass.
     pub fn from_labels(data: Vec<i32>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         if data.len() != shape.numel() {
             return Err(Error::shape("from_labels", format!("{} values for shape {shape:?}", data.len())));
         }
         let buf = device.backend().upload(bytemuck::cast_slice(&data), DType::I32)?;
+        let bound = data.iter().fold(None, |b: Option<(i32, i32)>, &v| Some(b.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v)))));
+        buf.set_label_bound(bound);
         Ok(Tensor::from_parts(buf, shape, device.clone(), None))
     }
     pub fn full(value: f32, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
@@ -168,6 +171,7 @@ impl Tensor {
                 device.backend().upload(&bytes[..self.numel() * 4], self.dtype())?
             }
         };
+        buf.set_label_bound(self.0.buffer.label_bound());
         Ok(Tensor::result(buf, self.shape().clone(), device, GradOp::ToDevice, &[self]))
     }
 
@@ -228,6 +232,58 @@ impl Tensor {
         }
         Ok(())
     }
+    /// Errors unless every value of this I32 tensor is a class index in `0..classes`, naming
+    /// the first that is not. Free for labels whose range is known (made by `from_labels`, and
+    /// moved or reshaped since); others take one device pass whose only transfer is a flag, and
+    /// a passing result is remembered with the buffer. Only a failure downloads the labels,
+    /// to name the first bad one.
+    pub(crate) fn check_labels(&self, op: &'static str, classes: usize) -> Result<()> {
+        self.expect_dtype(op, DType::I32)?;
+        if self.numel() == 0 {
+            return Ok(());
+        }
+        let fits = |(lo, hi): (i32, i32)| lo >= 0 && (hi as i64) < classes as i64;
+        let known = self.0.buffer.label_bound();
+        if known.is_some_and(fits) {
+            return Ok(());
+        }
+        if known.is_none() && classes > 0 && self.labels_fit_on_device(classes)? {
+            self.0.buffer.set_label_bound(Some((0, i32::try_from(classes - 1).unwrap_or(i32::MAX))));
+            return Ok(());
+        }
+        let values = self.to_vec_i32()?;
+        match values.iter().position(|&l| l < 0 || l as i64 >= classes as i64) {
+            Some(index) => Err(Error::Label { op, label: values[index], index, classes }),
+            // A bound wider than the values (after a narrow): they fit after all.
+            None => Ok(()),
+        }
+    }
+
+    /// Whether every label is in `0..classes`, on the device: gathering each row's label from
+    /// a matrix of ones reads 1 in range and 0 outside (the `IndexOp` contract), and the
+    /// minimum over the rows is the flag. Rows go in chunks so the ones stay small and each
+    /// reduction short (software adapters end shader loops after 65,535 iterations).
+    fn labels_fit_on_device(&self, classes: usize) -> Result<bool> {
+        const ONES: usize = 1 << 20;
+        const ROWS: usize = 1 << 15;
+        let (b, rows) = (self.backend(), self.numel());
+        let chunk = (ONES / classes).clamp(1, ROWS).min(rows);
+        let chunks = rows.div_ceil(chunk);
+        let ones = self.alloc_like(chunk * classes, DType::F32)?;
+        b.fill(&ones, 1.0)?;
+        let (idx, hit) = (self.alloc_like(chunk, DType::I32)?, self.alloc_like(chunk, DType::F32)?);
+        let (mins, flag) = (self.alloc_like(chunks, DType::F32)?, self.alloc_like(1, DType::F32)?);
+        for (i, start) in (0..rows).step_by(chunk).enumerate() {
+            let n = chunk.min(rows - start);
+            b.copy(&self.0.buffer, start, &idx, 0, n)?;
+            b.index(IndexOp::Gather, &ones, &idx, &hit, n, classes)?;
+            b.reduce(ReduceOp::Min, &hit, ReduceSpec { outer: 1, len: n, inner: 1 }, &flag)?;
+            b.copy(&flag, 0, &mins, i, 1)?;
+        }
+        b.reduce(ReduceOp::Min, &mins, ReduceSpec { outer: 1, len: chunks, inner: 1 }, &flag)?;
+        Ok(b.download(&flag)? == 1f32.to_le_bytes())
+    }
+
     /// A fresh output buffer on this tensor's device.
     pub(crate) fn alloc_like(&self, numel: usize, dtype: DType) -> Result<Buffer> {
         self.backend().alloc(numel, dtype)

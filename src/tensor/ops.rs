@@ -172,6 +172,7 @@ impl Tensor {
             ));
         }
         let (rows, cols) = (self.dims()[0], self.dims()[1]);
+        labels.check_labels("gather_rows", cols)?;
         let out = self.alloc_like(rows, DType::F32)?;
         self.backend().index(IndexOp::Gather, &self.0.buffer, &labels.0.buffer, &out, rows, cols)?;
         Ok(Tensor::result(out, Shape(vec![rows]), self.device(), GradOp::Gather { cols }, &[self, labels]))
@@ -183,6 +184,7 @@ impl Tensor {
         if self.rank() != 2 {
             return Err(Error::shape("cross_entropy", format!("logits must be [N, C], got {:?}", self.shape())));
         }
+        labels.check_labels("cross_entropy", self.dims()[1])?;
         self.log_softmax(1)?.gather_rows(labels)?.mean_all()?.neg()
     }
     /// Mean squared error, as PyTorch's `MSELoss()`; shapes must match exactly.

@@ -106,6 +106,8 @@ impl Tensor {
             let n = layout.numel();
             let out = self.alloc_like(n, self.dtype())?;
             self.backend().copy(&self.0.buffer, layout.offset, &out, 0, n)?;
+            // A part's values lie within the whole's bounds (loose, which check_labels allows).
+            out.set_label_bound(self.0.buffer.label_bound());
             out
         } else {
             self.strided_copy(&layout)?
@@ -164,6 +166,8 @@ impl Tensor {
             first.backend().copy(&t.0.buffer, 0, &out, at, t.numel())?;
             at += t.numel();
         }
+        let bounds: Option<Vec<(i32, i32)>> = tensors.iter().map(|t| t.0.buffer.label_bound()).collect();
+        out.set_label_bound(bounds.and_then(|b| b.into_iter().reduce(|x, y| (x.0.min(y.0), x.1.max(y.1)))));
         let refs: Vec<&Tensor> = tensors.iter().collect();
         Ok(Tensor::result(out, shape, first.device(), GradOp::Cat, &refs))
     }

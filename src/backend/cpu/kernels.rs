@@ -188,7 +188,7 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: MatmulSpec) {
             continue;
         }
         // SAFETY: the strides above address exactly the m×k and k×n matrices starting at the
-        // offsets, which the caller sized (Tensor checks shapes before calling).
+        // offsets, inside `a` and `b` as `contract::matmul` checked before this was called.
         unsafe {
             matrixmultiply::sgemm(
                 m,

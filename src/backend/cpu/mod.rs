@@ -2,9 +2,10 @@
 mod kernels;
 
 use crate::backend::*;
+use crate::backend::contract;
 use crate::{DType, Error, Layout, Result};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Host memory as 32-bit words (f32 or i32 bit patterns), behind a lock so that ops can write
 /// through a shared `Buffer`.
@@ -16,7 +17,7 @@ pub(crate) struct CpuBuffer {
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
         let data = std::mem::take(self.data.get_mut().unwrap_or_else(|e| e.into_inner()));
-        self.pool.lock().unwrap().give_back(data);
+        lock(&self.pool).give_back(data);
     }
 }
 
@@ -81,9 +82,21 @@ impl CpuBackend {
 
     fn make(&self, data: Vec<u32>, dtype: DType) -> Buffer {
         let len = data.len();
-        self.pool.lock().unwrap().count(len);
+        lock(&self.pool).count(len);
         Buffer::new(CpuBuffer { data: RwLock::new(data), pool: self.pool.clone() }, len, dtype)
     }
+}
+
+// A lock is poisoned only when a thread panicked while holding it; the words behind it are
+// still plain memory (at worst half-written by that op), so later ops go on instead of panicking.
+fn lock(p: &Mutex<Pool>) -> MutexGuard<'_, Pool> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+fn read(b: &CpuBuffer) -> RwLockReadGuard<'_, Vec<u32>> {
+    b.data.read().unwrap_or_else(|e| e.into_inner())
+}
+fn write(b: &CpuBuffer) -> RwLockWriteGuard<'_, Vec<u32>> {
+    b.data.write().unwrap_or_else(|e| e.into_inner())
 }
 
 fn raw(b: &Buffer) -> Result<&CpuBuffer> {
@@ -97,25 +110,25 @@ fn same(a: &Buffer, b: &Buffer) -> Result<bool> {
 /// Runs `f` on the input's elements as f32 without copying (unless the input is the output).
 fn with_f32<R>(x: &Buffer, out: &Buffer, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     if same(x, out)? {
-        let copy = raw(x)?.data.read().unwrap().clone();
+        let copy = read(raw(x)?).clone();
         return Ok(f(bytemuck::cast_slice(&copy)));
     }
-    let guard = raw(x)?.data.read().unwrap();
+    let guard = read(raw(x)?);
     Ok(f(bytemuck::cast_slice(&guard)))
 }
 
 fn read_i32(b: &Buffer) -> Result<Vec<i32>> {
-    Ok(bytemuck::cast_slice(&raw(b)?.data.read().unwrap()).to_vec())
+    Ok(bytemuck::cast_slice(&read(raw(b)?)).to_vec())
 }
 
 /// Runs `f` on the output's elements as mutable f32.
 fn write_with<R>(out: &Buffer, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
-    let mut guard = raw(out)?.data.write().unwrap();
+    let mut guard = write(raw(out)?);
     Ok(f(bytemuck::cast_slice_mut(&mut guard)))
 }
 
 fn write_i32(b: &Buffer, v: &[i32]) -> Result<()> {
-    let mut d = raw(b)?.data.write().unwrap();
+    let mut d = write(raw(b)?);
     d[..v.len()].copy_from_slice(bytemuck::cast_slice(v));
     Ok(())
 }
@@ -125,7 +138,8 @@ impl Backend for CpuBackend {
         &self.info
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
-        let reused = self.pool.lock().unwrap().take(len);
+        contract::alloc(&self.info, len, dtype)?;
+        let reused = lock(&self.pool).take(len);
         if let Some(v) = reused {
             return Ok(self.make(v, dtype));
         }
@@ -140,49 +154,44 @@ impl Backend for CpuBackend {
         Ok(self.make(v, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
-        if !bytes.len().is_multiple_of(4) {
-            return Err(Error::invalid("upload", format!("{} bytes is not a whole number of elements", bytes.len())));
-        }
+        contract::upload(&self.info, bytes, dtype)?;
         let v = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         Ok(self.make(v, dtype))
     }
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        Ok(raw(buf)?.data.read().unwrap().iter().flat_map(|u| u.to_le_bytes()).collect())
+        Ok(read(raw(buf)?).iter().flat_map(|u| u.to_le_bytes()).collect())
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
+        contract::fill(&self.info, buf)?;
         let bits = match buf.dtype() {
             DType::F32 => value.to_bits(),
             DType::I32 => value as i32 as u32,
         };
-        raw(buf)?.data.write().unwrap().iter_mut().for_each(|x| *x = bits);
+        write(raw(buf)?).iter_mut().for_each(|x| *x = bits);
         Ok(())
     }
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
-        let check = |b: &Buffer, off: usize| {
-            if off + len > b.len() {
-                return Err(Error::invalid("copy", format!("range {off}..{} of a buffer of {}", off + len, b.len())));
-            }
-            Ok(())
-        };
-        check(src, src_off)?;
-        check(dst, dst_off)?;
+        contract::copy(&self.info, src, src_off, dst, dst_off, len)?;
         if same(src, dst)? {
-            raw(dst)?.data.write().unwrap().copy_within(src_off..src_off + len, dst_off);
+            write(raw(dst)?).copy_within(src_off..src_off + len, dst_off);
             return Ok(());
         }
-        let s = raw(src)?.data.read().unwrap();
-        raw(dst)?.data.write().unwrap()[dst_off..dst_off + len].copy_from_slice(&s[src_off..src_off + len]);
+        let s = read(raw(src)?);
+        write(raw(dst)?)[dst_off..dst_off + len].copy_from_slice(&s[src_off..src_off + len]);
         Ok(())
     }
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
+        contract::unary(&self.info, x, layout, out)?;
         with_f32(x, out, |xs| write_with(out, |o| kernels::strided_map(layout, xs, o, |a| kernels::unary(op, a))))?
     }
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
+        contract::binary(&self.info, a, la, b, lb, out)?;
         with_f32(a, out, |av| {
             with_f32(b, out, |bv| write_with(out, |o| kernels::strided_zip(la, av, lb, bv, o, |x, y| kernels::binary(op, x, y))))
         })??
     }
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
+        contract::reduce(&self.info, op, x, spec, out)?;
         let (vals, idx) = with_f32(x, out, |xs| kernels::reduce(op, xs, spec))?;
         match op {
             ReduceOp::ArgMax => write_i32(out, &idx),
@@ -190,29 +199,37 @@ impl Backend for CpuBackend {
         }
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
-        if same(a, out)? || same(b, out)? {
-            return Err(Error::invalid("matmul", "the output must not alias an input"));
-        }
-        let ga = raw(a)?.data.read().unwrap();
-        let gb = raw(b)?.data.read().unwrap();
+        contract::matmul(&self.info, a, b, None, out, spec)?;
+        let ga = read(raw(a)?);
+        let gb = read(raw(b)?);
         write_with(out, |c| kernels::matmul(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec))
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
+        contract::im2col(&self.info, x, cols, spec)?;
         with_f32(x, cols, |xs| write_with(cols, |c| kernels::im2col(xs, spec, c)))?
     }
     fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
+        contract::col2im(&self.info, cols, x, spec)?;
         with_f32(cols, x, |c| write_with(x, |xs| kernels::col2im(c, spec, xs)))?
     }
     fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
+        contract::max_pool2d(&self.info, x, out, argmax, spec)?;
         let mut arg = vec![0i32; argmax.len()];
         with_f32(x, out, |xs| write_with(out, |o| kernels::max_pool2d(xs, spec, o, &mut arg)))??;
         write_i32(argmax, &arg)
     }
     fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
+        contract::max_pool2d_backward(&self.info, grad_out, argmax, grad_x, spec)?;
         let arg = read_i32(argmax)?;
+        // The GPU kernels only compare positions; here a position indexes the plane.
+        let plane = spec.h * spec.w;
+        if let Some(i) = arg[..spec.n * spec.c * spec.oh * spec.ow].iter().position(|&a| a >= 0 && a as usize >= plane) {
+            return Err(Error::invalid("max_pool2d_backward", format!("argmax[{i}] = {} is outside a {}x{} plane", arg[i], spec.h, spec.w)));
+        }
         with_f32(grad_out, grad_x, |g| write_with(grad_x, |gx| kernels::max_pool2d_backward(g, &arg, spec, gx)))?
     }
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
+        contract::index(&self.info, op, x, idx, out, rows, cols)?;
         let is = read_i32(idx)?;
         let in_range = |r: usize| (is[r] >= 0 && (is[r] as usize) < cols).then_some(is[r] as usize);
         with_f32(x, out, |xs| {
@@ -233,7 +250,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
     fn memory(&self) -> MemoryStats {
-        let p = self.pool.lock().unwrap();
+        let p = lock(&self.pool);
         MemoryStats { in_use: p.in_use, peak: p.peak, pooled: p.pooled }
     }
     fn as_any(&self) -> &dyn std::any::Any {

@@ -4,6 +4,7 @@ use super::device::{grid, window, CudaBackend, THREADS};
 use super::memory::CudaBuf;
 use super::peer;
 use crate::backend::*;
+use crate::backend::contract;
 use crate::{DType, Error, Layout, Result};
 use cudarc::driver::{result, sys, LaunchConfig, PushKernelArg};
 use std::any::Any;
@@ -14,14 +15,13 @@ impl Backend for CudaBackend {
     }
 
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
-        let bytes = len.checked_mul(dtype.size()).ok_or_else(|| Error::invalid("alloc", format!("{len} elements overflow")))?;
+        contract::alloc(self.info_ref(), len, dtype)?;
+        let bytes = len * dtype.size();
         Ok(Buffer::new(self.pool.alloc(bytes)?, len, dtype))
     }
 
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
-        if !bytes.len().is_multiple_of(dtype.size()) {
-            return Err(Error::invalid("upload", format!("{} bytes is not a whole number of elements", bytes.len())));
-        }
+        contract::upload(self.info_ref(), bytes, dtype)?;
         let buf = self.alloc(bytes.len() / dtype.size(), dtype)?;
         let ptr = self.ptr("upload", &buf, 0, dtype)?;
         self.staging.upload(bytes, ptr)?;
@@ -34,6 +34,7 @@ impl Backend for CudaBackend {
     }
 
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
+        contract::fill(self.info_ref(), buf)?;
         let ptr = self.ptr("fill", buf, 0, buf.dtype())?;
         let bits = match buf.dtype() {
             DType::F32 => value.to_bits(),
@@ -50,8 +51,9 @@ impl Backend for CudaBackend {
     }
 
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
-        let s = self.ptr("copy", src, src_off + len, src.dtype())?;
-        let d = self.ptr("copy", dst, dst_off + len, src.dtype())?;
+        contract::copy(self.info_ref(), src, src_off, dst, dst_off, len)?;
+        let s = self.ptr("copy", src, 0, src.dtype())?;
+        let d = self.ptr("copy", dst, 0, dst.dtype())?;
         if len == 0 {
             return Ok(());
         }
@@ -63,9 +65,10 @@ impl Backend for CudaBackend {
     }
 
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
+        contract::unary(self.info_ref(), x, layout, out)?;
         let n = layout.numel() as u64;
         let (x, lx) = self.layout("unary", x, layout)?;
-        let out = self.ptr("unary", out, n as usize, DType::F32)?;
+        let out = self.ptr("unary", out, 0, DType::F32)?;
         if n == 0 {
             return Ok(());
         }
@@ -75,13 +78,11 @@ impl Backend for CudaBackend {
     }
 
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
-        if la.shape != lb.shape {
-            return Err(Error::shape("binary", format!("operand layouts {:?} and {:?} differ", la.shape, lb.shape)));
-        }
+        contract::binary(self.info_ref(), a, la, b, lb, out)?;
         let n = la.numel() as u64;
         let (a, la) = self.layout("binary", a, la)?;
         let (b, lb) = self.layout("binary", b, lb)?;
-        let out = self.ptr("binary", out, n as usize, DType::F32)?;
+        let out = self.ptr("binary", out, 0, DType::F32)?;
         if n == 0 {
             return Ok(());
         }
@@ -91,8 +92,9 @@ impl Backend for CudaBackend {
 
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
         let out_dtype = if op == ReduceOp::ArgMax { DType::I32 } else { DType::F32 };
-        let x = self.ptr("reduce", x, spec.outer * spec.len * spec.inner, DType::F32)?;
-        let out = self.ptr("reduce", out, spec.outer * spec.inner, out_dtype)?;
+        contract::reduce(self.info_ref(), op, x, spec, out)?;
+        let x = self.ptr("reduce", x, 0, DType::F32)?;
+        let out = self.ptr("reduce", out, 0, out_dtype)?;
         let (outer, len, inner) = (spec.outer as u64, spec.len as u64, spec.inner as u64);
         if outer * inner == 0 {
             return Ok(());
@@ -117,12 +119,12 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
+        contract::matmul(self.info_ref(), a, b, None, out, spec)?;
         let s = &spec;
-        let last = s.batch.saturating_sub(1);
-        let a = self.ptr("matmul", a, s.a_offset + last * s.a_batch_stride + s.m * s.k, DType::F32)?;
-        let b = self.ptr("matmul", b, s.b_offset + last * s.b_batch_stride + s.k * s.n, DType::F32)?;
+        let a = self.ptr("matmul", a, 0, DType::F32)?;
+        let b = self.ptr("matmul", b, 0, DType::F32)?;
         let c_len = s.batch * s.m * s.n;
-        let c = self.ptr("matmul", out, c_len, DType::F32)?;
+        let c = self.ptr("matmul", out, 0, DType::F32)?;
         if c_len == 0 {
             return Ok(());
         }
@@ -143,9 +145,10 @@ impl Backend for CudaBackend {
     }
 
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
+        contract::im2col(self.info_ref(), x, cols, spec)?;
         let n = (spec.n * spec.col_rows() * spec.col_len()) as u64;
-        let x = self.ptr("im2col", x, spec.n * spec.c * spec.h * spec.w, DType::F32)?;
-        let cols = self.ptr("im2col", cols, n as usize, DType::F32)?;
+        let x = self.ptr("im2col", x, 0, DType::F32)?;
+        let cols = self.ptr("im2col", cols, 0, DType::F32)?;
         let s = window(&spec);
         if n == 0 {
             return Ok(());
@@ -154,9 +157,10 @@ impl Backend for CudaBackend {
     }
 
     fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
+        contract::col2im(self.info_ref(), cols, x, spec)?;
         let n = (spec.n * spec.c * spec.h * spec.w) as u64;
-        let cols = self.ptr("col2im", cols, spec.n * spec.col_rows() * spec.col_len(), DType::F32)?;
-        let x = self.ptr("col2im", x, n as usize, DType::F32)?;
+        let cols = self.ptr("col2im", cols, 0, DType::F32)?;
+        let x = self.ptr("col2im", x, 0, DType::F32)?;
         let s = window(&spec);
         if n == 0 {
             return Ok(());
@@ -165,10 +169,11 @@ impl Backend for CudaBackend {
     }
 
     fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
+        contract::max_pool2d(self.info_ref(), x, out, argmax, spec)?;
         let n = (spec.n * spec.c * spec.oh * spec.ow) as u64;
-        let x = self.ptr("max_pool2d", x, spec.n * spec.c * spec.h * spec.w, DType::F32)?;
-        let out = self.ptr("max_pool2d", out, n as usize, DType::F32)?;
-        let arg = self.ptr("max_pool2d", argmax, n as usize, DType::I32)?;
+        let x = self.ptr("max_pool2d", x, 0, DType::F32)?;
+        let out = self.ptr("max_pool2d", out, 0, DType::F32)?;
+        let arg = self.ptr("max_pool2d", argmax, 0, DType::I32)?;
         let s = window(&spec);
         if n == 0 {
             return Ok(());
@@ -177,11 +182,11 @@ impl Backend for CudaBackend {
     }
 
     fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
-        let outs = spec.n * spec.c * spec.oh * spec.ow;
+        contract::max_pool2d_backward(self.info_ref(), grad_out, argmax, grad_x, spec)?;
         let n = (spec.n * spec.c * spec.h * spec.w) as u64;
-        let gy = self.ptr("max_pool2d_backward", grad_out, outs, DType::F32)?;
-        let arg = self.ptr("max_pool2d_backward", argmax, outs, DType::I32)?;
-        let gx = self.ptr("max_pool2d_backward", grad_x, n as usize, DType::F32)?;
+        let gy = self.ptr("max_pool2d_backward", grad_out, 0, DType::F32)?;
+        let arg = self.ptr("max_pool2d_backward", argmax, 0, DType::I32)?;
+        let gx = self.ptr("max_pool2d_backward", grad_x, 0, DType::F32)?;
         let s = window(&spec);
         if n == 0 {
             return Ok(());
@@ -190,13 +195,14 @@ impl Backend for CudaBackend {
     }
 
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
-        let (x_len, out_len) = match op {
-            IndexOp::Gather => (rows * cols, rows),
-            IndexOp::Scatter => (rows, rows * cols),
+        contract::index(self.info_ref(), op, x, idx, out, rows, cols)?;
+        let out_len = match op {
+            IndexOp::Gather => rows,
+            IndexOp::Scatter => rows * cols,
         };
-        let x = self.ptr("index", x, x_len, DType::F32)?;
-        let idx = self.ptr("index", idx, rows, DType::I32)?;
-        let out = self.ptr("index", out, out_len, DType::F32)?;
+        let x = self.ptr("index", x, 0, DType::F32)?;
+        let idx = self.ptr("index", idx, 0, DType::I32)?;
+        let out = self.ptr("index", out, 0, DType::F32)?;
         let (r, c) = (rows as u64, cols as u64);
         if out_len == 0 {
             return Ok(());
@@ -208,13 +214,13 @@ impl Backend for CudaBackend {
     }
 
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
-        let len = param.len();
-        let n = len as u64;
-        let p = self.ptr("optim_step", param, len, DType::F32)?;
-        let g = self.ptr("optim_step", grad, len, DType::F32)?;
+        contract::optim_step(self.info_ref(), step, param, grad, state)?;
+        let n = param.len() as u64;
+        let p = self.ptr("optim_step", param, 0, DType::F32)?;
+        let g = self.ptr("optim_step", grad, 0, DType::F32)?;
         let slot = |i: usize| {
             let b = state.get(i).ok_or_else(|| Error::invalid("optim_step", format!("missing optimizer state {i}")))?;
-            self.ptr("optim_step", b, len, DType::F32)
+            self.ptr("optim_step", b, 0, DType::F32)
         };
         match step {
             OptimStep::Sgd { lr, momentum, dampening, nesterov, weight_decay, first } => {

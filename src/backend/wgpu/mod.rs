@@ -180,13 +180,12 @@ impl Backend for WgpuBackend {
         &self.info
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
+        super::contract::alloc(&self.info, len, dtype)?;
         let raw = self.pool.alloc(len as u64 * 4)?;
         Ok(Buffer::new(raw, len, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
-        if !bytes.len().is_multiple_of(4) {
-            return Err(Error::invalid("upload", format!("{} bytes is not a whole number of elements", bytes.len())));
-        }
+        super::contract::upload(&self.info, bytes, dtype)?;
         let raw = self.pool.alloc(bytes.len() as u64)?;
         self.ctx.write(&raw.raw, bytes);
         Ok(Buffer::new(raw, bytes.len() / 4, dtype))
@@ -196,6 +195,7 @@ impl Backend for WgpuBackend {
         self.ctx.read(raw, buf.len() as u64 * 4)
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
+        super::contract::fill(&self.info, buf)?;
         let bits = match buf.dtype() {
             DType::F32 => value.to_bits(),
             DType::I32 => value as i32 as u32,
@@ -203,8 +203,9 @@ impl Backend for WgpuBackend {
         ops::fill(&self.ctx, self.raw("fill", buf, 0)?, buf.len(), bits)
     }
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
-        let s = self.raw("copy", src, src_off + len)?;
-        let d = self.raw("copy", dst, dst_off + len)?;
+        super::contract::copy(&self.info, src, src_off, dst, dst_off, len)?;
+        let s = self.raw("copy", src, 0)?;
+        let d = self.raw("copy", dst, 0)?;
         if len == 0 {
             return Ok(());
         }
@@ -222,69 +223,71 @@ impl Backend for WgpuBackend {
         Ok(())
     }
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
-        let xr = self.raw("unary", x, ops::extent(layout))?;
-        let or = self.raw("unary", out, layout.numel())?;
+        super::contract::unary(&self.info, x, layout, out)?;
+        let xr = self.raw("unary", x, 0)?;
+        let or = self.raw("unary", out, 0)?;
         ops::unary(&self.ctx, op, xr, layout, or)
     }
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
-        if la.shape != lb.shape {
-            return Err(Error::shape("binary", format!("operand shapes {:?} and {:?} differ", la.shape, lb.shape)));
-        }
-        let ar = self.raw("binary", a, ops::extent(la))?;
-        let br = self.raw("binary", b, ops::extent(lb))?;
-        let or = self.raw("binary", out, la.numel())?;
+        super::contract::binary(&self.info, a, la, b, lb, out)?;
+        let ar = self.raw("binary", a, 0)?;
+        let br = self.raw("binary", b, 0)?;
+        let or = self.raw("binary", out, 0)?;
         ops::binary(&self.ctx, op, ar, la, br, lb, or)
     }
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
-        let xr = self.raw("reduce", x, spec.outer * spec.len * spec.inner)?;
-        let or = self.raw("reduce", out, spec.outer * spec.inner)?;
+        super::contract::reduce(&self.info, op, x, spec, out)?;
+        let xr = self.raw("reduce", x, 0)?;
+        let or = self.raw("reduce", out, 0)?;
         ops::reduce(&self.ctx, &self.pool, op, xr, spec, or)
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
+        super::contract::matmul(&self.info, a, b, None, out, spec)?;
         self.matmul_with(a, b, None, out, spec).map(drop)
     }
     fn matmul_row_bias(&self, a: &Buffer, b: &Buffer, bias: &Buffer, out: &Buffer, spec: MatmulSpec, relu: bool) -> Result<bool> {
+        super::contract::matmul(&self.info, a, b, Some(bias), out, spec)?;
         self.matmul_with(a, b, Some((bias, relu)), out, spec)
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
-        let xr = self.raw("im2col", x, spec.n * spec.c * spec.h * spec.w)?;
-        let cr = self.raw("im2col", cols, spec.n * spec.col_rows() * spec.col_len())?;
+        super::contract::im2col(&self.info, x, cols, spec)?;
+        let xr = self.raw("im2col", x, 0)?;
+        let cr = self.raw("im2col", cols, 0)?;
         nn::im2col(&self.ctx, xr, cr, spec, true)
     }
     fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
-        let xr = self.raw("col2im", x, spec.n * spec.c * spec.h * spec.w)?;
-        let cr = self.raw("col2im", cols, spec.n * spec.col_rows() * spec.col_len())?;
+        super::contract::col2im(&self.info, cols, x, spec)?;
+        let xr = self.raw("col2im", x, 0)?;
+        let cr = self.raw("col2im", cols, 0)?;
         nn::im2col(&self.ctx, xr, cr, spec, false)
     }
     fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
-        let outs = spec.n * spec.c * spec.oh * spec.ow;
-        let xr = self.raw("max_pool2d", x, spec.n * spec.c * spec.h * spec.w)?;
-        let or = self.raw("max_pool2d", out, outs)?;
-        let ar = self.raw("max_pool2d", argmax, outs)?;
+        super::contract::max_pool2d(&self.info, x, out, argmax, spec)?;
+        let xr = self.raw("max_pool2d", x, 0)?;
+        let or = self.raw("max_pool2d", out, 0)?;
+        let ar = self.raw("max_pool2d", argmax, 0)?;
         nn::max_pool(&self.ctx, xr, or, ar, spec, true)
     }
     fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
-        let outs = spec.n * spec.c * spec.oh * spec.ow;
-        let gx = self.raw("max_pool2d_backward", grad_x, spec.n * spec.c * spec.h * spec.w)?;
-        let go = self.raw("max_pool2d_backward", grad_out, outs)?;
-        let ar = self.raw("max_pool2d_backward", argmax, outs)?;
+        super::contract::max_pool2d_backward(&self.info, grad_out, argmax, grad_x, spec)?;
+        let gx = self.raw("max_pool2d_backward", grad_x, 0)?;
+        let go = self.raw("max_pool2d_backward", grad_out, 0)?;
+        let ar = self.raw("max_pool2d_backward", argmax, 0)?;
         nn::max_pool(&self.ctx, gx, go, ar, spec, false)
     }
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
-        let (xn, on) = match op {
-            IndexOp::Gather => (rows * cols, rows),
-            IndexOp::Scatter => (rows, rows * cols),
-        };
-        let xr = self.raw("index", x, xn)?;
-        let ir = self.raw("index", idx, rows)?;
-        let or = self.raw("index", out, on)?;
+        super::contract::index(&self.info, op, x, idx, out, rows, cols)?;
+        let xr = self.raw("index", x, 0)?;
+        let ir = self.raw("index", idx, 0)?;
+        let or = self.raw("index", out, 0)?;
         nn::index(&self.ctx, op, xr, ir, or, rows, cols)
     }
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
+        super::contract::optim_step(&self.info, step, param, grad, state)?;
         let n = param.len();
-        let p = self.raw("optim_step", param, n)?;
-        let g = self.raw("optim_step", grad, n)?;
-        let s = state.iter().map(|b| self.raw("optim_step", b, n)).collect::<Result<Vec<_>>>()?;
+        let p = self.raw("optim_step", param, 0)?;
+        let g = self.raw("optim_step", grad, 0)?;
+        let s = state.iter().map(|b| self.raw("optim_step", b, 0)).collect::<Result<Vec<_>>>()?;
         nn::optim(&self.ctx, step, p, g, &s, n)?;
         Ok(true)
     }

@@ -168,7 +168,8 @@ fn per_device<T: Send>(n: usize, f: impl Fn(usize) -> Result<T> + Sync) -> Resul
         let handles: Vec<_> = (0..n).map(|i| { let f = &f; s.spawn(move || f(i)) }).collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a collective's transfer thread panicked".into()))))
+            .enumerate()
+            .map(|(i, h)| h.join().unwrap_or_else(|p| Err(Error::panicked(p).in_worker("collective transfer thread", i, format!("group device {i}")))))
             .collect()
     })
 }

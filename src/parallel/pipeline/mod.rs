@@ -143,8 +143,8 @@ fn split_batch(batch: &Batch, m: usize) -> Result<Vec<Batch>> {
         .collect()
 }
 
-/// Picks the error that explains a failed step: a stage's own failure over the "neighbour
-/// stopped" errors it causes in the others.
+/// Picks the error that explains a failed step: a stage's own failure over the closed
+/// channels it causes in the others.
 fn first_cause(results: Vec<Result<Outcome>>) -> Result<Vec<Outcome>> {
     let mut errors = Vec::new();
     let mut ok = Vec::new();
@@ -157,7 +157,7 @@ fn first_cause(results: Vec<Result<Outcome>>) -> Result<Vec<Outcome>> {
     if errors.is_empty() {
         return Ok(ok);
     }
-    let knock_on = |e: &Error| e.to_string().contains("stopped (it failed)");
+    let knock_on = |e: &Error| matches!(e.root_cause(), Error::ChannelClosed { .. });
     let pos = errors.iter().position(|e| !knock_on(e)).unwrap_or(0);
     Err(errors.swap_remove(pos))
 }
@@ -185,6 +185,7 @@ impl Strategy for Pipeline {
             links[s + 1].act_in = Some(act_rx);
             links[s + 1].grad_out = Some(grad_tx);
         }
+        let names: Vec<String> = self.stages.iter().map(|s| s.device.to_string()).collect();
         let start = Instant::now();
         let results: Vec<Result<Outcome>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self
@@ -210,9 +211,13 @@ impl Strategy for Pipeline {
                     scope.spawn(move || job.run())
                 })
                 .collect();
+            // A panicking stage drops its channel ends while unwinding, so its neighbours see
+            // closed channels and stop too: nothing waits forever.
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a pipeline stage thread panicked".into()))))
+                .zip(&names)
+                .enumerate()
+                .map(|(i, (h, dev))| h.join().unwrap_or_else(|p| Err(Error::panicked(p))).map_err(|e| e.in_worker(worker::STAGE, i, dev)))
                 .collect()
         });
         let outcomes = first_cause(results)?;

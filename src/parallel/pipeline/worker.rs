@@ -70,18 +70,21 @@ struct Saved {
     bytes: u64,
 }
 
-fn recv(rx: &Option<Receiver<Msg>>, mb: usize, what: &str, stage: usize) -> Result<Tensor> {
+/// How errors name a stage's worker.
+pub(super) const STAGE: &str = "pipeline stage";
+
+fn recv(rx: &Option<Receiver<Msg>>, mb: usize, what: &'static str, stage: usize) -> Result<Tensor> {
     let rx = rx.as_ref().ok_or_else(|| Error::Msg(format!("pipeline stage {stage}: no {what} channel")))?;
-    let msg = rx.recv().map_err(|_| Error::Msg(format!("pipeline stage {stage}: the neighbour sending {what} stopped (it failed)")))?;
+    let msg = rx.recv().map_err(|_| Error::ChannelClosed { role: STAGE, index: stage, what })?;
     if msg.mb != mb {
         return Err(Error::Msg(format!("pipeline stage {stage}: expected the {what} of micro-batch {mb}, got {}", msg.mb)));
     }
     Ok(msg.tensor)
 }
 
-fn send(tx: &Option<Sender<Msg>>, msg: Msg, what: &str, stage: usize) -> Result<()> {
+fn send(tx: &Option<Sender<Msg>>, msg: Msg, what: &'static str, stage: usize) -> Result<()> {
     let tx = tx.as_ref().ok_or_else(|| Error::Msg(format!("pipeline stage {stage}: no {what} channel")))?;
-    tx.send(msg).map_err(|_| Error::Msg(format!("pipeline stage {stage}: the neighbour receiving {what} stopped (it failed)")))
+    tx.send(msg).map_err(|_| Error::ChannelClosed { role: STAGE, index: stage, what })
 }
 
 /// Bytes that autograd keeps alive for `root`'s backward: every non-parameter tensor of its
@@ -194,7 +197,9 @@ impl Job<'_> {
                         root.backward()?;
                     }
                     if self.index > 0 {
-                        let g = s.input.grad().ok_or_else(|| Error::Msg(format!("pipeline stage {}: no gradient reached the stage input", self.index)))?;
+                        let g = s.input.grad().ok_or_else(|| {
+                            Error::invalid("Pipeline::step", format!("no gradient reached stage {}'s input (does a layer detach it?)", self.index))
+                        })?;
                         send(&self.links.grad_out, Msg { mb, tensor: g }, "gradient", self.index)?;
                     }
                     alive -= s.bytes;
