@@ -172,7 +172,7 @@ fn unary(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Tensor> {
         UnaryOp::Affine { mul, .. } => g.mul_scalar(mul),
         // p·x^(p-1), in PyTorch's order and with its special case: zeros for p = 0 (not 0·x^-1,
         // which is NaN at x = 0)
-        UnaryOp::Powf(p) if p == 0.0 => Tensor::zeros(x.dims().to_vec(), g.device()),
+        UnaryOp::Powf(0.0) => Tensor::zeros(x.dims().to_vec(), g.device()),
         UnaryOp::Powf(p) => g.mul(&x.powf(p - 1.0)?.mul_scalar(p)?),
     }
 }
