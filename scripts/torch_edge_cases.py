@@ -54,6 +54,8 @@ def weights(n):
 
 # op name -> (function of (inputs, args) returning a list of tensors, differentiable)
 OPS = {
+    "identity": (lambda x, a: [x[0].clone()], True),
+    "step": (lambda x, a: [(x[0] > 0).float()], False),
     "neg": (lambda x, a: [-x[0]], True),
     "exp": (lambda x, a: [torch.exp(x[0])], True),
     "log": (lambda x, a: [torch.log(x[0])], True),
@@ -74,6 +76,7 @@ OPS = {
     "minimum": (lambda x, a: [torch.minimum(x[0], x[1])], True),
     "gt": (lambda x, a: [(x[0] > x[1]).float()], False),
     "eq_elem": (lambda x, a: [(x[0] == x[1]).float()], False),
+    "relu_backward": (lambda x, a: [torch.ops.aten.threshold_backward(x[0], x[1], 0.0)], True),
     "sum": (lambda x, a: [x[0].sum(a["axis"], keepdim=a["keepdim"])], True),
     "mean": (lambda x, a: [x[0].mean(a["axis"], keepdim=a["keepdim"])], True),
     "max": (lambda x, a: [torch.amax(x[0], a["axis"], keepdim=a["keepdim"])], True),
@@ -104,8 +107,8 @@ OPS = {
     "cat": (lambda x, a: [torch.cat(x, a["dim"])], True),
 }
 
-UNARY = ["neg", "exp", "log", "relu", "sqrt", "square", "tanh", "sigmoid", "recip", "abs"]
-BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "gt", "eq_elem"]
+UNARY = ["identity", "step", "neg", "exp", "log", "relu", "sqrt", "square", "tanh", "sigmoid", "recip", "abs"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "gt", "eq_elem", "relu_backward"]
 POWERS = [0.0, 1.0, 2.0, 3.0, 4.0, -1.0, -2.0, -3.0, 0.5, -0.5, 1.5, 2.5, -1.5, 1e-7]
 # length one in every broadcast position, both ways round
 BROADCASTS = [([2, 3, 4], s) for s in ([1, 3, 4], [2, 1, 4], [2, 3, 1], [1, 1, 1], [4], [3, 1], [1], [])]

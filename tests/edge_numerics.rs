@@ -9,6 +9,7 @@
 mod common;
 
 use serde_json::Value;
+use tandem::backend::{BinaryOp, UnaryOp};
 use tandem::tolerance::check_close;
 use tandem::{BackendKind, Device, Result, Shape, Tensor};
 
@@ -74,6 +75,8 @@ fn one(t: Result<Tensor>) -> Result<Vec<Tensor>> {
 /// ulp) for correctly rounded or nearly so arithmetic; more where a GPU builtin is only as good
 /// as WGSL requires (exp: 3 + 2|x| ulp) or sums run in another order.
 const OPS: &[Op] = &[
+    op("identity", 0.0, 0.0, |x, _| one(x[0].unary(UnaryOp::Identity))),
+    op("step", 0.0, 0.0, |x, _| one(x[0].unary(UnaryOp::Step))),
     op("neg", 0.0, 0.0, |x, _| one(x[0].neg())),
     op("exp", 2e-5, 2e-5, |x, _| one(x[0].exp())),
     op("log", 1e-6, 1e-6, |x, _| one(x[0].log())),
@@ -96,6 +99,8 @@ const OPS: &[Op] = &[
     op("minimum", 0.0, 1e-5, |x, _| one(x[0].minimum(&x[1]))),
     op("gt", 0.0, 0.0, |x, _| one(x[0].gt(&x[1]))),
     op("eq_elem", 0.0, 0.0, |x, _| one(x[0].eq_elem(&x[1]))),
+    // PyTorch's threshold_backward(a, b, 0)
+    op("relu_backward", 0.0, 1e-5, |x, _| one(x[0].binary(BinaryOp::ReluBackward, &x[1]))),
     op("sum", 1e-6, 1e-6, |x, a| one(x[0].sum(i(a, "axis"), b(a, "keepdim")))),
     op("mean", 1e-6, 1e-6, |x, a| one(x[0].mean(i(a, "axis"), b(a, "keepdim")))),
     op("max", 0.0, 0.0, |x, a| one(x[0].max(i(a, "axis"), b(a, "keepdim")))),
