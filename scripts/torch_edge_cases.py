@@ -105,6 +105,8 @@ OPS = {
     "narrow": (lambda x, a: [x[0].narrow(a["dim"], a["start"], a["len"])], True),
     "split": (lambda x, a: list(torch.split(x[0], a["sizes"], 0)), True),
     "cat": (lambda x, a: [torch.cat(x, a["dim"])], True),
+    # a round trip through the CPU: bit-exact
+    "to": (lambda x, a: [x[0].clone()], True),
 }
 
 UNARY = ["identity", "step", "neg", "exp", "log", "relu", "sqrt", "square", "tanh", "sigmoid", "recip", "abs"]
@@ -212,6 +214,8 @@ def cases():
     yield "split", "split", {"sizes": [1, 0, 2]}, [ramp([3, 2])]
     yield "cat 0", "cat", {"dim": 0}, [z, f32([], [0, 3]), ramp([1, 3])]
     yield "cat 1", "cat", {"dim": 1}, [z, ramp([2, 1])]
+    yield "to special", "to", {}, [v]
+    yield "to empty", "to", {}, [f32([], [0, 3])]
 
 
 def run(op, args, inputs):
