@@ -188,6 +188,11 @@ def cases():
         yield f"conv2d {stride} {pad}", "conv2d", a, [img, w]
         yield f"conv2d_bias {stride} {pad}", "conv2d_bias", a, [img, w, b]
         yield f"conv2d_bias_relu {stride} {pad}", "conv2d_bias_relu", a, [img, w, b]
+    # OH*OW = 16, a multiple of 4: the products that add the bias and ReLU in their epilogue
+    img6 = ramp([2, 2, 6, 6])
+    img6[0, 0, 2, 2], img6[1, 1, 0, 5], img6[1, 0, 5, 0] = NAN, INF, -INF
+    for op in ["conv2d", "conv2d_bias", "conv2d_bias_relu"]:
+        yield f"{op} 6x6 to 4x4", op, {"stride": [1, 1], "pad": [0, 0]}, [img6, w] + ([b] if op != "conv2d" else [])
     yield "conv2d 1x1 on 1x1", "conv2d", {"stride": [1, 1], "pad": [0, 0]}, [ramp([1, 1, 1, 1]), ramp([1, 1, 1, 1])]
     windows = f32([1, NAN, 3, 4, -INF, -INF, -INF, -INF, 5, 6, 7, NAN, -0.0, 0.0, 0.0, -0.0], [1, 1, 4, 4])
     for kernel, stride, pad in [((2, 2), (2, 2), (0, 0)), ((2, 2), (1, 1), (1, 1)), ((3, 3), (2, 2), (1, 1)), ((1, 1), (1, 1), (0, 0))]:
