@@ -289,8 +289,11 @@ def main():
             if free:
                 case["zero_sign_free"] = free
         out.append(case)
-    json.dump({"generator": "scripts/torch_edge_cases.py", "torch": torch.__version__, "weights": WEIGHTS, "cases": out}, sys.stdout, indent=None, separators=(",", ":"))
-    sys.stdout.write("\n")
+    # one case per line, so that regenerating gives a readable diff
+    head = {"generator": "scripts/torch_edge_cases.py", "torch": torch.__version__, "weights": WEIGHTS}
+    sys.stdout.write(json.dumps(head, separators=(",", ":"))[:-1] + ',"cases":[\n')
+    sys.stdout.write(",\n".join(json.dumps(c, separators=(",", ":")) for c in out))
+    sys.stdout.write("\n]}\n")
 
 
 if __name__ == "__main__":
