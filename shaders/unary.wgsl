@@ -72,14 +72,12 @@ fn ln(v: f32) -> f32 {
     return f32(e) * 0.693147181 + 2.0 * s * series;
 }
 
-// exp(y) - 1, relatively accurate near 0 (Kahan): the rounding of exp(y) is undone by dividing
-// by ln of that same rounded value.
+// exp(y) - 1 for |y| <= 1, relatively accurate near 0 (Kahan): the rounding of exp(y) is undone
+// by dividing by ln of that same rounded value.
 fn expm1(y: f32) -> f32 {
     let u = exp(y);
     if u == 1.0 { return y; }
-    let d = u - 1.0;
-    if d == -1.0 { return d; }
-    return d * y / ln(u);
+    return (u - 1.0) * y / ln(u);
 }
 
 // tanh(|v|) = -expm1(-2|v|) / (2 + expm1(-2|v|)) near 0, (1 - e) / (1 + e), e = exp(-2|v|),
