@@ -116,9 +116,11 @@ fn powf(x: f32, q: f32) -> f32 {
     } else if a == 1.0 {
         r = 1.0;
     } else if whole && abs(q) <= 3.0 {
-        // small integer powers by multiplication, as PyTorch's x*x and x*x*x
-        r = select(select(a * a * a, a * a, abs(q) == 2.0), a, abs(q) == 1.0);
-        r = select(r, 1.0 / r, q < 0.0);
+        // small integer powers by multiplication, as PyTorch's x*x and x*x*x; a negative one
+        // as a power of 1/|x|, which stays normal where |x|^|q| would be subnormal (flushed
+        // to 0 by some GPUs, giving inf for a finite result)
+        let b = select(a, 1.0 / a, q < 0.0);
+        r = select(select(b * b * b, b * b, abs(q) == 2.0), b, abs(q) == 1.0);
     } else {
         r = exp(q * ln(a));
     }
