@@ -1,11 +1,32 @@
 // Elementwise ops of two inputs: out[i] = op(a[la(i)], b[lb(i)]), broadcast through layouts.
 //
 // op:      `BinaryOp::code()`: 0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min, 6 gt, 7 eq,
-//          8 relu_backward (a where b > 0, else 0).
+//          8 relu_backward (0 where b <= 0, else a: a NaN b passes a, as PyTorch's).
 // a, la:   left operand and its strided layout (stride 0 broadcasts); shape = output shape.
 // b, lb:   right operand and its layout, same shape.
 // out:     contiguous output of `n` elements.
-// max/min ignore a NaN operand like Rust's f32::max/min (fmaxf/fminf do the same).
+// max/min are torch.maximum/minimum: NaN if either operand is NaN (fmaxf/fminf would drop
+// it), +0 above -0.
+
+__device__ __forceinline__ float maximum(float a, float b) {
+    if (isnan(a) || isnan(b)) {
+        return __int_as_float(0x7fc00000);
+    }
+    if (a == b) {
+        return __int_as_float(__float_as_int(a) & __float_as_int(b));
+    }
+    return a > b ? a : b;
+}
+
+__device__ __forceinline__ float minimum(float a, float b) {
+    if (isnan(a) || isnan(b)) {
+        return __int_as_float(0x7fc00000);
+    }
+    if (a == b) {
+        return __int_as_float(__float_as_int(a) | __float_as_int(b));
+    }
+    return a < b ? a : b;
+}
 
 __device__ __forceinline__ float binary_op(u32 op, float a, float b) {
     switch (op) {
@@ -13,11 +34,11 @@ __device__ __forceinline__ float binary_op(u32 op, float a, float b) {
         case 1: return a - b;
         case 2: return a * b;
         case 3: return a / b;
-        case 4: return fmaxf(a, b);
-        case 5: return fminf(a, b);
+        case 4: return maximum(a, b);
+        case 5: return minimum(a, b);
         case 6: return a > b ? 1.0f : 0.0f;
         case 7: return a == b ? 1.0f : 0.0f;
-        case 8: return b > 0.0f ? a : 0.0f;
+        case 8: return b <= 0.0f ? 0.0f : a;
         default: return __int_as_float(0x7fffffff);
     }
 }

@@ -4,7 +4,18 @@
 //         (affine: x * p0 + p1; powf: x ^ p0).
 // x, lx:  input buffer and the strided layout it is read through (shape = output shape).
 // out:    contiguous output of `n` elements, n = product of lx.shape.
-// Semantics match `backend/cpu/kernels.rs::unary` (IEEE single precision, no fast math).
+// Semantics match `backend/cpu/kernels.rs::unary` (IEEE single precision, no fast math),
+// which are PyTorch's: relu keeps NaN and -0; powf is C's powf but sqrt for p = ±0.5.
+
+__device__ __forceinline__ float pow_torch(float x, float p) {
+    if (p == 0.5f) {
+        return sqrtf(x);
+    }
+    if (p == -0.5f) {
+        return 1.0f / sqrtf(x);
+    }
+    return powf(x, p);
+}
 
 __device__ __forceinline__ float unary_op(u32 op, float x, float p0, float p1) {
     switch (op) {
@@ -12,7 +23,7 @@ __device__ __forceinline__ float unary_op(u32 op, float x, float p0, float p1) {
         case 1: return -x;
         case 2: return expf(x);
         case 3: return logf(x);
-        case 4: return fmaxf(x, 0.0f);
+        case 4: return x < 0.0f ? 0.0f : x;
         case 5: return x > 0.0f ? 1.0f : 0.0f;
         case 6: return sqrtf(x);
         case 7: return 1.0f / x;
@@ -21,7 +32,7 @@ __device__ __forceinline__ float unary_op(u32 op, float x, float p0, float p1) {
         case 10: return tanhf(x);
         case 11: return 1.0f / (1.0f + expf(-x));
         case 12: return x * p0 + p1;
-        case 13: return powf(x, p0);
+        case 13: return pow_torch(x, p0);
         default: return __int_as_float(0x7fffffff);
     }
 }

@@ -31,17 +31,39 @@ struct Params {
 
 override OP: u32 = 0u;
 
+// NaN is read from the bits: the drivers may assume no NaN reaches `max` or a comparison.
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// torch.maximum / torch.minimum: NaN if either is NaN; of two equal values (±0 included) the
+// bitwise AND is the maximum (+0 over -0) and the OR the minimum.
+fn max_or_min(x: f32, y: f32, is_max: bool) -> f32 {
+    if is_nan(x) || is_nan(y) { return bitcast<f32>(0x7fc00000u); }
+    if x == y {
+        let bx = bitcast<u32>(x);
+        let by = bitcast<u32>(y);
+        return bitcast<f32>(select(bx | by, bx & by, is_max));
+    }
+    return select(min(x, y), max(x, y), is_max);
+}
+
 fn apply(x: f32, y: f32) -> f32 {
+    let ordered = !is_nan(x) && !is_nan(y);
     switch OP {
         case 0u: { return x + y; }
         case 1u: { return x - y; }
         case 2u: { return x * y; }
         case 3u: { return x / y; }
-        case 4u: { return max(x, y); }
-        case 5u: { return min(x, y); }
-        case 6u: { return select(0.0, 1.0, x > y); }
-        case 7u: { return select(0.0, 1.0, x == y); }
-        default: { return select(0.0, x, y > 0.0); }
+        case 4u: { return max_or_min(x, y, true); }
+        case 5u: { return max_or_min(x, y, false); }
+        case 6u: { return select(0.0, 1.0, ordered && x > y); }
+        case 7u: { return select(0.0, 1.0, ordered && x == y); }
+        // PyTorch's threshold_backward: x unless y <= 0 (+0, -0 and below; not NaN)
+        default: {
+            let b = bitcast<u32>(y);
+            return select(x, 0.0, b == 0u || (b >= 0x80000000u && b <= 0xff800000u));
+        }
     }
 }
 

@@ -41,9 +41,13 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> c1: array<f32>;
 @group(0) @binding(1) var<uniform> au: array<vec4<f32>, 4096>;
 
-// The `epi` = 2 clamp of the uniform-A kernels' outputs (bias already added).
+// The `epi` = 2 clamp of the uniform-A kernels' outputs (bias already added): ReLU as
+// PyTorch's, only values below 0 become 0 (NaN and -0 pass, judged from the bits since the
+// drivers may assume `max` never sees a NaN).
 fn epilogue(v: vec4<f32>) -> vec4<f32> {
-    return select(v, max(v, vec4<f32>(0.0)), p.epi == 2u);
+    let b = bitcast<vec4<u32>>(v);
+    let below = b > vec4<u32>(0x80000000u) & b <= vec4<u32>(0xff800000u);
+    return select(v, vec4<f32>(0.0), below & vec4<bool>(p.epi == 2u));
 }
 
 // Row a (four consecutive K values) times the 4×4 block of B rows r0..r3.

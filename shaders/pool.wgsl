@@ -40,6 +40,11 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out2: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> arg2: array<vec2<i32>>;
 
+// NaN from the bits: Mesa's lavapipe folds `v != v` to false.
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
 @compute @workgroup_size(256)
 fn forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let o = gid.y * nwg.x * 256u + gid.x;
@@ -58,7 +63,7 @@ fn forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
             if xx < 0 || xx >= i32(p.w) { continue; }
             let pos = y * i32(p.w) + xx;
             let v = x[base + u32(pos)];
-            if at < 0 || v > best || v != v {
+            if at < 0 || v > best || is_nan(v) {
                 best = v;
                 at = pos;
             }
@@ -122,7 +127,7 @@ struct Best {
 }
 
 fn better(b: Best, v: f32, at: i32) -> Best {
-    if v > b.v || v != v { return Best(v, at); }
+    if v > b.v || is_nan(v) { return Best(v, at); }
     return b;
 }
 

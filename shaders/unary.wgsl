@@ -28,23 +28,124 @@ struct Params {
 
 override OP: u32 = 0u;
 
+// The drivers may assume that no NaN reaches a float builtin or comparison (WGSL allows it;
+// Mesa's lavapipe folds `v != v` to false), so NaN and the sign are read from the bits.
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// Below 0, -inf included, NaN and -0 excluded.
+fn is_negative(v: f32) -> bool {
+    let b = bitcast<u32>(v);
+    return b > 0x80000000u && b <= 0xff800000u;
+}
+
+fn with_sign_of(v: f32, s: f32) -> f32 {
+    return bitcast<f32>((bitcast<u32>(v) & 0x7fffffffu) | (bitcast<u32>(s) & 0x80000000u));
+}
+
+// ln(v) from the exponent and mantissa bits: the builtin `log` flushes subnormals and is
+// several ulp off near 1 on Mesa. v = 2^e * m with m in [sqrt(1/2), sqrt(2)), then
+// ln(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, by its series to s^9
+// (the next term is below 2e-9 relative); m - 1 is exact, so ln stays relative near 1.
+fn ln(v: f32) -> f32 {
+    var b = bitcast<u32>(v);
+    if b == 0u || b == 0x80000000u { return bitcast<f32>(0xff800000u); }
+    if b >= 0x80000000u { return bitcast<f32>(0x7fc00000u); }
+    if b >= 0x7f800000u { return v; }
+    var e = 0;
+    if b < 0x00800000u {
+        // a subnormal is its integer mantissa times 2^-149: normalize through u32 -> f32
+        b = bitcast<u32>(f32(b));
+        e = -149;
+    }
+    e += i32(b >> 23u) - 127;
+    var m = bitcast<f32>((b & 0x007fffffu) | 0x3f800000u);
+    if m > 1.41421356 {
+        m *= 0.5;
+        e += 1;
+    }
+    let f = m - 1.0;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let series = 1.0 + z * (1.0 / 3.0 + z * (0.2 + z * (1.0 / 7.0 + z * (1.0 / 9.0))));
+    return f32(e) * 0.693147181 + 2.0 * s * series;
+}
+
+// exp(y) - 1 for |y| <= 1, relatively accurate near 0 (Kahan): the rounding of exp(y) is undone
+// by dividing by ln of that same rounded value.
+fn expm1(y: f32) -> f32 {
+    let u = exp(y);
+    if u == 1.0 { return y; }
+    return (u - 1.0) * y / ln(u);
+}
+
+// tanh(|v|) = -expm1(-2|v|) / (2 + expm1(-2|v|)) near 0, (1 - e) / (1 + e), e = exp(-2|v|),
+// further out (finite for any |v|), with v's sign: tanh(-0) = -0, tanh(1e-30) = 1e-30.
+fn tanh_accurate(v: f32) -> f32 {
+    let a = abs(v);
+    var t: f32;
+    if a < 0.5 {
+        let m = expm1(-2.0 * a);
+        t = -m / (2.0 + m);
+    } else {
+        let e = exp(-2.0 * a);
+        t = (1.0 - e) / (1.0 + e);
+    }
+    return with_sign_of(t, v);
+}
+
+// PyTorch's pow(x, q) for a scalar q (`kernels.rs::powf`): C's pow, but q = ±0.5 is
+// sqrt / 1 / sqrt. WGSL's `pow` is undefined for x <= 0, so |x|^q is built here and given
+// the sign: a negative x needs an integer q (else NaN) and keeps its sign for odd q.
+fn powf(x: f32, q: f32) -> f32 {
+    if q == 0.0 { return 1.0; }
+    if is_nan(x) { return x; }
+    if q == 0.5 { return sqrt(x); }
+    if q == -0.5 { return 1.0 / sqrt(x); }
+    let a = abs(x);
+    let neg = bitcast<u32>(x) >= 0x80000000u;
+    let whole = floor(q) == q;
+    let finite_nonzero = a > 0.0 && bitcast<u32>(a) < 0x7f800000u;
+    if neg && !whole && finite_nonzero { return bitcast<f32>(0x7fc00000u); }
+    var r: f32;
+    if a == 0.0 {
+        r = select(bitcast<f32>(0x7f800000u), 0.0, q > 0.0);
+    } else if !finite_nonzero {
+        r = select(0.0, a, q > 0.0);
+    } else if a == 1.0 {
+        r = 1.0;
+    } else if whole && abs(q) <= 3.0 {
+        // small integer powers by multiplication, as PyTorch's x*x and x*x*x; a negative one
+        // as a power of 1/|x|, which stays normal where |x|^|q| would be subnormal (flushed
+        // to 0 by some GPUs, giving inf for a finite result)
+        let b = select(a, 1.0 / a, q < 0.0);
+        r = select(select(b * b * b, b * b, abs(q) == 2.0), b, abs(q) == 1.0);
+    } else {
+        r = exp(q * ln(a));
+    }
+    let odd = whole && abs(q) < 16777216.0 && fract(q * 0.5) != 0.0;
+    return select(r, -r, neg && odd);
+}
+
 fn apply(v: f32) -> f32 {
+    // NaN in, NaN out, whatever the driver's builtins do with it; but step(NaN) = 0, NaN^0 = 1.
+    if is_nan(v) && OP != 5u && OP != 13u { return v; }
     switch OP {
         case 0u: { return v; }
         case 1u: { return -v; }
         case 2u: { return exp(v); }
-        case 3u: { return log(v); }
-        case 4u: { return max(v, 0.0); }
-        case 5u: { return select(0.0, 1.0, v > 0.0); }
+        case 3u: { return ln(v); }
+        case 4u: { return select(v, 0.0, is_negative(v)); }
+        case 5u: { let b = bitcast<u32>(v); return select(0.0, 1.0, b >= 1u && b <= 0x7f800000u); }
         case 6u: { return sqrt(v); }
         case 7u: { return 1.0 / v; }
         case 8u: { return v * v; }
         case 9u: { return abs(v); }
-        // tanh(v) from exp(-2|v|) stays finite for large |v|, where the builtin can give NaN.
-        case 10u: { let e = exp(-2.0 * abs(v)); return sign(v) * (1.0 - e) / (1.0 + e); }
+        case 10u: { return tanh_accurate(v); }
         case 11u: { return 1.0 / (1.0 + exp(-v)); }
         case 12u: { return v * p.p0 + p.p1; }
-        default: { return pow(v, p.p0); }
+        default: { return powf(v, p.p0); }
     }
 }
 

@@ -475,3 +475,23 @@ fn tensor_file_errors() {
         Err(Error::Io { .. })
     ));
 }
+
+#[test]
+fn tensor_file_rejects_non_finite_inputs() {
+    let dir = temp_dir("tf-nonfinite");
+    let p = dir.join("d.safetensors");
+    let labels = ("y", Dtype::I32, vec![3], le(&[0i32, 1, 2], i32::to_le_bytes));
+    for (bad, shown) in [(f32::NAN, "NaN"), (f32::INFINITY, "inf"), (f32::NEG_INFINITY, "-inf")] {
+        let mut x = vec![0.5f32; 6];
+        x[3] = bad;
+        x[5] = f32::NAN;
+        write_st(&p, &[("x", Dtype::F32, vec![3, 2], le(&x, f32::to_le_bytes)), labels.clone()]);
+        let d = format_detail(&p);
+        assert!(d.contains(&format!("tensor 'x' [3, 2] holds {shown} at flat index 3 (index [1, 1])")), "{d}");
+    }
+    let mut y = vec![0.25f32; 6];
+    y[4] = f32::INFINITY;
+    write_st(&p, &[x_entry(3), ("y", Dtype::F32, vec![3, 2], le(&y, f32::to_le_bytes))]);
+    let d = format_detail(&p);
+    assert!(d.contains("tensor 'y' [3, 2] holds inf at flat index 4 (index [2, 0])"), "{d}");
+}

@@ -104,6 +104,14 @@ fn unary_ops() {
     }
 }
 
+/// Integer powers of negative bases (PyTorch's pow: defined, odd powers keep the sign).
+#[test]
+fn powf_of_negative_bases() {
+    for p in [2.0, 3.0, -1.0, -2.0, -3.0] {
+        gradcheck_with(&format!("powf({p})"), &[&[3, 5]], &move |x| x[0].powf(p), |rng| rng.random_range(-1.5f32..-0.4));
+    }
+}
+
 #[test]
 fn binary_ops_with_broadcasting() {
     gradcheck("add", &[&[2, 3, 4], &[3, 1]], &|x| x[0].add(&x[1]));

@@ -239,3 +239,80 @@ fn autograd_works_from_several_threads() {
         assert_eq!(h.join().unwrap(), vec![2.0 * i as f32, 2.0]);
     }
 }
+
+mod common;
+
+/// `got` equals `want` as PyTorch compares edge values: NaN for NaN, the same infinity, the
+/// same sign of zero, else within 1e-6 relative.
+#[track_caller]
+fn exactly(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_nan() || g.is_nan() || w.is_infinite() || w == 0.0 {
+            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan())
+        } else {
+            (g - w).abs() <= 1e-6 * w.abs()
+        };
+        assert!(ok, "{what}[{i}]: got {g:?} ({:#010x}), PyTorch gives {w:?}", g.to_bits());
+    }
+}
+
+/// Items 3 and 6 of issue 12 on the CPU reference and every device: powf of negative bases and
+/// its special cases, NaN through ReLU, maximum/minimum, comparisons and max-pool.
+#[test]
+fn powf_and_nan_propagation_on_every_device() {
+    let (nan, inf) = (f32::NAN, f32::INFINITY);
+    let _guard = common::shared();
+    for dev in std::iter::once(Device::cpu()).chain(common::devices_under_test()) {
+        let on = |v: &[f32]| Tensor::from_vec(v.to_vec(), [v.len()], &dev).unwrap();
+        let run = |what: &str, y: Tensor, want: &[f32]| exactly(&format!("{what} on {dev}"), &y.to_vec().unwrap(), want);
+        let x = on(&[-2.0, 2.0, -0.0, 0.0, nan, -inf, inf, -1.0]);
+        run("powf(3)", x.powf(3.0).unwrap(), &[-8.0, 8.0, -0.0, 0.0, nan, -inf, inf, -1.0]);
+        run("powf(2)", x.powf(2.0).unwrap(), &[4.0, 4.0, 0.0, 0.0, nan, inf, inf, 1.0]);
+        run("powf(0)", x.powf(0.0).unwrap(), &[1.0; 8]);
+        run("powf(-1)", x.powf(-1.0).unwrap(), &[-0.5, 0.5, -inf, inf, nan, -0.0, 0.0, -1.0]);
+        run("powf(-2)", x.powf(-2.0).unwrap(), &[0.25, 0.25, inf, inf, nan, 0.0, 0.0, 1.0]);
+        run("powf(0.5)", x.powf(0.5).unwrap(), &[nan, 2f32.sqrt(), -0.0, 0.0, nan, nan, inf, nan]);
+        run("powf(1.5)", x.powf(1.5).unwrap(), &[nan, 8f32.sqrt(), 0.0, 0.0, nan, inf, inf, nan]);
+        run("powf(-3)", x.powf(-3.0).unwrap(), &[-0.125, 0.125, -inf, inf, nan, -0.0, 0.0, -1.0]);
+        run("powf(4)", x.powf(4.0).unwrap(), &[16.0, 16.0, 0.0, 0.0, nan, inf, inf, 1.0]);
+        run("relu", x.relu().unwrap(), &[0.0, 2.0, -0.0, 0.0, nan, 0.0, inf, 0.0]);
+        let a = on(&[1.0, nan, 3.0, -0.0, 0.0, 2.0, nan]);
+        let b = on(&[0.0, 0.0, nan, 0.0, -0.0, 2.0, nan]);
+        run("maximum", a.maximum(&b).unwrap(), &[1.0, nan, nan, 0.0, 0.0, 2.0, nan]);
+        run("minimum", a.minimum(&b).unwrap(), &[0.0, nan, nan, -0.0, -0.0, 2.0, nan]);
+        run("gt", a.gt(&b).unwrap(), &[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        run("eq", a.eq_elem(&b).unwrap(), &[0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]);
+        // one 2×2 window [1, NaN; 3, 4] and one [5, 6; 7, NaN]: NaN wins and takes the gradient
+        let img = Tensor::from_vec(vec![1.0, nan, 5.0, 6.0, 3.0, 4.0, 7.0, nan], [1, 1, 2, 4], &dev).unwrap().requires_grad();
+        let pooled = img.max_pool2d((2, 2), (2, 2), (0, 0)).unwrap();
+        run("max_pool2d", pooled.clone(), &[nan, nan]);
+        pooled.sum_all().unwrap().backward().unwrap();
+        run("max_pool2d grad", img.grad().unwrap(), &[0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
+    }
+}
+
+/// PyTorch's gradients at the edges: relu passes the gradient at NaN, powf's at 0.
+#[test]
+fn relu_and_powf_gradients_at_the_edges_on_every_device() {
+    let (nan, inf) = (f32::NAN, f32::INFINITY);
+    let _guard = common::shared();
+    for dev in std::iter::once(Device::cpu()).chain(common::devices_under_test()) {
+        let grad = |v: &[f32], f: &dyn Fn(&Tensor) -> Tensor| {
+            let x = Tensor::from_vec(v.to_vec(), [v.len()], &dev).unwrap().requires_grad();
+            f(&x).sum_all().unwrap().backward().unwrap();
+            x.grad().unwrap().to_vec().unwrap()
+        };
+        let w = |what: &str| format!("{what} on {dev}");
+        exactly(&w("relu'"), &grad(&[nan, -1.0, -0.0, 0.0, 2.0], &|x| x.relu().unwrap()), &[1.0, 0.0, 0.0, 0.0, 1.0]);
+        exactly(&w("powf(1)'"), &grad(&[0.0, -2.0], &|x| x.powf(1.0).unwrap()), &[1.0, 1.0]);
+        exactly(&w("powf(0.5)'"), &grad(&[0.0, 4.0], &|x| x.powf(0.5).unwrap()), &[inf, 0.25]);
+        exactly(&w("powf(0)'"), &grad(&[0.0, nan, 3.0], &|x| x.powf(0.0).unwrap()), &[0.0, 0.0, 0.0]);
+        exactly(&w("powf(3)'"), &grad(&[-2.0, 0.0], &|x| x.powf(3.0).unwrap()), &[12.0, 0.0]);
+        let a = Tensor::from_vec(vec![1.0, nan, 2.0, 0.0], [4], &dev).unwrap().requires_grad();
+        let b = Tensor::from_vec(vec![0.0, 1.0, 2.0, 5.0], [4], &dev).unwrap().requires_grad();
+        a.maximum(&b).unwrap().sum_all().unwrap().backward().unwrap();
+        exactly(&w("maximum' a"), &a.grad().unwrap().to_vec().unwrap(), &[1.0, 1.0, 0.5, 0.0]);
+        exactly(&w("maximum' b"), &b.grad().unwrap().to_vec().unwrap(), &[0.0, 1.0, 0.5, 1.0]);
+    }
+}

@@ -16,13 +16,16 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
                 BinaryOp::Add => (Some(g.clone()), Some(g.clone())),
                 BinaryOp::Sub => (Some(g.clone()), Some(g.neg()?)),
                 BinaryOp::Mul => (Some(g.mul(bb)?), Some(g.mul(a)?)),
-                // d(a/b)/db = -a/b² = -out/b
-                BinaryOp::Div => (Some(g.div(bb)?), Some(g.mul(out)?.div(bb)?.neg()?)),
-                // ties share the gradient evenly, as torch.maximum/minimum do
+                // d(a/b)/db = -a/b² = -(out/b), in that order (PyTorch's), so that it does not
+                // overflow where the result does not
+                BinaryOp::Div => (Some(g.div(bb)?), Some(out.div(bb)?.mul(g)?.neg()?)),
+                // as torch.maximum/minimum: ties share evenly, the loser gets +0 (selected, not
+                // multiplied by 0), and where either is NaN (no comparison holds) both get all
                 BinaryOp::Max | BinaryOp::Min => {
-                    let (win_a, win_b) = if *b == BinaryOp::Max { (a.gt(bb)?, bb.gt(a)?) } else { (bb.gt(a)?, a.gt(bb)?) };
-                    let tie = a.eq_elem(bb)?.mul_scalar(0.5)?;
-                    (Some(g.mul(&win_a.add(&tie)?)?), Some(g.mul(&win_b.add(&tie)?)?))
+                    let (lose_a, lose_b) = if *b == BinaryOp::Max { (bb.gt(a)?, a.gt(bb)?) } else { (a.gt(bb)?, bb.gt(a)?) };
+                    let shared = g.mul(&a.eq_elem(bb)?.affine(-0.5, 1.0)?)?;
+                    let unless = |lose: Tensor| shared.binary(BinaryOp::ReluBackward, &lose.affine(-1.0, 1.0)?);
+                    (Some(unless(lose_a)?), Some(unless(lose_b)?))
                 }
                 BinaryOp::Gt | BinaryOp::Eq => (None, None),
                 // piecewise constant in b: zero wherever defined
@@ -167,7 +170,10 @@ fn unary(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Tensor> {
         UnaryOp::Tanh => g.mul(&out.square()?.affine(-1.0, 1.0)?),
         UnaryOp::Sigmoid => g.mul(&out.mul(&out.affine(-1.0, 1.0)?)?),
         UnaryOp::Affine { mul, .. } => g.mul_scalar(mul),
-        UnaryOp::Powf(p) => g.mul(&x.powf(p - 1.0)?)?.mul_scalar(p),
+        // p·x^(p-1), in PyTorch's order and with its special case: zeros for p = 0 (not 0·x^-1,
+        // which is NaN at x = 0)
+        UnaryOp::Powf(0.0) => Tensor::zeros(x.dims().to_vec(), g.device()),
+        UnaryOp::Powf(p) => g.mul(&x.powf(p - 1.0)?.mul_scalar(p)?),
     }
 }
 

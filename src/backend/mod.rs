@@ -97,8 +97,9 @@ pub enum BinaryOp {
     Gt,
     /// 1.0 where a == b, else 0.0
     Eq,
-    /// a where b > 0, else 0.0: ReLU's gradient in one pass (a = grad_out, b = the ReLU's
-    /// input), and 0 even where a is NaN or infinite, as PyTorch's threshold_backward.
+    /// 0.0 where b <= 0, else a: ReLU's gradient in one pass (a = grad_out, b = the ReLU's
+    /// input), 0 even where a is NaN or infinite and a where b is NaN, as PyTorch's
+    /// threshold_backward.
     ReluBackward,
 }
 

@@ -6,6 +6,7 @@ use safetensors::Dtype;
 use std::path::Path;
 
 /// Loads `x` (F32, first dimension = samples) and `y` from a safetensors file.
+/// A NaN or infinity in `x` or in F32 `y` is an error naming the tensor and its first index.
 ///
 /// Integer `y` (I64, I32 or U8, shape `[n]` or `[n, 1]`) gives class labels; their count is
 /// `classes` when given, else the largest label plus one. F32 `y` gives regression targets of
@@ -40,6 +41,7 @@ pub fn load(path: impl AsRef<Path>, classes: Option<usize>) -> Result<Dataset> {
     let HostData::F32(x) = host_from_view(path, "x", &xv)?.data else {
         return Err(Error::format(path, "x did not decode to f32"));
     };
+    finite(path, "x", &x, xv.shape())?;
     let y = match yv.dtype() {
         Dtype::I64 | Dtype::I32 | Dtype::U8 => {
             if !(yv.shape().len() == 1 || yv.shape() == [n, 1]) {
@@ -63,6 +65,7 @@ pub fn load(path: impl AsRef<Path>, classes: Option<usize>) -> Result<Dataset> {
             let HostData::F32(data) = host_from_view(path, "y", &yv)?.data else {
                 return Err(Error::format(path, "y did not decode to f32"));
             };
+            finite(path, "y", &data, yv.shape())?;
             let mut per = yv.shape()[1..].to_vec();
             if per.is_empty() {
                 per.push(1);
@@ -76,4 +79,19 @@ pub fn load(path: impl AsRef<Path>, classes: Option<usize>) -> Result<Dataset> {
     let ds = Dataset { x, sample_shape: sample_shape.to_vec(), y };
     ds.validate().map_err(|e| Error::format(path, e.to_string()))?;
     Ok(ds)
+}
+
+/// Rejects a NaN or infinite value: training on it would only turn every loss into NaN (or,
+/// through a ReLU in older versions, silently into garbage). Names the first one.
+fn finite(path: &Path, name: &str, v: &[f32], shape: &[usize]) -> Result<()> {
+    let Some(i) = v.iter().position(|x| !x.is_finite()) else {
+        return Ok(());
+    };
+    let mut at = vec![0; shape.len()];
+    let mut rem = i;
+    for (a, &d) in at.iter_mut().zip(shape).rev() {
+        *a = rem % d;
+        rem /= d;
+    }
+    Err(Error::format(path, format!("tensor '{name}' {shape:?} holds {} at flat index {i} (index {at:?}); inputs must be finite", v[i])))
 }

@@ -49,8 +49,9 @@ impl Tensor {
     pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
         self.unary(UnaryOp::Affine { mul, add })
     }
+    /// `self * s`; adds -0, not +0, so that -0 · s keeps its sign as in PyTorch.
     pub fn mul_scalar(&self, s: f32) -> Result<Tensor> {
-        self.affine(s, 0.0)
+        self.affine(s, -0.0)
     }
     pub fn add_scalar(&self, s: f32) -> Result<Tensor> {
         self.affine(1.0, s)
@@ -120,7 +121,8 @@ impl Tensor {
     }
     pub fn mean(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         let a = self.shape().axis("mean", axis)?;
-        let n = self.dims()[a].max(1) as f32;
+        // an empty axis gives 0 · (1/0) = NaN, as in PyTorch
+        let n = self.dims()[a] as f32;
         self.sum(axis, keepdim)?.mul_scalar(1.0 / n)
     }
     /// Maximum over `axis`; the gradient is shared evenly between tied maxima.
@@ -144,7 +146,7 @@ impl Tensor {
         self.flatten_all()?.sum(0, false)
     }
     pub fn mean_all(&self) -> Result<Tensor> {
-        let n = self.numel().max(1) as f32;
+        let n = self.numel() as f32;
         self.sum_all()?.mul_scalar(1.0 / n)
     }
 
@@ -185,7 +187,8 @@ impl Tensor {
             return Err(Error::shape("cross_entropy", format!("logits must be [N, C], got {:?}", self.shape())));
         }
         labels.check_labels("cross_entropy", self.dims()[1])?;
-        self.log_softmax(1)?.gather_rows(labels)?.mean_all()?.neg()
+        // negated before the mean, as PyTorch's nll_loss: a loss of 0 is +0, not -0
+        self.log_softmax(1)?.gather_rows(labels)?.neg()?.mean_all()
     }
     /// Mean squared error, as PyTorch's `MSELoss()`; shapes must match exactly.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {

@@ -8,7 +8,14 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
         UnaryOp::Neg => -x,
         UnaryOp::Exp => x.exp(),
         UnaryOp::Log => x.ln(),
-        UnaryOp::Relu => x.max(0.0),
+        // NaN and -0 pass through, as in PyTorch (`x < 0` is false for both).
+        UnaryOp::Relu => {
+            if x < 0.0 {
+                0.0
+            } else {
+                x
+            }
+        }
         UnaryOp::Step => (x > 0.0) as i32 as f32,
         UnaryOp::Sqrt => x.sqrt(),
         UnaryOp::Recip => 1.0 / x,
@@ -17,7 +24,20 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         UnaryOp::Affine { mul, add } => x * mul + add,
-        UnaryOp::Powf(p) => x.powf(p),
+        UnaryOp::Powf(p) => powf(x, p),
+    }
+}
+
+/// PyTorch's `pow(x, p)` for a scalar exponent: C's `pow` (p = 0 gives 1 even for NaN; a
+/// negative base needs an integer p, odd p keeps its sign; 0 to a negative p is an infinity),
+/// except that p = ±0.5 is `sqrt` / `1/sqrt`, so -0 keeps its sign and -inf gives NaN there.
+pub fn powf(x: f32, p: f32) -> f32 {
+    if p == 0.5 {
+        x.sqrt()
+    } else if p == -0.5 {
+        1.0 / x.sqrt()
+    } else {
+        x.powf(p)
     }
 }
 
@@ -112,17 +132,36 @@ pub fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
         BinaryOp::Sub => a - b,
         BinaryOp::Mul => a * b,
         BinaryOp::Div => a / b,
-        BinaryOp::Max => a.max(b),
-        BinaryOp::Min => a.min(b),
+        BinaryOp::Max => maximum(a, b),
+        BinaryOp::Min => -maximum(-a, -b),
         BinaryOp::Gt => (a > b) as i32 as f32,
         BinaryOp::Eq => (a == b) as i32 as f32,
+        // PyTorch's threshold_backward: the gradient passes unless b <= 0, so a NaN b passes it.
         BinaryOp::ReluBackward => {
-            if b > 0.0 {
-                a
-            } else {
+            if b <= 0.0 {
                 0.0
+            } else {
+                a
             }
         }
+    }
+}
+
+/// `torch.maximum`: NaN if either is NaN; +0 above -0 (IEEE 754-2019 maximum; PyTorch itself
+/// answers either zero, depending on its scalar or vector path).
+fn maximum(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else if a == b {
+        if a.is_sign_negative() {
+            b
+        } else {
+            a
+        }
+    } else if a > b {
+        a
+    } else {
+        b
     }
 }
 

@@ -1,0 +1,276 @@
+//! Every op of the Tensor API, and its gradient, on special values (0, -0, ±inf, NaN,
+//! subnormals, 1 ± 1 ulp, ±1e30, the largest finite, ...) and special shapes (empty axes, one
+//! element, length one in every broadcast position), on each device, against PyTorch's answers
+//! in tests/fixtures/torch_edge_cases.json (written by scripts/torch_edge_cases.py).
+//!
+//! One rule for every value: NaN where PyTorch has NaN, the same infinity, a zero of the same
+//! sign where both are zero (except where PyTorch itself answers either sign), else
+//! `tandem::tolerance::check_close` with the op's bounds from `OPS`.
+mod common;
+
+use serde_json::Value;
+use tandem::backend::{BinaryOp, UnaryOp};
+use tandem::tolerance::check_close;
+use tandem::{BackendKind, Device, Result, Shape, Tensor};
+
+/// Subnormal results may be flushed to zero on GPUs (Mesa's drivers do): every output allows an
+/// absolute error of the smallest normal, every gradient that times the largest loss weight.
+const FLUSH: f32 = f32::MIN_POSITIVE;
+const GRAD_FLUSH: f32 = 3.0 * FLUSH;
+
+type Run = fn(&[Tensor], &Value) -> Result<Vec<Tensor>>;
+
+/// One op: its name in the fixture, the relative bound of its outputs and of its gradients,
+/// an absolute bound where cancellation makes a relative one meaningless near 0, whether the
+/// sign of a zero gradient is checked, and how tandem runs it.
+struct Op {
+    name: &'static str,
+    rtol: f32,
+    grad_rtol: f32,
+    atol: f32,
+    grad_zero_sign: bool,
+    run: Run,
+}
+
+const fn op(name: &'static str, rtol: f32, grad_rtol: f32, run: Run) -> Op {
+    Op { name, rtol, grad_rtol, atol: 0.0, grad_zero_sign: true, run }
+}
+
+impl Op {
+    const fn atol(self, atol: f32) -> Op {
+        Op { atol, ..self }
+    }
+    /// For gradients PyTorch computes by a fused formula (softmax's `(g - sum(g y)) y`; tandem
+    /// differentiates `exp(log_softmax)`), where a zero gradient's sign is an accident of the
+    /// order of operations.
+    const fn any_zero_sign_in_grads(self) -> Op {
+        Op { grad_zero_sign: false, ..self }
+    }
+}
+
+fn f(a: &Value, k: &str) -> f32 {
+    a[k].as_f64().expect("numeric argument") as f32
+}
+fn u(a: &Value, k: &str) -> usize {
+    a[k].as_u64().expect("integer argument") as usize
+}
+fn i(a: &Value, k: &str) -> isize {
+    a[k].as_i64().expect("integer argument") as isize
+}
+fn b(a: &Value, k: &str) -> bool {
+    a[k].as_bool().expect("boolean argument")
+}
+fn list(a: &Value, k: &str) -> Vec<usize> {
+    a[k].as_array().expect("list argument").iter().map(|v| v.as_u64().expect("integer") as usize).collect()
+}
+fn pair(a: &Value, k: &str) -> (usize, usize) {
+    let l = list(a, k);
+    (l[0], l[1])
+}
+fn one(t: Result<Tensor>) -> Result<Vec<Tensor>> {
+    t.map(|t| vec![t])
+}
+
+/// The op table. Bounds are relative errors against PyTorch's float32 CPU answers: 1e-6 (a few
+/// ulp) for correctly rounded or nearly so arithmetic; more where a GPU builtin is only as good
+/// as WGSL requires (exp: 3 + 2|x| ulp) or sums run in another order.
+const OPS: &[Op] = &[
+    op("identity", 0.0, 0.0, |x, _| one(x[0].unary(UnaryOp::Identity))),
+    op("step", 0.0, 0.0, |x, _| one(x[0].unary(UnaryOp::Step))),
+    op("neg", 0.0, 0.0, |x, _| one(x[0].neg())),
+    op("exp", 2e-5, 2e-5, |x, _| one(x[0].exp())),
+    op("log", 1e-6, 1e-6, |x, _| one(x[0].log())),
+    op("relu", 0.0, 0.0, |x, _| one(x[0].relu())),
+    op("sqrt", 1e-6, 1e-6, |x, _| one(x[0].sqrt())),
+    op("square", 1e-6, 1e-6, |x, _| one(x[0].square())),
+    op("tanh", 2e-6, 4e-6, |x, _| one(x[0].tanh())),
+    op("sigmoid", 2e-6, 4e-6, |x, _| one(x[0].sigmoid())),
+    op("recip", 1e-6, 1e-6, |x, _| one(x[0].recip())),
+    op("abs", 0.0, 0.0, |x, _| one(x[0].abs())),
+    // exp(p ln|x|) for non-integer p: the argument's rounding grows with |p ln x| (up to 89)
+    op("powf", 2e-5, 2e-5, |x, a| one(x[0].powf(f(a, "p")))),
+    op("affine", 1e-6, 1e-6, |x, a| one(x[0].affine(f(a, "mul"), f(a, "add")))),
+    // gradients of broadcast operands are sums over the broadcast axes, in any order
+    op("add", 1e-6, 1e-5, |x, _| one(x[0].add(&x[1]))),
+    op("sub", 1e-6, 1e-5, |x, _| one(x[0].sub(&x[1]))),
+    op("mul", 1e-6, 1e-5, |x, _| one(x[0].mul(&x[1]))),
+    op("div", 1e-6, 1e-5, |x, _| one(x[0].div(&x[1]))),
+    op("maximum", 0.0, 1e-5, |x, _| one(x[0].maximum(&x[1]))),
+    op("minimum", 0.0, 1e-5, |x, _| one(x[0].minimum(&x[1]))),
+    op("gt", 0.0, 0.0, |x, _| one(x[0].gt(&x[1]))),
+    op("eq_elem", 0.0, 0.0, |x, _| one(x[0].eq_elem(&x[1]))),
+    // PyTorch's threshold_backward(a, b, 0)
+    op("relu_backward", 0.0, 1e-5, |x, _| one(x[0].binary(BinaryOp::ReluBackward, &x[1]))),
+    op("sum", 1e-6, 1e-6, |x, a| one(x[0].sum(i(a, "axis"), b(a, "keepdim")))),
+    op("mean", 1e-6, 1e-6, |x, a| one(x[0].mean(i(a, "axis"), b(a, "keepdim")))),
+    op("max", 0.0, 0.0, |x, a| one(x[0].max(i(a, "axis"), b(a, "keepdim")))),
+    op("min", 0.0, 0.0, |x, a| one(x[0].min(i(a, "axis"), b(a, "keepdim")))),
+    op("argmax", 0.0, 0.0, |x, a| one(x[0].argmax(i(a, "axis")))),
+    op("sum_all", 1e-6, 1e-6, |x, _| one(x[0].sum_all())),
+    op("mean_all", 1e-6, 1e-6, |x, _| one(x[0].mean_all())),
+    // gradients are differences of O(1) terms: absolute error near 0
+    op("softmax", 2e-5, 2e-5, |x, a| one(x[0].softmax(i(a, "axis")))).atol(1e-6).any_zero_sign_in_grads(),
+    op("log_softmax", 2e-5, 2e-5, |x, a| one(x[0].log_softmax(i(a, "axis")))).atol(1e-6),
+    op("gather_rows", 0.0, 0.0, |x, _| one(x[0].gather_rows(&x[1]))),
+    op("cross_entropy", 2e-5, 2e-5, |x, _| one(x[0].cross_entropy(&x[1]))).atol(1e-6),
+    op("mse_loss", 1e-6, 1e-6, |x, _| one(x[0].mse_loss(&x[1]))),
+    op("matmul", 1e-6, 1e-6, |x, _| one(x[0].matmul(&x[1]))),
+    op("matmul_t", 1e-6, 1e-6, |x, a| one(x[0].matmul_t(&x[1], b(a, "ta"), b(a, "tb")))),
+    op("conv2d", 1e-5, 1e-5, |x, a| one(x[0].conv2d(&x[1], pair(a, "stride"), pair(a, "pad")))).atol(1e-5),
+    op("conv2d_bias", 1e-5, 1e-5, |x, a| one(x[0].conv2d_bias(&x[1], &x[2], pair(a, "stride"), pair(a, "pad")))).atol(1e-5),
+    op("conv2d_bias_relu", 1e-5, 1e-5, |x, a| one(x[0].conv2d_bias_relu(&x[1], &x[2], pair(a, "stride"), pair(a, "pad")))).atol(1e-5),
+    op("max_pool2d", 0.0, 0.0, |x, a| one(x[0].max_pool2d(pair(a, "kernel"), pair(a, "stride"), pair(a, "pad")))),
+    op("reshape", 0.0, 0.0, |x, a| one(x[0].reshape(list(a, "shape")))),
+    op("flatten", 0.0, 0.0, |x, _| one(x[0].flatten())),
+    op("flatten_all", 0.0, 0.0, |x, _| one(x[0].flatten_all())),
+    op("permute", 0.0, 0.0, |x, a| one(x[0].permute(&list(a, "perm")))),
+    op("t", 0.0, 0.0, |x, _| one(x[0].t())),
+    op("broadcast_to", 0.0, 1e-6, |x, a| one(x[0].broadcast_to(list(a, "shape")))),
+    op("sum_to", 1e-6, 0.0, |x, a| one(x[0].sum_to(&Shape(list(a, "shape"))))),
+    op("narrow", 0.0, 0.0, |x, a| one(x[0].narrow(u(a, "dim"), u(a, "start"), u(a, "len")))),
+    op("split", 0.0, 0.0, |x, a| x[0].split(&list(a, "sizes"))),
+    op("cat", 0.0, 0.0, |x, a| one(Tensor::cat(x, u(a, "dim")))),
+    op("to", 0.0, 0.0, |x, _| one(x[0].to(&Device::cpu()).and_then(|c| c.to(x[0].device())))),
+];
+
+fn fixture() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/torch_edge_cases.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("fixture readable")).expect("fixture is JSON")
+}
+
+fn dims(v: &Value) -> Vec<usize> {
+    v["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    let hex = v["f32"].as_array().expect("f32 values");
+    hex.iter().map(|h| f32::from_bits(u32::from_str_radix(h.as_str().expect("hex"), 16).expect("hex bits"))).collect()
+}
+
+fn ints(v: &Value) -> Vec<i32> {
+    v["i32"].as_array().expect("i32 values").iter().map(|x| x.as_i64().expect("integer") as i32).collect()
+}
+
+/// The case's inputs on `dev`; floats require a gradient when the case has gradients.
+fn inputs(case: &Value, dev: &Device) -> Result<Vec<Tensor>> {
+    let grad = case.get("grads").is_some();
+    let ins = case["inputs"].as_array().expect("inputs");
+    ins.iter()
+        .map(|x| {
+            if x.get("i32").is_some() {
+                Tensor::from_labels(ints(x), dims(x), dev)
+            } else {
+                let t = Tensor::from_vec(floats(x), dims(x), dev)?;
+                Ok(if grad { t.requires_grad() } else { t })
+            }
+        })
+        .collect()
+}
+
+/// The comparison rule; `free` lists positions where either sign of zero is PyTorch's (`None`:
+/// all of them).
+fn compare(what: &str, got: &[f32], want: &[f32], free: Option<&[usize]>, atol: f32, rtol: f32) -> std::result::Result<(), String> {
+    for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let checked = free.is_some_and(|f| !f.contains(&k));
+        if checked && g == 0.0 && w == 0.0 && g.is_sign_negative() != w.is_sign_negative() {
+            return Err(format!("{what}: element {k} is {g:?} but PyTorch has {w:?}"));
+        }
+    }
+    check_close(what, got, want, atol, rtol)
+}
+
+/// Runs one case on `dev`; Err describes the first mismatch. Gradients are those of
+/// sum_k sum(out_k * w_k), w_k the fixture's `weights` repeated.
+fn check_case(case: &Value, dev: &Device, weights: &[f32]) -> std::result::Result<(), String> {
+    let name = case["name"].as_str().expect("name");
+    let op_name = case["op"].as_str().expect("op");
+    let op = OPS.iter().find(|o| o.name == op_name).ok_or_else(|| format!("{name}: op '{op_name}' is not in OPS"))?;
+    let xs = inputs(case, dev).map_err(|e| format!("{name}: inputs: {e}"))?;
+    let result = (op.run)(&xs, &case["args"]);
+    if let Some(err) = case.get("error") {
+        return match result {
+            Err(_) => Ok(()),
+            Ok(_) => Err(format!("{name}: PyTorch fails ({err}) but tandem returns a value")),
+        };
+    }
+    let outs = result.map_err(|e| format!("{name}: tandem fails: {e}"))?;
+    let want = case["outputs"].as_array().expect("outputs");
+    if outs.len() != want.len() {
+        return Err(format!("{name}: {} outputs, PyTorch has {}", outs.len(), want.len()));
+    }
+    let free: Vec<usize> = case.get("zero_sign_free").map_or(vec![], |v| v.as_array().expect("list").iter().map(|x| x.as_u64().expect("index") as usize).collect());
+    for (k, (o, w)) in outs.iter().zip(want).enumerate() {
+        if o.dims() != dims(w) {
+            return Err(format!("{name}: output {k} has shape {:?}, PyTorch's {:?}", o.dims(), dims(w)));
+        }
+        if w.get("i32").is_some() {
+            let got = o.to_vec_i32().map_err(|e| e.to_string())?;
+            if got != ints(w) {
+                return Err(format!("{name}: output {k} is {got:?}, PyTorch's {:?}", ints(w)));
+            }
+        } else {
+            compare(&format!("{name}: output {k}"), &o.to_vec().map_err(|e| e.to_string())?, &floats(w), Some(&free), op.atol.max(FLUSH), op.rtol)?;
+        }
+    }
+    let Some(grads) = case.get("grads") else {
+        return Ok(());
+    };
+    let mut loss: Option<Tensor> = None;
+    for o in &outs {
+        let w: Vec<f32> = (0..o.numel()).map(|j| weights[j % weights.len()]).collect();
+        let term = o.mul(&Tensor::from_vec(w, o.dims().to_vec(), dev).map_err(|e| e.to_string())?).and_then(|t| t.sum_all()).map_err(|e| format!("{name}: loss: {e}"))?;
+        loss = Some(match loss {
+            None => term,
+            Some(l) => l.add(&term).map_err(|e| e.to_string())?,
+        });
+    }
+    loss.expect("an output").backward().map_err(|e| format!("{name}: backward: {e}"))?;
+    for (k, (x, g)) in xs.iter().zip(grads.as_array().expect("grads")).enumerate() {
+        if g.is_null() {
+            continue;
+        }
+        let got = match x.grad() {
+            Some(t) => t.to_vec().map_err(|e| e.to_string())?,
+            None => vec![0.0; x.numel()],
+        };
+        let signs = if op.grad_zero_sign { Some(&[][..]) } else { None };
+        compare(&format!("{name}: gradient of input {k}"), &got, &floats(g), signs, op.atol.max(GRAD_FLUSH), op.grad_rtol)?;
+    }
+    Ok(())
+}
+
+/// Every case on one device; panics listing every mismatch.
+fn check_device(backend: BackendKind, ordinal: usize) {
+    let Some(info) = Device::list().into_iter().find(|i| i.backend == backend && i.ordinal == ordinal) else {
+        eprintln!("skipping {}:{ordinal}: no such device here", backend.name());
+        return;
+    };
+    let _guard = common::shared();
+    let dev = Device::open(backend, ordinal).expect("listed device opens");
+    let fx = fixture();
+    let weights: Vec<f32> = fx["weights"].as_array().expect("weights").iter().map(|w| w.as_f64().expect("weight") as f32).collect();
+    let cases = fx["cases"].as_array().expect("cases");
+    let failures: Vec<String> = cases.iter().filter_map(|c| check_case(c, &dev, &weights).err()).collect();
+    let covered: Vec<&str> = cases.iter().map(|c| c["op"].as_str().expect("op")).collect();
+    let missing: Vec<&str> = OPS.iter().map(|o| o.name).filter(|n| !covered.contains(n)).collect();
+    assert!(missing.is_empty(), "ops without a fixture case (rerun scripts/torch_edge_cases.py): {missing:?}");
+    assert!(failures.is_empty(), "{} of {} cases differ from PyTorch on {dev} ({}):\n{}", failures.len(), cases.len(), info.name, failures.join("\n"));
+}
+
+macro_rules! device_tests {
+    ($($name:ident => ($kind:ident, $ordinal:expr)),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                check_device(BackendKind::$kind, $ordinal);
+            }
+        )*
+    };
+}
+
+device_tests! {
+    edge_cases_cpu => (Cpu, 0),
+    edge_cases_wgpu_0 => (Wgpu, 0),
+    edge_cases_wgpu_1 => (Wgpu, 1),
+    edge_cases_cuda_0 => (Cuda, 0),
+}
