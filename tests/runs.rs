@@ -233,6 +233,20 @@ fn sigterm_then_resume_matches_an_uninterrupted_run() {
     assert!(std::fs::read(&full).unwrap() == std::fs::read(&resumed).unwrap(), "weights differ after SIGTERM and resume");
 }
 
+/// Item 6: a second signal does not wait for the step: the run ends at once, 143, and
+/// writes no checkpoint.
+#[test]
+fn a_second_sigterm_stops_at_once() {
+    let ck = scratch("twice");
+    // Whole-set batches of the CNN: each step takes far longer than sending two signals.
+    let args = ["train", "--data", "synthetic", "--batch", "1000", "--steps", "100000", "--devices", "cpu", "--log-format", "json", "--checkpoint-dir", s(&ck)];
+    let (mut child, _lines) = spawn_until_step(&args, 1);
+    signal(&child, "TERM");
+    signal(&child, "TERM");
+    assert_eq!(child.0.wait().unwrap().code(), Some(143));
+    assert!(names(&ck).is_empty(), "a checkpoint was written after the second signal: {:?}", names(&ck));
+}
+
 /// Item 7: `--deterministic` on one device gives the bits of two devices.
 #[test]
 fn deterministic_is_the_same_on_one_device_as_on_two() {
