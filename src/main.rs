@@ -26,10 +26,10 @@ fn main() -> ExitCode {
         }
     };
     match tandem::cli::run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(tandem::cli::exit_code(&e))
         }
     }
 }

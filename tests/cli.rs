@@ -119,7 +119,8 @@ fn save_then_init_round_trips_the_weights() {
 fn run_and_kill_after_first_checkpoint(args: &[&str], ckpt_dir: &Path, delay: Duration) -> bool {
     let mut child = tandem().args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while std::fs::read_dir(ckpt_dir).unwrap().next().is_none() && Instant::now() < deadline {
+    let has_checkpoint = || std::fs::read_dir(ckpt_dir).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with("ckpt-"));
+    while !has_checkpoint() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2));
     }
     std::thread::sleep(delay);
@@ -159,7 +160,8 @@ fn damaged_checkpoints_are_skipped_with_a_message() {
     let args = ["train", "--model", "seed-linear", "--data", "synthetic", "--batch", "10", "--devices", "cpu", "--checkpoint-dir", s(&ck), "--checkpoint-every", "5"];
     ok(&[&args[..], &["--steps", "20"]].concat());
     let names: Vec<String> = {
-        let mut v: Vec<String> = std::fs::read_dir(&ck).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        // Dot files (the directory's lock) are not checkpoints.
+        let mut v: Vec<String> = std::fs::read_dir(&ck).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.starts_with('.')).collect();
         v.sort();
         v
     };

@@ -1,12 +1,13 @@
 //! Resumable training checkpoints: one safetensors file per checkpoint, `ckpt-00000100.safetensors`,
 //! holding the weights (`model.<name>`) and optimizer state (`optim.<name>`) with metadata for
-//! the step, the data loader's position, the shuffle seed and the run's configuration, sealed
+//! the run's id, the step, the data loader's position, the shuffle seed and the run's configuration, sealed
 //! by a SHA-256 over all of it.
 //!
 //! Each file is written atomically (temp file, fsync, rename, fsync of the directory), so a
 //! crash leaves whole checkpoints only; the checksum also catches later damage. Resuming takes
 //! the newest file that parses and whose checksum matches, and reports the ones it skipped.
-use crate::checkpoint::{read_safetensors, sha256_hex, to_host, write_safetensors, HostData, HostTensor};
+//! Who may write into a directory, and which files a run may prune, is `run_dir`'s business.
+use crate::checkpoint::{read_safetensors, sha256_hex, to_host, write_safetensors, HostData, HostTensor, SafetensorsContents};
 use crate::data::LoaderState;
 use crate::parallel::Strategy;
 use crate::{Device, Error, Result, Tensor};
@@ -17,12 +18,12 @@ use std::path::{Path, PathBuf};
 const FORMAT: &str = "tandem-checkpoint-1";
 const MODEL: &str = "model.";
 const OPTIM: &str = "optim.";
-/// Checkpoints kept on disk; older ones are deleted after each new one is safely written.
-pub const KEEP: usize = 3;
-
 /// What, besides tensors, a checkpoint must restore for the run to continue bit for bit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunState {
+    /// The run's id, drawn when it starts fresh and kept across resumes; retention only ever
+    /// counts and prunes the files of this run. Empty in files written before run ids.
+    pub run: String,
     /// Optimizer steps completed.
     pub step: u64,
     /// The optimizer's own step count (Adam's bias correction uses it).
@@ -51,8 +52,9 @@ fn step_of(name: &str) -> Option<u64> {
     name.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok()
 }
 
-/// Writes the checkpoint of `strategy` at `state.step` into `dir`, then prunes old ones.
-pub fn save(dir: &Path, strategy: &dyn Strategy, state: &RunState) -> Result<PathBuf> {
+/// The weights and optimizer state of `strategy` on the host, in the checkpoint's naming, and
+/// the optimizer's step count.
+pub fn snapshot(strategy: &dyn Strategy) -> Result<(Vec<(String, HostTensor)>, u64)> {
     let mut tensors: Vec<(String, HostTensor)> = Vec::new();
     for (n, t) in to_host(&strategy.state_dict()?)? {
         tensors.push((format!("{MODEL}{n}"), t));
@@ -62,17 +64,31 @@ pub fn save(dir: &Path, strategy: &dyn Strategy, state: &RunState) -> Result<Pat
         tensors.push((format!("{OPTIM}{n}"), t));
     }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((tensors, optim_steps))
+}
+
+/// The first tensor of a snapshot holding a NaN or an infinity, and that value: such a state
+/// must never become a checkpoint, since resuming from it could only continue the blow-up.
+pub fn first_non_finite(tensors: &[(String, HostTensor)]) -> Option<(&str, f32)> {
+    tensors.iter().find_map(|(name, t)| match &t.data {
+        HostData::F32(v) => v.iter().find(|x| !x.is_finite()).map(|&x| (name.as_str(), x)),
+        HostData::I32(_) => None,
+    })
+}
+
+/// Writes `tensors` (a [`snapshot`]) as the checkpoint of `state.step` into `dir`.
+pub fn write(dir: &Path, tensors: &[(String, HostTensor)], state: &RunState) -> Result<PathBuf> {
     let mut meta = BTreeMap::new();
     meta.insert("format".to_string(), FORMAT.to_string());
+    meta.insert("run".to_string(), state.run.clone());
     meta.insert("step".to_string(), state.step.to_string());
-    meta.insert("optim_steps".to_string(), optim_steps.to_string());
+    meta.insert("optim_steps".to_string(), state.optim_steps.to_string());
     meta.insert("loader".to_string(), serde_json::to_string(&state.loader).map_err(|e| Error::Msg(e.to_string()))?);
     meta.insert("shuffle_seed".to_string(), state.shuffle_seed.to_string());
     meta.insert("config".to_string(), state.config.to_string());
-    meta.insert("sha256".to_string(), digest(&meta, &tensors));
+    meta.insert("sha256".to_string(), digest(&meta, tensors));
     let path = dir.join(file_name(state.step));
-    write_safetensors(&path, &tensors, &meta)?;
-    prune(dir)?;
+    write_safetensors(&path, tensors, &meta)?;
     Ok(path)
 }
 
@@ -108,25 +124,19 @@ fn digest(meta: &BTreeMap<String, String>, tensors: &[(String, HostTensor)]) -> 
     sha256_hex(&h.finalize())
 }
 
-/// Checkpoint files in `dir`, oldest first.
-fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+/// Regular files in `dir` named like checkpoints, oldest first. Anything else, a directory
+/// named like a checkpoint included, is not a checkpoint and is never read or removed.
+pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
-        if let Some(step) = entry.file_name().to_str().and_then(step_of) {
+        let is_file = entry.file_type().map_err(|e| Error::io(entry.path(), e))?.is_file();
+        if let Some(step) = entry.file_name().to_str().and_then(step_of).filter(|_| is_file) {
             out.push((step, entry.path()));
         }
     }
     out.sort();
     Ok(out)
-}
-
-fn prune(dir: &Path) -> Result<()> {
-    let all = list(dir)?;
-    for (_, path) in all.iter().take(all.len().saturating_sub(KEEP)) {
-        std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
-    }
-    Ok(())
 }
 
 /// Removes temp files of checkpoint writes that a killed run left behind.
@@ -158,23 +168,40 @@ pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<Ch
     Err(Error::Msg(format!("--resume: none of the {} checkpoints in {} is valid", all.len(), dir.display())))
 }
 
-fn read(path: &Path) -> Result<Checkpoint> {
+/// The run state of a checkpoint file whose checksum matches, without building its tensors.
+pub fn verify(path: &Path) -> Result<RunState> {
+    let (_, meta) = checked(path)?;
+    state_of(path, &meta)
+}
+
+/// The tensors and metadata of a tandem checkpoint whose checksum matches.
+fn checked(path: &Path) -> Result<SafetensorsContents> {
     let (tensors, meta) = read_safetensors(path)?;
-    let field = |k: &str| meta.get(k).ok_or_else(|| Error::format(path, format!("metadata has no '{k}'")));
-    if field("format")? != FORMAT {
+    if meta.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(Error::format(path, "not a tandem checkpoint"));
     }
-    if *field("sha256")? != digest(&meta, &tensors) {
+    if meta.get("sha256") != Some(&digest(&meta, &tensors)) {
         return Err(Error::format(path, "checksum mismatch: the file is damaged"));
     }
+    Ok((tensors, meta))
+}
+
+fn state_of(path: &Path, meta: &BTreeMap<String, String>) -> Result<RunState> {
+    let field = |k: &str| meta.get(k).ok_or_else(|| Error::format(path, format!("metadata has no '{k}'")));
     let bad = |k: &str| Error::format(path, format!("metadata '{k}' is malformed"));
-    let state = RunState {
+    Ok(RunState {
+        run: meta.get("run").cloned().unwrap_or_default(),
         step: field("step")?.parse().map_err(|_| bad("step"))?,
         optim_steps: field("optim_steps")?.parse().map_err(|_| bad("optim_steps"))?,
         loader: serde_json::from_str(field("loader")?).map_err(|_| bad("loader"))?,
         shuffle_seed: field("shuffle_seed")?.parse().map_err(|_| bad("shuffle_seed"))?,
         config: serde_json::from_str(field("config")?).map_err(|_| bad("config"))?,
-    };
+    })
+}
+
+fn read(path: &Path) -> Result<Checkpoint> {
+    let (tensors, meta) = checked(path)?;
+    let state = state_of(path, &meta)?;
     let (mut weights, mut optim) = (Vec::new(), Vec::new());
     for (name, h) in tensors {
         let HostData::F32(v) = h.data else {

@@ -1,11 +1,14 @@
 //! The `tandem` command line: argument definitions and dispatch to `devices`, `train` and
-//! `bench`. The binary's `main` only parses, calls [`run`] and prints the error.
+//! `bench`. The binary's `main` only parses, calls [`run`], prints the error and exits with
+//! [`exit_code`].
 mod bench;
 mod checkpoints;
 mod devices;
 mod plot;
 mod progress;
+mod run_dir;
 mod setup;
+mod stop;
 mod train;
 
 use crate::nn::models::SeedModel;
@@ -99,7 +102,8 @@ pub struct TrainArgs {
     /// Pipeline schedule.
     #[arg(long, value_enum, default_value_t = Schedule::OneFOneB)]
     pub schedule: Schedule,
-    /// Bit-identical results across runs on the same devices, at some cost in speed.
+    /// Bit-identical results across runs, and across device counts of one backend, at some
+    /// cost in speed; layer splits (model, pipeline) fixed by parameter bytes, not timings.
     #[arg(long)]
     pub deterministic: bool,
     /// Write resumable checkpoints into this directory.
@@ -111,6 +115,9 @@ pub struct TrainArgs {
     /// Continue from the newest valid checkpoint in --checkpoint-dir.
     #[arg(long, requires = "checkpoint_dir")]
     pub resume: bool,
+    /// Delete the checkpoints already in --checkpoint-dir and start a new run there.
+    #[arg(long, requires = "checkpoint_dir", conflicts_with = "resume")]
+    pub overwrite_checkpoints: bool,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Write a Chrome trace of the device timelines (open in Perfetto).
@@ -133,11 +140,21 @@ pub struct BenchArgs {
     pub quick: bool,
 }
 
-/// Runs one parsed command.
-pub fn run(cli: Cli) -> crate::Result<()> {
+/// Runs one parsed command; returns the exit status: 0, or 128 + the signal's number after
+/// `train` stopped early on SIGINT (130) or SIGTERM (143).
+pub fn run(cli: Cli) -> crate::Result<u8> {
     match cli.command {
-        Command::Devices => devices::run(),
+        Command::Devices => devices::run().map(|()| 0),
         Command::Train(args) => train::run(&args),
-        Command::Bench(args) => bench::run(&args),
+        Command::Bench(args) => bench::run(&args).map(|()| 0),
+    }
+}
+
+/// The exit status for a failed command: 2 for a usage error (a flag's value that can never
+/// work, whatever the files and devices), 1 for everything else.
+pub fn exit_code(e: &crate::Error) -> u8 {
+    match e {
+        crate::Error::Invalid { op, .. } if op.starts_with("--") => 2,
+        _ => 1,
     }
 }

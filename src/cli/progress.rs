@@ -27,6 +27,9 @@ pub struct Summary {
     pub train_s: f64,
     /// Seconds for the whole command: data, training, evaluation and writing outputs.
     pub wall_s: f64,
+    /// The signal that stopped the run early ("SIGINT", "SIGTERM").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<&'static str>,
 }
 
 /// One `--log-format json` line per step; fields in this order.
@@ -109,8 +112,9 @@ impl Reporter {
             LogFormat::Json => println!("{}", serde_json::to_string(s).unwrap_or_default()),
             LogFormat::Text => {
                 let loss = s.final_loss.map_or_else(|| "-".to_string(), |l| format!("{l:.4}"));
+                let stopped = s.stopped_by.map_or_else(String::new, |sig| format!(", stopped by {sig}"));
                 println!(
-                    "trained {} steps ({} in this run) in {:.1}s, {:.0} samples/s; final loss {loss}",
+                    "trained {} steps ({} in this run{stopped}) in {:.1}s, {:.0} samples/s; final loss {loss}",
                     s.steps, s.steps_run, s.train_s, s.samples_per_sec
                 );
                 if let (Some(a), Some(n)) = (s.test_accuracy, s.test_samples) {

@@ -6,7 +6,7 @@ use crate::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
 use crate::nn::models::SeedModel;
 use crate::nn::{Module, Sequential};
 use crate::optim::{AdamConfig, SgdConfig};
-use crate::parallel::{pipeline, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, PipelineConfig, Single, Split, Strategy, TensorParallel};
+use crate::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, PipelineConfig, Single, Split, Strategy, TensorParallel};
 use crate::{Device, Error, Result, Tensor};
 use clap::ValueEnum;
 use std::path::{Path, PathBuf};
@@ -48,9 +48,14 @@ pub struct StrategyPlan {
 }
 
 /// The one place where `--strategy` becomes a constructor.
+///
+/// `--deterministic` takes the deterministic path on any device count: one device runs the
+/// data-parallel micro-shard path too, so its result is the one of 2 or 4 devices. Layer
+/// splits (model, pipeline) are then fixed by the layers' parameter bytes instead of measured
+/// times, so the same layers land on the same devices in every run.
 pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
     let kind = match plan.kind {
-        StrategyKind::Auto if plan.devices.len() == 1 => StrategyKind::Single,
+        StrategyKind::Auto if plan.devices.len() == 1 && !plan.deterministic => StrategyKind::Single,
         StrategyKind::Auto => StrategyKind::Data,
         k => k,
     };
@@ -64,17 +69,15 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
             if plan.micro_batches != 1 {
                 return Err(Error::invalid("--micro-batches", "needs --strategy pipeline (single runs each batch whole)"));
             }
-            // The CPU reference and one device's op order are already run-to-run identical,
-            // so --deterministic asks nothing more of Single.
+            if plan.deterministic {
+                return data_parallel(&plan);
+            }
             Ok(Box::new(Single::new(plan.model, &plan.optim, plan.loss, &plan.devices[0])?))
         }
-        StrategyKind::Data => {
-            let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, ..Default::default() };
-            Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss, cfg)?))
-        }
+        StrategyKind::Data => data_parallel(&plan),
         StrategyKind::Model => {
             no_micro_batches(&plan, "model")?;
-            Ok(Box::new(LayerPlacement::new(&plan.model, &plan.devices, Split::Auto, &plan.optim, plan.loss)?))
+            Ok(Box::new(LayerPlacement::new(&plan.model, &plan.devices, layer_split(&plan)?, &plan.optim, plan.loss)?))
         }
         StrategyKind::Tensor => {
             no_micro_batches(&plan, "tensor")?;
@@ -86,9 +89,26 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
                 Schedule::OneFOneB => pipeline::Schedule::OneFOneB,
             };
             let cfg = PipelineConfig { recompute: false };
-            Ok(Box::new(Pipeline::new(&plan.model, &plan.devices, Split::Auto, plan.micro_batches, schedule, &plan.optim, plan.loss, cfg)?))
+            let split = layer_split(&plan)?;
+            Ok(Box::new(Pipeline::new(&plan.model, &plan.devices, split, plan.micro_batches, schedule, &plan.optim, plan.loss, cfg)?))
         }
     }
+}
+
+fn data_parallel(plan: &StrategyPlan) -> Result<Box<dyn Strategy>> {
+    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, ..Default::default() };
+    Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss, cfg)?))
+}
+
+/// Measured after the first step normally; with `--deterministic`, the split by parameter
+/// bytes that `Split::Auto` starts from, fixed for the whole run: measured times vary from
+/// run to run, and on a mix of backends another split means other numerics.
+fn layer_split(plan: &StrategyPlan) -> Result<Split> {
+    if !plan.deterministic {
+        return Ok(Split::Auto);
+    }
+    let ranges = plan_stages(&plan.model, &plan.devices, &Split::Auto)?;
+    Ok(Split::At(ranges.iter().skip(1).map(|r| r.start).collect()))
 }
 
 fn no_micro_batches(plan: &StrategyPlan, name: &str) -> Result<()> {
@@ -195,6 +215,34 @@ pub fn optim_config(args: &TrainArgs) -> Result<OptimConfig> {
         }
         OptimizerKind::Adam => OptimConfig::Adam(AdamConfig { lr, ..Default::default() }),
     })
+}
+
+/// Checks every output file flag (see [`check_output`]) and that no two name the same file:
+/// the later write would silently replace the earlier one (`--save X --plot X` would leave a
+/// plot where the weights should be).
+pub fn check_outputs(outputs: &[(&'static str, Option<&Path>)]) -> Result<()> {
+    let mut seen: Vec<(&str, PathBuf)> = Vec::new();
+    for (flag, path) in outputs {
+        let Some(path) = path else { continue };
+        check_output(flag, path)?;
+        let key = same_file_key(path);
+        if let Some((other, _)) = seen.iter().find(|(_, k)| *k == key) {
+            return Err(Error::invalid(flag, format!("{} is also the {other} path; give each output its own file", path.display())));
+        }
+        seen.push((flag, key));
+    }
+    Ok(())
+}
+
+/// A path that is equal for two spellings of one file (`./a.svg`, `a.svg`, `d/../a.svg`): the
+/// canonical parent directory (which [`check_output`] found to exist) and the file name.
+fn same_file_key(path: &Path) -> PathBuf {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let parent = parent.canonicalize().unwrap_or_else(|_| parent.to_path_buf());
+    path.file_name().map_or(parent.clone(), |n| parent.join(n))
 }
 
 /// Fails early, before a long run, when an output file could not be written: a missing parent

@@ -1,14 +1,17 @@
 //! `tandem train`: check every input, build the strategy, run the steps with checkpoints, then
-//! evaluate on the test split and write the requested outputs.
-use super::checkpoints::{self, RunState};
+//! evaluate on the test split and write the requested outputs. SIGINT or SIGTERM ends the run
+//! after the current step, with a checkpoint and the summary.
+use super::checkpoints::{self, Checkpoint, RunState};
 use super::progress::{Reporter, Summary};
+use super::run_dir::{self, Claim, RunDir};
 use super::setup::{self, build_strategy, DataSource, StrategyPlan};
+use super::stop::StopSignal;
 use super::{plot, TrainArgs};
 use crate::data::{DataLoader, Dataset, Targets};
 use crate::nn::Module;
 use crate::parallel::{trace::Trace, Loss, OptimConfig, Strategy};
 use crate::{Device, Error, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,8 +22,9 @@ const DEFAULT_CHECKPOINT_EVERY: u64 = 100;
 /// Samples per forward pass when evaluating.
 const EVAL_CHUNK: usize = 1000;
 
-pub fn run(args: &TrainArgs) -> Result<()> {
+pub fn run(args: &TrainArgs) -> Result<u8> {
     let t0 = Instant::now();
+    let stop = StopSignal::install()?;
     let source = DataSource::parse(&args.data)?;
     let optim = setup::optim_config(args)?;
     if args.batch == 0 {
@@ -30,15 +34,19 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     if micro_batches == 0 || !args.batch.is_multiple_of(micro_batches) {
         return Err(Error::invalid("--micro-batches", format!("{micro_batches} does not divide --batch {}", args.batch)));
     }
-    if args.steps == Some(0) || args.epochs == Some(0) || args.checkpoint_every == Some(0) {
-        return Err(Error::Msg("--steps, --epochs and --checkpoint-every must be at least 1".into()));
-    }
-    for (flag, path) in [("--save", &args.save), ("--trace", &args.trace), ("--plot", &args.plot)] {
-        if let Some(p) = path {
-            setup::check_output(flag, p)?;
+    for (flag, n) in [("--steps", args.steps), ("--epochs", args.epochs), ("--checkpoint-every", args.checkpoint_every)] {
+        if n == Some(0) {
+            return Err(Error::invalid(flag, "must be at least 1"));
         }
     }
+    setup::check_outputs(&[("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())])?;
     let devices = Device::parse(&args.devices)?;
+    let claim = match (args.resume, args.overwrite_checkpoints) {
+        (true, _) => Claim::Resume,
+        (false, true) => Claim::Overwrite,
+        (false, false) => Claim::Fresh,
+    };
+    let run_dir = args.checkpoint_dir.as_deref().map(|d| RunDir::open(d, claim)).transpose()?;
 
     let (train, test) = source.load(args.model, args.seed)?;
     setup::check_fit(args.model, &train, "training data")?;
@@ -50,12 +58,14 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     }
     let loss = Loss::for_targets(&train.y);
     let mut loader = DataLoader::new(Arc::new(train), args.batch, true, args.seed)?.drop_last(true)?;
-    let total = match (args.steps, args.epochs) {
-        (Some(s), _) => s,
-        (None, Some(e)) => e
-            .checked_mul(loader.batches_per_epoch() as u64)
-            .ok_or_else(|| Error::invalid("--epochs", format!("{e} epochs is more steps than can be counted")))?,
-        (None, None) => DEFAULT_STEPS,
+    let (length_flag, total) = match (args.steps, args.epochs) {
+        (Some(s), _) => ("--steps", s),
+        (None, Some(e)) => (
+            "--epochs",
+            e.checked_mul(loader.batches_per_epoch() as u64)
+                .ok_or_else(|| Error::invalid("--epochs", format!("{e} epochs is more steps than can be counted")))?,
+        ),
+        (None, None) => ("--steps", DEFAULT_STEPS),
     };
 
     let model = args.model.build(args.seed, &Device::cpu())?;
@@ -75,12 +85,33 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let mut strategy = build_strategy(plan)?;
 
     let config = run_config(args, &optim);
+    let mut run = run_dir::new_run_id();
     let mut start = 0;
-    if let Some(dir) = &args.checkpoint_dir {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        checkpoints::remove_stale_temps(dir)?;
+    // The newest checkpoint known to hold finite weights: the one resumed from, then each one
+    // this process writes (a non-finite state is never written).
+    let mut kept: Option<PathBuf> = None;
+    if let Some(dir) = &run_dir {
         if args.resume {
-            start = resume(dir, strategy.as_mut(), &mut loader, &config, args.seed)?;
+            let resumed = resume(dir.path(), strategy.as_mut(), &mut loader, &config, args.seed)?;
+            if resumed.state.step > total {
+                return Err(Error::invalid(
+                    length_flag,
+                    format!(
+                        "{} is at step {}, past the {total} steps asked for: nothing to do; ask for more steps to continue it",
+                        resumed.path.display(),
+                        resumed.state.step
+                    ),
+                ));
+            }
+            eprintln!("resuming from {} (step {})", resumed.path.display(), resumed.state.step);
+            start = resumed.state.step;
+            // Files written before run ids carry none; the continued run takes the new one.
+            if !resumed.state.run.is_empty() {
+                run = resumed.state.run;
+            }
+            kept = Some(resumed.path);
+        } else if claim == Claim::Overwrite {
+            dir.discard_earlier()?;
         }
     }
     let trace = args.trace.as_ref().map(|_| Trace::new());
@@ -89,29 +120,62 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     }
 
     let reporter = Reporter::new(args.log_format, start + 1, total, args.batch);
+    if start == total {
+        reporter.note(&format!("the checkpoint is already at step {total}: no steps to run"));
+    }
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
     let mut losses = Vec::new();
     let train_t0 = Instant::now();
-    let mut last_saved = start;
-    for step in start + 1..=total {
+    let mut step = start;
+    // A signal during setup stops before the first step.
+    let mut stopped = stop.get();
+    while step < total && stopped.is_none() {
+        step += 1;
         let batch = loader.next_batch();
         let rep = strategy.step(&batch)?;
         if !rep.loss.is_finite() {
-            return Err(Error::NonFinite { step, value: rep.loss });
+            return Err(non_finite(&format!("loss is {} at step {step}", rep.loss), kept.as_deref(), run_dir.is_some()));
         }
         reporter.step(step, rep.loss, rep.wall_s);
         losses.push((step, rep.loss));
-        if let Some(dir) = &args.checkpoint_dir {
-            if step.is_multiple_of(every) || step == total {
-                let state = run_state(step, strategy.as_ref(), &loader, &config, args.seed)?;
-                checkpoints::save(dir, strategy.as_ref(), &state)?;
-                last_saved = step;
+        stopped = stop.get();
+        if let Some(dir) = &run_dir {
+            if step.is_multiple_of(every) || step == total || stopped.is_some() {
+                let (tensors, optim_steps) = checkpoints::snapshot(strategy.as_ref())?;
+                if let Some((name, value)) = checkpoints::first_non_finite(&tensors) {
+                    let what = format!("{name} holds {value} after step {step} (its loss was finite)");
+                    return Err(non_finite(&what, kept.as_deref(), true));
+                }
+                let state = RunState { run: run.clone(), step, optim_steps, loader: loader.state(), shuffle_seed: args.seed, config: config.clone() };
+                kept = Some(dir.save(&tensors, &state)?);
             }
         }
     }
     let train_s = train_t0.elapsed().as_secs_f64();
-    if let Some(dir) = &args.checkpoint_dir {
-        reporter.note(&format!("checkpoint {}", dir.join(checkpoints::file_name(last_saved)).display()));
+    if let Some(path) = &kept {
+        reporter.note(&format!("checkpoint {}", path.display()));
+    }
+    let steps_run = step - start;
+    let mut summary = Summary {
+        summary: true,
+        steps_run,
+        steps: step,
+        final_loss: losses.last().map(|l| l.1),
+        test_accuracy: None,
+        test_samples: None,
+        samples_per_sec: (steps_run as f64 * args.batch as f64) / train_s.max(1e-9),
+        train_s,
+        wall_s: 0.0,
+        stopped_by: stopped.map(|s| s.name),
+    };
+    if let Some(sig) = stopped {
+        // A stopped run is not finished: no evaluation, and no --save/--plot/--trace that could
+        // be mistaken for the results of the whole run.
+        let resume = if run_dir.is_some() { "; continue it with --resume" } else { "" };
+        reporter.note(&format!("stopped by {} after step {step}{resume}", sig.name));
+        summary.wall_s = t0.elapsed().as_secs_f64();
+        reporter.finish(&summary);
+        return Ok(sig.exit_code());
     }
 
     let accuracy = match &test {
@@ -127,20 +191,22 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     if let (Some(path), Some(t)) = (&args.trace, &trace) {
         t.write(path)?;
     }
-    let steps_run = total.saturating_sub(start);
-    let summary = Summary {
-        summary: true,
-        steps_run,
-        steps: total.max(start),
-        final_loss: losses.last().map(|l| l.1),
-        test_accuracy: accuracy,
-        test_samples: accuracy.and(test.as_ref().map(Dataset::len)),
-        samples_per_sec: (steps_run as f64 * args.batch as f64) / train_s.max(1e-9),
-        train_s,
-        wall_s: t0.elapsed().as_secs_f64(),
-    };
+    summary.test_accuracy = accuracy;
+    summary.test_samples = accuracy.and(test.as_ref().map(Dataset::len));
+    summary.wall_s = t0.elapsed().as_secs_f64();
     reporter.finish(&summary);
-    Ok(())
+    Ok(0)
+}
+
+/// The error that stops a run whose loss or state stopped being finite, naming the checkpoint
+/// to go back to.
+fn non_finite(what: &str, kept: Option<&Path>, has_dir: bool) -> Error {
+    let tail = match (kept, has_dir) {
+        (Some(p), _) => format!("; stopped; the newest finite checkpoint is {}", p.display()),
+        (None, true) => "; stopped before any checkpoint was written".to_string(),
+        (None, false) => "; stopped".to_string(),
+    };
+    Error::Msg(format!("{what}{tail}"))
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.
@@ -156,13 +222,8 @@ fn run_config(args: &TrainArgs, optim: &OptimConfig) -> serde_json::Value {
     })
 }
 
-fn run_state(step: u64, s: &dyn Strategy, loader: &DataLoader, config: &serde_json::Value, seed: u64) -> Result<RunState> {
-    let (_, optim_steps) = s.optimizer_state()?;
-    Ok(RunState { step, optim_steps, loader: loader.state(), shuffle_seed: seed, config: config.clone() })
-}
-
-/// Restores weights, optimizer and loader from the newest valid checkpoint; returns its step.
-fn resume(dir: &Path, s: &mut dyn Strategy, loader: &mut DataLoader, config: &serde_json::Value, seed: u64) -> Result<u64> {
+/// Restores weights, optimizer and loader from the newest valid checkpoint; returns it.
+fn resume(dir: &Path, s: &mut dyn Strategy, loader: &mut DataLoader, config: &serde_json::Value, seed: u64) -> Result<Checkpoint> {
     let ckpt = checkpoints::load_newest(dir, |path, e| eprintln!("warning: skipping checkpoint {}: {e}", path.display()))?;
     let st = &ckpt.state;
     if st.config != *config || st.shuffle_seed != seed {
@@ -178,8 +239,7 @@ fn resume(dir: &Path, s: &mut dyn Strategy, loader: &mut DataLoader, config: &se
     s.load_state_dict(&ckpt.weights)?;
     s.load_optimizer_state(&ckpt.optim, st.optim_steps)?;
     loader.set_state(st.loader)?;
-    eprintln!("resuming from {} (step {})", ckpt.path.display(), st.step);
-    Ok(st.step)
+    Ok(ckpt)
 }
 
 /// Test accuracy of a classifier: batched predictions, argmax on the host. `None` for

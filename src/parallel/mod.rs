@@ -14,6 +14,8 @@ pub mod trace;
 pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, StepEvent};
 pub use pipeline::{Pipeline, PipelineConfig, Schedule};
 pub use placement::{LayerPlacement, Split};
+// The CLI fixes a byte-balanced split up front when --deterministic asks for one.
+pub(crate) use placement::plan as plan_stages;
 pub use tensor_parallel::{ColumnParallelLinear, RowParallelLinear, TensorParallel};
 
 use crate::data::{Batch, Targets};

@@ -1,0 +1,151 @@
+//! A checkpoint directory that belongs to one run at a time: an advisory lock keeps a second
+//! process out while the first runs, a fresh run refuses a directory that holds checkpoints
+//! (unless told to resume or to start over), and retention counts and prunes only the valid
+//! files of this run, so nothing another run wrote, nothing damaged and nothing that is not a
+//! regular checkpoint file is ever deleted by it.
+use super::checkpoints::{self, RunState};
+use crate::checkpoint::HostTensor;
+use crate::{Error, Result};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+/// Checkpoints of this run kept on disk; older ones are deleted after each new one is safely
+/// written.
+pub const KEEP: usize = 3;
+/// The lock file; it stays in the directory (removing a lock file races with its next taker).
+const LOCK: &str = ".tandem-lock";
+
+/// What a run wants from a directory that may already hold checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Continue the newest valid checkpoint's run.
+    Resume,
+    /// Start a new run; refused when the directory holds checkpoints.
+    Fresh,
+    /// Start a new run after deleting the checkpoint files already there (see
+    /// [`RunDir::discard_earlier`]).
+    Overwrite,
+}
+
+/// A locked checkpoint directory; the lock is released when this is dropped or the process ends.
+pub struct RunDir {
+    path: PathBuf,
+    _lock: File,
+}
+
+impl RunDir {
+    /// Creates `path` if needed, takes its lock, removes temp files a killed run left, and
+    /// applies `claim`. Runs before any data is loaded, so an unusable directory (read-only,
+    /// under /proc, in use) fails the command up front.
+    pub fn open(path: &Path, claim: Claim) -> Result<RunDir> {
+        let flag = "--checkpoint-dir";
+        let cannot = |what: &str, e: std::io::Error| Error::Msg(format!("{flag} {}: cannot {what}: {e}", path.display()));
+        std::fs::create_dir_all(path).map_err(|e| cannot("create it", e))?;
+        let lock_path = path.join(LOCK);
+        let mut lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| cannot("write there", e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                // The holder's pid is only for the message; an unreadable one is left out.
+                let _ = lock.read_to_string(&mut holder);
+                let holder = holder.trim();
+                let who = if holder.is_empty() { String::new() } else { format!(" (pid {holder})") };
+                return Err(Error::Msg(format!(
+                    "{flag} {}: in use by another tandem run{who}; wait for it to end or choose another directory",
+                    path.display()
+                )));
+            }
+            Err(TryLockError::Error(e)) => return Err(cannot("lock it", e)),
+        }
+        let pid = std::process::id().to_string();
+        let written = lock.set_len(0).and_then(|()| lock.rewind()).and_then(|()| lock.write_all(pid.as_bytes()));
+        written.map_err(|e| Error::io(&lock_path, e))?;
+        checkpoints::remove_stale_temps(path)?;
+        let dir = RunDir { path: path.to_path_buf(), _lock: lock };
+        dir.claim(claim)?;
+        Ok(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn claim(&self, claim: Claim) -> Result<()> {
+        let existing = checkpoints::list(&self.path)?;
+        match claim {
+            Claim::Resume => Ok(()),
+            Claim::Fresh if existing.is_empty() => Ok(()),
+            Claim::Fresh => {
+                let names: Vec<String> = existing.iter().rev().take(3).map(|(_, p)| file_name(p)).collect();
+                let more = if existing.len() > names.len() { ", ..." } else { "" };
+                Err(Error::invalid(
+                    "--checkpoint-dir",
+                    format!(
+                        "{} already holds {} checkpoint(s) ({}{more}); pass --resume to continue that run, or --overwrite-checkpoints to delete them and start over",
+                        self.path.display(),
+                        existing.len(),
+                        names.join(", ")
+                    ),
+                ))
+            }
+            Claim::Overwrite => Ok(()),
+        }
+    }
+
+    /// For `--overwrite-checkpoints`: deletes the checkpoint files already in the directory.
+    /// Called once every input has been checked, so a run that fails to start loses nothing.
+    pub fn discard_earlier(&self) -> Result<()> {
+        for (_, p) in checkpoints::list(&self.path)? {
+            std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes a checkpoint of `tensors` at `state.step`, then deletes this run's valid
+    /// checkpoints beyond the newest [`KEEP`]. A valid file of another run at the same step
+    /// (possible after resuming in a directory that holds two runs) is not replaced.
+    pub fn save(&self, tensors: &[(String, HostTensor)], state: &RunState) -> Result<PathBuf> {
+        let target = self.path.join(checkpoints::file_name(state.step));
+        if let Some(other) = checkpoints::verify(&target).ok().map(|s| s.run).filter(|r| *r != state.run) {
+            return Err(Error::Msg(format!(
+                "{}: holds a checkpoint of another run ({other}, this run is {}); not replacing it",
+                target.display(),
+                state.run
+            )));
+        }
+        let path = checkpoints::write(&self.path, tensors, state)?;
+        self.prune(&state.run)?;
+        Ok(path)
+    }
+
+    /// Only files that read back whole and carry this run's id count toward the kept ones; a
+    /// damaged file cannot be shown to be ours, so it is neither counted nor deleted.
+    fn prune(&self, run: &str) -> Result<()> {
+        let ours: Vec<PathBuf> = checkpoints::list(&self.path)?
+            .into_iter()
+            .filter(|(_, p)| checkpoints::verify(p).is_ok_and(|s| s.run == run))
+            .map(|(_, p)| p)
+            .collect();
+        for p in ours.iter().take(ours.len().saturating_sub(KEEP)) {
+            std::fs::remove_file(p).map_err(|e| Error::io(p, e))?;
+        }
+        Ok(())
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// A new run's id: random, so two runs never share one, whatever their flags.
+pub fn new_run_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
