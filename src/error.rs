@@ -32,6 +32,8 @@ pub enum Error {
     Format { path: PathBuf, detail: String },
 
     // --- training ---
+    #[error("{strategy}: replica {replica} on {device} failed: {source}")]
+    Replica { strategy: &'static str, replica: usize, device: String, #[source] source: Box<Error> },
     #[error("loss is {value} at step {step}; stopped (the last good checkpoint is kept)")]
     NonFinite { step: u64, value: f32 },
     #[error("{0}")]

@@ -273,9 +273,11 @@ fn bad_input_is_an_error() {
     let err = dp.step(&small).expect_err("2 samples on 3 devices");
     assert!(err.to_string().contains("at least 3"), "{err}");
 
-    // Regression rows of 10 features into a CNN that wants [1, 28, 28]: the op's error.
+    // Regression rows of 10 features into a CNN that wants [1, 28, 28]: the op's error, as
+    // the failure of the replica that met it.
     let rows = synthetic::regression(6, 10, 1).unwrap().batch(&[0, 1, 2, 3, 4, 5]).unwrap();
-    assert!(matches!(dp.step(&rows), Err(Error::Shape { .. })));
+    let err = dp.step(&rows).expect_err("rows into a CNN");
+    assert!(matches!(&err, Error::Replica { source, .. } if matches!(**source, Error::Shape { .. })), "{err}");
     // MSE against class labels: the loss's error, from inside a worker.
     let mut mse = DataParallel::new(&model(), &devices(2), &sgd(), Loss::Mse, DataParallelConfig::default()).unwrap();
     assert!(mse.step(&batches(4)[0]).is_err());

@@ -8,13 +8,13 @@
 //! backend. The price: no overlap of communication with backward, one full-gradient download
 //! per micro-shard and one upload per device, and the host doing the additions.
 use super::split::slice;
-use super::{Computed, Replica};
+use super::{joined, Computed, Replica};
 use crate::data::Batch;
 use crate::nn::Module;
 use crate::parallel::comm::tree_sum;
 use crate::parallel::trace::{Phase, Trace};
 use crate::parallel::{batch_to_device, Loss};
-use crate::{Error, Result, Tensor};
+use crate::{Result, Tensor};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -38,7 +38,7 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
             .zip(owned)
             .map(|(r, ks)| s.spawn(move || worker(r, batch, &shards[ks.clone()], ks.start, total, loss, trace)))
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("data parallel: a worker thread panicked".into())))).collect::<Vec<_>>()
+        handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect::<Vec<_>>()
     });
     let outs = outs.into_iter().collect::<Result<Vec<_>>>()?;
     let backward_end = outs.iter().map(|o| o.end).max();
@@ -51,7 +51,8 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
     let sum = tree_sum(all.into_iter().map(|g| g.1).collect())?;
     std::thread::scope(|s| {
         let handles: Vec<_> = replicas.iter().map(|r| s.spawn(|| upload(r, &sum))).collect();
-        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("data parallel: an upload thread panicked".into()))))
+        let results: Vec<Result<()>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
+        results.into_iter().collect::<Result<()>>()
     })?;
     let t1 = Instant::now();
     if let Some(tr) = trace {
