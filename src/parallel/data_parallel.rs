@@ -305,7 +305,8 @@ impl Strategy for DataParallel {
         let (computed, reduced) = if self.cfg.deterministic {
             let shards = split::ranges(batch.len(), self.cfg.deterministic_shards.min(batch.len()), None)?;
             let owned = split::ranges(shards.len(), n, self.split_weights.as_deref())?;
-            (deterministic::run(&self.replicas, batch, &shards, &owned, self.loss, trace)?, None)
+            let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&i))).collect();
+            (deterministic::run(&self.replicas, batch, &shards, &owned, &updates, self.loss, trace)?, None)
         } else {
             let shards: Vec<Batch> = self.device_ranges(batch.len())?.into_iter().map(|r| split::slice(batch, r)).collect();
             let plan = overlapped::Plan {

@@ -3,7 +3,8 @@
 //! The global batch is cut into a fixed number of micro-shards that does not depend on the
 //! devices. Each device computes whole micro-shards, each one's gradient separately, and
 //! downloads it. The host sums the micro-shard gradients (and scaled losses) with
-//! [`tree_sum`] in a fixed tree over micro-shard index and uploads the sum to every replica.
+//! [`tree_sum`] in a fixed tree over micro-shard index and uploads the sum to every replica
+//! that runs an update.
 //! So every floating-point operation, and its order, is the same on 1, 2 or 4 devices of one
 //! backend. The price: no overlap of communication with backward, one full-gradient download
 //! per micro-shard and one upload per device, and the host doing the additions.
@@ -29,8 +30,9 @@ struct WorkerOut {
 }
 
 /// Computes every micro-shard (`shards[k]` are sample ranges of `batch`; device i takes the
-/// micro-shards `owned[i]`) and leaves the summed gradient on every replica.
-pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], loss: Loss, trace: Option<&Trace>) -> Result<Computed> {
+/// micro-shards `owned[i]`) and leaves the summed gradient on every replica that `updates`
+/// (the others own no parameter and would not read it).
+pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], updates: &[bool], loss: Loss, trace: Option<&Trace>) -> Result<Computed> {
     let total = batch.len();
     let outs = std::thread::scope(|s| {
         let handles: Vec<_> = replicas
@@ -50,7 +52,8 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
     let losses = tree_sum(all.iter().map(|g| vec![g.2]).collect())?;
     let sum = tree_sum(all.into_iter().map(|g| g.1).collect())?;
     std::thread::scope(|s| {
-        let handles: Vec<_> = replicas.iter().map(|r| s.spawn(|| upload(r, &sum))).collect();
+        let sum = &sum;
+        let handles: Vec<_> = replicas.iter().zip(updates).map(|(r, &u)| s.spawn(move || if u { upload(r, sum) } else { Ok(()) })).collect();
         let results: Vec<Result<()>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
         results.into_iter().collect::<Result<()>>()
     })?;

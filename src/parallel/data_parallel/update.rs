@@ -9,10 +9,10 @@
 //! updates it and holds its optimizer state, and the new values are broadcast from the owner.
 //!
 //! The owner is replica 0 for every parameter unless ZeRO-1 balances them. Measured on the seed
-//! CNN (Adam, batch 64, deterministic mode, cpu,wgpu:0,wgpu:1, medians of 81 steps), one owner
-//! adds 1.2 ms of communication a step to the 1.0 ms of local updates, balanced owners 6.3 ms:
-//! the traffic is the same, but one broadcast waits on one download where balanced owners wait
-//! on one per device.
+//! CNN (Adam, batch 64, deterministic mode, cpu,wgpu:0,wgpu:1, medians of 81 steps), a step
+//! communicates for 1.0 ms with local updates, 1.5 ms with one owner and 6.0-6.4 ms with
+//! balanced owners: the bytes are the same, but one owner's broadcast waits on one download
+//! where balanced owners wait on one per device.
 use super::{buckets, joined, Replica};
 use crate::autograd::no_grad;
 use crate::optim::Optimizer;
