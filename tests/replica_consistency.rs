@@ -84,16 +84,28 @@ fn replicas_on_cpu_vulkan_and_gl_are_bit_identical_after_every_step() {
 
 #[test]
 fn replicas_of_one_kernel_family_update_locally() {
-    let devs: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
+    let mut pairs = vec![(0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect::<Vec<_>>()];
+    // Two logical devices on one adapter run the same kernels too.
+    if let Some(mixed) = common::mixed_devices() {
+        let spec = mixed[1].spec();
+        pairs.push(Device::parse(&format!("{spec},{spec}")).unwrap());
+    }
+    let _only = common::exclusive();
     let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
     let (_, adam) = &optimizers()[0];
-    let mut dp = DataParallel::new(&model, &devs, adam, Loss::CrossEntropy, config(false)).unwrap();
-    assert_eq!(dp.parameter_owners(), None, "two CPU devices: no owners, no broadcast");
-    for b in &batches()[..3] {
-        dp.step(b).unwrap();
-        assert_one_model("cpu,cpu", &dp);
+    for devs in pairs {
+        let what = format!("{},{}", devs[0], devs[1]);
+        assert!(!devs[0].same(&devs[1]), "{what}: two logical devices");
+        let mut dp = DataParallel::new(&model, &devs, adam, Loss::CrossEntropy, config(false)).unwrap();
+        assert_eq!(dp.parameter_owners(), None, "{what}: no owners, no broadcast");
+        for b in &batches()[..3] {
+            dp.step(b).unwrap();
+            assert_one_model(&what, &dp);
+        }
+        let full = dp.replica_optimizer_state(0).unwrap().0.len();
+        assert!(full == 16 && dp.replica_optimizer_state(1).unwrap().0.len() == full, "{what}: each replica holds all state");
+        assert!(dp.replica_optimizer_state(2).is_none());
     }
-    assert!(dp.replica_optimizer_state(1).unwrap().0.len() == 16 && dp.replica_optimizer_state(2).is_none());
 }
 
 /// The state a checkpoint holds, copied to host tensors (as a file would).
