@@ -1,8 +1,9 @@
 //! Data-parallel replicas on devices of different backends (the CPU reference, lavapipe Vulkan,
 //! llvmpipe GL) stay one model: after every step each replica's weights, and every copy of the
 //! optimizer state, are the same bits; a run stopped and resumed from its saved state repeats
-//! the uninterrupted run bit for bit; and a replica whose thread fails or panics makes `step`
-//! an error that names the replica and its device, without hanging.
+//! the uninterrupted run bit for bit (in the library and through `tandem train --resume`); and
+//! a replica whose thread fails or panics makes `step` an error that names the replica and its
+//! device, without hanging.
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -181,10 +182,14 @@ impl Module for Faulty {
 /// Runs `f` on its own thread; a hang past a minute fails the test instead of stalling it.
 fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let _ = tx.send(f());
     });
-    rx.recv_timeout(Duration::from_secs(60)).expect("finished within a minute, without hanging")
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("still running after a minute: it hangs"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => std::panic::resume_unwind(thread.join().expect_err("the checks panicked")),
+    }
 }
 
 #[test]
@@ -250,4 +255,45 @@ fn measure_one_owner_against_balanced_owners() {
         let n = wall.len();
         println!("deterministic {det}, {owners}: step {:.1} ms, comm {:.1} ms (medians of {n})", median(wall), median(comm));
     }
+}
+
+/// Per-step losses from `tandem train --log-format json` output.
+fn logged_losses(stdout: &[u8]) -> Vec<(u64, u32)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|j| Some((j.get("step")?.as_u64()?, (j.get("loss")?.as_f64()? as f32).to_bits())))
+        .collect()
+}
+
+#[test]
+fn cli_run_stopped_and_resumed_on_cpu_vulkan_and_gl_equals_the_straight_run() {
+    if common::mixed_devices().is_none() {
+        return;
+    }
+    let _only = common::exclusive();
+    let dir = std::env::temp_dir().join(format!("tandem-replicas-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let train = |steps: &str, extra: &[String]| {
+        let base = ["train", "--data", "synthetic", "--batch", "24", "--seed", "4", "--deterministic", "--strategy", "data", "--optimizer", "adam"];
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(base)
+            .args(["--devices", "cpu,wgpu:0,wgpu:1", "--log-format", "json", "--steps", steps])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "tandem train failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        logged_losses(&out.stdout)
+    };
+    let ck = vec!["--checkpoint-dir".to_string(), path("ck")];
+    let straight = train("20", &["--save".into(), path("straight.safetensors")]);
+    let mut resumed = train("10", &ck);
+    resumed.extend(train("20", &[ck.clone(), vec!["--resume".into(), "--save".into(), path("resumed.safetensors")]].concat()));
+    assert_eq!(straight.len(), 20);
+    assert_eq!(resumed, straight, "per-step (step, loss bits) of the stopped-and-resumed run");
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    assert!(read("resumed.safetensors") == read("straight.safetensors"), "final weights differ after resume");
+    let _ = std::fs::remove_dir_all(&dir);
 }
