@@ -1,15 +1,21 @@
 //! `DataParallel`: one model replica per device, each step's batch split across them, gradients
-//! all-reduced in buckets that overlap backward, every replica applying the same update.
+//! all-reduced in buckets that overlap backward, every replica holding the same weights.
 //!
 //! Each device's shard loss is scaled by its share `n_i / N` of the global batch, so the SUM of
 //! the devices' gradients is exactly the gradient of the global mean loss, whatever the split
 //! (uneven, user-weighted, calibrated) and however many micro-batches accumulate on a device.
 //! See [`DataParallelConfig`] for the options: bucket size, split weights, calibration,
 //! deterministic mode and ZeRO-1 optimizer sharding.
+//!
+//! The replicas stay one model bit for bit. On devices of one kernel family each replica applies
+//! the (identical) reduced gradients itself; on a mix of backends or adapters, whose kernels
+//! round differently, replica 0 alone updates every parameter and broadcasts the new values
+//! (see `update.rs` for why and what it costs).
 mod buckets;
 mod deterministic;
 mod overlapped;
 mod split;
+mod update;
 
 pub use buckets::assign_buckets;
 
@@ -41,7 +47,9 @@ pub struct DataParallelConfig {
     pub deterministic_shards: usize,
     /// Micro-batches each device accumulates before the all-reduce (gradient accumulation).
     pub micro_batches: usize,
-    /// ZeRO-1: each device keeps optimizer state only for the parameters it owns.
+    /// ZeRO-1: each device keeps optimizer state only for the parameters it owns (balanced by
+    /// size), updates them and broadcasts them. On devices of different kernel families this
+    /// also spreads the updates, which otherwise all run on the first device.
     pub shard_optimizer: bool,
 }
 
@@ -127,14 +135,15 @@ struct Computed {
 /// ```
 pub struct DataParallel {
     replicas: Vec<Replica>,
-    /// One optimizer per replica (over the parameters it owns, with ZeRO-1).
+    /// One optimizer per replica (over the parameters it owns, where parameters have owners).
     opts: Vec<Box<dyn Optimizer>>,
     comm: Box<dyn Communicator>,
     loss: Loss,
     cfg: DataParallelConfig,
     buckets: Vec<Vec<usize>>,
     bucket_of: Vec<usize>,
-    /// ZeRO-1: the device that owns (keeps optimizer state for, and updates) each parameter.
+    /// The replica that owns (keeps optimizer state for, and updates) each parameter: balanced
+    /// with ZeRO-1, replica 0 on devices of different kernel families, `None` otherwise.
     owners: Option<Vec<usize>>,
     /// Split proportions: the user's, the calibrated ones, or `None` for equal shares.
     split_weights: Option<Vec<f64>>,
@@ -182,7 +191,15 @@ impl DataParallel {
         let sizes: Vec<usize> = params[0].iter().map(|(_, t)| 4 * t.numel()).collect();
         let buckets = assign_buckets(&sizes, cfg.bucket_bytes);
         let bucket_of = buckets::bucket_of(&buckets, sizes.len());
-        let owners = cfg.shard_optimizer.then(|| assign_owners(&sizes, n));
+        let owners = if cfg.shard_optimizer {
+            Some(assign_owners(&sizes, n))
+        } else if !update::one_kernel_family(devices) {
+            // One owner rather than ZeRO-1's balanced ones: one broadcast a step instead of one
+            // per device (measured cheaper on the seed CNN; see update.rs).
+            Some(vec![0; sizes.len()])
+        } else {
+            None
+        };
         let opts = params
             .iter()
             .enumerate()
@@ -233,11 +250,31 @@ impl DataParallel {
     pub fn replica_parameters(&self) -> Vec<Vec<(String, Tensor)>> {
         self.replicas.iter().map(|r| r.params.clone()).collect()
     }
+    /// The optimizer state replica `i` holds (only its owned parameters' where parameters have
+    /// owners) and its step count; `None` past the last replica.
+    pub fn replica_optimizer_state(&self, i: usize) -> Option<(Vec<(String, Tensor)>, u64)> {
+        self.opts.get(i).map(|o| o.state())
+    }
+    /// The replica that updates each parameter (state_dict order), or `None` when every
+    /// replica updates its own copy: with ZeRO-1, and on devices of different kernel families,
+    /// each parameter has one owner.
+    pub fn parameter_owners(&self) -> Option<&[usize]> {
+        self.owners.as_deref()
+    }
 
     /// Sample ranges of the global batch per device (overlapped mode).
     fn device_ranges(&self, n: usize) -> Result<Vec<Range<usize>>> {
         split::ranges(n, self.replicas.len(), self.split_weights.as_deref())
     }
+}
+
+/// The result of replica `i`'s thread; its error, or its panic, named by replica and device.
+fn joined<T>(i: usize, r: &Replica, thread: std::thread::Result<Result<T>>) -> Result<T> {
+    let result = thread.unwrap_or_else(|payload| {
+        let what = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned());
+        Err(Error::Msg(format!("its thread panicked: {}", what.unwrap_or_else(|| "(no message)".into()))))
+    });
+    result.map_err(|e| Error::Replica { strategy: "data parallel", replica: i, device: r.device.to_string(), source: Box::new(e) })
 }
 
 /// ZeRO-1 ownership: parameters from largest to smallest, each to the device holding the
@@ -268,7 +305,8 @@ impl Strategy for DataParallel {
         let (computed, reduced) = if self.cfg.deterministic {
             let shards = split::ranges(batch.len(), self.cfg.deterministic_shards.min(batch.len()), None)?;
             let owned = split::ranges(shards.len(), n, self.split_weights.as_deref())?;
-            (deterministic::run(&self.replicas, batch, &shards, &owned, self.loss, trace)?, None)
+            let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&i))).collect();
+            (deterministic::run(&self.replicas, batch, &shards, &owned, &updates, self.loss, trace)?, None)
         } else {
             let shards: Vec<Batch> = self.device_ranges(batch.len())?.into_iter().map(|r| split::slice(batch, r)).collect();
             let plan = overlapped::Plan {
@@ -283,43 +321,12 @@ impl Strategy for DataParallel {
             (c, Some(r))
         };
 
-        // Every replica unpacks its reduced gradients and applies its optimizer.
-        let buckets = &self.buckets;
-        let opt_s = std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .replicas
-                .iter()
-                .zip(self.opts.iter_mut())
-                .enumerate()
-                .map(|(i, (r, opt))| {
-                    let reduced = reduced.as_ref();
-                    s.spawn(move || -> Result<f64> {
-                        let t = Instant::now();
-                        if let Some(reduced) = reduced {
-                            for (b, members) in buckets.iter().enumerate() {
-                                buckets::unpack(&r.params, members, &reduced[b][i])?;
-                            }
-                        }
-                        opt.step()?;
-                        r.device.sync()?;
-                        if let Some(tr) = trace {
-                            tr.span(&r.track, "optimizer", Phase::Optimizer, t, t.elapsed().as_secs_f64());
-                        }
-                        Ok(t.elapsed().as_secs_f64())
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("data parallel: an optimizer thread panicked".into())))).collect::<Result<Vec<f64>>>()
-        })?;
-
-        // ZeRO-1: each parameter was updated only by its owner; send it to the others.
+        let opt_s = update::apply(&self.replicas, &mut self.opts, &self.buckets, reduced.as_ref(), trace)?;
+        // Parameters with an owner were updated there only; copy them to the other replicas.
         let mut comm_spans = computed.comm.clone();
         if let Some(owners) = &self.owners {
             let tb = Instant::now();
-            for (p, &owner) in owners.iter().enumerate() {
-                let group: Vec<Tensor> = self.replicas.iter().map(|r| r.params[p].1.clone()).collect();
-                self.comm.broadcast(&group, owner)?;
-            }
+            update::share_owned(&self.replicas, owners, &*self.comm)?;
             comm_spans.push((tb, Instant::now()));
             if let Some(tr) = trace {
                 for r in &self.replicas {
@@ -356,8 +363,8 @@ impl Strategy for DataParallel {
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
         self.replicas.iter().try_for_each(|r| r.model.load_state(state))
     }
-    /// Replica 0's state; with ZeRO-1, each parameter's state gathered from its owner onto
-    /// device 0, in state_dict order.
+    /// Replica 0's state; where parameters have owners, each parameter's state gathered from
+    /// its owner onto device 0, in state_dict order.
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
         let (first, steps) = self.opts[0].state();
         let Some(owners) = &self.owners else { return Ok((first, steps)) };
@@ -367,12 +374,14 @@ impl Strategy for DataParallel {
         for (p, (name, _)) in self.replicas[0].params.iter().enumerate() {
             let prefix = format!("{name}.");
             for (key, t) in states[owners[p]].iter().filter(|(k, _)| k.starts_with(&prefix)) {
-                out.push((key.clone(), self.comm.send_recv(t, dev0)?));
+                let t = if owners[p] == 0 { t.clone() } else { self.comm.send_recv(t, dev0)? };
+                out.push((key.clone(), t));
             }
         }
         Ok((out, steps))
     }
-    /// Every replica loads `state`; with ZeRO-1 each keeps only its own parameters' entries.
+    /// Every replica loads `state`; where parameters have owners each keeps only its own
+    /// parameters' entries.
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.opts.iter_mut().try_for_each(|o| o.load_state(state, steps))
     }

@@ -3,18 +3,19 @@
 //! The global batch is cut into a fixed number of micro-shards that does not depend on the
 //! devices. Each device computes whole micro-shards, each one's gradient separately, and
 //! downloads it. The host sums the micro-shard gradients (and scaled losses) with
-//! [`tree_sum`] in a fixed tree over micro-shard index and uploads the sum to every replica.
+//! [`tree_sum`] in a fixed tree over micro-shard index and uploads the sum to every replica
+//! that runs an update.
 //! So every floating-point operation, and its order, is the same on 1, 2 or 4 devices of one
 //! backend. The price: no overlap of communication with backward, one full-gradient download
 //! per micro-shard and one upload per device, and the host doing the additions.
 use super::split::slice;
-use super::{Computed, Replica};
+use super::{joined, Computed, Replica};
 use crate::data::Batch;
 use crate::nn::Module;
 use crate::parallel::comm::tree_sum;
 use crate::parallel::trace::{Phase, Trace};
 use crate::parallel::{batch_to_device, Loss};
-use crate::{Error, Result, Tensor};
+use crate::{Result, Tensor};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -29,8 +30,9 @@ struct WorkerOut {
 }
 
 /// Computes every micro-shard (`shards[k]` are sample ranges of `batch`; device i takes the
-/// micro-shards `owned[i]`) and leaves the summed gradient on every replica.
-pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], loss: Loss, trace: Option<&Trace>) -> Result<Computed> {
+/// micro-shards `owned[i]`) and leaves the summed gradient on every replica that `updates`
+/// (the others own no parameter and would not read it).
+pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], updates: &[bool], loss: Loss, trace: Option<&Trace>) -> Result<Computed> {
     let total = batch.len();
     let outs = std::thread::scope(|s| {
         let handles: Vec<_> = replicas
@@ -38,7 +40,7 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
             .zip(owned)
             .map(|(r, ks)| s.spawn(move || worker(r, batch, &shards[ks.clone()], ks.start, total, loss, trace)))
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("data parallel: a worker thread panicked".into())))).collect::<Vec<_>>()
+        handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect::<Vec<_>>()
     });
     let outs = outs.into_iter().collect::<Result<Vec<_>>>()?;
     let backward_end = outs.iter().map(|o| o.end).max();
@@ -50,8 +52,10 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
     let losses = tree_sum(all.iter().map(|g| vec![g.2]).collect())?;
     let sum = tree_sum(all.into_iter().map(|g| g.1).collect())?;
     std::thread::scope(|s| {
-        let handles: Vec<_> = replicas.iter().map(|r| s.spawn(|| upload(r, &sum))).collect();
-        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("data parallel: an upload thread panicked".into()))))
+        let sum = &sum;
+        let handles: Vec<_> = replicas.iter().zip(updates).map(|(r, &u)| s.spawn(move || if u { upload(r, sum) } else { Ok(()) })).collect();
+        let results: Vec<Result<()>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
+        results.into_iter().collect::<Result<()>>()
     })?;
     let t1 = Instant::now();
     if let Some(tr) = trace {

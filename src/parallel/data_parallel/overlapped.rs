@@ -2,7 +2,7 @@
 //! while a communication thread all-reduces gradient buckets as they complete.
 use super::buckets::{self, Ready};
 use super::split::{micro_ranges, slice};
-use super::{Computed, Replica, StepEvent};
+use super::{joined, Computed, Replica, StepEvent};
 use crate::autograd;
 use crate::data::Batch;
 use crate::nn::Module;
@@ -49,8 +49,9 @@ pub(super) fn run(replicas: &[Replica], shards: &[Batch], comm: &dyn Communicato
             .collect();
         // Only the workers' senders remain, so the exchange ends when the last worker does.
         drop(tx);
-        let workers: Vec<Result<WorkerOut>> = handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect();
-        (workers, comm_thread.join().unwrap_or_else(|_| Err(panicked())))
+        let workers: Vec<Result<WorkerOut>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
+        let comm_panicked = || Err(Error::Msg("data parallel: the communication thread panicked".into()));
+        (workers, comm_thread.join().unwrap_or_else(|_| comm_panicked()))
     });
     // A failed all-reduce makes the workers fail to send; report the cause, not the symptom.
     let exchanged = exchanged?;
@@ -80,10 +81,6 @@ pub(super) fn run(replicas: &[Replica], shards: &[Batch], comm: &dyn Communicato
         events,
     };
     Ok((computed, reduced))
-}
-
-fn panicked() -> Error {
-    Error::Msg("data parallel: a worker thread panicked".into())
 }
 
 /// Forward + backward of every micro-batch of `shard` on replica `i`; during the last
