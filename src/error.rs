@@ -56,8 +56,6 @@ pub enum Error {
     ChannelClosed { role: &'static str, index: usize, what: &'static str },
 
     // --- training ---
-    #[error("{strategy}: replica {replica} on {device} failed: {source}")]
-    Replica { strategy: &'static str, replica: usize, device: String, #[source] source: Box<Error> },
     #[error("loss is {value} at step {step}; stopped (the last good checkpoint is kept)")]
     NonFinite { step: u64, value: f32 },
     /// A broken invariant inside tandem: a bug to report, not a cause to handle.

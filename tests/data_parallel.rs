@@ -283,7 +283,7 @@ fn bad_input_is_an_error() {
     // the failure of the replica that met it.
     let rows = synthetic::regression(6, 10, 1).unwrap().batch(&[0, 1, 2, 3, 4, 5]).unwrap();
     let err = dp.step(&rows).expect_err("rows into a CNN");
-    assert!(matches!(&err, Error::Replica { source, .. } if matches!(**source, Error::Shape { .. })), "{err}");
+    assert!(matches!(&err, Error::Worker { source, .. } if matches!(**source, Error::Shape { .. })), "{err}");
     // MSE against class labels: the loss's error, from inside a worker.
     let mut mse = DataParallel::new(&model(), &devices(2), &sgd(), Loss::Mse, DataParallelConfig::default()).unwrap();
     assert!(mse.step(&batches(4)[0]).is_err());

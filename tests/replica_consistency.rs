@@ -214,7 +214,7 @@ fn a_failing_or_panicking_replica_is_an_error_naming_it() {
             });
             let text = result.to_string();
             let what = format!("deterministic {det}, panic {panic}: {text}");
-            assert!(matches!(&result, Error::Replica { replica: 2, .. }), "{what}");
+            assert!(matches!(&result, Error::Worker { index: 2, .. }), "{what}");
             assert!(text.contains(&format!("replica 2 on {bad_device}")), "{what}");
             let cause = if panic { "injected panic in replica 2" } else { "injected failure" };
             assert!(text.contains(cause), "{what}");

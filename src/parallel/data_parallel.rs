@@ -270,11 +270,7 @@ impl DataParallel {
 
 /// The result of replica `i`'s thread; its error, or its panic, named by replica and device.
 fn joined<T>(i: usize, r: &Replica, thread: std::thread::Result<Result<T>>) -> Result<T> {
-    let result = thread.unwrap_or_else(|payload| {
-        let what = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned());
-        Err(Error::Msg(format!("its thread panicked: {}", what.unwrap_or_else(|| "(no message)".into()))))
-    });
-    result.map_err(|e| Error::Replica { strategy: "data parallel", replica: i, device: r.device.to_string(), source: Box::new(e) })
+    thread.unwrap_or_else(|payload| Err(Error::panicked(payload))).map_err(|e| e.in_worker("data-parallel replica", i, &r.device))
 }
 
 /// ZeRO-1 ownership: parameters from largest to smallest, each to the device holding the

@@ -50,7 +50,7 @@ pub(super) fn run(replicas: &[Replica], shards: &[Batch], comm: &dyn Communicato
         // Only the workers' senders remain, so the exchange ends when the last worker does.
         drop(tx);
         let workers: Vec<Result<WorkerOut>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
-        let comm_panicked = || Err(Error::Msg("data parallel: the communication thread panicked".into()));
+        let comm_panicked = || Err(Error::Panicked("the data-parallel communication thread panicked".into()));
         (workers, comm_thread.join().unwrap_or_else(|_| comm_panicked()))
     });
     // A failed all-reduce makes the workers fail to send; report the cause, not the symptom.
