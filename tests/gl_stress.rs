@@ -1,31 +1,26 @@
 //! Two logical devices on the GL adapter, driven from two threads at once with a cold shader
 //! cache (issue 12): wgpu-hal shares one GL context among all devices of an adapter, behind a
-//! lock that panics after 6 s, and a long submission or a first-use compile on one device held
-//! it longer than that while the other waited; the panic then aborted the process.
+//! lock that panics after 6 s. With Mesa's shader cache empty, llvmpipe's GL driver takes tens
+//! of seconds to compile the tiled matmul kernel (55 s here; under a second once cached), all
+//! that time inside one submission holding the context, so any call of another device on the
+//! adapter meanwhile panicked, and the panic aborted the process from a destructor.
 #![cfg(feature = "wgpu")]
 mod common;
 
 use common::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use tandem::backend::wgpu::{open_with, MatmulKernel, Options};
 use tandem::backend::{BinaryOp, MatmulSpec, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
 use tandem::{DType, Device, Result};
-
-/// How long the first device's one submission should run: past wgpu-hal's 6 s, so that the
-/// second device's calls during it used to time out.
-const LONG: Duration = Duration::from_secs(9);
-
-/// The big product the first device runs, and its inputs.
-fn big_matmul(dev: &Device, a: &[f32], b: &[f32], out: &tandem::backend::Buffer, s: MatmulSpec) -> Result<()> {
-    dev.backend().matmul(&up(dev, a), &up(dev, b), out, s)
-}
 
 /// Kernels the first device has not used, all recorded before any is read back, so that one
 /// submission compiles them all; outputs in order.
 fn first_use_kernels(dev: &Device, seed: u64) -> Result<Vec<Vec<f32>>> {
     let be = dev.backend();
     let mut r = rng(seed);
-    let x = uniform(&mut r, 4096, 0.1, 2.0);
+    // Long enough for every operand below (the A·Bᵀ product's B has 250 x 36).
+    let x = uniform(&mut r, 9000, 0.1, 2.0);
     let xb = up(dev, &x);
     let flat = layout(&[4096], &[1], 0);
     let mut outs = Vec::new();
@@ -89,63 +84,58 @@ fn two_gl_devices_on_two_threads_with_a_cold_shader_cache() {
         eprintln!("skipping: no GL adapter");
         return;
     };
-    let open = || Device::from_backend(tandem::backend::wgpu::open(gl).expect("open the GL adapter"));
-    let (long, short) = (open(), open());
+    let open = |matmul| Device::from_backend(open_with(gl, Options { matmul, ..Default::default() }).expect("open the GL adapter"));
+    // The tiled family is the slow compile; the other device keeps the default family.
+    let (tiled, other) = (open(Some(MatmulKernel::Tiled)), open(None));
     let cpu = Device::cpu();
-
-    // Size one submission of the first device to run about `LONG` on this machine.
-    let (m, n, k) = (512, 512, 1024);
-    let s = MatmulSpec::new(1, m, n, k);
+    let (m, n, k) = (256, 256, 512);
     let mut r = rng(7);
     let (a, b) = (uniform(&mut r, m * k, -1.0, 1.0), uniform(&mut r, k * n, -1.0, 1.0));
-    let out = long.backend().alloc(m * n, DType::F32).expect("alloc");
-    big_matmul(&long, &a, &b, &out, s).expect("compile the big product");
-    long.sync().expect("sync");
-    let t = Instant::now();
-    big_matmul(&long, &a, &b, &out, s).expect("time the big product");
-    long.sync().expect("sync");
-    let repeats = (LONG.as_secs_f64() / t.elapsed().as_secs_f64()).ceil().clamp(1.0, 200.0) as usize;
-    eprintln!("one product takes {:?}: {repeats} in one submission", t.elapsed());
+    let product = |d: &Device| -> Result<Vec<f32>> {
+        let out = d.backend().alloc(m * n, DType::F32)?;
+        d.backend().matmul(&up(d, &a), &up(d, &b), &out, MatmulSpec::new(1, m, n, k))?;
+        d.sync()?;
+        Ok(down(d, &out))
+    };
+    let want = product(&cpu).expect("cpu product");
 
-    let submitting = AtomicBool::new(false);
+    let (compiling, compiled) = (AtomicBool::new(false), AtomicBool::new(false));
     std::thread::scope(|scope| {
-        let long_job = scope.spawn(|| {
-            // Recorded into one batch, submitted as one by the readback below.
-            for _ in 0..repeats {
-                big_matmul(&long, &a, &b, &out, s).expect("big product");
-            }
-            submitting.store(true, Ordering::SeqCst);
-            let got = down(&long, &out);
-            let want = {
-                let o = cpu.backend().alloc(m * n, DType::F32).expect("alloc");
-                big_matmul(&cpu, &a, &b, &o, s).expect("cpu product");
-                down(&cpu, &o)
-            };
-            assert_close("big product", &got, &want, 1e-5 * k as f32, 1e-5);
-            // Then long waits while the other device compiles.
-            for _ in 0..3 {
-                big_matmul(&long, &a, &b, &out, s).expect("big product");
-                long.sync().expect("a long wait");
-            }
+        let compile = scope.spawn(|| {
+            compiling.store(true, Ordering::SeqCst);
+            let t = Instant::now();
+            let mut s = MatmulSpec::new(2, 70, 132, 36);
+            s.b_batch_stride = 0;
+            matmul_case(&tiled, &cpu, s, 60).expect("the tiled product on the first GL device");
+            eprintln!("first tiled product (with its compile): {:?}", t.elapsed());
+            compiled.store(true, Ordering::SeqCst);
         });
-        let compiles = scope.spawn(|| {
-            while !submitting.load(Ordering::SeqCst) {
+        let meanwhile = scope.spawn(|| {
+            while !compiling.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            // Into the other device's submission, then first-use compiles beside its waits.
-            std::thread::sleep(Duration::from_millis(300));
-            let got = first_use_kernels(&short, 8).expect("first-use kernels on the second GL device");
-            let want = first_use_kernels(&cpu, 8).expect("the same on the CPU");
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_close(&format!("first-use kernel {i}"), g, w, 1e-4, 1e-5);
+            // Into the other thread's compile, then products with waits, and first-use kernels
+            // of our own, until that compile is over.
+            std::thread::sleep(Duration::from_millis(500));
+            let mut rounds = 0;
+            while rounds == 0 || !compiled.load(Ordering::SeqCst) {
+                assert_close("product", &product(&other).expect("product on the second GL device"), &want, 1e-5 * k as f32, 1e-5);
+                if rounds == 0 {
+                    let got = first_use_kernels(&other, 8).expect("first-use kernels on the second GL device");
+                    let want = first_use_kernels(&cpu, 8).expect("the same on the CPU");
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_close(&format!("first-use kernel {i}"), g, w, 1e-4, 1e-5);
+                    }
+                }
+                rounds += 1;
             }
         });
-        long_job.join().expect("the long job");
-        compiles.join().expect("the compiles");
+        compile.join().expect("the compile");
+        meanwhile.join().expect("the other device");
     });
     // Both devices close from two threads at once: closing takes the shared context too.
     std::thread::scope(|scope| {
-        scope.spawn(move || drop(long));
-        scope.spawn(move || drop(short));
+        scope.spawn(move || drop(tiled));
+        scope.spawn(move || drop(other));
     });
 }
