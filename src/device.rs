@@ -183,7 +183,7 @@ fn no_such(spec: &str) -> Error {
         .iter()
         .map(|i| match i.backend {
             BackendKind::Cpu => "cpu".to_string(),
-            _ => format!("{} ({})", spec_names(&i), i.name),
+            _ => format!("{} ({})", spec_names(i), i.name),
         })
         .collect::<Vec<_>>()
         .join(", ");

@@ -89,15 +89,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Ctx {
     /// A context for a device just opened; the caller holds `gate`.
-    pub(crate) fn new(
-        device: wgpu::Device,
-        queue: wgpu::Queue,
-        name: String,
-        max_binding: Option<u64>,
-        subgroup8: bool,
-        bind_groups: Arc<BindGroups>,
-        gate: Gate,
-    ) -> Self {
+    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String, max_binding: Option<u64>, subgroup8: bool, bind_groups: Arc<BindGroups>, gate: Gate) -> Self {
         let l = device.limits();
         // u32 element offsets in kernels stay exact below 2 GiB per binding.
         let mut max = l.max_storage_buffer_binding_size.min(1 << 31);
