@@ -80,7 +80,9 @@ impl Device {
     }
 
     /// Opens the devices a spec names: `cpu`, `wgpu:N`, `cuda:N`, `auto`, `all`, or a comma
-    /// list of these. Each named entry opens a fresh logical device, so `wgpu:0,wgpu:0` gives
+    /// list of these. `vulkan:N`, `gl:N`, `metal:N` and `dx12:N` name the N-th wgpu adapter of
+    /// that backend, and are an error when it has none: unlike `wgpu:N`, they cannot come to
+    /// mean another backend's adapter when a driver is missing. Each named entry opens a fresh logical device, so `wgpu:0,wgpu:0` gives
     /// two independent devices on one adapter (the first `cpu` is the shared CPU reference,
     /// later ones are independent CPU devices).
     pub fn parse(spec: &str) -> Result<Vec<Device>> {
@@ -110,17 +112,16 @@ impl Device {
         Ok(out)
     }
 
-    /// CUDA device 0 if any, else the first hardware GPU adapter, else the CPU reference.
-    /// A software adapter (lavapipe) is slower than the CPU reference and is used only by name.
+    /// CUDA device 0 if any, else the first hardware GPU adapter (discrete, integrated, or a
+    /// GPU reached through GL or virtualised), else the CPU reference. A software adapter
+    /// (lavapipe, llvmpipe) is slower than the CPU reference and is used only by name.
     pub fn auto() -> Result<Device> {
         let list = Device::list();
         let pick = list
             .iter()
             .find(|i| i.backend == BackendKind::Cuda)
             .or_else(|| {
-                list.iter().find(|i| {
-                    i.backend == BackendKind::Wgpu && matches!(i.kind, DeviceKind::Discrete | DeviceKind::Integrated)
-                })
+                list.iter().find(|i| i.backend == BackendKind::Wgpu && !matches!(i.kind, DeviceKind::Software | DeviceKind::Cpu))
             });
         match pick {
             Some(i) => Device::open(i.backend, i.ordinal),
@@ -151,13 +152,30 @@ fn parse_one(part: &str) -> Result<(BackendKind, usize)> {
         return Ok((BackendKind::Cpu, 0));
     }
     let (name, idx) = part.split_once(':').ok_or_else(|| no_such(part))?;
-    let backend = match name {
-        "wgpu" => BackendKind::Wgpu,
-        "cuda" => BackendKind::Cuda,
-        _ => return Err(no_such(part)),
-    };
     let ordinal = idx.parse::<usize>().map_err(|_| no_such(part))?;
-    Ok((backend, ordinal))
+    match name {
+        "wgpu" => Ok((BackendKind::Wgpu, ordinal)),
+        "cuda" => Ok((BackendKind::Cuda, ordinal)),
+        #[cfg(feature = "wgpu")]
+        _ if crate::backend::wgpu::NAMED_BACKENDS.contains(&name) => {
+            crate::backend::wgpu::ordinal_of(name, ordinal).map(|n| (BackendKind::Wgpu, n)).ok_or_else(|| no_such(part))
+        }
+        _ => Err(no_such(part)),
+    }
+}
+
+/// How a listed device is named in specs: `cpu`, `cuda:0`, or `wgpu:1 = gl:0` for a wgpu
+/// adapter (its ordinal and its backend-qualified name).
+pub(crate) fn spec_names(i: &DeviceInfo) -> String {
+    match i.backend {
+        BackendKind::Cpu => "cpu".to_string(),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => match crate::backend::wgpu::qualified_spec(i.ordinal) {
+            Some(q) => format!("wgpu:{} = {q}", i.ordinal),
+            None => format!("wgpu:{}", i.ordinal),
+        },
+        b => format!("{}:{}", b.name(), i.ordinal),
+    }
 }
 
 fn no_such(spec: &str) -> Error {
@@ -165,7 +183,7 @@ fn no_such(spec: &str) -> Error {
         .iter()
         .map(|i| match i.backend {
             BackendKind::Cpu => "cpu".to_string(),
-            b => format!("{}:{} ({})", b.name(), i.ordinal, i.name),
+            _ => format!("{} ({})", spec_names(i), i.name),
         })
         .collect::<Vec<_>>()
         .join(", ");

@@ -1,5 +1,7 @@
 //! `tandem devices`: every device of every compiled backend as a table, the one `auto` picks
-//! marked, and a plain word about backends that are compiled in but found nothing.
+//! marked, adapters refused for want of compute with the reason, and a plain word about
+//! backends that are compiled in but found nothing or lack the platform's usual driver.
+use crate::device::spec_names;
 use crate::{BackendKind, Device, DeviceInfo, Result};
 
 pub fn run() -> Result<()> {
@@ -8,18 +10,49 @@ pub fn run() -> Result<()> {
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|i| {
-            let spec = spec(i);
-            let mark = if spec == auto { "*" } else { "" };
-            vec![mark.to_string(), spec, i.backend.name().to_string(), i.name.clone(), format!("{:?}", i.kind).to_lowercase(), memory(i.memory), i.driver.clone()]
+            let mark = if spec(i) == auto { "*" } else { "" };
+            vec![mark.to_string(), spec_names(i), i.backend.name().to_string(), i.name.clone(), format!("{:?}", i.kind).to_lowercase(), memory(i.memory), i.driver.clone()]
         })
         .collect();
     let header = ["", "SPEC", "BACKEND", "NAME", "KIND", "MEMORY", "DRIVER"];
     print_table(&header, &rows);
     println!("* = what --devices auto picks");
+    #[cfg(feature = "wgpu")]
+    for r in crate::backend::wgpu::refused() {
+        println!("refused: {} ({}): {}", r.name, r.driver, r.reason);
+    }
     for line in notes(&list) {
         println!("{line}");
     }
     Ok(())
+}
+
+/// The warning for a platform whose usual wgpu backend (`expected`, such as `vulkan` on Linux)
+/// found no adapter while others did: a missing or broken driver, under which `wgpu:N` names
+/// another backend's adapter than on a machine with that driver.
+fn missing_backend(expected: &str, found: &[String]) -> Option<String> {
+    if found.is_empty() || found.iter().any(|b| b == expected) {
+        return None;
+    }
+    let others = found.join(", ");
+    Some(format!(
+        "warning: no {expected} adapter was found, only {others}: is the {expected} driver missing or broken? \
+         wgpu:N now names a {others} adapter; name one as {expected}:N or {}:N to be sure which runs.",
+        found[0]
+    ))
+}
+
+/// The wgpu backend a platform's GPUs are normally reached through.
+fn expected_backend() -> Option<&'static str> {
+    if cfg!(target_os = "macos") || cfg!(target_os = "ios") {
+        Some("metal")
+    } else if cfg!(windows) {
+        Some("dx12")
+    } else if cfg!(unix) {
+        Some("vulkan")
+    } else {
+        None
+    }
 }
 
 /// The `--devices` spec of a listed device.
@@ -51,6 +84,17 @@ fn notes(list: &[DeviceInfo]) -> Vec<String> {
         (false, _) => out.push("wgpu support is not compiled in (build with --features wgpu).".to_string()),
         (true, true) => {}
     }
+    #[cfg(feature = "wgpu")]
+    if let Some(expected) = expected_backend() {
+        let mut found: Vec<String> = Vec::new();
+        for i in list.iter().filter(|i| i.backend == BackendKind::Wgpu) {
+            let b = crate::backend::wgpu::qualified_spec(i.ordinal).and_then(|q| q.split(':').next().map(str::to_string));
+            if let Some(b) = b.filter(|b| !found.contains(b)) {
+                found.push(b);
+            }
+        }
+        out.extend(missing_backend(expected, &found));
+    }
     out
 }
 
@@ -69,5 +113,19 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     line(header.to_vec());
     for r in rows {
         line(r.iter().map(String::as_str).collect());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::missing_backend;
+
+    #[test]
+    fn warns_when_the_usual_backend_is_missing() {
+        let v = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let w = missing_backend("vulkan", &v(&["gl"])).expect("a warning when only GL is found");
+        assert!(w.contains("no vulkan adapter") && w.contains("vulkan:N or gl:N"), "{w}");
+        assert_eq!(missing_backend("vulkan", &v(&["vulkan", "gl"])), None);
+        assert_eq!(missing_backend("vulkan", &v(&[])), None, "no adapter at all has its own note");
     }
 }

@@ -1,10 +1,12 @@
 //! One logical wgpu device: pipelines compiled lazily, dispatches recorded into a shared command
 //! encoder and submitted in batches, parameters in a uniform ring, sub-range bindings, readback.
 use super::bind_groups::BindGroups;
+use super::gate::{Gate, Held};
 use super::shaders;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// Bytes of one parameter slot in the uniform ring; every kernel's `Params` fits.
 pub(crate) const SLOT: u64 = 256;
@@ -14,6 +16,10 @@ const BATCH: usize = 256;
 /// Workgroups recorded before a batch is submitted early: bounds how long one submit runs, which
 /// on GL is how long the adapter's shared context stays locked against other devices.
 const BATCH_GROUPS: u64 = 1 << 16;
+/// Longest single wait for the device: on GL, wgpu-hal holds the adapter's shared context while
+/// it waits (and gives up after about 2 s), so waits are sliced and other devices on the
+/// adapter get a turn between slices.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// Bytes of the uniform operand stage: the `array<vec4<f32>, 4096>` the `*_ua` kernels declare.
 pub(crate) const STAGE_BYTES: u64 = 65536;
@@ -71,6 +77,10 @@ pub(crate) struct Ctx {
     /// summed by kernel (`=2`: by kernel, `OP` and grid); the table goes to stderr when the
     /// device closes. For tuning only.
     profile: Option<(bool, Mutex<ProfileTable>)>,
+    /// The adapter's gate (see `gate.rs`): held around every call into wgpu.
+    gate: Gate,
+    /// Holds the gate while the fields drop; declared last so that it is released last.
+    held: Option<Held>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -78,7 +88,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Ctx {
-    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String, max_binding: Option<u64>, subgroup8: bool, bind_groups: Arc<BindGroups>) -> Self {
+    /// A context for a device just opened; the caller holds `gate`.
+    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String, max_binding: Option<u64>, subgroup8: bool, bind_groups: Arc<BindGroups>, gate: Gate) -> Self {
         let l = device.limits();
         // u32 element offsets in kernels stay exact below 2 GiB per binding.
         let mut max = l.max_storage_buffer_binding_size.min(1 << 31);
@@ -87,7 +98,10 @@ impl Ctx {
         }
         // At least 16 so that vec4 kernels see vec4-aligned bindings.
         let align = u64::from(l.min_storage_buffer_offset_alignment).max(16);
-        let limits = Limits { max_binding: max.max(align * 2), align, max_groups: l.max_compute_workgroups_per_dimension };
+        // Adapters without workgroups are refused before they are opened; `max(1)` keeps
+        // `grid` from dividing by zero all the same.
+        let max_groups = l.max_compute_workgroups_per_dimension.max(1);
+        let limits = Limits { max_binding: max.max(align * 2), align, max_groups };
         let uniform_stride = SLOT.max(u64::from(l.min_uniform_buffer_offset_alignment));
         let uniform = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("tandem params"),
@@ -125,6 +139,8 @@ impl Ctx {
                 Ok("2") => Some((true, Mutex::default())),
                 _ => None,
             },
+            gate,
+            held: None,
         }
     }
 
@@ -296,6 +312,7 @@ impl Ctx {
         if grid.contains(&0) {
             return Ok(());
         }
+        let _held = self.gate.hold();
         debug_assert!(params.len() * 4 <= SLOT as usize);
         let (pipeline, layout) = self.pipeline(shader, entry, op, binds.len())?;
         let group = self.bind_groups.get(&self.device, &layout, &self.uniform, binds);
@@ -327,7 +344,7 @@ impl Ctx {
             let t = std::time::Instant::now();
             self.submit(p);
             drop(guard);
-            self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| self.err(e.to_string()))?;
+            self.wait_idle()?;
             let key = match (detailed, op) {
                 (false, _) => format!("{shader}::{entry}"),
                 (true, None) => format!("{shader}::{entry} {grid:?}"),
@@ -380,6 +397,7 @@ impl Ctx {
 
     /// Records a non-compute command (copy, clear) in order with the dispatches.
     pub(crate) fn encode(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let _held = self.gate.hold();
         let mut p = lock(&self.pending);
         p.pass = None;
         let enc = p.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
@@ -401,6 +419,7 @@ impl Ctx {
 
     /// Submits everything recorded so far.
     pub(crate) fn flush(&self) {
+        let _held = self.gate.hold();
         let mut p = lock(&self.pending);
         self.submit(&mut p);
     }
@@ -408,6 +427,7 @@ impl Ctx {
     /// Writes `bytes` at the start of `buf`, after every op recorded so far (which may still
     /// read a recycled buffer's previous contents).
     pub(crate) fn write(&self, buf: &wgpu::Buffer, bytes: &[u8]) {
+        let _held = self.gate.hold();
         self.flush();
         if !bytes.is_empty() {
             self.queue.write_buffer(buf, 0, bytes);
@@ -417,8 +437,22 @@ impl Ctx {
     /// Waits for all submitted work and reports errors wgpu raised meanwhile.
     pub(crate) fn wait(&self) -> Result<()> {
         self.flush();
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| self.err(e.to_string()))?;
+        self.wait_idle()?;
         self.check_errors()
+    }
+
+    /// Waits for all submitted work in slices of `WAIT_SLICE`, holding the gate for one slice at
+    /// a time: one unbounded wait on GL would hold the adapter's context for its whole length,
+    /// and wgpu-hal's GL wait ends after about 2 s with a timeout error rather than the work.
+    fn wait_idle(&self) -> Result<()> {
+        loop {
+            let _held = self.gate.hold();
+            match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(WAIT_SLICE) }) {
+                Ok(_) => return Ok(()),
+                Err(wgpu::PollError::Timeout) => {}
+                Err(e) => return Err(self.err(e.to_string())),
+            }
+        }
     }
 
     /// The first `bytes` bytes of `src`, after every op recorded so far.
@@ -427,6 +461,8 @@ impl Ctx {
             self.wait()?;
             return Ok(Vec::new());
         }
+        // Held throughout, so that the staging buffer is created, mapped and dropped under it.
+        let _held = self.gate.hold();
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("tandem readback"),
             size: bytes,
@@ -454,5 +490,8 @@ impl Drop for Ctx {
         if let Some(r) = self.profile_report() {
             eprint!("{r}");
         }
+        // The fields (device, buffers, pipelines) drop after this body, and dropping them
+        // takes the GL context: `held`, the last field, keeps the gate until they have.
+        self.held = Some(self.gate.hold());
     }
 }

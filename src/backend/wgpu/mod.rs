@@ -1,19 +1,23 @@
 //! WGSL compute backend on wgpu: every adapter of every wgpu backend (Vulkan, Metal, DX12, GL).
+mod adapters;
 mod bind_groups;
 mod context;
+mod gate;
 mod nn;
 mod ops;
 mod pool;
 pub mod shaders;
 
 use crate::backend::{
-    Backend, BackendKind, BinaryOp, Buffer, DeviceInfo, DeviceKind, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
+    Backend, BinaryOp, Buffer, DeviceInfo, DeviceKind, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
     ReduceSpec, UnaryOp, WindowSpec,
 };
 use crate::{DType, Error, Layout, Result};
+use adapters::all;
+pub use adapters::{adapters, has_subgroups_of_8, ordinal_of, qualified_spec, refusal, refused, Refused, NAMED_BACKENDS};
 use context::Ctx;
 use pool::{Pool, WgpuBuffer};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// Settings for opening a device; `Default` takes everything from the adapter.
 #[derive(Clone, Debug, Default)]
@@ -38,71 +42,6 @@ pub enum MatmulKernel {
     Tiled,
 }
 
-struct Adapters {
-    // Adapters refer to the instance; it stays alive with them.
-    _instance: wgpu::Instance,
-    list: Vec<(wgpu::Adapter, DeviceInfo)>,
-}
-
-fn kind(t: wgpu::DeviceType) -> DeviceKind {
-    match t {
-        wgpu::DeviceType::DiscreteGpu => DeviceKind::Discrete,
-        wgpu::DeviceType::IntegratedGpu => DeviceKind::Integrated,
-        wgpu::DeviceType::Cpu => DeviceKind::Software,
-        wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => DeviceKind::Other,
-    }
-}
-
-/// Enumerates once per process: adapter discovery takes long (GL context creation, drivers).
-fn all() -> &'static Adapters {
-    static ADAPTERS: OnceLock<Adapters> = OnceLock::new();
-    ADAPTERS.get_or_init(|| {
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12 | wgpu::Backends::GL;
-        desc.flags = wgpu::InstanceFlags::empty();
-        let instance = wgpu::Instance::new(desc);
-        let mut found: Vec<wgpu::Adapter> = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        let rank = |a: &wgpu::Adapter| {
-            let i = a.get_info();
-            let software = matches!(kind(i.device_type), DeviceKind::Software | DeviceKind::Other);
-            (software, i.backend == wgpu::Backend::Gl)
-        };
-        found.sort_by_key(rank);
-        let list = found
-            .into_iter()
-            .enumerate()
-            .map(|(ordinal, a)| {
-                let i = a.get_info();
-                let driver = format!("{:?} {} {}", i.backend, i.driver, i.driver_info).trim().to_string();
-                let info = DeviceInfo {
-                    backend: BackendKind::Wgpu,
-                    ordinal,
-                    name: i.name.clone(),
-                    kind: kind(i.device_type),
-                    memory: None,
-                    driver,
-                };
-                (a, info)
-            })
-            .collect();
-        Adapters { _instance: instance, list }
-    })
-}
-
-/// Every wgpu adapter: hardware before software, Vulkan/Metal/DX12 before GL; ordinals in order.
-pub fn adapters() -> Vec<DeviceInfo> {
-    all().list.iter().map(|(_, i)| i.clone()).collect()
-}
-
-/// Whether adapter `ordinal` has subgroup operations with subgroups of exactly 8 invocations
-/// (lavapipe's at 256-bit vectors), which its devices use for the `matmul_sg` kernels.
-pub fn has_subgroups_of_8(ordinal: usize) -> bool {
-    all().list.get(ordinal).is_some_and(|(a, _)| {
-        let i = a.get_info();
-        a.features().contains(wgpu::Features::SUBGROUP) && (i.subgroup_min_size, i.subgroup_max_size) == (8, 8)
-    })
-}
-
 /// Opens a new logical device and queue on adapter `ordinal`.
 pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>> {
     open_with(ordinal, Options::default())
@@ -110,12 +49,14 @@ pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>> {
 
 /// `open` with explicit `Options`.
 pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
-    let (adapter, info) = all().list.get(ordinal).ok_or_else(|| Error::NoSuchDevice {
+    let (adapter, info, gate) = all().list.get(ordinal).ok_or_else(|| Error::NoSuchDevice {
         spec: format!("wgpu:{ordinal}"),
         available: adapters().iter().map(|i| format!("wgpu:{} ({})", i.ordinal, i.name)).collect::<Vec<_>>().join(", "),
     })?;
     let name = format!("wgpu:{ordinal} ({})", info.name);
     let limits = adapter.limits();
+    // Opening and the first buffers take the adapter's GL context.
+    let _held = gate.hold();
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("tandem"),
         // Subgroups where the adapter has them: lavapipe's 8-wide ones serve `matmul_sg`.
@@ -126,14 +67,16 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
         trace: wgpu::Trace::Off,
     }))
     .map_err(|e| Error::Backend { backend: "wgpu", device: name.clone(), detail: format!("request_device: {e}") })?;
+    // Only software rasterizers get the register-blocked kernels: real GPUs reached through GL
+    // or as virtual GPUs (`Other`) have workgroup memory worth tiling into.
     let matmul = options.matmul.unwrap_or(match info.kind {
-        DeviceKind::Discrete | DeviceKind::Integrated => MatmulKernel::Tiled,
-        _ => MatmulKernel::Registers,
+        DeviceKind::Software | DeviceKind::Cpu => MatmulKernel::Registers,
+        DeviceKind::Discrete | DeviceKind::Integrated | DeviceKind::Other => MatmulKernel::Tiled,
     });
     let bind_groups = Arc::new(bind_groups::BindGroups::default());
-    let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget, bind_groups.clone()));
+    let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget, bind_groups.clone(), gate.clone()));
     let subgroup8 = has_subgroups_of_8(ordinal) && !options.without_subgroups;
-    let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups);
+    let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups, gate.clone());
     Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul }))
 }
 

@@ -1,5 +1,6 @@
 //! Device memory: storage buffers in size classes, recycled through a per-device pool.
 use super::bind_groups::BindGroups;
+use super::gate::{Gate, Held};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,10 @@ pub(crate) struct Pool {
     state: Mutex<State>,
     /// The device's cached bind groups, which keep their buffers alive: emptied with the pool.
     bind_groups: Arc<BindGroups>,
+    /// The adapter's gate (see `gate.rs`), held around creating and dropping buffers.
+    gate: Gate,
+    /// Holds the gate while the fields (spare buffers, bind groups) drop; declared last.
+    held: Option<Held>,
 }
 
 #[derive(Default)]
@@ -29,11 +34,20 @@ struct State {
 pub(crate) struct WgpuBuffer {
     pub(crate) raw: wgpu::Buffer,
     pub(crate) pool: Arc<Pool>,
+    /// Holds the gate while `raw` and `pool` drop (either may be the last reference); last.
+    held: Option<Held>,
 }
 
 impl Drop for WgpuBuffer {
     fn drop(&mut self) {
+        self.held = Some(self.pool.gate.hold());
         self.pool.release(self.raw.clone());
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.held = Some(self.gate.hold());
     }
 }
 
@@ -50,8 +64,8 @@ fn size_class(bytes: u64) -> u64 {
 }
 
 impl Pool {
-    pub(crate) fn new(device: wgpu::Device, name: String, max_buffer: u64, budget: Option<u64>, bind_groups: Arc<BindGroups>) -> Self {
-        Pool { device, name, max_buffer, budget, state: Mutex::default(), bind_groups }
+    pub(crate) fn new(device: wgpu::Device, name: String, max_buffer: u64, budget: Option<u64>, bind_groups: Arc<BindGroups>, gate: Gate) -> Self {
+        Pool { device, name, max_buffer, budget, state: Mutex::default(), bind_groups, gate, held: None }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -70,13 +84,14 @@ impl Pool {
         }
         let class = size_class(exact);
         let class = if class > self.max_buffer { exact } else { class };
+        let _held = self.gate.hold();
         {
             let mut s = self.lock();
             if let Some(raw) = s.free.get_mut(&class).and_then(Vec::pop) {
                 s.pooled -= class;
                 s.in_use += class;
                 s.peak = s.peak.max(s.in_use);
-                return Ok(WgpuBuffer { raw, pool: self.clone() });
+                return Ok(WgpuBuffer { raw, pool: self.clone(), held: None });
             }
             if let Some(budget) = self.budget {
                 if s.in_use + s.pooled + class > budget {
@@ -93,7 +108,7 @@ impl Pool {
         let mut s = self.lock();
         s.in_use += class;
         s.peak = s.peak.max(s.in_use);
-        Ok(WgpuBuffer { raw, pool: self.clone() })
+        Ok(WgpuBuffer { raw, pool: self.clone(), held: None })
     }
 
     fn create(&self, size: u64) -> Result<wgpu::Buffer> {
@@ -144,14 +159,14 @@ mod tests {
         use super::super::bind_groups::BindGroups;
         use super::super::context::{Bind, SLOT};
         use std::sync::Arc;
-        let Some((adapter, _)) = super::super::all().list.first() else {
+        let Some((adapter, _, _)) = super::super::all().list.first() else {
             assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but no wgpu adapter was found");
             eprintln!("skipping: no wgpu adapter");
             return;
         };
         let (device, _queue) = pollster::block_on(adapter.request_device(&Default::default())).expect("device");
         let groups = Arc::new(BindGroups::default());
-        let pool = Arc::new(super::Pool::new(device.clone(), "test".into(), 1 << 30, Some(1 << 20), groups.clone()));
+        let pool = Arc::new(super::Pool::new(device.clone(), "test".into(), 1 << 30, Some(1 << 20), groups.clone(), Default::default()));
         let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
             binding,
             visibility: wgpu::ShaderStages::COMPUTE,
