@@ -444,10 +444,16 @@ impl Ctx {
     /// Waits for all submitted work in slices of `WAIT_SLICE`, holding the gate for one slice at
     /// a time: one unbounded wait on GL would hold the adapter's context for its whole length,
     /// and wgpu-hal's GL wait ends after about 2 s with a timeout error rather than the work.
+    /// It waits for an (empty) submission of its own: waiting for "the latest" races with other
+    /// threads submitting to this device, which trips an assertion in wgpu-core.
     fn wait_idle(&self) -> Result<()> {
+        let target = {
+            let _held = self.gate.hold();
+            self.queue.submit([])
+        };
         loop {
             let _held = self.gate.hold();
-            match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(WAIT_SLICE) }) {
+            match self.device.poll(wgpu::PollType::Wait { submission_index: Some(target.clone()), timeout: Some(WAIT_SLICE) }) {
                 Ok(_) => return Ok(()),
                 Err(wgpu::PollError::Timeout) => {}
                 Err(e) => return Err(self.err(e.to_string())),
