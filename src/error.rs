@@ -39,6 +39,12 @@ pub enum Error {
     Io { path: PathBuf, #[source] source: std::io::Error },
     #[error("{path}: {detail}")]
     Format { path: PathBuf, detail: String },
+    /// A checkpoint directory another run holds the lock of (`holder`: its pid, when known).
+    #[error("{}: in use by another tandem run{}; wait for it to end or choose another directory", .path.display(), .holder.as_ref().map_or_else(String::new, |pid| format!(" (pid {pid})")))]
+    InUse { path: PathBuf, holder: Option<String> },
+    /// `--resume` found no checkpoint that reads back whole in `dir` (`found` damaged ones).
+    #[error("--resume: {}", no_checkpoint(.dir, *.found))]
+    NoCheckpoint { dir: PathBuf, found: usize },
     /// Resuming from a checkpoint written with other settings; `changed` names each one.
     #[error("--resume: {path} was written with other settings: {}", changed.join(", "))]
     ResumeMismatch { path: PathBuf, changed: Vec<String> },
@@ -56,14 +62,23 @@ pub enum Error {
     ChannelClosed { role: &'static str, index: usize, what: &'static str },
 
     // --- training ---
-    #[error("loss is {value} at step {step}; stopped (the last good checkpoint is kept)")]
-    NonFinite { step: u64, value: f32 },
+    /// Training stopped at `step` because `what` (the loss, or a tensor of the state) is no
+    /// longer finite; `kept` is the newest checkpoint whose state is all finite, if any.
+    #[error("{what}; stopped{}", .kept.as_ref().map_or_else(String::new, |p| format!("; the newest finite checkpoint is {}", p.display())))]
+    NonFinite { step: u64, what: String, kept: Option<PathBuf> },
     /// A broken invariant inside tandem: a bug to report, not a cause to handle.
     #[error("{0}")]
     Msg(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn no_checkpoint(dir: &std::path::Path, found: usize) -> String {
+    match found {
+        0 => format!("no checkpoint in {} (expected files like ckpt-00000100.safetensors)", dir.display()),
+        n => format!("none of the {n} checkpoints in {} is valid", dir.display()),
+    }
+}
 
 impl Error {
     /// A shape error for `op`, with a message that names the shapes involved.

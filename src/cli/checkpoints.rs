@@ -157,7 +157,7 @@ pub fn remove_stale_temps(dir: &Path) -> Result<()> {
 pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<Checkpoint> {
     let all = if dir.is_dir() { list(dir)? } else { Vec::new() };
     if all.is_empty() {
-        return Err(Error::Msg(format!("--resume: no checkpoint in {} (expected files like {})", dir.display(), file_name(100))));
+        return Err(Error::NoCheckpoint { dir: dir.to_path_buf(), found: 0 });
     }
     for (_, path) in all.iter().rev() {
         match read(path) {
@@ -165,7 +165,7 @@ pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<Ch
             Err(e) => skip(path, &e),
         }
     }
-    Err(Error::Msg(format!("--resume: none of the {} checkpoints in {} is valid", all.len(), dir.display())))
+    Err(Error::NoCheckpoint { dir: dir.to_path_buf(), found: all.len() })
 }
 
 /// The run state of a checkpoint file whose checksum matches, without building its tensors.

@@ -40,7 +40,7 @@ impl RunDir {
     /// under /proc, in use) fails the command up front.
     pub fn open(path: &Path, claim: Claim) -> Result<RunDir> {
         let flag = "--checkpoint-dir";
-        let cannot = |what: &str, e: std::io::Error| Error::Msg(format!("{flag} {}: cannot {what}: {e}", path.display()));
+        let cannot = |what: &str, e: std::io::Error| Error::io(path, std::io::Error::new(e.kind(), format!("{flag}: cannot {what}: {e}")));
         std::fs::create_dir_all(path).map_err(|e| cannot("create it", e))?;
         let lock_path = path.join(LOCK);
         let mut lock = OpenOptions::new()
@@ -57,11 +57,8 @@ impl RunDir {
                 // The holder's pid is only for the message; an unreadable one is left out.
                 let _ = lock.read_to_string(&mut holder);
                 let holder = holder.trim();
-                let who = if holder.is_empty() { String::new() } else { format!(" (pid {holder})") };
-                return Err(Error::Msg(format!(
-                    "{flag} {}: in use by another tandem run{who}; wait for it to end or choose another directory",
-                    path.display()
-                )));
+                let holder = (!holder.is_empty()).then(|| holder.to_string());
+                return Err(Error::InUse { path: path.to_path_buf(), holder });
             }
             Err(TryLockError::Error(e)) => return Err(cannot("lock it", e)),
         }

@@ -134,7 +134,7 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
         let batch = loader.next_batch();
         let rep = strategy.step(&batch)?;
         if !rep.loss.is_finite() {
-            return Err(non_finite(&format!("loss is {} at step {step}", rep.loss), kept.as_deref(), run_dir.is_some()));
+            return Err(Error::NonFinite { step, what: format!("loss is {} at step {step}", rep.loss), kept });
         }
         reporter.step(step, rep.loss, rep.wall_s);
         losses.push((step, rep.loss));
@@ -144,7 +144,7 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
                 let (tensors, optim_steps) = checkpoints::snapshot(strategy.as_ref())?;
                 if let Some((name, value)) = checkpoints::first_non_finite(&tensors) {
                     let what = format!("{name} holds {value} after step {step} (its loss was finite)");
-                    return Err(non_finite(&what, kept.as_deref(), true));
+                    return Err(Error::NonFinite { step, what, kept });
                 }
                 let state = RunState { run: run.clone(), step, optim_steps, loader: loader.state(), shuffle_seed: args.seed, config: config.clone() };
                 kept = Some(dir.save(&tensors, &state)?);
@@ -198,17 +198,6 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// The error that stops a run whose loss or state stopped being finite, naming the checkpoint
-/// to go back to.
-fn non_finite(what: &str, kept: Option<&Path>, has_dir: bool) -> Error {
-    let tail = match (kept, has_dir) {
-        (Some(p), _) => format!("; stopped; the newest finite checkpoint is {}", p.display()),
-        (None, true) => "; stopped before any checkpoint was written".to_string(),
-        (None, false) => "; stopped".to_string(),
-    };
-    Error::Msg(format!("{what}{tail}"))
-}
-
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.
 /// The optimizer is recorded with every setting in effect (defaults included), so that `--lr
 /// 0.01` and the default 0.01 agree.
@@ -234,7 +223,7 @@ fn resume(dir: &Path, s: &mut dyn Strategy, loader: &mut DataLoader, config: &se
             .filter(|(k, v)| st.config.get(k.as_str()) != Some(v))
             .map(|(k, v)| format!("--{k} {v} (checkpoint: {})", st.config.get(k.as_str()).unwrap_or(&serde_json::Value::Null)))
             .collect();
-        return Err(Error::Msg(format!("--resume: {} was written with other settings: {}", ckpt.path.display(), changed.join(", "))));
+        return Err(Error::ResumeMismatch { path: ckpt.path.clone(), changed });
     }
     s.load_state_dict(&ckpt.weights)?;
     s.load_optimizer_state(&ckpt.optim, st.optim_steps)?;
