@@ -233,17 +233,23 @@ fn sigterm_then_resume_matches_an_uninterrupted_run() {
     assert!(std::fs::read(&full).unwrap() == std::fs::read(&resumed).unwrap(), "weights differ after SIGTERM and resume");
 }
 
-/// Item 6: a second signal does not wait for the step: the run ends at once, 143, and
-/// writes no checkpoint.
+/// Item 6: a second signal does not wait for the step: the run ends at once (130 or 143)
+/// and writes no checkpoint.
 #[test]
-fn a_second_sigterm_stops_at_once() {
+fn a_second_signal_stops_at_once() {
     let ck = scratch("twice");
     // Whole-set batches of the CNN: each step takes far longer than sending two signals.
     let args = ["train", "--data", "synthetic", "--batch", "1000", "--steps", "100000", "--devices", "cpu", "--log-format", "json", "--checkpoint-dir", s(&ck)];
     let (mut child, _lines) = spawn_until_step(&args, 1);
-    signal(&child, "TERM");
-    signal(&child, "TERM");
-    assert_eq!(child.0.wait().unwrap().code(), Some(143));
+    // Two different signals from one shell, microseconds apart: the kernel merges two pending
+    // SIGTERMs into one, and separate `kill` processes could straddle the end of a step.
+    let pid = child.0.id().to_string();
+    let sent = Command::new("sh").args(["-c", "kill -INT $0 && kill -TERM $0", &pid]).status().unwrap();
+    assert!(sent.success());
+    // Pending together, the two may be taken by different threads in either order: the
+    // status is that of whichever was handled second.
+    let code = child.0.wait().unwrap().code();
+    assert!(matches!(code, Some(130 | 143)), "exit status {code:?}");
     assert!(names(&ck).is_empty(), "a checkpoint was written after the second signal: {:?}", names(&ck));
 }
 
