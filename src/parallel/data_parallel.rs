@@ -357,7 +357,7 @@ impl Strategy for DataParallel {
         Ok(self.replicas[0].params.clone())
     }
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.replicas.iter().try_for_each(|r| r.model.load_state(state))
+        self.replicas.iter().try_for_each(|r| r.model.load_state_dict(state))
     }
     /// Replica 0's state; where parameters have owners, each parameter's state gathered from
     /// its owner onto device 0, in state_dict order.

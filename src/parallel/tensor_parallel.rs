@@ -394,7 +394,7 @@ impl Strategy for TensorParallel {
         let get = |n: String| state.iter().find(|s| s.0 == n).map(|s| &s.1);
         if let Some(t) = &self.trunk {
             let names: Vec<String> = t.parameters().into_iter().map(|p| p.0).collect();
-            t.load_state(&state.iter().filter(|s| names.contains(&s.0)).cloned().collect::<Vec<_>>())?;
+            t.load_state_dict(&state.iter().filter(|s| names.contains(&s.0)).cloned().collect::<Vec<_>>())?;
         }
         let (a, b) = &self.names;
         let wa = get(format!("{a}.weight")).ok_or_else(|| Error::invalid("load_state_dict", format!("missing {a}.weight")))?;
