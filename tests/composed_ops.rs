@@ -11,10 +11,10 @@ use tandem::{Error, Result, Tensor};
 fn erf_is_accurate_to_a_millionth_on_every_device() {
     on_each_device(|dev, _| {
         let x = Tensor::from_vec(vec![0.5, 1.0, 2.0, 1e-3, -3.0, 0.25, 0.0, f32::INFINITY, f32::NAN], [9], dev)?;
-        let want = [0.5204998778, 0.8427007929, 0.9953222650, 0.0011283787909692365, -0.9999779095, 0.2763263902, 0.0, 1.0, f32::NAN];
+        let want = [0.5204999, 0.8427008, 0.9953223, 0.0011283788, -0.9999779, 0.2763264, 0.0, 1.0, f32::NAN];
         assert_close("erf", &x.erf()?.to_vec()?, &want, 0.0, 1e-6);
         let t = Tensor::from_vec(vec![0.0, 1.0, -2.0], [3], dev)?;
-        assert_close("sin", &t.sin()?.to_vec()?, &[0.0, 0.84147098, -0.90929743], 1e-6, 1e-6);
+        assert_close("sin", &t.sin()?.to_vec()?, &[0.0, 0.84147096, -0.9092974], 1e-6, 1e-6);
         assert_close("cos", &t.cos()?.to_vec()?, &[1.0, 0.54030231, -0.41614684], 1e-6, 1e-6);
         Ok(())
     });
