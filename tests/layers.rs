@@ -251,3 +251,31 @@ fn embedding_looks_up_rows_and_sums_repeated_gradients() {
         Ok(())
     });
 }
+
+/// A strategy's state_dict holds the model's buffers, and loading it back is strict and restores
+/// them (Single and DataParallel; LayerPlacement and Pipeline share `stage_params`).
+#[test]
+fn strategy_state_dicts_carry_buffers() -> Result<()> {
+    use std::sync::Arc;
+    use tandem::backend::cpu::CpuBackend;
+    use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Strategy};
+    let dev = Device::cpu();
+    let model = || -> Result<Sequential> {
+        Ok(Sequential::new().push("fc", Linear::new(4, 3, &mut rng(5), &Device::cpu())?).push("bn", BatchNorm1d::new(3, &Device::cpu())?))
+    };
+    let opt = OptimConfig::Sgd(Default::default());
+    let single = Single::new(model()?, &opt, Loss::Mse, &dev)?;
+    let cpus: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
+    let mut dp = DataParallel::new(&model()?, &cpus, &opt, Loss::Mse, DataParallelConfig::default())?;
+    for s in [&single as &dyn Strategy, &dp] {
+        let names: Vec<String> = s.state_dict()?.into_iter().map(|p| p.0).collect();
+        assert!(names.contains(&"bn.running_var".to_string()), "{names:?}");
+    }
+    let mut state = single.state_dict()?;
+    let var = state.iter().position(|p| p.0 == "bn.running_var").unwrap();
+    state[var].1 = Tensor::full(4.0, [3], &dev)?;
+    dp.load_state_dict(&state)?;
+    let back = dp.state_dict()?;
+    assert_eq!(back.iter().find(|p| p.0 == "bn.running_var").unwrap().1.to_vec()?, [4.0; 3]);
+    Ok(())
+}
