@@ -25,6 +25,9 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         UnaryOp::Affine { mul, add } => x * mul + add,
         UnaryOp::Powf(p) => powf(x, p),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Erf => crate::backend::erf(x as f64) as f32,
     }
 }
 
