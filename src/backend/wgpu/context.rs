@@ -227,7 +227,9 @@ impl Ctx {
             entry_point: Some(entry),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants: &op.map(|v| [("OP", f64::from(v))]).unwrap_or_default()[..usize::from(op.is_some())],
-                ..Default::default()
+                // The tiled matmuls write all of their workgroup memory before reading it; naga
+                // would otherwise emit a zeroing pass (one invocation's loop on some drivers).
+                zero_initialize_workgroup_memory: !entry.starts_with("tiled_"),
             },
             cache: None,
         });
