@@ -449,6 +449,10 @@ impl Ctx {
     fn wait_idle(&self) -> Result<()> {
         loop {
             let _held = self.gate.hold();
+            // No submission (which also polls) while this one waits: wgpu-core 30 asserts that
+            // the fence it sampled reached the wait index once the queue is empty, and panics
+            // when another thread's poll emptied the queue in between (gfx-rs/wgpu#9958).
+            let _pending = lock(&self.pending);
             match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(WAIT_SLICE) }) {
                 Ok(_) => return Ok(()),
                 Err(wgpu::PollError::Timeout) => {}
