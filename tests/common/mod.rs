@@ -24,6 +24,9 @@ pub fn devices_under_test() -> Vec<Device> {
     } else if !out.iter().any(|d| d.info().backend == BackendKind::Cuda) {
         eprintln!("skipping cuda: no CUDA device found");
     }
+    if std::env::var("TANDEM_WGPU_KERNELS").is_ok_and(|v| v == "hardware") {
+        eprintln!("wgpu adapters run the hardware GPU kernels (TANDEM_WGPU_KERNELS=hardware)");
+    }
     if !cfg!(feature = "wgpu") {
         eprintln!("skipping wgpu: the `wgpu` feature is off");
     } else if !out.iter().any(|d| d.info().backend == BackendKind::Wgpu) {
