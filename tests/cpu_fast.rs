@@ -84,6 +84,9 @@ fn model(dev: &Device) -> Sequential {
         .push("fc2", Linear::new(300, 10, &mut r, dev).unwrap())
 }
 
+/// Builds an optimizer over the given parameters.
+type MakeOptimizer = Box<dyn Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>>;
+
 /// Parameters after three steps of `opt` on fixed data, as bit patterns.
 fn train(dev: &Device, opt: &dyn Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>) -> Vec<Vec<u32>> {
     let m = model(dev);
@@ -104,7 +107,7 @@ fn train(dev: &Device, opt: &dyn Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>
 fn fused_conv_epilogue_and_updates_equal_the_composition_bit_for_bit() {
     let sgd = |c: SgdConfig| move |p| Box::new(Sgd::new(p, c).unwrap()) as Box<dyn Optimizer>;
     let adam = |c: AdamConfig| move |p| Box::new(Adam::new(p, c).unwrap()) as Box<dyn Optimizer>;
-    let cases: Vec<(&str, Box<dyn Fn(Vec<(String, Tensor)>) -> Box<dyn Optimizer>>)> = vec![
+    let cases: Vec<(&str, MakeOptimizer)> = vec![
         ("sgd", Box::new(sgd(SgdConfig { lr: 0.1, ..Default::default() }))),
         ("sgd momentum dampening decay", Box::new(sgd(SgdConfig { lr: 0.05, momentum: 0.9, dampening: 0.3, weight_decay: 0.01, ..Default::default() }))),
         ("sgd nesterov", Box::new(sgd(SgdConfig { lr: 0.05, momentum: 0.8, nesterov: true, ..Default::default() }))),

@@ -218,7 +218,7 @@ impl Backend for CpuBackend {
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
         contract::optim_step(&self.info, step, param, grad, state)?;
         let reads = match step {
-            OptimStep::Sgd { momentum, .. } if momentum == 0.0 => {
+            OptimStep::Sgd { momentum: 0.0, .. } => {
                 // A momentum buffer loaded from a checkpoint is still read by the composition.
                 if !state.is_empty() {
                     return Ok(false);

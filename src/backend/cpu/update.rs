@@ -45,7 +45,7 @@ pub fn optim_step(step: OptimStep, param: &mut [f32], grad: &[f32], state: &mut 
                 *p = pv - (*m / denom) * rate;
             };
             let n = param.len();
-            let run = |((p, g), (m, v)): ((&mut [f32], &[f32]), (&mut [f32], &mut [f32]))| {
+            let run = |((p, g), (m, v)): AdamChunk<'_>| {
                 p.iter_mut().zip(g).zip(m.iter_mut().zip(v.iter_mut())).for_each(|((p, &g), (m, v))| one(p, g, m, v))
             };
             let (m, v) = (&mut m[..n], &mut v[..n]);
@@ -59,6 +59,9 @@ pub fn optim_step(step: OptimStep, param: &mut [f32], grad: &[f32], state: &mut 
     }
     true
 }
+
+/// Matching chunks of parameter and gradient, first and second moment.
+type AdamChunk<'a> = ((&'a mut [f32], &'a [f32]), (&'a mut [f32], &'a mut [f32]));
 
 /// `f` over matching chunks of parameter, gradient and (possibly empty) state.
 fn chunked(param: &mut [f32], grad: &[f32], state: &mut [f32], f: impl Fn(&mut [f32], &[f32], &mut [f32]) + Sync) {
