@@ -1,6 +1,6 @@
 // Elementwise ops of one input: out[i] = op(x[layout(i)]).
 //
-// op:     `UnaryOp::code()` (0 identity .. 13 powf); p0, p1: `UnaryOp::params()`
+// op:     `UnaryOp::code()` (0 identity .. 13 powf, 14 sin, 15 cos, 16 erf); p0, p1: `UnaryOp::params()`
 //         (affine: x * p0 + p1; powf: x ^ p0).
 // x, lx:  input buffer and the strided layout it is read through (shape = output shape).
 // out:    contiguous output of `n` elements, n = product of lx.shape.
@@ -33,6 +33,9 @@ __device__ __forceinline__ float unary_op(u32 op, float x, float p0, float p1) {
         case 11: return 1.0f / (1.0f + expf(-x));
         case 12: return x * p0 + p1;
         case 13: return pow_torch(x, p0);
+        case 14: return sinf(x);
+        case 15: return cosf(x);
+        case 16: return erff(x);
         default: return __int_as_float(0x7fffffff);
     }
 }

@@ -1,20 +1,95 @@
 #!/usr/bin/env bash
-# One prepared check for a machine with an NVIDIA GPU (H200 with a CUDA 12/13 driver, or a Tesla
-# M60 server): builds with --features cuda, runs the NVRTC, CUDA smoke and conformance tests, the
-# Vulkan conformance when a Vulkan loader exists, the benches when present, and a PyTorch seed-CNN
-# step when torch imports; then prints one PASS/FAIL/SKIP table. Installs nothing, never resets
-# the GPU or changes its settings (nvidia-smi is only queried). Finishes in about 8 minutes at
-# most: every step has its own timeout. Exit status is non-zero when a required step failed.
+# The one prepared check for a machine with an NVIDIA GPU: the H200 this project is lent (driver
+# 580, CUDA 13 and NCCL libraries only as pip wheels in its Python, PyTorch, no Rust toolchain,
+# no network) or a Tesla M60 server with CUDA 12. It runs binaries built and packed elsewhere:
 #
-# Usage: scripts/gpu-check.sh  (from anywhere; env: CARGO_TARGET_DIR, GPU_CHECK_BUDGET_S=480,
-#        GPU_CHECK_BUILD_S=300 for the release build)
+#   scripts/gpu-check.sh --rehearse   here, with cargo: builds the test binaries and the CLI
+#                                     (release, stripped, features cuda,nccl), packs them into
+#                                     .gpu/ (ignored by git) and prints what a run would carry,
+#                                     run, and how large it is. Touches no GPU.
+#   scripts/gpu-check.sh              on the GPU machine, from the repository root that carries
+#                                     .gpu/: runs the NVRTC, CUDA smoke and conformance tests
+#                                     (CUDA, and every wgpu adapter such as the GPU's Vulkan one,
+#                                     also under the forced hardware profile), `tandem bench`
+#                                     (WGSL vs cuBLAS matmul up to 2048, seed-CNN steps) and the
+#                                     same seed-CNN step in that machine's PyTorch; prints one
+#                                     table. About 8 minutes at most: each step has a timeout.
+#
+# Libraries: cudarc (feature cuda-12080, dynamic loading) asks the loader for `libcuda.so.1`,
+# then for `libnvrtc.so`, `libnvrtc.so.12`, `libcublas.so`, `libcublas.so.12`, `libcublasLt.so`,
+# `libcublasLt.so.12` and `libnccl.so` (never `.so.13`, never NCCL's `.so.2`). CUDA 13's wheels
+# (nvidia-*-cu13) ship only `libnvrtc.so.13`, `libcublas.so.13`, `libcublasLt.so.13` and
+# `libnccl.so.2`, so the run links the unversioned names to them in a private folder on
+# LD_LIBRARY_PATH; the calls tandem makes are unchanged in 13. CUDA 13 no longer compiles for
+# sm_52 (tests/nvrtc.rs skips it there) but does for the H200's sm_90; on an M60 with CUDA 12 the
+# `.so.12` names are found as they are.
+#
+# Installs nothing; never resets the GPU or changes its settings (nvidia-smi is only queried).
+# Exit status: non-zero when a required step failed. Env: GPU_CHECK_BUDGET_S (480).
 set -u
 cd "$(dirname "$0")/.." || exit 2
+pack=.gpu
+bins=(nvrtc cuda_smoke conformance)
 
+# --- --rehearse: build and pack here ----------------------------------------------------------
+if [ "${1:-}" = --rehearse ]; then
+  set -e
+  export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+  # Symbols are most of a test binary's size; the 64 MiB a run may carry holds the stripped ones.
+  export CARGO_PROFILE_RELEASE_STRIP=symbols
+  features=cuda,nccl
+  json=$(mktemp)
+  args=()
+  for b in "${bins[@]}"; do args+=(--test "$b"); done
+  echo "gpu-check: building ${bins[*]} and the tandem CLI (release, --features $features)"
+  cargo test --release --features "$features" --no-run "${args[@]}" --message-format=json >"$json"
+  cargo build --release --features "$features" --bin tandem --message-format=json >>"$json"
+  rm -rf "$pack"
+  mkdir -p "$pack/bin"
+  # Each test target's executable, by target name, from cargo's own messages.
+  python3 - "$json" "$pack/bin" <<'EOF'
+import json, shutil, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe:
+        shutil.copy2(exe, f"{sys.argv[2]}/{m['target']['name']}")
+EOF
+  rm -f "$json"
+  for b in "${bins[@]}" tandem; do
+    [ -x "$pack/bin/$b" ] || { echo "gpu-check: $b was not built" >&2; exit 1; }
+  done
+  { echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
+    echo "features $features; built $(date -u +%FT%TZ) on $(uname -m) with $(rustc --version)"; } >"$pack/MANIFEST"
+  bytes=$(du -cb "$pack" | tail -1 | cut -f1)
+  echo
+  echo "would carry: $pack/ ($((bytes / 1024 / 1024)) MiB of the 64 MiB a run may carry; the tracked tree travels anyway)"
+  ls -l "$pack/bin" | tail -n +2 | awk '{printf "    %-14s %6.1f MiB\n", $9, $5 / 1048576}'
+  echo "would run, on the GPU machine:  scripts/gpu-check.sh   (device tool: carry [\"$pack\"], timeout_s 540)"
+  echo "    1. nvidia-smi; the CUDA 12 or 13 libraries found and the names linked for cudarc"
+  echo "    2. $pack/bin/nvrtc        every kernels/*.cu through that NVRTC (sm_90/compute_90; _52 on CUDA 12)"
+  echo "    3. $pack/bin/cuda_smoke   CUDA ops against the CPU reference, allocator, peer copies"
+  echo "    4. $pack/bin/conformance  every op on cuda:0 and every wgpu adapter; again with TANDEM_WGPU_KERNELS=hardware"
+  echo "    5. $pack/bin/tandem bench --devices cuda:0[,hardware wgpu adapters]  matmul 256-2048 (cuBLAS vs WGSL), seed-CNN steps"
+  echo "    6. python3 + torch: the seed-CNN step at batch 64 and 1000 on that GPU"
+  echo "    then one table of steps and figures"
+  [ "$bytes" -le $((64 * 1024 * 1024)) ] || { echo "gpu-check: the pack is over 64 MiB" >&2; exit 1; }
+  exit 0
+fi
+
+# --- the run on the GPU machine ---------------------------------------------------------------
+if [ ! -x "$pack/bin/conformance" ]; then
+  echo "gpu-check: no packed binaries in $pack/; run scripts/gpu-check.sh --rehearse where cargo is, then carry $pack" >&2
+  exit 2
+fi
 log_dir=$(mktemp -d /tmp/gpu-check.XXXXXX)
 budget=${GPU_CHECK_BUDGET_S:-480}
 started=$(date +%s)
 names=() results=() notes=() required_failed=0
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 
 # record NAME RESULT NOTE
 record() {
@@ -22,7 +97,7 @@ record() {
   printf '== %-28s %s  %s\n' "$1" "$2" "$3"
 }
 
-# Seconds left of the overall budget, never below 10 so a step can still report.
+# Seconds left of the overall budget, never below 10 so that a step can still report.
 left() {
   local l=$((budget - ($(date +%s) - started)))
   [ "$l" -lt 10 ] && l=10
@@ -45,7 +120,7 @@ step() {
     record "$name" PASS "$took"
   else
     local why="exit $rc"
-    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && why="timed out after ${limit}s"
+    { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; } && why="timed out after ${limit}s"
     record "$name" FAIL "$why, $took; log: $logf"
     tail -n 25 "$logf" | sed 's/^/    /'
     [ "$required" -eq 1 ] && required_failed=1
@@ -53,108 +128,85 @@ step() {
   return "$rc"
 }
 
-# --- environment: driver, GPU, libraries -------------------------------------------------------
+record packed PASS "$(tr '\n' ';' <"$pack/MANIFEST")"
 if command -v nvidia-smi >/dev/null 2>&1; then
   gpu=$(nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null \
     || nvidia-smi -L 2>/dev/null)
-  record "nvidia-smi" PASS "$(echo "$gpu" | tr '\n' ';')"
+  record nvidia-smi PASS "$(echo "$gpu" | tr '\n' ';')"
 else
-  record "nvidia-smi" SKIP "not installed (the CUDA tests still probe libcuda)"
+  record nvidia-smi SKIP "not installed (the CUDA tests still probe libcuda)"
 fi
 
-# libnvrtc / libcublas: the system's, a CUDA toolkit's, or a pip wheel's (nvidia-*-cu12).
-extra=""
+# --- libraries: a CUDA toolkit's, or the pip wheels' (nvidia-*-cu12 or -cu13) -------------------
+dirs=()
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -d "$d" ] && extra="$extra:$d"
+  [ -d "$d" ] && dirs+=("$d")
 done
 if command -v python3 >/dev/null 2>&1; then
-  for d in $(python3 - <<'EOF' 2>/dev/null
-import glob, site, sys
-roots = site.getsitepackages() + [site.getusersitepackages()]
-for r in roots:
-    for sub in ("cuda_nvrtc", "cublas"):
-        for d in glob.glob(f"{r}/nvidia/{sub}/lib"):
-            print(d)
+  while IFS= read -r d; do dirs+=("$d"); done < <(python3 - <<'EOF' 2>/dev/null
+import glob, os, site, sys
+roots = set(site.getsitepackages() + [site.getusersitepackages()] + sys.path)
+seen = set()
+for r in sorted(p for p in roots if p and os.path.isdir(os.path.join(p, "nvidia"))):
+    # cu12 wheels: nvidia/<lib>/lib; cu13 wheels: nvidia/cu13/lib and nvidia/<lib>/lib.
+    for pat in ("libnvrtc.so*", "libcublas.so*", "libnccl.so*"):
+        for hit in glob.glob(os.path.join(r, "nvidia", "**", pat), recursive=True):
+            d = os.path.dirname(hit)
+            if d not in seen:
+                seen.add(d)
+                print(d)
 EOF
-  ); do extra="$extra:$d"; done
+  )
 fi
-export LD_LIBRARY_PATH="${extra#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# cudarc (built for CUDA 12.8) looks for libnvrtc.so.12 / libcublas.so.12 or the unversioned
-# names. A CUDA-13-only machine has .so.13; the calls tandem makes are unchanged in 13, so link
-# the unversioned names to them in a private directory.
 shim="$log_dir/lib"
 mkdir -p "$shim"
-for lib in nvrtc cublas cublasLt; do
-  have12=$(ldconfig -p 2>/dev/null | grep -c "lib$lib.so.12 ")
-  for d in ${LD_LIBRARY_PATH//:/ }; do [ -e "$d/lib$lib.so.12" ] && have12=1; done
-  if [ "$have12" = 0 ]; then
-    for d in ${LD_LIBRARY_PATH//:/ } /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64; do
-      if [ -e "$d/lib$lib.so.13" ]; then
-        ln -sf "$d/lib$lib.so.13" "$shim/lib$lib.so"
-        echo "note: using $d/lib$lib.so.13 for lib$lib.so"
-        break
+linked=()
+# link NAME: when no directory has a name cudarc asks for, points lib$NAME.so at the newest
+# versioned file found (.so.13 for NVRTC and cuBLAS, .so.2 for NCCL).
+link() {
+  local lib=$1 d f
+  for d in "${dirs[@]}"; do
+    [ -e "$d/lib$lib.so" ] || [ -e "$d/lib$lib.so.12" ] && return 0
+  done
+  ldconfig -p 2>/dev/null | grep -qE "lib$lib\.so(\.12)? " && return 0
+  for d in "${dirs[@]}" /usr/lib/x86_64-linux-gnu; do
+    for f in "$d/lib$lib.so.13" "$d/lib$lib.so.2"; do
+      if [ -e "$f" ]; then
+        ln -sf "$f" "$shim/lib$lib.so"
+        linked+=("lib$lib.so -> $f")
+        return 0
       fi
     done
-  fi
-done
-export LD_LIBRARY_PATH="$shim:$LD_LIBRARY_PATH"
-echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-
-# Offline machines build from the local registry when it holds every dependency.
-offline=()
-if cargo metadata --offline --format-version 1 >/dev/null 2>&1; then
-  offline=(--offline)
-fi
-
-# --- build and tests ---------------------------------------------------------------------------
-target_dir=${CARGO_TARGET_DIR:-target}
-built=0
-step build 1 "${GPU_CHECK_BUILD_S:-300}" cargo build "${offline[@]}" --release --features cuda --all-targets && built=1
-# Later cargo steps would only repeat a failed build inside their own timeouts.
-needs_build() {
-  [ "$built" = 1 ] && return 0
-  record "$1" SKIP "the build failed"
-  return 1
+  done
 }
+for lib in nvrtc cublas cublasLt nccl; do link "$lib"; done
+joined=$(IFS=:; echo "${dirs[*]:-}")
+export LD_LIBRARY_PATH="$shim${joined:+:$joined}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+record libraries PASS "dirs: ${joined:-none}; linked: ${linked[*]:-none}"
 
-tests=()
-for t in conformance cuda_smoke nvrtc; do
-  if [ -f "tests/$t.rs" ]; then
-    tests+=(--test "$t")
-  else
-    record "test $t" SKIP "tests/$t.rs not in this tree"
-  fi
-done
-if [ ${#tests[@]} -gt 0 ] && needs_build tests-cuda; then
-  step tests-cuda 1 240 cargo test "${offline[@]}" --release --features cuda "${tests[@]}" -- --nocapture
-  grep -hE "skipped|test result|peer matrix" "$log_dir/tests-cuda.log" | sed 's/^/    /' | head -40
-fi
-
-vulkan=$( (ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1') && echo yes || echo no)
-if [ "$vulkan" = yes ] && [ -f tests/conformance.rs ]; then
-  needs_build conformance-vulkan && WGPU_BACKEND=vulkan step conformance-vulkan 0 180 cargo test "${offline[@]}" --release --test conformance -- --nocapture
+# --- tests -------------------------------------------------------------------------------------
+step nvrtc 1 90 "$pack/bin/nvrtc" --nocapture
+step cuda-smoke 1 120 "$pack/bin/cuda_smoke" --nocapture
+grep -hE "skipped|peer matrix" "$log_dir/cuda-smoke.log" | head -10 | sed 's/^/    /'
+"$pack/bin/tandem" devices >"$log_dir/devices.log" 2>&1
+sed 's/^/    /' "$log_dir/devices.log"
+step conformance 1 150 "$pack/bin/conformance" --nocapture
+grep -hE "^running on|skipping" "$log_dir/conformance.log" | sort -u | sed 's/^/    /'
+# The GPU's own wgpu adapters (Vulkan, GL): what `tandem devices` calls discrete, integrated or
+# other (software adapters are lavapipe and llvmpipe, tested where the code is built).
+hw=$(awk '/ wgpu / && / (discrete|integrated|other) / { for (i = 1; i <= NF; i++) if ($i ~ /^wgpu:[0-9]+$/) { print $i; break } }' \
+  "$log_dir/devices.log" | paste -sd, -)
+if [ -n "$hw" ]; then
+  TANDEM_WGPU_KERNELS=hardware step conformance-hardware-profile 1 120 "$pack/bin/conformance"
 else
-  record conformance-vulkan SKIP "vulkan loader: $vulkan; tests/conformance.rs: $([ -f tests/conformance.rs ] && echo yes || echo no)"
+  record conformance-hardware-profile SKIP "no hardware wgpu adapter (tandem devices above)"
 fi
 
-# --- benches -----------------------------------------------------------------------------------
-if [ -f benches/cuda_kernels.rs ]; then
-  needs_build bench-cuda && step bench-cuda 0 150 cargo bench "${offline[@]}" --features cuda --bench cuda_kernels -- --quick
-  grep -E "time:|thrpt:|^[a-z_0-9/]+ " "$log_dir/bench-cuda.log" | head -30 | sed 's/^/    /'
-else
-  record bench-cuda SKIP "benches/cuda_kernels.rs not in this tree"
-fi
-cli="$target_dir/release/tandem"
-if [ -x "$cli" ] && timeout 20 "$cli" bench --help >/dev/null 2>&1; then
-  step bench-cli 0 120 "$cli" bench --devices cuda:0
-  tail -n 20 "$log_dir/bench-cli.log" | sed 's/^/    /'
-else
-  record bench-cli SKIP "no built tandem CLI with a 'bench' command"
-fi
-
-# --- PyTorch reference: one seed-CNN training step --------------------------------------------
+# --- benches: WGSL vs cuBLAS matmul, seed-CNN steps, then PyTorch's ----------------------------
+step bench 0 150 "$pack/bin/tandem" bench --devices "cuda:0${hw:+,$hw}"
+grep -iE "matmul|step|seed" "$log_dir/bench.log" | head -30 | sed 's/^/    /'
 if python3 -c 'import torch' >/dev/null 2>&1; then
-  step torch-seed-cnn 0 120 python3 - <<'EOF'
+  step torch-seed-cnn 0 90 python3 - <<'EOF'
 import time, torch, torch.nn as nn, torch.nn.functional as F
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(0)
@@ -179,19 +231,19 @@ for batch in (64, 1000):
         if dev == "cuda": torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     times = sorted(times[5:])
-    print(f"torch {torch.__version__} {dev}: seed-CNN step batch {batch}: median {times[len(times)//2]*1e3:.3f} ms, loss {loss.item():.4f}")
+    print(f"torch {torch.__version__} {dev}: seed-CNN step batch {batch}: median {times[len(times)//2]*1e3:.3f} ms")
 EOF
-  grep "seed-CNN" "$log_dir/torch-seed-cnn.log" | sed 's/^/    /'
 else
   record torch-seed-cnn SKIP "python3 cannot import torch"
 fi
 
-# --- summary -----------------------------------------------------------------------------------
+# --- the table ---------------------------------------------------------------------------------
 echo
 printf '%-28s %-5s %s\n' STEP RESULT NOTE
 for i in "${!names[@]}"; do
   printf '%-28s %-5s %s\n' "${names[$i]}" "${results[$i]}" "${notes[$i]}"
 done
-grep -hE "seed-CNN step|time: " "$log_dir"/*.log 2>/dev/null | head -20
+echo
+grep -hiE "matmul|seed-CNN|step batch" "$log_dir/bench.log" "$log_dir/torch-seed-cnn.log" 2>/dev/null | head -30
 echo "logs: $log_dir; total $(($(date +%s) - started))s"
 exit "$required_failed"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need on a fresh machine (Mesa's lavapipe Vulkan
 # driver and llvmpipe GL, and NVRTC from the PyPI wheel), then runs the whole suite with the
-# CUDA backend and its NCCL communicator compiled in. Extra arguments go to `cargo test`.
+# CUDA backend and its NCCL communicator compiled in, then the device suites again under the forced
+# hardware profile. Extra arguments go to both `cargo test` runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -31,3 +32,15 @@ fi
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 cargo test --features cuda,nccl "$@"
+
+# Second pass: the suites that run kernels on every device, with every wgpu adapter forced to
+# the hardware GPU profile (tiled matmuls, no subgroup or uniform-operand kernels), so that the
+# path real GPUs take is tested here on lavapipe and llvmpipe. mixed_devices runs every parallel
+# strategy on CPU, Vulkan and GL. Measured: about 2 minutes more (2 cores). TANDEM_HARDWARE_PASS=0
+# skips it.
+if [ "${TANDEM_HARDWARE_PASS:-1}" != 0 ]; then
+  echo "test.sh: second pass with TANDEM_WGPU_KERNELS=hardware"
+  TANDEM_WGPU_KERNELS=hardware cargo test --features cuda,nccl \
+    --test conformance --test fused --test tensor_ops --test edge_numerics --test long_axes \
+    --test mixed_devices "$@"
+fi

@@ -3,8 +3,8 @@
 // Each invocation computes a block of C in registers, reading A and B straight from storage:
 // on software rasterizers (lavapipe, llvmpipe) workgroup memory and barriers cost more than they
 // save, and caches serve the reuse. `workgroup_id.z` is the batch entry z.
-// Bindings: 0 `p` parameters; 1 A; 2 B; 3 C (written). The `regs` and `tiled` entry points view them as
-// vec4 arrays, the `generic` one as f32 arrays.
+// Bindings: 0 `p` parameters; 1 A; 2 B; 3 C (written); 4 the bias (`tiled_*` only). The `regs`
+// entry points view A, B, C as vec4 arrays, the `generic` one as f32 arrays, `tiled_*` as either.
 //
 // More kernels are generated and appended by `shaders::source` (src/backend/wgpu/shaders.rs):
 // bigger blocks of `regs`; `regs_k1_ua*`, which are `regs_k1` with A bound as the 64 KiB
@@ -248,65 +248,46 @@ fn generic_tb(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     store4x4(row0, col0, z, acc0, acc1, acc2, acc3);
 }
 
-// Hardware GPUs: a 64×64 tile of C per 16×16 workgroup, 4×4 outputs per invocation, A and B
-// staged through workgroup memory 16 K values at a time. Same operand conditions as `regs`.
-var<workgroup> ta: array<array<f32, 64>, 16>; // [k][row of the tile]
-var<workgroup> tb: array<array<f32, 64>, 16>; // [k][column of the tile]
+// Hardware GPUs (`MatmulKernel::Tiled`): the generated `tiled_{A}{B}` kernels (see
+// `shaders::tiled`), one per way of loading each operand, serve every product: any transposes,
+// any M, N, K, offsets and batch strides. A 16×16 workgroup owns a 64×64 tile of C, each
+// invocation rows `lid.y + 16i` by columns `lid.x + 16j` (i, j < 4), so that consecutive lanes
+// read consecutive words of `tb` and store consecutive columns of C. A and B are staged 16 K
+// values at a time as [k][row] and [k][column] in `ta` and `tb`, rows of `TILE_ROW` = 66 words:
+// two words of padding put the 32 lanes that write one K step's column of a tile from a vec4
+// along K (8 rows × 4 K-quads) into 32 different banks, where 64 put them into 8 (4-way
+// conflicts). Every element of both tiles is written (zero past an edge) before the barrier
+// that precedes any read, so pipelines skip workgroup-memory zeroing.
+// Binding 4 `bias1`: the bias of `epi` 1, 2, 4, 5 (from `p.bias_at`); another binding otherwise.
+const TILE_ROW: u32 = 66u;
+var<workgroup> ta: array<f32, 1056>; // 16 × TILE_ROW
+var<workgroup> tb: array<f32, 1056>;
+@group(0) @binding(4) var<storage, read_write> bias1: array<f32>;
 
-@compute @workgroup_size(16, 16)
-fn tiled(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(local_invocation_id) lid: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
-    let n4 = p.n / 4u;
-    let k4 = p.k / 4u;
-    let row0 = wid.y * 64u;
-    let col0 = wid.x * 64u;
-    let z = wid.z;
-    let abase = (p.a_off + z * p.a_bs) / 4u;
-    let bbase = (p.b_off + z * p.b_bs) / 4u;
-    let ar = li / 4u;
-    let aq = li % 4u;
-    let arow = min(row0 + ar, p.m - 1u);
-    let br = li / 16u;
-    let bq = li % 16u;
-    let bcol = col0 / 4u + bq;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    for (var kt = 0u; kt < p.k; kt += 16u) {
-        let ak = kt / 4u + aq;
-        var av = vec4<f32>(0.0);
-        if ak < k4 { av = a4[abase + arow * k4 + ak]; }
-        ta[aq * 4u][ar] = av.x;
-        ta[aq * 4u + 1u][ar] = av.y;
-        ta[aq * 4u + 2u][ar] = av.z;
-        ta[aq * 4u + 3u][ar] = av.w;
-        var bv = vec4<f32>(0.0);
-        if kt + br < p.k && bcol < n4 { bv = b4[bbase + (kt + br) * n4 + bcol]; }
-        tb[br][bq * 4u] = bv.x;
-        tb[br][bq * 4u + 1u] = bv.y;
-        tb[br][bq * 4u + 2u] = bv.z;
-        tb[br][bq * 4u + 3u] = bv.w;
-        workgroupBarrier();
-        for (var t = 0u; t < 16u; t++) {
-            let x = vec4<f32>(ta[t][lid.y * 4u], ta[t][lid.y * 4u + 1u], ta[t][lid.y * 4u + 2u], ta[t][lid.y * 4u + 3u]);
-            let y = vec4<f32>(tb[t][lid.x * 4u], tb[t][lid.x * 4u + 1u], tb[t][lid.x * 4u + 2u], tb[t][lid.x * 4u + 3u]);
-            acc0 += x.x * y;
-            acc1 += x.y * y;
-            acc2 += x.z * y;
-            acc3 += x.w * y;
+// Stores a tiled invocation's outputs: row `r0 + 16i` of C holds `acc[i]` at columns `c0 + 16j`,
+// skipping what lies past the edge. `p.epi`: 0 the product; 1 plus `bias1[row]`; 2 that, then
+// ReLU; 3 plus what C holds (a later slice of a K cut on the host); 4 and 5 that plus 1 and 2.
+fn tile_store(r0: u32, c0: u32, z: u32, acc: array<vec4<f32>, 4>) {
+    let cb = p.c_off + z * p.m * p.n;
+    let accumulate = p.epi >= 3u;
+    let with_bias = p.epi != 0u && p.epi != 3u;
+    let relu = p.epi == 2u || p.epi == 5u;
+    for (var i = 0u; i < 4u; i++) {
+        let row = r0 + 16u * i;
+        if row >= p.m { break; }
+        var bias = 0.0;
+        if with_bias { bias = bias1[p.bias_at + row]; }
+        for (var j = 0u; j < 4u; j++) {
+            let col = c0 + 16u * j;
+            if col >= p.n { break; }
+            let at = cb + row * p.n + col;
+            var v = acc[i][j];
+            if accumulate { v += c1[at]; }
+            v += bias;
+            // ReLU as PyTorch's, judged from the bits (see `epilogue`).
+            let bits = bitcast<u32>(v);
+            if relu && bits > 0x80000000u && bits <= 0xff800000u { v = 0.0; }
+            c1[at] = v;
         }
-        workgroupBarrier();
     }
-    let row = row0 + lid.y * 4u;
-    let col = col0 / 4u + lid.x;
-    if col >= n4 { return; }
-    let cb = (p.c_off + z * p.m * p.n) / 4u + col;
-    if row < p.m { c4[cb + row * n4] = acc0; }
-    if row + 1u < p.m { c4[cb + (row + 1u) * n4] = acc1; }
-    if row + 2u < p.m { c4[cb + (row + 2u) * n4] = acc2; }
-    if row + 3u < p.m { c4[cb + (row + 3u) * n4] = acc3; }
 }

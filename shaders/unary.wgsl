@@ -1,7 +1,7 @@
 // unary.wgsl: elementwise ops of one input, out[i] = op(x[pos(i)]).
 //
 // One invocation per output element of this dispatch's chunk. The op is the override
-// constant `OP`, the numbering of `UnaryOp::code()`, fixed per pipeline; `p.p0`/`p.p1` are its parameters (Affine: mul, add; Powf: p).
+// constant `OP`, the numbering of `UnaryOp::code()`, fixed per pipeline; `p.p0`/`p.p1` are its parameters (Affine: mul, add; Powf: p); 14 sin, 15 cos, 16 erf.
 // Bindings: 0 `p` parameters; 1 `x` input (f32; `x4` the same as vec4); 2 `out` output (f32,
 // contiguous; `out4` the same as vec4).
 // Shape letters: N elements in the chunk, D0..D5 the layout's dimensions padded to rank 6.
@@ -128,6 +128,25 @@ fn powf(x: f32, q: f32) -> f32 {
     return select(r, -r, neg && odd);
 }
 
+// erf as `backend::erf` computes it (the CPU reference, in f64): an odd Taylor polynomial
+// below 0.5, where 1 - erfc would cancel, else 1 - erfc by Numerical Recipes' Chebyshev fit
+// (relative error of erfc under 1.2e-7). WGSL has no erf builtin.
+fn erf(v: f32) -> f32 {
+    let a = abs(v);
+    var r: f32;
+    if a < 0.5 {
+        let z = a * a;
+        r = a * (1.1283791671 + z * (-0.3761263890 + z * (0.1128379167 + z * (-0.0268661706
+            + z * (0.0052239776 + z * (-0.0008548327 + z * 0.0001205533))))));
+    } else {
+        let t = 1.0 / (1.0 + 0.5 * a);
+        let poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
+            + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
+        r = 1.0 - t * exp(-a * a + poly);
+    }
+    return select(r, -r, v < 0.0);
+}
+
 fn apply(v: f32) -> f32 {
     // NaN in, NaN out, whatever the driver's builtins do with it; but step(NaN) = 0, NaN^0 = 1.
     if is_nan(v) && OP != 5u && OP != 13u { return v; }
@@ -145,6 +164,9 @@ fn apply(v: f32) -> f32 {
         case 10u: { return tanh_accurate(v); }
         case 11u: { return 1.0 / (1.0 + exp(-v)); }
         case 12u: { return v * p.p0 + p.p1; }
+        case 14u: { return sin(v); }
+        case 15u: { return cos(v); }
+        case 16u: { return erf(v); }
         default: { return powf(v, p.p0); }
     }
 }

@@ -289,7 +289,7 @@ pub fn to_host(tensors: &[(String, crate::Tensor)]) -> Result<Vec<(String, HostT
 /// let model = SeedModel::Cnn.build(0, &tandem::Device::cpu())?;
 /// tandem::checkpoint::save_weights("model.safetensors", &model.parameters())?;
 /// let back = tandem::checkpoint::load_weights("model.safetensors", &tandem::Device::cpu())?;
-/// model.load_state(&back)?;
+/// model.load_state_dict(&back)?;
 /// # Ok(()) }
 /// ```
 pub fn save_weights(path: impl AsRef<Path>, tensors: &[(String, crate::Tensor)]) -> Result<()> {

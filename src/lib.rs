@@ -18,4 +18,4 @@ pub use backend::{Backend, BackendKind, DeviceInfo, DeviceKind, MemoryStats};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use shape::{DType, Layout, Shape, MAX_RANK};
-pub use tensor::Tensor;
+pub use tensor::{CrossEntropy, Tensor};

@@ -2,6 +2,7 @@
 //! pooling, optimizer steps, the allocator and peer copies. Without a CUDA device each test prints
 //! "skipped: no CUDA device (reason)" and passes; the no-driver behaviour itself is checked.
 #![cfg(feature = "cuda")]
+mod common;
 
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
@@ -45,14 +46,6 @@ fn ints(dev: &dyn Backend, b: &tandem::backend::Buffer) -> Result<Vec<i32>> {
     Ok(dev.download(b)?.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
-fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let tol = 1e-4 + 1e-4 * w.abs();
-        assert!((g - w).abs() <= tol || (g.is_nan() && w.is_nan()), "{what}[{i}]: got {g}, want {w}");
-    }
-}
-
 /// Runs `f` on the CUDA device and on the CPU reference with the same f32 inputs, comparing the
 /// output buffer of `out_len` elements.
 fn compare(
@@ -70,7 +63,7 @@ fn compare(
         f(dev, &ins, &out)?;
         results.push(floats(dev, &out)?);
     }
-    assert_close(what, &results[0], &results[1]);
+    tandem::tolerance::assert_close(what, &results[0], &results[1], 1e-4, 1e-4);
     Ok(())
 }
 
@@ -136,7 +129,7 @@ fn reductions_rows_and_columns() -> Result<()> {
             if op == ReduceOp::ArgMax {
                 assert_eq!(ints(&*gpu, &g)?, ints(&cpu, &c)?, "argmax {spec:?}");
             } else {
-                assert_close(&format!("{op:?} {spec:?}"), &floats(&*gpu, &g)?, &floats(&cpu, &c)?);
+                tandem::tolerance::assert_close(&format!("{op:?} {spec:?}"), &floats(&*gpu, &g)?, &floats(&cpu, &c)?, 1e-4, 1e-4);
             }
         }
     }
@@ -183,29 +176,11 @@ fn strided_elementwise_pool_index_and_optim() -> Result<()> {
         let gpu_p = gpu.upload(&bytes(&p), DType::F32)?;
         let state = [gpu.upload(&bytes(&m), DType::F32)?, gpu.upload(&bytes(&v), DType::F32)?];
         assert!(gpu.optim_step(step, &gpu_p, &gpu.upload(&bytes(&g), DType::F32)?, &[&state[0], &state[1]])?);
-        let want: Vec<f32> = (0..33).map(|i| reference_step(step, p[i], g[i], m[i], v[i])).collect();
-        assert_close(&format!("{step:?}"), &floats(&*gpu, &gpu_p)?, &want);
+        let (mut want, mut m, mut v) = (p.clone(), m.clone(), v.clone());
+        common::host_step(step, &mut want, &g, &mut m, &mut v);
+        tandem::tolerance::assert_close(&format!("{step:?}"), &floats(&*gpu, &gpu_p)?, &want, 1e-4, 1e-4);
     }
     Ok(())
-}
-
-/// The PyTorch update of one parameter, written out from the formulas.
-fn reference_step(step: OptimStep, p: f32, g: f32, m: f32, v: f32) -> f32 {
-    match step {
-        OptimStep::Sgd { lr, momentum, dampening, nesterov, weight_decay, first } => {
-            let d = g + weight_decay * p;
-            let buf = if first { d } else { momentum * m + (1.0 - dampening) * d };
-            let d = if nesterov { d + momentum * buf } else { buf };
-            p - lr * d
-        }
-        OptimStep::Adam { lr, beta1, beta2, eps, weight_decay, step, .. } => {
-            let p = p * (1.0 - lr * weight_decay);
-            let m = beta1 * m + (1.0 - beta1) * g;
-            let v = beta2 * v + (1.0 - beta2) * g * g;
-            let (bc1, bc2) = (1.0 - beta1.powi(step as i32), 1.0 - beta2.powi(step as i32));
-            p - lr * (m / bc1) / ((v / bc2).sqrt() + eps)
-        }
-    }
 }
 
 #[test]

@@ -101,12 +101,12 @@ fn backward_and_loading_errors() {
         ("linear.weight".to_string(), t(&[2, 10])),
         ("linear.bias".to_string(), t(&[1])),
     ];
-    let e = model.load_state(&bad).unwrap_err().to_string();
+    let e = model.load_state_dict(&bad).unwrap_err().to_string();
     assert!(
         e.contains("linear.weight") && e.contains("[2, 10]") && e.contains("[1, 10]"),
         "{e}"
     );
-    let e = model.load_state(&bad[1..]).unwrap_err().to_string();
+    let e = model.load_state_dict(&bad[1..]).unwrap_err().to_string();
     assert!(e.contains("missing") && e.contains("linear.weight"), "{e}");
     let e = tandem::checkpoint::load_weights("/nonexistent/w.safetensors", &Device::cpu())
         .unwrap_err()

@@ -198,7 +198,7 @@ fn weights_checkpoint_round_trip_is_bit_exact() {
     tandem::checkpoint::save_weights(&path, &model.parameters()).unwrap();
     let other = SeedModel::Cnn.build(4, &dev).unwrap();
     other
-        .load_state(&tandem::checkpoint::load_weights(&path, &dev).unwrap())
+        .load_state_dict(&tandem::checkpoint::load_weights(&path, &dev).unwrap())
         .unwrap();
     for ((n, a), (m, b)) in model.parameters().iter().zip(other.parameters()) {
         assert_eq!(n, &m);

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use tandem::backend::{BinaryOp, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
-use tandem::backend::wgpu::{has_subgroups_of_8, open_with, MatmulKernel, Options};
+use tandem::backend::wgpu::{has_subgroups_of_8, open_with, Options};
 use tandem::{DType, Device, Result};
 
 /// Every wgpu adapter opened with `options`.
@@ -111,15 +111,63 @@ fn elementwise_past_the_real_binding_limit() {
     }
 }
 
+/// Under the forced hardware profile every product takes a `tiled_*` kernel: each transpose
+/// combination, aligned (vec4 tile loads) and odd M, N, K and offsets (scalar loads, partial
+/// tiles), batches with a shared B, one element, several 64×64 tiles.
 #[test]
-fn tiled_matmul_matches_the_reference() {
+fn tiled_matmul_covers_every_transpose_and_edge() {
     let _guard = shared();
     let cpu = Device::cpu();
-    for dev in devices(Options { matmul: Some(MatmulKernel::Tiled), ..Default::default() }) {
-        for (m, n, k) in [(64, 64, 64), (70, 132, 36), (5, 8, 12), (130, 4, 260)] {
-            let mut s = MatmulSpec::new(2, m, n, k);
-            s.b_batch_stride = 0;
-            matmul_case(&dev, &cpu, s, 60).expect("tiled matmul");
+    for dev in devices(Options { hardware_profile: true, ..Default::default() }) {
+        for (trans_a, trans_b) in [(false, false), (false, true), (true, false), (true, true)] {
+            // The last two: one operand aligned for vec4 loads and the other not.
+            let cases = [(1, 64, 64, 64, 0, 0), (2, 68, 132, 36, 4, 8), (3, 5, 7, 13, 3, 6), (2, 67, 33, 19, 1, 2), (1, 1, 1, 1, 0, 0), (1, 130, 4, 260, 8, 16), (2, 3, 70, 17, 0, 0), (1, 36, 44, 20, 2, 4), (1, 36, 44, 20, 4, 3)];
+            for (batch, m, n, k, a_off, b_off) in cases {
+                let mut s = MatmulSpec::new(batch, m, n, k);
+                (s.trans_a, s.trans_b) = (trans_a, trans_b);
+                s.a_offset = a_off;
+                s.b_offset = b_off;
+                if batch == 2 {
+                    s.b_batch_stride = 0;
+                }
+                matmul_case(&dev, &cpu, s, 60).unwrap_or_else(|e| panic!("{s:?} on {dev}: {e}"));
+            }
+        }
+    }
+}
+
+/// The tiled kernels add the bias and apply the ReLU in their epilogue (never declining), over
+/// transposes, edges and batches, and on the last slice of a K cut on the host.
+#[test]
+fn tiled_matmul_fuses_bias_and_relu() {
+    let _guard = shared();
+    let cpu = Device::cpu();
+    for dev in devices(Options { hardware_profile: true, ..Default::default() }) {
+        for (batch, m, n, k, trans_b) in [(2, 10, 25, 27, false), (1, 20, 64, 250, true), (3, 67, 9, 8, false), (1, 5, 6, 16_421, false)] {
+            let mut s = MatmulSpec::new(batch, m, n, k);
+            s.trans_b = trans_b;
+            s.a_batch_stride = 0;
+            let mut r = rng(63);
+            let (a, b) = (uniform(&mut r, m * k, -1.0, 1.0), uniform(&mut r, batch * k * n, -1.0, 1.0));
+            let bias = uniform(&mut r, m, -1.0, 1.0);
+            let product = |d: &Device| -> Result<Vec<f32>> {
+                let out = d.backend().alloc(batch * m * n, DType::F32)?;
+                d.backend().matmul(&up(d, &a), &up(d, &b), &out, s)?;
+                Ok(down(d, &out))
+            };
+            let plain = product(&cpu).expect("reference product");
+            for relu in [false, true] {
+                let want: Vec<f32> = plain
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v + bias[(i / n) % m])
+                    .map(|v| if relu && v < 0.0 { 0.0 } else { v })
+                    .collect();
+                let out = dev.backend().alloc(batch * m * n, DType::F32).expect("alloc");
+                let fused = dev.backend().matmul_row_bias(&up(&dev, &a), &up(&dev, &b), &up(&dev, &bias), &out, s, relu).expect("matmul_row_bias");
+                assert!(fused, "{s:?} relu {relu}: the tiled family declined the epilogue on {dev}");
+                assert_close(&format!("matmul_row_bias {s:?} relu {relu} on {dev}"), &down(&dev, &out), &want, 1e-5 * k as f32 + 1e-5, 1e-5);
+            }
         }
     }
 }

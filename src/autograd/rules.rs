@@ -174,6 +174,10 @@ fn unary(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Tensor> {
         // which is NaN at x = 0)
         UnaryOp::Powf(0.0) => Tensor::zeros(x.dims().to_vec(), g.device()),
         UnaryOp::Powf(p) => g.mul(&x.powf(p - 1.0)?.mul_scalar(p)?),
+        UnaryOp::Sin => g.mul(&x.cos()?),
+        UnaryOp::Cos => g.mul(&x.sin()?.neg()?),
+        // d erf(x) = 2/√π · e^(-x²)
+        UnaryOp::Erf => g.mul(&x.square()?.neg()?.exp()?.mul_scalar(std::f32::consts::FRAC_2_SQRT_PI)?),
     }
 }
 

@@ -34,11 +34,15 @@ pub enum UnaryOp {
     Affine { mul: f32, add: f32 },
     /// x ^ p
     Powf(f32),
+    Sin,
+    Cos,
+    /// The error function, `2/√π ∫₀ˣ e^(-t²) dt`.
+    Erf,
 }
 
 impl UnaryOp {
     /// Every op, with representative parameters: conformance tests iterate over this list.
-    pub const ALL: [UnaryOp; 14] = [
+    pub const ALL: [UnaryOp; 17] = [
         UnaryOp::Identity,
         UnaryOp::Neg,
         UnaryOp::Exp,
@@ -53,6 +57,9 @@ impl UnaryOp {
         UnaryOp::Sigmoid,
         UnaryOp::Affine { mul: 0.5, add: -1.25 },
         UnaryOp::Powf(1.5),
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Erf,
     ];
 
     /// Stable small integer passed to kernels; the WGSL and CUDA `switch` use the same codes.
@@ -72,6 +79,9 @@ impl UnaryOp {
             UnaryOp::Sigmoid => 11,
             UnaryOp::Affine { .. } => 12,
             UnaryOp::Powf(_) => 13,
+            UnaryOp::Sin => 14,
+            UnaryOp::Cos => 15,
+            UnaryOp::Erf => 16,
         }
     }
     /// The two f32 parameters passed to kernels beside the code.
@@ -418,4 +428,27 @@ pub trait Backend: Send + Sync {
     fn memory(&self) -> MemoryStats;
     /// Lets backends downcast a peer (`copy_from_peer`).
     fn as_any(&self) -> &dyn Any;
+}
+
+/// The error function as every backend without a builtin computes it (the CPU reference in
+/// f64, `shaders/unary.wgsl` in f32): the odd Taylor polynomial below 0.5 (terms to x¹³, so
+/// the remainder is under 1e-9 relative), where `1 - erfc` would cancel; above, `1 - erfc`
+/// with Numerical Recipes' Chebyshev fit of erfc (relative error under 1.2e-7).
+pub fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    let r = if a < 0.5 {
+        let z = a * a;
+        let c = [std::f64::consts::FRAC_2_SQRT_PI, -0.3761263890, 0.1128379167, -0.0268661706, 0.0052239776, -0.0008548327, 0.0001205533];
+        a * c.iter().rev().fold(0.0, |acc, &k| acc * z + k)
+    } else {
+        let t = 1.0 / (1.0 + 0.5 * a);
+        let c = [-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277];
+        let poly = c.iter().rev().fold(0.0, |acc, &k| acc * t + k);
+        1.0 - t * (-a * a + poly).exp()
+    };
+    if x < 0.0 {
+        -r
+    } else {
+        r
+    }
 }

@@ -1,12 +1,14 @@
-//! `tandem bench`: matmul throughput, seed-CNN training steps and per-op dispatch cost on each
-//! chosen device, as one table or one JSON object per figure. Every figure is a median.
+//! `tandem bench`: matmul throughput, seed-CNN training steps, per-op dispatch cost and the
+//! pipeline bubble (two logical devices) on each chosen device, as one table or one JSON object
+//! per figure. Every figure is a median.
 use super::devices::print_table;
 use super::{BenchArgs, LogFormat};
 use crate::autograd::no_grad;
 use crate::data::synthetic;
 use crate::nn::models::SeedModel;
 use crate::optim::SgdConfig;
-use crate::parallel::{Loss, OptimConfig, Single, Strategy};
+use crate::parallel::pipeline::{Pipeline, PipelineConfig, Schedule};
+use crate::parallel::{Loss, OptimConfig, Single, Split, Strategy};
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
 use std::time::Instant;
@@ -16,6 +18,9 @@ const STEP_BATCHES: [usize; 2] = [64, 1000];
 /// Independent small adds recorded before one sync, for the dispatch figure.
 const DISPATCH_OPS: usize = 1000;
 const DISPATCH_LEN: usize = 64;
+/// Micro-batch counts of the pipeline figure (two stages, seed CNN, batch 64).
+const PIPELINE_MICRO_BATCHES: [usize; 4] = [1, 2, 4, 8];
+const PIPELINE_BATCH: usize = 64;
 
 /// Timed repetitions per figure (after one untimed warm-up).
 struct Reps {
@@ -41,6 +46,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         let us_per_op = dispatch(dev, reps.dispatch)?;
         emit(args.log_format, &mut rows, Figure::Dispatch { device: device.clone(), us_per_op });
+        for micro_batches in PIPELINE_MICRO_BATCHES {
+            let (bubble_measured, bubble_theoretical, step_ms) = pipeline_bubble(dev, micro_batches, reps.step)?;
+            let f = Figure::PipelineBubble { device: device.clone(), stages: 2, micro_batches, batch: PIPELINE_BATCH, bubble_measured, bubble_theoretical, step_ms };
+            emit(args.log_format, &mut rows, f);
+        }
     }
     if args.log_format == LogFormat::Text {
         print_table(&["BENCH", "DEVICE", "CASE", "RESULT"], &rows);
@@ -55,6 +65,7 @@ enum Figure {
     Matmul { device: String, n: usize, gflops: f64 },
     TrainStep { model: &'static str, device: String, batch: usize, median_ms: f64, first_step_ms: f64 },
     Dispatch { device: String, us_per_op: f64 },
+    PipelineBubble { device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, step_ms: f64 },
 }
 
 /// Prints a JSON figure now, or keeps a table row (bench, device, case, result) for later.
@@ -69,6 +80,12 @@ fn emit(format: LogFormat, rows: &mut Vec<Vec<String>>, f: Figure) {
             vec!["train-step".into(), device, format!("{model} batch={batch}"), format!("{median_ms:.1} ms (first {first_step_ms:.1} ms)")]
         }
         Figure::Dispatch { device, us_per_op } => vec!["dispatch".into(), device, format!("{DISPATCH_OPS} adds, one sync"), format!("{us_per_op:.2} us/op")],
+        Figure::PipelineBubble { device, stages, micro_batches, batch, bubble_measured, bubble_theoretical, step_ms } => vec![
+            "pipeline-bubble".into(),
+            device,
+            format!("p={stages} m={micro_batches} batch={batch}"),
+            format!("{bubble_measured:.3} (theory {bubble_theoretical:.3}), step {step_ms:.1} ms"),
+        ],
     });
 }
 
@@ -129,4 +146,28 @@ fn dispatch(dev: &Device, reps: usize) -> Result<f64> {
         })
     })?;
     Ok(s / DISPATCH_OPS as f64 * 1e6)
+}
+
+/// Median measured bubble, its theory and the median step time (ms) of a 1F1B pipeline of the
+/// seed CNN over two logical devices like `dev`, split by measured layer times.
+fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f64, f64, f64)> {
+    let info = dev.info();
+    let devices = [Device::open(info.backend, info.ordinal)?, Device::open(info.backend, info.ordinal)?];
+    let data = synthetic::seed_images(PIPELINE_BATCH, 0)?;
+    let all: Vec<usize> = (0..PIPELINE_BATCH).collect();
+    let b = data.batch(&all)?;
+    let optim = OptimConfig::Sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let model = SeedModel::Cnn.build(0, &Device::cpu())?;
+    let mut pipe = Pipeline::new(&model, &devices, Split::Auto, micro_batches, Schedule::OneFOneB, &optim, Loss::CrossEntropy, PipelineConfig::default())?;
+    // The first step measures the layers and rebalances the split.
+    pipe.step(&b)?;
+    let (mut bubbles, mut theory) = (Vec::new(), 0.0);
+    let (step, _) = timed(reps, || {
+        pipe.step(&b)?;
+        let st = pipe.last_stats().ok_or_else(|| crate::Error::invalid("bench", "a pipeline step left no statistics"))?;
+        bubbles.push(st.bubble_measured);
+        theory = st.bubble_theoretical;
+        Ok(())
+    })?;
+    Ok((median(bubbles), theory, step * 1e3))
 }

@@ -70,7 +70,7 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
 
     let model = args.model.build(args.seed, &Device::cpu())?;
     if let Some(path) = &args.init {
-        model.load_state(&setup::read_init(path, &model)?)?;
+        model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
     let plan = StrategyPlan {
         kind: args.strategy,

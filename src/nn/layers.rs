@@ -1,4 +1,4 @@
-//! The layers: Linear, Conv2d, MaxPool2d, ReLU, Flatten, with PyTorch's default initialisation.
+//! The layers: Linear, Conv2d, MaxPool2d, ReLU, Flatten, Embedding, with PyTorch's default initialisation.
 use super::Module;
 use crate::{Device, Error, Result, Tensor};
 use rand::Rng;
@@ -12,14 +12,22 @@ fn init_pair(w_shape: Vec<usize>, fan_in: usize, bias: bool, rng: &mut impl Rng,
     Ok((w, b))
 }
 
-fn leaf_on(t: &Tensor, dev: &Device) -> Result<Tensor> {
+pub(super) fn leaf_on(t: &Tensor, dev: &Device) -> Result<Tensor> {
+    Ok(copy_on(t, dev)?.requires_grad())
+}
+
+/// A copy of `t` on `dev` that shares no storage with it (buffers, and leaves before
+/// `requires_grad`): `to` on the same device would share, and the copy must train on its own.
+pub(super) fn copy_on(t: &Tensor, dev: &Device) -> Result<Tensor> {
     if !t.device().same(dev) {
-        return Ok(t.detach().to(dev)?.detach().requires_grad());
+        return Ok(t.detach().to(dev)?.detach());
     }
-    // `to` on the same device shares storage; copy so the new module trains independently.
-    let own = Tensor::zeros(t.shape().clone(), dev)?;
+    let own = match t.dtype() {
+        crate::DType::I32 => Tensor::from_labels(vec![0; t.numel()], t.shape().clone(), dev)?,
+        _ => Tensor::zeros(t.shape().clone(), dev)?,
+    };
     own.assign(t)?;
-    Ok(own.requires_grad())
+    Ok(own)
 }
 
 fn params(w: &Tensor, b: &Option<Tensor>) -> Vec<(String, Tensor)> {
@@ -75,9 +83,33 @@ pub struct Conv2d {
 }
 
 impl Conv2d {
+    /// PyTorch's `Conv2d(inputs, outputs, kernel)`: stride 1, no padding, with a bias.
     pub fn new(inputs: usize, outputs: usize, kernel: usize, rng: &mut impl Rng, dev: &Device) -> Result<Self> {
         let (weight, bias) = init_pair(vec![outputs, inputs, kernel, kernel], inputs * kernel * kernel, true, rng, dev)?;
         Ok(Conv2d { weight, bias, stride: (1, 1), padding: (0, 0) })
+    }
+    /// The same layer with `stride` (both dimensions).
+    pub fn stride(mut self, stride: usize) -> Self {
+        self.stride = (stride, stride);
+        self
+    }
+    /// The same layer with zero `padding` on every side.
+    pub fn padding(mut self, padding: usize) -> Self {
+        self.padding = (padding, padding);
+        self
+    }
+    /// The same layer without its bias (`bias=False`).
+    pub fn no_bias(mut self) -> Self {
+        self.bias = None;
+        self
+    }
+    /// `relu(self.forward(x))` with the ReLU in the product's epilogue (`Sequential` calls it
+    /// for a convolution followed by a `ReLU`).
+    pub(super) fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.bias {
+            Some(b) => x.conv2d_bias_relu(&self.weight, b, self.stride, self.padding),
+            None => self.forward(x)?.relu(),
+        }
     }
 }
 
@@ -87,9 +119,6 @@ impl Module for Conv2d {
             Some(b) => x.conv2d_bias(&self.weight, b, self.stride, self.padding),
             None => x.conv2d(&self.weight, self.stride, self.padding),
         }
-    }
-    fn forward_relu(&self, x: &Tensor) -> Option<Result<Tensor>> {
-        self.bias.as_ref().map(|b| x.conv2d_bias_relu(&self.weight, b, self.stride, self.padding))
     }
     fn parameters(&self) -> Vec<(String, Tensor)> {
         params(&self.weight, &self.bias)
@@ -104,7 +133,7 @@ impl Module for Conv2d {
     }
     fn describe(&self) -> String {
         let d = self.weight.dims();
-        format!("Conv2d({}, {}, k={})", d[1], d[0], d[2])
+        format!("Conv2d({}, {}, k={}, stride={:?}, padding={:?})", d[1], d[0], d[2], self.stride, self.padding)
     }
 }
 
@@ -140,9 +169,6 @@ impl Module for ReLU {
     fn describe(&self) -> String {
         "ReLU".into()
     }
-    fn is_relu(&self) -> bool {
-        true
-    }
 }
 
 /// `x.view(N, -1)`.
@@ -158,5 +184,32 @@ impl Module for Flatten {
     }
     fn describe(&self) -> String {
         "Flatten".into()
+    }
+}
+
+/// A lookup table `[num_embeddings, embedding_dim]`, initialised N(0, 1) as PyTorch's; the
+/// input is I32 ids of any shape, the output has `embedding_dim` appended.
+pub struct Embedding {
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    pub fn new(num_embeddings: usize, embedding_dim: usize, rng: &mut impl Rng, dev: &Device) -> Result<Self> {
+        Ok(Embedding { weight: Tensor::randn([num_embeddings, embedding_dim], rng, dev)?.requires_grad() })
+    }
+}
+
+impl Module for Embedding {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.weight.index_select(ids)
+    }
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".into(), self.weight.clone())]
+    }
+    fn to_device(&self, dev: &Device) -> Result<Box<dyn Module>> {
+        Ok(Box::new(Embedding { weight: leaf_on(&self.weight, dev)? }))
+    }
+    fn describe(&self) -> String {
+        format!("Embedding({}, {})", self.weight.dims()[0], self.weight.dims()[1])
     }
 }

@@ -354,10 +354,12 @@ impl Strategy for DataParallel {
         crate::autograd::no_grad(|| r.model.forward(&x))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(self.replicas[0].params.clone())
+        let mut state = self.replicas[0].params.clone();
+        state.extend(self.replicas[0].model.named_buffers());
+        Ok(state)
     }
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.replicas.iter().try_for_each(|r| r.model.load_state(state))
+        self.replicas.iter().try_for_each(|r| r.model.load_state_dict(state))
     }
     /// Replica 0's state; where parameters have owners, each parameter's state gathered from
     /// its owner onto device 0, in state_dict order.

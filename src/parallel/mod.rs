@@ -156,10 +156,10 @@ impl Strategy for Single {
         crate::autograd::no_grad(|| self.model.forward(&x))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(self.model.parameters())
+        Ok(self.model.state_dict())
     }
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.model.load_state(state)
+        self.model.load_state_dict(state)
     }
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
         Ok(self.opt.state())

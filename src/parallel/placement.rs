@@ -237,9 +237,9 @@ pub(crate) fn probe_input(batch: &Batch, k: usize, device: &Device) -> Result<Te
     Tensor::from_vec(batch.x[..k * per].to_vec(), shape, device)
 }
 
-/// Gathers every stage's parameters, named as in the unsplit model.
+/// Gathers every stage's parameters and buffers, named as in the unsplit model.
 pub(crate) fn stage_params(stages: &[Stage]) -> Vec<(String, Tensor)> {
-    stages.iter().flat_map(|s| s.model.parameters()).collect()
+    stages.iter().flat_map(|s| s.model.state_dict()).collect()
 }
 
 /// Loads weights into whichever stage owns each name (strict over the whole model).
@@ -250,9 +250,9 @@ pub(crate) fn load_stage_params(stages: &[Stage], state: &[(String, Tensor)]) ->
         return Err(Error::invalid("load_state_dict", format!("unexpected {unexpected:?}")));
     }
     for s in stages {
-        let names: Vec<String> = s.model.parameters().into_iter().map(|p| p.0).collect();
+        let names: Vec<String> = s.model.state_dict().into_iter().map(|p| p.0).collect();
         let mine: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| names.contains(n)).cloned().collect();
-        s.model.load_state(&mine)?;
+        s.model.load_state_dict(&mine)?;
     }
     Ok(())
 }

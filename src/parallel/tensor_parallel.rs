@@ -372,7 +372,7 @@ impl Strategy for TensorParallel {
         no_grad(|| self.forward(&x))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = self.trunk.as_ref().map(|t| t.parameters()).unwrap_or_default();
+        let mut out = self.trunk.as_ref().map(|t| t.state_dict()).unwrap_or_default();
         let (a, b) = &self.names;
         out.push((format!("{a}.weight"), self.col.weight()?));
         if let Some(bias) = self.col.bias()? {
@@ -393,8 +393,8 @@ impl Strategy for TensorParallel {
         }
         let get = |n: String| state.iter().find(|s| s.0 == n).map(|s| &s.1);
         if let Some(t) = &self.trunk {
-            let names: Vec<String> = t.parameters().into_iter().map(|p| p.0).collect();
-            t.load_state(&state.iter().filter(|s| names.contains(&s.0)).cloned().collect::<Vec<_>>())?;
+            let names: Vec<String> = t.state_dict().into_iter().map(|p| p.0).collect();
+            t.load_state_dict(&state.iter().filter(|s| names.contains(&s.0)).cloned().collect::<Vec<_>>())?;
         }
         let (a, b) = &self.names;
         let wa = get(format!("{a}.weight")).ok_or_else(|| Error::invalid("load_state_dict", format!("missing {a}.weight")))?;

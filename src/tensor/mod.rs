@@ -2,9 +2,14 @@
 //!
 //! Storage is always contiguous in the tensor's own buffer, so reshape and flatten are free;
 //! transposes, broadcasts and slices are strided reads inside the op that consumes them.
+mod compose;
+mod losses;
 mod nn_ops;
 mod ops;
+pub mod random;
 mod shape_ops;
+
+pub use losses::CrossEntropy;
 
 use crate::autograd::{self, GradOp, Node};
 use crate::backend::{Backend, Buffer, IndexOp, ReduceOp, ReduceSpec};

@@ -42,6 +42,15 @@ impl Tensor {
     pub fn abs(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Abs)
     }
+    pub fn sin(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sin)
+    }
+    pub fn cos(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Cos)
+    }
+    pub fn erf(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Erf)
+    }
     pub fn powf(&self, p: f32) -> Result<Tensor> {
         self.unary(UnaryOp::Powf(p))
     }

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tandem::backend::{Buffer, MatmulSpec};
+use tandem::backend::{Buffer, MatmulSpec, OptimStep};
 use tandem::{BackendKind, DType, Device, Layout, Result};
 
 /// Every device except the CPU reference, opened fresh; prints each skipped backend and why.
@@ -23,6 +23,9 @@ pub fn devices_under_test() -> Vec<Device> {
         eprintln!("skipping cuda: the `cuda` feature is off");
     } else if !out.iter().any(|d| d.info().backend == BackendKind::Cuda) {
         eprintln!("skipping cuda: no CUDA device found");
+    }
+    if std::env::var("TANDEM_WGPU_KERNELS").is_ok_and(|v| v == "hardware") {
+        eprintln!("wgpu adapters run the hardware GPU kernels (TANDEM_WGPU_KERNELS=hardware)");
     }
     if !cfg!(feature = "wgpu") {
         eprintln!("skipping wgpu: the `wgpu` feature is off");
@@ -134,3 +137,31 @@ pub fn matmul_case(dev: &Device, cpu: &Device, spec: MatmulSpec, seed: u64) -> R
     })
 }
 
+/// The optimizer update written out from PyTorch's formulas, element by element: what every
+/// backend's fused `optim_step` must match (`s0`, `s1` its state buffers).
+pub fn host_step(step: OptimStep, p: &mut [f32], g: &[f32], s0: &mut [f32], s1: &mut [f32]) {
+    for i in 0..p.len() {
+        match step {
+            OptimStep::Sgd { lr, momentum, dampening, nesterov, weight_decay, first } => {
+                let mut d = g[i] + weight_decay * p[i];
+                if momentum != 0.0 {
+                    s0[i] = if first { d } else { momentum * s0[i] + (1.0 - dampening) * d };
+                    d = if nesterov { d + momentum * s0[i] } else { s0[i] };
+                }
+                p[i] -= lr * d;
+            }
+            OptimStep::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, step } => {
+                let mut d = g[i];
+                if decoupled {
+                    p[i] *= 1.0 - lr * weight_decay;
+                } else {
+                    d += weight_decay * p[i];
+                }
+                s0[i] = beta1 * s0[i] + (1.0 - beta1) * d;
+                s1[i] = beta2 * s1[i] + (1.0 - beta2) * d * d;
+                let (bc1, bc2) = (1.0 - beta1.powi(step as i32), 1.0 - beta2.powi(step as i32));
+                p[i] -= lr * (s0[i] / bc1) / ((s1[i] / bc2).sqrt() + eps);
+            }
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! The CPU reference backend: plain, obviously correct Rust; the oracle for every other backend.
 mod kernels;
+mod update;
 
 use crate::backend::*;
 use crate::backend::contract;
@@ -203,6 +204,44 @@ impl Backend for CpuBackend {
         let ga = read(raw(a)?);
         let gb = read(raw(b)?);
         write_with(out, |c| kernels::matmul(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec))
+    }
+    fn matmul_row_bias(&self, a: &Buffer, b: &Buffer, bias: &Buffer, out: &Buffer, spec: MatmulSpec, relu: bool) -> Result<bool> {
+        contract::matmul(&self.info, a, b, Some(bias), out, spec)?;
+        let ga = read(raw(a)?);
+        let gb = read(raw(b)?);
+        with_f32(bias, out, |bias| {
+            let bias = &bias[..spec.m];
+            write_with(out, |c| kernels::matmul_then(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec, |o| kernels::row_bias(o, bias, relu)))
+        })??;
+        Ok(true)
+    }
+    fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
+        contract::optim_step(&self.info, step, param, grad, state)?;
+        let reads = match step {
+            OptimStep::Sgd { momentum: 0.0, .. } => {
+                // A momentum buffer loaded from a checkpoint is still read by the composition.
+                if !state.is_empty() {
+                    return Ok(false);
+                }
+                0
+            }
+            OptimStep::Sgd { .. } => 1,
+            OptimStep::Adam { .. } => 2,
+        };
+        let bufs: Vec<&Buffer> = [param, grad].into_iter().chain(state[..reads].iter().copied()).collect();
+        for (i, x) in bufs.iter().enumerate() {
+            for y in &bufs[..i] {
+                if same(x, y)? {
+                    // One lock cannot be held twice; the composition copies instead.
+                    return Ok(false);
+                }
+            }
+        }
+        let g = read(raw(grad)?);
+        let mut p = write(raw(param)?);
+        let mut guards = state[..reads].iter().map(|s| Ok(write(raw(s)?))).collect::<Result<Vec<_>>>()?;
+        let mut views: Vec<&mut [f32]> = guards.iter_mut().map(|s| bytemuck::cast_slice_mut(&mut s[..])).collect();
+        Ok(update::optim_step(step, bytemuck::cast_slice_mut(&mut p), bytemuck::cast_slice(&g), &mut views))
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
         contract::im2col(&self.info, x, cols, spec)?;

@@ -58,10 +58,25 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.bind()?;
+        let overlap = s == d && src_off.abs_diff(dst_off) < len;
         let (s, d) = (s + 4 * src_off as u64, d + 4 * dst_off as u64);
-        // SAFETY: both ranges were checked to lie inside their buffers.
-        unsafe { result::memcpy_dtod_async(d, s, 4 * len, self.stream().cu_stream()) }
-            .map_err(|e| self.err("cuMemcpyDtoDAsync", e))
+        let stream = self.stream().cu_stream();
+        if !overlap {
+            // SAFETY: both ranges were checked to lie inside their buffers.
+            return unsafe { result::memcpy_dtod_async(d, s, 4 * len, stream) }.map_err(|e| self.err("cuMemcpyDtoDAsync", e));
+        }
+        if s == d {
+            return Ok(());
+        }
+        // CUDA promises nothing for overlapping ranges of one copy: through a temporary, the
+        // result is memmove's (as on wgpu and the CPU). The temporary goes back to the pool when
+        // dropped; the pool hands it out again only to work later on this same stream.
+        let tmp = self.pool.alloc(4 * len)?;
+        // SAFETY: the ranges lie inside their buffers and `tmp` holds `4 * len` bytes.
+        unsafe {
+            result::memcpy_dtod_async(tmp.ptr, s, 4 * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))?;
+            result::memcpy_dtod_async(d, tmp.ptr, 4 * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))
+        }
     }
 
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {

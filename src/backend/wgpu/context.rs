@@ -227,7 +227,9 @@ impl Ctx {
             entry_point: Some(entry),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants: &op.map(|v| [("OP", f64::from(v))]).unwrap_or_default()[..usize::from(op.is_some())],
-                ..Default::default()
+                // The tiled matmuls write all of their workgroup memory before reading it; naga
+                // would otherwise emit a zeroing pass (one invocation's loop on some drivers).
+                zero_initialize_workgroup_memory: !entry.starts_with("tiled_"),
             },
             cache: None,
         });
@@ -444,15 +446,20 @@ impl Ctx {
     /// Waits for all submitted work in slices of `WAIT_SLICE`, holding the gate for one slice at
     /// a time: one unbounded wait on GL would hold the adapter's context for its whole length,
     /// and wgpu-hal's GL wait ends after about 2 s with a timeout error rather than the work.
-    /// It waits for an (empty) submission of its own: waiting for "the latest" races with other
-    /// threads submitting to this device, which trips an assertion in wgpu-core.
+    /// It waits for an (empty) submission of its own, so work other threads submit meanwhile
+    /// does not lengthen the wait.
     fn wait_idle(&self) -> Result<()> {
         let target = {
             let _held = self.gate.hold();
+            let _pending = lock(&self.pending);
             self.queue.submit([])
         };
         loop {
             let _held = self.gate.hold();
+            // No submission (which also polls) while this one waits: wgpu-core 30 asserts that
+            // the fence it sampled reached the wait index once the queue is empty, and panics
+            // when another thread's poll emptied the queue in between (gfx-rs/wgpu#9958).
+            let _pending = lock(&self.pending);
             match self.device.poll(wgpu::PollType::Wait { submission_index: Some(target.clone()), timeout: Some(WAIT_SLICE) }) {
                 Ok(_) => return Ok(()),
                 Err(wgpu::PollError::Timeout) => {}

@@ -32,6 +32,30 @@ pub struct Options {
     /// Never uses subgroup operations, so that the kernels adapters without them run can be
     /// tested on one that has them.
     pub without_subgroups: bool,
+    /// Runs the kernels a hardware GPU gets whatever the adapter: the `Tiled` matmul family,
+    /// no subgroup-of-8 or uniform-operand kernels, so that the hardware path is tested on
+    /// software adapters (lavapipe, llvmpipe). `TANDEM_WGPU_KERNELS=hardware` sets it for every
+    /// device opened without explicit `Options`.
+    pub hardware_profile: bool,
+}
+
+/// The environment variable that forces `Options::hardware_profile` (value `hardware`) for
+/// devices opened by `open` (so by `Device::open` and device specs); `auto` or unset chooses
+/// by adapter. Any other value is an error naming it.
+pub const KERNELS_ENV: &str = "TANDEM_WGPU_KERNELS";
+
+impl Options {
+    /// The default options with `KERNELS_ENV` applied.
+    pub fn from_env() -> Result<Options> {
+        let hardware_profile = match std::env::var(KERNELS_ENV).as_deref() {
+            Err(_) | Ok("" | "auto") => false,
+            Ok("hardware") => true,
+            Ok(other) => {
+                return Err(Error::invalid("open", format!("{KERNELS_ENV}={other:?}: expected `hardware` or `auto`")));
+            }
+        };
+        Ok(Options { hardware_profile, ..Options::default() })
+    }
 }
 
 /// Matmul kernel families: register blocking without workgroup memory suits CPU rasterizers,
@@ -42,9 +66,9 @@ pub enum MatmulKernel {
     Tiled,
 }
 
-/// Opens a new logical device and queue on adapter `ordinal`.
+/// Opens a new logical device and queue on adapter `ordinal`, with `Options::from_env`.
 pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>> {
-    open_with(ordinal, Options::default())
+    open_with(ordinal, Options::from_env()?)
 }
 
 /// `open` with explicit `Options`.
@@ -70,12 +94,13 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
     // Only software rasterizers get the register-blocked kernels: real GPUs reached through GL
     // or as virtual GPUs (`Other`) have workgroup memory worth tiling into.
     let matmul = options.matmul.unwrap_or(match info.kind {
+        _ if options.hardware_profile => MatmulKernel::Tiled,
         DeviceKind::Software | DeviceKind::Cpu => MatmulKernel::Registers,
         DeviceKind::Discrete | DeviceKind::Integrated | DeviceKind::Other => MatmulKernel::Tiled,
     });
     let bind_groups = Arc::new(bind_groups::BindGroups::default());
     let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget, bind_groups.clone(), gate.clone()));
-    let subgroup8 = has_subgroups_of_8(ordinal) && !options.without_subgroups;
+    let subgroup8 = has_subgroups_of_8(ordinal) && !options.without_subgroups && !options.hardware_profile;
     let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups, gate.clone());
     Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul }))
 }

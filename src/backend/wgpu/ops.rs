@@ -2,7 +2,7 @@
 //! that respect the device's binding and workgroup-count limits.
 use super::context::{Bind, Ctx};
 use super::pool::{Pool, WgpuBuffer};
-use super::MatmulKernel;
+use super::{shaders, MatmulKernel};
 use crate::backend::{BinaryOp, MatmulSpec, ReduceOp, ReduceSpec, UnaryOp};
 use crate::{Error, Layout, Result};
 use std::sync::Arc;
@@ -253,8 +253,8 @@ fn batches_per_dispatch(ctx: &Ctx, operands: &[(usize, usize)]) -> Result<usize>
 
 /// `c = op(a)·op(b)` per `s`, plus `bias[row]` when given, then `max(0, ·)` when its flag is
 /// set (a convolution's bias and ReLU); `Ok(false)` (nothing recorded) when
-/// a bias is given but this product cannot add it in its epilogue (only the uniform-A kernels
-/// do, with A shared across the batch).
+/// a bias is given but this product cannot add it in its epilogue (of the register family only
+/// the uniform-A kernels do, with A shared across the batch; the tiled family always does).
 pub(crate) fn matmul(
     ctx: &Ctx,
     kernel: MatmulKernel,
@@ -267,6 +267,9 @@ pub(crate) fn matmul(
     let (m, n, k) = (s.m, s.n, s.k);
     if s.batch == 0 || m == 0 || n == 0 {
         return Ok(bias.is_none());
+    }
+    if kernel == MatmulKernel::Tiled {
+        return matmul_tiled(ctx, a, b, bias, c, s);
     }
     if k > K_SLICE {
         // The epilogue would add the bias once per slice: the caller composes instead.
@@ -296,7 +299,6 @@ pub(crate) fn matmul(
         (true, MatmulKernel::Registers) if ctx.subgroup8 && m >= 32 && n >= 64 => ("regs_sg32x2", 64, 32),
         (true, MatmulKernel::Registers) if m >= 16 && n >= 128 => ("regs16x4", 128, 16),
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
-        (true, MatmulKernel::Tiled) => ("tiled", 64, 64),
         // Generated blocks of as few rows as cover a small M (a convolution's output channels;
         // less waste at the edge): on the seed CNN's GEMMs 16×2 ran 1.15× 8×4 at M = 10 and
         // 24×2 1.35× 16×2 at M = 20. 16×4 and 32×2 were 4-7% faster still at M = 10 and 250,
@@ -316,7 +318,7 @@ pub(crate) fn matmul(
         },
         (false, MatmulKernel::Registers) if ab_vec_k && n >= 64 => ("tb8x8", 64, 8),
         (false, MatmulKernel::Registers) if ab_vec_k => ("generic_tb", 32, 32),
-        (false, _) => ("generic", 32, 32),
+        _ => ("generic", 32, 32),
     };
     let staged = entry.contains("_ua");
     if bias.is_some() && !staged {
@@ -350,6 +352,56 @@ pub(crate) fn matmul(
         let shader = if entry.contains("_sg") { "matmul_sg" } else { "matmul" };
         ctx.dispatch(shader, entry, &w.0, &[ab, bb, cb], [gx as u32, gy as u32, cnt as u32])?;
         b0 += cnt;
+    }
+    Ok(true)
+}
+
+/// `matmul` on hardware GPUs: a `tiled_*` kernel for every product (`shaders::TILED`), chosen
+/// by how each operand's tile loads coalesce (along K for untransposed A and transposed B, else
+/// along M or N) and whether they can be vec4 (that dimension's length, the offset and the batch
+/// stride multiples of 4). A K past `K_SLICE` is cut into slices, dispatched in order: the first
+/// writes C, each later one adds to it, and the last adds the bias and applies the ReLU.
+fn matmul_tiled(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option<(&wgpu::Buffer, bool)>, c: &wgpu::Buffer, s: MatmulSpec) -> Result<bool> {
+    let (m, n, k) = (s.m, s.n, s.k);
+    let (a_rs, a_cs) = if s.trans_a { (1, m) } else { (k, 1) };
+    let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
+    let (a_bs, b_bs) = if s.batch == 1 { (0, 0) } else { (s.a_batch_stride, s.b_batch_stride) };
+    let (gx, gy) = (n.div_ceil(64), m.div_ceil(64));
+    if gx.max(gy) > ctx.limits.max_groups as usize {
+        return Err(Error::invalid("matmul", format!("{m}x{n} output needs more workgroups than {} allows", ctx.name)));
+    }
+    // Index into `TILE_LOADS`: along K or not, then vec4 when the contiguous length, the
+    // first element and the batch stride are multiples of 4.
+    let load = |along_k: bool, len: usize, first: usize, bs: usize| 2 * usize::from(!along_k) + usize::from((len | first | bs).is_multiple_of(4));
+    let slices = k.div_ceil(K_SLICE).max(1);
+    for slice in 0..slices {
+        let k0 = slice * K_SLICE;
+        let kc = K_SLICE.min(k - k0);
+        // Elements from each operand's first one of this slice to its last.
+        let a_size = if kc == 0 { 0 } else { (m - 1) * a_rs + (kc - 1) * a_cs + 1 };
+        let b_size = if kc == 0 { 0 } else { (kc - 1) * b_rs + (n - 1) * b_cs + 1 };
+        let (a_first, b_first) = (s.a_offset + k0 * a_cs, s.b_offset + k0 * b_rs);
+        let la = load(!s.trans_a, if s.trans_a { m } else { k }, a_first, a_bs);
+        let lb = load(s.trans_b, if s.trans_b { k } else { n }, b_first, b_bs);
+        let entry = shaders::TILED[la][lb];
+        let last_bias = bias.filter(|_| slice + 1 == slices).map(|(_, relu)| 1 + u32::from(relu));
+        let epi = if slice == 0 { 0 } else { 3 } + last_bias.unwrap_or(0);
+        let per = batches_per_dispatch(ctx, &[(a_bs, a_size), (b_bs, b_size), (m * n, m * n)])?;
+        let mut b0 = 0;
+        while b0 < s.batch {
+            let cnt = per.min(s.batch - b0);
+            let (ab, ao) = ctx.span("matmul", a, a_first + b0 * a_bs, (cnt - 1) * a_bs + a_size)?;
+            let (bb, bo) = ctx.span("matmul", b, b_first + b0 * b_bs, (cnt - 1) * b_bs + b_size)?;
+            let (cb, co) = ctx.span("matmul", c, b0 * m * n, cnt * m * n)?;
+            // Without a bias the kernel never reads binding 4: C serves as a placeholder.
+            let (xb, xo) = match bias {
+                Some((x, _)) => ctx.span("matmul", x, 0, m)?,
+                None => ctx.span("matmul", c, b0 * m * n, cnt * m * n)?,
+            };
+            let w = matmul_words([m, n, kc], [ao, bo, co], [a_bs, b_bs], [a_rs, a_cs, b_rs, b_cs], xo as usize, epi);
+            ctx.dispatch("matmul", entry, &w.0, &[ab, bb, cb, xb], [gx as u32, gy as u32, cnt as u32])?;
+            b0 += cnt;
+        }
     }
     Ok(true)
 }

@@ -1,0 +1,196 @@
+//! Ops composed from the primitives (so the backend trait stays small): activations, `where`,
+//! `clamp`, variance, shape helpers, `arange`, `one_hot`, `triu`/`tril`, `index_select`, and
+//! average pooling.
+use super::Tensor;
+use crate::autograd;
+use crate::backend::{BinaryOp, IndexOp};
+use crate::{DType, Device, Error, Result, Shape};
+
+impl Tensor {
+    /// `x · Φ(x) = 0.5 x (1 + erf(x / √2))`, PyTorch's exact GELU.
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.mul(&self.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?)
+    }
+    /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, GELU with `approximate='tanh'`.
+    pub fn gelu_tanh(&self) -> Result<Tensor> {
+        let inner = self.add(&self.powf(3.0)?.mul_scalar(0.044715)?)?.mul_scalar((2.0 / std::f32::consts::PI).sqrt())?;
+        self.mul(&inner.tanh()?.affine(0.5, 0.5)?)
+    }
+    /// `x · sigmoid(x)`.
+    pub fn silu(&self) -> Result<Tensor> {
+        self.mul(&self.sigmoid()?)
+    }
+
+    /// `self` where `cond` is nonzero (F32, broadcast), else `other`. The other side is
+    /// selected away, not multiplied by 0, so a NaN or infinity there does not leak (PyTorch's
+    /// `torch.where(cond, self, other)`); each side's gradient is the incoming one where chosen.
+    pub fn where_(&self, cond: &Tensor, other: &Tensor) -> Result<Tensor> {
+        cond.expect_dtype("where", DType::F32)?;
+        let shape = Shape::broadcast("where", &Shape::broadcast("where", self.shape(), other.shape())?, cond.shape())?;
+        let pick = cond.ne_zero()?;
+        let a = self.broadcast_to(shape.clone())?.binary(BinaryOp::ReluBackward, &pick)?;
+        let b = other.broadcast_to(shape)?.binary(BinaryOp::ReluBackward, &pick.affine(-1.0, 1.0)?)?;
+        a.add(&b)
+    }
+    /// 1 where this is nonzero (NaN counts as nonzero, as `bool(nan)`), else 0; no gradient.
+    fn ne_zero(&self) -> Result<Tensor> {
+        autograd::no_grad(|| self.eq_elem(&Tensor::zeros(Shape(vec![]), self.device())?)?.affine(-1.0, 1.0))
+    }
+    /// `value` where `mask` is nonzero, else `self`.
+    pub fn masked_fill(&self, mask: &Tensor, value: f32) -> Result<Tensor> {
+        Tensor::full(value, Shape(vec![]), self.device())?.where_(mask, self)
+    }
+    /// Each value limited to `[min, max]` (either bound optional). NaN stays NaN and the
+    /// gradient passes where the value is within the bounds, ends included (PyTorch's).
+    pub fn clamp(&self, min: Option<f32>, max: Option<f32>) -> Result<Tensor> {
+        let mut y = self.clone();
+        let dev = self.device();
+        if let Some(lo) = min {
+            let lo = Tensor::full(lo, Shape(vec![]), dev)?;
+            y = lo.where_(&lo.gt(self)?, &y)?;
+        }
+        if let Some(hi) = max {
+            let hi = Tensor::full(hi, Shape(vec![]), dev)?;
+            y = hi.where_(&self.gt(&hi)?, &y)?;
+        }
+        Ok(y)
+    }
+
+    /// Mean over several axes (kept, size 1).
+    pub fn mean_axes(&self, axes: &[isize]) -> Result<Tensor> {
+        axes.iter().try_fold(self.clone(), |t, &a| t.mean(a, true))
+    }
+    /// Variance over `axis` with Bessel's `correction` (1: unbiased, PyTorch's default; 0: biased).
+    pub fn var(&self, axis: isize, correction: usize, keepdim: bool) -> Result<Tensor> {
+        let a = self.shape().axis("var", axis)?;
+        let n = self.dims()[a];
+        let centred = self.sub(&self.mean(axis, true)?)?;
+        // n <= correction divides by 0 or less: inf or NaN, as PyTorch
+        centred.square()?.sum(axis, keepdim)?.mul_scalar(1.0 / (n as f32 - correction as f32))
+    }
+    /// Standard deviation: `var(..).sqrt()`.
+    pub fn std(&self, axis: isize, correction: usize, keepdim: bool) -> Result<Tensor> {
+        self.var(axis, correction, keepdim)?.sqrt()
+    }
+
+    /// A new dimension of size 1 at `dim` (0 ..= rank; negative counts from the end).
+    pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
+        let r = self.rank() as isize;
+        let d = if dim < 0 { dim + r + 1 } else { dim };
+        if !(0..=r).contains(&d) {
+            return Err(Error::shape("unsqueeze", format!("dim {dim} for {:?}", self.shape())));
+        }
+        let mut dims = self.dims().to_vec();
+        dims.insert(d as usize, 1);
+        self.reshape(dims)
+    }
+    /// Removes dimension `dim`, which must have size 1.
+    pub fn squeeze(&self, dim: isize) -> Result<Tensor> {
+        let d = self.shape().axis("squeeze", dim)?;
+        if self.dims()[d] != 1 {
+            return Err(Error::shape("squeeze", format!("dim {dim} of {:?} is not 1", self.shape())));
+        }
+        let mut dims = self.dims().to_vec();
+        dims.remove(d);
+        self.reshape(dims)
+    }
+    /// Joins equal-shaped tensors along a new dimension `dim`.
+    pub fn stack(tensors: &[Tensor], dim: usize) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| Error::invalid("stack", "no tensors"))?;
+        if tensors.iter().any(|t| t.shape() != first.shape()) || dim > first.rank() {
+            let shapes: Vec<_> = tensors.iter().map(|t| t.shape().clone()).collect();
+            return Err(Error::shape("stack", format!("cannot stack {shapes:?} at dim {dim}")));
+        }
+        let parts = tensors.iter().map(|t| t.unsqueeze(dim as isize)).collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&parts, dim)
+    }
+    /// `start, start + step, ..` below `end` (F32), as `torch.arange`.
+    pub fn arange(start: f32, end: f32, step: f32, device: &Device) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() || (end - start) / step < 0.0 {
+            return Err(Error::invalid("arange", format!("start {start}, end {end}, step {step}")));
+        }
+        let n = ((end - start) / step).ceil() as usize;
+        Tensor::from_vec((0..n).map(|i| start + i as f32 * step).collect(), [n], device)
+    }
+    /// F32 one-hot rows `[.., classes]` of I32 class indices of any shape, all in `0..classes`.
+    pub fn one_hot(&self, classes: usize) -> Result<Tensor> {
+        self.check_labels("one_hot", classes)?;
+        self.one_hot_unchecked(classes)
+    }
+    /// `one_hot` where an index outside `0..classes` gives a row of zeros (the `IndexOp` contract).
+    pub(crate) fn one_hot_unchecked(&self, classes: usize) -> Result<Tensor> {
+        self.expect_dtype("one_hot", DType::I32)?;
+        let rows = self.numel();
+        let ones = self.alloc_like(rows, DType::F32)?;
+        self.backend().fill(&ones, 1.0)?;
+        let out = self.alloc_like(rows * classes, DType::F32)?;
+        self.backend().index(IndexOp::Scatter, &ones, &self.0.buffer, &out, rows, classes)?;
+        let mut dims = self.dims().to_vec();
+        dims.push(classes);
+        Ok(Tensor::from_parts(out, Shape(dims), self.device().clone(), None))
+    }
+    /// Keeps the upper triangle of the last two dimensions (`j - i >= diagonal`), zeroes the rest.
+    pub fn triu(&self, diagonal: isize) -> Result<Tensor> {
+        self.triangle("triu", diagonal, |i, j, d| j - i >= d)
+    }
+    /// Keeps the lower triangle of the last two dimensions (`j - i <= diagonal`), zeroes the rest.
+    pub fn tril(&self, diagonal: isize) -> Result<Tensor> {
+        self.triangle("tril", diagonal, |i, j, d| j - i <= d)
+    }
+    fn triangle(&self, op: &'static str, diagonal: isize, keep: fn(isize, isize, isize) -> bool) -> Result<Tensor> {
+        if self.rank() < 2 {
+            return Err(Error::shape(op, format!("needs rank >= 2, got {:?}", self.shape())));
+        }
+        let (r, c) = (self.dims()[self.rank() - 2], self.dims()[self.rank() - 1]);
+        let mask: Vec<f32> = (0..r * c).map(|k| keep((k / c) as isize, (k % c) as isize, diagonal) as i32 as f32).collect();
+        let mask = Tensor::from_vec(mask, [r, c], self.device())?;
+        self.where_(&mask, &Tensor::zeros(Shape(vec![]), self.device())?)
+    }
+    /// Rows of this `[V, D]` table picked by I32 `ids` of any shape: `[.., D]` (embedding
+    /// lookup). Composed as `one_hot(ids) · table`, so the table's gradient is `one_hotᵀ · g`,
+    /// a deterministic sum over the ids (no atomics, same bits every run).
+    pub fn index_select(&self, ids: &Tensor) -> Result<Tensor> {
+        self.same_device("index_select", ids)?;
+        self.expect_dtype("index_select", DType::F32)?;
+        if self.rank() != 2 {
+            return Err(Error::shape("index_select", format!("table must be [V, D], got {:?}", self.shape())));
+        }
+        let (v, d) = (self.dims()[0], self.dims()[1]);
+        let rows = ids.one_hot(v)?.reshape([ids.numel(), v])?.matmul(self)?;
+        let mut dims = ids.dims().to_vec();
+        dims.push(d);
+        rows.reshape(dims)
+    }
+
+    /// Average over `kernel`×`kernel` windows of `[N, C, H, W]`, zero padding counted (PyTorch's
+    /// default): a convolution of each channel with a constant `1/k²` kernel.
+    pub fn avg_pool2d(&self, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
+        let x = self.dims();
+        if self.rank() != 4 || kernel == 0 || padding * 2 > kernel {
+            return Err(Error::shape("avg_pool2d", format!("input {:?} kernel {kernel} padding {padding} (need [N,C,H,W], padding <= kernel/2)", self.shape())));
+        }
+        let (n, c) = (x[0], x[1]);
+        let w = Tensor::full(1.0 / (kernel * kernel) as f32, [1, 1, kernel, kernel], self.device())?;
+        let y = self.reshape([n * c, 1, x[2], x[3]])?.conv2d(&w, (stride, stride), (padding, padding))?;
+        let (oh, ow) = (y.dims()[2], y.dims()[3]);
+        y.reshape([n, c, oh, ow])
+    }
+    /// PyTorch's adaptive average pooling to `(oh, ow)`: cell `i` averages rows
+    /// `floor(i·H/oh) .. ceil((i+1)·H/oh)`, and likewise for columns.
+    pub fn adaptive_avg_pool2d(&self, (oh, ow): (usize, usize)) -> Result<Tensor> {
+        if self.rank() != 4 || oh == 0 || ow == 0 {
+            return Err(Error::shape("adaptive_avg_pool2d", format!("input {:?} to ({oh}, {ow}) (need [N,C,H,W] and a nonzero size)", self.shape())));
+        }
+        let pool = |t: &Tensor, dim: usize, out: usize| -> Result<Tensor> {
+            let len = t.dims()[dim];
+            let cells = (0..out)
+                .map(|i| {
+                    let (s, e) = (i * len / out, ((i + 1) * len).div_ceil(out));
+                    t.narrow(dim, s, e - s)?.mean(dim as isize, true)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Tensor::cat(&cells, dim)
+        };
+        pool(&pool(self, 2, oh)?, 3, ow)
+    }
+}
