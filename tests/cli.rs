@@ -1,23 +1,13 @@
 //! End-to-end tests of the `tandem` binary on the CPU device: JSON logs, weights round trips,
 //! crash-safe resume (SIGKILL, then bit-identical weights), damaged checkpoints, and one clear
 //! error for each kind of bad input.
+mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 use tandem::checkpoint::{read_safetensors, write_safetensors, HostTensor};
-
-fn tandem() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-}
-
-fn run(args: &[&str]) -> Output {
-    tandem().args(args).output().expect("the tandem binary runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use common::{run, tandem, text};
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {

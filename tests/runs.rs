@@ -2,21 +2,11 @@
 //! checkpoints that belong to one run, a lock per checkpoint directory, a finite checkpoint
 //! after a NaN/inf stop, a graceful stop on SIGTERM, `--deterministic` across device counts
 //! and on a mixed-backend pipeline, outputs checked up front and the documented exit codes.
+mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use tandem::checkpoint::{read_safetensors, HostData};
-
-fn tandem() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-}
-
-fn run(args: &[&str]) -> Output {
-    tandem().args(args).output().expect("the tandem binary runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use common::{run, tandem, text};
 
 fn ok(args: &[&str]) -> Output {
     let out = run(args);

@@ -165,3 +165,18 @@ pub fn host_step(step: OptimStep, p: &mut [f32], g: &[f32], s0: &mut [f32], s1: 
         }
     }
 }
+
+/// The `tandem` binary of this build, for the end-to-end tests of the command line.
+pub fn tandem() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+}
+
+/// Runs the binary with `args` to completion.
+pub fn run(args: &[&str]) -> std::process::Output {
+    tandem().args(args).output().expect("the tandem binary runs")
+}
+
+/// A process's output as text.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
