@@ -235,20 +235,7 @@ fn windows() -> Vec<WindowSpec> {
 fn im2col_and_col2im() {
     on_each_device(|dev, cpu| {
         for (i, s) in windows().into_iter().enumerate() {
-            let mut r = rng(10 + i as u64);
-            let x = uniform(&mut r, s.n * s.c * s.h * s.w, -1.0, 1.0);
-            let cols_len = s.n * s.col_rows() * s.col_len();
-            let c = uniform(&mut r, cols_len, -1.0, 1.0);
-            same_f32(dev, cpu, &format!("im2col {s:?}"), 0.0, 0.0, |d| {
-                let (xb, cb) = (up(d, &x), d.backend().alloc(cols_len, DType::F32)?);
-                d.backend().im2col(&xb, &cb, s)?;
-                Ok(down(d, &cb))
-            })?;
-            same_f32(dev, cpu, &format!("col2im {s:?}"), 1e-6, 1e-6, |d| {
-                let (cb, xb) = (up(d, &c), up(d, &x));
-                d.backend().col2im(&cb, &xb, s)?;
-                Ok(down(d, &xb))
-            })?;
+            im2col_and_col2im_against_cpu(dev, cpu, s, 10 + i as u64)?;
         }
         Ok(())
     });

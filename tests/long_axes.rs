@@ -288,20 +288,7 @@ fn im2col_and_col2im_wider_than_65535() {
         for (i, &(w, kw, pad)) in shapes.iter().enumerate() {
             let s = WindowSpec::new("test", [1, 2, 2, w], (1, kw), (1, 1), (0, pad)).expect("valid window");
             assert!(s.ow > 65_535, "{s:?}");
-            let mut r = rng(100 + i as u64);
-            let x = uniform(&mut r, s.n * s.c * s.h * s.w, -1.0, 1.0);
-            let cols_len = s.n * s.col_rows() * s.col_len();
-            let c = uniform(&mut r, cols_len, -1.0, 1.0);
-            same_f32(dev, cpu, &format!("im2col {s:?}"), 0.0, 0.0, |d| {
-                let (xb, cb) = (up(d, &x), d.backend().alloc(cols_len, DType::F32)?);
-                d.backend().im2col(&xb, &cb, s)?;
-                Ok(down(d, &cb))
-            })?;
-            same_f32(dev, cpu, &format!("col2im {s:?}"), 1e-6, 1e-6, |d| {
-                let (cb, xb) = (up(d, &c), up(d, &x));
-                d.backend().col2im(&cb, &xb, s)?;
-                Ok(down(d, &xb))
-            })?;
+            im2col_and_col2im_against_cpu(dev, cpu, s, 100 + i as u64)?;
         }
         Ok(())
     });

@@ -180,3 +180,22 @@ pub fn run(args: &[&str]) -> std::process::Output {
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
+
+/// im2col and col2im of random data through window `s` on `dev`, against the CPU reference
+/// (im2col exactly; col2im sums overlaps, in any order).
+pub fn im2col_and_col2im_against_cpu(dev: &Device, cpu: &Device, s: tandem::backend::WindowSpec, seed: u64) -> Result<()> {
+    let mut r = rng(seed);
+    let x = uniform(&mut r, s.n * s.c * s.h * s.w, -1.0, 1.0);
+    let cols_len = s.n * s.col_rows() * s.col_len();
+    let c = uniform(&mut r, cols_len, -1.0, 1.0);
+    same_f32(dev, cpu, &format!("im2col {s:?}"), 0.0, 0.0, |d| {
+        let (xb, cb) = (up(d, &x), d.backend().alloc(cols_len, DType::F32)?);
+        d.backend().im2col(&xb, &cb, s)?;
+        Ok(down(d, &cb))
+    })?;
+    same_f32(dev, cpu, &format!("col2im {s:?}"), 1e-6, 1e-6, |d| {
+        let (cb, xb) = (up(d, &c), up(d, &x));
+        d.backend().col2im(&cb, &xb, s)?;
+        Ok(down(d, &xb))
+    })
+}
