@@ -7,18 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 use tandem::checkpoint::{read_safetensors, write_safetensors, HostTensor};
-use common::{run, tandem, text};
+use common::{run, s, tandem, text};
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tandem-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    common::scratch("cli", name)
 }
 
 fn ok(args: &[&str]) -> Output {

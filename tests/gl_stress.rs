@@ -24,21 +24,7 @@ fn first_use_kernels(dev: &Device, seed: u64) -> Result<Vec<Vec<f32>>> {
     let xb = up(dev, &x);
     let flat = layout(&[4096], &[1], 0);
     let mut outs = Vec::new();
-    let unary = [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Relu,
-        UnaryOp::Sqrt,
-        UnaryOp::Recip,
-        UnaryOp::Square,
-        UnaryOp::Abs,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Affine { mul: 2.0, add: 0.5 },
-        UnaryOp::Powf(2.0),
-    ];
-    for op in unary {
+    for op in UnaryOp::ALL {
         let out = be.alloc(4096, DType::F32)?;
         be.unary(op, &xb, &flat, &out)?;
         outs.push(out);

@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use tandem::checkpoint::{read_safetensors, HostData};
-use common::{run, tandem, text};
+use common::{run, s, tandem, text};
 
 fn ok(args: &[&str]) -> Output {
     let out = run(args);
@@ -26,14 +26,7 @@ fn fails_with(code: i32, args: &[&str], needle: &str) -> String {
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tandem-runs-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    common::scratch("runs", name)
 }
 
 fn ckpt(dir: &Path, step: u64) -> PathBuf {

@@ -199,3 +199,16 @@ pub fn im2col_and_col2im_against_cpu(dev: &Device, cpu: &Device, s: tandem::back
         Ok(down(d, &xb))
     })
 }
+
+/// A fresh, empty directory `tandem-TAG-PID-NAME` under the temp dir, for one test.
+pub fn scratch(tag: &str, name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tandem-{tag}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A path as the `&str` a command line takes.
+pub fn s(p: &std::path::Path) -> &str {
+    p.to_str().unwrap()
+}
