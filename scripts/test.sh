@@ -31,6 +31,13 @@ if [ -z "$dir" ]; then
 fi
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+# The library without the command line: it must build, and pull in none of the CLI's crates.
+cargo check -q --lib --no-default-features --features wgpu
+if cargo tree -q --no-default-features --features wgpu -e normal | grep -Eq '^[^a-z]*(clap|indicatif|signal-hook) '; then
+  echo "test.sh: the library without the cli feature depends on a CLI crate" >&2
+  exit 1
+fi
+
 cargo test --features cuda,nccl "$@"
 
 # Second pass: the suites that run kernels on every device, with every wgpu adapter forced to

@@ -3,6 +3,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod data;
 mod device;

@@ -15,6 +15,7 @@ pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, StepEv
 pub use pipeline::{Pipeline, PipelineConfig, Schedule};
 pub use placement::{LayerPlacement, Split};
 // The CLI fixes a byte-balanced split up front when --deterministic asks for one.
+#[cfg(feature = "cli")]
 pub(crate) use placement::plan as plan_stages;
 pub use tensor_parallel::{ColumnParallelLinear, RowParallelLinear, TensorParallel};
 

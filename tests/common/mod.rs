@@ -167,11 +167,13 @@ pub fn host_step(step: OptimStep, p: &mut [f32], g: &[f32], s0: &mut [f32], s1: 
 }
 
 /// The `tandem` binary of this build, for the end-to-end tests of the command line.
+#[cfg(feature = "cli")]
 pub fn tandem() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
 }
 
 /// Runs the binary with `args` to completion.
+#[cfg(feature = "cli")]
 pub fn run(args: &[&str]) -> std::process::Output {
     tandem().args(args).output().expect("the tandem binary runs")
 }
