@@ -6,6 +6,7 @@ pub mod checkpoint;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod data;
+pub mod dist;
 mod device;
 mod error;
 pub mod nn;

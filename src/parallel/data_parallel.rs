@@ -262,9 +262,13 @@ impl DataParallel {
         self.owners.as_deref()
     }
 
-    /// Sample ranges of the global batch per device (overlapped mode).
+    /// Sample ranges of the global batch per device (overlapped mode). Across processes this
+    /// process takes its devices' equal share of the batch, which its split weights divide.
     fn device_ranges(&self, n: usize) -> Result<Vec<Range<usize>>> {
-        split::ranges(n, self.replicas.len(), self.split_weights.as_deref())
+        let ((first, world), local) = (self.comm.device_span(), self.replicas.len());
+        let share = split::ranges(n, world, None)?;
+        let mine = share[first].start..share[first + local - 1].end;
+        Ok(split::ranges(mine.len(), local, self.split_weights.as_deref())?.into_iter().map(|r| r.start + mine.start..r.end + mine.start).collect())
     }
 }
 
@@ -292,7 +296,8 @@ impl Strategy for DataParallel {
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         let n = self.replicas.len();
-        split::check_batch(batch, n)?;
+        let (first, world) = self.comm.device_span();
+        split::check_batch(batch, world)?;
         if self.cfg.calibrate && self.split_weights.is_none() {
             let models: Vec<(&Sequential, &Device)> = self.replicas.iter().map(|r| (&r.model, &r.device)).collect();
             self.split_weights = Some(split::calibrate(&models, batch, self.loss)?);
@@ -300,9 +305,12 @@ impl Strategy for DataParallel {
         let trace = self.trace.as_ref();
         let (computed, reduced) = if self.cfg.deterministic {
             let shards = split::ranges(batch.len(), self.cfg.deterministic_shards.min(batch.len()), None)?;
-            let owned = split::ranges(shards.len(), n, self.split_weights.as_deref())?;
+            let owned = match world == n {
+                true => split::ranges(shards.len(), n, self.split_weights.as_deref())?,
+                false => split::ranges(shards.len(), world, None)?[first..first + n].to_vec(),
+            };
             let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&i))).collect();
-            (deterministic::run(&self.replicas, batch, &shards, &owned, &updates, self.loss, trace)?, None)
+            (deterministic::run(&self.replicas, batch, &shards, &owned, &updates, self.loss, &*self.comm, trace)?, None)
         } else {
             let shards: Vec<Batch> = self.device_ranges(batch.len())?.into_iter().map(|r| split::slice(batch, r)).collect();
             let plan = overlapped::Plan {
@@ -313,7 +321,8 @@ impl Strategy for DataParallel {
                 total: batch.len(),
                 trace,
             };
-            let (c, r) = overlapped::run(&self.replicas, &shards, &*self.comm, &plan)?;
+            let (mut c, r) = overlapped::run(&self.replicas, &shards, &*self.comm, &plan)?;
+            c.loss = self.comm.sum_by_index(vec![(first, vec![c.loss])])?[0];
             (c, Some(r))
         };
 

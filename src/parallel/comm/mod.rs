@@ -10,13 +10,17 @@
 //!
 //! - [`Nccl`] (cargo feature `nccl`): NVIDIA's NCCL on the devices' own streams, for groups of
 //!   distinct CUDA GPUs; preferred by [`for_devices`] whenever it can be created.
+//! - [`Hierarchical`]: this process's devices and those of the other processes of a
+//!   [`crate::dist::Group`] (`mpirun`): host staging inside the process, MPI between processes.
 //!
 //! Collectives are not recorded by autograd: they move values, not history.
+mod hierarchical;
 mod host_staged;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod peer_ring;
 
+pub use hierarchical::Hierarchical;
 pub use host_staged::HostStaged;
 #[cfg(feature = "nccl")]
 pub use nccl::Nccl;
@@ -58,6 +62,22 @@ pub trait Communicator: Send + Sync {
     /// Total bytes this communicator has moved between devices (host staging counts each
     /// download and each upload).
     fn bytes_moved(&self) -> u64;
+
+    /// Where this process's devices sit among every device the collectives span, across
+    /// processes: the global index of `devices()[0]`, and the number of devices in all.
+    /// A communicator inside one process spans its own devices: `(0, devices().len())`.
+    fn device_span(&self) -> (usize, usize) {
+        (0, self.devices().len())
+    }
+
+    /// The elementwise sum of equally long host vectors, each keyed by an index unique across
+    /// processes, over the parts of every process: sorted by index and summed with
+    /// [`tree_sum`], so the result depends on the parts alone, not on which process or device
+    /// made each one. Across processes every rank must call it (the parts are gathered).
+    fn sum_by_index(&self, mut parts: Vec<(usize, Vec<f32>)>) -> Result<Vec<f32>> {
+        parts.sort_by_key(|p| p.0);
+        tree_sum(parts.into_iter().map(|p| p.1).collect())
+    }
 }
 
 /// The best communicator for `devices`: with the `nccl` feature, `Nccl` when every device is

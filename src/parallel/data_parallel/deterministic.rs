@@ -3,7 +3,8 @@
 //! The global batch is cut into a fixed number of micro-shards that does not depend on the
 //! devices. Each device computes whole micro-shards, each one's gradient separately, and
 //! downloads it. The host sums the micro-shard gradients (and scaled losses) with
-//! [`tree_sum`] in a fixed tree over micro-shard index and uploads the sum to every replica
+//! [`crate::parallel::comm::tree_sum`] in a fixed tree over micro-shard index (gathering every
+//! process's micro-shards first, under `mpirun`) and uploads the sum to every replica
 //! that runs an update.
 //! So every floating-point operation, and its order, is the same on 1, 2 or 4 devices of one
 //! backend. The price: no overlap of communication with backward, one full-gradient download
@@ -12,7 +13,7 @@ use super::split::slice;
 use super::{joined, Computed, Replica};
 use crate::data::Batch;
 use crate::nn::Module;
-use crate::parallel::comm::tree_sum;
+use crate::parallel::comm::Communicator;
 use crate::parallel::trace::{Phase, Trace};
 use crate::parallel::{batch_to_device, Loss};
 use crate::{Result, Tensor};
@@ -32,7 +33,9 @@ struct WorkerOut {
 /// Computes every micro-shard (`shards[k]` are sample ranges of `batch`; device i takes the
 /// micro-shards `owned[i]`) and leaves the summed gradient on every replica that `updates`
 /// (the others own no parameter and would not read it).
-pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], updates: &[bool], loss: Loss, trace: Option<&Trace>) -> Result<Computed> {
+/// Across processes `comm` gathers every process's micro-shards before the sum.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], updates: &[bool], loss: Loss, comm: &dyn Communicator, trace: Option<&Trace>) -> Result<Computed> {
     let total = batch.len();
     let outs = std::thread::scope(|s| {
         let handles: Vec<_> = replicas
@@ -47,10 +50,10 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
     let compute_s = outs.iter().map(|o| o.compute_s).collect();
 
     let t0 = Instant::now();
-    let mut all: Vec<ShardGrad> = outs.into_iter().flat_map(|o| o.grads).collect();
-    all.sort_by_key(|g| g.0);
-    let losses = tree_sum(all.iter().map(|g| vec![g.2]).collect())?;
-    let sum = tree_sum(all.into_iter().map(|g| g.1).collect())?;
+    // The loss rides as one more element: the tree sums every element on its own.
+    let parts = outs.into_iter().flat_map(|o| o.grads).map(|(k, mut g, l)| { g.push(l); (k, g) }).collect();
+    let mut sum = comm.sum_by_index(parts)?;
+    let loss_sum = sum.pop().unwrap_or(0.0);
     std::thread::scope(|s| {
         let sum = &sum;
         let handles: Vec<_> = replicas.iter().zip(updates).map(|(r, &u)| s.spawn(move || if u { upload(r, sum) } else { Ok(()) })).collect();
@@ -63,7 +66,7 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
             tr.span(&r.comm_track(), "host reduce", Phase::Comm, t0, (t1 - t0).as_secs_f64());
         }
     }
-    Ok(Computed { loss: losses[0], compute_s, comm: vec![(t0, t1)], backward_end, events: Vec::new() })
+    Ok(Computed { loss: loss_sum, compute_s, comm: vec![(t0, t1)], backward_end, events: Vec::new() })
 }
 
 /// Micro-shards `ks` (the first has index `first`) on replica `r`, each gradient on its own.

@@ -1,0 +1,197 @@
+//! `Hierarchical`: collectives over the devices of many processes (`mpirun`, `srun`).
+//!
+//! Each collective combines this process's devices through host memory in device order (as
+//! [`super::HostStaged`] does), combines the processes' host buffers through MPI, and writes
+//! the result back to the devices. The devices of all processes form one group in rank-major
+//! order: rank 0's devices first. MPI moves host memory only (Debian's Open MPI is not
+//! CUDA-aware), so every device's data crosses the host anyway; per process, an all-reduce of
+//! `S` bytes on `d` devices downloads `dS`, moves about `2S` through MPI and uploads `dS`.
+//!
+//! Sums across processes run in the group's [`Order`]: `Order::Mpi` is `MPI_Allreduce`,
+//! whose order of additions is the library's; `Order::Ranks` sums in rank order, bit for bit
+//! reproducible for a given number of processes. Neither makes 2 processes equal 1 process
+//! with 2 devices bit for bit (the tree over devices differs); data parallelism's
+//! deterministic mode does, through [`Communicator::sum_by_index`].
+use super::{check_group, check_root, per_device, tree_sum, Communicator, ReduceKind};
+use crate::autograd::no_grad;
+use crate::dist::{Group, Order};
+use crate::{Device, Error, Result, Tensor};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Collectives over this process's devices and every other rank's; see the module docs.
+pub struct Hierarchical {
+    devices: Vec<Device>,
+    group: Group,
+    order: Order,
+    /// The global index of this process's first device, and the number of devices in all.
+    span: (usize, usize),
+    bytes: AtomicU64,
+}
+
+impl Hierarchical {
+    /// A communicator over `devices` (this process's) and those every other rank of `group`
+    /// passes. Collective: every rank calls it, each with its own devices.
+    pub fn new(devices: &[Device], group: Group, order: Order) -> Result<Self> {
+        if devices.is_empty() {
+            return Err(Error::invalid("Hierarchical::new", format!("rank {} of {} has no device", group.rank(), group.size())));
+        }
+        let counts = group.all_gather_u64(&[devices.len() as u64])?;
+        let count = |c: &Vec<u64>| c.first().map_or(0, |&n| n as usize);
+        let first = counts[..group.rank()].iter().map(count).sum();
+        let total = counts.iter().map(count).sum();
+        Ok(Hierarchical { devices: devices.to_vec(), group, order, span: (first, total), bytes: AtomicU64::new(0) })
+    }
+
+    pub fn group(&self) -> &Group {
+        &self.group
+    }
+    pub fn order(&self) -> Order {
+        self.order
+    }
+
+    fn count(&self, elements: usize) {
+        self.bytes.fetch_add(4 * elements as u64, Ordering::Relaxed);
+    }
+
+    /// Every local tensor's values, downloaded in parallel.
+    fn download_all(&self, tensors: &[Tensor]) -> Result<Vec<Vec<f32>>> {
+        let out = per_device(tensors.len(), |i| tensors[i].to_vec())?;
+        self.count(out.iter().map(Vec::len).sum());
+        Ok(out)
+    }
+
+    /// Writes `values` into every local tensor except `skip`'s.
+    fn write_all(&self, tensors: &[Tensor], values: &[f32], skip: Option<usize>) -> Result<()> {
+        per_device(tensors.len(), |i| {
+            if skip == Some(i) {
+                return Ok(());
+            }
+            tensors[i].assign(&Tensor::from_vec(values.to_vec(), tensors[i].shape().clone(), &self.devices[i])?)
+        })?;
+        self.count((tensors.len() - usize::from(skip.is_some())) * values.len());
+        Ok(())
+    }
+
+    /// The reduction over every device of every process, on the host.
+    fn reduce_to_host(&self, tensors: &[Tensor], op: ReduceKind) -> Result<Vec<f32>> {
+        let mut sum = tree_sum(self.download_all(tensors)?)?;
+        self.count(sum.len());
+        self.group.all_reduce(&mut sum, self.order)?;
+        if op == ReduceKind::Mean {
+            let n = self.span.1 as f32;
+            sum.iter_mut().for_each(|x| *x /= n);
+        }
+        Ok(sum)
+    }
+}
+
+impl Communicator for Hierarchical {
+    fn name(&self) -> &'static str {
+        "hierarchical"
+    }
+    fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    fn all_reduce(&self, tensors: &[Tensor], op: ReduceKind) -> Result<()> {
+        check_group("all_reduce", &self.devices, tensors, true)?;
+        no_grad(|| {
+            let sum = self.reduce_to_host(tensors, op)?;
+            self.write_all(tensors, &sum, None)
+        })
+    }
+
+    /// Every tensor of every process takes rank 0's `tensors[root]` (`root` indexes the
+    /// process's own devices; rank 0's is the one that counts).
+    fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()> {
+        check_group("broadcast", &self.devices, tensors, true)?;
+        check_root("broadcast", root, tensors.len())?;
+        no_grad(|| {
+            let mut values = if self.group.rank() == 0 { tensors[root].to_vec()? } else { vec![0.0; tensors[root].numel()] };
+            self.count(values.len());
+            self.group.broadcast(&mut values, 0)?;
+            self.write_all(tensors, &values, (self.group.rank() == 0).then_some(root))
+        })
+    }
+
+    /// The concatenation along dim 0 over every device of every process, rank-major.
+    fn all_gather(&self, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+        check_group("all_gather", &self.devices, tensors, false)?;
+        no_grad(|| {
+            let local = self.download_all(tensors)?.concat();
+            let row: usize = tensors[0].dims()[1..].iter().product();
+            let parts = self.group.all_gather(&local)?;
+            self.count(parts.iter().map(Vec::len).sum());
+            if let Some((r, p)) = parts.iter().enumerate().find(|(_, p)| p.len() % row.max(1) != 0) {
+                return Err(Error::shape("all_gather", format!("rank {r} sent {} values, not whole rows of {:?}", p.len(), &tensors[0].dims()[1..])));
+            }
+            let whole = parts.concat();
+            let mut shape = tensors[0].dims().to_vec();
+            shape[0] = whole.len() / row.max(1);
+            let out = per_device(tensors.len(), |i| Tensor::from_vec(whole.clone(), shape.clone(), &self.devices[i]))?;
+            self.count(tensors.len() * whole.len());
+            Ok(out)
+        })
+    }
+
+    /// Block `g` of the reduction goes to the device of global index `g`. The whole reduction
+    /// crosses the host (no scatter-reduce across processes): simple, not bandwidth-optimal.
+    fn reduce_scatter(&self, tensors: &[Tensor], op: ReduceKind) -> Result<Vec<Tensor>> {
+        check_group("reduce_scatter", &self.devices, tensors, true)?;
+        let (first, total) = self.span;
+        let dims = tensors[0].dims().to_vec();
+        if dims[0] < total {
+            return Err(Error::shape("reduce_scatter", format!("{dims:?} has fewer rows than the {total} devices of all processes")));
+        }
+        no_grad(|| {
+            let sum = self.reduce_to_host(tensors, op)?;
+            let row = sum.len() / dims[0];
+            let blocks = super::even_ranges(dims[0], total);
+            per_device(tensors.len(), |i| {
+                let b = &blocks[first + i];
+                let mut shape = dims.clone();
+                shape[0] = b.len();
+                self.count(b.len() * row);
+                Tensor::from_vec(sum[b.start * row..b.end * row].to_vec(), shape, &self.devices[i])
+            })
+        })
+    }
+
+    /// A copy within this process (to another rank, use the group's `send`/`recv`).
+    fn send_recv(&self, src: &Tensor, dst: &Device) -> Result<Tensor> {
+        let values = src.to_vec()?;
+        self.count(2 * values.len());
+        Tensor::from_vec(values, src.shape().clone(), dst)
+    }
+
+    fn bytes_moved(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    fn device_span(&self) -> (usize, usize) {
+        self.span
+    }
+
+    /// Gathers every rank's parts (their indices, then their values), then sums as in one
+    /// process: the same tree over the same indices.
+    fn sum_by_index(&self, parts: Vec<(usize, Vec<f32>)>) -> Result<Vec<f32>> {
+        let indices: Vec<u64> = parts.iter().map(|p| p.0 as u64).collect();
+        let flat: Vec<f32> = parts.into_iter().flat_map(|p| p.1).collect();
+        let all_indices = self.group.all_gather_u64(&indices)?;
+        let all_flat = self.group.all_gather(&flat)?;
+        self.count(all_flat.iter().map(Vec::len).sum());
+        let mut all = Vec::new();
+        for (rank, (ks, values)) in all_indices.iter().zip(&all_flat).enumerate() {
+            if ks.is_empty() {
+                continue;
+            }
+            if values.len() % ks.len() != 0 {
+                return Err(Error::shape("sum_by_index", format!("rank {rank} sent {} values for {} parts", values.len(), ks.len())));
+            }
+            let len = values.len() / ks.len();
+            all.extend(ks.iter().enumerate().map(|(j, &k)| (k as usize, values[j * len..(j + 1) * len].to_vec())));
+        }
+        all.sort_by_key(|p| p.0);
+        tree_sum(all.into_iter().map(|p| p.1).collect())
+    }
+}

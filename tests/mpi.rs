@@ -1,0 +1,186 @@
+//! Many processes under `mpirun` (cargo feature `mpi`): examples/dist_train across 2 and 3
+//! processes trains as one process does, deterministic mode is bit-identical across process
+//! and device layouts, and a rank that panics, is killed or stops answering ends the whole
+//! job within 30 s with a non-zero exit and a message naming a rank.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// One job at a time: the ranks of two jobs would share two cores and the fault tests time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The example binary, built once with this test's features.
+fn example() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let features: Vec<&str> = [("wgpu", cfg!(feature = "wgpu")), ("cli", cfg!(feature = "cli")), ("cuda", cfg!(feature = "cuda")), ("nccl", cfg!(feature = "nccl")), ("mpi", true)]
+            .iter()
+            .filter(|f| f.1)
+            .map(|f| f.0)
+            .collect();
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "--example", "dist_train", "--no-default-features", "--features", &features.join(",")]);
+        build.arg("--manifest-path").arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo runs");
+        assert!(status.success(), "building examples/dist_train failed");
+        profile_dir.join("examples").join("dist_train")
+    })
+}
+
+/// What a job printed and how it ended.
+struct Job {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+/// Runs `cmd` to completion, or fails the test after `limit` (killing it), so nothing hangs.
+fn run(mut cmd: Command, limit: Duration, envs: &[(&str, &str)]) -> Job {
+    let dir = std::env::temp_dir().join(format!("tandem-mpi-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (out, err) = (dir.join("stdout"), dir.join("stderr"));
+    cmd.envs(envs.iter().copied()).stdin(Stdio::null());
+    cmd.stdout(std::fs::File::create(&out).unwrap()).stderr(std::fs::File::create(&err).unwrap());
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("the job starts (is Open MPI's mpirun installed?)");
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit {
+            // SIGTERM first: mpirun forwards it to its ranks, which SIGKILL would orphan.
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            std::thread::sleep(Duration::from_secs(3));
+            let _ = child.kill();
+            let _ = child.wait();
+            let text = std::fs::read_to_string(&err).unwrap_or_default();
+            panic!("{cmd:?} did not end within {limit:?}; stderr:\n{text}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let job = Job { ok: status.success(), stdout: std::fs::read_to_string(&out).unwrap(), stderr: std::fs::read_to_string(&err).unwrap(), took: start.elapsed() };
+    let _ = std::fs::remove_dir_all(&dir);
+    job
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `mpirun -np N` of the example (`tcp`: over TCP instead of shared memory, as across nodes).
+fn mpirun(np: usize, tcp: bool, args: &[&str]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
+    if tcp {
+        cmd.args(["--mca", "btl", "tcp,self"]);
+    }
+    cmd.arg(example()).args(args);
+    cmd
+}
+
+/// The example alone, without a launcher: a group of one.
+fn alone(args: &[&str]) -> Command {
+    let mut cmd = Command::new(example());
+    cmd.args(args);
+    cmd
+}
+
+/// A training run's losses (and their bits) per step, and its final weights.
+struct Run {
+    losses: Vec<f32>,
+    bits: Vec<u32>,
+    weights: Vec<f32>,
+    devices: u64,
+}
+
+fn train(cmd: impl FnOnce(&[&str]) -> Command, args: &[&str]) -> Run {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let path = std::env::temp_dir().join(format!("tandem-mpi-weights-{}-{}", std::process::id(), rand_suffix()));
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--weights-out", path.to_str().unwrap()]);
+    let job = run(cmd(&all), Duration::from_secs(300), &[]);
+    assert!(job.ok, "{args:?} failed:\n{}\n{}", job.stdout, job.stderr);
+    let lines: Vec<serde_json::Value> = job.stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let bytes = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    Run {
+        losses: lines.iter().map(|l| l["loss"].as_f64().unwrap() as f32).collect(),
+        bits: lines.iter().map(|l| l["loss_bits"].as_u64().unwrap() as u32).collect(),
+        weights: bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        devices: lines.first().map_or(0, |l| l["devices"].as_u64().unwrap()),
+    }
+}
+
+#[test]
+fn two_and_three_processes_train_as_one() {
+    let base = ["--devices", "cpu", "--steps", "10"];
+    let one = train(alone, &base);
+    assert_eq!(one.losses.len(), 10);
+    assert!(one.losses[9] < one.losses[0], "the reference run does not learn: {:?}", one.losses);
+    let cases = [(2, false, "cpu"), (3, true, "cpu"), (2, true, "cpu,cpu,cpu,cpu")];
+    for (np, tcp, devices) in cases {
+        let mut args = base.to_vec();
+        args[1] = devices;
+        let many = train(|a| mpirun(np, tcp, a), &args);
+        let what = format!("{np} processes (tcp: {tcp}, devices {devices})");
+        // The spec names one machine's devices: fewer than the processes are shared.
+        assert_eq!(many.devices as usize, devices.split(',').count().max(np), "{what}");
+        tandem::tolerance::assert_close(&format!("losses, {what}"), &many.losses, &one.losses, 1e-5, 1e-4);
+        tandem::tolerance::assert_close(&format!("weights, {what}"), &many.weights, &one.weights, 1e-5, 1e-4);
+    }
+}
+
+#[test]
+fn deterministic_mode_is_bit_identical_across_layouts() {
+    let args = |devices| ["--devices", devices, "--steps", "10", "--deterministic"];
+    let one = train(alone, &args("cpu"));
+    let layouts = [
+        ("1 process x 2 devices", train(alone, &args("cpu,cpu"))),
+        ("2 processes x 1 device", train(|a| mpirun(2, false, a), &args("cpu"))),
+        ("3 processes x 1 device over tcp", train(|a| mpirun(3, true, a), &args("cpu"))),
+    ];
+    for (what, run) in layouts {
+        assert_eq!(run.bits, one.bits, "{what}: losses {:?} against {:?}", run.losses, one.losses);
+        let same = run.weights.len() == one.weights.len() && run.weights.iter().zip(&one.weights).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what}: the final weights differ from 1 process x 1 device");
+    }
+}
+
+/// Runs a 2-process job whose last rank meets `fault` at step 3; it must end, failing, within
+/// 30 s, with `expect` in its output.
+fn fault_ends_the_job(fault: &str, tcp: bool, expect: &[&str]) {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    example();
+    let job = run(mpirun(2, tcp, &["--devices", "cpu", "--steps", "50", fault, "3"]), Duration::from_secs(90), &[("TANDEM_DIST_TIMEOUT_S", "5")]);
+    let output = format!("{}\n{}", job.stdout, job.stderr);
+    assert!(!job.ok, "{fault}: the job exited with success:\n{output}");
+    assert!(job.took < Duration::from_secs(30), "{fault}: the job took {:?} to end:\n{output}", job.took);
+    for e in expect {
+        assert!(output.contains(e), "{fault}: the output does not say {e:?}:\n{output}");
+    }
+}
+
+#[test]
+fn a_panicking_rank_ends_the_job() {
+    fault_ends_the_job("--panic-at", false, &["rank 1 of 2 panicked", "injected panic"]);
+}
+
+#[test]
+fn a_killed_rank_ends_the_job() {
+    // Open MPI's mpirun sees the rank die and ends the others; its message names the rank.
+    fault_ends_the_job("--kill-at", true, &["rank 1"]);
+}
+
+#[test]
+fn a_rank_that_stops_answering_times_out() {
+    fault_ends_the_job("--hang-at", false, &["rank 0 of 2: all_reduce", "did not complete within 5.0 s"]);
+}
