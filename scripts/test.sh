@@ -14,6 +14,15 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri >/dev/null
 fi
 
+# Open MPI and libclang for the `mpi` feature (rsmpi's bindgen needs libclang; tests/mpi.rs
+# runs mpirun).
+if ! command -v mpirun >/dev/null 2>&1 || ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
+  echo "test.sh: installing Open MPI and libclang (for the mpi feature)"
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev libclang-dev >/dev/null
+fi
+
 nvrtc_dir() {
   python3 - <<'PY' 2>/dev/null
 import glob, os, sys
@@ -38,7 +47,9 @@ if cargo tree -q --no-default-features --features wgpu -e normal | grep -Eq '^[^
   exit 1
 fi
 
-cargo test --features cuda,nccl "$@"
+# The mpi feature adds tests/mpi.rs (mpirun -np 2 and 3, shared memory and TCP) and the
+# dist_train example it launches.
+cargo test --features cuda,nccl,mpi "$@"
 
 # Second pass: the suites that run kernels on every device, with every wgpu adapter forced to
 # the hardware GPU profile (tiled matmuls, no subgroup or uniform-operand kernels), so that the

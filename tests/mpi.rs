@@ -24,9 +24,8 @@ fn example() -> &'static Path {
         let mut build = Command::new(env!("CARGO"));
         build.args(["build", "--example", "dist_train", "--no-default-features", "--features", &features.join(",")]);
         build.arg("--manifest-path").arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
+        // The profile this test was built in, so that the library is not built a second time.
+        build.args(["--profile", if profile_dir.ends_with("release") { "release" } else { "test" }]);
         let status = build.status().expect("cargo runs");
         assert!(status.success(), "building examples/dist_train failed");
         profile_dir.join("examples").join("dist_train")
@@ -155,12 +154,12 @@ fn deterministic_mode_is_bit_identical_across_layouts() {
     }
 }
 
-/// Runs a 2-process job whose last rank meets `fault` at step 3; it must end, failing, within
-/// 30 s, with `expect` in its output.
-fn fault_ends_the_job(fault: &str, tcp: bool, expect: &[&str]) {
+/// Runs a 2-process job whose last rank meets `fault` at step 3, with collectives timing out
+/// after `timeout_s`; it must end, failing, within 30 s, with `expect` in its output.
+fn fault_ends_the_job(fault: &str, tcp: bool, timeout_s: &str, expect: &[&str]) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     example();
-    let job = run(mpirun(2, tcp, &["--devices", "cpu", "--steps", "50", fault, "3"]), Duration::from_secs(90), &[("TANDEM_DIST_TIMEOUT_S", "5")]);
+    let job = run(mpirun(2, tcp, &["--devices", "cpu", "--steps", "50", fault, "3"]), Duration::from_secs(150), &[("TANDEM_DIST_TIMEOUT_S", timeout_s)]);
     let output = format!("{}\n{}", job.stdout, job.stderr);
     assert!(!job.ok, "{fault}: the job exited with success:\n{output}");
     assert!(job.took < Duration::from_secs(30), "{fault}: the job took {:?} to end:\n{output}", job.took);
@@ -171,16 +170,17 @@ fn fault_ends_the_job(fault: &str, tcp: bool, expect: &[&str]) {
 
 #[test]
 fn a_panicking_rank_ends_the_job() {
-    fault_ends_the_job("--panic-at", false, &["rank 1 of 2 panicked", "injected panic"]);
+    // A timeout longer than the test's 30 s: the panic hook, not the timeout, must end the job.
+    fault_ends_the_job("--panic-at", false, "120", &["rank 1 of 2 panicked", "injected panic"]);
 }
 
 #[test]
 fn a_killed_rank_ends_the_job() {
     // Open MPI's mpirun sees the rank die and ends the others; its message names the rank.
-    fault_ends_the_job("--kill-at", true, &["rank 1"]);
+    fault_ends_the_job("--kill-at", true, "120", &["rank 1"]);
 }
 
 #[test]
 fn a_rank_that_stops_answering_times_out() {
-    fault_ends_the_job("--hang-at", false, &["rank 0 of 2: all_reduce", "did not complete within 5.0 s"]);
+    fault_ends_the_job("--hang-at", false, "5", &["rank 0 of 2: all_reduce", "did not complete within the timeout (TANDEM_DIST_TIMEOUT_S = 5.0 s"]);
 }

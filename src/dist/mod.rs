@@ -131,9 +131,9 @@ impl Group {
             Inner::Mpi(w) => w.local_size,
         }
     }
-    /// The thread level MPI granted (`None` alone). tandem needs `Serialized`: collectives are
-    /// called from worker threads, one at a time; it asks for `Multiple` so that a panic hook
-    /// on any thread may call `MPI_Abort` while another waits in a collective.
+    /// The thread level MPI granted (`None` alone): always `Multiple`, which tandem requires
+    /// because its watchdog and panic hook call `MPI_Abort` from one thread while another
+    /// waits inside MPI (collectives themselves are issued one at a time).
     #[cfg(feature = "mpi")]
     pub fn threading(&self) -> Option<mpi::Threading> {
         match &self.inner {
