@@ -265,7 +265,7 @@ pub fn local_spec(spec: &str, rank: usize, size: usize) -> Result<String> {
     if n < size {
         return Ok(entries[rank % n].to_string());
     }
-    if n % size != 0 {
+    if !n.is_multiple_of(size) {
         return Err(Error::invalid(
             "dist::local_devices",
             format!("{n} devices in {spec:?} cannot be shared equally by the {size} processes on this machine; name a multiple of {size}, or fewer devices than processes"),
