@@ -139,6 +139,21 @@ fn two_and_three_processes_train_as_one() {
 }
 
 #[test]
+fn two_processes_on_wgpu_train_as_one() {
+    let Some(adapter) = tandem::Device::list().into_iter().find(|d| d.backend == tandem::BackendKind::Wgpu) else {
+        eprintln!("skipping: no wgpu adapter (or the wgpu feature is off)");
+        return;
+    };
+    eprintln!("wgpu:0 is {}", adapter.name);
+    let args = ["--devices", "wgpu:0", "--steps", "10"];
+    let one = train(alone, &args);
+    let two = train(|a| mpirun(2, false, a), &args);
+    assert_eq!(two.devices, 2);
+    tandem::tolerance::assert_close("losses, 2 processes on wgpu:0", &two.losses, &one.losses, 1e-5, 1e-4);
+    tandem::tolerance::assert_close("weights, 2 processes on wgpu:0", &two.weights, &one.weights, 1e-5, 1e-4);
+}
+
+#[test]
 fn deterministic_mode_is_bit_identical_across_layouts() {
     let args = |devices| ["--devices", devices, "--steps", "10", "--deterministic"];
     let one = train(alone, &args("cpu"));
