@@ -31,8 +31,10 @@ unsafe impl Sync for Comm {}
 /// The initialised MPI library and this process's place in it.
 pub(super) struct World {
     comm: Comm,
-    /// Held for each collective, so that threads of one process issue them in one order.
-    order: Mutex<()>,
+    /// Held for each collective, so that threads of one process issue them in one order; it
+    /// holds the all-reduce's send copy, kept between calls (a fresh buffer of many MiB costs
+    /// its page faults on every call).
+    order: Mutex<Vec<f32>>,
     watchdog: Arc<Watchdog>,
     pub rank: usize,
     pub size: usize,
@@ -73,13 +75,13 @@ impl World {
         drop(shared);
         install_panic_hook(rank, size);
         let watchdog = Watchdog::start(format!("rank {rank} of {size}"), timeout);
-        let w = Arc::new(World { comm: Comm(world), order: Mutex::new(()), watchdog, rank, size, local_rank, local_size, threading, _universe: universe });
+        let w = Arc::new(World { comm: Comm(world), order: Mutex::new(Vec::new()), watchdog, rank, size, local_rank, local_size, threading, _universe: universe });
         *slot = Arc::downgrade(&w);
         Ok(w)
     }
 
     /// Holds the collective order for the caller's collective.
-    fn lock(&self) -> MutexGuard<'_, ()> {
+    fn lock(&self) -> MutexGuard<'_, Vec<f32>> {
         self.order.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -112,8 +114,9 @@ impl World {
 
     pub fn all_reduce_mpi(&self, data: &mut [f32]) -> Result<()> {
         count("Group::all_reduce", data.len())?;
-        let send = data.to_vec();
-        let _order = self.lock();
+        let mut send = self.lock();
+        send.clear();
+        send.extend_from_slice(data);
         self.guarded(|| format!("all_reduce of {} floats", send.len()), |c| c.all_reduce_into(&send[..], data, mpi::collective::SystemOperation::sum()));
         Ok(())
     }
