@@ -305,9 +305,11 @@ impl Strategy for DataParallel {
         let trace = self.trace.as_ref();
         let (computed, reduced) = if self.cfg.deterministic {
             let shards = split::ranges(batch.len(), self.cfg.deterministic_shards.min(batch.len()), None)?;
-            let owned = match world == n {
-                true => split::ranges(shards.len(), n, self.split_weights.as_deref())?,
-                false => split::ranges(shards.len(), world, None)?[first..first + n].to_vec(),
+            // Across processes, micro-shards go to every process's devices in equal shares.
+            let owned = if world == n {
+                split::ranges(shards.len(), n, self.split_weights.as_deref())?
+            } else {
+                split::ranges(shards.len(), world, None)?[first..first + n].to_vec()
             };
             let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&i))).collect();
             (deterministic::run(&self.replicas, batch, &shards, &owned, &updates, self.loss, &*self.comm, trace)?, None)
