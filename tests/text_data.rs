@@ -82,7 +82,7 @@ fn validation_windows_come_from_the_validation_split() -> Result<()> {
 #[test]
 fn a_split_too_short_for_the_block_is_an_error() -> Result<()> {
     let c = TextCorpus::from_text(&"abcdefghij".repeat(3), "short.txt")?;
-    let err = c.batch(Split::Val, 1, 3, &mut rng(0)).err().expect("3 validation tokens for a window of 3");
+    let err = c.batch(Split::Val, 1, 3, &mut rng(0)).expect_err("3 validation tokens for a window of 3");
     assert!(err.to_string().contains("short.txt") && err.to_string().contains("Val"), "{err}");
     assert!(c.batch(Split::Train, 0, 3, &mut rng(0)).is_err());
     assert!(c.batch(Split::Train, 1, 0, &mut rng(0)).is_err());
@@ -151,8 +151,11 @@ fn a_text_file_loads_and_its_errors_name_the_path() -> Result<()> {
     Ok(())
 }
 
+/// A tensor's name, values and shape.
+type Named = (&'static str, Vec<i64>, Vec<usize>);
+
 /// A safetensors file of I64 tensors, written by the safetensors crate (tandem writes F32 and I32).
-fn write_i64(path: &PathBuf, tensors: &[(&str, Vec<i64>, Vec<usize>)]) {
+fn write_i64(path: &PathBuf, tensors: &[Named]) {
     let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, v, _)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
     let views: Vec<(&str, safetensors::tensor::TensorView)> =
         tensors.iter().zip(&bytes).map(|((n, _, s), b)| (*n, safetensors::tensor::TensorView::new(safetensors::Dtype::I64, s.clone(), b).unwrap())).collect();
@@ -184,7 +187,7 @@ fn token_windows_load_from_i64_and_i32() -> Result<()> {
 
 #[test]
 fn bad_token_files_are_errors_naming_the_path() {
-    let cases: Vec<(&str, Vec<(&str, Vec<i64>, Vec<usize>)>)> = vec![
+    let cases: Vec<(&str, Vec<Named>)> = vec![
         ("no_y", vec![("x", vec![1, 2], vec![1, 2])]),
         ("shapes", vec![("x", vec![1, 2], vec![1, 2]), ("y", vec![1, 2], vec![2, 1])]),
         ("rank", vec![("x", vec![1, 2], vec![2]), ("y", vec![1, 2], vec![2])]),
@@ -204,7 +207,7 @@ fn bad_token_files_are_errors_naming_the_path() {
     let one_row = scratch("one_row.safetensors");
     write_i64(&one_row, &[("x", vec![1, 2], vec![1, 2]), ("y", vec![2, 3], vec![1, 2])]);
     let w = TokenWindows::load(&one_row).unwrap();
-    let err = w.batch(Split::Train, 1, &mut rng(0)).err().expect("no training rows");
+    let err = w.batch(Split::Train, 1, &mut rng(0)).expect_err("no training rows");
     assert!(err.to_string().contains("one_row.safetensors"), "{err}");
     assert!(matches!(TokenWindows::load(scratch("absent.safetensors")), Err(Error::Io { .. })));
 }

@@ -241,7 +241,7 @@ pub fn builtin_text(seed: u64, chars: usize) -> String {
     text
 }
 
-const NAMES: [&str; 8] = ["ada", "bram", "cora", "dov", "elin", "finn", "gus", "hana"];
+const NAMES: [&str; 8] = ["Ada", "Bram", "Cora", "Dov", "Elin", "Finn", "Gus", "Hana"];
 const ADJECTIVES: [&str; 8] = ["old", "young", "red", "small", "quiet", "brave", "grey", "tall"];
 /// (singular, plural)
 const NOUNS: [(&str, &str); 8] = [
@@ -303,7 +303,7 @@ impl Grammar {
             0..=4 => format!("{}.", self.clause()),
             5 | 6 => format!("{}, {}.", self.pick(&TIMES), self.clause()),
             7 | 8 => {
-                let name = capitalise(self.pick(&NAMES));
+                let name = self.pick(&NAMES);
                 let said = self.pick(&["said", "asked", "sang"]);
                 let end = if said == "asked" { "?" } else { "!" };
                 format!("{name} {said}, \"{}{end}\"", capitalise(&self.clause()))

@@ -148,9 +148,12 @@ impl Module for Gpt {
     }
     /// A strict load of the parameters; `lm_head.weight` may be left out (a checkpoint of
     /// `parameters()`), and when given must equal `transformer.wte.weight`, since they are
-    /// one tensor here.
+    /// one tensor here. The causal-mask buffers `h.{i}.attn.bias` `[1, 1, block, block]` that
+    /// nanoGPT keeps on PyTorch < 2 are constants, and skipped.
     fn load_state_dict(&self, state: &[(String, Tensor)]) -> Result<()> {
-        let (head, rest): (Vec<_>, Vec<_>) = state.iter().cloned().partition(|(n, _)| n == "lm_head.weight");
+        let mask = |(n, t): &(String, Tensor)| n.ends_with(".attn.bias") && t.rank() == 4;
+        let state: Vec<(String, Tensor)> = state.iter().filter(|p| !mask(p)).cloned().collect();
+        let (head, rest): (Vec<_>, Vec<_>) = state.into_iter().partition(|(n, _)| n == "lm_head.weight");
         crate::nn::load_into(&self.parameters(), &rest)?;
         if let Some((_, head)) = head.first() {
             let wte = self.lm_head();

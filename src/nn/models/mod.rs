@@ -3,7 +3,7 @@
 mod generate;
 mod gpt;
 
-pub use gpt::{Gpt, GptConfig};
+pub use gpt::{Block, Blocks, Gpt, GptConfig, Transformer};
 
 use super::{Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential};
 use crate::{Device, Error, Result};
