@@ -144,6 +144,7 @@ macro_rules! parity_tests {
 parity_tests! {
     parity_with_pytorch_cpu => (Cpu, 0),
     parity_with_pytorch_wgpu_0 => (Wgpu, 0),
+    parity_with_pytorch_wgpu_1 => (Wgpu, 1),
     parity_with_pytorch_cuda_0 => (Cuda, 0),
 }
 
