@@ -11,6 +11,7 @@ mod loader;
 pub mod mnist;
 pub mod synthetic;
 pub mod tensor_file;
+pub mod text;
 
 pub use loader::{DataLoader, LoaderState};
 
