@@ -37,7 +37,7 @@ fn clips_to_max_norm_as_pytorch() {
         let norm = clip_grad_norm(&p, 1.0).unwrap();
         assert_eq!(norm, 5.0, "on {dev}");
         let g = grads(&p).concat();
-        assert_close(&format!("clipped on {dev}"), &g, &[0.5999999046325684, 0.7999998331069946], 0.0, 1e-7);
+        assert_close(&format!("clipped on {dev}"), &g, &[0.5999999, 0.79999983], 0.0, 1e-7);
         // Three tensors, 3^2 + 4^2 + 12^2 = 13^2, with a parameter that has no gradient.
         let mut p = with_grads(&[&[3.0, 4.0], &[12.0]], &dev);
         p.push(("frozen".into(), Tensor::zeros([3], &dev).unwrap()));

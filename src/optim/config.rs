@@ -102,8 +102,11 @@ pub enum GroupRule {
     /// The first pattern found in the parameter's name gives its group; no match: group 0.
     NameContains(Vec<(String, usize)>),
     /// Any rule; `label` stands for it in `Debug` output and run configs.
-    Custom { label: String, rule: Arc<dyn Fn(&str, &Tensor) -> usize + Send + Sync> },
+    Custom { label: String, rule: GroupFn },
 }
+
+/// A custom group rule: parameter name and tensor to group index.
+pub type GroupFn = Arc<dyn Fn(&str, &Tensor) -> usize + Send + Sync>;
 
 impl fmt::Debug for GroupRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -6,7 +6,7 @@ mod config;
 mod schedule;
 
 pub use clip::{clip_grad_norm, clip_scale, grad_norm_sq, scale_grads};
-pub use config::{GroupRule, OptimConfig, OptimKind, ParamGroup, ParamGroups};
+pub use config::{GroupFn, GroupRule, OptimConfig, OptimKind, ParamGroup, ParamGroups};
 pub use schedule::LrSchedule;
 
 use crate::autograd::no_grad;

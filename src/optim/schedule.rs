@@ -80,6 +80,7 @@ impl LrSchedule {
     pub fn check(&self) -> Result<()> {
         let bad = |detail: String| Err(Error::invalid("LrSchedule", format!("{detail} in {self:?}")));
         let rate = |x: f32| x.is_finite() && x >= 0.0;
+        let factor = |x: f32| x.is_finite() && x > 0.0;
         match *self {
             LrSchedule::Constant { lr } if !rate(lr) => bad(format!("lr must be finite and >= 0, got {lr}")),
             LrSchedule::Step { lr, step_size, gamma } if !rate(lr) || !rate(gamma) || step_size == 0 => {
@@ -90,7 +91,7 @@ impl LrSchedule {
             }
             LrSchedule::OneCycle { max_lr, total_steps, pct_start, div_factor, final_div_factor } => {
                 let peak = pct_start as f64 * total_steps as f64 - 1.0;
-                if !rate(max_lr) || !(div_factor > 0.0 && div_factor.is_finite()) || !(final_div_factor > 0.0 && final_div_factor.is_finite()) {
+                if !rate(max_lr) || !factor(div_factor) || !factor(final_div_factor) {
                     bad("max_lr must be finite and >= 0, div_factor and final_div_factor finite and > 0".into())
                 } else if !(0.0..1.0).contains(&pct_start) || peak <= 0.0 || peak >= total_steps as f64 - 1.0 {
                     bad(format!("pct_start {pct_start} of {total_steps} steps leaves a phase with no steps"))
