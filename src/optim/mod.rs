@@ -10,9 +10,9 @@ pub use config::{GroupFn, GroupRule, OptimConfig, OptimKind, ParamGroup, ParamGr
 pub use schedule::LrSchedule;
 
 use crate::autograd::no_grad;
-use config::Resolved;
 use crate::backend::OptimStep;
 use crate::{Error, Result, Tensor};
+use config::Resolved;
 
 /// Updates parameters from their gradients.
 pub trait Optimizer: Send {
