@@ -12,7 +12,7 @@ use tandem::tolerance::assert_close;
 use tandem::Device;
 
 fn opt() -> OptimConfig {
-    OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
+    OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
 }
 
 fn batches() -> Vec<Batch> {

@@ -67,12 +67,12 @@ fn check_strategies(opt: OptimConfig) {
 
 #[test]
 fn placement_and_tensor_parallel_match_single_with_sgd_momentum() {
-    check_strategies(OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() }));
+    check_strategies(OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() }));
 }
 
 #[test]
 fn placement_and_tensor_parallel_match_single_with_adam() {
-    check_strategies(OptimConfig::Adam(AdamConfig { lr: 1e-3, ..Default::default() }));
+    check_strategies(OptimConfig::adam(AdamConfig { lr: 1e-3, ..Default::default() }));
 }
 
 fn rng() -> rand_chacha::ChaCha8Rng {
@@ -125,7 +125,7 @@ fn column_and_row_parallel_equal_linear_on_odd_sizes() {
 
 #[test]
 fn tensor_parallel_state_round_trips_under_the_original_names() {
-    let opt = OptimConfig::Adam(AdamConfig::default());
+    let opt = OptimConfig::adam(AdamConfig::default());
     let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
     let mut tp = TensorParallel::new(&model, &devices(3), &opt, Loss::CrossEntropy).unwrap();
     let names = |s: Vec<(String, Tensor)>| s.into_iter().map(|(n, t)| (n, t.dims().to_vec())).collect::<Vec<_>>();
@@ -152,7 +152,7 @@ fn tensor_parallel_state_round_trips_under_the_original_names() {
 #[test]
 fn placement_errors_and_predict() {
     let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
-    let opt = OptimConfig::Sgd(SgdConfig::default());
+    let opt = OptimConfig::sgd(SgdConfig::default());
     let err = LayerPlacement::new(&model, &devices(2), Split::At(vec![10]), &opt, Loss::CrossEntropy).err().unwrap().to_string();
     assert!(err.contains("split points"), "{err}");
     let lp = LayerPlacement::new(&model, &devices(3), Split::At(vec![3, 8]), &opt, Loss::CrossEntropy).unwrap();
@@ -171,7 +171,7 @@ fn strategies_on_the_models_own_device_leave_the_model_untouched() {
     let dev = devices(1).remove(0);
     let model = SeedModel::Cnn.build(3, &dev).unwrap();
     let before: Vec<Vec<f32>> = model.parameters().iter().map(|(_, t)| t.to_vec().unwrap()).collect();
-    let opt = OptimConfig::Sgd(SgdConfig { lr: 0.1, ..Default::default() });
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.1, ..Default::default() });
     let mut lp = LayerPlacement::new(&model, &[dev.clone(), dev.clone()], Split::At(vec![5]), &opt, Loss::CrossEntropy).unwrap();
     let mut tp = TensorParallel::new(&model, &[dev.clone(), dev.clone()], &opt, Loss::CrossEntropy).unwrap();
     let batch = &batches(4, 1)[0];

@@ -25,7 +25,7 @@ fn devices(n: usize) -> Vec<Device> {
 }
 
 fn opt() -> OptimConfig {
-    OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
+    OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
 }
 
 fn batches(n: usize, steps: usize) -> Vec<Batch> {

@@ -211,9 +211,9 @@ pub fn optim_config(args: &TrainArgs) -> Result<OptimConfig> {
             if !(args.momentum.is_finite() && (0.0..1.0).contains(&args.momentum)) {
                 return Err(Error::invalid("--momentum", format!("must be in [0, 1), got {}", args.momentum)));
             }
-            OptimConfig::Sgd(SgdConfig { lr, momentum: args.momentum, ..Default::default() })
+            OptimConfig::sgd(SgdConfig { lr, momentum: args.momentum, ..Default::default() })
         }
-        OptimizerKind::Adam => OptimConfig::Adam(AdamConfig { lr, ..Default::default() }),
+        OptimizerKind::Adam => OptimConfig::adam(AdamConfig { lr, ..Default::default() }),
     })
 }
 

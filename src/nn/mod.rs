@@ -1,5 +1,6 @@
 //! Neural-network layers: the `Module` trait, `Sequential`, the layers and the seed models.
 mod activation;
+pub mod init;
 mod layers;
 pub mod models;
 mod norm;

@@ -126,7 +126,7 @@ struct Computed {
 /// use tandem::Device;
 /// let devices: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
 /// let model = SeedModel::Cnn.build(0, &devices[0])?;
-/// let opt = OptimConfig::Sgd(SgdConfig::default());
+/// let opt = OptimConfig::sgd(SgdConfig::default());
 /// let mut dp = DataParallel::new(&model, &devices, &opt, Loss::CrossEntropy, DataParallelConfig::default())?;
 /// let data = tandem::data::synthetic::seed_images(6, 1)?;
 /// let report = dp.step(&data.batch(&[0, 1, 2, 3, 4, 5])?)?;

@@ -21,7 +21,8 @@ pub use tensor_parallel::{ColumnParallelLinear, RowParallelLinear, TensorParalle
 
 use crate::data::{Batch, Targets};
 use crate::nn::{Module, Sequential};
-use crate::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use crate::optim::Optimizer;
+pub use crate::optim::OptimConfig;
 use crate::{Device, Error, Result, Tensor};
 use std::time::Instant;
 
@@ -64,22 +65,6 @@ pub fn batch_to_device(batch: &Batch, device: &Device) -> Result<(Tensor, Tensor
         }
     };
     Ok((x, y))
-}
-
-/// Optimizer choice and settings; each device's replica or stage builds its own from it.
-#[derive(Clone, Copy, Debug)]
-pub enum OptimConfig {
-    Sgd(SgdConfig),
-    Adam(AdamConfig),
-}
-
-impl OptimConfig {
-    pub fn build(&self, params: Vec<(String, Tensor)>) -> Result<Box<dyn Optimizer>> {
-        Ok(match *self {
-            OptimConfig::Sgd(c) => Box::new(Sgd::new(params, c)?),
-            OptimConfig::Adam(c) => Box::new(Adam::new(params, c)?),
-        })
-    }
 }
 
 /// What one optimizer step measured.

@@ -286,7 +286,7 @@ pub(crate) fn load_stage_opt_state(stages: &mut [Stage], state: &[(String, Tenso
 /// use tandem::parallel::{LayerPlacement, Loss, OptimConfig, Split, Strategy};
 /// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
 /// let model = tandem::nn::models::SeedModel::Cnn.build(0, &dev())?;
-/// let opt = OptimConfig::Sgd(Default::default());
+/// let opt = OptimConfig::sgd(Default::default());
 /// let mut lp = LayerPlacement::new(&model, &[dev(), dev()], Split::At(vec![6]), &opt, Loss::CrossEntropy)?;
 /// let data = tandem::data::synthetic::seed_images(4, 0)?;
 /// let report = lp.step(&data.batch(&[0, 1, 2, 3])?)?;
@@ -305,7 +305,7 @@ pub struct LayerPlacement {
 impl LayerPlacement {
     pub fn new(model: &Sequential, devices: &[Device], split: Split, opt: &OptimConfig, loss: Loss) -> Result<Self> {
         let stages = build_stages(model, devices, &split, opt)?;
-        Ok(LayerPlacement { stages, opt: *opt, loss, balance_pending: split == Split::Auto, trace: None })
+        Ok(LayerPlacement { stages, opt: opt.clone(), loss, balance_pending: split == Split::Auto, trace: None })
     }
     /// The layer range of each stage, in device order.
     pub fn ranges(&self) -> Vec<Range<usize>> {

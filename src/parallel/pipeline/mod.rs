@@ -48,7 +48,7 @@ pub struct PipelineStats {
 /// use tandem::parallel::{Loss, OptimConfig, Split, Strategy};
 /// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
 /// let model = tandem::nn::models::SeedModel::Cnn.build(0, &dev())?;
-/// let opt = OptimConfig::Sgd(Default::default());
+/// let opt = OptimConfig::sgd(Default::default());
 /// let mut pipe = Pipeline::new(&model, &[dev(), dev()], Split::At(vec![6]), 2, Schedule::OneFOneB, &opt, Loss::CrossEntropy, PipelineConfig::default())?;
 /// let data = tandem::data::synthetic::seed_images(4, 0)?;
 /// pipe.step(&data.batch(&[0, 1, 2, 3])?)?;
@@ -94,7 +94,7 @@ impl Pipeline {
             micro_batches,
             schedule,
             plan,
-            opt: *opt,
+            opt: opt.clone(),
             loss,
             cfg,
             balance_pending: split == Split::Auto,
