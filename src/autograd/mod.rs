@@ -18,6 +18,11 @@ pub enum GradOp {
     Binary(BinaryOp),
     Sum { axis: usize },
     Max { axis: usize },
+    /// Softmax along `axis`: PyTorch's fused gradient `y (g - sum(g y))`.
+    Softmax { axis: usize },
+    /// `x Φ(x)` and `x sigmoid(x)` with PyTorch's fused gradients (see rules.rs).
+    Gelu,
+    Silu,
     Reshape,
     Permute(Vec<usize>),
     Expand,

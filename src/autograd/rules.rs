@@ -41,6 +41,22 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             let count = mask.sum(*axis as isize, true)?;
             vec![Some(mask.mul(&g.reshape(kd)?.div(&count)?)?)]
         }
+        // in PyTorch's order, so that a zero gradient has its sign (that of g - sum(g y))
+        GradOp::Softmax { axis } => {
+            let a = *axis as isize;
+            vec![Some(out.mul(&g.sub(&g.mul(out)?.sum(a, true)?)?)?)]
+        }
+        // g (Φ(x) + x φ(x)) and g s (1 + x (1 - s)), s = sigmoid(x), as PyTorch computes them:
+        // the composition's g Φ + (g x) φ would overflow at g x where the result does not
+        GradOp::Gelu => {
+            let cdf = x.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?;
+            let pdf = x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2)?;
+            vec![Some(g.mul(&cdf.add(&x.mul(&pdf)?)?)?)]
+        }
+        GradOp::Silu => {
+            let s = x.sigmoid()?;
+            vec![Some(g.mul(&s)?.mul(&x.mul(&s.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)?)]
+        }
         GradOp::Reshape => vec![Some(g.reshape(x.shape().clone())?)],
         GradOp::Permute(perm) => {
             let mut inv = vec![0; perm.len()];

@@ -40,10 +40,13 @@ impl Tensor {
     }
     /// `mean(max(x, 0) - x·y + log(1 + e^(-|x|)))`: binary cross-entropy of logits `x` against
     /// probabilities `y` of the same shape, stable for large |x| (PyTorch's `BCEWithLogitsLoss`).
+    /// `max(x, 0)` is `x/2 + |x|/2`, whose gradient at 0 is 1/2, so that the gradient is
+    /// `sigmoid(x) - y` at 0 too (relu's 0 there would give `-y`).
     pub fn bce_with_logits(&self, target: &Tensor) -> Result<Tensor> {
         same_shape("bce_with_logits", self, target)?;
-        let soft = self.abs()?.neg()?.exp()?.add_scalar(1.0)?.log()?;
-        self.relu()?.sub(&self.mul(target)?)?.add(&soft)?.mean_all()
+        let a = self.abs()?;
+        let soft = a.neg()?.exp()?.add_scalar(1.0)?.log()?;
+        self.mul_scalar(0.5)?.add(&a.mul_scalar(0.5)?)?.sub(&self.mul(target)?)?.add(&soft)?.mean_all()
     }
     /// Mean absolute error (`L1Loss`).
     pub fn l1_loss(&self, target: &Tensor) -> Result<Tensor> {
@@ -58,8 +61,12 @@ impl Tensor {
         }
         let d = self.sub(target)?;
         let ad = d.abs()?;
-        let near = Tensor::full(delta, Shape(vec![]), self.device())?.gt(&ad)?;
-        d.square()?.mul_scalar(0.5)?.where_(&near, &ad.affine(delta, -0.5 * delta * delta)?)?.mean_all()
+        // NaN counts as near: PyTorch's gradient there is g·d = NaN
+        let nan = ad.eq_elem(&ad)?.affine(-1.0, 1.0)?;
+        let near = Tensor::full(delta, Shape(vec![]), self.device())?.gt(&ad)?.add(&nan)?;
+        // the square of d only where chosen: an infinite d's 0 gradient there would meet 2d = inf
+        let dn = d.where_(&near, &Tensor::zeros(Shape(vec![]), self.device())?)?;
+        dn.square()?.mul_scalar(0.5)?.where_(&near, &ad.affine(delta, -0.5 * delta * delta)?)?.mean_all()
     }
 }
 
