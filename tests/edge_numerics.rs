@@ -41,9 +41,9 @@ impl Op {
     const fn atol(self, atol: f32) -> Op {
         Op { atol, ..self }
     }
-    /// For gradients PyTorch computes by a fused formula (silu's `g s (1 + x (1 - s))`) where
-    /// tandem's autograd adds up the paths through a composition (`g s + g x s (1 - s)`): a zero
-    /// gradient's sign is an accident of the order of operations.
+    /// For gradients PyTorch computes by a fused formula where tandem's autograd adds up the
+    /// paths through a composition (gelu_tanh): a zero gradient's sign is an accident of the
+    /// order of operations.
     const fn any_zero_sign_in_grads(self) -> Op {
         Op { grad_zero_sign: false, ..self }
     }
@@ -153,10 +153,9 @@ const OPS: &[Op] = &[
     op("clamp", 0.0, 0.0, |x, a| one(x[0].clamp(opt(a, "min"), opt(a, "max")))),
     op("where", 0.0, 1e-6, |x, _| one(x[0].where_(&x[1], &x[2]))),
     op("masked_fill", 0.0, 0.0, |x, a| one(x[0].masked_fill(&x[1], f(a, "value")))),
-    // a sum of squares of centred values; the gradient, 2(x - mean)/(n - c) in PyTorch, is
-    // that of values shifted by the first (so a zero's sign differs)
-    op("var", 1e-5, 1e-5, |x, a| one(x[0].var(i(a, "axis"), u(a, "correction"), b(a, "keepdim")))).atol(1e-6).any_zero_sign_in_grads(),
-    op("std", 1e-5, 1e-5, |x, a| one(x[0].std(i(a, "axis"), u(a, "correction"), b(a, "keepdim")))).atol(1e-6).any_zero_sign_in_grads(),
+    // a sum of squares of centred values
+    op("var", 1e-5, 1e-5, |x, a| one(x[0].var(i(a, "axis"), u(a, "correction"), b(a, "keepdim")))).atol(1e-6),
+    op("std", 1e-5, 1e-5, |x, a| one(x[0].std(i(a, "axis"), u(a, "correction"), b(a, "keepdim")))).atol(1e-6),
     op("mean_axes", 1e-6, 1e-6, |x, a| one(x[0].mean_axes(&a["axes"].as_array().expect("axes").iter().map(|v| v.as_i64().expect("axis") as isize).collect::<Vec<_>>()))),
     op("stack", 0.0, 0.0, |x, a| one(Tensor::stack(x, u(a, "dim")))),
     op("unsqueeze", 0.0, 0.0, |x, a| one(x[0].unsqueeze(i(a, "dim")))),

@@ -20,6 +20,8 @@ pub enum GradOp {
     Max { axis: usize },
     /// Softmax along `axis`: PyTorch's fused gradient `y (g - sum(g y))`.
     Softmax { axis: usize },
+    /// Variance (or, if `std`, standard deviation) along `axis`, PyTorch's fused gradient.
+    Var { axis: usize, correction: usize, std: bool },
     /// `x Φ(x)` and `x sigmoid(x)` with PyTorch's fused gradients (see rules.rs).
     Gelu,
     Silu,

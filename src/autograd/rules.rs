@@ -53,6 +53,22 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             let pdf = x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2)?;
             vec![Some(g.mul(&cdf.add(&x.mul(&pdf)?)?)?)]
         }
+        // PyTorch's var_backward, (2 / (n - c)) g (x - mean), after std's g / (2 std), 0 where
+        // std is 0
+        GradOp::Var { axis, correction, std } => {
+            let g = g.reshape(keepdim(x.shape(), *axis))?;
+            let g = if *std {
+                let zero = Tensor::zeros(Shape(vec![]), g.device())?;
+                let out = out.reshape(g.shape().clone())?;
+                g.div(&out.mul_scalar(2.0)?)?.where_(&out.eq_elem(&zero)?.affine(-1.0, 1.0)?, &zero)?
+            } else {
+                g
+            };
+            let n = x.dims()[*axis] as f32;
+            // the mean as PyTorch's, sum / n, so that x - mean is 0 with its sign where it is
+            let mean = x.sum(*axis as isize, true)?.div(&Tensor::full(n, Shape(vec![]), g.device())?)?;
+            vec![Some(g.mul_scalar(2.0 / (n - *correction as f32))?.mul(&x.sub(&mean)?)?)]
+        }
         GradOp::Silu => {
             let s = x.sigmoid()?;
             vec![Some(g.mul(&s)?.mul(&x.mul(&s.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)?)]

@@ -76,43 +76,45 @@ impl Tensor {
         }
         t.div(&Tensor::full(n as f32, Shape(vec![]), self.device())?)
     }
-    /// Variance over `axis` with Bessel's `correction` (1: unbiased, PyTorch's default; 0: biased).
+    /// Variance over `axis` with Bessel's `correction` (1: unbiased, PyTorch's default; 0: biased)
+    /// and PyTorch's gradient `2 g (x - mean) / (n - correction)`.
     pub fn var(&self, axis: isize, correction: usize, keepdim: bool) -> Result<Tensor> {
-        self.scaled_var("var", axis, correction, keepdim, false).map(|(_, v)| v)
+        let a = self.shape().axis("var", axis)?;
+        let v = autograd::no_grad(|| self.shifted_var(a, correction, keepdim, false).map(|(_, v)| v))?;
+        Ok(Tensor::result(v.buffer().clone(), v.shape().clone(), self.device(), autograd::GradOp::Var { axis: a, correction, std: false }, &[self]))
     }
-    /// Standard deviation, `sqrt(var)`, computed so that it is finite where the variance
-    /// overflows, with PyTorch's gradient 0 (not 0 · inf) where it is 0.
+    /// Standard deviation, finite where the variance overflows, with PyTorch's gradient (that of
+    /// the variance times `1 / (2 std)`, and 0 where std is 0).
     pub fn std(&self, axis: isize, correction: usize, keepdim: bool) -> Result<Tensor> {
-        let (scale, v) = self.scaled_var("std", axis, correction, keepdim, true)?;
-        let dev = self.device();
-        let positive = v.gt(&Tensor::zeros(Shape(vec![]), dev)?)?;
-        let root = v.where_(&positive, &Tensor::ones(Shape(vec![]), dev)?)?.sqrt()?;
-        root.where_(&positive, &v)?.mul(&scale)
+        let a = self.shape().axis("std", axis)?;
+        let s = autograd::no_grad(|| self.shifted_var(a, correction, keepdim, true).and_then(|(scale, v)| v.sqrt()?.mul(&scale)))?;
+        Ok(Tensor::result(s.buffer().clone(), s.shape().clone(), self.device(), autograd::GradOp::Var { axis: a, correction, std: true }, &[self]))
     }
-    /// `(s, v)` with variance `v s²`: the values shifted by their first one along `axis` (a
+    /// `(s, v)` with variance `v s²`: the values shifted by their first one along axis `a` (a
     /// constant row's variance is exactly 0 however its mean rounds) and, if `scale`, divided
     /// by the largest shifted magnitude `s` (1 if that is 0; else s = 1), so that the squares
-    /// overflow only where the standard deviation itself does. The shift and `s` are constants
-    /// to the gradient, which is the variance's all the same.
-    fn scaled_var(&self, op: &'static str, axis: isize, correction: usize, keepdim: bool, scale: bool) -> Result<(Tensor, Tensor)> {
-        let a = self.shape().axis(op, axis)?;
+    /// overflow only where the standard deviation itself does.
+    fn shifted_var(&self, a: usize, correction: usize, keepdim: bool, scale: bool) -> Result<(Tensor, Tensor)> {
         let n = self.dims()[a];
+        let axis = a as isize;
         let dev = self.device();
+        let one = Tensor::ones(Shape(vec![]), dev)?;
         // PyTorch divides by max(n - correction, 0): 0/0 = NaN where n = correction, x/0 beyond
         let div = Tensor::full((n as f32 - correction as f32).max(0.0), Shape(vec![]), dev)?;
         if n == 0 {
-            return Ok((Tensor::ones(Shape(vec![]), dev)?, self.sum(axis, keepdim)?.div(&div)?));
+            return Ok((one, self.sum(axis, keepdim)?.div(&div)?));
         }
-        let d = self.sub(&self.detach().narrow(a, 0, 1)?)?;
-        if !scale {
-            let v = d.sub(&d.mean(axis, true)?)?.square()?.sum(axis, keepdim)?.div(&div)?;
-            return Ok((Tensor::ones(Shape(vec![]), dev)?, v));
-        }
-        let m = d.detach().abs()?.max(axis, true)?;
-        let s = m.add(&m.eq_elem(&Tensor::zeros(Shape(vec![]), dev)?)?)?;
-        let u = d.div(&s)?;
+        let d = self.sub(&self.narrow(a, 0, 1)?)?;
+        let (s, u) = if scale {
+            let m = d.abs()?.max(axis, true)?;
+            let s = m.add(&m.eq_elem(&Tensor::zeros(Shape(vec![]), dev)?)?)?;
+            let u = d.div(&s)?;
+            (s, u)
+        } else {
+            (one, d)
+        };
         let v = u.sub(&u.mean(axis, true)?)?.square()?.sum(axis, keepdim)?.div(&div)?;
-        Ok((s.reshape(v.dims().to_vec())?, v))
+        Ok((s.reshape(if scale { v.dims().to_vec() } else { vec![] })?, v))
     }
 
     /// A new dimension of size 1 at `dim` (0 ..= rank; negative counts from the end).
