@@ -6,10 +6,17 @@ tests/edge_numerics.rs. Regenerate after adding an op (here and in that test's t
 
 Values are stored as the hex of their f32 bits, so NaN and -0 survive JSON. Each case is run in
 float32 on the CPU. A gradient is that of sum_k sum(out_k * w_k) with fixed weights w_k (the
-pattern WEIGHTS repeated), so that it is not 0 by symmetry. PyTorch answers some ±0 pairs
-differently in its scalar and vector paths (maximum(-0, 0) is -0 or 0 depending on the length):
-each element of an elementwise case is also computed alone, and a zero whose sign differs
-between the two is recorded in `zero_sign_free` (its sign is not checked)."""
+pattern WEIGHTS repeated), so that it is not 0 by symmetry. PyTorch answers some elements
+differently in its scalar and vector paths (maximum(-0, 0) is -0 or 0, gelu(inf) is inf or NaN,
+depending on the length): each element of an elementwise case is also computed alone (output and
+gradient), and where the two differ the alone answer is recorded in `alternatives`; the test
+accepts either.
+
+Adding an op: an entry in OPS below (a function of the inputs and args, and whether it has a
+gradient), its cases (in `cases()` or `composed_cases()`: inputs are float tensors or
+("i32", values, shape); args a dict; non-finite float args become "nan"/"inf"/"-inf" in JSON),
+and the same name in tests/edge_numerics.rs's OPS with its error bounds. A case where PyTorch
+raises records the error; tandem must then fail too."""
 import json
 import sys
 
