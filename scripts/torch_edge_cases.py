@@ -360,6 +360,7 @@ def composed_cases(v, rows, sm, img, z):
     finite = [x for x in SPECIAL if np.isfinite(x)]
     yield "bce_with_logits finite", "bce_with_logits", {}, [f32(finite), probs[: len(finite)]]
     yield "bce_with_logits infinities", "bce_with_logits", {}, [f32([INF, -INF, INF, -INF]), f32([1.0, 0.0, 0.0, 1.0])]
+    yield "bce_with_logits inf with y = 0", "bce_with_logits", {}, [f32([INF, 2.0]), f32([0.0, 0.5])]
     yield "bce_with_logits empty", "bce_with_logits", {}, [f32([], [0]), f32([], [0])]
     for op, a in [("l1_loss", {}), ("huber_loss", {"delta": 1.0}), ("huber_loss", {"delta": 0.5})]:
         yield f"{op} {a} special", op, a, [v, v.roll(7)]

@@ -69,6 +69,11 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             let mean = x.sum(*axis as isize, true)?.div(&Tensor::full(n, Shape(vec![]), g.device())?)?;
             vec![Some(g.mul_scalar(2.0 / (n - *correction as f32))?.mul(&x.sub(&mean)?)?)]
         }
+        // PyTorch's: (sigmoid(x) - y) g / N and -x g / N
+        GradOp::BceWithLogits => {
+            let n = Tensor::full(x.numel() as f32, Shape(vec![]), g.device())?;
+            vec![Some(x.sigmoid()?.sub(&inputs[1])?.mul(g)?.div(&n)?), Some(x.neg()?.mul(g)?.div(&n)?)]
+        }
         GradOp::Silu => {
             let s = x.sigmoid()?;
             vec![Some(g.mul(&s)?.mul(&x.mul(&s.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)?)]

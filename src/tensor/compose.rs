@@ -92,8 +92,8 @@ impl Tensor {
     }
     /// `(s, v)` with variance `v s²`: the values shifted by their first one along axis `a` (a
     /// constant row's variance is exactly 0 however its mean rounds) and, if `scale`, divided
-    /// by the largest shifted magnitude `s` (1 if that is 0; else s = 1), so that the squares
-    /// overflow only where the standard deviation itself does.
+    /// by their largest magnitude `s` (1 where that is 0), so that the squares overflow only
+    /// where the standard deviation itself does; without `scale`, `s` is 1.
     fn shifted_var(&self, a: usize, correction: usize, keepdim: bool, scale: bool) -> Result<(Tensor, Tensor)> {
         let n = self.dims()[a];
         let axis = a as isize;
