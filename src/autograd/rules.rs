@@ -41,6 +41,43 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             let count = mask.sum(*axis as isize, true)?;
             vec![Some(mask.mul(&g.reshape(kd)?.div(&count)?)?)]
         }
+        // in PyTorch's order, so that a zero gradient has its sign (that of g - sum(g y))
+        GradOp::Softmax { axis } => {
+            let a = *axis as isize;
+            vec![Some(out.mul(&g.sub(&g.mul(out)?.sum(a, true)?)?)?)]
+        }
+        // g (Φ(x) + x φ(x)) and g s (1 + x (1 - s)), s = sigmoid(x), as PyTorch computes them:
+        // the composition's g Φ + (g x) φ would overflow at g x where the result does not
+        GradOp::Gelu => {
+            let cdf = x.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?;
+            let pdf = x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2)?;
+            vec![Some(g.mul(&cdf.add(&x.mul(&pdf)?)?)?)]
+        }
+        // PyTorch's var_backward, (2 / (n - c)) g (x - mean), after std's g / (2 std), 0 where
+        // std is 0
+        GradOp::Var { axis, correction, std } => {
+            let g = g.reshape(keepdim(x.shape(), *axis))?;
+            let g = if *std {
+                let zero = Tensor::zeros(Shape(vec![]), g.device())?;
+                let out = out.reshape(g.shape().clone())?;
+                g.div(&out.mul_scalar(2.0)?)?.where_(&out.eq_elem(&zero)?.affine(-1.0, 1.0)?, &zero)?
+            } else {
+                g
+            };
+            let n = x.dims()[*axis] as f32;
+            // the mean as PyTorch's, sum / n, so that x - mean is 0 with its sign where it is
+            let mean = x.sum(*axis as isize, true)?.div(&Tensor::full(n, Shape(vec![]), g.device())?)?;
+            vec![Some(g.mul_scalar(2.0 / (n - *correction as f32))?.mul(&x.sub(&mean)?)?)]
+        }
+        // PyTorch's: (sigmoid(x) - y) g / N and -x g / N
+        GradOp::BceWithLogits => {
+            let n = Tensor::full(x.numel() as f32, Shape(vec![]), g.device())?;
+            vec![Some(x.sigmoid()?.sub(&inputs[1])?.mul(g)?.div(&n)?), Some(x.neg()?.mul(g)?.div(&n)?)]
+        }
+        GradOp::Silu => {
+            let s = x.sigmoid()?;
+            vec![Some(g.mul(&s)?.mul(&x.mul(&s.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)?)]
+        }
         GradOp::Reshape => vec![Some(g.reshape(x.shape().clone())?)],
         GradOp::Permute(perm) => {
             let mut inv = vec![0; perm.len()];

@@ -159,9 +159,11 @@ impl Tensor {
         self.sum_all()?.mul_scalar(1.0 / n)
     }
 
-    /// Numerically stable softmax along `axis`.
+    /// Numerically stable softmax along `axis`, `exp(log_softmax)`, with PyTorch's gradient.
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
-        self.log_softmax(axis)?.exp()
+        let a = self.shape().axis("softmax", axis)?;
+        let y = crate::autograd::no_grad(|| self.log_softmax(axis)?.exp())?;
+        Ok(Tensor::result(y.0.buffer.clone(), y.shape().clone(), self.device(), GradOp::Softmax { axis: a }, &[self]))
     }
     /// `x - max - log(sum(exp(x - max)))` along `axis`; the max is a constant shift, so it is
     /// detached (the result's gradient does not depend on it).
