@@ -192,10 +192,9 @@ fn i32_comparisons_are_exact_past_2_pow_24() {
     let tb = Tensor::from_labels(b.to_vec(), [6], &cpu).unwrap();
     assert_eq!(compare_all(&ta, &tb).unwrap(), want);
     on_each_device(|dev, _| {
+        // bounds past ±2^24: the exact path of 16-bit halves
         let ta = Tensor::from_labels(a.to_vec(), [6], dev)?;
-        // values computed on the device: no host bounds
-        let tb = Tensor::from_labels(b.to_vec(), [6], dev)?.to_dtype(DType::F32)?.to_dtype(DType::I32)?;
-        let tb = if tb.to_vec_i32()? == b { tb } else { Tensor::from_labels(b.to_vec(), [6], dev)? };
+        let tb = Tensor::from_labels(b.to_vec(), [6], dev)?;
         assert_eq!(compare_all(&ta, &tb)?, want);
         Ok(())
     });

@@ -13,6 +13,10 @@ impl Tensor {
         if self.rank() != 1 && other.rank() != 1 {
             return self.matmul_t(other, false, false);
         }
+        let (ka, kb) = (self.dims().last().copied(), other.dims().get(other.rank().saturating_sub(2)).copied());
+        if self.rank() == 0 || other.rank() == 0 || ka != kb {
+            return Err(Error::shape("matmul", format!("{:?} · {:?}: inner dimensions differ or an operand is a scalar", self.shape(), other.shape())));
+        }
         let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
         let b = if other.rank() == 1 { other.unsqueeze(1)? } else { other.clone() };
         let mut y = a.matmul_t(&b, false, false)?;
