@@ -3,15 +3,17 @@
 // gather: one invocation per row, out[r] = x[r, idx[r]]; scatter: one invocation per output
 // element, out[r, c] = (c == idx[r]) ? x[r] : 0. Labels outside 0..C read 0 and write nothing.
 // gather_rows: one invocation per output element, out[i, d] = x[idx[i], d] (an embedding
-// lookup); ids outside 0..V read 0. scatter_add_rows: one invocation per (v, d) of the table
-// gradient, out[v, d] = Σ x[order[j], d] for j in row_ptr[v]..row_ptr[v+1], ascending, from +0;
-// pass `p.first` (a multiple of SPAN) adds the plan entries from row_ptr[v] + first on, at most
-// SPAN of them, onto what the earlier passes left (software drivers end any loop after 65,535
-// iterations), so the sum is the same sequence of additions however many passes it takes.
-// Bindings: 0 `p` parameters; 1 `x` values ([R, C] for gather, [R] for scatter, the [V, C]
-// table for gather_rows, the [N, C] gradient for scatter_add_rows); 2 `idx` (labels [R], ids
-// [R], or the plan [V + 1 + N]: row_ptr then order); 3 `out` ([R], [R, C], [R, C], or the table
-// rows first..first+R of [V, C]).
+// lookup) for the ids among the bound table rows row0..row0+bound (a large table comes in
+// chunks); the chunk with row0 = 0 also writes 0 for ids outside 0..V.
+// scatter_add_rows: one invocation per (v, d) of the table gradient, out[v, d] = the sum of
+// x[order[j], d] for j in row_ptr[v]..row_ptr[v+1], ascending, from +0. Pass `first` (a
+// multiple of SPAN) adds the plan entries from row_ptr[v] + first on, at most SPAN of them,
+// onto what the earlier passes left (software drivers end any loop after 65,535 iterations),
+// so the sum is the same sequence of additions however many passes it takes.
+// Bindings: 0 `p` parameters; 1 `x` values ([R, C] for gather, [R] for scatter, table rows
+// [bound, C] for gather_rows, the [N, C] gradient for scatter_add_rows); 2 `idx` (labels [R],
+// ids [R], or the plan [V + 1 + N]: row_ptr then order); 3 `out` ([R], [R, C], [R, C], or the
+// table rows row0..row0+R of [V, C]).
 // Shape letters: R rows in this chunk, C columns (classes, embedding width), V table rows, N ids.
 
 struct Params {
@@ -22,8 +24,9 @@ struct Params {
     out_off: u32,
     table: u32, // V
     ids: u32,   // N
-    row0: u32,  // the chunk's first table row (scatter_add_rows)
+    row0: u32,  // the chunk's first table row
     first: u32, // plan entries each row skips in this pass (scatter_add_rows)
+    bound: u32, // table rows bound from row0 on (gather_rows)
 }
 
 const SPAN: u32 = 16384u;
@@ -57,9 +60,12 @@ fn gather_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     let e = gid.y * nwg.x * 256u + gid.x;
     if e >= p.rows * p.cols { return; }
     let v = idx[p.idx_off + e / p.cols];
-    var y = 0.0;
-    if v >= 0 && u32(v) < p.table { y = x[p.x_off + u32(v) * p.cols + e % p.cols]; }
-    out[p.out_off + e] = y;
+    let here = v >= 0 && u32(v) >= p.row0 && u32(v) - p.row0 < p.bound;
+    if here {
+        out[p.out_off + e] = x[p.x_off + (u32(v) - p.row0) * p.cols + e % p.cols];
+    } else if p.row0 == 0u && (v < 0 || u32(v) >= p.table) {
+        out[p.out_off + e] = 0.0;
+    }
 }
 
 @compute @workgroup_size(256)

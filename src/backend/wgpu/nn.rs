@@ -108,19 +108,23 @@ pub(crate) fn index(
     Ok(())
 }
 
-/// The embedding lookup in chunks of ids; the table is bound whole.
+/// The embedding lookup in chunks of ids, and of table rows when the table is larger than one
+/// binding (GPT-2's 50,257 × 768 table is past WebGPU's default 128 MiB): each table chunk
+/// writes the outputs whose ids it holds, and the first also those of ids outside the table.
 fn gather_rows(ctx: &Ctx, table: &wgpu::Buffer, ids: &wgpu::Buffer, out: &wgpu::Buffer, rows: usize, cols: usize, table_rows: usize) -> Result<()> {
     const OP: &str = "index_select";
     if rows == 0 || cols == 0 {
         return Ok(());
     }
-    let (tb, to) = ctx.span(OP, table, 0, table_rows * cols)?;
-    for (r0, r1) in ctx.chunks(OP, rows, &[1, cols])? {
-        let cnt = r1 - r0;
-        let (ib, io) = ctx.span(OP, ids, r0, cnt)?;
-        let (ob, oo) = ctx.span(OP, out, r0 * cols, cnt * cols)?;
-        let w = Words::default().u(cnt).u(cols).u(to).u(io).u(oo).u(table_rows).u(rows).u(0).u(0);
-        ctx.dispatch("index", "gather_rows", &w.0, &[tb, ib, ob], ctx.grid(cnt * cols, 256))?;
+    for (v0, v1) in ctx.chunks(OP, table_rows.max(1), &[cols])? {
+        let (tb, to) = ctx.span(OP, table, v0 * cols, (v1 - v0) * cols)?;
+        for (r0, r1) in ctx.chunks(OP, rows, &[1, cols])? {
+            let cnt = r1 - r0;
+            let (ib, io) = ctx.span(OP, ids, r0, cnt)?;
+            let (ob, oo) = ctx.span(OP, out, r0 * cols, cnt * cols)?;
+            let w = Words::default().u(cnt).u(cols).u(to).u(io).u(oo).u(table_rows).u(rows).u(v0).u(0).u(v1.min(table_rows) - v0);
+            ctx.dispatch("index", "gather_rows", &w.0, &[tb, ib, ob], ctx.grid(cnt * cols, 256))?;
+        }
     }
     Ok(())
 }
