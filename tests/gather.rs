@@ -221,3 +221,25 @@ fn i32_comparisons_broadcast_and_mix_with_f32() {
         Ok(())
     });
 }
+
+#[test]
+fn backward_plans_from_the_ids_the_buffer_holds_now() {
+    on_each_device(|dev, cpu| {
+        let g = [1.0, 2.0, 3.0, 4.0];
+        let grad = |ids: &Tensor| -> Result<Vec<f32>> {
+            let t = Tensor::from_vec(vec![0.0; 6], [3, 2], ids.device())?.requires_grad();
+            t.index_select(ids)?.mul(&Tensor::from_vec(g.to_vec(), [2, 2], ids.device())?)?.sum_all()?.backward()?;
+            t.grad().expect("table gradient").to_vec()
+        };
+        let want = [0.0, 0.0, 1.0, 2.0, 3.0, 4.0];
+        // ids made on the device (read back once for the plan)
+        assert_eq!(grad(&Tensor::from_vec(vec![1.0, 2.0], [2], dev)?.to_dtype(DType::I32)?)?, want);
+        // ids uploaded, then overwritten in place: the host copy must not outlive them
+        for d in [dev, cpu] {
+            let ids = Tensor::from_labels(vec![0, 0], [2], d)?;
+            ids.assign(&Tensor::from_labels(vec![1, 2], [2], d)?)?;
+            assert_eq!(grad(&ids)?, want, "on {d}");
+        }
+        Ok(())
+    });
+}

@@ -149,12 +149,16 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             x.backend().index(IndexOp::Scatter, g.buffer(), inputs[1].buffer(), &gx, rows, *cols)?;
             vec![Some(Tensor::from_parts(gx, x.shape().clone(), x.device().clone(), None)), None]
         }
-        // The deterministic scatter-add: the plan of the ids (built on the host, which reads
-        // device ids once) makes every backend sum each row's gradients in ascending order.
+        // The deterministic scatter-add: the plan of the ids (built on the host from the values
+        // uploaded, or from one read of ids made on the device) makes every backend sum each
+        // row's gradients in ascending order.
         GradOp::GatherRows { table_rows } => {
             let (ids, v) = (&inputs[1], *table_rows);
             let d = x.dims()[1];
-            let plan = crate::backend::row_plan(&ids.to_vec_i32()?, v);
+            let plan = match ids.buffer().host_i32() {
+                Some(host) => crate::backend::row_plan(&host[..ids.numel()], v),
+                None => crate::backend::row_plan(&ids.to_vec_i32()?, v),
+            };
             let plan = x.backend().upload(bytemuck::cast_slice(&plan), DType::I32)?;
             let gx = x.backend().alloc(v * d, DType::F32)?;
             x.backend().index(IndexOp::ScatterAddRows { table_rows: v }, g.buffer(), &plan, &gx, ids.numel(), d)?;

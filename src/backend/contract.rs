@@ -91,11 +91,12 @@ pub fn upload(dev: &DeviceInfo, bytes: &[u8], dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// Every op that writes I32 values calls this on its output, so that no stale bound outlives
-/// the values it described.
+/// Every op that writes I32 values calls this on its output, so that no stale bound or host
+/// copy outlives the values it described.
 fn written(out: &Buffer) {
     if out.dtype() == DType::I32 {
         out.set_label_bound(None);
+        out.set_host_i32(None);
     }
 }
 

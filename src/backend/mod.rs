@@ -313,12 +313,15 @@ struct Shared<T: ?Sized> {
     /// For I32 buffers, bounds that every value lies within, when known without reading the
     /// device (labels uploaded from the host); cleared by every op that writes I32 values.
     label_bound: Mutex<Option<(i32, i32)>>,
+    /// For I32 buffers uploaded from the host, those values, so that the embedding gradient
+    /// plans its sums without reading the device; cleared with `label_bound`.
+    host_i32: Mutex<Option<Arc<[i32]>>>,
     raw: T,
 }
 
 impl Buffer {
     pub fn new<T: Any + Send + Sync>(raw: T, len: usize, dtype: DType) -> Self {
-        Buffer { raw: Arc::new(Shared { label_bound: Mutex::new(None), raw }), len, dtype }
+        Buffer { raw: Arc::new(Shared { label_bound: Mutex::new(None), host_i32: Mutex::new(None), raw }), len, dtype }
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
@@ -344,6 +347,13 @@ impl Buffer {
     }
     pub(crate) fn set_label_bound(&self, bound: Option<(i32, i32)>) {
         *self.raw.label_bound.lock().unwrap_or_else(|e| e.into_inner()) = bound;
+    }
+    /// The I32 values as uploaded from the host, if they are still the buffer's.
+    pub fn host_i32(&self) -> Option<Arc<[i32]>> {
+        self.raw.host_i32.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub(crate) fn set_host_i32(&self, values: Option<Arc<[i32]>>) {
+        *self.raw.host_i32.lock().unwrap_or_else(|e| e.into_inner()) = values;
     }
 }
 
