@@ -81,6 +81,9 @@ fn matmul_hand_values() {
     let m = Tensor::from_vec(vec![1.0, 0.0, 2.0, 3.0], [2, 2], &dev).unwrap();
     assert_eq!(m.matmul(&v).unwrap().to_vec().unwrap(), [1.0, 8.0]);
     assert_eq!(v.matmul(&m).unwrap().to_vec().unwrap(), [5.0, 6.0]);
+    // an empty inner dimension sums nothing
+    let e = Tensor::zeros([2, 3, 0], &dev).unwrap().matmul(&Tensor::zeros([0, 5], &dev).unwrap()).unwrap();
+    assert_eq!((e.dims(), e.to_vec().unwrap()), (&[2usize, 3, 5][..], vec![0.0; 30]));
 }
 
 #[test]

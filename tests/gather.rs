@@ -125,6 +125,11 @@ fn backends_called_directly_stay_in_bounds() {
             d.backend().index(IndexOp::GatherRows { table_rows: 3 }, &up(d, &table), &up_i32(d, &[2, -1, 3, 0]), &out, 4, 2)?;
             Ok(down(d, &out))
         })?;
+        same_f32(dev, cpu, "gather_rows from an empty table", 0.0, 0.0, |d| {
+            let out = up(d, &[9.0; 4]);
+            d.backend().index(IndexOp::GatherRows { table_rows: 0 }, &up(d, &[]), &up_i32(d, &[0, 1]), &out, 2, 2)?;
+            Ok(down(d, &out))
+        })?;
         same_f32(dev, cpu, "scatter_add_rows bad plan", 0.0, 0.0, |d| {
             let out = up(d, &[9.0; 6]);
             let plan = [0, 5, -3, 2, 1, 7, -1];

@@ -62,7 +62,7 @@ impl Tensor {
         let out_shape = with(batch.dims().to_vec(), m, n);
         // A batch times one shared matrix is one bigger product.
         if bb.numel() == 1 && !trans_a && ra > 2 {
-            let flat = self.reshape([self.numel() / k, k])?;
+            let flat = self.reshape([a[..ra - 1].iter().product(), a[ra - 1]])?;
             let shared = other.reshape(with(vec![], b[rb - 2], b[rb - 1]))?;
             return flat.matmul_t(&shared, false, trans_b)?.reshape(out_shape);
         }

@@ -116,6 +116,7 @@ fn gather_rows(ctx: &Ctx, table: &wgpu::Buffer, ids: &wgpu::Buffer, out: &wgpu::
     if rows == 0 || cols == 0 {
         return Ok(());
     }
+    // An empty table still takes one pass: it writes the zeros of every (outside) id.
     for (v0, v1) in ctx.chunks(OP, table_rows.max(1), &[cols])? {
         let (tb, to) = ctx.span(OP, table, v0 * cols, (v1 - v0) * cols)?;
         for (r0, r1) in ctx.chunks(OP, rows, &[1, cols])? {
