@@ -40,6 +40,8 @@ pub enum GradOp {
     Conv2d { spec: WindowSpec, cols: Buffer, bias: bool, relu: Option<Buffer> },
     MaxPool2d { spec: WindowSpec, argmax: Buffer },
     Gather { cols: usize },
+    /// An embedding lookup of a `[table_rows, D]` table (input 0) by I32 ids (input 1).
+    GatherRows { table_rows: usize },
     ToDevice,
 }
 

@@ -116,16 +116,17 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
                 })
                 .collect::<Result<_>>()?
         }
-        // C = op(A)·op(B): dop(A) = G·op(B)ᵀ, dop(B) = op(A)ᵀ·G, transposed back when stored transposed.
+        // C = op(A)·op(B): dop(A) = G·op(B)ᵀ, dop(B) = op(A)ᵀ·G, transposed back when stored
+        // transposed, then summed over the batch dimensions the operand was broadcast along.
         GradOp::Matmul { trans_a, trans_b } => {
             let (a, b, ta, tb) = (&inputs[0], &inputs[1], *trans_a, *trans_b);
             let ga = if a.needs_grad() {
-                Some(if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(b, false, !tb)? })
+                Some(if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(b, false, !tb)? }.sum_to(a.shape())?)
             } else {
                 None
             };
             let gb = if b.needs_grad() {
-                Some(if tb { g.matmul_t(a, true, ta)? } else { a.matmul_t(g, !ta, false)? })
+                Some(if tb { g.matmul_t(a, true, ta)? } else { a.matmul_t(g, !ta, false)? }.sum_to(b.shape())?)
             } else {
                 None
             };
@@ -183,6 +184,21 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             let rows = x.dims()[0];
             let gx = x.backend().alloc(rows * cols, DType::F32)?;
             x.backend().index(IndexOp::Scatter, g.buffer(), inputs[1].buffer(), &gx, rows, *cols)?;
+            vec![Some(Tensor::from_parts(gx, x.shape().clone(), x.device().clone(), None)), None]
+        }
+        // The deterministic scatter-add: the plan of the ids (built on the host from the values
+        // uploaded, or from one read of ids made on the device) makes every backend sum each
+        // row's gradients in ascending order.
+        GradOp::GatherRows { table_rows } => {
+            let (ids, v) = (&inputs[1], *table_rows);
+            let d = x.dims()[1];
+            let plan = match ids.buffer().host_i32() {
+                Some(host) => crate::backend::row_plan(&host[..ids.numel()], v),
+                None => crate::backend::row_plan(&ids.to_vec_i32()?, v),
+            };
+            let plan = x.backend().upload(bytemuck::cast_slice(&plan), DType::I32)?;
+            let gx = x.backend().alloc(v * d, DType::F32)?;
+            x.backend().index(IndexOp::ScatterAddRows { table_rows: v }, g.buffer(), &plan, &gx, ids.numel(), d)?;
             vec![Some(Tensor::from_parts(gx, x.shape().clone(), x.device().clone(), None)), None]
         }
         GradOp::ToDevice => vec![Some(g.to(x.device())?)],

@@ -1,8 +1,8 @@
 //! Ops composed from the primitives (so the backend trait stays small): activations, `where`,
-//! `clamp`, variance, shape helpers, `arange`, `one_hot`, `triu`/`tril`, `index_select`, and
-//! average pooling.
+//! `clamp`, variance, shape helpers, `arange`, `one_hot`, `triu`/`tril`, `index_select` (a
+//! primitive gather), and average pooling.
 use super::Tensor;
-use crate::autograd;
+use crate::autograd::{self, GradOp};
 use crate::backend::{BinaryOp, IndexOp};
 use crate::{DType, Device, Error, Result, Shape};
 
@@ -192,20 +192,24 @@ impl Tensor {
         let mask = Tensor::from_vec(mask, [r, c], self.device())?;
         self.where_(&mask, &Tensor::zeros(Shape(vec![]), self.device())?)
     }
-    /// Rows of this `[V, D]` table picked by I32 `ids` of any shape: `[.., D]` (embedding
-    /// lookup). Composed as `one_hot(ids) · table`, so the table's gradient is `one_hotᵀ · g`,
-    /// a deterministic sum over the ids (no atomics, same bits every run).
+    /// Rows of this `[V, D]` table picked by I32 `ids` of any shape: `[.., D]` (an embedding
+    /// lookup, `F.embedding(ids, table)`); an id outside `0..V` is an error naming it and V.
+    /// One gather pass; the table's gradient is a scatter-add that sums each row's gradients in
+    /// ascending position (no atomics: the same bits every run, on every device count).
     pub fn index_select(&self, ids: &Tensor) -> Result<Tensor> {
         self.same_device("index_select", ids)?;
         self.expect_dtype("index_select", DType::F32)?;
+        ids.expect_dtype("index_select", DType::I32)?;
         if self.rank() != 2 {
             return Err(Error::shape("index_select", format!("table must be [V, D], got {:?}", self.shape())));
         }
         let (v, d) = (self.dims()[0], self.dims()[1]);
-        let rows = ids.one_hot(v)?.reshape([ids.numel(), v])?.matmul(self)?;
+        ids.check_labels("index_select", v)?;
+        let out = self.alloc_like(ids.numel() * d, DType::F32)?;
+        self.backend().index(IndexOp::GatherRows { table_rows: v }, &self.0.buffer, &ids.0.buffer, &out, ids.numel(), d)?;
         let mut dims = ids.dims().to_vec();
         dims.push(d);
-        rows.reshape(dims)
+        Ok(Tensor::result(out, Shape(dims), self.device(), GradOp::GatherRows { table_rows: v }, &[self, ids]))
     }
 
     /// Average over `kernel`×`kernel` windows of `[N, C, H, W]`, zero padding counted (PyTorch's
