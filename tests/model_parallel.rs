@@ -54,11 +54,11 @@ fn check_strategies(opt: OptimConfig) {
     let want = train(&mut Single::new(SeedModel::Cnn.build(3, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap(), &data);
     let loss = Loss::CrossEntropy;
     let cases: Vec<(String, Box<dyn Strategy>)> = vec![
-        ("placement At [7]".into(), Box::new(LayerPlacement::new(&model, &devices(2), Split::At(vec![7]), &opt, loss).unwrap())),
-        ("placement At [2, 5]".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::At(vec![2, 5]), &opt, loss).unwrap())),
-        ("placement Auto".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::Auto, &opt, loss).unwrap())),
-        ("tensor parallel x2".into(), Box::new(TensorParallel::new(&model, &devices(2), &opt, loss).unwrap())),
-        ("tensor parallel x3".into(), Box::new(TensorParallel::new(&model, &devices(3), &opt, loss).unwrap())),
+        ("placement At [7]".into(), Box::new(LayerPlacement::new(&model, &devices(2), Split::At(vec![7]), &opt, loss.clone()).unwrap())),
+        ("placement At [2, 5]".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::At(vec![2, 5]), &opt, loss.clone()).unwrap())),
+        ("placement Auto".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::Auto, &opt, loss.clone()).unwrap())),
+        ("tensor parallel x2".into(), Box::new(TensorParallel::new(&model, &devices(2), &opt, loss.clone()).unwrap())),
+        ("tensor parallel x3".into(), Box::new(TensorParallel::new(&model, &devices(3), &opt, loss.clone()).unwrap())),
     ];
     for (name, mut s) in cases {
         same(&format!("{name} {opt:?}"), &train(&mut *s, &data), &want);

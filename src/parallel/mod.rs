@@ -40,7 +40,9 @@ pub type LossFn = Arc<dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync>;
 #[derive(Clone)]
 pub enum Loss {
     /// Mean cross-entropy over class indices (PyTorch `CrossEntropyLoss()`): logits `[N, C]`
-    /// against `[N]`, or `[B, T, C]` against per-token targets `[B, T]`.
+    /// against `[N]`; per-token logits `[B, T, C]` against targets `[B, T]` (classes last, as a
+    /// language model's: flattened to `[B·T, C]` and `[B·T]`, the mean over every token); or
+    /// PyTorch's `[N, C, d..]` against `[N, d..]`.
     CrossEntropy,
     /// Mean squared error (PyTorch `MSELoss()`).
     Mse,
@@ -73,6 +75,10 @@ impl Loss {
     pub fn compute(&self, output: &Tensor, target: &Tensor) -> Result<Tensor> {
         match self {
             Loss::CrossEntropy if output.rank() == 2 => output.cross_entropy(target),
+            Loss::CrossEntropy if output.rank() == target.rank() + 1 && output.dims()[..target.rank()] == target.dims()[..] => {
+                let classes = output.dims()[target.rank()];
+                output.reshape([target.numel(), classes])?.cross_entropy(&target.reshape([target.numel()])?)
+            }
             Loss::CrossEntropy => output.cross_entropy_with(target, Default::default()),
             Loss::Mse => output.mse_loss(target),
             Loss::Custom(f) => f(output, target),
