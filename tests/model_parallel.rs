@@ -181,3 +181,36 @@ fn strategies_on_the_models_own_device_leave_the_model_untouched() {
         assert_close(name, &t.to_vec().unwrap(), want, 0.0, 0.0);
     }
 }
+
+/// Clipping and `set_lr` reach every tensor-parallel shard: the norm is over each shard once
+/// (the trunk and the row bias, which live on the first device only, once too).
+#[test]
+fn tensor_parallel_clips_the_global_norm_and_sets_lr_like_single() {
+    const CLIP: f32 = 0.3;
+    let data = batches(8, 8);
+    let opt = OptimConfig::Sgd(SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() });
+    let run = |s: &mut dyn Strategy| {
+        s.set_grad_clip(Some(CLIP)).unwrap();
+        let mut norms = Vec::new();
+        let mut losses = Vec::new();
+        for (i, b) in data.iter().enumerate() {
+            if i == 4 {
+                s.set_lr(0.02);
+            }
+            let r = s.step(b).unwrap();
+            norms.push(r.grad_norm.unwrap());
+            losses.push(r.loss);
+        }
+        let weights = s.state_dict().unwrap().into_iter().map(|(n, t)| (n, t.dims().to_vec(), t.to_vec().unwrap())).collect();
+        (norms, (losses, weights))
+    };
+    let dev = devices(1).remove(0);
+    let (want_norms, want) = run(&mut Single::new(SeedModel::Cnn.build(3, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap());
+    assert!(want_norms[0] > CLIP, "the first norm {} should exceed the bound {CLIP}", want_norms[0]);
+    let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
+    for n in [2, 3] {
+        let (norms, got) = run(&mut TensorParallel::new(&model, &devices(n), &opt, Loss::CrossEntropy).unwrap());
+        assert_close(&format!("tensor parallel x{n}: gradient norms"), &norms, &want_norms, 1e-5, 1e-4);
+        same(&format!("tensor parallel x{n}, clipped"), &got, &want);
+    }
+}
