@@ -246,3 +246,29 @@ fn set_lr_and_clipping_change_the_run_and_bad_bounds_are_refused() {
     let err = LayerPlacement::with_stages(wrong, &cpus, &opt(), smoothed()).err().expect("stage 1 is off its device").to_string();
     assert!(err.contains("stage 1") && err.contains("build each stage on its device"), "{err}");
 }
+
+/// Per-token targets: checked ids, split by sample, uploaded as `[b, T]` I32, and
+/// `Loss::CrossEntropy` over `[B, T, V]` logits is the mean over every token.
+#[test]
+fn token_targets_split_upload_and_score_per_token() {
+    let dev = Device::cpu();
+    let data = batches();
+    let b = &data[0];
+    let part = b.slice(2..5).unwrap();
+    assert_eq!((part.x_shape.clone(), part.y.len()), (vec![3, T, D], 3));
+    let (Targets::Tokens { ids: all, .. }, Targets::Tokens { ids, .. }) = (&b.y, &part.y) else { panic!("token targets") };
+    assert_eq!(ids[..], all[2 * T..5 * T]);
+    let err = b.slice(6..9).unwrap_err().to_string();
+    assert!(err.contains("6..9"), "{err}");
+
+    let (_, y) = tandem::parallel::batch_to_device(&part, &dev).unwrap();
+    assert_eq!((y.dims().to_vec(), y.dtype()), (vec![3, T], tandem::DType::I32));
+    let logits = Tensor::from_vec(common::uniform(&mut common::rng(2), 3 * T * V, -2.0, 2.0), [3, T, V], &dev).unwrap();
+    let got = Loss::CrossEntropy.compute(&logits, &y).unwrap().to_scalar().unwrap();
+    let flat = logits.reshape([3 * T, V]).unwrap().cross_entropy(&y.reshape([3 * T]).unwrap()).unwrap().to_scalar().unwrap();
+    assert_eq!(got, flat);
+
+    let bad = Dataset { x: vec![0.0; 2 * T * D], sample_shape: vec![T, D], y: Targets::Tokens { ids: vec![0, 1, 2, 3, 4, 5], shape_per_sample: vec![T], classes: 5 } };
+    let err = bad.validate().unwrap_err().to_string();
+    assert!(err.contains("label 5 at index 5"), "{err}");
+}
