@@ -257,7 +257,7 @@ impl Batch {
             let what = format!("samples {r:?} of a batch of x {:?} ({} values) and {} targets", self.x_shape, self.x.len(), self.y.len());
             return Err(Error::shape("Batch::slice", what));
         }
-        let per = if n == 0 { 0 } else { self.x.len() / n };
+        let per = self.x.len().checked_div(n).unwrap_or(0);
         let mut x_shape = self.x_shape.clone();
         x_shape[0] = r.len();
         Ok(Batch { x: self.x[r.start * per..r.end * per].to_vec(), x_shape, y: self.y.slice(r) })

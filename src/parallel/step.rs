@@ -65,7 +65,7 @@ impl StepLoop {
         let Some(max) = self.clip else { return (None, None) };
         let norm = norm_sq.sqrt() as f32;
         let coef = max / (norm + 1e-6);
-        (Some(norm), (!(coef >= 1.0)).then_some(coef))
+        (Some(norm), (coef < 1.0 || coef.is_nan()).then_some(coef))
     }
 
     /// Clips over all of `opts`' parameters (which together hold each parameter once), steps
