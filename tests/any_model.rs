@@ -166,10 +166,11 @@ fn every_strategy_trains_a_user_model_like_single() {
         assert!(want.1[0] > CLIP, "{family}: the first step's norm {} should exceed the bound {CLIP}", want.1[0]);
         let full = model(d0).unwrap();
         let built = || Stages::Built(vec![first_half(&pair[0]).unwrap(), second_half(&pair[1]).unwrap()]);
-        let dp = |deterministic| DataParallelConfig { deterministic, ..Default::default() };
+        let dp = |cfg| DataParallel::from_factory(model, pair, &opt(), smoothed(), cfg).unwrap();
         let cases: Vec<(&str, Box<dyn Strategy>)> = vec![
-            ("data parallel", Box::new(DataParallel::from_factory(model, pair, &opt(), smoothed(), dp(false)).unwrap())),
-            ("data parallel, deterministic", Box::new(DataParallel::from_factory(model, pair, &opt(), smoothed(), dp(true)).unwrap())),
+            ("data parallel", Box::new(dp(DataParallelConfig::default()))),
+            ("data parallel, deterministic", Box::new(dp(DataParallelConfig { deterministic: true, ..Default::default() }))),
+            ("data parallel, 2 micro-batches, ZeRO-1", Box::new(dp(DataParallelConfig { micro_batches: 2, shard_optimizer: true, ..Default::default() }))),
             ("layer placement", Box::new(LayerPlacement::with_stages(Stages::Split(&full, Split::At(vec![2])), pair, &opt(), smoothed()).unwrap())),
             (
                 "GPipe, recomputing",
