@@ -91,11 +91,16 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// one. Every Dropout reached in `f` keys its masks by `ctx`, counting its own calls from 0, so
 /// running the same forward again under the same context replays the same masks.
 pub fn with_samples<T>(ctx: SampleContext, f: impl FnOnce() -> T) -> T {
+    /// Puts the previous context back even when `f` panics.
+    struct Restore(Option<(SampleContext, u64)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CONTEXT.with(|c| c.set(self.0));
+        }
+    }
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-    let before = CONTEXT.with(|c| c.replace(Some((ctx, generation))));
-    let out = f();
-    CONTEXT.with(|c| c.set(before));
-    out
+    let _restore = Restore(CONTEXT.with(|c| c.replace(Some((ctx, generation)))));
+    f()
 }
 
 /// Zeroes each value with probability `p` in training and scales the rest by `1/(1-p)`;
