@@ -273,3 +273,24 @@ fn token_targets_split_upload_and_score_per_token() {
     let err = bad.validate().unwrap_err().to_string();
     assert!(err.contains("label 5 at index 5"), "{err}");
 }
+
+/// Masks follow (seed, step, global sample index, call within the forward), not the split.
+#[test]
+fn dropout_masks_follow_the_global_sample_index() {
+    use tandem::nn::{with_samples, SampleContext};
+    let dev = Device::cpu();
+    let d = Dropout::new(0.5).unwrap().seed(3);
+    let x = Tensor::ones([8, 10], &dev).unwrap();
+    let ctx = |step, first_sample, samples| SampleContext { step, first_sample, samples };
+    let mask = |c: SampleContext, x: &Tensor| with_samples(c, || d.forward(x)).unwrap().to_vec().unwrap();
+    let whole = mask(ctx(2, 0, 8), &x);
+    let tail = mask(ctx(2, 4, 4), &x.narrow(0, 4, 4).unwrap());
+    assert_eq!(whole[40..], tail[..], "samples 4..8 alone get the whole batch's masks");
+    assert_eq!(mask(ctx(2, 0, 8), &x), whole, "the same forward again replays its masks");
+    assert_ne!(mask(ctx(3, 0, 8), &x), whole, "the next step draws new masks");
+    let (first, second) = with_samples(ctx(2, 0, 8), || (d.forward(&x).unwrap().to_vec().unwrap(), d.forward(&x).unwrap().to_vec().unwrap()));
+    assert_eq!(first, whole);
+    assert_ne!(second, whole, "a second call within one forward draws its own masks");
+    let err = with_samples(ctx(2, 0, 3), || d.forward(&x)).unwrap_err().to_string();
+    assert!(err.contains("Dropout") && err.contains("3 samples"), "{err}");
+}
