@@ -123,6 +123,17 @@ fn batches() -> Vec<Batch> {
 /// A bound the first steps' gradients exceed, so clipping really scales.
 const CLIP: f32 = 0.5;
 
+/// Predictions for the first batch in eval mode, after checking that they differ from the
+/// training-mode ones (dropout on): `set_training` reaches every replica and stage.
+fn eval_predictions(s: &mut dyn Strategy, data: &[Batch]) -> Vec<f32> {
+    let train = s.predict(&data[0]).unwrap().to_vec().unwrap();
+    s.set_training(false);
+    let eval = s.predict(&data[0]).unwrap().to_vec().unwrap();
+    s.set_training(true);
+    assert_ne!(train, eval, "eval mode must switch dropout off");
+    eval
+}
+
 /// Losses, gradient norms and final weights of ten steps; the learning rate drops after step 5.
 fn run(s: &mut dyn Strategy, data: &[Batch]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     s.set_grad_clip(Some(CLIP)).unwrap();
@@ -185,9 +196,12 @@ fn every_strategy_trains_a_user_model_like_single() {
             ),
             ("1F1B", Box::new(Pipeline::builder(built(), pair, &opt(), smoothed()).micro_batches(4).build().unwrap())),
         ];
+        let mut single = Single::new(model(d0).unwrap(), &opt(), smoothed(), d0).unwrap();
+        let want_eval = eval_predictions(&mut single, &data);
         for (name, mut s) in cases {
-            let got = run(&mut *s, &data);
             let what = format!("{name} on {family}");
+            common::assert_close(&format!("{what}: eval predictions"), &eval_predictions(&mut *s, &data), &want_eval, 1e-5, 1e-4);
+            let got = run(&mut *s, &data);
             common::assert_close(&format!("{what}: losses"), &got.0, &want.0, 1e-5, 1e-4);
             common::assert_close(&format!("{what}: gradient norms"), &got.1, &want.1, 1e-5, 1e-4);
             common::assert_close(&format!("{what}: weights"), &got.2, &want.2, 1e-5, 1e-4);

@@ -429,4 +429,7 @@ impl Strategy for DataParallel {
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
         self.run.set_clip(max_norm)
     }
+    fn set_training(&mut self, training: bool) {
+        self.replicas.iter().for_each(|r| r.model.set_training(training));
+    }
 }

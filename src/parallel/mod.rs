@@ -157,6 +157,9 @@ pub trait Strategy: Send {
     /// Clip gradients to this global norm before each update (PyTorch's `clip_grad_norm_`
     /// over the whole model), or not at all.
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()>;
+    /// PyTorch's `model.train()` / `model.eval()` on every replica and stage: Dropout and
+    /// BatchNorm switch behaviour (call it with `false` before `predict` for evaluation).
+    fn set_training(&mut self, training: bool);
 }
 
 /// Everything on one device: the reference every other strategy is tested against.
@@ -252,6 +255,9 @@ impl Strategy for Single {
     }
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
         self.run.set_clip(max_norm)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.model.set_training(training);
     }
 }
 

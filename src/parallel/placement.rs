@@ -443,6 +443,9 @@ impl Strategy for LayerPlacement {
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
         self.run.set_clip(max_norm)
     }
+    fn set_training(&mut self, training: bool) {
+        self.stages.iter().for_each(|s| s.model.set_training(training));
+    }
 }
 
 /// The trace track of stage `i`: distinct per stage even when devices share a spec.

@@ -451,4 +451,10 @@ impl Strategy for TensorParallel {
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
         self.run.set_clip(max_norm)
     }
+    fn set_training(&mut self, training: bool) {
+        if let Some(t) = &self.trunk {
+            t.set_training(training);
+        }
+        self.between.set_training(training);
+    }
 }

@@ -11,6 +11,7 @@ use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
+use crate::nn::Module;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::mpsc::channel;
 use std::time::Instant;
@@ -320,5 +321,8 @@ impl Strategy for Pipeline {
     }
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
         self.run.set_clip(max_norm)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.stages.iter().for_each(|s| s.model.set_training(training));
     }
 }
