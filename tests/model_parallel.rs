@@ -214,3 +214,44 @@ fn tensor_parallel_clips_the_global_norm_and_sets_lr_like_single() {
         same(&format!("tensor parallel x{n}, clipped"), &got, &want);
     }
 }
+
+/// A parameterless layer that takes 30 ms: it makes the measured split differ from the
+/// split by parameter bytes that `Split::Auto` starts from.
+struct Slow;
+
+impl Module for Slow {
+    fn forward(&self, x: &Tensor) -> tandem::Result<Tensor> {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        Ok(x.clone())
+    }
+    fn to_device(&self, _: &Device) -> tandem::Result<Box<dyn Module>> {
+        Ok(Box::new(Slow))
+    }
+    fn describe(&self) -> String {
+        "Slow".into()
+    }
+}
+
+/// The first step's rebalancing rebuilds the stages' optimizers; a learning rate set before
+/// it must survive (here 0, so the step must leave the weights alone).
+#[test]
+fn a_learning_rate_set_before_the_first_step_survives_rebalancing() {
+    let cpu = Device::cpu();
+    let model = tandem::nn::Sequential::new()
+        .push("slow", Slow)
+        .push("a", Linear::new(4, 4, &mut rng(), &cpu).unwrap())
+        .push("b", Linear::new(4, 4, &mut rng(), &cpu).unwrap())
+        .push("c", Linear::new(4, 2, &mut rng(), &cpu).unwrap());
+    let x: Vec<f32> = (0..16).map(|i| i as f32 / 16.0).collect();
+    let ds = tandem::data::Dataset { x, sample_shape: vec![4], y: tandem::data::Targets::Classes { labels: vec![0, 1, 1, 0], classes: 2 } };
+    let batch = ds.batch(&[0, 1, 2, 3]).unwrap();
+    let opt = OptimConfig::Sgd(SgdConfig { lr: 0.5, ..Default::default() });
+    let before: Vec<f32> = model.parameters().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect();
+    let mut lp = LayerPlacement::new(&model, &devices(2), Split::Auto, &opt, Loss::CrossEntropy).unwrap();
+    assert_eq!(lp.ranges(), vec![0..2, 2..4], "split by parameter bytes before the first step");
+    lp.set_lr(0.0);
+    lp.step(&batch).unwrap();
+    assert_eq!(lp.ranges(), vec![0..1, 1..4], "the slow layer alone after measuring");
+    let after: Vec<f32> = lp.state_dict().unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect();
+    assert_eq!(after, before, "lr 0 set before the first step must hold after rebalancing");
+}

@@ -253,8 +253,13 @@ pub(crate) fn rebalance(stages: &mut Vec<Stage>, probe: &Tensor, opt: &OptimConf
         state.extend(st);
         steps = n;
     }
+    // The fresh optimizers start from the config's learning rate; keep the one set since.
+    let lr = stages.first().map(|s| s.opt.lr());
     for s in &mut fresh {
         s.opt.load_state(&state, steps)?;
+        if let Some(lr) = lr {
+            s.opt.set_lr(lr);
+        }
     }
     *stages = fresh;
     Ok(())
