@@ -7,8 +7,8 @@ use crate::autograd::no_grad;
 use crate::data::synthetic;
 use crate::nn::models::SeedModel;
 use crate::optim::SgdConfig;
-use crate::parallel::pipeline::{Pipeline, PipelineConfig, Schedule};
-use crate::parallel::{Loss, OptimConfig, Single, Split, Strategy};
+use crate::parallel::pipeline::{Pipeline, Schedule};
+use crate::parallel::{Loss, OptimConfig, Single, Split, Stages, Strategy};
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
 use std::time::Instant;
@@ -158,7 +158,8 @@ fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f
     let b = data.batch(&all)?;
     let optim = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
     let model = SeedModel::Cnn.build(0, &Device::cpu())?;
-    let mut pipe = Pipeline::new(&model, &devices, Split::Auto, micro_batches, Schedule::OneFOneB, &optim, Loss::CrossEntropy, PipelineConfig::default())?;
+    let stages = Stages::Split(&model, Split::Auto);
+    let mut pipe = Pipeline::builder(stages, &devices, &optim, Loss::CrossEntropy).micro_batches(micro_batches).schedule(Schedule::OneFOneB).build()?;
     // The first step measures the layers and rebalances the split.
     pipe.step(&b)?;
     let (mut bubbles, mut theory) = (Vec::new(), 0.0);
