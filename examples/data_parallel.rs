@@ -14,7 +14,7 @@ use tandem::Device;
 fn main() -> tandem::Result<()> {
     let devices = Device::parse(&spec_from_args("cpu,cpu"))?;
     let model = SeedModel::Cnn.build(0, &devices[0])?;
-    let opt = OptimConfig::Sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
     let mut dp = DataParallel::new(&model, &devices, &opt, Loss::CrossEntropy, DataParallelConfig::default())?;
     let (train, _) = digits::load(4096, 0, 0)?;
     let mut loader = DataLoader::new(std::sync::Arc::new(train), 128, true, 0)?;

@@ -91,7 +91,7 @@ fn train(group: &Group, args: &Args) -> Result<()> {
     let comm = Hierarchical::new(&devices, group.clone(), order)?;
     let (_, world_devices) = comm.device_span();
     let model = SeedModel::Cnn.build(0, &devices[0])?;
-    let opt = OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
     let cfg = DataParallelConfig { deterministic: args.deterministic, ..Default::default() };
     let mut dp = DataParallel::with_communicator(&model, Box::new(comm), &opt, Loss::CrossEntropy, cfg)?;
     // Every rank draws the same global batches; the strategy gives each its share.

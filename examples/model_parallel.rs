@@ -16,7 +16,7 @@ fn main() -> tandem::Result<()> {
     let spec = args.iter().position(|a| a == "--devices").and_then(|i| args.get(i + 1)).map_or("cpu,cpu", String::as_str);
     let devices = Device::parse(spec)?;
     let model = SeedModel::Cnn.build(0, &devices[0])?;
-    let opt = OptimConfig::Sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
     let (train, _) = digits::load(2048, 0, 0)?;
     let mut loader = DataLoader::new(std::sync::Arc::new(train), 64, true, 0)?;
 

@@ -8,8 +8,8 @@
 use tandem::data::{digits, DataLoader};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::pipeline::{Pipeline, PipelineConfig, Schedule};
-use tandem::parallel::{trace::Trace, Loss, OptimConfig, Split, Strategy};
+use tandem::parallel::pipeline::{Pipeline, Schedule};
+use tandem::parallel::{trace::Trace, Loss, OptimConfig, Split, Stages, Strategy};
 use tandem::Device;
 
 fn main() -> tandem::Result<()> {
@@ -17,9 +17,11 @@ fn main() -> tandem::Result<()> {
     let spec = args.iter().position(|a| a == "--devices").and_then(|i| args.get(i + 1)).map_or("cpu,cpu", String::as_str);
     let devices = Device::parse(spec)?;
     let model = SeedModel::Cnn.build(0, &devices[0])?;
-    let opt = OptimConfig::Sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
-    let cfg = PipelineConfig { recompute: false };
-    let mut pipe = Pipeline::new(&model, &devices, Split::Auto, 8, Schedule::OneFOneB, &opt, Loss::CrossEntropy, cfg)?;
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let mut pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &devices, &opt, Loss::CrossEntropy)
+        .micro_batches(8)
+        .schedule(Schedule::OneFOneB)
+        .build()?;
     let trace = Trace::new();
     pipe.set_trace(trace.clone());
     let (train, _) = digits::load(4096, 0, 0)?;

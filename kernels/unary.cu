@@ -6,6 +6,8 @@
 // out:    contiguous output of `n` elements, n = product of lx.shape.
 // Semantics match `backend/cpu/kernels.rs::unary` (IEEE single precision, no fast math),
 // which are PyTorch's: relu keeps NaN and -0; powf is C's powf but sqrt for p = ±0.5.
+// sinf/cosf reduce every finite argument exactly (their slow path) without fast math, which
+// nvrtc.rs never enables; sin(±inf) is NaN and erff(-0) = -0, as PyTorch's.
 
 __device__ __forceinline__ float pow_torch(float x, float p) {
     if (p == 0.5f) {

@@ -2,6 +2,7 @@
 //
 // One invocation per output element of this dispatch's chunk. The op is the override
 // constant `OP`, the numbering of `UnaryOp::code()`, fixed per pipeline; `p.p0`/`p.p1` are its parameters (Affine: mul, add; Powf: p); 14 sin, 15 cos, 16 erf.
+// sin and cos reduce their argument themselves (Payne-Hanek), exact for every finite f32.
 // Bindings: 0 `p` parameters; 1 `x` input (f32; `x4` the same as vec4); 2 `out` output (f32,
 // contiguous; `out4` the same as vec4).
 // Shape letters: N elements in the chunk, D0..D5 the layout's dimensions padded to rank 6.
@@ -144,7 +145,101 @@ fn erf(v: f32) -> f32 {
             + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
         r = 1.0 - t * exp(-a * a + poly);
     }
-    return select(r, -r, v < 0.0);
+    // odd, and erf(-0) = -0
+    return with_sign_of(r, v);
+}
+
+// Bits of 2/π after a zero word: bit k of 2/π (weight 2^-k) is bit 31 + k of the sequence,
+// counted from the first word's top; returns the 32 bits from bit `t` on (t < 224).
+fn two_over_pi_bits(t: u32) -> u32 {
+    var w = array<u32, 8>(0u, 0xa2f9836eu, 0x4e441529u, 0xfc2757d1u, 0xf534ddc0u, 0xdb629599u, 0x3c439041u, 0xfe5163abu);
+    let i = t >> 5u;
+    let s = t & 31u;
+    return (w[i] << s) | select(0u, w[i + 1u] >> (32u - s), s != 0u);
+}
+
+// The 64-bit product of two u32 as (high, low) words, from 16-bit halves.
+fn mul_wide(a: u32, b: u32) -> vec2<u32> {
+    let al = a & 0xffffu;
+    let ah = a >> 16u;
+    let bl = b & 0xffffu;
+    let bh = b >> 16u;
+    let lo = al * bl;
+    let m1 = ah * bl;
+    let m2 = al * bh;
+    let t = (lo >> 16u) + (m1 & 0xffffu) + (m2 & 0xffffu);
+    return vec2<u32>(ah * bh + (m1 >> 16u) + (m2 >> 16u) + (t >> 16u), (lo & 0xffffu) | (t << 16u));
+}
+
+struct Reduced {
+    q: u32,  // quadrant: a = (4k + q + f) π/2
+    r: f32,  // f π/2, |f| <= 1/2
+}
+
+// Payne-Hanek reduction of a finite a > π/4 (the drivers' builtins lose the result for large
+// arguments). a = m 2^e with an integer m < 2^24; bits of 2/π above weight 2^(1-e) only add
+// multiples of 4 to a·2/π, so 96 bits of 2/π from there on, times m, give a·2/π mod 4 to 2^-70:
+// the top 2 bits of the low 96 bits of the product are q, the other 94 the fraction.
+fn reduce_half_pi(a: f32) -> Reduced {
+    let b = bitcast<u32>(a);
+    let m = (b & 0x007fffffu) | 0x00800000u;
+    // the first bit wanted, k = e - 1 with e = exponent - 150, is bit 30 + e of the sequence
+    let t = (b >> 23u) - 120u;
+    let r0 = mul_wide(m, two_over_pi_bits(t + 64u));
+    let r1 = mul_wide(m, two_over_pi_bits(t + 32u));
+    let r2 = mul_wide(m, two_over_pi_bits(t));
+    var w0 = r0.y;
+    var w1 = r1.y + r0.x;
+    var w2 = r2.y + r1.x + select(0u, 1u, w1 < r0.x);
+    var q = w2 >> 30u;
+    // a fraction of 1/2 or more: the next quadrant and the negated (96-bit) remainder
+    let neg = (w2 & 0x20000000u) != 0u;
+    if neg {
+        q = (q + 1u) & 3u;
+        w0 = ~w0 + 1u;
+        w1 = ~w1 + select(0u, 1u, w0 == 0u);
+        w2 = ~w2 + select(0u, 1u, w0 == 0u && w1 == 0u);
+    }
+    // the fraction's top 32 significant bits, then their weight
+    let fh = w2 & 0x3fffffffu;
+    var top: u32;
+    var scale: i32;
+    if fh != 0u {
+        let z = countLeadingZeros(fh);
+        top = (fh << z) | (w1 >> (32u - z));
+        scale = -30 - i32(z);
+    } else {
+        let z = countLeadingZeros(w1);
+        top = select(w1, (w1 << z) | (w0 >> (32u - z)), z > 0u && z < 32u);
+        scale = -62 - i32(z);
+    }
+    let r = ldexp(f32(top), scale) * 1.57079632679;
+    return Reduced(q, select(r, -r, neg));
+}
+
+// sin(|v| + shift π/2) for finite v: the reduced argument's sine or cosine by minimax
+// polynomials on [-π/4, π/4] (about 1 ulp; 3 ulp with the reduction); NaN for ±inf.
+fn sin_quadrant(v: f32, shift: u32) -> f32 {
+    let a = bitcast<f32>(bitcast<u32>(v) & 0x7fffffffu);
+    if bitcast<u32>(a) >= 0x7f800000u { return bitcast<f32>(0x7fc00000u); }
+    var q = shift;
+    var r = a;
+    if a > 0.785398163 {
+        let red = reduce_half_pi(a);
+        q += red.q;
+        r = red.r;
+    }
+    let z = r * r;
+    let s = r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
+    let c = 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
+    let y = select(c, s, (q & 1u) == 0u);
+    return select(y, -y, (q & 2u) != 0u);
+}
+
+// odd: sin(-0) = -0
+fn sin_accurate(v: f32) -> f32 {
+    let y = sin_quadrant(v, 0u);
+    return select(y, -y, bitcast<u32>(v) >= 0x80000000u);
 }
 
 fn apply(v: f32) -> f32 {
@@ -164,8 +259,8 @@ fn apply(v: f32) -> f32 {
         case 10u: { return tanh_accurate(v); }
         case 11u: { return 1.0 / (1.0 + exp(-v)); }
         case 12u: { return v * p.p0 + p.p1; }
-        case 14u: { return sin(v); }
-        case 15u: { return cos(v); }
+        case 14u: { return sin_accurate(v); }
+        case 15u: { return sin_quadrant(v, 1u); }
         case 16u: { return erf(v); }
         default: { return powf(v, p.p0); }
     }

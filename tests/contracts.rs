@@ -4,7 +4,7 @@
 //! a panic or an out-of-bounds read.
 mod common;
 
-use tandem::backend::{Backend, Buffer, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
+use tandem::backend::{Backend, Buffer, CastOp, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
 use tandem::{DType, Device, Error, Layout, Result};
 
 type Run = Box<dyn Fn(&dyn Backend, &[Buffer]) -> Result<()>>;
@@ -62,6 +62,14 @@ fn cases() -> Vec<Case> {
         }),
         case("index", &[(12, F, true, true), (3, I, true, true), (3, F, true, true)], |b, x| b.index(IndexOp::Gather, &x[0], &x[1], &x[2], 3, 4)),
         case("index", &[(3, F, true, true), (3, I, true, true), (12, F, true, true)], |b, x| b.index(IndexOp::Scatter, &x[0], &x[1], &x[2], 3, 4)),
+        case("index", &[(12, F, true, true), (5, I, true, true), (20, F, true, true)], |b, x| {
+            b.index(IndexOp::GatherRows { table_rows: 3 }, &x[0], &x[1], &x[2], 5, 4)
+        }),
+        case("index", &[(20, F, true, true), (9, I, true, true), (12, F, true, true)], |b, x| {
+            b.index(IndexOp::ScatterAddRows { table_rows: 3 }, &x[0], &x[1], &x[2], 5, 4)
+        }),
+        case("cast", &[(5, I, true, true), (5, F, true, true)], |b, x| b.cast(CastOp::I32ToF32, &x[0], &x[1], 5)),
+        case("cast", &[(5, F, true, true), (5, I, true, true)], |b, x| b.cast(CastOp::F32ToI32, &x[0], &x[1], 5)),
         // The parameter's length is the update's length: a shorter one is a smaller update.
         case("optim_step", &[(5, F, false, true), (5, F, true, true), (5, F, true, true)], move |b, x| b.optim_step(sgd, &x[0], &x[1], &[&x[2]]).map(drop)),
         case("optim_step", &[(5, F, false, true), (5, F, true, true), (5, F, true, true), (5, F, true, true)], move |b, x| {

@@ -38,7 +38,7 @@ fn model() -> Sequential {
 }
 
 fn sgd() -> OptimConfig {
-    OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
+    OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
 }
 
 /// `STEPS` batches of `size` seed images (different each step).
@@ -226,7 +226,7 @@ fn first_bucket_all_reduce_starts_before_backward_ends() {
 
 #[test]
 fn zero1_matches_unsharded_with_less_state_per_device() {
-    let adam = OptimConfig::Adam(AdamConfig { lr: 1e-3, ..Default::default() });
+    let adam = OptimConfig::adam(AdamConfig { lr: 1e-3, ..Default::default() });
     let b = batches(24);
     let mut plain = data_parallel(2, DataParallelConfig::default(), &adam);
     let mut sharded = data_parallel(2, DataParallelConfig { shard_optimizer: true, ..Default::default() }, &adam);

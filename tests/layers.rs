@@ -263,7 +263,7 @@ fn strategy_state_dicts_carry_buffers() -> Result<()> {
     let model = || -> Result<Sequential> {
         Ok(Sequential::new().push("fc", Linear::new(4, 3, &mut rng(5), &Device::cpu())?).push("bn", BatchNorm1d::new(3, &Device::cpu())?))
     };
-    let opt = OptimConfig::Sgd(Default::default());
+    let opt = OptimConfig::sgd(Default::default());
     let single = Single::new(model()?, &opt, Loss::Mse, &dev)?;
     let cpus: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
     let mut dp = DataParallel::new(&model()?, &cpus, &opt, Loss::Mse, DataParallelConfig::default())?;

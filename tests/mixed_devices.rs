@@ -6,13 +6,13 @@ mod common;
 use tandem::data::{synthetic, Batch};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::pipeline::{Pipeline, PipelineConfig, Schedule};
-use tandem::parallel::{DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Single, Split, Strategy, TensorParallel};
+use tandem::parallel::pipeline::{Pipeline, Schedule};
+use tandem::parallel::{DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Single, Split, Stages, Strategy, TensorParallel};
 use tandem::tolerance::assert_close;
 use tandem::Device;
 
 fn opt() -> OptimConfig {
-    OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
+    OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
 }
 
 fn batches() -> Vec<Batch> {
@@ -42,16 +42,16 @@ fn every_strategy_on_cpu_vulkan_and_gl_matches_one_device() {
     let loss = Loss::CrossEntropy;
     for n in [2, 3] {
         let d = &devs[..n];
-        let mut dp = DataParallel::new(&model, d, &opt(), loss, DataParallelConfig::default()).unwrap();
+        let mut dp = DataParallel::new(&model, d, &opt(), loss.clone(), DataParallelConfig::default()).unwrap();
         check("data parallel", &mut dp, &want, &data);
         for kind in [Schedule::GPipe, Schedule::OneFOneB] {
             let split = if n == 2 { Split::At(vec![4]) } else { Split::At(vec![3, 7]) };
-            let mut p = Pipeline::new(&model, d, split, 4, kind, &opt(), loss, PipelineConfig { recompute: false }).unwrap();
+            let mut p = Pipeline::builder(Stages::Split(&model, split), d, &opt(), loss.clone()).micro_batches(4).schedule(kind).build().unwrap();
             check(&format!("{kind:?}"), &mut p, &want, &data);
         }
-        let mut lp = LayerPlacement::new(&model, d, Split::Auto, &opt(), loss).unwrap();
+        let mut lp = LayerPlacement::new(&model, d, Split::Auto, &opt(), loss.clone()).unwrap();
         check("layer placement", &mut lp, &want, &data);
-        let mut tp = TensorParallel::new(&model, d, &opt(), loss).unwrap();
+        let mut tp = TensorParallel::new(&model, d, &opt(), loss.clone()).unwrap();
         check("tensor parallel", &mut tp, &want, &data);
     }
 }

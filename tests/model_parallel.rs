@@ -54,11 +54,11 @@ fn check_strategies(opt: OptimConfig) {
     let want = train(&mut Single::new(SeedModel::Cnn.build(3, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap(), &data);
     let loss = Loss::CrossEntropy;
     let cases: Vec<(String, Box<dyn Strategy>)> = vec![
-        ("placement At [7]".into(), Box::new(LayerPlacement::new(&model, &devices(2), Split::At(vec![7]), &opt, loss).unwrap())),
-        ("placement At [2, 5]".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::At(vec![2, 5]), &opt, loss).unwrap())),
-        ("placement Auto".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::Auto, &opt, loss).unwrap())),
-        ("tensor parallel x2".into(), Box::new(TensorParallel::new(&model, &devices(2), &opt, loss).unwrap())),
-        ("tensor parallel x3".into(), Box::new(TensorParallel::new(&model, &devices(3), &opt, loss).unwrap())),
+        ("placement At [7]".into(), Box::new(LayerPlacement::new(&model, &devices(2), Split::At(vec![7]), &opt, loss.clone()).unwrap())),
+        ("placement At [2, 5]".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::At(vec![2, 5]), &opt, loss.clone()).unwrap())),
+        ("placement Auto".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::Auto, &opt, loss.clone()).unwrap())),
+        ("tensor parallel x2".into(), Box::new(TensorParallel::new(&model, &devices(2), &opt, loss.clone()).unwrap())),
+        ("tensor parallel x3".into(), Box::new(TensorParallel::new(&model, &devices(3), &opt, loss.clone()).unwrap())),
     ];
     for (name, mut s) in cases {
         same(&format!("{name} {opt:?}"), &train(&mut *s, &data), &want);
@@ -67,12 +67,12 @@ fn check_strategies(opt: OptimConfig) {
 
 #[test]
 fn placement_and_tensor_parallel_match_single_with_sgd_momentum() {
-    check_strategies(OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() }));
+    check_strategies(OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() }));
 }
 
 #[test]
 fn placement_and_tensor_parallel_match_single_with_adam() {
-    check_strategies(OptimConfig::Adam(AdamConfig { lr: 1e-3, ..Default::default() }));
+    check_strategies(OptimConfig::adam(AdamConfig { lr: 1e-3, ..Default::default() }));
 }
 
 fn rng() -> rand_chacha::ChaCha8Rng {
@@ -125,7 +125,7 @@ fn column_and_row_parallel_equal_linear_on_odd_sizes() {
 
 #[test]
 fn tensor_parallel_state_round_trips_under_the_original_names() {
-    let opt = OptimConfig::Adam(AdamConfig::default());
+    let opt = OptimConfig::adam(AdamConfig::default());
     let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
     let mut tp = TensorParallel::new(&model, &devices(3), &opt, Loss::CrossEntropy).unwrap();
     let names = |s: Vec<(String, Tensor)>| s.into_iter().map(|(n, t)| (n, t.dims().to_vec())).collect::<Vec<_>>();
@@ -152,7 +152,7 @@ fn tensor_parallel_state_round_trips_under_the_original_names() {
 #[test]
 fn placement_errors_and_predict() {
     let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
-    let opt = OptimConfig::Sgd(SgdConfig::default());
+    let opt = OptimConfig::sgd(SgdConfig::default());
     let err = LayerPlacement::new(&model, &devices(2), Split::At(vec![10]), &opt, Loss::CrossEntropy).err().unwrap().to_string();
     assert!(err.contains("split points"), "{err}");
     let lp = LayerPlacement::new(&model, &devices(3), Split::At(vec![3, 8]), &opt, Loss::CrossEntropy).unwrap();
@@ -171,7 +171,7 @@ fn strategies_on_the_models_own_device_leave_the_model_untouched() {
     let dev = devices(1).remove(0);
     let model = SeedModel::Cnn.build(3, &dev).unwrap();
     let before: Vec<Vec<f32>> = model.parameters().iter().map(|(_, t)| t.to_vec().unwrap()).collect();
-    let opt = OptimConfig::Sgd(SgdConfig { lr: 0.1, ..Default::default() });
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.1, ..Default::default() });
     let mut lp = LayerPlacement::new(&model, &[dev.clone(), dev.clone()], Split::At(vec![5]), &opt, Loss::CrossEntropy).unwrap();
     let mut tp = TensorParallel::new(&model, &[dev.clone(), dev.clone()], &opt, Loss::CrossEntropy).unwrap();
     let batch = &batches(4, 1)[0];
@@ -180,4 +180,78 @@ fn strategies_on_the_models_own_device_leave_the_model_untouched() {
     for ((name, t), want) in model.parameters().iter().zip(&before) {
         assert_close(name, &t.to_vec().unwrap(), want, 0.0, 0.0);
     }
+}
+
+/// Clipping and `set_lr` reach every tensor-parallel shard: the norm is over each shard once
+/// (the trunk and the row bias, which live on the first device only, once too).
+#[test]
+fn tensor_parallel_clips_the_global_norm_and_sets_lr_like_single() {
+    const CLIP: f32 = 0.3;
+    let data = batches(8, 8);
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() });
+    let run = |s: &mut dyn Strategy| {
+        s.set_grad_clip(Some(CLIP)).unwrap();
+        let mut norms = Vec::new();
+        let mut losses = Vec::new();
+        for (i, b) in data.iter().enumerate() {
+            if i == 4 {
+                s.set_lr(0.02);
+            }
+            let r = s.step(b).unwrap();
+            norms.push(r.grad_norm.unwrap());
+            losses.push(r.loss);
+        }
+        let weights = s.state_dict().unwrap().into_iter().map(|(n, t)| (n, t.dims().to_vec(), t.to_vec().unwrap())).collect();
+        (norms, (losses, weights))
+    };
+    let dev = devices(1).remove(0);
+    let (want_norms, want) = run(&mut Single::new(SeedModel::Cnn.build(3, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap());
+    assert!(want_norms[0] > CLIP, "the first norm {} should exceed the bound {CLIP}", want_norms[0]);
+    let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
+    for n in [2, 3] {
+        let (norms, got) = run(&mut TensorParallel::new(&model, &devices(n), &opt, Loss::CrossEntropy).unwrap());
+        assert_close(&format!("tensor parallel x{n}: gradient norms"), &norms, &want_norms, 1e-5, 1e-4);
+        same(&format!("tensor parallel x{n}, clipped"), &got, &want);
+    }
+}
+
+/// A parameterless layer that takes 30 ms: it makes the measured split differ from the
+/// split by parameter bytes that `Split::Auto` starts from.
+struct Slow;
+
+impl Module for Slow {
+    fn forward(&self, x: &Tensor) -> tandem::Result<Tensor> {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        Ok(x.clone())
+    }
+    fn to_device(&self, _: &Device) -> tandem::Result<Box<dyn Module>> {
+        Ok(Box::new(Slow))
+    }
+    fn describe(&self) -> String {
+        "Slow".into()
+    }
+}
+
+/// The first step's rebalancing rebuilds the stages' optimizers; a learning rate set before
+/// it must survive (here 0, so the step must leave the weights alone).
+#[test]
+fn a_learning_rate_set_before_the_first_step_survives_rebalancing() {
+    let cpu = Device::cpu();
+    let model = tandem::nn::Sequential::new()
+        .push("slow", Slow)
+        .push("a", Linear::new(4, 4, &mut rng(), &cpu).unwrap())
+        .push("b", Linear::new(4, 4, &mut rng(), &cpu).unwrap())
+        .push("c", Linear::new(4, 2, &mut rng(), &cpu).unwrap());
+    let x: Vec<f32> = (0..16).map(|i| i as f32 / 16.0).collect();
+    let ds = tandem::data::Dataset { x, sample_shape: vec![4], y: tandem::data::Targets::Classes { labels: vec![0, 1, 1, 0], classes: 2 } };
+    let batch = ds.batch(&[0, 1, 2, 3]).unwrap();
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.5, ..Default::default() });
+    let before: Vec<f32> = model.parameters().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect();
+    let mut lp = LayerPlacement::new(&model, &devices(2), Split::Auto, &opt, Loss::CrossEntropy).unwrap();
+    assert_eq!(lp.ranges(), vec![0..2, 2..4], "split by parameter bytes before the first step");
+    lp.set_lr(0.0);
+    lp.step(&batch).unwrap();
+    assert_eq!(lp.ranges(), vec![0..1, 1..4], "the slow layer alone after measuring");
+    let after: Vec<f32> = lp.state_dict().unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect();
+    assert_eq!(after, before, "lr 0 set before the first step must hold after rebalancing");
 }

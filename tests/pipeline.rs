@@ -9,8 +9,8 @@ use tandem::backend::*;
 use tandem::data::{synthetic, Batch};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::pipeline::{schedule, simulate, Action, Pipeline, PipelineConfig, Plan, Schedule};
-use tandem::parallel::{Loss, OptimConfig, Single, Split, Strategy};
+use tandem::parallel::pipeline::{schedule, simulate, Action, Pipeline, Plan, Schedule};
+use tandem::parallel::{Loss, OptimConfig, Single, Split, Stages, Strategy};
 use tandem::tolerance::assert_close;
 use tandem::{DType, Device, Layout, Result};
 
@@ -25,7 +25,7 @@ fn devices(n: usize) -> Vec<Device> {
 }
 
 fn opt() -> OptimConfig {
-    OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
+    OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
 }
 
 fn batches(n: usize, steps: usize) -> Vec<Batch> {
@@ -55,9 +55,10 @@ fn same_as_reference(what: &str, got: &(Vec<f32>, Vec<(String, Vec<f32>)>), want
     }
 }
 
-fn pipeline(stages: usize, split: Split, m: usize, kind: Schedule, recompute: bool) -> Pipeline {
+fn pipeline(stages_n: usize, split: Split, m: usize, kind: Schedule, recompute: bool) -> Pipeline {
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
-    Pipeline::new(&model, &devices(stages), split, m, kind, &opt(), Loss::CrossEntropy, PipelineConfig { recompute }).unwrap()
+    let stages = Stages::Split(&model, split);
+    Pipeline::builder(stages, &devices(stages_n), &opt(), Loss::CrossEntropy).micro_batches(m).schedule(kind).recompute(recompute).build().unwrap()
 }
 
 #[test]
@@ -265,8 +266,7 @@ fn small_device(memory: u64) -> Device {
 fn new_err(model_layers: usize, devices: &[Device], split: Split, m: usize) -> String {
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
     assert_eq!(model.len(), model_layers);
-    let cfg = PipelineConfig::default();
-    match Pipeline::new(&model, devices, split, m, Schedule::GPipe, &opt(), Loss::CrossEntropy, cfg) {
+    match Pipeline::builder(Stages::Split(&model, split), devices, &opt(), Loss::CrossEntropy).micro_batches(m).schedule(Schedule::GPipe).build() {
         Ok(_) => panic!("expected an error"),
         Err(e) => e.to_string(),
     }
@@ -304,7 +304,7 @@ fn errors_come_before_any_work() {
     assert!(err.contains("no split"), "{err}");
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
     let fits = [devices(1).remove(0), small_device(50_000)];
-    let pipe = Pipeline::new(&model, &fits, Split::Auto, 2, Schedule::GPipe, &opt(), Loss::CrossEntropy, PipelineConfig::default()).unwrap();
+    let pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &fits, &opt(), Loss::CrossEntropy).micro_batches(2).schedule(Schedule::GPipe).build().unwrap();
     assert_eq!(pipe.ranges()[1], 8..10, "only relu3 and fc2 fit in 50 000 bytes");
 }
 
@@ -346,8 +346,8 @@ fn a_failing_stage_is_an_error_naming_it() {
             .push("boom", fault)
             .push("fc2", Linear::new(16, 10, &mut rng, &cpu).unwrap());
         let devs = devices(3);
-        let cfg = PipelineConfig::default();
-        let mut pipe = Pipeline::new(&model, &devs, Split::At(vec![2, 3]), 2, Schedule::OneFOneB, &opt(), Loss::CrossEntropy, cfg).unwrap();
+        let stages = Stages::Split(&model, Split::At(vec![2, 3]));
+        let mut pipe = Pipeline::builder(stages, &devs, &opt(), Loss::CrossEntropy).micro_batches(2).build().unwrap();
         for _ in 0..2 {
             let e = pipe.step(&batches(4, 1)[0]).unwrap_err();
             let text = e.to_string();

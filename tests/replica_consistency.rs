@@ -22,8 +22,8 @@ const BATCH: usize = 12;
 
 fn optimizers() -> [(&'static str, OptimConfig); 2] {
     [
-        ("adam", OptimConfig::Adam(AdamConfig { lr: 1e-3, ..Default::default() })),
-        ("sgd", OptimConfig::Sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })),
+        ("adam", OptimConfig::adam(AdamConfig { lr: 1e-3, ..Default::default() })),
+        ("sgd", OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })),
     ]
 }
 

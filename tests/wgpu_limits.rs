@@ -77,6 +77,13 @@ fn every_op_splits_under_a_small_binding_limit() {
             d.backend().index(IndexOp::Scatter, &out, &up_i32(d, &labels), &sc, 1500, 3)?;
             Ok(down(d, &sc))
         });
+        check("gather_rows", &|d| {
+            // a 6,000-byte table in two chunks, 1,500 ids (some outside) in several
+            let ids: Vec<i32> = (0..1500).map(|i| (i * 7) % 520 - 10).collect();
+            let out = d.backend().alloc(4500, DType::F32)?;
+            d.backend().index(IndexOp::GatherRows { table_rows: 500 }, &up(d, &x[..1500]), &up_i32(d, &ids), &out, 1500, 3)?;
+            Ok(down(d, &out))
+        });
         check("optim", &|d| {
             let p = up(d, &x);
             let step = OptimStep::Sgd { lr: 0.5, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, first: true };

@@ -18,6 +18,15 @@ pub enum GradOp {
     Binary(BinaryOp),
     Sum { axis: usize },
     Max { axis: usize },
+    /// Softmax along `axis`: PyTorch's fused gradient `y (g - sum(g y))`.
+    Softmax { axis: usize },
+    /// Variance (or, if `std`, standard deviation) along `axis`, PyTorch's fused gradient.
+    Var { axis: usize, correction: usize, std: bool },
+    /// The mean binary cross-entropy of logits (input 0) against targets (input 1).
+    BceWithLogits,
+    /// `x Φ(x)` and `x sigmoid(x)` with PyTorch's fused gradients (see rules.rs).
+    Gelu,
+    Silu,
     Reshape,
     Permute(Vec<usize>),
     Expand,
@@ -31,6 +40,8 @@ pub enum GradOp {
     Conv2d { spec: WindowSpec, cols: Buffer, bias: bool, relu: Option<Buffer> },
     MaxPool2d { spec: WindowSpec, argmax: Buffer },
     Gather { cols: usize },
+    /// An embedding lookup of a `[table_rows, D]` table (input 0) by I32 ids (input 1).
+    GatherRows { table_rows: usize },
     ToDevice,
 }
 

@@ -41,6 +41,43 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             let count = mask.sum(*axis as isize, true)?;
             vec![Some(mask.mul(&g.reshape(kd)?.div(&count)?)?)]
         }
+        // in PyTorch's order, so that a zero gradient has its sign (that of g - sum(g y))
+        GradOp::Softmax { axis } => {
+            let a = *axis as isize;
+            vec![Some(out.mul(&g.sub(&g.mul(out)?.sum(a, true)?)?)?)]
+        }
+        // g (Φ(x) + x φ(x)) and g s (1 + x (1 - s)), s = sigmoid(x), as PyTorch computes them:
+        // the composition's g Φ + (g x) φ would overflow at g x where the result does not
+        GradOp::Gelu => {
+            let cdf = x.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?;
+            let pdf = x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2)?;
+            vec![Some(g.mul(&cdf.add(&x.mul(&pdf)?)?)?)]
+        }
+        // PyTorch's var_backward, (2 / (n - c)) g (x - mean), after std's g / (2 std), 0 where
+        // std is 0
+        GradOp::Var { axis, correction, std } => {
+            let g = g.reshape(keepdim(x.shape(), *axis))?;
+            let g = if *std {
+                let zero = Tensor::zeros(Shape(vec![]), g.device())?;
+                let out = out.reshape(g.shape().clone())?;
+                g.div(&out.mul_scalar(2.0)?)?.where_(&out.eq_elem(&zero)?.affine(-1.0, 1.0)?, &zero)?
+            } else {
+                g
+            };
+            let n = x.dims()[*axis] as f32;
+            // the mean as PyTorch's, sum / n, so that x - mean is 0 with its sign where it is
+            let mean = x.sum(*axis as isize, true)?.div(&Tensor::full(n, Shape(vec![]), g.device())?)?;
+            vec![Some(g.mul_scalar(2.0 / (n - *correction as f32))?.mul(&x.sub(&mean)?)?)]
+        }
+        // PyTorch's: (sigmoid(x) - y) g / N and -x g / N
+        GradOp::BceWithLogits => {
+            let n = Tensor::full(x.numel() as f32, Shape(vec![]), g.device())?;
+            vec![Some(x.sigmoid()?.sub(&inputs[1])?.mul(g)?.div(&n)?), Some(x.neg()?.mul(g)?.div(&n)?)]
+        }
+        GradOp::Silu => {
+            let s = x.sigmoid()?;
+            vec![Some(g.mul(&s)?.mul(&x.mul(&s.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)?)]
+        }
         GradOp::Reshape => vec![Some(g.reshape(x.shape().clone())?)],
         GradOp::Permute(perm) => {
             let mut inv = vec![0; perm.len()];
@@ -79,16 +116,17 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
                 })
                 .collect::<Result<_>>()?
         }
-        // C = op(A)·op(B): dop(A) = G·op(B)ᵀ, dop(B) = op(A)ᵀ·G, transposed back when stored transposed.
+        // C = op(A)·op(B): dop(A) = G·op(B)ᵀ, dop(B) = op(A)ᵀ·G, transposed back when stored
+        // transposed, then summed over the batch dimensions the operand was broadcast along.
         GradOp::Matmul { trans_a, trans_b } => {
             let (a, b, ta, tb) = (&inputs[0], &inputs[1], *trans_a, *trans_b);
             let ga = if a.needs_grad() {
-                Some(if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(b, false, !tb)? })
+                Some(if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(b, false, !tb)? }.sum_to(a.shape())?)
             } else {
                 None
             };
             let gb = if b.needs_grad() {
-                Some(if tb { g.matmul_t(a, true, ta)? } else { a.matmul_t(g, !ta, false)? })
+                Some(if tb { g.matmul_t(a, true, ta)? } else { a.matmul_t(g, !ta, false)? }.sum_to(b.shape())?)
             } else {
                 None
             };
@@ -146,6 +184,21 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             let rows = x.dims()[0];
             let gx = x.backend().alloc(rows * cols, DType::F32)?;
             x.backend().index(IndexOp::Scatter, g.buffer(), inputs[1].buffer(), &gx, rows, *cols)?;
+            vec![Some(Tensor::from_parts(gx, x.shape().clone(), x.device().clone(), None)), None]
+        }
+        // The deterministic scatter-add: the plan of the ids (built on the host from the values
+        // uploaded, or from one read of ids made on the device) makes every backend sum each
+        // row's gradients in ascending order.
+        GradOp::GatherRows { table_rows } => {
+            let (ids, v) = (&inputs[1], *table_rows);
+            let d = x.dims()[1];
+            let plan = match ids.buffer().host_i32() {
+                Some(host) => crate::backend::row_plan(&host[..ids.numel()], v),
+                None => crate::backend::row_plan(&ids.to_vec_i32()?, v),
+            };
+            let plan = x.backend().upload(bytemuck::cast_slice(&plan), DType::I32)?;
+            let gx = x.backend().alloc(v * d, DType::F32)?;
+            x.backend().index(IndexOp::ScatterAddRows { table_rows: v }, g.buffer(), &plan, &gx, ids.numel(), d)?;
             vec![Some(Tensor::from_parts(gx, x.shape().clone(), x.device().clone(), None)), None]
         }
         GradOp::ToDevice => vec![Some(g.to(x.device())?)],

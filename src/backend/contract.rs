@@ -6,7 +6,7 @@
 //! no size computation overflows. `Device::backend()` is public, so these checks, not
 //! `Tensor`'s, are what keeps safe code from reading out of bounds. What is left to a backend
 //! is its own limits (32-bit kernel arguments, grid sizes) and that a buffer is its own.
-use super::{Buffer, DeviceInfo, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, WindowSpec};
+use super::{Buffer, CastOp, DeviceInfo, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, WindowSpec};
 use crate::{DType, Error, Layout, Result, MAX_RANK};
 
 /// The op being checked and the device it runs on, named by every error below.
@@ -91,11 +91,12 @@ pub fn upload(dev: &DeviceInfo, bytes: &[u8], dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// Every op that writes I32 values calls this on its output, so that no stale bound outlives
-/// the values it described.
+/// Every op that writes I32 values calls this on its output, so that no stale bound or host
+/// copy outlives the values it described.
 fn written(out: &Buffer) {
     if out.dtype() == DType::I32 {
         out.set_label_bound(None);
+        out.set_host_i32(None);
     }
 }
 
@@ -216,14 +217,32 @@ pub fn max_pool2d_backward(dev: &DeviceInfo, grad_out: &Buffer, argmax: &Buffer,
 pub fn index(dev: &DeviceInfo, iop: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
     let o = op("index", dev);
     let matrix = o.product("the matrix", &[rows, cols])?;
-    let (x_len, out_len) = match iop {
-        IndexOp::Gather => (matrix, rows),
-        IndexOp::Scatter => (rows, matrix),
+    let (x_len, idx_len, out_len) = match iop {
+        IndexOp::Gather => (matrix, rows, rows),
+        IndexOp::Scatter => (rows, rows, matrix),
+        IndexOp::GatherRows { table_rows } => (o.product("the table", &[table_rows, cols])?, rows, matrix),
+        IndexOp::ScatterAddRows { table_rows } => {
+            // The plan holds positions and counts of the `rows` ids as I32.
+            if i32::try_from(rows).is_err() || i32::try_from(table_rows).is_err() {
+                return Err(Error::invalid("index", format!("{rows} ids into {table_rows} rows: both must fit I32 on {}", o.device())));
+            }
+            (matrix, o.sum("the plan", &[table_rows, 1, rows])?, o.product("the table", &[table_rows, cols])?)
+        }
     };
     o.buffer("x", x, DType::F32, x_len)?;
-    o.buffer("idx", idx, DType::I32, rows)?;
+    o.buffer("idx", idx, DType::I32, idx_len)?;
     o.buffer("out", out, DType::F32, out_len)?;
     o.not_aliased(out, &[("x", x)])
+}
+
+pub fn cast(dev: &DeviceInfo, cop: CastOp, x: &Buffer, out: &Buffer, len: usize) -> Result<()> {
+    let o = op("cast", dev);
+    let (from, to) = cop.dtypes();
+    o.buffer("x", x, from, len)?;
+    o.buffer("out", out, to, len)?;
+    o.not_aliased(out, &[("x", x)])?;
+    written(out);
+    Ok(())
 }
 
 /// `param`, `grad` and the state buffers the update reads all hold `param.len()` values.

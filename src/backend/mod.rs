@@ -5,10 +5,13 @@
 //! Adding an elementwise op: see CONTRIBUTING.md.
 pub mod contract;
 pub mod cpu;
+mod index;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
+
+pub use index::{row_plan, CastOp, IndexOp};
 
 use crate::{DType, Layout, Result};
 use std::any::Any;
@@ -237,16 +240,6 @@ impl WindowSpec {
     }
 }
 
-/// Row-wise indexing with class labels (I32): `Gather` reads `out[r] = x[r, idx[r]]` from
-/// `[rows, cols]`; `Scatter` writes `out[r, c] = (c == idx[r]) ? g[r] : 0`. Labels belong in
-/// `0..cols`: `Tensor` rejects others before it calls (`gather_rows`, `cross_entropy`), and a
-/// backend called directly with one reads 0 and writes nothing for it, never out of bounds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IndexOp {
-    Gather,
-    Scatter,
-}
-
 /// Fused optimizer updates, an optional fast path over the composed update.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OptimStep {
@@ -320,12 +313,15 @@ struct Shared<T: ?Sized> {
     /// For I32 buffers, bounds that every value lies within, when known without reading the
     /// device (labels uploaded from the host); cleared by every op that writes I32 values.
     label_bound: Mutex<Option<(i32, i32)>>,
+    /// For I32 buffers uploaded from the host, those values, so that the embedding gradient
+    /// plans its sums without reading the device; cleared with `label_bound`.
+    host_i32: Mutex<Option<Arc<[i32]>>>,
     raw: T,
 }
 
 impl Buffer {
     pub fn new<T: Any + Send + Sync>(raw: T, len: usize, dtype: DType) -> Self {
-        Buffer { raw: Arc::new(Shared { label_bound: Mutex::new(None), raw }), len, dtype }
+        Buffer { raw: Arc::new(Shared { label_bound: Mutex::new(None), host_i32: Mutex::new(None), raw }), len, dtype }
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
@@ -351,6 +347,13 @@ impl Buffer {
     }
     pub(crate) fn set_label_bound(&self, bound: Option<(i32, i32)>) {
         *self.raw.label_bound.lock().unwrap_or_else(|e| e.into_inner()) = bound;
+    }
+    /// The I32 values as uploaded from the host, if they are still the buffer's.
+    pub fn host_i32(&self) -> Option<Arc<[i32]>> {
+        self.raw.host_i32.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub(crate) fn set_host_i32(&self, values: Option<Arc<[i32]>>) {
+        *self.raw.host_i32.lock().unwrap_or_else(|e| e.into_inner()) = values;
     }
 }
 
@@ -400,6 +403,19 @@ pub trait Backend: Send + Sync {
     fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()>;
     /// See `IndexOp`; `x` is `[rows, cols]` for gather, `out` is `[rows, cols]` for scatter.
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()>;
+    /// `out[i] = op(x[i])` for `i < len`, converting between dtypes (see `CastOp`): no other
+    /// primitive writes I32 from values or reads I32 as numbers. The default converts on the
+    /// host (a download and an upload); the built-in backends run a kernel.
+    fn cast(&self, op: CastOp, x: &Buffer, out: &Buffer, len: usize) -> Result<()> {
+        contract::cast(self.info(), op, x, out, len)?;
+        let bytes = self.download(x)?;
+        let words: Vec<u8> = bytes[..len * 4]
+            .chunks_exact(4)
+            .flat_map(|c| op.word(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
+            .collect();
+        let converted = self.upload(&words, out.dtype())?;
+        self.copy(&converted, 0, out, 0, len)
+    }
 
     /// Fused `out[z] = A·B[z] + bias[row]` (`bias` has `m` values, one per row of each output
     /// matrix), then `max(0, ·)` when `relu`: a convolution, its bias and a following ReLU in one

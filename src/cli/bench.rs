@@ -7,8 +7,8 @@ use crate::autograd::no_grad;
 use crate::data::synthetic;
 use crate::nn::models::SeedModel;
 use crate::optim::SgdConfig;
-use crate::parallel::pipeline::{Pipeline, PipelineConfig, Schedule};
-use crate::parallel::{Loss, OptimConfig, Single, Split, Strategy};
+use crate::parallel::pipeline::{Pipeline, Schedule};
+use crate::parallel::{Loss, OptimConfig, Single, Split, Stages, Strategy};
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
 use std::time::Instant;
@@ -126,7 +126,7 @@ fn train_step(dev: &Device, batch: usize, reps: usize) -> Result<(f64, f64)> {
     let data = synthetic::seed_images(batch, 0)?;
     let all: Vec<usize> = (0..batch).collect();
     let b = data.batch(&all)?;
-    let optim = OptimConfig::Sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let optim = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
     let mut s = Single::new(SeedModel::Cnn.build(0, &Device::cpu())?, &optim, Loss::CrossEntropy, dev)?;
     // `step` reads the loss back to the host, so each timed step includes its sync.
     let (median, first) = timed(reps, || s.step(&b).map(drop))?;
@@ -156,9 +156,10 @@ fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f
     let data = synthetic::seed_images(PIPELINE_BATCH, 0)?;
     let all: Vec<usize> = (0..PIPELINE_BATCH).collect();
     let b = data.batch(&all)?;
-    let optim = OptimConfig::Sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let optim = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
     let model = SeedModel::Cnn.build(0, &Device::cpu())?;
-    let mut pipe = Pipeline::new(&model, &devices, Split::Auto, micro_batches, Schedule::OneFOneB, &optim, Loss::CrossEntropy, PipelineConfig::default())?;
+    let stages = Stages::Split(&model, Split::Auto);
+    let mut pipe = Pipeline::builder(stages, &devices, &optim, Loss::CrossEntropy).micro_batches(micro_batches).schedule(Schedule::OneFOneB).build()?;
     // The first step measures the layers and rebalances the split.
     pipe.step(&b)?;
     let (mut bubbles, mut theory) = (Vec::new(), 0.0);

@@ -6,7 +6,7 @@ use crate::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
 use crate::nn::models::SeedModel;
 use crate::nn::{Module, Sequential};
 use crate::optim::{AdamConfig, SgdConfig};
-use crate::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, PipelineConfig, Single, Split, Strategy, TensorParallel};
+use crate::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, Single, Split, Stages, Strategy, TensorParallel};
 use crate::{Device, Error, Result, Tensor};
 use clap::ValueEnum;
 use std::path::{Path, PathBuf};
@@ -77,27 +77,27 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
         StrategyKind::Data => data_parallel(&plan),
         StrategyKind::Model => {
             no_micro_batches(&plan, "model")?;
-            Ok(Box::new(LayerPlacement::new(&plan.model, &plan.devices, layer_split(&plan)?, &plan.optim, plan.loss)?))
+            Ok(Box::new(LayerPlacement::new(&plan.model, &plan.devices, layer_split(&plan)?, &plan.optim, plan.loss.clone())?))
         }
         StrategyKind::Tensor => {
             no_micro_batches(&plan, "tensor")?;
-            Ok(Box::new(TensorParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss)?))
+            Ok(Box::new(TensorParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone())?))
         }
         StrategyKind::Pipeline => {
             let schedule = match plan.schedule {
                 Schedule::Gpipe => pipeline::Schedule::GPipe,
                 Schedule::OneFOneB => pipeline::Schedule::OneFOneB,
             };
-            let cfg = PipelineConfig { recompute: false };
-            let split = layer_split(&plan)?;
-            Ok(Box::new(Pipeline::new(&plan.model, &plan.devices, split, plan.micro_batches, schedule, &plan.optim, plan.loss, cfg)?))
+            let stages = Stages::Split(&plan.model, layer_split(&plan)?);
+            let pipe = Pipeline::builder(stages, &plan.devices, &plan.optim, plan.loss.clone()).micro_batches(plan.micro_batches).schedule(schedule);
+            Ok(Box::new(pipe.build()?))
         }
     }
 }
 
 fn data_parallel(plan: &StrategyPlan) -> Result<Box<dyn Strategy>> {
     let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, ..Default::default() };
-    Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss, cfg)?))
+    Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone(), cfg)?))
 }
 
 /// Measured after the first step normally; with `--deterministic`, the split by parameter
@@ -181,6 +181,9 @@ pub fn check_fit(model: SeedModel, ds: &Dataset, what: &str) -> Result<()> {
             Err(Error::Msg(format!("{name} predicts {CNN_CLASSES} classes but the {what} has {classes}")))
         }
         (Targets::Values { .. }, true) => Err(Error::Msg(format!("{name} is a classifier but the {what} has real-valued targets (y must hold integer labels)"))),
+        (Targets::Tokens { shape_per_sample, .. }, _) => {
+            Err(Error::Msg(format!("{name} takes one target per sample but the {what} has class ids of shape {shape_per_sample:?} per sample")))
+        }
         (Targets::Classes { .. }, false) => Err(Error::Msg(format!("{name} is a regression model but the {what} has class labels (y must be F32)"))),
         (Targets::Values { shape_per_sample, .. }, false) if shape_per_sample == &[1] => Ok(()),
         (Targets::Values { shape_per_sample, .. }, false) => {
@@ -211,9 +214,9 @@ pub fn optim_config(args: &TrainArgs) -> Result<OptimConfig> {
             if !(args.momentum.is_finite() && (0.0..1.0).contains(&args.momentum)) {
                 return Err(Error::invalid("--momentum", format!("must be in [0, 1), got {}", args.momentum)));
             }
-            OptimConfig::Sgd(SgdConfig { lr, momentum: args.momentum, ..Default::default() })
+            OptimConfig::sgd(SgdConfig { lr, momentum: args.momentum, ..Default::default() })
         }
-        OptimizerKind::Adam => OptimConfig::Adam(AdamConfig { lr, ..Default::default() }),
+        OptimizerKind::Adam => OptimConfig::adam(AdamConfig { lr, ..Default::default() }),
     })
 }
 

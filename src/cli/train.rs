@@ -75,7 +75,7 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     let plan = StrategyPlan {
         kind: args.strategy,
         model,
-        optim,
+        optim: optim.clone(),
         loss,
         devices,
         micro_batches,

@@ -11,6 +11,7 @@ mod loader;
 pub mod mnist;
 pub mod synthetic;
 pub mod tensor_file;
+pub mod text;
 
 pub use loader::{DataLoader, LoaderState};
 
@@ -25,6 +26,10 @@ pub enum Targets {
     Classes { labels: Vec<i32>, classes: usize },
     /// A real-valued target of shape `shape_per_sample` per sample, samples concatenated.
     Values { data: Vec<f32>, shape_per_sample: Vec<usize> },
+    /// Class indices in `0..classes` with a shape per sample, samples concatenated: per-token
+    /// targets (`shape_per_sample = [T]` gives a `[B, T]` I32 tensor per batch, a language
+    /// model's next tokens) or per-pixel classes.
+    Tokens { ids: Vec<i32>, shape_per_sample: Vec<usize>, classes: usize },
 }
 
 impl Targets {
@@ -32,10 +37,30 @@ impl Targets {
     pub fn len(&self) -> usize {
         match self {
             Targets::Classes { labels, .. } => labels.len(),
-            Targets::Values { data, shape_per_sample } => match shape_per_sample.iter().product::<usize>() {
-                0 => 0,
-                per => data.len() / per,
-            },
+            Targets::Values { data, shape_per_sample } => whole(data.len(), shape_per_sample),
+            Targets::Tokens { ids, shape_per_sample, .. } => whole(ids.len(), shape_per_sample),
+        }
+    }
+
+    /// Values per sample: 1 for `Classes`, the product of the per-sample shape otherwise.
+    pub fn per_sample(&self) -> usize {
+        match self {
+            Targets::Classes { .. } => 1,
+            Targets::Values { shape_per_sample, .. } | Targets::Tokens { shape_per_sample, .. } => shape_per_sample.iter().product(),
+        }
+    }
+
+    /// The targets of samples `r` (a data-parallel shard or a pipeline micro-batch). `r` must
+    /// lie within `0..len()`.
+    pub fn slice(&self, r: Range<usize>) -> Targets {
+        let per = self.per_sample();
+        let (a, b) = (r.start * per, r.end * per);
+        match self {
+            Targets::Classes { labels, classes } => Targets::Classes { labels: labels[a..b].to_vec(), classes: *classes },
+            Targets::Values { data, shape_per_sample } => Targets::Values { data: data[a..b].to_vec(), shape_per_sample: shape_per_sample.clone() },
+            Targets::Tokens { ids, shape_per_sample, classes } => {
+                Targets::Tokens { ids: ids[a..b].to_vec(), shape_per_sample: shape_per_sample.clone(), classes: *classes }
+            }
         }
     }
 
@@ -49,16 +74,29 @@ impl Targets {
             Targets::Classes { labels, classes } => {
                 Targets::Classes { labels: indices.iter().map(|&i| labels[i]).collect(), classes: *classes }
             }
-            Targets::Values { data, shape_per_sample } => {
-                let per = shape_per_sample.iter().product::<usize>();
-                let mut out = Vec::with_capacity(indices.len() * per);
-                for &i in indices {
-                    out.extend_from_slice(&data[i * per..(i + 1) * per]);
-                }
-                Targets::Values { data: out, shape_per_sample: shape_per_sample.clone() }
+            Targets::Values { data, shape_per_sample } => Targets::Values { data: rows(data, indices, self.per_sample()), shape_per_sample: shape_per_sample.clone() },
+            Targets::Tokens { ids, shape_per_sample, classes } => {
+                Targets::Tokens { ids: rows(ids, indices, self.per_sample()), shape_per_sample: shape_per_sample.clone(), classes: *classes }
             }
         }
     }
+}
+
+/// Whole samples of `per_sample` values in `n` values (0 for an empty sample shape).
+fn whole(n: usize, shape_per_sample: &[usize]) -> usize {
+    match shape_per_sample.iter().product::<usize>() {
+        0 => 0,
+        per => n / per,
+    }
+}
+
+/// Samples `indices` (each `per` consecutive values of `data`), concatenated.
+fn rows<T: Copy>(data: &[T], indices: &[usize], per: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(indices.len() * per);
+    for &i in indices {
+        out.extend_from_slice(&data[i * per..(i + 1) * per]);
+    }
+    out
 }
 
 /// A whole dataset in host memory: `x` holds `len()` samples of `sample_shape`, concatenated.
@@ -112,23 +150,27 @@ impl Dataset {
         }
         let n_x = self.x.len() / per;
         match &self.y {
-            Targets::Classes { labels, classes } => {
-                if let Some((i, &l)) = labels.iter().enumerate().find(|&(_, &l)| l < 0 || l as usize >= *classes) {
+            Targets::Classes { labels: ids, classes } | Targets::Tokens { ids, classes, .. } => {
+                if let Some((i, &l)) = ids.iter().enumerate().find(|&(_, &l)| l < 0 || l as usize >= *classes) {
                     return Err(Error::invalid(
                         "Dataset",
                         format!("label {l} at index {i} is outside 0..{classes}"),
                     ));
                 }
             }
-            Targets::Values { data, shape_per_sample } => {
-                let per_y = shape_per_sample.iter().product::<usize>();
-                if per_y == 0 || data.len() % per_y != 0 {
-                    return Err(Error::shape(
-                        "Dataset",
-                        format!("y has {} elements, not a whole number of {:?} targets", data.len(), shape_per_sample),
-                    ));
-                }
+            Targets::Values { .. } => {}
+        }
+        let whole_targets = |n: usize, shape: &[usize]| {
+            let per_y = shape.iter().product::<usize>();
+            if per_y == 0 || !n.is_multiple_of(per_y) {
+                return Err(Error::shape("Dataset", format!("y has {n} elements, not a whole number of {shape:?} targets")));
             }
+            Ok(())
+        };
+        match &self.y {
+            Targets::Values { data, shape_per_sample } => whole_targets(data.len(), shape_per_sample)?,
+            Targets::Tokens { ids, shape_per_sample, .. } => whole_targets(ids.len(), shape_per_sample)?,
+            Targets::Classes { .. } => {}
         }
         if n_x != self.y.len() {
             return Err(Error::shape(
@@ -206,6 +248,20 @@ impl Batch {
     /// Number of samples in the batch.
     pub fn len(&self) -> usize {
         self.x_shape.first().copied().unwrap_or(0)
+    }
+
+    /// Samples `r` of the batch; errors when `r` is outside it or `x` and `y` disagree on the
+    /// sample count.
+    pub fn slice(&self, r: Range<usize>) -> Result<Batch> {
+        let n = self.len();
+        if r.start > r.end || r.end > n || self.y.len() != n || self.x.len() != self.x_shape.iter().product::<usize>() {
+            let what = format!("samples {r:?} of a batch of x {:?} ({} values) and {} targets", self.x_shape, self.x.len(), self.y.len());
+            return Err(Error::shape("Batch::slice", what));
+        }
+        let per = self.x.len().checked_div(n).unwrap_or(0);
+        let mut x_shape = self.x_shape.clone();
+        x_shape[0] = r.len();
+        Ok(Batch { x: self.x[r.start * per..r.end * per].to_vec(), x_shape, y: self.y.slice(r) })
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,7 +1,11 @@
-//! Parameter-free layers: Identity, Tanh, Sigmoid, SiLU, GELU, and Dropout (the only one with a mode).
+//! Parameter-free layers: Identity, Tanh, Sigmoid, SiLU, GELU, and Dropout (the only one with a
+//! mode), with the sample context that keys Dropout's masks by sample rather than by device split.
 use super::Module;
-use crate::{Device, Result, Tensor};
+use crate::tensor::random::philox4x32;
+use crate::{Device, Error, Result, Tensor};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 macro_rules! stateless {
     ($(#[$doc:meta])* $name:ident, $x:ident => $body:expr) => {
@@ -63,15 +67,59 @@ impl Module for GELU {
     }
 }
 
+/// Which samples the forward running on this thread computes: set by the strategies' step loop
+/// (see [`with_samples`]) so that Dropout draws each sample's mask from (seed, step, global
+/// sample index), the same whether the batch runs whole, in data-parallel shards or in
+/// pipeline micro-batches, and again when a pipeline recomputes a forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleContext {
+    /// The optimizer step (0 for the first).
+    pub step: u64,
+    /// Index within the global batch of the first sample of this forward's input.
+    pub first_sample: u64,
+    /// Samples in this forward's input.
+    pub samples: usize,
+}
+
+thread_local! {
+    /// The context of the forward in progress and its generation (unique per `with_samples`).
+    static CONTEXT: Cell<Option<(SampleContext, u64)>> = const { Cell::new(None) };
+}
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// Runs `f` (a forward) with `ctx` as this thread's sample context, then restores the previous
+/// one. Every Dropout reached in `f` keys its masks by `ctx`, counting its own calls from 0, so
+/// running the same forward again under the same context replays the same masks.
+pub fn with_samples<T>(ctx: SampleContext, f: impl FnOnce() -> T) -> T {
+    /// Puts the previous context back even when `f` panics.
+    struct Restore(Option<(SampleContext, u64)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CONTEXT.with(|c| c.set(self.0));
+        }
+    }
+    let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+    let _restore = Restore(CONTEXT.with(|c| c.replace(Some((ctx, generation)))));
+    f()
+}
+
 /// Zeroes each value with probability `p` in training and scales the rest by `1/(1-p)`;
-/// the identity in eval mode. Masks come from a counter-based generator keyed by the seed,
-/// and each call moves the counter past the values it used, so a run is reproducible and
-/// identical on every backend.
+/// the identity in eval mode. Masks come from Philox keyed by the seed, identical on every
+/// backend.
+///
+/// Under a [`SampleContext`] (every strategy's step sets one) sample `g` of step `s` takes the
+/// Philox counters `[j, call, g, s]` (`j` the block of 4 values within the sample, `call` this
+/// layer's call number within the forward): masks depend on the global sample index, never on
+/// how the batch is split. The input's values must be sample-major (`[B, ...]`, or `[B·T, C]`
+/// with each sample's rows together). Without a context (a forward run by hand) each call moves
+/// an offset past the values it used, so a run is still reproducible.
 pub struct Dropout {
     pub p: f32,
     seed: u64,
     offset: AtomicU64,
     training: AtomicBool,
+    /// The context generation last seen and the calls made under it.
+    calls: Mutex<(u64, u32)>,
 }
 
 impl Dropout {
@@ -80,11 +128,42 @@ impl Dropout {
         if !(0.0..=1.0).contains(&p) {
             return Err(crate::Error::invalid("Dropout", format!("p = {p} is not a probability in [0, 1]")));
         }
-        Ok(Dropout { p, seed: 0, offset: AtomicU64::new(0), training: AtomicBool::new(true) })
+        Ok(Dropout { p, seed: 0, offset: AtomicU64::new(0), training: AtomicBool::new(true), calls: Mutex::new((0, 0)) })
     }
     /// The same layer drawing its masks from `seed`.
     pub fn seed(self, seed: u64) -> Self {
         Dropout { seed, offset: AtomicU64::new(0), ..self }
+    }
+
+    /// The mask of `x` under `ctx` (generation `generation`), per sample as the type documents.
+    fn sample_mask(&self, x: &Tensor, ctx: SampleContext, generation: u64) -> Result<Tensor> {
+        let n = x.numel();
+        if ctx.samples == 0 || !n.is_multiple_of(ctx.samples) {
+            let what = format!("input {:?} on {:?} does not split into the {} samples of the forward", x.shape(), x.device(), ctx.samples);
+            return Err(Error::shape("Dropout", what));
+        }
+        let call = {
+            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+            if calls.0 != generation {
+                *calls = (generation, 0);
+            }
+            calls.1 += 1;
+            calls.1 - 1
+        };
+        let (per, key) = (n / ctx.samples, [self.seed as u32, (self.seed >> 32) as u32]);
+        let keep = if self.p < 1.0 { 1.0 / (1.0 - self.p) } else { 0.0 };
+        let mut mask = Vec::with_capacity(n);
+        for i in 0..ctx.samples as u64 {
+            let g = ctx.first_sample + i;
+            for block in 0..per.div_ceil(4) {
+                let words = philox4x32([block as u32, call, g as u32, ctx.step as u32], key);
+                for &w in words.iter().take(per - 4 * block) {
+                    let u = (w >> 8) as f32 * (1.0 / 16_777_216.0);
+                    mask.push(if u >= self.p { keep } else { 0.0 });
+                }
+            }
+        }
+        Tensor::from_vec(mask, x.shape().clone(), x.device())
     }
 }
 
@@ -92,6 +171,9 @@ impl Module for Dropout {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if !self.training.load(Ordering::Relaxed) || self.p == 0.0 {
             return Ok(x.clone());
+        }
+        if let Some((ctx, generation)) = CONTEXT.with(Cell::get) {
+            return x.mul(&self.sample_mask(x, ctx, generation)?);
         }
         let offset = self.offset.fetch_add(x.numel() as u64, Ordering::Relaxed);
         x.mul(&Tensor::dropout_mask(self.p, self.seed, offset, x.shape().clone(), x.device())?)
@@ -105,6 +187,7 @@ impl Module for Dropout {
             seed: self.seed,
             offset: AtomicU64::new(self.offset.load(Ordering::Relaxed)),
             training: AtomicBool::new(self.training.load(Ordering::Relaxed)),
+            calls: Mutex::new((0, 0)),
         }))
     }
     fn describe(&self) -> String {

@@ -1,11 +1,12 @@
 //! Neural-network layers: the `Module` trait, `Sequential`, the layers and the seed models.
 mod activation;
+pub mod init;
 mod layers;
 pub mod models;
 mod norm;
 mod pool;
 
-pub use activation::{Dropout, GeluApproximate, Identity, SiLU, Sigmoid, Tanh, GELU};
+pub use activation::{with_samples, Dropout, GeluApproximate, Identity, SampleContext, SiLU, Sigmoid, Tanh, GELU};
 pub use layers::{Conv2d, Embedding, Flatten, Linear, MaxPool2d, ReLU};
 pub use norm::{BatchNorm1d, BatchNorm2d, LayerNorm};
 pub use pool::{AdaptiveAvgPool2d, AvgPool2d};

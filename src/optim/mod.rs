@@ -1,8 +1,18 @@
 //! Optimizers with PyTorch's exact update rules: SGD (momentum, dampening, nesterov, weight
-//! decay), Adam and AdamW. Each uses a backend's fused update when it has one.
+//! decay), Adam and AdamW, with parameter groups; LR schedules and gradient clipping beside them.
+//! Each optimizer uses a backend's fused update when it has one.
+mod clip;
+mod config;
+mod schedule;
+
+pub use clip::{clip_grad_norm, clip_scale, grad_norm_sq, scale_grads};
+pub use config::{GroupFn, GroupRule, OptimConfig, OptimKind, ParamGroup, ParamGroups};
+pub use schedule::LrSchedule;
+
 use crate::autograd::no_grad;
 use crate::backend::OptimStep;
 use crate::{Error, Result, Tensor};
+use config::Resolved;
 
 /// Updates parameters from their gradients.
 pub trait Optimizer: Send {
@@ -20,7 +30,11 @@ pub trait Optimizer: Send {
     fn state(&self) -> (Vec<(String, Tensor)>, u64);
     /// Restores what `state` returned.
     fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()>;
+    /// The base learning rate.
     fn lr(&self) -> f32;
+    /// Sets the base learning rate; each parameter group keeps its configured ratio to it (a
+    /// group built with lr 2e-3 over a base of 1e-3 runs at `2 * lr`), so a schedule scales
+    /// every group as PyTorch's `LambdaLR` does. Weight decay is not scaled.
     fn set_lr(&mut self, lr: f32);
 }
 
@@ -44,17 +58,22 @@ pub struct Sgd {
     cfg: SgdConfig,
     params: Vec<(String, Tensor)>,
     momentum: Vec<Option<Tensor>>,
+    groups: Resolved,
     steps: u64,
 }
 
 impl Sgd {
     pub fn new(params: Vec<(String, Tensor)>, cfg: SgdConfig) -> Result<Self> {
-        check_lr(cfg.lr)?;
+        Sgd::grouped(params, cfg, None)
+    }
+    /// `cfg` gives the base lr and weight decay, which `groups` may override per parameter.
+    pub fn grouped(params: Vec<(String, Tensor)>, cfg: SgdConfig, groups: Option<&ParamGroups>) -> Result<Self> {
         if cfg.nesterov && (cfg.momentum <= 0.0 || cfg.dampening != 0.0) {
             return Err(Error::invalid("Sgd", "nesterov needs momentum > 0 and dampening 0"));
         }
+        let groups = Resolved::new("Sgd", groups, &params, cfg.lr, cfg.weight_decay)?;
         let n = params.len();
-        Ok(Sgd { cfg, params, momentum: vec![None; n], steps: 0 })
+        Ok(Sgd { cfg, params, momentum: vec![None; n], groups, steps: 0 })
     }
 }
 
@@ -69,24 +88,25 @@ impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let c = self.cfg;
         no_grad(|| {
-            for ((_, p), buf) in self.params.iter().zip(self.momentum.iter_mut()) {
+            for (i, ((_, p), buf)) in self.params.iter().zip(self.momentum.iter_mut()).enumerate() {
                 let Some(g) = p.grad() else { continue };
+                let (lr, wd) = (self.groups.lr(i, c.lr), self.groups.weight_decay(i));
                 let first = buf.is_none();
                 if c.momentum != 0.0 && first {
                     *buf = Some(Tensor::zeros(p.shape().clone(), p.device())?);
                 }
-                let step = OptimStep::Sgd { lr: c.lr, momentum: c.momentum, dampening: c.dampening, nesterov: c.nesterov, weight_decay: c.weight_decay, first };
+                let step = OptimStep::Sgd { lr, momentum: c.momentum, dampening: c.dampening, nesterov: c.nesterov, weight_decay: wd, first };
                 let state: Vec<&crate::backend::Buffer> = buf.iter().map(|b| b.buffer()).collect();
                 if p.backend().optim_step(step, p.buffer(), g.buffer(), &state)? {
                     continue;
                 }
-                let mut d = if c.weight_decay != 0.0 { g.add(&p.mul_scalar(c.weight_decay)?)? } else { g.clone() };
+                let mut d = if wd != 0.0 { g.add(&p.mul_scalar(wd)?)? } else { g.clone() };
                 if let Some(b) = buf {
                     let nb = if first { d.clone() } else { b.mul_scalar(c.momentum)?.add(&d.mul_scalar(1.0 - c.dampening)?)? };
                     b.assign(&nb)?;
                     d = if c.nesterov { d.add(&nb.mul_scalar(c.momentum)?)? } else { nb };
                 }
-                p.assign(&p.sub(&d.mul_scalar(c.lr)?)?)?;
+                p.assign(&p.sub(&d.mul_scalar(lr)?)?)?;
             }
             self.steps += 1;
             Ok(())
@@ -155,17 +175,22 @@ pub struct Adam {
     cfg: AdamConfig,
     params: Vec<(String, Tensor)>,
     moments: Vec<Option<(Tensor, Tensor)>>,
+    groups: Resolved,
     steps: u64,
 }
 
 impl Adam {
     pub fn new(params: Vec<(String, Tensor)>, cfg: AdamConfig) -> Result<Self> {
-        check_lr(cfg.lr)?;
+        Adam::grouped(params, cfg, None)
+    }
+    /// `cfg` gives the base lr and weight decay, which `groups` may override per parameter.
+    pub fn grouped(params: Vec<(String, Tensor)>, cfg: AdamConfig, groups: Option<&ParamGroups>) -> Result<Self> {
         if !(0.0..1.0).contains(&cfg.beta1) || !(0.0..1.0).contains(&cfg.beta2) {
             return Err(Error::invalid("Adam", format!("betas must be in [0, 1), got ({}, {})", cfg.beta1, cfg.beta2)));
         }
+        let groups = Resolved::new("Adam", groups, &params, cfg.lr, cfg.weight_decay)?;
         let n = params.len();
-        Ok(Adam { cfg, params, moments: vec![None; n], steps: 0 })
+        Ok(Adam { cfg, params, moments: vec![None; n], groups, steps: 0 })
     }
 }
 
@@ -175,23 +200,24 @@ impl Optimizer for Adam {
         self.steps += 1;
         let t = self.steps;
         no_grad(|| {
-            for ((_, p), mom) in self.params.iter().zip(self.moments.iter_mut()) {
+            for (i, ((_, p), mom)) in self.params.iter().zip(self.moments.iter_mut()).enumerate() {
                 let Some(g) = p.grad() else { continue };
+                let (lr, wd) = (self.groups.lr(i, c.lr), self.groups.weight_decay(i));
                 if mom.is_none() {
                     *mom = Some((Tensor::zeros(p.shape().clone(), p.device())?, Tensor::zeros(p.shape().clone(), p.device())?));
                 }
                 let (m, v) = mom.as_ref().expect("set above");
-                let step = OptimStep::Adam { lr: c.lr, beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay, decoupled: c.decoupled, step: t };
+                let step = OptimStep::Adam { lr, beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: wd, decoupled: c.decoupled, step: t };
                 if p.backend().optim_step(step, p.buffer(), g.buffer(), &[m.buffer(), v.buffer()])? {
                     continue;
                 }
                 let mut g = g.clone();
                 let mut pv = p.clone();
-                if c.weight_decay != 0.0 {
+                if wd != 0.0 {
                     if c.decoupled {
-                        pv = p.mul_scalar(1.0 - c.lr * c.weight_decay)?;
+                        pv = p.mul_scalar(1.0 - lr * wd)?;
                     } else {
-                        g = g.add(&p.mul_scalar(c.weight_decay)?)?;
+                        g = g.add(&p.mul_scalar(wd)?)?;
                     }
                 }
                 m.assign(&m.mul_scalar(c.beta1)?.add(&g.mul_scalar(1.0 - c.beta1)?)?)?;
@@ -199,7 +225,7 @@ impl Optimizer for Adam {
                 let bc1 = 1.0 - c.beta1.powi(t as i32);
                 let bc2 = 1.0 - c.beta2.powi(t as i32);
                 let denom = v.sqrt()?.mul_scalar(1.0 / bc2.sqrt())?.add_scalar(c.eps)?;
-                p.assign(&pv.sub(&m.div(&denom)?.mul_scalar(c.lr / bc1)?)?)?;
+                p.assign(&pv.sub(&m.div(&denom)?.mul_scalar(lr / bc1)?)?)?;
             }
             Ok(())
         })

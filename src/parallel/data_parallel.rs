@@ -20,6 +20,7 @@ mod update;
 pub use buckets::assign_buckets;
 
 use super::comm::{self, Communicator};
+use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
@@ -90,7 +91,7 @@ struct Replica {
     device: Device,
     /// Trace track: the rank and spec, since several devices can share a spec (`cpu`).
     track: String,
-    model: Sequential,
+    model: Box<dyn Module>,
     params: Vec<(String, Tensor)>,
     /// Parameter index of each parameter's tensor id, for the autograd leaf hook.
     index_of: HashMap<u64, usize>,
@@ -126,7 +127,7 @@ struct Computed {
 /// use tandem::Device;
 /// let devices: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
 /// let model = SeedModel::Cnn.build(0, &devices[0])?;
-/// let opt = OptimConfig::Sgd(SgdConfig::default());
+/// let opt = OptimConfig::sgd(SgdConfig::default());
 /// let mut dp = DataParallel::new(&model, &devices, &opt, Loss::CrossEntropy, DataParallelConfig::default())?;
 /// let data = tandem::data::synthetic::seed_images(6, 1)?;
 /// let report = dp.step(&data.batch(&[0, 1, 2, 3, 4, 5])?)?;
@@ -138,7 +139,7 @@ pub struct DataParallel {
     /// One optimizer per replica (over the parameters it owns, where parameters have owners).
     opts: Vec<Box<dyn Optimizer>>,
     comm: Box<dyn Communicator>,
-    loss: Loss,
+    run: StepLoop,
     cfg: DataParallelConfig,
     buckets: Vec<Vec<usize>>,
     bucket_of: Vec<usize>,
@@ -152,23 +153,44 @@ pub struct DataParallel {
 }
 
 impl DataParallel {
-    /// Replicates `model` on every device (one copy, then a broadcast from device 0 so the
-    /// replicas are identical), with one optimizer per replica.
+    /// Replicates a `Sequential` of built-in layers (or of blocks with `Module::to_device`) on
+    /// every device, with one optimizer per replica.
     pub fn new(model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+        Self::from_factory(|d| model.slice(0..model.len(), d), devices, opt, loss, cfg)
+    }
+
+    /// Any module: `build(device)` (the user's constructor) makes each replica on its device;
+    /// replica 0's parameters are then broadcast to the others, so a random initialisation
+    /// does not matter. Buffers are not broadcast: a constructor must make them the same
+    /// everywhere (BatchNorm's do).
+    pub fn from_factory<M: Module>(build: impl Fn(&Device) -> Result<M>, devices: &[Device], opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
         if devices.is_empty() {
             return Err(Error::invalid("DataParallel::new", "needs at least one device"));
         }
-        Self::with_communicator(model, comm::for_devices(devices)?, opt, loss, cfg)
+        let comm = comm::for_devices(devices)?;
+        let models = comm.devices().iter().map(|d| Ok(Box::new(build(d)?) as Box<dyn Module>)).collect::<Result<Vec<_>>>()?;
+        Self::from_models(models, comm, opt, loss, cfg)
     }
 
     /// `new` with a chosen communicator (for example `PeerRing` on devices without a peer
     /// path, to test the CUDA algorithm); the replicas go on `comm.devices()`.
     pub fn with_communicator(model: &Sequential, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+        let models = comm.devices().iter().map(|d| Ok(Box::new(model.slice(0..model.len(), d)?) as Box<dyn Module>)).collect::<Result<Vec<_>>>()?;
+        Self::from_models(models, comm, opt, loss, cfg)
+    }
+
+    /// One replica per device of `comm`, `models[i]` on device `i`.
+    fn from_models(models: Vec<Box<dyn Module>>, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
         let devices = comm.devices().to_vec();
         let devices = &devices[..];
         let n = devices.len();
         if n == 0 {
             return Err(Error::invalid("DataParallel::new", "needs at least one device"));
+        }
+        for (i, (m, d)) in models.iter().zip(devices).enumerate() {
+            if let Some((name, t)) = m.state_dict().into_iter().find(|(_, t)| !t.device().same(d)) {
+                return Err(Error::invalid("DataParallel::new", format!("replica {i}'s {name} is on {:?}, not on {d:?}; build each replica on its device", t.device())));
+            }
         }
         if cfg.micro_batches == 0 || cfg.deterministic_shards == 0 {
             return Err(Error::invalid("DataParallel::new", "micro_batches and deterministic_shards must be at least 1"));
@@ -182,7 +204,6 @@ impl DataParallel {
                 return Err(Error::invalid("DataParallel::new", "give split weights or calibrate, not both"));
             }
         }
-        let models = devices.iter().map(|d| model.slice(0..model.len(), d)).collect::<Result<Vec<_>>>()?;
         let params: Vec<Vec<(String, Tensor)>> = models.iter().map(|m| m.parameters()).collect();
         for p in 0..params[0].len() {
             let group: Vec<Tensor> = params.iter().map(|ps| ps[p].1.clone()).collect();
@@ -220,7 +241,7 @@ impl DataParallel {
                 params,
             })
             .collect();
-        Ok(DataParallel { replicas, opts, comm, loss, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, trace: None, events: Vec::new() })
+        Ok(DataParallel { replicas, opts, comm, run: StepLoop::new(loss), split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, trace: None, events: Vec::new() })
     }
 
     /// The communicator in use (its name says which algorithm; it counts bytes moved).
@@ -299,10 +320,11 @@ impl Strategy for DataParallel {
         let (first, world) = self.comm.device_span();
         split::check_batch(batch, world)?;
         if self.cfg.calibrate && self.split_weights.is_none() {
-            let models: Vec<(&Sequential, &Device)> = self.replicas.iter().map(|r| (&r.model, &r.device)).collect();
-            self.split_weights = Some(split::calibrate(&models, batch, self.loss)?);
+            let models: Vec<(&dyn Module, &Device)> = self.replicas.iter().map(|r| (&*r.model, &r.device)).collect();
+            self.split_weights = Some(split::calibrate(&models, batch, &self.run)?);
         }
         let trace = self.trace.as_ref();
+        let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&i))).collect();
         let (computed, reduced) = if self.cfg.deterministic {
             let shards = split::ranges(batch.len(), self.cfg.deterministic_shards.min(batch.len()), None)?;
             // Across processes, micro-shards go to every process's devices in equal shares.
@@ -311,15 +333,16 @@ impl Strategy for DataParallel {
             } else {
                 split::ranges(shards.len(), world, None)?[first..first + n].to_vec()
             };
-            let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&i))).collect();
-            (deterministic::run(&self.replicas, batch, &shards, &owned, &updates, self.loss, &*self.comm, trace)?, None)
+            (deterministic::run(&self.replicas, batch, &shards, &owned, &updates, &self.run, &*self.comm, trace)?, None)
         } else {
-            let shards: Vec<Batch> = self.device_ranges(batch.len())?.into_iter().map(|r| split::slice(batch, r)).collect();
+            let ranges = self.device_ranges(batch.len())?;
+            let shards = ranges.iter().map(|r| batch.slice(r.clone())).collect::<Result<Vec<_>>>()?;
             let plan = overlapped::Plan {
                 buckets: &self.buckets,
                 bucket_of: &self.bucket_of,
-                loss: self.loss,
+                run: &self.run,
                 micro_batches: self.cfg.micro_batches,
+                firsts: ranges.iter().map(|r| r.start).collect(),
                 total: batch.len(),
                 trace,
             };
@@ -328,7 +351,16 @@ impl Strategy for DataParallel {
             (c, Some(r))
         };
 
-        let opt_s = update::apply(&self.replicas, &mut self.opts, &self.buckets, reduced.as_ref(), trace)?;
+        if let Some(reduced) = &reduced {
+            update::unpack(&self.replicas, &self.buckets, reduced)?;
+        }
+        // Every updating replica now holds the reduced gradient: the norm is one replica's.
+        let (grad_norm, scale) = match updates.iter().position(|&u| u) {
+            Some(r) if self.run.clip.is_some() => self.run.clip_scale(crate::optim::grad_norm_sq(&self.replicas[r].params)?),
+            _ => (None, None),
+        };
+        let opt_s = update::apply(&self.replicas, &mut self.opts, scale, trace)?;
+        self.run.step += 1;
         // Parameters with an owner were updated there only; copy them to the other replicas.
         let mut comm_spans = computed.comm.clone();
         if let Some(owners) = &self.owners {
@@ -356,13 +388,14 @@ impl Strategy for DataParallel {
             comm_s,
             overlap: if comm_s > 0.0 { overlapped / comm_s } else { 0.0 },
             peak_memory: self.replicas.iter().map(|r| r.device.memory().peak).collect(),
+            grad_norm,
         })
     }
 
     fn predict(&self, x: &Batch) -> Result<Tensor> {
         let r = &self.replicas[0];
         let (x, _) = batch_to_device(x, &r.device)?;
-        crate::autograd::no_grad(|| r.model.forward(&x))
+        crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
         let mut state = self.replicas[0].params.clone();
@@ -392,6 +425,7 @@ impl Strategy for DataParallel {
     /// Every replica loads `state`; where parameters have owners each keeps only its own
     /// parameters' entries.
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        self.run.step = steps;
         self.opts.iter_mut().try_for_each(|o| o.load_state(state, steps))
     }
     fn devices(&self) -> Vec<Device> {
@@ -399,5 +433,14 @@ impl Strategy for DataParallel {
     }
     fn set_trace(&mut self, trace: Trace) {
         self.trace = Some(trace);
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.opts.iter_mut().for_each(|o| o.set_lr(lr));
+    }
+    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+        self.run.set_clip(max_norm)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.replicas.iter().for_each(|r| r.model.set_training(training));
     }
 }

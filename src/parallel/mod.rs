@@ -8,78 +8,98 @@ pub mod comm;
 mod data_parallel;
 pub mod pipeline;
 mod placement;
+mod step;
 mod tensor_parallel;
 pub mod trace;
 
 pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, StepEvent};
-pub use pipeline::{Pipeline, PipelineConfig, Schedule};
-pub use placement::{LayerPlacement, Split};
+pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
+pub use placement::{LayerPlacement, Split, Stages};
 // The CLI fixes a byte-balanced split up front when --deterministic asks for one.
 #[cfg(feature = "cli")]
 pub(crate) use placement::plan as plan_stages;
 pub use tensor_parallel::{ColumnParallelLinear, RowParallelLinear, TensorParallel};
 
 use crate::data::{Batch, Targets};
-use crate::nn::{Module, Sequential};
-use crate::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use crate::nn::Module;
+use crate::optim::Optimizer;
+pub use crate::optim::OptimConfig;
 use crate::{Device, Error, Result, Tensor};
+use std::sync::Arc;
 use std::time::Instant;
+use step::StepLoop;
 
-/// The training loss; picked from the data's targets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A loss written by the user: `(output, targets) -> scalar`, both on the output's device.
+pub type LossFn = Arc<dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync>;
+
+/// The training loss: a ready-made one or any closure over (output, targets).
+///
+/// Strategies that split a batch (data-parallel shards, pipeline micro-batches) weight each
+/// part's loss by its share of the samples, so the sum is the whole batch's loss exactly when
+/// the loss is a mean in which every sample weighs the same: one value per sample, or the same
+/// number of values per sample (per-token targets `[B, T]` with no ignored token). A loss that
+/// skips some values (`ignore_index`) gives the mean of the parts' means instead.
+#[derive(Clone)]
 pub enum Loss {
-    /// Mean cross-entropy over class indices (PyTorch `CrossEntropyLoss()`).
+    /// Mean cross-entropy over class indices (PyTorch `CrossEntropyLoss()`): logits `[N, C]`
+    /// against `[N]`; per-token logits `[B, T, C]` against targets `[B, T]` (classes last, as a
+    /// language model's: flattened to `[B·T, C]` and `[B·T]`, the mean over every token); or
+    /// PyTorch's `[N, C, d..]` against `[N, d..]`.
     CrossEntropy,
     /// Mean squared error (PyTorch `MSELoss()`).
     Mse,
+    /// The user's loss.
+    Custom(LossFn),
+}
+
+impl std::fmt::Debug for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Loss::CrossEntropy => "CrossEntropy",
+            Loss::Mse => "Mse",
+            Loss::Custom(_) => "Custom",
+        })
+    }
 }
 
 impl Loss {
+    /// Any loss from tensor ops, such as `|out, y| out.cross_entropy_with(y, opts)`.
+    pub fn custom(f: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync + 'static) -> Loss {
+        Loss::Custom(Arc::new(f))
+    }
     pub fn for_targets(t: &Targets) -> Loss {
         match t {
-            Targets::Classes { .. } => Loss::CrossEntropy,
+            Targets::Classes { .. } | Targets::Tokens { .. } => Loss::CrossEntropy,
             Targets::Values { .. } => Loss::Mse,
         }
     }
     /// The loss of `output` against `target` (as made by `batch_to_device`).
-    pub fn compute(self, output: &Tensor, target: &Tensor) -> Result<Tensor> {
+    pub fn compute(&self, output: &Tensor, target: &Tensor) -> Result<Tensor> {
         match self {
-            Loss::CrossEntropy => output.cross_entropy(target),
+            Loss::CrossEntropy if output.rank() == 2 => output.cross_entropy(target),
+            Loss::CrossEntropy if output.rank() == target.rank() + 1 && output.dims()[..target.rank()] == target.dims()[..] => {
+                let classes = output.dims()[target.rank()];
+                output.reshape([target.numel(), classes])?.cross_entropy(&target.reshape([target.numel()])?)
+            }
+            Loss::CrossEntropy => output.cross_entropy_with(target, Default::default()),
             Loss::Mse => output.mse_loss(target),
+            Loss::Custom(f) => f(output, target),
         }
     }
 }
 
-/// Uploads a host batch: inputs as f32 `[b, ...]`, targets as I32 labels `[b]` or f32 values
-/// `[b, ...]`.
+/// Uploads a host batch: inputs as f32 `[b, ...]`, targets as I32 labels `[b]`, I32 ids
+/// `[b, ...]` or f32 values `[b, ...]`.
 pub fn batch_to_device(batch: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
     let x = Tensor::from_vec(batch.x.clone(), batch.x_shape.clone(), device)?;
     let b = batch.x_shape.first().copied().unwrap_or(0);
+    let with_batch = |per: &[usize]| [&[b][..], per].concat();
     let y = match &batch.y {
         Targets::Classes { labels, .. } => Tensor::from_labels(labels.clone(), [labels.len()], device)?,
-        Targets::Values { data, shape_per_sample } => {
-            let mut shape = vec![b];
-            shape.extend(shape_per_sample);
-            Tensor::from_vec(data.clone(), shape, device)?
-        }
+        Targets::Tokens { ids, shape_per_sample, .. } => Tensor::from_labels(ids.clone(), with_batch(shape_per_sample), device)?,
+        Targets::Values { data, shape_per_sample } => Tensor::from_vec(data.clone(), with_batch(shape_per_sample), device)?,
     };
     Ok((x, y))
-}
-
-/// Optimizer choice and settings; each device's replica or stage builds its own from it.
-#[derive(Clone, Copy, Debug)]
-pub enum OptimConfig {
-    Sgd(SgdConfig),
-    Adam(AdamConfig),
-}
-
-impl OptimConfig {
-    pub fn build(&self, params: Vec<(String, Tensor)>) -> Result<Box<dyn Optimizer>> {
-        Ok(match *self {
-            OptimConfig::Sgd(c) => Box::new(Sgd::new(params, c)?),
-            OptimConfig::Adam(c) => Box::new(Adam::new(params, c)?),
-        })
-    }
 }
 
 /// What one optimizer step measured.
@@ -97,6 +117,9 @@ pub struct StepReport {
     pub overlap: f64,
     /// Peak bytes allocated per device during the step, in device order.
     pub peak_memory: Vec<u64>,
+    /// The global gradient norm before clipping, over every parameter once (all stages and
+    /// shards, replicas counted once); `None` when clipping is off.
+    pub grad_norm: Option<f32>,
 }
 
 /// A way of running training steps on a set of devices.
@@ -115,42 +138,80 @@ pub trait Strategy: Send {
     fn devices(&self) -> Vec<Device>;
     /// Attach a trace: from now on each step records its device timelines there.
     fn set_trace(&mut self, _trace: trace::Trace) {}
+    /// The learning rate of every optimizer (every replica, stage and shard) from now on.
+    fn set_lr(&mut self, lr: f32);
+    /// Clip gradients to this global norm before each update (PyTorch's `clip_grad_norm_`
+    /// over the whole model), or not at all.
+    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()>;
+    /// PyTorch's `model.train()` / `model.eval()` on every replica and stage: Dropout and
+    /// BatchNorm switch behaviour (call it with `false` before `predict` for evaluation).
+    fn set_training(&mut self, training: bool);
 }
 
 /// Everything on one device: the reference every other strategy is tested against.
+///
+/// ```
+/// # fn main() -> tandem::Result<()> {
+/// use tandem::nn::{Linear, Module};
+/// use tandem::parallel::{Loss, OptimConfig, Single, Strategy};
+/// use tandem::{Device, Result, Tensor};
+/// // Any module: here a residual block the user writes.
+/// struct Res { fc: Linear }
+/// impl Module for Res {
+///     fn forward(&self, x: &Tensor) -> Result<Tensor> { x.add(&self.fc.forward(x)?.relu()?) }
+///     fn children(&self) -> Vec<(String, &dyn Module)> { vec![("fc".into(), &self.fc)] }
+///     fn describe(&self) -> String { "Res".into() }
+/// }
+/// let dev = Device::cpu();
+/// let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+/// let model = Res { fc: Linear::new(3, 3, &mut rng, &dev)? };
+/// let l1 = Loss::custom(|out, y| out.l1_loss(y));
+/// let mut single = Single::new(model, &OptimConfig::sgd(Default::default()), l1, &dev)?;
+/// single.set_grad_clip(Some(1.0))?;
+/// let x: Vec<f32> = (0..12).map(|i| i as f32 / 12.0).collect();
+/// let y = tandem::data::Targets::Values { data: x.iter().map(|v| 1.0 - v).collect(), shape_per_sample: vec![3] };
+/// let data = tandem::data::Dataset { x, sample_shape: vec![3], y };
+/// let report = single.step(&data.batch(&[0, 1, 2, 3])?)?;
+/// assert!(report.grad_norm.is_some());
+/// # Ok(()) }
+/// ```
 pub struct Single {
-    model: Sequential,
+    model: Box<dyn Module>,
     opt: Box<dyn Optimizer>,
-    loss: Loss,
+    run: StepLoop,
     device: Device,
     trace: Option<trace::Trace>,
 }
 
 impl Single {
-    pub fn new(model: Sequential, opt: &OptimConfig, loss: Loss, device: &Device) -> Result<Self> {
-        let model = model.slice(0..model.len(), device)?;
+    /// Trains `model` on `device`: a model whose tensors are all there already is used as it
+    /// is (any `Module`); otherwise it is copied there with `Module::to_device` (every built-in
+    /// layer and `Sequential` has it; a user's module built elsewhere should be built on
+    /// `device` instead).
+    pub fn new<M: Module>(model: M, opt: &OptimConfig, loss: Loss, device: &Device) -> Result<Self> {
+        let on_device = model.state_dict().iter().all(|(_, t)| t.device().same(device));
+        let model: Box<dyn Module> = if on_device { Box::new(model) } else { model.to_device(device)? };
         let opt = opt.build(model.parameters())?;
-        Ok(Single { model, opt, loss, device: device.clone(), trace: None })
+        Ok(Single { model, opt, run: StepLoop::new(loss), device: device.clone(), trace: None })
     }
-    pub fn model(&self) -> &Sequential {
-        &self.model
+    pub fn model(&self) -> &dyn Module {
+        &*self.model
     }
 }
 
 impl Strategy for Single {
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
-        let (x, y) = batch_to_device(batch, &self.device)?;
-        let loss = self.loss.compute(&self.model.forward(&x)?, &y)?;
         self.opt.zero_grad();
+        let loss = self.run.part_loss(&*self.model, batch, 0, batch.len(), &self.device)?;
         loss.backward()?;
-        self.opt.step()?;
+        let grad_norm = self.run.update(std::slice::from_mut(&mut self.opt), |_, _| {})?;
         let value = loss.to_scalar()?;
         let wall = t0.elapsed().as_secs_f64();
         if let Some(tr) = &self.trace {
             tr.span(&self.device.spec(), "step", trace::Phase::Compute, t0, wall);
         }
-        Ok(StepReport { loss: value, wall_s: wall, compute_s: wall, peak_memory: vec![self.device.memory().peak], ..Default::default() })
+        Ok(StepReport { loss: value, wall_s: wall, compute_s: wall, peak_memory: vec![self.device.memory().peak], grad_norm, ..Default::default() })
     }
     fn predict(&self, x: &Batch) -> Result<Tensor> {
         let (x, _) = batch_to_device(x, &self.device)?;
@@ -166,6 +227,7 @@ impl Strategy for Single {
         Ok(self.opt.state())
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        self.run.step = steps;
         self.opt.load_state(state, steps)
     }
     fn devices(&self) -> Vec<Device> {
@@ -173,6 +235,15 @@ impl Strategy for Single {
     }
     fn set_trace(&mut self, trace: trace::Trace) {
         self.trace = Some(trace);
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.opt.set_lr(lr);
+    }
+    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+        self.run.set_clip(max_norm)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.model.set_training(training);
     }
 }
 

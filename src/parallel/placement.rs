@@ -1,8 +1,9 @@
-//! Layer placement (model parallelism): consecutive layers of a `Sequential` on different
-//! devices, activations crossing with the differentiable `Tensor::to`.
+//! Layer placement (model parallelism): consecutive layers of a `Sequential` (or the user's
+//! stage modules) on different devices, activations crossing with the differentiable `Tensor::to`.
 //!
 //! The stage planning here (explicit split points, or a split balanced by measured layer
-//! times within each device's memory) is shared with the pipeline.
+//! times within each device's memory, or stages the user built) is shared with the pipeline.
+use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
@@ -22,6 +23,17 @@ pub enum Split {
     /// samples of the first batch, keeping each stage within its device's memory. Until the
     /// first step the stages are balanced by parameter bytes.
     Auto,
+}
+
+/// How a model becomes one stage per device (for [`LayerPlacement`] and the pipeline).
+pub enum Stages<'a> {
+    /// A `Sequential` cut at `Split`; each stage's layers are copied to its device with
+    /// `Module::to_device` (every built-in layer has it; a user's block implements it, for
+    /// example with `nn::to_device` and its constructor).
+    Split(&'a Sequential, Split),
+    /// The user's stages, `stages[s]` already built on `devices[s]`. Their layer names are
+    /// the state_dict prefixes, so they should be distinct across stages. No rebalancing.
+    Built(Vec<Sequential>),
 }
 
 /// Consecutive layers on one device with their own optimizer.
@@ -162,11 +174,34 @@ fn build(layers: &[&(String, Box<dyn Module>)], ranges: &[Range<usize>], devices
         .collect()
 }
 
-/// The stages of `model` on `devices` per `split`.
-pub(crate) fn build_stages(model: &Sequential, devices: &[Device], split: &Split, opt: &OptimConfig) -> Result<Vec<Stage>> {
-    let ranges = plan(model, devices, split)?;
-    let layers: Vec<_> = model.layers().iter().collect();
-    build(&layers, &ranges, devices, opt)
+/// The stages on `devices` as `stages` describes, and whether the split still has to be
+/// measured (`Split::Auto`).
+pub(crate) fn build_stages(stages: Stages, devices: &[Device], opt: &OptimConfig) -> Result<(Vec<Stage>, bool)> {
+    match stages {
+        Stages::Split(model, split) => {
+            let ranges = plan(model, devices, &split)?;
+            let layers: Vec<_> = model.layers().iter().collect();
+            Ok((build(&layers, &ranges, devices, opt)?, split == Split::Auto))
+        }
+        Stages::Built(models) => {
+            if models.len() != devices.len() || models.iter().any(Sequential::is_empty) {
+                let sizes: Vec<usize> = models.iter().map(Sequential::len).collect();
+                return Err(Error::invalid("stages", format!("{} stages of {sizes:?} layers for {} devices; give one non-empty stage per device", models.len(), devices.len())));
+            }
+            let mut start = 0;
+            let mut out = Vec::with_capacity(models.len());
+            for (s, (model, dev)) in models.into_iter().zip(devices).enumerate() {
+                if let Some((name, t)) = model.state_dict().into_iter().find(|(_, t)| !t.device().same(dev)) {
+                    return Err(Error::invalid("stages", format!("stage {s}'s {name} is on {:?}, not on its device {dev:?}; build each stage on its device", t.device())));
+                }
+                let opt = opt.build(model.parameters())?;
+                let range = start..start + model.len();
+                start = range.end;
+                out.push(Stage { range, device: dev.clone(), model, opt });
+            }
+            Ok((out, false))
+        }
+    }
 }
 
 /// Each layer's forward+backward seconds on each stage's device (`[device][layer]`), the best
@@ -218,8 +253,13 @@ pub(crate) fn rebalance(stages: &mut Vec<Stage>, probe: &Tensor, opt: &OptimConf
         state.extend(st);
         steps = n;
     }
+    // The fresh optimizers start from the config's learning rate; keep the one set since.
+    let lr = stages.first().map(|s| s.opt.lr());
     for s in &mut fresh {
         s.opt.load_state(&state, steps)?;
+        if let Some(lr) = lr {
+            s.opt.set_lr(lr);
+        }
     }
     *stages = fresh;
     Ok(())
@@ -286,7 +326,7 @@ pub(crate) fn load_stage_opt_state(stages: &mut [Stage], state: &[(String, Tenso
 /// use tandem::parallel::{LayerPlacement, Loss, OptimConfig, Split, Strategy};
 /// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
 /// let model = tandem::nn::models::SeedModel::Cnn.build(0, &dev())?;
-/// let opt = OptimConfig::Sgd(Default::default());
+/// let opt = OptimConfig::sgd(Default::default());
 /// let mut lp = LayerPlacement::new(&model, &[dev(), dev()], Split::At(vec![6]), &opt, Loss::CrossEntropy)?;
 /// let data = tandem::data::synthetic::seed_images(4, 0)?;
 /// let report = lp.step(&data.batch(&[0, 1, 2, 3])?)?;
@@ -296,16 +336,21 @@ pub(crate) fn load_stage_opt_state(stages: &mut [Stage], state: &[(String, Tenso
 pub struct LayerPlacement {
     stages: Vec<Stage>,
     opt: OptimConfig,
-    loss: Loss,
+    run: StepLoop,
     /// `Split::Auto` still has to measure layer times on the first batch.
     balance_pending: bool,
     trace: Option<Trace>,
 }
 
 impl LayerPlacement {
+    /// `model`'s layers cut at `split`, one stage per device.
     pub fn new(model: &Sequential, devices: &[Device], split: Split, opt: &OptimConfig, loss: Loss) -> Result<Self> {
-        let stages = build_stages(model, devices, &split, opt)?;
-        Ok(LayerPlacement { stages, opt: *opt, loss, balance_pending: split == Split::Auto, trace: None })
+        Self::with_stages(Stages::Split(model, split), devices, opt, loss)
+    }
+    /// Stages as `stages` describes (a split `Sequential`, or the user's stage modules).
+    pub fn with_stages(stages: Stages, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Self> {
+        let (stages, balance_pending) = build_stages(stages, devices, opt)?;
+        Ok(LayerPlacement { stages, opt: opt.clone(), run: StepLoop::new(loss), balance_pending, trace: None })
     }
     /// The layer range of each stage, in device order.
     pub fn ranges(&self) -> Vec<Range<usize>> {
@@ -317,7 +362,7 @@ impl LayerPlacement {
             let t0 = Instant::now();
             h = h.to(&s.device)?;
             let comm = t0.elapsed().as_secs_f64();
-            h = s.model.forward(&h).map_err(|e| e.in_worker("placement stage", i, &s.device))?;
+            h = self.run.forward(&s.model, &h, 0).map_err(|e| e.in_worker("placement stage", i, &s.device))?;
             on_stage(i, t0, comm, t0.elapsed().as_secs_f64());
         }
         Ok(h)
@@ -345,7 +390,7 @@ impl Strategy for LayerPlacement {
                 tr.span(&tracks[i], "forward", Phase::Forward, start, total);
             }
         })?;
-        let loss = self.loss.compute(&out, &y)?;
+        let loss = self.run.loss_share(&out, &y, batch.len(), batch.len())?;
         for s in &self.stages {
             s.opt.zero_grad();
         }
@@ -355,13 +400,12 @@ impl Strategy for LayerPlacement {
             // One backward crosses every device; it is drawn on the last stage, where it starts.
             tr.span(&tracks[tracks.len() - 1], "backward (all stages)", Phase::Backward, tb, tb.elapsed().as_secs_f64());
         }
-        for (s, track) in self.stages.iter_mut().zip(&tracks) {
-            let to = Instant::now();
-            s.opt.step()?;
+        let opts = self.stages.iter_mut().map(|s| &mut s.opt).collect();
+        let grad_norm = self.run.update_each(opts, |i, to| {
             if let Some(tr) = &trace {
-                tr.span(track, "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
+                tr.span(&tracks[i], "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
             }
-        }
+        })?;
         let value = loss.to_scalar()?;
         let wall = t0.elapsed().as_secs_f64();
         Ok(StepReport {
@@ -371,6 +415,7 @@ impl Strategy for LayerPlacement {
             comm_s,
             overlap: 0.0,
             peak_memory: self.stages.iter().map(|s| s.device.memory().peak).collect(),
+            grad_norm,
         })
     }
     fn predict(&self, x: &Batch) -> Result<Tensor> {
@@ -388,6 +433,7 @@ impl Strategy for LayerPlacement {
         Ok(stage_opt_state(&self.stages))
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        self.run.step = steps;
         load_stage_opt_state(&mut self.stages, state, steps)
     }
     fn devices(&self) -> Vec<Device> {
@@ -395,6 +441,15 @@ impl Strategy for LayerPlacement {
     }
     fn set_trace(&mut self, trace: Trace) {
         self.trace = Some(trace);
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.stages.iter_mut().for_each(|s| s.opt.set_lr(lr));
+    }
+    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+        self.run.set_clip(max_norm)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.stages.iter().for_each(|s| s.model.set_training(training));
     }
 }
 

@@ -4,6 +4,7 @@
 //!
 //! Column then row needs no communication in between: each device keeps its slice of the
 //! hidden activation, and only the row layer's partial outputs are summed.
+use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, proportional_split, Loss, OptimConfig, StepReport, Strategy};
 use crate::autograd::no_grad;
@@ -287,7 +288,7 @@ pub struct TensorParallel {
     row: RowParallelLinear,
     opts: Vec<Box<dyn Optimizer>>,
     devices: Vec<Device>,
-    loss: Loss,
+    run: StepLoop,
     trace: Option<Trace>,
 }
 
@@ -310,7 +311,7 @@ impl TensorParallel {
         let col = ColumnParallelLinear::from_linear(&fc1, devices)?;
         let row = RowParallelLinear::from_linear(&fc2, devices)?;
         let names = (layers[i1].0.clone(), layers[i2].0.clone());
-        let mut tp = TensorParallel { trunk, between, names, col, row, opts: Vec::new(), devices: devices.to_vec(), loss, trace: None };
+        let mut tp = TensorParallel { trunk, between, names, col, row, opts: Vec::new(), devices: devices.to_vec(), run: StepLoop::new(loss), trace: None };
         tp.opts = (0..devices.len()).map(|i| opt.build(tp.device_params(i))).collect::<Result<_>>()?;
         Ok(tp)
     }
@@ -323,12 +324,13 @@ impl TensorParallel {
         p
     }
 
+    /// The whole model's forward, under the batch's sample context.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = match &self.trunk {
-            Some(t) => t.forward(x)?,
+            Some(t) => self.run.forward(t, x, 0)?,
             None => x.clone(),
         };
-        let shards = self.col.forward_shards(&h)?.iter().map(|s| self.between.forward(s)).collect::<Result<Vec<_>>>()?;
+        let shards = self.col.forward_shards(&h)?.iter().map(|s| self.run.forward(&self.between, s, 0)).collect::<Result<Vec<_>>>()?;
         self.row.forward_shards(&shards)
     }
 }
@@ -337,7 +339,7 @@ impl Strategy for TensorParallel {
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         let (x, y) = batch_to_device(batch, &self.devices[0])?;
-        let loss = self.loss.compute(&self.forward(&x)?, &y)?;
+        let loss = self.run.loss_share(&self.forward(&x)?, &y, batch.len(), batch.len())?;
         let tf = t0.elapsed().as_secs_f64();
         for o in &self.opts {
             o.zero_grad();
@@ -351,19 +353,21 @@ impl Strategy for TensorParallel {
             tr.span(&track0, "forward", Phase::Forward, t0, tf);
             tr.span(&track0, "backward", Phase::Backward, tb, dur_b);
         }
-        for (i, o) in self.opts.iter_mut().enumerate() {
-            let to = Instant::now();
-            o.step()?;
-            if let Some(tr) = &self.trace {
-                tr.span(&format!("{} #{i}", self.devices[i].spec()), "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
+        // Every parameter sits in exactly one device's optimizer (each shard once, the trunk
+        // and the row bias on the first device), so the norm over all of them is the model's.
+        let (devices, trace) = (&self.devices, &self.trace);
+        let grad_norm = self.run.update(&mut self.opts, |i, to| {
+            if let Some(tr) = trace {
+                tr.span(&format!("{} #{i}", devices[i].spec()), "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
             }
-        }
+        })?;
         let wall = t0.elapsed().as_secs_f64();
         Ok(StepReport {
             loss: loss.to_scalar()?,
             wall_s: wall,
             compute_s: wall,
             peak_memory: self.devices.iter().map(|d| d.memory().peak).collect(),
+            grad_norm,
             ..Default::default()
         })
     }
@@ -420,6 +424,7 @@ impl Strategy for TensorParallel {
         Ok((out, per[0].1))
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        self.run.step = steps;
         let ranges = self.col.ranges.clone();
         let names = self.names.clone();
         for (opt, &(start, len)) in self.opts.iter_mut().zip(&ranges) {
@@ -439,5 +444,17 @@ impl Strategy for TensorParallel {
     }
     fn set_trace(&mut self, trace: Trace) {
         self.trace = Some(trace);
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.opts.iter_mut().for_each(|o| o.set_lr(lr));
+    }
+    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+        self.run.set_clip(max_norm)
+    }
+    fn set_training(&mut self, training: bool) {
+        if let Some(t) = &self.trunk {
+            t.set_training(training);
+        }
+        self.between.set_training(training);
     }
 }

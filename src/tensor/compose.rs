@@ -1,24 +1,26 @@
 //! Ops composed from the primitives (so the backend trait stays small): activations, `where`,
-//! `clamp`, variance, shape helpers, `arange`, `one_hot`, `triu`/`tril`, `index_select`, and
-//! average pooling.
+//! `clamp`, variance, shape helpers, `arange`, `one_hot`, `triu`/`tril`, `index_select` (a
+//! primitive gather), and average pooling.
 use super::Tensor;
-use crate::autograd;
+use crate::autograd::{self, GradOp};
 use crate::backend::{BinaryOp, IndexOp};
 use crate::{DType, Device, Error, Result, Shape};
 
 impl Tensor {
-    /// `x · Φ(x) = 0.5 x (1 + erf(x / √2))`, PyTorch's exact GELU.
+    /// `x · Φ(x) = 0.5 x (1 + erf(x / √2))`, PyTorch's exact GELU (and its gradient).
     pub fn gelu(&self) -> Result<Tensor> {
-        self.mul(&self.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?)
+        let y = autograd::no_grad(|| self.mul(&self.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?))?;
+        Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), self.device(), autograd::GradOp::Gelu, &[self]))
     }
     /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, GELU with `approximate='tanh'`.
     pub fn gelu_tanh(&self) -> Result<Tensor> {
         let inner = self.add(&self.powf(3.0)?.mul_scalar(0.044715)?)?.mul_scalar((2.0 / std::f32::consts::PI).sqrt())?;
         self.mul(&inner.tanh()?.affine(0.5, 0.5)?)
     }
-    /// `x · sigmoid(x)`.
+    /// `x · sigmoid(x)` (and PyTorch's gradient).
     pub fn silu(&self) -> Result<Tensor> {
-        self.mul(&self.sigmoid()?)
+        let y = autograd::no_grad(|| self.mul(&self.sigmoid()?))?;
+        Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), self.device(), autograd::GradOp::Silu, &[self]))
     }
 
     /// `self` where `cond` is nonzero (F32, broadcast), else `other`. The other side is
@@ -28,9 +30,11 @@ impl Tensor {
         cond.expect_dtype("where", DType::F32)?;
         let shape = Shape::broadcast("where", &Shape::broadcast("where", self.shape(), other.shape())?, cond.shape())?;
         let pick = cond.ne_zero()?;
-        let a = self.broadcast_to(shape.clone())?.binary(BinaryOp::ReluBackward, &pick)?;
-        let b = other.broadcast_to(shape)?.binary(BinaryOp::ReluBackward, &pick.affine(-1.0, 1.0)?)?;
-        a.add(&b)
+        // each side kept where chosen (+0 elsewhere) and times 1 where chosen, -1 elsewhere: -0
+        // where not chosen, the zero that leaves the other side exact when added (+0 would turn
+        // a chosen -0 into +0), while the gradient where not chosen is still +0, as PyTorch's
+        let side = |t: &Tensor, keep: &Tensor| t.broadcast_to(shape.clone())?.binary(BinaryOp::ReluBackward, keep)?.mul(&keep.affine(2.0, -1.0)?);
+        side(self, &pick)?.add(&side(other, &pick.affine(-1.0, 1.0)?)?)
     }
     /// 1 where this is nonzero (NaN counts as nonzero, as `bool(nan)`), else 0; no gradient.
     fn ne_zero(&self) -> Result<Tensor> {
@@ -40,37 +44,77 @@ impl Tensor {
     pub fn masked_fill(&self, mask: &Tensor, value: f32) -> Result<Tensor> {
         Tensor::full(value, Shape(vec![]), self.device())?.where_(mask, self)
     }
-    /// Each value limited to `[min, max]` (either bound optional). NaN stays NaN and the
-    /// gradient passes where the value is within the bounds, ends included (PyTorch's).
+    /// Each value limited to `[min, max]` (either bound optional). NaN stays NaN, a value at
+    /// a bound stays itself (-0 against a bound of 0 too); the gradient passes only strictly
+    /// inside the bounds, so not at a bound nor for NaN (PyTorch's).
     pub fn clamp(&self, min: Option<f32>, max: Option<f32>) -> Result<Tensor> {
-        let mut y = self.clone();
         let dev = self.device();
+        let x = self.detach();
+        let mut bounded = x.clone();
+        let mut inside = Tensor::ones(Shape(vec![]), dev)?;
         if let Some(lo) = min {
             let lo = Tensor::full(lo, Shape(vec![]), dev)?;
-            y = lo.where_(&lo.gt(self)?, &y)?;
+            bounded = lo.where_(&lo.gt(&x)?, &bounded)?;
+            inside = inside.mul(&x.gt(&lo)?)?;
         }
         if let Some(hi) = max {
             let hi = Tensor::full(hi, Shape(vec![]), dev)?;
-            y = hi.where_(&self.gt(&hi)?, &y)?;
+            bounded = hi.where_(&x.gt(&hi)?, &bounded)?;
+            inside = inside.mul(&hi.gt(&x)?)?;
         }
-        Ok(y)
+        self.where_(&inside, &bounded)
     }
 
-    /// Mean over several axes (kept, size 1).
+    /// Mean over several axes (kept, size 1): a sum per axis, then one division by the count
+    /// (a mean per axis would round once per axis); NaN over nothing.
     pub fn mean_axes(&self, axes: &[isize]) -> Result<Tensor> {
-        axes.iter().try_fold(self.clone(), |t, &a| t.mean(a, true))
+        let mut n = 1usize;
+        let mut t = self.clone();
+        for &a in axes {
+            n *= self.dims()[self.shape().axis("mean_axes", a)?];
+            t = t.sum(a, true)?;
+        }
+        t.div(&Tensor::full(n as f32, Shape(vec![]), self.device())?)
     }
-    /// Variance over `axis` with Bessel's `correction` (1: unbiased, PyTorch's default; 0: biased).
+    /// Variance over `axis` with Bessel's `correction` (1: unbiased, PyTorch's default; 0: biased)
+    /// and PyTorch's gradient `2 g (x - mean) / (n - correction)`.
     pub fn var(&self, axis: isize, correction: usize, keepdim: bool) -> Result<Tensor> {
         let a = self.shape().axis("var", axis)?;
-        let n = self.dims()[a];
-        let centred = self.sub(&self.mean(axis, true)?)?;
-        // n <= correction divides by 0 or less: inf or NaN, as PyTorch
-        centred.square()?.sum(axis, keepdim)?.mul_scalar(1.0 / (n as f32 - correction as f32))
+        let v = autograd::no_grad(|| self.shifted_var(a, correction, keepdim, false).map(|(_, v)| v))?;
+        Ok(Tensor::result(v.buffer().clone(), v.shape().clone(), self.device(), autograd::GradOp::Var { axis: a, correction, std: false }, &[self]))
     }
-    /// Standard deviation: `var(..).sqrt()`.
+    /// Standard deviation, finite where the variance overflows, with PyTorch's gradient (that of
+    /// the variance times `1 / (2 std)`, and 0 where std is 0).
     pub fn std(&self, axis: isize, correction: usize, keepdim: bool) -> Result<Tensor> {
-        self.var(axis, correction, keepdim)?.sqrt()
+        let a = self.shape().axis("std", axis)?;
+        let s = autograd::no_grad(|| self.shifted_var(a, correction, keepdim, true).and_then(|(scale, v)| v.sqrt()?.mul(&scale)))?;
+        Ok(Tensor::result(s.buffer().clone(), s.shape().clone(), self.device(), autograd::GradOp::Var { axis: a, correction, std: true }, &[self]))
+    }
+    /// `(s, v)` with variance `v s²`: the values shifted by their first one along axis `a` (a
+    /// constant row's variance is exactly 0 however its mean rounds) and, if `scale`, divided
+    /// by their largest magnitude `s` (1 where that is 0), so that the squares overflow only
+    /// where the standard deviation itself does; without `scale`, `s` is 1.
+    fn shifted_var(&self, a: usize, correction: usize, keepdim: bool, scale: bool) -> Result<(Tensor, Tensor)> {
+        let n = self.dims()[a];
+        let axis = a as isize;
+        let dev = self.device();
+        let one = Tensor::ones(Shape(vec![]), dev)?;
+        // PyTorch divides by max(n - correction, 0): 0/0 = NaN where n = correction, x/0 beyond
+        let div = Tensor::full((n as f32 - correction as f32).max(0.0), Shape(vec![]), dev)?;
+        if n == 0 {
+            return Ok((one, self.sum(axis, keepdim)?.div(&div)?));
+        }
+        let d = self.sub(&self.narrow(a, 0, 1)?)?;
+        let (s, u) = if scale {
+            let m = d.abs()?.max(axis, true)?;
+            let s = m.add(&m.eq_elem(&Tensor::zeros(Shape(vec![]), dev)?)?)?;
+            let u = d.div(&s)?;
+            (s, u)
+        } else {
+            (one, d)
+        };
+        let v = u.sub(&u.mean(axis, true)?)?.square()?.sum(axis, keepdim)?.div(&div)?;
+        Ok((s.reshape(if scale { v.dims().to_vec() } else { vec![] })?, v))
     }
 
     /// A new dimension of size 1 at `dim` (0 ..= rank; negative counts from the end).
@@ -109,8 +153,10 @@ impl Tensor {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() || (end - start) / step < 0.0 {
             return Err(Error::invalid("arange", format!("start {start}, end {end}, step {step}")));
         }
-        let n = ((end - start) / step).ceil() as usize;
-        Tensor::from_vec((0..n).map(|i| start + i as f32 * step).collect(), [n], device)
+        // in f64 as PyTorch: the length and each value rounded once
+        let (s, e, st) = (start as f64, end as f64, step as f64);
+        let n = ((e - s) / st).ceil() as usize;
+        Tensor::from_vec((0..n).map(|i| (s + i as f64 * st) as f32).collect(), [n], device)
     }
     /// F32 one-hot rows `[.., classes]` of I32 class indices of any shape, all in `0..classes`.
     pub fn one_hot(&self, classes: usize) -> Result<Tensor> {
@@ -146,20 +192,24 @@ impl Tensor {
         let mask = Tensor::from_vec(mask, [r, c], self.device())?;
         self.where_(&mask, &Tensor::zeros(Shape(vec![]), self.device())?)
     }
-    /// Rows of this `[V, D]` table picked by I32 `ids` of any shape: `[.., D]` (embedding
-    /// lookup). Composed as `one_hot(ids) · table`, so the table's gradient is `one_hotᵀ · g`,
-    /// a deterministic sum over the ids (no atomics, same bits every run).
+    /// Rows of this `[V, D]` table picked by I32 `ids` of any shape: `[.., D]` (an embedding
+    /// lookup, `F.embedding(ids, table)`); an id outside `0..V` is an error naming it and V.
+    /// One gather pass; the table's gradient is a scatter-add that sums each row's gradients in
+    /// ascending position (no atomics: the same bits every run, on every device count).
     pub fn index_select(&self, ids: &Tensor) -> Result<Tensor> {
         self.same_device("index_select", ids)?;
         self.expect_dtype("index_select", DType::F32)?;
+        ids.expect_dtype("index_select", DType::I32)?;
         if self.rank() != 2 {
             return Err(Error::shape("index_select", format!("table must be [V, D], got {:?}", self.shape())));
         }
         let (v, d) = (self.dims()[0], self.dims()[1]);
-        let rows = ids.one_hot(v)?.reshape([ids.numel(), v])?.matmul(self)?;
+        ids.check_labels("index_select", v)?;
+        let out = self.alloc_like(ids.numel() * d, DType::F32)?;
+        self.backend().index(IndexOp::GatherRows { table_rows: v }, &self.0.buffer, &ids.0.buffer, &out, ids.numel(), d)?;
         let mut dims = ids.dims().to_vec();
         dims.push(d);
-        rows.reshape(dims)
+        Ok(Tensor::result(out, Shape(dims), self.device(), GradOp::GatherRows { table_rows: v }, &[self, ids]))
     }
 
     /// Average over `kernel`×`kernel` windows of `[N, C, H, W]`, zero padding counted (PyTorch's
@@ -173,24 +223,23 @@ impl Tensor {
         let w = Tensor::full(1.0 / (kernel * kernel) as f32, [1, 1, kernel, kernel], self.device())?;
         let y = self.reshape([n * c, 1, x[2], x[3]])?.conv2d(&w, (stride, stride), (padding, padding))?;
         let (oh, ow) = (y.dims()[2], y.dims()[3]);
-        y.reshape([n, c, oh, ow])
+        // + 0: a window of zeros averages to +0, as PyTorch's sum from +0 (a product may be -0)
+        y.reshape([n, c, oh, ow])?.add_scalar(0.0)
     }
-    /// PyTorch's adaptive average pooling to `(oh, ow)`: cell `i` averages rows
-    /// `floor(i·H/oh) .. ceil((i+1)·H/oh)`, and likewise for columns.
+    /// PyTorch's adaptive average pooling to `(oh, ow)`: cell `(i, j)` averages rows
+    /// `floor(i·H/oh) .. ceil((i+1)·H/oh)` and likewise columns, summed and then divided once
+    /// by the cell's size.
     pub fn adaptive_avg_pool2d(&self, (oh, ow): (usize, usize)) -> Result<Tensor> {
         if self.rank() != 4 || oh == 0 || ow == 0 {
             return Err(Error::shape("adaptive_avg_pool2d", format!("input {:?} to ({oh}, {ow}) (need [N,C,H,W] and a nonzero size)", self.shape())));
         }
-        let pool = |t: &Tensor, dim: usize, out: usize| -> Result<Tensor> {
-            let len = t.dims()[dim];
-            let cells = (0..out)
-                .map(|i| {
-                    let (s, e) = (i * len / out, ((i + 1) * len).div_ceil(out));
-                    t.narrow(dim, s, e - s)?.mean(dim as isize, true)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Tensor::cat(&cells, dim)
+        let cells = |len: usize, out: usize| -> Vec<(usize, usize)> { (0..out).map(|i| (i * len / out, ((i + 1) * len).div_ceil(out))).collect() };
+        let (rows, cols) = (cells(self.dims()[2], oh), cells(self.dims()[3], ow));
+        let pool = |t: &Tensor, dim: usize, cells: &[(usize, usize)]| -> Result<Tensor> {
+            let sums = cells.iter().map(|&(s, e)| t.narrow(dim, s, e - s)?.sum(dim as isize, true)).collect::<Result<Vec<_>>>()?;
+            Tensor::cat(&sums, dim)
         };
-        pool(&pool(self, 2, oh)?, 3, ow)
+        let sizes: Vec<f32> = rows.iter().flat_map(|&(r0, r1)| cols.iter().map(move |&(c0, c1)| ((r1 - r0) * (c1 - c0)) as f32)).collect();
+        pool(&pool(self, 2, &rows)?, 3, &cols)?.div(&Tensor::from_vec(sizes, [oh, ow], self.device())?)
     }
 }

@@ -1,6 +1,7 @@
 //! Losses as PyTorch defines them (reduction mean), composed from tensor ops, so that their
 //! gradients come from the same table as any loss a user writes.
 use super::Tensor;
+use crate::autograd;
 use crate::backend::BinaryOp;
 use crate::{DType, Error, Result, Shape};
 
@@ -38,12 +39,18 @@ impl Tensor {
         let (logp, targets) = classes_last("nll_loss", self, targets)?;
         nll_rows("nll_loss", &logp, &targets, CrossEntropy { ignore_index, label_smoothing: 0.0 })
     }
-    /// `mean(max(x, 0) - x·y + log(1 + e^(-|x|)))`: binary cross-entropy of logits `x` against
-    /// probabilities `y` of the same shape, stable for large |x| (PyTorch's `BCEWithLogitsLoss`).
+    /// `mean((1 - y) x + m + log(e^(-m) + e^(-x-m)))`, `m = max(-x, 0)`: binary cross-entropy of
+    /// logits `x` against probabilities `y` of the same shape, stable for large |x|, in PyTorch's
+    /// form (`BCEWithLogitsLoss`, so `x = inf, y = 0` gives inf, not inf · 0 = NaN), and with its
+    /// gradients `(sigmoid(x) - y) g / N` and `-x g / N` (finite at `x = -inf`, `1/2 - y` at 0).
     pub fn bce_with_logits(&self, target: &Tensor) -> Result<Tensor> {
         same_shape("bce_with_logits", self, target)?;
-        let soft = self.abs()?.neg()?.exp()?.add_scalar(1.0)?.log()?;
-        self.relu()?.sub(&self.mul(target)?)?.add(&soft)?.mean_all()
+        let loss = autograd::no_grad(|| {
+            let m = self.neg()?.relu()?;
+            let soft = m.neg()?.exp()?.add(&self.neg()?.sub(&m)?.exp()?)?.log()?;
+            target.affine(-1.0, 1.0)?.mul(self)?.add(&m)?.add(&soft)?.mean_all()
+        })?;
+        Ok(Tensor::result(loss.buffer().clone(), loss.shape().clone(), self.device(), autograd::GradOp::BceWithLogits, &[self, target]))
     }
     /// Mean absolute error (`L1Loss`).
     pub fn l1_loss(&self, target: &Tensor) -> Result<Tensor> {
@@ -58,8 +65,12 @@ impl Tensor {
         }
         let d = self.sub(target)?;
         let ad = d.abs()?;
-        let near = Tensor::full(delta, Shape(vec![]), self.device())?.gt(&ad)?;
-        d.square()?.mul_scalar(0.5)?.where_(&near, &ad.affine(delta, -0.5 * delta * delta)?)?.mean_all()
+        // NaN counts as near: PyTorch's gradient there is g·d = NaN
+        let nan = ad.eq_elem(&ad)?.affine(-1.0, 1.0)?;
+        let near = Tensor::full(delta, Shape(vec![]), self.device())?.gt(&ad)?.add(&nan)?;
+        // the square of d only where chosen: an infinite d's 0 gradient there would meet 2d = inf
+        let dn = d.where_(&near, &Tensor::zeros(Shape(vec![]), self.device())?)?;
+        dn.square()?.mul_scalar(0.5)?.where_(&near, &ad.affine(delta, -0.5 * delta * delta)?)?.mean_all()
     }
 }
 

@@ -85,6 +85,7 @@ impl Tensor {
         let buf = device.backend().upload(bytemuck::cast_slice(&data), DType::I32)?;
         let bound = data.iter().fold(None, |b: Option<(i32, i32)>, &v| Some(b.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v)))));
         buf.set_label_bound(bound);
+        buf.set_host_i32(Some(data.into()));
         Ok(Tensor::from_parts(buf, shape, device.clone(), None))
     }
     pub fn full(value: f32, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
@@ -177,6 +178,7 @@ impl Tensor {
             }
         };
         buf.set_label_bound(self.0.buffer.label_bound());
+        buf.set_host_i32(self.0.buffer.host_i32());
         Ok(Tensor::result(buf, self.shape().clone(), device, GradOp::ToDevice, &[self]))
     }
 

@@ -5,46 +5,84 @@ use crate::backend::{MatmulSpec, ReduceOp, ReduceSpec, WindowSpec};
 use crate::{DType, Error, Result, Shape};
 
 impl Tensor {
-    /// Matrix product: `[m,k]·[k,n]`, `[b,m,k]·[b,k,n]`, or `[b,m,k]·[k,n]` (weight shared).
+    /// Matrix product with `torch.matmul`'s rules: the last two dimensions multiply, the
+    /// batch dimensions before them broadcast (`[B,H,T,d]·[B,H,d,T]`, `[B,T,C]·[C,N]`,
+    /// `[2,1,3,4]·[5,4,6]` → `[2,5,3,6]`), and a 1-D operand is a row (left) or a column
+    /// (right) whose dimension is removed from the result (`[k]·[k]` is a scalar).
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
-        self.matmul_t(other, false, false)
+        if self.rank() != 1 && other.rank() != 1 {
+            return self.matmul_t(other, false, false);
+        }
+        let (ka, kb) = (self.dims().last().copied(), other.dims().get(other.rank().saturating_sub(2)).copied());
+        if self.rank() == 0 || other.rank() == 0 || ka != kb {
+            return Err(Error::shape("matmul", format!("{:?} · {:?}: inner dimensions differ or an operand is a scalar", self.shape(), other.shape())));
+        }
+        let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
+        let b = if other.rank() == 1 { other.unsqueeze(1)? } else { other.clone() };
+        let mut y = a.matmul_t(&b, false, false)?;
+        if other.rank() == 1 {
+            y = y.squeeze(-1)?;
+        }
+        if self.rank() == 1 {
+            y = y.squeeze(if other.rank() == 1 { -1 } else { -2 })?;
+        }
+        Ok(y)
     }
 
     /// `op(self) · op(other)` where `op` transposes the last two dimensions when its flag is
-    /// set, without copying (the backends read transposed operands directly).
+    /// set, without copying (the backends read transposed operands directly); both operands of
+    /// rank 2 or more, batch dimensions broadcast as in `matmul`. An operand whose batch is one
+    /// matrix is read for every batch entry (batch stride 0), and a batch times one matrix is
+    /// one product over the stacked rows; only an operand broadcast along some batch dimensions
+    /// and not others is copied out to the full batch.
     pub fn matmul_t(&self, other: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
         self.same_device("matmul", other)?;
         self.expect_dtype("matmul", DType::F32)?;
         other.expect_dtype("matmul", DType::F32)?;
-        let err = || {
-            Error::shape(
-                "matmul",
-                format!("{:?}{} · {:?}{}", self.shape(), if trans_a { "ᵀ" } else { "" }, other.shape(), if trans_b { "ᵀ" } else { "" }),
-            )
+        let err = |why: &str| {
+            let t = |f: bool| if f { "ᵀ" } else { "" };
+            Error::shape("matmul", format!("{:?}{} · {:?}{}: {why}", self.shape(), t(trans_a), other.shape(), t(trans_b)))
         };
-        // A batch of matrices times one shared matrix is one bigger product.
-        if self.rank() == 3 && other.rank() == 2 && !trans_a {
-            let d = self.dims();
-            let flat = self.reshape([d[0] * d[1], d[2]])?;
-            let out = flat.matmul_t(other, false, trans_b)?;
-            let n = out.dims()[1];
-            return out.reshape([d[0], d[1], n]);
+        let (ra, rb) = (self.rank(), other.rank());
+        if ra < 2 || rb < 2 {
+            return Err(err("both operands need rank 2 or more here (matmul takes 1-D ones)"));
         }
         let (a, b) = (self.dims(), other.dims());
-        let batch = match (a.len(), b.len()) {
-            (2, 2) => 1,
-            (3, 3) if a[0] == b[0] => a[0],
-            _ => return Err(err()),
-        };
-        let (ar, ac) = (a[a.len() - 2], a[a.len() - 1]);
-        let (br, bc) = (b[b.len() - 2], b[b.len() - 1]);
-        let (m, k) = if trans_a { (ac, ar) } else { (ar, ac) };
-        let (k2, n) = if trans_b { (bc, br) } else { (br, bc) };
+        let (m, k) = if trans_a { (a[ra - 1], a[ra - 2]) } else { (a[ra - 2], a[ra - 1]) };
+        let (k2, n) = if trans_b { (b[rb - 1], b[rb - 2]) } else { (b[rb - 2], b[rb - 1]) };
         if k != k2 {
-            return Err(err());
+            return Err(err(&format!("inner dimensions {k} and {k2} differ")));
         }
+        let (ba, bb) = (Shape(a[..ra - 2].to_vec()), Shape(b[..rb - 2].to_vec()));
+        let batch = Shape::broadcast("matmul", &ba, &bb).map_err(|_| err("batch dimensions do not broadcast"))?;
+        let with = |mut d: Vec<usize>, x: usize, y: usize| {
+            d.extend([x, y]);
+            Shape(d)
+        };
+        let out_shape = with(batch.dims().to_vec(), m, n);
+        // A batch times one shared matrix is one bigger product.
+        if bb.numel() == 1 && !trans_a && ra > 2 {
+            let flat = self.reshape([a[..ra - 1].iter().product(), a[ra - 1]])?;
+            let shared = other.reshape(with(vec![], b[rb - 2], b[rb - 1]))?;
+            return flat.matmul_t(&shared, false, trans_b)?.reshape(out_shape);
+        }
+        // Each operand is read with one batch stride: 0 for a single matrix, a whole matrix when
+        // its batch dimensions are the result's (leading 1s aside); else it is copied out.
+        let whole = |t: &Tensor, own: &Shape| -> Result<(Tensor, usize)> {
+            let matrix = t.dims()[t.rank() - 2] * t.dims()[t.rank() - 1];
+            if own.numel() == 1 {
+                Ok((t.clone(), 0))
+            } else if own.numel() == batch.numel() {
+                Ok((t.clone(), matrix))
+            } else {
+                let (r, c) = (t.dims()[t.rank() - 2], t.dims()[t.rank() - 1]);
+                Ok((t.broadcast_to(with(batch.dims().to_vec(), r, c))?, matrix))
+            }
+        };
+        let (x, a_stride) = whole(self, &ba)?;
+        let (y, b_stride) = whole(other, &bb)?;
         let spec = MatmulSpec {
-            batch,
+            batch: batch.numel(),
             m,
             n,
             k,
@@ -52,13 +90,12 @@ impl Tensor {
             trans_b,
             a_offset: 0,
             b_offset: 0,
-            a_batch_stride: m * k,
-            b_batch_stride: k * n,
+            a_batch_stride: a_stride,
+            b_batch_stride: b_stride,
         };
-        let out = self.alloc_like(batch * m * n, DType::F32)?;
-        self.backend().matmul(&self.0.buffer, &other.0.buffer, &out, spec)?;
-        let shape = if a.len() == 3 { Shape(vec![batch, m, n]) } else { Shape(vec![m, n]) };
-        Ok(Tensor::result(out, shape, self.device(), GradOp::Matmul { trans_a, trans_b }, &[self, other]))
+        let out = self.alloc_like(out_shape.numel(), DType::F32)?;
+        self.backend().matmul(&x.0.buffer, &y.0.buffer, &out, spec)?;
+        Ok(Tensor::result(out, out_shape, self.device(), GradOp::Matmul { trans_a, trans_b }, &[&x, &y]))
     }
 
     /// 2-D convolution of `[N, C, H, W]` input with `[O, C, KH, KW]` weight (no bias), as

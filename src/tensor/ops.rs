@@ -1,7 +1,7 @@
 //! Elementwise arithmetic, reductions and losses on tensors.
 use super::Tensor;
 use crate::autograd::GradOp;
-use crate::backend::{BinaryOp, IndexOp, ReduceOp, ReduceSpec, UnaryOp};
+use crate::backend::{BinaryOp, CastOp, IndexOp, ReduceOp, ReduceSpec, UnaryOp};
 use crate::{DType, Error, Layout, Result, Shape};
 
 impl Tensor {
@@ -97,11 +97,74 @@ impl Tensor {
     pub fn minimum(&self, o: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Min, o)
     }
+    /// 1 where `self > o`, else 0 (F32, broadcast); no gradient. Takes F32 or I32 operands
+    /// (see `compare`).
     pub fn gt(&self, o: &Tensor) -> Result<Tensor> {
-        self.binary(BinaryOp::Gt, o)
+        self.compare(BinaryOp::Gt, o)
     }
+    /// 1 where `self == o`, else 0; F32 or I32 operands.
     pub fn eq_elem(&self, o: &Tensor) -> Result<Tensor> {
-        self.binary(BinaryOp::Eq, o)
+        self.compare(BinaryOp::Eq, o)
+    }
+    /// 1 where `self < o`, else 0; F32 or I32 operands.
+    pub fn lt(&self, o: &Tensor) -> Result<Tensor> {
+        o.gt(self)
+    }
+    /// 1 where `self >= o`, else 0 (`gt + eq`, so 0 where either is NaN, as PyTorch).
+    pub fn ge(&self, o: &Tensor) -> Result<Tensor> {
+        self.gt(o)?.add(&self.eq_elem(o)?)
+    }
+    /// 1 where `self <= o`, else 0.
+    pub fn le(&self, o: &Tensor) -> Result<Tensor> {
+        o.ge(self)
+    }
+    /// 1 where `self != o`, else 0 (1 where either is NaN, as PyTorch).
+    pub fn ne(&self, o: &Tensor) -> Result<Tensor> {
+        self.eq_elem(o)?.affine(-1.0, 1.0)
+    }
+
+    /// `Gt` or `Eq` of F32 or I32 operands. Two I32 operands compare exactly: as F32 casts where
+    /// both are known to lie within ±2^24 (labels from the host), else through their exact
+    /// 16-bit halves (`a > b` iff `hi(a) > hi(b)`, or equal high halves and `lo(a) > lo(b)`).
+    /// One I32 with one F32 compares in F32, as PyTorch promotes int32 with float32.
+    fn compare(&self, op: BinaryOp, o: &Tensor) -> Result<Tensor> {
+        let name = binary_name(op);
+        self.same_device(name, o)?;
+        if self.dtype() == DType::F32 && o.dtype() == DType::F32 {
+            return self.binary(op, o);
+        }
+        let f32s = |t: &Tensor| if t.dtype() == DType::F32 { Ok(t.clone()) } else { t.to_dtype(DType::F32) };
+        if self.dtype() != o.dtype() || [self, o].iter().all(|t| t.0.buffer.label_bound().is_some_and(|(lo, hi)| lo >= -(1 << 24) && hi <= 1 << 24)) {
+            return f32s(self)?.binary(op, &f32s(o)?);
+        }
+        let half = |t: &Tensor, c: CastOp| -> Result<Tensor> {
+            let out = t.alloc_like(t.numel(), DType::F32)?;
+            t.backend().cast(c, &t.0.buffer, &out, t.numel())?;
+            Ok(Tensor::from_parts(out, t.shape().clone(), t.device().clone(), None))
+        };
+        let (ha, hb) = (half(self, CastOp::I32High)?, half(o, CastOp::I32High)?);
+        let (la, lb) = (half(self, CastOp::I32Low)?, half(o, CastOp::I32Low)?);
+        let high_eq = ha.binary(BinaryOp::Eq, &hb)?;
+        let low = la.binary(op, &lb)?.mul(&high_eq)?;
+        match op {
+            BinaryOp::Eq => Ok(low),
+            _ => ha.binary(op, &hb)?.add(&low),
+        }
+    }
+
+    /// The values as `dtype`: F32 to I32 truncates toward zero (PyTorch's `.to(torch.int32)`),
+    /// saturating beyond the I32 range, with NaN giving 0 (PyTorch leaves both undefined);
+    /// I32 to F32 rounds to the nearest F32 (exact within ±2^24). No gradient flows through a
+    /// cast to or from I32. The same dtype returns this tensor.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        let op = match (self.dtype(), dtype) {
+            (from, to) if from == to => return Ok(self.clone()),
+            (DType::F32, _) => CastOp::F32ToI32,
+            _ => CastOp::I32ToF32,
+        };
+        let out = self.alloc_like(self.numel(), dtype)?;
+        self.backend().cast(op, &self.0.buffer, &out, self.numel())?;
+        Ok(Tensor::from_parts(out, self.shape().clone(), self.device().clone(), None))
     }
 
     fn reduce_raw(&self, op: ReduceOp, axis: usize, keepdim: bool) -> Result<(crate::backend::Buffer, Shape)> {
@@ -159,9 +222,11 @@ impl Tensor {
         self.sum_all()?.mul_scalar(1.0 / n)
     }
 
-    /// Numerically stable softmax along `axis`.
+    /// Numerically stable softmax along `axis`, `exp(log_softmax)`, with PyTorch's gradient.
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
-        self.log_softmax(axis)?.exp()
+        let a = self.shape().axis("softmax", axis)?;
+        let y = crate::autograd::no_grad(|| self.log_softmax(axis)?.exp())?;
+        Ok(Tensor::result(y.0.buffer.clone(), y.shape().clone(), self.device(), GradOp::Softmax { axis: a }, &[self]))
     }
     /// `x - max - log(sum(exp(x - max)))` along `axis`; the max is a constant shift, so it is
     /// detached (the result's gradient does not depend on it).

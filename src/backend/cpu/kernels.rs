@@ -35,7 +35,8 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
         UnaryOp::Powf(p) => powf(x, p),
         UnaryOp::Sin => x.sin(),
         UnaryOp::Cos => x.cos(),
-        UnaryOp::Erf => crate::backend::erf(x as f64) as f32,
+        // odd, so the sign is x's: erf(-0) = -0
+        UnaryOp::Erf => (crate::backend::erf(x as f64) as f32).copysign(x),
     }
 }
 

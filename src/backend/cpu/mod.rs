@@ -1,4 +1,5 @@
 //! The CPU reference backend: plain, obviously correct Rust; the oracle for every other backend.
+mod index;
 mod kernels;
 mod update;
 
@@ -282,8 +283,20 @@ impl Backend for CpuBackend {
                         }
                     }
                 }
+                IndexOp::GatherRows { table_rows } => index::gather_rows(&xs[..table_rows * cols], &is[..rows], &mut o[..rows * cols], cols),
+                IndexOp::ScatterAddRows { table_rows } => {
+                    let plan = &is[..table_rows + 1 + rows];
+                    index::scatter_add_rows(&xs[..rows * cols], plan, &mut o[..table_rows * cols], rows, cols)
+                }
             })
         })?
+    }
+    fn cast(&self, op: CastOp, x: &Buffer, out: &Buffer, len: usize) -> Result<()> {
+        contract::cast(&self.info, op, x, out, len)?;
+        let xs = read(raw(x)?);
+        let mut o = write(raw(out)?);
+        o[..len].iter_mut().zip(&xs[..len]).for_each(|(o, &w)| *o = op.word(w));
+        Ok(())
     }
     fn sync(&self) -> Result<()> {
         Ok(())

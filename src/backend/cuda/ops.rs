@@ -213,7 +213,8 @@ impl Backend for CudaBackend {
         contract::index(self.info_ref(), op, x, idx, out, rows, cols)?;
         let out_len = match op {
             IndexOp::Gather => rows,
-            IndexOp::Scatter => rows * cols,
+            IndexOp::Scatter | IndexOp::GatherRows { .. } => rows * cols,
+            IndexOp::ScatterAddRows { table_rows } => table_rows * cols,
         };
         let x = self.ptr("index", x, 0, DType::F32)?;
         let idx = self.ptr("index", idx, 0, DType::I32)?;
@@ -225,7 +226,27 @@ impl Backend for CudaBackend {
         match op {
             IndexOp::Gather => launch!(self, "gather_f32", grid(r), x, idx, out, r, c),
             IndexOp::Scatter => launch!(self, "scatter_f32", grid(r * c), x, idx, out, r, c),
+            IndexOp::GatherRows { table_rows } => {
+                let v = table_rows as u64;
+                launch!(self, "gather_rows_f32", grid(r * c), x, idx, out, r, c, v)
+            }
+            IndexOp::ScatterAddRows { table_rows } => {
+                let v = table_rows as u64;
+                launch!(self, "scatter_add_rows_f32", grid(v * c), x, idx, out, r, c, v)
+            }
         }
+    }
+
+    fn cast(&self, op: CastOp, x: &Buffer, out: &Buffer, len: usize) -> Result<()> {
+        contract::cast(self.info_ref(), op, x, out, len)?;
+        let (from, to) = op.dtypes();
+        let x = self.ptr("cast", x, 0, from)?;
+        let out = self.ptr("cast", out, 0, to)?;
+        let (n, code) = (len as u64, op.code());
+        if len == 0 {
+            return Ok(());
+        }
+        launch!(self, "cast_32", grid(n), x, out, n, code)
     }
 
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {

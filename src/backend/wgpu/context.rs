@@ -25,6 +25,7 @@ const WAIT_SLICE: Duration = Duration::from_millis(100);
 pub(crate) const STAGE_BYTES: u64 = 65536;
 
 /// A storage binding: a byte range of a buffer.
+#[derive(Clone, Copy)]
 pub(crate) struct Bind<'a> {
     pub buf: &'a wgpu::Buffer,
     pub offset: u64,

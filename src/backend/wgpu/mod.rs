@@ -9,7 +9,7 @@ mod pool;
 pub mod shaders;
 
 use crate::backend::{
-    Backend, BinaryOp, Buffer, DeviceInfo, DeviceKind, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
+    Backend, BinaryOp, Buffer, CastOp, DeviceInfo, DeviceKind, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
     ReduceSpec, UnaryOp, WindowSpec,
 };
 use crate::{DType, Error, Layout, Result};
@@ -249,6 +249,12 @@ impl Backend for WgpuBackend {
         let ir = self.raw("index", idx, 0)?;
         let or = self.raw("index", out, 0)?;
         nn::index(&self.ctx, op, xr, ir, or, rows, cols)
+    }
+    fn cast(&self, op: CastOp, x: &Buffer, out: &Buffer, len: usize) -> Result<()> {
+        super::contract::cast(&self.info, op, x, out, len)?;
+        let xr = self.raw("cast", x, 0)?;
+        let or = self.raw("cast", out, 0)?;
+        nn::cast(&self.ctx, op, xr, or, len)
     }
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
         super::contract::optim_step(&self.info, step, param, grad, state)?;

@@ -1,8 +1,8 @@
-//! Network-specific kernels: im2col/col2im, max pooling, label indexing and fused optimizers,
-//! each split over images, planes or rows so that every binding fits the device's limit.
+//! Network-specific kernels: im2col/col2im, max pooling, label and id indexing, casts and fused
+//! optimizers, each split over images, planes or rows so that every binding fits the device's limit.
 use super::context::Ctx;
 use super::ops::Words;
-use crate::backend::{IndexOp, OptimStep, WindowSpec};
+use crate::backend::{CastOp, IndexOp, OptimStep, WindowSpec};
 use crate::{Error, Result};
 
 /// The window geometry words shared by conv.wgsl and pool.wgsl after the leading count.
@@ -94,6 +94,8 @@ pub(crate) fn index(
     let (name, x_per, out_per, entry, wg) = match op {
         IndexOp::Gather => ("index gather", cols, 1, "gather", 64),
         IndexOp::Scatter => ("index scatter", 1, cols, "scatter", 256),
+        IndexOp::GatherRows { table_rows } => return gather_rows(ctx, x, idx, out, rows, cols, table_rows),
+        IndexOp::ScatterAddRows { table_rows } => return scatter_add_rows(ctx, x, idx, out, rows, cols, table_rows),
     };
     for (r0, r1) in ctx.chunks(name, rows, &[x_per, 1, out_per])? {
         let cnt = r1 - r0;
@@ -102,6 +104,63 @@ pub(crate) fn index(
         let (ob, oo) = ctx.span(name, out, r0 * out_per, cnt * out_per)?;
         let w = Words::default().u(cnt).u(cols).u(xo).u(io).u(oo);
         ctx.dispatch("index", entry, &w.0, &[xb, ib, ob], ctx.grid(cnt * out_per, wg))?;
+    }
+    Ok(())
+}
+
+/// The embedding lookup in chunks of ids, and of table rows when the table is larger than one
+/// binding (GPT-2's 50,257 × 768 table is past WebGPU's default 128 MiB): each table chunk
+/// writes the outputs whose ids it holds, and the first also those of ids outside the table.
+fn gather_rows(ctx: &Ctx, table: &wgpu::Buffer, ids: &wgpu::Buffer, out: &wgpu::Buffer, rows: usize, cols: usize, table_rows: usize) -> Result<()> {
+    const OP: &str = "index_select";
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    // An empty table still takes one pass: it writes the zeros of every (outside) id.
+    for (v0, v1) in ctx.chunks(OP, table_rows.max(1), &[cols])? {
+        let (tb, to) = ctx.span(OP, table, v0 * cols, (v1 - v0) * cols)?;
+        for (r0, r1) in ctx.chunks(OP, rows, &[1, cols])? {
+            let cnt = r1 - r0;
+            let (ib, io) = ctx.span(OP, ids, r0, cnt)?;
+            let (ob, oo) = ctx.span(OP, out, r0 * cols, cnt * cols)?;
+            let w = Words::default().u(cnt).u(cols).u(to).u(io).u(oo).u(table_rows).u(rows).u(v0).u(0).u(v1.min(table_rows) - v0);
+            ctx.dispatch("index", "gather_rows", &w.0, &[tb, ib, ob], ctx.grid(cnt * cols, 256))?;
+        }
+    }
+    Ok(())
+}
+
+/// Plan entries one `scatter_add_rows` pass adds per table row: `SPAN` in shaders/index.wgsl.
+const SCATTER_SPAN: usize = 16384;
+
+/// The deterministic embedding gradient in chunks of table rows, each in passes of at most
+/// `SCATTER_SPAN` ids per row (a row may own every id); the gradient and plan are bound whole.
+fn scatter_add_rows(ctx: &Ctx, g: &wgpu::Buffer, plan: &wgpu::Buffer, out: &wgpu::Buffer, rows: usize, cols: usize, table_rows: usize) -> Result<()> {
+    const OP: &str = "index_select backward";
+    if table_rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let (gb, go) = ctx.span(OP, g, 0, rows * cols)?;
+    let (pb, po) = ctx.span(OP, plan, 0, table_rows + 1 + rows)?;
+    let passes = rows.div_ceil(SCATTER_SPAN).max(1);
+    for (v0, v1) in ctx.chunks(OP, table_rows, &[cols])? {
+        let cnt = v1 - v0;
+        for pass in 0..passes {
+            let (ob, oo) = ctx.span(OP, out, v0 * cols, cnt * cols)?;
+            let w = Words::default().u(cnt).u(cols).u(go).u(po).u(oo).u(table_rows).u(rows).u(v0).u(pass * SCATTER_SPAN);
+            ctx.dispatch("index", "scatter_add_rows", &w.0, &[gb, pb, ob], ctx.grid(cnt * cols, 256))?;
+        }
+    }
+    Ok(())
+}
+
+/// `CastOp` over `n` contiguous elements, in chunks that fit a binding.
+pub(crate) fn cast(ctx: &Ctx, op: CastOp, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<()> {
+    for (s, e) in ctx.chunks("cast", n, &[1, 1])? {
+        let (xb, xo) = ctx.span("cast", x, s, e - s)?;
+        let (ob, oo) = ctx.span("cast", out, s, e - s)?;
+        let w = Words::default().u(e - s).u(xo).u(oo);
+        ctx.dispatch_op("cast", "convert", Some(op.code()), &w.0, &[xb, ob], ctx.grid(e - s, 256))?;
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("conv", include_str!("../../../shaders/conv.wgsl")),
     ("pool", include_str!("../../../shaders/pool.wgsl")),
     ("index", include_str!("../../../shaders/index.wgsl")),
+    ("cast", include_str!("../../../shaders/cast.wgsl")),
     ("optim", include_str!("../../../shaders/optim.wgsl")),
 ];
 

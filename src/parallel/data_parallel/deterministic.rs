@@ -9,13 +9,11 @@
 //! So every floating-point operation, and its order, is the same on 1, 2 or 4 devices of one
 //! backend. The price: no overlap of communication with backward, one full-gradient download
 //! per micro-shard and one upload per device, and the host doing the additions.
-use super::split::slice;
 use super::{joined, Computed, Replica};
 use crate::data::Batch;
-use crate::nn::Module;
 use crate::parallel::comm::Communicator;
+use crate::parallel::step::StepLoop;
 use crate::parallel::trace::{Phase, Trace};
-use crate::parallel::{batch_to_device, Loss};
 use crate::{Result, Tensor};
 use std::ops::Range;
 use std::time::Instant;
@@ -35,13 +33,13 @@ struct WorkerOut {
 /// (the others own no parameter and would not read it).
 /// Across processes `comm` gathers every process's micro-shards before the sum.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], updates: &[bool], loss: Loss, comm: &dyn Communicator, trace: Option<&Trace>) -> Result<Computed> {
+pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], updates: &[bool], run: &StepLoop, comm: &dyn Communicator, trace: Option<&Trace>) -> Result<Computed> {
     let total = batch.len();
     let outs = std::thread::scope(|s| {
         let handles: Vec<_> = replicas
             .iter()
             .zip(owned)
-            .map(|(r, ks)| s.spawn(move || worker(r, batch, &shards[ks.clone()], ks.start, total, loss, trace)))
+            .map(|(r, ks)| s.spawn(move || worker(r, batch, &shards[ks.clone()], ks.start, total, run, trace)))
             .collect();
         handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect::<Vec<_>>()
     });
@@ -70,14 +68,14 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
 }
 
 /// Micro-shards `ks` (the first has index `first`) on replica `r`, each gradient on its own.
-fn worker(r: &Replica, batch: &Batch, ks: &[Range<usize>], first: usize, total: usize, loss: Loss, trace: Option<&Trace>) -> Result<WorkerOut> {
+fn worker(r: &Replica, batch: &Batch, ks: &[Range<usize>], first: usize, total: usize, run: &StepLoop, trace: Option<&Trace>) -> Result<WorkerOut> {
     let t0 = Instant::now();
     let mut grads = Vec::with_capacity(ks.len());
     for (j, range) in ks.iter().enumerate() {
         r.model.zero_grad();
         let tf = Instant::now();
-        let (x, y) = batch_to_device(&slice(batch, range.clone()), &r.device)?;
-        let scaled = loss.compute(&r.model.forward(&x)?, &y)?.mul_scalar(range.len() as f32 / total as f32)?;
+        let part = batch.slice(range.clone())?;
+        let scaled = run.part_loss(&*r.model, &part, range.start, total, &r.device)?;
         let tb = Instant::now();
         scaled.backward()?;
         let mut flat = Vec::new();

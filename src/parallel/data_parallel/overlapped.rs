@@ -1,14 +1,13 @@
 //! The default step: one worker thread per device runs forward and backward on its shard
 //! while a communication thread all-reduces gradient buckets as they complete.
 use super::buckets::{self, Ready};
-use super::split::{micro_ranges, slice};
+use super::split::micro_ranges;
 use super::{joined, Computed, Replica, StepEvent};
 use crate::autograd;
 use crate::data::Batch;
-use crate::nn::Module;
 use crate::parallel::comm::Communicator;
+use crate::parallel::step::StepLoop;
 use crate::parallel::trace::{Phase, Trace};
-use crate::parallel::{batch_to_device, Loss};
 use crate::{Error, Result};
 use std::sync::mpsc::{channel, Sender};
 use std::time::Instant;
@@ -24,8 +23,10 @@ struct WorkerOut {
 pub(super) struct Plan<'a> {
     pub buckets: &'a [Vec<usize>],
     pub bucket_of: &'a [usize],
-    pub loss: Loss,
+    pub run: &'a StepLoop,
     pub micro_batches: usize,
+    /// The global index of each device's first sample.
+    pub firsts: Vec<usize>,
     /// Samples in the global batch: each micro-batch's loss is scaled by its share of it.
     pub total: usize,
     pub trace: Option<&'a Trace>,
@@ -95,9 +96,9 @@ fn worker(i: usize, r: &Replica, shard: &Batch, plan: &Plan, tx: Sender<Ready>) 
     for (j, range) in micro.iter().enumerate() {
         let last = j + 1 == micro.len();
         let tf = Instant::now();
-        let (x, y) = batch_to_device(&slice(shard, range.clone()), &r.device)?;
         // Scaling by n_ij / N makes the sum over all devices and micro-batches the global mean.
-        let scaled = plan.loss.compute(&r.model.forward(&x)?, &y)?.mul_scalar(range.len() as f32 / plan.total as f32)?;
+        let part = shard.slice(range.clone())?;
+        let scaled = plan.run.part_loss(&*r.model, &part, plan.firsts[i] + range.start, plan.total, &r.device)?;
         loss += scaled.to_scalar()?;
         let tb = Instant::now();
         autograd::backward(&scaled, &mut |leaf| {

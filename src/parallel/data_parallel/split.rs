@@ -1,9 +1,10 @@
 //! Cutting a global batch into per-device shards and micro-batches, and measuring devices'
 //! throughput to choose the split.
-use crate::data::{Batch, Targets};
-use crate::nn::{Module, Sequential};
+use crate::data::Batch;
+use crate::nn::Module;
 use crate::parallel::comm::even_ranges;
-use crate::parallel::{batch_to_device, proportional_split, Loss};
+use crate::parallel::proportional_split;
+use crate::parallel::step::StepLoop;
 use crate::{Device, Error, Result};
 use std::ops::Range;
 use std::time::Instant;
@@ -24,21 +25,6 @@ pub(super) fn check_batch(batch: &Batch, devices: usize) -> Result<()> {
         return Err(Error::shape("DataParallel::step", format!("{} targets for {n} inputs", batch.y.len())));
     }
     Ok(())
-}
-
-/// Samples `r` of a checked batch.
-pub(super) fn slice(batch: &Batch, r: Range<usize>) -> Batch {
-    let per = batch.x.len() / batch.len();
-    let mut x_shape = batch.x_shape.clone();
-    x_shape[0] = r.len();
-    let y = match &batch.y {
-        Targets::Classes { labels, classes } => Targets::Classes { labels: labels[r.clone()].to_vec(), classes: *classes },
-        Targets::Values { data, shape_per_sample } => {
-            let per_y = shape_per_sample.iter().product::<usize>();
-            Targets::Values { data: data[r.start * per_y..r.end * per_y].to_vec(), shape_per_sample: shape_per_sample.clone() }
-        }
-    };
-    Batch { x: batch.x[r.start * per..r.end * per].to_vec(), x_shape, y }
 }
 
 /// Contiguous ranges of `n` items, sized in proportion to `weights` (equal without).
@@ -69,16 +55,15 @@ pub(super) fn micro_ranges(len: usize, micro: usize) -> Vec<Range<usize>> {
 /// (the batch's first few samples) twice, and the second run's time counts, so one-time
 /// costs (kernel compilation, allocator growth) do not. Devices are timed one after the other
 /// because running them together would measure the shared host, not the devices.
-pub(super) fn calibrate(models: &[(&Sequential, &Device)], batch: &Batch, loss: Loss) -> Result<Vec<f64>> {
-    let probe = slice(batch, 0..batch.len().min(8));
+pub(super) fn calibrate(models: &[(&dyn Module, &Device)], batch: &Batch, run: &StepLoop) -> Result<Vec<f64>> {
+    let probe = batch.slice(0..batch.len().min(8))?;
     models
         .iter()
         .map(|(model, device)| {
-            let (x, y) = batch_to_device(&probe, device)?;
             let mut seconds = 0.0;
             for _ in 0..2 {
                 let t0 = Instant::now();
-                loss.compute(&model.forward(&x)?, &y)?.backward()?;
+                run.part_loss(*model, &probe, 0, probe.len(), device)?.backward()?;
                 device.sync()?;
                 seconds = t0.elapsed().as_secs_f64();
             }

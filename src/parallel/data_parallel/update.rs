@@ -17,6 +17,7 @@ use super::{buckets, joined, Replica};
 use crate::autograd::no_grad;
 use crate::optim::Optimizer;
 use crate::parallel::comm::Communicator;
+use crate::optim::scale_grads;
 use crate::parallel::trace::{Phase, Trace};
 use crate::{Device, Result, Tensor};
 use std::time::Instant;
@@ -32,21 +33,40 @@ pub(super) fn one_kernel_family(devices: &[Device]) -> bool {
     devices.iter().all(|d| key(d) == key(&devices[0]))
 }
 
-/// Unpacks each replica's reduced gradients (overlapped mode; deterministic mode has set them
-/// already) and runs its optimizer, all replicas at once; returns each one's seconds.
-pub(super) fn apply(replicas: &[Replica], opts: &mut [Box<dyn Optimizer>], buckets: &[Vec<usize>], reduced: Option<&Vec<Vec<Tensor>>>, trace: Option<&Trace>) -> Result<Vec<f64>> {
+/// Sets each replica's gradients from the reduced buckets (`[bucket][device]`, overlapped
+/// mode; deterministic mode has set them already), all replicas at once.
+pub(super) fn unpack(replicas: &[Replica], buckets: &[Vec<usize>], reduced: &[Vec<Tensor>]) -> Result<()> {
+    each_replica(replicas, |i, r| {
+        for (b, members) in buckets.iter().enumerate() {
+            buckets::unpack(&r.params, members, &reduced[b][i])?;
+        }
+        Ok(())
+    })
+    .map(drop)
+}
+
+/// Runs `f` on every replica, each on its own thread; the first error by replica order.
+fn each_replica<T: Send>(replicas: &[Replica], f: impl Fn(usize, &Replica) -> Result<T> + Sync) -> Result<Vec<T>> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = replicas.iter().enumerate().map(|(i, r)| s.spawn(move || f(i, r))).collect();
+        let results: Vec<Result<T>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
+        results.into_iter().collect()
+    })
+}
+
+/// Multiplies every replica's gradients by the clipping `scale` (when there is one) and runs
+/// its optimizer, all replicas at once; returns each one's seconds.
+pub(super) fn apply(replicas: &[Replica], opts: &mut [Box<dyn Optimizer>], scale: Option<f32>, trace: Option<&Trace>) -> Result<Vec<f64>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = replicas
             .iter()
             .zip(opts.iter_mut())
-            .enumerate()
-            .map(|(i, (r, opt))| {
+            .map(|(r, opt)| {
                 s.spawn(move || -> Result<f64> {
                     let t = Instant::now();
-                    if let Some(reduced) = reduced {
-                        for (b, members) in buckets.iter().enumerate() {
-                            buckets::unpack(&r.params, members, &reduced[b][i])?;
-                        }
+                    if let Some(scale) = scale {
+                        scale_grads(&r.params, scale)?;
                     }
                     opt.step()?;
                     r.device.sync()?;

@@ -6,11 +6,12 @@ mod worker;
 
 pub use schedule::{schedule, simulate, theoretical_bubble, Action, Plan, Schedule, Simulation};
 
-use super::placement::{self, Split, Stage};
+use super::placement::{self, Stage, Stages};
+use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
-use crate::data::{Batch, Targets};
-use crate::nn::{Module, Sequential};
+use crate::data::Batch;
+use crate::nn::Module;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::mpsc::channel;
 use std::time::Instant;
@@ -39,17 +40,21 @@ pub struct PipelineStats {
     pub peak_activation_bytes: Vec<u64>,
 }
 
-/// Pipeline-parallel training of a `Sequential` over one stage per device.
+/// Pipeline-parallel training over one stage per device: a `Sequential` split by
+/// [`Split`](super::Split), or the user's stage modules ([`Stages::Built`]).
 ///
 /// ```
 /// # fn main() -> tandem::Result<()> {
 /// use std::sync::Arc;
-/// use tandem::parallel::pipeline::{Pipeline, PipelineConfig, Schedule};
-/// use tandem::parallel::{Loss, OptimConfig, Split, Strategy};
+/// use tandem::parallel::pipeline::{Pipeline, Schedule};
+/// use tandem::parallel::{Loss, OptimConfig, Split, Stages, Strategy};
 /// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
 /// let model = tandem::nn::models::SeedModel::Cnn.build(0, &dev())?;
-/// let opt = OptimConfig::Sgd(Default::default());
-/// let mut pipe = Pipeline::new(&model, &[dev(), dev()], Split::At(vec![6]), 2, Schedule::OneFOneB, &opt, Loss::CrossEntropy, PipelineConfig::default())?;
+/// let opt = OptimConfig::sgd(Default::default());
+/// let mut pipe = Pipeline::builder(Stages::Split(&model, Split::At(vec![6])), &[dev(), dev()], &opt, Loss::CrossEntropy)
+///     .micro_batches(2)
+///     .schedule(Schedule::OneFOneB)
+///     .build()?;
 /// let data = tandem::data::synthetic::seed_images(4, 0)?;
 /// pipe.step(&data.batch(&[0, 1, 2, 3])?)?;
 /// let stats = pipe.last_stats().expect("one step ran");
@@ -62,45 +67,90 @@ pub struct Pipeline {
     schedule: Schedule,
     plan: Vec<Vec<Action>>,
     opt: OptimConfig,
-    loss: Loss,
+    run: StepLoop,
     cfg: PipelineConfig,
     balance_pending: bool,
     trace: Option<Trace>,
     stats: Option<PipelineStats>,
 }
 
-impl Pipeline {
-    /// Splits `model` into one stage per device. Errors (before any work) on zero
-    /// micro-batches, more devices than layers, a split point that does not exist, or a stage
-    /// whose weights, gradients and optimizer state cannot fit its device's memory.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        model: &Sequential,
-        devices: &[Device],
-        split: Split,
-        micro_batches: usize,
-        schedule: Schedule,
-        opt: &OptimConfig,
-        loss: Loss,
-        cfg: PipelineConfig,
-    ) -> Result<Self> {
-        if micro_batches == 0 {
+/// The options of a [`Pipeline`] before it is built; defaults: 1 micro-batch, 1F1B, no
+/// recomputation, no clipping.
+pub struct PipelineBuilder<'a> {
+    stages: Stages<'a>,
+    devices: Vec<Device>,
+    opt: OptimConfig,
+    loss: Loss,
+    micro_batches: usize,
+    schedule: Schedule,
+    cfg: PipelineConfig,
+    clip: Option<f32>,
+}
+
+impl PipelineBuilder<'_> {
+    /// Micro-batches per batch (they must divide it evenly).
+    pub fn micro_batches(mut self, m: usize) -> Self {
+        self.micro_batches = m;
+        self
+    }
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedule = schedule;
+        self
+    }
+    /// Keep only each stage's input during forward and redo the forward before backward.
+    pub fn recompute(mut self, recompute: bool) -> Self {
+        self.cfg.recompute = recompute;
+        self
+    }
+    pub fn config(mut self, cfg: PipelineConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+    /// Global-norm gradient clipping (as `Strategy::set_grad_clip`).
+    pub fn grad_clip(mut self, max_norm: Option<f32>) -> Self {
+        self.clip = max_norm;
+        self
+    }
+    /// Builds the stages. Errors (before any work) on zero micro-batches, more devices than
+    /// layers, a split point that does not exist, a stage whose weights, gradients and
+    /// optimizer state cannot fit its device's memory, or built stages off their devices.
+    pub fn build(self) -> Result<Pipeline> {
+        if self.micro_batches == 0 {
             return Err(Error::invalid("Pipeline", "micro_batches must be at least 1"));
         }
-        let stages = placement::build_stages(model, devices, &split, opt)?;
-        let plan = schedule::schedule(schedule, stages.len(), micro_batches);
+        let (stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
+        let plan = schedule::schedule(self.schedule, stages.len(), self.micro_batches);
+        let mut run = StepLoop::new(self.loss);
+        run.set_clip(self.clip)?;
         Ok(Pipeline {
             stages,
-            micro_batches,
-            schedule,
+            micro_batches: self.micro_batches,
+            schedule: self.schedule,
             plan,
-            opt: *opt,
-            loss,
-            cfg,
-            balance_pending: split == Split::Auto,
+            opt: self.opt,
+            run,
+            cfg: self.cfg,
+            balance_pending,
             trace: None,
             stats: None,
         })
+    }
+}
+
+impl Pipeline {
+    /// Starts a pipeline of `stages` over `devices` (one stage each), each stage with its own
+    /// optimizer from `opt`, training on `loss`.
+    pub fn builder<'a>(stages: Stages<'a>, devices: &[Device], opt: &OptimConfig, loss: Loss) -> PipelineBuilder<'a> {
+        PipelineBuilder {
+            stages,
+            devices: devices.to_vec(),
+            opt: opt.clone(),
+            loss,
+            micro_batches: 1,
+            schedule: Schedule::OneFOneB,
+            cfg: PipelineConfig::default(),
+            clip: None,
+        }
     }
     /// Each stage's action list.
     pub fn plan(&self) -> &[Vec<Action>] {
@@ -126,21 +176,7 @@ fn split_batch(batch: &Batch, m: usize) -> Result<Vec<Batch>> {
         return Err(Error::invalid("Pipeline::step", format!("{m} micro-batches do not divide a batch of {n} samples evenly")));
     }
     let k = n / m;
-    let per: usize = batch.x_shape.iter().skip(1).product();
-    (0..m)
-        .map(|i| {
-            let mut x_shape = batch.x_shape.clone();
-            x_shape[0] = k;
-            let y = match &batch.y {
-                Targets::Classes { labels, classes } => Targets::Classes { labels: labels[i * k..(i + 1) * k].to_vec(), classes: *classes },
-                Targets::Values { data, shape_per_sample } => {
-                    let per_y: usize = shape_per_sample.iter().product();
-                    Targets::Values { data: data[i * k * per_y..(i + 1) * k * per_y].to_vec(), shape_per_sample: shape_per_sample.clone() }
-                }
-            };
-            Ok(Batch { x: batch.x[i * k * per..(i + 1) * k * per].to_vec(), x_shape, y })
-        })
-        .collect()
+    (0..m).map(|i| batch.slice(i * k..(i + 1) * k)).collect()
 }
 
 /// Picks the error that explains a failed step: a stage's own failure over the closed
@@ -170,8 +206,7 @@ impl Strategy for Pipeline {
             placement::rebalance(&mut self.stages, &probe, &self.opt)?;
             self.balance_pending = false;
         }
-        let n = batch.len() as f32;
-        let scale: Vec<f32> = micro.iter().map(|b| b.len() as f32 / n).collect();
+        let firsts: Vec<usize> = micro.iter().scan(0, |at, b| Some(std::mem::replace(at, *at + b.len()))).collect();
         for s in &self.stages {
             s.opt.zero_grad();
         }
@@ -202,8 +237,9 @@ impl Strategy for Pipeline {
                         stage,
                         actions,
                         micro_batches: &micro,
-                        scale: &scale,
-                        loss: self.loss,
+                        firsts: &firsts,
+                        total: batch.len(),
+                        run: &self.run,
                         recompute: self.cfg.recompute,
                         trace: self.trace.clone(),
                         links,
@@ -222,13 +258,14 @@ impl Strategy for Pipeline {
         });
         let outcomes = first_cause(results)?;
         let span = outcomes.iter().map(|o| o.end.duration_since(start).as_secs_f64()).fold(0.0, f64::max);
-        for (i, stage) in self.stages.iter_mut().enumerate() {
-            let t0 = Instant::now();
-            stage.opt.step()?;
-            if let Some(tr) = &self.trace {
-                tr.span(&placement::track_name(i, &stage.device), "optimizer", Phase::Optimizer, t0, t0.elapsed().as_secs_f64());
+        let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| placement::track_name(i, &s.device)).collect();
+        let trace = self.trace.clone();
+        let opts = self.stages.iter_mut().map(|s| &mut s.opt).collect();
+        let grad_norm = self.run.update_each(opts, |i, t0| {
+            if let Some(tr) = &trace {
+                tr.span(&tracks[i], "optimizer", Phase::Optimizer, t0, t0.elapsed().as_secs_f64());
             }
-        }
+        })?;
         let busy: Vec<f64> = outcomes.iter().map(|o| o.compute_s + o.comm_s).collect();
         let idle: Vec<f64> = busy.iter().map(|b| (span - b).max(0.0)).collect();
         let stats = PipelineStats {
@@ -245,6 +282,7 @@ impl Strategy for Pipeline {
             comm_s: outcomes.iter().map(|o| o.comm_s).sum(),
             overlap: 0.0,
             peak_memory: self.stages.iter().map(|s| s.device.memory().peak).collect(),
+            grad_norm,
         };
         self.stats = Some(stats);
         Ok(report)
@@ -254,7 +292,7 @@ impl Strategy for Pipeline {
         crate::autograd::no_grad(|| {
             let mut h = x;
             for s in &self.stages {
-                h = s.model.forward(&h.to(&s.device)?)?;
+                h = self.run.forward(&s.model, &h.to(&s.device)?, 0)?;
             }
             h.to(&self.stages[0].device)
         })
@@ -269,6 +307,7 @@ impl Strategy for Pipeline {
         Ok(placement::stage_opt_state(&self.stages))
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        self.run.step = steps;
         placement::load_stage_opt_state(&mut self.stages, state, steps)
     }
     fn devices(&self) -> Vec<Device> {
@@ -276,5 +315,14 @@ impl Strategy for Pipeline {
     }
     fn set_trace(&mut self, trace: Trace) {
         self.trace = Some(trace);
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.stages.iter_mut().for_each(|s| s.opt.set_lr(lr));
+    }
+    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+        self.run.set_clip(max_norm)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.stages.iter().for_each(|s| s.model.set_training(training));
     }
 }

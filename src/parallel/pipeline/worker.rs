@@ -9,8 +9,9 @@ use crate::autograd::{no_grad, GradOp};
 use crate::data::Batch;
 use crate::nn::Module;
 use crate::parallel::placement::Stage;
+use crate::parallel::step::StepLoop;
 use crate::parallel::trace::{Phase, Trace};
-use crate::parallel::{batch_to_device, Loss};
+use crate::parallel::batch_to_device;
 use crate::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, Sender};
@@ -52,10 +53,11 @@ pub(super) struct Job<'a> {
     pub stage: &'a mut Stage,
     pub actions: &'a [Action],
     pub micro_batches: &'a [Batch],
-    /// Each micro-batch's share of the batch (its size over N), so scaled losses add up to
-    /// the full batch's mean.
-    pub scale: &'a [f32],
-    pub loss: Loss,
+    /// The global index of each micro-batch's first sample (keys its dropout masks).
+    pub firsts: &'a [usize],
+    /// Samples in the batch: each micro-batch's loss is weighted by its share of them.
+    pub total: usize,
+    pub run: &'a StepLoop,
     pub recompute: bool,
     pub trace: Option<Trace>,
     pub track: String,
@@ -135,13 +137,17 @@ impl Job<'_> {
     }
 
     /// The stage's forward of `mb` from `input`, ending in the scaled loss on the last stage.
+    /// Under the micro-batch's sample context, so that a recomputed forward replays its masks.
     fn forward(&self, mb: usize, input: &Tensor) -> Result<Tensor> {
-        let out = self.stage.model.forward(input)?;
+        let out = self.run.forward(&self.stage.model, input, self.firsts[mb])?;
         if !self.last {
             return Ok(out);
         }
-        let (_, y) = batch_to_device(&self.micro_batches[mb], &self.stage.device)?;
-        self.loss.compute(&out, &y)?.mul_scalar(self.scale[mb])
+        let part = &self.micro_batches[mb];
+        let (_, y) = batch_to_device(part, &self.stage.device)?;
+        // Always weighted (even one micro-batch of all N): the scaled loss is what backward
+        // starts from on the last stage.
+        self.run.loss.compute(&out, &y)?.mul_scalar(part.len() as f32 / self.total as f32)
     }
 
     /// Runs the action list; the caller steps the optimizer once every stage succeeded.

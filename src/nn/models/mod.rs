@@ -1,4 +1,10 @@
-//! The seed models, with the seeds' parameter names.
+//! The built-in models: the seed models (with the seeds' parameter names) and [`Gpt`], a
+//! GPT-2-shaped transformer with nanoGPT's names.
+mod generate;
+mod gpt;
+
+pub use gpt::{Block, Blocks, Gpt, GptConfig, Transformer};
+
 use super::{Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential};
 use crate::{Device, Error, Result};
 use rand::SeedableRng;

@@ -1,0 +1,87 @@
+//! The integer-indexing ops (`IndexOp`, with the plan of the embedding gradient) and the dtype
+//! conversions (`CastOp`) of the `Backend` trait.
+use crate::DType;
+
+/// Indexing with I32 integers. `Gather` and `Scatter` are row-wise by class labels: `Gather`
+/// reads `out[r] = x[r, idx[r]]` from `[rows, cols]`; `Scatter` writes `out[r, c] = (c ==
+/// idx[r]) ? g[r] : 0`. `GatherRows` and `ScatterAddRows` are the embedding lookup and its
+/// adjoint over a `[table_rows, cols]` table and `rows` ids: `GatherRows` writes `out[i, :] =
+/// x[idx[i], :]` into `[rows, cols]`; `ScatterAddRows` writes `out[v, :] = Σ x[i, :]` over the
+/// `i` whose id is `v`, summed from +0 in ascending `i`, into `[table_rows, cols]` from `x`
+/// `[rows, cols]`, with `idx` a [`row_plan`] (so that every backend adds in one order, without
+/// atomics, and a run's bits do not depend on thread counts). Labels and ids belong in range:
+/// `Tensor` rejects others before it calls (`gather_rows`, `cross_entropy`, `index_select`), and
+/// a backend called directly with one reads 0 and writes nothing for it, never out of bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexOp {
+    Gather,
+    Scatter,
+    GatherRows { table_rows: usize },
+    ScatterAddRows { table_rows: usize },
+}
+
+/// The plan `IndexOp::ScatterAddRows` reads for ids `ids` (each in `0..table_rows`; others are
+/// left out): `row_ptr` (`table_rows + 1` entries) then `order` (one entry per id kept), where
+/// `order[row_ptr[v]..row_ptr[v + 1]]` are the positions of id `v` in ascending order (a
+/// counting sort, so building it is O(N + V)).
+pub fn row_plan(ids: &[i32], table_rows: usize) -> Vec<i32> {
+    let slot = |id: i32| usize::try_from(id).ok().filter(|&v| v < table_rows);
+    let mut plan = vec![0i32; table_rows + 1];
+    for &id in ids {
+        if let Some(v) = slot(id) {
+            plan[v + 1] += 1;
+        }
+    }
+    for v in 0..table_rows {
+        plan[v + 1] += plan[v];
+    }
+    let mut next: Vec<i32> = plan[..table_rows].to_vec();
+    plan.resize(table_rows + 1 + plan[table_rows] as usize, 0);
+    for (i, &id) in ids.iter().enumerate() {
+        if let Some(v) = slot(id) {
+            plan[table_rows + 1 + next[v] as usize] = i as i32;
+            next[v] += 1;
+        }
+    }
+    plan
+}
+
+/// Conversions between the 32-bit dtypes, elementwise over contiguous buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CastOp {
+    /// F32 to I32 toward zero, as PyTorch's `.to(torch.int32)`; beyond the I32 range the result
+    /// saturates (±inf too), and NaN gives 0 (PyTorch leaves both undefined).
+    F32ToI32,
+    /// I32 to the nearest F32 (exact up to 2^24 in magnitude).
+    I32ToF32,
+    /// The high half `x >> 16` (arithmetic, so `floor(x / 65536)`) of an I32, as an exact F32.
+    I32High,
+    /// The low half `x & 0xFFFF` of an I32, as an exact F32: with the high half it compares
+    /// I32 values exactly in F32 arithmetic (`x = 65536·high + low`).
+    I32Low,
+}
+
+impl CastOp {
+    pub const ALL: [CastOp; 4] = [CastOp::F32ToI32, CastOp::I32ToF32, CastOp::I32High, CastOp::I32Low];
+    /// Stable small integer passed to kernels; the WGSL and CUDA kernels use the same codes.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+    /// The conversion of one element, as raw 32-bit words: the definition every kernel follows.
+    pub fn word(self, w: u32) -> u32 {
+        match self {
+            // Rust's `as` truncates toward zero, saturates and maps NaN to 0: the documented rule.
+            CastOp::F32ToI32 => f32::from_bits(w) as i32 as u32,
+            CastOp::I32ToF32 => (w as i32 as f32).to_bits(),
+            CastOp::I32High => (((w as i32) >> 16) as f32).to_bits(),
+            CastOp::I32Low => ((w & 0xFFFF) as f32).to_bits(),
+        }
+    }
+    /// The dtypes read and written.
+    pub fn dtypes(self) -> (DType, DType) {
+        match self {
+            CastOp::F32ToI32 => (DType::F32, DType::I32),
+            _ => (DType::I32, DType::F32),
+        }
+    }
+}

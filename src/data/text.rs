@@ -1,0 +1,324 @@
+//! Token data for language models: character-level text as nanoGPT's shakespeare_char (a
+//! vocabulary of the sorted unique characters, a 90/10 train/validation split, random windows
+//! with the next tokens as targets), a built-in corpus generated from a seed, and windows of
+//! token ids from a safetensors file.
+use crate::checkpoint::{host_from_view, parse, HostData};
+use crate::{Error, Result};
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+
+/// The share of the tokens (or rows) that train; the rest validate.
+pub const TRAIN_FRACTION: f64 = 0.9;
+
+/// The length of [`TextCorpus::builtin`]'s text, in characters (ASCII: bytes).
+pub const BUILTIN_CHARS: usize = 200_000;
+
+/// Which part of the data a batch is drawn from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Val,
+}
+
+/// Token ids `x` `[batch, block]` and their next tokens `y` (same shape), row-major.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenBatch {
+    pub x: Vec<i32>,
+    pub y: Vec<i32>,
+    pub batch: usize,
+    pub block: usize,
+}
+
+/// The characters of a text, sorted and unique; a character's id is its position.
+///
+/// ```
+/// use tandem::data::text::CharVocab;
+/// let v = CharVocab::from_text("hello");
+/// assert_eq!(v.chars(), ['e', 'h', 'l', 'o']);
+/// assert_eq!(v.encode("hole")?, [1, 3, 2, 0]);
+/// assert_eq!(v.decode(&[1, 0, 2, 2, 3])?, "hello");
+/// # Ok::<(), tandem::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CharVocab {
+    chars: Vec<char>,
+}
+
+impl CharVocab {
+    pub fn from_text(text: &str) -> CharVocab {
+        let mut chars: Vec<char> = text.chars().collect();
+        chars.sort_unstable();
+        chars.dedup();
+        CharVocab { chars }
+    }
+    pub fn chars(&self) -> &[char] {
+        &self.chars
+    }
+    pub fn len(&self) -> usize {
+        self.chars.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.chars.is_empty()
+    }
+    /// The ids of `text`'s characters; a character outside the vocabulary is an error.
+    pub fn encode(&self, text: &str) -> Result<Vec<i32>> {
+        text.chars()
+            .enumerate()
+            .map(|(i, c)| match self.chars.binary_search(&c) {
+                Ok(id) => Ok(id as i32),
+                Err(_) => Err(Error::invalid("CharVocab::encode", format!("character {c:?} at position {i} is not in the vocabulary of {} characters", self.len()))),
+            })
+            .collect()
+    }
+    /// The text of `ids`; an id outside `0..len()` is an error.
+    pub fn decode(&self, ids: &[i32]) -> Result<String> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                usize::try_from(id).ok().and_then(|k| self.chars.get(k).copied()).ok_or(Error::Label { op: "CharVocab::decode", label: id, index: i, classes: self.len() })
+            })
+            .collect()
+    }
+}
+
+/// A character-level corpus: its vocabulary and its tokens, split 90/10 by position.
+pub struct TextCorpus {
+    pub vocab: CharVocab,
+    pub train: Vec<i32>,
+    pub val: Vec<i32>,
+    /// Where the text came from (a path, or the built-in corpus and its seed), for errors.
+    pub source: String,
+}
+
+impl TextCorpus {
+    /// The corpus of `text`; `source` names it in errors.
+    pub fn from_text(text: &str, source: impl Into<String>) -> Result<TextCorpus> {
+        let source = source.into();
+        let vocab = CharVocab::from_text(text);
+        let tokens = vocab.encode(text)?;
+        if tokens.len() < 2 {
+            return Err(Error::invalid("text data", format!("{source}: {} characters; a corpus needs at least 2", tokens.len())));
+        }
+        let n = (tokens.len() as f64 * TRAIN_FRACTION) as usize;
+        Ok(TextCorpus { vocab, val: tokens[n..].to_vec(), train: tokens[..n].to_vec(), source })
+    }
+    /// The corpus of a UTF-8 text file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<TextCorpus> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let text = String::from_utf8(bytes).map_err(|e| Error::format(path, format!("not UTF-8 text: {e}")))?;
+        TextCorpus::from_text(&text, path.display().to_string())
+    }
+    /// The built-in corpus ([`builtin_text`] of `seed`, [`BUILTIN_CHARS`] long): no download.
+    pub fn builtin(seed: u64) -> TextCorpus {
+        TextCorpus::from_text(&builtin_text(seed, BUILTIN_CHARS), format!("the built-in corpus (seed {seed})")).expect("the built-in text is long")
+    }
+    pub fn tokens(&self, split: Split) -> &[i32] {
+        match split {
+            Split::Train => &self.train,
+            Split::Val => &self.val,
+        }
+    }
+    /// `batch` windows of `block` tokens at random starts in `split` (nanoGPT's `get_batch`):
+    /// `x` = tokens `i..i+block`, `y` = tokens `i+1..i+block+1`.
+    pub fn batch(&self, split: Split, batch: usize, block: usize, rng: &mut impl Rng) -> Result<TokenBatch> {
+        let data = self.tokens(split);
+        if batch == 0 || block == 0 {
+            return Err(Error::invalid("text data", format!("{}: batch {batch} and block {block} must be at least 1", self.source)));
+        }
+        if data.len() <= block {
+            return Err(Error::invalid(
+                "text data",
+                format!("{}: the {split:?} split holds {} tokens; windows of {block} need at least {}", self.source, data.len(), block + 1),
+            ));
+        }
+        let (mut x, mut y) = (Vec::with_capacity(batch * block), Vec::with_capacity(batch * block));
+        for _ in 0..batch {
+            let i = rng.random_range(0..data.len() - block);
+            x.extend_from_slice(&data[i..i + block]);
+            y.extend_from_slice(&data[i + 1..i + block + 1]);
+        }
+        Ok(TokenBatch { x, y, batch, block })
+    }
+    /// The unigram entropy of the whole corpus in nats: the loss of a model that knows only
+    /// the characters' frequencies.
+    pub fn unigram_entropy(&self) -> f64 {
+        unigram_entropy(&[self.train.as_slice(), self.val.as_slice()].concat())
+    }
+}
+
+/// `-Σ p ln p` over the frequencies `p` of the distinct values in `tokens`, in nats (0 when empty).
+///
+/// ```
+/// let h = tandem::data::text::unigram_entropy(&[0, 0, 1, 1]);
+/// assert!((h - 2f64.ln()).abs() < 1e-12);
+/// ```
+pub fn unigram_entropy(tokens: &[i32]) -> f64 {
+    let mut counts = std::collections::HashMap::new();
+    for &t in tokens {
+        *counts.entry(t).or_insert(0usize) += 1;
+    }
+    let n = tokens.len() as f64;
+    counts.values().map(|&c| c as f64 / n).map(|p| -p * p.ln()).sum()
+}
+
+/// Windows of token ids from a safetensors file: `x` and `y` (I64 or I32) of one shape
+/// `[N, T]`, `y` the next tokens of `x`. The first 90% of the rows train, the rest validate.
+pub struct TokenWindows {
+    pub x: Vec<i32>,
+    pub y: Vec<i32>,
+    pub rows: usize,
+    pub block: usize,
+    /// The largest id in `x` or `y`, plus one.
+    pub vocab_size: usize,
+    path: String,
+}
+
+impl TokenWindows {
+    pub fn load(path: impl AsRef<Path>) -> Result<TokenWindows> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let st = parse(path, &bytes)?;
+        let read = |name: &str| -> Result<(Vec<i32>, Vec<usize>)> {
+            let view = st.tensor(name).map_err(|_| Error::format(path, format!("no tensor named '{name}'; token windows need x and y, I64 or I32 [N, T]")))?;
+            if !matches!(view.dtype(), safetensors::Dtype::I64 | safetensors::Dtype::I32) {
+                return Err(Error::format(path, format!("{name} has dtype {:?}; token ids must be I64 or I32", view.dtype())));
+            }
+            let HostData::I32(ids) = host_from_view(path, name, &view)?.data else {
+                return Err(Error::format(path, format!("{name} did not decode to integers")));
+            };
+            if let Some((i, &id)) = ids.iter().enumerate().find(|&(_, &id)| id < 0) {
+                return Err(Error::format(path, format!("{name} holds the negative token id {id} at flat index {i}")));
+            }
+            Ok((ids, view.shape().to_vec()))
+        };
+        let ((x, xs), (y, ys)) = (read("x")?, read("y")?);
+        if xs.len() != 2 || xs.contains(&0) || xs != ys {
+            return Err(Error::format(path, format!("x {xs:?} and y {ys:?} must have one shape [N, T] with N, T >= 1")));
+        }
+        let vocab_size = x.iter().chain(&y).map(|&id| id as usize + 1).max().unwrap_or(0);
+        Ok(TokenWindows { x, y, rows: xs[0], block: xs[1], vocab_size, path: path.display().to_string() })
+    }
+    /// The rows of `split`: the first 90% train, the rest validate.
+    pub fn rows_of(&self, split: Split) -> std::ops::Range<usize> {
+        let n = (self.rows as f64 * TRAIN_FRACTION) as usize;
+        match split {
+            Split::Train => 0..n,
+            Split::Val => n..self.rows,
+        }
+    }
+    /// `batch` rows of `split` drawn at random (with replacement).
+    pub fn batch(&self, split: Split, batch: usize, rng: &mut impl Rng) -> Result<TokenBatch> {
+        let rows = self.rows_of(split);
+        if rows.is_empty() || batch == 0 {
+            return Err(Error::invalid("token windows", format!("{}: a batch of {batch} from the {split:?} split, which has {} of the {} rows", self.path, rows.len(), self.rows)));
+        }
+        let t = self.block;
+        let (mut x, mut y) = (Vec::with_capacity(batch * t), Vec::with_capacity(batch * t));
+        for _ in 0..batch {
+            let r = rng.random_range(rows.clone());
+            x.extend_from_slice(&self.x[r * t..(r + 1) * t]);
+            y.extend_from_slice(&self.y[r * t..(r + 1) * t]);
+        }
+        Ok(TokenBatch { x, y, batch, block: t })
+    }
+}
+
+/// English-like text of `chars` characters from a small grammar, the same for a seed: sentences
+/// whose verbs agree with singular or plural subjects, places and times, quoted speech, and
+/// counting rhymes, in paragraphs. Enough structure that a small model's loss falls well below
+/// the unigram entropy; nothing to download.
+pub fn builtin_text(seed: u64, chars: usize) -> String {
+    let mut g = Grammar { rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed) };
+    let mut text = String::with_capacity(chars + 512);
+    while text.len() < chars {
+        let sentences = g.rng.random_range(3..7);
+        let paragraph: Vec<String> = (0..sentences).map(|_| capitalise(&g.sentence())).collect();
+        text.push_str(&paragraph.join(" "));
+        text.push('\n');
+    }
+    text.truncate(chars);
+    text
+}
+
+const NAMES: [&str; 8] = ["Ada", "Bram", "Cora", "Dov", "Elin", "Finn", "Gus", "Hana"];
+const ADJECTIVES: [&str; 8] = ["old", "young", "red", "small", "quiet", "brave", "grey", "tall"];
+/// (singular, plural)
+const NOUNS: [(&str, &str); 8] = [
+    ("fox", "foxes"),
+    ("hen", "hens"),
+    ("king", "kings"),
+    ("child", "children"),
+    ("miller", "millers"),
+    ("crow", "crows"),
+    ("wolf", "wolves"),
+    ("sailor", "sailors"),
+];
+/// (with a singular subject, with a plural one)
+const VERBS: [(&str, &str); 7] = [
+    ("sees", "see"),
+    ("follows", "follow"),
+    ("sings to", "sing to"),
+    ("waits for", "wait for"),
+    ("finds", "find"),
+    ("carries", "carry"),
+    ("watches", "watch"),
+];
+const PLACES: [&str; 6] = ["by the river", "in the wood", "at the mill", "on the hill", "under the bridge", "near the sea"];
+const TIMES: [&str; 4] = ["at dawn", "at night", "in spring", "after the rain"];
+const NUMBERS: [&str; 6] = ["one", "two", "three", "four", "five", "six"];
+
+struct Grammar {
+    rng: rand_chacha::ChaCha8Rng,
+}
+
+impl Grammar {
+    fn pick<'a>(&mut self, words: &[&'a str]) -> &'a str {
+        words[self.rng.random_range(0..words.len())]
+    }
+    /// A noun phrase and whether it is plural.
+    fn subject(&mut self) -> (String, bool) {
+        if self.rng.random_bool(0.25) {
+            return (self.pick(&NAMES).to_string(), false);
+        }
+        let plural = self.rng.random_bool(0.4);
+        let (sg, pl) = NOUNS[self.rng.random_range(0..NOUNS.len())];
+        let det = if plural { self.pick(&["the", "two", "three", "some", "many"]) } else { self.pick(&["the", "a", "one", "that"]) };
+        let adj = if self.rng.random_bool(0.5) { format!("{} ", self.pick(&ADJECTIVES)) } else { String::new() };
+        let det = if det == "a" && adj.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { det };
+        (format!("{det} {adj}{}", if plural { pl } else { sg }), plural)
+    }
+    fn clause(&mut self) -> String {
+        let (subj, plural) = self.subject();
+        let (sg, pl) = VERBS[self.rng.random_range(0..VERBS.len())];
+        let (obj, _) = self.subject();
+        let mut c = format!("{subj} {} {obj}", if plural { pl } else { sg });
+        if self.rng.random_bool(0.5) {
+            c = format!("{c} {}", self.pick(&PLACES));
+        }
+        c
+    }
+    fn sentence(&mut self) -> String {
+        match self.rng.random_range(0..10) {
+            0..=4 => format!("{}.", self.clause()),
+            5 | 6 => format!("{}, {}.", self.pick(&TIMES), self.clause()),
+            7 | 8 => {
+                let name = self.pick(&NAMES);
+                let said = self.pick(&["said", "asked", "sang"]);
+                let end = if said == "asked" { "?" } else { "!" };
+                format!("{name} {said}, \"{}{end}\"", capitalise(&self.clause()))
+            }
+            _ => {
+                let (sg, pl) = NOUNS[self.rng.random_range(0..NOUNS.len())];
+                let n = self.rng.random_range(2..=NUMBERS.len());
+                let counted: Vec<String> = NUMBERS[..n].iter().enumerate().map(|(i, k)| format!("{k} {}", if i == 0 { sg } else { pl })).collect();
+                format!("{}.", counted.join(", "))
+            }
+        }
+    }
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    c.next().map_or_else(String::new, |f| f.to_uppercase().chain(c).collect())
+}

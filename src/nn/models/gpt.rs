@@ -1,0 +1,348 @@
+//! A GPT-2-shaped transformer with nanoGPT's architecture, initialisation and state_dict names.
+//!
+//! Shape letters: `B` batch, `T` tokens (at most `block_size`), `C` = `n_embd`, `H` = `n_head`,
+//! `D` = `C / H` per head, `V` = `vocab_size`.
+use crate::nn::{Dropout, Embedding, GeluApproximate, LayerNorm, Linear, Module, GELU};
+use crate::{DType, Device, Error, Result, Tensor};
+use rand::SeedableRng;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The shape of a [`Gpt`], nanoGPT's `GPTConfig` (its defaults are GPT-2 small's, with the
+/// vocabulary padded to 50304).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GptConfig {
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    /// The longest sequence the model reads (the rows of `wpe`).
+    pub block_size: usize,
+    pub vocab_size: usize,
+    /// The drop probability of every Dropout (after the embeddings, on the attention weights,
+    /// after each residual projection).
+    pub dropout: f32,
+    /// Biases in every Linear and LayerNorm (nanoGPT's `bias`; GPT-2 has them).
+    pub bias: bool,
+}
+
+impl Default for GptConfig {
+    fn default() -> Self {
+        GptConfig { n_layer: 12, n_head: 12, n_embd: 768, block_size: 1024, vocab_size: 50304, dropout: 0.0, bias: true }
+    }
+}
+
+impl GptConfig {
+    fn check(&self) -> Result<()> {
+        let sizes = [("n_layer", self.n_layer), ("n_head", self.n_head), ("n_embd", self.n_embd), ("block_size", self.block_size), ("vocab_size", self.vocab_size)];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return Err(Error::invalid("Gpt", format!("{name} must be at least 1 in {self:?}")));
+        }
+        if !self.n_embd.is_multiple_of(self.n_head) {
+            return Err(Error::invalid("Gpt", format!("n_embd {} is not a multiple of n_head {}", self.n_embd, self.n_head)));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(Error::invalid("Gpt", format!("dropout {} is not in [0, 1)", self.dropout)));
+        }
+        Ok(())
+    }
+}
+
+/// A decoder-only transformer, nanoGPT's `GPT`: token and position embeddings, `n_layer`
+/// pre-LayerNorm blocks of causal self-attention and a GELU (tanh) MLP, a final LayerNorm,
+/// and an output projection tied to the token embedding.
+///
+/// `state_dict` has nanoGPT's names and order, `lm_head.weight` included (the same tensor as
+/// `transformer.wte.weight`), so a checkpoint loads into nanoGPT's `GPT` with
+/// `load_state_dict(strict=True)`; `parameters` lists the tied tensor once.
+///
+/// ```
+/// # fn main() -> tandem::Result<()> {
+/// use tandem::nn::models::{Gpt, GptConfig};
+/// use tandem::nn::Module;
+/// use tandem::{Device, Tensor};
+/// let cfg = GptConfig { n_layer: 1, n_head: 2, n_embd: 8, block_size: 4, vocab_size: 5, ..Default::default() };
+/// let dev = Device::cpu();
+/// let gpt = Gpt::new(cfg, 0, &dev)?;
+/// let ids = Tensor::from_labels(vec![0, 1, 2, 3, 4, 0], [2, 3], &dev)?;
+/// assert_eq!(gpt.forward(&ids)?.dims(), [2, 3, 5]);
+/// # Ok(()) }
+/// ```
+pub struct Gpt {
+    pub config: GptConfig,
+    pub transformer: Transformer,
+    seed: u64,
+    training: AtomicBool,
+}
+
+impl Gpt {
+    /// A model with GPT-2's initialisation drawn from `seed`: every Linear and Embedding
+    /// weight N(0, 0.02), the residual projections (`c_proj`) N(0, 0.02/√(2·n_layer)), biases
+    /// 0, LayerNorms 1 and 0. Dropout masks are drawn from `seed` too. Training mode.
+    pub fn new(config: GptConfig, seed: u64, dev: &Device) -> Result<Gpt> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        Gpt::build(config, seed, dev, &mut |shape, std| {
+            let data = crate::tensor::normal_vec(shape.iter().product(), &mut rng).into_iter().map(|v| v * std).collect();
+            Tensor::from_vec(data, shape, dev)
+        })
+    }
+
+    fn build(cfg: GptConfig, seed: u64, dev: &Device, normal: &mut dyn FnMut(&[usize], f32) -> Result<Tensor>) -> Result<Gpt> {
+        cfg.check()?;
+        let c = cfg.n_embd;
+        let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
+        let mut next_dropout = 0u64;
+        let mut dropout = || -> Result<Dropout> {
+            next_dropout += 1;
+            // One stream per layer: layers with one seed would all draw the same masks.
+            Ok(Dropout::new(cfg.dropout)?.seed(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(next_dropout)))
+        };
+        let mut linear = |i: usize, o: usize, std: f32| -> Result<Linear> {
+            let bias = if cfg.bias { Some(Tensor::zeros([o], dev)?.requires_grad()) } else { None };
+            Ok(Linear { weight: normal(&[o, i], std)?.requires_grad(), bias })
+        };
+        let mut blocks = Vec::with_capacity(cfg.n_layer);
+        for _ in 0..cfg.n_layer {
+            let attn = Attention { c_attn: linear(c, 3 * c, 0.02)?, c_proj: linear(c, c, proj_std)?, attn_dropout: dropout()?, resid_dropout: dropout()?, n_head: cfg.n_head };
+            let mlp = Mlp { c_fc: linear(c, 4 * c, 0.02)?, gelu: GELU { approximate: GeluApproximate::Tanh }, c_proj: linear(4 * c, c, proj_std)?, dropout: dropout()? };
+            blocks.push(Block { ln_1: Norm::new(c, cfg.bias, dev)?, attn, ln_2: Norm::new(c, cfg.bias, dev)?, mlp });
+        }
+        let transformer = Transformer {
+            wte: Embedding { weight: normal(&[cfg.vocab_size, c], 0.02)?.requires_grad() },
+            wpe: Embedding { weight: normal(&[cfg.block_size, c], 0.02)?.requires_grad() },
+            drop: dropout()?,
+            h: Blocks(blocks),
+            ln_f: Norm::new(c, cfg.bias, dev)?,
+        };
+        Ok(Gpt { config: cfg, transformer, seed, training: AtomicBool::new(true) })
+    }
+
+    /// The output projection's weight `[V, C]`: the token embedding itself (weight tying).
+    pub fn lm_head(&self) -> &Tensor {
+        &self.transformer.wte.weight
+    }
+
+    /// Mean cross-entropy of logits `[B, T, V]` against the next tokens `[B, T]` (I32), over
+    /// every position, as nanoGPT's training loss.
+    pub fn loss(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let d = logits.dims();
+        if d.len() != 3 || targets.dims() != &d[..2] {
+            return Err(Error::shape("Gpt::loss", format!("logits {:?} with targets {:?}: need [B, T, V] and [B, T]", logits.shape(), targets.shape())));
+        }
+        logits.reshape([d[0] * d[1], d[2]])?.cross_entropy(&targets.reshape([d[0] * d[1]])?)
+    }
+}
+
+impl Module for Gpt {
+    /// Logits `[B, T, V]` for I32 token ids `[B, T]`, `T <= block_size`.
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let x = self.transformer.forward(ids)?;
+        x.matmul_t(self.lm_head(), false, true)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("transformer".into(), &self.transformer)]
+    }
+    /// nanoGPT's: the parameters, then `lm_head.weight` (the tied embedding) last.
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut s = self.parameters();
+        s.push(("lm_head.weight".into(), self.lm_head().clone()));
+        s
+    }
+    /// A strict load of the parameters; `lm_head.weight` may be left out (a checkpoint of
+    /// `parameters()`), and when given must equal `transformer.wte.weight`, since they are
+    /// one tensor here. The causal-mask buffers `h.{i}.attn.bias` `[1, 1, block, block]` that
+    /// nanoGPT keeps on PyTorch < 2 are constants, and skipped.
+    fn load_state_dict(&self, state: &[(String, Tensor)]) -> Result<()> {
+        let mask = |(n, t): &(String, Tensor)| n.ends_with(".attn.bias") && t.rank() == 4;
+        let state: Vec<(String, Tensor)> = state.iter().filter(|p| !mask(p)).cloned().collect();
+        let (head, rest): (Vec<_>, Vec<_>) = state.into_iter().partition(|(n, _)| n == "lm_head.weight");
+        crate::nn::load_into(&self.parameters(), &rest)?;
+        if let Some((_, head)) = head.first() {
+            let wte = self.lm_head();
+            if head.shape() != wte.shape() || head.dtype() != DType::F32 || !same_bits(&head.to_vec()?, &wte.to_vec()?) {
+                return Err(Error::invalid("Gpt::load_state_dict", format!("lm_head.weight {:?} differs from transformer.wte.weight {:?}; they are tied", head.shape(), wte.shape())));
+            }
+        }
+        Ok(())
+    }
+    fn set_training(&self, training: bool) {
+        self.training.store(training, Ordering::Relaxed);
+        self.transformer.set_training(training);
+    }
+    fn to_device(&self, dev: &Device) -> Result<Box<dyn Module>> {
+        let moved = Gpt::build(self.config, self.seed, dev, &mut |shape, _| Tensor::zeros(shape, dev))?;
+        moved.load_state_dict(&self.parameters())?;
+        moved.set_training(self.training.load(Ordering::Relaxed));
+        Ok(Box::new(moved))
+    }
+    fn describe(&self) -> String {
+        let c = self.config;
+        format!("Gpt(n_layer={}, n_head={}, n_embd={}, block_size={}, vocab_size={})", c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size)
+    }
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// nanoGPT's `transformer` dict: embeddings, blocks, final LayerNorm. Its forward gives the
+/// normalised hidden states `[B, T, C]`.
+pub struct Transformer {
+    pub wte: Embedding,
+    pub wpe: Embedding,
+    drop: Dropout,
+    pub h: Blocks,
+    ln_f: Norm,
+}
+
+impl Module for Transformer {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (vocab, block) = (self.wte.weight.dims()[0], self.wpe.weight.dims()[0]);
+        if ids.dtype() != DType::I32 {
+            return Err(Error::DType { op: "Gpt", expected: DType::I32, got: ids.dtype() });
+        }
+        let t = ids.dims().get(1).copied().unwrap_or(0);
+        if ids.rank() != 2 || t == 0 || ids.dims()[0] == 0 {
+            return Err(Error::shape("Gpt", format!("token ids {:?}: need [B, T] with B, T >= 1", ids.shape())));
+        }
+        if t > block {
+            return Err(Error::shape("Gpt", format!("token ids {:?}: T = {t} is longer than block_size {block}", ids.shape())));
+        }
+        ids.check_labels("Gpt", vocab)?;
+        let tok = self.wte.forward(ids)?;
+        let pos = self.wpe.weight.narrow(0, 0, t)?;
+        let x = self.h.forward(&self.drop.forward(&tok.add(&pos)?)?)?;
+        self.ln_f.forward(&x)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("wte".into(), &self.wte), ("wpe".into(), &self.wpe), ("drop".into(), &self.drop), ("h".into(), &self.h), ("ln_f".into(), &self.ln_f)]
+    }
+    fn describe(&self) -> String {
+        format!("Transformer({} blocks)", self.h.0.len())
+    }
+}
+
+/// The blocks in order, named `0`, `1`, .. as in a PyTorch `ModuleList`.
+pub struct Blocks(pub Vec<Block>);
+
+impl Module for Blocks {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.0.iter().try_fold(x.clone(), |h, b| b.forward(&h))
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        self.0.iter().enumerate().map(|(i, b)| (i.to_string(), b as &dyn Module)).collect()
+    }
+    fn describe(&self) -> String {
+        format!("ModuleList({})", self.0.len())
+    }
+}
+
+/// One pre-LayerNorm block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+pub struct Block {
+    ln_1: Norm,
+    attn: Attention,
+    ln_2: Norm,
+    mlp: Mlp,
+}
+
+impl Module for Block {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
+        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("ln_1".into(), &self.ln_1), ("attn".into(), &self.attn), ("ln_2".into(), &self.ln_2), ("mlp".into(), &self.mlp)]
+    }
+    fn describe(&self) -> String {
+        "Block".into()
+    }
+}
+
+/// Causal multi-head self-attention, composed: one projection to q, k, v; per head
+/// `softmax(q·kᵀ/√D + mask)·v` as batched products over `B·H`; the heads joined and projected.
+struct Attention {
+    c_attn: Linear,
+    c_proj: Linear,
+    attn_dropout: Dropout,
+    resid_dropout: Dropout,
+    n_head: usize,
+}
+
+impl Module for Attention {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, c) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+        let (h, d) = (self.n_head, c / self.n_head);
+        // [B, T, 3C] -> [3, B·H, T, D]: q, k and v each a contiguous run of heads.
+        let qkv = self.c_attn.forward(x)?.reshape([b, t, 3, h, d])?.permute(&[2, 0, 3, 1, 4])?.reshape([3, b * h, t, d])?;
+        let part = |i: usize| qkv.narrow(0, i, 1)?.reshape([b * h, t, d]);
+        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+        let scores = q.matmul_t(&k, false, true)?.mul_scalar(1.0 / (d as f32).sqrt())?;
+        let att = scores.masked_fill(&causal_mask(t, x.device())?, f32::NEG_INFINITY)?.softmax(-1)?;
+        let y = self.attn_dropout.forward(&att)?.matmul(&v)?;
+        let y = y.reshape([b, h, t, d])?.permute(&[0, 2, 1, 3])?.reshape([b, t, c])?;
+        self.resid_dropout.forward(&self.c_proj.forward(&y)?)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let (a, p) = (&self.c_attn, &self.c_proj);
+        vec![("c_attn".into(), a), ("c_proj".into(), p), ("attn_dropout".into(), &self.attn_dropout), ("resid_dropout".into(), &self.resid_dropout)]
+    }
+    fn describe(&self) -> String {
+        format!("CausalSelfAttention(n_head={})", self.n_head)
+    }
+}
+
+/// `[T, T]`, 1 where key `j` comes after query `i` (the positions a token must not see).
+fn causal_mask(t: usize, dev: &Device) -> Result<Tensor> {
+    Tensor::from_vec((0..t * t).map(|k| f32::from(u8::from(k % t > k / t))).collect(), [t, t], dev)
+}
+
+/// `dropout(c_proj(gelu(c_fc(x))))`, C -> 4C -> C.
+struct Mlp {
+    c_fc: Linear,
+    gelu: GELU,
+    c_proj: Linear,
+    dropout: Dropout,
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.dropout.forward(&self.c_proj.forward(&self.gelu.forward(&self.c_fc.forward(x)?)?)?)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("c_fc".into(), &self.c_fc), ("gelu".into(), &self.gelu), ("c_proj".into(), &self.c_proj), ("dropout".into(), &self.dropout)]
+    }
+    fn describe(&self) -> String {
+        "MLP".into()
+    }
+}
+
+/// nanoGPT's LayerNorm: PyTorch's, with the bias optional (without one the shift is a
+/// constant 0, neither trained nor saved).
+struct Norm {
+    ln: LayerNorm,
+    bias: bool,
+}
+
+impl Norm {
+    fn new(c: usize, bias: bool, dev: &Device) -> Result<Norm> {
+        let mut ln = LayerNorm::new(&[c], dev)?;
+        if !bias {
+            ln.bias = Tensor::zeros([c], dev)?;
+        }
+        Ok(Norm { ln, bias })
+    }
+}
+
+impl Module for Norm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.ln.forward(x)
+    }
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = vec![("weight".to_string(), self.ln.weight.clone())];
+        if self.bias {
+            p.push(("bias".into(), self.ln.bias.clone()));
+        }
+        p
+    }
+    fn describe(&self) -> String {
+        format!("LayerNorm({}, bias={})", self.ln.weight.numel(), self.bias)
+    }
+}
