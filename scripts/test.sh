@@ -58,7 +58,7 @@ cargo test --features cuda,nccl,mpi "$@"
 # skips it.
 if [ "${TANDEM_HARDWARE_PASS:-1}" != 0 ]; then
   echo "test.sh: second pass with TANDEM_WGPU_KERNELS=hardware"
-  TANDEM_WGPU_KERNELS=hardware cargo test --features cuda,nccl \
+  TANDEM_WGPU_KERNELS=hardware cargo test --features cuda,nccl,mpi \
     --test conformance --test fused --test tensor_ops --test edge_numerics --test long_axes \
     --test mixed_devices "$@"
 fi
