@@ -132,3 +132,7 @@ def clip_cases(v):
     # the squares of one tensor overflow (PyTorch's float32 norm is inf), or underflow to 0
     yield "clip_grad_norm squares overflow", "clip_grad_norm", {"max_norm": 1.0}, [f32([3e20, 4e20, -1.0])]
     yield "clip_grad_norm squares underflow", "clip_grad_norm", {"max_norm": 1.0}, [f32([1e-30, -1e-30, 0.0])]
+    # Not here: tensors each of whose sums of squares is finite in F32 but whose total is not
+    # (two of [1e19, 1e19]). PyTorch's norm of the per-tensor norms overflows in F32 (inf, so
+    # every gradient becomes 0); tandem adds the per-tensor sums in f64 (one number per device,
+    # for the parallel strategies) and clips to the finite norm 2e19.
