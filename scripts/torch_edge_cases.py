@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import torch_edge_more as more
+
 WEIGHTS = [1.0, -0.5, 2.0, 0.25, -3.0]
 
 F32 = np.float32
@@ -147,11 +149,12 @@ OPS = {
     "layer_norm": (lambda x, a: [F.layer_norm(x[0], x[1].shape, x[1], x[2], 1e-5)], True),
     # a fresh BatchNorm (weight 1, bias 0, running mean 0, running variance 1)
     "batch_norm": (lambda x, a: [F.batch_norm(x[0], torch.zeros(x[0].shape[1]), torch.ones(x[0].shape[1]), None, None, a["train"], 0.1, 1e-5)], True),
+    **more.OPS,
 }
 
 UNARY = ["identity", "step", "neg", "exp", "log", "relu", "sqrt", "square", "tanh", "sigmoid", "recip", "abs",
          "sin", "cos", "erf", "gelu", "gelu_tanh", "silu"]
-BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "gt", "eq_elem", "relu_backward"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "gt", "lt", "ge", "le", "ne", "eq_elem", "relu_backward"]
 POWERS = [0.0, 1.0, 2.0, 3.0, 4.0, -1.0, -2.0, -3.0, 0.5, -0.5, 1.5, 2.5, -1.5, 1e-7]
 # length one in every broadcast position, both ways round
 BROADCASTS = [([2, 3, 4], s) for s in ([1, 3, 4], [2, 1, 4], [2, 3, 1], [1, 1, 1], [4], [3, 1], [1], [])]
@@ -267,6 +270,7 @@ def cases():
     yield "to special", "to", {}, [v]
     yield "to empty", "to", {}, [f32([], [0, 3])]
     yield from composed_cases(v, rows, sm, img, z)
+    yield from more.cases(v)
 
 
 # arguments of sin and cos where a short reduction by 2π loses the result: near multiples of
@@ -331,8 +335,7 @@ def composed_cases(v, rows, sm, img, z):
         yield f"{op}(0) batched", op, {"diagonal": 0}, [ramp([2, 3, 4])]
         yield f"{op}(0) empty", op, {"diagonal": 0}, [f32([], [0, 3])]
         yield f"{op}(0) rank 1", op, {"diagonal": 0}, [ramp([3])]
-    # finite tables without -0: the one-hot product spreads a non-finite row into every output
-    # row and adds +0 to a -0 (a gather primitive, not yet merged, is the cure)
+    # special rows, repeated ids, casts and the other new ops: in torch_edge_more.py
     table = f32([[1, 0.0, 1e30], [0.5, 1e-45, -2], [-1e30, 3, 0], [7, -7, 0.25]])
     yield "index_select", "index_select", {}, [table, ("i32", [2, 0, 2, 3, 1, 1], [2, 3])]
     yield "index_select no ids", "index_select", {}, [table, ("i32", [], [0])]
@@ -409,7 +412,7 @@ def alternatives(op, args, inputs, outs, grads):
     """PyTorch's answers where its scalar path (an element computed alone) differs from its
     vector path (gelu(inf) is inf alone, NaN in a vector; maximum(-0, 0) is either zero), as
     {position: bits} for the output and for each input's gradient; the test accepts either."""
-    if op not in ELEMENTWISE or len({tuple(x.shape) for x in inputs}) != 1:
+    if op not in ELEMENTWISE or any(isinstance(x, tuple) for x in inputs) or len({tuple(x.shape) for x in inputs}) != 1:
         return {}
     flat = [x.reshape(-1) for x in inputs]
     whole = outs[0].detach().reshape(-1)

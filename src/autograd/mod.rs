@@ -24,8 +24,10 @@ pub enum GradOp {
     Var { axis: usize, correction: usize, std: bool },
     /// The mean binary cross-entropy of logits (input 0) against targets (input 1).
     BceWithLogits,
-    /// `x Φ(x)` and `x sigmoid(x)` with PyTorch's fused gradients (see rules.rs).
+    /// `x Φ(x)`, its tanh approximation and `x sigmoid(x)` with PyTorch's fused gradients
+    /// (see rules.rs).
     Gelu,
+    GeluTanh,
     Silu,
     Reshape,
     Permute(Vec<usize>),

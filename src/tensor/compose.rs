@@ -6,16 +6,26 @@ use crate::autograd::{self, GradOp};
 use crate::backend::{BinaryOp, IndexOp};
 use crate::{DType, Device, Error, Result, Shape};
 
+/// β = √(2/π) and κ of the tanh approximation of GELU.
+pub(crate) const GELU_BETA: f32 = 0.797_884_6;
+pub(crate) const GELU_KAPPA: f32 = 0.044715;
+
+/// `β (x + κ x³)`, the argument of the tanh in `gelu_tanh`, shared with its gradient.
+pub(crate) fn gelu_tanh_inner(x: &Tensor) -> Result<Tensor> {
+    autograd::no_grad(|| x.add(&x.powf(3.0)?.mul_scalar(GELU_KAPPA)?)?.mul_scalar(GELU_BETA))
+}
+
 impl Tensor {
     /// `x · Φ(x) = 0.5 x (1 + erf(x / √2))`, PyTorch's exact GELU (and its gradient).
     pub fn gelu(&self) -> Result<Tensor> {
         let y = autograd::no_grad(|| self.mul(&self.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?))?;
         Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), self.device(), autograd::GradOp::Gelu, &[self]))
     }
-    /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, GELU with `approximate='tanh'`.
+    /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, GELU with `approximate='tanh'` (and
+    /// PyTorch's gradient).
     pub fn gelu_tanh(&self) -> Result<Tensor> {
-        let inner = self.add(&self.powf(3.0)?.mul_scalar(0.044715)?)?.mul_scalar((2.0 / std::f32::consts::PI).sqrt())?;
-        self.mul(&inner.tanh()?.affine(0.5, 0.5)?)
+        let y = autograd::no_grad(|| self.mul(&gelu_tanh_inner(self)?.tanh()?.affine(0.5, 0.5)?))?;
+        Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), self.device(), GradOp::GeluTanh, &[self]))
     }
     /// `x · sigmoid(x)` (and PyTorch's gradient).
     pub fn silu(&self) -> Result<Tensor> {

@@ -9,6 +9,7 @@ mod ops;
 pub mod random;
 mod shape_ops;
 
+pub(crate) use compose::{gelu_tanh_inner, GELU_BETA, GELU_KAPPA};
 pub use losses::CrossEntropy;
 
 use crate::autograd::{self, GradOp, Node};
