@@ -175,6 +175,9 @@ fn every_strategy_trains_the_example_like_single() {
         for (cfg, what) in [(training, "BatchNorm training"), (frozen, "BatchNorm frozen")] {
             let want = run(&mut Single::new(net::build(cfg, d0).unwrap(), &opt, loss.clone(), d0).unwrap(), &data);
             assert!(want.1[0] > net::CLIP, "{family}: the first norm {} should exceed the bound", want.1[0]);
+            let no_dropout = NetConfig { dropout: 0.0, ..cfg };
+            let plain = run(&mut Single::new(net::build(no_dropout, d0).unwrap(), &opt, loss.clone(), d0).unwrap(), &data);
+            assert_ne!(plain.0, want.0, "{family}: dropout must be on in the compared runs");
             let full = net::build(cfg, d0).unwrap();
             let cases: Vec<(&str, Box<dyn Strategy>)> = if cfg.freeze_bn {
                 vec![
