@@ -1,8 +1,9 @@
 //! The custom model's network, optimizer, schedule, loss and training loop, shared by the
 //! example (`main.rs`) and its tests (`tests/custom_model.rs`). The network is
 //! scripts/custom_model_parity.py's `Net` with the same attribute names, so its `state_dict`
-//! loads into PyTorch with `strict=True`: two strided Conv2d + BatchNorm2d + ReLU blocks, a
-//! Linear, two pre-LayerNorm residual MLP blocks with GELU and Dropout, a LayerNorm + Linear head.
+//! loads into PyTorch with `strict=True`: two strided Conv2d (no bias) + BatchNorm2d + ReLU
+//! blocks, a Linear, two pre-LayerNorm residual MLP blocks with GELU and Dropout, and a
+//! LayerNorm + Linear head.
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
