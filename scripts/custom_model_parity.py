@@ -20,6 +20,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 # The fixture's widths (the example trains wider: 16, 32, 128, 256); the architecture is the same.
@@ -30,7 +31,11 @@ STEPS, WARMUP, LR, MIN_LR, DECAY, CLIP, SMOOTHING, BATCH = 10, 3, 3e-3, 3e-4, 0.
 class ConvBn(nn.Module):
     def __init__(self, cin, cout, k, stride, pad):
         super().__init__()
-        self.conv = nn.Conv2d(cin, cout, k, stride=stride, padding=pad)
+        # No bias before BatchNorm (ResNet's practice): training-mode BatchNorm subtracts the
+        # channel mean, so a bias's gradient is zero but for rounding, and AdamW, which divides
+        # by the gradient's own scale, would turn that rounding into steps of ~lr that no two
+        # implementations reproduce.
+        self.conv = nn.Conv2d(cin, cout, k, stride=stride, padding=pad, bias=False)
         self.bn = nn.BatchNorm2d(cout)
 
     def forward(self, x):
@@ -125,8 +130,12 @@ def make(out):
 
 
 def check(ckpt, data_dir):
-    """Loads a tandem checkpoint with strict=True (every name, shape) and prints the eval loss."""
+    """Loads a tandem checkpoint with strict=True (every name, shape) and prints the eval loss;
+    fails when the checkpoint records tandem's own eval loss (metadata `eval_loss`, written by
+    tests/custom_model.rs) and PyTorch's differs from it by more than 1e-4 relative."""
     weights = load_file(ckpt)
+    with safe_open(ckpt, "pt") as f:
+        tandem_loss = (f.metadata() or {}).get("eval_loss")
     model = Net()
     own = model.state_dict()
     converted = {k: v.to(own[k].dtype) if k in own else v for k, v in weights.items()}
@@ -135,7 +144,13 @@ def check(ckpt, data_dir):
     data = load_file(f"{data_dir}/data.safetensors")
     with torch.no_grad():
         loss = F.cross_entropy(model(data["x"]), data["y"].long()).item()
-    print(json.dumps({"strict_load": True, "eval_loss": loss}))
+    report = {"checkpoint": ckpt, "strict_load": True, "eval_loss": loss}
+    if tandem_loss is not None:
+        report["tandem_eval_loss"] = float(tandem_loss)
+        report["pass"] = abs(loss - float(tandem_loss)) <= 1e-4 * abs(loss)
+    print(json.dumps(report))
+    if not report.get("pass", True):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

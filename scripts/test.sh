@@ -51,6 +51,26 @@ fi
 # dist_train example it launches.
 cargo test --features cuda,nccl,mpi "$@"
 
+# PyTorch parity, the PyTorch side: the checkpoints the GPT and custom-model parity tests saved
+# (target/tmp) must load into the reference modules with strict=True and give tandem's loss.
+# Runs wherever torch and safetensors import (or $TANDEM_TORCH_VENV/bin/python exists).
+torch_py=""
+if [ -n "${TANDEM_TORCH_VENV:-}" ] && [ -x "$TANDEM_TORCH_VENV/bin/python" ]; then
+  torch_py="$TANDEM_TORCH_VENV/bin/python"
+elif python3 -c 'import torch, safetensors' >/dev/null 2>&1; then
+  torch_py=python3
+fi
+if [ -z "$torch_py" ]; then
+  echo "test.sh: skipping the PyTorch side of the parity checks (torch and safetensors do not import; set TANDEM_TORCH_VENV)"
+else
+  shopt -s nullglob
+  gpt=(target/tmp/gpt_tiny_tandem_*.safetensors)
+  custom=(target/tmp/custom_model_tandem_*.safetensors)
+  if [ ${#gpt[@]} -gt 0 ]; then "$torch_py" scripts/gpt_parity.py check "${gpt[@]}"; fi
+  for ckpt in "${custom[@]}"; do "$torch_py" scripts/custom_model_parity.py check "$ckpt" tests/fixtures/custom_model; done
+  shopt -u nullglob
+fi
+
 # Second pass: the suites that run kernels on every device, with every wgpu adapter forced to
 # the hardware GPU profile (tiled matmuls, no subgroup or uniform-operand kernels), so that the
 # path real GPUs take is tested here on lavapipe and llvmpipe. mixed_devices runs every parallel

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData, HostTensor};
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::Module;
-use tandem::optim::{Adam, AdamConfig, Optimizer};
+use tandem::optim::{clip_grad_norm, AdamConfig, OptimConfig, ParamGroups};
 use tandem::{BackendKind, Device, Error, Result, Tensor};
 
 struct Fixture {
@@ -62,27 +62,6 @@ fn batch(fx: &Fixture, name: &str, step: Option<usize>, dev: &Device) -> Result<
     Tensor::from_labels(v[at..at + b * t].to_vec(), [b, t], dev)
 }
 
-/// PyTorch's `clip_grad_norm_`: scales every gradient by `max / (norm + 1e-6)` when that is
-/// below 1; returns the global norm before clipping.
-fn clip_grad_norm(params: &[(String, Tensor)], max: f32) -> Result<f32> {
-    let mut sq = 0.0f64;
-    for (_, p) in params {
-        if let Some(g) = p.grad() {
-            sq += f64::from(g.square()?.sum_all()?.to_scalar()?);
-        }
-    }
-    let norm = sq.sqrt() as f32;
-    let coef = max / (norm + 1e-6);
-    if coef < 1.0 {
-        for (_, p) in params {
-            if let Some(g) = p.grad() {
-                p.set_grad(Some(g.mul_scalar(coef)?));
-            }
-        }
-    }
-    Ok(norm)
-}
-
 /// The reference's 10 steps on `dev`: losses within 1e-4 relative, final weights within 1e-3;
 /// then the checkpoint for `gpt_parity.py check`, with tandem's validation loss in its metadata.
 fn parity(backend: BackendKind, ordinal: usize) {
@@ -98,9 +77,9 @@ fn parity(backend: BackendKind, ordinal: usize) {
     let gpt = Gpt::new(fx.config(), 0, &dev).expect("model");
     gpt.load_state_dict(&fx.state("init.", &dev)).expect("nanoGPT's state_dict loads");
     let params = gpt.parameters();
-    let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|(_, p)| p.rank() >= 2);
-    let adam = |weight_decay| AdamConfig { lr: hp("lr"), beta1: hp("beta1"), beta2: hp("beta2"), eps: hp("eps"), weight_decay, decoupled: true };
-    let mut opts = [Adam::new(decay, adam(hp("weight_decay"))).expect("adam"), Adam::new(no_decay, adam(0.0)).expect("adam")];
+    // nanoGPT's groups: weight decay on rank >= 2 (matrices, embeddings), none on the rest.
+    let adamw = AdamConfig { lr: hp("lr"), beta1: hp("beta1"), beta2: hp("beta2"), eps: hp("eps"), weight_decay: hp("weight_decay"), decoupled: true };
+    let mut opt = OptimConfig::adam(adamw).with_groups(ParamGroups::no_decay_for_biases_and_norms()).build(params.clone()).expect("adamw");
     let (mut losses, mut norms) = (Vec::new(), Vec::new());
     for step in 0..train["steps"].as_u64().expect("steps") as usize {
         let x = batch(&fx, "x", Some(step), &dev).expect("x");
@@ -109,10 +88,8 @@ fn parity(backend: BackendKind, ordinal: usize) {
         losses.push(loss.to_scalar().expect("loss value"));
         loss.backward().expect("backward");
         norms.push(clip_grad_norm(&params, hp("grad_clip")).expect("clip"));
-        for o in &mut opts {
-            o.step().expect("step");
-            o.zero_grad();
-        }
+        opt.step().expect("step");
+        opt.zero_grad();
     }
     eprintln!("{} ({}): losses {losses:?}", dev, info.name);
     assert_close(&format!("losses on {dev}"), &losses, fx.f32s("losses"), 0.0, 1e-4);

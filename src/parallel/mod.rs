@@ -18,7 +18,7 @@ pub use placement::{LayerPlacement, Split, Stages};
 // The CLI fixes a byte-balanced split up front when --deterministic asks for one.
 #[cfg(feature = "cli")]
 pub(crate) use placement::plan as plan_stages;
-pub use tensor_parallel::{ColumnParallelLinear, RowParallelLinear, TensorParallel};
+pub use tensor_parallel::{ColumnParallelLinear, ParallelMlp, RowParallelLinear, TensorParallel};
 
 use crate::data::{Batch, Targets};
 use crate::nn::Module;

@@ -4,6 +4,9 @@
 //!
 //! Column then row needs no communication in between: each device keeps its slice of the
 //! hidden activation, and only the row layer's partial outputs are summed.
+mod mlp;
+
+pub use mlp::ParallelMlp;
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, proportional_split, Loss, OptimConfig, StepReport, Strategy};
