@@ -40,6 +40,13 @@ pub enum GradOp {
     Conv2d { spec: WindowSpec, cols: Buffer, bias: bool, relu: Option<Buffer> },
     MaxPool2d { spec: WindowSpec, argmax: Buffer },
     Gather { cols: usize },
+    /// LayerNorm over the last dimension of input 0 with weight and bias (inputs 1, 2),
+    /// fused: `mean` and `rstd` are each row's, saved by the forward.
+    LayerNorm { mean: Buffer, rstd: Buffer },
+    /// `softmax(x · scale + causal)` over `[.., T, T]`, fused.
+    CausalSoftmax { scale: f32 },
+    /// Fused causal attention of q, k, v (inputs 0-2); `lse` is each query row's logsumexp.
+    Attention { scale: f32, lse: Buffer },
     /// An embedding lookup of a `[table_rows, D]` table (input 0) by I32 ids (input 1).
     GatherRows { table_rows: usize },
     ToDevice,

@@ -3,12 +3,14 @@
 //! Storage is always contiguous in the tensor's own buffer, so reshape and flatten are free;
 //! transposes, broadcasts and slices are strided reads inside the op that consumes them.
 mod compose;
+mod fused;
 mod losses;
 mod nn_ops;
 mod ops;
 pub mod random;
 mod shape_ops;
 
+pub use fused::composed;
 pub use losses::CrossEntropy;
 
 use crate::autograd::{self, GradOp, Node};
