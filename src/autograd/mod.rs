@@ -155,6 +155,47 @@ fn finish_leaf(leaf: &Tensor, g: Option<Tensor>, on_ready: &mut dyn FnMut(&Tenso
     on_ready(leaf)
 }
 
+/// Bytes of the activations `root`'s graph keeps alive for its backward: every buffer of a
+/// tensor the graph holds other than its leaves (parameters and inputs), once however many
+/// tensors share it, and the buffers ops saved beside their inputs (im2col columns, pooling
+/// argmax, LayerNorm statistics, attention logsumexp). Measured at the end of a forward pass,
+/// it is the memory backward still needs.
+pub fn activation_bytes(root: &Tensor) -> u64 {
+    let mut buffers = std::collections::HashSet::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![root.clone()];
+    let mut bytes = 0;
+    let mut count = |b: &Buffer, bytes: &mut u64| {
+        if buffers.insert(b.key()) {
+            *bytes += (b.len() * b.dtype().size()) as u64;
+        }
+    };
+    while let Some(t) = stack.pop() {
+        let Some(node) = &t.0.node else { continue };
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        count(t.buffer(), &mut bytes);
+        match &node.op {
+            GradOp::Conv2d { cols, relu, .. } => {
+                count(cols, &mut bytes);
+                if let Some(r) = relu {
+                    count(r, &mut bytes);
+                }
+            }
+            GradOp::MaxPool2d { argmax, .. } => count(argmax, &mut bytes),
+            GradOp::LayerNorm { mean, rstd } => {
+                count(mean, &mut bytes);
+                count(rstd, &mut bytes);
+            }
+            GradOp::Attention { lse, .. } => count(lse, &mut bytes),
+            _ => {}
+        }
+        stack.extend(node.inputs.iter().cloned());
+    }
+    bytes
+}
+
 /// Tensors reachable from `root` that need grad, each after all of its inputs.
 fn topo_order(root: &Tensor) -> Vec<Tensor> {
     let mut order = Vec::new();

@@ -339,6 +339,10 @@ impl Buffer {
     pub fn same_as(&self, other: &Buffer) -> bool {
         Arc::ptr_eq(&self.raw, &other.raw)
     }
+    /// A key equal for every clone of this buffer and different from every other live buffer.
+    pub fn key(&self) -> usize {
+        Arc::as_ptr(&self.raw) as *const u8 as usize
+    }
     /// The backend's own buffer type; `None` means the buffer belongs to another backend.
     pub fn downcast<T: Any>(&self) -> Option<&T> {
         self.raw.raw.downcast_ref::<T>()

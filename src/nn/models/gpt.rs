@@ -101,7 +101,7 @@ impl Gpt {
         };
         let mut blocks = Vec::with_capacity(cfg.n_layer);
         for _ in 0..cfg.n_layer {
-            let attn = Attention { c_attn: linear(c, 3 * c, 0.02)?, c_proj: linear(c, c, proj_std)?, attn_dropout: dropout()?, resid_dropout: dropout()?, n_head: cfg.n_head, fused: AtomicBool::new(fused_attention_default()) };
+            let attn = Attention { c_attn: linear(c, 3 * c, 0.02)?, c_proj: linear(c, c, proj_std)?, attn_dropout: dropout()?, resid_dropout: dropout()?, n_head: cfg.n_head, fused: AtomicBool::new(fused_attention_default()), training: AtomicBool::new(true) };
             let mlp = Mlp { c_fc: linear(c, 4 * c, 0.02)?, gelu: GELU { approximate: GeluApproximate::Tanh }, c_proj: linear(4 * c, c, proj_std)?, dropout: dropout()? };
             blocks.push(Block { ln_1: Norm::new(c, cfg.bias, dev)?, attn, ln_2: Norm::new(c, cfg.bias, dev)?, mlp });
         }
@@ -287,6 +287,7 @@ struct Attention {
     resid_dropout: Dropout,
     n_head: usize,
     fused: AtomicBool,
+    training: AtomicBool,
 }
 
 impl Module for Attention {
@@ -299,7 +300,8 @@ impl Module for Attention {
         let (q, k, v) = (part(0)?, part(1)?, part(2)?);
         let scale = 1.0 / (d as f32).sqrt();
         // Dropout on the attention weights needs them, which the fused attention never forms.
-        let y = if self.fused.load(Ordering::Relaxed) && self.attn_dropout.p == 0.0 {
+        let dropping = self.attn_dropout.p > 0.0 && self.training.load(Ordering::Relaxed);
+        let y = if self.fused.load(Ordering::Relaxed) && !dropping {
             Tensor::causal_attention(&q, &k, &v, scale)?
         } else {
             self.attn_dropout.forward(&q.matmul_t(&k, false, true)?.causal_softmax(scale)?)?.matmul(&v)?
@@ -310,6 +312,12 @@ impl Module for Attention {
     fn children(&self) -> Vec<(String, &dyn Module)> {
         let (a, p) = (&self.c_attn, &self.c_proj);
         vec![("c_attn".into(), a), ("c_proj".into(), p), ("attn_dropout".into(), &self.attn_dropout), ("resid_dropout".into(), &self.resid_dropout)]
+    }
+    fn set_training(&self, training: bool) {
+        self.training.store(training, Ordering::Relaxed);
+        for (_, c) in self.children() {
+            c.set_training(training);
+        }
     }
     fn describe(&self) -> String {
         format!("CausalSelfAttention(n_head={})", self.n_head)
