@@ -7,12 +7,16 @@
 //   layer_norm        a1 x [R, C], a2 w [C], a3 b [C], a4 y [R, C], a5 mean [R], a6 rstd [R]
 //   layer_norm_dx     a1 g [R, C], a2 x, a3 w, a4 mean, a5 rstd, a6 dx [R, C]
 //   layer_norm_dwb    the same, then a7 dw partials [B, C], a8 db partials [B, C]
+//   (entries ending `_1` are the row kernels' one-invocation-per-row forms, same bindings)
 //   causal_softmax    a1 x [N, T, T], a2 y [N, T, T]
 //   causal_softmax_dx a1 g, a2 y, a3 dx, all [N, T, T]
 //   attention         a1 q, a2 k, a3 v, a4 o, all [N, T, D]; a5 lse [N, T]
 //   attention_dq      a1 q, a2 k, a3 v, a4 o, a5 lse, a6 g, a7 dq, a8 delta [N, T] (written)
 //   attention_dkv     a1 q, a2 k, a3 v, a4 delta, a5 lse, a6 g, a7 dk, a8 dv
 // `p.off` holds each binding's first element relative to its bound range.
+// Row kernels come in two forms: a workgroup of 256 per row (hardware GPUs), and one
+// invocation per row (`_1`, software rasterizers, which run a workgroup barrier as a switch
+// through every invocation: 10-30x slower there), for rows shorter than 65,535.
 // Loops: row loops stride by the 256 invocations of a workgroup (C / 256 iterations); key and
 // query loops run at most T times and D loops D times: Rust refuses T or D of 65,535 or more
 // (Mesa's software drivers end any loop after 65,535 iterations). Workgroup reductions are
@@ -189,6 +193,91 @@ fn causal_softmax_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     let dot = wg_reduce(lid.x, s, false);
     let d0 = p.off[0].z + row * t;
     for (var j = lid.x; j < t; j += WG) {
+        var v = 0.0;
+        if j <= i { v = p.scale * a2[y0 + j] * (a1[g0 + j] - dot); }
+        a3[d0 + j] = v;
+    }
+}
+
+// The row kernels with one invocation per row (rows shorter than 65,535): the same sums,
+// taken in order along the row.
+@compute @workgroup_size(64)
+fn layer_norm_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = linear(gid, nwg, 64u);
+    if row >= p.rows { return; }
+    let x0 = p.off[0].x + row * p.cols;
+    var s = 0.0;
+    for (var j = 0u; j < p.cols; j++) { s += a1[x0 + j]; }
+    let mean = s / f32(p.cols);
+    var q = 0.0;
+    for (var j = 0u; j < p.cols; j++) {
+        let c = a1[x0 + j] - mean;
+        q += c * c;
+    }
+    let rstd = 1.0 / sqrt(q / f32(p.cols) + p.eps);
+    let y0 = p.off[0].w + row * p.cols;
+    for (var j = 0u; j < p.cols; j++) {
+        a4[y0 + j] = (a1[x0 + j] - mean) * rstd * a2[p.off[0].y + j] + a3[p.off[0].z + j];
+    }
+    a5[p.off[1].x + row] = mean;
+    a6[p.off[1].y + row] = rstd;
+}
+
+@compute @workgroup_size(64)
+fn layer_norm_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = linear(gid, nwg, 64u);
+    if row >= p.rows { return; }
+    let g0 = p.off[0].x + row * p.cols;
+    let x0 = p.off[0].y + row * p.cols;
+    let mean = a4[p.off[0].w + row];
+    let rstd = a5[p.off[1].x + row];
+    var sa = 0.0;
+    var sc = 0.0;
+    for (var j = 0u; j < p.cols; j++) {
+        let gw = a1[g0 + j] * a3[p.off[0].z + j];
+        sa += gw;
+        sc += gw * ((a2[x0 + j] - mean) * rstd);
+    }
+    let a = sa / f32(p.cols);
+    let c = sc / f32(p.cols);
+    let d0 = p.off[1].y + row * p.cols;
+    for (var j = 0u; j < p.cols; j++) {
+        let xhat = (a2[x0 + j] - mean) * rstd;
+        a6[d0 + j] = rstd * (a1[g0 + j] * a3[p.off[0].z + j] - a - xhat * c);
+    }
+}
+
+@compute @workgroup_size(64)
+fn causal_softmax_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = linear(gid, nwg, 64u);
+    if row >= p.rows { return; }
+    let t = p.cols;
+    let i = row % t;
+    let x0 = p.off[0].x + row * t;
+    var m = neg_inf();
+    for (var j = 0u; j <= i; j++) { m = nan_max(m, a1[x0 + j] * p.scale); }
+    var s = 0.0;
+    for (var j = 0u; j <= i; j++) { s += exp(a1[x0 + j] * p.scale - m); }
+    let y0 = p.off[0].y + row * t;
+    for (var j = 0u; j < t; j++) {
+        var z = neg_inf();
+        if j <= i { z = a1[x0 + j] * p.scale; }
+        a2[y0 + j] = exp(z - m) / s;
+    }
+}
+
+@compute @workgroup_size(64)
+fn causal_softmax_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = linear(gid, nwg, 64u);
+    if row >= p.rows { return; }
+    let t = p.cols;
+    let i = row % t;
+    let g0 = p.off[0].x + row * t;
+    let y0 = p.off[0].y + row * t;
+    var dot = 0.0;
+    for (var j = 0u; j <= i; j++) { dot += a1[g0 + j] * a2[y0 + j]; }
+    let d0 = p.off[0].z + row * t;
+    for (var j = 0u; j < t; j++) {
         var v = 0.0;
         if j <= i { v = p.scale * a2[y0 + j] * (a1[g0 + j] - dot); }
         a3[d0 + j] = v;

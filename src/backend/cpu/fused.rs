@@ -100,6 +100,11 @@ fn nan_max(m: f32, v: f32) -> f32 {
     }
 }
 
+/// Row `r` of a matrix of rows of `d` values.
+fn row(x: &[f32], r: usize, d: usize) -> &[f32] {
+    &x[r * d..(r + 1) * d]
+}
+
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(&x, &y)| x * y).sum()
 }
@@ -139,18 +144,17 @@ fn attention(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32) -> Vec<Ve
 /// that no two rows add into one value.
 fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32) -> Vec<Vec<f32>> {
     let (q, k, v, o, lse, g) = (ins[0], ins[1], ins[2], ins[3], ins[4], ins[5]);
-    let row = |x: &'_ [f32], r: usize| -> Vec<f32> { x[r * d..(r + 1) * d].to_vec() };
     let (mut dq, mut dk, mut dv, mut delta) = (vec![0.0; n * t * d], vec![0.0; n * t * d], vec![0.0; n * t * d], vec![0.0; n * t]);
     for r in 0..n * t {
-        delta[r] = dot(&row(g, r), &row(o, r));
+        delta[r] = dot(row(g, r, d), row(o, r, d));
     }
-    let p = |b: usize, i: usize, j: usize| (dot(&row(q, b * t + i), &row(k, b * t + j)) * scale - lse[b * t + i]).exp();
+    let p = |b: usize, i: usize, j: usize| (dot(row(q, b * t + i, d), row(k, b * t + j, d)) * scale - lse[b * t + i]).exp();
     for b in 0..n {
         for i in 0..t {
             let ri = b * t + i;
             for j in 0..=i {
                 let rj = b * t + j;
-                let ds = p(b, i, j) * (dot(&row(g, ri), &row(v, rj)) - delta[ri]);
+                let ds = p(b, i, j) * (dot(row(g, ri, d), row(v, rj, d)) - delta[ri]);
                 for e in 0..d {
                     dq[ri * d + e] += ds * scale * k[rj * d + e];
                 }
@@ -161,7 +165,7 @@ fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32) 
             for i in j..t {
                 let ri = b * t + i;
                 let pij = p(b, i, j);
-                let ds = pij * (dot(&row(g, ri), &row(v, rj)) - delta[ri]);
+                let ds = pij * (dot(row(g, ri, d), row(v, rj, d)) - delta[ri]);
                 for e in 0..d {
                     dk[rj * d + e] += ds * scale * q[ri * d + e];
                     dv[rj * d + e] += pij * g[ri * d + e];

@@ -13,8 +13,11 @@ const MAX_LOOP: usize = 65_535;
 const WG: usize = 256;
 
 /// Runs `op` on `bufs` (its buffers in `FusedOp`'s order); `Ok(false)` where a buffer is larger
-/// than one binding, a loop would pass `MAX_LOOP`, or an index 32 bits.
-pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer]) -> Result<bool> {
+/// than one binding, a loop would pass `MAX_LOOP`, or an index 32 bits. With `software`, rows
+/// shorter than `MAX_LOOP` take one invocation each instead of a workgroup: CPU rasterizers
+/// run a workgroup barrier by switching through every invocation, which made the workgroup
+/// forms 10-30× slower on lavapipe (61 ms against 2-5 ms for a LayerNorm of 1024 × 128).
+pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer], software: bool) -> Result<bool> {
     let Some((sizes, _)) = op.operands() else { return Ok(false) };
     if sizes.iter().any(|&s| s >= ctx.max_elems() || s >= u32::MAX as usize) {
         return Ok(false);
@@ -46,17 +49,25 @@ pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer]) -> Result<bo
         }
         ctx.dispatch("transformer", entry, &w.0, &b, grid)
     };
-    let per_row = ctx.grid(rows * WG, WG);
     let per_thread = ctx.grid(rows, 64);
+    let one = software && cols < MAX_LOOP;
+    // The row kernels: (workgroup form, one-invocation form) and the grid for the chosen one.
+    let row_kernel = |forms: (&'static str, &'static str), order: &[usize]| {
+        if one {
+            run(forms.1, order, per_thread)
+        } else {
+            run(forms.0, order, ctx.grid(rows * WG, WG))
+        }
+    };
     match op {
-        FusedOp::LayerNorm { .. } => run("layer_norm", &[0, 1, 2, 3, 4, 5], per_row)?,
+        FusedOp::LayerNorm { .. } => row_kernel(("layer_norm", "layer_norm_1"), &[0, 1, 2, 3, 4, 5])?,
         FusedOp::LayerNormBackward { .. } => {
             let all = [0, 1, 2, 3, 4, 5, 6, 7];
-            run("layer_norm_dx", &all, per_row)?;
+            row_kernel(("layer_norm_dx", "layer_norm_dx_1"), &all)?;
             run("layer_norm_dwb", &all, ctx.grid(blocks * cols, WG))?;
         }
-        FusedOp::CausalSoftmax { .. } => run("causal_softmax", &[0, 1], per_row)?,
-        FusedOp::CausalSoftmaxBackward { .. } => run("causal_softmax_dx", &[0, 1, 2], per_row)?,
+        FusedOp::CausalSoftmax { .. } => row_kernel(("causal_softmax", "causal_softmax_1"), &[0, 1])?,
+        FusedOp::CausalSoftmaxBackward { .. } => row_kernel(("causal_softmax_dx", "causal_softmax_dx_1"), &[0, 1, 2])?,
         FusedOp::Attention { .. } => run("attention", &[0, 1, 2, 3, 4], per_thread)?,
         // [q, k, v, o, lse, g, dq, dk, dv, delta]: dq and delta first, then dk and dv from delta.
         FusedOp::AttentionBackward { .. } => {

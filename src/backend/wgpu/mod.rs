@@ -269,7 +269,7 @@ impl Backend for WgpuBackend {
     fn fused(&self, op: FusedOp, bufs: &[&Buffer]) -> Result<bool> {
         super::contract::fused(&self.info, op, bufs)?;
         let raw = bufs.iter().map(|b| self.raw(op.name(), b, 0)).collect::<Result<Vec<_>>>()?;
-        fused::fused(&self.ctx, op, &raw)
+        fused::fused(&self.ctx, op, &raw, matches!(self.matmul, MatmulKernel::Registers))
     }
     fn sync(&self) -> Result<()> {
         self.ctx.wait()
