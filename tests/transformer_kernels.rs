@@ -123,7 +123,8 @@ fn nan_and_inf_rows_as_composition() {
 /// Two backward passes of the fused kernels give the same bits (no atomics, fixed orders).
 #[test]
 fn fused_backward_is_bit_identical_across_runs() {
-    on_each_device(|dev, _| {
+    on_each_device(|dev, cpu| {
+        for dev in [cpu, dev] {
         let grads = || -> Result<Vec<u32>> {
             let mut r = rng(5);
             let x = Tensor::from_vec(uniform(&mut r, 600 * 48, -1.0, 1.0), [600, 48], dev)?.requires_grad();
@@ -141,6 +142,7 @@ fn fused_backward_is_bit_identical_across_runs() {
             Ok(bits)
         };
         assert!(grads()? == grads()?, "two backward passes differ on {dev}");
+        }
         Ok(())
     });
 }
