@@ -278,7 +278,7 @@ pub fn fused(dev: &DeviceInfo, fop: FusedOp, bufs: &[&Buffer]) -> Result<()> {
         return Err(Error::invalid(fop.name(), format!("{fop:?} takes {} buffers, got {} on {}", sizes.len(), bufs.len(), o.device())));
     }
     if let FusedOp::LayerNorm { eps, .. } = fop {
-        if !(eps >= 0.0) {
+        if eps.is_nan() || eps < 0.0 {
             return Err(Error::invalid(fop.name(), format!("eps {eps} must be a non-negative number")));
         }
     }

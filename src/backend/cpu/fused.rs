@@ -145,8 +145,8 @@ fn attention(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32) -> Vec<Ve
 fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32) -> Vec<Vec<f32>> {
     let (q, k, v, o, lse, g) = (ins[0], ins[1], ins[2], ins[3], ins[4], ins[5]);
     let (mut dq, mut dk, mut dv, mut delta) = (vec![0.0; n * t * d], vec![0.0; n * t * d], vec![0.0; n * t * d], vec![0.0; n * t]);
-    for r in 0..n * t {
-        delta[r] = dot(row(g, r, d), row(o, r, d));
+    for (r, dl) in delta.iter_mut().enumerate() {
+        *dl = dot(row(g, r, d), row(o, r, d));
     }
     let p = |b: usize, i: usize, j: usize| (dot(row(q, b * t + i, d), row(k, b * t + j, d)) * scale - lse[b * t + i]).exp();
     for b in 0..n {
