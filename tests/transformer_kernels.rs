@@ -166,3 +166,33 @@ fn bad_shapes_and_buffers_are_errors() {
     let e = dev.backend().fused(FusedOp::LayerNorm { rows: 1, cols: 2, eps: f32::NAN }, &[&ok; 6]).unwrap_err().to_string();
     assert!(e.contains("eps"), "{e}");
 }
+
+/// GPT with the fused attention and with the products around the fused softmax: the same loss
+/// and gradients on every device, so either choice of `set_fused_attention` is tested here.
+#[test]
+fn gpt_attention_kernels_agree() {
+    use tandem::nn::models::{Gpt, GptConfig};
+    use tandem::nn::Module;
+    on_each_device(|dev, cpu| {
+        let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 12, block_size: 9, vocab_size: 13, dropout: 0.0, bias: true };
+        let step = |d: &Device, fused: bool| -> Result<Vec<f32>> {
+            let gpt = Gpt::new(cfg, 3, d)?;
+            gpt.set_fused_attention(fused);
+            let ids: Vec<i32> = (0..2 * 9).map(|i| (i * 5 % 13) as i32).collect();
+            let x = Tensor::from_labels(ids.clone(), [2, 9], d)?;
+            let y = Tensor::from_labels(ids.iter().map(|v| (v + 1) % 13).collect(), [2, 9], d)?;
+            let loss = Gpt::loss(&gpt.forward(&x)?, &y)?;
+            loss.backward()?;
+            let mut out = vec![loss.to_scalar()?];
+            for (_, p) in gpt.parameters() {
+                out.extend(p.grad().expect("every parameter has a gradient").to_vec()?);
+            }
+            Ok(out)
+        };
+        let want = step(cpu, false)?;
+        for (d, fused) in [(cpu, true), (dev, true), (dev, false)] {
+            assert_close(&format!("GPT loss and gradients on {d}, fused attention {fused}"), &step(d, fused)?, &want, 1e-4, 1e-3);
+        }
+        Ok(())
+    });
+}
