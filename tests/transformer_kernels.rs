@@ -178,7 +178,7 @@ fn gpt_attention_kernels_agree() {
         let step = |d: &Device, fused: bool| -> Result<Vec<f32>> {
             let gpt = Gpt::new(cfg, 3, d)?;
             gpt.set_fused_attention(fused);
-            let ids: Vec<i32> = (0..2 * 9).map(|i| (i * 5 % 13) as i32).collect();
+            let ids: Vec<i32> = (0..2 * 9).map(|i| i * 5 % 13).collect();
             let x = Tensor::from_labels(ids.clone(), [2, 9], d)?;
             let y = Tensor::from_labels(ids.iter().map(|v| (v + 1) % 13).collect(), [2, 9], d)?;
             let loss = Gpt::loss(&gpt.forward(&x)?, &y)?;
