@@ -80,5 +80,5 @@ if [ "${TANDEM_HARDWARE_PASS:-1}" != 0 ]; then
   echo "test.sh: second pass with TANDEM_WGPU_KERNELS=hardware"
   TANDEM_WGPU_KERNELS=hardware cargo test --features cuda,nccl,mpi \
     --test conformance --test fused --test tensor_ops --test edge_numerics --test long_axes \
-    --test mixed_devices "$@"
+    --test mixed_devices --test transformer_kernels "$@"
 fi

@@ -42,6 +42,13 @@ pub enum GradOp {
     Conv2d { spec: WindowSpec, cols: Buffer, bias: bool, relu: Option<Buffer> },
     MaxPool2d { spec: WindowSpec, argmax: Buffer },
     Gather { cols: usize },
+    /// LayerNorm over the last dimension of input 0 with weight and bias (inputs 1, 2),
+    /// fused: `mean` and `rstd` are each row's, saved by the forward.
+    LayerNorm { mean: Buffer, rstd: Buffer },
+    /// `softmax(x · scale + causal)` over `[.., T, T]`, fused.
+    CausalSoftmax { scale: f32 },
+    /// Fused causal attention of q, k, v (inputs 0-2); `lse` is each query row's logsumexp.
+    Attention { scale: f32, lse: Buffer },
     /// An embedding lookup of a `[table_rows, D]` table (input 0) by I32 ids (input 1).
     GatherRows { table_rows: usize },
     ToDevice,
@@ -148,6 +155,47 @@ fn finish_leaf(leaf: &Tensor, g: Option<Tensor>, on_ready: &mut dyn FnMut(&Tenso
         leaf.set_grad(Some(total));
     }
     on_ready(leaf)
+}
+
+/// Bytes of the activations `root`'s graph keeps alive for its backward: every buffer of a
+/// tensor the graph holds other than its leaves (parameters and inputs), once however many
+/// tensors share it, and the buffers ops saved beside their inputs (im2col columns, pooling
+/// argmax, LayerNorm statistics, attention logsumexp). Measured at the end of a forward pass,
+/// it is the memory backward still needs.
+pub fn activation_bytes(root: &Tensor) -> u64 {
+    let mut buffers = std::collections::HashSet::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![root.clone()];
+    let mut bytes = 0;
+    let mut count = |b: &Buffer, bytes: &mut u64| {
+        if buffers.insert(b.key()) {
+            *bytes += (b.len() * b.dtype().size()) as u64;
+        }
+    };
+    while let Some(t) = stack.pop() {
+        let Some(node) = &t.0.node else { continue };
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        count(t.buffer(), &mut bytes);
+        match &node.op {
+            GradOp::Conv2d { cols, relu, .. } => {
+                count(cols, &mut bytes);
+                if let Some(r) = relu {
+                    count(r, &mut bytes);
+                }
+            }
+            GradOp::MaxPool2d { argmax, .. } => count(argmax, &mut bytes),
+            GradOp::LayerNorm { mean, rstd } => {
+                count(mean, &mut bytes);
+                count(rstd, &mut bytes);
+            }
+            GradOp::Attention { lse, .. } => count(lse, &mut bytes),
+            _ => {}
+        }
+        stack.extend(node.inputs.iter().cloned());
+    }
+    bytes
 }
 
 /// Tensors reachable from `root` that need grad, each after all of its inputs.

@@ -212,6 +212,23 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             x.backend().index(IndexOp::ScatterAddRows { table_rows: v }, g.buffer(), &plan, &gx, ids.numel(), d)?;
             vec![Some(Tensor::from_parts(gx, x.shape().clone(), x.device().clone(), None)), None]
         }
+        // x̂ = (x - mean) rstd: dx = rstd (g w - mean(g w) - x̂ mean(g w x̂)), dw = Σ g x̂,
+        // db = Σ g over rows (per block of rows, then the blocks in order: deterministic)
+        GradOp::LayerNorm { mean, rstd } => {
+            let rows = Shape(vec![mean.len()]);
+            let saved = |b: &crate::backend::Buffer| Tensor::from_parts(b.clone(), rows.clone(), x.device().clone(), None);
+            let [dx, dw, db] = x.layer_norm_backward(&inputs[1], g, &saved(mean), &saved(rstd))?;
+            vec![Some(dx), inputs[1].needs_grad().then_some(dw), inputs[2].needs_grad().then_some(db)]
+        }
+        // scale · y (g - Σ g y), 0 above the diagonal
+        GradOp::CausalSoftmax { scale } => vec![Some(out.causal_softmax_backward(g, *scale)?)],
+        // p = exp(s - lse) recomputed; ds = p (g·vᵀ - Σ g o): dq = scale ds·k, dk = scale dsᵀ·q,
+        // dv = pᵀ·g
+        GradOp::Attention { scale, lse } => {
+            let lse = Tensor::from_parts(lse.clone(), Shape(vec![lse.len()]), x.device().clone(), None);
+            let grads = Tensor::causal_attention_backward([&inputs[0], &inputs[1], &inputs[2]], out, &lse, g, *scale)?;
+            grads.into_iter().map(Some).collect()
+        }
         GradOp::ToDevice => vec![Some(g.to(x.device())?)],
     })
 }

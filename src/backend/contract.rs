@@ -6,7 +6,7 @@
 //! no size computation overflows. `Device::backend()` is public, so these checks, not
 //! `Tensor`'s, are what keeps safe code from reading out of bounds. What is left to a backend
 //! is its own limits (32-bit kernel arguments, grid sizes) and that a buffer is its own.
-use super::{Buffer, CastOp, DeviceInfo, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, WindowSpec};
+use super::{Buffer, CastOp, DeviceInfo, FusedOp, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, WindowSpec};
 use crate::{DType, Error, Layout, Result, MAX_RANK};
 
 /// The op being checked and the device it runs on, named by every error below.
@@ -265,6 +265,29 @@ pub fn optim_step(dev: &DeviceInfo, step: OptimStep, param: &Buffer, grad: &Buff
     }
     for (i, s) in state.iter().take(states).enumerate() {
         o.buffer(&format!("state {i}"), s, DType::F32, n)?;
+    }
+    Ok(())
+}
+
+/// `bufs` are the op's buffers in its order (see `FusedOp`), each F32 and long enough, and no
+/// output is the same buffer as another operand.
+pub fn fused(dev: &DeviceInfo, fop: FusedOp, bufs: &[&Buffer]) -> Result<()> {
+    let o = op(fop.name(), dev);
+    let (sizes, inputs) = fop.operands().ok_or_else(|| o.overflow("a buffer size"))?;
+    if bufs.len() != sizes.len() {
+        return Err(Error::invalid(fop.name(), format!("{fop:?} takes {} buffers, got {} on {}", sizes.len(), bufs.len(), o.device())));
+    }
+    if let FusedOp::LayerNorm { eps, .. } = fop {
+        if eps.is_nan() || eps < 0.0 {
+            return Err(Error::invalid(fop.name(), format!("eps {eps} must be a non-negative number")));
+        }
+    }
+    for (i, (b, &need)) in bufs.iter().zip(&sizes).enumerate() {
+        o.buffer(&format!("buffer {i}"), b, DType::F32, need)?;
+    }
+    for (i, out) in bufs.iter().enumerate().skip(inputs) {
+        let others: Vec<(&str, &Buffer)> = bufs.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, b)| ("another operand", *b)).collect();
+        o.not_aliased(out, &others)?;
     }
     Ok(())
 }

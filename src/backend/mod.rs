@@ -5,12 +5,14 @@
 //! Adding an elementwise op: see CONTRIBUTING.md.
 pub mod contract;
 pub mod cpu;
+mod fused;
 mod index;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
+pub use fused::{ln_blocks, FusedOp, LN_ROW_BLOCK};
 pub use index::{row_plan, CastOp, IndexOp};
 
 use crate::{DType, Layout, Result};
@@ -337,6 +339,10 @@ impl Buffer {
     pub fn same_as(&self, other: &Buffer) -> bool {
         Arc::ptr_eq(&self.raw, &other.raw)
     }
+    /// A key equal for every clone of this buffer and different from every other live buffer.
+    pub fn key(&self) -> usize {
+        Arc::as_ptr(&self.raw) as *const u8 as usize
+    }
     /// The backend's own buffer type; `None` means the buffer belongs to another backend.
     pub fn downcast<T: Any>(&self) -> Option<&T> {
         self.raw.raw.downcast_ref::<T>()
@@ -427,6 +433,12 @@ pub trait Backend: Send + Sync {
     /// Fused optimizer update of `param` in place; `Ok(false)` means "not fused here, compose it".
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
         contract::optim_step(self.info(), step, param, grad, state)?;
+        Ok(false)
+    }
+    /// One fused transformer kernel (see `FusedOp` for the buffers, in order); `Ok(false)`
+    /// means "not fused here": the caller composes the op from the primitives above.
+    fn fused(&self, op: FusedOp, bufs: &[&Buffer]) -> Result<bool> {
+        contract::fused(self.info(), op, bufs)?;
         Ok(false)
     }
     /// A direct copy from a buffer on another device of this backend (CUDA peer access);

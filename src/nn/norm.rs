@@ -160,12 +160,11 @@ impl Module for LayerNorm {
         if x.rank() < norm.len() || &x.dims()[x.rank() - norm.len()..] != norm {
             return Err(Error::shape("LayerNorm", format!("input {:?} does not end in normalized_shape {norm:?}", x.shape())));
         }
+        // One fused pass over rows of all the normalised values, where the device has it.
         let k = self.weight.numel();
         let rows = x.reshape([x.numel() / k.max(1), k])?;
-        let centred = rows.sub(&rows.mean(-1, true)?)?;
-        let var = centred.square()?.mean(-1, true)?;
-        let y = centred.div(&var.add_scalar(self.eps)?.sqrt()?)?.reshape(x.shape().clone())?;
-        y.mul(&self.weight)?.add(&self.bias)
+        let y = rows.layer_norm(&self.weight.reshape([k])?, &self.bias.reshape([k])?, self.eps)?;
+        y.reshape(x.shape().clone())
     }
     fn parameters(&self) -> Vec<(String, Tensor)> {
         vec![("weight".into(), self.weight.clone()), ("bias".into(), self.bias.clone())]

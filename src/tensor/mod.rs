@@ -3,6 +3,7 @@
 //! Storage is always contiguous in the tensor's own buffer, so reshape and flatten are free;
 //! transposes, broadcasts and slices are strided reads inside the op that consumes them.
 mod compose;
+mod fused;
 mod losses;
 mod nn_ops;
 mod ops;
@@ -10,6 +11,7 @@ pub mod random;
 mod shape_ops;
 
 pub(crate) use compose::{gelu_tanh_inner, GELU_BETA, GELU_KAPPA};
+pub use fused::composed;
 pub use losses::CrossEntropy;
 
 use crate::autograd::{self, GradOp, Node};

@@ -1,4 +1,5 @@
 //! The CPU reference backend: plain, obviously correct Rust; the oracle for every other backend.
+mod fused;
 mod index;
 mod kernels;
 mod update;
@@ -243,6 +244,18 @@ impl Backend for CpuBackend {
         let mut guards = state[..reads].iter().map(|s| Ok(write(raw(s)?))).collect::<Result<Vec<_>>>()?;
         let mut views: Vec<&mut [f32]> = guards.iter_mut().map(|s| bytemuck::cast_slice_mut(&mut s[..])).collect();
         Ok(update::optim_step(step, bytemuck::cast_slice_mut(&mut p), bytemuck::cast_slice(&g), &mut views))
+    }
+    fn fused(&self, op: FusedOp, bufs: &[&Buffer]) -> Result<bool> {
+        contract::fused(&self.info, op, bufs)?;
+        let (_, inputs) = op.operands().ok_or_else(|| Error::invalid(op.name(), "sizes overflow"))?;
+        // Copies: inputs may be one buffer twice (self-attention's q and k), which one lock
+        // could not be taken for twice; the contract keeps outputs apart from everything.
+        let ins: Vec<Vec<u32>> = bufs[..inputs].iter().map(|b| Ok(read(raw(b)?).clone())).collect::<Result<_>>()?;
+        let ins: Vec<&[f32]> = ins.iter().map(|v| bytemuck::cast_slice(v)).collect();
+        for (out, vals) in bufs[inputs..].iter().zip(fused::run(op, &ins)) {
+            write_with(out, |o| o[..vals.len()].copy_from_slice(&vals))?;
+        }
+        Ok(true)
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
         contract::im2col(&self.info, x, cols, spec)?;

@@ -14,6 +14,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("index", include_str!("../../../kernels/index.cu")),
     ("optim", include_str!("../../../kernels/optim.cu")),
     ("matmul", include_str!("../../../kernels/matmul.cu")),
+    ("transformer", include_str!("../../../kernels/transformer.cu")),
 ];
 
 /// The entry points each family defines, loaded when a device opens.
@@ -26,6 +27,19 @@ pub const FUNCTIONS: &[(&str, &[&str])] = &[
     ("index", &["gather_f32", "scatter_f32", "gather_rows_f32", "scatter_add_rows_f32", "cast_32"]),
     ("optim", &["sgd_f32", "adam_f32"]),
     ("matmul", &["matmul_f32"]),
+    (
+        "transformer",
+        &[
+            "layer_norm_f32",
+            "layer_norm_dx_f32",
+            "layer_norm_dwb_f32",
+            "causal_softmax_f32",
+            "causal_softmax_dx_f32",
+            "attention_f32",
+            "attention_dq_f32",
+            "attention_dkv_f32",
+        ],
+    ),
 ];
 
 /// The entry points of `family` (none for an unknown family).

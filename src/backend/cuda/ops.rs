@@ -281,6 +281,48 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
+    fn fused(&self, op: FusedOp, bufs: &[&Buffer]) -> Result<bool> {
+        contract::fused(self.info_ref(), op, bufs)?;
+        let p = bufs.iter().map(|b| self.ptr(op.name(), b, 0, DType::F32)).collect::<Result<Vec<u64>>>()?;
+        // One block of THREADS per row, grid-stride past the grid limit.
+        let per_row = |rows: usize| LaunchConfig { grid_dim: (rows.clamp(1, 65535) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        match op {
+            FusedOp::LayerNorm { rows, cols, eps } => {
+                let [x, w, b, y, mean, rstd] = [p[0], p[1], p[2], p[3], p[4], p[5]];
+                let (r, c) = (rows as u64, cols as u64);
+                launch!(self, "layer_norm_f32", per_row(rows), x, w, b, y, mean, rstd, r, c, eps)?;
+            }
+            FusedOp::LayerNormBackward { rows, cols } => {
+                let [g, x, w, mean, rstd, dx, dwp, dbp] = [p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]];
+                let (r, c, blocks) = (rows as u64, cols as u64, ln_blocks(rows) as u64);
+                launch!(self, "layer_norm_dx_f32", per_row(rows), g, x, w, mean, rstd, dx, r, c)?;
+                launch!(self, "layer_norm_dwb_f32", grid(blocks * c), g, x, mean, rstd, dwp, dbp, r, c, blocks)?;
+            }
+            FusedOp::CausalSoftmax { n, t, scale } => {
+                let ([x, y], cfg) = ([p[0], p[1]], per_row(n * t));
+                let (rows, t) = ((n * t) as u64, t as u64);
+                launch!(self, "causal_softmax_f32", cfg, x, y, rows, t, scale)?;
+            }
+            FusedOp::CausalSoftmaxBackward { n, t, scale } => {
+                let ([g, y, dx], cfg) = ([p[0], p[1], p[2]], per_row(n * t));
+                let (rows, t) = ((n * t) as u64, t as u64);
+                launch!(self, "causal_softmax_dx_f32", cfg, g, y, dx, rows, t, scale)?;
+            }
+            FusedOp::Attention { n, t, d, scale } => {
+                let [q, k, v, o, lse] = [p[0], p[1], p[2], p[3], p[4]];
+                let (rows, t, d) = ((n * t) as u64, t as u64, d as u64);
+                launch!(self, "attention_f32", grid(rows), q, k, v, o, lse, rows, t, d, scale)?;
+            }
+            FusedOp::AttentionBackward { n, t, d, scale } => {
+                let [q, k, v, o, lse, g, dq, dk, dv, delta] = [p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]];
+                let (rows, t, d) = ((n * t) as u64, t as u64, d as u64);
+                launch!(self, "attention_dq_f32", grid(rows), q, k, v, o, lse, g, dq, delta, rows, t, d, scale)?;
+                launch!(self, "attention_dkv_f32", grid(rows), q, k, v, delta, lse, g, dk, dv, rows, t, d, scale)?;
+            }
+        }
+        Ok(true)
+    }
+
     fn copy_from_peer(&self, src_device: &dyn Backend, src: &Buffer) -> Result<Option<Buffer>> {
         let Some(owner) = src_device.as_any().downcast_ref::<CudaBackend>() else { return Ok(None) };
         if !self.has_peer_path(src_device) {

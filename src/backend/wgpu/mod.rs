@@ -2,6 +2,7 @@
 mod adapters;
 mod bind_groups;
 mod context;
+mod fused;
 mod gate;
 mod nn;
 mod ops;
@@ -9,7 +10,7 @@ mod pool;
 pub mod shaders;
 
 use crate::backend::{
-    Backend, BinaryOp, Buffer, CastOp, DeviceInfo, DeviceKind, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
+    Backend, BinaryOp, Buffer, CastOp, DeviceInfo, DeviceKind, FusedOp, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
     ReduceSpec, UnaryOp, WindowSpec,
 };
 use crate::{DType, Error, Layout, Result};
@@ -264,6 +265,11 @@ impl Backend for WgpuBackend {
         let s = state.iter().map(|b| self.raw("optim_step", b, 0)).collect::<Result<Vec<_>>>()?;
         nn::optim(&self.ctx, step, p, g, &s, n)?;
         Ok(true)
+    }
+    fn fused(&self, op: FusedOp, bufs: &[&Buffer]) -> Result<bool> {
+        super::contract::fused(&self.info, op, bufs)?;
+        let raw = bufs.iter().map(|b| self.raw(op.name(), b, 0)).collect::<Result<Vec<_>>>()?;
+        fused::fused(&self.ctx, op, &raw, matches!(self.matmul, MatmulKernel::Registers))
     }
     fn sync(&self) -> Result<()> {
         self.ctx.wait()

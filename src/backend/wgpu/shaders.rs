@@ -14,6 +14,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("index", include_str!("../../../shaders/index.wgsl")),
     ("cast", include_str!("../../../shaders/cast.wgsl")),
     ("optim", include_str!("../../../shaders/optim.wgsl")),
+    ("transformer", include_str!("../../../shaders/transformer.wgsl")),
 ];
 
 /// Modules of generated kernels that use subgroup operations and assume a subgroup of exactly 8

@@ -101,7 +101,7 @@ impl Gpt {
         };
         let mut blocks = Vec::with_capacity(cfg.n_layer);
         for _ in 0..cfg.n_layer {
-            let attn = Attention { c_attn: linear(c, 3 * c, 0.02)?, c_proj: linear(c, c, proj_std)?, attn_dropout: dropout()?, resid_dropout: dropout()?, n_head: cfg.n_head };
+            let attn = Attention { c_attn: linear(c, 3 * c, 0.02)?, c_proj: linear(c, c, proj_std)?, attn_dropout: dropout()?, resid_dropout: dropout()?, n_head: cfg.n_head, fused: AtomicBool::new(fused_attention_default()), training: AtomicBool::new(true) };
             let mlp = Mlp { c_fc: linear(c, 4 * c, 0.02)?, gelu: GELU { approximate: GeluApproximate::Tanh }, c_proj: linear(4 * c, c, proj_std)?, dropout: dropout()? };
             blocks.push(Block { ln_1: Norm::new(c, cfg.bias, dev)?, attn, ln_2: Norm::new(c, cfg.bias, dev)?, mlp });
         }
@@ -113,6 +113,18 @@ impl Gpt {
             ln_f: Norm::new(c, cfg.bias, dev)?,
         };
         Ok(Gpt { config: cfg, transformer, seed, training: AtomicBool::new(true) })
+    }
+
+    /// Chooses the attention kernel of every block: `true` runs one fused causal-attention
+    /// kernel per layer (only the output and a logsumexp per row kept for the backward), `false`
+    /// the two batched products around a fused causal softmax (the `T × T` weights kept). Both
+    /// compute the same function; while training with attention dropout the products are used
+    /// either way (the dropout acts on the weights). The default is `TANDEM_ATTENTION=fused`,
+    /// else composed, which was faster on the CPU and lavapipe at GPT-tiny sizes (see README).
+    pub fn set_fused_attention(&self, fused: bool) {
+        for b in &self.transformer.h.0 {
+            b.attn.fused.store(fused, Ordering::Relaxed);
+        }
     }
 
     /// The output projection's weight `[V, C]`: the token embedding itself (weight tying).
@@ -171,12 +183,20 @@ impl Module for Gpt {
         let moved = Gpt::build(self.config, self.seed, dev, &mut |shape, _| Tensor::zeros(shape, dev))?;
         moved.load_state_dict(&self.parameters())?;
         moved.set_training(self.training.load(Ordering::Relaxed));
+        if let Some(first) = self.transformer.h.0.first() {
+            moved.set_fused_attention(first.attn.fused.load(Ordering::Relaxed));
+        }
         Ok(Box::new(moved))
     }
     fn describe(&self) -> String {
         let c = self.config;
         format!("Gpt(n_layer={}, n_head={}, n_embd={}, block_size={}, vocab_size={})", c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size)
     }
+}
+
+/// `TANDEM_ATTENTION=fused` selects the fused attention kernel for new models.
+fn fused_attention_default() -> bool {
+    std::env::var("TANDEM_ATTENTION").is_ok_and(|v| v == "fused")
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -256,14 +276,18 @@ impl Module for Block {
     }
 }
 
-/// Causal multi-head self-attention, composed: one projection to q, k, v; per head
-/// `softmax(q·kᵀ/√D + mask)·v` as batched products over `B·H`; the heads joined and projected.
+/// Causal multi-head self-attention: one projection to q, k, v; per head
+/// `softmax(q·kᵀ/√D + mask)·v` over `B·H`, either as two batched products around a fused causal
+/// softmax or as one fused attention kernel (`fused`, see `Gpt::set_fused_attention`); the
+/// heads joined and projected.
 struct Attention {
     c_attn: Linear,
     c_proj: Linear,
     attn_dropout: Dropout,
     resid_dropout: Dropout,
     n_head: usize,
+    fused: AtomicBool,
+    training: AtomicBool,
 }
 
 impl Module for Attention {
@@ -274,9 +298,14 @@ impl Module for Attention {
         let qkv = self.c_attn.forward(x)?.reshape([b, t, 3, h, d])?.permute(&[2, 0, 3, 1, 4])?.reshape([3, b * h, t, d])?;
         let part = |i: usize| qkv.narrow(0, i, 1)?.reshape([b * h, t, d]);
         let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-        let scores = q.matmul_t(&k, false, true)?.mul_scalar(1.0 / (d as f32).sqrt())?;
-        let att = scores.masked_fill(&causal_mask(t, x.device())?, f32::NEG_INFINITY)?.softmax(-1)?;
-        let y = self.attn_dropout.forward(&att)?.matmul(&v)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        // Dropout on the attention weights needs them, which the fused attention never forms.
+        let dropping = self.attn_dropout.p > 0.0 && self.training.load(Ordering::Relaxed);
+        let y = if self.fused.load(Ordering::Relaxed) && !dropping {
+            Tensor::causal_attention(&q, &k, &v, scale)?
+        } else {
+            self.attn_dropout.forward(&q.matmul_t(&k, false, true)?.causal_softmax(scale)?)?.matmul(&v)?
+        };
         let y = y.reshape([b, h, t, d])?.permute(&[0, 2, 1, 3])?.reshape([b, t, c])?;
         self.resid_dropout.forward(&self.c_proj.forward(&y)?)
     }
@@ -284,14 +313,15 @@ impl Module for Attention {
         let (a, p) = (&self.c_attn, &self.c_proj);
         vec![("c_attn".into(), a), ("c_proj".into(), p), ("attn_dropout".into(), &self.attn_dropout), ("resid_dropout".into(), &self.resid_dropout)]
     }
+    fn set_training(&self, training: bool) {
+        self.training.store(training, Ordering::Relaxed);
+        for (_, c) in self.children() {
+            c.set_training(training);
+        }
+    }
     fn describe(&self) -> String {
         format!("CausalSelfAttention(n_head={})", self.n_head)
     }
-}
-
-/// `[T, T]`, 1 where key `j` comes after query `i` (the positions a token must not see).
-fn causal_mask(t: usize, dev: &Device) -> Result<Tensor> {
-    Tensor::from_vec((0..t * t).map(|k| f32::from(u8::from(k % t > k / t))).collect(), [t, t], dev)
 }
 
 /// `dropout(c_proj(gelu(c_fc(x))))`, C -> 4C -> C.
