@@ -1,6 +1,7 @@
 """The edge cases of the ops that came after the first table (imported by
 scripts/torch_edge_cases.py, which documents the format): the gather `index_select`, dtype
-casts, comparisons on F32 and I32, `torch.matmul` of any rank, and gradient clipping."""
+casts, comparisons on F32 and I32, `torch.matmul` of any rank, gradient clipping, and the fused
+transformer ops (causal softmax and causal attention)."""
 import numpy as np
 import torch
 
@@ -17,6 +18,12 @@ def ramp(shape, lo=-2.0, hi=2.0):
     """Ordinary values of a shape, none repeated (as the main script's)."""
     n = int(np.prod(shape)) if shape else 1
     return torch.linspace(lo, hi, max(n, 1), dtype=torch.float32)[:n].reshape(shape) + 0.01 * torch.arange(n, dtype=torch.float32).reshape(shape)
+
+
+def causal(scores):
+    """Scores with every column past the row's index set to -inf (the causal mask)."""
+    t = scores.shape[-1]
+    return scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -INF)
 
 
 def clip_grad_norm(grads, a):
@@ -40,6 +47,8 @@ OPS = {
     "cast_compare": (lambda x, a: [COMPARE[a["cmp"]](x[0].to(torch.int32), x[1].to(torch.int32)).float()], False),
     "index_select_cast": (lambda x, a: [torch.nn.functional.embedding(x[1].to(torch.int32).long(), x[0])], True),
     "clip_grad_norm": (clip_grad_norm, False),
+    "causal_softmax": (lambda x, a: [torch.softmax(causal(x[0] * a["scale"]), -1)], True),
+    "causal_attention": (lambda x, a: [torch.nn.functional.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=True, scale=a["scale"])], True),
 }
 
 # PyTorch leaves F32 -> I32 undefined for NaN, ±inf and values outside the I32 range (tandem
@@ -78,6 +87,7 @@ def cases(v):
     yield from index_cases()
     yield from matmul_cases()
     yield from clip_cases(v)
+    yield from transformer_cases()
 
 
 def index_cases():
@@ -136,3 +146,32 @@ def clip_cases(v):
     # (two of [1e19, 1e19]). PyTorch's norm of the per-tensor norms overflows in F32 (inf, so
     # every gradient becomes 0); tandem adds the per-tensor sums in f64 (one number per device,
     # for the parallel strategies) and clips to the finite norm 2e19.
+
+
+def transformer_cases():
+    """Causal softmax and attention: a masked score never counts, whatever it holds; NaN or an
+    infinity among the visible scores of a row makes that row NaN (inf - inf), as the softmax."""
+    yield "causal_softmax [2, 4, 4]", "causal_softmax", {"scale": 0.5}, [ramp([2, 4, 4])]
+    s = ramp([5, 5], -3.0, 3.0)
+    s[1, 0], s[2, 2], s[3, 1], s[4, 0] = INF, -INF, NAN, 1e30
+    s[0, 3], s[1, 4] = NAN, INF  # masked: must not leak
+    yield "causal_softmax special", "causal_softmax", {"scale": 1.0}, [s]
+    yield "causal_softmax -0 and huge scale", "causal_softmax", {"scale": 1e30}, [f32([[-0.0, 1.0], [0.0, -0.0]])]
+    yield "causal_softmax T = 1", "causal_softmax", {"scale": 0.125}, [f32([[[7.0]]])]
+    yield "causal_softmax empty", "causal_softmax", {"scale": 1.0}, [f32([], [0, 3, 3])]
+    yield "causal_softmax bad", "causal_softmax", {"scale": 1.0}, [ramp([2, 3])]
+    q, k, w = ramp([2, 5, 3]), ramp([2, 5, 3], -1.0, 1.5), ramp([2, 5, 3], 0.5, -0.5)
+    yield "causal_attention [2, 5, 3]", "causal_attention", {"scale": 3 ** -0.5}, [q, k, w]
+    yield "causal_attention large scores", "causal_attention", {"scale": 40.0}, [q, k, w]
+    # NaN in a value row and inf in a key row that every query sees. Not here: NaN or inf in a key
+    # or value row that only later queries see. PyTorch's CPU path multiplies the masked weights
+    # (0) by it, forward and backward, so 0 * NaN reaches every earlier row; tandem's fused
+    # kernel never reads masked positions (as flash kernels on GPUs do).
+    w2 = w.clone()
+    w2[0, 0, 1] = NAN
+    k2 = k.clone()
+    k2[1, 0, 0] = INF
+    yield "causal_attention special", "causal_attention", {"scale": 0.5}, [q, k2, w2]
+    yield "causal_attention T = 1", "causal_attention", {"scale": 1.0}, [f32([[[1.0, -2.0]]]), f32([[[0.5, 0.5]]]), f32([[[3.0, -0.0]]])]
+    # not here: q and k of different lengths, which PyTorch allows (the mask aligned top left)
+    # and tandem refuses with a shape error

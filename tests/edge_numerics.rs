@@ -227,6 +227,11 @@ const OPS: &[Op] = &[
         one(layer.forward(&x[0]))
     })
     .atol(1e-6),
+    // sums of exp over a row in another order (the online softmax rescales as it goes)
+    op("causal_softmax", 2e-5, 2e-5, |x, a| one(x[0].causal_softmax(f(a, "scale")))).atol(1e-6),
+    // the gradients with respect to q and k carry the scale: at scale 40 rounding in the scores
+    // is amplified 40 times
+    op("causal_attention", 2e-5, 1e-4, |x, a| one(Tensor::causal_attention(&x[0], &x[1], &x[2], f(a, "scale")))).atol(1e-6),
     // the norm is summed in another order (f64 over tensors)
     op("clip_grad_norm", 1e-6, 0.0, |x, a| clip(x, f(a, "max_norm"))),
 ];
