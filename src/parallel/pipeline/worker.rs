@@ -91,7 +91,7 @@ fn send(tx: &Option<Sender<Msg>>, msg: Msg, what: &'static str, stage: usize) ->
 
 /// Bytes that autograd keeps alive for `root`'s backward: every non-parameter tensor of its
 /// graph plus the buffers ops saved (im2col columns, pooling argmax).
-pub(super) fn graph_bytes(root: &Tensor, params: &HashSet<u64>) -> u64 {
+pub(crate) fn graph_bytes(root: &Tensor, params: &HashSet<u64>) -> u64 {
     let mut seen = HashSet::new();
     let mut stack = vec![root.clone()];
     let mut bytes = 0;
