@@ -147,6 +147,12 @@ fn train_logs_losses_and_validation_losses_and_resumes_exactly() {
     let (a, b) = (weights(&whole.join(name)), weights(&part.join(name)));
     assert!(!a.is_empty() && a == b, "the resumed run's weights differ from the uninterrupted run's");
 
+    // Data parallel over two CPU devices follows the single-device run (dropout included).
+    let out = ok(&strs(&train(&[&common[..], &["--devices", "cpu,cpu", "--strategy", "data", "--checkpoint-dir", s(&dir.join("dp"))]].concat())));
+    let dp: Vec<f32> = json_lines(&out).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap() as f32).collect();
+    let single: Vec<f32> = first.iter().map(|&l| l as f32).collect();
+    tandem::tolerance::assert_close("tandem train --strategy data: losses", &dp, &single, 1e-5, 1e-4);
+
     // Warmup scales the first steps' learning rate (1/3 of it at step 1 of a 2-step warmup).
     let warm = dir.join("warm");
     let out = ok(&strs(&train(&[&common[..], &["--checkpoint-dir", s(&warm), "--steps", "3", "--warmup-steps", "2"]].concat())));
