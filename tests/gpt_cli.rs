@@ -236,3 +236,19 @@ fn a_small_gpt_beats_the_unigram_entropy_of_the_builtin_corpus() {
     let val = summary["val_loss"].as_f64().expect("val_loss in the summary");
     assert!(val < h - 0.8, "validation loss {val} is not clearly below the unigram entropy {h}");
 }
+
+#[test]
+fn bench_reports_the_gpt_train_step() {
+    let out = ok(&["bench", "--model", "gpt", "--devices", "cpu", "--quick", "--log-format", "json"]);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "one figure per device: {lines:?}");
+    let f = &lines[0];
+    assert_eq!((f["bench"].as_str(), f["model"].as_str(), f["device"].as_str()), (Some("train-step"), Some("gpt"), Some("cpu")));
+    assert_eq!((f["batch"].as_u64(), f["block_size"].as_u64()), (Some(16), Some(64)));
+    let (ms, tps) = (f["median_ms"].as_f64().unwrap(), f["tokens_per_sec"].as_f64().unwrap());
+    assert!((tps * ms / 1e3 - 1024.0).abs() < 1e-6, "tokens/s {tps} is not 16·64 tokens per {ms} ms");
+    // At least the logits [16, 64, 44] and each block's MLP hidden [16·64, 512] are kept.
+    let floor = (16 * 64 * 44 + 4 * 16 * 64 * 512) * 4;
+    assert!(f["activation_bytes"].as_u64().unwrap() > floor as u64, "{f}");
+    fails(&["bench", "--model", "seed-rnn", "--devices", "cpu"], "--model");
+}
