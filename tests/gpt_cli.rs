@@ -175,6 +175,11 @@ fn generate_continues_a_prompt_from_the_checkpoint_alone() {
     assert_eq!(gen(&save, "7"), a, "the --save file holds the same model and vocabulary");
     assert_ne!(gen(&ckpt, "8"), a, "another seed, other text");
 
+    // --init starts from the saved (trained) weights, not from a fresh initialisation.
+    let first_loss = |extra: &[&str]| json_lines(&ok(&strs(&train(&[&["--steps", "1"][..], extra].concat()))))[0]["loss"].as_f64().unwrap();
+    assert_ne!(first_loss(&["--init", s(&save)]), first_loss(&[]));
+    fails(&strs(&train(&["--steps", "1", "--init", s(&save), "--n-layer", "2"])), "w.safetensors: --init");
+
     fails(&["generate", "--init", s(&dir.join("missing.safetensors")), "--prompt", "a"], "missing.safetensors");
     fails(&["generate", "--init", s(&ckpt), "--prompt", "The zebra"], "'z' at position 4");
     fails(&["generate", "--init", s(&ckpt), "--prompt", ""], "--prompt");

@@ -148,7 +148,7 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
     let mut strategy = build(args, cfg, &optim, &devices)?;
     strategy.set_grad_clip(setup::grad_clip(args)?)?;
     if let Some(path) = &args.init {
-        strategy.load_state_dict(&read_weights(path)?)?;
+        strategy.load_state_dict(&read_weights(path)?).map_err(|e| Error::format(path, format!("--init: {e}")))?;
     }
     let config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
 
