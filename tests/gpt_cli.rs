@@ -204,7 +204,11 @@ fn trains_on_a_text_file_and_on_token_id_files() {
     let dir = scratch("files");
     let txt = dir.join("input.txt");
     std::fs::write(&txt, "to be or not to be, that is the question. ".repeat(20)).unwrap();
-    ok(&strs(&train(&["--data", &format!("text:{}", s(&txt)), "--steps", "2", "--checkpoint-dir", s(&dir.join("ck"))])));
+    let (plot, trace) = (dir.join("loss.svg"), dir.join("trace.json"));
+    ok(&strs(&train(&["--data", &format!("text:{}", s(&txt)), "--steps", "2", "--checkpoint-dir", s(&dir.join("ck")), "--plot", s(&plot), "--trace", s(&trace)])));
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    let events: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    assert!(events.to_string().contains("step"), "the trace records the steps");
     let out = ok(&["generate", "--init", s(&dir.join("ck").join("ckpt-00000002.safetensors")), "--prompt", "to be", "--tokens", "5"]);
     assert!(text(&out.stdout).starts_with("to be"));
 

@@ -15,6 +15,7 @@ use crate::data::text::{CharVocab, Split, TextCorpus, TokenBatch, TokenWindows};
 use crate::data::{Batch, LoaderState};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::optim::LrSchedule;
+use crate::parallel::trace::Trace;
 use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Strategy};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
@@ -171,9 +172,13 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
         }
     }
 
+    let trace = args.trace.as_ref().map(|_| Trace::new());
+    if let Some(t) = &trace {
+        strategy.set_trace(t.clone());
+    }
     let reporter = Reporter::new(args.log_format, start + 1, total, args.batch);
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
-    let mut last_loss = None;
+    let mut losses = Vec::new();
     let mut val_loss = None;
     let train_t0 = Instant::now();
     let mut step = start;
@@ -189,7 +194,7 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
             return Err(Error::NonFinite { step, what: format!("loss is {} at step {step}", rep.loss), kept });
         }
         reporter.step(step, rep.loss, rep.wall_s);
-        last_loss = Some(rep.loss);
+        losses.push((step, rep.loss));
         stopped = stop.get();
         if g.eval_every.is_some_and(|e| step.is_multiple_of(e)) || (step == total && g.eval_every.is_some()) {
             let v = validation_loss(strategy.as_mut(), &val, args.batch)?;
@@ -217,7 +222,7 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
         summary: true,
         steps_run,
         steps: step,
-        final_loss: last_loss,
+        final_loss: losses.last().map(|l| l.1),
         val_loss,
         test_accuracy: None,
         test_samples: None,
@@ -237,10 +242,11 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
         let meta = BTreeMap::from([("config".to_string(), config.to_string())]);
         write_safetensors(path, &to_host(&strategy.state_dict()?)?, &meta)?;
     }
-    for (flag, given) in [("--trace", args.trace.is_some()), ("--plot", args.plot.is_some())] {
-        if given {
-            reporter.note(&format!("{flag} is not written for --model gpt yet"));
-        }
+    if let Some(path) = &args.plot {
+        crate::checkpoint::write_atomic(path, super::plot::svg(&losses, None).as_bytes())?;
+    }
+    if let (Some(path), Some(t)) = (&args.trace, &trace) {
+        t.write(path)?;
     }
     summary.wall_s = t0.elapsed().as_secs_f64();
     reporter.finish(&summary);
