@@ -30,7 +30,7 @@ fn numbered(n: usize) -> Dataset {
 }
 
 fn ids(b: &tandem::data::Batch) -> Vec<usize> {
-    b.x.chunks(2).map(|c| c[0] as usize).collect()
+    b.x.as_f32().expect("f32 inputs").chunks(2).map(|c| c[0] as usize).collect()
 }
 
 #[test]

@@ -1,14 +1,20 @@
 //! `tandem bench`: matmul throughput, seed-CNN training steps, per-op dispatch cost and the
-//! pipeline bubble (two logical devices) on each chosen device, as one table or one JSON object
-//! per figure. Every figure is a median.
+//! pipeline bubble (two logical devices) on each chosen device, or with `--model gpt` a GPT's
+//! training step, tokens/s and activation bytes; as one table or one JSON object per figure.
+//! Every figure is a median.
 use super::devices::print_table;
 use super::{BenchArgs, LogFormat};
 use crate::autograd::no_grad;
 use crate::data::synthetic;
 use crate::nn::models::SeedModel;
-use crate::optim::SgdConfig;
-use crate::parallel::pipeline::{Pipeline, Schedule};
-use crate::parallel::{Loss, OptimConfig, Single, Split, Stages, Strategy};
+use crate::data::text::{Split as TextSplit, TextCorpus};
+use crate::data::Batch;
+use crate::nn::models::{Gpt, GptConfig};
+use crate::nn::Module;
+use crate::optim::{AdamConfig, SgdConfig};
+use crate::parallel::pipeline::{graph_bytes, Pipeline, Schedule};
+use crate::parallel::{batch_to_device, Loss, OptimConfig, Single, Split, Stages, Strategy};
+use std::collections::HashSet;
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
 use std::time::Instant;
@@ -31,6 +37,11 @@ struct Reps {
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     let devices = Device::parse(&args.devices)?;
+    match args.model.as_deref() {
+        None => {}
+        Some("gpt") => return gpt_figures(args, &devices),
+        Some(m) => return Err(crate::Error::invalid("--model", format!("'{m}': tandem bench measures gpt, or every default figure without --model"))),
+    }
     // Large matmuls and batch-1000 steps are slow on the CPU: fewer runs keep it under a minute.
     let reps = if args.quick { Reps { matmul: 1, step: 2, dispatch: 2 } } else { Reps { matmul: 3, step: 5, dispatch: 5 } };
     let mut rows = Vec::new();
@@ -64,6 +75,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 enum Figure {
     Matmul { device: String, n: usize, gflops: f64 },
     TrainStep { model: &'static str, device: String, batch: usize, median_ms: f64, first_step_ms: f64 },
+    /// A GPT's training step; `activation_bytes` are the tensors autograd keeps for backward
+    /// at the end of forward (weights excluded).
+    #[serde(rename = "train-step")]
+    GptStep { model: &'static str, device: String, batch: usize, block_size: usize, median_ms: f64, tokens_per_sec: f64, activation_bytes: u64 },
     Dispatch { device: String, us_per_op: f64 },
     PipelineBubble { device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, step_ms: f64 },
 }
@@ -79,6 +94,12 @@ fn emit(format: LogFormat, rows: &mut Vec<Vec<String>>, f: Figure) {
         Figure::TrainStep { model, device, batch, median_ms, first_step_ms } => {
             vec!["train-step".into(), device, format!("{model} batch={batch}"), format!("{median_ms:.1} ms (first {first_step_ms:.1} ms)")]
         }
+        Figure::GptStep { model, device, batch, block_size, median_ms, tokens_per_sec, activation_bytes } => vec![
+            "train-step".into(),
+            device,
+            format!("{model} batch={batch} block={block_size}"),
+            format!("{median_ms:.1} ms, {tokens_per_sec:.0} tokens/s, activations {:.1} MiB", activation_bytes as f64 / (1 << 20) as f64),
+        ],
         Figure::Dispatch { device, us_per_op } => vec!["dispatch".into(), device, format!("{DISPATCH_OPS} adds, one sync"), format!("{us_per_op:.2} us/op")],
         Figure::PipelineBubble { device, stages, micro_batches, batch, bubble_measured, bubble_theoretical, step_ms } => vec![
             "pipeline-bubble".into(),
@@ -171,4 +192,43 @@ fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f
         Ok(())
     })?;
     Ok((median(bubbles), theory, step * 1e3))
+}
+
+/// The GPT of the figure: 4 layers, 4 heads, 128 wide, block 64, batch 16, on the built-in
+/// corpus's vocabulary, with AdamW.
+const GPT_BENCH: GptConfig = GptConfig { n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 0, dropout: 0.0, bias: true };
+const GPT_BATCH: usize = 16;
+
+/// One train-step figure per device for [`GPT_BENCH`].
+fn gpt_figures(args: &BenchArgs, devices: &[Device]) -> Result<()> {
+    let corpus = TextCorpus::builtin(0);
+    let cfg = GptConfig { vocab_size: corpus.vocab.len(), ..GPT_BENCH };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let tb = corpus.batch(TextSplit::Train, GPT_BATCH, cfg.block_size, &mut rng)?;
+    let batch = Batch::tokens(tb.x, tb.y, tb.block, cfg.vocab_size)?;
+    let reps = if args.quick { 2 } else { 10 };
+    let mut rows = Vec::new();
+    for dev in devices {
+        let model = Gpt::new(cfg, 0, dev)?;
+        let activation_bytes = activation_bytes(&model, &batch, dev)?;
+        let optim = OptimConfig::adam(AdamConfig { lr: 1e-3, ..AdamConfig::adamw() });
+        let mut s = Single::new(model, &optim, Loss::CrossEntropy, dev)?;
+        let (median, _) = timed(reps, || s.step(&batch).map(drop))?;
+        let tokens_per_sec = (GPT_BATCH * cfg.block_size) as f64 / median;
+        let f = Figure::GptStep { model: "gpt", device: dev.spec(), batch: GPT_BATCH, block_size: cfg.block_size, median_ms: median * 1e3, tokens_per_sec, activation_bytes };
+        emit(args.log_format, &mut rows, f);
+    }
+    if args.log_format == LogFormat::Text {
+        print_table(&["BENCH", "DEVICE", "CASE", "RESULT"], &rows);
+    }
+    Ok(())
+}
+
+/// Bytes autograd holds for backward after one forward and loss of `batch` (the graph's
+/// tensors that are not parameters).
+fn activation_bytes(model: &Gpt, batch: &Batch, dev: &Device) -> Result<u64> {
+    let (x, y) = batch_to_device(batch, dev)?;
+    let loss = Loss::CrossEntropy.compute(&model.forward(&x)?, &y)?;
+    let params: HashSet<u64> = model.parameters().iter().map(|(_, t)| t.id()).collect();
+    Ok(graph_bytes(&loss, &params))
 }

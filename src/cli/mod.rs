@@ -4,6 +4,8 @@
 mod bench;
 mod checkpoints;
 mod devices;
+mod generate;
+mod gpt;
 mod plot;
 mod progress;
 mod run_dir;
@@ -29,18 +31,39 @@ pub struct Cli {
 pub enum Command {
     /// List every device of every compiled backend and mark the one `auto` picks.
     Devices,
-    /// Train a seed model and evaluate it on the test split.
+    /// Train a seed model and evaluate it on the test split, or a GPT on text (`--model gpt`).
     // A repeated flag overrides the earlier one, so wrappers can append to a base command.
     #[command(args_override_self = true)]
     Train(Box<TrainArgs>),
     /// Benchmark matmul, a training step and op dispatch on the chosen devices.
     Bench(BenchArgs),
+    /// Continue a prompt with a GPT trained by `tandem train --model gpt`.
+    Generate(GenerateArgs),
+}
+
+/// `--model`: one of the seed models, or a GPT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelArg {
+    Seed(SeedModel),
+    Gpt,
+}
+
+impl std::str::FromStr for ModelArg {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
+        match s {
+            "gpt" => Ok(ModelArg::Gpt),
+            _ => s.parse().map(ModelArg::Seed).map_err(|_| crate::Error::invalid("--model", format!("'{s}' is not one of seed-cnn, seed-linear, seed-two-layer, gpt"))),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OptimizerKind {
     Sgd,
     Adam,
+    /// PyTorch's AdamW: decoupled weight decay (`--weight-decay`), on parameters of rank >= 2 only.
+    Adamw,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -60,10 +83,12 @@ pub enum LogFormat {
 /// accuracy on the device `auto` picks.
 #[derive(Clone, Debug, Args)]
 pub struct TrainArgs {
-    /// seed-cnn, seed-linear or seed-two-layer.
+    /// seed-cnn, seed-linear, seed-two-layer or gpt.
     #[arg(long, default_value = "seed-cnn")]
-    pub model: SeedModel,
-    /// digits, synthetic, mnist:DIR, or a PATH.safetensors holding tensors `x` and `y`.
+    pub model: ModelArg,
+    /// digits, synthetic, mnist:DIR, or a PATH.safetensors holding tensors `x` and `y`; for
+    /// gpt: text (the built-in corpus), text:PATH (a UTF-8 file), or a PATH.safetensors of
+    /// token ids `x`, `y` [N, T].
     #[arg(long, default_value = "digits")]
     pub data: String,
     /// Initial weights (safetensors with PyTorch state_dict names).
@@ -80,14 +105,23 @@ pub struct TrainArgs {
     pub epochs: Option<u64>,
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
-    /// Learning rate [default: 0.01 for sgd, 0.001 for adam].
+    /// Learning rate [default: 0.01 for sgd, 0.001 for adam and adamw].
     #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f32>,
     /// SGD momentum.
     #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
     pub momentum: f32,
-    #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
-    pub optimizer: OptimizerKind,
+    /// [default: sgd; adamw for gpt]
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerKind>,
+    /// AdamW's decoupled weight decay [default: 0.01].
+    #[arg(long, allow_negative_numbers = true)]
+    pub weight_decay: Option<f32>,
+    /// Clip gradients to this global norm before each update.
+    #[arg(long, value_name = "NORM", allow_negative_numbers = true)]
+    pub grad_clip: Option<f32>,
+    #[command(flatten)]
+    pub gpt: GptArgs,
     /// Seeds the model's initialisation, the generated data and the shuffle.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -128,8 +162,64 @@ pub struct TrainArgs {
     pub plot: Option<PathBuf>,
 }
 
+/// The flags only `--model gpt` reads.
+#[derive(Clone, Debug, Args)]
+pub struct GptArgs {
+    /// Transformer blocks [default: 4].
+    #[arg(long, value_name = "N")]
+    pub n_layer: Option<usize>,
+    /// Attention heads per block [default: 4].
+    #[arg(long, value_name = "N")]
+    pub n_head: Option<usize>,
+    /// Embedding width, a multiple of --n-head [default: 128].
+    #[arg(long, value_name = "N")]
+    pub n_embd: Option<usize>,
+    /// Tokens per training window, the longest context the model reads [default: 64].
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<usize>,
+    /// Drop probability of every Dropout layer [default: 0].
+    #[arg(long, value_name = "P")]
+    pub dropout: Option<f32>,
+    /// Linear warmup over N steps, then cosine decay of the learning rate to a tenth of it at
+    /// the last step.
+    #[arg(long, value_name = "N")]
+    pub warmup_steps: Option<u64>,
+    /// Print the validation loss every N steps (and after the last).
+    #[arg(long, value_name = "N")]
+    pub eval_every: Option<u64>,
+}
+
+/// Flags of `tandem generate`.
+#[derive(Clone, Debug, Args)]
+pub struct GenerateArgs {
+    /// A checkpoint of `tandem train --model gpt` (from --checkpoint-dir, or its --save file).
+    #[arg(long, value_name = "CKPT")]
+    pub init: PathBuf,
+    /// The text to continue; every character must be in the training text's vocabulary.
+    #[arg(long)]
+    pub prompt: String,
+    /// Tokens (characters) to sample.
+    #[arg(long, default_value_t = 200)]
+    pub tokens: usize,
+    /// Divides the logits: below 1 sharper, above 1 more random.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Sample among the K likeliest tokens only.
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The device to run on.
+    #[arg(long, default_value = "cpu")]
+    pub devices: String,
+}
+
 #[derive(Clone, Debug, Args)]
 pub struct BenchArgs {
+    /// Benchmark training steps of this model only: gpt (4 layers, 4 heads, 128 wide, block
+    /// 64, batch 16) instead of the default set of figures.
+    #[arg(long)]
+    pub model: Option<String>,
     /// Devices to benchmark, one after another (cpu, wgpu:N, cuda:N, auto, all, comma list).
     #[arg(long, default_value = "auto")]
     pub devices: String,
@@ -147,6 +237,7 @@ pub fn run(cli: Cli) -> crate::Result<u8> {
         Command::Devices => devices::run().map(|()| 0),
         Command::Train(args) => train::run(&args),
         Command::Bench(args) => bench::run(&args).map(|()| 0),
+        Command::Generate(args) => generate::run(&args).map(|()| 0),
     }
 }
 

@@ -17,6 +17,9 @@ pub struct Summary {
     /// The last step's number, counting from 1 over the whole run.
     pub steps: u64,
     pub final_loss: Option<f32>,
+    /// The last validation loss (`--model gpt` with `--eval-every`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test_accuracy: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -40,6 +43,13 @@ struct StepLine {
     loss: f32,
     step_s: f64,
     samples_per_sec: f64,
+}
+
+/// A `--log-format json` line of `--eval-every`.
+#[derive(serde::Serialize)]
+struct ValLine {
+    step: u64,
+    val_loss: f32,
 }
 
 pub struct Reporter {
@@ -95,6 +105,22 @@ impl Reporter {
         let _ = std::io::stdout().flush();
     }
 
+    /// A validation loss after `step`: a `{"step","val_loss"}` line in JSON, a line of text
+    /// otherwise.
+    pub fn val_loss(&self, step: u64, val_loss: f32) {
+        match self.format {
+            LogFormat::Json => println!("{}", serde_json::to_string(&ValLine { step, val_loss }).unwrap_or_default()),
+            LogFormat::Text => {
+                let line = format!("step {step}  val_loss {val_loss:.4}");
+                match &self.bar {
+                    Some(bar) => bar.println(line),
+                    None => println!("{line}"),
+                }
+            }
+        }
+        let _ = std::io::stdout().flush();
+    }
+
     /// Info for a human (checkpoints written, evaluation): stderr, above the bar if any.
     pub fn note(&self, msg: &str) {
         match &self.bar {
@@ -117,6 +143,9 @@ impl Reporter {
                     "trained {} steps ({} in this run{stopped}) in {:.1}s, {:.0} samples/s; final loss {loss}",
                     s.steps, s.steps_run, s.train_s, s.samples_per_sec
                 );
+                if let Some(v) = s.val_loss {
+                    println!("validation loss {v:.4}");
+                }
                 if let (Some(a), Some(n)) = (s.test_accuracy, s.test_samples) {
                     println!("test accuracy {:.2}% on {n} samples; total {:.1}s", a * 100.0, s.wall_s);
                 }

@@ -5,7 +5,7 @@ use crate::checkpoint::{read_safetensors, HostData, HostTensor};
 use crate::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
 use crate::nn::models::SeedModel;
 use crate::nn::{Module, Sequential};
-use crate::optim::{AdamConfig, SgdConfig};
+use crate::optim::{AdamConfig, ParamGroups, SgdConfig};
 use crate::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, Single, Split, Stages, Strategy, TensorParallel};
 use crate::{Device, Error, Result, Tensor};
 use clap::ValueEnum;
@@ -200,16 +200,23 @@ pub fn model_name(model: SeedModel) -> &'static str {
     }
 }
 
-/// The optimizer the flags ask for, with the learning rate checked.
-pub fn optim_config(args: &TrainArgs) -> Result<OptimConfig> {
-    let lr = args.lr.unwrap_or(match args.optimizer {
+/// The optimizer the flags ask for (`default` when --optimizer is not given), with the
+/// learning rate and weight decay checked. AdamW decays only parameters of rank >= 2, as
+/// nanoGPT does (biases and LayerNorm weights are left alone).
+pub fn optim_config(args: &TrainArgs, default: OptimizerKind) -> Result<OptimConfig> {
+    let kind = args.optimizer.unwrap_or(default);
+    let lr = args.lr.unwrap_or(match kind {
         OptimizerKind::Sgd => 0.01,
-        OptimizerKind::Adam => 1e-3,
+        OptimizerKind::Adam | OptimizerKind::Adamw => 1e-3,
     });
     if !(lr.is_finite() && lr >= 0.0) {
         return Err(Error::invalid("--lr", format!("must be a finite number >= 0, got {lr}")));
     }
-    Ok(match args.optimizer {
+    if kind != OptimizerKind::Adamw && args.weight_decay.is_some() {
+        return Err(Error::invalid("--weight-decay", "applies to --optimizer adamw only"));
+    }
+    let weight_decay = args.weight_decay.unwrap_or(0.01);
+    Ok(match kind {
         OptimizerKind::Sgd => {
             if !(args.momentum.is_finite() && (0.0..1.0).contains(&args.momentum)) {
                 return Err(Error::invalid("--momentum", format!("must be in [0, 1), got {}", args.momentum)));
@@ -217,7 +224,39 @@ pub fn optim_config(args: &TrainArgs) -> Result<OptimConfig> {
             OptimConfig::sgd(SgdConfig { lr, momentum: args.momentum, ..Default::default() })
         }
         OptimizerKind::Adam => OptimConfig::adam(AdamConfig { lr, ..Default::default() }),
+        OptimizerKind::Adamw => {
+            if !(weight_decay.is_finite() && weight_decay >= 0.0) {
+                return Err(Error::invalid("--weight-decay", format!("must be a finite number >= 0, got {weight_decay}")));
+            }
+            OptimConfig::adam(AdamConfig { lr, weight_decay, ..AdamConfig::adamw() }).with_groups(ParamGroups::no_decay_for_biases_and_norms())
+        }
     })
+}
+
+/// The --grad-clip bound, checked.
+pub fn grad_clip(args: &TrainArgs) -> Result<Option<f32>> {
+    match args.grad_clip {
+        Some(m) if !(m.is_finite() && m > 0.0) => Err(Error::invalid("--grad-clip", format!("must be a finite number > 0, got {m}"))),
+        m => Ok(m),
+    }
+}
+
+/// The seed models refuse the flags only a GPT reads, rather than ignore them.
+pub fn no_gpt_flags(args: &TrainArgs) -> Result<()> {
+    let g = &args.gpt;
+    let given = [
+        ("--warmup-steps", g.warmup_steps.is_some()),
+        ("--eval-every", g.eval_every.is_some()),
+        ("--n-layer", g.n_layer.is_some()),
+        ("--n-head", g.n_head.is_some()),
+        ("--n-embd", g.n_embd.is_some()),
+        ("--block-size", g.block_size.is_some()),
+        ("--dropout", g.dropout.is_some()),
+    ];
+    match given.iter().find(|(_, set)| *set) {
+        Some((flag, _)) => Err(Error::invalid(flag, "applies to --model gpt only")),
+        None => Ok(()),
+    }
 }
 
 /// Checks every output file flag (see [`check_output`]) and that no two name the same file:

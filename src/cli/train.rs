@@ -6,8 +6,9 @@ use super::progress::{Reporter, Summary};
 use super::run_dir::{self, Claim, RunDir};
 use super::setup::{self, build_strategy, DataSource, StrategyPlan};
 use super::stop::StopSignal;
-use super::{plot, TrainArgs};
+use super::{plot, ModelArg, OptimizerKind, TrainArgs};
 use crate::data::{DataLoader, Dataset, Targets};
+use crate::nn::models::SeedModel;
 use crate::nn::Module;
 use crate::parallel::{trace::Trace, Loss, OptimConfig, Strategy};
 use crate::{Device, Error, Result};
@@ -23,10 +24,12 @@ const DEFAULT_CHECKPOINT_EVERY: u64 = 100;
 const EVAL_CHUNK: usize = 1000;
 
 pub fn run(args: &TrainArgs) -> Result<u8> {
+    let ModelArg::Seed(model_kind) = args.model else { return super::gpt::train(args) };
+    setup::no_gpt_flags(args)?;
     let t0 = Instant::now();
     let stop = StopSignal::install()?;
     let source = DataSource::parse(&args.data)?;
-    let optim = setup::optim_config(args)?;
+    let optim = setup::optim_config(args, OptimizerKind::Sgd)?;
     if args.batch == 0 {
         return Err(Error::invalid("--batch", "must be at least 1"));
     }
@@ -48,10 +51,10 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     };
     let run_dir = args.checkpoint_dir.as_deref().map(|d| RunDir::open(d, claim)).transpose()?;
 
-    let (train, test) = source.load(args.model, args.seed)?;
-    setup::check_fit(args.model, &train, "training data")?;
+    let (train, test) = source.load(model_kind, args.seed)?;
+    setup::check_fit(model_kind, &train, "training data")?;
     if let Some(t) = &test {
-        setup::check_fit(args.model, t, "test data")?;
+        setup::check_fit(model_kind, t, "test data")?;
     }
     if args.batch > train.len() {
         return Err(Error::invalid("--batch", format!("{} exceeds the {} training samples", args.batch, train.len())));
@@ -68,7 +71,7 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
         (None, None) => ("--steps", DEFAULT_STEPS),
     };
 
-    let model = args.model.build(args.seed, &Device::cpu())?;
+    let model = model_kind.build(args.seed, &Device::cpu())?;
     if let Some(path) = &args.init {
         model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
@@ -83,8 +86,9 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
         deterministic: args.deterministic,
     };
     let mut strategy = build_strategy(plan)?;
+    strategy.set_grad_clip(setup::grad_clip(args)?)?;
 
-    let config = run_config(args, &optim);
+    let config = run_config(args, model_kind, &optim);
     let mut run = run_dir::new_run_id();
     let mut start = 0;
     // The newest checkpoint known to hold finite weights: the one resumed from, then each one
@@ -92,7 +96,7 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     let mut kept: Option<PathBuf> = None;
     if let Some(dir) = &run_dir {
         if args.resume {
-            let resumed = resume(dir.path(), strategy.as_mut(), &mut loader, &config, args.seed)?;
+            let resumed = resume(dir.path(), strategy.as_mut(), Some(&mut loader), &config, args.seed)?;
             if resumed.state.step > total {
                 return Err(Error::invalid(
                     length_flag,
@@ -161,6 +165,7 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
         steps_run,
         steps: step,
         final_loss: losses.last().map(|l| l.1),
+        val_loss: None,
         test_accuracy: None,
         test_samples: None,
         samples_per_sec: (steps_run as f64 * args.batch as f64) / train_s.max(1e-9),
@@ -201,9 +206,9 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.
 /// The optimizer is recorded with every setting in effect (defaults included), so that `--lr
 /// 0.01` and the default 0.01 agree.
-fn run_config(args: &TrainArgs, optim: &OptimConfig) -> serde_json::Value {
+fn run_config(args: &TrainArgs, model: SeedModel, optim: &OptimConfig) -> serde_json::Value {
     serde_json::json!({
-        "model": setup::model_name(args.model),
+        "model": setup::model_name(model),
         "data": args.data,
         "batch": args.batch,
         "optimizer": format!("{optim:?}"),
@@ -211,8 +216,9 @@ fn run_config(args: &TrainArgs, optim: &OptimConfig) -> serde_json::Value {
     })
 }
 
-/// Restores weights, optimizer and loader from the newest valid checkpoint; returns it.
-fn resume(dir: &Path, s: &mut dyn Strategy, loader: &mut DataLoader, config: &serde_json::Value, seed: u64) -> Result<Checkpoint> {
+/// Restores weights, optimizer and loader (when there is one) from the newest valid
+/// checkpoint; returns it.
+pub(super) fn resume(dir: &Path, s: &mut dyn Strategy, loader: Option<&mut DataLoader>, config: &serde_json::Value, seed: u64) -> Result<Checkpoint> {
     let ckpt = checkpoints::load_newest(dir, |path, e| eprintln!("warning: skipping checkpoint {}: {e}", path.display()))?;
     let st = &ckpt.state;
     if st.config != *config || st.shuffle_seed != seed {
@@ -227,7 +233,9 @@ fn resume(dir: &Path, s: &mut dyn Strategy, loader: &mut DataLoader, config: &se
     }
     s.load_state_dict(&ckpt.weights)?;
     s.load_optimizer_state(&ckpt.optim, st.optim_steps)?;
-    loader.set_state(st.loader)?;
+    if let Some(loader) = loader {
+        loader.set_state(st.loader)?;
+    }
     Ok(ckpt)
 }
 

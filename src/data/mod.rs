@@ -222,7 +222,7 @@ impl Dataset {
         let ds = self.gather(indices);
         let mut x_shape = vec![indices.len()];
         x_shape.extend_from_slice(&self.sample_shape);
-        Ok(Batch { x: ds.x, x_shape, y: ds.y })
+        Ok(Batch { x: Inputs::F32(ds.x), x_shape, y: ds.y })
     }
 
     /// The samples at in-range `indices`.
@@ -236,15 +236,72 @@ impl Dataset {
     }
 }
 
+/// A batch's input values: real-valued features, or integer token ids (a language model's
+/// `[B, T]` input, uploaded as I32).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Inputs {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+}
+
+impl Inputs {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Inputs::F32(v) => v.len(),
+            Inputs::I32(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Values `r` (in range).
+    fn slice(&self, r: Range<usize>) -> Inputs {
+        match self {
+            Inputs::F32(v) => Inputs::F32(v[r].to_vec()),
+            Inputs::I32(v) => Inputs::I32(v[r].to_vec()),
+        }
+    }
+    /// The values when they are real-valued features.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            Inputs::F32(v) => Some(v),
+            Inputs::I32(_) => None,
+        }
+    }
+}
+
 /// A batch of samples ready to upload: `x` has shape `x_shape` = `[b, ...sample_shape]`.
+///
+/// ```
+/// use tandem::data::{Batch, Inputs};
+/// // Two windows of three tokens and their next tokens, over a vocabulary of 5.
+/// let b = Batch::tokens(vec![0, 1, 2, 3, 4, 0], vec![1, 2, 3, 4, 0, 1], 3, 5)?;
+/// assert_eq!((b.len(), b.x_shape.clone()), (2, vec![2, 3]));
+/// assert_eq!(b.slice(1..2)?.x, Inputs::I32(vec![3, 4, 0]));
+/// # Ok::<(), tandem::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
-    pub x: Vec<f32>,
+    pub x: Inputs,
     pub x_shape: Vec<usize>,
     pub y: Targets,
 }
 
 impl Batch {
+    /// A language model's batch: windows of `block` token ids `x` and their next tokens `y`
+    /// (row-major `[B, block]` each), every id in `0..vocab`.
+    pub fn tokens(x: Vec<i32>, y: Vec<i32>, block: usize, vocab: usize) -> Result<Batch> {
+        if block == 0 || x.len() != y.len() || !x.len().is_multiple_of(block) {
+            return Err(Error::shape("Batch::tokens", format!("{} input and {} target ids in windows of {block}", x.len(), y.len())));
+        }
+        if let Some((i, &id)) = x.iter().chain(&y).enumerate().find(|&(_, &id)| id < 0 || id as usize >= vocab) {
+            return Err(Error::invalid("Batch::tokens", format!("token id {id} at flat index {i} (x, then y) is outside 0..{vocab}")));
+        }
+        let x_shape = vec![x.len() / block, block];
+        Ok(Batch { x: Inputs::I32(x), x_shape, y: Targets::Tokens { ids: y, shape_per_sample: vec![block], classes: vocab } })
+    }
+
     /// Number of samples in the batch.
     pub fn len(&self) -> usize {
         self.x_shape.first().copied().unwrap_or(0)
@@ -261,7 +318,7 @@ impl Batch {
         let per = self.x.len().checked_div(n).unwrap_or(0);
         let mut x_shape = self.x_shape.clone();
         x_shape[0] = r.len();
-        Ok(Batch { x: self.x[r.start * per..r.end * per].to_vec(), x_shape, y: self.y.slice(r) })
+        Ok(Batch { x: self.x.slice(r.start * per..r.end * per), x_shape, y: self.y.slice(r) })
     }
 
     pub fn is_empty(&self) -> bool {

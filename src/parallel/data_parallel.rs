@@ -398,9 +398,9 @@ impl Strategy for DataParallel {
         crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut state = self.replicas[0].params.clone();
-        state.extend(self.replicas[0].model.named_buffers());
-        Ok(state)
+        // The module's own state_dict: a model may name more than its parameters (Gpt's tied
+        // `lm_head.weight`); replica 0's tensors are current after every step.
+        Ok(self.replicas[0].model.state_dict())
     }
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
         self.replicas.iter().try_for_each(|r| r.model.load_state_dict(state))

@@ -20,7 +20,7 @@ pub use placement::{LayerPlacement, Split, Stages};
 pub(crate) use placement::plan as plan_stages;
 pub use tensor_parallel::{ColumnParallelLinear, ParallelMlp, RowParallelLinear, TensorParallel};
 
-use crate::data::{Batch, Targets};
+use crate::data::{Batch, Inputs, Targets};
 use crate::nn::Module;
 use crate::optim::Optimizer;
 pub use crate::optim::OptimConfig;
@@ -88,10 +88,13 @@ impl Loss {
     }
 }
 
-/// Uploads a host batch: inputs as f32 `[b, ...]`, targets as I32 labels `[b]`, I32 ids
-/// `[b, ...]` or f32 values `[b, ...]`.
+/// Uploads a host batch: inputs as f32 values or I32 token ids `[b, ...]`, targets as I32
+/// labels `[b]`, I32 ids `[b, ...]` or f32 values `[b, ...]`.
 pub fn batch_to_device(batch: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
-    let x = Tensor::from_vec(batch.x.clone(), batch.x_shape.clone(), device)?;
+    let x = match &batch.x {
+        Inputs::F32(v) => Tensor::from_vec(v.clone(), batch.x_shape.clone(), device)?,
+        Inputs::I32(ids) => Tensor::from_labels(ids.clone(), batch.x_shape.clone(), device)?,
+    };
     let b = batch.x_shape.first().copied().unwrap_or(0);
     let with_batch = |per: &[usize]| [&[b][..], per].concat();
     let y = match &batch.y {

@@ -269,12 +269,10 @@ pub(crate) fn rebalance(stages: &mut Vec<Stage>, probe: &Tensor, opt: &OptimConf
 pub(crate) fn probe_input(batch: &Batch, k: usize, device: &Device) -> Result<Tensor> {
     let per: usize = batch.x_shape.iter().skip(1).product();
     let k = k.min(batch.len()).max(1);
-    let mut shape = batch.x_shape.clone();
-    if shape.is_empty() || batch.x.len() < k * per {
+    if batch.x_shape.is_empty() || batch.x.len() < k * per {
         return Err(Error::shape("probe batch", format!("a batch of shape {:?} has no sample to probe with", batch.x_shape)));
     }
-    shape[0] = k;
-    Tensor::from_vec(batch.x[..k * per].to_vec(), shape, device)
+    super::batch_to_device(&batch.slice(0..k)?, device).map(|(x, _)| x)
 }
 
 /// Gathers every stage's parameters and buffers, named as in the unsplit model.

@@ -3,6 +3,9 @@
 //! and each stage's optimizer steps once per batch.
 mod schedule;
 mod worker;
+// `tandem bench` reports a whole model's activation bytes with the same count.
+#[cfg(feature = "cli")]
+pub(crate) use worker::graph_bytes;
 
 pub use schedule::{schedule, simulate, theoretical_bubble, Action, Plan, Schedule, Simulation};
 

@@ -6,6 +6,7 @@
 //! back to the sender, which seeds its own backward with it.
 use super::schedule::Action;
 use crate::autograd::{no_grad, GradOp};
+use crate::backend::Buffer;
 use crate::data::Batch;
 use crate::nn::Module;
 use crate::parallel::placement::Stage;
@@ -89,17 +90,23 @@ fn send(tx: &Option<Sender<Msg>>, msg: Msg, what: &'static str, stage: usize) ->
     tx.send(msg).map_err(|_| Error::ChannelClosed { role: STAGE, index: stage, what })
 }
 
-/// Bytes that autograd keeps alive for `root`'s backward: every non-parameter tensor of its
-/// graph plus the buffers ops saved (im2col columns, pooling argmax).
-pub(super) fn graph_bytes(root: &Tensor, params: &HashSet<u64>) -> u64 {
+/// Bytes that autograd keeps alive for `root`'s backward: the buffers of every non-parameter
+/// tensor of its graph, each buffer once (a view shares its source's, and a view of a
+/// parameter holds no activation), plus the buffers ops saved (im2col columns, pooling argmax).
+pub(crate) fn graph_bytes(root: &Tensor, params: &HashSet<u64>) -> u64 {
     let mut seen = HashSet::new();
     let mut stack = vec![root.clone()];
+    let (mut weights, mut kept): (Vec<Buffer>, Vec<Buffer>) = (Vec::new(), Vec::new());
     let mut bytes = 0;
     while let Some(t) = stack.pop() {
-        if params.contains(&t.id()) || !seen.insert(t.id()) {
+        if !seen.insert(t.id()) {
             continue;
         }
-        bytes += t.buffer().len() as u64 * 4;
+        if params.contains(&t.id()) {
+            weights.push(t.buffer().clone());
+            continue;
+        }
+        kept.push(t.buffer().clone());
         if let Some(node) = &t.0.node {
             bytes += match &node.op {
                 GradOp::Conv2d { cols, .. } => cols.len() as u64 * 4,
@@ -109,7 +116,13 @@ pub(super) fn graph_bytes(root: &Tensor, params: &HashSet<u64>) -> u64 {
             stack.extend(node.inputs.iter().cloned());
         }
     }
-    bytes
+    let mut counted: Vec<&Buffer> = Vec::new();
+    for b in &kept {
+        if !weights.iter().chain(counted.iter().copied()).any(|w| w.same_as(b)) {
+            counted.push(b);
+        }
+    }
+    bytes + counted.iter().map(|b| b.len() as u64 * 4).sum::<u64>()
 }
 
 impl Job<'_> {

@@ -1,0 +1,56 @@
+//! `tandem generate`: continue a prompt with a GPT from one checkpoint file, which carries the
+//! model's shape and its character vocabulary in the run configuration (see `gpt::run_config`).
+use super::{checkpoints, gpt, GenerateArgs};
+use crate::checkpoint::{read_safetensors, HostData};
+use crate::nn::models::Gpt;
+use crate::nn::Module;
+use crate::{Device, Error, Result, Tensor};
+use std::io::Write;
+
+/// The metadata key of a `tandem-checkpoint-1` file's format, checked before its checksum.
+const CHECKPOINT_FORMAT: &str = "tandem-checkpoint-1";
+
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let path = &args.init;
+    if args.prompt.is_empty() {
+        return Err(Error::invalid("--prompt", "must hold at least one character"));
+    }
+    let (tensors, meta) = read_safetensors(path)?;
+    // A run checkpoint is sealed by a checksum: check it, so a damaged file is named as such.
+    if meta.get("format").map(String::as_str) == Some(CHECKPOINT_FORMAT) {
+        checkpoints::verify(path)?;
+    }
+    let config: serde_json::Value = match meta.get("config") {
+        Some(c) => serde_json::from_str(c).map_err(|e| Error::format(path, format!("metadata 'config' is not JSON: {e}")))?,
+        None => return Err(Error::format(path, "no run configuration in its metadata; give a checkpoint or --save file of tandem train --model gpt")),
+    };
+    let (cfg, vocab) = gpt::config_of(&config, path)?;
+    let vocab = vocab.ok_or_else(|| Error::format(path, "trained on token ids, not text: there is no character vocabulary to read a prompt with"))?;
+    let prompt = vocab.encode(&args.prompt).map_err(|e| match e {
+        Error::Invalid { detail, .. } => Error::invalid("--prompt", format!("{detail} of {}", path.display())),
+        e => e,
+    })?;
+    let dev = Device::parse(&args.devices)?.into_iter().next().ok_or_else(|| Error::invalid("--devices", "names no device"))?;
+    let mut weights = Vec::new();
+    for (name, h) in tensors {
+        // A run checkpoint holds `model.*` weights beside `optim.*` state; a --save file only weights.
+        let name = match name.strip_prefix("model.") {
+            Some(n) => n.to_string(),
+            None if name.starts_with("optim.") => continue,
+            None => name,
+        };
+        let HostData::F32(v) = h.data else { return Err(Error::format(path, format!("{name} is not F32"))) };
+        weights.push((name, Tensor::from_vec(v, h.shape, &dev)?));
+    }
+    let model = Gpt::new(cfg, 0, &dev)?;
+    model.load_state_dict(&weights).map_err(|e| Error::format(path, e.to_string()))?;
+    model.eval();
+    let n = prompt.len();
+    let ids = Tensor::from_labels(prompt, [1, n], &dev)?;
+    let out = model.generate(&ids, args.tokens, args.temperature, args.top_k, args.seed)?.to_vec_i32()?;
+    let text = vocab.decode(&out)?;
+    let mut stdout = std::io::stdout();
+    // A closed pipe (`| head`) is the reader's choice, not an error.
+    let _ = writeln!(stdout, "{text}");
+    Ok(())
+}

@@ -1,0 +1,364 @@
+//! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`
+//! or `data` parallelism, with AdamW, clipping, warmup + cosine decay, periodic validation
+//! loss, and the same run directory, resume and stop handling as the seed models.
+//!
+//! The checkpoint's run configuration carries the model's shape and the character vocabulary,
+//! so `tandem generate` needs nothing but the checkpoint file.
+use super::checkpoints::{self, RunState};
+use super::progress::{Reporter, Summary};
+use super::run_dir::{self, Claim, RunDir};
+use super::setup::{self, StrategyKind};
+use super::stop::StopSignal;
+use super::{OptimizerKind, TrainArgs};
+use crate::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
+use crate::data::text::{CharVocab, Split, TextCorpus, TokenBatch, TokenWindows};
+use crate::data::{Batch, LoaderState};
+use crate::nn::models::{Gpt, GptConfig};
+use crate::optim::LrSchedule;
+use crate::parallel::trace::Trace;
+use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Strategy};
+use crate::{Device, Error, Result, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Steps when --steps is not given.
+const DEFAULT_STEPS: u64 = 2000;
+const DEFAULT_CHECKPOINT_EVERY: u64 = 500;
+/// Validation windows in every evaluation: always the same ones, so losses compare across steps.
+pub(super) const VAL_WINDOWS: usize = 64;
+/// The seed of `--data text`'s corpus: fixed, so that `--seed` changes the model, not the data.
+const BUILTIN_CORPUS_SEED: u64 = 0;
+/// Stream of the validation windows' generator; training batch `s` uses stream `s`.
+const VAL_STREAM: u64 = u64::MAX;
+
+/// Where a GPT's tokens come from (`--data`).
+pub(super) enum Tokens {
+    Text(TextCorpus),
+    Windows(TokenWindows),
+}
+
+impl Tokens {
+    pub(super) fn load(data: &str) -> Result<Tokens> {
+        if data == "text" {
+            return Ok(Tokens::Text(TextCorpus::builtin(BUILTIN_CORPUS_SEED)));
+        }
+        match data.strip_prefix("text:") {
+            Some("") => Err(Error::invalid("--data", "text: needs a file, as in text:input.txt")),
+            Some(path) => Ok(Tokens::Text(TextCorpus::from_file(path)?)),
+            None if data.ends_with(".safetensors") => Ok(Tokens::Windows(TokenWindows::load(data)?)),
+            None => Err(Error::invalid("--data", format!("'{data}' is not text, text:PATH or a PATH.safetensors of token ids (for --model gpt)"))),
+        }
+    }
+
+    pub(super) fn vocab_size(&self) -> usize {
+        match self {
+            Tokens::Text(c) => c.vocab.len(),
+            Tokens::Windows(w) => w.vocab_size,
+        }
+    }
+
+    /// The vocabulary's characters as one string (sorted, unique); `None` for token ids.
+    fn chars(&self) -> Option<String> {
+        match self {
+            Tokens::Text(c) => Some(c.vocab.chars().iter().collect()),
+            Tokens::Windows(_) => None,
+        }
+    }
+
+    /// The window length: --block-size for text (64 by default); a file's `T`, which
+    /// --block-size must then agree with.
+    fn block(&self, asked: Option<usize>) -> Result<usize> {
+        match (self, asked) {
+            (Tokens::Text(_), b) => Ok(b.unwrap_or(64)),
+            (Tokens::Windows(w), Some(b)) if b != w.block => {
+                Err(Error::invalid("--block-size", format!("{b}, but the token windows in --data are {} long", w.block)))
+            }
+            (Tokens::Windows(w), _) => Ok(w.block),
+        }
+    }
+
+    /// `batch` random windows of `split` drawn from `rng`.
+    pub(super) fn batch(&self, split: Split, batch: usize, block: usize, rng: &mut ChaCha8Rng) -> Result<Batch> {
+        let TokenBatch { x, y, block, .. } = match self {
+            Tokens::Text(c) => c.batch(split, batch, block, rng)?,
+            Tokens::Windows(w) => w.batch(split, batch, rng)?,
+        };
+        Batch::tokens(x, y, block, self.vocab_size())
+    }
+}
+
+/// The generator of training batch `step` (0-based): a function of the seed and the step
+/// alone, so a resumed run draws the windows the uninterrupted one would have.
+pub(super) fn batch_rng(seed: u64, stream: u64) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    rng
+}
+
+pub fn train(args: &TrainArgs) -> Result<u8> {
+    let t0 = Instant::now();
+    let stop = StopSignal::install()?;
+    let g = &args.gpt;
+    if args.epochs.is_some() {
+        return Err(Error::invalid("--epochs", "--model gpt draws random windows and has no epochs; use --steps"));
+    }
+    if args.init.is_some() && args.resume {
+        return Err(Error::invalid("--init", "conflicts with --resume, which takes the weights from the checkpoint"));
+    }
+    if args.micro_batches.is_some_and(|m| m == 0 || !args.batch.is_multiple_of(m)) {
+        return Err(Error::invalid("--micro-batches", format!("{:?} does not divide --batch {}", args.micro_batches, args.batch)));
+    }
+    for (flag, n) in [("--steps", args.steps), ("--checkpoint-every", args.checkpoint_every), ("--eval-every", g.eval_every)] {
+        if n == Some(0) {
+            return Err(Error::invalid(flag, "must be at least 1"));
+        }
+    }
+    if args.batch == 0 {
+        return Err(Error::invalid("--batch", "must be at least 1"));
+    }
+    let total = args.steps.unwrap_or(DEFAULT_STEPS);
+    let optim = setup::optim_config(args, OptimizerKind::Adamw)?;
+    let schedule = lr_schedule(g.warmup_steps, optim.lr(), total)?;
+    setup::check_outputs(&[("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())])?;
+    let devices = Device::parse(&args.devices)?;
+    let claim = match (args.resume, args.overwrite_checkpoints) {
+        (true, _) => Claim::Resume,
+        (false, true) => Claim::Overwrite,
+        (false, false) => Claim::Fresh,
+    };
+    let run_dir = args.checkpoint_dir.as_deref().map(|d| RunDir::open(d, claim)).transpose()?;
+
+    let data = Tokens::load(&args.data)?;
+    let block = data.block(g.block_size)?;
+    let cfg = GptConfig {
+        n_layer: g.n_layer.unwrap_or(4),
+        n_head: g.n_head.unwrap_or(4),
+        n_embd: g.n_embd.unwrap_or(128),
+        block_size: block,
+        vocab_size: data.vocab_size(),
+        dropout: g.dropout.unwrap_or(0.0),
+        bias: true,
+    };
+    // Both splits must hold a window before any step runs.
+    let val = data.batch(Split::Val, VAL_WINDOWS, block, &mut batch_rng(args.seed, VAL_STREAM))?;
+    data.batch(Split::Train, 1, block, &mut batch_rng(args.seed, 0))?;
+
+    let mut strategy = build(args, cfg, &optim, &devices)?;
+    strategy.set_grad_clip(setup::grad_clip(args)?)?;
+    if let Some(path) = &args.init {
+        strategy.load_state_dict(&read_weights(path)?).map_err(|e| Error::format(path, format!("--init: {e}")))?;
+    }
+    let config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
+
+    let mut run = run_dir::new_run_id();
+    let mut start = 0;
+    let mut kept: Option<PathBuf> = None;
+    if let Some(dir) = &run_dir {
+        if args.resume {
+            let resumed = super::train::resume(dir.path(), strategy.as_mut(), None, &config, args.seed)?;
+            if resumed.state.step > total {
+                let at = format!("{} is at step {}, past the {total} steps asked for", resumed.path.display(), resumed.state.step);
+                return Err(Error::invalid("--steps", format!("{at}: nothing to do; ask for more steps to continue it")));
+            }
+            eprintln!("resuming from {} (step {})", resumed.path.display(), resumed.state.step);
+            start = resumed.state.step;
+            run = resumed.state.run;
+            kept = Some(resumed.path);
+        } else if claim == Claim::Overwrite {
+            dir.discard_earlier()?;
+        }
+    }
+
+    let trace = args.trace.as_ref().map(|_| Trace::new());
+    if let Some(t) = &trace {
+        strategy.set_trace(t.clone());
+    }
+    let reporter = Reporter::new(args.log_format, start + 1, total, args.batch);
+    let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
+    let mut losses = Vec::new();
+    let mut val_loss = None;
+    let train_t0 = Instant::now();
+    let mut step = start;
+    let mut stopped = stop.get();
+    while step < total && stopped.is_none() {
+        if let Some(s) = &schedule {
+            strategy.set_lr(s.lr_at(step));
+        }
+        let batch = data.batch(Split::Train, args.batch, block, &mut batch_rng(args.seed, step))?;
+        step += 1;
+        let rep = strategy.step(&batch)?;
+        if !rep.loss.is_finite() {
+            return Err(Error::NonFinite { step, what: format!("loss is {} at step {step}", rep.loss), kept });
+        }
+        reporter.step(step, rep.loss, rep.wall_s);
+        losses.push((step, rep.loss));
+        stopped = stop.get();
+        if g.eval_every.is_some_and(|e| step.is_multiple_of(e)) || (step == total && g.eval_every.is_some()) {
+            let v = validation_loss(strategy.as_mut(), &val, args.batch)?;
+            reporter.val_loss(step, v);
+            val_loss = Some(v);
+        }
+        if let Some(dir) = &run_dir {
+            if step.is_multiple_of(every) || step == total || stopped.is_some() {
+                let (tensors, optim_steps) = checkpoints::snapshot(strategy.as_ref())?;
+                if let Some((name, value)) = checkpoints::first_non_finite(&tensors) {
+                    return Err(Error::NonFinite { step, what: format!("{name} holds {value} after step {step} (its loss was finite)"), kept });
+                }
+                let loader = LoaderState { epoch: 0, position: 0 };
+                let state = RunState { run: run.clone(), step, optim_steps, loader, shuffle_seed: args.seed, config: config.clone() };
+                kept = Some(dir.save(&tensors, &state)?);
+            }
+        }
+    }
+    let train_s = train_t0.elapsed().as_secs_f64();
+    if let Some(path) = &kept {
+        reporter.note(&format!("checkpoint {}", path.display()));
+    }
+    let steps_run = step - start;
+    let mut summary = Summary {
+        summary: true,
+        steps_run,
+        steps: step,
+        final_loss: losses.last().map(|l| l.1),
+        val_loss,
+        test_accuracy: None,
+        test_samples: None,
+        samples_per_sec: (steps_run as f64 * args.batch as f64) / train_s.max(1e-9),
+        train_s,
+        wall_s: 0.0,
+        stopped_by: stopped.map(|s| s.name),
+    };
+    if let Some(sig) = stopped {
+        let resume = if run_dir.is_some() { "; continue it with --resume" } else { "" };
+        reporter.note(&format!("stopped by {} after step {step}{resume}", sig.name));
+        summary.wall_s = t0.elapsed().as_secs_f64();
+        reporter.finish(&summary);
+        return Ok(sig.exit_code());
+    }
+    if let Some(path) = &args.save {
+        let meta = BTreeMap::from([("config".to_string(), config.to_string())]);
+        write_safetensors(path, &to_host(&strategy.state_dict()?)?, &meta)?;
+    }
+    if let Some(path) = &args.plot {
+        crate::checkpoint::write_atomic(path, super::plot::svg(&losses, None).as_bytes())?;
+    }
+    if let (Some(path), Some(t)) = (&args.trace, &trace) {
+        t.write(path)?;
+    }
+    summary.wall_s = t0.elapsed().as_secs_f64();
+    reporter.finish(&summary);
+    Ok(0)
+}
+
+/// `single` or `data` (what `auto` becomes); the others are not written for a GPT yet.
+fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device]) -> Result<Box<dyn Strategy>> {
+    let micro_batches = args.micro_batches.unwrap_or(1);
+    let kind = match args.strategy {
+        StrategyKind::Auto if devices.len() == 1 && !args.deterministic => StrategyKind::Single,
+        StrategyKind::Auto => StrategyKind::Data,
+        k => k,
+    };
+    match kind {
+        StrategyKind::Single | StrategyKind::Auto if devices.len() != 1 => {
+            let specs: Vec<String> = devices.iter().map(Device::spec).collect();
+            Err(Error::invalid("--strategy single", format!("runs on one device, --devices names {}: {}", specs.len(), specs.join(","))))
+        }
+        StrategyKind::Single | StrategyKind::Auto if micro_batches == 1 && !args.deterministic => {
+            Ok(Box::new(Single::new(Gpt::new(cfg, args.seed, &devices[0])?, optim, Loss::CrossEntropy, &devices[0])?))
+        }
+        StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data => {
+            let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, ..Default::default() };
+            Ok(Box::new(DataParallel::from_factory(|d| Gpt::new(cfg, args.seed, d), devices, optim, Loss::CrossEntropy, dp)?))
+        }
+        StrategyKind::Model | StrategyKind::Tensor | StrategyKind::Pipeline => {
+            let name = format!("{kind:?}").to_lowercase();
+            Err(Error::invalid("--strategy", format!("{name} is not supported for --model gpt yet; use single or data (tensor and pipeline GPT come next)")))
+        }
+    }
+}
+
+/// Warmup then cosine decay to a tenth of the rate at the last step, or `None` (a constant rate).
+fn lr_schedule(warmup: Option<u64>, lr: f32, total: u64) -> Result<Option<LrSchedule>> {
+    let Some(warmup_steps) = warmup else { return Ok(None) };
+    let decay_steps = total.saturating_sub(1);
+    if warmup_steps > decay_steps {
+        return Err(Error::invalid("--warmup-steps", format!("{warmup_steps} leaves no step to decay over in a run of {total} steps")));
+    }
+    let s = LrSchedule::WarmupCosine { lr, warmup_steps, decay_steps, min_lr: lr / 10.0 };
+    s.check()?;
+    Ok(Some(s))
+}
+
+/// The flags that decide the trajectory of weights (a resume must repeat them), the model's
+/// shape and the vocabulary (which `generate` reads back).
+fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: Option<&LrSchedule>, vocab: Option<String>) -> serde_json::Value {
+    serde_json::json!({
+        "model": "gpt",
+        "data": args.data,
+        "batch": args.batch,
+        "optimizer": format!("{optim:?}"),
+        "seed": args.seed,
+        "grad_clip": args.grad_clip,
+        "lr_schedule": schedule,
+        "gpt": {
+            "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd, "block_size": cfg.block_size,
+            "vocab_size": cfg.vocab_size, "dropout": cfg.dropout, "bias": cfg.bias,
+        },
+        "vocab": vocab,
+    })
+}
+
+/// The model configuration and vocabulary (if any) recorded by [`run_config`].
+pub(super) fn config_of(config: &serde_json::Value, path: &Path) -> Result<(GptConfig, Option<CharVocab>)> {
+    let bad = |what: &str| Error::format(path, format!("not a GPT checkpoint of tandem train --model gpt: {what}"));
+    if config.get("model").and_then(|m| m.as_str()) != Some("gpt") {
+        return Err(bad("its configuration names no gpt model"));
+    }
+    let g = config.get("gpt").ok_or_else(|| bad("no gpt configuration"))?;
+    let n = |k: &str| g.get(k).and_then(serde_json::Value::as_u64).map(|v| v as usize).ok_or_else(|| bad(&format!("no {k}")));
+    let cfg = GptConfig {
+        n_layer: n("n_layer")?,
+        n_head: n("n_head")?,
+        n_embd: n("n_embd")?,
+        block_size: n("block_size")?,
+        vocab_size: n("vocab_size")?,
+        dropout: g.get("dropout").and_then(serde_json::Value::as_f64).unwrap_or(0.0) as f32,
+        bias: g.get("bias").and_then(serde_json::Value::as_bool).unwrap_or(true),
+    };
+    let vocab = config.get("vocab").and_then(|v| v.as_str()).map(CharVocab::from_text);
+    Ok((cfg, vocab))
+}
+
+/// Weights for `--init`: a safetensors of the model's state_dict (a `--save` file, or
+/// nanoGPT's `state_dict()`), names as the model's.
+fn read_weights(path: &Path) -> Result<Vec<(String, Tensor)>> {
+    let (tensors, _) = read_safetensors(path)?;
+    tensors
+        .into_iter()
+        .map(|(name, h)| match h.data {
+            HostData::F32(v) => Ok((name, Tensor::from_vec(v, h.shape, &Device::cpu())?)),
+            HostData::I32(_) => Err(Error::format(path, format!("{name} holds integers; weights must be F32, F16 or BF16"))),
+        })
+        .collect()
+}
+
+/// Mean cross-entropy over the validation windows, in eval mode (no dropout), `chunk`
+/// windows per forward.
+pub(super) fn validation_loss(s: &mut dyn Strategy, val: &Batch, chunk: usize) -> Result<f32> {
+    s.set_training(false);
+    let result = (|| {
+        let mut sum = 0.0f64;
+        for start in (0..val.len()).step_by(chunk.max(1)) {
+            let part = val.slice(start..(start + chunk).min(val.len()))?;
+            let logits = s.predict(&part)?;
+            let (_, y) = crate::parallel::batch_to_device(&part, logits.device())?;
+            sum += f64::from(Loss::CrossEntropy.compute(&logits, &y)?.to_scalar()?) * part.len() as f64;
+        }
+        Ok((sum / val.len().max(1) as f64) as f32)
+    })();
+    s.set_training(true);
+    result
+}
