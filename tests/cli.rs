@@ -253,3 +253,24 @@ fn every_strategy_matches_single_device_losses() {
         }
     }
 }
+
+/// `tandem train | head -1`: when the reader of the log goes away, the run ends with status
+/// 141 (128 + SIGPIPE) instead of panicking in `println!`.
+#[test]
+fn a_closed_output_pipe_ends_the_run_without_a_panic() {
+    use std::io::{BufRead, BufReader};
+    let mut child = tandem()
+        .args(["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--steps", "100000", "--log-format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tandem starts");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut first).expect("one line of log");
+    assert!(first.contains("\"step\""), "first line: {first}");
+    // the reader (and with it the pipe's only read end) is dropped here
+    let out = child.wait_with_output().expect("tandem ends");
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "tandem panicked on the closed pipe:\n{err}");
+    assert_eq!(out.status.code(), Some(141), "stderr:\n{err}");
+}

@@ -86,7 +86,7 @@ enum Figure {
 /// Prints a JSON figure now, or keeps a table row (bench, device, case, result) for later.
 fn emit(format: LogFormat, rows: &mut Vec<Vec<String>>, f: Figure) {
     if format == LogFormat::Json {
-        println!("{}", serde_json::to_string(&f).unwrap_or_default());
+        out!("{}", serde_json::to_string(&f).unwrap_or_default());
         return;
     }
     rows.push(match f {

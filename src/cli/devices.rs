@@ -16,13 +16,13 @@ pub fn run() -> Result<()> {
         .collect();
     let header = ["", "SPEC", "BACKEND", "NAME", "KIND", "MEMORY", "DRIVER"];
     print_table(&header, &rows);
-    println!("* = what --devices auto picks");
+    out!("* = what --devices auto picks");
     #[cfg(feature = "wgpu")]
     for r in crate::backend::wgpu::refused() {
-        println!("refused: {} ({}): {}", r.name, r.driver, r.reason);
+        out!("refused: {} ({}): {}", r.name, r.driver, r.reason);
     }
     for line in notes(&list) {
-        println!("{line}");
+        out!("{line}");
     }
     Ok(())
 }
@@ -108,7 +108,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
     let line = |cells: Vec<&str>| {
         let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        println!("{}", parts.join("  ").trim_end());
+        out!("{}", parts.join("  ").trim_end());
     };
     line(header.to_vec());
     for r in rows {

@@ -1,6 +1,16 @@
 //! The `tandem` command line: argument definitions and dispatch to `devices`, `train` and
 //! `bench`. The binary's `main` only parses, calls [`run`], prints the error and exits with
 //! [`exit_code`].
+/// `println!` for the command's output that ends the process quietly, with status 141 (128 +
+/// SIGPIPE, as a shell reports `cat` cut off by `head`), when the reader has gone
+/// (`tandem train | head -3`): Rust's `println!` panics on a broken pipe. Checkpoints are
+/// written atomically, so stopping there loses nothing a run had saved.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_out(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod checkpoints;
 mod devices;
@@ -249,3 +259,22 @@ pub fn exit_code(e: &crate::Error) -> u8 {
         _ => 1,
     }
 }
+
+/// The exit status when standard output's reader has gone: 128 + SIGPIPE's number.
+pub const BROKEN_PIPE_STATUS: i32 = 141;
+
+/// Writes one line of output; see `out!`.
+pub(crate) fn write_out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout.write_fmt(args).and_then(|()| stdout.write_all(b"\n")).and_then(|()| stdout.flush());
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(BROKEN_PIPE_STATUS);
+        }
+        // Any other failure to print (a full disk behind a redirect) is reported once, and the
+        // run goes on: its checkpoints and saved files do not depend on the log.
+        eprintln!("warning: could not write to standard output: {e}");
+    }
+}
+

@@ -88,7 +88,7 @@ impl Reporter {
         match (self.format, &self.bar) {
             (LogFormat::Json, _) => {
                 let line = StepLine { step, loss, step_s, samples_per_sec: rate };
-                println!("{}", serde_json::to_string(&line).unwrap_or_default());
+                out!("{}", serde_json::to_string(&line).unwrap_or_default());
             }
             (LogFormat::Text, Some(bar)) => {
                 bar.set_position(step);
@@ -97,7 +97,7 @@ impl Reporter {
             (LogFormat::Text, None) => {
                 if step.is_multiple_of(self.every) || step == self.total || step == self.first_step {
                     let left = (self.total - step) as f64 * self.batch as f64 / rate.max(1e-9);
-                    println!("step {step}/{}  loss {loss:.4}  {rate:.0} samples/s  eta {left:.0}s", self.total);
+                    out!("step {step}/{}  loss {loss:.4}  {rate:.0} samples/s  eta {left:.0}s", self.total);
                 }
             }
         }
@@ -109,12 +109,12 @@ impl Reporter {
     /// otherwise.
     pub fn val_loss(&self, step: u64, val_loss: f32) {
         match self.format {
-            LogFormat::Json => println!("{}", serde_json::to_string(&ValLine { step, val_loss }).unwrap_or_default()),
+            LogFormat::Json => out!("{}", serde_json::to_string(&ValLine { step, val_loss }).unwrap_or_default()),
             LogFormat::Text => {
                 let line = format!("step {step}  val_loss {val_loss:.4}");
                 match &self.bar {
                     Some(bar) => bar.println(line),
-                    None => println!("{line}"),
+                    None => out!("{line}"),
                 }
             }
         }
@@ -135,19 +135,19 @@ impl Reporter {
             bar.finish_and_clear();
         }
         match self.format {
-            LogFormat::Json => println!("{}", serde_json::to_string(s).unwrap_or_default()),
+            LogFormat::Json => out!("{}", serde_json::to_string(s).unwrap_or_default()),
             LogFormat::Text => {
                 let loss = s.final_loss.map_or_else(|| "-".to_string(), |l| format!("{l:.4}"));
                 let stopped = s.stopped_by.map_or_else(String::new, |sig| format!(", stopped by {sig}"));
-                println!(
+                out!(
                     "trained {} steps ({} in this run{stopped}) in {:.1}s, {:.0} samples/s; final loss {loss}",
                     s.steps, s.steps_run, s.train_s, s.samples_per_sec
                 );
                 if let Some(v) = s.val_loss {
-                    println!("validation loss {v:.4}");
+                    out!("validation loss {v:.4}");
                 }
                 if let (Some(a), Some(n)) = (s.test_accuracy, s.test_samples) {
-                    println!("test accuracy {:.2}% on {n} samples; total {:.1}s", a * 100.0, s.wall_s);
+                    out!("test accuracy {:.2}% on {n} samples; total {:.1}s", a * 100.0, s.wall_s);
                 }
             }
         }
