@@ -3,7 +3,7 @@
 //! token-id files), `generate` from the checkpoint, the errors, and the quality bar (a small
 //! model's validation loss well below the built-in corpus's unigram entropy).
 mod common;
-use common::{run, s, text};
+use common::{fails, ok, s, text};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -23,21 +23,6 @@ fn scratch(name: &str) -> PathBuf {
 
 /// A tiny GPT: the flags of every command-line run here.
 const TINY: [&str; 10] = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch", "8"];
-
-fn ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert!(out.status.success(), "tandem {args:?} failed:\n{}", text(&out.stderr));
-    out
-}
-
-/// Asserts the run fails without a panic and says `needle` on stderr.
-fn fails(args: &[&str], needle: &str) {
-    let out = run(args);
-    let err = text(&out.stderr);
-    assert!(!out.status.success(), "tandem {args:?} should fail; stderr:\n{err}");
-    assert!(!err.contains("panicked"), "tandem {args:?} panicked:\n{err}");
-    assert!(err.contains(needle), "tandem {args:?}: stderr lacks '{needle}':\n{err}");
-}
 
 /// The JSON lines of a run's stdout.
 fn json_lines(out: &Output) -> Vec<serde_json::Value> {

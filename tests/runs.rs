@@ -4,15 +4,9 @@
 //! and on a mixed-backend pipeline, outputs checked up front and the documented exit codes.
 mod common;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use tandem::checkpoint::{read_safetensors, HostData};
-use common::{run, s, tandem, text};
-
-fn ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert!(out.status.success(), "tandem {args:?} failed:\n{}", text(&out.stderr));
-    out
-}
+use common::{ok, run, s, tandem, text};
 
 /// Runs `args`, expects exit status `code` and `needle` on stderr; returns stderr.
 fn fails_with(code: i32, args: &[&str], needle: &str) -> String {

@@ -178,6 +178,25 @@ pub fn run(args: &[&str]) -> std::process::Output {
     tandem().args(args).output().expect("the tandem binary runs")
 }
 
+/// Runs the binary with `args` and asserts it succeeds.
+#[cfg(feature = "cli")]
+pub fn ok(args: &[&str]) -> std::process::Output {
+    let out = run(args);
+    assert!(out.status.success(), "tandem {args:?} failed:\n{}", text(&out.stderr));
+    out
+}
+
+/// Asserts the run fails without a panic and says `needle` on stderr; returns stderr.
+#[cfg(feature = "cli")]
+pub fn fails(args: &[&str], needle: &str) -> String {
+    let out = run(args);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "tandem {args:?} should fail; stderr:\n{err}");
+    assert!(!err.contains("panicked"), "tandem {args:?} panicked:\n{err}");
+    assert!(err.contains(needle), "tandem {args:?}: stderr lacks '{needle}':\n{err}");
+    err
+}
+
 /// A process's output as text.
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

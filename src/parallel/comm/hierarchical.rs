@@ -12,6 +12,7 @@
 //! reproducible for a given number of processes. Neither makes 2 processes equal 1 process
 //! with 2 devices bit for bit (the tree over devices differs); data parallelism's
 //! deterministic mode does, through [`Communicator::sum_by_index`].
+use super::host_staged::finish;
 use super::{check_group, check_root, per_device, tree_sum, Communicator, ReduceKind};
 use crate::autograd::no_grad;
 use crate::dist::{Group, Order};
@@ -77,11 +78,7 @@ impl Hierarchical {
         let mut sum = tree_sum(self.download_all(tensors)?)?;
         self.count(sum.len());
         self.group.all_reduce(&mut sum, self.order)?;
-        if op == ReduceKind::Mean {
-            let n = self.span.1 as f32;
-            sum.iter_mut().for_each(|x| *x /= n);
-        }
-        Ok(sum)
+        Ok(finish(sum, op, self.span.1))
     }
 }
 

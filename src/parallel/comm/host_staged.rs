@@ -55,8 +55,8 @@ impl HostStaged {
     }
 }
 
-/// `sum`, or the mean over `n` devices.
-fn finish(mut sum: Vec<f32>, op: ReduceKind, n: usize) -> Vec<f32> {
+/// `sum`, or the mean over `n` devices (also `Hierarchical`'s last step, over every process's).
+pub(super) fn finish(mut sum: Vec<f32>, op: ReduceKind, n: usize) -> Vec<f32> {
     if op == ReduceKind::Mean {
         let n = n as f32;
         sum.iter_mut().for_each(|x| *x /= n);
