@@ -4,9 +4,9 @@
 //!
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
 //! so `tandem generate` needs nothing but the checkpoint file.
-use super::checkpoints::{self, RunState};
+use super::checkpoints::RunState;
 use super::progress::{Reporter, Summary};
-use super::run_dir::{self, Claim, RunDir};
+use super::run_dir::{Claim, RunDir};
 use super::setup::{self, StrategyKind};
 use super::stop::StopSignal;
 use super::{OptimizerKind, TrainArgs};
@@ -21,7 +21,7 @@ use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// Steps when --steps is not given.
@@ -153,24 +153,7 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
     }
     let config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
 
-    let mut run = run_dir::new_run_id();
-    let mut start = 0;
-    let mut kept: Option<PathBuf> = None;
-    if let Some(dir) = &run_dir {
-        if args.resume {
-            let resumed = super::train::resume(dir.path(), strategy.as_mut(), None, &config, args.seed)?;
-            if resumed.state.step > total {
-                let at = format!("{} is at step {}, past the {total} steps asked for", resumed.path.display(), resumed.state.step);
-                return Err(Error::invalid("--steps", format!("{at}: nothing to do; ask for more steps to continue it")));
-            }
-            eprintln!("resuming from {} (step {})", resumed.path.display(), resumed.state.step);
-            start = resumed.state.step;
-            run = resumed.state.run;
-            kept = Some(resumed.path);
-        } else if claim == Claim::Overwrite {
-            dir.discard_earlier()?;
-        }
-    }
+    let (start, run, mut kept) = super::train::start_run(run_dir.as_ref(), claim, strategy.as_mut(), None, &config, args.seed, total, "--steps")?;
 
     let trace = args.trace.as_ref().map(|_| Trace::new());
     if let Some(t) = &trace {
@@ -203,13 +186,16 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
         }
         if let Some(dir) = &run_dir {
             if step.is_multiple_of(every) || step == total || stopped.is_some() {
-                let (tensors, optim_steps) = checkpoints::snapshot(strategy.as_ref())?;
-                if let Some((name, value)) = checkpoints::first_non_finite(&tensors) {
-                    return Err(Error::NonFinite { step, what: format!("{name} holds {value} after step {step} (its loss was finite)"), kept });
-                }
+                // Windows are drawn from (seed, step): no loader position to keep.
                 let loader = LoaderState { epoch: 0, position: 0 };
-                let state = RunState { run: run.clone(), step, optim_steps, loader, shuffle_seed: args.seed, config: config.clone() };
-                kept = Some(dir.save(&tensors, &state)?);
+                kept = Some(super::train::save_checkpoint(dir, strategy.as_ref(), step, kept, |optim_steps| RunState {
+                    run: run.clone(),
+                    step,
+                    optim_steps,
+                    loader,
+                    shuffle_seed: args.seed,
+                    config: config.clone(),
+                })?);
             }
         }
     }
@@ -232,11 +218,7 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
         stopped_by: stopped.map(|s| s.name),
     };
     if let Some(sig) = stopped {
-        let resume = if run_dir.is_some() { "; continue it with --resume" } else { "" };
-        reporter.note(&format!("stopped by {} after step {step}{resume}", sig.name));
-        summary.wall_s = t0.elapsed().as_secs_f64();
-        reporter.finish(&summary);
-        return Ok(sig.exit_code());
+        return Ok(super::train::finish_stopped(reporter, &mut summary, sig, step, run_dir.is_some(), t0));
     }
     if let Some(path) = &args.save {
         let meta = BTreeMap::from([("config".to_string(), config.to_string())]);

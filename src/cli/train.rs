@@ -89,35 +89,9 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     strategy.set_grad_clip(setup::grad_clip(args)?)?;
 
     let config = run_config(args, model_kind, &optim);
-    let mut run = run_dir::new_run_id();
-    let mut start = 0;
-    // The newest checkpoint known to hold finite weights: the one resumed from, then each one
-    // this process writes (a non-finite state is never written).
-    let mut kept: Option<PathBuf> = None;
-    if let Some(dir) = &run_dir {
-        if args.resume {
-            let resumed = resume(dir.path(), strategy.as_mut(), Some(&mut loader), &config, args.seed)?;
-            if resumed.state.step > total {
-                return Err(Error::invalid(
-                    length_flag,
-                    format!(
-                        "{} is at step {}, past the {total} steps asked for: nothing to do; ask for more steps to continue it",
-                        resumed.path.display(),
-                        resumed.state.step
-                    ),
-                ));
-            }
-            eprintln!("resuming from {} (step {})", resumed.path.display(), resumed.state.step);
-            start = resumed.state.step;
-            // Files written before run ids carry none; the continued run takes the new one.
-            if !resumed.state.run.is_empty() {
-                run = resumed.state.run;
-            }
-            kept = Some(resumed.path);
-        } else if claim == Claim::Overwrite {
-            dir.discard_earlier()?;
-        }
-    }
+    // `kept`: the newest checkpoint known to hold finite weights: the one resumed from, then
+    // each one this process writes (a non-finite state is never written).
+    let (start, run, mut kept) = start_run(run_dir.as_ref(), claim, strategy.as_mut(), Some(&mut loader), &config, args.seed, total, length_flag)?;
     let trace = args.trace.as_ref().map(|_| Trace::new());
     if let Some(t) = &trace {
         strategy.set_trace(t.clone());
@@ -145,13 +119,15 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
         stopped = stop.get();
         if let Some(dir) = &run_dir {
             if step.is_multiple_of(every) || step == total || stopped.is_some() {
-                let (tensors, optim_steps) = checkpoints::snapshot(strategy.as_ref())?;
-                if let Some((name, value)) = checkpoints::first_non_finite(&tensors) {
-                    let what = format!("{name} holds {value} after step {step} (its loss was finite)");
-                    return Err(Error::NonFinite { step, what, kept });
-                }
-                let state = RunState { run: run.clone(), step, optim_steps, loader: loader.state(), shuffle_seed: args.seed, config: config.clone() };
-                kept = Some(dir.save(&tensors, &state)?);
+                let loader_state = loader.state();
+                kept = Some(save_checkpoint(dir, strategy.as_ref(), step, kept, |optim_steps| RunState {
+                    run: run.clone(),
+                    step,
+                    optim_steps,
+                    loader: loader_state,
+                    shuffle_seed: args.seed,
+                    config: config.clone(),
+                })?);
             }
         }
     }
@@ -176,11 +152,7 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     if let Some(sig) = stopped {
         // A stopped run is not finished: no evaluation, and no --save/--plot/--trace that could
         // be mistaken for the results of the whole run.
-        let resume = if run_dir.is_some() { "; continue it with --resume" } else { "" };
-        reporter.note(&format!("stopped by {} after step {step}{resume}", sig.name));
-        summary.wall_s = t0.elapsed().as_secs_f64();
-        reporter.finish(&summary);
-        return Ok(sig.exit_code());
+        return Ok(finish_stopped(reporter, &mut summary, sig, step, run_dir.is_some(), t0));
     }
 
     let accuracy = match &test {
@@ -214,6 +186,62 @@ fn run_config(args: &TrainArgs, model: SeedModel, optim: &OptimConfig) -> serde_
         "optimizer": format!("{optim:?}"),
         "seed": args.seed,
     })
+}
+
+/// Where a run starts: step 0 under a new run id, or, with `claim` `Resume`, the newest valid
+/// checkpoint in `run_dir` (loaded into `strategy` and `loader`); a fresh run told to overwrite
+/// clears the directory's earlier files first. Returns the first step, the run id and the
+/// checkpoint resumed from. `length_flag` names the flag that set `total` in the error for a
+/// checkpoint already past it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn start_run(
+    run_dir: Option<&RunDir>,
+    claim: Claim,
+    strategy: &mut dyn Strategy,
+    loader: Option<&mut DataLoader>,
+    config: &serde_json::Value,
+    seed: u64,
+    total: u64,
+    length_flag: &'static str,
+) -> Result<(u64, String, Option<PathBuf>)> {
+    let Some(dir) = run_dir else { return Ok((0, run_dir::new_run_id(), None)) };
+    if claim != Claim::Resume {
+        if claim == Claim::Overwrite {
+            dir.discard_earlier()?;
+        }
+        return Ok((0, run_dir::new_run_id(), None));
+    }
+    let resumed = resume(dir.path(), strategy, loader, config, seed)?;
+    if resumed.state.step > total {
+        let at = format!("{} is at step {}, past the {total} steps asked for", resumed.path.display(), resumed.state.step);
+        return Err(Error::invalid(length_flag, format!("{at}: nothing to do; ask for more steps to continue it")));
+    }
+    eprintln!("resuming from {} (step {})", resumed.path.display(), resumed.state.step);
+    // Files written before run ids carry none; the continued run takes a new one.
+    let run = if resumed.state.run.is_empty() { run_dir::new_run_id() } else { resumed.state.run };
+    Ok((resumed.state.step, run, Some(resumed.path)))
+}
+
+/// Writes `strategy`'s checkpoint after `step` into `dir`, unless a weight or optimizer value is
+/// not finite: then the run stops with an error naming it and `kept`, the newest checkpoint
+/// known to be sound. `state` builds the run state from the optimizer's step count.
+pub(super) fn save_checkpoint(dir: &RunDir, strategy: &dyn Strategy, step: u64, kept: Option<PathBuf>, state: impl FnOnce(u64) -> RunState) -> Result<PathBuf> {
+    let (tensors, optim_steps) = checkpoints::snapshot(strategy)?;
+    if let Some((name, value)) = checkpoints::first_non_finite(&tensors) {
+        let what = format!("{name} holds {value} after step {step} (its loss was finite)");
+        return Err(Error::NonFinite { step, what, kept });
+    }
+    dir.save(&tensors, &state(optim_steps))
+}
+
+/// Ends a run a signal stopped: says how to continue it, prints the summary and returns the
+/// signal's exit status.
+pub(super) fn finish_stopped(reporter: Reporter, summary: &mut Summary, sig: super::stop::Stopped, step: u64, resumable: bool, t0: Instant) -> u8 {
+    let resume = if resumable { "; continue it with --resume" } else { "" };
+    reporter.note(&format!("stopped by {} after step {step}{resume}", sig.name));
+    summary.wall_s = t0.elapsed().as_secs_f64();
+    reporter.finish(summary);
+    sig.exit_code()
 }
 
 /// Restores weights, optimizer and loader (when there is one) from the newest valid
