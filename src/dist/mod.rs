@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 mod launcher;
+mod state;
 #[cfg(feature = "mpi")]
 mod world;
 
