@@ -1,6 +1,7 @@
 //! Pipeline parallelism: layer stages on different devices, each driven by its own thread,
 //! working on micro-batches in a GPipe or 1F1B order; gradients accumulate over micro-batches
 //! and each stage's optimizer steps once per batch.
+mod remote;
 mod schedule;
 mod worker;
 // `tandem bench` reports a whole model's activation bytes with the same count.
@@ -14,10 +15,12 @@ use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
+use crate::dist::Group;
 use crate::nn::Module;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::mpsc::channel;
 use std::time::Instant;
+use remote::Across;
 use worker::{Job, Links, Outcome};
 
 /// Pipeline options.
@@ -75,6 +78,8 @@ pub struct Pipeline {
     balance_pending: bool,
     trace: Option<Trace>,
     stats: Option<PipelineStats>,
+    /// Where this rank's stages sit when the pipeline spans processes.
+    across: Option<Across>,
 }
 
 /// The options of a [`Pipeline`] before it is built; defaults: 1 micro-batch, 1F1B, no
@@ -88,6 +93,7 @@ pub struct PipelineBuilder<'a> {
     schedule: Schedule,
     cfg: PipelineConfig,
     clip: Option<f32>,
+    group: Option<Group>,
 }
 
 impl PipelineBuilder<'_> {
@@ -109,6 +115,15 @@ impl PipelineBuilder<'_> {
         self.cfg = cfg;
         self
     }
+    /// Stages on the ranks of `group` (`mpirun`): every rank builds the pipeline with its own
+    /// stages (`Stages::Built` of its part, or a `Split::At` of it) and devices; rank 0 holds
+    /// the first stages, the last rank the last. Activations and gradients cross processes by
+    /// `Group::send`/`recv`; every rank calls `step` with the same batch. A group of one
+    /// changes nothing.
+    pub fn across(mut self, group: &Group) -> Self {
+        self.group = Some(group.clone());
+        self
+    }
     /// Global-norm gradient clipping (as `Strategy::set_grad_clip`).
     pub fn grad_clip(mut self, max_norm: Option<f32>) -> Self {
         self.clip = max_norm;
@@ -121,8 +136,16 @@ impl PipelineBuilder<'_> {
         if self.micro_batches == 0 {
             return Err(Error::invalid("Pipeline", "micro_batches must be at least 1"));
         }
+        let spread = self.group.filter(|g| g.size() > 1);
+        if spread.is_some() {
+            remote::check_options(&self.stages, self.micro_batches, self.clip)?;
+        }
         let (stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
-        let plan = schedule::schedule(self.schedule, stages.len(), self.micro_batches);
+        let across = spread.map(|g| Across::place(&g, stages.len())).transpose()?;
+        let plan = match &across {
+            Some(a) => schedule::schedule(self.schedule, a.total, self.micro_batches)[a.first..a.first + stages.len()].to_vec(),
+            None => schedule::schedule(self.schedule, stages.len(), self.micro_batches),
+        };
         let mut run = StepLoop::new(self.loss);
         run.set_clip(self.clip)?;
         Ok(Pipeline {
@@ -136,6 +159,7 @@ impl PipelineBuilder<'_> {
             balance_pending,
             trace: None,
             stats: None,
+            across,
         })
     }
 }
@@ -153,6 +177,7 @@ impl Pipeline {
             schedule: Schedule::OneFOneB,
             cfg: PipelineConfig::default(),
             clip: None,
+            group: None,
         }
     }
     /// Each stage's action list.
@@ -218,10 +243,14 @@ impl Strategy for Pipeline {
         for s in 0..p.saturating_sub(1) {
             let (act_tx, act_rx) = channel();
             let (grad_tx, grad_rx) = channel();
-            links[s].act_out = Some(act_tx);
-            links[s].grad_in = Some(grad_rx);
-            links[s + 1].act_in = Some(act_rx);
-            links[s + 1].grad_out = Some(grad_tx);
+            links[s].act_out = Some(Box::new(act_tx));
+            links[s].grad_in = Some(Box::new(grad_rx));
+            links[s + 1].act_in = Some(Box::new(act_rx));
+            links[s + 1].grad_out = Some(Box::new(grad_tx));
+        }
+        let (first, total) = self.across.as_ref().map_or((0, p), |a| (a.first, a.total));
+        if let Some(a) = &self.across {
+            a.link_ends(&mut links, &self.stages[0].device, &self.stages[p - 1].device)?;
         }
         let names: Vec<String> = self.stages.iter().map(|s| s.device.to_string()).collect();
         let start = Instant::now();
@@ -234,8 +263,8 @@ impl Strategy for Pipeline {
                 .enumerate()
                 .map(|(index, ((stage, links), actions))| {
                     let job = Job {
-                        index,
-                        last: index + 1 == p,
+                        index: first + index,
+                        last: first + index + 1 == total,
                         track: placement::track_name(index, &stage.device),
                         stage,
                         actions,
@@ -278,8 +307,12 @@ impl Strategy for Pipeline {
             busy_s: busy,
             idle_s: idle,
         };
+        let loss = match &self.across {
+            Some(a) => a.share_loss(outcomes[p - 1].loss)?,
+            None => outcomes[p - 1].loss,
+        };
         let report = StepReport {
-            loss: outcomes[p - 1].loss,
+            loss,
             wall_s: start.elapsed().as_secs_f64(),
             compute_s: outcomes.iter().map(|o| o.compute_s).fold(0.0, f64::max),
             comm_s: outcomes.iter().map(|o| o.comm_s).sum(),
@@ -292,22 +325,42 @@ impl Strategy for Pipeline {
     }
     fn predict(&self, x: &Batch) -> Result<Tensor> {
         let (x, _) = batch_to_device(x, &self.stages[0].device)?;
-        crate::autograd::no_grad(|| {
-            let mut h = x;
+        let mine = |x: &Tensor| {
+            let mut h = x.clone();
             for s in &self.stages {
                 h = self.run.forward(&s.model, &h.to(&s.device)?, 0)?;
             }
             h.to(&self.stages[0].device)
+        };
+        crate::autograd::no_grad(|| match &self.across {
+            Some(a) => remote::forward_across(&a.group, &x, &self.stages[0].device, mine),
+            None => mine(&x),
         })
     }
+    /// Across processes, every rank's stages gathered on every rank (collective), the other
+    /// ranks' tensors on the CPU.
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(placement::stage_params(&self.stages))
+        let mine = placement::stage_params(&self.stages);
+        match &self.across {
+            Some(a) => a.group.all_gather_named(&mine),
+            None => Ok(mine),
+        }
     }
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        placement::load_stage_params(&self.stages, state)
+        match &self.across {
+            Some(a) => {
+                let names: Vec<String> = placement::stage_params(&self.stages).into_iter().map(|p| p.0).collect();
+                a.load(&names, state, |own| placement::load_stage_params(&self.stages, own))
+            }
+            None => placement::load_stage_params(&self.stages, state),
+        }
     }
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        Ok(placement::stage_opt_state(&self.stages))
+        let (mine, steps) = placement::stage_opt_state(&self.stages);
+        match &self.across {
+            Some(a) => Ok((a.group.all_gather_named(&mine)?, steps)),
+            None => Ok((mine, steps)),
+        }
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.run.step = steps;
@@ -323,6 +376,9 @@ impl Strategy for Pipeline {
         self.stages.iter_mut().for_each(|s| s.opt.set_lr(lr));
     }
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+        if self.across.is_some() {
+            remote::check_options(&Stages::Built(Vec::new()), self.micro_batches, max_norm)?;
+        }
         self.run.set_clip(max_norm)
     }
     fn set_training(&mut self, training: bool) {

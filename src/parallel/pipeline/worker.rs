@@ -1,5 +1,6 @@
 //! One pipeline stage's worker: runs its action list on its own thread, receiving activations
-//! from the previous stage and gradients from the next over channels.
+//! from the previous stage and gradients from the next over its links: channels to the stage
+//! threads of this process, or messages to another process (`remote.rs`).
 //!
 //! Autograd graphs never cross threads: an activation is sent detached, and the receiving
 //! stage makes it a leaf that requires grad; after backward that leaf's gradient is what goes
@@ -24,13 +25,51 @@ pub(super) struct Msg {
     pub tensor: Tensor,
 }
 
-/// The channel ends a stage holds; `None` at the pipeline's ends.
+/// Where a stage's activations or gradients come from. `mb` is the micro-batch the stage
+/// waits for (a channel delivers in order; a remote link selects by it); `what` and `stage`
+/// name the link in errors.
+pub(super) trait Inbox: Send {
+    fn recv(&self, mb: usize, what: &'static str, stage: usize) -> Result<Msg>;
+}
+
+/// Where a stage sends its activations or gradients.
+pub(super) trait Outbox: Send {
+    fn send(&self, msg: Msg, what: &'static str, stage: usize) -> Result<()>;
+    /// Waits until every message has left this process (a remote send completes in the
+    /// background, so that two neighbours sending to each other do not wait on each other).
+    fn finish(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Inbox for Receiver<Msg> {
+    fn recv(&self, _mb: usize, what: &'static str, stage: usize) -> Result<Msg> {
+        Receiver::recv(self).map_err(|_| Error::ChannelClosed { role: STAGE, index: stage, what })
+    }
+}
+
+impl Outbox for Sender<Msg> {
+    fn send(&self, msg: Msg, what: &'static str, stage: usize) -> Result<()> {
+        Sender::send(self, msg).map_err(|_| Error::ChannelClosed { role: STAGE, index: stage, what })
+    }
+}
+
+/// The link ends a stage holds; `None` at the pipeline's ends.
 #[derive(Default)]
 pub(super) struct Links {
-    pub act_in: Option<Receiver<Msg>>,
-    pub act_out: Option<Sender<Msg>>,
-    pub grad_in: Option<Receiver<Msg>>,
-    pub grad_out: Option<Sender<Msg>>,
+    pub act_in: Option<Box<dyn Inbox>>,
+    pub act_out: Option<Box<dyn Outbox>>,
+    pub grad_in: Option<Box<dyn Inbox>>,
+    pub grad_out: Option<Box<dyn Outbox>>,
+}
+
+impl Links {
+    /// Waits for both outgoing links to finish sending.
+    fn finish(self) -> Result<()> {
+        let act = self.act_out.map_or(Ok(()), Outbox::finish);
+        let grad = self.grad_out.map_or(Ok(()), Outbox::finish);
+        act.and(grad)
+    }
 }
 
 /// What a stage's run measured.
@@ -76,18 +115,18 @@ struct Saved {
 /// How errors name a stage's worker.
 pub(super) const STAGE: &str = "pipeline stage";
 
-fn recv(rx: &Option<Receiver<Msg>>, mb: usize, what: &'static str, stage: usize) -> Result<Tensor> {
+fn recv(rx: &Option<Box<dyn Inbox>>, mb: usize, what: &'static str, stage: usize) -> Result<Tensor> {
     let rx = rx.as_ref().ok_or_else(|| Error::Msg(format!("pipeline stage {stage}: no {what} channel")))?;
-    let msg = rx.recv().map_err(|_| Error::ChannelClosed { role: STAGE, index: stage, what })?;
+    let msg = rx.recv(mb, what, stage)?;
     if msg.mb != mb {
         return Err(Error::Msg(format!("pipeline stage {stage}: expected the {what} of micro-batch {mb}, got {}", msg.mb)));
     }
     Ok(msg.tensor)
 }
 
-fn send(tx: &Option<Sender<Msg>>, msg: Msg, what: &'static str, stage: usize) -> Result<()> {
+fn send(tx: &Option<Box<dyn Outbox>>, msg: Msg, what: &'static str, stage: usize) -> Result<()> {
     let tx = tx.as_ref().ok_or_else(|| Error::Msg(format!("pipeline stage {stage}: no {what} channel")))?;
-    tx.send(msg).map_err(|_| Error::ChannelClosed { role: STAGE, index: stage, what })
+    tx.send(msg, what, stage)
 }
 
 /// Bytes that autograd keeps alive for `root`'s backward: the buffers of every non-parameter
@@ -227,6 +266,7 @@ impl Job<'_> {
                 }
             }
         }
+        self.links.finish()?;
         self.stage.device.sync()?;
         out.end = Instant::now();
         Ok(out)
