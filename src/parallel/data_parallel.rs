@@ -143,8 +143,10 @@ pub struct DataParallel {
     cfg: DataParallelConfig,
     buckets: Vec<Vec<usize>>,
     bucket_of: Vec<usize>,
-    /// The replica that owns (keeps optimizer state for, and updates) each parameter: balanced
-    /// with ZeRO-1, replica 0 on devices of different kernel families, `None` otherwise.
+    /// The device that owns (keeps optimizer state for, and updates) each parameter, as a
+    /// global index over every process's devices (`Communicator::device_span`): balanced over
+    /// all of them with ZeRO-1, device 0 on devices of different kernel families, `None`
+    /// otherwise.
     owners: Option<Vec<usize>>,
     /// Split proportions: the user's, the calibrated ones, or `None` for equal shares.
     split_weights: Option<Vec<f64>>,
@@ -212,8 +214,9 @@ impl DataParallel {
         let sizes: Vec<usize> = params[0].iter().map(|(_, t)| 4 * t.numel()).collect();
         let buckets = assign_buckets(&sizes, cfg.bucket_bytes);
         let bucket_of = buckets::bucket_of(&buckets, sizes.len());
+        let (first, world) = comm.device_span();
         let owners = if cfg.shard_optimizer {
-            Some(assign_owners(&sizes, n))
+            Some(assign_owners(&sizes, world))
         } else if !update::one_kernel_family(devices) {
             // One owner rather than ZeRO-1's balanced ones: one broadcast a step instead of one
             // per device (measured cheaper on the seed CNN; see update.rs).
@@ -225,7 +228,7 @@ impl DataParallel {
             .iter()
             .enumerate()
             .map(|(i, params)| {
-                let mine = params.iter().enumerate().filter(|(p, _)| owners.as_ref().is_none_or(|o| o[*p] == i)).map(|(_, p)| p.clone());
+                let mine = params.iter().enumerate().filter(|(p, _)| owners.as_ref().is_none_or(|o| o[*p] == first + i)).map(|(_, p)| p.clone());
                 opt.build(mine.collect())
             })
             .collect::<Result<Vec<_>>>()?;
@@ -324,7 +327,7 @@ impl Strategy for DataParallel {
             self.split_weights = Some(split::calibrate(&models, batch, &self.run)?);
         }
         let trace = self.trace.as_ref();
-        let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&i))).collect();
+        let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&(first + i)))).collect();
         let (computed, reduced) = if self.cfg.deterministic {
             let shards = split::ranges(batch.len(), self.cfg.deterministic_shards.min(batch.len()), None)?;
             // Across processes, micro-shards go to every process's devices in equal shares.
@@ -365,7 +368,11 @@ impl Strategy for DataParallel {
         let mut comm_spans = computed.comm.clone();
         if let Some(owners) = &self.owners {
             let tb = Instant::now();
-            update::share_owned(&self.replicas, owners, &*self.comm)?;
+            if world > n {
+                update::gather_owned(&self.replicas, owners, &*self.comm)?;
+            } else {
+                update::share_owned(&self.replicas, owners, &*self.comm)?;
+            }
             comm_spans.push((tb, Instant::now()));
             if let Some(tr) = trace {
                 for r in &self.replicas {
@@ -406,10 +413,15 @@ impl Strategy for DataParallel {
         self.replicas.iter().try_for_each(|r| r.model.load_state_dict(state))
     }
     /// Replica 0's state; where parameters have owners, each parameter's state gathered from
-    /// its owner onto device 0, in state_dict order.
+    /// its owner onto device 0, in state_dict order (across processes a collective: owners on
+    /// other ranks send theirs).
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
         let (first, steps) = self.opts[0].state();
         let Some(owners) = &self.owners else { return Ok((first, steps)) };
+        if let Some(group) = self.comm.process_group().filter(|g| g.size() > 1) {
+            let mine: Vec<(String, Tensor)> = self.opts.iter().flat_map(|o| o.state().0).collect();
+            return Ok((update::gathered_state(&group.all_gather_named(&mine)?, &self.replicas[0])?, steps));
+        }
         let states: Vec<Vec<(String, Tensor)>> = self.opts.iter().map(|o| o.state().0).collect();
         let dev0 = &self.replicas[0].device;
         let mut out = Vec::new();

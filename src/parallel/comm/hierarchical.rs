@@ -169,6 +169,10 @@ impl Communicator for Hierarchical {
         self.span
     }
 
+    fn process_group(&self) -> Option<&Group> {
+        Some(&self.group)
+    }
+
     /// Gathers every rank's parts (their indices, then their values), then sums as in one
     /// process: the same tree over the same indices.
     fn sum_by_index(&self, parts: Vec<(usize, Vec<f32>)>) -> Result<Vec<f32>> {

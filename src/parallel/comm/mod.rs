@@ -70,6 +70,12 @@ pub trait Communicator: Send + Sync {
         (0, self.devices().len())
     }
 
+    /// The process group the collectives span, for what moves more than tensors of one shape
+    /// (named state); `None` inside one process.
+    fn process_group(&self) -> Option<&crate::dist::Group> {
+        None
+    }
+
     /// The elementwise sum of equally long host vectors, each keyed by an index unique across
     /// processes, over the parts of every process: sorted by index and summed with
     /// [`tree_sum`], so the result depends on the parts alone, not on which process or device
