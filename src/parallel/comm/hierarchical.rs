@@ -176,23 +176,30 @@ impl Communicator for Hierarchical {
     /// Gathers every rank's parts (their indices, then their values), then sums as in one
     /// process: the same tree over the same indices.
     fn sum_by_index(&self, parts: Vec<(usize, Vec<f32>)>) -> Result<Vec<f32>> {
-        let indices: Vec<u64> = parts.iter().map(|p| p.0 as u64).collect();
-        let flat: Vec<f32> = parts.into_iter().flat_map(|p| p.1).collect();
-        let all_indices = self.group.all_gather_u64(&indices)?;
-        let all_flat = self.group.all_gather(&flat)?;
-        self.count(all_flat.iter().map(Vec::len).sum());
-        let mut all = Vec::new();
-        for (rank, (ks, values)) in all_indices.iter().zip(&all_flat).enumerate() {
-            if ks.is_empty() {
-                continue;
-            }
-            if values.len() % ks.len() != 0 {
-                return Err(Error::shape("sum_by_index", format!("rank {rank} sent {} values for {} parts", values.len(), ks.len())));
-            }
-            let len = values.len() / ks.len();
-            all.extend(ks.iter().enumerate().map(|(j, &k)| (k as usize, values[j * len..(j + 1) * len].to_vec())));
-        }
-        all.sort_by_key(|p| p.0);
-        tree_sum(all.into_iter().map(|p| p.1).collect())
+        sum_by_index_across(&self.group, parts, |n| self.count(n))
     }
+}
+
+/// [`Communicator::sum_by_index`] over every rank of `group` (collective): each rank's
+/// indices, then its values, are gathered, and every rank sums the same parts in index order.
+/// `gathered` is told how many values arrived.
+pub(super) fn sum_by_index_across(group: &Group, parts: Vec<(usize, Vec<f32>)>, gathered: impl FnOnce(usize)) -> Result<Vec<f32>> {
+    let indices: Vec<u64> = parts.iter().map(|p| p.0 as u64).collect();
+    let flat: Vec<f32> = parts.into_iter().flat_map(|p| p.1).collect();
+    let all_indices = group.all_gather_u64(&indices)?;
+    let all_flat = group.all_gather(&flat)?;
+    gathered(all_flat.iter().map(Vec::len).sum());
+    let mut all = Vec::new();
+    for (rank, (ks, values)) in all_indices.iter().zip(&all_flat).enumerate() {
+        if ks.is_empty() {
+            continue;
+        }
+        if values.len() % ks.len() != 0 {
+            return Err(Error::shape("sum_by_index", format!("rank {rank} sent {} values for {} parts", values.len(), ks.len())));
+        }
+        let len = values.len() / ks.len();
+        all.extend(ks.iter().enumerate().map(|(j, &k)| (k as usize, values[j * len..(j + 1) * len].to_vec())));
+    }
+    all.sort_by_key(|p| p.0);
+    tree_sum(all.into_iter().map(|p| p.1).collect())
 }

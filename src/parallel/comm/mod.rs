@@ -18,6 +18,8 @@ mod hierarchical;
 mod host_staged;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+#[cfg(feature = "nccl")]
+mod nccl_dist;
 mod peer_ring;
 
 pub use hierarchical::Hierarchical;

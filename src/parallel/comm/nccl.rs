@@ -1,4 +1,5 @@
-//! `Nccl`: collectives through NVIDIA's NCCL, for groups of distinct CUDA GPUs in this process.
+//! `Nccl`: collectives through NVIDIA's NCCL, for groups of distinct CUDA GPUs in this process,
+//! or across the processes of a [`crate::dist::Group`] ([`Nccl::across`], in `nccl_dist.rs`).
 //!
 //! One NCCL communicator per device, all created together by `ncclCommInitAll`, each bound to
 //! the device's own stream: a collective is queued behind the kernels already issued on that
@@ -38,18 +39,24 @@ pub struct Nccl {
     devices: Vec<Device>,
     /// Per rank: the device's stream and label (for error messages).
     ranks: Vec<Rank>,
+    /// Dropped before `comms`: stops polling the communicators before they are destroyed.
+    pub(super) watchdog: Option<super::nccl_dist::Watchdog>,
     comms: Mutex<Comms>,
     bytes: AtomicU64,
     version: String,
+    /// The NCCL rank of `devices[0]` and the number of ranks in all (`(0, n)` in one process).
+    span: (usize, usize),
+    /// The processes the communicator spans, when it was made by `Nccl::across`.
+    group: Option<crate::dist::Group>,
 }
 
-struct Rank {
-    stream: Arc<CudaStream>,
-    label: String,
+pub(super) struct Rank {
+    pub stream: Arc<CudaStream>,
+    pub label: String,
 }
 
 /// The communicators, rank order.
-struct Comms(Vec<Comm>);
+pub(super) struct Comms(pub Vec<Comm>);
 
 // SAFETY: an `ncclComm_t` may be used from any thread as long as no two threads use it at
 // once; `Comms` is only reached through `Nccl::comms`, a mutex.
@@ -113,10 +120,10 @@ impl<T> DevicePtrMut<T> for Span<T> {
 
 /// Restores the calling thread's current CUDA context on drop: NCCL selects devices through
 /// the runtime (`cudaSetDevice`), which would otherwise leave the last rank's context current.
-struct KeepContext(Option<cudarc::driver::sys::CUcontext>);
+pub(super) struct KeepContext(Option<cudarc::driver::sys::CUcontext>);
 
 impl KeepContext {
-    fn save() -> Self {
+    pub(super) fn save() -> Self {
         KeepContext(cudarc::driver::result::ctx::get_current().ok().flatten())
     }
 }
@@ -132,12 +139,12 @@ impl Drop for KeepContext {
 }
 
 /// The CUDA backend behind `device`, or `None` for any other backend.
-fn cuda(device: &Device) -> Option<&CudaBackend> {
+pub(super) fn cuda(device: &Device) -> Option<&CudaBackend> {
     device.backend().as_any().downcast_ref::<CudaBackend>()
 }
 
 /// The panic message of a caught panic.
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+pub(super) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     payload
         .downcast_ref::<String>()
         .cloned()
@@ -178,15 +185,13 @@ pub fn probe() -> Result<String> {
     probed.clone().map_err(|reason| Error::Unavailable { backend: "nccl", reason })
 }
 
-impl Nccl {
-    /// One NCCL communicator per device. Every device must be a CUDA device of this process on
-    /// its own GPU (NCCL has one rank per GPU; two logical devices on one GPU are refused), and
-    /// the NCCL library must load (`Error::Unavailable` otherwise, with what to install).
-    pub fn new(devices: &[Device]) -> Result<Self> {
-        if devices.is_empty() {
-            return Err(Error::invalid("Nccl", "a communicator needs at least one device"));
-        }
-        let mut ranks = Vec::with_capacity(devices.len());
+/// Each device's stream and label, and its GPU ordinal. Every device must be a CUDA device on
+/// its own GPU: NCCL has one rank per GPU, so two logical devices on one GPU are refused.
+pub(super) fn cuda_ranks(devices: &[Device]) -> Result<(Vec<Rank>, Vec<usize>)> {
+    if devices.is_empty() {
+        return Err(Error::invalid("Nccl", "a communicator needs at least one device"));
+    }
+    let mut ranks= Vec::with_capacity(devices.len());
         let mut ordinals: Vec<usize> = Vec::with_capacity(devices.len());
         for (i, d) in devices.iter().enumerate() {
             let Some(backend) = cuda(d) else {
@@ -205,6 +210,15 @@ impl Nccl {
             ordinals.push(ordinal);
             ranks.push(Rank { stream: backend.stream().clone(), label: backend.label().to_string() });
         }
+    Ok((ranks, ordinals))
+}
+
+impl Nccl {
+    /// One NCCL communicator per device. Every device must be a CUDA device of this process on
+    /// its own GPU (NCCL has one rank per GPU; two logical devices on one GPU are refused), and
+    /// the NCCL library must load (`Error::Unavailable` otherwise, with what to install).
+    pub fn new(devices: &[Device]) -> Result<Self> {
+        let (ranks, ordinals) = cuda_ranks(devices)?;
         let version = probe()?;
         let streams: Vec<Arc<CudaStream>> = ranks.iter().map(|r| r.stream.clone()).collect();
         let keep = KeepContext::save();
@@ -220,7 +234,12 @@ impl Nccl {
                 return Err(Error::Unavailable { backend: "nccl", reason: format!("ncclCommInitAll: {}", panic_message(panic)) })
             }
         };
-        Ok(Nccl { devices: devices.to_vec(), ranks, comms: Mutex::new(Comms(comms)), bytes: AtomicU64::new(0), version })
+        Ok(Nccl::assemble(devices, ranks, comms, version, (0, devices.len()), None))
+    }
+
+    /// The communicator over `comms` (one per device, in order).
+    pub(super) fn assemble(devices: &[Device], ranks: Vec<Rank>, comms: Vec<Comm>, version: String, span: (usize, usize), group: Option<crate::dist::Group>) -> Nccl {
+        Nccl { devices: devices.to_vec(), ranks, watchdog: None, comms: Mutex::new(Comms(comms)), bytes: AtomicU64::new(0), version, span, group }
     }
 
     /// The NCCL library version in use, such as `2.21.5`.
@@ -299,7 +318,7 @@ impl Communicator for Nccl {
     /// (`2·S` per device at most, lower latency for small tensors).
     fn all_reduce(&self, tensors: &[Tensor], op: ReduceKind) -> Result<()> {
         check_group("all_reduce", &self.devices, tensors, true)?;
-        let n = tensors.len();
+        let n = self.span.1;
         let mut spans = self.spans("all_reduce", tensors)?;
         self.grouped("all_reduce", |comms, check| {
             for (i, span) in spans.iter_mut().enumerate() {
@@ -315,11 +334,12 @@ impl Communicator for Nccl {
     }
 
     /// `ncclBroadcast` in place from `root`: pipelined along a ring, each device but the last
-    /// sends `S` and each but the root receives `S`.
+    /// sends `S` and each but the root receives `S`. Across processes the root is rank 0's
+    /// `tensors[root]` (NCCL rank `root`, since rank 0's devices come first).
     fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()> {
         check_group("broadcast", &self.devices, tensors, true)?;
         check_root("broadcast", root, tensors.len())?;
-        let n = tensors.len();
+        let n = self.span.1;
         let mut spans = self.spans("broadcast", tensors)?;
         self.grouped("broadcast", |comms, check| {
             for (i, span) in spans.iter_mut().enumerate() {
@@ -336,11 +356,12 @@ impl Communicator for Nccl {
     /// `n-1` parts it lacks, `(n-1)/n` of the result.
     fn all_gather(&self, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
         check_group("all_gather", &self.devices, tensors, false)?;
-        let n = tensors.len();
+        let (first, n) = self.span;
         let inputs = self.spans("all_gather", tensors)?;
-        let counts: Vec<usize> = tensors.iter().map(Tensor::numel).collect();
+        let counts = self.global_counts(tensors.iter().map(Tensor::numel).collect())?;
+        let rows = self.global_counts(tensors.iter().map(|t| t.dims()[0]).collect())?;
         let total: usize = counts.iter().sum();
-        let mut outputs = (0..n).map(|i| self.output("all_gather", i, total, DType::F32)).collect::<Result<Vec<_>>>()?;
+        let mut outputs = (0..tensors.len()).map(|i| self.output("all_gather", i, total, DType::F32)).collect::<Result<Vec<_>>>()?;
         let equal = counts.iter().all(|&c| c == counts[0]);
         self.grouped("all_gather", |comms, check| {
             if equal {
@@ -353,7 +374,7 @@ impl Communicator for Nccl {
             for (root, &count) in counts.iter().enumerate() {
                 for (i, (_, out)) in outputs.iter_mut().enumerate() {
                     let mut place = out.range(offset, count);
-                    let send = (i == root).then_some(&inputs[i]);
+                    let send = (first + i == root).then_some(&inputs[i]);
                     check(i, "ncclBroadcast", done(comms[i].broadcast(send, &mut place, root as i32)))?;
                 }
                 offset += count;
@@ -362,7 +383,7 @@ impl Communicator for Nccl {
         })?;
         self.count((n - 1) * total * elem::<f32>());
         let mut shape = tensors[0].dims().to_vec();
-        shape[0] = tensors.iter().map(|t| t.dims()[0]).sum();
+        shape[0] = rows.iter().sum();
         Ok(outputs
             .into_iter()
             .enumerate()
@@ -374,7 +395,7 @@ impl Communicator for Nccl {
     /// rank (grouped). Ring cost: `(n-1)/n · S` sent per device, half an all-reduce.
     fn reduce_scatter(&self, tensors: &[Tensor], op: ReduceKind) -> Result<Vec<Tensor>> {
         check_group("reduce_scatter", &self.devices, tensors, true)?;
-        let n = tensors.len();
+        let (first, n) = self.span;
         let dims = tensors[0].dims().to_vec();
         if dims[0] < n {
             return Err(Error::shape("reduce_scatter", format!("{dims:?} has fewer rows than the {n} devices")));
@@ -382,8 +403,8 @@ impl Communicator for Nccl {
         let row = tensors[0].numel() / dims[0];
         let blocks = even_ranges(dims[0], n);
         let inputs = self.spans("reduce_scatter", tensors)?;
-        let mut outputs = (0..n)
-            .map(|i| self.output("reduce_scatter", i, blocks[i].len() * row, DType::F32))
+        let mut outputs = (0..tensors.len())
+            .map(|i| self.output("reduce_scatter", i, blocks[first + i].len() * row, DType::F32))
             .collect::<Result<Vec<_>>>()?;
         let even = dims[0].is_multiple_of(n);
         self.grouped("reduce_scatter", |comms, check| {
@@ -394,9 +415,9 @@ impl Communicator for Nccl {
                 return Ok(());
             }
             for (root, block) in blocks.iter().enumerate() {
-                for i in 0..n {
+                for i in 0..tensors.len() {
                     let part = inputs[i].range(block.start * row, block.len() * row);
-                    let recv = if i == root { Some(&mut outputs[i].1) } else { None };
+                    let recv = if first + i == root { Some(&mut outputs[i].1) } else { None };
                     check(i, "ncclReduce", done(comms[i].reduce(&part, recv, &ReduceOp::Sum, root as i32)))?;
                 }
             }
@@ -408,7 +429,7 @@ impl Communicator for Nccl {
             .enumerate()
             .map(|(i, (buf, _))| {
                 let mut shape = dims.clone();
-                shape[0] = blocks[i].len();
+                shape[0] = blocks[first + i].len();
                 Tensor::from_parts(buf, shape.into(), self.devices[i].clone(), None)
             })
             .collect();
@@ -441,18 +462,47 @@ impl Communicator for Nccl {
     fn bytes_moved(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
+
+    fn device_span(&self) -> (usize, usize) {
+        self.span
+    }
+
+    fn process_group(&self) -> Option<&crate::dist::Group> {
+        self.group.as_ref()
+    }
+
+    /// Across processes, every rank's parts gathered and summed in index order (as
+    /// [`super::Hierarchical`] does); in one process, the parts sorted and summed here.
+    fn sum_by_index(&self, mut parts: Vec<(usize, Vec<f32>)>) -> Result<Vec<f32>> {
+        match &self.group {
+            Some(g) => super::hierarchical::sum_by_index_across(g, parts, |n| self.count(4 * n)),
+            None => {
+                parts.sort_by_key(|p| p.0);
+                super::tree_sum(parts.into_iter().map(|p| p.1).collect())
+            }
+        }
+    }
 }
 
 impl Nccl {
+    /// `local` (one count per device of this process) for every NCCL rank: gathered from
+    /// every process when the communicator spans several (collective), else `local`.
+    fn global_counts(&self, local: Vec<usize>) -> Result<Vec<usize>> {
+        let Some(group) = self.group.as_ref().filter(|g| g.size() > 1) else { return Ok(local) };
+        let all = group.all_gather_u64(&local.iter().map(|&c| c as u64).collect::<Vec<_>>())?;
+        Ok(all.into_iter().flatten().map(|c| c as usize).collect())
+    }
+
     /// `len` elements of `src` (on rank `s`) into a fresh buffer on rank `d`.
     fn point_to_point<T: NcclType>(&self, src: &Tensor, s: usize, d: usize, len: usize) -> Result<Buffer> {
         let dtype = src.dtype();
         let input: Span<T> = self.span("send_recv", s, src.buffer(), len, dtype)?;
         let buf = self.devices[d].backend().alloc(len, dtype)?;
         let mut out: Span<T> = self.span("send_recv", d, &buf, len, dtype)?;
+        let first = self.span.0;
         self.grouped("send_recv", |comms, check| {
-            check(s, "ncclSend", comms[s].send(&input, d as i32))?;
-            check(d, "ncclRecv", done(comms[d].recv(&mut out, s as i32)))
+            check(s, "ncclSend", comms[s].send(&input, (first + d) as i32))?;
+            check(d, "ncclRecv", done(comms[d].recv(&mut out, (first + s) as i32)))
         })?;
         Ok(buf)
     }

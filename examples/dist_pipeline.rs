@@ -1,0 +1,189 @@
+//! Pipeline stages on different processes, ZeRO-1 over every rank, and NCCL across processes:
+//! run under `mpirun`, every rank trains the seed CNN on the same global batches of the digits
+//! set; rank 0 prints one JSON line per step. Tests (tests/mpi_pipeline.rs) compare the modes
+//! with one process.
+//!
+//! ```text
+//! cargo build --example dist_pipeline --features mpi
+//! target/debug/examples/dist_pipeline --mode single --steps 10
+//! mpirun -np 2 target/debug/examples/dist_pipeline --mode pipeline --split 6 --micro 4
+//! mpirun -np 2 target/debug/examples/dist_pipeline --mode zero --devices cpu
+//! mpirun -np 2 target/debug/examples/dist_pipeline --mode dp --devices cuda:0,cuda:1 --comm nccl
+//! ```
+//! Options: `--mode single|pipeline|dp|zero`; `--devices SPEC` (the machine's devices, shared
+//! out by local rank; default `cpu`); `--steps N`; `--batch B`; pipeline: `--split A,B,..`
+//! (layer indices where ranks 1, 2, .. start; one rank per stage), `--micro M`, `--schedule
+//! gpipe|1f1b`, `--recompute`; data parallel: `--comm hierarchical|nccl`; `--state-out PATH`
+//! (rank 0 writes the weights, then the optimizer state, each sorted by name, as
+//! little-endian f32).
+use std::sync::Arc;
+use tandem::data::{digits, DataLoader};
+use tandem::dist::{self, Group, Order};
+use tandem::nn::models::SeedModel;
+use tandem::optim::SgdConfig;
+use tandem::parallel::comm::{Communicator, Hierarchical};
+use tandem::parallel::pipeline::{Pipeline, Schedule};
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Stages, Strategy};
+use tandem::{Error, Result, Tensor};
+
+struct Args {
+    mode: String,
+    devices: String,
+    steps: u64,
+    batch: usize,
+    split: Vec<usize>,
+    micro: usize,
+    schedule: Schedule,
+    recompute: bool,
+    comm: String,
+    state_out: Option<String>,
+}
+
+fn main() {
+    let group = match dist::init() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("dist_pipeline: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = parse_args().and_then(|args| train(&group, &args)) {
+        group.abort(&format!("dist_pipeline: {e}"));
+    }
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        mode: "single".into(),
+        devices: "cpu".into(),
+        steps: 10,
+        batch: 32,
+        split: vec![6],
+        micro: 4,
+        schedule: Schedule::OneFOneB,
+        recompute: false,
+        comm: "hierarchical".into(),
+        state_out: None,
+    };
+    let mut it = std::env::args().skip(1);
+    let usage = |m: String| Error::Usage(format!("dist_pipeline: {m}"));
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| usage(format!("{flag} needs a value")));
+        let num = |v: &str| v.parse::<usize>().map_err(|_| usage(format!("{v:?} is not a number")));
+        match flag.as_str() {
+            "--mode" => a.mode = value()?,
+            "--devices" => a.devices = value()?,
+            "--steps" => a.steps = num(&value()?)? as u64,
+            "--batch" => a.batch = num(&value()?)?,
+            "--split" => a.split = value()?.split(',').map(num).collect::<Result<_>>()?,
+            "--micro" => a.micro = num(&value()?)?,
+            "--schedule" => {
+                a.schedule = match value()?.as_str() {
+                    "gpipe" => Schedule::GPipe,
+                    "1f1b" => Schedule::OneFOneB,
+                    s => return Err(usage(format!("--schedule {s}: expected gpipe or 1f1b"))),
+                }
+            }
+            "--recompute" => a.recompute = true,
+            "--comm" => a.comm = value()?,
+            "--state-out" => a.state_out = Some(value()?),
+            f => return Err(usage(format!("unknown option {f}"))),
+        }
+    }
+    Ok(a)
+}
+
+/// This rank's strategy for `args.mode`: a data-parallel one apart, to report its memory.
+enum Built {
+    Data(DataParallel),
+    Other(Box<dyn Strategy>),
+}
+
+fn strategy(group: &Group, args: &Args) -> Result<Built> {
+    let devices = dist::local_devices(&args.devices, group)?;
+    let model = SeedModel::Cnn.build(0, &devices[0])?;
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
+    let loss = Loss::CrossEntropy;
+    match args.mode.as_str() {
+        "single" => Ok(Built::Other(Box::new(Single::new(model, &opt, loss, &devices[0])?))),
+        "pipeline" => {
+            // Rank r builds only layers split[r-1]..split[r] of the model, on its device.
+            let (rank, size) = (group.rank(), group.size());
+            if args.split.len() + 1 != size {
+                return Err(Error::Usage(format!("dist_pipeline: --split {:?} makes {} stages for {size} ranks", args.split, args.split.len() + 1)));
+            }
+            let starts: Vec<usize> = std::iter::once(0).chain(args.split.iter().copied()).chain([model.len()]).collect();
+            let part = model.slice(starts[rank]..starts[rank + 1], &devices[0])?;
+            let pipe = Pipeline::builder(Stages::Built(vec![part]), &devices[..1], &opt, loss)
+                .micro_batches(args.micro)
+                .schedule(args.schedule)
+                .recompute(args.recompute)
+                .across(group)
+                .build()?;
+            Ok(Built::Other(Box::new(pipe)))
+        }
+        "dp" | "zero" => {
+            let comm: Box<dyn Communicator> = match args.comm.as_str() {
+                "hierarchical" => Box::new(Hierarchical::new(&devices, group.clone(), Order::Mpi)?),
+                "nccl" => nccl(&devices, group)?,
+                c => return Err(Error::Usage(format!("dist_pipeline: --comm {c}: expected hierarchical or nccl"))),
+            };
+            let cfg = DataParallelConfig { shard_optimizer: args.mode == "zero", ..Default::default() };
+            Ok(Built::Data(DataParallel::with_communicator(&model, comm, &opt, loss, cfg)?))
+        }
+        m => Err(Error::Usage(format!("dist_pipeline: --mode {m}: expected single, pipeline, dp or zero"))),
+    }
+}
+
+#[cfg(feature = "nccl")]
+fn nccl(devices: &[tandem::Device], group: &Group) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(tandem::parallel::comm::Nccl::across(devices, group)?))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl(_: &[tandem::Device], _: &Group) -> Result<Box<dyn Communicator>> {
+    Err(Error::Unavailable { backend: "nccl", reason: "built without the `nccl` cargo feature".into() })
+}
+
+fn train(group: &Group, args: &Args) -> Result<()> {
+    let mut built = strategy(group, args)?;
+    let strategy: &mut dyn Strategy = match &mut built {
+        Built::Data(dp) => dp,
+        Built::Other(s) => s.as_mut(),
+    };
+    let (data, _) = digits::load(512, 0, 0)?;
+    let mut loader = DataLoader::new(Arc::new(data), args.batch, true, 0)?;
+    for step in 1..=args.steps {
+        let r = strategy.step(&loader.next_batch())?;
+        if group.rank() == 0 {
+            println!(r#"{{"step":{step},"loss":{},"loss_bits":{},"wall_ms":{:.2}}}"#, r.loss, r.loss.to_bits(), r.wall_s * 1e3);
+        }
+    }
+    if let Built::Data(dp) = &built {
+        // Memory per rank: the optimizer state each holds (made by the first step).
+        let mine: u64 = dp.optimizer_state_bytes().iter().sum();
+        let all = group.all_gather_u64(&[mine])?;
+        if group.rank() == 0 {
+            let bytes: Vec<u64> = all.iter().map(|v| v[0]).collect();
+            println!(r#"{{"optimizer_state_bytes":{bytes:?},"communicator":"{}"}}"#, dp.communicator().name());
+        }
+    }
+    let strategy: &dyn Strategy = match &built {
+        Built::Data(dp) => dp,
+        Built::Other(s) => s.as_ref(),
+    };
+    // Collective across processes: every rank gathers, rank 0 writes.
+    let weights = strategy.state_dict()?;
+    let (opt_state, _) = strategy.optimizer_state()?;
+    if let (Some(path), 0) = (&args.state_out, group.rank()) {
+        let mut bytes = Vec::new();
+        for mut part in [weights, opt_state] {
+            part.sort_by(|a, b| a.0.cmp(&b.0));
+            for (_, t) in &part {
+                bytes.extend(Tensor::to_vec(t)?.iter().flat_map(|x| x.to_le_bytes()));
+            }
+        }
+        std::fs::write(path, bytes).map_err(|e| Error::io(path, e))?;
+    }
+    Ok(())
+}

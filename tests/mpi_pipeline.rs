@@ -1,0 +1,142 @@
+//! Strategies whose parts live on different processes (cargo feature `mpi`), through
+//! examples/dist_pipeline under `mpirun`: pipeline stages on 2 and 3 ranks train as `Single`
+//! does, ZeRO-1 over 2 ranks trains as plain data parallelism with the optimizer state split
+//! between them, and NCCL across processes refuses devices it cannot use on every rank
+//! without hanging.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// One job at a time: two jobs' ranks would share the machine's cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The example, built once with this test's features and profile.
+fn example() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let features: Vec<&str> = [("wgpu", cfg!(feature = "wgpu")), ("cli", cfg!(feature = "cli")), ("cuda", cfg!(feature = "cuda")), ("nccl", cfg!(feature = "nccl")), ("mpi", true)]
+            .iter()
+            .filter(|f| f.1)
+            .map(|f| f.0)
+            .collect();
+        let profile_dir = std::env::current_exe().unwrap().parent().and_then(Path::parent).unwrap().to_path_buf();
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--example", "dist_pipeline", "--no-default-features", "--features", &features.join(",")])
+            .arg("--manifest-path")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .args(["--profile", if profile_dir.ends_with("release") { "release" } else { "test" }])
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building examples/dist_pipeline failed");
+        profile_dir.join("examples").join("dist_pipeline")
+    })
+}
+
+fn scratch(what: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!("tandem-mpi-pipeline-{}-{what}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)))
+}
+
+/// What a job printed, how it ended and how long it took; fails the test past `limit`.
+fn run(np: usize, tcp: bool, args: &[&str], limit: Duration) -> (bool, String, Duration) {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cmd = if np == 1 {
+        Command::new(example())
+    } else {
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
+        if tcp {
+            c.args(["--mca", "btl", "tcp,self"]);
+        }
+        c.arg(example());
+        c
+    };
+    let log = scratch("log");
+    let file = std::fs::File::create(&log).unwrap();
+    cmd.args(args).stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file);
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("the job starts (is Open MPI's mpirun installed?)");
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit {
+            // SIGTERM first: mpirun forwards it to its ranks, which SIGKILL would orphan.
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            std::thread::sleep(Duration::from_secs(3));
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} on {np} processes did not end within {limit:?}:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    (status.success(), output, start.elapsed())
+}
+
+/// A run's losses per step, its final weights and optimizer state (sorted by name), and the
+/// optimizer-state bytes of each rank (data-parallel modes).
+struct Trained {
+    losses: Vec<f32>,
+    state: Vec<f32>,
+    state_bytes: Vec<u64>,
+}
+
+fn train(np: usize, tcp: bool, args: &[&str]) -> Trained {
+    let path = scratch("state");
+    let mut all = args.to_vec();
+    all.extend(["--steps", "10", "--state-out", path.to_str().unwrap()]);
+    let (ok, output, took) = run(np, tcp, &all, Duration::from_secs(240));
+    assert!(ok, "{all:?} on {np} processes failed:\n{output}");
+    eprintln!("{args:?} on {np} processes: {took:?}");
+    let lines: Vec<serde_json::Value> = output.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let bytes = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    Trained {
+        losses: lines.iter().filter_map(|l| l["loss"].as_f64()).map(|l| l as f32).collect(),
+        state: bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        state_bytes: lines.iter().find_map(|l| l["optimizer_state_bytes"].as_array().map(|a| a.iter().map(|v| v.as_u64().unwrap()).collect())).unwrap_or_default(),
+    }
+}
+
+fn assert_same_run(what: &str, got: &Trained, want: &Trained) {
+    assert_eq!(got.losses.len(), 10, "{what}: {} losses", got.losses.len());
+    tandem::tolerance::assert_close(&format!("losses, {what}"), &got.losses, &want.losses, 1e-5, 1e-4);
+    tandem::tolerance::assert_close(&format!("weights and optimizer state, {what}"), &got.state, &want.state, 1e-5, 1e-4);
+}
+
+#[test]
+fn pipeline_stages_on_two_and_three_processes_train_as_single() {
+    let single = train(1, false, &["--mode", "single"]);
+    assert!(single.losses[9] < single.losses[0], "the reference run does not learn: {:?}", single.losses);
+    let two = train(2, false, &["--mode", "pipeline", "--split", "6", "--micro", "4", "--schedule", "1f1b"]);
+    assert_same_run("2 processes, 1F1B, 4 micro-batches", &two, &single);
+    let three = train(3, true, &["--mode", "pipeline", "--split", "3,7", "--micro", "2", "--schedule", "gpipe", "--recompute"]);
+    assert_same_run("3 processes over tcp, GPipe with recomputation", &three, &single);
+}
+
+#[test]
+fn zero_over_two_processes_trains_as_plain_data_parallelism() {
+    let plain = train(2, false, &["--mode", "dp"]);
+    let zero = train(2, false, &["--mode", "zero"]);
+    assert_same_run("ZeRO-1 over 2 processes", &zero, &plain);
+    // Plain data parallelism keeps all the state on each rank; ZeRO-1 splits it between them.
+    let (full, split) = (&plain.state_bytes, &zero.state_bytes);
+    assert!(full.len() == 2 && full[0] == full[1] && full[0] > 0, "plain: {full:?}");
+    assert!(split.len() == 2 && split.iter().all(|&b| b > 0 && b < full[0]), "ZeRO-1: {split:?} against {full:?}");
+    assert_eq!(split[0] + split[1], full[0], "ZeRO-1's shards add up to the whole state");
+}
+
+#[test]
+fn nccl_across_processes_refuses_cpu_devices_without_hanging() {
+    let (ok, output, took) = run(2, false, &["--mode", "dp", "--comm", "nccl", "--devices", "cpu", "--steps", "1"], Duration::from_secs(120));
+    assert!(!ok, "the job succeeded:\n{output}");
+    assert!(took < Duration::from_secs(30), "the job took {took:?} to end:\n{output}");
+    let expect: &[&str] = if cfg!(feature = "nccl") { &["cannot take part in NCCL across processes", "not a CUDA device", " of 2"] } else { &["without the `nccl` cargo feature"] };
+    for e in expect {
+        assert!(output.contains(e), "the output does not say {e:?}:\n{output}");
+    }
+}
