@@ -12,8 +12,11 @@
 #                                     (CUDA, and every wgpu adapter such as the GPU's Vulkan one,
 #                                     also under the forced hardware profile), `tandem bench`
 #                                     (WGSL vs cuBLAS matmul up to 2048, seed-CNN steps) and the
-#                                     same seed-CNN step in that machine's PyTorch; prints one
-#                                     table. About 8 minutes at most: each step has a timeout.
+#                                     same seed-CNN step in that machine's PyTorch; with two GPUs
+#                                     and Open MPI, the 2-process NCCL data-parallel check
+#                                     (examples/dist_pipeline, packed when the rehearsal machine
+#                                     has MPI); prints one table. About 8 minutes at most: each
+#                                     step has a timeout.
 #
 # Libraries: cudarc (feature cuda-12080, dynamic loading) asks the loader for `libcuda.so.1`,
 # then for `libnvrtc.so`, `libnvrtc.so.12`, `libcublas.so`, `libcublas.so.12`, `libcublasLt.so`,
@@ -44,9 +47,17 @@ if [ "${1:-}" = --rehearse ]; then
   echo "gpu-check: building ${bins[*]} and the tandem CLI (release, --features $features)"
   cargo test --release --features "$features" --no-run "${args[@]}" --message-format=json >"$json"
   cargo build --release --features "$features" --bin tandem --message-format=json >>"$json"
+  # The 2-process NCCL check needs the `mpi` feature, which links Open MPI: packed only where
+  # it builds (libmpi and libclang installed); the GPU machine then needs Open MPI too.
+  if command -v mpicc >/dev/null 2>&1; then
+    echo "gpu-check: building examples/dist_pipeline (release, --features $features,mpi)"
+    cargo build --release --features "$features,mpi" --example dist_pipeline --message-format=json >>"$json"
+  else
+    echo "gpu-check: no MPI here (mpicc); the 2-process NCCL check will not be packed"
+  fi
   rm -rf "$pack"
   mkdir -p "$pack/bin"
-  # Each test target's executable, by target name, from cargo's own messages.
+  # Each target's executable, by target name, from cargo's own messages.
   python3 - "$json" "$pack/bin" <<'EOF'
 import json, shutil, sys
 for line in open(sys.argv[1]):
@@ -75,6 +86,7 @@ EOF
   echo "    4. $pack/bin/conformance  every op on cuda:0 and every wgpu adapter; again with TANDEM_WGPU_KERNELS=hardware"
   echo "    5. $pack/bin/tandem bench --devices cuda:0[,hardware wgpu adapters]  matmul 256-2048 (cuBLAS vs WGSL), seed-CNN steps"
   echo "    6. python3 + torch: the seed-CNN step at batch 64 and 1000 on that GPU"
+  echo "    7. with 2 GPUs and mpirun: mpirun -np 2 $pack/bin/dist_pipeline --mode dp --devices cuda:0,cuda:1 --comm nccl, against --comm hierarchical"
   echo "    then one table of steps and figures"
   [ "$bytes" -le $((64 * 1024 * 1024)) ] || { echo "gpu-check: the pack is over 64 MiB" >&2; exit 1; }
   exit 0
@@ -200,6 +212,35 @@ if [ -n "$hw" ]; then
   TANDEM_WGPU_KERNELS=hardware step conformance-hardware-profile 1 120 "$pack/bin/conformance"
 else
   record conformance-hardware-profile SKIP "no hardware wgpu adapter (tandem devices above)"
+fi
+
+# --- 2 processes, one GPU each, through NCCL: the same losses as through MPI host memory ------
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ ! -x "$pack/bin/dist_pipeline" ]; then
+  record nccl-2-processes SKIP "examples/dist_pipeline not packed (no MPI where --rehearse ran)"
+elif [ "${gpus:-0}" -lt 2 ]; then
+  record nccl-2-processes SKIP "needs two GPUs, found ${gpus:-0}"
+elif ! command -v mpirun >/dev/null 2>&1; then
+  record nccl-2-processes SKIP "no mpirun (install Open MPI)"
+else
+  dp=(mpirun --allow-run-as-root --oversubscribe -np 2 "$pack/bin/dist_pipeline" --mode dp --devices cuda:0,cuda:1 --steps 10)
+  if step nccl-2-processes 1 90 "${dp[@]}" --comm nccl && step hierarchical-2-processes 1 90 "${dp[@]}" --comm hierarchical; then
+    step nccl-matches-mpi 1 20 python3 - "$log_dir/nccl-2-processes.log" "$log_dir/hierarchical-2-processes.log" <<'EOF'
+import json, sys
+def losses(path):
+    out = []
+    for line in open(path):
+        try:
+            out.append(json.loads(line)["loss"])
+        except (ValueError, KeyError):
+            pass
+    return out
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print("nccl:", a, "\nmpi: ", b)
+assert len(a) == len(b) == 10, (len(a), len(b))
+assert all(abs(x - y) <= 1e-4 + 1e-3 * abs(y) for x, y in zip(a, b)), "losses differ"
+EOF
+  fi
 fi
 
 # --- benches: WGSL vs cuBLAS matmul, seed-CNN steps, then PyTorch's ----------------------------
