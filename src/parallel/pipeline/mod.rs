@@ -138,7 +138,7 @@ impl PipelineBuilder<'_> {
         }
         let spread = self.group.filter(|g| g.size() > 1);
         if spread.is_some() {
-            remote::check_options(&self.stages, self.micro_batches, self.clip)?;
+            remote::check_options(matches!(self.stages, Stages::Split(_, placement::Split::Auto)), self.micro_batches, self.clip)?;
         }
         let (stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
         let across = spread.map(|g| Across::place(&g, stages.len())).transpose()?;
@@ -377,7 +377,7 @@ impl Strategy for Pipeline {
     }
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
         if self.across.is_some() {
-            remote::check_options(&Stages::Built(Vec::new()), self.micro_batches, max_norm)?;
+            remote::check_options(false, self.micro_batches, max_norm)?;
         }
         self.run.set_clip(max_norm)
     }

@@ -12,7 +12,6 @@
 //! (activation forward, gradient back), which would wait on each other forever.
 use super::worker::{Inbox, Links, Msg, Outbox, STAGE};
 use crate::dist::Group;
-use crate::parallel::placement::{Split, Stages};
 use crate::{Device, Error, Result, Tensor};
 use std::sync::mpsc::{channel, Sender};
 use std::thread::JoinHandle;
@@ -121,8 +120,10 @@ impl Outbox for RemoteOut {
 
 impl Drop for RemoteOut {
     fn drop(&mut self) {
-        // After an error elsewhere: let queued messages go out rather than leave the thread.
-        let _ = self.join();
+        // Without `finish` (the step failed): close the queue but do not wait, since the peer
+        // may never receive what is queued; the thread sends what it can and ends, or the
+        // group's watchdog ends the job.
+        self.queue = None;
     }
 }
 
@@ -149,8 +150,8 @@ pub(super) fn forward_across(group: &Group, x: &Tensor, device: &Device, run_min
 /// Refuses what the pipeline does not do across processes: measuring the split (it would
 /// need every rank's layers on every device), clipping by the global norm (it would need the
 /// norm's sum over ranks), and more micro-batches than the message tags tell apart.
-pub(super) fn check_options(stages: &Stages, micro_batches: usize, clip: Option<f32>) -> Result<()> {
-    if let Stages::Split(_, Split::Auto) = stages {
+pub(super) fn check_options(auto_split: bool, micro_batches: usize, clip: Option<f32>) -> Result<()> {
+    if auto_split {
         return Err(Error::invalid("Pipeline::across", "Split::Auto cannot balance stages across processes; give each rank its stages (Stages::Built) or a Split::At of its part"));
     }
     if clip.is_some() {
