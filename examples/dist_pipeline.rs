@@ -95,7 +95,7 @@ fn parse_args() -> Result<Args> {
 
 /// This rank's strategy for `args.mode`: a data-parallel one apart, to report its memory.
 enum Built {
-    Data(DataParallel),
+    Data(Box<DataParallel>),
     Other(Box<dyn Strategy>),
 }
 
@@ -129,7 +129,7 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
                 c => return Err(Error::Usage(format!("dist_pipeline: --comm {c}: expected hierarchical or nccl"))),
             };
             let cfg = DataParallelConfig { shard_optimizer: args.mode == "zero", ..Default::default() };
-            Ok(Built::Data(DataParallel::with_communicator(&model, comm, &opt, loss, cfg)?))
+            Ok(Built::Data(Box::new(DataParallel::with_communicator(&model, comm, &opt, loss, cfg)?)))
         }
         m => Err(Error::Usage(format!("dist_pipeline: --mode {m}: expected single, pipeline, dp or zero"))),
     }
@@ -148,7 +148,7 @@ fn nccl(_: &[tandem::Device], _: &Group) -> Result<Box<dyn Communicator>> {
 fn train(group: &Group, args: &Args) -> Result<()> {
     let mut built = strategy(group, args)?;
     let strategy: &mut dyn Strategy = match &mut built {
-        Built::Data(dp) => dp,
+        Built::Data(dp) => dp.as_mut(),
         Built::Other(s) => s.as_mut(),
     };
     let (data, _) = digits::load(512, 0, 0)?;
@@ -169,7 +169,7 @@ fn train(group: &Group, args: &Args) -> Result<()> {
         }
     }
     let strategy: &dyn Strategy = match &built {
-        Built::Data(dp) => dp,
+        Built::Data(dp) => dp.as_ref(),
         Built::Other(s) => s.as_ref(),
     };
     // Collective across processes: every rank gathers, rank 0 writes.

@@ -25,8 +25,7 @@ fn decode(mut h: &[u64], rank: usize) -> Result<Vec<(String, Vec<usize>)>> {
         Ok(head.to_vec())
     };
     let mut out = Vec::new();
-    loop {
-        let Ok(len) = take(1) else { break };
+    while let Ok(len) = take(1) {
         let bytes: Vec<u8> = take(len[0] as usize)?.into_iter().map(|b| u8::try_from(b).map_err(|_| bad())).collect::<Result<_>>()?;
         let name = String::from_utf8(bytes).map_err(|_| bad())?;
         let rank_len = take(1)?[0] as usize;
