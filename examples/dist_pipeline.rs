@@ -13,7 +13,7 @@
 //! Options: `--mode single|pipeline|dp|zero`; `--devices SPEC` (the machine's devices, shared
 //! out by local rank; default `cpu`); `--steps N`; `--batch B`; pipeline: `--split A,B,..`
 //! (layer indices where ranks 1, 2, .. start; one rank per stage), `--micro M`, `--schedule
-//! gpipe|1f1b`, `--recompute`; data parallel: `--comm hierarchical|nccl`; `--state-out PATH`
+//! gpipe|1f1b`, `--recompute`, `--clip MAX_NORM`; data parallel: `--comm hierarchical|nccl`; `--state-out PATH`
 //! (rank 0 writes the weights, then the optimizer state, each sorted by name, as
 //! little-endian f32).
 use std::sync::Arc;
@@ -35,6 +35,7 @@ struct Args {
     micro: usize,
     schedule: Schedule,
     recompute: bool,
+    clip: Option<f32>,
     comm: String,
     state_out: Option<String>,
 }
@@ -62,6 +63,7 @@ fn parse_args() -> Result<Args> {
         micro: 4,
         schedule: Schedule::OneFOneB,
         recompute: false,
+        clip: None,
         comm: "hierarchical".into(),
         state_out: None,
     };
@@ -85,6 +87,7 @@ fn parse_args() -> Result<Args> {
                 }
             }
             "--recompute" => a.recompute = true,
+            "--clip" => a.clip = Some(value()?.parse().map_err(|_| usage("--clip needs a number".into()))?),
             "--comm" => a.comm = value()?,
             "--state-out" => a.state_out = Some(value()?),
             f => return Err(usage(format!("unknown option {f}"))),
@@ -118,6 +121,7 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
                 .micro_batches(args.micro)
                 .schedule(args.schedule)
                 .recompute(args.recompute)
+                .grad_clip(args.clip)
                 .across(group)
                 .build()?;
             Ok(Built::Other(Box::new(pipe)))

@@ -128,6 +128,21 @@ fn zero_over_two_processes_trains_as_plain_data_parallelism() {
     assert!(full.len() == 2 && full[0] == full[1] && full[0] > 0, "plain: {full:?}");
     assert!(split.len() == 2 && split.iter().all(|&b| b > 0 && b < full[0]), "ZeRO-1: {split:?} against {full:?}");
     assert_eq!(split[0] + split[1], full[0], "ZeRO-1's shards add up to the whole state");
+    // Two devices per process: four owners, two in each process.
+    let devices = ["--devices", "cpu,cpu,cpu,cpu"];
+    let plain4 = train(2, false, &[&["--mode", "dp"][..], &devices].concat());
+    let zero4 = train(2, false, &[&["--mode", "zero"][..], &devices].concat());
+    assert_same_run("ZeRO-1 over 2 processes x 2 devices", &zero4, &plain4);
+    let (full, split) = (&plain4.state_bytes, &zero4.state_bytes);
+    assert!(split.len() == 2 && split.iter().all(|&b| b > 0 && b < full[0]), "ZeRO-1 over 4 devices: {split:?} against {full:?}");
+    assert_eq!(split[0] + split[1], full[0] / 2, "each process held both its devices' full state without ZeRO-1");
+}
+
+#[test]
+fn a_pipeline_across_processes_refuses_gradient_clipping() {
+    let (ok, output, took) = run(2, false, &["--mode", "pipeline", "--split", "6", "--clip", "1.0", "--steps", "1"], Duration::from_secs(120));
+    assert!(!ok && took < Duration::from_secs(30), "ok {ok} after {took:?}:\n{output}");
+    assert!(output.contains("gradient clipping is not supported across processes"), "{output}");
 }
 
 #[test]
