@@ -13,7 +13,7 @@
 //! Options: `--mode single|pipeline|dp|zero`; `--devices SPEC` (the machine's devices, shared
 //! out by local rank; default `cpu`); `--steps N`; `--batch B`; pipeline: `--split A,B,..`
 //! (layer indices where ranks 1, 2, .. start; one rank per stage), `--micro M`, `--schedule
-//! gpipe|1f1b`, `--recompute`, `--clip MAX_NORM`; data parallel: `--comm hierarchical|nccl`; `--state-out PATH`
+//! gpipe|1f1b`, `--recompute`; `--clip MAX_NORM` (single and pipeline); data parallel: `--comm hierarchical|nccl`; `--state-out PATH`
 //! (rank 0 writes the weights, then the optimizer state, each sorted by name, as
 //! little-endian f32).
 use std::sync::Arc;
@@ -108,7 +108,11 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
     let loss = Loss::CrossEntropy;
     match args.mode.as_str() {
-        "single" => Ok(Built::Other(Box::new(Single::new(model, &opt, loss, &devices[0])?))),
+        "single" => {
+            let mut single = Single::new(model, &opt, loss, &devices[0])?;
+            single.set_grad_clip(args.clip)?;
+            Ok(Built::Other(Box::new(single)))
+        }
         "pipeline" => {
             // Rank r builds only layers split[r-1]..split[r] of the model, on its device.
             let (rank, size) = (group.rank(), group.size());
@@ -160,7 +164,8 @@ fn train(group: &Group, args: &Args) -> Result<()> {
     for step in 1..=args.steps {
         let r = strategy.step(&loader.next_batch())?;
         if group.rank() == 0 {
-            println!(r#"{{"step":{step},"loss":{},"loss_bits":{},"wall_ms":{:.2}}}"#, r.loss, r.loss.to_bits(), r.wall_s * 1e3);
+            let norm = r.grad_norm.map_or("null".into(), |n| n.to_string());
+            println!(r#"{{"step":{step},"loss":{},"loss_bits":{},"grad_norm":{norm},"wall_ms":{:.2}}}"#, r.loss, r.loss.to_bits(), r.wall_s * 1e3);
         }
     }
     if let Built::Data(dp) = &built {

@@ -138,7 +138,7 @@ impl PipelineBuilder<'_> {
         }
         let spread = self.group.filter(|g| g.size() > 1);
         if spread.is_some() {
-            remote::check_options(matches!(self.stages, Stages::Split(_, placement::Split::Auto)), self.micro_batches, self.clip)?;
+            remote::check_options(matches!(self.stages, Stages::Split(_, placement::Split::Auto)), self.micro_batches)?;
         }
         let (stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
         let across = spread.map(|g| Across::place(&g, stages.len())).transpose()?;
@@ -292,12 +292,21 @@ impl Strategy for Pipeline {
         let span = outcomes.iter().map(|o| o.end.duration_since(start).as_secs_f64()).fold(0.0, f64::max);
         let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| placement::track_name(i, &s.device)).collect();
         let trace = self.trace.clone();
+        // Across processes the norm spans every rank's stages: clipped here, so the local
+        // update must not clip again.
+        let global = match &self.across {
+            Some(a) if self.run.clip.is_some() => Some(a.clip(&self.run, &self.stages)?),
+            _ => None,
+        };
+        let clip = if global.is_some() { self.run.clip.take() } else { self.run.clip };
         let opts = self.stages.iter_mut().map(|s| &mut s.opt).collect();
-        let grad_norm = self.run.update_each(opts, |i, t0| {
+        let stepped = self.run.update_each(opts, |i, t0| {
             if let Some(tr) = &trace {
                 tr.span(&tracks[i], "optimizer", Phase::Optimizer, t0, t0.elapsed().as_secs_f64());
             }
-        })?;
+        });
+        self.run.clip = clip;
+        let grad_norm = global.unwrap_or(stepped?);
         let busy: Vec<f64> = outcomes.iter().map(|o| o.compute_s + o.comm_s).collect();
         let idle: Vec<f64> = busy.iter().map(|b| (span - b).max(0.0)).collect();
         let stats = PipelineStats {
@@ -376,9 +385,6 @@ impl Strategy for Pipeline {
         self.stages.iter_mut().for_each(|s| s.opt.set_lr(lr));
     }
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        if self.across.is_some() {
-            remote::check_options(false, self.micro_batches, max_norm)?;
-        }
         self.run.set_clip(max_norm)
     }
     fn set_training(&mut self, training: bool) {

@@ -11,7 +11,10 @@
 //! the matching receive, and under 1F1B two neighbours send to each other at the same time
 //! (activation forward, gradient back), which would wait on each other forever.
 use super::worker::{Inbox, Links, Msg, Outbox, STAGE};
-use crate::dist::Group;
+use crate::dist::{Group, Order};
+use crate::optim::{grad_norm_sq, scale_grads};
+use crate::parallel::placement::Stage;
+use crate::parallel::step::StepLoop;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::mpsc::{channel, Sender};
 use std::thread::JoinHandle;
@@ -148,14 +151,11 @@ pub(super) fn forward_across(group: &Group, x: &Tensor, device: &Device, run_min
 }
 
 /// Refuses what the pipeline does not do across processes: measuring the split (it would
-/// need every rank's layers on every device), clipping by the global norm (it would need the
-/// norm's sum over ranks), and more micro-batches than the message tags tell apart.
-pub(super) fn check_options(auto_split: bool, micro_batches: usize, clip: Option<f32>) -> Result<()> {
+/// need every rank's layers on every device) and more micro-batches than the message tags
+/// tell apart.
+pub(super) fn check_options(auto_split: bool, micro_batches: usize) -> Result<()> {
     if auto_split {
         return Err(Error::invalid("Pipeline::across", "Split::Auto cannot balance stages across processes; give each rank its stages (Stages::Built) or a Split::At of its part"));
-    }
-    if clip.is_some() {
-        return Err(Error::invalid("Pipeline::across", "gradient clipping is not supported across processes yet (the norm would need every rank's stages)"));
     }
     if micro_batches > MAX_MICRO_BATCHES {
         return Err(Error::invalid("Pipeline::across", format!("{micro_batches} micro-batches; across processes at most {MAX_MICRO_BATCHES}")));
@@ -198,6 +198,22 @@ impl Across {
             links[last].grad_in = Some(Box::new(RemoteIn { group: self.group.clone(), peer: rank + 1, dir: Dir::Gradient, device: last_device.clone() }));
         }
         Ok(())
+    }
+
+    /// Clips every rank's gradients by their global norm (`run`'s bound): each rank's sum of
+    /// squares, summed over ranks, as one process would over all stages. Returns the norm.
+    pub fn clip(&self, run: &StepLoop, stages: &[Stage]) -> Result<Option<f32>> {
+        let mut sq = 0.0;
+        for s in stages {
+            sq += grad_norm_sq(s.opt.params())?;
+        }
+        let mut all = [sq as f32];
+        self.group.all_reduce(&mut all, Order::Ranks)?;
+        let (norm, scale) = run.clip_scale(f64::from(all[0]));
+        if let Some(scale) = scale {
+            stages.iter().try_for_each(|s| scale_grads(s.opt.params(), scale))?;
+        }
+        Ok(norm)
     }
 
     /// The batch loss, which the last rank computed, on every rank.
