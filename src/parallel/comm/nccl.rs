@@ -56,7 +56,7 @@ pub(super) struct Rank {
 }
 
 /// The communicators, rank order.
-pub(super) struct Comms(pub Vec<Comm>);
+struct Comms(Vec<Comm>);
 
 // SAFETY: an `ncclComm_t` may be used from any thread as long as no two threads use it at
 // once; `Comms` is only reached through `Nccl::comms`, a mutex.
@@ -191,7 +191,7 @@ pub(super) fn cuda_ranks(devices: &[Device]) -> Result<(Vec<Rank>, Vec<usize>)> 
     if devices.is_empty() {
         return Err(Error::invalid("Nccl", "a communicator needs at least one device"));
     }
-    let mut ranks= Vec::with_capacity(devices.len());
+    let mut ranks = Vec::with_capacity(devices.len());
         let mut ordinals: Vec<usize> = Vec::with_capacity(devices.len());
         for (i, d) in devices.iter().enumerate() {
             let Some(backend) = cuda(d) else {
@@ -485,14 +485,6 @@ impl Communicator for Nccl {
 }
 
 impl Nccl {
-    /// `local` (one count per device of this process) for every NCCL rank: gathered from
-    /// every process when the communicator spans several (collective), else `local`.
-    fn global_counts(&self, local: Vec<usize>) -> Result<Vec<usize>> {
-        let Some(group) = self.group.as_ref().filter(|g| g.size() > 1) else { return Ok(local) };
-        let all = group.all_gather_u64(&local.iter().map(|&c| c as u64).collect::<Vec<_>>())?;
-        Ok(all.into_iter().flatten().map(|c| c as usize).collect())
-    }
-
     /// `len` elements of `src` (on rank `s`) into a fresh buffer on rank `d`.
     fn point_to_point<T: NcclType>(&self, src: &Tensor, s: usize, d: usize, len: usize) -> Result<Buffer> {
         let dtype = src.dtype();

@@ -13,6 +13,7 @@
 //! watchdog does, a thread polls every communicator; on an error it aborts the communicator
 //! (`ncclCommAbort`, which ends the waiting kernels) and ends the job naming this rank.
 use super::nccl::{cuda_ranks, panic_message, probe, Nccl};
+use super::Communicator;
 use crate::dist::Group;
 use crate::{Device, Error, Result};
 use cudarc::nccl::sys::{ncclComm_t, ncclCommAbort, ncclCommGetAsyncError, ncclResult_t};
@@ -89,6 +90,16 @@ impl Nccl {
             tracing::warn!("nccl: cannot read the communicators' handles; NCCL's asynchronous errors are not watched");
         }
         Ok(nccl)
+    }
+}
+
+impl Nccl {
+    /// `local` (one count per device of this process) for every NCCL rank: gathered from
+    /// every process when the communicator spans several (collective), else `local`.
+    pub(super) fn global_counts(&self, local: Vec<usize>) -> Result<Vec<usize>> {
+        let Some(group) = self.process_group().filter(|g| g.size() > 1) else { return Ok(local) };
+        let all = group.all_gather_u64(&local.iter().map(|&c| c as u64).collect::<Vec<_>>())?;
+        Ok(all.into_iter().flatten().map(|c| c as usize).collect())
     }
 }
 
