@@ -3,7 +3,8 @@
 //! device (downloads and uploads included) and, in the same run and on the same bytes, a plain
 //! `MPI_Allreduce` of host memory (rsmpi's `all_reduce_into`, `"backend":"mpi-raw"`), so that
 //! the ratio shows what tandem adds. Figures are algorithm bandwidth: buffer bytes over the
-//! median time of one call, every call started together on every rank.
+//! median time of one call, every call started together on every rank; the two kinds of call
+//! alternate, so that a load on the machine that comes and goes weighs on both alike.
 use super::devices::print_table;
 use super::ranks::Ranks;
 use super::{BenchArgs, LogFormat};
@@ -48,15 +49,18 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
         let reps = reps(bytes, args.quick);
         let values: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
         let tensors = devices.iter().map(|d| Tensor::from_vec(values.clone(), [n], d)).collect::<Result<Vec<_>>>()?;
-        // Synced: an upload a backend only queues counts until it has landed.
-        let s = timed(ranks, reps, || {
-            comm.all_reduce(&tensors, ReduceKind::Sum)?;
-            devices.iter().try_for_each(|d| d.sync())
-        })?;
-        let mut figures = vec![Figure { bench: "allreduce", backend: backend.clone(), processes: group.size(), bytes, gbps: bytes as f64 / s / 1e9 }];
-        if let Some(s) = raw_mpi(ranks, &values, reps)? {
-            figures.push(Figure { bench: "allreduce", backend: "mpi-raw".into(), processes: group.size(), bytes, gbps: bytes as f64 / s / 1e9 });
-        }
+        let mut raw = raw_mpi(ranks, &values);
+        let mut both = [
+            // Synced: an upload a backend only queues counts until it has landed.
+            Some(Box::new(|| {
+                comm.all_reduce(&tensors, ReduceKind::Sum)?;
+                devices.iter().try_for_each(|d| d.sync())
+            }) as Box<dyn FnMut() -> Result<()>>),
+            raw.as_mut().map(|f| Box::new(f) as Box<dyn FnMut() -> Result<()>>),
+        ];
+        let times = timed(ranks, reps, &mut both)?;
+        let names = [backend.clone(), "mpi-raw".to_string()];
+        let figures = names.into_iter().zip(times).filter_map(|(backend, s)| s.map(|s| Figure { bench: "allreduce", backend, processes: group.size(), bytes, gbps: bytes as f64 / s / 1e9 }));
         if !ranks.leader() {
             continue;
         }
@@ -73,42 +77,49 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
     Ok(())
 }
 
-/// Median seconds of rsmpi's `all_reduce_into` of `values` (into a second buffer), or `None`
-/// when MPI is not running (one process, or built without the `mpi` feature).
+/// A call of rsmpi's `all_reduce_into` of `values` (into a buffer of its own), or `None` when
+/// MPI is not running (one process, or built without the `mpi` feature).
 #[cfg(feature = "mpi")]
-fn raw_mpi(ranks: &Ranks, values: &[f32], reps: usize) -> Result<Option<f64>> {
+fn raw_mpi<'a>(ranks: &Ranks, values: &'a [f32]) -> Option<impl FnMut() -> Result<()> + 'a> {
     use mpi::traits::*;
     if !ranks.many() {
-        return Ok(None);
+        return None;
     }
     let world = mpi::topology::SimpleCommunicator::world();
     let mut recv = vec![0f32; values.len()];
-    let s = timed(ranks, reps, || {
+    Some(move || {
         world.all_reduce_into(values, &mut recv[..], mpi::collective::SystemOperation::sum());
         Ok(())
-    })?;
-    Ok(Some(s))
+    })
 }
 
 #[cfg(not(feature = "mpi"))]
-fn raw_mpi(_: &Ranks, _: &[f32], _: usize) -> Result<Option<f64>> {
-    Ok(None)
+fn raw_mpi(_: &Ranks, _: &[f32]) -> Option<fn() -> Result<()>> {
+    None
 }
 
-/// Median seconds of one call of `f` over `reps` calls after two warm-up calls (page faults,
-/// staging buffers), each call started together on every rank.
-fn timed(ranks: &Ranks, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let mut s = Vec::with_capacity(reps);
+/// Median seconds of one call of each of `calls` over `reps` rounds, after two warm-up rounds
+/// (page faults, staging buffers); in each round the calls take turns, each started together
+/// on every rank.
+fn timed(ranks: &Ranks, reps: usize, calls: &mut [Option<Box<dyn FnMut() -> Result<()> + '_>>]) -> Result<Vec<Option<f64>>> {
+    let mut s = vec![Vec::with_capacity(reps); calls.len()];
     for i in 0..reps + 2 {
-        ranks.barrier()?;
-        let t = Instant::now();
-        f()?;
-        if i >= 2 {
-            s.push(t.elapsed().as_secs_f64());
+        for (f, s) in calls.iter_mut().zip(&mut s) {
+            let Some(f) = f else { continue };
+            ranks.barrier()?;
+            let t = Instant::now();
+            f()?;
+            if i >= 2 {
+                s.push(t.elapsed().as_secs_f64());
+            }
         }
     }
-    s.sort_by(f64::total_cmp);
-    Ok(s[s.len() / 2])
+    Ok(s.into_iter()
+        .map(|mut s| {
+            s.sort_by(f64::total_cmp);
+            s.get(s.len() / 2).copied()
+        })
+        .collect())
 }
 
 #[cfg(test)]
