@@ -27,6 +27,9 @@ fn reps(bytes: usize, quick: bool) -> usize {
     (256usize << 20).div_ceil(bytes).clamp(5, 200)
 }
 
+/// One timed call, or `None` where there is nothing to time.
+type Call<'a> = Option<Box<dyn FnMut() -> Result<()> + 'a>>;
+
 /// One figure, `{"bench":"allreduce","backend","processes","bytes","gbps"}`.
 #[derive(serde::Serialize)]
 struct Figure {
@@ -50,7 +53,7 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
         let values: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
         let tensors = devices.iter().map(|d| Tensor::from_vec(values.clone(), [n], d)).collect::<Result<Vec<_>>>()?;
         let mut raw = raw_mpi(ranks, &values);
-        let mut both = [
+        let mut both: [Call<'_>; 2] = [
             // Synced: an upload a backend only queues counts until it has landed.
             Some(Box::new(|| {
                 comm.all_reduce(&tensors, ReduceKind::Sum)?;
@@ -101,7 +104,7 @@ fn raw_mpi(_: &Ranks, _: &[f32]) -> Option<fn() -> Result<()>> {
 /// Median seconds of one call of each of `calls` over `reps` rounds, after two warm-up rounds
 /// (page faults, staging buffers); in each round the calls take turns, each started together
 /// on every rank.
-fn timed(ranks: &Ranks, reps: usize, calls: &mut [Option<Box<dyn FnMut() -> Result<()> + '_>>]) -> Result<Vec<Option<f64>>> {
+fn timed(ranks: &Ranks, reps: usize, calls: &mut [Call<'_>]) -> Result<Vec<Option<f64>>> {
     let mut s = vec![Vec::with_capacity(reps); calls.len()];
     for i in 0..reps + 2 {
         for (f, s) in calls.iter_mut().zip(&mut s) {

@@ -117,7 +117,7 @@ impl Hierarchical {
         let mut data = buf.data.write().unwrap_or_else(PoisonError::into_inner);
         if self.order == Order::Mpi {
             let mut recv = self.spares.take(data.len());
-            self.group.all_reduce_into(&bytemuck::cast_slice(&data[..n]), &mut bytemuck::cast_slice_mut(&mut recv[..n]), Order::Mpi)?;
+            self.group.all_reduce_into(bytemuck::cast_slice(&data[..n]), bytemuck::cast_slice_mut(&mut recv[..n]), Order::Mpi)?;
             std::mem::swap(&mut *data, &mut recv);
             self.spares.keep(recv);
         } else {
