@@ -1,25 +1,25 @@
 //! Data-parallel training across processes: run under `mpirun`, each rank trains the seed CNN
 //! on its share of every global batch of the digits set, on its local devices, through the
 //! `Hierarchical` communicator. Rank 0 prints one JSON line per step. Options inject faults
-//! (for tests/mpi.rs) or time the cross-process all-reduce against plain rsmpi.
+//! (for tests/mpi.rs). `tandem train` does the same from the command line, and `tandem bench
+//! --bench allreduce` times the cross-process all-reduce against plain rsmpi.
 //!
 //! ```text
 //! cargo build --example dist_train --features mpi
 //! mpirun -np 2 target/debug/examples/dist_train --devices cpu --steps 10
-//! mpirun -np 2 target/debug/examples/dist_train --bench-allreduce
 //! ```
 //! Options: `--devices SPEC` (the machine's devices, shared out by local rank; default `cpu`),
 //! `--steps N`, `--batch B`, `--deterministic`, `--order mpi|ranks`, `--weights-out PATH`
 //! (rank 0 writes the final weights as little-endian f32), `--panic-at STEP`, `--hang-at STEP`,
-//! `--kill-at STEP` (on rank `--fault-rank R`, default the last), `--bench-allreduce`.
-use std::time::{Duration, Instant};
+//! `--kill-at STEP` (on rank `--fault-rank R`, default the last).
+use std::time::Duration;
 use tandem::data::{digits, DataLoader};
 use tandem::dist::{self, Group, Order};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::comm::{Communicator, Hierarchical, ReduceKind};
+use tandem::parallel::comm::{Communicator, Hierarchical};
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
-use tandem::{Device, Error, Result, Tensor};
+use tandem::{Error, Result};
 
 struct Args {
     devices: String,
@@ -30,7 +30,6 @@ struct Args {
     weights_out: Option<String>,
     fault: Option<(Fault, u64)>,
     fault_rank: Option<usize>,
-    bench: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -48,14 +47,14 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let result = parse_args().and_then(|args| if args.bench { bench(&group) } else { train(&group, &args) });
+    let result = parse_args().and_then(|args| train(&group, &args));
     if let Err(e) = result {
         group.abort(&format!("dist_train: {e}"));
     }
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, order: None, weights_out: None, fault: None, fault_rank: None, bench: false };
+    let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, order: None, weights_out: None, fault: None, fault_rank: None };
     let mut it = std::env::args().skip(1);
     let usage = |m: String| Error::Usage(format!("dist_train: {m}"));
     while let Some(flag) = it.next() {
@@ -78,7 +77,6 @@ fn parse_args() -> Result<Args> {
             "--hang-at" => a.fault = Some((Fault::Hang, num(value()?)?)),
             "--kill-at" => a.fault = Some((Fault::Kill, num(value()?)?)),
             "--fault-rank" => a.fault_rank = Some(num(value()?)? as usize),
-            "--bench-allreduce" => a.bench = true,
             f => return Err(usage(format!("unknown option {f}"))),
         }
     }
@@ -136,57 +134,4 @@ fn inject(fault: Fault, rank: usize, step: u64) {
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
-}
-
-/// Algorithm bandwidth (buffer bytes per second) of each all-reduce, 4 KiB to 64 MiB: plain
-/// rsmpi `all_reduce_into`, the group's polled MPI all-reduce and its rank-order sum, and the
-/// `Hierarchical` communicator on a CPU tensor (downloads and uploads included).
-fn bench(group: &Group) -> Result<()> {
-    use mpi::traits::*;
-    let world = mpi::topology::SimpleCommunicator::world();
-    let cpu = Device::cpu();
-    let comms = [("tandem-hierarchical-mpi", Order::Mpi), ("tandem-hierarchical-ranks", Order::Ranks)]
-        .map(|(name, order)| Hierarchical::new(std::slice::from_ref(&cpu), group.clone(), order).map(|c| (name, c)));
-    let comms = comms.into_iter().collect::<Result<Vec<_>>>()?;
-    for bytes in (0..7).map(|i| 4096usize << (2 * i)).chain([64 << 20]) {
-        let n = bytes / 4;
-        let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
-        let reps = (256usize << 20).div_ceil(bytes).clamp(3, 200);
-        let mut results = Vec::new();
-        let mut recv = vec![0f32; n];
-        results.push(("rsmpi-all_reduce_into", time(group, reps, || {
-            world.all_reduce_into(&data[..], &mut recv[..], mpi::collective::SystemOperation::sum());
-            Ok(())
-        })?));
-        let mut buf = data.clone();
-        for (name, order) in [("tandem-group-mpi", Order::Mpi), ("tandem-group-ranks", Order::Ranks)] {
-            results.push((name, time(group, reps, || group.all_reduce(&mut buf, order))?));
-        }
-        let t = Tensor::from_vec(data.clone(), [n], &cpu)?;
-        for (name, c) in &comms {
-            results.push((name, time(group, reps, || c.all_reduce(std::slice::from_ref(&t), ReduceKind::Sum))?));
-        }
-        if group.rank() == 0 {
-            for (name, s) in results {
-                println!(r#"{{"bench":"allreduce","impl":"{name}","backend":"cpu","processes":{},"bytes":{bytes},"gbps":{:.3}}}"#, group.size(), bytes as f64 / s / 1e9);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Median seconds of one call of `f` over `reps` calls after two warm-up calls, each call
-/// started together on every rank.
-fn time(group: &Group, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let mut s = Vec::with_capacity(reps);
-    for i in 0..reps + 2 {
-        group.barrier()?;
-        let t = Instant::now();
-        f()?;
-        if i >= 2 {
-            s.push(t.elapsed().as_secs_f64());
-        }
-    }
-    s.sort_by(f64::total_cmp);
-    Ok(s[s.len() / 2])
 }

@@ -190,14 +190,19 @@ pub type SafetensorsContents = (Vec<(String, HostTensor)>, BTreeMap<String, Stri
 pub fn read_safetensors(path: impl AsRef<Path>) -> Result<SafetensorsContents> {
     let path = path.as_ref();
     let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
-    let st = parse(path, &bytes)?;
+    safetensors_from_bytes(path, &bytes)
+}
+
+/// [`read_safetensors`] of a file's `bytes` already in memory; `path` names it in errors.
+pub fn safetensors_from_bytes(path: &Path, bytes: &[u8]) -> Result<SafetensorsContents> {
+    let st = parse(path, bytes)?;
     let mut out = Vec::with_capacity(st.len());
     for (name, view) in st.tensors() {
         let t = host_from_view(path, &name, &view)?;
         out.push((name, t));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
-    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| Error::format(path, e.to_string()))?;
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| Error::format(path, e.to_string()))?;
     let meta = meta.metadata().clone().unwrap_or_default().into_iter().collect();
     Ok((out, meta))
 }

@@ -3,6 +3,7 @@
 //! training step, tokens/s and activation bytes; as one table or one JSON object per figure.
 //! Every figure is a median.
 use super::devices::print_table;
+use super::ranks::Ranks;
 use super::{BenchArgs, LogFormat};
 use crate::autograd::no_grad;
 use crate::data::synthetic;
@@ -35,7 +36,15 @@ struct Reps {
     dispatch: usize,
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
+    match args.bench.as_deref() {
+        None => {}
+        Some("allreduce") => return super::allreduce::run(args, ranks),
+        Some(b) => return Err(crate::Error::invalid("--bench", format!("'{b}' is not a benchmark; the one named benchmark is allreduce"))),
+    }
+    if ranks.many() {
+        return Err(crate::Error::invalid("--bench", format!("under {} processes tandem bench measures --bench allreduce only", ranks.group().size())));
+    }
     let devices = Device::parse(&args.devices)?;
     match args.model.as_deref() {
         None => {}

@@ -7,7 +7,7 @@
 //! crash leaves whole checkpoints only; the checksum also catches later damage. Resuming takes
 //! the newest file that parses and whose checksum matches, and reports the ones it skipped.
 //! Who may write into a directory, and which files a run may prune, is `run_dir`'s business.
-use crate::checkpoint::{read_safetensors, sha256_hex, to_host, write_safetensors, HostData, HostTensor, SafetensorsContents};
+use crate::checkpoint::{read_safetensors, safetensors_from_bytes, sha256_hex, to_host, write_safetensors, HostData, HostTensor, SafetensorsContents};
 use crate::data::LoaderState;
 use crate::parallel::Strategy;
 use crate::{Device, Error, Result, Tensor};
@@ -152,15 +152,17 @@ pub fn remove_stale_temps(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The newest checkpoint in `dir` that reads back whole; each one skipped is passed to `skip`
-/// with the reason. Errors when there is none.
-pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<Checkpoint> {
+/// The newest checkpoint in `dir` that reads back whole, and its file's bytes (which rank 0
+/// sends the other ranks under mpirun); each one skipped is passed to `skip` with the reason.
+/// Errors when there is none.
+pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<(Checkpoint, Vec<u8>)> {
     let all = if dir.is_dir() { list(dir)? } else { Vec::new() };
     if all.is_empty() {
         return Err(Error::NoCheckpoint { dir: dir.to_path_buf(), found: 0 });
     }
     for (_, path) in all.iter().rev() {
-        match read(path) {
+        let read = std::fs::read(path).map_err(|e| Error::io(path, e)).and_then(|bytes| Ok((from_bytes(path, &bytes)?, bytes)));
+        match read {
             Ok(c) => return Ok(c),
             Err(e) => skip(path, &e),
         }
@@ -170,13 +172,12 @@ pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<Ch
 
 /// The run state of a checkpoint file whose checksum matches, without building its tensors.
 pub fn verify(path: &Path) -> Result<RunState> {
-    let (_, meta) = checked(path)?;
+    let (_, meta) = checked(path, read_safetensors(path)?)?;
     state_of(path, &meta)
 }
 
 /// The tensors and metadata of a tandem checkpoint whose checksum matches.
-fn checked(path: &Path) -> Result<SafetensorsContents> {
-    let (tensors, meta) = read_safetensors(path)?;
+fn checked(path: &Path, (tensors, meta): SafetensorsContents) -> Result<SafetensorsContents> {
     if meta.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(Error::format(path, "not a tandem checkpoint"));
     }
@@ -199,8 +200,9 @@ fn state_of(path: &Path, meta: &BTreeMap<String, String>) -> Result<RunState> {
     })
 }
 
-fn read(path: &Path) -> Result<Checkpoint> {
-    let (tensors, meta) = checked(path)?;
+/// The checkpoint in `bytes`, the contents of the file at `path` (named in errors).
+pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Checkpoint> {
+    let (tensors, meta) = checked(path, safetensors_from_bytes(path, bytes)?)?;
     let state = state_of(path, &meta)?;
     let (mut weights, mut optim) = (Vec::new(), Vec::new());
     for (name, h) in tensors {

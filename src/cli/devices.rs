@@ -1,10 +1,14 @@
 //! `tandem devices`: every device of every compiled backend as a table, the one `auto` picks
 //! marked, adapters refused for want of compute with the reason, and a plain word about
 //! backends that are compiled in but found nothing or lack the platform's usual driver.
+use super::ranks::Ranks;
 use crate::device::spec_names;
 use crate::{BackendKind, Device, DeviceInfo, Result};
 
-pub fn run() -> Result<()> {
+pub fn run(ranks: &Ranks) -> Result<()> {
+    if ranks.many() {
+        return per_rank(ranks);
+    }
     let list = Device::list();
     let auto = Device::auto()?.spec();
     let rows: Vec<Vec<String>> = list
@@ -23,6 +27,30 @@ pub fn run() -> Result<()> {
     }
     for line in notes(&list) {
         out!("{line}");
+    }
+    Ok(())
+}
+
+/// Under mpirun: one line per rank (its place in the job, its machine, the devices it sees and
+/// the one `auto` picks there), gathered and printed by rank 0 in rank order.
+fn per_rank(ranks: &Ranks) -> Result<()> {
+    let g = ranks.group();
+    let seen: Vec<String> = Device::list().iter().map(|i| format!("{} ({})", spec(i), i.name)).collect();
+    // The kernel's name for the machine; only for the reader, so a missing file is left out.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| format!(" on {}", h.trim())).unwrap_or_default();
+    let line = format!(
+        "rank {} of {} (local rank {} of {}{host}): auto = {}; devices: {}",
+        g.rank(),
+        g.size(),
+        g.local_rank(),
+        g.local_size(),
+        Device::auto()?.spec(),
+        seen.join(", ")
+    );
+    for bytes in ranks.gather_bytes(line.as_bytes())? {
+        if ranks.leader() {
+            out!("{}", String::from_utf8_lossy(&bytes));
+        }
     }
     Ok(())
 }

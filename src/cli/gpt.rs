@@ -5,8 +5,8 @@
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
 //! so `tandem generate` needs nothing but the checkpoint file.
 use super::checkpoints::RunState;
-use super::progress::{Reporter, Summary};
-use super::run_dir::{Claim, RunDir};
+use super::progress::Summary;
+use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
 use super::stop::StopSignal;
 use super::{OptimizerKind, TrainArgs};
@@ -98,7 +98,7 @@ pub(super) fn batch_rng(seed: u64, stream: u64) -> ChaCha8Rng {
     rng
 }
 
-pub fn train(args: &TrainArgs) -> Result<u8> {
+pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let t0 = Instant::now();
     let stop = StopSignal::install()?;
     let g = &args.gpt;
@@ -122,14 +122,9 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
     let total = args.steps.unwrap_or(DEFAULT_STEPS);
     let optim = setup::optim_config(args, OptimizerKind::Adamw)?;
     let schedule = lr_schedule(g.warmup_steps, optim.lr(), total)?;
-    setup::check_outputs(&[("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())])?;
-    let devices = Device::parse(&args.devices)?;
-    let claim = match (args.resume, args.overwrite_checkpoints) {
-        (true, _) => Claim::Resume,
-        (false, true) => Claim::Overwrite,
-        (false, false) => Claim::Fresh,
-    };
-    let run_dir = args.checkpoint_dir.as_deref().map(|d| RunDir::open(d, claim)).transpose()?;
+    let devices = ranks.devices(&args.devices)?;
+    ranks.check_strategy(args.strategy)?;
+    let (claim, run_dir) = super::train::outputs_and_run_dir(args, ranks)?;
 
     let data = Tokens::load(&args.data)?;
     let block = data.block(g.block_size)?;
@@ -146,26 +141,33 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
     let val = data.batch(Split::Val, VAL_WINDOWS, block, &mut batch_rng(args.seed, VAL_STREAM))?;
     data.batch(Split::Train, 1, block, &mut batch_rng(args.seed, 0))?;
 
-    let mut strategy = build(args, cfg, &optim, &devices)?;
+    let mut strategy = if ranks.many() {
+        // Across processes, data parallelism spans them (check_strategy refused the others).
+        let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), ..Default::default() };
+        ranks.data_parallel(|d| Gpt::new(cfg, args.seed, d), &devices, &optim, Loss::CrossEntropy, dp)?
+    } else {
+        build(args, cfg, &optim, &devices)?
+    };
     strategy.set_grad_clip(setup::grad_clip(args)?)?;
     if let Some(path) = &args.init {
         strategy.load_state_dict(&read_weights(path)?).map_err(|e| Error::format(path, format!("--init: {e}")))?;
     }
     let config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
 
-    let (start, run, mut kept) = super::train::start_run(run_dir.as_ref(), claim, strategy.as_mut(), None, &config, args.seed, total, "--steps")?;
+    let at = super::train::Resume { ranks, dir: args.checkpoint_dir.as_deref(), run_dir: run_dir.as_ref(), claim };
+    let (start, run, mut kept) = super::train::start_run(at, strategy.as_mut(), None, &config, args.seed, total, "--steps")?;
 
     let trace = args.trace.as_ref().map(|_| Trace::new());
     if let Some(t) = &trace {
         strategy.set_trace(t.clone());
     }
-    let reporter = Reporter::new(args.log_format, start + 1, total, args.batch);
+    let reporter = super::train::reporter(ranks, args, start, total);
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
     let mut losses = Vec::new();
     let mut val_loss = None;
     let train_t0 = Instant::now();
     let mut step = start;
-    let mut stopped = stop.get();
+    let mut stopped = ranks.agree_stop(stop.get())?;
     while step < total && stopped.is_none() {
         if let Some(s) = &schedule {
             strategy.set_lr(s.lr_at(step));
@@ -178,14 +180,16 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
         }
         reporter.step(step, rep.loss, rep.wall_s);
         losses.push((step, rep.loss));
-        stopped = stop.get();
-        if g.eval_every.is_some_and(|e| step.is_multiple_of(e)) || (step == total && g.eval_every.is_some()) {
+        stopped = ranks.agree_stop(stop.get())?;
+        // The replicas are equal: rank 0's validation loss is every rank's.
+        let eval = g.eval_every.is_some_and(|e| step.is_multiple_of(e)) || (step == total && g.eval_every.is_some());
+        if eval && ranks.leader() {
             let v = validation_loss(strategy.as_mut(), &val, args.batch)?;
             reporter.val_loss(step, v);
             val_loss = Some(v);
         }
-        if let Some(dir) = &run_dir {
-            if step.is_multiple_of(every) || step == total || stopped.is_some() {
+        if args.checkpoint_dir.is_some() && (step.is_multiple_of(every) || step == total || stopped.is_some()) {
+            if let Some(dir) = &run_dir {
                 // Windows are drawn from (seed, step): no loader position to keep.
                 let loader = LoaderState { epoch: 0, position: 0 };
                 kept = Some(super::train::save_checkpoint(dir, strategy.as_ref(), step, kept, |optim_steps| RunState {
@@ -197,6 +201,7 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
                     config: config.clone(),
                 })?);
             }
+            ranks.barrier()?;
         }
     }
     let train_s = train_t0.elapsed().as_secs_f64();
@@ -218,7 +223,11 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
         stopped_by: stopped.map(|s| s.name),
     };
     if let Some(sig) = stopped {
-        return Ok(super::train::finish_stopped(reporter, &mut summary, sig, step, run_dir.is_some(), t0));
+        return Ok(super::train::finish_stopped(reporter, &mut summary, sig, step, args.checkpoint_dir.is_some(), t0));
+    }
+    if !ranks.leader() {
+        ranks.barrier()?;
+        return Ok(0);
     }
     if let Some(path) = &args.save {
         let meta = BTreeMap::from([("config".to_string(), config.to_string())]);
@@ -232,6 +241,7 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
     }
     summary.wall_s = t0.elapsed().as_secs_f64();
     reporter.finish(&summary);
+    ranks.barrier()?;
     Ok(0)
 }
 

@@ -11,6 +11,7 @@ macro_rules! out {
     };
 }
 
+mod allreduce;
 mod bench;
 mod checkpoints;
 mod devices;
@@ -18,6 +19,7 @@ mod generate;
 mod gpt;
 mod plot;
 mod progress;
+mod ranks;
 mod run_dir;
 mod setup;
 mod stop;
@@ -226,6 +228,10 @@ pub struct GenerateArgs {
 
 #[derive(Clone, Debug, Args)]
 pub struct BenchArgs {
+    /// One benchmark only: allreduce (run it under `mpirun -np N`: tandem's all-reduce across
+    /// the processes against a plain MPI_Allreduce of the same bytes, 4 KiB to 64 MiB).
+    #[arg(long, value_name = "NAME")]
+    pub bench: Option<String>,
     /// Benchmark training steps of this model only: gpt (4 layers, 4 heads, 128 wide, block
     /// 64, batch 16) instead of the default set of figures.
     #[arg(long)]
@@ -242,13 +248,18 @@ pub struct BenchArgs {
 
 /// Runs one parsed command; returns the exit status: 0, or 128 + the signal's number after
 /// `train` stopped early on SIGINT (130) or SIGTERM (143).
+///
+/// Under `mpirun`/`srun` every rank runs the command (see `ranks.rs`); an error on any rank
+/// ends the whole job with a message naming that rank instead of returning.
 pub fn run(cli: Cli) -> crate::Result<u8> {
-    match cli.command {
-        Command::Devices => devices::run().map(|()| 0),
-        Command::Train(args) => train::run(&args),
-        Command::Bench(args) => bench::run(&args).map(|()| 0),
+    let ranks = ranks::Ranks::init()?;
+    let done = match cli.command {
+        Command::Devices => devices::run(&ranks).map(|()| 0),
+        Command::Train(args) => train::run(&args, &ranks),
+        Command::Bench(args) => bench::run(&args, &ranks).map(|()| 0),
         Command::Generate(args) => generate::run(&args).map(|()| 0),
-    }
+    };
+    done.or_else(|e| ranks.fail(e))
 }
 
 /// The exit status for a failed command: 2 for a usage error (a flag's value that can never

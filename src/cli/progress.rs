@@ -60,6 +60,8 @@ pub struct Reporter {
     batch: usize,
     started: Instant,
     first_step: u64,
+    /// Prints nothing: a rank other than 0 under mpirun, whose lines would repeat rank 0's.
+    quiet: bool,
 }
 
 impl Reporter {
@@ -74,7 +76,12 @@ impl Reporter {
             bar
         });
         let every = (total / TEXT_LINES).max(1);
-        Reporter { format, bar, total, every, batch, started: Instant::now(), first_step }
+        Reporter { format, bar, total, every, batch, started: Instant::now(), first_step, quiet: false }
+    }
+
+    /// A reporter that prints nothing.
+    pub fn quiet(format: LogFormat, first_step: u64, total: u64, batch: usize) -> Reporter {
+        Reporter { format, bar: None, total, every: 1, batch, started: Instant::now(), first_step, quiet: true }
     }
 
     /// Training samples per second since this reporter started.
@@ -84,6 +91,9 @@ impl Reporter {
     }
 
     pub fn step(&self, step: u64, loss: f32, step_s: f64) {
+        if self.quiet {
+            return;
+        }
         let rate = self.samples_per_sec(step);
         match (self.format, &self.bar) {
             (LogFormat::Json, _) => {
@@ -108,6 +118,9 @@ impl Reporter {
     /// A validation loss after `step`: a `{"step","val_loss"}` line in JSON, a line of text
     /// otherwise.
     pub fn val_loss(&self, step: u64, val_loss: f32) {
+        if self.quiet {
+            return;
+        }
         match self.format {
             LogFormat::Json => out!("{}", serde_json::to_string(&ValLine { step, val_loss }).unwrap_or_default()),
             LogFormat::Text => {
@@ -124,6 +137,7 @@ impl Reporter {
     /// Info for a human (checkpoints written, evaluation): stderr, above the bar if any.
     pub fn note(&self, msg: &str) {
         match &self.bar {
+            _ if self.quiet => {}
             Some(bar) => bar.println(msg),
             None if self.format == LogFormat::Text => eprintln!("{msg}"),
             None => {}
@@ -131,6 +145,9 @@ impl Reporter {
     }
 
     pub fn finish(self, s: &Summary) {
+        if self.quiet {
+            return;
+        }
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }

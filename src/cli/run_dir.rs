@@ -71,10 +71,6 @@ impl RunDir {
         Ok(dir)
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn claim(&self, claim: Claim) -> Result<()> {
         let existing = checkpoints::list(&self.path)?;
         match claim {

@@ -23,6 +23,11 @@ pub struct Stopped {
 }
 
 impl Stopped {
+    /// The stop signal numbered `signal` (another rank's, under mpirun).
+    pub fn of(signal: i32) -> Stopped {
+        let name = SIGNALS.iter().find(|(s, _)| *s == signal).map_or("a signal", |s| s.1);
+        Stopped { signal, name }
+    }
     /// The exit status a shell reports for a process ended by this signal.
     pub fn exit_code(self) -> u8 {
         u8::try_from(128 + self.signal).unwrap_or(1)

@@ -3,6 +3,7 @@
 //! after the current step, with a checkpoint and the summary.
 use super::checkpoints::{self, Checkpoint, RunState};
 use super::progress::{Reporter, Summary};
+use super::ranks::Ranks;
 use super::run_dir::{self, Claim, RunDir};
 use super::setup::{self, build_strategy, DataSource, StrategyPlan};
 use super::stop::StopSignal;
@@ -10,7 +11,7 @@ use super::{plot, ModelArg, OptimizerKind, TrainArgs};
 use crate::data::{DataLoader, Dataset, Targets};
 use crate::nn::models::SeedModel;
 use crate::nn::Module;
-use crate::parallel::{trace::Trace, Loss, OptimConfig, Strategy};
+use crate::parallel::{trace::Trace, DataParallelConfig, Loss, OptimConfig, Strategy};
 use crate::{Device, Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,8 +24,8 @@ const DEFAULT_CHECKPOINT_EVERY: u64 = 100;
 /// Samples per forward pass when evaluating.
 const EVAL_CHUNK: usize = 1000;
 
-pub fn run(args: &TrainArgs) -> Result<u8> {
-    let ModelArg::Seed(model_kind) = args.model else { return super::gpt::train(args) };
+pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
+    let ModelArg::Seed(model_kind) = args.model else { return super::gpt::train(args, ranks) };
     setup::no_gpt_flags(args)?;
     let t0 = Instant::now();
     let stop = StopSignal::install()?;
@@ -42,14 +43,9 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
             return Err(Error::invalid(flag, "must be at least 1"));
         }
     }
-    setup::check_outputs(&[("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())])?;
-    let devices = Device::parse(&args.devices)?;
-    let claim = match (args.resume, args.overwrite_checkpoints) {
-        (true, _) => Claim::Resume,
-        (false, true) => Claim::Overwrite,
-        (false, false) => Claim::Fresh,
-    };
-    let run_dir = args.checkpoint_dir.as_deref().map(|d| RunDir::open(d, claim)).transpose()?;
+    let devices = ranks.devices(&args.devices)?;
+    ranks.check_strategy(args.strategy)?;
+    let (claim, run_dir) = outputs_and_run_dir(args, ranks)?;
 
     let (train, test) = source.load(model_kind, args.seed)?;
     setup::check_fit(model_kind, &train, "training data")?;
@@ -75,29 +71,35 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     if let Some(path) = &args.init {
         model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
-    let plan = StrategyPlan {
-        kind: args.strategy,
-        model,
-        optim: optim.clone(),
-        loss,
-        devices,
-        micro_batches,
-        schedule: args.schedule,
-        deterministic: args.deterministic,
+    let mut strategy = if ranks.many() {
+        let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, ..Default::default() };
+        ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
+    } else {
+        let plan = StrategyPlan {
+            kind: args.strategy,
+            model,
+            optim: optim.clone(),
+            loss,
+            devices,
+            micro_batches,
+            schedule: args.schedule,
+            deterministic: args.deterministic,
+        };
+        build_strategy(plan)?
     };
-    let mut strategy = build_strategy(plan)?;
     strategy.set_grad_clip(setup::grad_clip(args)?)?;
 
     let config = run_config(args, model_kind, &optim);
     // `kept`: the newest checkpoint known to hold finite weights: the one resumed from, then
     // each one this process writes (a non-finite state is never written).
-    let (start, run, mut kept) = start_run(run_dir.as_ref(), claim, strategy.as_mut(), Some(&mut loader), &config, args.seed, total, length_flag)?;
+    let at = Resume { ranks, dir: args.checkpoint_dir.as_deref(), run_dir: run_dir.as_ref(), claim };
+    let (start, run, mut kept) = start_run(at, strategy.as_mut(), Some(&mut loader), &config, args.seed, total, length_flag)?;
     let trace = args.trace.as_ref().map(|_| Trace::new());
     if let Some(t) = &trace {
         strategy.set_trace(t.clone());
     }
 
-    let reporter = Reporter::new(args.log_format, start + 1, total, args.batch);
+    let reporter = reporter(ranks, args, start, total);
     if start == total {
         reporter.note(&format!("the checkpoint is already at step {total}: no steps to run"));
     }
@@ -106,7 +108,7 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     let train_t0 = Instant::now();
     let mut step = start;
     // A signal during setup stops before the first step.
-    let mut stopped = stop.get();
+    let mut stopped = ranks.agree_stop(stop.get())?;
     while step < total && stopped.is_none() {
         step += 1;
         let batch = loader.next_batch();
@@ -116,9 +118,9 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
         }
         reporter.step(step, rep.loss, rep.wall_s);
         losses.push((step, rep.loss));
-        stopped = stop.get();
-        if let Some(dir) = &run_dir {
-            if step.is_multiple_of(every) || step == total || stopped.is_some() {
+        stopped = ranks.agree_stop(stop.get())?;
+        if args.checkpoint_dir.is_some() && (step.is_multiple_of(every) || step == total || stopped.is_some()) {
+            if let Some(dir) = &run_dir {
                 let loader_state = loader.state();
                 kept = Some(save_checkpoint(dir, strategy.as_ref(), step, kept, |optim_steps| RunState {
                     run: run.clone(),
@@ -129,6 +131,8 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
                     config: config.clone(),
                 })?);
             }
+            // Nobody goes on (and could read the directory) before rank 0 has written it.
+            ranks.barrier()?;
         }
     }
     let train_s = train_t0.elapsed().as_secs_f64();
@@ -152,7 +156,12 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     if let Some(sig) = stopped {
         // A stopped run is not finished: no evaluation, and no --save/--plot/--trace that could
         // be mistaken for the results of the whole run.
-        return Ok(finish_stopped(reporter, &mut summary, sig, step, run_dir.is_some(), t0));
+        return Ok(finish_stopped(reporter, &mut summary, sig, step, args.checkpoint_dir.is_some(), t0));
+    }
+    if !ranks.leader() {
+        // Rank 0 evaluates and writes the outputs; the job ends when it has.
+        ranks.barrier()?;
+        return Ok(0);
     }
 
     let accuracy = match &test {
@@ -172,7 +181,33 @@ pub fn run(args: &TrainArgs) -> Result<u8> {
     summary.test_samples = accuracy.and(test.as_ref().map(Dataset::len));
     summary.wall_s = t0.elapsed().as_secs_f64();
     reporter.finish(&summary);
+    ranks.barrier()?;
     Ok(0)
+}
+
+/// Checks the output flags and opens `--checkpoint-dir` (rank 0 alone: the outputs and the
+/// checkpoints are its to write); returns what the run claims of the directory.
+pub(super) fn outputs_and_run_dir(args: &TrainArgs, ranks: &Ranks) -> Result<(Claim, Option<RunDir>)> {
+    let claim = match (args.resume, args.overwrite_checkpoints) {
+        (true, _) => Claim::Resume,
+        (false, true) => Claim::Overwrite,
+        (false, false) => Claim::Fresh,
+    };
+    if !ranks.leader() {
+        return Ok((claim, None));
+    }
+    setup::check_outputs(&[("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())])?;
+    let run_dir = args.checkpoint_dir.as_deref().map(|d| RunDir::open(d, claim)).transpose()?;
+    Ok((claim, run_dir))
+}
+
+/// The progress reporter of steps `start + 1..=total`; silent on ranks other than 0.
+pub(super) fn reporter(ranks: &Ranks, args: &TrainArgs, start: u64, total: u64) -> Reporter {
+    if ranks.leader() {
+        Reporter::new(args.log_format, start + 1, total, args.batch)
+    } else {
+        Reporter::quiet(args.log_format, start + 1, total, args.batch)
+    }
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.
@@ -188,15 +223,22 @@ fn run_config(args: &TrainArgs, model: SeedModel, optim: &OptimConfig) -> serde_
     })
 }
 
+/// Where a run's checkpoints are: `--checkpoint-dir` (`dir`), opened by rank 0 alone
+/// (`run_dir`), and what the run claims of it.
+pub(super) struct Resume<'a> {
+    pub ranks: &'a Ranks,
+    pub dir: Option<&'a Path>,
+    pub run_dir: Option<&'a RunDir>,
+    pub claim: Claim,
+}
+
 /// Where a run starts: step 0 under a new run id, or, with `claim` `Resume`, the newest valid
-/// checkpoint in `run_dir` (loaded into `strategy` and `loader`); a fresh run told to overwrite
-/// clears the directory's earlier files first. Returns the first step, the run id and the
-/// checkpoint resumed from. `length_flag` names the flag that set `total` in the error for a
-/// checkpoint already past it.
-#[allow(clippy::too_many_arguments)]
+/// checkpoint in the directory (loaded into `strategy` and `loader` on every rank); a fresh
+/// run told to overwrite clears the directory's earlier files first. Returns the first step,
+/// the run id and the checkpoint resumed from. `length_flag` names the flag that set `total`
+/// in the error for a checkpoint already past it.
 pub(super) fn start_run(
-    run_dir: Option<&RunDir>,
-    claim: Claim,
+    at: Resume,
     strategy: &mut dyn Strategy,
     loader: Option<&mut DataLoader>,
     config: &serde_json::Value,
@@ -204,19 +246,21 @@ pub(super) fn start_run(
     total: u64,
     length_flag: &'static str,
 ) -> Result<(u64, String, Option<PathBuf>)> {
-    let Some(dir) = run_dir else { return Ok((0, run_dir::new_run_id(), None)) };
-    if claim != Claim::Resume {
-        if claim == Claim::Overwrite {
-            dir.discard_earlier()?;
+    let Some(dir) = at.dir else { return Ok((0, run_dir::new_run_id(), None)) };
+    if at.claim != Claim::Resume {
+        if let (Claim::Overwrite, Some(run_dir)) = (at.claim, at.run_dir) {
+            run_dir.discard_earlier()?;
         }
         return Ok((0, run_dir::new_run_id(), None));
     }
-    let resumed = resume(dir.path(), strategy, loader, config, seed)?;
+    let resumed = resume(at.ranks, dir, strategy, loader, config, seed)?;
     if resumed.state.step > total {
         let at = format!("{} is at step {}, past the {total} steps asked for", resumed.path.display(), resumed.state.step);
         return Err(Error::invalid(length_flag, format!("{at}: nothing to do; ask for more steps to continue it")));
     }
-    eprintln!("resuming from {} (step {})", resumed.path.display(), resumed.state.step);
+    if at.ranks.leader() {
+        eprintln!("resuming from {} (step {})", resumed.path.display(), resumed.state.step);
+    }
     // Files written before run ids carry none; the continued run takes a new one.
     let run = if resumed.state.run.is_empty() { run_dir::new_run_id() } else { resumed.state.run };
     Ok((resumed.state.step, run, Some(resumed.path)))
@@ -245,9 +289,24 @@ pub(super) fn finish_stopped(reporter: Reporter, summary: &mut Summary, sig: sup
 }
 
 /// Restores weights, optimizer and loader (when there is one) from the newest valid
-/// checkpoint; returns it.
-pub(super) fn resume(dir: &Path, s: &mut dyn Strategy, loader: Option<&mut DataLoader>, config: &serde_json::Value, seed: u64) -> Result<Checkpoint> {
-    let ckpt = checkpoints::load_newest(dir, |path, e| eprintln!("warning: skipping checkpoint {}: {e}", path.display()))?;
+/// checkpoint; returns it. Rank 0 reads the directory and sends the file to the other ranks,
+/// which need not see it (another machine's disk), whatever their number when it was written.
+pub(super) fn resume(ranks: &Ranks, dir: &Path, s: &mut dyn Strategy, loader: Option<&mut DataLoader>, config: &serde_json::Value, seed: u64) -> Result<Checkpoint> {
+    let newest = if ranks.leader() {
+        Some(checkpoints::load_newest(dir, |path, e| eprintln!("warning: skipping checkpoint {}: {e}", path.display()))?)
+    } else {
+        None
+    };
+    let (newest, bytes) = newest.map_or((None, None), |(c, b)| (Some(c), Some(b)));
+    let bytes = ranks.share_bytes(bytes)?;
+    let ckpt = match newest {
+        Some(c) => c,
+        None => {
+            let mut c = checkpoints::from_bytes(dir, &bytes)?;
+            c.path = dir.join(checkpoints::file_name(c.state.step));
+            c
+        }
+    };
     let st = &ckpt.state;
     if st.config != *config || st.shuffle_seed != seed {
         let changed: Vec<String> = config

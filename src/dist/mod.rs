@@ -176,6 +176,22 @@ impl Group {
             },
         }
     }
+    /// Writes into `recv` on every rank the elementwise sum over ranks of `send`, in `order`
+    /// (equal lengths): with `Order::Mpi`, MPI reads `send` and writes `recv`, which saves
+    /// [`Group::all_reduce`]'s copy of the input.
+    pub fn all_reduce_into(&self, send: &[f32], recv: &mut [f32], order: Order) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(Error::invalid("Group::all_reduce_into", format!("{} values to send, room for {} (rank {})", send.len(), recv.len(), self.rank())));
+        }
+        match &self.inner {
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) if order == Order::Mpi => w.all_reduce_mpi_into(send, recv),
+            _ => {
+                recv.copy_from_slice(send);
+                self.all_reduce(recv, order)
+            }
+        }
+    }
     /// Every rank's `data` (lengths may differ), on every rank, in rank order.
     pub fn all_gather(&self, data: &[f32]) -> Result<Vec<Vec<f32>>> {
         match &self.inner {
@@ -296,6 +312,10 @@ mod tests {
         let g = Group::alone();
         let mut v = vec![1.5f32, -2.0];
         g.all_reduce(&mut v, Order::Ranks).unwrap();
+        let mut into = vec![0.0; 2];
+        g.all_reduce_into(&v, &mut into, Order::Mpi).unwrap();
+        assert_eq!(into, v);
+        assert!(g.all_reduce_into(&v, &mut [0.0; 3], Order::Mpi).is_err());
         g.broadcast(&mut v, 0).unwrap();
         assert_eq!(v, vec![1.5, -2.0]);
         assert_eq!(g.all_gather(&v).unwrap(), vec![v.clone()]);

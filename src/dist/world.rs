@@ -121,6 +121,14 @@ impl World {
         Ok(())
     }
 
+    /// `MPI_Allreduce` from `send` into `recv`: the caller's buffers, no copy.
+    pub fn all_reduce_mpi_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        count("Group::all_reduce_into", send.len())?;
+        let _order = self.lock();
+        self.guarded(|| format!("all_reduce of {} floats", send.len()), |c| c.all_reduce_into(send, recv, mpi::collective::SystemOperation::sum()));
+        Ok(())
+    }
+
     /// The sum in rank order: slice `r` of every rank's buffer goes to rank `r` (all-to-all),
     /// which sums the slices with `tree_sum` over rank, and every rank gathers the sums.
     pub fn all_reduce_ranks(&self, data: &mut [f32]) -> Result<()> {

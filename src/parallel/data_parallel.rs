@@ -181,6 +181,13 @@ impl DataParallel {
         Self::from_models(models, comm, opt, loss, cfg)
     }
 
+    /// `from_factory` with a chosen communicator (`Hierarchical` across processes): `build`
+    /// makes a replica on each of `comm.devices()`.
+    pub fn from_factory_with<M: Module>(build: impl Fn(&Device) -> Result<M>, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+        let models = comm.devices().iter().map(|d| Ok(Box::new(build(d)?) as Box<dyn Module>)).collect::<Result<Vec<_>>>()?;
+        Self::from_models(models, comm, opt, loss, cfg)
+    }
+
     /// One replica per device of `comm`, `models[i]` on device `i`.
     fn from_models(models: Vec<Box<dyn Module>>, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
         let devices = comm.devices().to_vec();

@@ -7,17 +7,27 @@
 //! CUDA-aware), so every device's data crosses the host anyway; per process, an all-reduce of
 //! `S` bytes on `d` devices downloads `dS`, moves about `2S` through MPI and uploads `dS`.
 //!
+//! One device per process, the common case, takes a shorter road: a CPU device's buffer is
+//! host memory, so MPI reads it and writes a kept buffer that then takes its place (no copy
+//! at all); another device's values are downloaded into the buffer MPI reads and uploaded from
+//! the one it writes (no host copy besides MPI's own).
+//!
 //! Sums across processes run in the group's [`Order`]: `Order::Mpi` is `MPI_Allreduce`,
 //! whose order of additions is the library's; `Order::Ranks` sums in rank order, bit for bit
 //! reproducible for a given number of processes. Neither makes 2 processes equal 1 process
 //! with 2 devices bit for bit (the tree over devices differs); data parallelism's
 //! deterministic mode does, through [`Communicator::sum_by_index`].
-use super::host_staged::finish;
+use super::host_staged::{finish, finish_in_place};
 use super::{check_group, check_root, per_device, tree_sum, Communicator, ReduceKind};
 use crate::autograd::no_grad;
+use crate::backend::cpu::CpuBuffer;
 use crate::dist::{Group, Order};
-use crate::{Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, Result, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+/// Most bytes of receive buffers kept between calls (see [`Spares`]).
+const SPARE_BYTES: usize = 256 << 20;
 
 /// Collectives over this process's devices and every other rank's; see the module docs.
 pub struct Hierarchical {
@@ -27,6 +37,31 @@ pub struct Hierarchical {
     /// The global index of this process's first device, and the number of devices in all.
     span: (usize, usize),
     bytes: AtomicU64,
+    spares: Spares,
+}
+
+/// Receive buffers of the one-device all-reduce, kept by length between calls: a fresh one of
+/// many MiB costs its page faults on every call. Data parallelism's buckets have a few lengths.
+#[derive(Default)]
+struct Spares(Mutex<Vec<Vec<u32>>>);
+
+impl Spares {
+    fn take(&self, len: usize) -> Vec<u32> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match kept.iter().position(|v| v.len() == len) {
+            Some(i) => kept.swap_remove(i),
+            None => vec![0; len],
+        }
+    }
+
+    /// Keeps `v`, dropping the oldest kept buffers beyond [`SPARE_BYTES`].
+    fn keep(&self, v: Vec<u32>) {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.push(v);
+        while kept.iter().map(|v| 4 * v.len()).sum::<usize>() > SPARE_BYTES && kept.len() > 1 {
+            kept.remove(0);
+        }
+    }
 }
 
 impl Hierarchical {
@@ -40,7 +75,7 @@ impl Hierarchical {
         let count = |c: &Vec<u64>| c.first().map_or(0, |&n| n as usize);
         let first = counts[..group.rank()].iter().map(count).sum();
         let total = counts.iter().map(count).sum();
-        Ok(Hierarchical { devices: devices.to_vec(), group, order, span: (first, total), bytes: AtomicU64::new(0) })
+        Ok(Hierarchical { devices: devices.to_vec(), group, order, span: (first, total), bytes: AtomicU64::new(0), spares: Spares::default() })
     }
 
     pub fn group(&self) -> &Group {
@@ -73,6 +108,50 @@ impl Hierarchical {
         Ok(())
     }
 
+    /// A lone CPU device: MPI reads the tensor's buffer and writes a kept one of the same
+    /// length, and the two trade places (rank order sums in place). `Ok(false)` for a device
+    /// of another backend.
+    fn cpu_in_place(&self, t: &Tensor, op: ReduceKind) -> Result<bool> {
+        let Some(buf) = t.buffer().downcast::<CpuBuffer>() else { return Ok(false) };
+        let n = t.numel();
+        let mut data = buf.data.write().unwrap_or_else(PoisonError::into_inner);
+        if self.order == Order::Mpi {
+            let mut recv = self.spares.take(data.len());
+            self.group.all_reduce_into(bytemuck::cast_slice(&data[..n]), bytemuck::cast_slice_mut(&mut recv[..n]), Order::Mpi)?;
+            std::mem::swap(&mut *data, &mut recv);
+            self.spares.keep(recv);
+        } else {
+            self.group.all_reduce(bytemuck::cast_slice_mut(&mut data[..n]), self.order)?;
+        }
+        finish_in_place(bytemuck::cast_slice_mut(&mut data[..n]), op, self.span.1);
+        Ok(true)
+    }
+
+    /// A lone device of another backend: MPI reads the downloaded bytes and writes a kept
+    /// buffer, which is uploaded as it is.
+    fn staged_one(&self, t: &Tensor, op: ReduceKind) -> Result<()> {
+        let n = t.numel();
+        let backend = t.backend();
+        let bytes = backend.download(t.buffer())?;
+        // An allocator's large blocks are aligned for f32; a copy covers any other.
+        let copied: Vec<f32>;
+        let values: &[f32] = match bytemuck::try_cast_slice(&bytes[..4 * n]) {
+            Ok(v) => v,
+            Err(_) => {
+                copied = bytemuck::pod_collect_to_vec(&bytes[..4 * n]);
+                &copied
+            }
+        };
+        let mut recv = self.spares.take(n);
+        let sum: &mut [f32] = bytemuck::cast_slice_mut(&mut recv);
+        self.group.all_reduce_into(values, sum, self.order)?;
+        finish_in_place(sum, op, self.span.1);
+        let up = backend.upload(bytemuck::cast_slice(&recv), DType::F32)?;
+        self.spares.keep(recv);
+        self.count(2 * n);
+        backend.copy(&up, 0, t.buffer(), 0, n)
+    }
+
     /// The reduction over every device of every process, on the host.
     fn reduce_to_host(&self, tensors: &[Tensor], op: ReduceKind) -> Result<Vec<f32>> {
         let mut sum = tree_sum(self.download_all(tensors)?)?;
@@ -93,6 +172,12 @@ impl Communicator for Hierarchical {
     fn all_reduce(&self, tensors: &[Tensor], op: ReduceKind) -> Result<()> {
         check_group("all_reduce", &self.devices, tensors, true)?;
         no_grad(|| {
+            if let [t] = tensors {
+                if self.cpu_in_place(t, op)? {
+                    return Ok(());
+                }
+                return self.staged_one(t, op);
+            }
             let sum = self.reduce_to_host(tensors, op)?;
             self.write_all(tensors, &sum, None)
         })

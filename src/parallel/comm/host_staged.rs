@@ -57,11 +57,16 @@ impl HostStaged {
 
 /// `sum`, or the mean over `n` devices (also `Hierarchical`'s last step, over every process's).
 pub(super) fn finish(mut sum: Vec<f32>, op: ReduceKind, n: usize) -> Vec<f32> {
+    finish_in_place(&mut sum, op, n);
+    sum
+}
+
+/// [`finish`] on a buffer the caller keeps.
+pub(super) fn finish_in_place(sum: &mut [f32], op: ReduceKind, n: usize) {
     if op == ReduceKind::Mean {
         let n = n as f32;
         sum.iter_mut().for_each(|x| *x /= n);
     }
-    sum
 }
 
 impl Communicator for HostStaged {

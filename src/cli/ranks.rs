@@ -1,0 +1,125 @@
+//! The command line under `mpirun`/`srun`: the process group of the job, which devices each
+//! rank drives, the data-parallel strategy that spans the ranks, and what only rank 0 does.
+//!
+//! Every rank runs the same command with the same flags and checks its inputs itself; rank 0
+//! alone prints, owns the checkpoint directory and writes the outputs, while the others wait at
+//! a barrier. An error on any rank ends the whole job through `Group::abort`, naming the rank.
+//! Started without a launcher, the group is this process alone and nothing here changes what
+//! a command does.
+use crate::dist::{self, Group, Order};
+use crate::nn::Module;
+use crate::parallel::comm::Hierarchical;
+use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
+use crate::{Device, Error, Result};
+
+/// This process's place in the job.
+pub struct Ranks {
+    group: Group,
+}
+
+impl Ranks {
+    /// The launcher's process group (see [`dist::init`]), or this process alone.
+    pub fn init() -> Result<Ranks> {
+        Ok(Ranks { group: dist::init()? })
+    }
+
+    pub fn group(&self) -> &Group {
+        &self.group
+    }
+    /// More than one process: the strategy must span them.
+    pub fn many(&self) -> bool {
+        self.group.size() > 1
+    }
+    /// Rank 0, which prints and writes files.
+    pub fn leader(&self) -> bool {
+        self.group.rank() == 0
+    }
+
+    /// This rank's devices: under a launcher `spec` names the machine's devices, shared out by
+    /// local rank ([`dist::local_devices`]); alone, all of them.
+    pub fn devices(&self, spec: &str) -> Result<Vec<Device>> {
+        if self.many() {
+            dist::local_devices(spec, &self.group)
+        } else {
+            Device::parse(spec)
+        }
+    }
+
+    /// Refuses a strategy other than data parallelism when the job has several processes:
+    /// only data parallelism spans processes from the command line.
+    pub fn check_strategy(&self, kind: super::StrategyKind) -> Result<()> {
+        use super::StrategyKind::{Auto, Data};
+        if !self.many() || matches!(kind, Data | Auto) {
+            return Ok(());
+        }
+        let name = format!("{kind:?}").to_lowercase();
+        Err(Error::invalid(
+            "--strategy",
+            format!("{name} runs inside one process; under {} processes use --strategy data (or auto)", self.group.size()),
+        ))
+    }
+
+    /// Data parallelism over this rank's `devices` and every other rank's, through
+    /// `Hierarchical` (rank order sums with `deterministic`); replica 0 of rank 0 initialises
+    /// every replica. Each rank must be given the same global batches: it trains on its share.
+    pub fn data_parallel<M: Module>(&self, build: impl Fn(&Device) -> Result<M>, devices: &[Device], optim: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Box<dyn Strategy>> {
+        let order = if cfg.deterministic { Order::Ranks } else { Order::Mpi };
+        let comm = Hierarchical::new(devices, self.group.clone(), order)?;
+        Ok(Box::new(DataParallel::from_factory_with(build, Box::new(comm), optim, loss, cfg)?))
+    }
+
+    /// Rank 0's `bytes` on every rank (the others pass `None`), bit for bit.
+    pub fn share_bytes(&self, bytes: Option<Vec<u8>>) -> Result<Vec<u8>> {
+        if !self.many() {
+            return Ok(bytes.unwrap_or_default());
+        }
+        let mine = bytes.filter(|_| self.leader()).unwrap_or_default();
+        Ok(self.gather_bytes(&mine)?.swap_remove(0))
+    }
+
+    /// Every rank's `bytes`, on every rank, in rank order.
+    pub fn gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let mut words: Vec<u64> = vec![bytes.len() as u64];
+        words.extend(bytes.chunks(8).map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        }));
+        let all = self.group.all_gather_u64(&words)?;
+        all.into_iter()
+            .enumerate()
+            .map(|(rank, words)| {
+                let Some((&len, words)) = words.split_first() else { return Err(Error::Msg(format!("rank {rank} sent no length"))) };
+                let mut out: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                out.truncate(len as usize);
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// The stop signal any rank received, the same on every rank, so that all stop after the
+    /// same step (a signal reaches the ranks at different moments, if at all).
+    pub fn agree_stop(&self, local: Option<super::stop::Stopped>) -> Result<Option<super::stop::Stopped>> {
+        if !self.many() {
+            return Ok(local);
+        }
+        let code = local.map_or(0, |s| s.signal as u64);
+        let all = self.group.all_gather_u64(&[code])?;
+        let first = all.iter().filter_map(|c| c.first().copied()).find(|&c| c != 0);
+        Ok(first.map(|c| super::stop::Stopped::of(c as i32)))
+    }
+
+    /// Waits for every rank (a no-op alone).
+    pub fn barrier(&self) -> Result<()> {
+        self.group.barrier()
+    }
+
+    /// Ends the job for an error on this rank: every rank's message names it. Alone, the error
+    /// is returned for the usual message and exit status.
+    pub fn fail<T>(&self, e: Error) -> Result<T> {
+        if self.many() {
+            self.group.abort(&format!("error: {e}"));
+        }
+        Err(e)
+    }
+}

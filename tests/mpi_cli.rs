@@ -1,0 +1,200 @@
+//! `tandem` under `mpirun` (cargo features `mpi` and `cli`): `train` across 2 processes
+//! equals the single-process run with one log, a checkpoint written under 2 processes resumes
+//! under 1 and under 3 on the uninterrupted run's curve, a failing rank ends the job naming
+//! it, `devices` speaks per rank and `bench --bench allreduce` prints its JSON figures.
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One job at a time: two jobs' ranks would share two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A fresh directory, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("tandem-mpi-cli-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What a job printed and how it ended.
+struct Job {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `cmd` to completion with its output in files (a pipe could fill while mpirun waits),
+/// or fails the test after `limit`, so nothing hangs.
+fn run(mut cmd: Command, limit: Duration) -> Job {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new();
+    let (out, err) = (dir.0.join("stdout"), dir.0.join("stderr"));
+    cmd.stdin(Stdio::null()).stdout(std::fs::File::create(&out).unwrap()).stderr(std::fs::File::create(&err).unwrap());
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("the job starts (is Open MPI's mpirun installed?)");
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit {
+            // SIGTERM first: mpirun forwards it to its ranks, which SIGKILL would orphan.
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            std::thread::sleep(Duration::from_secs(3));
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not end within {limit:?}; stderr:\n{}", std::fs::read_to_string(&err).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Job { ok: status.success(), stdout: std::fs::read_to_string(&out).unwrap(), stderr: std::fs::read_to_string(&err).unwrap() }
+}
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_tandem")
+}
+
+/// `mpirun -np N tandem ARGS`.
+fn mpirun(np: usize, args: &[&str]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string(), exe()]).args(args);
+    cmd
+}
+
+/// `tandem ARGS` alone, or under `mpirun -np N` when `np > 1`.
+fn tandem(np: usize, args: &[&str]) -> Command {
+    if np == 1 {
+        let mut cmd = Command::new(exe());
+        cmd.args(args);
+        cmd
+    } else {
+        mpirun(np, args)
+    }
+}
+
+/// A successful job's JSON lines.
+fn json_lines(cmd: Command) -> Vec<serde_json::Value> {
+    let what = format!("{cmd:?}");
+    let job = run(cmd, Duration::from_secs(120));
+    assert!(job.ok, "{what} failed:\n{}\n{}", job.stdout, job.stderr);
+    job.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {l}"))).collect()
+}
+
+/// The `(step, loss)` of every step line of a `--log-format json` run.
+fn losses(lines: &[serde_json::Value]) -> Vec<(u64, f32)> {
+    lines.iter().filter(|l| l.get("loss").is_some()).map(|l| (l["step"].as_u64().unwrap(), l["loss"].as_f64().unwrap() as f32)).collect()
+}
+
+/// Flags of a short seed-CNN run on the CPU.
+fn cnn(steps: &str, extra: &[&'static str]) -> Vec<String> {
+    let mut a: Vec<String> = ["train", "--devices", "cpu", "--steps", steps, "--log-format", "json"].map(String::from).to_vec();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn strs(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
+}
+
+fn assert_curve(what: &str, got: &[(u64, f32)], want: &[(u64, f32)], exact: bool) {
+    let steps = |c: &[(u64, f32)]| c.iter().map(|p| p.0).collect::<Vec<_>>();
+    assert_eq!(steps(got), steps(want), "{what}: steps");
+    let (g, w): (Vec<f32>, Vec<f32>) = (got.iter().map(|p| p.1).collect(), want.iter().map(|p| p.1).collect());
+    if exact {
+        assert!(g.iter().zip(&w).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: {g:?} is not bit for bit {w:?}");
+    } else {
+        tandem::tolerance::assert_close(what, &g, &w, 1e-5, 1e-4);
+    }
+}
+
+#[test]
+fn train_under_two_processes_equals_one_with_one_log() {
+    let one = json_lines(tandem(1, &strs(&cnn("10", &[]))));
+    let two = json_lines(tandem(2, &strs(&cnn("10", &[]))));
+    // Rank 0 alone prints: ten step lines and one summary, as alone.
+    assert_eq!(two.len(), 11, "{two:?}");
+    assert_eq!(two.iter().filter(|l| l.get("summary").is_some()).count(), 1);
+    assert_curve("seed CNN, 2 processes", &losses(&two), &losses(&one), false);
+
+    let gpt: Vec<&str> = vec![
+        "train", "--model", "gpt", "--data", "text", "--strategy", "data", "--devices", "cpu", "--steps", "10", "--batch", "8", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
+        "--block-size", "16", "--log-format", "json",
+    ];
+    let one = losses(&json_lines(tandem(1, &gpt)));
+    let two = losses(&json_lines(tandem(2, &gpt)));
+    assert_eq!(one.len(), 10);
+    assert_curve("GPT, 2 processes", &two, &one, false);
+}
+
+#[test]
+fn a_checkpoint_of_two_processes_resumes_under_one_and_three() {
+    for deterministic in [false, true] {
+        let flag: &[&'static str] = if deterministic { &["--deterministic"] } else { &[] };
+        let whole = losses(&json_lines(tandem(1, &strs(&cnn("10", flag)))));
+        for np in [1, 3] {
+            let dir = TempDir::new();
+            let ckpt = dir.0.join("ckpt");
+            let ckpt = ckpt.to_str().unwrap();
+            let mut first = cnn("5", flag);
+            first.extend(["--checkpoint-dir".into(), ckpt.into()]);
+            let head = losses(&json_lines(tandem(2, &strs(&first))));
+            assert!(Path::new(ckpt).join("ckpt-00000005.safetensors").is_file(), "rank 0 wrote no checkpoint at step 5");
+            let mut rest = cnn("10", flag);
+            rest.extend(["--checkpoint-dir".into(), ckpt.into(), "--resume".into()]);
+            let tail = losses(&json_lines(tandem(np, &strs(&rest))));
+            let what = format!("2 processes for 5 steps, then {np} (deterministic: {deterministic})");
+            assert_curve(&what, &[head, tail].concat(), &whole, deterministic);
+        }
+    }
+}
+
+#[test]
+fn a_failing_rank_ends_the_job_naming_it() {
+    // Rank 1 alone is given an --init file that does not exist (an MPMD launch).
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "1", exe(), "train", "--devices", "cpu", "--steps", "50"]);
+    cmd.args([":", "-np", "1", exe(), "train", "--devices", "cpu", "--steps", "50", "--init", "/nonexistent/w.safetensors"]);
+    let started = Instant::now();
+    let job = run(cmd, Duration::from_secs(60));
+    let output = format!("{}\n{}", job.stdout, job.stderr);
+    assert!(!job.ok, "the job succeeded:\n{output}");
+    assert!(started.elapsed() < Duration::from_secs(30), "the job took {:?} to end:\n{output}", started.elapsed());
+    assert!(output.contains("rank 1 of 2: error:") && output.contains("/nonexistent/w.safetensors"), "{output}");
+
+    let job = run(mpirun(2, &["train", "--devices", "cpu", "--steps", "2", "--strategy", "pipeline"]), Duration::from_secs(60));
+    let said = job.stderr.contains("of 2: error: invalid argument to --strategy: pipeline runs inside one process");
+    assert!(!job.ok && said, "{}", job.stderr);
+}
+
+#[test]
+fn devices_and_the_allreduce_bench_under_two_processes() {
+    let job = run(mpirun(2, &["devices"]), Duration::from_secs(60));
+    assert!(job.ok, "{}", job.stderr);
+    let lines: Vec<&str> = job.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", job.stdout);
+    for (r, line) in lines.iter().enumerate() {
+        assert!(line.starts_with(&format!("rank {r} of 2 (local rank {r} of 2")) && line.contains("cpu (CPU reference)"), "{line}");
+    }
+
+    let figures = json_lines(mpirun(2, &["bench", "--bench", "allreduce", "--quick", "--devices", "cpu", "--log-format", "json"]));
+    for backend in ["cpu", "mpi-raw"] {
+        let sizes: Vec<u64> = figures.iter().filter(|f| f["backend"] == backend).map(|f| f["bytes"].as_u64().unwrap()).collect();
+        assert_eq!(sizes, [4096, 16384, 65536, 262144, 1 << 20], "{backend}: {figures:?}");
+    }
+    for f in &figures {
+        assert_eq!((f["bench"].as_str(), f["processes"].as_u64()), (Some("allreduce"), Some(2)), "{f}");
+        assert!(f["gbps"].as_f64().is_some_and(|g| g > 0.0 && g.is_finite()), "{f}");
+    }
+}
