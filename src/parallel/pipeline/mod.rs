@@ -2,12 +2,14 @@
 //! working on micro-batches in a GPipe or 1F1B order; gradients accumulate over micro-batches
 //! and each stage's optimizer steps once per batch.
 mod schedule;
+mod tied;
 mod worker;
 // `tandem bench` reports a whole model's activation bytes with the same count.
 #[cfg(feature = "cli")]
 pub(crate) use worker::graph_bytes;
 
 pub use schedule::{schedule, simulate, theoretical_bubble, Action, Plan, Schedule, Simulation};
+pub use tied::StageParam;
 
 use super::placement::{self, Stage, Stages};
 use super::step::StepLoop;
@@ -75,6 +77,7 @@ pub struct Pipeline {
     balance_pending: bool,
     trace: Option<Trace>,
     stats: Option<PipelineStats>,
+    ties: Vec<tied::Tied>,
 }
 
 /// The options of a [`Pipeline`] before it is built; defaults: 1 micro-batch, 1F1B, no
@@ -88,6 +91,7 @@ pub struct PipelineBuilder<'a> {
     schedule: Schedule,
     cfg: PipelineConfig,
     clip: Option<f32>,
+    ties: Vec<(StageParam, StageParam)>,
 }
 
 impl PipelineBuilder<'_> {
@@ -114,14 +118,31 @@ impl PipelineBuilder<'_> {
         self.clip = max_norm;
         self
     }
+    /// Ties `copy` to `primary`, each `(stage index, name in that stage's state_dict)`: one
+    /// parameter held by two stages, such as a language model's token embedding (first stage)
+    /// and output projection (last stage). The copy starts as the primary's value, its
+    /// gradient is added into the primary's after the backward of every micro-batch, it is in
+    /// no optimizer (so clipping and weight decay count the parameter once), and after each
+    /// update it takes the primary's new value: the two stay bit-identical. Needs fixed stages
+    /// (`Stages::Built` or `Split::At`).
+    pub fn tie(mut self, primary: (usize, &str), copy: (usize, &str)) -> Self {
+        self.ties.push(((primary.0, primary.1.to_string()), (copy.0, copy.1.to_string())));
+        self
+    }
     /// Builds the stages. Errors (before any work) on zero micro-batches, more devices than
     /// layers, a split point that does not exist, a stage whose weights, gradients and
-    /// optimizer state cannot fit its device's memory, or built stages off their devices.
+    /// optimizer state cannot fit its device's memory, built stages off their devices, or a
+    /// tie that names no parameter, pairs tensors of different shapes, or sits in stages that
+    /// `Split::Auto` may still move.
     pub fn build(self) -> Result<Pipeline> {
         if self.micro_batches == 0 {
             return Err(Error::invalid("Pipeline", "micro_batches must be at least 1"));
         }
-        let (stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
+        let (mut stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
+        if balance_pending && !self.ties.is_empty() {
+            return Err(Error::invalid("Pipeline::tie", "tied parameters need fixed stages (Stages::Built or Split::At), not Split::Auto"));
+        }
+        let ties = tied::resolve(&mut stages, self.ties, &self.opt)?;
         let plan = schedule::schedule(self.schedule, stages.len(), self.micro_batches);
         let mut run = StepLoop::new(self.loss);
         run.set_clip(self.clip)?;
@@ -136,6 +157,7 @@ impl PipelineBuilder<'_> {
             balance_pending,
             trace: None,
             stats: None,
+            ties,
         })
     }
 }
@@ -153,6 +175,7 @@ impl Pipeline {
             schedule: Schedule::OneFOneB,
             cfg: PipelineConfig::default(),
             clip: None,
+            ties: Vec::new(),
         }
     }
     /// Each stage's action list.
@@ -201,18 +224,36 @@ fn first_cause(results: Vec<Result<Outcome>>) -> Result<Vec<Outcome>> {
     Err(errors.swap_remove(pos))
 }
 
-impl Strategy for Pipeline {
-    fn step(&mut self, batch: &Batch) -> Result<StepReport> {
-        let micro = split_batch(batch, self.micro_batches)?;
+/// One forward and backward of a batch (or a data-parallel share of one) through the stages.
+pub(crate) struct PartRun {
+    outcomes: Vec<Outcome>,
+    start: Instant,
+}
+
+impl PartRun {
+    /// The part's loss: its share of the global batch's mean loss.
+    pub fn loss(&self) -> f32 {
+        self.outcomes.last().map_or(0.0, |o| o.loss)
+    }
+}
+
+impl Pipeline {
+    /// Forward and backward of `part`, samples `first..` of a global batch of `total` (so its
+    /// loss is weighted `len / total` and dropout masks are keyed by global sample index),
+    /// through every stage, gradients accumulated from zero and tied gradients summed. No
+    /// update: `step`, or a data-parallel grid around pipelines, does it.
+    pub(crate) fn backward_part(&mut self, part: &Batch, first: usize, total: usize) -> Result<PartRun> {
+        let micro = split_batch(part, self.micro_batches)?;
         if self.balance_pending {
-            let probe = placement::probe_input(batch, 4, &self.stages[0].device)?;
+            let probe = placement::probe_input(part, 4, &self.stages[0].device)?;
             placement::rebalance(&mut self.stages, &probe, &self.opt)?;
             self.balance_pending = false;
         }
-        let firsts: Vec<usize> = micro.iter().scan(0, |at, b| Some(std::mem::replace(at, *at + b.len()))).collect();
+        let firsts: Vec<usize> = micro.iter().scan(first, |at, b| Some(std::mem::replace(at, *at + b.len()))).collect();
         for s in &self.stages {
             s.opt.zero_grad();
         }
+        tied::clear_copy_grads(&self.ties);
         let p = self.stages.len();
         let mut links: Vec<Links> = (0..p).map(|_| Links::default()).collect();
         for s in 0..p.saturating_sub(1) {
@@ -241,7 +282,7 @@ impl Strategy for Pipeline {
                         actions,
                         micro_batches: &micro,
                         firsts: &firsts,
-                        total: batch.len(),
+                        total,
                         run: &self.run,
                         recompute: self.cfg.recompute,
                         trace: self.trace.clone(),
@@ -260,7 +301,54 @@ impl Strategy for Pipeline {
                 .collect()
         });
         let outcomes = first_cause(results)?;
+        tied::sum_grads(&self.ties)?;
+        Ok(PartRun { outcomes, start })
+    }
+
+    /// The parameters each stage's optimizer trains (tied copies left out), in stage order.
+    pub(crate) fn trained_params(&self) -> Vec<&[(String, Tensor)]> {
+        self.stages.iter().map(|s| s.opt.params()).collect()
+    }
+
+    /// Every stage's optimizer step without clipping (the caller clipped), then the tied
+    /// copies take their primaries' new values; counts the step.
+    pub(crate) fn step_optimizers(&mut self) -> Result<()> {
+        for s in &mut self.stages {
+            s.opt.step()?;
+        }
+        tied::sync(&self.ties)?;
+        self.run.step += 1;
+        Ok(())
+    }
+
+    /// The step's report and `last_stats` from a part's run, the update done.
+    pub(crate) fn report(&mut self, run: &PartRun, grad_norm: Option<f32>) -> StepReport {
+        let (outcomes, start, p) = (&run.outcomes, run.start, self.stages.len());
         let span = outcomes.iter().map(|o| o.end.duration_since(start).as_secs_f64()).fold(0.0, f64::max);
+        let busy: Vec<f64> = outcomes.iter().map(|o| o.compute_s + o.comm_s).collect();
+        let idle: Vec<f64> = busy.iter().map(|b| (span - b).max(0.0)).collect();
+        self.stats = Some(PipelineStats {
+            bubble_measured: if span > 0.0 { idle.iter().sum::<f64>() / (p as f64 * span) } else { 0.0 },
+            bubble_theoretical: theoretical_bubble(p, self.micro_batches),
+            peak_activation_bytes: outcomes.iter().map(|o| o.peak_activation_bytes).collect(),
+            busy_s: busy,
+            idle_s: idle,
+        });
+        StepReport {
+            loss: run.loss(),
+            wall_s: start.elapsed().as_secs_f64(),
+            compute_s: outcomes.iter().map(|o| o.compute_s).fold(0.0, f64::max),
+            comm_s: outcomes.iter().map(|o| o.comm_s).sum(),
+            overlap: 0.0,
+            peak_memory: self.stages.iter().map(|s| s.device.memory().peak).collect(),
+            grad_norm,
+        }
+    }
+}
+
+impl Strategy for Pipeline {
+    fn step(&mut self, batch: &Batch) -> Result<StepReport> {
+        let run = self.backward_part(batch, 0, batch.len())?;
         let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| placement::track_name(i, &s.device)).collect();
         let trace = self.trace.clone();
         let opts = self.stages.iter_mut().map(|s| &mut s.opt).collect();
@@ -269,26 +357,8 @@ impl Strategy for Pipeline {
                 tr.span(&tracks[i], "optimizer", Phase::Optimizer, t0, t0.elapsed().as_secs_f64());
             }
         })?;
-        let busy: Vec<f64> = outcomes.iter().map(|o| o.compute_s + o.comm_s).collect();
-        let idle: Vec<f64> = busy.iter().map(|b| (span - b).max(0.0)).collect();
-        let stats = PipelineStats {
-            bubble_measured: if span > 0.0 { idle.iter().sum::<f64>() / (p as f64 * span) } else { 0.0 },
-            bubble_theoretical: theoretical_bubble(p, self.micro_batches),
-            peak_activation_bytes: outcomes.iter().map(|o| o.peak_activation_bytes).collect(),
-            busy_s: busy,
-            idle_s: idle,
-        };
-        let report = StepReport {
-            loss: outcomes[p - 1].loss,
-            wall_s: start.elapsed().as_secs_f64(),
-            compute_s: outcomes.iter().map(|o| o.compute_s).fold(0.0, f64::max),
-            comm_s: outcomes.iter().map(|o| o.comm_s).sum(),
-            overlap: 0.0,
-            peak_memory: self.stages.iter().map(|s| s.device.memory().peak).collect(),
-            grad_norm,
-        };
-        self.stats = Some(stats);
-        Ok(report)
+        tied::sync(&self.ties)?;
+        Ok(self.report(&run, grad_norm))
     }
     fn predict(&self, x: &Batch) -> Result<Tensor> {
         let (x, _) = batch_to_device(x, &self.stages[0].device)?;
@@ -303,8 +373,9 @@ impl Strategy for Pipeline {
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
         Ok(placement::stage_params(&self.stages))
     }
+    /// Strict over every stage; a tied copy may be left out (it is filled from its primary).
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        placement::load_stage_params(&self.stages, state)
+        placement::load_stage_params(&self.stages, &tied::complete_state(&self.ties, state)?)
     }
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
         Ok(placement::stage_opt_state(&self.stages))
