@@ -101,6 +101,9 @@ fn parity(what: &str, s: &mut dyn Strategy, fx: &Fixture) {
         }
     }
     assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "{what}: the tied lm_head.weight differs from the embedding");
+    // The optimizer trains the tied parameter once: state for the embedding, none for the head.
+    let names: Vec<String> = s.optimizer_state().unwrap().0.into_iter().map(|p| p.0).collect();
+    assert!(names.contains(&format!("{}.exp_avg", Gpt::WTE)) && !names.iter().any(|n| n.starts_with(Gpt::LM_HEAD)), "{what}: optimizer state {names:?}");
 }
 
 /// Four fresh logical devices of each family under test: CPU, and `wgpu:0` when present.

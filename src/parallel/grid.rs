@@ -128,7 +128,7 @@ impl PipelineGrid {
     fn all_reduce_grads(&self) -> Result<()> {
         no_grad(|| {
             for (s, comm) in self.comms.iter().enumerate() {
-                let params: Vec<&[(String, Tensor)]> = self.replicas.iter().map(|r| r.trained_params()[s]).collect();
+                let params: Vec<Vec<(String, Tensor)>> = self.replicas.iter().map(|r| r.trained_params().swap_remove(s)).collect();
                 let flats = params
                     .iter()
                     .map(|ps| {
@@ -182,12 +182,12 @@ impl Strategy for PipelineGrid {
         let grad_norm = match self.clip {
             None => None,
             Some(max) => {
-                let sq = self.replicas[0].trained_params().iter().try_fold(0.0, |acc, ps| Ok::<f64, Error>(acc + grad_norm_sq(ps)?))?;
+                let sq = self.replicas[0].trained_params().iter().try_fold(0.0, |acc, ps| Ok::<f64, Error>(acc + grad_norm_sq(&ps)?))?;
                 let norm = sq.sqrt() as f32;
                 let coef = clip_scale(norm, max);
                 if coef < 1.0 || coef.is_nan() {
                     for ps in self.replicas.iter().flat_map(|r| r.trained_params()) {
-                        scale_grads(ps, coef)?;
+                        scale_grads(&ps, coef)?;
                     }
                 }
                 Some(norm)

@@ -121,9 +121,10 @@ impl PipelineBuilder<'_> {
     /// Ties `copy` to `primary`, each `(stage index, name in that stage's state_dict)`: one
     /// parameter held by two stages, such as a language model's token embedding (first stage)
     /// and output projection (last stage). The copy starts as the primary's value, its
-    /// gradient is added into the primary's after the backward of every micro-batch, it is in
-    /// no optimizer (so clipping and weight decay count the parameter once), and after each
-    /// update it takes the primary's new value: the two stay bit-identical. Needs fixed stages
+    /// gradient is moved into the primary's after the backward of every micro-batch (so the
+    /// optimizers, clipping and weight decay see the parameter once, and keep no state for the
+    /// copy), and after each update it takes the primary's new value: the two stay
+    /// bit-identical. Needs fixed stages
     /// (`Stages::Built` or `Split::At`).
     pub fn tie(mut self, primary: (usize, &str), copy: (usize, &str)) -> Self {
         self.ties.push(((primary.0, primary.1.to_string()), (copy.0, copy.1.to_string())));
@@ -138,11 +139,11 @@ impl PipelineBuilder<'_> {
         if self.micro_batches == 0 {
             return Err(Error::invalid("Pipeline", "micro_batches must be at least 1"));
         }
-        let (mut stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
+        let (stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
         if balance_pending && !self.ties.is_empty() {
             return Err(Error::invalid("Pipeline::tie", "tied parameters need fixed stages (Stages::Built or Split::At), not Split::Auto"));
         }
-        let ties = tied::resolve(&mut stages, self.ties, &self.opt)?;
+        let ties = tied::resolve(&stages, self.ties)?;
         let plan = schedule::schedule(self.schedule, stages.len(), self.micro_batches);
         let mut run = StepLoop::new(self.loss);
         run.set_clip(self.clip)?;
@@ -306,8 +307,8 @@ impl Pipeline {
     }
 
     /// The parameters each stage's optimizer trains (tied copies left out), in stage order.
-    pub(crate) fn trained_params(&self) -> Vec<&[(String, Tensor)]> {
-        self.stages.iter().map(|s| s.opt.params()).collect()
+    pub(crate) fn trained_params(&self) -> Vec<Vec<(String, Tensor)>> {
+        self.stages.iter().map(|s| s.opt.params().iter().filter(|(_, t)| !tied::is_copy(&self.ties, t)).cloned().collect()).collect()
     }
 
     /// Every stage's optimizer step without clipping (the caller clipped), then the tied

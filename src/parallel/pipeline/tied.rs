@@ -2,16 +2,15 @@
 //! its output projection on the last): each stage holds its own tensor, and the pipeline keeps
 //! them one parameter.
 //!
-//! The primary is trained by its stage's optimizer; the copy is in no optimizer. After every
-//! micro-batch's backward the copy's gradient is added into the primary's (one cross-device
-//! copy of the gradient per step), so clipping and weight decay see the parameter once, as
-//! PyTorch's `parameters()` of a tied model does; after the update the primary's new value is
-//! copied over the copy (one copy of the weight per step). The two stay bit-identical even on
-//! devices of different backends, and the optimizer state exists once.
+//! After every micro-batch's backward the copy's gradient is moved into the primary's (added:
+//! one cross-device copy of the gradient per step), so the copy has none when the optimizers
+//! run: clipping and weight decay see the parameter once, as PyTorch's `parameters()` of a
+//! tied model does, and the optimizers skip the copy (no state for it, as for any parameter
+//! without a gradient). The primary's update is then copied over the copy (one copy of the
+//! weight per step): the two stay bit-identical even on devices of different backends.
 use crate::autograd::no_grad;
 use crate::nn::Module;
 use crate::parallel::placement::Stage;
-use crate::parallel::OptimConfig;
 use crate::{Error, Result, Tensor};
 
 /// A parameter as `(stage index, name in that stage's state_dict)`.
@@ -33,9 +32,8 @@ fn find(stages: &[Stage], (s, name): &StageParam) -> Result<Tensor> {
     })
 }
 
-/// Checks each `(primary, copy)` pair, makes the copy equal to the primary, and rebuilds the
-/// optimizer of every stage holding a copy without it.
-pub(super) fn resolve(stages: &mut [Stage], ties: Vec<(StageParam, StageParam)>, opt: &OptimConfig) -> Result<Vec<Tied>> {
+/// Checks each `(primary, copy)` pair and makes the copy equal to the primary.
+pub(super) fn resolve(stages: &[Stage], ties: Vec<(StageParam, StageParam)>) -> Result<Vec<Tied>> {
     let mut out: Vec<Tied> = Vec::with_capacity(ties.len());
     for (primary, copy) in ties {
         let (p, c) = (find(stages, &primary)?, find(stages, &copy)?);
@@ -48,13 +46,6 @@ pub(super) fn resolve(stages: &mut [Stage], ties: Vec<(StageParam, StageParam)>,
         }
         c.assign(&p)?;
         out.push(Tied { primary, copy, primary_t: p, copy_t: c });
-    }
-    for (s, stage) in stages.iter_mut().enumerate() {
-        if out.iter().any(|t| t.copy.0 == s) {
-            let copies: Vec<u64> = out.iter().map(|t| t.copy_t.id()).collect();
-            let own = stage.model.parameters().into_iter().filter(|(_, t)| !copies.contains(&t.id())).collect();
-            stage.opt = opt.build(own)?;
-        }
     }
     Ok(out)
 }
@@ -79,6 +70,11 @@ pub(super) fn sum_grads(ties: &[Tied]) -> Result<()> {
 /// Copies each primary's value over its copy (after an update, or a load).
 pub(super) fn sync(ties: &[Tied]) -> Result<()> {
     ties.iter().try_for_each(|t| t.copy_t.assign(&t.primary_t))
+}
+
+/// Whether `t` is the copy side of a tie.
+pub(super) fn is_copy(ties: &[Tied], t: &Tensor) -> bool {
+    ties.iter().any(|tie| tie.copy_t.id() == t.id())
 }
 
 pub(super) fn clear_copy_grads(ties: &[Tied]) {
