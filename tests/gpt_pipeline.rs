@@ -1,8 +1,10 @@
 //! The GPT under `data` (2 devices), `pipeline` (2 stages, 1F1B) and `data,pipeline` (2 × 2):
 //! the PyTorch fixture's 10 AdamW steps (tests/fixtures/gpt_tiny.safetensors, weight decay,
 //! clipping, dropout 0) on CPU devices and on logical devices of `wgpu:0`; the tied
-//! embedding's two copies and the grid's replicas bit-identical; the tie's errors; and the
-//! command line with each new strategy, resume included.
+//! embedding's two copies and the grid's replicas bit-identical (also on a CPU + wgpu:0
+//! pipeline); the tie's errors; and the command line with each new strategy, resume included.
+//! Each parity run writes its checkpoint under target/tmp for
+//! `python scripts/gpt_parity.py check` (a strict load into nanoGPT's GPT).
 mod common;
 use common::{assert_close, fails, ok, s, text};
 use std::collections::HashMap;
@@ -101,6 +103,19 @@ fn parity(what: &str, s: &mut dyn Strategy, fx: &Fixture) {
         }
     }
     assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "{what}: the tied lm_head.weight differs from the embedding");
+    // nanoGPT's validation loss; the checkpoint for `python scripts/gpt_parity.py check`
+    let ((vx, shape), (vy, _)) = (fx.ids("val_x"), fx.ids("val_y"));
+    let val_batch = Batch::tokens(vx.to_vec(), vy.to_vec(), shape[1], fx.config().vocab_size).unwrap();
+    s.set_training(false);
+    let logits = s.predict(&val_batch).unwrap();
+    s.set_training(true);
+    let (_, y) = tandem::parallel::batch_to_device(&val_batch, logits.device()).unwrap();
+    let val = Loss::CrossEntropy.compute(&logits, &y).unwrap().to_scalar().unwrap();
+    assert_close(&format!("{what}: validation loss"), &[val], fx.f32s("val_loss"), 0.0, 1e-3);
+    let file: String = what.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt_tiny_{file}.safetensors"));
+    let meta = std::collections::BTreeMap::from([("val_loss".to_string(), format!("{val:.9}"))]);
+    tandem::checkpoint::write_safetensors(&path, &tandem::checkpoint::to_host(&s.state_dict().unwrap()).unwrap(), &meta).unwrap();
     // The optimizer trains the tied parameter once: state for the embedding, none for the head.
     let names: Vec<String> = s.optimizer_state().unwrap().0.into_iter().map(|p| p.0).collect();
     assert!(names.contains(&format!("{}.exp_avg", Gpt::WTE)) && !names.iter().any(|n| n.starts_with(Gpt::LM_HEAD)), "{what}: optimizer state {names:?}");
@@ -159,6 +174,26 @@ fn gpipe_with_recompute_matches_and_the_tie_matters() {
     let losses: Vec<f32> = (0..10).map(|i| untied.step(&fx.batch(i)).unwrap().loss).collect();
     let off = losses.iter().zip(fx.f32s("losses")).any(|(a, b)| ((a - b) / b).abs() > 1e-4);
     assert!(off, "an untied head should leave PyTorch's losses: {losses:?}");
+}
+
+/// On two backends the copy still equals the embedding bit for bit: it is copied, not updated.
+#[test]
+fn tied_copies_stay_identical_across_backends() {
+    let _guard = common::shared();
+    let Some(wgpu) = common::devices_under_test().into_iter().find(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) else {
+        eprintln!("skipping: no wgpu:0");
+        return;
+    };
+    let fx = Fixture::load();
+    let devs = [Device::from_backend(Arc::new(CpuBackend::new())), wgpu];
+    let mut pipe = pipeline(&fx, &devs, 2, Schedule::OneFOneB);
+    pipe.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
+    for i in 0..3 {
+        pipe.step(&fx.batch(i)).unwrap();
+    }
+    let state: HashMap<String, Tensor> = pipe.state_dict().unwrap().into_iter().collect();
+    assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "cpu + wgpu:0: the head differs from the embedding");
+    assert!(state[Gpt::LM_HEAD].device().same(&devs[1]), "the head lives on the last stage");
 }
 
 #[test]
