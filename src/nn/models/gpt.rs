@@ -274,9 +274,9 @@ impl Block {
     pub(super) fn build(cfg: &GptConfig, seed: u64, i: usize, dev: &Device, normal: &mut dyn FnMut(&[usize], f32) -> Result<Tensor>) -> Result<Block> {
         let c = cfg.n_embd;
         let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
-        let mut linear = |i: usize, o: usize, std: f32| -> Result<Linear> {
+        let mut linear = |inputs: usize, o: usize, std: f32| -> Result<Linear> {
             let bias = if cfg.bias { Some(Tensor::zeros([o], dev)?.requires_grad()) } else { None };
-            Ok(Linear { weight: normal(&[o, i], std)?.requires_grad(), bias })
+            Ok(Linear { weight: normal(&[o, inputs], std)?.requires_grad(), bias })
         };
         let (c_attn, c_proj) = (linear(c, 3 * c, 0.02)?, linear(c, c, proj_std)?);
         let fused = AtomicBool::new(fused_attention_default());
