@@ -1,6 +1,7 @@
-//! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`
-//! or `data` parallelism, with AdamW, clipping, warmup + cosine decay, periodic validation
-//! loss, and the same run directory, resume and stop handling as the seed models.
+//! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`,
+//! `data`, `pipeline` or `data,pipeline` parallelism, with AdamW, clipping, warmup + cosine
+//! decay, periodic validation loss, and the same run directory, resume and stop handling as
+//! the seed models.
 //!
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
 //! so `tandem generate` needs nothing but the checkpoint file.
@@ -16,7 +17,7 @@ use crate::data::{Batch, LoaderState};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::optim::LrSchedule;
 use crate::parallel::trace::Trace;
-use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Strategy};
+use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -245,7 +246,8 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     Ok(0)
 }
 
-/// `single` or `data` (what `auto` becomes); the others are not written for a GPT yet.
+/// `single` or `data` (what `auto` becomes), `pipeline` and `data,pipeline`; the others are
+/// not written for a GPT yet.
 fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device]) -> Result<Box<dyn Strategy>> {
     let micro_batches = args.micro_batches.unwrap_or(1);
     let kind = match args.strategy {
@@ -253,6 +255,11 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
         StrategyKind::Auto => StrategyKind::Data,
         k => k,
     };
+    let piped = matches!(kind, StrategyKind::Pipeline | StrategyKind::DataPipeline);
+    if !piped && (args.recompute || args.pipelines.is_some()) {
+        let flag = if args.recompute { "--recompute" } else { "--pipelines" };
+        return Err(Error::invalid(flag, "needs --strategy pipeline or data,pipeline"));
+    }
     match kind {
         StrategyKind::Single | StrategyKind::Auto if devices.len() != 1 => {
             let specs: Vec<String> = devices.iter().map(Device::spec).collect();
@@ -265,11 +272,41 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, ..Default::default() };
             Ok(Box::new(DataParallel::from_factory(|d| Gpt::new(cfg, args.seed, d), devices, optim, Loss::CrossEntropy, dp)?))
         }
-        StrategyKind::Model | StrategyKind::Tensor | StrategyKind::Pipeline => {
+        StrategyKind::Pipeline => Ok(Box::new(pipeline(args, cfg, optim, devices, micro_batches)?)),
+        StrategyKind::DataPipeline => {
+            let rows = args.pipelines.unwrap_or(2);
+            if rows == 0 || !devices.len().is_multiple_of(rows) || devices.len() == rows {
+                let what = format!("{rows} pipelines over {} devices: give a multiple of {rows} devices, at least 2 per pipeline", devices.len());
+                return Err(Error::invalid("--pipelines", what));
+            }
+            if !args.batch.is_multiple_of(rows * micro_batches) {
+                let what = format!("--batch {} does not split into {rows} pipelines of {micro_batches} equal micro-batches", args.batch);
+                return Err(Error::invalid("--micro-batches", what));
+            }
+            Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches))?))
+        }
+        StrategyKind::Model | StrategyKind::Tensor => {
             let name = format!("{kind:?}").to_lowercase();
-            Err(Error::invalid("--strategy", format!("{name} is not supported for --model gpt yet; use single or data (tensor and pipeline GPT come next)")))
+            Err(Error::invalid("--strategy", format!("{name} is not supported for --model gpt yet; use single, data, pipeline or data,pipeline")))
         }
     }
+}
+
+/// A GPT pipeline over `devices`, one stage each: the blocks split evenly, the embeddings on
+/// the first stage, ln_f and the output projection (a copy of `wte`, tied) on the last.
+fn pipeline(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], micro_batches: usize) -> Result<Pipeline> {
+    if devices.len() > cfg.n_layer {
+        return Err(Error::invalid("--devices", format!("{} pipeline stages for {} blocks (--n-layer): every stage needs a block", devices.len(), cfg.n_layer)));
+    }
+    // Initialised on the host, so that no device holds the whole model.
+    let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
+    let stages = Stages::Built(gpt.stages(devices, &crate::parallel::Split::Auto)?);
+    Pipeline::builder(stages, devices, optim, Loss::CrossEntropy)
+        .micro_batches(micro_batches)
+        .schedule(setup::pipeline_schedule(args.schedule))
+        .recompute(args.recompute)
+        .tie((0, Gpt::WTE), (devices.len() - 1, Gpt::LM_HEAD))
+        .build()
 }
 
 /// Warmup then cosine decay to a tenth of the rate at the last step, or `None` (a constant rate).

@@ -148,6 +148,14 @@ pub struct TrainArgs {
     /// Pipeline schedule.
     #[arg(long, value_enum, default_value_t = Schedule::OneFOneB)]
     pub schedule: Schedule,
+    /// Pipelines of --strategy data,pipeline: the devices are cut into this many equal rows,
+    /// one pipeline each [default: 2].
+    #[arg(long, value_name = "N")]
+    pub pipelines: Option<usize>,
+    /// Pipeline stages keep only their inputs and redo the forward before the backward
+    /// (activation recomputation; --model gpt).
+    #[arg(long)]
+    pub recompute: bool,
     /// Bit-identical results across runs, and across device counts of one backend, at some
     /// cost in speed; layer splits (model, pipeline) fixed by parameter bytes, not timings.
     #[arg(long)]

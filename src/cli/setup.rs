@@ -31,6 +31,9 @@ pub enum StrategyKind {
     Tensor,
     /// Pipeline parallelism over micro-batches.
     Pipeline,
+    /// Data parallelism over pipelines on a grid of devices (--pipelines rows; --model gpt).
+    #[value(name = "data,pipeline")]
+    DataPipeline,
     /// Single on one device; data parallelism on several.
     Auto,
 }
@@ -84,14 +87,19 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
             Ok(Box::new(TensorParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone())?))
         }
         StrategyKind::Pipeline => {
-            let schedule = match plan.schedule {
-                Schedule::Gpipe => pipeline::Schedule::GPipe,
-                Schedule::OneFOneB => pipeline::Schedule::OneFOneB,
-            };
             let stages = Stages::Split(&plan.model, layer_split(&plan)?);
-            let pipe = Pipeline::builder(stages, &plan.devices, &plan.optim, plan.loss.clone()).micro_batches(plan.micro_batches).schedule(schedule);
+            let pipe = Pipeline::builder(stages, &plan.devices, &plan.optim, plan.loss.clone()).micro_batches(plan.micro_batches).schedule(pipeline_schedule(plan.schedule));
             Ok(Box::new(pipe.build()?))
         }
+        StrategyKind::DataPipeline => Err(Error::invalid("--strategy", "data,pipeline is written for --model gpt; use data or pipeline for the seed models")),
+    }
+}
+
+/// The pipeline's schedule for `--schedule`.
+pub(super) fn pipeline_schedule(s: Schedule) -> pipeline::Schedule {
+    match s {
+        Schedule::Gpipe => pipeline::Schedule::GPipe,
+        Schedule::OneFOneB => pipeline::Schedule::OneFOneB,
     }
 }
 
@@ -252,6 +260,8 @@ pub fn no_gpt_flags(args: &TrainArgs) -> Result<()> {
         ("--n-embd", g.n_embd.is_some()),
         ("--block-size", g.block_size.is_some()),
         ("--dropout", g.dropout.is_some()),
+        ("--pipelines", args.pipelines.is_some()),
+        ("--recompute", args.recompute),
     ];
     match given.iter().find(|(_, set)| *set) {
         Some((flag, _)) => Err(Error::invalid(flag, "applies to --model gpt only")),

@@ -6,6 +6,7 @@
 //! floating-point tolerance (bit for bit where a strategy documents determinism).
 pub mod comm;
 mod data_parallel;
+mod grid;
 pub mod pipeline;
 mod placement;
 mod step;
@@ -13,6 +14,7 @@ mod tensor_parallel;
 pub mod trace;
 
 pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, StepEvent};
+pub use grid::PipelineGrid;
 pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
 pub use placement::{LayerPlacement, Split, Stages};
 // The CLI fixes a byte-balanced split up front when --deterministic asks for one.

@@ -87,32 +87,24 @@ impl Gpt {
 
     fn build(cfg: GptConfig, seed: u64, dev: &Device, normal: &mut dyn FnMut(&[usize], f32) -> Result<Tensor>) -> Result<Gpt> {
         cfg.check()?;
-        let c = cfg.n_embd;
-        let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
-        let mut next_dropout = 0u64;
-        let mut dropout = || -> Result<Dropout> {
-            next_dropout += 1;
-            // One stream per layer: layers with one seed would all draw the same masks.
-            Ok(Dropout::new(cfg.dropout)?.seed(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(next_dropout)))
-        };
-        let mut linear = |i: usize, o: usize, std: f32| -> Result<Linear> {
-            let bias = if cfg.bias { Some(Tensor::zeros([o], dev)?.requires_grad()) } else { None };
-            Ok(Linear { weight: normal(&[o, i], std)?.requires_grad(), bias })
-        };
-        let mut blocks = Vec::with_capacity(cfg.n_layer);
-        for _ in 0..cfg.n_layer {
-            let attn = Attention { c_attn: linear(c, 3 * c, 0.02)?, c_proj: linear(c, c, proj_std)?, attn_dropout: dropout()?, resid_dropout: dropout()?, n_head: cfg.n_head, fused: AtomicBool::new(fused_attention_default()), training: AtomicBool::new(true) };
-            let mlp = Mlp { c_fc: linear(c, 4 * c, 0.02)?, gelu: GELU { approximate: GeluApproximate::Tanh }, c_proj: linear(4 * c, c, proj_std)?, dropout: dropout()? };
-            blocks.push(Block { ln_1: Norm::new(c, cfg.bias, dev)?, attn, ln_2: Norm::new(c, cfg.bias, dev)?, mlp });
-        }
+        let blocks = (0..cfg.n_layer).map(|i| Block::build(&cfg, seed, i, dev, normal)).collect::<Result<Vec<_>>>()?;
         let transformer = Transformer {
-            wte: Embedding { weight: normal(&[cfg.vocab_size, c], 0.02)?.requires_grad() },
-            wpe: Embedding { weight: normal(&[cfg.block_size, c], 0.02)?.requires_grad() },
-            drop: dropout()?,
+            wte: Embedding { weight: normal(&[cfg.vocab_size, cfg.n_embd], 0.02)?.requires_grad() },
+            wpe: Embedding { weight: normal(&[cfg.block_size, cfg.n_embd], 0.02)?.requires_grad() },
+            drop: dropout(&cfg, seed, 3 * cfg.n_layer + 1)?,
             h: Blocks(blocks),
-            ln_f: Norm::new(c, cfg.bias, dev)?,
+            ln_f: Norm::new(cfg.n_embd, cfg.bias, dev)?,
         };
         Ok(Gpt { config: cfg, transformer, seed, training: AtomicBool::new(true) })
+    }
+
+    /// The seed the model (and its dropout masks) was drawn from.
+    pub(super) fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    pub(super) fn training(&self) -> bool {
+        self.training.load(Ordering::Relaxed)
     }
 
     /// Chooses the attention kernel of every block: `true` runs one fused causal-attention
@@ -203,33 +195,46 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// The `k`-th Dropout of the model (1-based, in construction order: the three of each block,
+/// then the one after the embeddings), with its own stream: layers with one seed would all
+/// draw the same masks.
+pub(super) fn dropout(cfg: &GptConfig, seed: u64, k: usize) -> Result<Dropout> {
+    Ok(Dropout::new(cfg.dropout)?.seed(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(k as u64)))
+}
+
+/// `tok + pos` for I32 ids `[B, T]`, checked against the vocabulary and the block, then the
+/// embedding dropout: the start of the transformer, whole or as a pipeline's first stage.
+pub(super) fn embed(wte: &Embedding, wpe: &Embedding, drop: &Dropout, ids: &Tensor) -> Result<Tensor> {
+    let (vocab, block) = (wte.weight.dims()[0], wpe.weight.dims()[0]);
+    if ids.dtype() != DType::I32 {
+        return Err(Error::DType { op: "Gpt", expected: DType::I32, got: ids.dtype() });
+    }
+    let t = ids.dims().get(1).copied().unwrap_or(0);
+    if ids.rank() != 2 || t == 0 || ids.dims()[0] == 0 {
+        return Err(Error::shape("Gpt", format!("token ids {:?}: need [B, T] with B, T >= 1", ids.shape())));
+    }
+    if t > block {
+        return Err(Error::shape("Gpt", format!("token ids {:?}: T = {t} is longer than block_size {block}", ids.shape())));
+    }
+    ids.check_labels("Gpt", vocab)?;
+    let tok = wte.forward(ids)?;
+    let pos = wpe.weight.narrow(0, 0, t)?;
+    drop.forward(&tok.add(&pos)?)
+}
+
 /// nanoGPT's `transformer` dict: embeddings, blocks, final LayerNorm. Its forward gives the
 /// normalised hidden states `[B, T, C]`.
 pub struct Transformer {
     pub wte: Embedding,
     pub wpe: Embedding,
-    drop: Dropout,
+    pub(super) drop: Dropout,
     pub h: Blocks,
-    ln_f: Norm,
+    pub(super) ln_f: Norm,
 }
 
 impl Module for Transformer {
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let (vocab, block) = (self.wte.weight.dims()[0], self.wpe.weight.dims()[0]);
-        if ids.dtype() != DType::I32 {
-            return Err(Error::DType { op: "Gpt", expected: DType::I32, got: ids.dtype() });
-        }
-        let t = ids.dims().get(1).copied().unwrap_or(0);
-        if ids.rank() != 2 || t == 0 || ids.dims()[0] == 0 {
-            return Err(Error::shape("Gpt", format!("token ids {:?}: need [B, T] with B, T >= 1", ids.shape())));
-        }
-        if t > block {
-            return Err(Error::shape("Gpt", format!("token ids {:?}: T = {t} is longer than block_size {block}", ids.shape())));
-        }
-        ids.check_labels("Gpt", vocab)?;
-        let tok = self.wte.forward(ids)?;
-        let pos = self.wpe.weight.narrow(0, 0, t)?;
-        let x = self.h.forward(&self.drop.forward(&tok.add(&pos)?)?)?;
+        let x = self.h.forward(&embed(&self.wte, &self.wpe, &self.drop, ids)?)?;
         self.ln_f.forward(&x)
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
@@ -261,6 +266,34 @@ pub struct Block {
     attn: Attention,
     ln_2: Norm,
     mlp: Mlp,
+}
+
+impl Block {
+    /// Block `i` of a model of `cfg` drawn from `seed`: its weights from `normal(shape, std)`
+    /// in nanoGPT's order, its dropouts the `3i+1..=3i+3`-th of the model.
+    pub(super) fn build(cfg: &GptConfig, seed: u64, i: usize, dev: &Device, normal: &mut dyn FnMut(&[usize], f32) -> Result<Tensor>) -> Result<Block> {
+        let c = cfg.n_embd;
+        let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
+        let mut linear = |inputs: usize, o: usize, std: f32| -> Result<Linear> {
+            let bias = if cfg.bias { Some(Tensor::zeros([o], dev)?.requires_grad()) } else { None };
+            Ok(Linear { weight: normal(&[o, inputs], std)?.requires_grad(), bias })
+        };
+        let (c_attn, c_proj) = (linear(c, 3 * c, 0.02)?, linear(c, c, proj_std)?);
+        let fused = AtomicBool::new(fused_attention_default());
+        let attn = Attention { c_attn, c_proj, attn_dropout: dropout(cfg, seed, 3 * i + 1)?, resid_dropout: dropout(cfg, seed, 3 * i + 2)?, n_head: cfg.n_head, fused, training: AtomicBool::new(true) };
+        let (c_fc, c_proj) = (linear(c, 4 * c, 0.02)?, linear(4 * c, c, proj_std)?);
+        let mlp = Mlp { c_fc, gelu: GELU { approximate: GeluApproximate::Tanh }, c_proj, dropout: dropout(cfg, seed, 3 * i + 3)? };
+        Ok(Block { ln_1: Norm::new(c, cfg.bias, dev)?, attn, ln_2: Norm::new(c, cfg.bias, dev)?, mlp })
+    }
+
+    /// Whether this block runs the fused attention kernel.
+    pub(super) fn fused_attention(&self) -> bool {
+        self.attn.fused.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_fused_attention(&self, fused: bool) {
+        self.attn.fused.store(fused, Ordering::Relaxed);
+    }
 }
 
 impl Module for Block {
@@ -346,13 +379,13 @@ impl Module for Mlp {
 
 /// nanoGPT's LayerNorm: PyTorch's, with the bias optional (without one the shift is a
 /// constant 0, neither trained nor saved).
-struct Norm {
+pub(super) struct Norm {
     ln: LayerNorm,
     bias: bool,
 }
 
 impl Norm {
-    fn new(c: usize, bias: bool, dev: &Device) -> Result<Norm> {
+    pub(super) fn new(c: usize, bias: bool, dev: &Device) -> Result<Norm> {
         let mut ln = LayerNorm::new(&[c], dev)?;
         if !bias {
             ln.bias = Tensor::zeros([c], dev)?;

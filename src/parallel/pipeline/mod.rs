@@ -3,12 +3,14 @@
 //! and each stage's optimizer steps once per batch.
 mod remote;
 mod schedule;
+mod tied;
 mod worker;
 // `tandem bench` reports a whole model's activation bytes with the same count.
 #[cfg(feature = "cli")]
 pub(crate) use worker::graph_bytes;
 
 pub use schedule::{schedule, simulate, theoretical_bubble, Action, Plan, Schedule, Simulation};
+pub use tied::StageParam;
 
 use super::placement::{self, Stage, Stages};
 use super::step::StepLoop;
@@ -80,6 +82,7 @@ pub struct Pipeline {
     stats: Option<PipelineStats>,
     /// Where this rank's stages sit when the pipeline spans processes.
     across: Option<Across>,
+    ties: Vec<tied::Tied>,
 }
 
 /// The options of a [`Pipeline`] before it is built; defaults: 1 micro-batch, 1F1B, no
@@ -94,6 +97,7 @@ pub struct PipelineBuilder<'a> {
     cfg: PipelineConfig,
     clip: Option<f32>,
     group: Option<Group>,
+    ties: Vec<(StageParam, StageParam)>,
 }
 
 impl PipelineBuilder<'_> {
@@ -129,9 +133,23 @@ impl PipelineBuilder<'_> {
         self.clip = max_norm;
         self
     }
+    /// Ties `copy` to `primary`, each `(stage index, name in that stage's state_dict)`: one
+    /// parameter held by two stages, such as a language model's token embedding (first stage)
+    /// and output projection (last stage). The copy starts as the primary's value, its
+    /// gradient is moved into the primary's after the backward of every micro-batch (so the
+    /// optimizers, clipping and weight decay see the parameter once, and keep no state for the
+    /// copy), and after each update it takes the primary's new value: the two stay
+    /// bit-identical. Needs fixed stages
+    /// (`Stages::Built` or `Split::At`).
+    pub fn tie(mut self, primary: (usize, &str), copy: (usize, &str)) -> Self {
+        self.ties.push(((primary.0, primary.1.to_string()), (copy.0, copy.1.to_string())));
+        self
+    }
     /// Builds the stages. Errors (before any work) on zero micro-batches, more devices than
     /// layers, a split point that does not exist, a stage whose weights, gradients and
-    /// optimizer state cannot fit its device's memory, or built stages off their devices.
+    /// optimizer state cannot fit its device's memory, built stages off their devices, or a
+    /// tie that names no parameter, pairs tensors of different shapes, or sits in stages that
+    /// `Split::Auto` may still move.
     pub fn build(self) -> Result<Pipeline> {
         if self.micro_batches == 0 {
             return Err(Error::invalid("Pipeline", "micro_batches must be at least 1"));
@@ -141,6 +159,13 @@ impl PipelineBuilder<'_> {
             remote::check_options(matches!(self.stages, Stages::Split(_, placement::Split::Auto)), self.micro_batches)?;
         }
         let (stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
+        if balance_pending && !self.ties.is_empty() {
+            return Err(Error::invalid("Pipeline::tie", "tied parameters need fixed stages (Stages::Built or Split::At), not Split::Auto"));
+        }
+        if spread.is_some() && !self.ties.is_empty() {
+            return Err(Error::invalid("Pipeline::tie", "tied parameters across processes are not supported: tie stages inside one process"));
+        }
+        let ties = tied::resolve(&stages, self.ties)?;
         let across = spread.map(|g| Across::place(&g, stages.len())).transpose()?;
         let plan = match &across {
             Some(a) => schedule::schedule(self.schedule, a.total, self.micro_batches)[a.first..a.first + stages.len()].to_vec(),
@@ -160,6 +185,7 @@ impl PipelineBuilder<'_> {
             trace: None,
             stats: None,
             across,
+            ties,
         })
     }
 }
@@ -178,6 +204,7 @@ impl Pipeline {
             cfg: PipelineConfig::default(),
             clip: None,
             group: None,
+            ties: Vec::new(),
         }
     }
     /// Each stage's action list.
@@ -226,18 +253,36 @@ fn first_cause(results: Vec<Result<Outcome>>) -> Result<Vec<Outcome>> {
     Err(errors.swap_remove(pos))
 }
 
-impl Strategy for Pipeline {
-    fn step(&mut self, batch: &Batch) -> Result<StepReport> {
-        let micro = split_batch(batch, self.micro_batches)?;
+/// One forward and backward of a batch (or a data-parallel share of one) through the stages.
+pub(crate) struct PartRun {
+    outcomes: Vec<Outcome>,
+    start: Instant,
+}
+
+impl PartRun {
+    /// The part's loss: its share of the global batch's mean loss.
+    pub fn loss(&self) -> f32 {
+        self.outcomes.last().map_or(0.0, |o| o.loss)
+    }
+}
+
+impl Pipeline {
+    /// Forward and backward of `part`, samples `first..` of a global batch of `total` (so its
+    /// loss is weighted `len / total` and dropout masks are keyed by global sample index),
+    /// through every stage, gradients accumulated from zero and tied gradients summed. No
+    /// update: `step`, or a data-parallel grid around pipelines, does it.
+    pub(crate) fn backward_part(&mut self, part: &Batch, first: usize, total: usize) -> Result<PartRun> {
+        let micro = split_batch(part, self.micro_batches)?;
         if self.balance_pending {
-            let probe = placement::probe_input(batch, 4, &self.stages[0].device)?;
+            let probe = placement::probe_input(part, 4, &self.stages[0].device)?;
             placement::rebalance(&mut self.stages, &probe, &self.opt)?;
             self.balance_pending = false;
         }
-        let firsts: Vec<usize> = micro.iter().scan(0, |at, b| Some(std::mem::replace(at, *at + b.len()))).collect();
+        let firsts: Vec<usize> = micro.iter().scan(first, |at, b| Some(std::mem::replace(at, *at + b.len()))).collect();
         for s in &self.stages {
             s.opt.zero_grad();
         }
+        tied::clear_copy_grads(&self.ties);
         let p = self.stages.len();
         let mut links: Vec<Links> = (0..p).map(|_| Links::default()).collect();
         for s in 0..p.saturating_sub(1) {
@@ -248,7 +293,7 @@ impl Strategy for Pipeline {
             links[s + 1].act_in = Some(Box::new(act_rx));
             links[s + 1].grad_out = Some(Box::new(grad_tx));
         }
-        let (first, total) = self.across.as_ref().map_or((0, p), |a| (a.first, a.total));
+        let (first_stage, stages_total) = self.across.as_ref().map_or((0, p), |a| (a.first, a.total));
         if let Some(a) = &self.across {
             a.link_ends(&mut links, &self.stages[0].device, &self.stages[p - 1].device)?;
         }
@@ -263,14 +308,14 @@ impl Strategy for Pipeline {
                 .enumerate()
                 .map(|(index, ((stage, links), actions))| {
                     let job = Job {
-                        index: first + index,
-                        last: first + index + 1 == total,
+                        index: first_stage + index,
+                        last: first_stage + index + 1 == stages_total,
                         track: placement::track_name(index, &stage.device),
                         stage,
                         actions,
                         micro_batches: &micro,
                         firsts: &firsts,
-                        total: batch.len(),
+                        total,
                         run: &self.run,
                         recompute: self.cfg.recompute,
                         trace: self.trace.clone(),
@@ -289,7 +334,54 @@ impl Strategy for Pipeline {
                 .collect()
         });
         let outcomes = first_cause(results)?;
+        tied::sum_grads(&self.ties)?;
+        Ok(PartRun { outcomes, start })
+    }
+
+    /// The parameters each stage's optimizer trains (tied copies left out), in stage order.
+    pub(crate) fn trained_params(&self) -> Vec<Vec<(String, Tensor)>> {
+        self.stages.iter().map(|s| s.opt.params().iter().filter(|(_, t)| !tied::is_copy(&self.ties, t)).cloned().collect()).collect()
+    }
+
+    /// Every stage's optimizer step without clipping (the caller clipped), then the tied
+    /// copies take their primaries' new values; counts the step.
+    pub(crate) fn step_optimizers(&mut self) -> Result<()> {
+        for s in &mut self.stages {
+            s.opt.step()?;
+        }
+        tied::sync(&self.ties)?;
+        self.run.step += 1;
+        Ok(())
+    }
+
+    /// The step's report and `last_stats` from a part's run, the update done.
+    pub(crate) fn report(&mut self, run: &PartRun, grad_norm: Option<f32>) -> StepReport {
+        let (outcomes, start, p) = (&run.outcomes, run.start, self.stages.len());
         let span = outcomes.iter().map(|o| o.end.duration_since(start).as_secs_f64()).fold(0.0, f64::max);
+        let busy: Vec<f64> = outcomes.iter().map(|o| o.compute_s + o.comm_s).collect();
+        let idle: Vec<f64> = busy.iter().map(|b| (span - b).max(0.0)).collect();
+        self.stats = Some(PipelineStats {
+            bubble_measured: if span > 0.0 { idle.iter().sum::<f64>() / (p as f64 * span) } else { 0.0 },
+            bubble_theoretical: theoretical_bubble(p, self.micro_batches),
+            peak_activation_bytes: outcomes.iter().map(|o| o.peak_activation_bytes).collect(),
+            busy_s: busy,
+            idle_s: idle,
+        });
+        StepReport {
+            loss: run.loss(),
+            wall_s: start.elapsed().as_secs_f64(),
+            compute_s: outcomes.iter().map(|o| o.compute_s).fold(0.0, f64::max),
+            comm_s: outcomes.iter().map(|o| o.comm_s).sum(),
+            overlap: 0.0,
+            peak_memory: self.stages.iter().map(|s| s.device.memory().peak).collect(),
+            grad_norm,
+        }
+    }
+}
+
+impl Strategy for Pipeline {
+    fn step(&mut self, batch: &Batch) -> Result<StepReport> {
+        let run = self.backward_part(batch, 0, batch.len())?;
         let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| placement::track_name(i, &s.device)).collect();
         let trace = self.trace.clone();
         // Across processes the norm spans every rank's stages: clipped here, so the local
@@ -307,29 +399,11 @@ impl Strategy for Pipeline {
         });
         self.run.clip = clip;
         let grad_norm = global.unwrap_or(stepped?);
-        let busy: Vec<f64> = outcomes.iter().map(|o| o.compute_s + o.comm_s).collect();
-        let idle: Vec<f64> = busy.iter().map(|b| (span - b).max(0.0)).collect();
-        let stats = PipelineStats {
-            bubble_measured: if span > 0.0 { idle.iter().sum::<f64>() / (p as f64 * span) } else { 0.0 },
-            bubble_theoretical: theoretical_bubble(p, self.micro_batches),
-            peak_activation_bytes: outcomes.iter().map(|o| o.peak_activation_bytes).collect(),
-            busy_s: busy,
-            idle_s: idle,
-        };
-        let loss = match &self.across {
-            Some(a) => a.share_loss(outcomes[p - 1].loss)?,
-            None => outcomes[p - 1].loss,
-        };
-        let report = StepReport {
-            loss,
-            wall_s: start.elapsed().as_secs_f64(),
-            compute_s: outcomes.iter().map(|o| o.compute_s).fold(0.0, f64::max),
-            comm_s: outcomes.iter().map(|o| o.comm_s).sum(),
-            overlap: 0.0,
-            peak_memory: self.stages.iter().map(|s| s.device.memory().peak).collect(),
-            grad_norm,
-        };
-        self.stats = Some(stats);
+        tied::sync(&self.ties)?;
+        let mut report = self.report(&run, grad_norm);
+        if let Some(a) = &self.across {
+            report.loss = a.share_loss(report.loss)?;
+        }
         Ok(report)
     }
     fn predict(&self, x: &Batch) -> Result<Tensor> {
@@ -355,13 +429,15 @@ impl Strategy for Pipeline {
             None => Ok(mine),
         }
     }
+    /// Strict over every stage; a tied copy may be left out (it is filled from its primary).
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        let state = tied::complete_state(&self.ties, state)?;
         match &self.across {
             Some(a) => {
                 let names: Vec<String> = placement::stage_params(&self.stages).into_iter().map(|p| p.0).collect();
-                a.load(&names, state, |own| placement::load_stage_params(&self.stages, own))
+                a.load(&names, &state, |own| placement::load_stage_params(&self.stages, own))
             }
-            None => placement::load_stage_params(&self.stages, state),
+            None => placement::load_stage_params(&self.stages, &state),
         }
     }
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {

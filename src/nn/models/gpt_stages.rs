@@ -1,0 +1,123 @@
+//! A [`Gpt`] cut into pipeline stages: the embeddings (`wte`, `wpe`, dropout) open the first
+//! stage, consecutive blocks follow, and `ln_f` with a copy of `wte` as `lm_head` close the
+//! last. Layer names are nanoGPT's state_dict prefixes, so the stages' state_dicts together are
+//! the model's, `lm_head.weight` included.
+//!
+//! Shape letters: `B` batch, `T` tokens, `C` = `n_embd`, `V` = `vocab_size`.
+use super::gpt::{dropout, embed, Block, Gpt, Norm};
+use crate::nn::{Dropout, Embedding, Module, Sequential};
+use crate::parallel::Split;
+use crate::{Device, Error, Result, Tensor};
+use std::ops::Range;
+
+/// The first stage's opening: token + position embeddings and their dropout, `[B, T]` I32 ids
+/// to `[B, T, C]`. Named `transformer`, so its tensors are `transformer.wte.weight`, ...
+struct Embeddings {
+    wte: Embedding,
+    wpe: Embedding,
+    drop: Dropout,
+}
+
+impl Module for Embeddings {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        embed(&self.wte, &self.wpe, &self.drop, ids)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("wte".into(), &self.wte), ("wpe".into(), &self.wpe), ("drop".into(), &self.drop)]
+    }
+    fn describe(&self) -> String {
+        "Embeddings".into()
+    }
+}
+
+/// The output projection `[B, T, C]` -> logits `[B, T, V]` with its own weight `[V, C]`: on
+/// another device than `wte`, it holds a copy that the pipeline keeps equal (tied).
+struct Head {
+    weight: Tensor,
+}
+
+impl Module for Head {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.matmul_t(&self.weight, false, true)
+    }
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".into(), self.weight.clone())]
+    }
+    fn describe(&self) -> String {
+        format!("LmHead({}, {})", self.weight.dims()[1], self.weight.dims()[0])
+    }
+}
+
+impl Gpt {
+    /// The token embedding's name on the first of [`Gpt::stages`], tied to [`Gpt::LM_HEAD`].
+    pub const WTE: &'static str = "transformer.wte.weight";
+    /// The output projection's name on the last of [`Gpt::stages`]: a copy of [`Gpt::WTE`].
+    pub const LM_HEAD: &'static str = "lm_head.weight";
+
+    /// The model as one [`Sequential`] per device, copies of this model's weights, dropout
+    /// seeds, training mode and attention kernel, for `Pipeline::builder(Stages::Built(..))`:
+    /// `transformer` (the embeddings) first, `transformer.h.{i}` blocks, `transformer.ln_f` and
+    /// `lm_head` last. `split` says where the blocks are cut: `Split::At(starts)` gives the
+    /// index of the first block of every stage after the first (strictly increasing, in
+    /// `1..n_layer`), `Split::Auto` near-equal runs of blocks. Tie [`Gpt::WTE`] on stage 0 with
+    /// [`Gpt::LM_HEAD`] on the last stage (`PipelineBuilder::tie`): the stages hold two tensors.
+    pub fn stages(&self, devices: &[Device], split: &Split) -> Result<Vec<Sequential>> {
+        let ranges = self.block_ranges(devices.len(), split)?;
+        let (cfg, t) = (self.config, &self.transformer);
+        let training = |m: &dyn Module| m.set_training(self.training());
+        let last = devices.len() - 1;
+        let mut out = Vec::with_capacity(devices.len());
+        for (s, (dev, r)) in devices.iter().zip(ranges).enumerate() {
+            let mut stage = Sequential::new();
+            if s == 0 {
+                let drop = dropout(&cfg, self.seed(), 3 * cfg.n_layer + 1)?;
+                let e = Embeddings { wte: Embedding { weight: leaf(&t.wte.weight, dev)? }, wpe: Embedding { weight: leaf(&t.wpe.weight, dev)? }, drop };
+                training(&e);
+                stage.push_boxed("transformer".into(), Box::new(e));
+            }
+            for i in r {
+                let b = Block::build(&cfg, self.seed(), i, dev, &mut |shape, _| Tensor::zeros(shape, dev))?;
+                let from = &t.h.0[i];
+                b.load_state_dict(&from.state_dict())?;
+                b.set_fused_attention(from.fused_attention());
+                training(&b);
+                stage.push_boxed(format!("transformer.h.{i}"), Box::new(b));
+            }
+            if s == last {
+                let ln_f = Norm::new(cfg.n_embd, cfg.bias, dev)?;
+                ln_f.load_state_dict(&t.ln_f.state_dict())?;
+                stage.push_boxed("transformer.ln_f".into(), Box::new(ln_f));
+                stage.push_boxed("lm_head".into(), Box::new(Head { weight: leaf(&t.wte.weight, dev)? }));
+            }
+            out.push(stage);
+        }
+        Ok(out)
+    }
+
+    /// The blocks of each of `p` stages.
+    fn block_ranges(&self, p: usize, split: &Split) -> Result<Vec<Range<usize>>> {
+        let n = self.config.n_layer;
+        if p == 0 || p > n {
+            return Err(Error::invalid("Gpt::stages", format!("{p} stages for {n} blocks: give 1 to {n} devices (every stage holds a block)")));
+        }
+        let mut bounds = vec![0];
+        match split {
+            Split::Auto => bounds.extend(crate::parallel::comm::even_ranges(n, p).iter().skip(1).map(|r| r.start)),
+            Split::At(starts) => {
+                if starts.len() != p - 1 || starts.windows(2).any(|w| w[0] >= w[1]) || starts.iter().any(|&b| b == 0 || b >= n) {
+                    return Err(Error::invalid("Gpt::stages", format!("block starts {starts:?} for {p} stages of {n} blocks: give {} strictly increasing indices in 1..{n}", p - 1)));
+                }
+                bounds.extend(starts);
+            }
+        }
+        bounds.push(n);
+        Ok(bounds.windows(2).map(|w| w[0]..w[1]).collect())
+    }
+}
+
+/// A fresh trainable copy of `t` on `dev`, sharing no storage with it.
+fn leaf(t: &Tensor, dev: &Device) -> Result<Tensor> {
+    let own = Tensor::zeros(t.shape().clone(), dev)?;
+    own.assign(t)?;
+    Ok(own.requires_grad())
+}

@@ -1,0 +1,275 @@
+//! The GPT under `data` (2 devices), `pipeline` (2 stages, 1F1B) and `data,pipeline` (2 × 2):
+//! the PyTorch fixture's 10 AdamW steps (tests/fixtures/gpt_tiny.safetensors, weight decay,
+//! clipping, dropout 0) on CPU devices and on logical devices of `wgpu:0`; the tied
+//! embedding's two copies and the grid's replicas bit-identical (also on a CPU + wgpu:0
+//! pipeline); the tie's errors; and the command line with each new strategy, resume included.
+//! Each parity run writes its checkpoint under target/tmp for
+//! `python scripts/gpt_parity.py check` (a strict load into nanoGPT's GPT).
+mod common;
+use common::{assert_close, fails, ok, s, text};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tandem::backend::cpu::CpuBackend;
+use tandem::checkpoint::{read_safetensors, HostData, HostTensor};
+use tandem::data::Batch;
+use tandem::nn::models::{Gpt, GptConfig};
+use tandem::nn::Module;
+use tandem::optim::{AdamConfig, ParamGroups};
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Schedule, Split, Stages, Strategy};
+use tandem::{BackendKind, Device, Tensor};
+
+struct Fixture {
+    tensors: HashMap<String, HostTensor>,
+    meta: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Fixture {
+    fn load() -> Fixture {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_tiny.safetensors");
+        let (tensors, meta) = read_safetensors(path).expect("the fixture reads (scripts/gpt_parity.py make)");
+        let meta = meta.into_iter().map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(serde_json::Value::Null))).collect();
+        Fixture { tensors: tensors.into_iter().collect(), meta }
+    }
+    fn config(&self) -> GptConfig {
+        let c = &self.meta["config"];
+        let n = |k: &str| c[k].as_u64().expect("a size") as usize;
+        GptConfig { n_layer: n("n_layer"), n_head: n("n_head"), n_embd: n("n_embd"), block_size: n("block_size"), vocab_size: n("vocab_size"), dropout: 0.0, bias: true }
+    }
+    fn hp(&self, k: &str) -> f32 {
+        self.meta["train"][k].as_f64().expect("a number") as f32
+    }
+    fn f32s(&self, name: &str) -> &[f32] {
+        match &self.tensors[name].data {
+            HostData::F32(v) => v,
+            HostData::I32(_) => panic!("{name} is not F32"),
+        }
+    }
+    fn ids(&self, name: &str) -> (&[i32], &[usize]) {
+        match &self.tensors[name].data {
+            HostData::I32(v) => (v, &self.tensors[name].shape),
+            HostData::F32(_) => panic!("{name} is not integer"),
+        }
+    }
+    /// nanoGPT's initial state_dict (`lm_head.weight` included), on the host device.
+    fn init(&self) -> Vec<(String, Tensor)> {
+        let cpu = Device::cpu();
+        self.tensors
+            .iter()
+            .filter_map(|(n, t)| n.strip_prefix("init.").map(|rest| (rest.to_string(), Tensor::from_vec(self.f32s(n).to_vec(), t.shape.clone(), &cpu).unwrap())))
+            .collect()
+    }
+    /// Training batch `step` as windows of token ids.
+    fn batch(&self, step: usize) -> Batch {
+        let ((x, shape), (y, _)) = (self.ids("x"), self.ids("y"));
+        let (b, t) = (shape[1], shape[2]);
+        let r = step * b * t..(step + 1) * b * t;
+        Batch::tokens(x[r.clone()].to_vec(), y[r].to_vec(), t, self.config().vocab_size).unwrap()
+    }
+    /// The fixture's AdamW with nanoGPT's groups (no decay below rank 2).
+    fn adamw(&self) -> OptimConfig {
+        let adamw = AdamConfig { lr: self.hp("lr"), beta1: self.hp("beta1"), beta2: self.hp("beta2"), eps: self.hp("eps"), weight_decay: self.hp("weight_decay"), decoupled: true };
+        OptimConfig::adam(adamw).with_groups(ParamGroups::no_decay_for_biases_and_norms())
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec().unwrap().iter().map(|x| x.to_bits()).collect()
+}
+
+/// A GPT pipeline over `devs` with the fixture's initial weights and the tied head.
+fn pipeline(fx: &Fixture, devs: &[Device], micro: usize, schedule: Schedule) -> Pipeline {
+    let gpt = Gpt::new(fx.config(), 0, &Device::cpu()).unwrap();
+    gpt.load_state_dict(&fx.init()).unwrap();
+    let stages = Stages::Built(gpt.stages(devs, &Split::Auto).unwrap());
+    Pipeline::builder(stages, devs, &fx.adamw(), Loss::CrossEntropy)
+        .micro_batches(micro)
+        .schedule(schedule)
+        .tie((0, Gpt::WTE), (devs.len() - 1, Gpt::LM_HEAD))
+        .build()
+        .unwrap()
+}
+
+/// The fixture's 10 steps under `s`: losses within 1e-4 relative and final weights within
+/// 1e-3 of PyTorch's; the checkpoint's lm_head.weight equal to the embedding bit for bit.
+fn parity(what: &str, s: &mut dyn Strategy, fx: &Fixture) {
+    s.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
+    let losses: Vec<f32> = (0..10).map(|i| s.step(&fx.batch(i)).unwrap().loss).collect();
+    eprintln!("{what}: losses {losses:?}");
+    assert_close(&format!("{what}: losses"), &losses, fx.f32s("losses"), 0.0, 1e-4);
+    let state: HashMap<String, Tensor> = s.state_dict().unwrap().into_iter().collect();
+    for (name, t) in &state {
+        if name != Gpt::LM_HEAD {
+            assert_close(&format!("{what}: {name} after 10 steps"), &t.to_vec().unwrap(), fx.f32s(&format!("final.{name}")), 1e-3, 0.0);
+        }
+    }
+    assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "{what}: the tied lm_head.weight differs from the embedding");
+    // nanoGPT's validation loss; the checkpoint for `python scripts/gpt_parity.py check`
+    let ((vx, shape), (vy, _)) = (fx.ids("val_x"), fx.ids("val_y"));
+    let val_batch = Batch::tokens(vx.to_vec(), vy.to_vec(), shape[1], fx.config().vocab_size).unwrap();
+    s.set_training(false);
+    let logits = s.predict(&val_batch).unwrap();
+    s.set_training(true);
+    let (_, y) = tandem::parallel::batch_to_device(&val_batch, logits.device()).unwrap();
+    let val = Loss::CrossEntropy.compute(&logits, &y).unwrap().to_scalar().unwrap();
+    assert_close(&format!("{what}: validation loss"), &[val], fx.f32s("val_loss"), 0.0, 1e-3);
+    let file: String = what.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt_tiny_{file}.safetensors"));
+    let meta = std::collections::BTreeMap::from([("val_loss".to_string(), format!("{val:.9}"))]);
+    tandem::checkpoint::write_safetensors(&path, &tandem::checkpoint::to_host(&s.state_dict().unwrap()).unwrap(), &meta).unwrap();
+    // The optimizer trains the tied parameter once: state for the embedding, none for the head.
+    let names: Vec<String> = s.optimizer_state().unwrap().0.into_iter().map(|p| p.0).collect();
+    assert!(names.contains(&format!("{}.exp_avg", Gpt::WTE)) && !names.iter().any(|n| n.starts_with(Gpt::LM_HEAD)), "{what}: optimizer state {names:?}");
+}
+
+/// Four fresh logical devices of each family under test: CPU, and `wgpu:0` when present.
+fn families() -> Vec<(String, Vec<Device>)> {
+    let mut out = vec![("cpu".to_string(), (0..4).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect())];
+    if common::devices_under_test().iter().any(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) {
+        out.push(("wgpu:0".to_string(), (0..4).map(|_| Device::open(BackendKind::Wgpu, 0).unwrap()).collect()));
+    } else {
+        eprintln!("skipping wgpu:0: no adapter");
+    }
+    out
+}
+
+#[test]
+fn data_pipeline_and_grid_match_pytorch() {
+    let _guard = common::shared();
+    let fx = Fixture::load();
+    for (family, devs) in families() {
+        let mut dp = DataParallel::from_factory(|d| Gpt::new(fx.config(), 0, d), &devs[..2], &fx.adamw(), Loss::CrossEntropy, DataParallelConfig::default()).unwrap();
+        dp.load_state_dict(&fx.init()).unwrap();
+        parity(&format!("data on 2 {family}"), &mut dp, &fx);
+
+        let mut pipe = pipeline(&fx, &devs[..2], 4, Schedule::OneFOneB);
+        parity(&format!("pipeline, 2 stages of {family}, 1F1B, 4 micro-batches"), &mut pipe, &fx);
+
+        let mut grid = PipelineGrid::from_factory(&devs, 2, |row| Ok(pipeline(&fx, row, 2, Schedule::OneFOneB))).unwrap();
+        parity(&format!("data,pipeline 2 x 2 on {family}"), &mut grid, &fx);
+        let replica = |r: usize| -> Vec<(String, Vec<u32>)> { grid.replicas()[r].state_dict().unwrap().iter().map(|(n, t)| (n.clone(), bits(t))).collect() };
+        assert_eq!(replica(0), replica(1), "{family}: the grid's two replicas differ after 10 steps");
+    }
+}
+
+/// GPipe with recomputation gives the 1F1B pipeline's run; and the tie is what keeps the
+/// pipeline on PyTorch's track: without it the head trains on its own.
+#[test]
+fn gpipe_with_recompute_matches_and_the_tie_matters() {
+    let _guard = common::shared();
+    let fx = Fixture::load();
+    let devs: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
+    let gpt = Gpt::new(fx.config(), 0, &Device::cpu()).unwrap();
+    gpt.load_state_dict(&fx.init()).unwrap();
+    let mut gpipe = Pipeline::builder(Stages::Built(gpt.stages(&devs, &Split::At(vec![1])).unwrap()), &devs, &fx.adamw(), Loss::CrossEntropy)
+        .micro_batches(2)
+        .schedule(Schedule::GPipe)
+        .recompute(true)
+        .tie((0, Gpt::WTE), (1, Gpt::LM_HEAD))
+        .build()
+        .unwrap();
+    parity("GPipe, recomputing", &mut gpipe, &fx);
+
+    let mut untied = Pipeline::builder(Stages::Built(gpt.stages(&devs, &Split::Auto).unwrap()), &devs, &fx.adamw(), Loss::CrossEntropy).build().unwrap();
+    untied.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
+    let losses: Vec<f32> = (0..10).map(|i| untied.step(&fx.batch(i)).unwrap().loss).collect();
+    let off = losses.iter().zip(fx.f32s("losses")).any(|(a, b)| ((a - b) / b).abs() > 1e-4);
+    assert!(off, "an untied head should leave PyTorch's losses: {losses:?}");
+}
+
+/// On two backends the copy still equals the embedding bit for bit: it is copied, not updated.
+#[test]
+fn tied_copies_stay_identical_across_backends() {
+    let _guard = common::shared();
+    let Some(wgpu) = common::devices_under_test().into_iter().find(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) else {
+        eprintln!("skipping: no wgpu:0");
+        return;
+    };
+    let fx = Fixture::load();
+    let devs = [Device::from_backend(Arc::new(CpuBackend::new())), wgpu];
+    let mut pipe = pipeline(&fx, &devs, 2, Schedule::OneFOneB);
+    pipe.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
+    for i in 0..3 {
+        pipe.step(&fx.batch(i)).unwrap();
+    }
+    let state: HashMap<String, Tensor> = pipe.state_dict().unwrap().into_iter().collect();
+    assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "cpu + wgpu:0: the head differs from the embedding");
+    assert!(state[Gpt::LM_HEAD].device().same(&devs[1]), "the head lives on the last stage");
+}
+
+#[test]
+fn ties_and_stage_splits_that_cannot_work_are_errors() {
+    let fx = Fixture::load();
+    let devs: Vec<Device> = (0..3).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
+    let gpt = Gpt::new(fx.config(), 0, &Device::cpu()).unwrap();
+    let build = |tie: ((usize, &str), (usize, &str))| {
+        let stages = Stages::Built(gpt.stages(&devs[..2], &Split::Auto).unwrap());
+        Pipeline::builder(stages, &devs[..2], &fx.adamw(), Loss::CrossEntropy).tie(tie.0, tie.1).build().err().expect("a bad tie").to_string()
+    };
+    assert!(build(((0, Gpt::WTE), (1, "lm_head.bias"))).contains("has no parameter lm_head.bias"));
+    assert!(build(((0, Gpt::WTE), (2, Gpt::LM_HEAD))).contains("the pipeline has 2 stages"));
+    assert!(build(((0, Gpt::WTE), (0, "transformer.wpe.weight"))).contains("transformer.wpe.weight"));
+    assert!(build(((0, Gpt::WTE), (0, Gpt::WTE))).contains("two distinct parameters"));
+    // 2 blocks cannot make 3 stages; split points must exist
+    assert!(gpt.stages(&devs, &Split::Auto).err().unwrap().to_string().contains("3 stages for 2 blocks"));
+    assert!(gpt.stages(&devs[..2], &Split::At(vec![2])).err().unwrap().to_string().contains("block starts [2]"));
+    // a checkpoint whose lm_head.weight is not the embedding
+    let mut pipe = pipeline(&fx, &devs[..2], 1, Schedule::OneFOneB);
+    let mut state = fx.init();
+    let head = state.iter().position(|(n, _)| n == Gpt::LM_HEAD).unwrap();
+    state[head].1 = state[head].1.mul_scalar(2.0).unwrap();
+    assert!(pipe.load_state_dict(&state).unwrap_err().to_string().contains("lm_head.weight differs from transformer.wte.weight"));
+    // without lm_head.weight the copy is filled from the embedding
+    state.remove(head);
+    pipe.load_state_dict(&state).unwrap();
+}
+
+// --- the command line ----------------------------------------------------------------------
+
+fn train(dir: &std::path::Path, extra: &[&str]) -> Vec<f64> {
+    let mut a = vec!["train", "--model", "gpt", "--data", "text", "--log-format", "json", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch", "8"];
+    a.extend(["--grad-clip", "1", "--dropout", "0.1", "--checkpoint-every", "2", "--checkpoint-dir", s(dir)]);
+    a.extend(extra);
+    let out = ok(&a);
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l.get("summary").is_none())
+        .filter_map(|l| l.get("loss").and_then(serde_json::Value::as_f64))
+        .collect()
+}
+
+fn checkpoint(path: &std::path::Path) -> HashMap<String, HostTensor> {
+    read_safetensors(path).unwrap().0.into_iter().filter_map(|(n, t)| n.strip_prefix("model.").map(|m| (m.to_string(), t))).collect()
+}
+
+/// Each new strategy follows `single` (dropout masks are keyed by sample, so every split
+/// gives the same run), stops and resumes to the uninterrupted run's weights bit for bit, and
+/// writes nanoGPT-shaped checkpoints (lm_head.weight = wte).
+#[test]
+fn cli_trains_pipeline_and_data_pipeline_and_resumes() {
+    let dir = common::scratch("gpt-pipeline", "cli");
+    let single = train(&dir.join("single"), &["--devices", "cpu", "--steps", "4"]);
+    let cases: [(&str, &[&str]); 2] = [
+        ("pipeline", &["--strategy", "pipeline", "--devices", "cpu,cpu", "--micro-batches", "2", "--schedule", "gpipe", "--recompute"]),
+        ("data,pipeline", &["--strategy", "data,pipeline", "--pipelines", "2", "--devices", "cpu,cpu,cpu,cpu", "--micro-batches", "2"]),
+    ];
+    for (name, flags) in cases {
+        let (whole, part) = (dir.join(format!("{name}-whole")), dir.join(format!("{name}-part")));
+        let losses = train(&whole, &[flags, &["--steps", "4"]].concat());
+        assert_close(&format!("tandem train --strategy {name}: losses"), &losses.iter().map(|&l| l as f32).collect::<Vec<_>>(), &single.iter().map(|&l| l as f32).collect::<Vec<_>>(), 1e-5, 1e-4);
+        train(&part, &[flags, &["--steps", "2"]].concat());
+        let resumed = train(&part, &[flags, &["--steps", "4", "--resume"]].concat());
+        assert_eq!(resumed, losses[2..], "{name}: steps 3..4 after the resume");
+        let ckpt = "ckpt-00000004.safetensors";
+        let (a, b) = (checkpoint(&whole.join(ckpt)), checkpoint(&part.join(ckpt)));
+        assert!(!a.is_empty() && a == b, "{name}: the resumed run's weights differ from the uninterrupted run's");
+        assert!(a[Gpt::LM_HEAD] == a[Gpt::WTE], "{name}: the checkpoint's lm_head.weight is not the embedding");
+    }
+    let base = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--steps", "1"];
+    let with = |extra: &[&'static str]| [&base[..], extra].concat();
+    fails(&with(&["--strategy", "data,pipeline", "--devices", "cpu,cpu,cpu", "--batch", "8"]), "--pipelines");
+    fails(&with(&["--strategy", "data,pipeline", "--devices", "cpu,cpu,cpu,cpu", "--batch", "6", "--micro-batches", "2"]), "does not split into 2 pipelines");
+    fails(&with(&["--strategy", "pipeline", "--devices", "cpu,cpu,cpu", "--batch", "8"]), "every stage needs a block");
+    fails(&with(&["--recompute", "--devices", "cpu", "--batch", "8"]), "--recompute: needs --strategy pipeline");
+    fails(&["train", "--model", "seed-linear", "--data", "synthetic", "--strategy", "data,pipeline", "--devices", "cpu,cpu"], "written for --model gpt");
+}
