@@ -298,6 +298,13 @@ impl BlockLayers {
     }
 }
 
+impl Block {
+    /// Whether the block runs under `autograd::checkpoint` (see `Gpt::set_recompute`).
+    pub(crate) fn recompute(&self) -> bool {
+        self.recompute.load(Ordering::Relaxed)
+    }
+}
+
 impl Module for Block {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if !self.recompute.load(Ordering::Relaxed) {
@@ -327,6 +334,13 @@ pub(crate) struct Attention {
     pub(crate) n_head: usize,
     fused: AtomicBool,
     training: AtomicBool,
+}
+
+impl Attention {
+    /// Whether the fused attention kernel is chosen (see `Gpt::set_fused_attention`).
+    pub(crate) fn fused(&self) -> bool {
+        self.fused.load(Ordering::Relaxed)
+    }
 }
 
 impl Module for Attention {
