@@ -173,7 +173,7 @@ fn generate_continues_a_prompt_from_the_checkpoint_alone() {
 #[test]
 fn errors_name_what_is_wrong() {
     let dir = scratch("errors");
-    fails(&strs(&train(&["--strategy", "tensor", "--steps", "1"])), "tensor is not supported for --model gpt yet");
+    fails(&strs(&train(&["--strategy", "model", "--steps", "1"])), "model is not supported for --model gpt yet");
     fails(&strs(&train(&["--strategy", "pipeline", "--steps", "1"])), "pipeline is not supported for --model gpt yet");
     fails(&strs(&train(&["--data", "text:/nonexistent/input.txt", "--steps", "1"])), "/nonexistent/input.txt");
     fails(&strs(&train(&["--warmup-steps", "5", "--steps", "3"])), "--warmup-steps");

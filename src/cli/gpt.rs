@@ -1,5 +1,5 @@
-//! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`
-//! or `data` parallelism, with AdamW, clipping, warmup + cosine decay, periodic validation
+//! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`,
+//! `data` or `tensor` parallelism, with AdamW, clipping, warmup + cosine decay, periodic validation
 //! loss, and the same run directory, resume and stop handling as the seed models.
 //!
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
@@ -16,7 +16,7 @@ use crate::data::{Batch, LoaderState};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::optim::LrSchedule;
 use crate::parallel::trace::Trace;
-use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Strategy};
+use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Strategy, TensorParallelGpt};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -235,9 +235,14 @@ pub fn train(args: &TrainArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// `single` or `data` (what `auto` becomes); the others are not written for a GPT yet.
+/// `single` or `data` (what `auto` becomes), or `tensor`; each model with `--recompute` if asked.
 fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device]) -> Result<Box<dyn Strategy>> {
     let micro_batches = args.micro_batches.unwrap_or(1);
+    let gpt = |d: &Device| -> Result<Gpt> {
+        let g = Gpt::new(cfg, args.seed, d)?;
+        g.set_recompute(args.gpt.recompute);
+        Ok(g)
+    };
     let kind = match args.strategy {
         StrategyKind::Auto if devices.len() == 1 && !args.deterministic => StrategyKind::Single,
         StrategyKind::Auto => StrategyKind::Data,
@@ -249,15 +254,21 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             Err(Error::invalid("--strategy single", format!("runs on one device, --devices names {}: {}", specs.len(), specs.join(","))))
         }
         StrategyKind::Single | StrategyKind::Auto if micro_batches == 1 && !args.deterministic => {
-            Ok(Box::new(Single::new(Gpt::new(cfg, args.seed, &devices[0])?, optim, Loss::CrossEntropy, &devices[0])?))
+            Ok(Box::new(Single::new(gpt(&devices[0])?, optim, Loss::CrossEntropy, &devices[0])?))
         }
         StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data => {
             let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, ..Default::default() };
-            Ok(Box::new(DataParallel::from_factory(|d| Gpt::new(cfg, args.seed, d), devices, optim, Loss::CrossEntropy, dp)?))
+            Ok(Box::new(DataParallel::from_factory(gpt, devices, optim, Loss::CrossEntropy, dp)?))
         }
-        StrategyKind::Model | StrategyKind::Tensor | StrategyKind::Pipeline => {
+        StrategyKind::Tensor => {
+            if micro_batches != 1 || args.deterministic {
+                return Err(Error::invalid("--strategy tensor", "runs the whole batch at once, deterministically: --micro-batches and --deterministic do not apply"));
+            }
+            Ok(Box::new(TensorParallelGpt::new(gpt(&devices[0])?, devices, optim, Loss::CrossEntropy)?))
+        }
+        StrategyKind::Model | StrategyKind::Pipeline => {
             let name = format!("{kind:?}").to_lowercase();
-            Err(Error::invalid("--strategy", format!("{name} is not supported for --model gpt yet; use single or data (tensor and pipeline GPT come next)")))
+            Err(Error::invalid("--strategy", format!("{name} is not supported for --model gpt yet; use single, data or tensor (pipeline GPT comes next)")))
         }
     }
 }

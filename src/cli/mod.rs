@@ -197,6 +197,10 @@ pub struct GptArgs {
     /// Print the validation loss every N steps (and after the last).
     #[arg(long, value_name = "N")]
     pub eval_every: Option<u64>,
+    /// Recompute each block's activations in the backward instead of keeping them (less
+    /// memory, one more forward per step; same gradients).
+    #[arg(long)]
+    pub recompute: bool,
 }
 
 /// Flags of `tandem generate`.

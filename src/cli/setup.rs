@@ -252,6 +252,7 @@ pub fn no_gpt_flags(args: &TrainArgs) -> Result<()> {
         ("--n-embd", g.n_embd.is_some()),
         ("--block-size", g.block_size.is_some()),
         ("--dropout", g.dropout.is_some()),
+        ("--recompute", g.recompute),
     ];
     match given.iter().find(|(_, set)| *set) {
         Some((flag, _)) => Err(Error::invalid(flag, "applies to --model gpt only")),
