@@ -43,12 +43,9 @@ pub(crate) struct ParallelAttention {
 }
 
 impl ParallelAttention {
-    /// `attn` split over `devices`; `n_head` must be a multiple of their number.
+    /// `attn` split over `devices`, whose number divides `n_head` (the caller checks).
     pub(crate) fn new(attn: Attention, fused: bool, devices: &[Device]) -> Result<Self> {
         let n = devices.len();
-        if n == 0 || !attn.n_head.is_multiple_of(n) {
-            return Err(Error::invalid("TensorParallelGpt", format!("n_head {} does not split evenly over {n} devices (tensor parallelism gives each device whole heads, the same number)", attn.n_head)));
-        }
         let c_attn = &attn.c_attn;
         let reordered = Linear { weight: qkv_order(&c_attn.weight, n, true)?, bias: c_attn.bias.as_ref().map(|b| qkv_order(b, n, true)).transpose()? };
         Ok(ParallelAttention {
