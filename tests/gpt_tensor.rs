@@ -246,6 +246,29 @@ fn heads_that_do_not_split_are_an_error() -> Result<()> {
     Ok(())
 }
 
+/// The per-step losses a `tandem train` run prints with `--log-format json`.
+fn cli_losses(args: &[&str]) -> Vec<f64> {
+    let out = common::ok(&[args, &["--log-format", "json"]].concat());
+    let lines = common::text(&out.stdout);
+    lines.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["step"].is_u64()).filter_map(|v| v["loss"].as_f64()).collect()
+}
+
+/// `--recompute` prints the plain run's losses under each strategy, dropout on; the tensor
+/// split prints the single device's within rounding.
+#[test]
+fn cli_recompute_keeps_every_strategys_losses() {
+    let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "3", "--dropout", "0.1"];
+    let single = cli_losses(&[&args[..], &["--devices", "cpu"]].concat());
+    assert_eq!(single.len(), 3, "{single:?}");
+    for (strategy, devices) in [("single", "cpu"), ("data", "cpu,cpu"), ("tensor", "cpu,cpu")] {
+        let run = |extra: &[&str]| cli_losses(&[&args[..], &["--strategy", strategy, "--devices", devices], extra].concat());
+        let (plain, recomputed) = (run(&[]), run(&["--recompute"]));
+        assert_eq!(recomputed, plain, "--strategy {strategy}: --recompute changed the losses");
+        let single: Vec<f32> = single.iter().map(|&v| v as f32).collect();
+        assert_close(&format!("--strategy {strategy} against single"), &plain.iter().map(|&v| v as f32).collect::<Vec<_>>(), &single, 0.0, 1e-5);
+    }
+}
+
 #[test]
 fn cli_trains_tensor_parallel_with_recompute() {
     let dir = common::scratch("gpt_tensor", "cli");
