@@ -280,7 +280,8 @@ fn cli_trains_tensor_parallel_with_recompute() {
     let single = Gpt::new(GptConfig { n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, vocab_size: 1, dropout: 0.0, bias: true }, 0, &Device::cpu()).unwrap();
     let mut want: Vec<String> = single.state_dict().into_iter().map(|p| p.0).collect();
     let mut got: Vec<String> = tensors.into_iter().map(|t| t.0).collect();
-    (want.sort(), got.sort());
+    want.sort();
+    got.sort();
     assert_eq!(got, want, "a single-device GPT's names");
     common::fails(&[&args[..], &["--strategy", "tensor", "--devices", "cpu,cpu,cpu"]].concat(), "n_head 2 does not split evenly over 3 devices");
     common::fails(&["train", "--model", "seed-linear", "--data", "synthetic", "--recompute"], "--recompute: applies to --model gpt only");

@@ -8,11 +8,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// A function of one tensor that `checkpoint` runs twice (forward, then in backward).
+pub type BlockFn = Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>;
+
 /// What a `checkpoint` node keeps: the function and the sample context its forward ran under,
 /// so that the recomputation draws the same Dropout masks.
 #[derive(Clone)]
 pub struct Recompute {
-    f: Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>,
+    f: BlockFn,
     ctx: SampleContext,
 }
 
@@ -45,7 +48,7 @@ static OWN_STEP: AtomicU64 = AtomicU64::new(u32::MAX as u64);
 /// assert!(w.grad().is_some() && x.grad().is_some());
 /// # Ok(()) }
 /// ```
-pub fn checkpoint(f: Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>, x: &Tensor, params: &[Tensor]) -> Result<Tensor> {
+pub fn checkpoint(f: BlockFn, x: &Tensor, params: &[Tensor]) -> Result<Tensor> {
     if !super::is_enabled() || !(x.needs_grad() || params.iter().any(Tensor::needs_grad)) {
         return f(x);
     }

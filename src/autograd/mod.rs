@@ -3,7 +3,7 @@
 mod checkpoint;
 mod rules;
 
-pub use checkpoint::{checkpoint, Recompute};
+pub use checkpoint::{checkpoint, BlockFn, Recompute};
 
 use crate::backend::{BinaryOp, Buffer, UnaryOp, WindowSpec};
 use crate::{Error, Result, Tensor};
