@@ -133,6 +133,9 @@ fn checkpoints_are_the_single_device_ones() -> Result<()> {
     single.load_state_dict(&fx.init(&devs[0]))?;
     let mut tp = tensor_parallel(&fx, fx.config(), &devs)?;
     assert_eq!(names_and_shapes(&tp.state_dict()?), names_and_shapes(&single.state_dict()?));
+    let no_bias = GptConfig { bias: false, ..fx.config() };
+    let tp_no_bias = TensorParallelGpt::new(Gpt::new(no_bias, 0, &devs[0])?, &devs, &fx.adamw(), Loss::CrossEntropy)?;
+    assert_eq!(names_and_shapes(&tp_no_bias.state_dict()?), names_and_shapes(&Gpt::new(no_bias, 0, &devs[0])?.state_dict()), "without biases");
     for ((name, a), (_, b)) in tp.state_dict()?.iter().zip(single.state_dict()?) {
         assert_eq!(a.to_vec()?, b.to_vec()?, "{name} after a scatter and a gather");
     }
