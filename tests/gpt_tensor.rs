@@ -246,6 +246,11 @@ fn heads_that_do_not_split_are_an_error() -> Result<()> {
     bad.retain(|p| p.0 != "transformer.h.1.attn.c_attn.bias");
     let err = tp.load_state_dict(&bad).expect_err("a missing parameter");
     assert!(err.to_string().contains("transformer.h.1.attn.c_attn.bias"), "{err}");
+    let mut wrong = fx.init(&devs[0]);
+    let w = wrong.iter_mut().find(|p| p.0 == "transformer.h.0.mlp.c_fc.weight").unwrap();
+    w.1 = Tensor::zeros([4, 4], &devs[0])?;
+    let err = tp.load_state_dict(&wrong).expect_err("a parameter of another shape");
+    assert!(matches!(err, Error::Shape { .. }) && err.to_string().contains("transformer.h.0.mlp.c_fc.weight"), "{err}");
     Ok(())
 }
 

@@ -284,6 +284,7 @@ pub struct Block {
     recompute: AtomicBool,
 }
 
+/// A block's layers; tensor parallelism takes them apart to split the Linears.
 pub(crate) struct BlockLayers {
     pub(crate) ln_1: Norm,
     pub(crate) attn: Attention,

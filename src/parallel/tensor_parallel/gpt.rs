@@ -46,6 +46,17 @@ fn gather(parts: &[Tensor], layout: Layout, first: &Device) -> Result<Tensor> {
     })
 }
 
+/// The whole shape of a parameter held as `parts`.
+fn whole_dims(parts: &[Tensor], layout: Layout) -> Vec<usize> {
+    let mut dims = parts[0].dims().to_vec();
+    match layout {
+        Layout::Whole => {}
+        Layout::Split(d) => dims[d] = parts.iter().map(|p| p.dims()[d]).sum(),
+        Layout::Qkv => dims[0] = parts.iter().map(|p| p.dims()[0]).sum(),
+    }
+    dims
+}
+
 /// Device `i`'s slice of `full` for a parameter whose slices have the shapes of `parts`.
 fn slice(full: &Tensor, parts: &[Tensor], layout: Layout, i: usize) -> Result<Tensor> {
     let (dim, full) = match layout {
@@ -120,7 +131,8 @@ impl ParallelGpt {
         let col = |name: &str, c: &ColumnParallelLinear, layout: Layout| {
             let mut v = vec![Logical { name: format!("{name}.weight"), layout, parts: c.weights.clone() }];
             if let Some(b) = &c.biases {
-                v.push(Logical { name: format!("{name}.bias"), layout: if let Layout::Qkv = layout { layout } else { Layout::Split(0) }, parts: b.clone() });
+                // Qkv and Split(0) split a bias along its only dimension as the weight's rows.
+                v.push(Logical { name: format!("{name}.bias"), layout, parts: b.clone() });
             }
             v
         };
@@ -274,9 +286,9 @@ impl Strategy for TensorParallelGpt {
         }
         for l in &self.logical {
             let full = &state.iter().find(|s| s.0 == l.name).expect("checked above").1;
-            let want = gather(&l.parts, l.layout, &self.devices[0])?;
-            if full.shape() != want.shape() {
-                return Err(Error::shape("TensorParallelGpt::load_state_dict", format!("{} is {:?}, the model's is {:?}", l.name, full.shape(), want.shape())));
+            let want = whole_dims(&l.parts, l.layout);
+            if full.dims() != want {
+                return Err(Error::shape("TensorParallelGpt::load_state_dict", format!("{} is {:?}, the model's is {want:?}", l.name, full.shape())));
             }
             for (i, p) in l.parts.iter().enumerate() {
                 p.assign(&slice(full, &l.parts, l.layout, i)?)?;
