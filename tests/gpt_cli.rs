@@ -173,7 +173,6 @@ fn generate_continues_a_prompt_from_the_checkpoint_alone() {
 #[test]
 fn errors_name_what_is_wrong() {
     let dir = scratch("errors");
-    fails(&strs(&train(&["--strategy", "tensor", "--steps", "1"])), "tensor is not supported for --model gpt yet");
     fails(&strs(&train(&["--strategy", "model", "--steps", "1"])), "model is not supported for --model gpt yet");
     fails(&strs(&train(&["--data", "text:/nonexistent/input.txt", "--steps", "1"])), "/nonexistent/input.txt");
     fails(&strs(&train(&["--warmup-steps", "5", "--steps", "3"])), "--warmup-steps");
@@ -235,8 +234,11 @@ fn a_small_gpt_beats_the_unigram_entropy_of_the_builtin_corpus() {
 fn bench_reports_the_gpt_train_step() {
     let out = ok(&["bench", "--model", "gpt", "--devices", "cpu", "--quick", "--log-format", "json"]);
     let lines = json_lines(&out);
-    assert_eq!(lines.len(), 1, "one figure per device: {lines:?}");
+    assert_eq!(lines.len(), 2, "a plain and a --recompute figure per device: {lines:?}");
     let f = &lines[0];
+    assert_eq!((f["recompute"].as_bool(), lines[1]["recompute"].as_bool()), (Some(false), Some(true)));
+    let kept = |i: usize| lines[i]["activation_bytes"].as_u64().unwrap();
+    assert!(kept(1) < kept(0) / 2, "recomputation keeps {} bytes, the plain step {}", kept(1), kept(0));
     assert_eq!((f["bench"].as_str(), f["model"].as_str(), f["device"].as_str()), (Some("train-step"), Some("gpt"), Some("cpu")));
     assert_eq!((f["batch"].as_u64(), f["block_size"].as_u64()), (Some(16), Some(64)));
     let (ms, tps) = (f["median_ms"].as_f64().unwrap(), f["tokens_per_sec"].as_f64().unwrap());

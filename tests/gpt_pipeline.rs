@@ -270,6 +270,6 @@ fn cli_trains_pipeline_and_data_pipeline_and_resumes() {
     fails(&with(&["--strategy", "data,pipeline", "--devices", "cpu,cpu,cpu", "--batch", "8"]), "--pipelines");
     fails(&with(&["--strategy", "data,pipeline", "--devices", "cpu,cpu,cpu,cpu", "--batch", "6", "--micro-batches", "2"]), "does not split into 2 pipelines");
     fails(&with(&["--strategy", "pipeline", "--devices", "cpu,cpu,cpu", "--batch", "8"]), "every stage needs a block");
-    fails(&with(&["--recompute", "--devices", "cpu", "--batch", "8"]), "--recompute: needs --strategy pipeline");
+    fails(&with(&["--pipelines", "2", "--devices", "cpu,cpu", "--batch", "8"]), "--pipelines: needs --strategy data,pipeline");
     fails(&["train", "--model", "seed-linear", "--data", "synthetic", "--strategy", "data,pipeline", "--devices", "cpu,cpu"], "written for --model gpt");
 }

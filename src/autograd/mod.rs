@@ -1,5 +1,9 @@
-//! Define-by-run reverse-mode autograd: the graph records, the engine that walks it, `no_grad`.
+//! Define-by-run reverse-mode autograd: the graph records, the engine that walks it, `no_grad`,
+//! and activation recomputation (`checkpoint`).
+mod checkpoint;
 mod rules;
+
+pub use checkpoint::{checkpoint, BlockFn, Recompute};
 
 use crate::backend::{BinaryOp, Buffer, UnaryOp, WindowSpec};
 use crate::{Error, Result, Tensor};
@@ -52,6 +56,9 @@ pub enum GradOp {
     /// An embedding lookup of a `[table_rows, D]` table (input 0) by I32 ids (input 1).
     GatherRows { table_rows: usize },
     ToDevice,
+    /// A function of input 0 run without history (`checkpoint`); the other inputs are the
+    /// leaves it reads, whose gradients backward gets by running it again with history.
+    Checkpoint(Recompute),
 }
 
 thread_local! {
@@ -66,6 +73,13 @@ pub fn is_enabled() -> bool {
 /// Runs `f` without recording history on this thread (evaluation, optimizer updates).
 pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
     let _guard = NoGradGuard::new();
+    f()
+}
+
+/// Runs `f` recording history even inside `no_grad` or backward (a recomputed forward).
+fn with_grad<T>(f: impl FnOnce() -> T) -> T {
+    // The guard puts the previous mode back, whichever it was.
+    let _guard = NoGradGuard { prev: GRAD_ENABLED.with(|g| g.replace(true)) };
     f()
 }
 
@@ -103,6 +117,14 @@ pub fn backward(root: &Tensor, on_leaf_ready: &mut dyn FnMut(&Tensor) -> Result<
         return Err(Error::invalid("backward", "the tensor does not depend on anything that requires grad"));
     }
     let _guard = NoGradGuard::new();
+    let seed = Tensor::ones(root.shape().clone(), root.device())?;
+    propagate(root, seed, &mut |leaf, g| finish_leaf(leaf, g, on_leaf_ready))
+}
+
+/// Back-propagates `seed` = dL/d(`root`) through `root`'s graph; `on_leaf(leaf, gradient)` is
+/// called once per leaf that needs grad, when every contribution to it is summed. Runs with
+/// history off (the caller holds a `NoGradGuard`).
+fn propagate(root: &Tensor, seed: Tensor, on_leaf: &mut dyn FnMut(&Tensor, Option<Tensor>) -> Result<()>) -> Result<()> {
     let order = topo_order(root);
     // How many gradient contributions each tensor still waits for.
     let mut pending: HashMap<u64, usize> = HashMap::new();
@@ -114,9 +136,9 @@ pub fn backward(root: &Tensor, on_leaf_ready: &mut dyn FnMut(&Tensor) -> Result<
         }
     }
     let mut grads: HashMap<u64, Tensor> = HashMap::new();
-    grads.insert(root.id(), Tensor::ones(root.shape().clone(), root.device())?);
+    grads.insert(root.id(), seed);
     if root.is_leaf() {
-        return finish_leaf(root, grads.remove(&root.id()), on_leaf_ready);
+        return on_leaf(root, grads.remove(&root.id()));
     }
     for t in order.iter().rev() {
         let Some(node) = &t.0.node else { continue };
@@ -139,7 +161,7 @@ pub fn backward(root: &Tensor, on_leaf_ready: &mut dyn FnMut(&Tensor) -> Result<
             let left = pending.get_mut(&input.id()).expect("counted above");
             *left -= 1;
             if *left == 0 && input.is_leaf() {
-                finish_leaf(input, grads.remove(&input.id()), on_leaf_ready)?;
+                on_leaf(input, grads.remove(&input.id()))?;
             }
         }
     }

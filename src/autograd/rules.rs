@@ -230,6 +230,7 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             grads.into_iter().map(Some).collect()
         }
         GradOp::ToDevice => vec![Some(g.to(x.device())?)],
+        GradOp::Checkpoint(r) => super::checkpoint::backward(r, inputs, g)?,
     })
 }
 

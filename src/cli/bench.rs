@@ -85,9 +85,9 @@ enum Figure {
     Matmul { device: String, n: usize, gflops: f64 },
     TrainStep { model: &'static str, device: String, batch: usize, median_ms: f64, first_step_ms: f64 },
     /// A GPT's training step; `activation_bytes` are the tensors autograd keeps for backward
-    /// at the end of forward (weights excluded).
+    /// at the end of forward (weights excluded); `recompute`: with per-block recomputation.
     #[serde(rename = "train-step")]
-    GptStep { model: &'static str, device: String, batch: usize, block_size: usize, median_ms: f64, tokens_per_sec: f64, activation_bytes: u64 },
+    GptStep { model: &'static str, device: String, batch: usize, block_size: usize, median_ms: f64, tokens_per_sec: f64, activation_bytes: u64, recompute: bool },
     Dispatch { device: String, us_per_op: f64 },
     PipelineBubble { device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, step_ms: f64 },
 }
@@ -103,10 +103,10 @@ fn emit(format: LogFormat, rows: &mut Vec<Vec<String>>, f: Figure) {
         Figure::TrainStep { model, device, batch, median_ms, first_step_ms } => {
             vec!["train-step".into(), device, format!("{model} batch={batch}"), format!("{median_ms:.1} ms (first {first_step_ms:.1} ms)")]
         }
-        Figure::GptStep { model, device, batch, block_size, median_ms, tokens_per_sec, activation_bytes } => vec![
+        Figure::GptStep { model, device, batch, block_size, median_ms, tokens_per_sec, activation_bytes, recompute } => vec![
             "train-step".into(),
             device,
-            format!("{model} batch={batch} block={block_size}"),
+            format!("{model} batch={batch} block={block_size}{}", if recompute { " recompute" } else { "" }),
             format!("{median_ms:.1} ms, {tokens_per_sec:.0} tokens/s, activations {:.1} MiB", activation_bytes as f64 / (1 << 20) as f64),
         ],
         Figure::Dispatch { device, us_per_op } => vec!["dispatch".into(), device, format!("{DISPATCH_OPS} adds, one sync"), format!("{us_per_op:.2} us/op")],
@@ -208,7 +208,7 @@ fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f
 const GPT_BENCH: GptConfig = GptConfig { n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 0, dropout: 0.0, bias: true };
 const GPT_BATCH: usize = 16;
 
-/// One train-step figure per device for [`GPT_BENCH`].
+/// Two train-step figures per device for [`GPT_BENCH`]: plain, then with `--recompute`.
 fn gpt_figures(args: &BenchArgs, devices: &[Device]) -> Result<()> {
     let corpus = TextCorpus::builtin(0);
     let cfg = GptConfig { vocab_size: corpus.vocab.len(), ..GPT_BENCH };
@@ -218,14 +218,18 @@ fn gpt_figures(args: &BenchArgs, devices: &[Device]) -> Result<()> {
     let reps = if args.quick { 2 } else { 10 };
     let mut rows = Vec::new();
     for dev in devices {
-        let model = Gpt::new(cfg, 0, dev)?;
-        let activation_bytes = activation_bytes(&model, &batch, dev)?;
-        let optim = OptimConfig::adam(AdamConfig { lr: 1e-3, ..AdamConfig::adamw() });
-        let mut s = Single::new(model, &optim, Loss::CrossEntropy, dev)?;
-        let (median, _) = timed(reps, || s.step(&batch).map(drop))?;
-        let tokens_per_sec = (GPT_BATCH * cfg.block_size) as f64 / median;
-        let f = Figure::GptStep { model: "gpt", device: dev.spec(), batch: GPT_BATCH, block_size: cfg.block_size, median_ms: median * 1e3, tokens_per_sec, activation_bytes };
-        emit(args.log_format, &mut rows, f);
+        for recompute in [false, true] {
+            let model = Gpt::new(cfg, 0, dev)?;
+            model.set_recompute(recompute);
+            let activation_bytes = activation_bytes(&model, &batch, dev)?;
+            let optim = OptimConfig::adam(AdamConfig { lr: 1e-3, ..AdamConfig::adamw() });
+            let mut s = Single::new(model, &optim, Loss::CrossEntropy, dev)?;
+            let (median, _) = timed(reps, || s.step(&batch).map(drop))?;
+            let tokens_per_sec = (GPT_BATCH * cfg.block_size) as f64 / median;
+            let (device, block_size, median_ms) = (dev.spec(), cfg.block_size, median * 1e3);
+            let f = Figure::GptStep { model: "gpt", device, batch: GPT_BATCH, block_size, median_ms, tokens_per_sec, activation_bytes, recompute };
+            emit(args.log_format, &mut rows, f);
+        }
     }
     if args.log_format == LogFormat::Text {
         print_table(&["BENCH", "DEVICE", "CASE", "RESULT"], &rows);

@@ -1,7 +1,7 @@
 //! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`,
-//! `data`, `pipeline` or `data,pipeline` parallelism, with AdamW, clipping, warmup + cosine
-//! decay, periodic validation loss, and the same run directory, resume and stop handling as
-//! the seed models.
+//! `data`, `tensor`, `pipeline` or `data,pipeline` parallelism, with AdamW, clipping, warmup +
+//! cosine decay, periodic validation loss, and the same run directory, resume and stop handling
+//! as the seed models.
 //!
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
 //! so `tandem generate` needs nothing but the checkpoint file.
@@ -17,7 +17,7 @@ use crate::data::{Batch, LoaderState};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::optim::LrSchedule;
 use crate::parallel::trace::Trace;
-use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy};
+use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -246,19 +246,23 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     Ok(0)
 }
 
-/// `single` or `data` (what `auto` becomes), `pipeline` and `data,pipeline`; the others are
-/// not written for a GPT yet.
+/// `single` or `data` (what `auto` becomes), `tensor`, `pipeline` and `data,pipeline`; with
+/// `--recompute` each block (single, data, tensor) or each stage (the pipelines) recomputes its
+/// activations in the backward.
 fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device]) -> Result<Box<dyn Strategy>> {
     let micro_batches = args.micro_batches.unwrap_or(1);
+    let gpt = |d: &Device| -> Result<Gpt> {
+        let g = Gpt::new(cfg, args.seed, d)?;
+        g.set_recompute(args.recompute);
+        Ok(g)
+    };
     let kind = match args.strategy {
         StrategyKind::Auto if devices.len() == 1 && !args.deterministic => StrategyKind::Single,
         StrategyKind::Auto => StrategyKind::Data,
         k => k,
     };
-    let piped = matches!(kind, StrategyKind::Pipeline | StrategyKind::DataPipeline);
-    if !piped && (args.recompute || args.pipelines.is_some()) {
-        let flag = if args.recompute { "--recompute" } else { "--pipelines" };
-        return Err(Error::invalid(flag, "needs --strategy pipeline or data,pipeline"));
+    if args.pipelines.is_some() && kind != StrategyKind::DataPipeline {
+        return Err(Error::invalid("--pipelines", "needs --strategy data,pipeline"));
     }
     match kind {
         StrategyKind::Single | StrategyKind::Auto if devices.len() != 1 => {
@@ -266,11 +270,17 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             Err(Error::invalid("--strategy single", format!("runs on one device, --devices names {}: {}", specs.len(), specs.join(","))))
         }
         StrategyKind::Single | StrategyKind::Auto if micro_batches == 1 && !args.deterministic => {
-            Ok(Box::new(Single::new(Gpt::new(cfg, args.seed, &devices[0])?, optim, Loss::CrossEntropy, &devices[0])?))
+            Ok(Box::new(Single::new(gpt(&devices[0])?, optim, Loss::CrossEntropy, &devices[0])?))
         }
         StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data => {
             let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, ..Default::default() };
-            Ok(Box::new(DataParallel::from_factory(|d| Gpt::new(cfg, args.seed, d), devices, optim, Loss::CrossEntropy, dp)?))
+            Ok(Box::new(DataParallel::from_factory(gpt, devices, optim, Loss::CrossEntropy, dp)?))
+        }
+        StrategyKind::Tensor => {
+            if micro_batches != 1 || args.deterministic {
+                return Err(Error::invalid("--strategy tensor", "runs the whole batch at once, deterministically: --micro-batches and --deterministic do not apply"));
+            }
+            Ok(Box::new(TensorParallelGpt::new(gpt(&devices[0])?, devices, optim, Loss::CrossEntropy)?))
         }
         StrategyKind::Pipeline => Ok(Box::new(pipeline(args, cfg, optim, devices, micro_batches)?)),
         StrategyKind::DataPipeline => {
@@ -285,10 +295,7 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             }
             Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches))?))
         }
-        StrategyKind::Model | StrategyKind::Tensor => {
-            let name = format!("{kind:?}").to_lowercase();
-            Err(Error::invalid("--strategy", format!("{name} is not supported for --model gpt yet; use single, data, pipeline or data,pipeline")))
-        }
+        StrategyKind::Model => Err(Error::invalid("--strategy", "model is not supported for --model gpt yet; use single, data, tensor, pipeline or data,pipeline")),
     }
 }
 

@@ -152,8 +152,9 @@ pub struct TrainArgs {
     /// one pipeline each [default: 2].
     #[arg(long, value_name = "N")]
     pub pipelines: Option<usize>,
-    /// Pipeline stages keep only their inputs and redo the forward before the backward
-    /// (activation recomputation; --model gpt).
+    /// Recompute activations in the backward instead of keeping them (--model gpt): each
+    /// block under single, data and tensor, each stage under the pipelines (less memory, one
+    /// more forward per step; the same gradients).
     #[arg(long)]
     pub recompute: bool,
     /// Bit-identical results across runs, and across device counts of one backend, at some

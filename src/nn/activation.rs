@@ -103,6 +103,12 @@ pub fn with_samples<T>(ctx: SampleContext, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// This thread's sample context, if a forward under [`with_samples`] is running: what a
+/// recomputed forward (`autograd::checkpoint`) runs under again to replay its Dropout masks.
+pub fn current_samples() -> Option<SampleContext> {
+    CONTEXT.with(Cell::get).map(|(ctx, _)| ctx)
+}
+
 /// Zeroes each value with probability `p` in training and scales the rest by `1/(1-p)`;
 /// the identity in eval mode. Masks come from Philox keyed by the seed, identical on every
 /// backend.

@@ -6,7 +6,7 @@ pub mod models;
 mod norm;
 mod pool;
 
-pub use activation::{with_samples, Dropout, GeluApproximate, Identity, SampleContext, SiLU, Sigmoid, Tanh, GELU};
+pub use activation::{current_samples, with_samples, Dropout, GeluApproximate, Identity, SampleContext, SiLU, Sigmoid, Tanh, GELU};
 pub use layers::{Conv2d, Embedding, Flatten, Linear, MaxPool2d, ReLU};
 pub use norm::{BatchNorm1d, BatchNorm2d, LayerNorm};
 pub use pool::{AdaptiveAvgPool2d, AvgPool2d};

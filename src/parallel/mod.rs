@@ -20,7 +20,7 @@ pub use placement::{LayerPlacement, Split, Stages};
 // The CLI fixes a byte-balanced split up front when --deterministic asks for one.
 #[cfg(feature = "cli")]
 pub(crate) use placement::plan as plan_stages;
-pub use tensor_parallel::{ColumnParallelLinear, ParallelMlp, RowParallelLinear, TensorParallel};
+pub use tensor_parallel::{ColumnParallelLinear, ParallelMlp, RowParallelLinear, TensorParallel, TensorParallelGpt};
 
 use crate::data::{Batch, Inputs, Targets};
 use crate::nn::Module;

@@ -4,8 +4,11 @@
 //!
 //! Column then row needs no communication in between: each device keeps its slice of the
 //! hidden activation, and only the row layer's partial outputs are summed.
+mod attention;
+mod gpt;
 mod mlp;
 
+pub use gpt::TensorParallelGpt;
 pub use mlp::ParallelMlp;
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};

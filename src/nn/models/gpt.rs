@@ -6,6 +6,7 @@ use crate::nn::{Dropout, Embedding, GeluApproximate, LayerNorm, Linear, Module, 
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The shape of a [`Gpt`], nanoGPT's `GPTConfig` (its defaults are GPT-2 small's, with the
 /// vocabulary padded to 50304).
@@ -115,7 +116,18 @@ impl Gpt {
     /// else composed, which was faster on the CPU and lavapipe at GPT-tiny sizes (see README).
     pub fn set_fused_attention(&self, fused: bool) {
         for b in &self.transformer.h.0 {
-            b.attn.fused.store(fused, Ordering::Relaxed);
+            b.layers.attn.fused.store(fused, Ordering::Relaxed);
+        }
+    }
+
+    /// Per-block activation recomputation (`--recompute`): with `true` each block's forward
+    /// keeps only its input for the backward, which runs the block again (see
+    /// [`crate::autograd::checkpoint`]): the activations kept fall from every block's
+    /// intermediates to one `[B, T, C]` per block, for one more forward per step. Gradients
+    /// are the plain run's; Dropout replays its masks under a strategy's sample context.
+    pub fn set_recompute(&self, recompute: bool) {
+        for b in &self.transformer.h.0 {
+            b.recompute.store(recompute, Ordering::Relaxed);
         }
     }
 
@@ -176,7 +188,8 @@ impl Module for Gpt {
         moved.load_state_dict(&self.parameters())?;
         moved.set_training(self.training.load(Ordering::Relaxed));
         if let Some(first) = self.transformer.h.0.first() {
-            moved.set_fused_attention(first.attn.fused.load(Ordering::Relaxed));
+            moved.set_fused_attention(first.layers.attn.fused.load(Ordering::Relaxed));
+            moved.set_recompute(first.recompute.load(Ordering::Relaxed));
         }
         Ok(Box::new(moved))
     }
@@ -227,14 +240,22 @@ pub(super) fn embed(wte: &Embedding, wpe: &Embedding, drop: &Dropout, ids: &Tens
 pub struct Transformer {
     pub wte: Embedding,
     pub wpe: Embedding,
-    pub(super) drop: Dropout,
+    pub(crate) drop: Dropout,
     pub h: Blocks,
-    pub(super) ln_f: Norm,
+    pub(crate) ln_f: Norm,
+}
+
+impl Transformer {
+    /// The blocks' input `[B, T, C]` for checked token ids: token plus position embeddings,
+    /// dropped out (tensor parallelism runs its own blocks between this and `ln_f`).
+    pub(crate) fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        embed(&self.wte, &self.wpe, &self.drop, ids)
+    }
 }
 
 impl Module for Transformer {
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let x = self.h.forward(&embed(&self.wte, &self.wpe, &self.drop, ids)?)?;
+        let x = self.h.forward(&self.embed(ids)?)?;
         self.ln_f.forward(&x)
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
@@ -260,12 +281,11 @@ impl Module for Blocks {
     }
 }
 
-/// One pre-LayerNorm block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+/// One pre-LayerNorm block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`; with `recompute`
+/// under `autograd::checkpoint` (its layers shared with the recomputation, hence the `Arc`).
 pub struct Block {
-    ln_1: Norm,
-    attn: Attention,
-    ln_2: Norm,
-    mlp: Mlp,
+    pub(crate) layers: Arc<BlockLayers>,
+    recompute: AtomicBool,
 }
 
 impl Block {
@@ -283,26 +303,57 @@ impl Block {
         let attn = Attention { c_attn, c_proj, attn_dropout: dropout(cfg, seed, 3 * i + 1)?, resid_dropout: dropout(cfg, seed, 3 * i + 2)?, n_head: cfg.n_head, fused, training: AtomicBool::new(true) };
         let (c_fc, c_proj) = (linear(c, 4 * c, 0.02)?, linear(4 * c, c, proj_std)?);
         let mlp = Mlp { c_fc, gelu: GELU { approximate: GeluApproximate::Tanh }, c_proj, dropout: dropout(cfg, seed, 3 * i + 3)? };
-        Ok(Block { ln_1: Norm::new(c, cfg.bias, dev)?, attn, ln_2: Norm::new(c, cfg.bias, dev)?, mlp })
+        let layers = BlockLayers { ln_1: Norm::new(c, cfg.bias, dev)?, attn, ln_2: Norm::new(c, cfg.bias, dev)?, mlp };
+        Ok(Block { layers: Arc::new(layers), recompute: AtomicBool::new(false) })
     }
 
     /// Whether this block runs the fused attention kernel.
     pub(super) fn fused_attention(&self) -> bool {
-        self.attn.fused.load(Ordering::Relaxed)
+        self.layers.attn.fused.load(Ordering::Relaxed)
     }
 
     pub(super) fn set_fused_attention(&self, fused: bool) {
-        self.attn.fused.store(fused, Ordering::Relaxed);
+        self.layers.attn.fused.store(fused, Ordering::Relaxed);
+    }
+
+    pub(super) fn set_recompute(&self, recompute: bool) {
+        self.recompute.store(recompute, Ordering::Relaxed);
+    }
+}
+
+/// A block's layers; tensor parallelism takes them apart to split the Linears.
+pub(crate) struct BlockLayers {
+    pub(crate) ln_1: Norm,
+    pub(crate) attn: Attention,
+    pub(crate) ln_2: Norm,
+    pub(crate) mlp: Mlp,
+}
+
+impl BlockLayers {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
+        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+    }
+}
+
+impl Block {
+    /// Whether the block runs under `autograd::checkpoint` (see `Gpt::set_recompute`).
+    pub(crate) fn recompute(&self) -> bool {
+        self.recompute.load(Ordering::Relaxed)
     }
 }
 
 impl Module for Block {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
-        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+        if !self.recompute.load(Ordering::Relaxed) {
+            return self.layers.forward(x);
+        }
+        let (layers, params): (_, Vec<Tensor>) = (self.layers.clone(), self.parameters().into_iter().map(|p| p.1).collect());
+        crate::autograd::checkpoint(Arc::new(move |x: &Tensor| layers.forward(x)), x, &params)
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
-        vec![("ln_1".into(), &self.ln_1), ("attn".into(), &self.attn), ("ln_2".into(), &self.ln_2), ("mlp".into(), &self.mlp)]
+        let l = &*self.layers;
+        vec![("ln_1".into(), &l.ln_1), ("attn".into(), &l.attn), ("ln_2".into(), &l.ln_2), ("mlp".into(), &l.mlp)]
     }
     fn describe(&self) -> String {
         "Block".into()
@@ -313,14 +364,21 @@ impl Module for Block {
 /// `softmax(q·kᵀ/√D + mask)·v` over `B·H`, either as two batched products around a fused causal
 /// softmax or as one fused attention kernel (`fused`, see `Gpt::set_fused_attention`); the
 /// heads joined and projected.
-struct Attention {
-    c_attn: Linear,
-    c_proj: Linear,
-    attn_dropout: Dropout,
-    resid_dropout: Dropout,
-    n_head: usize,
+pub(crate) struct Attention {
+    pub(crate) c_attn: Linear,
+    pub(crate) c_proj: Linear,
+    pub(crate) attn_dropout: Dropout,
+    pub(crate) resid_dropout: Dropout,
+    pub(crate) n_head: usize,
     fused: AtomicBool,
     training: AtomicBool,
+}
+
+impl Attention {
+    /// Whether the fused attention kernel is chosen (see `Gpt::set_fused_attention`).
+    pub(crate) fn fused(&self) -> bool {
+        self.fused.load(Ordering::Relaxed)
+    }
 }
 
 impl Module for Attention {
@@ -358,11 +416,11 @@ impl Module for Attention {
 }
 
 /// `dropout(c_proj(gelu(c_fc(x))))`, C -> 4C -> C.
-struct Mlp {
-    c_fc: Linear,
-    gelu: GELU,
-    c_proj: Linear,
-    dropout: Dropout,
+pub(crate) struct Mlp {
+    pub(crate) c_fc: Linear,
+    pub(crate) gelu: GELU,
+    pub(crate) c_proj: Linear,
+    pub(crate) dropout: Dropout,
 }
 
 impl Module for Mlp {
@@ -379,7 +437,7 @@ impl Module for Mlp {
 
 /// nanoGPT's LayerNorm: PyTorch's, with the bias optional (without one the shift is a
 /// constant 0, neither trained nor saved).
-pub(super) struct Norm {
+pub(crate) struct Norm {
     ln: LayerNorm,
     bias: bool,
 }

@@ -80,6 +80,7 @@ impl Gpt {
                 let from = &t.h.0[i];
                 b.load_state_dict(&from.state_dict())?;
                 b.set_fused_attention(from.fused_attention());
+                b.set_recompute(from.recompute());
                 training(&b);
                 stage.push_boxed(format!("transformer.h.{i}"), Box::new(b));
             }

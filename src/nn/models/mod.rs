@@ -1,7 +1,7 @@
 //! The built-in models: the seed models (with the seeds' parameter names) and [`Gpt`], a
 //! GPT-2-shaped transformer with nanoGPT's names.
 mod generate;
-mod gpt;
+pub(crate) mod gpt;
 mod gpt_stages;
 
 pub use gpt::{Block, Blocks, Gpt, GptConfig, Transformer};

@@ -1,0 +1,355 @@
+//! A tensor-parallel GPT (Megatron-LM): every block's attention heads and MLP hidden features
+//! split over the devices; the embeddings, LayerNorms, `ln_f` and the tied `lm_head` on the
+//! first device. Checkpoints are the single-device model's: `state_dict` gathers each sharded
+//! parameter (and its optimizer state) to nanoGPT's name and shape, `load_state_dict` scatters.
+use super::attention::{qkv_order, ParallelAttention};
+use super::{ColumnParallelLinear, ParallelMlp};
+use crate::autograd::no_grad;
+use crate::data::Batch;
+use crate::nn::models::gpt::{BlockLayers, Norm};
+use crate::nn::models::{Gpt, Transformer};
+use crate::nn::{Dropout, Module};
+use crate::optim::Optimizer;
+use crate::parallel::step::StepLoop;
+use crate::parallel::trace::{Phase, Trace};
+use crate::parallel::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
+use crate::{Device, Error, Result, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How a logical (nanoGPT) parameter lies on the devices.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// Whole, on the first device.
+    Whole,
+    /// Split along this dimension, slice `i` on device `i`.
+    Split(usize),
+    /// `c_attn`'s rows, split by heads: device `i` holds its heads' q, k and v rows.
+    Qkv,
+}
+
+/// One nanoGPT parameter: its name, layout and the tensors that hold it (device order).
+struct Logical {
+    name: String,
+    layout: Layout,
+    parts: Vec<Tensor>,
+}
+
+/// The whole tensor from per-device `parts` (a parameter, a gradient or optimizer state) laid
+/// out as `layout`, on `first`, without history.
+fn gather(parts: &[Tensor], layout: Layout, first: &Device) -> Result<Tensor> {
+    no_grad(|| match layout {
+        Layout::Whole => parts[0].to(first),
+        Layout::Split(d) => Tensor::cat(&parts.iter().map(|p| p.to(first)).collect::<Result<Vec<_>>>()?, d),
+        Layout::Qkv => qkv_order(&Tensor::cat(&parts.iter().map(|p| p.to(first)).collect::<Result<Vec<_>>>()?, 0)?, parts.len(), false),
+    })
+}
+
+/// The whole shape of a parameter held as `parts`.
+fn whole_dims(parts: &[Tensor], layout: Layout) -> Vec<usize> {
+    let mut dims = parts[0].dims().to_vec();
+    match layout {
+        Layout::Whole => {}
+        Layout::Split(d) => dims[d] = parts.iter().map(|p| p.dims()[d]).sum(),
+        Layout::Qkv => dims[0] = parts.iter().map(|p| p.dims()[0]).sum(),
+    }
+    dims
+}
+
+/// Device `i`'s slice of `full` for a parameter whose slices have the shapes of `parts`.
+fn slice(full: &Tensor, parts: &[Tensor], layout: Layout, i: usize) -> Result<Tensor> {
+    let (dim, full) = match layout {
+        Layout::Whole => return Ok(full.clone()),
+        Layout::Split(d) => (d, full.clone()),
+        Layout::Qkv => (0, qkv_order(full, parts.len(), true)?),
+    };
+    let start = parts[..i].iter().map(|p| p.dims()[dim]).sum();
+    no_grad(|| full.narrow(dim, start, parts[i].dims()[dim]))
+}
+
+/// One block with its attention and MLP split over the devices.
+struct ParallelLayers {
+    ln_1: Norm,
+    attn: ParallelAttention,
+    ln_2: Norm,
+    mlp: ParallelMlp,
+    dropout: Dropout,
+}
+
+impl ParallelLayers {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
+        x.add(&self.dropout.forward(&self.mlp.forward(&self.ln_2.forward(&x)?)?)?)
+    }
+}
+
+struct ParallelBlock {
+    layers: Arc<ParallelLayers>,
+    recompute: AtomicBool,
+}
+
+impl Module for ParallelBlock {
+    /// `[B, T, C]` on the first device to the same there, the heads and hidden features
+    /// computed on their devices; under `autograd::checkpoint` with recomputation.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.recompute.load(Ordering::Relaxed) {
+            return self.layers.forward(x);
+        }
+        let (layers, params): (_, Vec<Tensor>) = (self.layers.clone(), self.parameters().into_iter().map(|p| p.1).collect());
+        crate::autograd::checkpoint(Arc::new(move |x: &Tensor| layers.forward(x)), x, &params)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let l = &*self.layers;
+        vec![("ln_1".into(), &l.ln_1), ("attn".into(), &l.attn), ("ln_2".into(), &l.ln_2), ("mlp".into(), &l.mlp), ("dropout".into(), &l.dropout)]
+    }
+    fn describe(&self) -> String {
+        "ParallelBlock".into()
+    }
+}
+
+/// [`Gpt`] with its blocks split over devices: the same function, the same Dropout masks.
+struct ParallelGpt {
+    /// The embeddings, embedding dropout and `ln_f`; its own block list is empty.
+    transformer: Transformer,
+    blocks: Vec<ParallelBlock>,
+}
+
+impl ParallelGpt {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let x = self.blocks.iter().try_fold(self.transformer.embed(ids)?, |h, b| b.forward(&h))?;
+        self.transformer.ln_f.forward(&x)?.matmul_t(&self.transformer.wte.weight, false, true)
+    }
+    fn set_training(&self, training: bool) {
+        self.transformer.set_training(training);
+        self.blocks.iter().for_each(|b| b.set_training(training));
+    }
+
+    /// Every nanoGPT parameter in state_dict order (without the tied `lm_head.weight`).
+    fn logical(&self) -> Vec<Logical> {
+        let whole = |name: String, t: Tensor| Logical { name, layout: Layout::Whole, parts: vec![t] };
+        let col = |name: &str, c: &ColumnParallelLinear, layout: Layout| {
+            let mut v = vec![Logical { name: format!("{name}.weight"), layout, parts: c.weights.clone() }];
+            if let Some(b) = &c.biases {
+                // Qkv and Split(0) split a bias along its only dimension as the weight's rows.
+                v.push(Logical { name: format!("{name}.bias"), layout, parts: b.clone() });
+            }
+            v
+        };
+        let row = |name: &str, r: &super::RowParallelLinear| {
+            let mut v = vec![Logical { name: format!("{name}.weight"), layout: Layout::Split(1), parts: r.weights.clone() }];
+            v.extend(r.bias.clone().map(|b| whole(format!("{name}.bias"), b)));
+            v
+        };
+        let norm = |name: &str, n: &Norm| n.parameters().into_iter().map(|(k, t)| whole(format!("{name}.{k}"), t)).collect::<Vec<_>>();
+        let t = &self.transformer;
+        let mut out = vec![whole("transformer.wte.weight".into(), t.wte.weight.clone()), whole("transformer.wpe.weight".into(), t.wpe.weight.clone())];
+        for (i, b) in self.blocks.iter().enumerate() {
+            let (l, p) = (&*b.layers, format!("transformer.h.{i}"));
+            out.extend(norm(&format!("{p}.ln_1"), &l.ln_1));
+            out.extend(col(&format!("{p}.attn.c_attn"), &l.attn.c_attn, Layout::Qkv));
+            out.extend(row(&format!("{p}.attn.c_proj"), &l.attn.c_proj));
+            out.extend(norm(&format!("{p}.ln_2"), &l.ln_2));
+            out.extend(col(&format!("{p}.mlp.c_fc"), l.mlp.c_fc(), Layout::Split(0)));
+            out.extend(row(&format!("{p}.mlp.c_proj"), l.mlp.c_proj()));
+        }
+        out.extend(norm("transformer.ln_f", &t.ln_f));
+        out
+    }
+}
+
+/// Tensor parallelism for a [`Gpt`] (`--strategy tensor --model gpt`): the attention heads and
+/// the MLP's hidden features split evenly over the devices (Megatron-LM: `c_attn` and `c_fc`
+/// column-parallel, both `c_proj` row-parallel, one reduction forward and one backward per
+/// attention and per MLP); the embeddings, LayerNorms, `ln_f` and the tied `lm_head` stay on
+/// the first device, where the logits and the loss are computed.
+///
+/// Each device has its own optimizer over the tensors it holds, under the parameters' nanoGPT
+/// names (so weight-decay groups by rank apply unchanged); clipping sums the squared norms of
+/// all of them, each logical parameter once. Dropout masks equal [`Single`](crate::parallel::Single)'s:
+/// every mask is drawn on the first device under the step's sample context, the attention
+/// weights' whole `[B·H, T, T]` mask included, of which each device takes its heads' slice.
+/// A separate strategy from [`super::TensorParallel`] (the last two Linears of a `Sequential`),
+/// since a GPT's split needs the heads' layout of `c_attn` and its own gather.
+pub struct TensorParallelGpt {
+    model: ParallelGpt,
+    logical: Vec<Logical>,
+    opts: Vec<Box<dyn Optimizer>>,
+    devices: Vec<Device>,
+    run: StepLoop,
+    trace: Option<Trace>,
+}
+
+impl TensorParallelGpt {
+    /// `gpt` (built on the first device, as [`Gpt::new`] makes it) split over `devices`: the
+    /// blocks' Linears are copied to their devices, the rest stays. `n_head` must be a
+    /// multiple of the number of devices.
+    pub fn new(gpt: Gpt, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Self> {
+        let first = devices.first().ok_or_else(|| Error::invalid("TensorParallelGpt", "no devices given"))?;
+        if !gpt.config.n_head.is_multiple_of(devices.len()) {
+            let what = format!("n_head {} does not split evenly over {} devices ({}): each device takes the same number of whole heads", gpt.config.n_head, devices.len(), devices.iter().map(Device::spec).collect::<Vec<_>>().join(","));
+            return Err(Error::invalid("TensorParallelGpt", what));
+        }
+        if let Some((n, t)) = gpt.state_dict().into_iter().find(|(_, t)| !t.device().same(first)) {
+            return Err(Error::invalid("TensorParallelGpt", format!("{n} is on {}, not on the first device {first}", t.device())));
+        }
+        let recompute = gpt.transformer.h.0.first().is_some_and(|b| b.recompute());
+        let fused = gpt.transformer.h.0.first().is_some_and(|b| b.layers.attn.fused());
+        let Gpt { config, mut transformer, .. } = gpt;
+        let mut blocks = Vec::with_capacity(config.n_layer);
+        for block in std::mem::take(&mut transformer.h.0) {
+            let BlockLayers { ln_1, attn, ln_2, mlp } = Arc::try_unwrap(block.layers).map_err(|_| Error::invalid("TensorParallelGpt", "a block of the model is still in use by a graph"))?;
+            let layers = ParallelLayers {
+                ln_1,
+                attn: ParallelAttention::new(attn, fused, devices)?,
+                ln_2,
+                mlp: ParallelMlp::from_linears(&mlp.c_fc, &mlp.c_proj, mlp.gelu, devices)?,
+                dropout: mlp.dropout,
+            };
+            blocks.push(ParallelBlock { layers: Arc::new(layers), recompute: AtomicBool::new(recompute) });
+        }
+        let model = ParallelGpt { transformer, blocks };
+        let logical = model.logical();
+        let opts = (0..devices.len()).map(|i| opt.build(device_params(&logical, i))).collect::<Result<_>>()?;
+        Ok(TensorParallelGpt { model, logical, opts, devices: devices.to_vec(), run: StepLoop::new(loss), trace: None })
+    }
+
+    /// Per-block activation recomputation, as [`Gpt::set_recompute`].
+    pub fn set_recompute(&self, recompute: bool) {
+        self.model.blocks.iter().for_each(|b| b.recompute.store(recompute, Ordering::Relaxed));
+    }
+
+    /// Each nanoGPT parameter's gradient gathered to its whole shape on the first device, in
+    /// state_dict order (`None` where backward has not reached it).
+    pub fn gathered_grads(&self) -> Result<Vec<(String, Option<Tensor>)>> {
+        self.logical
+            .iter()
+            .map(|l| {
+                let grads: Option<Vec<Tensor>> = l.parts.iter().map(Tensor::grad).collect();
+                Ok((l.name.clone(), grads.map(|g| gather(&g, l.layout, &self.devices[0])).transpose()?))
+            })
+            .collect()
+    }
+}
+
+/// Device `i`'s tensors under their parameters' names.
+fn device_params(logical: &[Logical], i: usize) -> Vec<(String, Tensor)> {
+    logical.iter().filter_map(|l| l.parts.get(i).map(|t| (l.name.clone(), t.clone()))).collect()
+}
+
+impl Strategy for TensorParallelGpt {
+    fn step(&mut self, batch: &Batch) -> Result<StepReport> {
+        let t0 = Instant::now();
+        let (x, y) = batch_to_device(batch, &self.devices[0])?;
+        let model = &self.model;
+        let out = with_context(&self.run, &x, || model.forward(&x))?;
+        let loss = self.run.loss_share(&out, &y, batch.len(), batch.len())?;
+        let tf = t0.elapsed().as_secs_f64();
+        self.opts.iter().for_each(|o| o.zero_grad());
+        let tb = Instant::now();
+        loss.backward()?;
+        let dur_b = tb.elapsed().as_secs_f64();
+        if let Some(tr) = &self.trace {
+            // The forward and backward cross every device from the first device's thread.
+            let track = self.devices[0].spec() + " #0";
+            tr.span(&track, "forward", Phase::Forward, t0, tf);
+            tr.span(&track, "backward", Phase::Backward, tb, dur_b);
+        }
+        let (devices, trace) = (&self.devices, &self.trace);
+        let grad_norm = self.run.update(&mut self.opts, |i, to| {
+            if let Some(tr) = trace {
+                tr.span(&format!("{} #{i}", devices[i].spec()), "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
+            }
+        })?;
+        let wall = t0.elapsed().as_secs_f64();
+        let peak_memory = self.devices.iter().map(|d| d.memory().peak).collect();
+        Ok(StepReport { loss: loss.to_scalar()?, wall_s: wall, compute_s: wall, peak_memory, grad_norm, ..Default::default() })
+    }
+    fn predict(&self, x: &Batch) -> Result<Tensor> {
+        let (x, _) = batch_to_device(x, &self.devices[0])?;
+        no_grad(|| self.model.forward(&x))
+    }
+    /// nanoGPT's names and shapes, `lm_head.weight` last: a single-device [`Gpt`]'s file.
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = self.logical.iter().map(|l| Ok((l.name.clone(), gather(&l.parts, l.layout, &self.devices[0])?))).collect::<Result<Vec<_>>>()?;
+        out.push(("lm_head.weight".into(), self.model.transformer.wte.weight.clone()));
+        Ok(out)
+    }
+    /// A strict load of a single-device [`Gpt`]'s state (as [`Gpt`]'s: `lm_head.weight` may be
+    /// left out and, if given, must be the embedding; nanoGPT's mask buffers are skipped).
+    fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        let skipped = |n: &str, t: &Tensor| n == "lm_head.weight" || (n.ends_with(".attn.bias") && t.rank() == 4);
+        let unexpected: Vec<&str> = state.iter().filter(|(n, t)| !skipped(n, t) && !self.logical.iter().any(|l| &l.name == n)).map(|p| p.0.as_str()).collect();
+        let missing: Vec<&str> = self.logical.iter().filter(|l| !state.iter().any(|s| s.0 == l.name)).map(|l| l.name.as_str()).collect();
+        if !missing.is_empty() || !unexpected.is_empty() {
+            return Err(Error::invalid("TensorParallelGpt::load_state_dict", format!("missing {missing:?}, unexpected {unexpected:?}")));
+        }
+        for l in &self.logical {
+            let full = &state.iter().find(|s| s.0 == l.name).expect("checked above").1;
+            let want = whole_dims(&l.parts, l.layout);
+            if full.dims() != want {
+                return Err(Error::shape("TensorParallelGpt::load_state_dict", format!("{} is {:?}, the model's is {want:?}", l.name, full.shape())));
+            }
+            for (i, p) in l.parts.iter().enumerate() {
+                p.assign(&slice(full, &l.parts, l.layout, i)?)?;
+            }
+        }
+        if let Some((_, head)) = state.iter().find(|s| s.0 == "lm_head.weight") {
+            let wte = &self.model.transformer.wte.weight;
+            if head.shape() != wte.shape() || head.to_vec()?.iter().zip(wte.to_vec()?).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                return Err(Error::invalid("TensorParallelGpt::load_state_dict", "lm_head.weight differs from transformer.wte.weight; they are tied"));
+            }
+        }
+        Ok(())
+    }
+    /// Each parameter's state (`exp_avg`, ..) gathered like the parameter itself.
+    fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
+        let per: Vec<_> = self.opts.iter().map(|o| o.state()).collect();
+        let mut out = Vec::new();
+        for (name, _) in &per[0].0 {
+            let param = name.rsplit_once('.').map_or("", |(p, _)| p);
+            let l = self.logical.iter().find(|l| l.name == param).ok_or_else(|| Error::Msg(format!("optimizer state {name} names no parameter")))?;
+            let parts = per.iter().take(l.parts.len()).map(|(s, _)| s.iter().find(|x| &x.0 == name).map(|x| x.1.clone())).collect::<Option<Vec<_>>>();
+            let parts = parts.ok_or_else(|| Error::Msg(format!("optimizer state {name} is missing on some device")))?;
+            out.push((name.clone(), gather(&parts, l.layout, &self.devices[0])?));
+        }
+        Ok((out, per[0].1))
+    }
+    fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        self.run.step = steps;
+        for (i, opt) in self.opts.iter_mut().enumerate() {
+            let mut mine = Vec::new();
+            for (name, t) in state {
+                let param = name.rsplit_once('.').map_or("", |(p, _)| p);
+                match self.logical.iter().find(|l| l.name == param) {
+                    Some(l) if i < l.parts.len() => mine.push((name.clone(), slice(t, &l.parts, l.layout, i)?)),
+                    Some(_) => {}
+                    None => return Err(Error::invalid("load_optimizer_state", format!("{name} names no parameter of the model"))),
+                }
+            }
+            opt.load_state(&mine, steps)?;
+        }
+        Ok(())
+    }
+    fn devices(&self) -> Vec<Device> {
+        self.devices.clone()
+    }
+    fn set_trace(&mut self, trace: Trace) {
+        self.trace = Some(trace);
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.opts.iter_mut().for_each(|o| o.set_lr(lr));
+    }
+    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+        self.run.set_clip(max_norm)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.model.set_training(training);
+    }
+}
+
+/// `f` (the whole batch's forward) under the step's sample context, as every strategy's.
+fn with_context<T>(run: &StepLoop, x: &Tensor, f: impl FnOnce() -> T) -> T {
+    let ctx = crate::nn::SampleContext { step: run.step, first_sample: 0, samples: x.dims().first().copied().unwrap_or(1) };
+    crate::nn::with_samples(ctx, f)
+}
