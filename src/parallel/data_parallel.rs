@@ -15,9 +15,11 @@ mod buckets;
 mod deterministic;
 mod overlapped;
 mod split;
+mod timing;
 mod update;
 
 pub use buckets::assign_buckets;
+pub use timing::{DeviceSpans, Overlap};
 
 use super::comm::{self, Communicator};
 use super::step::StepLoop;
@@ -29,6 +31,7 @@ use crate::optim::Optimizer;
 use crate::{Device, Error, Result, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Options of [`DataParallel`]; `Default` matches PyTorch DDP's defaults where there is one.
@@ -95,9 +98,20 @@ struct Replica {
     params: Vec<(String, Tensor)>,
     /// Parameter index of each parameter's tensor id, for the autograd leaf hook.
     index_of: HashMap<u64, usize>,
+    /// The threads this replica's CPU ops may use, where several CPU devices share the cores.
+    pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Replica {
+    /// Runs `f` with this replica's share of the cores as the threads of its CPU ops' parallel
+    /// passes (the caller waits for it), or on the caller's thread where it has no share.
+    fn in_pool<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
     fn comm_track(&self) -> String {
         format!("{} comm", self.track)
     }
@@ -113,6 +127,8 @@ struct Computed {
     /// When the last device finished backward.
     backward_end: Option<Instant>,
     events: Vec<StepEvent>,
+    /// All-reduce against backward on each device's timeline (overlapped mode).
+    overlap: Option<Overlap>,
 }
 
 /// Data parallelism over any set of devices, any mix of backends.
@@ -150,6 +166,7 @@ pub struct DataParallel {
     split_weights: Option<Vec<f64>>,
     trace: Option<Trace>,
     events: Vec<StepEvent>,
+    overlap: Option<Overlap>,
 }
 
 impl DataParallel {
@@ -229,19 +246,23 @@ impl DataParallel {
                 opt.build(mine.collect())
             })
             .collect::<Result<Vec<_>>>()?;
+        let pools = cpu_pools(devices)?;
         let replicas = models
             .into_iter()
             .zip(params)
+            .zip(pools)
             .enumerate()
-            .map(|(i, (model, params))| Replica {
+            .map(|(i, ((model, params), pool))| Replica {
                 device: devices[i].clone(),
                 track: format!("dp{i}:{}", devices[i].spec()),
                 index_of: params.iter().enumerate().map(|(p, (_, t))| (t.id(), p)).collect(),
                 model,
                 params,
+                pool,
             })
             .collect();
-        Ok(DataParallel { replicas, opts, comm, run: StepLoop::new(loss), split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, trace: None, events: Vec::new() })
+        let run = StepLoop::new(loss);
+        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, trace: None, events: Vec::new(), overlap: None })
     }
 
     /// The communicator in use (its name says which algorithm; it counts bytes moved).
@@ -262,6 +283,12 @@ impl DataParallel {
     /// deterministic mode, which does not overlap).
     pub fn last_step_events(&self) -> &[StepEvent] {
         &self.events
+    }
+    /// How much of the last step's all-reduce time each device spent still running backward,
+    /// timed on the devices' own clocks where they have them; `None` before the first step and
+    /// in deterministic mode, which does not overlap.
+    pub fn last_overlap(&self) -> Option<&Overlap> {
+        self.overlap.as_ref()
     }
     /// Bytes of optimizer state held on each device (ZeRO-1 divides it among them).
     pub fn optimizer_state_bytes(&self) -> Vec<u64> {
@@ -296,6 +323,29 @@ impl DataParallel {
 /// The result of replica `i`'s thread; its error, or its panic, named by replica and device.
 fn joined<T>(i: usize, r: &Replica, thread: std::thread::Result<Result<T>>) -> Result<T> {
     thread.unwrap_or_else(|payload| Err(Error::panicked(payload))).map_err(|e| e.in_worker("data-parallel replica", i, &r.device))
+}
+
+/// Thread pools splitting the cores among the CPU devices when there are several: each CPU
+/// device's ops otherwise spread over every core from its own worker thread, and the workers'
+/// parallel passes then take turns on the same cores instead of running side by side.
+fn cpu_pools(devices: &[Device]) -> Result<Vec<Option<Arc<rayon::ThreadPool>>>> {
+    let cpus = devices.iter().filter(|d| d.info().backend == crate::backend::BackendKind::Cpu).count();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            if cpus < 2 || d.info().backend != crate::backend::BackendKind::Cpu {
+                return Ok(None);
+            }
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads((cores / cpus).max(1))
+                .thread_name(move |t| format!("tandem dp{i} cpu {t}"))
+                .build()
+                .map_err(|e| Error::Msg(format!("DataParallel::new: threads for CPU device {i}: {e}")))?;
+            Ok(Some(Arc::new(pool)))
+        })
+        .collect()
 }
 
 /// ZeRO-1 ownership: parameters from largest to smallest, each to the device holding the
@@ -374,13 +424,21 @@ impl Strategy for DataParallel {
             }
         }
 
-        let comm_s: f64 = comm_spans.iter().map(|(s, e)| (*e - *s).as_secs_f64()).sum();
-        let overlapped: f64 = match computed.backward_end {
-            Some(end) => comm_spans.iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
-            None => 0.0,
+        let host_s = |spans: &[(Instant, Instant)]| spans.iter().map(|(s, e)| (*e - *s).as_secs_f64()).sum::<f64>();
+        let (comm_s, overlapped) = match &computed.overlap {
+            // The owners' broadcast follows the update, so none of it is hidden.
+            Some(o) => (o.mean_allreduce_s() + host_s(&comm_spans[computed.comm.len()..]), o.hidden_s.iter().sum::<f64>() / n as f64),
+            None => {
+                let hidden = match computed.backward_end {
+                    Some(end) => comm_spans.iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
+                    None => 0.0,
+                };
+                (host_s(&comm_spans), hidden)
+            }
         };
         let compute_s = computed.compute_s.iter().zip(&opt_s).map(|(c, o)| c + o).fold(0.0, f64::max);
         self.events = computed.events;
+        self.overlap = computed.overlap;
         Ok(StepReport {
             loss: computed.loss,
             wall_s: t0.elapsed().as_secs_f64(),

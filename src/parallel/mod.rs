@@ -12,7 +12,7 @@ mod step;
 mod tensor_parallel;
 pub mod trace;
 
-pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, StepEvent};
+pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, Overlap, StepEvent};
 pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
 pub use placement::{LayerPlacement, Split, Stages};
 // The CLI fixes a byte-balanced split up front when --deterministic asks for one.
