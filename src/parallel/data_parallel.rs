@@ -31,7 +31,6 @@ use crate::optim::Optimizer;
 use crate::{Device, Error, Result, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Options of [`DataParallel`]; `Default` matches PyTorch DDP's defaults where there is one.
@@ -98,20 +97,9 @@ struct Replica {
     params: Vec<(String, Tensor)>,
     /// Parameter index of each parameter's tensor id, for the autograd leaf hook.
     index_of: HashMap<u64, usize>,
-    /// The threads this replica's CPU ops may use, where several CPU devices share the cores.
-    pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Replica {
-    /// Runs `f` with this replica's share of the cores as the threads of its CPU ops' parallel
-    /// passes (the caller waits for it), or on the caller's thread where it has no share.
-    fn in_pool<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        match &self.pool {
-            Some(p) => p.install(f),
-            None => f(),
-        }
-    }
-
     fn comm_track(&self) -> String {
         format!("{} comm", self.track)
     }
@@ -246,19 +234,16 @@ impl DataParallel {
                 opt.build(mine.collect())
             })
             .collect::<Result<Vec<_>>>()?;
-        let pools = cpu_pools(devices)?;
         let replicas = models
             .into_iter()
             .zip(params)
-            .zip(pools)
             .enumerate()
-            .map(|(i, ((model, params), pool))| Replica {
+            .map(|(i, (model, params))| Replica {
                 device: devices[i].clone(),
                 track: format!("dp{i}:{}", devices[i].spec()),
                 index_of: params.iter().enumerate().map(|(p, (_, t))| (t.id(), p)).collect(),
                 model,
                 params,
-                pool,
             })
             .collect();
         let run = StepLoop::new(loss);
@@ -323,29 +308,6 @@ impl DataParallel {
 /// The result of replica `i`'s thread; its error, or its panic, named by replica and device.
 fn joined<T>(i: usize, r: &Replica, thread: std::thread::Result<Result<T>>) -> Result<T> {
     thread.unwrap_or_else(|payload| Err(Error::panicked(payload))).map_err(|e| e.in_worker("data-parallel replica", i, &r.device))
-}
-
-/// Thread pools splitting the cores among the CPU devices when there are several: each CPU
-/// device's ops otherwise spread over every core from its own worker thread, and the workers'
-/// parallel passes then take turns on the same cores instead of running side by side.
-fn cpu_pools(devices: &[Device]) -> Result<Vec<Option<Arc<rayon::ThreadPool>>>> {
-    let cpus = devices.iter().filter(|d| d.info().backend == crate::backend::BackendKind::Cpu).count();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            if cpus < 2 || d.info().backend != crate::backend::BackendKind::Cpu {
-                return Ok(None);
-            }
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads((cores / cpus).max(1))
-                .thread_name(move |t| format!("tandem dp{i} cpu {t}"))
-                .build()
-                .map_err(|e| Error::Msg(format!("DataParallel::new: threads for CPU device {i}: {e}")))?;
-            Ok(Some(Arc::new(pool)))
-        })
-        .collect()
 }
 
 /// ZeRO-1 ownership: parameters from largest to smallest, each to the device holding the

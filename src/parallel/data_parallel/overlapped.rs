@@ -49,7 +49,7 @@ pub(super) fn run(replicas: &[Replica], shards: &[Batch], comm: &dyn Communicato
             .enumerate()
             .map(|(i, (r, shard))| {
                 let tx = tx.clone();
-                s.spawn(move || r.in_pool(|| worker(i, r, shard, plan, tx)))
+                s.spawn(move || worker(i, r, shard, plan, tx))
             })
             .collect();
         // Only the workers' senders remain, so the exchange ends when the last worker does.

@@ -63,7 +63,7 @@ pub(super) fn apply(replicas: &[Replica], opts: &mut [Box<dyn Optimizer>], scale
             .iter()
             .zip(opts.iter_mut())
             .map(|(r, opt)| {
-                s.spawn(move || r.in_pool(|| -> Result<f64> {
+                s.spawn(move || -> Result<f64> {
                     let t = Instant::now();
                     if let Some(scale) = scale {
                         scale_grads(&r.params, scale)?;
@@ -74,7 +74,7 @@ pub(super) fn apply(replicas: &[Replica], opts: &mut [Box<dyn Optimizer>], scale
                         tr.span(&r.track, "optimizer", Phase::Optimizer, t, t.elapsed().as_secs_f64());
                     }
                     Ok(t.elapsed().as_secs_f64())
-                }))
+                })
             })
             .collect();
         let results: Vec<Result<f64>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
