@@ -63,11 +63,17 @@ fn check(what: &str, report: &tandem::parallel::StepReport, o: &Overlap, buckets
         assert!((o.hidden_s[d] + o.exposed_s[d] - o.allreduce_s[d]).abs() <= tol, "{what} device {d}: hidden + exposed != all-reduce in {o:?}");
         assert!(o.exposed_s[d] >= 0.0 && o.hidden_s[d] >= 0.0, "{what} device {d}: {o:?}");
     }
+    for (d, (h, t)) in o.host_hidden_s.iter().zip(&o.host_allreduce_s).enumerate() {
+        assert!(0.0 <= *h && h <= t, "{what} device {d}: on the host clock {h} s of {t} s hidden");
+    }
+    if o.device_clock.iter().all(|c| !c) {
+        assert_eq!((&o.host_allreduce_s, &o.host_hidden_s), (&o.allreduce_s, &o.hidden_s), "{what}: one clock, one set of figures");
+    }
     let f = o.hidden_fraction();
     assert!((0.0..=1.0).contains(&f), "{what}: hidden fraction {f}");
     assert!((0.0..=1.0).contains(&report.overlap), "{what}: step overlap {}", report.overlap);
     assert!(report.comm_s >= o.mean_allreduce_s() - 1e-12, "{what}: comm_s {} below the all-reduce time {}", report.comm_s, o.mean_allreduce_s());
-    eprintln!("{what}: all-reduce {:.3} ms per device, hidden fraction {f:.3}, clocks {:?}", o.mean_allreduce_s() * 1e3, o.device_clock);
+    eprintln!("{what}: all-reduce {:.3} ms per device, hidden fraction {f:.3} (host clock {:.3}), clocks {:?}", o.mean_allreduce_s() * 1e3, o.host_hidden_fraction(), o.device_clock);
 }
 
 /// Whether `dev` keeps a clock of its own (its marks read back); leaves no mark behind.

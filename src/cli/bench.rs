@@ -84,8 +84,9 @@ enum Figure {
     PipelineBubble { device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, step_ms: f64 },
     /// Data parallelism over logical devices like `device`: the all-reduce time per device and
     /// the fraction of it hidden behind backward (on the device clock where `clock` says so),
-    /// and the step time on one device and on `devices`.
-    DpOverlap { device: String, devices: usize, batch: usize, bucket_bytes: usize, clock: &'static str, allreduce_ms: f64, hidden_fraction: f64, step_ms_1: f64, step_ms_n: f64 },
+    /// the same on the host clock (what a host-timed report says), and the step time on one
+    /// device and on `devices`.
+    DpOverlap { device: String, devices: usize, batch: usize, bucket_bytes: usize, clock: &'static str, allreduce_ms: f64, hidden_fraction: f64, host_allreduce_ms: f64, host_hidden_fraction: f64, step_ms_1: f64, step_ms_n: f64 },
 }
 
 /// Prints a JSON figure now, or keeps a table row (bench, device, case, result) for later.
@@ -112,7 +113,7 @@ fn emit(format: LogFormat, rows: &mut Vec<Vec<String>>, f: Figure) {
             format!("p={stages} m={micro_batches} batch={batch}"),
             format!("{bubble_measured:.3} (theory {bubble_theoretical:.3}), step {step_ms:.1} ms"),
         ],
-        Figure::DpOverlap { device, devices, batch, bucket_bytes, clock, allreduce_ms, hidden_fraction, step_ms_1, step_ms_n } => vec![
+        Figure::DpOverlap { device, devices, batch, bucket_bytes, clock, allreduce_ms, hidden_fraction, step_ms_1, step_ms_n, .. } => vec![
             "dp-overlap".into(),
             device,
             format!("{devices} devices batch={batch} buckets={bucket_bytes} B"),
@@ -228,6 +229,7 @@ fn dp_overlap(dev: &Device, reps: usize) -> Result<Figure> {
     single.step(&b)?;
     dp.step(&b)?;
     let (mut one, mut many, mut allreduce, mut hidden, mut device_clock) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), true);
+    let (mut host_allreduce, mut host_hidden) = (Vec::new(), Vec::new());
     for _ in 0..reps.max(1) * 3 {
         let t = Instant::now();
         single.step(&b)?;
@@ -238,6 +240,8 @@ fn dp_overlap(dev: &Device, reps: usize) -> Result<Figure> {
         let o = dp.last_overlap().ok_or_else(|| crate::Error::invalid("bench", "a data-parallel step reported no overlap"))?;
         allreduce.push(o.mean_allreduce_s() * 1e3);
         hidden.push(o.hidden_fraction());
+        host_allreduce.push(o.host_allreduce_s.iter().sum::<f64>() / o.host_allreduce_s.len().max(1) as f64 * 1e3);
+        host_hidden.push(o.host_hidden_fraction());
         device_clock &= o.device_clock.iter().all(|&c| c);
     }
     Ok(Figure::DpOverlap {
@@ -248,6 +252,8 @@ fn dp_overlap(dev: &Device, reps: usize) -> Result<Figure> {
         clock: if device_clock { "device" } else { "host" },
         allreduce_ms: median(allreduce),
         hidden_fraction: median(hidden),
+        host_allreduce_ms: median(host_allreduce),
+        host_hidden_fraction: median(host_hidden),
         step_ms_1: median(one),
         step_ms_n: median(many),
     })

@@ -58,6 +58,10 @@ pub struct Overlap {
     pub device_clock: Vec<bool>,
     /// The spans the figures were computed from.
     pub spans: Vec<DeviceSpans>,
+    /// All-reduce and hidden seconds per device on the host clock (when the host recorded each
+    /// mark), for comparison with the device's: what a host-timed report would say.
+    pub host_allreduce_s: Vec<f64>,
+    pub host_hidden_s: Vec<f64>,
 }
 
 impl Overlap {
@@ -67,6 +71,15 @@ impl Overlap {
         let total: f64 = self.allreduce_s.iter().sum();
         if total > 0.0 {
             self.hidden_s.iter().sum::<f64>() / total
+        } else {
+            0.0
+        }
+    }
+    /// `hidden_fraction` on the host clock.
+    pub fn host_hidden_fraction(&self) -> f64 {
+        let total: f64 = self.host_allreduce_s.iter().sum();
+        if total > 0.0 {
+            self.host_hidden_s.iter().sum::<f64>() / total
         } else {
             0.0
         }
@@ -91,26 +104,41 @@ pub(super) fn measure(devices: &[Device], stamps: &[DeviceStamps]) -> Result<Ove
         let all = std::iter::once(&st.backward).chain(&st.buckets).flat_map(|(a, b)| [a, b]);
         let on_device = all.clone().all(|s| s.mark.is_some_and(|m| (m as usize) < marks.len()));
         let origin = all.map(|s| s.host).min().unwrap_or_else(Instant::now);
-        let secs = |s: &Stamp| match s.mark {
+        let host = |s: &Stamp| s.host.saturating_duration_since(origin).as_secs_f64();
+        let device = |s: &Stamp| match s.mark {
             Some(m) if on_device => marks[m as usize],
-            _ => s.host.saturating_duration_since(origin).as_secs_f64(),
+            _ => host(s),
         };
-        let pair = |(a, b): &(Stamp, Stamp)| {
-            let a = secs(a);
-            (a, secs(b).max(a))
-        };
-        let spans = DeviceSpans { backward: pair(&st.backward), allreduce: st.buckets.iter().map(pair).collect() };
-        let busy = union(&spans.allreduce);
-        let (b0, b1) = spans.backward;
-        let hidden = busy.iter().map(|&(s, e)| (e.min(b1) - s.max(b0)).max(0.0)).sum::<f64>();
-        let exposed = busy.iter().map(|&(s, e)| (e.min(b0) - s).max(0.0) + (e - s.max(b1)).max(0.0)).sum::<f64>();
-        out.allreduce_s.push(busy.iter().map(|(s, e)| e - s).sum());
+        let spans = spans_on(st, device);
+        let (total, hidden, exposed) = figures(&spans);
+        out.allreduce_s.push(total);
         out.hidden_s.push(hidden);
         out.exposed_s.push(exposed);
         out.device_clock.push(on_device);
         out.spans.push(spans);
+        let (total, hidden, _) = figures(&spans_on(st, host));
+        out.host_allreduce_s.push(total);
+        out.host_hidden_s.push(hidden);
     }
     Ok(out)
+}
+
+/// One device's stamps as seconds on the clock `secs` reads.
+fn spans_on(st: &DeviceStamps, secs: impl Fn(&Stamp) -> f64) -> DeviceSpans {
+    let pair = |(a, b): &(Stamp, Stamp)| {
+        let a = secs(a);
+        (a, secs(b).max(a))
+    };
+    DeviceSpans { backward: pair(&st.backward), allreduce: st.buckets.iter().map(pair).collect() }
+}
+
+/// All-reduce, hidden and exposed seconds of one device's spans.
+fn figures(spans: &DeviceSpans) -> (f64, f64, f64) {
+    let busy = union(&spans.allreduce);
+    let (b0, b1) = spans.backward;
+    let hidden = busy.iter().map(|&(s, e)| (e.min(b1) - s.max(b0)).max(0.0)).sum::<f64>();
+    let exposed = busy.iter().map(|&(s, e)| (e.min(b0) - s).max(0.0) + (e - s.max(b1)).max(0.0)).sum::<f64>();
+    (busy.iter().map(|(s, e)| e - s).sum(), hidden, exposed)
 }
 
 /// The disjoint intervals covering `spans`, in order.
