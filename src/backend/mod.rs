@@ -451,6 +451,19 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Records a mark on the device's own timeline, after every op recorded so far, and
+    /// returns its number (from 0 after each `read_marks`); `Ok(None)` where the device keeps
+    /// no clock of its own (the CPU runs ops on the caller's thread, whose host clock is the
+    /// device's) or has no room or feature for one (wgpu adapters without timestamp queries).
+    fn mark(&self) -> Result<Option<u32>> {
+        Ok(None)
+    }
+    /// The device-clock seconds of every mark since the last read, by number, once the device
+    /// has reached them; numbering starts again at 0.
+    fn read_marks(&self) -> Result<Vec<f64>> {
+        Ok(Vec::new())
+    }
+
     /// Waits until every recorded op has finished.
     fn sync(&self) -> Result<()>;
     fn memory(&self) -> MemoryStats;

@@ -14,7 +14,7 @@ use crate::nn::models::{Gpt, GptConfig};
 use crate::nn::Module;
 use crate::optim::{AdamConfig, SgdConfig};
 use crate::parallel::pipeline::{graph_bytes, Pipeline, Schedule};
-use crate::parallel::{batch_to_device, Loss, OptimConfig, Single, Split, Stages, Strategy};
+use crate::parallel::{batch_to_device, DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Split, Stages, Strategy};
 use std::collections::HashSet;
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
@@ -71,6 +71,7 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
             let f = Figure::PipelineBubble { device: device.clone(), stages: 2, micro_batches, batch: PIPELINE_BATCH, bubble_measured, bubble_theoretical, step_ms };
             emit(args.log_format, &mut rows, f);
         }
+        emit(args.log_format, &mut rows, dp_overlap(dev, reps.step)?);
     }
     if args.log_format == LogFormat::Text {
         print_table(&["BENCH", "DEVICE", "CASE", "RESULT"], &rows);
@@ -90,6 +91,11 @@ enum Figure {
     GptStep { model: &'static str, device: String, batch: usize, block_size: usize, median_ms: f64, tokens_per_sec: f64, activation_bytes: u64, recompute: bool },
     Dispatch { device: String, us_per_op: f64 },
     PipelineBubble { device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, step_ms: f64 },
+    /// Data parallelism over logical devices like `device`: the all-reduce time per device and
+    /// the fraction of it hidden behind backward (on the device clock where `clock` says so),
+    /// the same on the host clock (what a host-timed report says), and the step time on one
+    /// device and on `devices`.
+    DpOverlap { device: String, devices: usize, batch: usize, bucket_bytes: usize, clock: &'static str, allreduce_ms: f64, hidden_fraction: f64, host_allreduce_ms: f64, host_hidden_fraction: f64, step_ms_1: f64, step_ms_n: f64 },
 }
 
 /// Prints a JSON figure now, or keeps a table row (bench, device, case, result) for later.
@@ -115,6 +121,12 @@ fn emit(format: LogFormat, rows: &mut Vec<Vec<String>>, f: Figure) {
             device,
             format!("p={stages} m={micro_batches} batch={batch}"),
             format!("{bubble_measured:.3} (theory {bubble_theoretical:.3}), step {step_ms:.1} ms"),
+        ],
+        Figure::DpOverlap { device, devices, batch, bucket_bytes, clock, allreduce_ms, hidden_fraction, step_ms_1, step_ms_n, .. } => vec![
+            "dp-overlap".into(),
+            device,
+            format!("{devices} devices batch={batch} buckets={bucket_bytes} B"),
+            format!("all-reduce {allreduce_ms:.2} ms, {hidden_fraction:.2} hidden ({clock} clock); step {step_ms_1:.1} ms on 1, {step_ms_n:.1} ms on {devices}"),
         ],
     });
 }
@@ -201,6 +213,59 @@ fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f
         Ok(())
     })?;
     Ok((median(bubbles), theory, step * 1e3))
+}
+
+/// Logical devices, batch and bucket size of the data-parallel figure: 16 KiB buckets give the
+/// seed CNN five, so that the last layers' gradients travel while the convolutions' backward runs.
+const DP_DEVICES: usize = 2;
+const DP_BATCH: usize = 256;
+const DP_BUCKET_BYTES: usize = 16 << 10;
+
+/// The seed CNN's SGD step at batch [`DP_BATCH`] on one device like `dev` and data parallel on
+/// [`DP_DEVICES`] of them, alternated step by step so that both see the same machine load;
+/// medians of the step times and of each step's all-reduce figures.
+fn dp_overlap(dev: &Device, reps: usize) -> Result<Figure> {
+    let info = dev.info();
+    let devices = (0..DP_DEVICES).map(|_| Device::open(info.backend, info.ordinal)).collect::<Result<Vec<_>>>()?;
+    let data = synthetic::seed_images(DP_BATCH, 0)?;
+    let b = data.batch(&(0..DP_BATCH).collect::<Vec<_>>())?;
+    let optim = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let model = SeedModel::Cnn.build(0, &Device::cpu())?;
+    let mut single = Single::new(SeedModel::Cnn.build(0, &Device::cpu())?, &optim, Loss::CrossEntropy, dev)?;
+    let cfg = DataParallelConfig { bucket_bytes: DP_BUCKET_BYTES, ..Default::default() };
+    let mut dp = DataParallel::new(&model, &devices, &optim, Loss::CrossEntropy, cfg)?;
+    // Warm-up (kernel compilation, pools), then pairs of steps.
+    single.step(&b)?;
+    dp.step(&b)?;
+    let (mut one, mut many, mut allreduce, mut hidden, mut device_clock) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), true);
+    let (mut host_allreduce, mut host_hidden) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) * 3 {
+        let t = Instant::now();
+        single.step(&b)?;
+        one.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        dp.step(&b)?;
+        many.push(t.elapsed().as_secs_f64() * 1e3);
+        let o = dp.last_overlap().ok_or_else(|| crate::Error::invalid("bench", "a data-parallel step reported no overlap"))?;
+        allreduce.push(o.mean_allreduce_s() * 1e3);
+        hidden.push(o.hidden_fraction());
+        host_allreduce.push(o.host_allreduce_s.iter().sum::<f64>() / o.host_allreduce_s.len().max(1) as f64 * 1e3);
+        host_hidden.push(o.host_hidden_fraction());
+        device_clock &= o.device_clock.iter().all(|&c| c);
+    }
+    Ok(Figure::DpOverlap {
+        device: dev.spec(),
+        devices: DP_DEVICES,
+        batch: DP_BATCH,
+        bucket_bytes: DP_BUCKET_BYTES,
+        clock: if device_clock { "device" } else { "host" },
+        allreduce_ms: median(allreduce),
+        hidden_fraction: median(hidden),
+        host_allreduce_ms: median(host_allreduce),
+        host_hidden_fraction: median(host_hidden),
+        step_ms_1: median(one),
+        step_ms_n: median(many),
+    })
 }
 
 /// The GPT of the figure: 4 layers, 4 heads, 128 wide, block 64, batch 16, on the built-in

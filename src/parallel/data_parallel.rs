@@ -15,9 +15,11 @@ mod buckets;
 mod deterministic;
 mod overlapped;
 mod split;
+mod timing;
 mod update;
 
 pub use buckets::assign_buckets;
+pub use timing::{DeviceSpans, Overlap};
 
 use super::comm::{self, Communicator};
 use super::step::StepLoop;
@@ -113,6 +115,8 @@ struct Computed {
     /// When the last device finished backward.
     backward_end: Option<Instant>,
     events: Vec<StepEvent>,
+    /// All-reduce against backward on each device's timeline (overlapped mode).
+    overlap: Option<Overlap>,
 }
 
 /// Data parallelism over any set of devices, any mix of backends.
@@ -152,6 +156,7 @@ pub struct DataParallel {
     split_weights: Option<Vec<f64>>,
     trace: Option<Trace>,
     events: Vec<StepEvent>,
+    overlap: Option<Overlap>,
 }
 
 impl DataParallel {
@@ -251,7 +256,8 @@ impl DataParallel {
                 params,
             })
             .collect();
-        Ok(DataParallel { replicas, opts, comm, run: StepLoop::new(loss), split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, trace: None, events: Vec::new() })
+        let run = StepLoop::new(loss);
+        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, trace: None, events: Vec::new(), overlap: None })
     }
 
     /// The communicator in use (its name says which algorithm; it counts bytes moved).
@@ -272,6 +278,12 @@ impl DataParallel {
     /// deterministic mode, which does not overlap).
     pub fn last_step_events(&self) -> &[StepEvent] {
         &self.events
+    }
+    /// How much of the last step's all-reduce time each device spent still running backward,
+    /// timed on the devices' own clocks where they have them; `None` before the first step and
+    /// in deterministic mode, which does not overlap.
+    pub fn last_overlap(&self) -> Option<&Overlap> {
+        self.overlap.as_ref()
     }
     /// Bytes of optimizer state held on each device (ZeRO-1 divides it among them).
     pub fn optimizer_state_bytes(&self) -> Vec<u64> {
@@ -388,13 +400,21 @@ impl Strategy for DataParallel {
             }
         }
 
-        let comm_s: f64 = comm_spans.iter().map(|(s, e)| (*e - *s).as_secs_f64()).sum();
-        let overlapped: f64 = match computed.backward_end {
-            Some(end) => comm_spans.iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
-            None => 0.0,
+        let host_s = |spans: &[(Instant, Instant)]| spans.iter().map(|(s, e)| (*e - *s).as_secs_f64()).sum::<f64>();
+        let (comm_s, overlapped) = match &computed.overlap {
+            // The owners' broadcast follows the update, so none of it is hidden.
+            Some(o) => (o.mean_allreduce_s() + host_s(&comm_spans[computed.comm.len()..]), o.hidden_s.iter().sum::<f64>() / n as f64),
+            None => {
+                let hidden = match computed.backward_end {
+                    Some(end) => comm_spans.iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
+                    None => 0.0,
+                };
+                (host_s(&comm_spans), hidden)
+            }
         };
         let compute_s = computed.compute_s.iter().zip(&opt_s).map(|(c, o)| c + o).fold(0.0, f64::max);
         self.events = computed.events;
+        self.overlap = computed.overlap;
         Ok(StepReport {
             loss: computed.loss,
             wall_s: t0.elapsed().as_secs_f64(),

@@ -13,7 +13,7 @@ mod step;
 mod tensor_parallel;
 pub mod trace;
 
-pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, StepEvent};
+pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, Overlap, StepEvent};
 pub use grid::PipelineGrid;
 pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
 pub use placement::{LayerPlacement, Split, Stages};
@@ -116,9 +116,12 @@ pub struct StepReport {
     pub wall_s: f64,
     /// Seconds spent computing (forward, backward, update), the slowest device's.
     pub compute_s: f64,
-    /// Seconds spent in collectives or cross-device copies.
+    /// Seconds spent in collectives or cross-device copies. Overlapped data parallelism times
+    /// its all-reduces on each device's own timeline (wgpu timestamp queries, CUDA events; the
+    /// host clock on CPU devices), see `DataParallel::last_overlap`.
     pub comm_s: f64,
-    /// Fraction of communication that ran while backward was still computing (0 when none).
+    /// Fraction of communication that ran while backward was still computing (0 when none),
+    /// measured on the same timeline as `comm_s`.
     pub overlap: f64,
     /// Peak bytes allocated per device during the step, in device order.
     pub peak_memory: Vec<u64>,

@@ -54,6 +54,8 @@ pub struct CudaBackend {
     pub(super) funcs: HashMap<&'static str, CudaFunction>,
     /// `None` without libcublas: matmul then runs `kernels/matmul.cu`.
     pub(super) blas: Option<Blas>,
+    /// Timing events of `Backend::mark`.
+    pub(super) marks: super::marks::Marks,
 }
 
 /// Elementwise launch shape: a grid-stride loop, so the grid is capped and any `n` works.
@@ -109,6 +111,7 @@ impl CudaBackend {
             stream,
             funcs,
             blas,
+            marks: Default::default(),
         })
     }
 

@@ -23,6 +23,7 @@ macro_rules! launch {
 mod blas;
 mod device;
 pub mod kernels;
+mod marks;
 mod memory;
 mod nvrtc;
 mod ops;

@@ -344,6 +344,13 @@ impl Backend for CudaBackend {
         other.as_any().downcast_ref::<CudaBackend>().is_some_and(|o| peer::enable(self, o))
     }
 
+    fn mark(&self) -> Result<Option<u32>> {
+        self.marks.mark(self)
+    }
+    fn read_marks(&self) -> Result<Vec<f64>> {
+        self.marks.read(self)
+    }
+
     fn sync(&self) -> Result<()> {
         self.stream().synchronize().map_err(|e| self.err("cuStreamSynchronize", e))
     }

@@ -8,6 +8,7 @@ mod nn;
 mod ops;
 mod pool;
 pub mod shaders;
+mod timestamps;
 
 use crate::backend::{
     Backend, BinaryOp, Buffer, CastOp, DeviceInfo, DeviceKind, FusedOp, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
@@ -38,6 +39,9 @@ pub struct Options {
     /// software adapters (lavapipe, llvmpipe). `TANDEM_WGPU_KERNELS=hardware` sets it for every
     /// device opened without explicit `Options`.
     pub hardware_profile: bool,
+    /// Opens the device without timestamp queries even where the adapter has them, so that
+    /// `Backend::mark`'s fallback (no device clock) can be tested on one that has them.
+    pub without_timestamps: bool,
 }
 
 /// The environment variable that forces `Options::hardware_profile` (value `hardware`) for
@@ -85,7 +89,8 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("tandem"),
         // Subgroups where the adapter has them: lavapipe's 8-wide ones serve `matmul_sg`.
-        required_features: adapter.features() & wgpu::Features::SUBGROUP,
+        // Timestamp queries where the adapter has them: `Backend::mark` times on the device.
+        required_features: adapter.features() & (wgpu::Features::SUBGROUP | if options.without_timestamps { wgpu::Features::empty() } else { timestamps::FEATURES }),
         required_limits: limits.clone(),
         experimental_features: wgpu::ExperimentalFeatures::disabled(),
         memory_hints: wgpu::MemoryHints::Performance,
@@ -102,8 +107,9 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
     let bind_groups = Arc::new(bind_groups::BindGroups::default());
     let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget, bind_groups.clone(), gate.clone()));
     let subgroup8 = has_subgroups_of_8(ordinal) && !options.without_subgroups && !options.hardware_profile;
+    let timestamps = timestamps::Timestamps::new(&device, &queue);
     let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups, gate.clone());
-    Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul }))
+    Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul, timestamps }))
 }
 
 /// One logical wgpu device.
@@ -112,6 +118,8 @@ pub struct WgpuBackend {
     ctx: Ctx,
     pool: Arc<Pool>,
     matmul: MatmulKernel,
+    /// `None` without timestamp queries: marks then fall back to the caller's clock.
+    timestamps: Option<timestamps::Timestamps>,
 }
 
 impl WgpuBackend {
@@ -270,6 +278,12 @@ impl Backend for WgpuBackend {
         super::contract::fused(&self.info, op, bufs)?;
         let raw = bufs.iter().map(|b| self.raw(op.name(), b, 0)).collect::<Result<Vec<_>>>()?;
         fused::fused(&self.ctx, op, &raw, matches!(self.matmul, MatmulKernel::Registers))
+    }
+    fn mark(&self) -> Result<Option<u32>> {
+        Ok(self.timestamps.as_ref().and_then(|t| t.mark(&self.ctx)))
+    }
+    fn read_marks(&self) -> Result<Vec<f64>> {
+        self.timestamps.as_ref().map_or(Ok(Vec::new()), |t| t.read(&self.ctx))
     }
     fn sync(&self) -> Result<()> {
         self.ctx.wait()

@@ -6,6 +6,7 @@
 //! bucket; the moment a bucket is complete on one device, the worker packs its gradients into
 //! one flat tensor and tells the communication thread. That thread all-reduces a bucket as soon
 //! as every device has reported it, while backward continues on the workers.
+use super::timing::Stamp;
 use crate::parallel::comm::{Communicator, ReduceKind};
 use crate::{Error, Result, Tensor};
 use std::sync::mpsc::{Receiver, Sender};
@@ -53,6 +54,8 @@ pub(super) struct Ready {
     pub bucket: usize,
     pub device: usize,
     pub flat: Tensor,
+    /// When the packed gradients were complete on the device.
+    pub ready: Stamp,
 }
 
 /// Packs a bucket's gradients; a parameter backward never reached contributes zeros (so a
@@ -90,31 +93,37 @@ pub(super) fn send(tx: &Sender<Ready>, msg: Ready) -> Result<()> {
 
 /// What the communication thread did: each bucket's reduced flat tensors (indexed
 /// `[bucket][device]`; `None` when a worker failed before reporting it), and when each
-/// all-reduce started and ended.
+/// all-reduce started and ended on the host, and on each device's timeline (`[bucket][device]`)
+/// when the bucket was ready there and when its reduced values were back.
 pub(super) struct Exchanged {
     pub reduced: Vec<Option<Vec<Tensor>>>,
     pub launches: Vec<(usize, Instant, Instant)>,
+    pub stamps: Vec<Option<Vec<(Stamp, Stamp)>>>,
 }
 
 /// The communication thread's loop: collects `Ready` messages until every worker has hung up,
 /// all-reducing (summing) each bucket the moment all `devices` have reported it.
 pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Ready>, buckets: usize, devices: usize) -> Result<Exchanged> {
-    let mut slots: Vec<Vec<Option<Tensor>>> = vec![vec![None; devices]; buckets];
+    let mut slots: Vec<Vec<Option<(Tensor, Stamp)>>> = vec![vec![None; devices]; buckets];
     let mut reduced: Vec<Option<Vec<Tensor>>> = vec![None; buckets];
+    let mut stamps: Vec<Option<Vec<(Stamp, Stamp)>>> = vec![None; buckets];
     let mut launches = Vec::with_capacity(buckets);
     for msg in rx {
         let slot = slots
             .get_mut(msg.bucket)
             .and_then(|s| s.get_mut(msg.device))
             .ok_or_else(|| Error::Msg(format!("data parallel: bucket {} from device {} is out of range", msg.bucket, msg.device)))?;
-        *slot = Some(msg.flat);
+        *slot = Some((msg.flat, msg.ready));
         if slots[msg.bucket].iter().all(Option::is_some) {
-            let group: Vec<Tensor> = slots[msg.bucket].iter_mut().filter_map(Option::take).collect();
+            let (group, ready): (Vec<Tensor>, Vec<Stamp>) = slots[msg.bucket].iter_mut().filter_map(Option::take).unzip();
             let start = Instant::now();
             comm.all_reduce(&group, ReduceKind::Sum)?;
-            launches.push((msg.bucket, start, Instant::now()));
+            let end = Instant::now();
+            let landed = comm.devices().iter().map(Stamp::now).collect::<Result<Vec<_>>>()?;
+            launches.push((msg.bucket, start, end));
+            stamps[msg.bucket] = Some(ready.into_iter().zip(landed).collect());
             reduced[msg.bucket] = Some(group);
         }
     }
-    Ok(Exchanged { reduced, launches })
+    Ok(Exchanged { reduced, launches, stamps })
 }

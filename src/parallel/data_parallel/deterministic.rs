@@ -64,7 +64,7 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
             tr.span(&r.comm_track(), "host reduce", Phase::Comm, t0, (t1 - t0).as_secs_f64());
         }
     }
-    Ok(Computed { loss: loss_sum, compute_s, comm: vec![(t0, t1)], backward_end, events: Vec::new() })
+    Ok(Computed { loss: loss_sum, compute_s, comm: vec![(t0, t1)], backward_end, events: Vec::new(), overlap: None })
 }
 
 /// Micro-shards `ks` (the first has index `first`) on replica `r`, each gradient on its own.

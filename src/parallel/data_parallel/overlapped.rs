@@ -1,7 +1,9 @@
 //! The default step: one worker thread per device runs forward and backward on its shard
-//! while a communication thread all-reduces gradient buckets as they complete.
+//! while a communication thread all-reduces gradient buckets as they complete; each device's
+//! timeline is marked around backward and each bucket's all-reduce (see `timing.rs`).
 use super::buckets::{self, Ready};
 use super::split::micro_ranges;
+use super::timing::{self, DeviceStamps, Stamp};
 use super::{joined, Computed, Replica, StepEvent};
 use crate::autograd;
 use crate::data::Batch;
@@ -17,6 +19,8 @@ struct WorkerOut {
     loss: f32,
     compute_s: f64,
     backward_end: Instant,
+    /// The last micro-batch's backward on the device's timeline.
+    backward: (Stamp, Stamp),
 }
 
 /// Everything the workers share.
@@ -73,6 +77,17 @@ pub(super) fn run(replicas: &[Replica], shards: &[Batch], comm: &dyn Communicato
             }
         }
     }
+    let stamps = workers
+        .iter()
+        .enumerate()
+        .map(|(d, w)| {
+            let buckets = exchanged.stamps.iter().map(|b| b.as_ref().map(|b| b[d])).collect::<Option<Vec<_>>>();
+            buckets.map(|buckets| DeviceStamps { backward: w.backward, buckets })
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::Msg("data parallel: a bucket's all-reduce was not timed on every device".into()))?;
+    let devices: Vec<crate::Device> = replicas.iter().map(|r| r.device.clone()).collect();
+    let overlap = timing::measure(&devices, &stamps)?;
     let computed = Computed {
         // Summed in device order: the global mean, since each shard's loss carries its share.
         loss: workers.iter().map(|w| w.loss).sum(),
@@ -80,6 +95,7 @@ pub(super) fn run(replicas: &[Replica], shards: &[Batch], comm: &dyn Communicato
         comm: exchanged.launches.iter().map(|&(_, s, e)| (s, e)).collect(),
         backward_end: workers.iter().map(|w| w.backward_end).max(),
         events,
+        overlap: Some(overlap),
     };
     Ok((computed, reduced))
 }
@@ -92,6 +108,7 @@ fn worker(i: usize, r: &Replica, shard: &Batch, plan: &Plan, tx: Sender<Ready>) 
     let mut pending: Vec<usize> = plan.buckets.iter().map(Vec::len).collect();
     let mut sent = vec![false; plan.buckets.len()];
     let mut loss = 0.0f32;
+    let mut backward = None;
     let micro = micro_ranges(shard.len(), plan.micro_batches);
     for (j, range) in micro.iter().enumerate() {
         let last = j + 1 == micro.len();
@@ -101,6 +118,7 @@ fn worker(i: usize, r: &Replica, shard: &Batch, plan: &Plan, tx: Sender<Ready>) 
         let scaled = plan.run.part_loss(&*r.model, &part, plan.firsts[i] + range.start, plan.total, &r.device)?;
         loss += scaled.to_scalar()?;
         let tb = Instant::now();
+        let start = if last { Some(Stamp::now(&r.device)?) } else { None };
         autograd::backward(&scaled, &mut |leaf| {
             let Some(&p) = r.index_of.get(&leaf.id()) else { return Ok(()) };
             if !last {
@@ -110,10 +128,14 @@ fn worker(i: usize, r: &Replica, shard: &Batch, plan: &Plan, tx: Sender<Ready>) 
             pending[b] -= 1;
             if pending[b] == 0 {
                 sent[b] = true;
-                buckets::send(&tx, Ready { bucket: b, device: i, flat: buckets::pack(&r.params, &plan.buckets[b])? })?;
+                let flat = buckets::pack(&r.params, &plan.buckets[b])?;
+                buckets::send(&tx, Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? })?;
             }
             Ok(())
         })?;
+        if let Some(start) = start {
+            backward = Some((start, Stamp::now(&r.device)?));
+        }
         if let Some(tr) = plan.trace {
             tr.span(&r.track, &format!("forward {j}"), Phase::Forward, tf, (tb - tf).as_secs_f64());
             tr.span(&r.track, &format!("backward {j}"), Phase::Backward, tb, tb.elapsed().as_secs_f64());
@@ -123,7 +145,16 @@ fn worker(i: usize, r: &Replica, shard: &Batch, plan: &Plan, tx: Sender<Ready>) 
     let backward_end = Instant::now();
     // Buckets whose parameters backward never reached (unused layers, an empty shard).
     for b in (0..plan.buckets.len()).filter(|&b| !sent[b]) {
-        buckets::send(&tx, Ready { bucket: b, device: i, flat: buckets::pack(&r.params, &plan.buckets[b])? })?;
+        let flat = buckets::pack(&r.params, &plan.buckets[b])?;
+        buckets::send(&tx, Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? })?;
     }
-    Ok(WorkerOut { loss, compute_s: (backward_end - t0).as_secs_f64(), backward_end })
+    // A device with no samples ran no backward: an empty one, when it was done.
+    let backward = match backward {
+        Some(b) => b,
+        None => {
+            let now = Stamp::now(&r.device)?;
+            (now, now)
+        }
+    };
+    Ok(WorkerOut { loss, compute_s: (backward_end - t0).as_secs_f64(), backward_end, backward })
 }
