@@ -145,7 +145,12 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let mut strategy = if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
         let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), ..Default::default() };
-        ranks.data_parallel(|d| Gpt::new(cfg, args.seed, d), &devices, &optim, Loss::CrossEntropy, dp)?
+        let gpt = |d: &Device| -> Result<Gpt> {
+            let g = Gpt::new(cfg, args.seed, d)?;
+            g.set_recompute(args.recompute);
+            Ok(g)
+        };
+        ranks.data_parallel(gpt, &devices, &optim, Loss::CrossEntropy, dp)?
     } else {
         build(args, cfg, &optim, &devices)?
     };

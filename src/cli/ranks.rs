@@ -59,10 +59,17 @@ impl Ranks {
         ))
     }
 
-    /// Data parallelism over this rank's `devices` and every other rank's, through
+    /// Data parallelism over this rank's `devices` and every other rank's, through NCCL across
+    /// the processes when every device is a CUDA GPU (feature `nccl`, not `deterministic`), else
     /// `Hierarchical` (rank order sums with `deterministic`); replica 0 of rank 0 initialises
     /// every replica. Each rank must be given the same global batches: it trains on its share.
     pub fn data_parallel<M: Module>(&self, build: impl Fn(&Device) -> Result<M>, devices: &[Device], optim: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Box<dyn Strategy>> {
+        // Every rank reads the same --devices, so all of them take the same branch.
+        #[cfg(feature = "nccl")]
+        if !cfg.deterministic && devices.iter().all(|d| d.info().backend == crate::backend::BackendKind::Cuda) {
+            let comm = crate::parallel::comm::Nccl::across(devices, &self.group)?;
+            return Ok(Box::new(DataParallel::from_factory_with(build, Box::new(comm), optim, loss, cfg)?));
+        }
         let order = if cfg.deterministic { Order::Ranks } else { Order::Mpi };
         let comm = Hierarchical::new(devices, self.group.clone(), order)?;
         Ok(Box::new(DataParallel::from_factory_with(build, Box::new(comm), optim, loss, cfg)?))
