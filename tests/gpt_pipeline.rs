@@ -113,7 +113,7 @@ fn parity(what: &str, s: &mut dyn Strategy, fx: &Fixture) {
     let val = Loss::CrossEntropy.compute(&logits, &y).unwrap().to_scalar().unwrap();
     assert_close(&format!("{what}: validation loss"), &[val], fx.f32s("val_loss"), 0.0, 1e-3);
     let file: String = what.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt_tiny_{file}.safetensors"));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt_tiny_tandem_{file}.safetensors"));
     let meta = std::collections::BTreeMap::from([("val_loss".to_string(), format!("{val:.9}"))]);
     tandem::checkpoint::write_safetensors(&path, &tandem::checkpoint::to_host(&s.state_dict().unwrap()).unwrap(), &meta).unwrap();
     // The optimizer trains the tied parameter once: state for the embedding, none for the head.
