@@ -207,13 +207,16 @@ fn split(x: &mut [f32], n: usize, w: usize) -> Vec<&mut [f32]> {
     x[..n * w].chunks_mut(w).collect()
 }
 
+/// One matrix's dq and dk, then dv and delta.
+type Grads<'a> = ((&'a mut [f32], &'a mut [f32]), (&'a mut [f32], &'a mut [f32]));
+
 /// FlashAttention's backward: `p = exp(s - lse)`, `dp = g·vᵀ`, `ds = p (dp - delta)` with
 /// `delta = Σ g·o`; dq sums over keys per query row, dk and dv over queries per key row, so
 /// that no two rows add into one value. One task per matrix of the batch.
 fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32, outs: [&mut &mut [f32]; 4]) {
     let (q, k, v, o, lse, g) = (ins[0], ins[1], ins[2], ins[3], ins[4], ins[5]);
     let [dq, dk, dv, delta] = outs;
-    let one = |(b, ((dq, dk), (dv, delta))): (usize, ((&mut [f32], &mut [f32]), (&mut [f32], &mut [f32])))| {
+    let one = |(b, ((dq, dk), (dv, delta))): (usize, Grads<'_>)| {
         let at = b * t * d;
         let (q, k, v, o, g, lse) = (&q[at..][..t * d], &k[at..][..t * d], &v[at..][..t * d], &o[at..][..t * d], &g[at..][..t * d], &lse[b * t..][..t]);
         for (r, dl) in delta.iter_mut().enumerate() {
