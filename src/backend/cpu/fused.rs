@@ -2,9 +2,7 @@
 //! in f64, in the order the kernels use. Rows (LayerNorm, softmax) and matrices (attention)
 //! are independent, so they are split over threads; each is computed by the same operations
 //! whatever the split, so the bits do not depend on the thread count.
-use super::kernels::{unary, CHUNK};
-use crate::backend::{FusedOp, UnaryOp, LN_ROW_BLOCK};
-use crate::tensor::{GELU_BETA, GELU_KAPPA};
+use crate::backend::{FusedOp, LN_ROW_BLOCK};
 use crate::{Error, Result};
 use rayon::prelude::*;
 
@@ -22,8 +20,8 @@ pub fn run(op: FusedOp, ins: &[&[f32]], outs: &mut [&mut [f32]]) -> Result<()> {
         (FusedOp::CausalSoftmaxBackward { n, t, scale }, [dx]) => causal_softmax_backward(ins[0], ins[1], n, t, scale, dx),
         (FusedOp::Attention { n, t, d, scale }, [o, lse]) => attention(ins, n, t, d, scale, o, lse),
         (FusedOp::AttentionBackward { n, t, d, scale }, [dq, dk, dv, delta]) => attention_backward(ins, n, t, d, scale, [dq, dk, dv, delta]),
-        (FusedOp::GeluTanh { len }, [y]) => elementwise(&mut y[..len], &[&ins[0][..len]], |[x]| x * unary(half_one(), gelu_t(x))),
-        (FusedOp::GeluTanhBackward { len }, [dx]) => elementwise(&mut dx[..len], &[&ins[0][..len], &ins[1][..len]], |[g, x]| g * gelu_tanh_slope(x)),
+        (FusedOp::GeluTanh { len }, [y]) => super::gelu::forward(&ins[0][..len], &mut y[..len]),
+        (FusedOp::GeluTanhBackward { len }, [dx]) => super::gelu::backward(&ins[0][..len], &ins[1][..len], &mut dx[..len]),
         (_, outs) => return Err(Error::invalid(op.name(), format!("{op:?} writes another number of buffers than {}", outs.len()))),
     }
     Ok(())
@@ -254,43 +252,4 @@ fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32, 
     } else {
         tasks.into_iter().for_each(one);
     }
-}
-
-/// `out[i] = f([ins[0][i], ..])`, in chunks of `CHUNK` on several threads when long enough.
-fn elementwise<const K: usize>(out: &mut [f32], ins: &[&[f32]; K], f: impl Fn([f32; K]) -> f32 + Sync) {
-    let run = |(c, o): (usize, &mut [f32])| {
-        for (i, o) in o.iter_mut().enumerate() {
-            *o = f(std::array::from_fn(|k| ins[k][c * CHUNK + i]));
-        }
-    };
-    if out.len() >= 2 * CHUNK {
-        out.par_chunks_mut(CHUNK).enumerate().for_each(run);
-    } else {
-        out.chunks_mut(CHUNK).enumerate().for_each(run);
-    }
-}
-
-/// `t · 0.5 + 0.5`, the `affine(0.5, 0.5)` of the composition.
-fn half_one() -> UnaryOp {
-    UnaryOp::Affine { mul: 0.5, add: 0.5 }
-}
-
-/// `x · s`, as the composition's `mul_scalar` (an affine that adds -0).
-fn scaled(x: f32, s: f32) -> f32 {
-    unary(UnaryOp::Affine { mul: s, add: -0.0 }, x)
-}
-
-/// `tanh(β (x + κ x³))`: `gelu_tanh_inner` and its `tanh`, op by op.
-fn gelu_t(x: f32) -> f32 {
-    let inner = scaled(x + scaled(unary(UnaryOp::Powf(3.0), x), GELU_KAPPA), GELU_BETA);
-    unary(UnaryOp::Tanh, inner)
-}
-
-/// dGELU/dx: `left + right` of the gradient rule's composition, op by op.
-fn gelu_tanh_slope(x: f32) -> f32 {
-    let t = gelu_t(x);
-    let left = unary(half_one(), t);
-    let slope = scaled(unary(UnaryOp::Affine { mul: 3.0 * GELU_KAPPA, add: 1.0 }, unary(UnaryOp::Square, x)), GELU_BETA);
-    let right = scaled(x, 0.5) * unary(UnaryOp::Affine { mul: -1.0, add: 1.0 }, unary(UnaryOp::Square, t)) * slope;
-    left + right
 }

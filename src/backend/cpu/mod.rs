@@ -1,6 +1,7 @@
 //! The CPU reference backend: plain, obviously correct Rust; the oracle for every other backend.
 mod elementwise;
 mod fused;
+mod gelu;
 mod index;
 mod kernels;
 mod update;
