@@ -53,7 +53,8 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
 #[inline(always)]
 pub fn tanh(x: f32) -> f32 {
     const ROUND: f64 = 6_755_399_441_055_744.0;
-    const LN2_HI: f64 = 0.693_147_180_369_123_816_49;
+    // ln 2 to 32 bits (its low 20 bits zero, so k · LN2_HI is exact), and the rest.
+    const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
     const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     const INV_FACT: [f64; 14] = [
         1.0 / 6_227_020_800.0, 1.0 / 479_001_600.0, 1.0 / 39_916_800.0, 1.0 / 3_628_800.0, 1.0 / 362_880.0, 1.0 / 40_320.0, 1.0 / 5_040.0,
