@@ -1,7 +1,10 @@
 //! Kernel and step benchmarks on every device found (CPU reference, each wgpu adapter, each CUDA
 //! device): square matmuls, one elementwise pass and one reduction over 4M values, an SGD-momentum
-//! update of 1M parameters, conv2d forward and backward of the seed CNN's conv2, and one seed-CNN
-//! training step (forward, cross-entropy, backward, SGD-momentum update) at batch 64 and 1000.
+//! update of 1M parameters, conv2d forward and backward of the seed CNN's conv2, one seed-CNN
+//! training step (forward, cross-entropy, backward, SGD-momentum update) at batch 64 and 1000,
+//! and the kernels of `tandem bench --model gpt`'s step at its sizes (LayerNorm, causal softmax,
+//! tanh GELU, the q/k/v permute, a bias broadcast, the per-head products; each forward +
+//! backward) and that step itself (AdamW).
 use criterion::{criterion_group, criterion_main, Criterion};
 use rand::SeedableRng;
 use tandem::nn::{models::SeedModel, Module};
@@ -101,5 +104,57 @@ fn train_step(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, kernels, conv, train_step);
+/// `f`'s output times a fixed upstream gradient, summed and back-propagated: one kernel's forward
+/// and backward.
+fn fwd_bwd(dev: &Device, f: &dyn Fn() -> Tensor) {
+    let y = f();
+    y.sum_all().unwrap().backward().unwrap();
+    dev.sync().unwrap();
+}
+
+/// A named kernel call of the GPT step.
+type Kernel<'a> = Box<dyn Fn() -> Tensor + 'a>;
+
+fn gpt_kernels(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gpt-kernels");
+    g.sample_size(10);
+    for dev in devices() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+        let mut randn = |shape: &[usize]| Tensor::randn(shape.to_vec(), &mut rng, &dev).unwrap().requires_grad();
+        let (x, w, b) = (randn(&[1024, 128]), randn(&[128]), randn(&[128]));
+        let (scores, hidden, qkv, bias) = (randn(&[64, 64, 64]), randn(&[1024, 512]), randn(&[16, 64, 3, 4, 32]), randn(&[512]));
+        let (q, k) = (randn(&[64, 64, 32]), randn(&[64, 64, 32]));
+        let cases: Vec<(&str, Kernel<'_>)> = vec![
+            ("layer_norm-1024x128", Box::new(|| x.layer_norm(&w, &b, 1e-5).unwrap())),
+            ("causal_softmax-64x64x64", Box::new(|| scores.causal_softmax(0.17).unwrap())),
+            ("gelu_tanh-1024x512", Box::new(|| hidden.gelu_tanh().unwrap())),
+            ("qkv-permute-16x64x3x4x32", Box::new(|| qkv.permute(&[2, 0, 3, 1, 4]).unwrap())),
+            ("bias-add-1024x512", Box::new(|| hidden.add(&bias).unwrap())),
+            ("heads-qkT-64x64x32", Box::new(|| q.matmul_t(&k, false, true).unwrap())),
+        ];
+        for (name, f) in &cases {
+            g.bench_function(format!("{name}/{}", dev.spec()), |bench| bench.iter(|| fwd_bwd(&dev, f.as_ref())));
+        }
+    }
+}
+
+fn gpt_step(c: &mut Criterion) {
+    use tandem::data::text::{Split, TextCorpus};
+    use tandem::data::Batch;
+    use tandem::nn::models::{Gpt, GptConfig};
+    use tandem::parallel::{Loss, OptimConfig, Single, Strategy};
+    let mut g = c.benchmark_group("gpt-step");
+    g.sample_size(10);
+    let corpus = TextCorpus::builtin(0);
+    let cfg = GptConfig { n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: corpus.vocab.len(), dropout: 0.0, bias: true };
+    let tb = corpus.batch(Split::Train, 16, 64, &mut rand_chacha::ChaCha8Rng::seed_from_u64(0)).unwrap();
+    let batch = Batch::tokens(tb.x, tb.y, tb.block, cfg.vocab_size).unwrap();
+    for dev in devices() {
+        let optim = OptimConfig::adam(tandem::optim::AdamConfig { lr: 1e-3, ..tandem::optim::AdamConfig::adamw() });
+        let mut s = Single::new(Gpt::new(cfg, 0, &dev).unwrap(), &optim, Loss::CrossEntropy, &dev).unwrap();
+        g.bench_function(format!("batch16-block64/{}", dev.spec()), |b| b.iter(|| s.step(&batch).unwrap()));
+    }
+}
+
+criterion_group!(benches, kernels, conv, train_step, gpt_kernels, gpt_step);
 criterion_main!(benches);

@@ -4,7 +4,6 @@
 //! respect to it given `g` = dL/d(out); `None` where an input has no gradient.
 use super::GradOp;
 use crate::backend::{BinaryOp, IndexOp, MatmulSpec, UnaryOp};
-use crate::tensor::{gelu_tanh_inner, GELU_BETA, GELU_KAPPA};
 use crate::{DType, Result, Shape, Tensor};
 
 pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
@@ -57,13 +56,7 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
         // PyTorch's GeluBackward for approximate='tanh', term by term and in its order, so that a
         // zero gradient has its sign: g (0.5 (1 + t) + (0.5 x) (1 - t²) β (1 + 3κ x²)), t the
         // forward's tanh (the composition's sum of paths gives +0 where PyTorch has -0)
-        GradOp::GeluTanh => {
-            let t = gelu_tanh_inner(x)?.tanh()?;
-            let left = t.affine(0.5, 0.5)?;
-            let slope = x.square()?.affine(3.0 * GELU_KAPPA, 1.0)?.mul_scalar(GELU_BETA)?;
-            let right = x.mul_scalar(0.5)?.mul(&t.square()?.affine(-1.0, 1.0)?)?.mul(&slope)?;
-            vec![Some(g.mul(&left.add(&right)?)?)]
-        }
+        GradOp::GeluTanh => vec![Some(x.gelu_tanh_backward(g)?)],
         // PyTorch's var_backward, (2 / (n - c)) g (x - mean), after std's g / (2 std), 0 where
         // std is 0
         GradOp::Var { axis, correction, std } => {

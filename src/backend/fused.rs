@@ -1,8 +1,9 @@
-//! `FusedOp`: the transformer kernels (LayerNorm, causal softmax, causal attention) that a
-//! backend may run in one pass each, an optional fast path over their compositions.
+//! `FusedOp`: the transformer kernels (LayerNorm, causal softmax, causal attention, the tanh
+//! GELU) that a backend may run in one pass each, an optional fast path over their compositions.
 //!
 //! Shape letters: `R` rows and `C` their length (LayerNorm), `N` independent matrices (batch ×
-//! heads), `T` tokens, `D` the head size. Every buffer is F32 and contiguous.
+//! heads), `T` tokens, `D` the head size, `L` values of an elementwise op. Every buffer is F32
+//! and contiguous.
 
 /// Rows one LayerNorm-backward partial sums: `dweight` and `dbias` are summed over blocks of
 /// this many rows into `[blocks(R), C]` partials, which a fixed-order reduction then adds, so the
@@ -37,6 +38,13 @@ pub enum FusedOp {
     /// Recomputes the probabilities `p = exp(s - lse)` from q, k and lse. Buffers
     /// `[q, k, v, o, lse, g, dq, dk, dv, delta]`: delta `[N, T]` is scratch (`Σ g·o` per row).
     AttentionBackward { n: usize, t: usize, d: usize, scale: f32 },
+    /// `y = x · (tanh(β (x + κ x³)) · 0.5 + 0.5)`, GELU's tanh form, with the f32 operations of
+    /// its composition (`Tensor::gelu_tanh`) in their order, so the same bits. Buffers `[x, y]`,
+    /// both `[L]`.
+    GeluTanh { len: usize },
+    /// `dx = g · (½ (1 + t) + ½ x (1 - t²) · β (1 + 3κ x²))` with `t = tanh(β (x + κ x³))`,
+    /// the composition's operations in order. Buffers `[g, x, dx]`, all `[L]`.
+    GeluTanhBackward { len: usize },
 }
 
 impl FusedOp {
@@ -48,6 +56,8 @@ impl FusedOp {
             FusedOp::CausalSoftmaxBackward { .. } => "causal_softmax backward",
             FusedOp::Attention { .. } => "causal_attention",
             FusedOp::AttentionBackward { .. } => "causal_attention backward",
+            FusedOp::GeluTanh { .. } => "gelu_tanh",
+            FusedOp::GeluTanhBackward { .. } => "gelu_tanh backward",
         }
     }
 
@@ -80,6 +90,8 @@ impl FusedOp {
                 let (ntd, nt) = (m(m(n, t)?, d)?, m(n, t)?);
                 (vec![ntd, ntd, ntd, ntd, nt, ntd, ntd, ntd, ntd, nt], 6)
             }
+            FusedOp::GeluTanh { len } => (vec![len, len], 1),
+            FusedOp::GeluTanhBackward { len } => (vec![len, len, len], 2),
         })
     }
 }

@@ -24,6 +24,9 @@ impl Tensor {
     /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, GELU with `approximate='tanh'` (and
     /// PyTorch's gradient).
     pub fn gelu_tanh(&self) -> Result<Tensor> {
+        if let Some(y) = self.gelu_tanh_fused()? {
+            return Ok(y);
+        }
         let y = autograd::no_grad(|| self.mul(&gelu_tanh_inner(self)?.tanh()?.affine(0.5, 0.5)?))?;
         Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), self.device(), GradOp::GeluTanh, &[self]))
     }

@@ -1,9 +1,10 @@
-//! LayerNorm, causal softmax and causal attention: one fused kernel each where the device has
-//! it (`Backend::fused`), else composed from primitives (the reference the kernels are tested
-//! against). `composed` turns the fused kernels off on this thread.
+//! LayerNorm, causal softmax, causal attention and the tanh GELU: one fused kernel each where
+//! the device has it (`Backend::fused`), else composed from primitives (the reference the
+//! kernels are tested against). `composed` turns the fused kernels off on this thread.
 use super::Tensor;
 use crate::autograd::{self, GradOp};
 use crate::backend::{ln_blocks, FusedOp};
+use crate::tensor::{gelu_tanh_inner, GELU_BETA, GELU_KAPPA};
 use crate::{DType, Device, Error, Result, Shape};
 use std::cell::Cell;
 
@@ -88,6 +89,31 @@ impl Tensor {
             return Ok(Tensor::result(o, q.shape().clone(), q.device(), GradOp::Attention { scale, lse }, &[q, k, v]));
         }
         q.matmul_t(k, false, true)?.causal_softmax(scale)?.matmul(v)
+    }
+
+    /// `gelu_tanh` in one pass where the device fuses it; `None` where it composes.
+    pub(crate) fn gelu_tanh_fused(&self) -> Result<Option<Tensor>> {
+        self.expect_dtype("gelu_tanh", DType::F32)?;
+        let y = self.alloc_like(self.numel(), DType::F32)?;
+        if self.numel() == 0 || !try_fused(self.device(), FusedOp::GeluTanh { len: self.numel() }, &[self.buffer(), &y])? {
+            return Ok(None);
+        }
+        Ok(Some(Tensor::result(y, self.shape().clone(), self.device(), GradOp::GeluTanh, &[self])))
+    }
+
+    /// dL/dx of `gelu_tanh` at `self` for `g` = dL/dy (PyTorch's gradient).
+    pub(crate) fn gelu_tanh_backward(&self, g: &Tensor) -> Result<Tensor> {
+        let dx = self.alloc_like(self.numel(), DType::F32)?;
+        let op = FusedOp::GeluTanhBackward { len: self.numel() };
+        if self.numel() > 0 && g.shape() == self.shape() && try_fused(self.device(), op, &[g.buffer(), self.buffer(), &dx])? {
+            return Ok(Tensor::from_parts(dx, self.shape().clone(), self.device().clone(), None));
+        }
+        let x = self;
+        let t = gelu_tanh_inner(x)?.tanh()?;
+        let left = t.affine(0.5, 0.5)?;
+        let slope = x.square()?.affine(3.0 * GELU_KAPPA, 1.0)?.mul_scalar(GELU_BETA)?;
+        let right = x.mul_scalar(0.5)?.mul(&t.square()?.affine(-1.0, 1.0)?)?.mul(&slope)?;
+        g.mul(&left.add(&right)?)
     }
 
     /// The gradients of `layer_norm` (see `GradOp::LayerNorm`) for `g` = dL/dy.

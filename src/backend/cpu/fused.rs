@@ -1,94 +1,144 @@
 //! The CPU reference of the fused transformer kernels (`FusedOp`): plain loops over rows, sums
-//! in f64, in the order the kernels use.
+//! in f64, in the order the kernels use. Rows (LayerNorm, softmax) and matrices (attention)
+//! are independent, so they are split over threads; each is computed by the same operations
+//! whatever the split, so the bits do not depend on the thread count.
 use crate::backend::{FusedOp, LN_ROW_BLOCK};
+use crate::{Error, Result};
+use rayon::prelude::*;
 
-/// The outputs of `op` from its inputs (both in `FusedOp`'s buffer order).
-pub fn run(op: FusedOp, ins: &[&[f32]]) -> Vec<Vec<f32>> {
-    match op {
-        FusedOp::LayerNorm { rows, cols, eps } => layer_norm(ins, rows, cols, eps),
-        FusedOp::LayerNormBackward { rows, cols } => layer_norm_backward(ins, rows, cols),
-        FusedOp::CausalSoftmax { n, t, scale } => vec![causal_softmax(ins[0], n, t, scale)],
-        FusedOp::CausalSoftmaxBackward { n, t, scale } => vec![causal_softmax_backward(ins[0], ins[1], n, t, scale)],
-        FusedOp::Attention { n, t, d, scale } => attention(ins, n, t, d, scale),
-        FusedOp::AttentionBackward { n, t, d, scale } => attention_backward(ins, n, t, d, scale),
+/// Elements of work per thread task: below two of them a kernel stays on the calling thread.
+/// Smaller than an elementwise chunk, since each element here costs an f64 sum or an `exp`.
+const TASK: usize = 1 << 13;
+
+/// Writes the outputs of `op` from its inputs (both in `FusedOp`'s buffer order); every
+/// element of each output's leading `operands()` length is written.
+pub fn run(op: FusedOp, ins: &[&[f32]], outs: &mut [&mut [f32]]) -> Result<()> {
+    match (op, outs) {
+        (FusedOp::LayerNorm { rows, cols, eps }, [y, mean, rstd]) => layer_norm(ins, rows, cols, eps, y, mean, rstd),
+        (FusedOp::LayerNormBackward { rows, cols }, [dx, dw, db]) => layer_norm_backward(ins, rows, cols, dx, dw, db),
+        (FusedOp::CausalSoftmax { n, t, scale }, [y]) => causal_softmax(ins[0], n, t, scale, y),
+        (FusedOp::CausalSoftmaxBackward { n, t, scale }, [dx]) => causal_softmax_backward(ins[0], ins[1], n, t, scale, dx),
+        (FusedOp::Attention { n, t, d, scale }, [o, lse]) => attention(ins, n, t, d, scale, o, lse),
+        (FusedOp::AttentionBackward { n, t, d, scale }, [dq, dk, dv, delta]) => attention_backward(ins, n, t, d, scale, [dq, dk, dv, delta]),
+        (FusedOp::GeluTanh { len }, [y]) => super::gelu::forward(&ins[0][..len], &mut y[..len]),
+        (FusedOp::GeluTanhBackward { len }, [dx]) => super::gelu::backward(&ins[0][..len], &ins[1][..len], &mut dx[..len]),
+        (_, outs) => return Err(Error::invalid(op.name(), format!("{op:?} writes another number of buffers than {}", outs.len()))),
+    }
+    Ok(())
+}
+
+/// Rows per thread task for `rows` rows of `per_row` work each, or `None` when the whole is
+/// too small to be worth splitting.
+fn group(rows: usize, per_row: usize) -> Option<usize> {
+    (rows * per_row >= 2 * TASK).then(|| (TASK / per_row.max(1)).clamp(1, rows))
+}
+
+/// `f(first_row, rows)` over groups of whole rows of `width` values of `out`.
+fn by_rows(out: &mut [f32], width: usize, per_row: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    match group(out.len() / width.max(1), per_row) {
+        Some(g) if width > 0 => out.par_chunks_mut(g * width).enumerate().for_each(|(i, o)| f(i * g, o)),
+        _ => f(0, out),
     }
 }
 
-fn layer_norm(ins: &[&[f32]], rows: usize, cols: usize, eps: f32) -> Vec<Vec<f32>> {
+fn layer_norm(ins: &[&[f32]], rows: usize, cols: usize, eps: f32, y: &mut [f32], mean: &mut [f32], rstd: &mut [f32]) {
     let (x, w, b) = (ins[0], ins[1], ins[2]);
-    let (mut y, mut mean, mut rstd) = (vec![0.0; rows * cols], vec![0.0; rows], vec![0.0; rows]);
-    for r in 0..rows {
-        let row = &x[r * cols..(r + 1) * cols];
-        let m = (row.iter().map(|&v| v as f64).sum::<f64>() / cols as f64) as f32;
-        let var = row.iter().map(|&v| ((v - m) as f64).powi(2)).sum::<f64>() / cols as f64;
-        let s = (1.0 / (var + eps as f64).sqrt()) as f32;
-        for (j, &v) in row.iter().enumerate() {
-            y[r * cols + j] = (v - m) * s * w[j] + b[j];
+    let task = |r0: usize, ((y, mean), rstd): ((&mut [f32], &mut [f32]), &mut [f32])| {
+        for (i, (y, (mean, rstd))) in y.chunks_mut(cols).zip(mean.iter_mut().zip(rstd)).enumerate() {
+            let row = &x[(r0 + i) * cols..][..cols];
+            let m = (row.iter().map(|&v| v as f64).sum::<f64>() / cols as f64) as f32;
+            let var = row.iter().map(|&v| ((v - m) as f64).powi(2)).sum::<f64>() / cols as f64;
+            let s = (1.0 / (var + eps as f64).sqrt()) as f32;
+            for (j, (y, &v)) in y.iter_mut().zip(row).enumerate() {
+                *y = (v - m) * s * w[j] + b[j];
+            }
+            (*mean, *rstd) = (m, s);
         }
-        (mean[r], rstd[r]) = (m, s);
+    };
+    let (y, mean, rstd) = (&mut y[..rows * cols], &mut mean[..rows], &mut rstd[..rows]);
+    match group(rows, cols) {
+        Some(g) if cols > 0 => {
+            let parts = y.par_chunks_mut(g * cols).zip(mean.par_chunks_mut(g)).zip(rstd.par_chunks_mut(g));
+            parts.enumerate().for_each(|(i, p)| task(i * g, p));
+        }
+        _ => task(0, ((y, mean), rstd)),
     }
-    vec![y, mean, rstd]
 }
 
-fn layer_norm_backward(ins: &[&[f32]], rows: usize, cols: usize) -> Vec<Vec<f32>> {
+fn layer_norm_backward(ins: &[&[f32]], rows: usize, cols: usize, dx: &mut [f32], dw: &mut [f32], db: &mut [f32]) {
     let (g, x, w, mean, rstd) = (ins[0], ins[1], ins[2], ins[3], ins[4]);
-    let blocks = crate::backend::ln_blocks(rows);
-    let (mut dx, mut dw, mut db) = (vec![0.0; rows * cols], vec![0.0; blocks * cols], vec![0.0; blocks * cols]);
-    for r in 0..rows {
-        let at = r * cols;
-        let xhat = |j: usize| (x[at + j] - mean[r]) * rstd[r];
-        let (mut a, mut c) = (0.0f64, 0.0f64);
-        for j in 0..cols {
-            let gw = g[at + j] * w[j];
-            a += gw as f64;
-            c += (gw * xhat(j)) as f64;
-        }
-        let (a, c) = ((a / cols as f64) as f32, (c / cols as f64) as f32);
-        for j in 0..cols {
-            dx[at + j] = rstd[r] * (g[at + j] * w[j] - a - xhat(j) * c);
-        }
-    }
-    // Each block's rows in order, as the kernels: one column of partials per thread.
-    for blk in 0..blocks {
-        for j in 0..cols {
-            let (mut sw, mut sb) = (0.0f32, 0.0f32);
-            for r in blk * LN_ROW_BLOCK..((blk + 1) * LN_ROW_BLOCK).min(rows) {
-                let gv = g[r * cols + j];
-                sw += gv * ((x[r * cols + j] - mean[r]) * rstd[r]);
-                sb += gv;
+    by_rows(&mut dx[..rows * cols], cols, 2 * cols, |r0, dx| {
+        for (i, dx) in dx.chunks_mut(cols).enumerate() {
+            let (r, at) = (r0 + i, (r0 + i) * cols);
+            let xhat = |j: usize| (x[at + j] - mean[r]) * rstd[r];
+            let (mut a, mut c) = (0.0f64, 0.0f64);
+            for j in 0..cols {
+                let gw = g[at + j] * w[j];
+                a += gw as f64;
+                c += (gw * xhat(j)) as f64;
             }
-            (dw[blk * cols + j], db[blk * cols + j]) = (sw, sb);
+            let (a, c) = ((a / cols as f64) as f32, (c / cols as f64) as f32);
+            for (j, dx) in dx.iter_mut().enumerate() {
+                *dx = rstd[r] * (g[at + j] * w[j] - a - xhat(j) * c);
+            }
         }
+    });
+    // Each block's rows in order, as the kernels' one column of partials per thread; a block
+    // per task, its rows added one after another into every column.
+    let blocks = crate::backend::ln_blocks(rows);
+    let block = |(blk, (dw, db)): (usize, (&mut [f32], &mut [f32]))| {
+        dw.fill(0.0);
+        db.fill(0.0);
+        for r in blk * LN_ROW_BLOCK..((blk + 1) * LN_ROW_BLOCK).min(rows) {
+            let (gr, xr) = (&g[r * cols..][..cols], &x[r * cols..][..cols]);
+            for j in 0..cols {
+                dw[j] += gr[j] * ((xr[j] - mean[r]) * rstd[r]);
+                db[j] += gr[j];
+            }
+        }
+    };
+    let parts = dw[..blocks * cols].par_chunks_mut(cols.max(1)).zip(db[..blocks * cols].par_chunks_mut(cols.max(1))).enumerate();
+    if cols > 0 && blocks > 1 && rows * cols >= 2 * TASK {
+        parts.for_each(block);
+    } else if cols > 0 {
+        dw[..blocks * cols].chunks_mut(cols).zip(db[..blocks * cols].chunks_mut(cols)).enumerate().for_each(block);
     }
-    vec![dx, dw, db]
 }
 
 /// `exp(z - m) / s` for every column; a masked column's z is -inf, so that a row whose max is
 /// NaN, +inf or -inf is NaN throughout, as the composition (and PyTorch) gives.
-fn causal_softmax(x: &[f32], n: usize, t: usize, scale: f32) -> Vec<f32> {
-    let mut y = vec![0.0; n * t * t];
-    for row in 0..n * t {
-        let i = row % t;
-        let z = |j: usize| if j <= i { x[row * t + j] * scale } else { f32::NEG_INFINITY };
-        let m = (0..=i).map(z).fold(f32::NEG_INFINITY, nan_max);
-        let s: f64 = (0..=i).map(|j| ((z(j) - m) as f64).exp()).sum();
-        for j in 0..t {
-            y[row * t + j] = (((z(j) - m) as f64).exp() / s) as f32;
+fn causal_softmax(x: &[f32], n: usize, t: usize, scale: f32, y: &mut [f32]) {
+    by_rows(&mut y[..n * t * t], t, t, |r0, y| {
+        let mut e = vec![0.0f64; t];
+        for (k, y) in y.chunks_mut(t).enumerate() {
+            let (row, i) = (r0 + k, (r0 + k) % t);
+            let xr = &x[row * t..][..=i];
+            let m = xr.iter().map(|&v| v * scale).fold(f32::NEG_INFINITY, nan_max);
+            let mut s = 0.0f64;
+            for (e, &v) in e.iter_mut().zip(xr) {
+                *e = ((v * scale - m) as f64).exp();
+                s += *e;
+            }
+            for (y, &e) in y.iter_mut().zip(&e[..=i]) {
+                *y = (e / s) as f32;
+            }
+            let masked = (((f32::NEG_INFINITY - m) as f64).exp() / s) as f32;
+            y[i + 1..].fill(masked);
         }
-    }
-    y
+    });
 }
 
-fn causal_softmax_backward(g: &[f32], y: &[f32], n: usize, t: usize, scale: f32) -> Vec<f32> {
-    let mut dx = vec![0.0; n * t * t];
-    for row in 0..n * t {
-        let (i, at) = (row % t, row * t);
-        let dot: f64 = (0..=i).map(|j| (g[at + j] * y[at + j]) as f64).sum();
-        for j in 0..=i {
-            dx[at + j] = scale * y[at + j] * (g[at + j] - dot as f32);
+fn causal_softmax_backward(g: &[f32], y: &[f32], n: usize, t: usize, scale: f32, dx: &mut [f32]) {
+    by_rows(&mut dx[..n * t * t], t, t, |r0, dx| {
+        for (k, dx) in dx.chunks_mut(t).enumerate() {
+            let (i, at) = ((r0 + k) % t, (r0 + k) * t);
+            let dot: f64 = (0..=i).map(|j| (g[at + j] * y[at + j]) as f64).sum();
+            for (j, dx) in dx[..=i].iter_mut().enumerate() {
+                *dx = scale * y[at + j] * (g[at + j] - dot as f32);
+            }
+            dx[i + 1..].fill(0.0);
         }
-    }
-    dx
+    });
 }
 
 /// The maximum where NaN wins, as `max` reductions in every backend.
@@ -110,68 +160,96 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Keys in order with the online softmax the kernels use: a running max `m`, sum `l` and
-/// output accumulator rescaled by `exp(m_old - m_new)` when the max grows.
-fn attention(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32) -> Vec<Vec<f32>> {
+/// output accumulator rescaled by `exp(m_old - m_new)` when the max grows. One task per
+/// matrix of the batch.
+fn attention(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32, o: &mut [f32], lse: &mut [f32]) {
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let (mut o, mut lse) = (vec![0.0; n * t * d], vec![0.0; n * t]);
-    for b in 0..n {
+    let one = |(b, (o, lse)): (usize, (&mut [f32], &mut [f32]))| {
+        let (q, k, v) = (&q[b * t * d..][..t * d], &k[b * t * d..][..t * d], &v[b * t * d..][..t * d]);
+        let mut acc = vec![0.0f32; d];
         for i in 0..t {
-            let qi = &q[(b * t + i) * d..][..d];
-            let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0.0f32, vec![0.0f32; d]);
+            let qi = row(q, i, d);
+            let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
+            acc.fill(0.0);
             for j in 0..=i {
-                let s = dot(qi, &k[(b * t + j) * d..][..d]) * scale;
+                let s = dot(qi, row(k, j, d)) * scale;
                 let m_new = nan_max(m, s);
                 let (alpha, p) = ((m - m_new).exp(), (s - m_new).exp());
                 // exp(-inf - -inf) is NaN; nothing has accumulated before the first key.
                 let alpha = if j == 0 { 0.0 } else { alpha };
                 l = l * alpha + p;
-                for (a, &vv) in acc.iter_mut().zip(&v[(b * t + j) * d..][..d]) {
+                for (a, &vv) in acc.iter_mut().zip(row(v, j, d)) {
                     *a = *a * alpha + p * vv;
                 }
                 m = m_new;
             }
-            for (e, a) in o[(b * t + i) * d..][..d].iter_mut().zip(&acc) {
+            for (e, a) in o[i * d..][..d].iter_mut().zip(&acc) {
                 *e = a / l;
             }
-            lse[b * t + i] = m + l.ln();
+            lse[i] = m + l.ln();
         }
+    };
+    let tasks: Vec<_> = split(o, n, t * d).into_iter().zip(split(lse, n, t)).enumerate().collect();
+    if n * t * t * d >= 2 * TASK {
+        tasks.into_par_iter().for_each(one);
+    } else {
+        tasks.into_iter().for_each(one);
     }
-    vec![o, lse]
 }
+
+/// The first `n` runs of `w` values of `x` (`n` empty ones when `w` is 0).
+fn split(x: &mut [f32], n: usize, w: usize) -> Vec<&mut [f32]> {
+    if w == 0 {
+        return (0..n).map(|_| &mut [][..]).collect();
+    }
+    x[..n * w].chunks_mut(w).collect()
+}
+
+/// One matrix's dq and dk, then dv and delta.
+type Grads<'a> = ((&'a mut [f32], &'a mut [f32]), (&'a mut [f32], &'a mut [f32]));
 
 /// FlashAttention's backward: `p = exp(s - lse)`, `dp = g·vᵀ`, `ds = p (dp - delta)` with
 /// `delta = Σ g·o`; dq sums over keys per query row, dk and dv over queries per key row, so
-/// that no two rows add into one value.
-fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32) -> Vec<Vec<f32>> {
+/// that no two rows add into one value. One task per matrix of the batch.
+fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32, outs: [&mut &mut [f32]; 4]) {
     let (q, k, v, o, lse, g) = (ins[0], ins[1], ins[2], ins[3], ins[4], ins[5]);
-    let (mut dq, mut dk, mut dv, mut delta) = (vec![0.0; n * t * d], vec![0.0; n * t * d], vec![0.0; n * t * d], vec![0.0; n * t]);
-    for (r, dl) in delta.iter_mut().enumerate() {
-        *dl = dot(row(g, r, d), row(o, r, d));
-    }
-    let p = |b: usize, i: usize, j: usize| (dot(row(q, b * t + i, d), row(k, b * t + j, d)) * scale - lse[b * t + i]).exp();
-    for b in 0..n {
+    let [dq, dk, dv, delta] = outs;
+    let one = |(b, ((dq, dk), (dv, delta))): (usize, Grads<'_>)| {
+        let at = b * t * d;
+        let (q, k, v, o, g, lse) = (&q[at..][..t * d], &k[at..][..t * d], &v[at..][..t * d], &o[at..][..t * d], &g[at..][..t * d], &lse[b * t..][..t]);
+        for (r, dl) in delta.iter_mut().enumerate() {
+            *dl = dot(row(g, r, d), row(o, r, d));
+        }
+        let delta = &*delta;
+        let p = |i: usize, j: usize| (dot(row(q, i, d), row(k, j, d)) * scale - lse[i]).exp();
+        dq.fill(0.0);
+        dk.fill(0.0);
+        dv.fill(0.0);
         for i in 0..t {
-            let ri = b * t + i;
             for j in 0..=i {
-                let rj = b * t + j;
-                let ds = p(b, i, j) * (dot(row(g, ri, d), row(v, rj, d)) - delta[ri]);
+                let ds = p(i, j) * (dot(row(g, i, d), row(v, j, d)) - delta[i]);
                 for e in 0..d {
-                    dq[ri * d + e] += ds * scale * k[rj * d + e];
+                    dq[i * d + e] += ds * scale * k[j * d + e];
                 }
             }
         }
         for j in 0..t {
-            let rj = b * t + j;
             for i in j..t {
-                let ri = b * t + i;
-                let pij = p(b, i, j);
-                let ds = pij * (dot(row(g, ri, d), row(v, rj, d)) - delta[ri]);
+                let pij = p(i, j);
+                let ds = pij * (dot(row(g, i, d), row(v, j, d)) - delta[i]);
                 for e in 0..d {
-                    dk[rj * d + e] += ds * scale * q[ri * d + e];
-                    dv[rj * d + e] += pij * g[ri * d + e];
+                    dk[j * d + e] += ds * scale * q[i * d + e];
+                    dv[j * d + e] += pij * g[i * d + e];
                 }
             }
         }
+    };
+    let td = t * d;
+    let dqk = split(dq, n, td).into_iter().zip(split(dk, n, td));
+    let tasks: Vec<_> = dqk.zip(split(dv, n, td).into_iter().zip(split(delta, n, t))).enumerate().collect();
+    if n * t * t * d >= 2 * TASK {
+        tasks.into_par_iter().for_each(one);
+    } else {
+        tasks.into_iter().for_each(one);
     }
-    vec![dq, dk, dv, delta]
 }

@@ -1,5 +1,7 @@
 //! The CPU reference backend: plain, obviously correct Rust; the oracle for every other backend.
+mod elementwise;
 mod fused;
+mod gelu;
 mod index;
 mod kernels;
 mod update;
@@ -185,12 +187,12 @@ impl Backend for CpuBackend {
     }
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
         contract::unary(&self.info, x, layout, out)?;
-        with_f32(x, out, |xs| write_with(out, |o| kernels::strided_map(layout, xs, o, |a| kernels::unary(op, a))))?
+        with_f32(x, out, |xs| write_with(out, |o| elementwise::unary_pass(op, layout, xs, o)))?
     }
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
         contract::binary(&self.info, a, la, b, lb, out)?;
         with_f32(a, out, |av| {
-            with_f32(b, out, |bv| write_with(out, |o| kernels::strided_zip(la, av, lb, bv, o, |x, y| kernels::binary(op, x, y))))
+            with_f32(b, out, |bv| write_with(out, |o| elementwise::binary_pass(op, la, av, lb, bv, o)))
         })??
     }
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
@@ -248,13 +250,24 @@ impl Backend for CpuBackend {
     fn fused(&self, op: FusedOp, bufs: &[&Buffer]) -> Result<bool> {
         contract::fused(&self.info, op, bufs)?;
         let (_, inputs) = op.operands().ok_or_else(|| Error::invalid(op.name(), "sizes overflow"))?;
-        // Copies: inputs may be one buffer twice (self-attention's q and k), which one lock
-        // could not be taken for twice; the contract keeps outputs apart from everything.
-        let ins: Vec<Vec<u32>> = bufs[..inputs].iter().map(|b| Ok(read(raw(b)?).clone())).collect::<Result<_>>()?;
-        let ins: Vec<&[f32]> = ins.iter().map(|v| bytemuck::cast_slice(v)).collect();
-        for (out, vals) in bufs[inputs..].iter().zip(fused::run(op, &ins)) {
-            write_with(out, |o| o[..vals.len()].copy_from_slice(&vals))?;
+        // One read lock per distinct input (self-attention passes one buffer as q and k, and a
+        // lock is not taken twice); the contract keeps outputs apart from everything.
+        let mut held: Vec<(&CpuBuffer, RwLockReadGuard<'_, Vec<u32>>)> = Vec::new();
+        for b in &bufs[..inputs] {
+            let b = raw(b)?;
+            if !held.iter().any(|(h, _)| std::ptr::eq(*h, b)) {
+                held.push((b, read(b)));
+            }
         }
+        let find = |b: &Buffer| -> Result<&[f32]> {
+            let b = raw(b)?;
+            let (_, g) = held.iter().find(|(h, _)| std::ptr::eq(*h, b)).ok_or_else(|| Error::invalid(op.name(), "an input was not read"))?;
+            Ok(bytemuck::cast_slice(&g[..]))
+        };
+        let ins: Vec<&[f32]> = bufs[..inputs].iter().map(|b| find(b)).collect::<Result<_>>()?;
+        let mut guards: Vec<RwLockWriteGuard<'_, Vec<u32>>> = bufs[inputs..].iter().map(|b| Ok(write(raw(b)?))).collect::<Result<_>>()?;
+        let mut outs: Vec<&mut [f32]> = guards.iter_mut().map(|g| bytemuck::cast_slice_mut(&mut g[..])).collect();
+        fused::run(op, &ins, &mut outs)?;
         Ok(true)
     }
     fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {

@@ -319,6 +319,8 @@ impl Backend for CudaBackend {
                 launch!(self, "attention_dq_f32", grid(rows), q, k, v, o, lse, g, dq, delta, rows, t, d, scale)?;
                 launch!(self, "attention_dkv_f32", grid(rows), q, k, v, delta, lse, g, dk, dv, rows, t, d, scale)?;
             }
+            // Not fused here: the composition's elementwise kernels.
+            FusedOp::GeluTanh { .. } | FusedOp::GeluTanhBackward { .. } => return Ok(false),
         }
         Ok(true)
     }

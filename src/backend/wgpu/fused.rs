@@ -27,6 +27,8 @@ pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer], software: bo
         FusedOp::LayerNormBackward { rows, cols } => (rows, cols, 0, ln_blocks(rows), 0.0, 0.0),
         FusedOp::CausalSoftmax { n, t, scale } | FusedOp::CausalSoftmaxBackward { n, t, scale } => (n * t, t, 0, 0, 0.0, scale),
         FusedOp::Attention { n, t, d, scale } | FusedOp::AttentionBackward { n, t, d, scale } => (n * t, t, d, 0, 0.0, scale),
+        // Elementwise: the composition's passes are already one dispatch each here.
+        FusedOp::GeluTanh { .. } | FusedOp::GeluTanhBackward { .. } => return Ok(false),
     };
     if cols >= MAX_LOOP * WG || (d > 0 && (cols >= MAX_LOOP || d >= MAX_LOOP)) {
         return Ok(false);
@@ -74,6 +76,7 @@ pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer], software: bo
             run("attention_dq", &[0, 1, 2, 3, 4, 5, 6, 9], per_thread)?;
             run("attention_dkv", &[0, 1, 2, 9, 4, 5, 7, 8], per_thread)?;
         }
+        FusedOp::GeluTanh { .. } | FusedOp::GeluTanhBackward { .. } => return Ok(false),
     }
     Ok(true)
 }

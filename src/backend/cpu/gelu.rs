@@ -1,0 +1,97 @@
+//! The tanh GELU and its gradient in one pass each, with the f32 operations of their
+//! compositions (`Tensor::gelu_tanh` and its gradient rule) in order, so the same bits. Where the
+//! CPU has AVX2 the same loops are also compiled for it, which vectorises the tanh's f64
+//! arithmetic; Rust never fuses a multiply and an add, so both builds give the same bits.
+use super::kernels::{unary, CHUNK};
+use crate::backend::UnaryOp;
+use crate::tensor::{GELU_BETA, GELU_KAPPA};
+use rayon::prelude::*;
+
+/// `y = x · (tanh(β (x + κ x³)) · 0.5 + 0.5)`.
+pub fn forward(x: &[f32], y: &mut [f32]) {
+    by_chunks(y, |at, y| forward_chunk(&x[at..at + y.len()], y));
+}
+
+/// `dx = g · dGELU/dx`.
+pub fn backward(g: &[f32], x: &[f32], dx: &mut [f32]) {
+    by_chunks(dx, |at, dx| backward_chunk(&g[at..at + dx.len()], &x[at..at + dx.len()], dx));
+}
+
+/// `f(first index, chunk)` over chunks of `CHUNK` outputs, on several threads when long enough.
+fn by_chunks(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    if out.len() >= 2 * CHUNK {
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| f(c * CHUNK, o));
+    } else {
+        out.chunks_mut(CHUNK).enumerate().for_each(|(c, o)| f(c * CHUNK, o));
+    }
+}
+
+fn forward_chunk(x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { forward_avx2(x, y) };
+    }
+    forward_plain(x, y)
+}
+
+fn backward_chunk(g: &[f32], x: &[f32], dx: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { backward_avx2(g, x, dx) };
+    }
+    backward_plain(g, x, dx)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn forward_avx2(x: &[f32], y: &mut [f32]) {
+    forward_plain(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn backward_avx2(g: &[f32], x: &[f32], dx: &mut [f32]) {
+    backward_plain(g, x, dx)
+}
+
+#[inline(always)]
+fn forward_plain(x: &[f32], y: &mut [f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = x * unary(HALF_ONE, gelu_t(x));
+    }
+}
+
+#[inline(always)]
+fn backward_plain(g: &[f32], x: &[f32], dx: &mut [f32]) {
+    for (dx, (&g, &x)) in dx.iter_mut().zip(g.iter().zip(x)) {
+        *dx = g * slope(x);
+    }
+}
+
+/// `t · 0.5 + 0.5`, the `affine(0.5, 0.5)` of the composition.
+const HALF_ONE: UnaryOp = UnaryOp::Affine { mul: 0.5, add: 0.5 };
+
+/// `x · s`, as the composition's `mul_scalar` (an affine that adds -0).
+#[inline(always)]
+fn scaled(x: f32, s: f32) -> f32 {
+    unary(UnaryOp::Affine { mul: s, add: -0.0 }, x)
+}
+
+/// `tanh(β (x + κ x³))`: `gelu_tanh_inner` and its `tanh`, op by op.
+#[inline(always)]
+fn gelu_t(x: f32) -> f32 {
+    let inner = scaled(x + scaled(unary(UnaryOp::Powf(3.0), x), GELU_KAPPA), GELU_BETA);
+    unary(UnaryOp::Tanh, inner)
+}
+
+/// dGELU/dx: `left + right` of the gradient rule's composition, op by op.
+#[inline(always)]
+fn slope(x: f32) -> f32 {
+    let t = gelu_t(x);
+    let left = unary(HALF_ONE, t);
+    let slope = scaled(unary(UnaryOp::Affine { mul: 3.0 * GELU_KAPPA, add: 1.0 }, unary(UnaryOp::Square, x)), GELU_BETA);
+    let right = scaled(x, 0.5) * unary(UnaryOp::Affine { mul: -1.0, add: 1.0 }, unary(UnaryOp::Square, t)) * slope;
+    left + right
+}
