@@ -2,57 +2,16 @@
 //! tests/fixtures/gpt_tiny.safetensors, made by scripts/gpt_parity.py) on each device, and its
 //! names, initialisation, causality, dropout, sampling and errors.
 mod common;
+#[path = "common/gpt_fixture.rs"]
+mod gpt_fixture;
+use gpt_fixture::Fixture;
 use common::{assert_close, on_each_device};
-use std::collections::{BTreeMap, HashMap};
-use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData, HostTensor};
+use std::collections::BTreeMap;
+use tandem::checkpoint::{to_host, write_safetensors};
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::Module;
 use tandem::optim::{clip_grad_norm, AdamConfig, OptimConfig, ParamGroups};
 use tandem::{BackendKind, Device, Error, Result, Tensor};
-
-struct Fixture {
-    tensors: HashMap<String, HostTensor>,
-    meta: BTreeMap<String, String>,
-}
-
-impl Fixture {
-    fn load() -> Fixture {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_tiny.safetensors");
-        let (tensors, meta) = read_safetensors(path).expect("the fixture reads (scripts/gpt_parity.py make)");
-        Fixture { tensors: tensors.into_iter().collect(), meta }
-    }
-    fn json(&self, key: &str) -> serde_json::Value {
-        serde_json::from_str(&self.meta[key]).expect("metadata is JSON")
-    }
-    fn config(&self) -> GptConfig {
-        let c = self.json("config");
-        let n = |k: &str| c[k].as_u64().expect("a size") as usize;
-        GptConfig { n_layer: n("n_layer"), n_head: n("n_head"), n_embd: n("n_embd"), block_size: n("block_size"), vocab_size: n("vocab_size"), dropout: 0.0, bias: true }
-    }
-    fn f32s(&self, name: &str) -> &[f32] {
-        match &self.tensors[name].data {
-            HostData::F32(v) => v,
-            HostData::I32(_) => panic!("{name} is not F32"),
-        }
-    }
-    /// Row-major I32 values (the fixture stores I64, read back as I32).
-    fn ids(&self, name: &str) -> (&[i32], &[usize]) {
-        match &self.tensors[name].data {
-            HostData::I32(v) => (v, &self.tensors[name].shape),
-            HostData::F32(_) => panic!("{name} is not integer"),
-        }
-    }
-    /// The tensors named `prefix.*` on `dev`, without the prefix.
-    fn state(&self, prefix: &str, dev: &Device) -> Vec<(String, Tensor)> {
-        let mut out: Vec<(String, Tensor)> = self
-            .tensors
-            .iter()
-            .filter_map(|(n, t)| n.strip_prefix(prefix).map(|rest| (rest.to_string(), Tensor::from_vec(self.f32s(n).to_vec(), t.shape.clone(), dev).expect("upload"))))
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    }
-}
 
 /// `[B, T]` token ids: batch `step` of `name` (`[S, B, T]`), or the whole of a `[B, T]` one.
 fn batch(fx: &Fixture, name: &str, step: Option<usize>, dev: &Device) -> Result<Tensor> {

@@ -6,71 +6,19 @@
 //! Each parity run writes its checkpoint under target/tmp for
 //! `python scripts/gpt_parity.py check` (a strict load into nanoGPT's GPT).
 mod common;
+#[path = "common/gpt_fixture.rs"]
+mod gpt_fixture;
+use gpt_fixture::Fixture;
 use common::{assert_close, fails, ok, s, text};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
-use tandem::checkpoint::{read_safetensors, HostData, HostTensor};
+use tandem::checkpoint::{read_safetensors, HostTensor};
 use tandem::data::Batch;
-use tandem::nn::models::{Gpt, GptConfig};
+use tandem::nn::models::Gpt;
 use tandem::nn::Module;
-use tandem::optim::{AdamConfig, ParamGroups};
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Schedule, Split, Stages, Strategy};
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, Pipeline, PipelineGrid, Schedule, Split, Stages, Strategy};
 use tandem::{BackendKind, Device, Tensor};
-
-struct Fixture {
-    tensors: HashMap<String, HostTensor>,
-    meta: serde_json::Map<String, serde_json::Value>,
-}
-
-impl Fixture {
-    fn load() -> Fixture {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_tiny.safetensors");
-        let (tensors, meta) = read_safetensors(path).expect("the fixture reads (scripts/gpt_parity.py make)");
-        let meta = meta.into_iter().map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(serde_json::Value::Null))).collect();
-        Fixture { tensors: tensors.into_iter().collect(), meta }
-    }
-    fn config(&self) -> GptConfig {
-        let c = &self.meta["config"];
-        let n = |k: &str| c[k].as_u64().expect("a size") as usize;
-        GptConfig { n_layer: n("n_layer"), n_head: n("n_head"), n_embd: n("n_embd"), block_size: n("block_size"), vocab_size: n("vocab_size"), dropout: 0.0, bias: true }
-    }
-    fn hp(&self, k: &str) -> f32 {
-        self.meta["train"][k].as_f64().expect("a number") as f32
-    }
-    fn f32s(&self, name: &str) -> &[f32] {
-        match &self.tensors[name].data {
-            HostData::F32(v) => v,
-            HostData::I32(_) => panic!("{name} is not F32"),
-        }
-    }
-    fn ids(&self, name: &str) -> (&[i32], &[usize]) {
-        match &self.tensors[name].data {
-            HostData::I32(v) => (v, &self.tensors[name].shape),
-            HostData::F32(_) => panic!("{name} is not integer"),
-        }
-    }
-    /// nanoGPT's initial state_dict (`lm_head.weight` included), on the host device.
-    fn init(&self) -> Vec<(String, Tensor)> {
-        let cpu = Device::cpu();
-        self.tensors
-            .iter()
-            .filter_map(|(n, t)| n.strip_prefix("init.").map(|rest| (rest.to_string(), Tensor::from_vec(self.f32s(n).to_vec(), t.shape.clone(), &cpu).unwrap())))
-            .collect()
-    }
-    /// Training batch `step` as windows of token ids.
-    fn batch(&self, step: usize) -> Batch {
-        let ((x, shape), (y, _)) = (self.ids("x"), self.ids("y"));
-        let (b, t) = (shape[1], shape[2]);
-        let r = step * b * t..(step + 1) * b * t;
-        Batch::tokens(x[r.clone()].to_vec(), y[r].to_vec(), t, self.config().vocab_size).unwrap()
-    }
-    /// The fixture's AdamW with nanoGPT's groups (no decay below rank 2).
-    fn adamw(&self) -> OptimConfig {
-        let adamw = AdamConfig { lr: self.hp("lr"), beta1: self.hp("beta1"), beta2: self.hp("beta2"), eps: self.hp("eps"), weight_decay: self.hp("weight_decay"), decoupled: true };
-        OptimConfig::adam(adamw).with_groups(ParamGroups::no_decay_for_biases_and_norms())
-    }
-}
 
 fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec().unwrap().iter().map(|x| x.to_bits()).collect()
@@ -79,7 +27,7 @@ fn bits(t: &Tensor) -> Vec<u32> {
 /// A GPT pipeline over `devs` with the fixture's initial weights and the tied head.
 fn pipeline(fx: &Fixture, devs: &[Device], micro: usize, schedule: Schedule) -> Pipeline {
     let gpt = Gpt::new(fx.config(), 0, &Device::cpu()).unwrap();
-    gpt.load_state_dict(&fx.init()).unwrap();
+    gpt.load_state_dict(&fx.init(&Device::cpu())).unwrap();
     let stages = Stages::Built(gpt.stages(devs, &Split::Auto).unwrap());
     Pipeline::builder(stages, devs, &fx.adamw(), Loss::CrossEntropy)
         .micro_batches(micro)
@@ -138,7 +86,7 @@ fn data_pipeline_and_grid_match_pytorch() {
     let fx = Fixture::load();
     for (family, devs) in families() {
         let mut dp = DataParallel::from_factory(|d| Gpt::new(fx.config(), 0, d), &devs[..2], &fx.adamw(), Loss::CrossEntropy, DataParallelConfig::default()).unwrap();
-        dp.load_state_dict(&fx.init()).unwrap();
+        dp.load_state_dict(&fx.init(&Device::cpu())).unwrap();
         parity(&format!("data on 2 {family}"), &mut dp, &fx);
 
         let mut pipe = pipeline(&fx, &devs[..2], 4, Schedule::OneFOneB);
@@ -159,7 +107,7 @@ fn gpipe_with_recompute_matches_and_the_tie_matters() {
     let fx = Fixture::load();
     let devs: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
     let gpt = Gpt::new(fx.config(), 0, &Device::cpu()).unwrap();
-    gpt.load_state_dict(&fx.init()).unwrap();
+    gpt.load_state_dict(&fx.init(&Device::cpu())).unwrap();
     let mut gpipe = Pipeline::builder(Stages::Built(gpt.stages(&devs, &Split::At(vec![1])).unwrap()), &devs, &fx.adamw(), Loss::CrossEntropy)
         .micro_batches(2)
         .schedule(Schedule::GPipe)
@@ -214,7 +162,7 @@ fn ties_and_stage_splits_that_cannot_work_are_errors() {
     assert!(gpt.stages(&devs[..2], &Split::At(vec![2])).err().unwrap().to_string().contains("block starts [2]"));
     // a checkpoint whose lm_head.weight is not the embedding
     let mut pipe = pipeline(&fx, &devs[..2], 1, Schedule::OneFOneB);
-    let mut state = fx.init();
+    let mut state = fx.init(&Device::cpu());
     let head = state.iter().position(|(n, _)| n == Gpt::LM_HEAD).unwrap();
     state[head].1 = state[head].1.mul_scalar(2.0).unwrap();
     assert!(pipe.load_state_dict(&state).unwrap_err().to_string().contains("lm_head.weight differs from transformer.wte.weight"));

@@ -4,73 +4,17 @@
 //! model's; dropout masks equal `Single`'s; recomputation gives the plain run's gradients;
 //! `--strategy tensor` and `--recompute` on the command line; bad head splits are errors.
 mod common;
+#[path = "common/gpt_fixture.rs"]
+mod gpt_fixture;
+use gpt_fixture::Fixture;
 use common::assert_close;
-use std::collections::HashMap;
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
-use tandem::checkpoint::{read_safetensors, HostData, HostTensor};
-use tandem::data::Batch;
+use tandem::checkpoint::read_safetensors;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::{with_samples, Module, SampleContext};
-use tandem::optim::{AdamConfig, OptimConfig, ParamGroups};
 use tandem::parallel::{Loss, Single, Strategy, TensorParallelGpt};
 use tandem::{BackendKind, Device, Error, Result, Tensor};
-
-struct Fixture {
-    tensors: HashMap<String, HostTensor>,
-    meta: serde_json::Value,
-}
-
-impl Fixture {
-    fn load() -> Fixture {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_tiny.safetensors");
-        let (tensors, meta) = read_safetensors(path).expect("the fixture reads (scripts/gpt_parity.py make)");
-        let meta: serde_json::Map<String, serde_json::Value> = meta.iter().map(|(k, v)| (k.clone(), serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.clone())))).collect();
-        Fixture { tensors: tensors.into_iter().collect(), meta: meta.into() }
-    }
-    fn config(&self) -> GptConfig {
-        let n = |k: &str| self.meta["config"][k].as_u64().expect("a size") as usize;
-        GptConfig { n_layer: n("n_layer"), n_head: n("n_head"), n_embd: n("n_embd"), block_size: n("block_size"), vocab_size: n("vocab_size"), dropout: 0.0, bias: true }
-    }
-    fn hp(&self, k: &str) -> f32 {
-        self.meta["train"][k].as_f64().expect("a number") as f32
-    }
-    fn f32s(&self, name: &str) -> &[f32] {
-        match &self.tensors[name].data {
-            HostData::F32(v) => v,
-            HostData::I32(_) => panic!("{name} is not F32"),
-        }
-    }
-    fn ids(&self, name: &str) -> &[i32] {
-        match &self.tensors[name].data {
-            HostData::I32(v) => v,
-            HostData::F32(_) => panic!("{name} is not integer"),
-        }
-    }
-    /// The tensors named `init.*` on `dev`, without the prefix.
-    fn init(&self, dev: &Device) -> Vec<(String, Tensor)> {
-        let mut out: Vec<(String, Tensor)> = self
-            .tensors
-            .iter()
-            .filter_map(|(n, t)| n.strip_prefix("init.").map(|rest| (rest.to_string(), Tensor::from_vec(self.f32s(n).to_vec(), t.shape.clone(), dev).unwrap())))
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    }
-    /// Training batch `step`: the fixture's `x[step]`, `y[step]` windows.
-    fn batch(&self, step: usize) -> Batch {
-        let shape = &self.tensors["x"].shape;
-        let (b, t) = (shape[1], shape[2]);
-        let at = step * b * t;
-        let cut = |name: &str| self.ids(name)[at..at + b * t].to_vec();
-        Batch::tokens(cut("x"), cut("y"), t, self.config().vocab_size).unwrap()
-    }
-    /// nanoGPT's AdamW with its weight-decay groups (none on biases and LayerNorms).
-    fn adamw(&self) -> OptimConfig {
-        let c = AdamConfig { lr: self.hp("lr"), beta1: self.hp("beta1"), beta2: self.hp("beta2"), eps: self.hp("eps"), weight_decay: self.hp("weight_decay"), decoupled: true };
-        OptimConfig::adam(c).with_groups(ParamGroups::no_decay_for_biases_and_norms())
-    }
-}
 
 fn cpu() -> Device {
     Device::from_backend(Arc::new(CpuBackend::new()))
@@ -107,7 +51,7 @@ fn tensor_parallel_matches_pytorch() {
         let mut tp = tensor_parallel(&fx, fx.config(), &devs).expect("tensor-parallel model");
         tp.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
         let (mut losses, mut norms) = (Vec::new(), Vec::new());
-        for step in 0..fx.meta["train"]["steps"].as_u64().unwrap() as usize {
+        for step in 0..fx.json("train")["steps"].as_u64().unwrap() as usize {
             let rep = tp.step(&fx.batch(step)).expect("step");
             losses.push(rep.loss);
             norms.push(rep.grad_norm.expect("clipping is on"));

@@ -2,87 +2,25 @@
 //! processes trains as one process does, deterministic mode is bit-identical across process
 //! and device layouts, and a rank that panics, is killed or stops answering ends the whole
 //! job within 30 s with a non-zero exit and a message naming a rank.
+#[path = "common/jobs.rs"]
+mod jobs;
+
+use jobs::{run, SERIAL};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
 
-/// One job at a time: the ranks of two jobs would share two cores and the fault tests time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// The example binary, built once with this test's features.
+/// examples/dist_train, built once.
 fn example() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let features: Vec<&str> = [("wgpu", cfg!(feature = "wgpu")), ("cli", cfg!(feature = "cli")), ("cuda", cfg!(feature = "cuda")), ("nccl", cfg!(feature = "nccl")), ("mpi", true)]
-            .iter()
-            .filter(|f| f.1)
-            .map(|f| f.0)
-            .collect();
-        let exe = std::env::current_exe().unwrap();
-        let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-        let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--example", "dist_train", "--no-default-features", "--features", &features.join(",")]);
-        build.arg("--manifest-path").arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-        // The profile this test was built in, so that the library is not built a second time.
-        build.args(["--profile", if profile_dir.ends_with("release") { "release" } else { "test" }]);
-        let status = build.status().expect("cargo runs");
-        assert!(status.success(), "building examples/dist_train failed");
-        profile_dir.join("examples").join("dist_train")
-    })
-}
-
-/// What a job printed and how it ended.
-struct Job {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-/// Runs `cmd` to completion, or fails the test after `limit` (killing it), so nothing hangs.
-fn run(mut cmd: Command, limit: Duration, envs: &[(&str, &str)]) -> Job {
-    let dir = std::env::temp_dir().join(format!("tandem-mpi-{}-{}", std::process::id(), rand_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (out, err) = (dir.join("stdout"), dir.join("stderr"));
-    cmd.envs(envs.iter().copied()).stdin(Stdio::null());
-    cmd.stdout(std::fs::File::create(&out).unwrap()).stderr(std::fs::File::create(&err).unwrap());
-    let start = Instant::now();
-    let mut child = cmd.spawn().expect("the job starts (is Open MPI's mpirun installed?)");
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > limit {
-            // SIGTERM first: mpirun forwards it to its ranks, which SIGKILL would orphan.
-            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-            std::thread::sleep(Duration::from_secs(3));
-            let _ = child.kill();
-            let _ = child.wait();
-            let text = std::fs::read_to_string(&err).unwrap_or_default();
-            panic!("{cmd:?} did not end within {limit:?}; stderr:\n{text}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let job = Job { ok: status.success(), stdout: std::fs::read_to_string(&out).unwrap(), stderr: std::fs::read_to_string(&err).unwrap(), took: start.elapsed() };
-    let _ = std::fs::remove_dir_all(&dir);
-    job
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    EXE.get_or_init(|| jobs::example("dist_train"))
 }
 
 /// `mpirun -np N` of the example (`tcp`: over TCP instead of shared memory, as across nodes).
 fn mpirun(np: usize, tcp: bool, args: &[&str]) -> Command {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
-    if tcp {
-        cmd.args(["--mca", "btl", "tcp,self"]);
-    }
-    cmd.arg(example()).args(args);
+    let mut cmd = jobs::mpirun(np, tcp, example());
+    cmd.args(args);
     cmd
 }
 
@@ -103,10 +41,10 @@ struct Run {
 
 fn train(cmd: impl FnOnce(&[&str]) -> Command, args: &[&str]) -> Run {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let path = std::env::temp_dir().join(format!("tandem-mpi-weights-{}-{}", std::process::id(), rand_suffix()));
+    let path = jobs::scratch("weights");
     let mut all: Vec<&str> = args.to_vec();
     all.extend(["--weights-out", path.to_str().unwrap()]);
-    let job = run(cmd(&all), Duration::from_secs(300), &[]);
+    let job = run(cmd(&all), Duration::from_secs(300));
     assert!(job.ok, "{args:?} failed:\n{}\n{}", job.stdout, job.stderr);
     let lines: Vec<serde_json::Value> = job.stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     let bytes = std::fs::read(&path).unwrap();
@@ -174,7 +112,9 @@ fn deterministic_mode_is_bit_identical_across_layouts() {
 fn fault_ends_the_job(fault: &str, tcp: bool, timeout_s: &str, expect: &[&str]) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     example();
-    let job = run(mpirun(2, tcp, &["--devices", "cpu", "--steps", "50", fault, "3"]), Duration::from_secs(150), &[("TANDEM_DIST_TIMEOUT_S", timeout_s)]);
+    let mut cmd = mpirun(2, tcp, &["--devices", "cpu", "--steps", "50", fault, "3"]);
+    cmd.env("TANDEM_DIST_TIMEOUT_S", timeout_s);
+    let job = run(cmd, Duration::from_secs(150));
     let output = format!("{}\n{}", job.stdout, job.stderr);
     assert!(!job.ok, "{fault}: the job exited with success:\n{output}");
     assert!(job.took < Duration::from_secs(30), "{fault}: the job took {:?} to end:\n{output}", job.took);

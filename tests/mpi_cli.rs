@@ -2,22 +2,20 @@
 //! equals the single-process run with one log, a checkpoint written under 2 processes resumes
 //! under 1 and under 3 on the uninterrupted run's curve, a failing rank ends the job naming
 //! it, `devices` speaks per rank and `bench --bench allreduce` prints its JSON figures.
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+#[path = "common/jobs.rs"]
+mod jobs;
 
-/// One job at a time: two jobs' ranks would share two cores.
-static SERIAL: Mutex<()> = Mutex::new(());
+use jobs::Job;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// A fresh directory, removed when dropped.
 struct TempDir(std::path::PathBuf);
 
 impl TempDir {
     fn new() -> TempDir {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("tandem-mpi-cli-{}-{n}", std::process::id()));
+        let path = jobs::scratch("mpi-cli");
         std::fs::create_dir_all(&path).unwrap();
         TempDir(path)
     }
@@ -29,37 +27,10 @@ impl Drop for TempDir {
     }
 }
 
-/// What a job printed and how it ended.
-struct Job {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `cmd` to completion with its output in files (a pipe could fill while mpirun waits),
-/// or fails the test after `limit`, so nothing hangs.
-fn run(mut cmd: Command, limit: Duration) -> Job {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = TempDir::new();
-    let (out, err) = (dir.0.join("stdout"), dir.0.join("stderr"));
-    cmd.stdin(Stdio::null()).stdout(std::fs::File::create(&out).unwrap()).stderr(std::fs::File::create(&err).unwrap());
-    let start = Instant::now();
-    let mut child = cmd.spawn().expect("the job starts (is Open MPI's mpirun installed?)");
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > limit {
-            // SIGTERM first: mpirun forwards it to its ranks, which SIGKILL would orphan.
-            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-            std::thread::sleep(Duration::from_secs(3));
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} did not end within {limit:?}; stderr:\n{}", std::fs::read_to_string(&err).unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Job { ok: status.success(), stdout: std::fs::read_to_string(&out).unwrap(), stderr: std::fs::read_to_string(&err).unwrap() }
+/// One job at a time (see `jobs::SERIAL`).
+fn run(cmd: Command, limit: Duration) -> Job {
+    let _one = jobs::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    jobs::run(cmd, limit)
 }
 
 fn exe() -> &'static str {
@@ -68,8 +39,8 @@ fn exe() -> &'static str {
 
 /// `mpirun -np N tandem ARGS`.
 fn mpirun(np: usize, args: &[&str]) -> Command {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string(), exe()]).args(args);
+    let mut cmd = jobs::mpirun(np, false, Path::new(exe()));
+    cmd.args(args);
     cmd
 }
 

@@ -3,78 +3,28 @@
 //! does (also clipping by the norm over every rank), ZeRO-1 over 2 ranks trains as plain data
 //! parallelism with the optimizer state split between them, and NCCL across processes refuses
 //! devices it cannot use on every rank without hanging.
+#[path = "common/jobs.rs"]
+mod jobs;
+
+use jobs::scratch;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
 
-/// One job at a time: two jobs' ranks would share the machine's cores.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// The example, built once with this test's features and profile.
+/// examples/dist_pipeline, built once.
 fn example() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let features: Vec<&str> = [("wgpu", cfg!(feature = "wgpu")), ("cli", cfg!(feature = "cli")), ("cuda", cfg!(feature = "cuda")), ("nccl", cfg!(feature = "nccl")), ("mpi", true)]
-            .iter()
-            .filter(|f| f.1)
-            .map(|f| f.0)
-            .collect();
-        let profile_dir = std::env::current_exe().unwrap().parent().and_then(Path::parent).unwrap().to_path_buf();
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--example", "dist_pipeline", "--no-default-features", "--features", &features.join(",")])
-            .arg("--manifest-path")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-            .args(["--profile", if profile_dir.ends_with("release") { "release" } else { "test" }])
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building examples/dist_pipeline failed");
-        profile_dir.join("examples").join("dist_pipeline")
-    })
+    EXE.get_or_init(|| jobs::example("dist_pipeline"))
 }
 
-fn scratch(what: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    std::env::temp_dir().join(format!("tandem-mpi-pipeline-{}-{what}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)))
-}
-
-/// What a job printed, how it ended and how long it took; fails the test past `limit`.
+/// What a job printed (stdout, then stderr), whether it succeeded and how long it took.
 fn run(np: usize, tcp: bool, args: &[&str], limit: Duration) -> (bool, String, Duration) {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut cmd = if np == 1 {
-        Command::new(example())
-    } else {
-        let mut c = Command::new("mpirun");
-        c.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
-        if tcp {
-            c.args(["--mca", "btl", "tcp,self"]);
-        }
-        c.arg(example());
-        c
-    };
-    let log = scratch("log");
-    let file = std::fs::File::create(&log).unwrap();
-    cmd.args(args).stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file);
-    let start = Instant::now();
-    let mut child = cmd.spawn().expect("the job starts (is Open MPI's mpirun installed?)");
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > limit {
-            // SIGTERM first: mpirun forwards it to its ranks, which SIGKILL would orphan.
-            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-            std::thread::sleep(Duration::from_secs(3));
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{args:?} on {np} processes did not end within {limit:?}:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let output = std::fs::read_to_string(&log).unwrap();
-    let _ = std::fs::remove_file(&log);
-    (status.success(), output, start.elapsed())
+    let _one = jobs::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cmd = if np == 1 { Command::new(example()) } else { jobs::mpirun(np, tcp, example()) };
+    cmd.args(args);
+    let job = jobs::run(cmd, limit);
+    (job.ok, format!("{}{}", job.stdout, job.stderr), job.took)
 }
 
 /// A run's losses per step, its final weights and optimizer state (sorted by name), and the

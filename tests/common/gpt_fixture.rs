@@ -1,0 +1,76 @@
+//! The PyTorch GPT fixture (tests/fixtures/gpt_tiny.safetensors, made by
+//! `scripts/gpt_parity.py make`): nanoGPT's initial weights, ten token batches, the AdamW
+//! settings, and the reference's losses, gradient norms and final weights.
+// Each test file that includes this uses part of it.
+#![allow(dead_code)]
+use std::collections::HashMap;
+use tandem::checkpoint::{read_safetensors, HostData, HostTensor};
+use tandem::data::Batch;
+use tandem::nn::models::GptConfig;
+use tandem::optim::{AdamConfig, OptimConfig, ParamGroups};
+use tandem::{Device, Tensor};
+
+pub struct Fixture {
+    tensors: HashMap<String, HostTensor>,
+    /// Each metadata entry parsed as JSON (a string where it is not).
+    meta: serde_json::Value,
+}
+
+impl Fixture {
+    pub fn load() -> Fixture {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_tiny.safetensors");
+        let (tensors, meta) = read_safetensors(path).expect("the fixture reads (scripts/gpt_parity.py make)");
+        let meta: serde_json::Map<String, serde_json::Value> = meta.into_iter().map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v)))).collect();
+        Fixture { tensors: tensors.into_iter().collect(), meta: meta.into() }
+    }
+    pub fn json(&self, key: &str) -> &serde_json::Value {
+        &self.meta[key]
+    }
+    pub fn config(&self) -> GptConfig {
+        let n = |k: &str| self.meta["config"][k].as_u64().expect("a size") as usize;
+        GptConfig { n_layer: n("n_layer"), n_head: n("n_head"), n_embd: n("n_embd"), block_size: n("block_size"), vocab_size: n("vocab_size"), dropout: 0.0, bias: true }
+    }
+    /// A training hyper-parameter (`lr`, `beta1`, ..).
+    pub fn hp(&self, k: &str) -> f32 {
+        self.meta["train"][k].as_f64().expect("a number") as f32
+    }
+    pub fn f32s(&self, name: &str) -> &[f32] {
+        match &self.tensors[name].data {
+            HostData::F32(v) => v,
+            HostData::I32(_) => panic!("{name} is not F32"),
+        }
+    }
+    /// Row-major I32 values and their shape (the fixture stores I64, read back as I32).
+    pub fn ids(&self, name: &str) -> (&[i32], &[usize]) {
+        match &self.tensors[name].data {
+            HostData::I32(v) => (v, &self.tensors[name].shape),
+            HostData::F32(_) => panic!("{name} is not integer"),
+        }
+    }
+    /// The tensors named `prefix.*` on `dev`, without the prefix, sorted by name.
+    pub fn state(&self, prefix: &str, dev: &Device) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = self
+            .tensors
+            .iter()
+            .filter_map(|(n, t)| n.strip_prefix(prefix).map(|rest| (rest.to_string(), Tensor::from_vec(self.f32s(n).to_vec(), t.shape.clone(), dev).expect("upload"))))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+    /// nanoGPT's initial state_dict (`lm_head.weight` included) on `dev`.
+    pub fn init(&self, dev: &Device) -> Vec<(String, Tensor)> {
+        self.state("init.", dev)
+    }
+    /// Training batch `step`: the fixture's `x[step]`, `y[step]` windows.
+    pub fn batch(&self, step: usize) -> Batch {
+        let ((x, shape), (y, _)) = (self.ids("x"), self.ids("y"));
+        let (b, t) = (shape[1], shape[2]);
+        let r = step * b * t..(step + 1) * b * t;
+        Batch::tokens(x[r.clone()].to_vec(), y[r].to_vec(), t, self.config().vocab_size).unwrap()
+    }
+    /// nanoGPT's AdamW with its weight-decay groups (none on biases and LayerNorms).
+    pub fn adamw(&self) -> OptimConfig {
+        let c = AdamConfig { lr: self.hp("lr"), beta1: self.hp("beta1"), beta2: self.hp("beta2"), eps: self.hp("eps"), weight_decay: self.hp("weight_decay"), decoupled: true };
+        OptimConfig::adam(c).with_groups(ParamGroups::no_decay_for_biases_and_norms())
+    }
+}
