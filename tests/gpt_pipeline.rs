@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
 use tandem::checkpoint::{read_safetensors, HostTensor};
-use tandem::data::Batch;
 use tandem::nn::models::Gpt;
 use tandem::nn::Module;
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, Pipeline, PipelineGrid, Schedule, Split, Stages, Strategy};
@@ -51,19 +50,7 @@ fn parity(what: &str, s: &mut dyn Strategy, fx: &Fixture) {
         }
     }
     assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "{what}: the tied lm_head.weight differs from the embedding");
-    // nanoGPT's validation loss; the checkpoint for `python scripts/gpt_parity.py check`
-    let ((vx, shape), (vy, _)) = (fx.ids("val_x"), fx.ids("val_y"));
-    let val_batch = Batch::tokens(vx.to_vec(), vy.to_vec(), shape[1], fx.config().vocab_size).unwrap();
-    s.set_training(false);
-    let logits = s.predict(&val_batch).unwrap();
-    s.set_training(true);
-    let (_, y) = tandem::parallel::batch_to_device(&val_batch, logits.device()).unwrap();
-    let val = Loss::CrossEntropy.compute(&logits, &y).unwrap().to_scalar().unwrap();
-    assert_close(&format!("{what}: validation loss"), &[val], fx.f32s("val_loss"), 0.0, 1e-3);
-    let file: String = what.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt_tiny_tandem_{file}.safetensors"));
-    let meta = std::collections::BTreeMap::from([("val_loss".to_string(), format!("{val:.9}"))]);
-    tandem::checkpoint::write_safetensors(&path, &tandem::checkpoint::to_host(&s.state_dict().unwrap()).unwrap(), &meta).unwrap();
+    fx.check_val_and_save(s, what);
     // The optimizer trains the tied parameter once: state for the embedding, none for the head.
     let names: Vec<String> = s.optimizer_state().unwrap().0.into_iter().map(|p| p.0).collect();
     assert!(names.contains(&format!("{}.exp_avg", Gpt::WTE)) && !names.iter().any(|n| n.starts_with(Gpt::LM_HEAD)), "{what}: optimizer state {names:?}");

@@ -64,6 +64,7 @@ fn tensor_parallel_matches_pytorch() {
         for (name, t) in tp.state_dict().unwrap().into_iter().filter(|p| p.0 != "lm_head.weight") {
             assert_close(&format!("{name} after 10 steps on {on}"), &t.to_vec().unwrap(), fx.f32s(&format!("final.{name}")), 1e-3, 0.0);
         }
+        fx.check_val_and_save(&mut tp, &format!("tensor on {on}"));
     }
 }
 

@@ -8,6 +8,7 @@ use tandem::checkpoint::{read_safetensors, HostData, HostTensor};
 use tandem::data::Batch;
 use tandem::nn::models::GptConfig;
 use tandem::optim::{AdamConfig, OptimConfig, ParamGroups};
+use tandem::parallel::{Loss, Strategy};
 use tandem::{Device, Tensor};
 
 pub struct Fixture {
@@ -72,5 +73,22 @@ impl Fixture {
     pub fn adamw(&self) -> OptimConfig {
         let c = AdamConfig { lr: self.hp("lr"), beta1: self.hp("beta1"), beta2: self.hp("beta2"), eps: self.hp("eps"), weight_decay: self.hp("weight_decay"), decoupled: true };
         OptimConfig::adam(c).with_groups(ParamGroups::no_decay_for_biases_and_norms())
+    }
+    /// The validation loss of a trained strategy, checked against nanoGPT's within 1e-3, and
+    /// its checkpoint written under target/tmp for `python scripts/gpt_parity.py check` (a
+    /// strict load into nanoGPT's GPT), named for `what`.
+    pub fn check_val_and_save(&self, s: &mut dyn Strategy, what: &str) {
+        let ((vx, shape), (vy, _)) = (self.ids("val_x"), self.ids("val_y"));
+        let val_batch = Batch::tokens(vx.to_vec(), vy.to_vec(), shape[1], self.config().vocab_size).unwrap();
+        s.set_training(false);
+        let logits = s.predict(&val_batch).unwrap();
+        s.set_training(true);
+        let (_, y) = tandem::parallel::batch_to_device(&val_batch, logits.device()).unwrap();
+        let val = Loss::CrossEntropy.compute(&logits, &y).unwrap().to_scalar().unwrap();
+        tandem::tolerance::assert_close(&format!("{what}: validation loss"), &[val], self.f32s("val_loss"), 0.0, 1e-3);
+        let file: String = what.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt_tiny_tandem_{file}.safetensors"));
+        let meta = std::collections::BTreeMap::from([("val_loss".to_string(), format!("{val:.9}"))]);
+        tandem::checkpoint::write_safetensors(&path, &tandem::checkpoint::to_host(&s.state_dict().unwrap()).unwrap(), &meta).unwrap();
     }
 }
