@@ -148,3 +148,16 @@ impl Layout {
         pos
     }
 }
+
+/// `len` items cut into `n` contiguous near-equal ranges; the first `len % n` get one extra.
+pub(crate) fn even_ranges(len: usize, n: usize) -> Vec<std::ops::Range<usize>> {
+    let (base, extra) = (len / n, len % n);
+    let mut start = 0;
+    (0..n)
+        .map(|i| {
+            let size = base + usize::from(i < extra);
+            start += size;
+            start - size..start
+        })
+        .collect()
+}

@@ -16,7 +16,7 @@ use tandem::backend::cpu::CpuBackend;
 use tandem::checkpoint::{read_safetensors, HostTensor};
 use tandem::nn::models::Gpt;
 use tandem::nn::Module;
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, Pipeline, PipelineGrid, Schedule, Split, Stages, Strategy};
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, Pipeline, PipelineGrid, Schedule, Stages, Strategy};
 use tandem::{BackendKind, Device, Tensor};
 
 fn bits(t: &Tensor) -> Vec<u32> {
@@ -27,7 +27,7 @@ fn bits(t: &Tensor) -> Vec<u32> {
 fn pipeline(fx: &Fixture, devs: &[Device], micro: usize, schedule: Schedule) -> Pipeline {
     let gpt = Gpt::new(fx.config(), 0, &Device::cpu()).unwrap();
     gpt.load_state_dict(&fx.init(&Device::cpu())).unwrap();
-    let stages = Stages::Built(gpt.stages(devs, &Split::Auto).unwrap());
+    let stages = Stages::Built(gpt.stages(devs, None).unwrap());
     Pipeline::builder(stages, devs, &fx.adamw(), Loss::CrossEntropy)
         .micro_batches(micro)
         .schedule(schedule)
@@ -95,7 +95,7 @@ fn gpipe_with_recompute_matches_and_the_tie_matters() {
     let devs: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
     let gpt = Gpt::new(fx.config(), 0, &Device::cpu()).unwrap();
     gpt.load_state_dict(&fx.init(&Device::cpu())).unwrap();
-    let mut gpipe = Pipeline::builder(Stages::Built(gpt.stages(&devs, &Split::At(vec![1])).unwrap()), &devs, &fx.adamw(), Loss::CrossEntropy)
+    let mut gpipe = Pipeline::builder(Stages::Built(gpt.stages(&devs, Some(&[1])).unwrap()), &devs, &fx.adamw(), Loss::CrossEntropy)
         .micro_batches(2)
         .schedule(Schedule::GPipe)
         .recompute(true)
@@ -104,7 +104,7 @@ fn gpipe_with_recompute_matches_and_the_tie_matters() {
         .unwrap();
     parity("GPipe, recomputing", &mut gpipe, &fx);
 
-    let mut untied = Pipeline::builder(Stages::Built(gpt.stages(&devs, &Split::Auto).unwrap()), &devs, &fx.adamw(), Loss::CrossEntropy).build().unwrap();
+    let mut untied = Pipeline::builder(Stages::Built(gpt.stages(&devs, None).unwrap()), &devs, &fx.adamw(), Loss::CrossEntropy).build().unwrap();
     untied.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
     let losses: Vec<f32> = (0..10).map(|i| untied.step(&fx.batch(i)).unwrap().loss).collect();
     let off = losses.iter().zip(fx.f32s("losses")).any(|(a, b)| ((a - b) / b).abs() > 1e-4);
@@ -137,7 +137,7 @@ fn ties_and_stage_splits_that_cannot_work_are_errors() {
     let devs: Vec<Device> = (0..3).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
     let gpt = Gpt::new(fx.config(), 0, &Device::cpu()).unwrap();
     let build = |tie: ((usize, &str), (usize, &str))| {
-        let stages = Stages::Built(gpt.stages(&devs[..2], &Split::Auto).unwrap());
+        let stages = Stages::Built(gpt.stages(&devs[..2], None).unwrap());
         Pipeline::builder(stages, &devs[..2], &fx.adamw(), Loss::CrossEntropy).tie(tie.0, tie.1).build().err().expect("a bad tie").to_string()
     };
     assert!(build(((0, Gpt::WTE), (1, "lm_head.bias"))).contains("has no parameter lm_head.bias"));
@@ -145,8 +145,8 @@ fn ties_and_stage_splits_that_cannot_work_are_errors() {
     assert!(build(((0, Gpt::WTE), (0, "transformer.wpe.weight"))).contains("transformer.wpe.weight"));
     assert!(build(((0, Gpt::WTE), (0, Gpt::WTE))).contains("two distinct parameters"));
     // 2 blocks cannot make 3 stages; split points must exist
-    assert!(gpt.stages(&devs, &Split::Auto).err().unwrap().to_string().contains("3 stages for 2 blocks"));
-    assert!(gpt.stages(&devs[..2], &Split::At(vec![2])).err().unwrap().to_string().contains("block starts [2]"));
+    assert!(gpt.stages(&devs, None).err().unwrap().to_string().contains("3 stages for 2 blocks"));
+    assert!(gpt.stages(&devs[..2], Some(&[2])).err().unwrap().to_string().contains("block starts [2]"));
     // a checkpoint whose lm_head.weight is not the embedding
     let mut pipe = pipeline(&fx, &devs[..2], 1, Schedule::OneFOneB);
     let mut state = fx.init(&Device::cpu());

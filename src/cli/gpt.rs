@@ -312,7 +312,7 @@ fn pipeline(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[De
     }
     // Initialised on the host, so that no device holds the whole model.
     let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
-    let stages = Stages::Built(gpt.stages(devices, &crate::parallel::Split::Auto)?);
+    let stages = Stages::Built(gpt.stages(devices, None)?);
     Pipeline::builder(stages, devices, optim, Loss::CrossEntropy)
         .micro_batches(micro_batches)
         .schedule(setup::pipeline_schedule(args.schedule))

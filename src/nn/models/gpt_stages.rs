@@ -6,7 +6,6 @@
 //! Shape letters: `B` batch, `T` tokens, `C` = `n_embd`, `V` = `vocab_size`.
 use super::gpt::{dropout, embed, Block, Gpt, Norm};
 use crate::nn::{Dropout, Embedding, Module, Sequential};
-use crate::parallel::Split;
 use crate::{Device, Error, Result, Tensor};
 use std::ops::Range;
 
@@ -57,12 +56,12 @@ impl Gpt {
     /// The model as one [`Sequential`] per device, copies of this model's weights, dropout
     /// seeds, training mode and attention kernel, for `Pipeline::builder(Stages::Built(..))`:
     /// `transformer` (the embeddings) first, `transformer.h.{i}` blocks, `transformer.ln_f` and
-    /// `lm_head` last. `split` says where the blocks are cut: `Split::At(starts)` gives the
-    /// index of the first block of every stage after the first (strictly increasing, in
-    /// `1..n_layer`), `Split::Auto` near-equal runs of blocks. Tie [`Gpt::WTE`] on stage 0 with
+    /// `lm_head` last. `starts` says where the blocks are cut: `Some(starts)` gives the index of
+    /// the first block of every stage after the first (strictly increasing, in `1..n_layer`),
+    /// `None` near-equal runs of blocks. Tie [`Gpt::WTE`] on stage 0 with
     /// [`Gpt::LM_HEAD`] on the last stage (`PipelineBuilder::tie`): the stages hold two tensors.
-    pub fn stages(&self, devices: &[Device], split: &Split) -> Result<Vec<Sequential>> {
-        let ranges = self.block_ranges(devices.len(), split)?;
+    pub fn stages(&self, devices: &[Device], starts: Option<&[usize]>) -> Result<Vec<Sequential>> {
+        let ranges = self.block_ranges(devices.len(), starts)?;
         let (cfg, t) = (self.config, &self.transformer);
         let training = |m: &dyn Module| m.set_training(self.training());
         let last = devices.len() - 1;
@@ -96,15 +95,15 @@ impl Gpt {
     }
 
     /// The blocks of each of `p` stages.
-    fn block_ranges(&self, p: usize, split: &Split) -> Result<Vec<Range<usize>>> {
+    fn block_ranges(&self, p: usize, starts: Option<&[usize]>) -> Result<Vec<Range<usize>>> {
         let n = self.config.n_layer;
         if p == 0 || p > n {
             return Err(Error::invalid("Gpt::stages", format!("{p} stages for {n} blocks: give 1 to {n} devices (every stage holds a block)")));
         }
         let mut bounds = vec![0];
-        match split {
-            Split::Auto => bounds.extend(crate::parallel::comm::even_ranges(n, p).iter().skip(1).map(|r| r.start)),
-            Split::At(starts) => {
+        match starts {
+            None => bounds.extend(crate::shape::even_ranges(n, p).iter().skip(1).map(|r| r.start)),
+            Some(starts) => {
                 if starts.len() != p - 1 || starts.windows(2).any(|w| w[0] >= w[1]) || starts.iter().any(|&b| b == 0 || b >= n) {
                     return Err(Error::invalid("Gpt::stages", format!("block starts {starts:?} for {p} stages of {n} blocks: give {} strictly increasing indices in 1..{n}", p - 1)));
                 }

@@ -30,7 +30,6 @@ pub use peer_ring::PeerRing;
 
 use crate::backend::BackendKind;
 use crate::{DType, Device, Error, Result, Tensor};
-use std::ops::Range;
 
 /// How `all_reduce` and `reduce_scatter` combine the devices' values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +86,8 @@ pub trait Communicator: Send + Sync {
         tree_sum(parts.into_iter().map(|p| p.1).collect())
     }
 }
+
+pub(crate) use crate::shape::even_ranges;
 
 /// The best communicator for `devices`: with the `nccl` feature, `Nccl` when every device is
 /// CUDA and NCCL can be set up (the library loads, one device per GPU); else `PeerRing` when
@@ -150,18 +151,6 @@ fn check_root(op: &'static str, root: usize, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// `len` items cut into `n` contiguous near-equal ranges; the first `len % n` get one extra.
-pub(crate) fn even_ranges(len: usize, n: usize) -> Vec<Range<usize>> {
-    let (base, extra) = (len / n, len % n);
-    let mut start = 0;
-    (0..n)
-        .map(|i| {
-            let size = base + usize::from(i < extra);
-            start += size;
-            start - size..start
-        })
-        .collect()
-}
 
 /// The elementwise sum of equally long vectors in a fixed pairwise tree over their index:
 /// each level adds neighbours (0+1, 2+3, ...) and carries an odd last one up unchanged. The
