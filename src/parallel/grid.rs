@@ -182,7 +182,7 @@ impl Strategy for PipelineGrid {
         let grad_norm = match self.clip {
             None => None,
             Some(max) => {
-                let sq = self.replicas[0].trained_params().iter().try_fold(0.0, |acc, ps| Ok::<f64, Error>(acc + grad_norm_sq(&ps)?))?;
+                let sq = self.replicas[0].trained_params().iter().try_fold(0.0, |acc, ps| Ok::<f64, Error>(acc + grad_norm_sq(ps)?))?;
                 let norm = sq.sqrt() as f32;
                 let coef = clip_scale(norm, max);
                 if coef < 1.0 || coef.is_nan() {
