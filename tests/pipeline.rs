@@ -194,6 +194,19 @@ fn bubble_and_activation_memory_are_measured() {
     assert!(recomputed < ofob);
 }
 
+/// A split that leaves the last stage almost nothing (relu3 and fc2 against both
+/// convolutions) has a bubble of about 1/2 whatever m is, and `bubble_of_split` says so, far
+/// above the equal-stage theory.
+#[test]
+fn bubble_of_split_shows_an_unequal_split() {
+    let mut pipe = pipeline(2, Split::At(vec![8]), 4, Schedule::OneFOneB, false);
+    pipe.step(&batches(16, 1)[0]).unwrap();
+    let st = pipe.last_stats().unwrap();
+    let of_split = st.bubble_of_split.unwrap();
+    assert!((st.bubble_theoretical - 0.2).abs() < 1e-12);
+    assert!(of_split > 0.35 && of_split < 0.5, "{st:?}");
+}
+
 /// A CPU device that reports `memory` bytes of device memory, and optionally takes the given
 /// time for every upload of the given byte length.
 struct SmallDevice {
