@@ -194,10 +194,25 @@ fn bubble_and_activation_memory_are_measured() {
     assert!(recomputed < ofob);
 }
 
-/// A CPU device that reports `memory` bytes of device memory.
+/// A split that leaves the last stage almost nothing (relu3 and fc2 against both
+/// convolutions) has a bubble of about 1/2 whatever m is, and `bubble_of_split` says so, far
+/// above the equal-stage theory.
+#[test]
+fn bubble_of_split_shows_an_unequal_split() {
+    let mut pipe = pipeline(2, Split::At(vec![8]), 4, Schedule::OneFOneB, false);
+    pipe.step(&batches(16, 1)[0]).unwrap();
+    let st = pipe.last_stats().unwrap();
+    let of_split = st.bubble_of_split.unwrap();
+    assert!((st.bubble_theoretical - 0.2).abs() < 1e-12);
+    assert!(of_split > 0.35 && of_split < 0.5, "{st:?}");
+}
+
+/// A CPU device that reports `memory` bytes of device memory, and optionally takes the given
+/// time for every upload of the given byte length.
 struct SmallDevice {
     cpu: CpuBackend,
     info: DeviceInfo,
+    slow_upload: Option<(usize, std::time::Duration)>,
 }
 
 impl Backend for SmallDevice {
@@ -208,6 +223,9 @@ impl Backend for SmallDevice {
         self.cpu.alloc(len, dtype)
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
+        if let Some((_, time)) = self.slow_upload.filter(|(len, _)| *len == bytes.len()) {
+            std::thread::sleep(time);
+        }
         self.cpu.upload(bytes, dtype)
     }
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
@@ -260,7 +278,25 @@ impl Backend for SmallDevice {
 fn small_device(memory: u64) -> Device {
     let cpu = CpuBackend::new();
     let info = DeviceInfo { memory: Some(memory), name: format!("CPU with {memory} bytes"), ..cpu.info().clone() };
-    Device::from_backend(Arc::new(SmallDevice { cpu, info }))
+    Device::from_backend(Arc::new(SmallDevice { cpu, info, slow_upload: None }))
+}
+
+/// The first stage's copies of its micro-batches onto its device are its work (busy time),
+/// not bubble: with uploads of 100 ms, 2 micro-batches make stage 0 busy at least 200 ms.
+#[test]
+fn the_first_stage_counts_its_uploads_as_busy() {
+    let cpu = CpuBackend::new();
+    let info = DeviceInfo { name: "CPU with slow uploads".into(), ..cpu.info().clone() };
+    // A micro-batch of 2 seed images of 28 x 28 floats.
+    let slow_upload = Some((2 * 784 * 4, std::time::Duration::from_millis(100)));
+    let slow = Device::from_backend(Arc::new(SmallDevice { cpu, info, slow_upload }));
+    let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
+    let devs = [slow, devices(1).remove(0)];
+    let mut pipe = Pipeline::builder(Stages::Split(&model, Split::At(vec![4])), &devs, &opt(), Loss::CrossEntropy).micro_batches(2).build().unwrap();
+    pipe.step(&batches(4, 1)[0]).unwrap();
+    let st = pipe.last_stats().unwrap();
+    assert!(st.busy_s[0] >= 0.2, "{st:?}");
+    assert!(st.bubble_of_split.is_some_and(|b| (0.0..1.0).contains(&b)), "{st:?}");
 }
 
 fn new_err(model_layers: usize, devices: &[Device], split: Split, m: usize) -> String {

@@ -67,8 +67,8 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
         let us_per_op = dispatch(dev, reps.dispatch)?;
         emit(args.log_format, &mut rows, Figure::Dispatch { device: device.clone(), us_per_op });
         for micro_batches in PIPELINE_MICRO_BATCHES {
-            let (bubble_measured, bubble_theoretical, step_ms) = pipeline_bubble(dev, micro_batches, reps.step)?;
-            let f = Figure::PipelineBubble { device: device.clone(), stages: 2, micro_batches, batch: PIPELINE_BATCH, bubble_measured, bubble_theoretical, step_ms };
+            let (bubble_measured, bubble_theoretical, bubble_of_split, step_ms) = pipeline_bubble(dev, micro_batches, reps.step)?;
+            let f = Figure::PipelineBubble { device: device.clone(), stages: 2, micro_batches, batch: PIPELINE_BATCH, bubble_measured, bubble_theoretical, bubble_of_split, step_ms };
             emit(args.log_format, &mut rows, f);
         }
         emit(args.log_format, &mut rows, dp_overlap(dev, reps.step)?);
@@ -90,7 +90,8 @@ enum Figure {
     #[serde(rename = "train-step")]
     GptStep { model: &'static str, device: String, batch: usize, block_size: usize, median_ms: f64, tokens_per_sec: f64, activation_bytes: u64, recompute: bool },
     Dispatch { device: String, us_per_op: f64 },
-    PipelineBubble { device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, step_ms: f64 },
+    /// `bubble_of_split`: what the schedule gives stages as unequal as the measured ones.
+    PipelineBubble { device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, bubble_of_split: f64, step_ms: f64 },
     /// Data parallelism over logical devices like `device`: the all-reduce time per device and
     /// the fraction of it hidden behind backward (on the device clock where `clock` says so),
     /// the same on the host clock (what a host-timed report says), and the step time on one
@@ -116,11 +117,11 @@ fn emit(format: LogFormat, rows: &mut Vec<Vec<String>>, f: Figure) {
             format!("{median_ms:.1} ms, {tokens_per_sec:.0} tokens/s, activations {:.1} MiB", activation_bytes as f64 / (1 << 20) as f64),
         ],
         Figure::Dispatch { device, us_per_op } => vec!["dispatch".into(), device, format!("{DISPATCH_OPS} adds, one sync"), format!("{us_per_op:.2} us/op")],
-        Figure::PipelineBubble { device, stages, micro_batches, batch, bubble_measured, bubble_theoretical, step_ms } => vec![
+        Figure::PipelineBubble { device, stages, micro_batches, batch, bubble_measured, bubble_theoretical, bubble_of_split, step_ms } => vec![
             "pipeline-bubble".into(),
             device,
             format!("p={stages} m={micro_batches} batch={batch}"),
-            format!("{bubble_measured:.3} (theory {bubble_theoretical:.3}), step {step_ms:.1} ms"),
+            format!("{bubble_measured:.3} (theory {bubble_theoretical:.3}, this split {bubble_of_split:.3}), step {step_ms:.1} ms"),
         ],
         Figure::DpOverlap { device, devices, batch, bucket_bytes, clock, allreduce_ms, hidden_fraction, step_ms_1, step_ms_n, .. } => vec![
             "dp-overlap".into(),
@@ -190,9 +191,10 @@ fn dispatch(dev: &Device, reps: usize) -> Result<f64> {
     Ok(s / DISPATCH_OPS as f64 * 1e6)
 }
 
-/// Median measured bubble, its theory and the median step time (ms) of a 1F1B pipeline of the
-/// seed CNN over two logical devices like `dev`, split by measured layer times.
-fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f64, f64, f64)> {
+/// Median measured bubble, its theory, the median bubble of the split and the median step time
+/// (ms) of a 1F1B pipeline of the seed CNN over two logical devices like `dev`, split by
+/// measured layer times.
+fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f64, f64, f64, f64)> {
     let info = dev.info();
     let devices = [Device::open(info.backend, info.ordinal)?, Device::open(info.backend, info.ordinal)?];
     let data = synthetic::seed_images(PIPELINE_BATCH, 0)?;
@@ -204,15 +206,16 @@ fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f
     let mut pipe = Pipeline::builder(stages, &devices, &optim, Loss::CrossEntropy).micro_batches(micro_batches).schedule(Schedule::OneFOneB).build()?;
     // The first step measures the layers and rebalances the split.
     pipe.step(&b)?;
-    let (mut bubbles, mut theory) = (Vec::new(), 0.0);
+    let (mut bubbles, mut of_split, mut theory) = (Vec::new(), Vec::new(), 0.0);
     let (step, _) = timed(reps, || {
         pipe.step(&b)?;
         let st = pipe.last_stats().ok_or_else(|| crate::Error::invalid("bench", "a pipeline step left no statistics"))?;
         bubbles.push(st.bubble_measured);
+        of_split.push(st.bubble_of_split.unwrap_or(f64::NAN));
         theory = st.bubble_theoretical;
         Ok(())
     })?;
-    Ok((median(bubbles), theory, step * 1e3))
+    Ok((median(bubbles), theory, median(of_split), step * 1e3))
 }
 
 /// Logical devices, batch and bucket size of the data-parallel figure: 16 KiB buckets give the

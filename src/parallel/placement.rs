@@ -214,15 +214,20 @@ fn profile(stages: &[Stage], probe: &Tensor) -> Result<Vec<Vec<f64>>> {
             let dev = &stage.device;
             let mut h = probe.to(dev)?;
             let mut times = Vec::with_capacity(layers.len());
-            for (_, layer) in &layers {
+            for (i, (_, layer)) in layers.iter().enumerate() {
                 let copy = layer.to_device(dev)?;
                 let mut best = f64::INFINITY;
                 let mut out = h.clone();
                 for _ in 0..2 {
-                    let x = h.detach().requires_grad();
+                    // The model's input needs no gradient: timing one would overcharge the
+                    // first layer (a convolution's col2im) and the first stage with it.
+                    let x = if i == 0 { h.detach() } else { h.detach().requires_grad() };
                     let t0 = Instant::now();
                     out = copy.forward(&x)?;
-                    out.sum_all()?.backward()?;
+                    let root = out.sum_all()?;
+                    if root.needs_grad() {
+                        root.backward()?;
+                    }
                     dev.sync()?;
                     best = best.min(t0.elapsed().as_secs_f64());
                 }

@@ -9,7 +9,7 @@ mod worker;
 #[cfg(feature = "cli")]
 pub(crate) use worker::graph_bytes;
 
-pub use schedule::{schedule, simulate, theoretical_bubble, Action, Plan, Schedule, Simulation};
+pub use schedule::{schedule, simulate, simulate_stages, theoretical_bubble, Action, Plan, Schedule, Simulation};
 pub use tied::StageParam;
 
 use super::placement::{self, Stage, Stages};
@@ -44,6 +44,11 @@ pub struct PipelineStats {
     pub bubble_measured: f64,
     /// `(p-1)/(m+p-1)`, the bubble of equal stages with free communication.
     pub bubble_theoretical: f64,
+    /// The bubble this schedule gives stages as unequal as measured (each stage's busy time
+    /// spread evenly over its micro-batches, forwards and backwards as measured) with free
+    /// communication and no fixed costs: above `bubble_theoretical` by the split's imbalance,
+    /// below `bubble_measured` by the overheads. `None` when the stages span processes.
+    pub bubble_of_split: Option<f64>,
     /// Most bytes of saved activations alive at once on each stage.
     pub peak_activation_bytes: Vec<u64>,
 }
@@ -274,7 +279,9 @@ impl Pipeline {
     pub(crate) fn backward_part(&mut self, part: &Batch, first: usize, total: usize) -> Result<PartRun> {
         let micro = split_batch(part, self.micro_batches)?;
         if self.balance_pending {
-            let probe = placement::probe_input(part, 4, &self.stages[0].device)?;
+            // Timed at the micro-batch size the stages will see: per-op costs that do not grow
+            // with the batch weigh more on small micro-batches.
+            let probe = placement::probe_input(part, part.len() / self.micro_batches, &self.stages[0].device)?;
             placement::rebalance(&mut self.stages, &probe, &self.opt)?;
             self.balance_pending = false;
         }
@@ -354,6 +361,18 @@ impl Pipeline {
         Ok(())
     }
 
+    /// What [`PipelineStats::bubble_of_split`] says, from the stages' measured times.
+    fn bubble_of_split(&self, outcomes: &[Outcome]) -> Option<f64> {
+        if self.across.is_some() {
+            return None;
+        }
+        let m = self.micro_batches as f64;
+        let share = |o: &Outcome| if o.compute_s > 0.0 { o.forward_s / o.compute_s } else { 0.5 };
+        let forward: Vec<f64> = outcomes.iter().map(|o| (o.compute_s + o.comm_s) * share(o) / m).collect();
+        let backward: Vec<f64> = outcomes.iter().map(|o| (o.compute_s + o.comm_s) * (1.0 - share(o)) / m).collect();
+        simulate_stages(&self.plan, self.micro_batches, &forward, &backward).ok().map(|s| s.bubble)
+    }
+
     /// The step's report and `last_stats` from a part's run, the update done.
     pub(crate) fn report(&mut self, run: &PartRun, grad_norm: Option<f32>) -> StepReport {
         let (outcomes, start, p) = (&run.outcomes, run.start, self.stages.len());
@@ -363,6 +382,7 @@ impl Pipeline {
         self.stats = Some(PipelineStats {
             bubble_measured: if span > 0.0 { idle.iter().sum::<f64>() / (p as f64 * span) } else { 0.0 },
             bubble_theoretical: theoretical_bubble(p, self.micro_batches),
+            bubble_of_split: self.bubble_of_split(outcomes),
             peak_activation_bytes: outcomes.iter().map(|o| o.peak_activation_bytes).collect(),
             busy_s: busy,
             idle_s: idle,

@@ -83,6 +83,17 @@ pub struct Simulation {
 /// plan deadlocks (no stage can proceed while work remains).
 pub fn simulate(plan: &[Vec<Action>], micro_batches: usize, forward_time: f64, backward_time: f64) -> Result<Simulation> {
     let p = plan.len();
+    simulate_stages(plan, micro_batches, &vec![forward_time; p], &vec![backward_time; p])
+}
+
+/// [`simulate`] with each stage's own forward and backward time per micro-batch (stage `s`
+/// takes `forward_time[s]` and `backward_time[s]`): the bubble a split of unequal stages
+/// gives with free communication and no fixed costs.
+pub fn simulate_stages(plan: &[Vec<Action>], micro_batches: usize, forward_time: &[f64], backward_time: &[f64]) -> Result<Simulation> {
+    let p = plan.len();
+    if forward_time.len() != p || backward_time.len() != p {
+        return Err(Error::invalid("pipeline schedule", format!("{p} stages but {} forward and {} backward times", forward_time.len(), backward_time.len())));
+    }
     for (s, list) in plan.iter().enumerate() {
         for want in (0..micro_batches).flat_map(|mb| [Action::Forward(mb), Action::Backward(mb)]) {
             let n = list.iter().filter(|a| **a == want).count();
@@ -119,11 +130,11 @@ pub fn simulate(plan: &[Vec<Action>], micro_batches: usize, forward_time: f64, b
                     Action::Forward(mb) => {
                         in_flight[s] += 1;
                         max_in_flight[s] = max_in_flight[s].max(in_flight[s]);
-                        (start + forward_time, &mut f_end[s][mb])
+                        (start + forward_time[s], &mut f_end[s][mb])
                     }
                     Action::Backward(mb) => {
                         in_flight[s] -= 1;
-                        (start + backward_time, &mut b_end[s][mb])
+                        (start + backward_time[s], &mut b_end[s][mb])
                     }
                 };
                 *slot = Some(end);
@@ -142,7 +153,7 @@ pub fn simulate(plan: &[Vec<Action>], micro_batches: usize, forward_time: f64, b
         }
     }
     let makespan = free.iter().copied().fold(0.0, f64::max);
-    let busy: f64 = micro_batches as f64 * (forward_time + backward_time) * p as f64;
+    let busy: f64 = micro_batches as f64 * forward_time.iter().chain(backward_time).sum::<f64>();
     let bubble = if makespan > 0.0 { 1.0 - busy / (p as f64 * makespan) } else { 0.0 };
     Ok(Simulation { makespan, timeline, max_in_flight, bubble })
 }
@@ -185,5 +196,17 @@ mod tests {
         let plan = vec![vec![Action::Backward(0), Action::Forward(0)]];
         let err = simulate(&plan, 1, 1.0, 1.0).unwrap_err().to_string();
         assert!(err.contains("deadlock"), "{err}");
+    }
+
+    #[test]
+    fn unequal_stages_by_hand() {
+        // GPipe, m = 2, stage 1 twice as slow: stage 0 F0 [0,1] F1 [1,2]; stage 1 F0 [1,3]
+        // F1 [3,5] B0 [5,7] B1 [7,9]; stage 0 B0 [7,8] B1 [9,10]. Busy 12 of 2 x 10.
+        let sim = simulate_stages(&schedule(Schedule::GPipe, 2, 2), 2, &[1.0, 2.0], &[1.0, 2.0]).unwrap();
+        assert_eq!(sim.makespan, 10.0);
+        assert!((sim.bubble - 0.4).abs() < 1e-12, "{}", sim.bubble);
+        assert!(sim.bubble > theoretical_bubble(2, 2));
+        let err = simulate_stages(&schedule(Schedule::GPipe, 2, 2), 2, &[1.0], &[1.0, 2.0]).unwrap_err().to_string();
+        assert!(err.contains("2 stages") && err.contains("1 forward"), "{err}");
     }
 }

@@ -76,7 +76,10 @@ impl Links {
 pub(super) struct Outcome {
     /// Seconds computing forwards and backwards.
     pub compute_s: f64,
-    /// Seconds copying activations and gradients onto this stage's device.
+    /// The forwards' share of `compute_s` (a recomputed forward counts as backward).
+    pub forward_s: f64,
+    /// Seconds copying activations and gradients onto this stage's device (on the first stage,
+    /// uploading its micro-batches).
     pub comm_s: f64,
     /// When the stage finished its last action.
     pub end: Instant,
@@ -176,7 +179,11 @@ impl Job<'_> {
     fn input(&self, mb: usize, out: &mut Outcome) -> Result<Tensor> {
         let dev = &self.stage.device;
         if self.index == 0 {
-            return Ok(batch_to_device(&self.micro_batches[mb], dev)?.0);
+            let copy = Instant::now();
+            let x = batch_to_device(&self.micro_batches[mb], dev)?.0;
+            out.comm_s += copy.elapsed().as_secs_f64();
+            self.span(&format!("upload {mb}"), Phase::Comm, copy);
+            return Ok(x);
         }
         let wait = Instant::now();
         let sent = recv(&self.links.act_in, mb, "activation", self.index)?;
@@ -205,7 +212,7 @@ impl Job<'_> {
     /// Runs the action list; the caller steps the optimizer once every stage succeeded.
     pub fn run(self) -> Result<Outcome> {
         let params: HashSet<u64> = self.stage.model.parameters().iter().map(|(_, t)| t.id()).collect();
-        let mut out = Outcome { compute_s: 0.0, comm_s: 0.0, end: Instant::now(), loss: 0.0, peak_activation_bytes: 0 };
+        let mut out = Outcome { compute_s: 0.0, forward_s: 0.0, comm_s: 0.0, end: Instant::now(), loss: 0.0, peak_activation_bytes: 0 };
         let mut saved: HashMap<usize, Saved> = HashMap::new();
         let mut alive = 0u64;
         for &action in self.actions {
@@ -223,7 +230,9 @@ impl Job<'_> {
                     alive += bytes;
                     out.peak_activation_bytes = out.peak_activation_bytes.max(alive);
                     saved.insert(mb, Saved { input, output: (!self.recompute).then_some(output), bytes });
-                    out.compute_s += t0.elapsed().as_secs_f64();
+                    let dt = t0.elapsed().as_secs_f64();
+                    out.compute_s += dt;
+                    out.forward_s += dt;
                     self.span(&format!("F{mb}"), Phase::Forward, t0);
                 }
                 Action::Backward(mb) => {
