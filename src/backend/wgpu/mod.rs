@@ -107,7 +107,7 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
     let bind_groups = Arc::new(bind_groups::BindGroups::default());
     let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget, bind_groups.clone(), gate.clone()));
     let subgroup8 = has_subgroups_of_8(ordinal) && !options.without_subgroups && !options.hardware_profile;
-    let timestamps = timestamps::Timestamps::new(&device, &queue);
+    let timestamps = timestamps::Timestamps::new(&device, &queue, gate.clone());
     let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups, gate.clone());
     Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul, timestamps }))
 }

@@ -7,6 +7,7 @@
 //! waited for it. Vulkan writes the timestamp at the bottom of the pipe, after the commands
 //! before it have finished.
 use super::context::Ctx;
+use super::gate::{Gate, Held};
 use crate::Result;
 use std::sync::{Mutex, MutexGuard};
 
@@ -22,6 +23,11 @@ pub(crate) struct Timestamps {
     count: Mutex<u32>,
     /// Nanoseconds per timestamp tick.
     period_ns: f64,
+    /// The adapter's gate: on GL the query set and buffer are GL objects, so they must drop
+    /// under it like every other wgpu object of the device.
+    gate: Gate,
+    /// Holds the gate while the fields drop; declared last.
+    held: Option<Held>,
 }
 
 /// The device features marks need: timestamps written by the encoder between passes.
@@ -33,7 +39,7 @@ fn lock(m: &Mutex<u32>) -> MutexGuard<'_, u32> {
 
 impl Timestamps {
     /// Marks for `device`, or `None` when it was opened without [`FEATURES`].
-    pub(crate) fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<Timestamps> {
+    pub(crate) fn new(device: &wgpu::Device, queue: &wgpu::Queue, gate: Gate) -> Option<Timestamps> {
         if !device.features().contains(FEATURES) {
             return None;
         }
@@ -44,7 +50,7 @@ impl Timestamps {
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        Some(Timestamps { set, resolved, count: Mutex::new(0), period_ns: f64::from(queue.get_timestamp_period()) })
+        Some(Timestamps { set, resolved, count: Mutex::new(0), period_ns: f64::from(queue.get_timestamp_period()), gate, held: None })
     }
 
     /// Records the next mark after everything recorded on `ctx` so far; `None` when full.
@@ -70,5 +76,11 @@ impl Timestamps {
         let bytes = ctx.read(&self.resolved, u64::from(n) * wgpu::QUERY_SIZE as u64)?;
         *count = 0;
         Ok(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()) as f64 * self.period_ns * 1e-9).collect())
+    }
+}
+
+impl Drop for Timestamps {
+    fn drop(&mut self) {
+        self.held = Some(self.gate.hold());
     }
 }
