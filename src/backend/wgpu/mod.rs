@@ -178,7 +178,7 @@ impl Backend for WgpuBackend {
     }
     /// Through the queue's own staging straight into `buf`: no scratch buffer.
     fn write_at(&self, buf: &Buffer, start: usize, bytes: &[u8]) -> Result<()> {
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err(Error::invalid("write_at", format!("{} bytes are not whole 4-byte elements on {}", bytes.len(), self.ctx.name)));
         }
         let raw = self.raw("write_at", buf, start.saturating_add(bytes.len() / 4))?;
