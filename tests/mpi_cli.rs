@@ -168,4 +168,9 @@ fn devices_and_the_allreduce_bench_under_two_processes() {
         assert_eq!((f["bench"].as_str(), f["processes"].as_u64()), (Some("allreduce"), Some(2)), "{f}");
         assert!(f["gbps"].as_f64().is_some_and(|g| g > 0.0 && g.is_finite()), "{f}");
     }
+
+    // wgpu:0 in chunks of 1025 floats (the last one short): the bench checks every sum.
+    let mut chunked = mpirun(2, &["bench", "--bench", "allreduce", "--quick", "--devices", "wgpu:0", "--log-format", "json"]);
+    chunked.env("TANDEM_ALLREDUCE_CHUNK_BYTES", "4100");
+    assert_eq!(json_lines(chunked).len(), 10);
 }

@@ -385,6 +385,19 @@ pub trait Backend: Send + Sync {
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer>;
     /// The buffer's elements as little-endian bytes; waits for pending work.
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>>;
+    /// The bytes of elements `start..start + len` of `buf`; waits for pending work. A device
+    /// that can read a part of a buffer overrides this copy through a scratch buffer.
+    fn download_range(&self, buf: &Buffer, start: usize, len: usize) -> Result<Vec<u8>> {
+        let part = self.alloc(len, buf.dtype())?;
+        self.copy(buf, start, &part, 0, len)?;
+        self.download(&part)
+    }
+    /// Writes `bytes` (whole elements) into `buf` from element `start` on, after the work
+    /// recorded so far. A device that can write a part of a buffer overrides this upload and copy.
+    fn write_at(&self, buf: &Buffer, start: usize, bytes: &[u8]) -> Result<()> {
+        let up = self.upload(bytes, buf.dtype())?;
+        self.copy(&up, 0, buf, start, up.len())
+    }
     /// Sets every element to `value` (cast to the buffer's dtype).
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()>;
     /// Copies `len` elements from `src[src_off..]` to `dst[dst_off..]`.

@@ -2,7 +2,8 @@
 //! N`) of 4 KiB to 64 MiB, through tandem's `Hierarchical` communicator on each rank's
 //! device (downloads and uploads included) and, in the same run and on the same bytes, a plain
 //! `MPI_Allreduce` of host memory (rsmpi's `all_reduce_into`, `"backend":"mpi-raw"`), so that
-//! the ratio shows what tandem adds. Figures are algorithm bandwidth: buffer bytes over the
+//! the ratio shows what tandem adds. After timing a size, one more all-reduce of integers that differ
+//! by rank checks every element's sum. Figures are algorithm bandwidth: buffer bytes over the
 //! median time of one call, every call started together on every rank; the two kinds of call
 //! alternate, so that a load on the machine that comes and goes weighs on both alike.
 use super::devices::print_table;
@@ -62,6 +63,8 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
             raw.as_mut().map(|f| Box::new(f) as Box<dyn FnMut() -> Result<()>>),
         ];
         let times = timed(ranks, reps, &mut both)?;
+        drop(both);
+        check(&comm, &tensors, ranks, group.size())?;
         let names = [backend.clone(), "mpi-raw".to_string()];
         let figures = names.into_iter().zip(times).filter_map(|(backend, s)| s.map(|s| Figure { bench: "allreduce", backend, processes: group.size(), bytes, gbps: bytes as f64 / s / 1e9 }));
         if !ranks.leader() {
@@ -76,6 +79,27 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
     }
     if ranks.leader() && args.log_format == LogFormat::Text {
         print_table(&["BACKEND", "PROCESSES", "BYTES", "ALGORITHM BANDWIDTH"], &rows);
+    }
+    Ok(())
+}
+
+/// One more all-reduce, of small integers whose sums are exact in any order: the first
+/// device of rank `r` holds `i % 7 + r` at `i`, every other device `i % 7`. Every element must
+/// hold its own sum, whatever path and chunks the communicator took.
+fn check(comm: &Hierarchical, tensors: &[Tensor], ranks: &Ranks, size: usize) -> Result<()> {
+    let rank = ranks.group().rank();
+    let n = tensors.first().map_or(0, Tensor::numel);
+    for (k, t) in tensors.iter().enumerate() {
+        let shift = if k == 0 { rank } else { 0 };
+        t.assign(&Tensor::from_vec((0..n).map(|i| (i % 7 + shift) as f32).collect(), [n], t.device())?)?;
+    }
+    comm.all_reduce(tensors, ReduceKind::Sum)?;
+    let (copies, base) = (comm.device_span().1, size * (size - 1) / 2);
+    for t in tensors {
+        let got = t.to_vec()?;
+        if let Some(i) = (0..n).find(|&i| got[i] != (copies * (i % 7) + base) as f32) {
+            return Err(Error::Msg(format!("bench allreduce: element {i} of {n} on {} (rank {rank}) is {}, not {}", t.device().spec(), got[i], copies * (i % 7) + base)));
+        }
     }
     Ok(())
 }

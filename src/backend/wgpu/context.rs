@@ -427,13 +427,13 @@ impl Ctx {
         self.submit(&mut p);
     }
 
-    /// Writes `bytes` at the start of `buf`, after every op recorded so far (which may still
+    /// Writes `bytes` at byte `offset` of `buf`, after every op recorded so far (which may still
     /// read a recycled buffer's previous contents).
-    pub(crate) fn write(&self, buf: &wgpu::Buffer, bytes: &[u8]) {
+    pub(crate) fn write(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
         let _held = self.gate.hold();
         self.flush();
         if !bytes.is_empty() {
-            self.queue.write_buffer(buf, 0, bytes);
+            self.queue.write_buffer(buf, offset, bytes);
         }
     }
 
@@ -469,8 +469,8 @@ impl Ctx {
         }
     }
 
-    /// The first `bytes` bytes of `src`, after every op recorded so far.
-    pub(crate) fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    /// `bytes` bytes of `src` from byte `offset` on, after every op recorded so far.
+    pub(crate) fn read(&self, src: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
         if bytes == 0 {
             self.wait()?;
             return Ok(Vec::new());
@@ -483,7 +483,7 @@ impl Ctx {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.encode(|enc| enc.copy_buffer_to_buffer(src, 0, &staging, 0, bytes));
+        self.encode(|enc| enc.copy_buffer_to_buffer(src, offset, &staging, 0, bytes));
         self.flush();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {

@@ -164,12 +164,26 @@ impl Backend for WgpuBackend {
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
         super::contract::upload(&self.info, bytes, dtype)?;
         let raw = self.pool.alloc(bytes.len() as u64)?;
-        self.ctx.write(&raw.raw, bytes);
+        self.ctx.write(&raw.raw, 0, bytes);
         Ok(Buffer::new(raw, bytes.len() / 4, dtype))
     }
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
         let raw = self.raw("download", buf, 0)?;
-        self.ctx.read(raw, buf.len() as u64 * 4)
+        self.ctx.read(raw, 0, buf.len() as u64 * 4)
+    }
+    /// Straight from `buf` into the staging buffer: no scratch copy.
+    fn download_range(&self, buf: &Buffer, start: usize, len: usize) -> Result<Vec<u8>> {
+        let raw = self.raw("download_range", buf, start.saturating_add(len))?;
+        self.ctx.read(raw, start as u64 * 4, len as u64 * 4)
+    }
+    /// Through the queue's own staging straight into `buf`: no scratch buffer.
+    fn write_at(&self, buf: &Buffer, start: usize, bytes: &[u8]) -> Result<()> {
+        if !bytes.len().is_multiple_of(4) {
+            return Err(Error::invalid("write_at", format!("{} bytes are not whole 4-byte elements on {}", bytes.len(), self.ctx.name)));
+        }
+        let raw = self.raw("write_at", buf, start.saturating_add(bytes.len() / 4))?;
+        self.ctx.write(raw, start as u64 * 4, bytes);
+        Ok(())
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
         super::contract::fill(&self.info, buf)?;

@@ -73,7 +73,7 @@ impl Timestamps {
             return Ok(Vec::new());
         }
         ctx.encode(|e| e.resolve_query_set(&self.set, 0..n, &self.resolved, 0));
-        let bytes = ctx.read(&self.resolved, u64::from(n) * wgpu::QUERY_SIZE as u64)?;
+        let bytes = ctx.read(&self.resolved, 0, u64::from(n) * wgpu::QUERY_SIZE as u64)?;
         *count = 0;
         Ok(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()) as f64 * self.period_ns * 1e-9).collect())
     }

@@ -22,12 +22,23 @@ use super::{check_group, check_root, per_device, tree_sum, Communicator, ReduceK
 use crate::autograd::no_grad;
 use crate::backend::cpu::CpuBuffer;
 use crate::dist::{Group, Order};
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{Device, Error, Result, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// Most bytes of receive buffers kept between calls (see [`Spares`]).
 const SPARE_BYTES: usize = 256 << 20;
+
+/// Bytes per chunk of the pipelined all-reduce unless `TANDEM_ALLREDUCE_CHUNK_BYTES` says.
+const CHUNK_BYTES: usize = 2 << 20;
+
+/// `TANDEM_ALLREDUCE_CHUNK_BYTES`, or [`CHUNK_BYTES`] when unset.
+fn chunk_bytes_from_env() -> Result<usize> {
+    match std::env::var("TANDEM_ALLREDUCE_CHUNK_BYTES") {
+        Err(_) => Ok(CHUNK_BYTES),
+        Ok(v) => v.trim().parse::<usize>().ok().filter(|&b| b > 0).ok_or_else(|| Error::invalid("Hierarchical::new", format!("TANDEM_ALLREDUCE_CHUNK_BYTES={v:?} is not a positive number of bytes"))),
+    }
+}
 
 /// Collectives over this process's devices and every other rank's; see the module docs.
 pub struct Hierarchical {
@@ -38,6 +49,8 @@ pub struct Hierarchical {
     span: (usize, usize),
     bytes: AtomicU64,
     spares: Spares,
+    /// Bytes per chunk of a lone non-CPU device's pipelined all-reduce.
+    chunk_bytes: usize,
 }
 
 /// Receive buffers of the one-device all-reduce, kept by length between calls: a fresh one of
@@ -75,7 +88,15 @@ impl Hierarchical {
         let count = |c: &Vec<u64>| c.first().map_or(0, |&n| n as usize);
         let first = counts[..group.rank()].iter().map(count).sum();
         let total = counts.iter().map(count).sum();
-        Ok(Hierarchical { devices: devices.to_vec(), group, order, span: (first, total), bytes: AtomicU64::new(0), spares: Spares::default() })
+        Ok(Hierarchical { devices: devices.to_vec(), group, order, span: (first, total), bytes: AtomicU64::new(0), spares: Spares::default(), chunk_bytes: chunk_bytes_from_env()? })
+    }
+
+    /// Moves a lone non-CPU device's all-reduce in chunks of `bytes` (at least one element);
+    /// the default is `TANDEM_ALLREDUCE_CHUNK_BYTES`, else 2 MiB (the best of 1, 2 and 4 MiB on
+    /// lavapipe, see README).
+    pub fn with_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.chunk_bytes = bytes;
+        self
     }
 
     pub fn group(&self) -> &Group {
@@ -128,30 +149,81 @@ impl Hierarchical {
     }
 
     /// A lone device of another backend: MPI reads the downloaded bytes and writes a kept
-    /// buffer, which is uploaded as it is.
+    /// buffer, which is uploaded as it is. Beyond one chunk ([`Hierarchical::with_chunk_bytes`])
+    /// the buffer moves in chunks through a pipeline of three threads: this one runs MPI on
+    /// chunk `k` while one downloads chunk `k+1` and another uploads chunk `k-1`, so that the
+    /// time nears the slowest of the three instead of their sum. Every element still takes the
+    /// same sum over ranks (elementwise, in `order`), so chunking changes no bit for 2
+    /// processes, nor for any number under `Order::Ranks`.
     fn staged_one(&self, t: &Tensor, op: ReduceKind) -> Result<()> {
         let n = t.numel();
+        let chunk = (self.chunk_bytes / 4).max(1);
         let backend = t.backend();
-        let bytes = backend.download(t.buffer())?;
+        let mut recv = self.spares.take(n);
+        let sums: &mut [f32] = bytemuck::cast_slice_mut(&mut recv);
+        let result = if n <= chunk {
+            self.reduce_chunk(&backend.download(t.buffer())?, sums, op)
+                .and_then(|()| upload_into(backend, t, 0, sums))
+        } else {
+            self.pipelined(t, chunk, sums, op)
+        };
+        self.spares.keep(recv);
+        self.count(2 * n);
+        result
+    }
+
+    /// MPI's sum of the f32 values in `bytes` into `sums`, then `op`'s finish.
+    fn reduce_chunk(&self, bytes: &[u8], sums: &mut [f32], op: ReduceKind) -> Result<()> {
+        let bytes = &bytes[..4 * sums.len()];
         // An allocator's large blocks are aligned for f32; a copy covers any other.
         let copied: Vec<f32>;
-        let values: &[f32] = match bytemuck::try_cast_slice(&bytes[..4 * n]) {
+        let values: &[f32] = match bytemuck::try_cast_slice(bytes) {
             Ok(v) => v,
             Err(_) => {
-                copied = bytemuck::pod_collect_to_vec(&bytes[..4 * n]);
+                copied = bytemuck::pod_collect_to_vec(bytes);
                 &copied
             }
         };
-        let mut recv = self.spares.take(n);
-        let sum: &mut [f32] = bytemuck::cast_slice_mut(&mut recv);
-        self.group.all_reduce_into(values, sum, self.order)?;
-        finish_in_place(sum, op, self.span.1);
-        let up = backend.upload(bytemuck::cast_slice(&recv), DType::F32)?;
-        self.spares.keep(recv);
-        self.count(2 * n);
-        backend.copy(&up, 0, t.buffer(), 0, n)
+        self.group.all_reduce_into(values, sums, self.order)?;
+        finish_in_place(sums, op, self.span.1);
+        Ok(())
     }
 
+    /// [`Self::staged_one`]'s pipeline over chunks of `chunk` elements; `sums` holds the whole
+    /// result. The channels hold one chunk each, so at most a few chunks are in flight.
+    fn pipelined(&self, t: &Tensor, chunk: usize, sums: &mut [f32], op: ReduceKind) -> Result<()> {
+        let backend = t.backend();
+        let n = t.numel();
+        std::thread::scope(|s| {
+            let (down_tx, down_rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>>>(1);
+            let (up_tx, up_rx) = std::sync::mpsc::sync_channel::<(usize, &mut [f32])>(1);
+            s.spawn(move || {
+                for start in (0..n).step_by(chunk) {
+                    // A send fails only when MPI's side stopped on an error it reports.
+                    if down_tx.send(backend.download_range(t.buffer(), start, chunk.min(n - start))).is_err() {
+                        break;
+                    }
+                }
+            });
+            let uploader = s.spawn(move || -> Result<()> {
+                for (start, values) in up_rx {
+                    upload_into(backend, t, start, values)?;
+                }
+                Ok(())
+            });
+            let mut reduced = Ok(());
+            for (k, out) in sums.chunks_mut(chunk).enumerate() {
+                reduced = down_rx.recv().map_err(|_| Error::Msg("all_reduce: the download thread ended early".into())).and_then(|b| b).and_then(|bytes| self.reduce_chunk(&bytes, out, op));
+                if reduced.is_err() || up_tx.send((k * chunk, out)).is_err() {
+                    break;
+                }
+            }
+            drop(up_tx);
+            drop(down_rx);
+            let uploaded = uploader.join().unwrap_or_else(|_| Err(Error::Msg("all_reduce: the upload thread panicked".into())));
+            reduced.and(uploaded)
+        })
+    }
     /// The reduction over every device of every process, on the host.
     fn reduce_to_host(&self, tensors: &[Tensor], op: ReduceKind) -> Result<Vec<f32>> {
         let mut sum = tree_sum(self.download_all(tensors)?)?;
@@ -287,4 +359,38 @@ pub(super) fn sum_by_index_across(group: &Group, parts: Vec<(usize, Vec<f32>)>, 
     }
     all.sort_by_key(|p| p.0);
     tree_sum(all.into_iter().map(|p| p.1).collect())
+}
+
+/// Writes `values` into `t`'s buffer from element `start` on.
+fn upload_into(backend: &dyn crate::backend::Backend, t: &Tensor, start: usize, values: &[f32]) -> Result<()> {
+    backend.write_at(t.buffer(), start, bytemuck::cast_slice(values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pipelined path (chunks of 997 elements, the last one short) writes exactly what the
+    /// whole-buffer path writes, in both orders; a group of one still runs every chunk through
+    /// the group's all-reduce and `op`'s finish.
+    #[test]
+    fn chunked_all_reduce_equals_whole() -> Result<()> {
+        let n = 10_007;
+        let values: Vec<f32> = (0..n).map(|i| ((i * 37 % 1013) as f32 - 500.0) / 7.0).collect();
+        for device in Device::parse("cpu,wgpu:0")? {
+            for order in [Order::Mpi, Order::Ranks] {
+                let run = |chunk: usize| -> Result<Vec<f32>> {
+                    let comm = Hierarchical::new(std::slice::from_ref(&device), Group::alone(), order)?.with_chunk_bytes(chunk);
+                    let t = Tensor::from_vec(values.clone(), [n], &device)?;
+                    comm.all_reduce(std::slice::from_ref(&t), ReduceKind::Mean)?;
+                    t.to_vec()
+                };
+                let whole = run(usize::MAX)?;
+                let chunked = run(4 * 997)?;
+                assert!(whole.iter().zip(&chunked).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {order:?}: chunked differs", device.spec());
+                assert_eq!(whole, values, "{} {order:?}: the mean over one device is the input", device.spec());
+            }
+        }
+        Ok(())
+    }
 }
