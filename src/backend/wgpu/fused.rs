@@ -12,6 +12,11 @@ const MAX_LOOP: usize = 65_535;
 /// Invocations of the row kernels, which stride along a row by this many.
 const WG: usize = 256;
 
+/// `attention_tiled`'s query rows per workgroup and largest head size (its workgroup tiles and
+/// per-row registers are sized for it); larger heads take the row-per-invocation kernel.
+const ATT_BR: usize = 32;
+const ATT_DMAX: usize = 64;
+
 /// Runs `op` on `bufs` (its buffers in `FusedOp`'s order); `Ok(false)` where a buffer is larger
 /// than one binding, a loop would pass `MAX_LOOP`, or an index 32 bits. With `software`, rows
 /// shorter than `MAX_LOOP` take one invocation each instead of a workgroup: CPU rasterizers
@@ -70,6 +75,9 @@ pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer], software: bo
         }
         FusedOp::CausalSoftmax { .. } => row_kernel(("causal_softmax", "causal_softmax_1"), &[0, 1])?,
         FusedOp::CausalSoftmaxBackward { .. } => row_kernel(("causal_softmax_dx", "causal_softmax_dx_1"), &[0, 1, 2])?,
+        FusedOp::Attention { n, t, d, .. } if !software && d <= ATT_DMAX => {
+            run("attention_tiled", &[0, 1, 2, 3, 4], ctx.grid(n * t.div_ceil(ATT_BR) * ATT_BR, ATT_BR))?
+        }
         FusedOp::Attention { .. } => run("attention", &[0, 1, 2, 3, 4], per_thread)?,
         // [q, k, v, o, lse, g, dq, dk, dv, delta]: dq and delta first, then dk and dv from delta.
         FusedOp::AttentionBackward { .. } => {
