@@ -11,8 +11,6 @@
 //   causal_softmax    a1 x [N, T, T], a2 y [N, T, T]
 //   causal_softmax_dx a1 g, a2 y, a3 dx, all [N, T, T]
 //   attention         a1 q, a2 k, a3 v, a4 o, all [N, T, D]; a5 lse [N, T]
-//   attention_tiled   the same (hardware GPUs, D <= DMAX): BR query rows per workgroup, K and V
-//                     streamed through workgroup memory in tiles of BC rows
 //   attention_dq      a1 q, a2 k, a3 v, a4 o, a5 lse, a6 g, a7 dq, a8 delta [N, T] (written)
 //   attention_dkv     a1 q, a2 k, a3 v, a4 delta, a5 lse, a6 g, a7 dk, a8 dv
 // `p.off` holds each binding's first element relative to its bound range.
@@ -381,70 +379,5 @@ fn attention_dkv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
             a7[dk0 + e] += ds * p.scale * a1[q0 + e];
             a8[dv0 + e] += pr * a6[g0 + e];
         }
-    }
-}
-
-// The tiled forward (FlashAttention's scheme, hardware GPUs): a workgroup of BR invocations
-// takes BR consecutive query rows of one matrix; each tile of BC key and value rows is loaded
-// once into workgroup memory for all of them instead of once per query from global memory.
-// Tiles past the block's last query are never loaded; in the diagonal tile each row stops at
-// its own index. Per row the online softmax of `attention`, in the same key order.
-// Loops: T / BC tiles, BC keys, D values (D <= DMAX, T < 65,535 checked by the caller).
-const BR: u32 = 32u;
-const BC: u32 = 16u;
-const DMAX: u32 = 64u;
-var<workgroup> kt: array<f32, 1024>; // BC × DMAX
-var<workgroup> vt: array<f32, 1024>;
-
-@compute @workgroup_size(32)
-fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let t = p.cols;
-    let d = p.d;
-    let blocks = (t + BR - 1u) / BR;
-    let wgi = row_of(wid, nwg);
-    if wgi >= (p.rows / t) * blocks { return; }
-    let base = (wgi / blocks) * t;
-    let first = (wgi % blocks) * BR;
-    let i = first + lid.x;
-    let live = i < t;
-    let row = base + min(i, t - 1u);
-    var q: array<f32, 64>;
-    var acc: array<f32, 64>;
-    for (var e = 0u; e < d; e++) {
-        q[e] = a1[p.off[0].x + row * d + e];
-        acc[e] = 0.0;
-    }
-    var m = neg_inf();
-    var l = 0.0;
-    let tiles = (min(first + BR, t) - 1u) / BC + 1u;
-    for (var tile = 0u; tile < tiles; tile++) {
-        let j0 = tile * BC;
-        let n_el = min(BC, t - j0) * d;
-        workgroupBarrier();
-        for (var x = lid.x; x < n_el; x += BR) {
-            kt[x] = a2[p.off[0].y + (base + j0) * d + x];
-            vt[x] = a3[p.off[0].z + (base + j0) * d + x];
-        }
-        workgroupBarrier();
-        var n_keys = 0u;
-        if live && i >= j0 { n_keys = min(BC, i + 1u - j0); }
-        for (var jj = 0u; jj < n_keys; jj++) {
-            var s = 0.0;
-            for (var e = 0u; e < d; e++) { s += q[e] * kt[jj * d + e]; }
-            s *= p.scale;
-            let m_new = nan_max(m, s);
-            // exp(-inf - -inf) is NaN: nothing has accumulated before the first key.
-            var alpha = exp(m - m_new);
-            if j0 + jj == 0u { alpha = 0.0; }
-            let pr = exp(s - m_new);
-            l = l * alpha + pr;
-            for (var e = 0u; e < d; e++) { acc[e] = acc[e] * alpha + pr * vt[jj * d + e]; }
-            m = m_new;
-        }
-    }
-    if live {
-        let o0 = p.off[0].w + row * d;
-        for (var e = 0u; e < d; e++) { a4[o0 + e] = acc[e] / l; }
-        a5[p.off[1].x + row] = m + log(l);
     }
 }
