@@ -3,9 +3,9 @@
 //
 // Shape letters: N matrices (batch × heads) of T rows (tokens), D values per row of q, k, v.
 // Bindings: 0 `p` parameters (the layout of transformer.wgsl's); 1..8 `a1`..`a8`:
-//   attention_tiled     a1 q, a2 k, a3 v, a4 o, all [N, T, D]; a5 lse [N, T]
-//   attention_dq_tiled  a1 q, a2 k, a3 v, a4 o, a5 lse, a6 g, a7 dq, a8 delta [N, T] (written)
-//   attention_dkv_tiled a1 q, a2 k, a3 v, a4 delta, a5 lse, a6 g, a7 dk, a8 dv
+//   tiled_attention     a1 q, a2 k, a3 v, a4 o, all [N, T, D]; a5 lse [N, T]
+//   tiled_attention_dq  a1 q, a2 k, a3 v, a4 o, a5 lse, a6 g, a7 dq, a8 delta [N, T] (written)
+//   tiled_attention_dkv a1 q, a2 k, a3 v, a4 delta, a5 lse, a6 g, a7 dk, a8 dv
 // `p.off` holds each binding's first element relative to its bound range.
 // A workgroup of BR invocations owns BR consecutive rows of one matrix (query rows forward and
 // for dq, key rows for dk and dv, so each output row has one writer: no atomics, the same bits
@@ -13,6 +13,9 @@
 // tile read from global memory once per workgroup instead of once per row. Causal: tiles
 // wholly above the diagonal are never loaded, and in the diagonal tile each row stops at its
 // own index. Per row the sums of the one-row-per-invocation kernels, in the same order.
+// Every workgroup variable is written before it is read, and the entries' `tiled_` prefix
+// turns off wgpu's zeroing of workgroup memory (naga's GL form of it, one array constructor
+// per variable, took llvmpipe minutes to compile).
 // Loops: at most T / BC + 1 tiles, BC rows per tile, D values (T < 65,535 and D <= DMAX are
 // checked by the caller: Mesa's software drivers end any loop after 65,535 iterations).
 
@@ -38,15 +41,15 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> a7: array<f32>;
 @group(0) @binding(8) var<storage, read_write> a8: array<f32>;
 
-const BR: u32 = 32u;
-const BC: u32 = 16u;
+const BR: u32 = 16u;
+const BC: u32 = 8u;
 const DMAX: u32 = 64u;
-// Two tiles of BC rows × DMAX (8 KiB in all, half WebGPU's guaranteed 16 KiB), and BC row
-// scalars (lse and delta) for the key-side pass.
-var<workgroup> t1: array<f32, 1024>;
-var<workgroup> t2: array<f32, 1024>;
-var<workgroup> s1: array<f32, 16>;
-var<workgroup> s2: array<f32, 16>;
+// Two tiles of BC rows × DMAX, and each owned row's accumulators (the output row, or dk and
+// dv), DMAX apiece: 12 KiB in all of WebGPU's guaranteed 16 KiB. The accumulators live here
+// rather than in variably indexed per-invocation arrays, which GPUs keep in local memory.
+var<workgroup> t1: array<f32, 512>;
+var<workgroup> t2: array<f32, 512>;
+var<workgroup> acc: array<f32, 2048>; // [BR, 2, DMAX]
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
@@ -92,16 +95,12 @@ fn load_kv(lid: u32, base: u32, j0: u32) {
     workgroupBarrier();
 }
 
-// Loads q and g rows of tile j0 into t1 and t2, their lse into s1 and delta into s2.
+// Loads q and g rows of tile j0 into t1 and t2.
 fn load_qg(lid: u32, base: u32, j0: u32) {
     workgroupBarrier();
     for (var x = lid; x < tile_rows(j0) * p.d; x += BR) {
         t1[x] = a1[p.off[0].x + (base + j0) * p.d + x];
         t2[x] = a6[p.off[1].y + (base + j0) * p.d + x];
-    }
-    if lid < tile_rows(j0) {
-        s1[lid] = a5[p.off[1].x + base + j0 + lid];
-        s2[lid] = a4[p.off[0].w + base + j0 + lid];
     }
     workgroupBarrier();
 }
@@ -113,8 +112,8 @@ fn keys_seen(live: bool, i: u32, j0: u32) -> u32 {
 }
 
 // Forward: per query row the online softmax (running max m, sum l, output accumulator).
-@compute @workgroup_size(32)
-fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+@compute @workgroup_size(BR)
+fn tiled_attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = block_of(wid, nwg);
     if !b.ok { return; }
     let t = p.cols;
@@ -122,12 +121,9 @@ fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     let i = b.first + lid.x;
     let live = i < t;
     let row = b.base + min(i, t - 1u);
-    var q: array<f32, 64>;
-    var acc: array<f32, 64>;
-    for (var e = 0u; e < d; e++) {
-        q[e] = a1[p.off[0].x + row * d + e];
-        acc[e] = 0.0;
-    }
+    let q0 = p.off[0].x + row * d;
+    let a0 = lid.x * 2u * DMAX;
+    for (var e = 0u; e < d; e++) { acc[a0 + e] = 0.0; }
     var m = neg_inf();
     var l = 0.0;
     let tiles = (min(b.first + BR, t) - 1u) / BC + 1u;
@@ -136,7 +132,7 @@ fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         load_kv(lid.x, b.base, j0);
         for (var jj = 0u; jj < keys_seen(live, i, j0); jj++) {
             var s = 0.0;
-            for (var e = 0u; e < d; e++) { s += q[e] * t1[jj * d + e]; }
+            for (var e = 0u; e < d; e++) { s += a1[q0 + e] * t1[jj * d + e]; }
             s *= p.scale;
             let m_new = nan_max(m, s);
             // exp(-inf - -inf) is NaN: nothing has accumulated before the first key.
@@ -144,21 +140,21 @@ fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
             if j0 + jj == 0u { alpha = 0.0; }
             let pr = exp(s - m_new);
             l = l * alpha + pr;
-            for (var e = 0u; e < d; e++) { acc[e] = acc[e] * alpha + pr * t2[jj * d + e]; }
+            for (var e = 0u; e < d; e++) { acc[a0 + e] = acc[a0 + e] * alpha + pr * t2[jj * d + e]; }
             m = m_new;
         }
     }
     if live {
         let o0 = p.off[0].w + row * d;
-        for (var e = 0u; e < d; e++) { a4[o0 + e] = acc[e] / l; }
+        for (var e = 0u; e < d; e++) { a4[o0 + e] = acc[a0 + e] / l; }
         a5[p.off[1].x + row] = m + log(l);
     }
 }
 
 // Per query row i: delta_i = g_i · o_i, then dq_i = scale Σ_{j<=i} p_ij (g_i·v_j - delta_i) k_j
 // with p_ij = exp(q_i·k_j · scale - lse_i) recomputed from the tile.
-@compute @workgroup_size(32)
-fn attention_dq_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+@compute @workgroup_size(BR)
+fn tiled_attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = block_of(wid, nwg);
     if !b.ok { return; }
     let t = p.cols;
@@ -166,15 +162,13 @@ fn attention_dq_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     let i = b.first + lid.x;
     let live = i < t;
     let row = b.base + min(i, t - 1u);
-    var q: array<f32, 64>;
-    var g: array<f32, 64>;
-    var acc: array<f32, 64>;
+    let q0 = p.off[0].x + row * d;
+    let g0 = p.off[1].y + row * d;
+    let a0 = lid.x * 2u * DMAX;
     var delta = 0.0;
     for (var e = 0u; e < d; e++) {
-        q[e] = a1[p.off[0].x + row * d + e];
-        g[e] = a6[p.off[1].y + row * d + e];
-        acc[e] = 0.0;
-        delta += g[e] * a4[p.off[0].w + row * d + e];
+        acc[a0 + e] = 0.0;
+        delta += a6[g0 + e] * a4[p.off[0].w + row * d + e];
     }
     let lse = a5[p.off[1].x + row];
     let tiles = (min(b.first + BR, t) - 1u) / BC + 1u;
@@ -185,23 +179,23 @@ fn attention_dq_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
             var s = 0.0;
             var gv = 0.0;
             for (var e = 0u; e < d; e++) {
-                s += q[e] * t1[jj * d + e];
-                gv += g[e] * t2[jj * d + e];
+                s += a1[q0 + e] * t1[jj * d + e];
+                gv += a6[g0 + e] * t2[jj * d + e];
             }
             let ds = exp(s * p.scale - lse) * (gv - delta);
-            for (var e = 0u; e < d; e++) { acc[e] += ds * p.scale * t1[jj * d + e]; }
+            for (var e = 0u; e < d; e++) { acc[a0 + e] += ds * p.scale * t1[jj * d + e]; }
         }
     }
     if live {
         a8[p.off[1].w + row] = delta;
-        for (var e = 0u; e < d; e++) { a7[p.off[1].z + row * d + e] = acc[e]; }
+        for (var e = 0u; e < d; e++) { a7[p.off[1].z + row * d + e] = acc[a0 + e]; }
     }
 }
 
 // Per key row j: dk_j = scale Σ_{i>=j} ds_ij q_i and dv_j = Σ_{i>=j} p_ij g_i, over the query
 // tiles from the one holding the block's first key to the end, with delta from the dq pass.
-@compute @workgroup_size(32)
-fn attention_dkv_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+@compute @workgroup_size(BR)
+fn tiled_attention_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = block_of(wid, nwg);
     if !b.ok { return; }
     let t = p.cols;
@@ -209,15 +203,13 @@ fn attention_dkv_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
     let j = b.first + lid.x;
     let live = j < t;
     let row = b.base + min(j, t - 1u);
-    var k: array<f32, 64>;
-    var v: array<f32, 64>;
-    var dk: array<f32, 64>;
-    var dv: array<f32, 64>;
+    let k0 = p.off[0].y + row * d;
+    let v0 = p.off[0].z + row * d;
+    // dk at acc[dk0..], dv DMAX further.
+    let dk0 = lid.x * 2u * DMAX;
     for (var e = 0u; e < d; e++) {
-        k[e] = a2[p.off[0].y + row * d + e];
-        v[e] = a3[p.off[0].z + row * d + e];
-        dk[e] = 0.0;
-        dv[e] = 0.0;
+        acc[dk0 + e] = 0.0;
+        acc[dk0 + DMAX + e] = 0.0;
     }
     for (var tile = b.first / BC; tile <= (t - 1u) / BC; tile++) {
         let i0 = tile * BC;
@@ -229,21 +221,21 @@ fn attention_dkv_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
             var s = 0.0;
             var gv = 0.0;
             for (var e = 0u; e < d; e++) {
-                s += t1[ii * d + e] * k[e];
-                gv += t2[ii * d + e] * v[e];
+                s += t1[ii * d + e] * a2[k0 + e];
+                gv += t2[ii * d + e] * a3[v0 + e];
             }
-            let pr = exp(s * p.scale - s1[ii]);
-            let ds = pr * (gv - s2[ii]);
+            let pr = exp(s * p.scale - a5[p.off[1].x + b.base + i0 + ii]);
+            let ds = pr * (gv - a4[p.off[0].w + b.base + i0 + ii]);
             for (var e = 0u; e < d; e++) {
-                dk[e] += ds * p.scale * t1[ii * d + e];
-                dv[e] += pr * t2[ii * d + e];
+                acc[dk0 + e] += ds * p.scale * t1[ii * d + e];
+                acc[dk0 + DMAX + e] += pr * t2[ii * d + e];
             }
         }
     }
     if live {
         for (var e = 0u; e < d; e++) {
-            a7[p.off[1].z + row * d + e] = dk[e];
-            a8[p.off[1].w + row * d + e] = dv[e];
+            a7[p.off[1].z + row * d + e] = acc[dk0 + e];
+            a8[p.off[1].w + row * d + e] = acc[dk0 + DMAX + e];
         }
     }
 }

@@ -13,9 +13,9 @@ const MAX_LOOP: usize = 65_535;
 const WG: usize = 256;
 
 /// shaders/attention.wgsl's rows per workgroup and largest head size (its workgroup tiles and
-/// per-row registers are sized for it); larger heads take transformer.wgsl's
+/// per-row accumulators are sized for it); larger heads take transformer.wgsl's
 /// row-per-invocation kernels, as software adapters always do.
-const ATT_BR: usize = 32;
+const ATT_BR: usize = 16;
 const ATT_DMAX: usize = 64;
 
 /// Runs `op` on `bufs` (its buffers in `FusedOp`'s order); `Ok(false)` where a buffer is larger
@@ -85,7 +85,7 @@ pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer], software: bo
         FusedOp::CausalSoftmax { .. } => row_kernel(("causal_softmax", "causal_softmax_1"), &[0, 1])?,
         FusedOp::CausalSoftmaxBackward { .. } => row_kernel(("causal_softmax_dx", "causal_softmax_dx_1"), &[0, 1, 2])?,
         FusedOp::Attention { .. } => match tiled {
-            Some(grid) => run_in("attention", "attention_tiled", &[0, 1, 2, 3, 4], grid)?,
+            Some(grid) => run_in("attention", "tiled_attention", &[0, 1, 2, 3, 4], grid)?,
             None => run("attention", &[0, 1, 2, 3, 4], per_thread)?,
         },
         // [q, k, v, o, lse, g, dq, dk, dv, delta]: dq and delta first, then dk and dv from delta.
@@ -93,8 +93,8 @@ pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer], software: bo
             let (dq, dkv) = ([0, 1, 2, 3, 4, 5, 6, 9], [0, 1, 2, 9, 4, 5, 7, 8]);
             match tiled {
                 Some(grid) => {
-                    run_in("attention", "attention_dq_tiled", &dq, grid)?;
-                    run_in("attention", "attention_dkv_tiled", &dkv, grid)?;
+                    run_in("attention", "tiled_attention_dq", &dq, grid)?;
+                    run_in("attention", "tiled_attention_dkv", &dkv, grid)?;
                 }
                 None => {
                     run("attention_dq", &dq, per_thread)?;
