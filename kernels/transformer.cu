@@ -12,6 +12,10 @@
 // attention:         q, k, v [N, T, D] -> o [N, T, D], lse [N, T]; online softmax over keys
 // attention_dq:      + o, lse, g -> dq [N, T, D], delta [N, T] = sum g o
 // attention_dkv:     q, k, v, delta, lse, g -> dk, dv [N, T, D]
+// attention_tiled, attention_dq_tiled, attention_dkv_tiled: the same three, tiled as
+//                    shaders/attention.wgsl (D <= TF_DMAX): a block of TF_BR threads owns TF_BR
+//                    rows of one matrix (queries, or keys for dk/dv) and streams the other side
+//                    through shared memory in tiles of TF_BC rows; args n (matrices), t, d.
 // Row kernels take one block of 256 threads per row (grid-stride over rows); the reductions
 // are fixed shared-memory trees and no kernel uses atomics, so results repeat bit for bit.
 // NaN propagates through the maxima as PyTorch's (NVRTC compiles without fast-math).
@@ -201,6 +205,163 @@ extern "C" __global__ void attention_dkv_f32(const float* q, const float* k, con
             for (u64 e = 0; e < d; ++e) {
                 dk[row * d + e] += ds * scale * q[(base + i) * d + e];
                 dv[row * d + e] += p * g[(base + i) * d + e];
+            }
+        }
+    }
+}
+
+// The tiled kernels: 2 x TF_BC x TF_DMAX floats of shared memory (16 KiB of sm_52's 48 KiB).
+#define TF_BR 64
+#define TF_BC 32
+#define TF_DMAX 64
+
+__device__ __forceinline__ u64 tf_min(u64 a, u64 b) {
+    return a < b ? a : b;
+}
+
+// Rows j0.. (up to TF_BC, fewer at the end) of a and b, for the matrix at row `base`, into sa
+// and sb. Every thread of the block calls it (it synchronizes).
+__device__ __forceinline__ void tf_load_tile(const float* a, const float* b, float* sa, float* sb, u64 base, u64 j0,
+                                             u64 t, u64 d) {
+    const u64 n = tf_min(TF_BC, t - j0) * d;
+    __syncthreads();
+    for (u64 x = threadIdx.x; x < n; x += TF_BR) {
+        sa[x] = a[(base + j0) * d + x];
+        sb[x] = b[(base + j0) * d + x];
+    }
+    __syncthreads();
+}
+
+// Keys of the tile at j0 that query i sees (causal: up to its own index).
+__device__ __forceinline__ u64 tf_seen(bool live, u64 i, u64 j0) {
+    return live && i >= j0 ? tf_min(TF_BC, i + 1 - j0) : 0;
+}
+
+// Grid-stride over (matrix, row block) pairs; the block index is the same for every thread,
+// so the barriers inside stay uniform.
+#define FOR_EACH_BLOCK(wb, n, t) for (u64 wb = blockIdx.x; wb < (n) * (((t) + TF_BR - 1) / TF_BR); wb += gridDim.x)
+
+extern "C" __global__ void attention_tiled_f32(const float* q, const float* k, const float* v, float* o, float* lse,
+                                               u64 n, u64 t, u64 d, float scale) {
+    __shared__ float kt[TF_BC * TF_DMAX], vt[TF_BC * TF_DMAX];
+    const u64 blocks = (t + TF_BR - 1) / TF_BR;
+    FOR_EACH_BLOCK(wb, n, t) {
+        const u64 base = wb / blocks * t, first = wb % blocks * TF_BR, i = first + threadIdx.x;
+        const bool live = i < t;
+        const u64 row = base + (live ? i : t - 1);
+        float qr[TF_DMAX], acc[TF_DMAX];
+        for (u64 e = 0; e < d; ++e) {
+            qr[e] = q[row * d + e];
+            acc[e] = 0.0f;
+        }
+        float m = tf_neg_inf(), l = 0.0f;
+        const u64 tiles = (tf_min(first + TF_BR, t) - 1) / TF_BC + 1;
+        for (u64 j0 = 0; j0 < tiles * TF_BC; j0 += TF_BC) {
+            tf_load_tile(k, v, kt, vt, base, j0, t, d);
+            for (u64 jj = 0; jj < tf_seen(live, i, j0); ++jj) {
+                float s = 0.0f;
+                for (u64 e = 0; e < d; ++e) s += qr[e] * kt[jj * d + e];
+                s *= scale;
+                const float m_new = tf_nan_max(m, s);
+                // exp(-inf - -inf) is NaN: nothing has accumulated before the first key.
+                const float alpha = j0 + jj == 0 ? 0.0f : expf(m - m_new);
+                const float p = expf(s - m_new);
+                l = l * alpha + p;
+                for (u64 e = 0; e < d; ++e) acc[e] = acc[e] * alpha + p * vt[jj * d + e];
+                m = m_new;
+            }
+        }
+        if (live) {
+            for (u64 e = 0; e < d; ++e) o[row * d + e] = acc[e] / l;
+            lse[row] = m + logf(l);
+        }
+    }
+}
+
+extern "C" __global__ void attention_dq_tiled_f32(const float* q, const float* k, const float* v, const float* o,
+                                                  const float* lse, const float* g, float* dq, float* delta, u64 n,
+                                                  u64 t, u64 d, float scale) {
+    __shared__ float kt[TF_BC * TF_DMAX], vt[TF_BC * TF_DMAX];
+    const u64 blocks = (t + TF_BR - 1) / TF_BR;
+    FOR_EACH_BLOCK(wb, n, t) {
+        const u64 base = wb / blocks * t, first = wb % blocks * TF_BR, i = first + threadIdx.x;
+        const bool live = i < t;
+        const u64 row = base + (live ? i : t - 1);
+        float qr[TF_DMAX], gr[TF_DMAX], acc[TF_DMAX];
+        float dl = 0.0f;
+        for (u64 e = 0; e < d; ++e) {
+            qr[e] = q[row * d + e];
+            gr[e] = g[row * d + e];
+            acc[e] = 0.0f;
+            dl += gr[e] * o[row * d + e];
+        }
+        const float ls = lse[row];
+        const u64 tiles = (tf_min(first + TF_BR, t) - 1) / TF_BC + 1;
+        for (u64 j0 = 0; j0 < tiles * TF_BC; j0 += TF_BC) {
+            tf_load_tile(k, v, kt, vt, base, j0, t, d);
+            for (u64 jj = 0; jj < tf_seen(live, i, j0); ++jj) {
+                float s = 0.0f, gv = 0.0f;
+                for (u64 e = 0; e < d; ++e) {
+                    s += qr[e] * kt[jj * d + e];
+                    gv += gr[e] * vt[jj * d + e];
+                }
+                const float ds = expf(s * scale - ls) * (gv - dl);
+                for (u64 e = 0; e < d; ++e) acc[e] += ds * scale * kt[jj * d + e];
+            }
+        }
+        if (live) {
+            delta[row] = dl;
+            for (u64 e = 0; e < d; ++e) dq[row * d + e] = acc[e];
+        }
+    }
+}
+
+// Per key row j over the query tiles from the one holding the block's first key to the end.
+extern "C" __global__ void attention_dkv_tiled_f32(const float* q, const float* k, const float* v, const float* delta,
+                                                   const float* lse, const float* g, float* dk, float* dv, u64 n,
+                                                   u64 t, u64 d, float scale) {
+    __shared__ float qt[TF_BC * TF_DMAX], gt[TF_BC * TF_DMAX], lt[TF_BC], dt[TF_BC];
+    const u64 blocks = (t + TF_BR - 1) / TF_BR;
+    FOR_EACH_BLOCK(wb, n, t) {
+        const u64 base = wb / blocks * t, first = wb % blocks * TF_BR, j = first + threadIdx.x;
+        const bool live = j < t;
+        const u64 row = base + (live ? j : t - 1);
+        float kr[TF_DMAX], vr[TF_DMAX], dkr[TF_DMAX], dvr[TF_DMAX];
+        for (u64 e = 0; e < d; ++e) {
+            kr[e] = k[row * d + e];
+            vr[e] = v[row * d + e];
+            dkr[e] = 0.0f;
+            dvr[e] = 0.0f;
+        }
+        for (u64 i0 = first / TF_BC * TF_BC; i0 < t; i0 += TF_BC) {
+            const u64 rows = tf_min(TF_BC, t - i0);
+            // The previous tile's readers of lt and dt finish first; tf_load_tile's closing
+            // barrier orders these writes before the reads below.
+            __syncthreads();
+            if (threadIdx.x < rows) {
+                lt[threadIdx.x] = lse[base + i0 + threadIdx.x];
+                dt[threadIdx.x] = delta[base + i0 + threadIdx.x];
+            }
+            tf_load_tile(q, g, qt, gt, base, i0, t, d);
+            const u64 lo = live && j < i0 + TF_BC ? (j > i0 ? j : i0) - i0 : rows;
+            for (u64 ii = lo; ii < rows; ++ii) {
+                float s = 0.0f, gv = 0.0f;
+                for (u64 e = 0; e < d; ++e) {
+                    s += qt[ii * d + e] * kr[e];
+                    gv += gt[ii * d + e] * vr[e];
+                }
+                const float p = expf(s * scale - lt[ii]);
+                const float ds = p * (gv - dt[ii]);
+                for (u64 e = 0; e < d; ++e) {
+                    dkr[e] += ds * scale * qt[ii * d + e];
+                    dvr[e] += p * gt[ii * d + e];
+                }
+            }
+        }
+        if (live) {
+            for (u64 e = 0; e < d; ++e) {
+                dk[row * d + e] = dkr[e];
+                dv[row * d + e] = dvr[e];
             }
         }
     }

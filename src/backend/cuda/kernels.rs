@@ -38,6 +38,9 @@ pub const FUNCTIONS: &[(&str, &[&str])] = &[
             "attention_f32",
             "attention_dq_f32",
             "attention_dkv_f32",
+            "attention_tiled_f32",
+            "attention_dq_tiled_f32",
+            "attention_dkv_tiled_f32",
         ],
     ),
 ];

@@ -282,10 +282,17 @@ impl Backend for CudaBackend {
     }
 
     fn fused(&self, op: FusedOp, bufs: &[&Buffer]) -> Result<bool> {
+        // TF_BR and TF_DMAX of kernels/transformer.cu.
+        const TILE_ROWS: u32 = 64;
+        const TILE_DMAX: usize = 64;
         contract::fused(self.info_ref(), op, bufs)?;
         let p = bufs.iter().map(|b| self.ptr(op.name(), b, 0, DType::F32)).collect::<Result<Vec<u64>>>()?;
         // One block of THREADS per row, grid-stride past the grid limit.
         let per_row = |rows: usize| LaunchConfig { grid_dim: (rows.clamp(1, 65535) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let tiles = |n: u64, t: u64| {
+            let blocks = (n * t.div_ceil(TILE_ROWS as u64)).clamp(1, 65535) as u32;
+            LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (TILE_ROWS, 1, 1), shared_mem_bytes: 0 }
+        };
         match op {
             FusedOp::LayerNorm { rows, cols, eps } => {
                 let [x, w, b, y, mean, rstd] = [p[0], p[1], p[2], p[3], p[4], p[5]];
@@ -307,6 +314,19 @@ impl Backend for CudaBackend {
                 let ([g, y, dx], cfg) = ([p[0], p[1], p[2]], per_row(n * t));
                 let (rows, t) = ((n * t) as u64, t as u64);
                 launch!(self, "causal_softmax_dx_f32", cfg, g, y, dx, rows, t, scale)?;
+            }
+            // kernels/transformer.cu's tiled kernels: one block of TILE_ROWS threads per row block
+            // of a matrix, for heads up to TILE_DMAX (the size of their shared tiles).
+            FusedOp::Attention { n, t, d, scale } if d <= TILE_DMAX => {
+                let [q, k, v, o, lse] = [p[0], p[1], p[2], p[3], p[4]];
+                let (n, t, d) = (n as u64, t as u64, d as u64);
+                launch!(self, "attention_tiled_f32", tiles(n, t), q, k, v, o, lse, n, t, d, scale)?;
+            }
+            FusedOp::AttentionBackward { n, t, d, scale } if d <= TILE_DMAX => {
+                let [q, k, v, o, lse, g, dq, dk, dv, delta] = [p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]];
+                let (n, t, d) = (n as u64, t as u64, d as u64);
+                launch!(self, "attention_dq_tiled_f32", tiles(n, t), q, k, v, o, lse, g, dq, delta, n, t, d, scale)?;
+                launch!(self, "attention_dkv_tiled_f32", tiles(n, t), q, k, v, delta, lse, g, dk, dv, n, t, d, scale)?;
             }
             FusedOp::Attention { n, t, d, scale } => {
                 let [q, k, v, o, lse] = [p[0], p[1], p[2], p[3], p[4]];

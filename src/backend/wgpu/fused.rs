@@ -12,6 +12,12 @@ const MAX_LOOP: usize = 65_535;
 /// Invocations of the row kernels, which stride along a row by this many.
 const WG: usize = 256;
 
+/// shaders/attention.wgsl's rows per workgroup and largest head size (its workgroup tiles and
+/// per-row accumulators are sized for it); larger heads take transformer.wgsl's
+/// row-per-invocation kernels, as software adapters always do.
+const ATT_BR: usize = 16;
+const ATT_DMAX: usize = 64;
+
 /// Runs `op` on `bufs` (its buffers in `FusedOp`'s order); `Ok(false)` where a buffer is larger
 /// than one binding, a loop would pass `MAX_LOOP`, or an index 32 bits. With `software`, rows
 /// shorter than `MAX_LOOP` take one invocation each instead of a workgroup: CPU rasterizers
@@ -43,13 +49,21 @@ pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer], software: bo
         }
         Ok(out)
     };
-    let run = |entry: &'static str, order: &[usize], grid: [u32; 3]| -> Result<()> {
+    let run_in = |shader: &'static str, entry: &'static str, order: &[usize], grid: [u32; 3]| -> Result<()> {
         let (b, offs) = binds(order)?;
         let mut w = Words::default().u(rows).u(cols).u(d).u(blocks).f(eps).f(scale).u(0u32).u(0u32);
         for k in 0..8 {
             w = w.u(offs.get(k).copied().unwrap_or(0));
         }
-        ctx.dispatch("transformer", entry, &w.0, &b, grid)
+        ctx.dispatch(shader, entry, &w.0, &b, grid)
+    };
+    let run = |entry: &'static str, order: &[usize], grid: [u32; 3]| run_in("transformer", entry, order, grid);
+    // shaders/attention.wgsl's tiled kernels: one workgroup per block of rows of a matrix.
+    let tiled = match op {
+        FusedOp::Attention { n, t, d, .. } | FusedOp::AttentionBackward { n, t, d, .. } if !software && d <= ATT_DMAX => {
+            Some(ctx.grid(n * t.div_ceil(ATT_BR) * ATT_BR, ATT_BR))
+        }
+        _ => None,
     };
     let per_thread = ctx.grid(rows, 64);
     let one = software && cols < MAX_LOOP;
@@ -70,11 +84,23 @@ pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer], software: bo
         }
         FusedOp::CausalSoftmax { .. } => row_kernel(("causal_softmax", "causal_softmax_1"), &[0, 1])?,
         FusedOp::CausalSoftmaxBackward { .. } => row_kernel(("causal_softmax_dx", "causal_softmax_dx_1"), &[0, 1, 2])?,
-        FusedOp::Attention { .. } => run("attention", &[0, 1, 2, 3, 4], per_thread)?,
+        FusedOp::Attention { .. } => match tiled {
+            Some(grid) => run_in("attention", "tiled_attention", &[0, 1, 2, 3, 4], grid)?,
+            None => run("attention", &[0, 1, 2, 3, 4], per_thread)?,
+        },
         // [q, k, v, o, lse, g, dq, dk, dv, delta]: dq and delta first, then dk and dv from delta.
         FusedOp::AttentionBackward { .. } => {
-            run("attention_dq", &[0, 1, 2, 3, 4, 5, 6, 9], per_thread)?;
-            run("attention_dkv", &[0, 1, 2, 9, 4, 5, 7, 8], per_thread)?;
+            let (dq, dkv) = ([0, 1, 2, 3, 4, 5, 6, 9], [0, 1, 2, 9, 4, 5, 7, 8]);
+            match tiled {
+                Some(grid) => {
+                    run_in("attention", "tiled_attention_dq", &dq, grid)?;
+                    run_in("attention", "tiled_attention_dkv", &dkv, grid)?;
+                }
+                None => {
+                    run("attention_dq", &dq, per_thread)?;
+                    run("attention_dkv", &dkv, per_thread)?;
+                }
+            }
         }
         FusedOp::GeluTanh { .. } | FusedOp::GeluTanhBackward { .. } => return Ok(false),
     }

@@ -15,6 +15,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("cast", include_str!("../../../shaders/cast.wgsl")),
     ("optim", include_str!("../../../shaders/optim.wgsl")),
     ("transformer", include_str!("../../../shaders/transformer.wgsl")),
+    ("attention", include_str!("../../../shaders/attention.wgsl")),
 ];
 
 /// Modules of generated kernels that use subgroup operations and assume a subgroup of exactly 8
