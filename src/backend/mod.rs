@@ -454,6 +454,11 @@ pub trait Backend: Send + Sync {
         contract::fused(self.info(), op, bufs)?;
         Ok(false)
     }
+    /// `false` when `fused` always declines this kind of op here, so that the caller composes it
+    /// without allocating the fused kernel's outputs first; `true` means "ask `fused`".
+    fn fuses(&self, _op: &FusedOp) -> bool {
+        true
+    }
     /// A direct copy from a buffer on another device of this backend (CUDA peer access);
     /// `Ok(None)` means the caller stages through host memory.
     fn copy_from_peer(&self, _src_device: &dyn Backend, _src: &Buffer) -> Result<Option<Buffer>> {

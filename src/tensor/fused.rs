@@ -29,6 +29,11 @@ fn try_fused(dev: &Device, op: FusedOp, bufs: &[&crate::backend::Buffer]) -> Res
     dev.backend().fused(op, bufs)
 }
 
+/// Whether `op` may run fused on `dev` at all: asked before its outputs are allocated.
+fn may_fuse(dev: &Device, op: &FusedOp) -> bool {
+    FUSED.with(|c| c.get()) && dev.backend().fuses(op)
+}
+
 /// `[T, T]`, 1 where key `j` comes after query `i` (the positions a token must not see).
 pub(crate) fn causal_mask(t: usize, dev: &Device) -> Result<Tensor> {
     Tensor::from_vec((0..t * t).map(|k| f32::from(u8::from(k % t > k / t))).collect(), [t, t], dev)
@@ -94,8 +99,12 @@ impl Tensor {
     /// `gelu_tanh` in one pass where the device fuses it; `None` where it composes.
     pub(crate) fn gelu_tanh_fused(&self) -> Result<Option<Tensor>> {
         self.expect_dtype("gelu_tanh", DType::F32)?;
+        let op = FusedOp::GeluTanh { len: self.numel() };
+        if self.numel() == 0 || !may_fuse(self.device(), &op) {
+            return Ok(None);
+        }
         let y = self.alloc_like(self.numel(), DType::F32)?;
-        if self.numel() == 0 || !try_fused(self.device(), FusedOp::GeluTanh { len: self.numel() }, &[self.buffer(), &y])? {
+        if !try_fused(self.device(), op, &[self.buffer(), &y])? {
             return Ok(None);
         }
         Ok(Some(Tensor::result(y, self.shape().clone(), self.device(), GradOp::GeluTanh, &[self])))
@@ -103,10 +112,12 @@ impl Tensor {
 
     /// dL/dx of `gelu_tanh` at `self` for `g` = dL/dy (PyTorch's gradient).
     pub(crate) fn gelu_tanh_backward(&self, g: &Tensor) -> Result<Tensor> {
-        let dx = self.alloc_like(self.numel(), DType::F32)?;
         let op = FusedOp::GeluTanhBackward { len: self.numel() };
-        if self.numel() > 0 && g.shape() == self.shape() && try_fused(self.device(), op, &[g.buffer(), self.buffer(), &dx])? {
-            return Ok(Tensor::from_parts(dx, self.shape().clone(), self.device().clone(), None));
+        if self.numel() > 0 && g.shape() == self.shape() && may_fuse(self.device(), &op) {
+            let dx = self.alloc_like(self.numel(), DType::F32)?;
+            if try_fused(self.device(), op, &[g.buffer(), self.buffer(), &dx])? {
+                return Ok(Tensor::from_parts(dx, self.shape().clone(), self.device().clone(), None));
+            }
         }
         let x = self;
         let t = gelu_tanh_inner(x)?.tanh()?;

@@ -344,6 +344,9 @@ impl Backend for CudaBackend {
         }
         Ok(true)
     }
+    fn fuses(&self, op: &FusedOp) -> bool {
+        !matches!(op, FusedOp::GeluTanh { .. } | FusedOp::GeluTanhBackward { .. })
+    }
 
     fn copy_from_peer(&self, src_device: &dyn Backend, src: &Buffer) -> Result<Option<Buffer>> {
         let Some(owner) = src_device.as_any().downcast_ref::<CudaBackend>() else { return Ok(None) };

@@ -293,6 +293,10 @@ impl Backend for WgpuBackend {
         let raw = bufs.iter().map(|b| self.raw(op.name(), b, 0)).collect::<Result<Vec<_>>>()?;
         fused::fused(&self.ctx, op, &raw, matches!(self.matmul, MatmulKernel::Registers))
     }
+    fn fuses(&self, op: &FusedOp) -> bool {
+        // Elementwise: the composition's passes are already one dispatch each here.
+        !matches!(op, FusedOp::GeluTanh { .. } | FusedOp::GeluTanhBackward { .. })
+    }
     fn mark(&self) -> Result<Option<u32>> {
         Ok(self.timestamps.as_ref().and_then(|t| t.mark(&self.ctx)))
     }
