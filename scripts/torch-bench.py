@@ -20,15 +20,23 @@ DISPATCH_OPS, DISPATCH_LEN = 1000, 64
 DEVICE = "pytorch-cpu"
 
 
+# Shortest timed sample, seconds, as SAMPLE_S in src/cli/bench.rs.
+SAMPLE_S = 0.04
+
+
 def timed(reps, f):
+    """Warm-up, then the median of `reps` samples, each the mean over as many runs as fill
+    SAMPLE_S (judged by the warm-up run): tandem bench's method."""
     t = time.perf_counter()
     f()
     first = time.perf_counter() - t
+    per_sample = min(max(int(-(-SAMPLE_S // max(first, 1e-6))), 1), 1000)
     runs = []
     for _ in range(max(reps, 1)):
         t = time.perf_counter()
-        f()
-        runs.append(time.perf_counter() - t)
+        for _ in range(per_sample):
+            f()
+        runs.append((time.perf_counter() - t) / per_sample)
     return sorted(runs)[len(runs) // 2], first
 
 
@@ -58,7 +66,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    reps = dict(matmul=1, step=2, dispatch=2) if args.quick else dict(matmul=3, step=5, dispatch=5)
+    reps = dict(matmul=1, step=2, dispatch=2) if args.quick else dict(matmul=5, step=5, dispatch=5)
     torch.manual_seed(0)
     with torch.no_grad():
         for n in MATMUL_SIZES:

@@ -207,6 +207,79 @@ fn bubble_of_split_shows_an_unequal_split() {
     assert!(of_split > 0.35 && of_split < 0.5, "{st:?}");
 }
 
+/// A `Linear` that sleeps before its forward: `BASE_MS` while `Split::Auto` times the layers (its
+/// first `PROFILE_CALLS` forwards), then `BASE_MS` on device 0 and 10x that on device 1: a device
+/// that is slower when the stages run than when it was profiled, as CPU devices sharing cores
+/// are. The sleeps are long against scheduling noise on a loaded machine.
+struct Sleepy {
+    inner: Box<dyn tandem::nn::Module>,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    slow: Device,
+    here: Option<Device>,
+}
+
+/// The profile times each layer three times on each of the two stage devices.
+const PROFILE_CALLS: usize = 3 * 2;
+const BASE_MS: u64 = 4;
+
+impl tandem::nn::Module for Sleepy {
+    fn forward(&self, x: &tandem::Tensor) -> Result<tandem::Tensor> {
+        let profiling = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < PROFILE_CALLS;
+        let slow = !profiling && self.here.as_ref().is_some_and(|d| d.same(&self.slow));
+        std::thread::sleep(std::time::Duration::from_millis(if slow { 10 * BASE_MS } else { BASE_MS }));
+        self.inner.forward(x)
+    }
+    fn children(&self) -> Vec<(String, &dyn tandem::nn::Module)> {
+        vec![("inner".into(), &*self.inner)]
+    }
+    fn to_device(&self, device: &Device) -> Result<Box<dyn tandem::nn::Module>> {
+        let inner = self.inner.to_device(device)?;
+        Ok(Box::new(Sleepy { inner, calls: self.calls.clone(), slow: self.slow.clone(), here: Some(device.clone()) }))
+    }
+    fn describe(&self) -> String {
+        "Sleepy".into()
+    }
+}
+
+/// `Split::Auto` corrects its split by the stages' measured times (placement's unit tests check
+/// the decisions without timing). Four equal layers profile equal, so the first step splits
+/// 2 | 2 (unless the machine's noise decides otherwise); device 1 then runs 10x slower, and
+/// within the correcting steps the split reaches 3 | 1, the best at 1 : 10. Moving layers
+/// mid-training keeps weights and momentum: losses and weights stay `Single`'s.
+#[test]
+fn auto_split_is_corrected_by_measured_stage_times() {
+    let cpu = Device::cpu();
+    let devs = [Device::from_backend(Arc::new(CpuBackend::new())), Device::from_backend(Arc::new(CpuBackend::new()))];
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
+    let build = |rng: &mut rand_chacha::ChaCha8Rng| {
+        let mut model = tandem::nn::Sequential::new().push("flat", tandem::nn::Flatten);
+        let mut model_layers = Vec::new();
+        for (i, (fan_in, fan_out)) in [(784, 16), (16, 16), (16, 16), (16, 10)].into_iter().enumerate() {
+            let inner = Box::new(tandem::nn::Linear::new(fan_in, fan_out, rng, &cpu).unwrap());
+            model_layers.push((format!("l{i}"), Sleepy { inner, calls: Arc::default(), slow: devs[1].clone(), here: None }));
+        }
+        for (name, layer) in model_layers {
+            model = model.push(&name, layer);
+        }
+        model
+    };
+    let model = build(&mut rng);
+    let data = batches(8, 5);
+    // Flatten has no cost of its own: the four Sleepy layers decide the split.
+    let mut pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &devs, &opt(), Loss::CrossEntropy).micro_batches(2).build().unwrap();
+    let mut ranges = Vec::new();
+    let mut losses = Vec::new();
+    for b in &data {
+        losses.push(pipe.step(b).unwrap().loss);
+        ranges.push(pipe.ranges());
+    }
+    assert_eq!(ranges[4], vec![0..4, 4..5], "device 1 measured 10x slower: the last layer alone goes there; splits by step {ranges:?}");
+    let weights: Vec<(String, Vec<f32>)> = pipe.state_dict().unwrap().into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect();
+    let single_model = build(&mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5));
+    let want = train(&mut Single::new(single_model, &opt(), Loss::CrossEntropy, &cpu).unwrap(), &data);
+    same_as_reference("Split::Auto corrected mid-training", &(losses, weights), &want);
+}
+
 /// A CPU device that reports `memory` bytes of device memory, and optionally takes the given
 /// time for every upload of the given byte length.
 struct SmallDevice {

@@ -52,7 +52,7 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
         Some(m) => return Err(crate::Error::invalid("--model", format!("'{m}': tandem bench measures gpt, or every default figure without --model"))),
     }
     // Large matmuls and batch-1000 steps are slow on the CPU: fewer runs keep it under a minute.
-    let reps = if args.quick { Reps { matmul: 1, step: 2, dispatch: 2 } } else { Reps { matmul: 3, step: 5, dispatch: 5 } };
+    let reps = if args.quick { Reps { matmul: 1, step: 2, dispatch: 2 } } else { Reps { matmul: 5, step: 5, dispatch: 5 } };
     let mut rows = Vec::new();
     for dev in &devices {
         let device = dev.spec();
@@ -137,16 +137,25 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// Seconds of `f` per run: one warm-up (shader compilation, pools), then the median of `reps`.
+/// Shortest timed sample, seconds: a figure whose run is shorter repeats it within one sample, so
+/// that a single preemption of this process does not decide a sub-millisecond median.
+const SAMPLE_S: f64 = 0.04;
+
+/// Seconds of `f` per run: one warm-up (shader compilation, pools), then the median of `reps`
+/// samples, each the mean over as many runs as fill [`SAMPLE_S`] (judged by the warm-up run).
+/// scripts/torch-bench.py times PyTorch's side the same way.
 fn timed(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
     let t = Instant::now();
     f()?;
     let first = t.elapsed().as_secs_f64();
+    let per_sample = (SAMPLE_S / first.max(1e-6)).ceil().clamp(1.0, 1000.0) as usize;
     let mut runs = Vec::with_capacity(reps);
     for _ in 0..reps.max(1) {
         let t = Instant::now();
-        f()?;
-        runs.push(t.elapsed().as_secs_f64());
+        for _ in 0..per_sample {
+            f()?;
+        }
+        runs.push(t.elapsed().as_secs_f64() / per_sample as f64);
     }
     Ok((median(runs), first))
 }
@@ -204,8 +213,11 @@ fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f
     let model = SeedModel::Cnn.build(0, &Device::cpu())?;
     let stages = Stages::Split(&model, Split::Auto);
     let mut pipe = Pipeline::builder(stages, &devices, &optim, Loss::CrossEntropy).micro_batches(micro_batches).schedule(Schedule::OneFOneB).build()?;
-    // The first step measures the layers and rebalances the split.
-    pipe.step(&b)?;
+    // The first step measures the layers and splits; the next few correct the split by the
+    // stages' measured times.
+    for _ in 0..4 {
+        pipe.step(&b)?;
+    }
     let (mut bubbles, mut of_split, mut theory) = (Vec::new(), Vec::new(), 0.0);
     let (step, _) = timed(reps, || {
         pipe.step(&b)?;

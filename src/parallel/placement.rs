@@ -205,7 +205,7 @@ pub(crate) fn build_stages(stages: Stages, devices: &[Device], opt: &OptimConfig
 }
 
 /// Each layer's forward+backward seconds on each stage's device (`[device][layer]`), the best
-/// of two runs, on `probe` (a few samples).
+/// of three runs, on `probe` (a few samples).
 fn profile(stages: &[Stage], probe: &Tensor) -> Result<Vec<Vec<f64>>> {
     let layers: Vec<_> = stages.iter().flat_map(|s| s.model.layers()).collect();
     stages
@@ -218,7 +218,7 @@ fn profile(stages: &[Stage], probe: &Tensor) -> Result<Vec<Vec<f64>>> {
                 let copy = layer.to_device(dev)?;
                 let mut best = f64::INFINITY;
                 let mut out = h.clone();
-                for _ in 0..2 {
+                for _ in 0..3 {
                     // The model's input needs no gradient: timing one would overcharge the
                     // first layer (a convolution's col2im) and the first stage with it.
                     let x = if i == 0 { h.detach() } else { h.detach().requires_grad() };
@@ -240,14 +240,43 @@ fn profile(stages: &[Stage], probe: &Tensor) -> Result<Vec<Vec<f64>>> {
 }
 
 /// Re-splits `stages` by measured layer times on `probe`, moving layers with their current
-/// weights and optimizer state.
-pub(crate) fn rebalance(stages: &mut Vec<Stage>, probe: &Tensor, opt: &OptimConfig) -> Result<()> {
+/// weights and optimizer state; returns the measured times (`[device][layer]`, as `balance`
+/// takes them) for [`refine`] to correct later.
+pub(crate) fn rebalance(stages: &mut Vec<Stage>, probe: &Tensor, opt: &OptimConfig) -> Result<Vec<Vec<f64>>> {
     let cost = profile(stages, probe)?;
+    resplit(stages, &cost, opt)?;
+    Ok(cost)
+}
+
+/// Corrects the layer times `cost` by what each stage's compute really took in a step (`busy`,
+/// seconds per stage) and re-splits by them; returns whether any layer moved.
+///
+/// Timed one layer at a time, layers run alone on the device; in the pipeline, stages run at the
+/// same time and, on CPU devices, share the cores, and small layers lose more to that than large
+/// ones. Scaling each stage's layers so that they add up to its measured time puts that into the
+/// estimate.
+pub(crate) fn refine(stages: &mut Vec<Stage>, cost: &mut [Vec<f64>], busy: &[f64], opt: &OptimConfig) -> Result<bool> {
+    for (s, stage) in stages.iter().enumerate() {
+        let estimated: f64 = cost[s][stage.range.clone()].iter().sum();
+        if estimated <= 0.0 || busy[s] <= 0.0 {
+            continue;
+        }
+        let scale = busy[s] / estimated;
+        for row in cost.iter_mut() {
+            row[stage.range.clone()].iter_mut().for_each(|c| *c *= scale);
+        }
+    }
+    resplit(stages, cost, opt)
+}
+
+/// Moves layers (with weights and optimizer state) into the split that `balance` gives for
+/// `cost`; returns whether any moved.
+fn resplit(stages: &mut Vec<Stage>, cost: &[Vec<f64>], opt: &OptimConfig) -> Result<bool> {
     let devices: Vec<Device> = stages.iter().map(|s| s.device.clone()).collect();
     let bytes: Vec<u64> = stages.iter().flat_map(|s| layer_bytes(&s.model)).collect();
-    let ranges = balance(&cost, &bytes, &devices)?;
+    let ranges = balance(cost, &bytes, &devices)?;
     if ranges.iter().eq(stages.iter().map(|s| &s.range)) {
-        return Ok(());
+        return Ok(false);
     }
     let layers: Vec<_> = stages.iter().flat_map(|s| s.model.layers()).collect();
     let mut fresh = build(&layers, &ranges, &devices, opt)?;
@@ -267,7 +296,7 @@ pub(crate) fn rebalance(stages: &mut Vec<Stage>, probe: &Tensor, opt: &OptimConf
         }
     }
     *stages = fresh;
-    Ok(())
+    Ok(true)
 }
 
 /// The first `k` samples of a batch as one input tensor on `device`.
@@ -460,3 +489,6 @@ impl Strategy for LayerPlacement {
 pub(crate) fn track_name(i: usize, device: &Device) -> String {
     format!("stage {i} ({})", device.spec())
 }
+
+#[cfg(test)]
+mod tests;
