@@ -69,5 +69,5 @@ fn moved_layers_keep_weights_and_optimizer_state() {
         let moved = state_after.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} lost its optimizer state"));
         assert_eq!(&moved.1, v, "{name}");
     }
-    assert!(st[0].device.same(&st[0].model.parameters()[0].1.device()));
+    assert!(st[0].device.same(st[0].model.parameters()[0].1.device()));
 }
