@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The CPU speed table of issue 16, tandem against PyTorch, measured side by side in one run.
+
+Alternates `tandem bench --devices cpu` (with `--model gpt` for the GPT step) and PyTorch's
+side (scripts/torch-bench.py, scripts/torch_gpt_bench.py) `--rounds` times, so that both see
+the same machine load, and prints one markdown table: per figure the median over rounds of
+each side's median, every round's value, and the ratio (time: tandem / PyTorch, so < 1 is
+faster; throughput: tandem / PyTorch, so > 1 is faster). Also prints the pipeline-bubble and
+dp-overlap figures (tandem only). Run from the repository root with a release build:
+
+    cargo build --release
+    /tmp/tandem-torch-venv/bin/python scripts/side-by-side.py [--rounds 3] [--threads 2]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run_json(cmd, env=None):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, env=env).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def key(fig):
+    """What a figure measures, without the device: matched across the two sides."""
+    if fig["bench"] == "matmul":
+        return ("matmul", fig["n"])
+    if fig["bench"] == "train-step":
+        return ("train-step", fig["model"], fig["batch"])
+    if fig["bench"] == "pipeline-bubble":
+        return ("pipeline-bubble", fig["micro_batches"])
+    return (fig["bench"],)
+
+
+def value(fig):
+    """(number, unit, higher_is_better) of a figure."""
+    if "gflops" in fig:
+        return fig["gflops"], "GFLOP/s", True
+    if "tokens_per_sec" in fig:
+        return fig["tokens_per_sec"], "tokens/s", True
+    if "us_per_op" in fig:
+        return fig["us_per_op"], "µs/op", False
+    if "median_ms" in fig:
+        return fig["median_ms"], "ms", False
+    return None
+
+
+def order(k):
+    """Sorts figures by name, then by size as a number."""
+    return tuple(f"{x:012d}" if isinstance(x, int) else str(x) for x in k)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tandem", default=os.path.join(ROOT, "target", "release", "tandem"))
+    args = ap.parse_args()
+    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+    py = sys.executable
+    tandem, torch, extra = {}, {}, {}
+    for r in range(args.rounds):
+        print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        sides = [
+            (tandem, [args.tandem, "bench", "--devices", "cpu", "--log-format", "json"]),
+            (torch, [py, os.path.join(HERE, "torch-bench.py"), "--threads", str(args.threads)]),
+            (tandem, [args.tandem, "bench", "--devices", "cpu", "--model", "gpt", "--log-format", "json"]),
+            (torch, [py, os.path.join(HERE, "torch_gpt_bench.py"), "--threads", str(args.threads)]),
+        ]
+        # Alternate which side goes first, so neither always runs on a warmer machine.
+        if r % 2 == 1:
+            sides = [sides[1], sides[0], sides[3], sides[2]]
+        for store, cmd in sides:
+            for fig in run_json(cmd, env):
+                k = key(fig)
+                if k[0] in ("pipeline-bubble", "dp-overlap"):
+                    extra.setdefault(k, []).append(fig)
+                elif value(fig) is not None and not fig.get("recompute", False):
+                    store.setdefault(k, []).append(value(fig))
+    print(f"| figure | tandem cpu | PyTorch cpu, {args.threads} threads | tandem / PyTorch |")
+    print("|---|---|---|---|")
+    for k in sorted(tandem, key=order):
+        if k not in torch:
+            continue
+        t = [v for v, _, _ in tandem[k]]
+        p = [v for v, _, _ in torch[k]]
+        unit, higher = tandem[k][0][1], tandem[k][0][2]
+        tm, pm = statistics.median(t), statistics.median(p)
+        ratio = tm / pm
+        what = "throughput" if higher else "time"
+        cell = lambda xs, m: f"{m:.4g} {unit} ({', '.join(f'{x:.4g}' for x in xs)})"
+        print(f"| {' '.join(map(str, k))} | {cell(t, tm)} | {cell(p, pm)} | {ratio:.2f} ({what}) |")
+    for k in sorted(extra, key=order):
+        figs = extra[k]
+        if k[0] == "pipeline-bubble":
+            m = [f["bubble_measured"] for f in figs]
+            s = [f["bubble_of_split"] for f in figs]
+            print(f"pipeline bubble m={k[1]}: measured {statistics.median(m):.3f} ({', '.join(f'{x:.3f}' for x in m)}), "
+                  f"of the split {statistics.median(s):.3f}, theory {figs[0]['bubble_theoretical']:.3f}")
+        else:
+            h = [f["hidden_fraction"] for f in figs]
+            ratio = [f["step_ms_1"] / f["step_ms_n"] for f in figs]
+            print(f"dp-overlap: hidden fraction {statistics.median(h):.2f} ({', '.join(f'{x:.2f}' for x in h)}), "
+                  f"step on 1 device / on 2: {statistics.median(ratio):.2f} ({', '.join(f'{x:.2f}' for x in ratio)})")
+
+
+if __name__ == "__main__":
+    main()
