@@ -109,7 +109,7 @@ fn bias_relu_epilogue_and_k_past_the_split() {
             };
             let plain = product(&cpu).expect("reference product");
             let tol = 1e-5 * k as f32 + 1e-5;
-            assert_close(&format!("matmul {s:?} on {dev}"), &product(&dev).expect("product"), &plain, tol, 1e-5);
+            assert_close(&format!("matmul {s:?} on {dev}"), &product(dev).expect("product"), &plain, tol, 1e-5);
             for relu in [false, true] {
                 let want: Vec<f32> = plain
                     .iter()
