@@ -400,10 +400,22 @@ fn tiled_wide(name: &str) -> String {
     for r in 0..8 {
         let _ = writeln!(s, "    var c{r}_0 = vec4<f32>(0.0); var c{r}_1 = vec4<f32>(0.0);");
     }
+    // Each operand's share of the next K step is read into registers (`pa`, `pb`) before the
+    // FMAs of this one, so that global-memory latency hides behind them.
+    let ops = [(a, "wa", "pa", WideOperand { x: "a", o0: "row0", ext: "p.m", os: "p.a_rs", ks: "p.a_cs" }), (b, "wb", "pb", WideOperand { x: "b", o0: "col0", ext: "p.n", os: "p.b_cs", ks: "p.b_rs" })];
+    let _ = writeln!(s, "    var pa = vec4<f32>(0.0);\n    var pb = vec4<f32>(0.0);");
+    for (how, _, reg, x) in &ops {
+        s.push_str(&wide_fetch(how, reg, x, "0u", "    "));
+    }
     let _ = writeln!(s, "    for (var kt = 0u; kt < p.k; kt += 8u) {{");
-    s.push_str(&wide_load(a, "wa", "a", "row0", "p.m", "p.a_rs", "p.a_cs"));
-    s.push_str(&wide_load(b, "wb", "b", "col0", "p.n", "p.b_cs", "p.b_rs"));
-    let _ = writeln!(s, "        workgroupBarrier();\n        for (var t = 0u; t < 8u; t++) {{\n            let at = t * WIDE_ROW;");
+    for (how, tile, reg, _) in &ops {
+        s.push_str(&wide_put(how, tile, reg));
+    }
+    let _ = writeln!(s, "        workgroupBarrier();\n        let kn = kt + 8u;");
+    for (how, _, reg, x) in &ops {
+        s.push_str(&wide_fetch(how, reg, x, "kn", "        "));
+    }
+    let _ = writeln!(s, "        for (var t = 0u; t < 8u; t++) {{\n            let at = t * WIDE_ROW;");
     let _ = writeln!(s, "            let x0 = wa[at + lid.y]; let x1 = wa[at + 16u + lid.y];");
     let _ = writeln!(s, "            let y0 = wb[at + lid.x]; let y1 = wb[at + 16u + lid.x];");
     for r in 0..8 {
@@ -421,65 +433,84 @@ fn tiled_wide(name: &str) -> String {
     s
 }
 
-/// WGSL filling `tile` (vec4s, [k][o / 4], `WIDE_ROW` vec4s apart) with 8 K values of 128 rows
-/// or columns of operand `x` the way `how` says (a `TILE_LOADS` code), as `tile_load` does for
-/// the 64×64 tile: consecutive lanes read consecutive addresses; past the edge, 0. The 4-float
-/// padding of each K row puts the 32 lanes of a "k4" load (16 rows by 2 K quads) into 32
-/// different banks.
-fn wide_load(how: &str, tile: &str, x: &str, o0: &str, ext: &str, os: &str, ks: &str) -> String {
-    let at = |o: &str, k: &str| format!("{x}base + ({o0} + {o}) * {os} + (kt + {k}) * {ks}");
+/// Operand `x` (`a` or `b`) of a wide kernel: element (o, k) of its tile at K step `kt` sits at
+/// `{x}base + (o0 + o) * os + (kt + k) * ks`, `ext` rows or columns in all.
+struct WideOperand {
+    x: &'static str,
+    o0: &'static str,
+    ext: &'static str,
+    os: &'static str,
+    ks: &'static str,
+}
+
+/// WGSL reading this invocation's 4 elements of operand `x`'s tile at K step `kt` (8 K values
+/// of 128 rows or columns) into the vec4 `reg` the way `how` says (a `TILE_LOADS` code), 0 past
+/// the edge; consecutive lanes read consecutive addresses, as `tile_load` for the 64×64 tile.
+/// Lane `li` holds: "k1" rows `li/8 + 32i` at k = `li%8`; "o1" rows `li%128` at k = `li/128 + 2i`
+/// (i the component); "k4" K quad `li%2` of row `li/2`; "o4" row quad `li%32` at k = `li/32`.
+fn wide_fetch(how: &str, reg: &str, x: &WideOperand, kt: &str, ind: &str) -> String {
+    let WideOperand { x, o0, ext, os, ks } = *x;
+    let at = |o: &str, k: &str| format!("{x}base + ({o0} + {o}) * {os} + ({kt} + {k}) * {ks}");
+    let c = ["x", "y", "z", "w"];
+    let mut s = format!("{ind}{reg} = vec4<f32>(0.0);\n{ind}{{\n");
     match how {
-        // 8 lanes along K of one row, 32 rows per pass.
-        "k1" => format!(
-            "        for (var i = 0u; i < 4u; i++) {{
-            let o = i * 32u + li / 8u;
-            let k = li % 8u;
-            var v = 0.0;
-            if {o0} + o < {ext} && kt + k < p.k {{ v = {x}1[{}]; }}
-            {tile}[k * WIDE_ROW + o / 4u][o % 4u] = v;
-        }}
-",
-            at("o", "k")
-        ),
-        // 128 lanes along the row or column dimension, 2 K values per pass.
-        "o1" => format!(
-            "        for (var i = 0u; i < 4u; i++) {{
-            let k = i * 2u + li / 128u;
-            let o = li % 128u;
-            var v = 0.0;
-            if {o0} + o < {ext} && kt + k < p.k {{ v = {x}1[{}]; }}
-            {tile}[k * WIDE_ROW + o / 4u][o % 4u] = v;
-        }}
-",
-            at("o", "k")
-        ),
-        // Two lanes a row, one vec4 of K each (K, `ks` = 1 and the base aligned to 4).
-        "k4" => format!(
-            "        {{
-            let o = li / 2u;
-            let q = li % 2u;
-            var v = vec4<f32>(0.0);
-            if {o0} + o < {ext} && kt + q * 4u < p.k {{ v = {x}4[({}) / 4u + q]; }}
-            let at = q * 4u * WIDE_ROW + o / 4u;
-            {tile}[at][o % 4u] = v.x;
-            {tile}[at + WIDE_ROW][o % 4u] = v.y;
-            {tile}[at + 2u * WIDE_ROW][o % 4u] = v.z;
-            {tile}[at + 3u * WIDE_ROW][o % 4u] = v.w;
-        }}
-",
-            at("o", "0u")
-        ),
-        // 32 lanes a K value, one vec4 of rows or columns each (`ext`, `os` = 1 and the base aligned to 4).
-        _ => format!(
-            "        {{
-            let k = li / 32u;
-            let q = li % 32u;
-            var v = vec4<f32>(0.0);
-            if {o0} + q * 4u < {ext} && kt + k < p.k {{ v = {x}4[({}) / 4u + q]; }}
-            {tile}[k * WIDE_ROW + q] = v;
-        }}
-",
-            at("0u", "k")
-        ),
+        "k1" => {
+            s += &format!("{ind}    let o = li / 8u;\n{ind}    let k = li % 8u;\n{ind}    if {kt} + k < p.k {{\n");
+            for (i, c) in c.iter().enumerate() {
+                let o = format!("o + {}u", 32 * i);
+                s += &format!("{ind}        if {o0} + {o} < {ext} {{ {reg}.{c} = {x}1[{}]; }}\n", at(&o, "k"));
+            }
+            s += &format!("{ind}    }}\n");
+        }
+        "o1" => {
+            s += &format!("{ind}    let o = li % 128u;\n{ind}    let k = li / 128u;\n{ind}    if {o0} + o < {ext} {{\n");
+            for (i, c) in c.iter().enumerate() {
+                let k = format!("k + {}u", 2 * i);
+                s += &format!("{ind}        if {kt} + {k} < p.k {{ {reg}.{c} = {x}1[{}]; }}\n", at("o", &k));
+            }
+            s += &format!("{ind}    }}\n");
+        }
+        // One vec4 along K (K, `ks` = 1 and the base aligned to 4): a quad starts inside K
+        // only whole.
+        "k4" => {
+            s += &format!("{ind}    let o = li / 2u;\n{ind}    let q = li % 2u;\n");
+            s += &format!("{ind}    if {o0} + o < {ext} && {kt} + q * 4u < p.k {{ {reg} = {x}4[({}) / 4u + q]; }}\n", at("o", "0u"));
+        }
+        // One vec4 along the rows or columns (`ext`, `os` = 1 and the base aligned to 4).
+        _ => {
+            s += &format!("{ind}    let k = li / 32u;\n{ind}    let q = li % 32u;\n");
+            s += &format!("{ind}    if {o0} + q * 4u < {ext} && {kt} + k < p.k {{ {reg} = {x}4[({}) / 4u + q]; }}\n", at("0u", "k"));
+        }
     }
+    s + &format!("{ind}}}\n")
+}
+
+/// WGSL writing what `wide_fetch` read into `reg` to `tile` (vec4s, [k][o / 4], `WIDE_ROW`
+/// vec4s apart). The 4-float padding of each K row puts the 32 lanes of a "k4" write (16 rows
+/// by 2 K quads) into 32 different banks, where 128 floats a row would put them into 16.
+fn wide_put(how: &str, tile: &str, reg: &str) -> String {
+    let c = ["x", "y", "z", "w"];
+    let mut s = String::from("        {\n");
+    match how {
+        "k1" => {
+            s += "            let at = (li % 8u) * WIDE_ROW + li / 32u;\n            let e = (li / 8u) % 4u;\n";
+            for (i, c) in c.iter().enumerate() {
+                s += &format!("            {tile}[at + {}u][e] = {reg}.{c};\n", 8 * i);
+            }
+        }
+        "o1" => {
+            s += "            let at = (li / 128u) * WIDE_ROW + (li % 128u) / 4u;\n            let e = li % 4u;\n";
+            for (i, c) in c.iter().enumerate() {
+                s += &format!("            {tile}[at + {}u * WIDE_ROW][e] = {reg}.{c};\n", 2 * i);
+            }
+        }
+        "k4" => {
+            s += "            let at = (li % 2u) * 4u * WIDE_ROW + li / 8u;\n            let e = (li / 2u) % 4u;\n";
+            for (i, c) in c.iter().enumerate() {
+                s += &format!("            {tile}[at + {i}u * WIDE_ROW][e] = {reg}.{c};\n");
+            }
+        }
+        _ => s += &format!("            {tile}[(li / 32u) * WIDE_ROW + li % 32u] = {reg};\n"),
+    }
+    s + "        }\n"
 }
