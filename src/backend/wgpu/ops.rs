@@ -417,9 +417,9 @@ fn matmul_tiled(
     Ok(true)
 }
 
-/// Whether a product of `batch` M×N outputs takes the 128×128 tile. Per compute unit it does
-/// about twice the work of the 64×64 one in the same time (16 FMAs per workgroup-memory read
-/// against 2), but makes a quarter as many workgroups: with U units, a grid of W wide tiles
+/// Whether a product of `batch` M×N outputs takes the 128×128 tile. Per compute unit it should
+/// do about twice the work of the 64×64 one in the same time (16 FMAs per workgroup-memory read
+/// against 2; an estimate, not yet measured on a GPU), but makes a quarter as many workgroups: with U units, a grid of W wide tiles
 /// takes about ceil(W/U)·4 time units and the 64×64 grid ceil(4W/U)·2 (in 64×64-tile times at
 /// full speed). So the small tile wins while its grid fits in one wave (W = 8: 2 against 4),
 /// they tie at two waves and the wide tile wins past that. 64 wide tiles (256 small ones) are
