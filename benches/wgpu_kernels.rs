@@ -2,6 +2,7 @@
 //! Device: `TANDEM_BENCH_DEVICE` (default `wgpu:0`). Run `cargo bench --bench wgpu_kernels`.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::time::Duration;
+use tandem::backend::wgpu::{open_with, Options};
 use tandem::backend::{BinaryOp, MatmulSpec, WindowSpec};
 use tandem::{DType, Device, Layout, Shape};
 
@@ -24,10 +25,28 @@ fn filled(dev: &Device, n: usize, v: f32) -> tandem::backend::Buffer {
 
 fn matmul(c: &mut Criterion) {
     let Some(dev) = device() else { return };
-    let mut g = c.benchmark_group(format!("matmul {}", dev.info().name));
+    square_products(c, &dev, &format!("matmul {}", dev.info().name), &[256, 512, 1024, 2048]);
+}
+
+/// The kernels a hardware GPU runs (the forced hardware profile: 64×64 tiles, 128×128 from
+/// 1024 on) on the same adapter: on a real GPU what the README's WGSL figures are; on lavapipe
+/// a check that they still run.
+fn matmul_hardware_profile(c: &mut Criterion) {
+    let Some(dev) = device() else { return };
+    if dev.info().backend != tandem::BackendKind::Wgpu {
+        return;
+    }
+    let options = Options { hardware_profile: true, ..Options::default() };
+    let hw = Device::from_backend(open_with(dev.info().ordinal, options).expect("open_with"));
+    square_products(c, &hw, &format!("matmul hardware profile {}", hw.info().name), &[256, 1024]);
+}
+
+/// GFLOP/s of `n`×`n` products on `dev`, one benchmark per size.
+fn square_products(c: &mut Criterion, dev: &Device, group: &str, sizes: &[usize]) {
+    let mut g = c.benchmark_group(group);
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    for n in [256usize, 512, 1024, 2048] {
-        let (a, b, out) = (filled(&dev, n * n, 0.5), filled(&dev, n * n, 0.25), filled(&dev, n * n, 0.0));
+    for &n in sizes {
+        let (a, b, out) = (filled(dev, n * n, 0.5), filled(dev, n * n, 0.25), filled(dev, n * n, 0.0));
         let spec = MatmulSpec::new(1, n, n, n);
         dev.backend().matmul(&a, &b, &out, spec).expect("matmul");
         dev.sync().expect("sync");
@@ -79,5 +98,5 @@ fn im2col(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmul, dispatch_overhead, im2col);
+criterion_group!(benches, matmul, matmul_hardware_profile, dispatch_overhead, im2col);
 criterion_main!(benches);

@@ -11,7 +11,9 @@
 #                                     .gpu/: runs the NVRTC, CUDA smoke and conformance tests
 #                                     (CUDA, and every wgpu adapter such as the GPU's Vulkan one,
 #                                     also under the forced hardware profile), `tandem bench`
-#                                     (WGSL vs cuBLAS matmul up to 2048, seed-CNN steps) and the
+#                                     (WGSL vs cuBLAS matmul up to 2048: GFLOP/s of each and
+#                                     their ratio per size, and "WGSL matmul 2048 at X% of
+#                                     cuBLAS (goal 60%)"; seed-CNN steps) and the
 #                                     same seed-CNN step in that machine's PyTorch; with two GPUs
 #                                     and Open MPI, the 2-process NCCL data-parallel check
 #                                     (examples/dist_pipeline, packed when the rehearsal machine
@@ -244,8 +246,38 @@ EOF
 fi
 
 # --- benches: WGSL vs cuBLAS matmul, seed-CNN steps, then PyTorch's ----------------------------
-step bench 0 150 "$pack/bin/tandem" bench --devices "cuda:0${hw:+,$hw}"
+step bench 0 150 "$pack/bin/tandem" bench --log-format json --devices "cuda:0${hw:+,$hw}"
 grep -iE "matmul|step|seed" "$log_dir/bench.log" | head -30 | sed 's/^/    /'
+# WGSL (each hardware wgpu adapter: the tiled kernels, 128x128 tiles from 1024 on) against
+# cuBLAS (cuda:0) per matmul size, and the goal of issue 16: WGSL at 2048 at least 60% of cuBLAS.
+python3 - "$log_dir/bench.log" "${hw:-}" >"$log_dir/matmul.txt" 2>&1 <<'EOF' || echo "(no matmul figures: $log_dir/bench.log)" >>"$log_dir/matmul.txt"
+import json, sys
+gflops = {}
+for line in open(sys.argv[1]):
+    try:
+        f = json.loads(line)
+    except ValueError:
+        continue
+    if isinstance(f, dict) and f.get("bench") == "matmul":
+        gflops[(f["device"], f["n"])] = f["gflops"]
+cublas = {n: g for (d, n), g in gflops.items() if d == "cuda:0"}
+hw = [d for d in sys.argv[2].split(",") if d]
+if not hw:
+    print("no hardware wgpu adapter: no WGSL figure (cuBLAS GFLOP/s: %s)" % ", ".join(f"n={n} {g:.0f}" for n, g in sorted(cublas.items())))
+    sys.exit(0)
+print(f"{'device':<10} {'n':>5} {'WGSL GFLOP/s':>13} {'cuBLAS GFLOP/s':>15} {'ratio':>6}")
+for d in hw:
+    for n in sorted(n for (dd, n) in gflops if dd == d):
+        w, c = gflops[(d, n)], cublas.get(n)
+        print(f"{d:<10} {n:>5} {w:>13.1f} {c or float('nan'):>15.1f} {w / c if c else float('nan'):>6.2f}")
+for d in hw:
+    w, c = gflops.get((d, 2048)), cublas.get(2048)
+    if w is None or not c:
+        print(f"WGSL matmul 2048 on {d}: no figure (WGSL {w}, cuBLAS {c})")
+    else:
+        print(f"WGSL matmul 2048 at {100 * w / c:.0f}% of cuBLAS (goal 60%) on {d}")
+EOF
+sed 's/^/    /' "$log_dir/matmul.txt"
 if python3 -c 'import torch' >/dev/null 2>&1; then
   step torch-seed-cnn 0 90 python3 - <<'EOF'
 import time, torch, torch.nn as nn, torch.nn.functional as F
@@ -285,6 +317,7 @@ for i in "${!names[@]}"; do
   printf '%-28s %-5s %s\n' "${names[$i]}" "${results[$i]}" "${notes[$i]}"
 done
 echo
-grep -hiE "matmul|seed-CNN|step batch" "$log_dir/bench.log" "$log_dir/torch-seed-cnn.log" 2>/dev/null | head -30
+grep -hiE "seed-CNN|step batch" "$log_dir/bench.log" "$log_dir/torch-seed-cnn.log" 2>/dev/null | head -30
+cat "$log_dir/matmul.txt" 2>/dev/null
 echo "logs: $log_dir; total $(($(date +%s) - started))s"
 exit "$required_failed"

@@ -281,13 +281,54 @@ fn tile_store(r0: u32, c0: u32, z: u32, acc: array<vec4<f32>, 4>) {
             let col = c0 + 16u * j;
             if col >= p.n { break; }
             let at = cb + row * p.n + col;
-            var v = acc[i][j];
-            if accumulate { v += c1[at]; }
-            v += bias;
-            // ReLU as PyTorch's, judged from the bits (see `epilogue`).
-            let bits = bitcast<u32>(v);
-            if relu && bits > 0x80000000u && bits <= 0xff800000u { v = 0.0; }
-            c1[at] = v;
+            c1[at] = tile_out(at, acc[i][j], bias, accumulate, relu);
         }
     }
+}
+
+// One output of a tiled kernel after its epilogue: plus what C holds at `at` when
+// `accumulate`, plus `bias`, then ReLU when `relu` (as PyTorch's, judged from the bits: see
+// `epilogue`).
+fn tile_out(at: u32, acc: f32, bias: f32, accumulate: bool, relu: bool) -> f32 {
+    var v = acc;
+    if accumulate { v += c1[at]; }
+    v += bias;
+    let bits = bitcast<u32>(v);
+    if relu && bits > 0x80000000u && bits <= 0xff800000u { v = 0.0; }
+    return v;
+}
+
+// The 128×128-tile kernels (`shaders::tiled_wide`): the same operands, epilogues and K slices as
+// the 64×64 ones, for large products (`ops::matmul_tiled` says when). Their tiles hold vec4s,
+// [k][row / 4] and [k][column / 4], 8 K values of 128 rows or columns, `WIDE_ROW` = 33 vec4s
+// a K value (one of padding); as above, every element is written before the barrier that
+// precedes any read.
+const WIDE_ROW: u32 = 33u;
+var<workgroup> wa: array<vec4<f32>, 264>; // 8 × WIDE_ROW
+var<workgroup> wb: array<vec4<f32>, 264>;
+
+// Stores four consecutive outputs `v` of a 128×128-tile invocation at row `row`, columns
+// `col..col+3` of C, with `p.epi`'s epilogue as `tile_store` (on the vec4 at once: sixteen of
+// these per invocation, each written out), skipping what lies past the edge.
+fn wide_store(row: u32, col: u32, z: u32, v: vec4<f32>) {
+    if row >= p.m || col >= p.n { return; }
+    let at = p.c_off + z * p.m * p.n + row * p.n + col;
+    let inside = vec4<u32>(col) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.n);
+    var prior = vec4<f32>(0.0);
+    if p.epi >= 3u {
+        prior.x = c1[at];
+        if inside.y { prior.y = c1[at + 1u]; }
+        if inside.z { prior.z = c1[at + 2u]; }
+        if inside.w { prior.w = c1[at + 3u]; }
+    }
+    var bias = 0.0;
+    if p.epi != 0u && p.epi != 3u { bias = bias1[p.bias_at + row]; }
+    let x = v + prior + bias;
+    let bits = bitcast<vec4<u32>>(x);
+    let below = bits > vec4<u32>(0x80000000u) & bits <= vec4<u32>(0xff800000u);
+    let y = select(x, vec4<f32>(0.0), below & vec4<bool>(p.epi == 2u || p.epi == 5u));
+    c1[at] = y.x;
+    if inside.y { c1[at + 1u] = y.y; }
+    if inside.z { c1[at + 2u] = y.z; }
+    if inside.w { c1[at + 3u] = y.w; }
 }

@@ -68,7 +68,11 @@ impl Options {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulKernel {
     Registers,
+    /// Workgroup-memory tiles of 64×64 or, for large products, 128×128 outputs.
     Tiled,
+    /// `Tiled` with the 128×128 tile for every product whatever its size, so that tests reach
+    /// that kernel's edges on small shapes.
+    Tiled128,
 }
 
 /// Opens a new logical device and queue on adapter `ordinal`, with `Options::from_env`.

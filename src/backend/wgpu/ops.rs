@@ -268,8 +268,8 @@ pub(crate) fn matmul(
     if s.batch == 0 || m == 0 || n == 0 {
         return Ok(bias.is_none());
     }
-    if kernel == MatmulKernel::Tiled {
-        return matmul_tiled(ctx, a, b, bias, c, s);
+    if kernel != MatmulKernel::Registers {
+        return matmul_tiled(ctx, a, b, bias, c, s, kernel == MatmulKernel::Tiled128);
     }
     if k > K_SLICE {
         // The epilogue would add the bias once per slice: the caller composes instead.
@@ -361,12 +361,23 @@ pub(crate) fn matmul(
 /// along M or N) and whether they can be vec4 (that dimension's length, the offset and the batch
 /// stride multiples of 4). A K past `K_SLICE` is cut into slices, dispatched in order: the first
 /// writes C, each later one adds to it, and the last adds the bias and applies the ReLU.
-fn matmul_tiled(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option<(&wgpu::Buffer, bool)>, c: &wgpu::Buffer, s: MatmulSpec) -> Result<bool> {
+/// `TILED_WIDE`'s 128×128 tiles serve large products (`wide_tiles`), every product with `wide`.
+fn matmul_tiled(
+    ctx: &Ctx,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    bias: Option<(&wgpu::Buffer, bool)>,
+    c: &wgpu::Buffer,
+    s: MatmulSpec,
+    wide: bool,
+) -> Result<bool> {
     let (m, n, k) = (s.m, s.n, s.k);
     let (a_rs, a_cs) = if s.trans_a { (1, m) } else { (k, 1) };
     let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
     let (a_bs, b_bs) = if s.batch == 1 { (0, 0) } else { (s.a_batch_stride, s.b_batch_stride) };
-    let (gx, gy) = (n.div_ceil(64), m.div_ceil(64));
+    let wide = wide || wide_tiles(m, n, s.batch);
+    let (table, tile) = if wide { (&shaders::TILED_WIDE, 128) } else { (&shaders::TILED, 64) };
+    let (gx, gy) = (n.div_ceil(tile), m.div_ceil(tile));
     if gx.max(gy) > ctx.limits.max_groups as usize {
         return Err(Error::invalid("matmul", format!("{m}x{n} output needs more workgroups than {} allows", ctx.name)));
     }
@@ -383,7 +394,7 @@ fn matmul_tiled(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option<(&wg
         let (a_first, b_first) = (s.a_offset + k0 * a_cs, s.b_offset + k0 * b_rs);
         let la = load(!s.trans_a, if s.trans_a { m } else { k }, a_first, a_bs);
         let lb = load(s.trans_b, if s.trans_b { k } else { n }, b_first, b_bs);
-        let entry = shaders::TILED[la][lb];
+        let entry = table[la][lb];
         let last_bias = bias.filter(|_| slice + 1 == slices).map(|(_, relu)| 1 + u32::from(relu));
         let epi = if slice == 0 { 0 } else { 3 } + last_bias.unwrap_or(0);
         let per = batches_per_dispatch(ctx, &[(a_bs, a_size), (b_bs, b_size), (m * n, m * n)])?;
@@ -404,6 +415,20 @@ fn matmul_tiled(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option<(&wg
         }
     }
     Ok(true)
+}
+
+/// Whether a product of `batch` M×N outputs takes the 128×128 tile. Per compute unit it should
+/// do about twice the work of the 64×64 one in the same time (16 FMAs per workgroup-memory read
+/// against 2; an estimate, not yet measured on a GPU), but makes a quarter as many workgroups: with U units, a grid of W wide tiles
+/// takes about ceil(W/U)·4 time units and the 64×64 grid ceil(4W/U)·2 (in 64×64-tile times at
+/// full speed). So the small tile wins while its grid fits in one wave (W = 8: 2 against 4),
+/// they tie at two waves and the wide tile wins past that. 64 wide tiles (256 small ones) are
+/// two waves on a GPU of 128 units and more on smaller ones: 1024×1024 and up, or a batch of
+/// smaller products. M and N of at least 128 also bound the area past the edge that the wide
+/// tile computes in vain to a third more than the small tile's (M = 129: 256 rows against
+/// 192), less than it gains.
+fn wide_tiles(m: usize, n: usize, batch: usize) -> bool {
+    m >= 128 && n >= 128 && m.div_ceil(128) * n.div_ceil(128) * batch >= 64
 }
 
 /// The words of matmul.wgsl's `Params`: sizes M, N, K; offsets of A, B, C in their bound

@@ -1,5 +1,8 @@
 //! The one table of WGSL sources, one file per op family, compiled lazily per device.
 use std::sync::OnceLock;
+mod wide;
+pub use wide::TILED_WIDE;
+use wide::tiled_wide;
 
 /// `(name, source)` of every shader file the wgpu backend runs; names are what pipelines refer
 /// to. `source` adds generated kernels to some of them.
@@ -32,7 +35,8 @@ pub const SUBGROUP8_MODULES: &[(&str, &str)] = &[("matmul_sg", "matmul")];
 pub const TB_SG_ROWS: [usize; 3] = [8, 16, 24];
 
 /// The source of shader `name` as it is compiled: its file, and for `matmul` the generated
-/// `regs16x4`, `regs_k1_ua{8x2,8x4,16x2,24x2}`, `tb8x8` and every `TILED` kernel appended;
+/// `regs16x4`, `regs_k1_ua{8x2,8x4,16x2,24x2}`, `tb8x8` and every `TILED` and `TILED_WIDE`
+/// kernel appended;
 /// `matmul_sg` is all of `matmul` plus the generated `regs_sg32x2` and `tb_sg{R}x4` for each R
 /// of `TB_SG_ROWS`.
 pub fn source(name: &str) -> Option<&'static str> {
@@ -57,7 +61,7 @@ pub fn source(name: &str) -> Option<&'static str> {
                 regs_unrolled(Regs::UniformA, 24, 2),
                 tb_unrolled(8, 8, false),
             ];
-            let tiled: Vec<String> = TILED.iter().flatten().map(|name| tiled(name)).collect();
+            let tiled: Vec<String> = TILED.iter().flatten().map(|name| tiled(name)).chain(TILED_WIDE.iter().flatten().map(|name| tiled_wide(name))).collect();
             format!("{file}\n{}\n{}", kernels.join("\n"), tiled.join("\n"))
         }));
     }
