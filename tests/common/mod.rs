@@ -111,6 +111,24 @@ pub fn mixed_devices() -> Option<Vec<Device>> {
     Some(out)
 }
 
+/// `n` devices for a parallel strategy: independent CPU reference devices, or the devices of
+/// `TANDEM_TEST_DEVICES` (such as `cpu,wgpu:0,wgpu:1`) cycled to `n`.
+pub fn cycled_devices(n: usize) -> Vec<Device> {
+    match std::env::var("TANDEM_TEST_DEVICES") {
+        Ok(spec) => {
+            let list = Device::parse(&spec).expect("TANDEM_TEST_DEVICES names devices");
+            (0..n).map(|i| list[i % list.len()].clone()).collect()
+        }
+        Err(_) => (0..n).map(|_| Device::from_backend(std::sync::Arc::new(tandem::backend::cpu::CpuBackend::new()))).collect(),
+    }
+}
+
+/// `steps` batches of `n` synthetic seed images drawn with `seed`.
+pub fn seed_image_batches(n: usize, steps: usize, seed: u64) -> Vec<tandem::data::Batch> {
+    let ds = tandem::data::synthetic::seed_images(n * steps, seed).unwrap();
+    (0..steps).map(|s| ds.batch(&(s * n..(s + 1) * n).collect::<Vec<_>>()).unwrap()).collect()
+}
+
 pub fn layout(shape: &[usize], strides: &[usize], offset: usize) -> Layout {
     Layout { shape: shape.to_vec(), strides: strides.to_vec(), offset }
 }
