@@ -111,6 +111,29 @@ pub fn mixed_devices() -> Option<Vec<Device>> {
     Some(out)
 }
 
+/// `n` fresh logical devices of each family under test, named: independent CPU reference
+/// devices, and `wgpu:0` opened `n` times when it is there.
+pub fn device_families(n: usize) -> Vec<(String, Vec<Device>)> {
+    let cpu = || Device::from_backend(std::sync::Arc::new(tandem::backend::cpu::CpuBackend::new()));
+    let mut out = vec![("cpu".to_string(), (0..n).map(|_| cpu()).collect())];
+    if devices_under_test().iter().any(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) {
+        out.push(("wgpu:0".to_string(), (0..n).map(|_| Device::open(BackendKind::Wgpu, 0).unwrap()).collect()));
+    } else {
+        eprintln!("skipping wgpu:0: no adapter");
+    }
+    out
+}
+
+/// `backend:ordinal` opened, with its listing; `None`, saying so, where this machine has no
+/// such device.
+pub fn open_listed(backend: BackendKind, ordinal: usize) -> Option<(tandem::DeviceInfo, Device)> {
+    let Some(info) = Device::list().into_iter().find(|i| i.backend == backend && i.ordinal == ordinal) else {
+        eprintln!("skipping {}:{ordinal}: no such device here", backend.name());
+        return None;
+    };
+    Some((info, Device::open(backend, ordinal).expect("listed device opens")))
+}
+
 /// `n` devices for a parallel strategy: independent CPU reference devices, or the devices of
 /// `TANDEM_TEST_DEVICES` (such as `cpu,wgpu:0,wgpu:1`) cycled to `n`.
 pub fn cycled_devices(n: usize) -> Vec<Device> {
