@@ -96,24 +96,12 @@ fn parity(backend: BackendKind, ordinal: usize) {
     eprintln!("checkpoint for `python scripts/custom_model_parity.py check`: {}", path.display());
 }
 
-#[test]
-fn parity_with_pytorch_cpu() {
-    parity(BackendKind::Cpu, 0);
-}
-
-#[test]
-fn parity_with_pytorch_wgpu_0() {
-    parity(BackendKind::Wgpu, 0);
-}
-
-#[test]
-fn parity_with_pytorch_wgpu_1() {
-    parity(BackendKind::Wgpu, 1);
-}
-
-#[test]
-fn parity_with_pytorch_cuda_0() {
-    parity(BackendKind::Cuda, 0);
+common::device_tests! {
+    parity:
+    parity_with_pytorch_cpu => (Cpu, 0),
+    parity_with_pytorch_wgpu_0 => (Wgpu, 0),
+    parity_with_pytorch_wgpu_1 => (Wgpu, 1),
+    parity_with_pytorch_cuda_0 => (Cuda, 0),
 }
 
 /// Ten digits batches of 16 for the equality runs.

@@ -372,18 +372,8 @@ fn check_device(backend: BackendKind, ordinal: usize) {
     assert!(failures.is_empty(), "{} of {} cases differ from PyTorch on {dev} ({}):\n{}", failures.len(), cases.len(), info.name, failures.join("\n"));
 }
 
-macro_rules! device_tests {
-    ($($name:ident => ($kind:ident, $ordinal:expr)),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                check_device(BackendKind::$kind, $ordinal);
-            }
-        )*
-    };
-}
-
-device_tests! {
+common::device_tests! {
+    check_device:
     edge_cases_cpu => (Cpu, 0),
     edge_cases_wgpu_0 => (Wgpu, 0),
     edge_cases_wgpu_1 => (Wgpu, 1),

@@ -62,18 +62,8 @@ fn parity(backend: BackendKind, ordinal: usize) {
     eprintln!("checkpoint for `python scripts/gpt_parity.py check`: {}", path.display());
 }
 
-macro_rules! parity_tests {
-    ($($name:ident => ($kind:ident, $ordinal:expr)),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                parity(BackendKind::$kind, $ordinal);
-            }
-        )*
-    };
-}
-
-parity_tests! {
+common::device_tests! {
+    parity:
     parity_with_pytorch_cpu => (Cpu, 0),
     parity_with_pytorch_wgpu_0 => (Wgpu, 0),
     parity_with_pytorch_wgpu_1 => (Wgpu, 1),

@@ -134,6 +134,21 @@ pub fn open_listed(backend: BackendKind, ordinal: usize) -> Option<(tandem::Devi
     Some((info, Device::open(backend, ordinal).expect("listed device opens")))
 }
 
+/// One `#[test]` per listed device, each calling `check(BackendKind::Kind, ordinal)`, so that
+/// each device fails on its own; `check` skips a device this machine lacks (see [`open_listed`]).
+macro_rules! device_tests {
+    ($check:ident: $($name:ident => ($kind:ident, $ordinal:expr)),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $check(tandem::BackendKind::$kind, $ordinal);
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use device_tests;
+
 /// `n` devices for a parallel strategy: independent CPU reference devices, or the devices of
 /// `TANDEM_TEST_DEVICES` (such as `cpu,wgpu:0,wgpu:1`) cycled to `n`.
 pub fn cycled_devices(n: usize) -> Vec<Device> {
