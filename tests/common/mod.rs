@@ -136,6 +136,7 @@ pub fn open_listed(backend: BackendKind, ordinal: usize) -> Option<(tandem::Devi
 
 /// One `#[test]` per listed device, each calling `check(BackendKind::Kind, ordinal)`, so that
 /// each device fails on its own; `check` skips a device this machine lacks (see [`open_listed`]).
+#[allow(unused_macros)]
 macro_rules! device_tests {
     ($check:ident: $($name:ident => ($kind:ident, $ordinal:expr)),* $(,)?) => {
         $(
