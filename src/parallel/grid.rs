@@ -6,7 +6,8 @@
 use super::comm::{self, Communicator, ReduceKind};
 use super::pipeline::{PartRun, Pipeline};
 use super::trace::Trace;
-use super::{proportional_split, StepReport, Strategy};
+use super::data_parallel::split;
+use super::{StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;
 use crate::optim::{clip_scale, grad_norm_sq, scale_grads};
@@ -107,21 +108,12 @@ impl PipelineGrid {
     /// Each replica's samples of a batch of `n`.
     fn shares(&self, n: usize) -> Result<Vec<Range<usize>>> {
         let r = self.replicas.len();
-        let sizes = match &self.weights {
-            Some(w) => proportional_split(n, w)?,
-            None => comm::even_ranges(n, r).iter().map(Range::len).collect(),
-        };
-        if n < r || sizes.contains(&0) {
+        let shares = split::ranges(n, r, self.weights.as_deref())?;
+        if n < r || shares.iter().any(Range::is_empty) {
+            let sizes: Vec<usize> = shares.iter().map(Range::len).collect();
             return Err(Error::invalid("PipelineGrid::step", format!("a batch of {n} samples split {sizes:?} leaves a pipeline of the {r} without samples")));
         }
-        let mut start = 0;
-        Ok(sizes
-            .into_iter()
-            .map(|k| {
-                start += k;
-                start - k..start
-            })
-            .collect())
+        Ok(shares)
     }
 
     /// Sums each stage's gradients over the replicas: one flat tensor per replica and stage.

@@ -12,7 +12,8 @@ pub use gpt::TensorParallelGpt;
 pub use mlp::ParallelMlp;
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
-use super::{batch_to_device, proportional_split, Loss, OptimConfig, StepReport, Strategy};
+use super::data_parallel::split;
+use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;
 use crate::nn::{Linear, Module, Sequential};
@@ -26,15 +27,8 @@ fn shard_ranges(op: &'static str, n: usize, devices: &[Device]) -> Result<Vec<(u
     if devices.is_empty() || devices.len() > n {
         return Err(Error::invalid(op, format!("cannot split {n} features over {} devices", devices.len())));
     }
-    let sizes = proportional_split(n, &vec![1.0; devices.len()])?;
-    let mut start = 0;
-    Ok(sizes
-        .into_iter()
-        .map(|len| {
-            start += len;
-            (start - len, len)
-        })
-        .collect())
+    let ranges = split::ranges(n, devices.len(), Some(&vec![1.0; devices.len()]))?;
+    Ok(ranges.into_iter().map(|r| (r.start, r.len())).collect())
 }
 
 /// A new leaf on `device` holding `t`'s slice `start..start+len` of dimension `dim` (a copy,
