@@ -143,12 +143,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let mut strategy = if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
         let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), ..Default::default() };
-        let gpt = |d: &Device| -> Result<Gpt> {
-            let g = Gpt::new(cfg, args.seed, d)?;
-            g.set_recompute(args.recompute);
-            Ok(g)
-        };
-        ranks.data_parallel(gpt, &devices, &optim, Loss::CrossEntropy, dp)?
+        ranks.data_parallel(gpt_on(args, cfg), &devices, &optim, Loss::CrossEntropy, dp)?
     } else {
         build(args, cfg, &optim, &devices)?
     };
@@ -187,16 +182,22 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     trained.finish(&steps, None)
 }
 
+/// The model of `cfg` drawn from `--seed` on a device, its blocks recomputing their
+/// activations in the backward with `--recompute`.
+fn gpt_on(args: &TrainArgs, cfg: GptConfig) -> impl Fn(&Device) -> Result<Gpt> + Copy + '_ {
+    move |d| {
+        let g = Gpt::new(cfg, args.seed, d)?;
+        g.set_recompute(args.recompute);
+        Ok(g)
+    }
+}
+
 /// `single` or `data` (what `auto` becomes), `tensor`, `pipeline` and `data,pipeline`; with
 /// `--recompute` each block (single, data, tensor) or each stage (the pipelines) recomputes its
 /// activations in the backward.
 fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device]) -> Result<Box<dyn Strategy>> {
     let micro_batches = args.micro_batches.unwrap_or(1);
-    let gpt = |d: &Device| -> Result<Gpt> {
-        let g = Gpt::new(cfg, args.seed, d)?;
-        g.set_recompute(args.recompute);
-        Ok(g)
-    };
+    let gpt = gpt_on(args, cfg);
     let kind = match args.strategy {
         StrategyKind::Auto if devices.len() == 1 && !args.deterministic => StrategyKind::Single,
         StrategyKind::Auto => StrategyKind::Data,
