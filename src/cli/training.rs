@@ -149,7 +149,7 @@ pub(super) struct Steps<'a> {
 pub(super) enum Ended {
     /// The steps ran on rank 0: the caller evaluates, writes its outputs and calls
     /// [`Trained::finish`].
-    Trained(Trained),
+    Trained(Box<Trained>),
     /// The command is over with this exit status: a signal stopped the run (summary printed),
     /// or this rank, not 0, has nothing to write.
     Exit(u8),
@@ -250,7 +250,7 @@ impl Steps<'_> {
             ranks.barrier()?;
             return Ok(Ended::Exit(0));
         }
-        Ok(Ended::Trained(Trained { reporter, summary, losses, trace }))
+        Ok(Ended::Trained(Box::new(Trained { reporter, summary, losses, trace })))
     }
 }
 
