@@ -7,6 +7,7 @@ use super::comm::{self, Communicator, ReduceKind};
 use super::pipeline::{PartRun, Pipeline};
 use super::trace::Trace;
 use super::data_parallel::split;
+use super::step::clip_bound;
 use super::{StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;
@@ -225,12 +226,7 @@ impl Strategy for PipelineGrid {
         self.replicas.iter_mut().for_each(|r| r.set_lr(lr));
     }
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        if let Some(m) = max_norm {
-            if !(m.is_finite() && m > 0.0) {
-                return Err(Error::invalid("set_grad_clip", format!("max norm {m} must be positive and finite")));
-            }
-        }
-        self.clip = max_norm;
+        self.clip = clip_bound(max_norm)?;
         Ok(())
     }
     fn set_training(&mut self, training: bool) {
