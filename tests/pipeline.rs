@@ -11,7 +11,7 @@ use tandem::data::Batch;
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
 use tandem::parallel::pipeline::{schedule, simulate, Action, Pipeline, Plan, Schedule};
-use tandem::parallel::{Loss, OptimConfig, Single, Split, Stages, Strategy};
+use tandem::parallel::{Loss, OptimConfig, PipelineGrid, Single, Split, Stages, Strategy};
 use tandem::tolerance::assert_close;
 use tandem::{Device, Result};
 use watched::{watched_cpu, Call};
@@ -330,4 +330,15 @@ fn a_failing_stage_is_an_error_naming_it() {
         }
         drop(pipe);
     }
+}
+
+/// A grid's batch must give every pipeline a sample; the error names the split.
+#[test]
+fn a_grid_batch_too_small_for_its_pipelines_is_an_error() {
+    let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
+    let pipeline = |row: &[Device]| Pipeline::builder(Stages::Split(&model, Split::Auto), row, &opt(), Loss::CrossEntropy).build();
+    let mut grid = PipelineGrid::from_factory(&cycled_devices(4), 2, pipeline).unwrap();
+    let err = grid.step(&seed_image_batches(1, 1, 11)[0]).unwrap_err().to_string();
+    assert!(err.contains("a batch of 1 samples split [1, 0] leaves a pipeline of the 2 without samples"), "{err}");
+    grid.step(&seed_image_batches(2, 1, 11)[0]).unwrap();
 }

@@ -114,8 +114,7 @@ pub fn mixed_devices() -> Option<Vec<Device>> {
 /// `n` fresh logical devices of each family under test, named: independent CPU reference
 /// devices, and `wgpu:0` opened `n` times when it is there.
 pub fn device_families(n: usize) -> Vec<(String, Vec<Device>)> {
-    let cpu = || Device::from_backend(std::sync::Arc::new(tandem::backend::cpu::CpuBackend::new()));
-    let mut out = vec![("cpu".to_string(), (0..n).map(|_| cpu()).collect())];
+    let mut out = vec![("cpu".to_string(), cpu_devices(n))];
     if devices_under_test().iter().any(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) {
         out.push(("wgpu:0".to_string(), (0..n).map(|_| Device::open(BackendKind::Wgpu, 0).unwrap()).collect()));
     } else {
@@ -150,6 +149,22 @@ macro_rules! device_tests {
 #[allow(unused_imports)]
 pub(crate) use device_tests;
 
+/// `n` independent CPU reference devices.
+pub fn cpu_devices(n: usize) -> Vec<Device> {
+    (0..n).map(|_| Device::from_backend(std::sync::Arc::new(tandem::backend::cpu::CpuBackend::new()))).collect()
+}
+
+/// Distinct values for rank `r` of a collective: `len` entries.
+pub fn rank_values(r: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| (r as f32 + 1.0) * 0.5 + i as f32 * 0.25 - (i % 3) as f32).collect()
+}
+
+/// One tensor of `shape` on each device, rank `r`'s holding [`rank_values`] of `r`.
+pub fn rank_tensors(devices: &[Device], shape: &[usize]) -> Vec<tandem::Tensor> {
+    let len = shape.iter().product();
+    devices.iter().enumerate().map(|(r, d)| tandem::Tensor::from_vec(rank_values(r, len), shape.to_vec(), d).unwrap()).collect()
+}
+
 /// `n` devices for a parallel strategy: independent CPU reference devices, or the devices of
 /// `TANDEM_TEST_DEVICES` (such as `cpu,wgpu:0,wgpu:1`) cycled to `n`.
 pub fn cycled_devices(n: usize) -> Vec<Device> {
@@ -158,7 +173,7 @@ pub fn cycled_devices(n: usize) -> Vec<Device> {
             let list = Device::parse(&spec).expect("TANDEM_TEST_DEVICES names devices");
             (0..n).map(|i| list[i % list.len()].clone()).collect()
         }
-        Err(_) => (0..n).map(|_| Device::from_backend(std::sync::Arc::new(tandem::backend::cpu::CpuBackend::new()))).collect(),
+        Err(_) => cpu_devices(n),
     }
 }
 
