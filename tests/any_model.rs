@@ -14,7 +14,7 @@ use tandem::nn::{self, Dropout, Linear, Module, Sequential};
 use tandem::optim::SgdConfig;
 use tandem::parallel::pipeline::{Pipeline, Schedule};
 use tandem::parallel::{DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Single, Split, Stages, Strategy};
-use tandem::{BackendKind, CrossEntropy, Device, Result, Tensor};
+use tandem::{CrossEntropy, Device, Result, Tensor};
 
 /// Batch, tokens per sample, input width, hidden width, vocabulary.
 const B: usize = 8;
@@ -153,25 +153,11 @@ fn run(s: &mut dyn Strategy, data: &[Batch]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     (losses, norms, weights)
 }
 
-/// Two fresh logical devices of each family under test: CPU, and `wgpu:0` when present.
-fn families() -> Vec<(String, Vec<Device>)> {
-    let cpu = || Device::from_backend(Arc::new(CpuBackend::new()));
-    let mut out = vec![("cpu".to_string(), vec![cpu(), cpu(), cpu()])];
-    let wgpu0 = common::devices_under_test().iter().any(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0);
-    if wgpu0 {
-        let open = || Device::open(BackendKind::Wgpu, 0).unwrap();
-        out.push(("wgpu:0".to_string(), vec![open(), open(), open()]));
-    } else {
-        eprintln!("skipping wgpu:0: no adapter");
-    }
-    out
-}
-
 #[test]
 fn every_strategy_trains_a_user_model_like_single() {
     let _guard = common::shared();
     let data = batches();
-    for (family, devs) in families() {
+    for (family, devs) in common::device_families(3) {
         let (d0, pair) = (&devs[0], &devs[1..]);
         let want = run(&mut Single::new(model(d0).unwrap(), &opt(), smoothed(), d0).unwrap(), &data);
         assert!(want.1[0] > CLIP, "{family}: the first step's norm {} should exceed the bound {CLIP}", want.1[0]);
@@ -214,7 +200,7 @@ fn deterministic_data_parallel_with_dropout_is_bit_identical_on_one_and_two_devi
     let _guard = common::shared();
     let data = batches();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for (family, devs) in families() {
+    for (family, devs) in common::device_families(3) {
         let cfg = DataParallelConfig { deterministic: true, deterministic_shards: 4, ..Default::default() };
         let mut one = DataParallel::from_factory(model, &devs[..1], &opt(), smoothed(), cfg.clone()).unwrap();
         let mut two = DataParallel::from_factory(model, &devs[1..], &opt(), smoothed(), cfg).unwrap();

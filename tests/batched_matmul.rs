@@ -4,11 +4,13 @@
 //! stacked product) rather than copied.
 mod common;
 mod fd;
+#[path = "common/watched.rs"]
+mod watched;
 use common::*;
 use std::sync::{Arc, Mutex};
-use tandem::backend::cpu::CpuBackend;
 use tandem::backend::*;
-use tandem::{DType, Device, Error, Layout, Result, Tensor};
+use watched::{watched_cpu, Call};
+use tandem::{Device, Error, Result, Tensor};
 
 /// `torch.matmul` on the host, by its definition.
 fn reference(a: &[f32], ad: &[usize], b: &[f32], bd: &[usize]) -> (Vec<f32>, Vec<usize>) {
@@ -160,82 +162,22 @@ fn matmul_errors_name_the_shapes() {
     assert!(matches!(labels.matmul(&t(&[2, 1])), Err(Error::DType { op: "matmul", .. })));
 }
 
-/// The CPU backend, recording every matmul spec and every strided copy (`unary` Identity).
-struct Recorder {
-    cpu: CpuBackend,
-    specs: Mutex<Vec<MatmulSpec>>,
-    copies: Mutex<usize>,
-}
-
-impl Backend for Recorder {
-    fn info(&self) -> &DeviceInfo {
-        self.cpu.info()
-    }
-    fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
-        self.cpu.alloc(len, dtype)
-    }
-    fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
-        self.cpu.upload(bytes, dtype)
-    }
-    fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        self.cpu.download(buf)
-    }
-    fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
-        self.cpu.fill(buf, value)
-    }
-    fn copy(&self, src: &Buffer, so: usize, dst: &Buffer, d: usize, len: usize) -> Result<()> {
-        self.cpu.copy(src, so, dst, d, len)
-    }
-    fn unary(&self, op: UnaryOp, x: &Buffer, l: &Layout, out: &Buffer) -> Result<()> {
-        *self.copies.lock().unwrap() += usize::from(op == UnaryOp::Identity);
-        self.cpu.unary(op, x, l, out)
-    }
-    fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
-        self.cpu.binary(op, a, la, b, lb, out)
-    }
-    fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
-        self.cpu.reduce(op, x, spec, out)
-    }
-    fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
-        self.specs.lock().unwrap().push(spec);
-        self.cpu.matmul(a, b, out, spec)
-    }
-    fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
-        self.cpu.im2col(x, cols, spec)
-    }
-    fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
-        self.cpu.col2im(cols, x, spec)
-    }
-    fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
-        self.cpu.max_pool2d(x, out, argmax, spec)
-    }
-    fn max_pool2d_backward(&self, g: &Buffer, argmax: &Buffer, gx: &Buffer, spec: WindowSpec) -> Result<()> {
-        self.cpu.max_pool2d_backward(g, argmax, gx, spec)
-    }
-    fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
-        self.cpu.index(op, x, idx, out, rows, cols)
-    }
-    fn sync(&self) -> Result<()> {
-        self.cpu.sync()
-    }
-    fn memory(&self) -> MemoryStats {
-        self.cpu.memory()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
 #[test]
 fn whole_operand_broadcasts_are_read_in_place() {
-    let rec = Arc::new(Recorder { cpu: CpuBackend::new(), specs: Mutex::default(), copies: Mutex::default() });
-    let dev = Device::from_backend(rec.clone());
+    // Every matmul spec, and every strided copy (`unary` Identity).
+    let (specs, copies) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(0usize)));
+    let (s, c) = (specs.clone(), copies.clone());
+    let dev = watched_cpu(|_| {}, move |call| match call {
+        Call::Matmul(spec) => s.lock().unwrap().push(spec),
+        Call::Unary(op) => *c.lock().unwrap() += usize::from(op == UnaryOp::Identity),
+        Call::Upload(_) => {}
+    });
     let run = |ad: &[usize], bd: &[usize]| -> (Vec<(usize, usize, usize, usize)>, usize) {
-        rec.specs.lock().unwrap().clear();
-        *rec.copies.lock().unwrap() = 0;
+        specs.lock().unwrap().clear();
+        *copies.lock().unwrap() = 0;
         Tensor::zeros(ad.to_vec(), &dev).unwrap().matmul(&Tensor::zeros(bd.to_vec(), &dev).unwrap()).unwrap();
-        let specs = rec.specs.lock().unwrap().iter().map(|s| (s.batch, s.m, s.a_batch_stride, s.b_batch_stride)).collect();
-        (specs, *rec.copies.lock().unwrap())
+        let seen = specs.lock().unwrap().iter().map(|s| (s.batch, s.m, s.a_batch_stride, s.b_batch_stride)).collect();
+        (seen, *copies.lock().unwrap())
     };
     // [B,T,C]·[C,N]: one product of B·T rows
     assert_eq!(run(&[2, 3, 4], &[4, 5]), (vec![(1, 6, 0, 0)], 0));

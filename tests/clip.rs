@@ -1,9 +1,11 @@
 //! Global-norm gradient clipping as PyTorch's `clip_grad_norm_`: the norm it returns, the scale
 //! it applies (and when), NaN and infinite norms, gradients shared between parameters, and the
-//! squared norm summed over devices.
+//! squared norm summed over devices; every strategy's refusal of a bad bound.
 mod common;
 use common::{assert_close, devices_under_test};
-use tandem::optim::{clip_grad_norm, grad_norm_sq, scale_grads};
+use tandem::nn::models::SeedModel;
+use tandem::optim::{clip_grad_norm, grad_norm_sq, scale_grads, SgdConfig};
+use tandem::parallel::{Loss, OptimConfig, Pipeline, PipelineGrid, Single, Split, Stages, Strategy, TensorParallel};
 use tandem::{Device, Tensor};
 
 fn with_grads(grads: &[&[f32]], dev: &Device) -> Vec<(String, Tensor)> {
@@ -107,5 +109,27 @@ fn a_negative_or_nan_max_norm_is_an_error() {
     for m in [-1.0, f32::NAN] {
         let e = clip_grad_norm(&p, m).err().unwrap().to_string();
         assert!(e.contains("clip_grad_norm") && e.contains("max_norm"), "{e}");
+    }
+}
+
+/// A strategy's clipping bound must be positive and finite (each strategy with its own step
+/// loop, the pipeline grid included), and `None` turns clipping off.
+#[test]
+fn every_strategy_refuses_a_max_norm_that_is_not_positive_and_finite() {
+    let model = SeedModel::Cnn.build(0, &Device::cpu()).unwrap();
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.1, ..Default::default() });
+    let devs = common::cpu_devices(4);
+    let pipeline = |row: &[Device]| Pipeline::builder(Stages::Split(&model, Split::Auto), row, &opt, Loss::CrossEntropy).build();
+    let strategies: Vec<(&str, Box<dyn Strategy>)> = vec![
+        ("single", Box::new(Single::new(model.slice(0..model.len(), &devs[0]).unwrap(), &opt, Loss::CrossEntropy, &devs[0]).unwrap())),
+        ("tensor parallel", Box::new(TensorParallel::new(&model, &devs[..2], &opt, Loss::CrossEntropy).unwrap())),
+        ("pipeline grid", Box::new(PipelineGrid::from_factory(&devs, 2, pipeline).unwrap())),
+    ];
+    for (what, mut s) in strategies {
+        for m in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let e = s.set_grad_clip(Some(m)).err().unwrap_or_else(|| panic!("{what} took max norm {m}")).to_string();
+            assert!(e.contains("set_grad_clip") && e.contains("positive and finite"), "{what}: {e}");
+        }
+        s.set_grad_clip(None).unwrap();
     }
 }

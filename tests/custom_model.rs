@@ -11,7 +11,6 @@ use net::NetConfig;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
-use tandem::backend::cpu::CpuBackend;
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData, HostTensor};
 use tandem::data::{digits, Batch, Dataset, Targets};
 use tandem::nn::Module;
@@ -55,12 +54,8 @@ fn fixture_batch() -> Batch {
 /// gradient norms, the final weights and running statistics and the eval-mode logits; then the
 /// checkpoint for `custom_model_parity.py check`, tandem's eval loss in its metadata.
 fn parity(backend: BackendKind, ordinal: usize) {
-    let Some(info) = Device::list().into_iter().find(|i| i.backend == backend && i.ordinal == ordinal) else {
-        eprintln!("skipping {}:{ordinal}: no such device here", backend.name());
-        return;
-    };
     let _guard = common::shared();
-    let dev = Device::open(backend, ordinal).expect("listed device opens");
+    let Some((info, dev)) = common::open_listed(backend, ordinal) else { return };
     let want = expected_json();
     let model = net::build(FIXTURE, &dev).expect("model");
     let init: Vec<(String, Tensor)> = fixture("init.safetensors").iter().map(|(n, t)| (n.clone(), Tensor::from_vec(f32s(t).to_vec(), t.shape.clone(), &dev).unwrap())).collect();
@@ -101,24 +96,12 @@ fn parity(backend: BackendKind, ordinal: usize) {
     eprintln!("checkpoint for `python scripts/custom_model_parity.py check`: {}", path.display());
 }
 
-#[test]
-fn parity_with_pytorch_cpu() {
-    parity(BackendKind::Cpu, 0);
-}
-
-#[test]
-fn parity_with_pytorch_wgpu_0() {
-    parity(BackendKind::Wgpu, 0);
-}
-
-#[test]
-fn parity_with_pytorch_wgpu_1() {
-    parity(BackendKind::Wgpu, 1);
-}
-
-#[test]
-fn parity_with_pytorch_cuda_0() {
-    parity(BackendKind::Cuda, 0);
+common::device_tests! {
+    parity:
+    parity_with_pytorch_cpu => (Cpu, 0),
+    parity_with_pytorch_wgpu_0 => (Wgpu, 0),
+    parity_with_pytorch_wgpu_1 => (Wgpu, 1),
+    parity_with_pytorch_cuda_0 => (Cuda, 0),
 }
 
 /// Ten digits batches of 16 for the equality runs.
@@ -145,19 +128,6 @@ fn run(s: &mut dyn Strategy, data: &[Batch]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     (losses, norms, state.iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect())
 }
 
-/// Three fresh logical devices of each family under test: CPU, and `wgpu:0` when present.
-fn families() -> Vec<(String, Vec<Device>)> {
-    let cpu = || Device::from_backend(Arc::new(CpuBackend::new()));
-    let mut out = vec![("cpu".to_string(), vec![cpu(), cpu(), cpu()])];
-    if common::devices_under_test().iter().any(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) {
-        let open = || Device::open(BackendKind::Wgpu, 0).unwrap();
-        out.push(("wgpu:0".to_string(), vec![open(), open(), open()]));
-    } else {
-        eprintln!("skipping wgpu:0: no adapter");
-    }
-    out
-}
-
 /// The example's network at the fixture's widths with dropout 0.1 on every strategy, against
 /// `Single`. BatchNorm in training mode normalises each data-parallel shard and each pipeline
 /// micro-batch by its own statistics (see README), so DataParallel and Pipeline are compared
@@ -170,7 +140,7 @@ fn every_strategy_trains_the_example_like_single() {
     let training = NetConfig { dropout: 0.1, ..FIXTURE };
     let frozen = NetConfig { freeze_bn: true, ..training };
     let (opt, loss) = (net::optimizer(), net::loss());
-    for (family, devs) in families() {
+    for (family, devs) in common::device_families(3) {
         let (d0, pair) = (&devs[0], &devs[1..]);
         for (cfg, what) in [(training, "BatchNorm training"), (frozen, "BatchNorm frozen")] {
             let want = run(&mut Single::new(net::build(cfg, d0).unwrap(), &opt, loss.clone(), d0).unwrap(), &data);

@@ -360,12 +360,8 @@ fn check_case(case: &Value, dev: &Device, weights: &[f32]) -> std::result::Resul
 
 /// Every case on one device; panics listing every mismatch.
 fn check_device(backend: BackendKind, ordinal: usize) {
-    let Some(info) = Device::list().into_iter().find(|i| i.backend == backend && i.ordinal == ordinal) else {
-        eprintln!("skipping {}:{ordinal}: no such device here", backend.name());
-        return;
-    };
     let _guard = common::shared();
-    let dev = Device::open(backend, ordinal).expect("listed device opens");
+    let Some((info, dev)) = common::open_listed(backend, ordinal) else { return };
     let fx = fixture();
     let weights: Vec<f32> = fx["weights"].as_array().expect("weights").iter().map(|w| w.as_f64().expect("weight") as f32).collect();
     let cases = fx["cases"].as_array().expect("cases");
@@ -376,18 +372,8 @@ fn check_device(backend: BackendKind, ordinal: usize) {
     assert!(failures.is_empty(), "{} of {} cases differ from PyTorch on {dev} ({}):\n{}", failures.len(), cases.len(), info.name, failures.join("\n"));
 }
 
-macro_rules! device_tests {
-    ($($name:ident => ($kind:ident, $ordinal:expr)),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                check_device(BackendKind::$kind, $ordinal);
-            }
-        )*
-    };
-}
-
-device_tests! {
+common::device_tests! {
+    check_device:
     edge_cases_cpu => (Cpu, 0),
     edge_cases_wgpu_0 => (Wgpu, 0),
     edge_cases_wgpu_1 => (Wgpu, 1),

@@ -24,12 +24,8 @@ fn batch(fx: &Fixture, name: &str, step: Option<usize>, dev: &Device) -> Result<
 /// The reference's 10 steps on `dev`: losses within 1e-4 relative, final weights within 1e-3;
 /// then the checkpoint for `gpt_parity.py check`, with tandem's validation loss in its metadata.
 fn parity(backend: BackendKind, ordinal: usize) {
-    let Some(info) = Device::list().into_iter().find(|i| i.backend == backend && i.ordinal == ordinal) else {
-        eprintln!("skipping {}:{ordinal}: no such device here", backend.name());
-        return;
-    };
     let _guard = common::shared();
-    let dev = Device::open(backend, ordinal).expect("listed device opens");
+    let Some((info, dev)) = common::open_listed(backend, ordinal) else { return };
     let fx = Fixture::load();
     let train = fx.json("train");
     let hp = |k: &str| train[k].as_f64().expect("a number") as f32;
@@ -66,18 +62,8 @@ fn parity(backend: BackendKind, ordinal: usize) {
     eprintln!("checkpoint for `python scripts/gpt_parity.py check`: {}", path.display());
 }
 
-macro_rules! parity_tests {
-    ($($name:ident => ($kind:ident, $ordinal:expr)),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                parity(BackendKind::$kind, $ordinal);
-            }
-        )*
-    };
-}
-
-parity_tests! {
+common::device_tests! {
+    parity:
     parity_with_pytorch_cpu => (Cpu, 0),
     parity_with_pytorch_wgpu_0 => (Wgpu, 0),
     parity_with_pytorch_wgpu_1 => (Wgpu, 1),

@@ -56,22 +56,11 @@ fn parity(what: &str, s: &mut dyn Strategy, fx: &Fixture) {
     assert!(names.contains(&format!("{}.exp_avg", Gpt::WTE)) && !names.iter().any(|n| n.starts_with(Gpt::LM_HEAD)), "{what}: optimizer state {names:?}");
 }
 
-/// Four fresh logical devices of each family under test: CPU, and `wgpu:0` when present.
-fn families() -> Vec<(String, Vec<Device>)> {
-    let mut out = vec![("cpu".to_string(), (0..4).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect())];
-    if common::devices_under_test().iter().any(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) {
-        out.push(("wgpu:0".to_string(), (0..4).map(|_| Device::open(BackendKind::Wgpu, 0).unwrap()).collect()));
-    } else {
-        eprintln!("skipping wgpu:0: no adapter");
-    }
-    out
-}
-
 #[test]
 fn data_pipeline_and_grid_match_pytorch() {
     let _guard = common::shared();
     let fx = Fixture::load();
-    for (family, devs) in families() {
+    for (family, devs) in common::device_families(4) {
         let mut dp = DataParallel::from_factory(|d| Gpt::new(fx.config(), 0, d), &devs[..2], &fx.adamw(), Loss::CrossEntropy, DataParallelConfig::default()).unwrap();
         dp.load_state_dict(&fx.init(&Device::cpu())).unwrap();
         parity(&format!("data on 2 {family}"), &mut dp, &fx);

@@ -14,22 +14,10 @@ use tandem::checkpoint::read_safetensors;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::{with_samples, Module, SampleContext};
 use tandem::parallel::{Loss, Single, Strategy, TensorParallelGpt};
-use tandem::{BackendKind, Device, Error, Result, Tensor};
+use tandem::{Device, Error, Result, Tensor};
 
 fn cpu() -> Device {
     Device::from_backend(Arc::new(CpuBackend::new()))
-}
-
-/// Two fresh logical devices per family: CPU, and `wgpu:0` when there is one.
-fn families() -> Vec<Vec<Device>> {
-    let mut out = vec![vec![cpu(), cpu()]];
-    if Device::list().iter().any(|i| i.backend == BackendKind::Wgpu && i.ordinal == 0) {
-        let open = || Device::open(BackendKind::Wgpu, 0).expect("listed adapter opens");
-        out.push(vec![open(), open()]);
-    } else {
-        eprintln!("skipping wgpu:0: no adapter");
-    }
-    out
 }
 
 /// A tensor-parallel model over `devs` holding the fixture's initial weights.
@@ -47,7 +35,7 @@ fn names_and_shapes(state: &[(String, Tensor)]) -> Vec<(String, Vec<usize>)> {
 fn tensor_parallel_matches_pytorch() {
     let _guard = common::shared();
     let fx = Fixture::load();
-    for devs in families() {
+    for (_, devs) in common::device_families(2) {
         let mut tp = tensor_parallel(&fx, fx.config(), &devs).expect("tensor-parallel model");
         tp.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
         let (mut losses, mut norms) = (Vec::new(), Vec::new());

@@ -4,31 +4,16 @@
 //!
 //! Devices are independent CPU reference devices, or `TANDEM_TEST_DEVICES` (such as
 //! `cpu,wgpu:0,wgpu:1`), cycled to the number a test needs.
+mod common;
+use common::{cycled_devices, seed_image_batches};
 use rand::SeedableRng;
-use std::sync::Arc;
-use tandem::backend::cpu::CpuBackend;
-use tandem::data::{synthetic, Batch};
+use tandem::data::Batch;
 use tandem::nn::models::SeedModel;
 use tandem::nn::{Linear, Module};
 use tandem::optim::{AdamConfig, SgdConfig};
 use tandem::parallel::{ColumnParallelLinear, LayerPlacement, Loss, OptimConfig, RowParallelLinear, Single, Split, Strategy, TensorParallel};
 use tandem::tolerance::assert_close;
 use tandem::{Device, Tensor};
-
-fn devices(n: usize) -> Vec<Device> {
-    match std::env::var("TANDEM_TEST_DEVICES") {
-        Ok(spec) => {
-            let list = Device::parse(&spec).expect("TANDEM_TEST_DEVICES names devices");
-            (0..n).map(|i| list[i % list.len()].clone()).collect()
-        }
-        Err(_) => (0..n).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect(),
-    }
-}
-
-fn batches(n: usize, steps: usize) -> Vec<Batch> {
-    let ds = synthetic::seed_images(n * steps, 5).unwrap();
-    (0..steps).map(|s| ds.batch(&(s * n..(s + 1) * n).collect::<Vec<_>>()).unwrap()).collect()
-}
 
 type Run = (Vec<f32>, Vec<(String, Vec<usize>, Vec<f32>)>);
 
@@ -48,17 +33,17 @@ fn same(what: &str, got: &Run, want: &Run) {
 }
 
 fn check_strategies(opt: OptimConfig) {
-    let data = batches(16, 10);
+    let data = seed_image_batches(16, 10, 5);
     let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
-    let dev = devices(1).remove(0);
+    let dev = cycled_devices(1).remove(0);
     let want = train(&mut Single::new(SeedModel::Cnn.build(3, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap(), &data);
     let loss = Loss::CrossEntropy;
     let cases: Vec<(String, Box<dyn Strategy>)> = vec![
-        ("placement At [7]".into(), Box::new(LayerPlacement::new(&model, &devices(2), Split::At(vec![7]), &opt, loss.clone()).unwrap())),
-        ("placement At [2, 5]".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::At(vec![2, 5]), &opt, loss.clone()).unwrap())),
-        ("placement Auto".into(), Box::new(LayerPlacement::new(&model, &devices(3), Split::Auto, &opt, loss.clone()).unwrap())),
-        ("tensor parallel x2".into(), Box::new(TensorParallel::new(&model, &devices(2), &opt, loss.clone()).unwrap())),
-        ("tensor parallel x3".into(), Box::new(TensorParallel::new(&model, &devices(3), &opt, loss.clone()).unwrap())),
+        ("placement At [7]".into(), Box::new(LayerPlacement::new(&model, &cycled_devices(2), Split::At(vec![7]), &opt, loss.clone()).unwrap())),
+        ("placement At [2, 5]".into(), Box::new(LayerPlacement::new(&model, &cycled_devices(3), Split::At(vec![2, 5]), &opt, loss.clone()).unwrap())),
+        ("placement Auto".into(), Box::new(LayerPlacement::new(&model, &cycled_devices(3), Split::Auto, &opt, loss.clone()).unwrap())),
+        ("tensor parallel x2".into(), Box::new(TensorParallel::new(&model, &cycled_devices(2), &opt, loss.clone()).unwrap())),
+        ("tensor parallel x3".into(), Box::new(TensorParallel::new(&model, &cycled_devices(3), &opt, loss.clone()).unwrap())),
     ];
     for (name, mut s) in cases {
         same(&format!("{name} {opt:?}"), &train(&mut *s, &data), &want);
@@ -91,7 +76,7 @@ fn grads(layer: &dyn Module, x: &Tensor, c: &Tensor) -> (Vec<f32>, Vec<f32>) {
 
 #[test]
 fn column_and_row_parallel_equal_linear_on_odd_sizes() {
-    let home = devices(1).remove(0);
+    let home = cycled_devices(1).remove(0);
     for (inputs, outputs, batch, k) in [(7, 5, 3, 2), (7, 5, 3, 3), (13, 11, 1, 3), (4, 9, 5, 4)] {
         let what = format!("in {inputs} out {outputs} batch {batch} over {k}");
         let x = Tensor::randn([batch, inputs], &mut rng(), &home).unwrap();
@@ -100,7 +85,7 @@ fn column_and_row_parallel_equal_linear_on_odd_sizes() {
         let (y, gx) = grads(&lin, &x, &c);
         let (gw, gb) = (lin.weight.grad().unwrap().to_vec().unwrap(), lin.bias.as_ref().unwrap().grad().unwrap().to_vec().unwrap());
 
-        let col = ColumnParallelLinear::from_linear(&lin, &devices(k)).unwrap();
+        let col = ColumnParallelLinear::from_linear(&lin, &cycled_devices(k)).unwrap();
         assert_close(&format!("{what}: column weight"), &col.weight().unwrap().to_vec().unwrap(), &lin.weight.to_vec().unwrap(), 0.0, 0.0);
         let (cy, cgx) = grads(&col, &x, &c);
         assert_close(&format!("{what}: column forward"), &cy, &y, 1e-6, 1e-5);
@@ -108,7 +93,7 @@ fn column_and_row_parallel_equal_linear_on_odd_sizes() {
         assert_close(&format!("{what}: column weight grad"), &col.weight_grad().unwrap().unwrap().to_vec().unwrap(), &gw, 1e-6, 1e-5);
         assert_close(&format!("{what}: column bias grad"), &col.bias_grad().unwrap().unwrap().to_vec().unwrap(), &gb, 1e-6, 1e-5);
 
-        let row = RowParallelLinear::from_linear(&lin, &devices(k)).unwrap();
+        let row = RowParallelLinear::from_linear(&lin, &cycled_devices(k)).unwrap();
         let (ry, rgx) = grads(&row, &x, &c);
         assert_close(&format!("{what}: row forward"), &ry, &y, 1e-6, 1e-5);
         assert_close(&format!("{what}: row input grad"), &rgx, &gx, 1e-6, 1e-5);
@@ -119,7 +104,7 @@ fn column_and_row_parallel_equal_linear_on_odd_sizes() {
         assert_close(&format!("{what}: gathered Linear"), &back.forward(&x).unwrap().to_vec().unwrap(), &y, 1e-6, 1e-5);
     }
     let lin = Linear::new(3, 2, &mut rng(), &home).unwrap();
-    let err = ColumnParallelLinear::from_linear(&lin, &devices(3)).err().expect("2 outputs over 3 devices").to_string();
+    let err = ColumnParallelLinear::from_linear(&lin, &cycled_devices(3)).err().expect("2 outputs over 3 devices").to_string();
     assert!(err.contains("2 features over 3 devices"), "{err}");
 }
 
@@ -127,17 +112,17 @@ fn column_and_row_parallel_equal_linear_on_odd_sizes() {
 fn tensor_parallel_state_round_trips_under_the_original_names() {
     let opt = OptimConfig::adam(AdamConfig::default());
     let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
-    let mut tp = TensorParallel::new(&model, &devices(3), &opt, Loss::CrossEntropy).unwrap();
+    let mut tp = TensorParallel::new(&model, &cycled_devices(3), &opt, Loss::CrossEntropy).unwrap();
     let names = |s: Vec<(String, Tensor)>| s.into_iter().map(|(n, t)| (n, t.dims().to_vec())).collect::<Vec<_>>();
     assert_eq!(names(tp.state_dict().unwrap()), names(model.parameters()));
-    let data = batches(8, 2);
+    let data = seed_image_batches(8, 2, 5);
     tp.step(&data[0]).unwrap();
     let (state, steps) = tp.optimizer_state().unwrap();
     let weights = tp.state_dict().unwrap();
     assert!(state.iter().any(|(n, t)| n == "fc1.weight.exp_avg" && t.dims() == [50, 320]), "{:?}", names(state.clone()));
 
     // A fresh copy loaded from that state takes the same next step.
-    let mut other = TensorParallel::new(&model, &devices(3), &opt, Loss::CrossEntropy).unwrap();
+    let mut other = TensorParallel::new(&model, &cycled_devices(3), &opt, Loss::CrossEntropy).unwrap();
     other.load_state_dict(&weights).unwrap();
     other.load_optimizer_state(&state, steps).unwrap();
     let (a, b) = (tp.step(&data[1]).unwrap().loss, other.step(&data[1]).unwrap().loss);
@@ -153,28 +138,28 @@ fn tensor_parallel_state_round_trips_under_the_original_names() {
 fn placement_errors_and_predict() {
     let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
     let opt = OptimConfig::sgd(SgdConfig::default());
-    let err = LayerPlacement::new(&model, &devices(2), Split::At(vec![10]), &opt, Loss::CrossEntropy).err().unwrap().to_string();
+    let err = LayerPlacement::new(&model, &cycled_devices(2), Split::At(vec![10]), &opt, Loss::CrossEntropy).err().unwrap().to_string();
     assert!(err.contains("split points"), "{err}");
-    let lp = LayerPlacement::new(&model, &devices(3), Split::At(vec![3, 8]), &opt, Loss::CrossEntropy).unwrap();
+    let lp = LayerPlacement::new(&model, &cycled_devices(3), Split::At(vec![3, 8]), &opt, Loss::CrossEntropy).unwrap();
     assert_eq!(lp.ranges(), vec![0..3, 3..8, 8..10]);
-    let batch = &batches(4, 1)[0];
-    let dev = devices(1).remove(0);
+    let batch = &seed_image_batches(4, 1, 5)[0];
+    let dev = cycled_devices(1).remove(0);
     let single = Single::new(SeedModel::Cnn.build(3, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap();
     assert_close("predict", &lp.predict(batch).unwrap().to_vec().unwrap(), &single.predict(batch).unwrap().to_vec().unwrap(), 1e-6, 1e-5);
     let one_linear = tandem::nn::Sequential::new().push("fc", Linear::new(3, 2, &mut rng(), &dev).unwrap());
-    let err = TensorParallel::new(&one_linear, &devices(2), &opt, Loss::CrossEntropy).err().unwrap().to_string();
+    let err = TensorParallel::new(&one_linear, &cycled_devices(2), &opt, Loss::CrossEntropy).err().unwrap().to_string();
     assert!(err.contains("two Linear layers"), "{err}");
 }
 
 #[test]
 fn strategies_on_the_models_own_device_leave_the_model_untouched() {
-    let dev = devices(1).remove(0);
+    let dev = cycled_devices(1).remove(0);
     let model = SeedModel::Cnn.build(3, &dev).unwrap();
     let before: Vec<Vec<f32>> = model.parameters().iter().map(|(_, t)| t.to_vec().unwrap()).collect();
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.1, ..Default::default() });
     let mut lp = LayerPlacement::new(&model, &[dev.clone(), dev.clone()], Split::At(vec![5]), &opt, Loss::CrossEntropy).unwrap();
     let mut tp = TensorParallel::new(&model, &[dev.clone(), dev.clone()], &opt, Loss::CrossEntropy).unwrap();
-    let batch = &batches(4, 1)[0];
+    let batch = &seed_image_batches(4, 1, 5)[0];
     lp.step(batch).unwrap();
     tp.step(batch).unwrap();
     for ((name, t), want) in model.parameters().iter().zip(&before) {
@@ -187,7 +172,7 @@ fn strategies_on_the_models_own_device_leave_the_model_untouched() {
 #[test]
 fn tensor_parallel_clips_the_global_norm_and_sets_lr_like_single() {
     const CLIP: f32 = 0.3;
-    let data = batches(8, 8);
+    let data = seed_image_batches(8, 8, 5);
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() });
     let run = |s: &mut dyn Strategy| {
         s.set_grad_clip(Some(CLIP)).unwrap();
@@ -204,12 +189,12 @@ fn tensor_parallel_clips_the_global_norm_and_sets_lr_like_single() {
         let weights = s.state_dict().unwrap().into_iter().map(|(n, t)| (n, t.dims().to_vec(), t.to_vec().unwrap())).collect();
         (norms, (losses, weights))
     };
-    let dev = devices(1).remove(0);
+    let dev = cycled_devices(1).remove(0);
     let (want_norms, want) = run(&mut Single::new(SeedModel::Cnn.build(3, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap());
     assert!(want_norms[0] > CLIP, "the first norm {} should exceed the bound {CLIP}", want_norms[0]);
     let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
     for n in [2, 3] {
-        let (norms, got) = run(&mut TensorParallel::new(&model, &devices(n), &opt, Loss::CrossEntropy).unwrap());
+        let (norms, got) = run(&mut TensorParallel::new(&model, &cycled_devices(n), &opt, Loss::CrossEntropy).unwrap());
         assert_close(&format!("tensor parallel x{n}: gradient norms"), &norms, &want_norms, 1e-5, 1e-4);
         same(&format!("tensor parallel x{n}, clipped"), &got, &want);
     }
@@ -247,7 +232,7 @@ fn a_learning_rate_set_before_the_first_step_survives_rebalancing() {
     let batch = ds.batch(&[0, 1, 2, 3]).unwrap();
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.5, ..Default::default() });
     let before: Vec<f32> = model.parameters().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect();
-    let mut lp = LayerPlacement::new(&model, &devices(2), Split::Auto, &opt, Loss::CrossEntropy).unwrap();
+    let mut lp = LayerPlacement::new(&model, &cycled_devices(2), Split::Auto, &opt, Loss::CrossEntropy).unwrap();
     assert_eq!(lp.ranges(), vec![0..2, 2..4], "split by parameter bytes before the first step");
     lp.set_lr(0.0);
     lp.step(&batch).unwrap();

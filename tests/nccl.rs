@@ -3,26 +3,12 @@
 //! the GPU test prints "skipped: ..." with the reason and passes.
 #![cfg(feature = "nccl")]
 
-use std::sync::Arc;
-use tandem::backend::cpu::CpuBackend;
+mod common;
+use common::{cpu_devices, rank_tensors, rank_values};
 use tandem::backend::{cuda, BackendKind};
 use tandem::parallel::comm::{self, Communicator, HostStaged, Nccl, ReduceKind};
 use tandem::tolerance::assert_close;
 use tandem::{Device, Error, Tensor};
-
-fn cpu_devices(n: usize) -> Vec<Device> {
-    (0..n).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect()
-}
-
-/// Distinct values for rank `r`: `len` entries.
-fn values(r: usize, len: usize) -> Vec<f32> {
-    (0..len).map(|i| (r as f32 + 1.0) * 0.5 + i as f32 * 0.25 - (i % 3) as f32).collect()
-}
-
-fn on_each(devices: &[Device], shape: &[usize]) -> Vec<Tensor> {
-    let len = shape.iter().product();
-    devices.iter().enumerate().map(|(r, d)| Tensor::from_vec(values(r, len), shape.to_vec(), d).unwrap()).collect()
-}
 
 fn host(ts: &[Tensor]) -> Vec<Vec<f32>> {
     ts.iter().map(|t| t.to_vec().unwrap()).collect()
@@ -92,7 +78,7 @@ fn nccl_matches_host_staged() {
 
     for shape in [vec![7usize], vec![2 * n + 1, 3], vec![1]] {
         for op in [ReduceKind::Sum, ReduceKind::Mean] {
-            let (a, b) = (on_each(&devices, &shape), on_each(&devices, &shape));
+            let (a, b) = (rank_tensors(&devices, &shape), rank_tensors(&devices, &shape));
             nccl.all_reduce(&a, op).unwrap();
             staged.all_reduce(&b, op).unwrap();
             for (r, (x, y)) in host(&a).iter().zip(host(&b)).enumerate() {
@@ -100,7 +86,7 @@ fn nccl_matches_host_staged() {
             }
         }
         for root in 0..n {
-            let (a, b) = (on_each(&devices, &shape), on_each(&devices, &shape));
+            let (a, b) = (rank_tensors(&devices, &shape), rank_tensors(&devices, &shape));
             nccl.broadcast(&a, root).unwrap();
             staged.broadcast(&b, root).unwrap();
             assert_eq!(host(&a), host(&b), "broadcast {shape:?} from {root}");
@@ -112,7 +98,7 @@ fn nccl_matches_host_staged() {
         let parts: Vec<Tensor> = devices
             .iter()
             .enumerate()
-            .map(|(r, d)| Tensor::from_vec(values(r, rows[r] * 3), vec![rows[r], 3], d).unwrap())
+            .map(|(r, d)| Tensor::from_vec(rank_values(r, rows[r] * 3), vec![rows[r], 3], d).unwrap())
             .collect();
         let (a, b) = (nccl.all_gather(&parts).unwrap(), staged.all_gather(&parts).unwrap());
         for (r, (x, y)) in a.iter().zip(&b).enumerate() {
@@ -125,7 +111,7 @@ fn nccl_matches_host_staged() {
     // Rows that split evenly (ncclReduceScatter) and unevenly (grouped ncclReduce).
     for rows in [2 * n, 2 * n + 1] {
         for op in [ReduceKind::Sum, ReduceKind::Mean] {
-            let ts = on_each(&devices, &[rows, 3]);
+            let ts = rank_tensors(&devices, &[rows, 3]);
             let (a, b) = (nccl.reduce_scatter(&ts, op).unwrap(), staged.reduce_scatter(&ts, op).unwrap());
             for (r, (x, y)) in a.iter().zip(&b).enumerate() {
                 assert_eq!(x.dims(), y.dims());
@@ -134,10 +120,10 @@ fn nccl_matches_host_staged() {
         }
     }
 
-    let t = Tensor::from_vec(values(0, 10), vec![2, 5], &devices[0]).unwrap();
+    let t = Tensor::from_vec(rank_values(0, 10), vec![2, 5], &devices[0]).unwrap();
     let moved = nccl.send_recv(&t, &devices[n - 1]).unwrap();
     assert!(moved.device().same(&devices[n - 1]));
-    assert_eq!(moved.to_vec().unwrap(), values(0, 10));
+    assert_eq!(moved.to_vec().unwrap(), rank_values(0, 10));
     if n > 1 {
         assert!(nccl.bytes_moved() > 0);
     }

@@ -4,25 +4,10 @@
 mod common;
 
 use common::assert_close;
-use std::sync::Arc;
-use tandem::backend::cpu::CpuBackend;
 use tandem::nn::{GeluApproximate, LayerNorm, Linear, Module, GELU};
 use tandem::optim::{clip_grad_norm, AdamConfig, OptimConfig};
 use tandem::parallel::ParallelMlp;
-use tandem::{BackendKind, Device, Error, Result, Tensor};
-
-/// Three fresh logical devices of each family under test: CPU, and `wgpu:0` when present.
-fn families() -> Vec<(String, Vec<Device>)> {
-    let cpu = || Device::from_backend(Arc::new(CpuBackend::new()));
-    let mut out = vec![("cpu".to_string(), vec![cpu(), cpu(), cpu()])];
-    if common::devices_under_test().iter().any(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) {
-        let open = || Device::open(BackendKind::Wgpu, 0).unwrap();
-        out.push(("wgpu:0".to_string(), vec![open(), open(), open()]));
-    } else {
-        eprintln!("skipping wgpu:0: no adapter");
-    }
-    out
-}
+use tandem::{Device, Error, Result, Tensor};
 
 fn values(t: &Tensor) -> Vec<f32> {
     t.to_vec().unwrap()
@@ -41,7 +26,7 @@ fn probe(out: &Tensor, seed: u64) -> Result<Tensor> {
 #[test]
 fn parallel_mlp_equals_the_unsplit_mlp_values_and_gradients() {
     let _guard = common::shared();
-    for (family, devs) in families() {
+    for (family, devs) in common::device_families(3) {
         let home = &devs[0];
         // 7 hidden features: an uneven split (4 + 3); both GELU forms.
         for (hidden, act) in [(7, GELU::default()), (16, GELU { approximate: GeluApproximate::Tanh })] {
@@ -125,7 +110,7 @@ fn train(block: &dyn Module, x: &Tensor, target: &Tensor) -> (Vec<f32>, Vec<(Str
 #[test]
 fn parallel_mlp_trains_inside_a_users_model_like_the_unsplit_one() {
     let _guard = common::shared();
-    for (family, devs) in families() {
+    for (family, devs) in common::device_families(3) {
         let home = &devs[0];
         let mut rng = common::rng(4);
         let (fc, proj) = (Linear::new(6, 12, &mut rng, home).unwrap(), Linear::new(12, 6, &mut rng, home).unwrap());

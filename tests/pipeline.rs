@@ -3,34 +3,21 @@
 //!
 //! Devices are independent CPU reference devices, or `TANDEM_TEST_DEVICES` (such as
 //! `cpu,wgpu:0,wgpu:1`), cycled to the number of stages a test needs.
-use std::sync::Arc;
-use tandem::backend::cpu::CpuBackend;
-use tandem::backend::*;
-use tandem::data::{synthetic, Batch};
+mod common;
+#[path = "common/watched.rs"]
+mod watched;
+use common::{cpu_devices, cycled_devices, seed_image_batches};
+use tandem::data::Batch;
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
 use tandem::parallel::pipeline::{schedule, simulate, Action, Pipeline, Plan, Schedule};
-use tandem::parallel::{Loss, OptimConfig, Single, Split, Stages, Strategy};
+use tandem::parallel::{Loss, OptimConfig, PipelineGrid, Single, Split, Stages, Strategy};
 use tandem::tolerance::assert_close;
-use tandem::{DType, Device, Layout, Result};
-
-fn devices(n: usize) -> Vec<Device> {
-    match std::env::var("TANDEM_TEST_DEVICES") {
-        Ok(spec) => {
-            let list = Device::parse(&spec).expect("TANDEM_TEST_DEVICES names devices");
-            (0..n).map(|i| list[i % list.len()].clone()).collect()
-        }
-        Err(_) => (0..n).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect(),
-    }
-}
+use tandem::{Device, Result};
+use watched::{watched_cpu, Call};
 
 fn opt() -> OptimConfig {
     OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
-}
-
-fn batches(n: usize, steps: usize) -> Vec<Batch> {
-    let ds = synthetic::seed_images(n * steps, 11).unwrap();
-    (0..steps).map(|s| ds.batch(&(s * n..(s + 1) * n).collect::<Vec<_>>()).unwrap()).collect()
 }
 
 /// Losses of every step and the final weights (flattened, in state_dict order).
@@ -41,7 +28,7 @@ fn train(strategy: &mut dyn Strategy, data: &[Batch]) -> (Vec<f32>, Vec<(String,
 }
 
 fn reference(data: &[Batch]) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
-    let dev = devices(1).remove(0);
+    let dev = cycled_devices(1).remove(0);
     let model = SeedModel::Cnn.build(7, &dev).unwrap();
     train(&mut Single::new(model, &opt(), Loss::CrossEntropy, &dev).unwrap(), data)
 }
@@ -58,12 +45,12 @@ fn same_as_reference(what: &str, got: &(Vec<f32>, Vec<(String, Vec<f32>)>), want
 fn pipeline(stages_n: usize, split: Split, m: usize, kind: Schedule, recompute: bool) -> Pipeline {
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
     let stages = Stages::Split(&model, split);
-    Pipeline::builder(stages, &devices(stages_n), &opt(), Loss::CrossEntropy).micro_batches(m).schedule(kind).recompute(recompute).build().unwrap()
+    Pipeline::builder(stages, &cycled_devices(stages_n), &opt(), Loss::CrossEntropy).micro_batches(m).schedule(kind).recompute(recompute).build().unwrap()
 }
 
 #[test]
 fn gpipe_and_1f1b_match_single_over_ten_steps() {
-    let data = batches(16, 10);
+    let data = seed_image_batches(16, 10, 11);
     let want = reference(&data);
     for kind in [Schedule::GPipe, Schedule::OneFOneB] {
         for (stages, split) in [(2, Split::At(vec![4])), (3, Split::At(vec![3, 7]))] {
@@ -77,7 +64,7 @@ fn gpipe_and_1f1b_match_single_over_ten_steps() {
 
 #[test]
 fn recompute_and_auto_split_match_single() {
-    let data = batches(16, 10);
+    let data = seed_image_batches(16, 10, 11);
     let want = reference(&data);
     let got = train(&mut pipeline(3, Split::At(vec![2, 8]), 4, Schedule::OneFOneB, true), &data);
     same_as_reference("1F1B with recompute", &got, &want);
@@ -137,7 +124,7 @@ fn trace_has_one_track_per_device_and_parses() {
     let mut pipe = pipeline(3, Split::At(vec![3, 7]), 2, Schedule::OneFOneB, false);
     let trace = tandem::parallel::trace::Trace::new();
     pipe.set_trace(trace.clone());
-    pipe.step(&batches(8, 1)[0]).unwrap();
+    pipe.step(&seed_image_batches(8, 1, 11)[0]).unwrap();
     let path = std::env::temp_dir().join(format!("tandem-pipeline-trace-{}.json", std::process::id()));
     trace.write(&path).unwrap();
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -156,7 +143,7 @@ fn trace_has_one_track_per_device_and_parses() {
 /// Bubble and activation memory of the seed CNN over two CPU stages, printed as a table.
 #[test]
 fn bubble_and_activation_memory_are_measured() {
-    let data = batches(32, 3);
+    let data = seed_image_batches(32, 3, 11);
     // Split::Auto balances the stages by measured time, so that the bubble is the schedule's
     // and not the imbalance's.
     println!("p=2, batch 32, seed CNN, Split::Auto | bubble measured / theoretical, busy and idle s per stage, peak activation bytes per stage");
@@ -200,7 +187,7 @@ fn bubble_and_activation_memory_are_measured() {
 #[test]
 fn bubble_of_split_shows_an_unequal_split() {
     let mut pipe = pipeline(2, Split::At(vec![8]), 4, Schedule::OneFOneB, false);
-    pipe.step(&batches(16, 1)[0]).unwrap();
+    pipe.step(&seed_image_batches(16, 1, 11)[0]).unwrap();
     let st = pipe.last_stats().unwrap();
     let of_split = st.bubble_of_split.unwrap();
     assert!((st.bubble_theoretical - 0.2).abs() < 1e-12);
@@ -213,7 +200,7 @@ fn bubble_of_split_shows_an_unequal_split() {
 /// are. The sleeps are long against scheduling noise on a loaded machine.
 struct Sleepy {
     inner: Box<dyn tandem::nn::Module>,
-    calls: Arc<std::sync::atomic::AtomicUsize>,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     slow: Device,
     here: Option<Device>,
 }
@@ -249,14 +236,14 @@ impl tandem::nn::Module for Sleepy {
 #[test]
 fn auto_split_is_corrected_by_measured_stage_times() {
     let cpu = Device::cpu();
-    let devs = [Device::from_backend(Arc::new(CpuBackend::new())), Device::from_backend(Arc::new(CpuBackend::new()))];
+    let devs = cpu_devices(2);
     let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
     let build = |rng: &mut rand_chacha::ChaCha8Rng| {
         let mut model = tandem::nn::Sequential::new().push("flat", tandem::nn::Flatten);
         let mut model_layers = Vec::new();
         for (i, (fan_in, fan_out)) in [(784, 16), (16, 16), (16, 16), (16, 10)].into_iter().enumerate() {
             let inner = Box::new(tandem::nn::Linear::new(fan_in, fan_out, rng, &cpu).unwrap());
-            model_layers.push((format!("l{i}"), Sleepy { inner, calls: Arc::default(), slow: devs[1].clone(), here: None }));
+            model_layers.push((format!("l{i}"), Sleepy { inner, calls: Default::default(), slow: devs[1].clone(), here: None }));
         }
         for (name, layer) in model_layers {
             model = model.push(&name, layer);
@@ -264,7 +251,7 @@ fn auto_split_is_corrected_by_measured_stage_times() {
         model
     };
     let model = build(&mut rng);
-    let data = batches(8, 5);
+    let data = seed_image_batches(8, 5, 11);
     // Flatten has no cost of its own: the four Sleepy layers decide the split.
     let mut pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &devs, &opt(), Loss::CrossEntropy).micro_batches(2).build().unwrap();
     let mut ranges = Vec::new();
@@ -280,93 +267,34 @@ fn auto_split_is_corrected_by_measured_stage_times() {
     same_as_reference("Split::Auto corrected mid-training", &(losses, weights), &want);
 }
 
-/// A CPU device that reports `memory` bytes of device memory, and optionally takes the given
-/// time for every upload of the given byte length.
-struct SmallDevice {
-    cpu: CpuBackend,
-    info: DeviceInfo,
-    slow_upload: Option<(usize, std::time::Duration)>,
-}
-
-impl Backend for SmallDevice {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
-    fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
-        self.cpu.alloc(len, dtype)
-    }
-    fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
-        if let Some((_, time)) = self.slow_upload.filter(|(len, _)| *len == bytes.len()) {
-            std::thread::sleep(time);
-        }
-        self.cpu.upload(bytes, dtype)
-    }
-    fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        self.cpu.download(buf)
-    }
-    fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
-        self.cpu.fill(buf, value)
-    }
-    fn copy(&self, src: &Buffer, so: usize, dst: &Buffer, d: usize, len: usize) -> Result<()> {
-        self.cpu.copy(src, so, dst, d, len)
-    }
-    fn unary(&self, op: UnaryOp, x: &Buffer, l: &Layout, out: &Buffer) -> Result<()> {
-        self.cpu.unary(op, x, l, out)
-    }
-    fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
-        self.cpu.binary(op, a, la, b, lb, out)
-    }
-    fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
-        self.cpu.reduce(op, x, spec, out)
-    }
-    fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
-        self.cpu.matmul(a, b, out, spec)
-    }
-    fn im2col(&self, x: &Buffer, cols: &Buffer, spec: WindowSpec) -> Result<()> {
-        self.cpu.im2col(x, cols, spec)
-    }
-    fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
-        self.cpu.col2im(cols, x, spec)
-    }
-    fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
-        self.cpu.max_pool2d(x, out, argmax, spec)
-    }
-    fn max_pool2d_backward(&self, g: &Buffer, argmax: &Buffer, gx: &Buffer, spec: WindowSpec) -> Result<()> {
-        self.cpu.max_pool2d_backward(g, argmax, gx, spec)
-    }
-    fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
-        self.cpu.index(op, x, idx, out, rows, cols)
-    }
-    fn sync(&self) -> Result<()> {
-        self.cpu.sync()
-    }
-    fn memory(&self) -> MemoryStats {
-        self.cpu.memory()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
+/// A CPU device that reports `memory` bytes of device memory.
 fn small_device(memory: u64) -> Device {
-    let cpu = CpuBackend::new();
-    let info = DeviceInfo { memory: Some(memory), name: format!("CPU with {memory} bytes"), ..cpu.info().clone() };
-    Device::from_backend(Arc::new(SmallDevice { cpu, info, slow_upload: None }))
+    watched_cpu(
+        |info| {
+            info.memory = Some(memory);
+            info.name = format!("CPU with {memory} bytes");
+        },
+        |_| {},
+    )
 }
 
 /// The first stage's copies of its micro-batches onto its device are its work (busy time),
 /// not bubble: with uploads of 100 ms, 2 micro-batches make stage 0 busy at least 200 ms.
 #[test]
 fn the_first_stage_counts_its_uploads_as_busy() {
-    let cpu = CpuBackend::new();
-    let info = DeviceInfo { name: "CPU with slow uploads".into(), ..cpu.info().clone() };
-    // A micro-batch of 2 seed images of 28 x 28 floats.
-    let slow_upload = Some((2 * 784 * 4, std::time::Duration::from_millis(100)));
-    let slow = Device::from_backend(Arc::new(SmallDevice { cpu, info, slow_upload }));
+    let slow = watched_cpu(
+        |info| info.name = "CPU with slow uploads".into(),
+        |call| {
+            // A micro-batch of 2 seed images of 28 x 28 floats.
+            if matches!(call, Call::Upload(bytes) if bytes.len() == 2 * 784 * 4) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        },
+    );
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
-    let devs = [slow, devices(1).remove(0)];
+    let devs = [slow, cycled_devices(1).remove(0)];
     let mut pipe = Pipeline::builder(Stages::Split(&model, Split::At(vec![4])), &devs, &opt(), Loss::CrossEntropy).micro_batches(2).build().unwrap();
-    pipe.step(&batches(4, 1)[0]).unwrap();
+    pipe.step(&seed_image_batches(4, 1, 11)[0]).unwrap();
     let st = pipe.last_stats().unwrap();
     assert!(st.busy_s[0] >= 0.2, "{st:?}");
     assert!(st.bubble_of_split.is_some_and(|b| (0.0..1.0).contains(&b)), "{st:?}");
@@ -386,33 +314,33 @@ fn errors_come_before_any_work() {
     // Micro-batches that do not divide the batch: both numbers named, nothing trained.
     let mut pipe = pipeline(2, Split::At(vec![4]), 3, Schedule::GPipe, false);
     let before = pipe.state_dict().unwrap()[0].1.to_vec().unwrap();
-    let err = pipe.step(&batches(16, 1)[0]).unwrap_err().to_string();
+    let err = pipe.step(&seed_image_batches(16, 1, 11)[0]).unwrap_err().to_string();
     assert!(err.contains('3') && err.contains("16"), "{err}");
     assert_eq!(pipe.state_dict().unwrap()[0].1.to_vec().unwrap(), before);
     assert!(pipe.last_stats().is_none());
 
-    let err = new_err(10, &devices(11), Split::Auto, 2);
+    let err = new_err(10, &cycled_devices(11), Split::Auto, 2);
     assert!(err.contains("11 stages") && err.contains("10 layers"), "{err}");
     for points in [vec![0], vec![10], vec![12]] {
-        let err = new_err(10, &devices(2), Split::At(points.clone()), 2);
+        let err = new_err(10, &cycled_devices(2), Split::At(points.clone()), 2);
         assert!(err.contains("split points"), "{points:?}: {err}");
     }
-    let err = new_err(10, &devices(3), Split::At(vec![6, 4]), 2);
+    let err = new_err(10, &cycled_devices(3), Split::At(vec![6, 4]), 2);
     assert!(err.contains("strictly increasing"), "{err}");
-    let err = new_err(10, &devices(3), Split::At(vec![4]), 2);
+    let err = new_err(10, &cycled_devices(3), Split::At(vec![4]), 2);
     assert!(err.contains("for 3 devices"), "{err}");
-    let err = new_err(10, &devices(2), Split::At(vec![4]), 0);
+    let err = new_err(10, &cycled_devices(2), Split::At(vec![4]), 0);
     assert!(err.contains("at least 1"), "{err}");
 
     // fc1 alone has 320*50+50 weights: 64 200 bytes, x4 = 256 800 bytes with grads and state.
-    let tight = [devices(1).remove(0), small_device(100_000)];
+    let tight = [cycled_devices(1).remove(0), small_device(100_000)];
     let err = new_err(10, &tight, Split::At(vec![4]), 2);
     assert!(err.contains("out of memory") && err.contains("stage 1"), "{err}");
     // Auto moves the big layers to the device that can hold them... when there is one.
     let err = new_err(10, &[small_device(100_000), small_device(100_000)], Split::Auto, 2);
     assert!(err.contains("no split"), "{err}");
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
-    let fits = [devices(1).remove(0), small_device(50_000)];
+    let fits = [cycled_devices(1).remove(0), small_device(50_000)];
     let pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &fits, &opt(), Loss::CrossEntropy).micro_batches(2).schedule(Schedule::GPipe).build().unwrap();
     assert_eq!(pipe.ranges()[1], 8..10, "only relu3 and fc2 fit in 50 000 bytes");
 }
@@ -454,11 +382,11 @@ fn a_failing_stage_is_an_error_naming_it() {
             .push("fc1", Linear::new(784, 16, &mut rng, &cpu).unwrap())
             .push("boom", fault)
             .push("fc2", Linear::new(16, 10, &mut rng, &cpu).unwrap());
-        let devs = devices(3);
+        let devs = cycled_devices(3);
         let stages = Stages::Split(&model, Split::At(vec![2, 3]));
         let mut pipe = Pipeline::builder(stages, &devs, &opt(), Loss::CrossEntropy).micro_batches(2).build().unwrap();
         for _ in 0..2 {
-            let e = pipe.step(&batches(4, 1)[0]).unwrap_err();
+            let e = pipe.step(&seed_image_batches(4, 1, 11)[0]).unwrap_err();
             let text = e.to_string();
             match &e {
                 Error::Worker { role: "pipeline stage", index: 1, device, source } => {
@@ -475,4 +403,15 @@ fn a_failing_stage_is_an_error_naming_it() {
         }
         drop(pipe);
     }
+}
+
+/// A grid's batch must give every pipeline a sample; the error names the split.
+#[test]
+fn a_grid_batch_too_small_for_its_pipelines_is_an_error() {
+    let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
+    let pipeline = |row: &[Device]| Pipeline::builder(Stages::Split(&model, Split::Auto), row, &opt(), Loss::CrossEntropy).build();
+    let mut grid = PipelineGrid::from_factory(&cycled_devices(4), 2, pipeline).unwrap();
+    let err = grid.step(&seed_image_batches(1, 1, 11)[0]).unwrap_err().to_string();
+    assert!(err.contains("a batch of 1 samples split [1, 0] leaves a pipeline of the 2 without samples"), "{err}");
+    grid.step(&seed_image_batches(2, 1, 11)[0]).unwrap();
 }

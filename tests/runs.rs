@@ -210,6 +210,27 @@ fn sigterm_then_resume_matches_an_uninterrupted_run() {
     assert!(std::fs::read(&full).unwrap() == std::fs::read(&resumed).unwrap(), "weights differ after SIGTERM and resume");
 }
 
+/// Item 6 for `--model gpt`: SIGTERM ends the run after the step, with its checkpoint, and the
+/// summary keeps the validation loss of that step.
+#[test]
+fn a_stopped_gpt_run_keeps_its_checkpoint_and_last_validation_loss() {
+    let ck = scratch("gpt-sigterm");
+    let tiny = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch", "8"];
+    let run = ["train", "--model", "gpt", "--data", "text", "--devices", "cpu", "--log-format", "json", "--steps", "100000000", "--eval-every", "1"];
+    let args = [&run[..], &tiny, &["--checkpoint-every", "100000000", "--checkpoint-dir", s(&ck)]].concat();
+    let (mut child, lines) = spawn_until_step(&args, 2);
+    signal(&child, "TERM");
+    let rest: Vec<serde_json::Value> = lines.map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect();
+    assert_eq!(child.0.wait().unwrap().code(), Some(143));
+    let summary = rest.last().unwrap();
+    assert_eq!(summary["stopped_by"], "SIGTERM");
+    let stopped_at = summary["steps"].as_u64().unwrap();
+    assert_eq!(names(&ck), ckpt_names(&[stopped_at]));
+    let last_val = rest.iter().rev().find(|l| l.get("val_loss").is_some() && l.get("summary").is_none()).expect("a validation line after the signal");
+    assert_eq!(last_val["step"].as_u64(), Some(stopped_at));
+    assert!(summary["val_loss"].is_f64() && summary["val_loss"] == last_val["val_loss"], "{summary}");
+}
+
 /// Item 6: a second signal does not wait for the step: the run ends at once (130 or 143)
 /// and writes no checkpoint.
 #[test]

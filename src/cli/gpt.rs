@@ -5,18 +5,16 @@
 //!
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
 //! so `tandem generate` needs nothing but the checkpoint file.
-use super::checkpoints::RunState;
-use super::progress::Summary;
 use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
 use super::stop::StopSignal;
+use super::training::{self, Ended, Resume, Steps};
 use super::{OptimizerKind, TrainArgs};
 use crate::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
 use crate::data::text::{CharVocab, Split, TextCorpus, TokenBatch, TokenWindows};
 use crate::data::{Batch, LoaderState};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::optim::LrSchedule;
-use crate::parallel::trace::Trace;
 use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
@@ -125,7 +123,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let schedule = lr_schedule(g.warmup_steps, optim.lr(), total)?;
     let devices = ranks.devices(&args.devices)?;
     ranks.check_strategy(args.strategy)?;
-    let (claim, run_dir) = super::train::outputs_and_run_dir(args, ranks)?;
+    let (claim, run_dir) = training::outputs_and_run_dir(args, ranks)?;
 
     let data = Tokens::load(&args.data)?;
     let block = data.block(g.block_size)?;
@@ -145,12 +143,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let mut strategy = if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
         let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), ..Default::default() };
-        let gpt = |d: &Device| -> Result<Gpt> {
-            let g = Gpt::new(cfg, args.seed, d)?;
-            g.set_recompute(args.recompute);
-            Ok(g)
-        };
-        ranks.data_parallel(gpt, &devices, &optim, Loss::CrossEntropy, dp)?
+        ranks.data_parallel(gpt_on(args, cfg), &devices, &optim, Loss::CrossEntropy, dp)?
     } else {
         build(args, cfg, &optim, &devices)?
     };
@@ -160,95 +153,43 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     }
     let config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
 
-    let at = super::train::Resume { ranks, dir: args.checkpoint_dir.as_deref(), run_dir: run_dir.as_ref(), claim };
-    let (start, run, mut kept) = super::train::start_run(at, strategy.as_mut(), None, &config, args.seed, total, "--steps")?;
-
-    let trace = args.trace.as_ref().map(|_| Trace::new());
-    if let Some(t) = &trace {
-        strategy.set_trace(t.clone());
-    }
-    let reporter = super::train::reporter(ranks, args, start, total);
+    let at = Resume { ranks, dir: args.checkpoint_dir.as_deref(), run_dir: run_dir.as_ref(), claim };
+    let start = training::start_run(at, strategy.as_mut(), None, &config, args.seed, total, "--steps")?;
+    let reporter = training::reporter(ranks, args, start.step, total);
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
-    let mut losses = Vec::new();
-    let mut val_loss = None;
-    let train_t0 = Instant::now();
-    let mut step = start;
-    let mut stopped = ranks.agree_stop(stop.get())?;
-    while step < total && stopped.is_none() {
-        if let Some(s) = &schedule {
-            strategy.set_lr(s.lr_at(step));
+    let steps = Steps { args, ranks, stop: &stop, run_dir: run_dir.as_ref(), config: &config, total, every, t0 };
+    let next = |s: &mut dyn Strategy, step: u64| {
+        if let Some(sch) = &schedule {
+            s.set_lr(sch.lr_at(step));
         }
         let batch = data.batch(Split::Train, args.batch, block, &mut batch_rng(args.seed, step))?;
-        step += 1;
-        let rep = strategy.step(&batch)?;
-        if !rep.loss.is_finite() {
-            return Err(Error::NonFinite { step, what: format!("loss is {} at step {step}", rep.loss), kept });
-        }
-        reporter.step(step, rep.loss, rep.wall_s);
-        losses.push((step, rep.loss));
-        stopped = ranks.agree_stop(stop.get())?;
-        // The replicas are equal: rank 0's validation loss is every rank's.
-        let eval = g.eval_every.is_some_and(|e| step.is_multiple_of(e)) || (step == total && g.eval_every.is_some());
-        if eval && ranks.leader() {
-            let v = validation_loss(strategy.as_mut(), &val, args.batch)?;
-            reporter.val_loss(step, v);
-            val_loss = Some(v);
-        }
-        if args.checkpoint_dir.is_some() && (step.is_multiple_of(every) || step == total || stopped.is_some()) {
-            if let Some(dir) = &run_dir {
-                // Windows are drawn from (seed, step): no loader position to keep.
-                let loader = LoaderState { epoch: 0, position: 0 };
-                kept = Some(super::train::save_checkpoint(dir, strategy.as_ref(), step, kept, |optim_steps| RunState {
-                    run: run.clone(),
-                    step,
-                    optim_steps,
-                    loader,
-                    shuffle_seed: args.seed,
-                    config: config.clone(),
-                })?);
-            }
-            ranks.barrier()?;
-        }
-    }
-    let train_s = train_t0.elapsed().as_secs_f64();
-    if let Some(path) = &kept {
-        reporter.note(&format!("checkpoint {}", path.display()));
-    }
-    let steps_run = step - start;
-    let mut summary = Summary {
-        summary: true,
-        steps_run,
-        steps: step,
-        final_loss: losses.last().map(|l| l.1),
-        val_loss,
-        test_accuracy: None,
-        test_samples: None,
-        samples_per_sec: (steps_run as f64 * args.batch as f64) / train_s.max(1e-9),
-        train_s,
-        wall_s: 0.0,
-        stopped_by: stopped.map(|s| s.name),
+        // Windows are drawn from (seed, step): no loader position to keep.
+        Ok((batch, LoaderState { epoch: 0, position: 0 }))
     };
-    if let Some(sig) = stopped {
-        return Ok(super::train::finish_stopped(reporter, &mut summary, sig, step, args.checkpoint_dir.is_some(), t0));
-    }
-    if !ranks.leader() {
-        ranks.barrier()?;
-        return Ok(0);
-    }
+    // The replicas are equal: rank 0's validation loss is every rank's.
+    let validate = |s: &mut dyn Strategy, step: u64| {
+        let eval = g.eval_every.is_some_and(|e| step.is_multiple_of(e)) || (step == total && g.eval_every.is_some());
+        if eval && ranks.leader() { validation_loss(s, &val, args.batch).map(Some) } else { Ok(None) }
+    };
+    let trained = match steps.run(strategy.as_mut(), start, reporter, next, validate)? {
+        Ended::Trained(t) => t,
+        Ended::Exit(code) => return Ok(code),
+    };
     if let Some(path) = &args.save {
         let meta = BTreeMap::from([("config".to_string(), config.to_string())]);
         write_safetensors(path, &to_host(&strategy.state_dict()?)?, &meta)?;
     }
-    if let Some(path) = &args.plot {
-        crate::checkpoint::write_atomic(path, super::plot::svg(&losses, None).as_bytes())?;
+    trained.finish(&steps, None)
+}
+
+/// The model of `cfg` drawn from `--seed` on a device, its blocks recomputing their
+/// activations in the backward with `--recompute`.
+fn gpt_on(args: &TrainArgs, cfg: GptConfig) -> impl Fn(&Device) -> Result<Gpt> + Copy + '_ {
+    move |d| {
+        let g = Gpt::new(cfg, args.seed, d)?;
+        g.set_recompute(args.recompute);
+        Ok(g)
     }
-    if let (Some(path), Some(t)) = (&args.trace, &trace) {
-        t.write(path)?;
-    }
-    summary.wall_s = t0.elapsed().as_secs_f64();
-    reporter.finish(&summary);
-    ranks.barrier()?;
-    Ok(0)
 }
 
 /// `single` or `data` (what `auto` becomes), `tensor`, `pipeline` and `data,pipeline`; with
@@ -256,11 +197,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
 /// activations in the backward.
 fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device]) -> Result<Box<dyn Strategy>> {
     let micro_batches = args.micro_batches.unwrap_or(1);
-    let gpt = |d: &Device| -> Result<Gpt> {
-        let g = Gpt::new(cfg, args.seed, d)?;
-        g.set_recompute(args.recompute);
-        Ok(g)
-    };
+    let gpt = gpt_on(args, cfg);
     let kind = match args.strategy {
         StrategyKind::Auto if devices.len() == 1 && !args.deterministic => StrategyKind::Single,
         StrategyKind::Auto => StrategyKind::Data,

@@ -24,6 +24,7 @@ mod run_dir;
 mod setup;
 mod stop;
 mod train;
+mod training;
 
 use crate::nn::models::SeedModel;
 use clap::{Args, Parser, Subcommand, ValueEnum};

@@ -14,7 +14,7 @@
 mod buckets;
 mod deterministic;
 mod overlapped;
-mod split;
+pub(super) mod split;
 mod timing;
 mod update;
 

@@ -6,7 +6,9 @@
 use super::comm::{self, Communicator, ReduceKind};
 use super::pipeline::{PartRun, Pipeline};
 use super::trace::Trace;
-use super::{proportional_split, StepReport, Strategy};
+use super::data_parallel::split;
+use super::step::clip_bound;
+use super::{StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;
 use crate::optim::{clip_scale, grad_norm_sq, scale_grads};
@@ -107,21 +109,12 @@ impl PipelineGrid {
     /// Each replica's samples of a batch of `n`.
     fn shares(&self, n: usize) -> Result<Vec<Range<usize>>> {
         let r = self.replicas.len();
-        let sizes = match &self.weights {
-            Some(w) => proportional_split(n, w)?,
-            None => comm::even_ranges(n, r).iter().map(Range::len).collect(),
-        };
-        if n < r || sizes.contains(&0) {
+        let shares = split::ranges(n, r, self.weights.as_deref())?;
+        if n < r || shares.iter().any(Range::is_empty) {
+            let sizes: Vec<usize> = shares.iter().map(Range::len).collect();
             return Err(Error::invalid("PipelineGrid::step", format!("a batch of {n} samples split {sizes:?} leaves a pipeline of the {r} without samples")));
         }
-        let mut start = 0;
-        Ok(sizes
-            .into_iter()
-            .map(|k| {
-                start += k;
-                start - k..start
-            })
-            .collect())
+        Ok(shares)
     }
 
     /// Sums each stage's gradients over the replicas: one flat tensor per replica and stage.
@@ -233,12 +226,7 @@ impl Strategy for PipelineGrid {
         self.replicas.iter_mut().for_each(|r| r.set_lr(lr));
     }
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        if let Some(m) = max_norm {
-            if !(m.is_finite() && m > 0.0) {
-                return Err(Error::invalid("set_grad_clip", format!("max norm {m} must be positive and finite")));
-            }
-        }
-        self.clip = max_norm;
+        self.clip = clip_bound(max_norm)?;
         Ok(())
     }
     fn set_training(&mut self, training: bool) {

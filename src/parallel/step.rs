@@ -9,6 +9,16 @@ use crate::optim::{grad_norm_sq, scale_grads, Optimizer};
 use crate::{Device, Error, Result, Tensor};
 use std::time::Instant;
 
+/// `max_norm` as a strategy's clipping bound: none, or positive and finite.
+pub(crate) fn clip_bound(max_norm: Option<f32>) -> Result<Option<f32>> {
+    if let Some(m) = max_norm {
+        if !(m.is_finite() && m > 0.0) {
+            return Err(Error::invalid("set_grad_clip", format!("max norm {m} must be positive and finite")));
+        }
+    }
+    Ok(max_norm)
+}
+
 /// What every strategy's step needs besides its models: the loss, the clipping bound and the
 /// step number.
 pub(crate) struct StepLoop {
@@ -24,12 +34,7 @@ impl StepLoop {
     }
 
     pub fn set_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        if let Some(m) = max_norm {
-            if !(m.is_finite() && m > 0.0) {
-                return Err(Error::invalid("set_grad_clip", format!("max norm {m} must be positive and finite")));
-            }
-        }
-        self.clip = max_norm;
+        self.clip = clip_bound(max_norm)?;
         Ok(())
     }
 

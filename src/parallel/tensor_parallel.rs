@@ -12,7 +12,8 @@ pub use gpt::TensorParallelGpt;
 pub use mlp::ParallelMlp;
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
-use super::{batch_to_device, proportional_split, Loss, OptimConfig, StepReport, Strategy};
+use super::data_parallel::split;
+use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;
 use crate::nn::{Linear, Module, Sequential};
@@ -26,15 +27,8 @@ fn shard_ranges(op: &'static str, n: usize, devices: &[Device]) -> Result<Vec<(u
     if devices.is_empty() || devices.len() > n {
         return Err(Error::invalid(op, format!("cannot split {n} features over {} devices", devices.len())));
     }
-    let sizes = proportional_split(n, &vec![1.0; devices.len()])?;
-    let mut start = 0;
-    Ok(sizes
-        .into_iter()
-        .map(|len| {
-            start += len;
-            (start - len, len)
-        })
-        .collect())
+    let ranges = split::ranges(n, devices.len(), Some(&vec![1.0; devices.len()]))?;
+    Ok(ranges.into_iter().map(|r| (r.start, r.len())).collect())
 }
 
 /// A new leaf on `device` holding `t`'s slice `start..start+len` of dimension `dim` (a copy,
@@ -282,6 +276,30 @@ fn split_dim(names: &(String, String), name: &str) -> Option<usize> {
     }
 }
 
+/// The rest of a tensor-parallel step after the whole batch's forward, begun at `t0`, gave
+/// `loss`: its backward (both cross every device from the first device's thread), then each
+/// device's optimizer, `opts[i]` on `devices[i]`, with clipping over all of them.
+fn backward_and_update(loss: Tensor, t0: Instant, run: &mut StepLoop, opts: &mut [Box<dyn Optimizer>], devices: &[Device], trace: Option<&Trace>) -> Result<StepReport> {
+    let tf = t0.elapsed().as_secs_f64();
+    opts.iter().for_each(|o| o.zero_grad());
+    let tb = Instant::now();
+    loss.backward()?;
+    let dur_b = tb.elapsed().as_secs_f64();
+    if let Some(tr) = trace {
+        let track = devices[0].spec() + " #0";
+        tr.span(&track, "forward", Phase::Forward, t0, tf);
+        tr.span(&track, "backward", Phase::Backward, tb, dur_b);
+    }
+    let grad_norm = run.update(opts, |i, to| {
+        if let Some(tr) = trace {
+            tr.span(&format!("{} #{i}", devices[i].spec()), "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
+        }
+    })?;
+    let wall = t0.elapsed().as_secs_f64();
+    let peak_memory = devices.iter().map(|d| d.memory().peak).collect();
+    Ok(StepReport { loss: loss.to_scalar()?, wall_s: wall, compute_s: wall, peak_memory, grad_norm, ..Default::default() })
+}
+
 /// Tensor parallelism for a model ending in `Linear → parameterless elementwise layers →
 /// Linear` (the seed CNN's fc1, relu3, fc2): everything before runs on the first device, the
 /// first Linear is column-parallel, the second row-parallel, each device with its own
@@ -346,36 +364,9 @@ impl Strategy for TensorParallel {
         let t0 = Instant::now();
         let (x, y) = batch_to_device(batch, &self.devices[0])?;
         let loss = self.run.loss_share(&self.forward(&x)?, &y, batch.len(), batch.len())?;
-        let tf = t0.elapsed().as_secs_f64();
-        for o in &self.opts {
-            o.zero_grad();
-        }
-        let tb = Instant::now();
-        loss.backward()?;
-        let dur_b = tb.elapsed().as_secs_f64();
-        let track0 = self.devices[0].spec() + " #0";
-        if let Some(tr) = &self.trace {
-            // The forward and backward cross every device from the first device's thread.
-            tr.span(&track0, "forward", Phase::Forward, t0, tf);
-            tr.span(&track0, "backward", Phase::Backward, tb, dur_b);
-        }
         // Every parameter sits in exactly one device's optimizer (each shard once, the trunk
         // and the row bias on the first device), so the norm over all of them is the model's.
-        let (devices, trace) = (&self.devices, &self.trace);
-        let grad_norm = self.run.update(&mut self.opts, |i, to| {
-            if let Some(tr) = trace {
-                tr.span(&format!("{} #{i}", devices[i].spec()), "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
-            }
-        })?;
-        let wall = t0.elapsed().as_secs_f64();
-        Ok(StepReport {
-            loss: loss.to_scalar()?,
-            wall_s: wall,
-            compute_s: wall,
-            peak_memory: self.devices.iter().map(|d| d.memory().peak).collect(),
-            grad_norm,
-            ..Default::default()
-        })
+        backward_and_update(loss, t0, &mut self.run, &mut self.opts, &self.devices, self.trace.as_ref())
     }
     fn predict(&self, x: &Batch) -> Result<Tensor> {
         let (x, _) = batch_to_device(x, &self.devices[0])?;

@@ -111,6 +111,78 @@ pub fn mixed_devices() -> Option<Vec<Device>> {
     Some(out)
 }
 
+/// `n` fresh logical devices of each family under test, named: independent CPU reference
+/// devices, and `wgpu:0` opened `n` times when it is there.
+pub fn device_families(n: usize) -> Vec<(String, Vec<Device>)> {
+    let mut out = vec![("cpu".to_string(), cpu_devices(n))];
+    if devices_under_test().iter().any(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) {
+        out.push(("wgpu:0".to_string(), (0..n).map(|_| Device::open(BackendKind::Wgpu, 0).unwrap()).collect()));
+    } else {
+        eprintln!("skipping wgpu:0: no adapter");
+    }
+    out
+}
+
+/// `backend:ordinal` opened, with its listing; `None`, saying so, where this machine has no
+/// such device.
+pub fn open_listed(backend: BackendKind, ordinal: usize) -> Option<(tandem::DeviceInfo, Device)> {
+    let Some(info) = Device::list().into_iter().find(|i| i.backend == backend && i.ordinal == ordinal) else {
+        eprintln!("skipping {}:{ordinal}: no such device here", backend.name());
+        return None;
+    };
+    Some((info, Device::open(backend, ordinal).expect("listed device opens")))
+}
+
+/// One `#[test]` per listed device, each calling `check(BackendKind::Kind, ordinal)`, so that
+/// each device fails on its own; `check` skips a device this machine lacks (see [`open_listed`]).
+#[allow(unused_macros)]
+macro_rules! device_tests {
+    ($check:ident: $($name:ident => ($kind:ident, $ordinal:expr)),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $check(tandem::BackendKind::$kind, $ordinal);
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use device_tests;
+
+/// `n` independent CPU reference devices.
+pub fn cpu_devices(n: usize) -> Vec<Device> {
+    (0..n).map(|_| Device::from_backend(std::sync::Arc::new(tandem::backend::cpu::CpuBackend::new()))).collect()
+}
+
+/// Distinct values for rank `r` of a collective: `len` entries.
+pub fn rank_values(r: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| (r as f32 + 1.0) * 0.5 + i as f32 * 0.25 - (i % 3) as f32).collect()
+}
+
+/// One tensor of `shape` on each device, rank `r`'s holding [`rank_values`] of `r`.
+pub fn rank_tensors(devices: &[Device], shape: &[usize]) -> Vec<tandem::Tensor> {
+    let len = shape.iter().product();
+    devices.iter().enumerate().map(|(r, d)| tandem::Tensor::from_vec(rank_values(r, len), shape.to_vec(), d).unwrap()).collect()
+}
+
+/// `n` devices for a parallel strategy: independent CPU reference devices, or the devices of
+/// `TANDEM_TEST_DEVICES` (such as `cpu,wgpu:0,wgpu:1`) cycled to `n`.
+pub fn cycled_devices(n: usize) -> Vec<Device> {
+    match std::env::var("TANDEM_TEST_DEVICES") {
+        Ok(spec) => {
+            let list = Device::parse(&spec).expect("TANDEM_TEST_DEVICES names devices");
+            (0..n).map(|i| list[i % list.len()].clone()).collect()
+        }
+        Err(_) => cpu_devices(n),
+    }
+}
+
+/// `steps` batches of `n` synthetic seed images drawn with `seed`.
+pub fn seed_image_batches(n: usize, steps: usize, seed: u64) -> Vec<tandem::data::Batch> {
+    let ds = tandem::data::synthetic::seed_images(n * steps, seed).unwrap();
+    (0..steps).map(|s| ds.batch(&(s * n..(s + 1) * n).collect::<Vec<_>>()).unwrap()).collect()
+}
+
 pub fn layout(shape: &[usize], strides: &[usize], offset: usize) -> Layout {
     Layout { shape: shape.to_vec(), strides: strides.to_vec(), offset }
 }

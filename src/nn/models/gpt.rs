@@ -343,13 +343,20 @@ impl Block {
     }
 }
 
+/// `forward(layers, x)` of the block `module` whose layers these are; while `recompute` is set,
+/// under `autograd::checkpoint` over the block's parameters (see `Gpt::set_recompute`). The
+/// tensor-parallel blocks' forward too.
+pub(crate) fn block_forward<L: Send + Sync + 'static>(module: &dyn Module, layers: &Arc<L>, recompute: &AtomicBool, forward: fn(&L, &Tensor) -> Result<Tensor>, x: &Tensor) -> Result<Tensor> {
+    if !recompute.load(Ordering::Relaxed) {
+        return forward(layers, x);
+    }
+    let (layers, params): (_, Vec<Tensor>) = (layers.clone(), module.parameters().into_iter().map(|p| p.1).collect());
+    crate::autograd::checkpoint(Arc::new(move |x: &Tensor| forward(&layers, x)), x, &params)
+}
+
 impl Module for Block {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if !self.recompute.load(Ordering::Relaxed) {
-            return self.layers.forward(x);
-        }
-        let (layers, params): (_, Vec<Tensor>) = (self.layers.clone(), self.parameters().into_iter().map(|p| p.1).collect());
-        crate::autograd::checkpoint(Arc::new(move |x: &Tensor| layers.forward(x)), x, &params)
+        block_forward(self, &self.layers, &self.recompute, BlockLayers::forward, x)
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
         let l = &*self.layers;

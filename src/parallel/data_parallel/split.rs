@@ -28,7 +28,7 @@ pub(super) fn check_batch(batch: &Batch, devices: usize) -> Result<()> {
 }
 
 /// Contiguous ranges of `n` items, sized in proportion to `weights` (equal without).
-pub(super) fn ranges(n: usize, parts: usize, weights: Option<&[f64]>) -> Result<Vec<Range<usize>>> {
+pub(in crate::parallel) fn ranges(n: usize, parts: usize, weights: Option<&[f64]>) -> Result<Vec<Range<usize>>> {
     let sizes = match weights {
         Some(w) => proportional_split(n, w)?,
         None => even_ranges(n, parts).iter().map(Range::len).collect(),

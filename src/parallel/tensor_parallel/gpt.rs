@@ -3,15 +3,15 @@
 //! first device. Checkpoints are the single-device model's: `state_dict` gathers each sharded
 //! parameter (and its optimizer state) to nanoGPT's name and shape, `load_state_dict` scatters.
 use super::attention::{qkv_order, ParallelAttention};
-use super::{ColumnParallelLinear, ParallelMlp};
+use super::{backward_and_update, ColumnParallelLinear, ParallelMlp};
 use crate::autograd::no_grad;
 use crate::data::Batch;
-use crate::nn::models::gpt::{BlockLayers, Norm};
+use crate::nn::models::gpt::{block_forward, BlockLayers, Norm};
 use crate::nn::models::{Gpt, Transformer};
 use crate::nn::{Dropout, Module};
 use crate::optim::Optimizer;
 use crate::parallel::step::StepLoop;
-use crate::parallel::trace::{Phase, Trace};
+use crate::parallel::trace::Trace;
 use crate::parallel::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::{Device, Error, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,11 +93,7 @@ impl Module for ParallelBlock {
     /// `[B, T, C]` on the first device to the same there, the heads and hidden features
     /// computed on their devices; under `autograd::checkpoint` with recomputation.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if !self.recompute.load(Ordering::Relaxed) {
-            return self.layers.forward(x);
-        }
-        let (layers, params): (_, Vec<Tensor>) = (self.layers.clone(), self.parameters().into_iter().map(|p| p.1).collect());
-        crate::autograd::checkpoint(Arc::new(move |x: &Tensor| layers.forward(x)), x, &params)
+        block_forward(self, &self.layers, &self.recompute, ParallelLayers::forward, x)
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
         let l = &*self.layers;
@@ -244,26 +240,7 @@ impl Strategy for TensorParallelGpt {
         let model = &self.model;
         let out = with_context(&self.run, &x, || model.forward(&x))?;
         let loss = self.run.loss_share(&out, &y, batch.len(), batch.len())?;
-        let tf = t0.elapsed().as_secs_f64();
-        self.opts.iter().for_each(|o| o.zero_grad());
-        let tb = Instant::now();
-        loss.backward()?;
-        let dur_b = tb.elapsed().as_secs_f64();
-        if let Some(tr) = &self.trace {
-            // The forward and backward cross every device from the first device's thread.
-            let track = self.devices[0].spec() + " #0";
-            tr.span(&track, "forward", Phase::Forward, t0, tf);
-            tr.span(&track, "backward", Phase::Backward, tb, dur_b);
-        }
-        let (devices, trace) = (&self.devices, &self.trace);
-        let grad_norm = self.run.update(&mut self.opts, |i, to| {
-            if let Some(tr) = trace {
-                tr.span(&format!("{} #{i}", devices[i].spec()), "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
-            }
-        })?;
-        let wall = t0.elapsed().as_secs_f64();
-        let peak_memory = self.devices.iter().map(|d| d.memory().peak).collect();
-        Ok(StepReport { loss: loss.to_scalar()?, wall_s: wall, compute_s: wall, peak_memory, grad_norm, ..Default::default() })
+        backward_and_update(loss, t0, &mut self.run, &mut self.opts, &self.devices, self.trace.as_ref())
     }
     fn predict(&self, x: &Batch) -> Result<Tensor> {
         let (x, _) = batch_to_device(x, &self.devices[0])?;
