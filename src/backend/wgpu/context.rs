@@ -64,6 +64,11 @@ pub(crate) struct Ctx {
     pub limits: Limits,
     /// Subgroups of exactly 8 invocations are available: the `matmul_sg` kernels may run.
     pub subgroup8: bool,
+    /// Subgroup operations of any size are available and allowed: the `reduce_sg` kernels may run.
+    pub subgroups: bool,
+    /// The device runs the hardware GPU kernels (a hardware adapter, or the forced hardware
+    /// profile): workgroup tree reductions instead of one invocation per partial.
+    pub hardware: bool,
     uniform: wgpu::Buffer,
     uniform_stride: u64,
     /// A uniform copy of a small matmul operand for `*_ua` kernels (see `stage_uniform`).
@@ -126,6 +131,8 @@ impl Ctx {
             name,
             limits,
             subgroup8,
+            subgroups: false,
+            hardware: false,
             uniform,
             uniform_stride,
             stage,
@@ -143,6 +150,13 @@ impl Ctx {
             gate,
             held: None,
         }
+    }
+
+    /// This context with the reduction kernels' choices: `subgroups` and `hardware` (see the fields).
+    pub(crate) fn with_kernels(mut self, subgroups: bool, hardware: bool) -> Self {
+        self.subgroups = subgroups;
+        self.hardware = hardware;
+        self
     }
 
     /// The backend error every wgpu failure becomes.

@@ -174,10 +174,30 @@ fn reduce_parts(len: usize) -> usize {
     if len <= REDUCE_WALK { 1 } else { len.div_ceil(REDUCE_PART) }
 }
 
+/// The tree kernels' workgroup size, and the most items one lane folds in a pass (which keeps
+/// their loops at 32 iterations and makes a pass divide a long axis by 8192).
+const TREE_WG: usize = 256;
+const TREE_LANE: usize = 32;
+
+/// `(G, P, C)` of one tree pass over rows of `len` items: lanes per segment, parts per row and
+/// items per part. Short rows take narrow segments (about 8 items a lane, many rows to a
+/// workgroup) so that no lane idles through a whole row; long rows a workgroup per part.
+fn tree_shape(len: usize) -> (usize, usize, usize) {
+    let parts = len.div_ceil(TREE_WG * TREE_LANE).max(1);
+    let chunk = len.div_ceil(parts);
+    (chunk.div_ceil(8).next_power_of_two().min(TREE_WG), parts, chunk)
+}
+
+/// Reduces the middle axis of `x` viewed as `[outer, len, inner]` into `out` (`[outer, inner]`),
+/// in passes over partials until one value per output remains. Contiguous rows (inner 1) on
+/// hardware devices take the workgroup tree kernels (subgroup forms where the device has
+/// subgroups and a whole workgroup serves one part); the rest, and software adapters, the
+/// invocation-per-partial kernels, whose neighbouring invocations read neighbouring columns.
 pub(crate) fn reduce(ctx: &Ctx, pool: &Arc<Pool>, op: ReduceOp, x: &wgpu::Buffer, r: ReduceSpec, out: &wgpu::Buffer) -> Result<()> {
     if r.outer * r.inner == 0 {
         return Ok(());
     }
+    let tree = ctx.hardware && r.inner == 1;
     // Argmax partials carry an index beside each value.
     let words_per = if op == ReduceOp::ArgMax { 2 } else { 1 };
     for (s, e) in ctx.chunks("reduce", r.outer, &[r.len * r.inner, r.inner])? {
@@ -196,8 +216,9 @@ pub(crate) fn reduce(ctx: &Ctx, pool: &Arc<Pool>, op: ReduceOp, x: &wgpu::Buffer
             let ib = Bind { buf: xb.buf, offset: xb.offset, size: xb.size };
             // Whole contiguous rows of vec4s: the first pass reads four elements per load.
             let quads = prev.is_none() && r.inner == 1 && len.is_multiple_of(4) && xo.is_multiple_of(4);
-            let (entry, steps, x_at) = if quads { ("reduce4", len / 4, xo / 4) } else { ("reduce", len, xo) };
-            let parts = reduce_parts(steps);
+            let steps = if quads { len / 4 } else { len };
+            let x_at = if quads { xo / 4 } else { xo };
+            let (group, parts, chunk) = if tree { tree_shape(steps) } else { (1, reduce_parts(steps), 0) };
             let n_out = cnt * parts * r.inner;
             let next = if parts == 1 { None } else { Some(pool.alloc((n_out * words_per) as u64 * 4)?) };
             let (ob, oo) = match &next {
@@ -213,8 +234,23 @@ pub(crate) fn reduce(ctx: &Ctx, pool: &Arc<Pool>, op: ReduceOp, x: &wgpu::Buffer
                 .u(xo + n_in as u32)
                 .u(oo)
                 .u(oo + n_out as u32)
-                .u(u32::from(prev.is_some()));
-            ctx.dispatch_op("reduce", entry, Some(op.code()), &w.0, &[xb, ib, ob], ctx.grid(n_out, 64))?;
+                .u(u32::from(prev.is_some()))
+                .u(group)
+                .u(chunk);
+            let code = Some(op.code());
+            if tree {
+                let (shader, entry) = match (ctx.subgroups && group == TREE_WG, quads) {
+                    (true, true) => ("reduce_sg", "tree4_sg"),
+                    (true, false) => ("reduce_sg", "tree_sg"),
+                    (false, true) => ("reduce", "tree4"),
+                    (false, false) => ("reduce", "tree"),
+                };
+                let groups = n_out.div_ceil(TREE_WG / group);
+                ctx.dispatch_op(shader, entry, code, &w.0, &[xb, ib, ob], ctx.grid(groups * TREE_WG, TREE_WG))?;
+            } else {
+                let entry = if quads { "reduce4" } else { "reduce" };
+                ctx.dispatch_op("reduce", entry, code, &w.0, &[xb, ib, ob], ctx.grid(n_out, 64))?;
+            }
             match next {
                 Some(t) => {
                     prev = Some(t);
