@@ -174,18 +174,24 @@ fn reduce_parts(len: usize) -> usize {
     if len <= REDUCE_WALK { 1 } else { len.div_ceil(REDUCE_PART) }
 }
 
-/// The tree kernels' workgroup size, and the most items one lane folds in a pass (which keeps
-/// their loops at 32 iterations and makes a pass divide a long axis by 8192).
+/// The tree kernels' workgroup size; the most items one lane folds in a pass (which keeps their
+/// loops at 32 iterations); the fewest a lane folds before a row is split into more parts; and
+/// the workgroups a pass aims for, about what fills a large GPU (132 multiprocessors holding a
+/// few workgroups of 256 each), so that a sum over few long rows is not left to a handful.
 const TREE_WG: usize = 256;
 const TREE_LANE: usize = 32;
+const TREE_LANE_MIN: usize = 4;
+const TREE_GROUPS: usize = 512;
 
-/// `(G, P, C)` of one tree pass over rows of `len` items: lanes per segment, parts per row and
-/// items per part. Short rows take narrow segments (about 8 items a lane, many rows to a
-/// workgroup) so that no lane idles through a whole row; long rows a workgroup per part.
-fn tree_shape(len: usize) -> (usize, usize, usize) {
-    let parts = len.div_ceil(TREE_WG * TREE_LANE).max(1);
-    let chunk = len.div_ceil(parts);
-    (chunk.div_ceil(8).next_power_of_two().min(TREE_WG), parts, chunk)
+/// `(G, P, C)` of one tree pass over `rows` rows of `len` items: lanes per segment, parts per
+/// row and items per part. Short rows take narrow segments (about 8 items a lane, many rows to
+/// a workgroup) so that no lane idles through a whole row; long rows a workgroup per part.
+fn tree_shape(rows: usize, len: usize) -> (usize, usize, usize) {
+    let fewest = len.div_ceil(TREE_WG * TREE_LANE).max(1);
+    let most = len.div_ceil(TREE_WG * TREE_LANE_MIN).max(1);
+    let chunk = len.div_ceil(fewest.max(TREE_GROUPS.div_ceil(rows.max(1)).min(most)));
+    // Parts recounted from their size, so that none is empty.
+    (chunk.div_ceil(8).next_power_of_two().min(TREE_WG), len.div_ceil(chunk.max(1)).max(1), chunk)
 }
 
 /// Reduces the middle axis of `x` viewed as `[outer, len, inner]` into `out` (`[outer, inner]`),
@@ -218,7 +224,7 @@ pub(crate) fn reduce(ctx: &Ctx, pool: &Arc<Pool>, op: ReduceOp, x: &wgpu::Buffer
             let quads = prev.is_none() && r.inner == 1 && len.is_multiple_of(4) && xo.is_multiple_of(4);
             let steps = if quads { len / 4 } else { len };
             let x_at = if quads { xo / 4 } else { xo };
-            let (group, parts, chunk) = if tree { tree_shape(steps) } else { (1, reduce_parts(steps), 0) };
+            let (group, parts, chunk) = if tree { tree_shape(cnt, steps) } else { (1, reduce_parts(steps), 0) };
             let n_out = cnt * parts * r.inner;
             let next = if parts == 1 { None } else { Some(pool.alloc((n_out * words_per) as u64 * 4)?) };
             let (ob, oo) = match &next {
