@@ -7,6 +7,7 @@ mod gate;
 mod nn;
 mod ops;
 mod pool;
+mod reduce;
 pub mod shaders;
 mod timestamps;
 
@@ -232,7 +233,7 @@ impl Backend for WgpuBackend {
         super::contract::reduce(&self.info, op, x, spec, out)?;
         let xr = self.raw("reduce", x, 0)?;
         let or = self.raw("reduce", out, 0)?;
-        ops::reduce(&self.ctx, &self.pool, op, xr, spec, or)
+        reduce::reduce(&self.ctx, &self.pool, op, xr, spec, or)
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
         super::contract::matmul(&self.info, a, b, None, out, spec)?;
