@@ -242,9 +242,10 @@ impl Ctx {
             entry_point: Some(entry),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants: &op.map(|v| [("OP", f64::from(v))]).unwrap_or_default()[..usize::from(op.is_some())],
-                // The tiled matmuls write all of their workgroup memory before reading it; naga
-                // would otherwise emit a zeroing pass (one invocation's loop on some drivers).
-                zero_initialize_workgroup_memory: !entry.starts_with("tiled_"),
+                // The tiled matmuls and the tree reductions write all of their workgroup memory
+                // before reading it; naga would otherwise emit a zeroing pass (one invocation's
+                // loop on some drivers).
+                zero_initialize_workgroup_memory: !entry.starts_with("tiled_") && !entry.starts_with("tree"),
             },
             cache: None,
         });
