@@ -89,6 +89,14 @@ pub(crate) struct Ctx {
     held: Option<Held>,
 }
 
+/// Entry points that write every word of their workgroup memory before reading it: the tiled
+/// matmuls and attention, the tree reductions and the transformer row kernels. Their pipelines
+/// skip naga's zeroing pass, which is one invocation's loop on some drivers and took llvmpipe's
+/// GL about 0.4-1.1 s to compile per pipeline.
+fn writes_before_reading(entry: &str) -> bool {
+    entry.starts_with("tiled_") || entry.starts_with("tree") || matches!(entry, "layer_norm" | "layer_norm_dx" | "causal_softmax" | "causal_softmax_dx")
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -242,10 +250,7 @@ impl Ctx {
             entry_point: Some(entry),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants: &op.map(|v| [("OP", f64::from(v))]).unwrap_or_default()[..usize::from(op.is_some())],
-                // The tiled matmuls and the tree reductions write all of their workgroup memory
-                // before reading it; naga would otherwise emit a zeroing pass (one invocation's
-                // loop on some drivers).
-                zero_initialize_workgroup_memory: !entry.starts_with("tiled_") && !entry.starts_with("tree"),
+                zero_initialize_workgroup_memory: !writes_before_reading(entry),
             },
             cache: None,
         });
