@@ -4,7 +4,7 @@
 // `tree`/`tree4` (workgroup tree reductions over contiguous rows, I = 1; hardware adapters; the
 // subgroup forms of shaders/reduce_sg.wgsl extend this file).
 //
-// Invocation (o, q, i) folds the elements j = q, q + P, q + 2P, ... < L of its column, so that
+// In `reduce`, invocation (o, q, i) folds the elements j = q, q + P, q + 2P, ... < L of its column, so that
 // neighbouring invocations read neighbouring addresses and no loop runs more than ceil(L / P)
 // times (the host keeps that well below the 65,535 iterations after which Mesa's software
 // drivers end a loop). The host repeats passes over the partials until P = 1; every output is
