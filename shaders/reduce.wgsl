@@ -1,7 +1,10 @@
 // reduce.wgsl: one pass of a reduction over the middle axis of a contiguous [O, L, I] view,
-// from L values per output down to P partial results: [O, L, I] -> [O, P, I].
+// from L values per output down to P partial results: [O, L, I] -> [O, P, I]. Two families:
+// `reduce`/`reduce4` (one invocation per partial; software adapters, and inner axes) and
+// `tree`/`tree4` (workgroup tree reductions over contiguous rows, I = 1; hardware adapters; the
+// subgroup forms of shaders/reduce_sg.wgsl extend this file).
 //
-// Invocation (o, q, i) folds the elements j = q, q + P, q + 2P, ... < L of its column, so that
+// In `reduce`, invocation (o, q, i) folds the elements j = q, q + P, q + 2P, ... < L of its column, so that
 // neighbouring invocations read neighbouring addresses and no loop runs more than ceil(L / P)
 // times (the host keeps that well below the 65,535 iterations after which Mesa's software
 // drivers end a loop). The host repeats passes over the partials until P = 1; every output is
@@ -14,7 +17,8 @@
 // output words: with P = 1 the results (f32 bits, or i32 indices for argmax), else the partial
 // values at `out_off` and (argmax) their indices at `outi_off`.
 // Shape letters: O outer rows in this chunk, L reduced length of this pass's input, I inner
-// length, P parts (the reduced length of this pass's output).
+// length, P parts (the reduced length of this pass's output); tree kernels only: G lanes per
+// segment (`group`, a power of two up to 256), C items per part (`chunk`).
 
 struct Params {
     outer: u32, // O
@@ -26,6 +30,8 @@ struct Params {
     out_off: u32,
     outi_off: u32,
     flags: u32, // bit 0: indices come from `xi`
+    group: u32, // G
+    chunk: u32, // C
 }
 
 override OP: u32 = 0u;
@@ -123,4 +129,87 @@ fn reduce4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
         a = fold(fold(fold(fold(a, v.x, 4u * j), v.y, 4u * j + 1u), v.z, 4u * j + 2u), v.w, 4u * j + 3u);
     }
     finish(k, a);
+}
+
+// The tree kernels: a workgroup of 256 invocations is split into segments of G lanes; segment s
+// reduces part q = s % P of row s / P, items [q·C, min(L, (q + 1)·C)) ("items": f32s, or vec4s in
+// `tree4`, where `p.len`, `p.chunk` and `p.x_off` count vec4s). Lane l folds items q·C + l,
+// + G, ... (neighbouring lanes read neighbouring addresses; the host keeps C / G at most 32),
+// then the lanes combine pairwise in workgroup memory, halving G in log2(G) steps: a fixed
+// order, so results are deterministic. Lanes past the last segment fold nothing but still
+// reach every barrier.
+const TREE_WG: u32 = 256u;
+var<workgroup> tv: array<f32, 256>;
+var<workgroup> ti: array<u32, 256>;
+
+// This lane's segment: its index `k` (its output word), row, range of items and lane.
+struct Seg {
+    k: u32,
+    live: bool,
+    row: u32,
+    lo: u32,
+    hi: u32,
+    lane: u32,
+}
+
+fn segment(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> Seg {
+    let k = (wid.y * nwg.x + wid.x) * (TREE_WG / p.group) + lid / p.group;
+    let live = k < p.outer * p.parts;
+    let q = k % p.parts;
+    let lo = min(q * p.chunk, p.len);
+    return Seg(k, live, k / p.parts, lo, min(lo + p.chunk, p.len), lid % p.group);
+}
+
+// This lane's fold of f32 items (indices from `xi` when `p.flags` bit 0 is set).
+fn lane_fold(s: Seg) -> Acc {
+    var a = acc_init();
+    if !s.live { return a; }
+    let indexed = (p.flags & 1u) != 0u;
+    let base = s.row * p.len;
+    for (var j = s.lo + s.lane; j < s.hi; j += p.group) {
+        var iv = j;
+        if OP == 3u && indexed { iv = xi[p.xi_off + base + j]; }
+        a = fold(a, x[p.x_off + base + j], iv);
+    }
+    return a;
+}
+
+// This lane's fold of vec4 items: element indices 4j to 4j + 3.
+fn lane_fold4(s: Seg) -> Acc {
+    var a = acc_init();
+    if !s.live { return a; }
+    let base = p.x_off + s.row * p.len;
+    for (var j = s.lo + s.lane; j < s.hi; j += p.group) {
+        let v = x4[base + j];
+        a = fold(fold(fold(fold(a, v.x, 4u * j), v.y, 4u * j + 1u), v.z, 4u * j + 2u), v.w, 4u * j + 3u);
+    }
+    return a;
+}
+
+// Combines the G lanes of each segment in workgroup memory; lane 0 writes the result.
+fn tree_combine(lid: u32, s: Seg, a: Acc) {
+    tv[lid] = a.v;
+    ti[lid] = a.i;
+    workgroupBarrier();
+    for (var h = p.group / 2u; h > 0u; h >>= 1u) {
+        if s.lane < h {
+            let r = fold(Acc(tv[lid], ti[lid]), tv[lid + h], ti[lid + h]);
+            tv[lid] = r.v;
+            ti[lid] = r.i;
+        }
+        workgroupBarrier();
+    }
+    if s.lane == 0u && s.live { finish(s.k, Acc(tv[lid], ti[lid])); }
+}
+
+@compute @workgroup_size(256)
+fn tree(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let s = segment(wid, nwg, lid);
+    tree_combine(lid, s, lane_fold(s));
+}
+
+@compute @workgroup_size(256)
+fn tree4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let s = segment(wid, nwg, lid);
+    tree_combine(lid, s, lane_fold4(s));
 }

@@ -64,6 +64,11 @@ pub(crate) struct Ctx {
     pub limits: Limits,
     /// Subgroups of exactly 8 invocations are available: the `matmul_sg` kernels may run.
     pub subgroup8: bool,
+    /// Subgroup operations of any size are available and allowed: the `reduce_sg` kernels may run.
+    pub subgroups: bool,
+    /// The device runs the hardware GPU kernels (a hardware adapter, or the forced hardware
+    /// profile): workgroup tree reductions instead of one invocation per partial.
+    pub hardware: bool,
     uniform: wgpu::Buffer,
     uniform_stride: u64,
     /// A uniform copy of a small matmul operand for `*_ua` kernels (see `stage_uniform`).
@@ -82,6 +87,14 @@ pub(crate) struct Ctx {
     gate: Gate,
     /// Holds the gate while the fields drop; declared last so that it is released last.
     held: Option<Held>,
+}
+
+/// Entry points that write every word of their workgroup memory before reading it: the tiled
+/// matmuls and attention, the tree reductions and the transformer row kernels. Their pipelines
+/// skip naga's zeroing pass, which is one invocation's loop on some drivers and took llvmpipe's
+/// GL about 0.4-1.1 s to compile per pipeline.
+fn writes_before_reading(entry: &str) -> bool {
+    entry.starts_with("tiled_") || entry.starts_with("tree") || matches!(entry, "layer_norm" | "layer_norm_dx" | "causal_softmax" | "causal_softmax_dx")
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -126,6 +139,8 @@ impl Ctx {
             name,
             limits,
             subgroup8,
+            subgroups: false,
+            hardware: false,
             uniform,
             uniform_stride,
             stage,
@@ -143,6 +158,13 @@ impl Ctx {
             gate,
             held: None,
         }
+    }
+
+    /// This context with the reduction kernels' choices: `subgroups` and `hardware` (see the fields).
+    pub(crate) fn with_kernels(mut self, subgroups: bool, hardware: bool) -> Self {
+        self.subgroups = subgroups;
+        self.hardware = hardware;
+        self
     }
 
     /// The backend error every wgpu failure becomes.
@@ -228,9 +250,7 @@ impl Ctx {
             entry_point: Some(entry),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants: &op.map(|v| [("OP", f64::from(v))]).unwrap_or_default()[..usize::from(op.is_some())],
-                // The tiled matmuls write all of their workgroup memory before reading it; naga
-                // would otherwise emit a zeroing pass (one invocation's loop on some drivers).
-                zero_initialize_workgroup_memory: !entry.starts_with("tiled_"),
+                zero_initialize_workgroup_memory: !writes_before_reading(entry),
             },
             cache: None,
         });

@@ -7,6 +7,7 @@ mod gate;
 mod nn;
 mod ops;
 mod pool;
+mod reduce;
 pub mod shaders;
 mod timestamps;
 
@@ -112,7 +113,9 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
     let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget, bind_groups.clone(), gate.clone()));
     let subgroup8 = has_subgroups_of_8(ordinal) && !options.without_subgroups && !options.hardware_profile;
     let timestamps = timestamps::Timestamps::new(&device, &queue, gate.clone());
-    let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups, gate.clone());
+    let subgroups = device.features().contains(wgpu::Features::SUBGROUP) && !options.without_subgroups;
+    let hardware = options.hardware_profile || !matches!(info.kind, DeviceKind::Software | DeviceKind::Cpu);
+    let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups, gate.clone()).with_kernels(subgroups, hardware);
     Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul, timestamps }))
 }
 
@@ -234,7 +237,7 @@ impl Backend for WgpuBackend {
         super::contract::reduce(&self.info, op, x, spec, out)?;
         let xr = self.raw("reduce", x, 0)?;
         let or = self.raw("reduce", out, 0)?;
-        ops::reduce(&self.ctx, &self.pool, op, xr, spec, or)
+        reduce::reduce(&self.ctx, &self.pool, op, xr, spec, or)
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
         super::contract::matmul(&self.info, a, b, None, out, spec)?;

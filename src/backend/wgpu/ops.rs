@@ -1,11 +1,9 @@
-//! Elementwise ops, fill, reductions and matmul: parameter packing and splitting into dispatches
+//! Elementwise ops, fill and matmul: parameter packing and splitting into dispatches
 //! that respect the device's binding and workgroup-count limits.
 use super::context::{Bind, Ctx};
-use super::pool::{Pool, WgpuBuffer};
 use super::{shaders, MatmulKernel};
-use crate::backend::{BinaryOp, MatmulSpec, ReduceOp, ReduceSpec, UnaryOp};
+use crate::backend::{BinaryOp, MatmulSpec, UnaryOp};
 use crate::{Error, Layout, Result};
-use std::sync::Arc;
 
 /// Elements of the buffer a layout reaches: one past its furthest element (0 when empty).
 pub(crate) fn extent(l: &Layout) -> usize {
@@ -158,71 +156,6 @@ pub(crate) fn binary(
             continue;
         }
         ctx.dispatch_op("binary", entry, Some(op.code()), &w.0, &[ab, bb, ob], ctx.grid(e - s, 256))?;
-    }
-    Ok(())
-}
-
-/// The most elements one reduce invocation folds in one pass: an axis up to this long takes a
-/// single pass; a longer one is split into parts of `REDUCE_PART` (and the partials reduced
-/// again), which keeps every loop far below the 65,535 iterations Mesa's software drivers allow
-/// and gives a long axis L / 256 invocations of parallelism instead of one.
-const REDUCE_WALK: usize = 1024;
-const REDUCE_PART: usize = 256;
-
-/// Output parts of one reduce pass over an axis of `len` elements.
-fn reduce_parts(len: usize) -> usize {
-    if len <= REDUCE_WALK { 1 } else { len.div_ceil(REDUCE_PART) }
-}
-
-pub(crate) fn reduce(ctx: &Ctx, pool: &Arc<Pool>, op: ReduceOp, x: &wgpu::Buffer, r: ReduceSpec, out: &wgpu::Buffer) -> Result<()> {
-    if r.outer * r.inner == 0 {
-        return Ok(());
-    }
-    // Argmax partials carry an index beside each value.
-    let words_per = if op == ReduceOp::ArgMax { 2 } else { 1 };
-    for (s, e) in ctx.chunks("reduce", r.outer, &[r.len * r.inner, r.inner])? {
-        let cnt = e - s;
-        // The partials of the previous pass (values, then indices), or None in the first pass.
-        let mut prev: Option<WgpuBuffer> = None;
-        let mut len = r.len;
-        loop {
-            let (src, first) = match &prev {
-                Some(t) => (&t.raw, 0),
-                None => (x, s * r.len * r.inner),
-            };
-            let n_in = cnt * len * r.inner;
-            let (xb, xo) = ctx.span("reduce", src, first, n_in * if prev.is_some() { words_per } else { 1 })?;
-            // The indices of argmax partials follow their values in the same range.
-            let ib = Bind { buf: xb.buf, offset: xb.offset, size: xb.size };
-            // Whole contiguous rows of vec4s: the first pass reads four elements per load.
-            let quads = prev.is_none() && r.inner == 1 && len.is_multiple_of(4) && xo.is_multiple_of(4);
-            let (entry, steps, x_at) = if quads { ("reduce4", len / 4, xo / 4) } else { ("reduce", len, xo) };
-            let parts = reduce_parts(steps);
-            let n_out = cnt * parts * r.inner;
-            let next = if parts == 1 { None } else { Some(pool.alloc((n_out * words_per) as u64 * 4)?) };
-            let (ob, oo) = match &next {
-                Some(t) => ctx.span("reduce", &t.raw, 0, n_out * words_per)?,
-                None => ctx.span("reduce", out, s * r.inner, n_out)?,
-            };
-            let w = Words::default()
-                .u(cnt)
-                .u(steps)
-                .u(r.inner)
-                .u(parts)
-                .u(x_at)
-                .u(xo + n_in as u32)
-                .u(oo)
-                .u(oo + n_out as u32)
-                .u(u32::from(prev.is_some()));
-            ctx.dispatch_op("reduce", entry, Some(op.code()), &w.0, &[xb, ib, ob], ctx.grid(n_out, 64))?;
-            match next {
-                Some(t) => {
-                    prev = Some(t);
-                    len = parts;
-                }
-                None => break,
-            }
-        }
     }
     Ok(())
 }

@@ -27,6 +27,10 @@ pub const SHADERS: &[(&str, &str)] = &[
 /// subgroup (`Ctx::subgroup8`); elsewhere the kernels of the extended shader serve.
 pub const SUBGROUP8_MODULES: &[(&str, &str)] = &[("matmul_sg", "matmul")];
 
+/// Modules that use subgroup operations at any subgroup size, `(name, shader they extend)`:
+/// compiled only on devices with `Features::SUBGROUP` (`Ctx::subgroups`).
+pub const SUBGROUP_MODULES: &[(&str, &str)] = &[("reduce_sg", "reduce")];
+
 /// Row counts of the generated `tb_sg{R}x4` kernels (C = A·Bᵀ, subgroup-shared rows of A): the
 /// product takes the smallest that covers M, else the largest, because one block over all of
 /// a small M (a convolution's output channels) wasted least: on the seed CNN's weight gradients
@@ -49,6 +53,11 @@ pub fn source(name: &str) -> Option<&'static str> {
             kernels.extend(TB_SG_ROWS.iter().map(|&rows| tb_unrolled(rows, 4, true)));
             format!("{base}\n{}", kernels.join("\n"))
         }));
+    }
+    if name == "reduce_sg" {
+        static REDUCE_SG: OnceLock<String> = OnceLock::new();
+        let base = source("reduce")?;
+        return Some(REDUCE_SG.get_or_init(|| format!("{base}\n{}", include_str!("../../../shaders/reduce_sg.wgsl"))));
     }
     let file = SHADERS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)?;
     if name == "matmul" {
