@@ -1,6 +1,7 @@
 //! Parses and validates every WGSL shader of the wgpu backend with naga; needs no GPU.
 #![cfg(feature = "wgpu")]
-use tandem::backend::wgpu::shaders::{source, SHADERS, SUBGROUP8_MODULES};
+use tandem::backend::wgpu::shaders::{source, SHADERS, SUBGROUP8_MODULES, SUBGROUP_MODULES};
+use tandem::backend::wgpu::{NEED_INVOCATIONS, NEED_WORKGROUP_BYTES};
 
 #[test]
 fn every_shader_parses_and_validates() {
@@ -50,4 +51,38 @@ fn a_broken_shader_is_rejected() {
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty()).validate(&m).is_ok()
     });
     assert_ne!(ok, Some(true), "the validator accepted a type error");
+}
+
+/// Every entry point of every module stays within the workgroup size and workgroup memory that
+/// adapter discovery demands of an adapter (`NEED_INVOCATIONS`, `NEED_WORKGROUP_BYTES`): a kernel
+/// past them would fail to build its pipeline on an adapter that was accepted.
+#[test]
+fn every_kernel_fits_the_limits_adapters_are_checked_for() {
+    let caps = naga::valid::Capabilities::SUBGROUP;
+    let modules = SHADERS.iter().chain(SUBGROUP8_MODULES).chain(SUBGROUP_MODULES).map(|(name, _)| *name);
+    let (mut most_bytes, mut most_invocations) = (0, 0);
+    for name in modules {
+        let src = source(name).expect("every module has a source");
+        let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+        v.subgroup_stages(naga::valid::ShaderStages::COMPUTE).subgroup_operations(naga::valid::SubgroupOperationSet::all());
+        let info = v.validate(&module).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+        for (i, ep) in module.entry_points.iter().enumerate() {
+            let uses = info.get_entry_point(i);
+            let bytes: u32 = module
+                .global_variables
+                .iter()
+                .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
+                .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
+                .sum();
+            let invocations = ep.workgroup_size.iter().product::<u32>();
+            assert!(bytes <= NEED_WORKGROUP_BYTES, "{name}::{} uses {bytes} bytes of workgroup memory; adapters are checked for {NEED_WORKGROUP_BYTES}", ep.name);
+            assert!(invocations <= NEED_INVOCATIONS, "{name}::{} has {invocations} invocations; adapters are checked for {NEED_INVOCATIONS}", ep.name);
+            most_bytes = most_bytes.max(bytes);
+            most_invocations = most_invocations.max(invocations);
+        }
+    }
+    // The limits say what the kernels need, not more: an adapter is never refused for less.
+    assert_eq!(most_bytes, NEED_WORKGROUP_BYTES, "the largest kernel's workgroup memory");
+    assert_eq!(most_invocations, NEED_INVOCATIONS, "the largest workgroup");
 }

@@ -39,10 +39,13 @@ fn kind(i: &wgpu::AdapterInfo) -> DeviceKind {
     }
 }
 
-/// Invocations in the largest workgroup the kernels declare (`@workgroup_size(256)`, `(16, 16)`).
-const NEED_INVOCATIONS: u32 = 256;
-/// Workgroup memory of the kernel that uses most: the tiled matmul's two 16x64 f32 tiles.
-const NEED_WORKGROUP_BYTES: u32 = 2 * 16 * 64 * 4;
+/// Invocations in the largest workgroup the kernels declare (`@workgroup_size(256)`, `(16, 16)`);
+/// tests/shaders_validate.rs checks every entry point against it.
+pub const NEED_INVOCATIONS: u32 = 256;
+/// Workgroup memory of the kernel that uses most: the tiled attention's key/value tiles and
+/// accumulators; tests/shaders_validate.rs checks every entry point against it. WebGPU's
+/// default limit is 16 KiB.
+pub const NEED_WORKGROUP_BYTES: u32 = 12288;
 /// Storage buffers one kernel binds at most (an optimizer's parameter, gradient and two states).
 const NEED_STORAGE_BUFFERS: u32 = 4;
 /// The smallest storage binding GL 4.3 guarantees (GLES 3.1 and WebGPU guarantee 128 MiB): an

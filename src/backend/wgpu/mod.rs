@@ -17,7 +17,7 @@ use crate::backend::{
 };
 use crate::{DType, Error, Layout, Result};
 use adapters::all;
-pub use adapters::{adapters, has_subgroups_of_8, ordinal_of, qualified_spec, refusal, refused, Refused, NAMED_BACKENDS};
+pub use adapters::{adapters, has_subgroups_of_8, ordinal_of, qualified_spec, refusal, refused, Refused, NAMED_BACKENDS, NEED_INVOCATIONS, NEED_WORKGROUP_BYTES};
 use context::Ctx;
 use pool::{Pool, WgpuBuffer};
 use std::sync::Arc;
