@@ -39,6 +39,7 @@
 # Installs nothing; never resets the GPU or changes its settings (nvidia-smi is only queried).
 # Exit status: non-zero when a required step failed. Env: GPU_CHECK_BUDGET_S (480): the seconds
 # all steps together may take; no step is started with less than 15 s of it left.
+# GPU_CHECK_SAVE=DIR: the step logs also go to DIR/gpu-check-logs.tgz (the device tool: $OUT).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 pack=.gpu
@@ -100,7 +101,7 @@ EOF
   echo
   echo "would carry: $pack/ $((bytes / 1024)) KiB + the working tree $((tree / 1024)) KiB = $(((bytes + tree) / 1048576)) MiB of the 64 MiB a run may carry"
   find "$pack" -type f -printf '%P %s\n' | sort | awk '{printf "    %-44s %6.2f MiB\n", $1, $2 / 1048576}'
-  echo "would run, on the GPU machine:  scripts/gpu-check.sh   (device tool: carry [\"$pack\"], timeout_s 600)"
+  echo "would run, on the GPU machine:  GPU_CHECK_SAVE=\$OUT scripts/gpu-check.sh   (device tool: carry [\"$pack\"], timeout_s 600)"
   echo "    1. nvidia-smi; the CUDA 12 or 13 libraries found and the names linked for cudarc;"
   echo "       the packed Vulkan/EGL loaders unpacked into a private folder if the machine has none"
   echo "    2. $pack/bin/nvrtc        every kernels/*.cu through that NVRTC (sm_90/compute_90; _52 on CUDA 12)"
@@ -203,7 +204,7 @@ fi
 
 # --- libraries: a CUDA toolkit's, or the pip wheels' (nvidia-*-cu12 or -cu13) -------------------
 dirs=()
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
   [ -d "$d" ] && dirs+=("$d")
 done
 if command -v python3 >/dev/null 2>&1; then
@@ -400,12 +401,17 @@ for line in open(sys.argv[3]):
         b = head.split("batch")[1].strip(" :")
         print(f"{head.split(':')[0]:<22} {b:>5} {float(ms.split()[0]):>10.3f}")
 EOF
-echo
-printf '%-28s %-5s %s\n' STEP RESULT NOTE
-for i in "${!names[@]}"; do
-  printf '%-28s %-5s %s\n' "${names[$i]}" "${results[$i]}" "${notes[$i]}"
-done
-echo
-cat "$log_dir/figures.txt"
-echo "logs: $log_dir; total $(($(date +%s) - started))s"
+{
+  echo
+  printf '%-28s %-5s %s\n' STEP RESULT NOTE
+  for i in "${!names[@]}"; do
+    printf '%-28s %-5s %s\n' "${names[$i]}" "${results[$i]}" "${notes[$i]}"
+  done
+  echo
+  cat "$log_dir/figures.txt"
+  echo "logs: $log_dir; total $(($(date +%s) - started))s"
+} | tee "$log_dir/summary.txt"
+if [ -n "${GPU_CHECK_SAVE:-}" ]; then
+  tar czf "$GPU_CHECK_SAVE/gpu-check-logs.tgz" -C "$log_dir" --exclude=./gl --exclude=./lib . && echo "logs saved: $GPU_CHECK_SAVE/gpu-check-logs.tgz"
+fi
 exit "$required_failed"
