@@ -108,7 +108,7 @@ EOF
   echo "    3. $pack/bin/cuda_smoke   CUDA ops against the CPU reference, allocator, peer copies"
   echo "    4. $pack/bin/nccl         NCCL in one process, one rank per GPU (1 rank on an H200), against host memory"
   echo "    5. $pack/bin/conformance  every op on cuda:0 and every wgpu adapter; again with TANDEM_WGPU_KERNELS=hardware"
-  echo "    6. $pack/bin/tandem bench --devices cuda:0[,hardware wgpu adapters]  matmul 256-2048 (cuBLAS vs WGSL), seed-CNN steps"
+  echo "    6. $pack/bin/tandem bench, once on cuda:0 and once on each hardware wgpu adapter: matmul 256-2048 (cuBLAS vs WGSL), seed-CNN steps"
   echo "    7. python3 + torch: the seed-CNN step at batch 64 and 1000 on that GPU"
   if [ -x "$pack/bin/dist_pipeline" ]; then
     echo "    8. only where mpirun is (Open MPI): NCCL across processes vs MPI host memory, same losses:"
