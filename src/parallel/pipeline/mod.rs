@@ -1,6 +1,7 @@
 //! Pipeline parallelism: layer stages on different devices, each driven by its own thread,
 //! working on micro-batches in a GPipe or 1F1B order; gradients accumulate over micro-batches
 //! and each stage's optimizer steps once per batch.
+mod balance;
 mod remote;
 mod schedule;
 mod tied;
@@ -12,6 +13,7 @@ pub(crate) use worker::graph_bytes;
 pub use schedule::{schedule, simulate, simulate_stages, theoretical_bubble, Action, Plan, Schedule, Simulation};
 pub use tied::StageParam;
 
+use balance::Balance;
 use super::placement::{self, Stage, Stages};
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
@@ -89,21 +91,6 @@ pub struct Pipeline {
     across: Option<Across>,
     ties: Vec<tied::Tied>,
 }
-
-/// Where `Split::Auto` stands: layer times are measured once on the first batch, then corrected
-/// by the stages' measured compute for up to [`REFINE_STEPS`] steps, until the split holds.
-enum Balance {
-    /// Fixed stages (`Split::At`, `Stages::Built`) or a split that no longer moves.
-    Fixed,
-    /// Nothing measured yet.
-    Pending,
-    /// Layer times (`[device][layer]`), steps left to correct them, and the stages' compute
-    /// seconds in the last step.
-    Refining { cost: Vec<Vec<f64>>, left: usize, busy: Option<Vec<f64>> },
-}
-
-/// The most steps whose measured stage times may move a `Split::Auto` split after the first.
-const REFINE_STEPS: usize = 3;
 
 /// The options of a [`Pipeline`] before it is built; defaults: 1 micro-batch, 1F1B, no
 /// recomputation, no clipping.
@@ -293,13 +280,7 @@ impl Pipeline {
     /// update: `step`, or a data-parallel grid around pipelines, does it.
     pub(crate) fn backward_part(&mut self, part: &Batch, first: usize, total: usize) -> Result<PartRun> {
         let micro = split_batch(part, self.micro_batches)?;
-        if let Balance::Pending = self.balance {
-            // Timed at the micro-batch size the stages will see: per-op costs that do not grow
-            // with the batch weigh more on small micro-batches.
-            let probe = placement::probe_input(part, part.len() / self.micro_batches, &self.stages[0].device)?;
-            let cost = placement::rebalance(&mut self.stages, &probe, &self.opt)?;
-            self.balance = Balance::Refining { cost, left: REFINE_STEPS, busy: None };
-        }
+        self.balance.first_split(&mut self.stages, part, self.micro_batches, &self.opt)?;
         let firsts: Vec<usize> = micro.iter().scan(first, |at, b| Some(std::mem::replace(at, *at + b.len()))).collect();
         for s in &self.stages {
             s.opt.zero_grad();
@@ -360,22 +341,6 @@ impl Pipeline {
         Ok(PartRun { outcomes, start })
     }
 
-    /// Moves layers between stages when the last step's measured stage times say that another
-    /// split is faster (`Split::Auto`, first steps only). Only `step` calls it: between a
-    /// backward and its update, or under a [`PipelineGrid`](crate::parallel::PipelineGrid)
-    /// whose replicas must keep the same stages, layers stay where they are.
-    fn refine_split(&mut self) -> Result<()> {
-        let Balance::Refining { cost, left, busy: Some(busy) } = &mut self.balance else { return Ok(()) };
-        let moved = placement::refine(&mut self.stages, cost, busy, &self.opt)?;
-        *left -= 1;
-        if !moved || *left == 0 {
-            self.balance = Balance::Fixed;
-        } else if let Balance::Refining { busy, .. } = &mut self.balance {
-            *busy = None;
-        }
-        Ok(())
-    }
-
     /// The parameters each stage's optimizer trains (tied copies left out), in stage order.
     pub(crate) fn trained_params(&self) -> Vec<Vec<(String, Tensor)>> {
         self.stages.iter().map(|s| s.opt.params().iter().filter(|(_, t)| !tied::is_copy(&self.ties, t)).cloned().collect()).collect()
@@ -432,11 +397,9 @@ impl Pipeline {
 
 impl Strategy for Pipeline {
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
-        self.refine_split()?;
+        self.balance.correct(&mut self.stages, &self.opt)?;
         let run = self.backward_part(batch, 0, batch.len())?;
-        if let Balance::Refining { busy, .. } = &mut self.balance {
-            *busy = Some(run.outcomes.iter().map(|o| o.compute_s).collect());
-        }
+        self.balance.measured(run.outcomes.iter().map(|o| o.compute_s).collect());
         let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| placement::track_name(i, &s.device)).collect();
         let trace = self.trace.clone();
         // Across processes the norm spans every rank's stages: clipped here, so the local
