@@ -66,10 +66,12 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
         }
         let us_per_op = dispatch(dev, reps.dispatch)?;
         emit(args.log_format, &mut rows, Figure::Dispatch { device: device.clone(), us_per_op });
-        for micro_batches in PIPELINE_MICRO_BATCHES {
-            let (bubble_measured, bubble_theoretical, bubble_of_split, step_ms) = pipeline_bubble(dev, micro_batches, reps.step)?;
-            let f = Figure::PipelineBubble { device: device.clone(), stages: 2, micro_batches, batch: PIPELINE_BATCH, bubble_measured, bubble_theoretical, bubble_of_split, step_ms };
-            emit(args.log_format, &mut rows, f);
+        for model in [BubbleModel::SeedCnn, BubbleModel::EvenMlp] {
+            for micro_batches in PIPELINE_MICRO_BATCHES {
+                let (bubble_measured, bubble_theoretical, bubble_of_split, step_ms) = pipeline_bubble(dev, model, micro_batches, reps.step)?;
+                let f = Figure::PipelineBubble { model: model.name(), device: device.clone(), stages: 2, micro_batches, batch: PIPELINE_BATCH, bubble_measured, bubble_theoretical, bubble_of_split, step_ms };
+                emit(args.log_format, &mut rows, f);
+            }
         }
         emit(args.log_format, &mut rows, dp_overlap(dev, reps.step)?);
     }
@@ -91,7 +93,7 @@ enum Figure {
     GptStep { model: &'static str, device: String, batch: usize, block_size: usize, median_ms: f64, tokens_per_sec: f64, activation_bytes: u64, recompute: bool },
     Dispatch { device: String, us_per_op: f64 },
     /// `bubble_of_split`: what the schedule gives stages as unequal as the measured ones.
-    PipelineBubble { device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, bubble_of_split: f64, step_ms: f64 },
+    PipelineBubble { model: &'static str, device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, bubble_of_split: f64, step_ms: f64 },
     /// Data parallelism over logical devices like `device`: the all-reduce time per device and
     /// the fraction of it hidden behind backward (on the device clock where `clock` says so),
     /// the same on the host clock (what a host-timed report says), and the step time on one
@@ -117,10 +119,10 @@ fn emit(format: LogFormat, rows: &mut Vec<Vec<String>>, f: Figure) {
             format!("{median_ms:.1} ms, {tokens_per_sec:.0} tokens/s, activations {:.1} MiB", activation_bytes as f64 / (1 << 20) as f64),
         ],
         Figure::Dispatch { device, us_per_op } => vec!["dispatch".into(), device, format!("{DISPATCH_OPS} adds, one sync"), format!("{us_per_op:.2} us/op")],
-        Figure::PipelineBubble { device, stages, micro_batches, batch, bubble_measured, bubble_theoretical, bubble_of_split, step_ms } => vec![
+        Figure::PipelineBubble { model, device, stages, micro_batches, batch, bubble_measured, bubble_theoretical, bubble_of_split, step_ms } => vec![
             "pipeline-bubble".into(),
             device,
-            format!("p={stages} m={micro_batches} batch={batch}"),
+            format!("{model} p={stages} m={micro_batches} batch={batch}"),
             format!("{bubble_measured:.3} (theory {bubble_theoretical:.3}, this split {bubble_of_split:.3}), step {step_ms:.1} ms"),
         ],
         Figure::DpOverlap { device, devices, batch, bucket_bytes, clock, allreduce_ms, hidden_fraction, step_ms_1, step_ms_n, .. } => vec![
@@ -200,19 +202,53 @@ fn dispatch(dev: &Device, reps: usize) -> Result<f64> {
     Ok(s / DISPATCH_OPS as f64 * 1e6)
 }
 
+/// The models of the pipeline-bubble figure: the seed CNN, whose ten layers cannot be cut into
+/// two equal stages, and an MLP whose layers can, so that what the schedule and its overheads
+/// cost shows apart from what the model's granularity costs.
+#[derive(Clone, Copy)]
+enum BubbleModel {
+    SeedCnn,
+    /// Eight `Linear(512, 512)` + ReLU blocks and a `Linear(512, 1)` head, MSE on random data.
+    EvenMlp,
+}
+
+impl BubbleModel {
+    fn name(self) -> &'static str {
+        match self {
+            BubbleModel::SeedCnn => "seed-cnn",
+            BubbleModel::EvenMlp => "mlp-8x512",
+        }
+    }
+    /// The model (built on the CPU), a batch of [`PIPELINE_BATCH`] and its loss.
+    fn build(self) -> Result<(crate::nn::Sequential, Batch, Loss)> {
+        let all: Vec<usize> = (0..PIPELINE_BATCH).collect();
+        match self {
+            BubbleModel::SeedCnn => Ok((SeedModel::Cnn.build(0, &Device::cpu())?, synthetic::seed_images(PIPELINE_BATCH, 0)?.batch(&all)?, Loss::CrossEntropy)),
+            BubbleModel::EvenMlp => {
+                const WIDTH: usize = 512;
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+                let cpu = Device::cpu();
+                let mut model = crate::nn::Sequential::new();
+                for i in 0..8 {
+                    model = model.push(format!("fc{i}"), crate::nn::Linear::new(WIDTH, WIDTH, &mut rng, &cpu)?).push(format!("relu{i}"), crate::nn::ReLU);
+                }
+                model = model.push("head", crate::nn::Linear::new(WIDTH, 1, &mut rng, &cpu)?);
+                Ok((model, synthetic::regression(PIPELINE_BATCH, WIDTH, 0)?.batch(&all)?, Loss::Mse))
+            }
+        }
+    }
+}
+
 /// Median measured bubble, its theory, the median bubble of the split and the median step time
-/// (ms) of a 1F1B pipeline of the seed CNN over two logical devices like `dev`, split by
-/// measured layer times.
-fn pipeline_bubble(dev: &Device, micro_batches: usize, reps: usize) -> Result<(f64, f64, f64, f64)> {
+/// (ms) of a 1F1B pipeline of `model` over two logical devices like `dev`, split by measured
+/// layer times.
+fn pipeline_bubble(dev: &Device, model: BubbleModel, micro_batches: usize, reps: usize) -> Result<(f64, f64, f64, f64)> {
     let info = dev.info();
     let devices = [Device::open(info.backend, info.ordinal)?, Device::open(info.backend, info.ordinal)?];
-    let data = synthetic::seed_images(PIPELINE_BATCH, 0)?;
-    let all: Vec<usize> = (0..PIPELINE_BATCH).collect();
-    let b = data.batch(&all)?;
+    let (model, b, loss) = model.build()?;
     let optim = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
-    let model = SeedModel::Cnn.build(0, &Device::cpu())?;
     let stages = Stages::Split(&model, Split::Auto);
-    let mut pipe = Pipeline::builder(stages, &devices, &optim, Loss::CrossEntropy).micro_batches(micro_batches).schedule(Schedule::OneFOneB).build()?;
+    let mut pipe = Pipeline::builder(stages, &devices, &optim, loss).micro_batches(micro_batches).schedule(Schedule::OneFOneB).build()?;
     // The first step measures the layers and splits; the next few correct the split by the
     // stages' measured times.
     for _ in 0..4 {
