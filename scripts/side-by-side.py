@@ -34,7 +34,7 @@ def key(fig):
     if fig["bench"] == "train-step":
         return ("train-step", fig["model"], fig["batch"])
     if fig["bench"] == "pipeline-bubble":
-        return ("pipeline-bubble", fig["micro_batches"])
+        return ("pipeline-bubble", fig.get("model", "seed-cnn"), fig["micro_batches"])
     return (fig["bench"],)
 
 
@@ -101,7 +101,7 @@ def main():
         if k[0] == "pipeline-bubble":
             m = [f["bubble_measured"] for f in figs]
             s = [f["bubble_of_split"] for f in figs]
-            print(f"pipeline bubble m={k[1]}: measured {statistics.median(m):.3f} ({', '.join(f'{x:.3f}' for x in m)}), "
+            print(f"pipeline bubble {k[1]} m={k[2]}: measured {statistics.median(m):.3f} ({', '.join(f'{x:.3f}' for x in m)}), "
                   f"of the split {statistics.median(s):.3f}, theory {figs[0]['bubble_theoretical']:.3f}")
         else:
             h = [f["hidden_fraction"] for f in figs]
