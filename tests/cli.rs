@@ -264,3 +264,44 @@ fn a_closed_output_pipe_ends_the_run_without_a_panic() {
     assert!(!err.contains("panicked"), "tandem panicked on the closed pipe:\n{err}");
     assert_eq!(out.status.code(), Some(141), "stderr:\n{err}");
 }
+
+/// `tandem bench --quick` prints every figure of issue 16 on the CPU and on `wgpu:0` (lavapipe
+/// here) as one JSON object per line, each with finite, positive values; bubbles lie in [0, 1)
+/// and the theory is (p-1)/(m+p-1).
+#[test]
+fn bench_prints_every_figure_on_cpu_and_wgpu() {
+    let mut devices = vec!["cpu"];
+    if tandem::Device::parse("wgpu:0").is_ok() {
+        devices.push("wgpu:0");
+    }
+    for dev in devices {
+        let out = ok(&["bench", "--devices", dev, "--quick", "--log-format", "json"]);
+        let figs: Vec<serde_json::Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}"))).collect();
+        let count = |bench: &str| figs.iter().filter(|f| f["bench"] == bench && f["device"] == dev).count();
+        assert_eq!(count("matmul"), 4, "{dev}: matmul at 256..2048");
+        assert_eq!(count("train-step"), 2, "{dev}: seed-CNN steps at batch 64 and 1000");
+        assert_eq!(count("dispatch"), 1, "{dev}");
+        assert_eq!(count("pipeline-bubble"), 8, "{dev}: two models at m = 1, 2, 4, 8");
+        assert_eq!(count("dp-overlap"), 1, "{dev}");
+        for f in &figs {
+            for key in ["gflops", "median_ms", "us_per_op", "step_ms", "allreduce_ms", "step_ms_1", "step_ms_n"] {
+                if let Some(v) = f.get(key) {
+                    let v = v.as_f64().unwrap_or(f64::NAN);
+                    assert!(v.is_finite() && v > 0.0, "{dev}: {key} = {v} in {f}");
+                }
+            }
+            if f["bench"] == "pipeline-bubble" {
+                let m = f["micro_batches"].as_f64().unwrap();
+                assert_eq!(f["bubble_theoretical"].as_f64().unwrap(), 1.0 / (m + 1.0), "{f}");
+                for key in ["bubble_measured", "bubble_of_split"] {
+                    let b = f[key].as_f64().unwrap();
+                    assert!((0.0..1.0).contains(&b), "{dev}: {key} = {b} in {f}");
+                }
+            }
+            if f["bench"] == "dp-overlap" {
+                let h = f["hidden_fraction"].as_f64().unwrap();
+                assert!((0.0..=1.0).contains(&h), "{dev}: hidden fraction {h}");
+            }
+        }
+    }
+}
