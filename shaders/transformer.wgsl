@@ -47,21 +47,6 @@ struct Params {
 const WG: u32 = 256u;
 var<workgroup> red: array<f32, 256>;
 
-fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
-}
-
-// By the bits: compilers may fold `v != v` away under their no-NaN assumptions.
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
-// The maximum where NaN wins, as the `max` reduction.
-fn nan_max(m: f32, v: f32) -> f32 {
-    if is_nan(v) || v > m { return v; }
-    return m;
-}
-
 // The sum (or with `is_max` the NaN-propagating maximum) of `v` over the workgroup, in a fixed
 // tree order; every invocation gets it.
 fn wg_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
@@ -82,8 +67,53 @@ fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.y * nwg.x + wid.x;
 }
 
-fn linear(gid: vec3<u32>, nwg: vec3<u32>, wg: u32) -> u32 {
-    return gid.y * nwg.x * wg + gid.x;
+// The row kernels' last pass, shared by both forms: columns j0, j0 + step, ... of the row (a
+// workgroup lane's share, or with j0 = 0 and step = 1 the whole row), from the row's sums.
+// LayerNorm: y = (x - mean)·rstd·w + b.
+fn layer_norm_out(row: u32, mean: f32, rstd: f32, j0: u32, step: u32) {
+    let x0 = p.off[0].x + row * p.cols;
+    let y0 = p.off[0].w + row * p.cols;
+    for (var j = j0; j < p.cols; j += step) {
+        a4[y0 + j] = (a1[x0 + j] - mean) * rstd * a2[p.off[0].y + j] + a3[p.off[0].z + j];
+    }
+}
+
+// LayerNorm's dx = rstd·(g·w - a - x̂·c), a = mean(g·w), c = mean(g·w·x̂).
+fn layer_norm_dx_out(row: u32, mean: f32, rstd: f32, a: f32, c: f32, j0: u32, step: u32) {
+    let g0 = p.off[0].x + row * p.cols;
+    let x0 = p.off[0].y + row * p.cols;
+    let d0 = p.off[1].y + row * p.cols;
+    for (var j = j0; j < p.cols; j += step) {
+        let xhat = (a2[x0 + j] - mean) * rstd;
+        a6[d0 + j] = rstd * (a1[g0 + j] * a3[p.off[0].z + j] - a - xhat * c);
+    }
+}
+
+// Causal softmax: y = exp(z - m) / s with z = -inf above the diagonal (max m, sum s).
+fn causal_softmax_out(row: u32, m: f32, s: f32, j0: u32, step: u32) {
+    let t = p.cols;
+    let i = row % t;
+    let x0 = p.off[0].x + row * t;
+    let y0 = p.off[0].y + row * t;
+    for (var j = j0; j < t; j += step) {
+        var z = neg_inf();
+        if j <= i { z = a1[x0 + j] * p.scale; }
+        a2[y0 + j] = exp(z - m) / s;
+    }
+}
+
+// Its dx = scale·y·(g - dot) on and below the diagonal, 0 above (dot = Σ g·y).
+fn causal_softmax_dx_out(row: u32, dot: f32, j0: u32, step: u32) {
+    let t = p.cols;
+    let i = row % t;
+    let g0 = p.off[0].x + row * t;
+    let y0 = p.off[0].y + row * t;
+    let d0 = p.off[0].z + row * t;
+    for (var j = j0; j < t; j += step) {
+        var v = 0.0;
+        if j <= i { v = p.scale * a2[y0 + j] * (a1[g0 + j] - dot); }
+        a3[d0 + j] = v;
+    }
 }
 
 // One workgroup per row: mean, then the variance about it (two passes, as the reference).
@@ -101,10 +131,7 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         q += c * c;
     }
     let rstd = 1.0 / sqrt(wg_reduce(lid.x, q, false) / f32(p.cols) + p.eps);
-    let y0 = p.off[0].w + row * p.cols;
-    for (var j = lid.x; j < p.cols; j += WG) {
-        a4[y0 + j] = (a1[x0 + j] - mean) * rstd * a2[p.off[0].y + j] + a3[p.off[0].z + j];
-    }
+    layer_norm_out(row, mean, rstd, lid.x, WG);
     if lid.x == 0u {
         a5[p.off[1].x + row] = mean;
         a6[p.off[1].y + row] = rstd;
@@ -129,17 +156,13 @@ fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
     let a = wg_reduce(lid.x, sa, false) / f32(p.cols);
     let c = wg_reduce(lid.x, sc, false) / f32(p.cols);
-    let d0 = p.off[1].y + row * p.cols;
-    for (var j = lid.x; j < p.cols; j += WG) {
-        let xhat = (a2[x0 + j] - mean) * rstd;
-        a6[d0 + j] = rstd * (a1[g0 + j] * a3[p.off[0].z + j] - a - xhat * c);
-    }
+    layer_norm_dx_out(row, mean, rstd, a, c, lid.x, WG);
 }
 
 // One invocation per (row block, column): Σ g·x̂ and Σ g over the block's rows, in order.
 @compute @workgroup_size(256)
 fn layer_norm_dwb(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let k = linear(gid, nwg, WG);
+    let k = grid_index(gid, nwg, WG);
     if k >= p.blocks * p.cols { return; }
     let blk = k / p.cols;
     let j = k % p.cols;
@@ -171,12 +194,7 @@ fn causal_softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     var s = 0.0;
     for (var j = lid.x; j <= i; j += WG) { s += exp(a1[x0 + j] * p.scale - m); }
     s = wg_reduce(lid.x, s, false);
-    let y0 = p.off[0].y + row * t;
-    for (var j = lid.x; j < t; j += WG) {
-        var z = neg_inf();
-        if j <= i { z = a1[x0 + j] * p.scale; }
-        a2[y0 + j] = exp(z - m) / s;
-    }
+    causal_softmax_out(row, m, s, lid.x, WG);
 }
 
 // dx = scale · y · (g - Σ g·y) on and below the diagonal, 0 above.
@@ -191,19 +209,14 @@ fn causal_softmax_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     var s = 0.0;
     for (var j = lid.x; j <= i; j += WG) { s += a1[g0 + j] * a2[y0 + j]; }
     let dot = wg_reduce(lid.x, s, false);
-    let d0 = p.off[0].z + row * t;
-    for (var j = lid.x; j < t; j += WG) {
-        var v = 0.0;
-        if j <= i { v = p.scale * a2[y0 + j] * (a1[g0 + j] - dot); }
-        a3[d0 + j] = v;
-    }
+    causal_softmax_dx_out(row, dot, lid.x, WG);
 }
 
 // The row kernels with one invocation per row (rows shorter than 65,535): the same sums,
 // taken in order along the row.
 @compute @workgroup_size(64)
 fn layer_norm_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let x0 = p.off[0].x + row * p.cols;
     var s = 0.0;
@@ -215,17 +228,14 @@ fn layer_norm_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
         q += c * c;
     }
     let rstd = 1.0 / sqrt(q / f32(p.cols) + p.eps);
-    let y0 = p.off[0].w + row * p.cols;
-    for (var j = 0u; j < p.cols; j++) {
-        a4[y0 + j] = (a1[x0 + j] - mean) * rstd * a2[p.off[0].y + j] + a3[p.off[0].z + j];
-    }
+    layer_norm_out(row, mean, rstd, 0u, 1u);
     a5[p.off[1].x + row] = mean;
     a6[p.off[1].y + row] = rstd;
 }
 
 @compute @workgroup_size(64)
 fn layer_norm_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let g0 = p.off[0].x + row * p.cols;
     let x0 = p.off[0].y + row * p.cols;
@@ -240,16 +250,12 @@ fn layer_norm_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     }
     let a = sa / f32(p.cols);
     let c = sc / f32(p.cols);
-    let d0 = p.off[1].y + row * p.cols;
-    for (var j = 0u; j < p.cols; j++) {
-        let xhat = (a2[x0 + j] - mean) * rstd;
-        a6[d0 + j] = rstd * (a1[g0 + j] * a3[p.off[0].z + j] - a - xhat * c);
-    }
+    layer_norm_dx_out(row, mean, rstd, a, c, 0u, 1u);
 }
 
 @compute @workgroup_size(64)
 fn causal_softmax_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let t = p.cols;
     let i = row % t;
@@ -258,17 +264,12 @@ fn causal_softmax_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     for (var j = 0u; j <= i; j++) { m = nan_max(m, a1[x0 + j] * p.scale); }
     var s = 0.0;
     for (var j = 0u; j <= i; j++) { s += exp(a1[x0 + j] * p.scale - m); }
-    let y0 = p.off[0].y + row * t;
-    for (var j = 0u; j < t; j++) {
-        var z = neg_inf();
-        if j <= i { z = a1[x0 + j] * p.scale; }
-        a2[y0 + j] = exp(z - m) / s;
-    }
+    causal_softmax_out(row, m, s, 0u, 1u);
 }
 
 @compute @workgroup_size(64)
 fn causal_softmax_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let t = p.cols;
     let i = row % t;
@@ -276,19 +277,14 @@ fn causal_softmax_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let y0 = p.off[0].y + row * t;
     var dot = 0.0;
     for (var j = 0u; j <= i; j++) { dot += a1[g0 + j] * a2[y0 + j]; }
-    let d0 = p.off[0].z + row * t;
-    for (var j = 0u; j < t; j++) {
-        var v = 0.0;
-        if j <= i { v = p.scale * a2[y0 + j] * (a1[g0 + j] - dot); }
-        a3[d0 + j] = v;
-    }
+    causal_softmax_dx_out(row, dot, 0u, 1u);
 }
 
 // One invocation per query row: keys 0..=i in order with an online softmax (running max m,
 // sum l, and the output row, kept in `o` itself, rescaled by exp(m_old - m_new)).
 @compute @workgroup_size(64)
 fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let t = p.cols;
     let d = p.d;
@@ -338,7 +334,7 @@ fn g_dot_v(qrow: u32, krow: u32) -> f32 {
 // One invocation per query row i: delta_i = g_i · o_i, then dq_i = scale Σ_{j<=i} ds_ij k_j.
 @compute @workgroup_size(64)
 fn attention_dq(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let d = p.d;
     let base = row - row % p.cols;
@@ -360,7 +356,7 @@ fn attention_dq(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 // with delta (a4) from `attention_dq`.
 @compute @workgroup_size(64)
 fn attention_dkv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let d = p.d;
     let base = row - row % p.cols;
