@@ -2,7 +2,8 @@
 // GPUs run, forward and backward; `FusedOp::Attention{,Backward}` with head size D <= DMAX.
 //
 // Shape letters: N matrices (batch × heads) of T rows (tokens), D values per row of q, k, v.
-// Bindings: 0 `p` parameters (the layout of transformer.wgsl's); 1..8 `a1`..`a8`:
+// Bindings (declared in fused_layout.wgsl, as transformer.wgsl's): 0 `p` parameters; 1..8
+// `a1`..`a8`:
 //   tiled_attention     a1 q, a2 k, a3 v, a4 o, all [N, T, D]; a5 lse [N, T]
 //   tiled_attention_dq  a1 q, a2 k, a3 v, a4 o, a5 lse, a6 g, a7 dq, a8 delta [N, T] (written)
 //   tiled_attention_dkv a1 q, a2 k, a3 v, a4 delta, a5 lse, a6 g, a7 dk, a8 dv
@@ -18,28 +19,6 @@
 // per variable, took llvmpipe minutes to compile).
 // Loops: at most T / BC + 1 tiles, BC rows per tile, D values (T < 65,535 and D <= DMAX are
 // checked by the caller: Mesa's software drivers end any loop after 65,535 iterations).
-
-struct Params {
-    rows: u32,  // N·T
-    cols: u32,  // T
-    d: u32,     // D
-    blocks: u32,
-    eps: f32,
-    scale: f32,
-    pad0: u32,
-    pad1: u32,
-    off: array<vec4<u32>, 2>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> a1: array<f32>;
-@group(0) @binding(2) var<storage, read_write> a2: array<f32>;
-@group(0) @binding(3) var<storage, read_write> a3: array<f32>;
-@group(0) @binding(4) var<storage, read_write> a4: array<f32>;
-@group(0) @binding(5) var<storage, read_write> a5: array<f32>;
-@group(0) @binding(6) var<storage, read_write> a6: array<f32>;
-@group(0) @binding(7) var<storage, read_write> a7: array<f32>;
-@group(0) @binding(8) var<storage, read_write> a8: array<f32>;
 
 const BR: u32 = 16u;
 const BC: u32 = 8u;

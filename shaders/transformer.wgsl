@@ -3,7 +3,8 @@
 //
 // Shape letters: R rows of C values (LayerNorm); N matrices (batch × heads) of T rows (tokens),
 // D values per row of q, k, v (head size); B = ceil(R / 256) row blocks of LayerNorm partials.
-// Bindings: 0 `p` parameters; 1..8 `a1`..`a8` storage buffers whose meaning is the entry's:
+// Bindings (declared in fused_layout.wgsl): 0 `p` parameters; 1..8 `a1`..`a8` storage
+// buffers whose meaning is the entry's:
 //   layer_norm        a1 x [R, C], a2 w [C], a3 b [C], a4 y [R, C], a5 mean [R], a6 rstd [R]
 //   layer_norm_dx     a1 g [R, C], a2 x, a3 w, a4 mean, a5 rstd, a6 dx [R, C]
 //   layer_norm_dwb    the same, then a7 dw partials [B, C], a8 db partials [B, C]
@@ -21,28 +22,6 @@
 // query loops run at most T times and D loops D times: Rust refuses T or D of 65,535 or more
 // (Mesa's software drivers end any loop after 65,535 iterations). Workgroup reductions are
 // tree sums in a fixed order, so every result is the same bits on every run.
-
-struct Params {
-    rows: u32,  // R, or N·T
-    cols: u32,  // C, or T
-    d: u32,     // D
-    blocks: u32, // B
-    eps: f32,
-    scale: f32,
-    pad0: u32,
-    pad1: u32,
-    off: array<vec4<u32>, 2>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> a1: array<f32>;
-@group(0) @binding(2) var<storage, read_write> a2: array<f32>;
-@group(0) @binding(3) var<storage, read_write> a3: array<f32>;
-@group(0) @binding(4) var<storage, read_write> a4: array<f32>;
-@group(0) @binding(5) var<storage, read_write> a5: array<f32>;
-@group(0) @binding(6) var<storage, read_write> a6: array<f32>;
-@group(0) @binding(7) var<storage, read_write> a7: array<f32>;
-@group(0) @binding(8) var<storage, read_write> a8: array<f32>;
 
 const WG: u32 = 256u;
 var<workgroup> red: array<f32, 256>;

@@ -1,6 +1,6 @@
 //! Parses and validates every WGSL shader of the wgpu backend with naga; needs no GPU.
 #![cfg(feature = "wgpu")]
-use tandem::backend::wgpu::shaders::{source, COMMON, SHADERS, SUBGROUP8_MODULES, SUBGROUP_MODULES};
+use tandem::backend::wgpu::shaders::{source, COMMON, SHADERS, SHARED_LAYOUTS, SUBGROUP8_MODULES, SUBGROUP_MODULES};
 use tandem::backend::wgpu::{NEED_INVOCATIONS, NEED_WORKGROUP_BYTES};
 
 #[test]
@@ -45,9 +45,10 @@ fn subgroup_modules_validate_only_with_subgroups() {
 }
 
 /// common.wgsl is appended to modules that have their own bindings: it may hold functions only,
-/// and each module, the subgroup ones that extend another included, holds it exactly once.
+/// and each module, the subgroup ones that extend another included, holds it exactly once; a
+/// shared layout (parameters and bindings) is appended once to each module it names.
 #[test]
-fn common_helpers_are_bindingless_and_in_every_module_once() {
+fn shared_text_is_appended_once_and_common_is_bindingless() {
     assert!(COMMON.starts_with("// common.wgsl: "), "common.wgsl opens with what it holds");
     let module = naga::front::wgsl::parse_str(COMMON).unwrap_or_else(|e| panic!("common.wgsl: {}", e.emit_to_string(COMMON)));
     naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
@@ -60,6 +61,11 @@ fn common_helpers_are_bindingless_and_in_every_module_once() {
     for name in modules {
         let src = source(name).expect("every module has a source");
         assert_eq!(src.matches(COMMON).count(), 1, "{name}: common.wgsl appended once");
+    }
+    for (name, layout) in SHARED_LAYOUTS {
+        assert!(SHADERS.iter().any(|(n, _)| n == name), "{name}: a shared layout for no shader");
+        assert!(layout.starts_with("// ") && layout.contains(".wgsl: "), "{name}'s layout opens with its file name");
+        assert_eq!(source(name).expect("its source").matches(layout).count(), 1, "{name}: its layout appended once");
     }
 }
 

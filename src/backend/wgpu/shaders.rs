@@ -42,9 +42,16 @@ pub const TB_SG_ROWS: [usize; 3] = [8, 16, 24];
 /// has no includes, so `source` appends this text to every module, after the module's own file.
 pub const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 
-/// The source of shader `name` as it is compiled: its file, then `COMMON`, and for `matmul`
-/// the generated `regs16x4`, `regs_k1_ua{8x2,8x4,16x2,24x2}`, `tb8x8` and every `TILED` and
-/// `TILED_WIDE` kernel appended;
+/// The parameters and bindings of the fused transformer kernels, appended (before `COMMON`) to
+/// the modules that run `FusedOp`s, `(name, layout)`.
+pub const SHARED_LAYOUTS: &[(&str, &str)] = &[
+    ("transformer", include_str!("../../../shaders/fused_layout.wgsl")),
+    ("attention", include_str!("../../../shaders/fused_layout.wgsl")),
+];
+
+/// The source of shader `name` as it is compiled: its file, then its `SHARED_LAYOUTS` entry if
+/// any and `COMMON`, and for `matmul` the generated `regs16x4`,
+/// `regs_k1_ua{8x2,8x4,16x2,24x2}`, `tb8x8` and every `TILED` and `TILED_WIDE` kernel appended;
 /// `matmul_sg` is all of `matmul` plus the generated `regs_sg32x2` and `tb_sg{R}x4` for each R
 /// of `TB_SG_ROWS`.
 pub fn source(name: &str) -> Option<&'static str> {
@@ -65,7 +72,10 @@ pub fn source(name: &str) -> Option<&'static str> {
     }
     let at = SHADERS.iter().position(|(n, _)| *n == name)?;
     static WITH_COMMON: OnceLock<Vec<String>> = OnceLock::new();
-    let file = &WITH_COMMON.get_or_init(|| SHADERS.iter().map(|(_, s)| format!("{s}\n{COMMON}")).collect())[at];
+    let file = &WITH_COMMON.get_or_init(|| {
+        let layout = |name: &str| SHARED_LAYOUTS.iter().find(|(n, _)| *n == name).map_or("", |(_, l)| *l);
+        SHADERS.iter().map(|(name, s)| format!("{s}\n{}{COMMON}", layout(name))).collect()
+    })[at];
     if name == "matmul" {
         return Some(MATMUL.get_or_init(|| {
             let kernels = [
