@@ -46,8 +46,70 @@ fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.y * nwg.x + wid.x;
 }
 
-// The row kernels' last pass, shared by both forms: columns j0, j0 + step, ... of the row (a
-// workgroup lane's share, or with j0 = 0 and step = 1 the whole row), from the row's sums.
+// The row kernels' passes, shared by their two forms: each takes columns j0, j0 + step, ... of
+// the row (a workgroup lane's share, or with j0 = 0 and step = 1 the whole row, in order). The
+// sums are this share's partial; the workgroup form reduces them with `wg_reduce`.
+// LayerNorm: Σ x, then Σ (x - mean)².
+fn layer_norm_sum(row: u32, j0: u32, step: u32) -> f32 {
+    let x0 = p.off[0].x + row * p.cols;
+    var s = 0.0;
+    for (var j = j0; j < p.cols; j += step) { s += a1[x0 + j]; }
+    return s;
+}
+
+fn layer_norm_sq(row: u32, mean: f32, j0: u32, step: u32) -> f32 {
+    let x0 = p.off[0].x + row * p.cols;
+    var q = 0.0;
+    for (var j = j0; j < p.cols; j += step) {
+        let c = a1[x0 + j] - mean;
+        q += c * c;
+    }
+    return q;
+}
+
+// LayerNorm's backward: (Σ g·w, Σ g·w·x̂).
+fn layer_norm_dx_sums(row: u32, mean: f32, rstd: f32, j0: u32, step: u32) -> vec2<f32> {
+    let g0 = p.off[0].x + row * p.cols;
+    let x0 = p.off[0].y + row * p.cols;
+    var sa = 0.0;
+    var sc = 0.0;
+    for (var j = j0; j < p.cols; j += step) {
+        let gw = a1[g0 + j] * a3[p.off[0].z + j];
+        sa += gw;
+        sc += gw * ((a2[x0 + j] - mean) * rstd);
+    }
+    return vec2<f32>(sa, sc);
+}
+
+// Causal softmax of row i (of its matrix): the NaN-propagating max of the scaled scores j <= i,
+// then Σ exp(z - m).
+fn causal_softmax_max(row: u32, j0: u32, step: u32) -> f32 {
+    let i = row % p.cols;
+    let x0 = p.off[0].x + row * p.cols;
+    var m = neg_inf();
+    for (var j = j0; j <= i; j += step) { m = nan_max(m, a1[x0 + j] * p.scale); }
+    return m;
+}
+
+fn causal_softmax_sum(row: u32, m: f32, j0: u32, step: u32) -> f32 {
+    let i = row % p.cols;
+    let x0 = p.off[0].x + row * p.cols;
+    var s = 0.0;
+    for (var j = j0; j <= i; j += step) { s += exp(a1[x0 + j] * p.scale - m); }
+    return s;
+}
+
+// Its backward: Σ g·y over j <= i.
+fn causal_softmax_dot(row: u32, j0: u32, step: u32) -> f32 {
+    let i = row % p.cols;
+    let g0 = p.off[0].x + row * p.cols;
+    let y0 = p.off[0].y + row * p.cols;
+    var s = 0.0;
+    for (var j = j0; j <= i; j += step) { s += a1[g0 + j] * a2[y0 + j]; }
+    return s;
+}
+
+// Their last passes, from the row's sums over the same columns.
 // LayerNorm: y = (x - mean)·rstd·w + b.
 fn layer_norm_out(row: u32, mean: f32, rstd: f32, j0: u32, step: u32) {
     let x0 = p.off[0].x + row * p.cols;
@@ -100,16 +162,8 @@ fn causal_softmax_dx_out(row: u32, dot: f32, j0: u32, step: u32) {
 fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = row_of(wid, nwg);
     if row >= p.rows { return; }
-    let x0 = p.off[0].x + row * p.cols;
-    var s = 0.0;
-    for (var j = lid.x; j < p.cols; j += WG) { s += a1[x0 + j]; }
-    let mean = wg_reduce(lid.x, s, false) / f32(p.cols);
-    var q = 0.0;
-    for (var j = lid.x; j < p.cols; j += WG) {
-        let c = a1[x0 + j] - mean;
-        q += c * c;
-    }
-    let rstd = 1.0 / sqrt(wg_reduce(lid.x, q, false) / f32(p.cols) + p.eps);
+    let mean = wg_reduce(lid.x, layer_norm_sum(row, lid.x, WG), false) / f32(p.cols);
+    let rstd = 1.0 / sqrt(wg_reduce(lid.x, layer_norm_sq(row, mean, lid.x, WG), false) / f32(p.cols) + p.eps);
     layer_norm_out(row, mean, rstd, lid.x, WG);
     if lid.x == 0u {
         a5[p.off[1].x + row] = mean;
@@ -122,19 +176,11 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = row_of(wid, nwg);
     if row >= p.rows { return; }
-    let g0 = p.off[0].x + row * p.cols;
-    let x0 = p.off[0].y + row * p.cols;
     let mean = a4[p.off[0].w + row];
     let rstd = a5[p.off[1].x + row];
-    var sa = 0.0;
-    var sc = 0.0;
-    for (var j = lid.x; j < p.cols; j += WG) {
-        let gw = a1[g0 + j] * a3[p.off[0].z + j];
-        sa += gw;
-        sc += gw * ((a2[x0 + j] - mean) * rstd);
-    }
-    let a = wg_reduce(lid.x, sa, false) / f32(p.cols);
-    let c = wg_reduce(lid.x, sc, false) / f32(p.cols);
+    let sums = layer_norm_dx_sums(row, mean, rstd, lid.x, WG);
+    let a = wg_reduce(lid.x, sums.x, false) / f32(p.cols);
+    let c = wg_reduce(lid.x, sums.y, false) / f32(p.cols);
     layer_norm_dx_out(row, mean, rstd, a, c, lid.x, WG);
 }
 
@@ -164,15 +210,8 @@ fn layer_norm_dwb(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
 fn causal_softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = row_of(wid, nwg);
     if row >= p.rows { return; }
-    let t = p.cols;
-    let i = row % t;
-    let x0 = p.off[0].x + row * t;
-    var m = neg_inf();
-    for (var j = lid.x; j <= i; j += WG) { m = nan_max(m, a1[x0 + j] * p.scale); }
-    m = wg_reduce(lid.x, m, true);
-    var s = 0.0;
-    for (var j = lid.x; j <= i; j += WG) { s += exp(a1[x0 + j] * p.scale - m); }
-    s = wg_reduce(lid.x, s, false);
+    let m = wg_reduce(lid.x, causal_softmax_max(row, lid.x, WG), true);
+    let s = wg_reduce(lid.x, causal_softmax_sum(row, m, lid.x, WG), false);
     causal_softmax_out(row, m, s, lid.x, WG);
 }
 
@@ -181,13 +220,7 @@ fn causal_softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 fn causal_softmax_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = row_of(wid, nwg);
     if row >= p.rows { return; }
-    let t = p.cols;
-    let i = row % t;
-    let g0 = p.off[0].x + row * t;
-    let y0 = p.off[0].y + row * t;
-    var s = 0.0;
-    for (var j = lid.x; j <= i; j += WG) { s += a1[g0 + j] * a2[y0 + j]; }
-    let dot = wg_reduce(lid.x, s, false);
+    let dot = wg_reduce(lid.x, causal_softmax_dot(row, lid.x, WG), false);
     causal_softmax_dx_out(row, dot, lid.x, WG);
 }
 
@@ -197,16 +230,8 @@ fn causal_softmax_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
 fn layer_norm_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
-    let x0 = p.off[0].x + row * p.cols;
-    var s = 0.0;
-    for (var j = 0u; j < p.cols; j++) { s += a1[x0 + j]; }
-    let mean = s / f32(p.cols);
-    var q = 0.0;
-    for (var j = 0u; j < p.cols; j++) {
-        let c = a1[x0 + j] - mean;
-        q += c * c;
-    }
-    let rstd = 1.0 / sqrt(q / f32(p.cols) + p.eps);
+    let mean = layer_norm_sum(row, 0u, 1u) / f32(p.cols);
+    let rstd = 1.0 / sqrt(layer_norm_sq(row, mean, 0u, 1u) / f32(p.cols) + p.eps);
     layer_norm_out(row, mean, rstd, 0u, 1u);
     a5[p.off[1].x + row] = mean;
     a6[p.off[1].y + row] = rstd;
@@ -216,19 +241,11 @@ fn layer_norm_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 fn layer_norm_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
-    let g0 = p.off[0].x + row * p.cols;
-    let x0 = p.off[0].y + row * p.cols;
     let mean = a4[p.off[0].w + row];
     let rstd = a5[p.off[1].x + row];
-    var sa = 0.0;
-    var sc = 0.0;
-    for (var j = 0u; j < p.cols; j++) {
-        let gw = a1[g0 + j] * a3[p.off[0].z + j];
-        sa += gw;
-        sc += gw * ((a2[x0 + j] - mean) * rstd);
-    }
-    let a = sa / f32(p.cols);
-    let c = sc / f32(p.cols);
+    let sums = layer_norm_dx_sums(row, mean, rstd, 0u, 1u);
+    let a = sums.x / f32(p.cols);
+    let c = sums.y / f32(p.cols);
     layer_norm_dx_out(row, mean, rstd, a, c, 0u, 1u);
 }
 
@@ -236,13 +253,8 @@ fn layer_norm_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 fn causal_softmax_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
-    let t = p.cols;
-    let i = row % t;
-    let x0 = p.off[0].x + row * t;
-    var m = neg_inf();
-    for (var j = 0u; j <= i; j++) { m = nan_max(m, a1[x0 + j] * p.scale); }
-    var s = 0.0;
-    for (var j = 0u; j <= i; j++) { s += exp(a1[x0 + j] * p.scale - m); }
+    let m = causal_softmax_max(row, 0u, 1u);
+    let s = causal_softmax_sum(row, m, 0u, 1u);
     causal_softmax_out(row, m, s, 0u, 1u);
 }
 
@@ -250,12 +262,7 @@ fn causal_softmax_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 fn causal_softmax_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
-    let t = p.cols;
-    let i = row % t;
-    let g0 = p.off[0].x + row * t;
-    let y0 = p.off[0].y + row * t;
-    var dot = 0.0;
-    for (var j = 0u; j <= i; j++) { dot += a1[g0 + j] * a2[y0 + j]; }
+    let dot = causal_softmax_dot(row, 0u, 1u);
     causal_softmax_dx_out(row, dot, 0u, 1u);
 }
 
