@@ -237,6 +237,31 @@ __device__ __forceinline__ u64 tf_seen(bool live, u64 i, u64 j0) {
     return live && i >= j0 ? tf_min(TF_BC, i + 1 - j0) : 0;
 }
 
+// The row block `wb` of the tiled kernels: its matrix's first row (`base`), its first owned row
+// (`first`), and this thread's owned row: its index in the matrix (`own`), whether it exists
+// (`live`: threads past T still join every barrier) and its row of all N*T (the last one when
+// not live).
+struct TfBlock {
+    u64 base, first, own, row;
+    bool live;
+};
+
+__device__ __forceinline__ TfBlock tf_block(u64 wb, u64 t) {
+    const u64 blocks = (t + TF_BR - 1) / TF_BR;
+    TfBlock b;
+    b.base = wb / blocks * t;
+    b.first = wb % blocks * TF_BR;
+    b.own = b.first + threadIdx.x;
+    b.live = b.own < t;
+    b.row = b.base + (b.live ? b.own : t - 1);
+    return b;
+}
+
+// Key tiles the block's query rows see: up to the one holding its last row.
+__device__ __forceinline__ u64 tf_query_tiles(u64 first, u64 t) {
+    return (tf_min(first + TF_BR, t) - 1) / TF_BC + 1;
+}
+
 // Grid-stride over (matrix, row block) pairs; the block index is the same for every thread,
 // so the barriers inside stay uniform.
 #define FOR_EACH_BLOCK(wb, n, t) for (u64 wb = blockIdx.x; wb < (n) * (((t) + TF_BR - 1) / TF_BR); wb += gridDim.x)
@@ -244,18 +269,17 @@ __device__ __forceinline__ u64 tf_seen(bool live, u64 i, u64 j0) {
 extern "C" __global__ void attention_tiled_f32(const float* q, const float* k, const float* v, float* o, float* lse,
                                                u64 n, u64 t, u64 d, float scale) {
     __shared__ float kt[TF_BC * TF_DMAX], vt[TF_BC * TF_DMAX];
-    const u64 blocks = (t + TF_BR - 1) / TF_BR;
     FOR_EACH_BLOCK(wb, n, t) {
-        const u64 base = wb / blocks * t, first = wb % blocks * TF_BR, i = first + threadIdx.x;
-        const bool live = i < t;
-        const u64 row = base + (live ? i : t - 1);
+        const TfBlock b = tf_block(wb, t);
+        const u64 base = b.base, i = b.own, row = b.row;
+        const bool live = b.live;
         float qr[TF_DMAX], acc[TF_DMAX];
         for (u64 e = 0; e < d; ++e) {
             qr[e] = q[row * d + e];
             acc[e] = 0.0f;
         }
         float m = tf_neg_inf(), l = 0.0f;
-        const u64 tiles = (tf_min(first + TF_BR, t) - 1) / TF_BC + 1;
+        const u64 tiles = tf_query_tiles(b.first, t);
         for (u64 j0 = 0; j0 < tiles * TF_BC; j0 += TF_BC) {
             tf_load_tile(k, v, kt, vt, base, j0, t, d);
             for (u64 jj = 0; jj < tf_seen(live, i, j0); ++jj) {
@@ -282,11 +306,10 @@ extern "C" __global__ void attention_dq_tiled_f32(const float* q, const float* k
                                                   const float* lse, const float* g, float* dq, float* delta, u64 n,
                                                   u64 t, u64 d, float scale) {
     __shared__ float kt[TF_BC * TF_DMAX], vt[TF_BC * TF_DMAX];
-    const u64 blocks = (t + TF_BR - 1) / TF_BR;
     FOR_EACH_BLOCK(wb, n, t) {
-        const u64 base = wb / blocks * t, first = wb % blocks * TF_BR, i = first + threadIdx.x;
-        const bool live = i < t;
-        const u64 row = base + (live ? i : t - 1);
+        const TfBlock b = tf_block(wb, t);
+        const u64 base = b.base, i = b.own, row = b.row;
+        const bool live = b.live;
         float qr[TF_DMAX], gr[TF_DMAX], acc[TF_DMAX];
         float dl = 0.0f;
         for (u64 e = 0; e < d; ++e) {
@@ -296,7 +319,7 @@ extern "C" __global__ void attention_dq_tiled_f32(const float* q, const float* k
             dl += gr[e] * o[row * d + e];
         }
         const float ls = lse[row];
-        const u64 tiles = (tf_min(first + TF_BR, t) - 1) / TF_BC + 1;
+        const u64 tiles = tf_query_tiles(b.first, t);
         for (u64 j0 = 0; j0 < tiles * TF_BC; j0 += TF_BC) {
             tf_load_tile(k, v, kt, vt, base, j0, t, d);
             for (u64 jj = 0; jj < tf_seen(live, i, j0); ++jj) {
@@ -321,11 +344,10 @@ extern "C" __global__ void attention_dkv_tiled_f32(const float* q, const float* 
                                                    const float* lse, const float* g, float* dk, float* dv, u64 n,
                                                    u64 t, u64 d, float scale) {
     __shared__ float qt[TF_BC * TF_DMAX], gt[TF_BC * TF_DMAX], lt[TF_BC], dt[TF_BC];
-    const u64 blocks = (t + TF_BR - 1) / TF_BR;
     FOR_EACH_BLOCK(wb, n, t) {
-        const u64 base = wb / blocks * t, first = wb % blocks * TF_BR, j = first + threadIdx.x;
-        const bool live = j < t;
-        const u64 row = base + (live ? j : t - 1);
+        const TfBlock b = tf_block(wb, t);
+        const u64 base = b.base, first = b.first, j = b.own, row = b.row;
+        const bool live = b.live;
         float kr[TF_DMAX], vr[TF_DMAX], dkr[TF_DMAX], dvr[TF_DMAX];
         for (u64 e = 0; e < d; ++e) {
             kr[e] = k[row * d + e];

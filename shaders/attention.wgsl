@@ -2,7 +2,8 @@
 // GPUs run, forward and backward; `FusedOp::Attention{,Backward}` with head size D <= DMAX.
 //
 // Shape letters: N matrices (batch × heads) of T rows (tokens), D values per row of q, k, v.
-// Bindings: 0 `p` parameters (the layout of transformer.wgsl's); 1..8 `a1`..`a8`:
+// Bindings (declared in fused_layout.wgsl, as transformer.wgsl's): 0 `p` parameters; 1..8
+// `a1`..`a8`:
 //   tiled_attention     a1 q, a2 k, a3 v, a4 o, all [N, T, D]; a5 lse [N, T]
 //   tiled_attention_dq  a1 q, a2 k, a3 v, a4 o, a5 lse, a6 g, a7 dq, a8 delta [N, T] (written)
 //   tiled_attention_dkv a1 q, a2 k, a3 v, a4 delta, a5 lse, a6 g, a7 dk, a8 dv
@@ -19,28 +20,6 @@
 // Loops: at most T / BC + 1 tiles, BC rows per tile, D values (T < 65,535 and D <= DMAX are
 // checked by the caller: Mesa's software drivers end any loop after 65,535 iterations).
 
-struct Params {
-    rows: u32,  // N·T
-    cols: u32,  // T
-    d: u32,     // D
-    blocks: u32,
-    eps: f32,
-    scale: f32,
-    pad0: u32,
-    pad1: u32,
-    off: array<vec4<u32>, 2>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> a1: array<f32>;
-@group(0) @binding(2) var<storage, read_write> a2: array<f32>;
-@group(0) @binding(3) var<storage, read_write> a3: array<f32>;
-@group(0) @binding(4) var<storage, read_write> a4: array<f32>;
-@group(0) @binding(5) var<storage, read_write> a5: array<f32>;
-@group(0) @binding(6) var<storage, read_write> a6: array<f32>;
-@group(0) @binding(7) var<storage, read_write> a7: array<f32>;
-@group(0) @binding(8) var<storage, read_write> a8: array<f32>;
-
 const BR: u32 = 16u;
 const BC: u32 = 8u;
 const DMAX: u32 = 64u;
@@ -51,32 +30,31 @@ var<workgroup> t1: array<f32, 512>;
 var<workgroup> t2: array<f32, 512>;
 var<workgroup> acc: array<f32, 2048>; // [BR, 2, DMAX]
 
-fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
-}
-
-// By the bits: compilers may fold `v != v` away under their no-NaN assumptions.
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
-fn nan_max(m: f32, v: f32) -> f32 {
-    if is_nan(v) || v > m { return v; }
-    return m;
-}
-
-// This workgroup's (first row of its matrix, first owned row), or none past the last block.
+// This workgroup's (first row of its matrix, first owned row), or none past the last block;
+// and this invocation's owned row: its index in the matrix (`own`), whether it exists (`live`:
+// rows past T still join every barrier), and its row of all N·T (the last one when not live).
 struct Block {
     base: u32,
     first: u32,
     ok: bool,
+    own: u32,
+    live: bool,
+    row: u32,
 }
 
-fn block_of(wid: vec3<u32>, nwg: vec3<u32>) -> Block {
+fn block_of(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> Block {
     let t = p.cols;
     let blocks = (t + BR - 1u) / BR;
     let wgi = wid.y * nwg.x + wid.x;
-    return Block((wgi / blocks) * t, (wgi % blocks) * BR, wgi < (p.rows / t) * blocks);
+    let base = (wgi / blocks) * t;
+    let first = (wgi % blocks) * BR;
+    let own = first + lid;
+    return Block(base, first, wgi < (p.rows / t) * blocks, own, own < t, base + min(own, t - 1u));
+}
+
+// The key tiles the block's query rows see: up to the one holding its last row.
+fn query_tiles(first: u32) -> u32 {
+    return (min(first + BR, p.cols) - 1u) / BC + 1u;
 }
 
 // The rows of tile j0 of the matrix at `base` (up to BC, fewer at the end).
@@ -114,23 +92,18 @@ fn keys_seen(live: bool, i: u32, j0: u32) -> u32 {
 // Forward: per query row the online softmax (running max m, sum l, output accumulator).
 @compute @workgroup_size(BR)
 fn tiled_attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let b = block_of(wid, nwg);
+    let b = block_of(wid, nwg, lid.x);
     if !b.ok { return; }
-    let t = p.cols;
     let d = p.d;
-    let i = b.first + lid.x;
-    let live = i < t;
-    let row = b.base + min(i, t - 1u);
-    let q0 = p.off[0].x + row * d;
+    let q0 = p.off[0].x + b.row * d;
     let a0 = lid.x * 2u * DMAX;
     for (var e = 0u; e < d; e++) { acc[a0 + e] = 0.0; }
     var m = neg_inf();
     var l = 0.0;
-    let tiles = (min(b.first + BR, t) - 1u) / BC + 1u;
-    for (var tile = 0u; tile < tiles; tile++) {
+    for (var tile = 0u; tile < query_tiles(b.first); tile++) {
         let j0 = tile * BC;
         load_kv(lid.x, b.base, j0);
-        for (var jj = 0u; jj < keys_seen(live, i, j0); jj++) {
+        for (var jj = 0u; jj < keys_seen(b.live, b.own, j0); jj++) {
             var s = 0.0;
             for (var e = 0u; e < d; e++) { s += a1[q0 + e] * t1[jj * d + e]; }
             s *= p.scale;
@@ -144,10 +117,10 @@ fn tiled_attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
             m = m_new;
         }
     }
-    if live {
-        let o0 = p.off[0].w + row * d;
+    if b.live {
+        let o0 = p.off[0].w + b.row * d;
         for (var e = 0u; e < d; e++) { a4[o0 + e] = acc[a0 + e] / l; }
-        a5[p.off[1].x + row] = m + log(l);
+        a5[p.off[1].x + b.row] = m + log(l);
     }
 }
 
@@ -155,27 +128,22 @@ fn tiled_attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 // with p_ij = exp(q_i·k_j · scale - lse_i) recomputed from the tile.
 @compute @workgroup_size(BR)
 fn tiled_attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let b = block_of(wid, nwg);
+    let b = block_of(wid, nwg, lid.x);
     if !b.ok { return; }
-    let t = p.cols;
     let d = p.d;
-    let i = b.first + lid.x;
-    let live = i < t;
-    let row = b.base + min(i, t - 1u);
-    let q0 = p.off[0].x + row * d;
-    let g0 = p.off[1].y + row * d;
+    let q0 = p.off[0].x + b.row * d;
+    let g0 = p.off[1].y + b.row * d;
     let a0 = lid.x * 2u * DMAX;
     var delta = 0.0;
     for (var e = 0u; e < d; e++) {
         acc[a0 + e] = 0.0;
-        delta += a6[g0 + e] * a4[p.off[0].w + row * d + e];
+        delta += a6[g0 + e] * a4[p.off[0].w + b.row * d + e];
     }
-    let lse = a5[p.off[1].x + row];
-    let tiles = (min(b.first + BR, t) - 1u) / BC + 1u;
-    for (var tile = 0u; tile < tiles; tile++) {
+    let lse = a5[p.off[1].x + b.row];
+    for (var tile = 0u; tile < query_tiles(b.first); tile++) {
         let j0 = tile * BC;
         load_kv(lid.x, b.base, j0);
-        for (var jj = 0u; jj < keys_seen(live, i, j0); jj++) {
+        for (var jj = 0u; jj < keys_seen(b.live, b.own, j0); jj++) {
             var s = 0.0;
             var gv = 0.0;
             for (var e = 0u; e < d; e++) {
@@ -186,9 +154,9 @@ fn tiled_attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
             for (var e = 0u; e < d; e++) { acc[a0 + e] += ds * p.scale * t1[jj * d + e]; }
         }
     }
-    if live {
-        a8[p.off[1].w + row] = delta;
-        for (var e = 0u; e < d; e++) { a7[p.off[1].z + row * d + e] = acc[a0 + e]; }
+    if b.live {
+        a8[p.off[1].w + b.row] = delta;
+        for (var e = 0u; e < d; e++) { a7[p.off[1].z + b.row * d + e] = acc[a0 + e]; }
     }
 }
 
@@ -196,15 +164,12 @@ fn tiled_attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 // tiles from the one holding the block's first key to the end, with delta from the dq pass.
 @compute @workgroup_size(BR)
 fn tiled_attention_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let b = block_of(wid, nwg);
+    let b = block_of(wid, nwg, lid.x);
     if !b.ok { return; }
     let t = p.cols;
     let d = p.d;
-    let j = b.first + lid.x;
-    let live = j < t;
-    let row = b.base + min(j, t - 1u);
-    let k0 = p.off[0].y + row * d;
-    let v0 = p.off[0].z + row * d;
+    let k0 = p.off[0].y + b.row * d;
+    let v0 = p.off[0].z + b.row * d;
     // dk at acc[dk0..], dv DMAX further.
     let dk0 = lid.x * 2u * DMAX;
     for (var e = 0u; e < d; e++) {
@@ -215,7 +180,7 @@ fn tiled_attention_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
         let i0 = tile * BC;
         load_qg(lid.x, b.base, i0);
         var lo = BC;
-        if live && j < i0 + BC { lo = max(j, i0) - i0; }
+        if b.live && b.own < i0 + BC { lo = max(b.own, i0) - i0; }
         let to = tile_rows(i0);
         for (var ii = lo; ii < to; ii++) {
             var s = 0.0;
@@ -232,10 +197,10 @@ fn tiled_attention_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
             }
         }
     }
-    if live {
+    if b.live {
         for (var e = 0u; e < d; e++) {
-            a7[p.off[1].z + row * d + e] = acc[dk0 + e];
-            a8[p.off[1].w + row * d + e] = acc[dk0 + DMAX + e];
+            a7[p.off[1].z + b.row * d + e] = acc[dk0 + e];
+            a8[p.off[1].w + b.row * d + e] = acc[dk0 + DMAX + e];
         }
     }
 }

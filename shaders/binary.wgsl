@@ -31,11 +31,6 @@ struct Params {
 
 override OP: u32 = 0u;
 
-// NaN is read from the bits: the drivers may assume no NaN reaches `max` or a comparison.
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
 // torch.maximum / torch.minimum: NaN if either is NaN; of two equal values (±0 included) the
 // bitwise AND is the maximum (+0 over -0) and the OR the minimum.
 fn max_or_min(x: f32, y: f32, is_max: bool) -> f32 {
@@ -67,13 +62,9 @@ fn apply(x: f32, y: f32) -> f32 {
     }
 }
 
-fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.y * nwg.x * 256u + gid.x;
-}
-
 @compute @workgroup_size(256)
 fn contig(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     let g = p.start + i;
     out[p.out_off + i] = apply(a[p.a_off + g], b[p.b_off + g]);
@@ -88,7 +79,7 @@ fn apply4(x: vec4<f32>, y: vec4<f32>) -> vec4<f32> {
 // than an f32.
 @compute @workgroup_size(256)
 fn contig4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n / 4u { return; }
     let g = p.start + 4u * i;
     out4[p.out_off / 4u + i] = apply4(a4[(p.a_off + g) / 4u], b4[(p.b_off + g) / 4u]);
@@ -96,7 +87,7 @@ fn contig4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 
 @compute @workgroup_size(256)
 fn strided(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     var rem = p.start + i;
     var pa = p.a_off;
@@ -132,7 +123,7 @@ fn pos3(g: u32, off: u32, s: array<vec4<u32>, 2>) -> u32 {
 
 @compute @workgroup_size(256)
 fn strided3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     let g = p.start + i;
     out[p.out_off + i] = apply(a[pos3(g, p.a_off, p.a_strides)], b[pos3(g, p.b_off, p.b_strides)]);
@@ -140,7 +131,7 @@ fn strided3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 
 @compute @workgroup_size(256)
 fn bcast3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     let g = p.start + i;
     out[p.out_off + i] = apply(a[p.a_off + g], b[pos3(g, p.b_off, p.b_strides)]);
@@ -150,7 +141,7 @@ fn bcast3(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 // four share D3 and D4, so `b` is four loads at its D5 stride) and `a` and `out` are aligned.
 @compute @workgroup_size(256)
 fn bcast4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n / 4u { return; }
     let g = p.start + 4u * i;
     let pb = pos3(g, p.b_off, p.b_strides);

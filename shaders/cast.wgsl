@@ -29,7 +29,7 @@ fn to_i32(f: f32) -> i32 {
 
 @compute @workgroup_size(256)
 fn convert(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 256u + gid.x;
+    let e = grid_index(gid, nwg, 256u);
     if e >= p.n { return; }
     let w = x[p.x_off + e];
     var r = 0u;

@@ -94,7 +94,7 @@ fn pixel(src: u32, xx: i32) -> f32 {
 // One invocation per group of KW column row segments and slice, looping over j and ox.
 @compute @workgroup_size(64)
 fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 64u + gid.x;
+    let e = grid_index(gid, nwg, 64u);
     if e >= p.n * p.c * p.kh * p.oh { return; }
     let s = col_row(e);
     let cs = col_slice(gid.z);
@@ -112,7 +112,7 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 // range: CPU rasterizers store lane by lane, so a vec4 store costs about one f32 store.
 @compute @workgroup_size(64)
 fn im2col4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 64u + gid.x;
+    let e = grid_index(gid, nwg, 64u);
     if e >= p.n * p.c * p.kh * p.oh { return; }
     let s = col_row(e);
     let sw = i32(p.sw);
@@ -152,7 +152,7 @@ fn window4(a: vec4<f32>, b: vec4<f32>, s: u32) -> vec4<f32> {
 // takes one vec4 load where `im2col4` takes four scalar loads (CPU rasterizers load lane by lane).
 @compute @workgroup_size(64)
 fn im2col_s1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 64u + gid.x;
+    let e = grid_index(gid, nwg, 64u);
     if e >= p.n * p.c * p.kh * p.oh { return; }
     let s = col_row(e);
     let src4 = s.src / 4u;
@@ -178,7 +178,7 @@ fn im2col_s1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
 
 @compute @workgroup_size(256)
 fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 256u + gid.x;
+    let e = grid_index(gid, nwg, 256u);
     if e >= p.n * p.c * p.h * p.w { return; }
     let t = udiv(e, p.w);
     let xx = e - t * p.w;

@@ -38,7 +38,7 @@ const SPAN: u32 = 16384u;
 
 @compute @workgroup_size(64)
 fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let r = gid.y * nwg.x * 64u + gid.x;
+    let r = grid_index(gid, nwg, 64u);
     if r >= p.rows { return; }
     let c = idx[p.idx_off + r];
     var v = 0.0;
@@ -48,7 +48,7 @@ fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 
 @compute @workgroup_size(256)
 fn scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 256u + gid.x;
+    let e = grid_index(gid, nwg, 256u);
     if e >= p.rows * p.cols { return; }
     let r = e / p.cols;
     let c = idx[p.idx_off + r];
@@ -57,7 +57,7 @@ fn scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 
 @compute @workgroup_size(256)
 fn gather_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 256u + gid.x;
+    let e = grid_index(gid, nwg, 256u);
     if e >= p.rows * p.cols { return; }
     let v = idx[p.idx_off + e / p.cols];
     let here = v >= 0 && u32(v) >= p.row0 && u32(v) - p.row0 < p.bound;
@@ -70,7 +70,7 @@ fn gather_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 
 @compute @workgroup_size(256)
 fn scatter_add_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 256u + gid.x;
+    let e = grid_index(gid, nwg, 256u);
     if e >= p.rows * p.cols { return; }
     let v = p.row0 + e / p.cols;
     let d = e % p.cols;

@@ -29,13 +29,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> s0: array<f32>;
 @group(0) @binding(4) var<storage, read_write> s1: array<f32>;
 
-fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.y * nwg.x * 256u + gid.x;
-}
-
 @compute @workgroup_size(256)
 fn sgd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     let e = p.off + i;
     param[e] -= p.lr * (grad[e] + p.wd * param[e]);
@@ -43,7 +39,7 @@ fn sgd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
 
 @compute @workgroup_size(256)
 fn sgd_momentum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     let e = p.off + i;
     var g = grad[e] + p.wd * param[e];
@@ -56,7 +52,7 @@ fn sgd_momentum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 
 @compute @workgroup_size(256)
 fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     let e = p.off + i;
     var w = param[e];

@@ -40,14 +40,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out2: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> arg2: array<vec2<i32>>;
 
-// NaN from the bits: Mesa's lavapipe folds `v != v` to false.
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
 @compute @workgroup_size(256)
 fn forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let o = gid.y * nwg.x * 256u + gid.x;
+    let o = grid_index(gid, nwg, 256u);
     if o >= p.planes * p.oh * p.ow { return; }
     let ox = o % p.ow;
     let oy = (o / p.ow) % p.oh;
@@ -75,7 +70,7 @@ fn forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 
 @compute @workgroup_size(256)
 fn backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.y * nwg.x * 256u + gid.x;
+    let e = grid_index(gid, nwg, 256u);
     if e >= p.planes * p.h * p.w { return; }
     let xx = e % p.w;
     let y = (e / p.w) % p.h;
@@ -101,7 +96,7 @@ fn backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 
 @compute @workgroup_size(256)
 fn backward_tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let o = gid.y * nwg.x * 256u + gid.x;
+    let o = grid_index(gid, nwg, 256u);
     if o >= p.planes * p.oh * p.ow { return; }
     let q = o / p.ow;
     let ox = o - q * p.ow;
@@ -151,7 +146,7 @@ fn pair(o2: u32) -> Pair {
 
 @compute @workgroup_size(256)
 fn forward_2x2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let o2 = gid.y * nwg.x * 256u + gid.x;
+    let o2 = grid_index(gid, nwg, 256u);
     if o2 >= p.planes * p.oh * (p.ow / 2u) { return; }
     let s = pair(o2);
     let w = i32(p.w);
@@ -165,7 +160,7 @@ fn forward_2x2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 
 @compute @workgroup_size(256)
 fn backward_2x2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let o2 = gid.y * nwg.x * 256u + gid.x;
+    let o2 = grid_index(gid, nwg, 256u);
     if o2 >= p.planes * p.oh * (p.ow / 2u) { return; }
     let s = pair(o2);
     let g = out2[p.out_off / 2u + s.out];

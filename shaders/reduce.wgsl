@@ -42,11 +42,6 @@ override OP: u32 = 0u;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
 @group(0) @binding(1) var<storage, read_write> x4: array<vec4<f32>>;
 
-// By the bits: compilers may fold `v != v` away under their no-NaN assumptions.
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
 // Whether argmax candidate (v, iv) beats the best so far (a, ia): NaN beats any number, and
 // between equals (two NaNs, or two equal values) the lower index wins, so the result is the
 // first NaN or the first maximum however the axis was split into parts.
@@ -94,7 +89,7 @@ fn finish(k: u32, a: Acc) {
 
 @compute @workgroup_size(64)
 fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let k = gid.y * nwg.x * 64u + gid.x;
+    let k = grid_index(gid, nwg, 64u);
     let per_row = p.parts * p.inner;
     if k >= p.outer * per_row { return; }
     let row = k / per_row;
@@ -119,7 +114,7 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 // rasterizers load storage lane by lane, so a vec4 load costs about one f32 load.
 @compute @workgroup_size(64)
 fn reduce4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let k = gid.y * nwg.x * 64u + gid.x;
+    let k = grid_index(gid, nwg, 64u);
     if k >= p.outer * p.parts { return; }
     let row = k / p.parts;
     let q = k % p.parts;

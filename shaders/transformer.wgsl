@@ -3,7 +3,8 @@
 //
 // Shape letters: R rows of C values (LayerNorm); N matrices (batch × heads) of T rows (tokens),
 // D values per row of q, k, v (head size); B = ceil(R / 256) row blocks of LayerNorm partials.
-// Bindings: 0 `p` parameters; 1..8 `a1`..`a8` storage buffers whose meaning is the entry's:
+// Bindings (declared in fused_layout.wgsl): 0 `p` parameters; 1..8 `a1`..`a8` storage
+// buffers whose meaning is the entry's:
 //   layer_norm        a1 x [R, C], a2 w [C], a3 b [C], a4 y [R, C], a5 mean [R], a6 rstd [R]
 //   layer_norm_dx     a1 g [R, C], a2 x, a3 w, a4 mean, a5 rstd, a6 dx [R, C]
 //   layer_norm_dwb    the same, then a7 dw partials [B, C], a8 db partials [B, C]
@@ -22,45 +23,8 @@
 // (Mesa's software drivers end any loop after 65,535 iterations). Workgroup reductions are
 // tree sums in a fixed order, so every result is the same bits on every run.
 
-struct Params {
-    rows: u32,  // R, or N·T
-    cols: u32,  // C, or T
-    d: u32,     // D
-    blocks: u32, // B
-    eps: f32,
-    scale: f32,
-    pad0: u32,
-    pad1: u32,
-    off: array<vec4<u32>, 2>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> a1: array<f32>;
-@group(0) @binding(2) var<storage, read_write> a2: array<f32>;
-@group(0) @binding(3) var<storage, read_write> a3: array<f32>;
-@group(0) @binding(4) var<storage, read_write> a4: array<f32>;
-@group(0) @binding(5) var<storage, read_write> a5: array<f32>;
-@group(0) @binding(6) var<storage, read_write> a6: array<f32>;
-@group(0) @binding(7) var<storage, read_write> a7: array<f32>;
-@group(0) @binding(8) var<storage, read_write> a8: array<f32>;
-
 const WG: u32 = 256u;
 var<workgroup> red: array<f32, 256>;
-
-fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
-}
-
-// By the bits: compilers may fold `v != v` away under their no-NaN assumptions.
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
-// The maximum where NaN wins, as the `max` reduction.
-fn nan_max(m: f32, v: f32) -> f32 {
-    if is_nan(v) || v > m { return v; }
-    return m;
-}
 
 // The sum (or with `is_max` the NaN-propagating maximum) of `v` over the workgroup, in a fixed
 // tree order; every invocation gets it.
@@ -82,8 +46,115 @@ fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.y * nwg.x + wid.x;
 }
 
-fn linear(gid: vec3<u32>, nwg: vec3<u32>, wg: u32) -> u32 {
-    return gid.y * nwg.x * wg + gid.x;
+// The row kernels' passes, shared by their two forms: each takes columns j0, j0 + step, ... of
+// the row (a workgroup lane's share, or with j0 = 0 and step = 1 the whole row, in order). The
+// sums are this share's partial; the workgroup form reduces them with `wg_reduce`.
+// LayerNorm: Σ x, then Σ (x - mean)².
+fn layer_norm_sum(row: u32, j0: u32, step: u32) -> f32 {
+    let x0 = p.off[0].x + row * p.cols;
+    var s = 0.0;
+    for (var j = j0; j < p.cols; j += step) { s += a1[x0 + j]; }
+    return s;
+}
+
+fn layer_norm_sq(row: u32, mean: f32, j0: u32, step: u32) -> f32 {
+    let x0 = p.off[0].x + row * p.cols;
+    var q = 0.0;
+    for (var j = j0; j < p.cols; j += step) {
+        let c = a1[x0 + j] - mean;
+        q += c * c;
+    }
+    return q;
+}
+
+// LayerNorm's backward: (Σ g·w, Σ g·w·x̂).
+fn layer_norm_dx_sums(row: u32, mean: f32, rstd: f32, j0: u32, step: u32) -> vec2<f32> {
+    let g0 = p.off[0].x + row * p.cols;
+    let x0 = p.off[0].y + row * p.cols;
+    var sa = 0.0;
+    var sc = 0.0;
+    for (var j = j0; j < p.cols; j += step) {
+        let gw = a1[g0 + j] * a3[p.off[0].z + j];
+        sa += gw;
+        sc += gw * ((a2[x0 + j] - mean) * rstd);
+    }
+    return vec2<f32>(sa, sc);
+}
+
+// Causal softmax of row i (of its matrix): the NaN-propagating max of the scaled scores j <= i,
+// then Σ exp(z - m).
+fn causal_softmax_max(row: u32, j0: u32, step: u32) -> f32 {
+    let i = row % p.cols;
+    let x0 = p.off[0].x + row * p.cols;
+    var m = neg_inf();
+    for (var j = j0; j <= i; j += step) { m = nan_max(m, a1[x0 + j] * p.scale); }
+    return m;
+}
+
+fn causal_softmax_sum(row: u32, m: f32, j0: u32, step: u32) -> f32 {
+    let i = row % p.cols;
+    let x0 = p.off[0].x + row * p.cols;
+    var s = 0.0;
+    for (var j = j0; j <= i; j += step) { s += exp(a1[x0 + j] * p.scale - m); }
+    return s;
+}
+
+// Its backward: Σ g·y over j <= i.
+fn causal_softmax_dot(row: u32, j0: u32, step: u32) -> f32 {
+    let i = row % p.cols;
+    let g0 = p.off[0].x + row * p.cols;
+    let y0 = p.off[0].y + row * p.cols;
+    var s = 0.0;
+    for (var j = j0; j <= i; j += step) { s += a1[g0 + j] * a2[y0 + j]; }
+    return s;
+}
+
+// Their last passes, from the row's sums over the same columns.
+// LayerNorm: y = (x - mean)·rstd·w + b.
+fn layer_norm_out(row: u32, mean: f32, rstd: f32, j0: u32, step: u32) {
+    let x0 = p.off[0].x + row * p.cols;
+    let y0 = p.off[0].w + row * p.cols;
+    for (var j = j0; j < p.cols; j += step) {
+        a4[y0 + j] = (a1[x0 + j] - mean) * rstd * a2[p.off[0].y + j] + a3[p.off[0].z + j];
+    }
+}
+
+// LayerNorm's dx = rstd·(g·w - a - x̂·c), a = mean(g·w), c = mean(g·w·x̂).
+fn layer_norm_dx_out(row: u32, mean: f32, rstd: f32, a: f32, c: f32, j0: u32, step: u32) {
+    let g0 = p.off[0].x + row * p.cols;
+    let x0 = p.off[0].y + row * p.cols;
+    let d0 = p.off[1].y + row * p.cols;
+    for (var j = j0; j < p.cols; j += step) {
+        let xhat = (a2[x0 + j] - mean) * rstd;
+        a6[d0 + j] = rstd * (a1[g0 + j] * a3[p.off[0].z + j] - a - xhat * c);
+    }
+}
+
+// Causal softmax: y = exp(z - m) / s with z = -inf above the diagonal (max m, sum s).
+fn causal_softmax_out(row: u32, m: f32, s: f32, j0: u32, step: u32) {
+    let t = p.cols;
+    let i = row % t;
+    let x0 = p.off[0].x + row * t;
+    let y0 = p.off[0].y + row * t;
+    for (var j = j0; j < t; j += step) {
+        var z = neg_inf();
+        if j <= i { z = a1[x0 + j] * p.scale; }
+        a2[y0 + j] = exp(z - m) / s;
+    }
+}
+
+// Its dx = scale·y·(g - dot) on and below the diagonal, 0 above (dot = Σ g·y).
+fn causal_softmax_dx_out(row: u32, dot: f32, j0: u32, step: u32) {
+    let t = p.cols;
+    let i = row % t;
+    let g0 = p.off[0].x + row * t;
+    let y0 = p.off[0].y + row * t;
+    let d0 = p.off[0].z + row * t;
+    for (var j = j0; j < t; j += step) {
+        var v = 0.0;
+        if j <= i { v = p.scale * a2[y0 + j] * (a1[g0 + j] - dot); }
+        a3[d0 + j] = v;
+    }
 }
 
 // One workgroup per row: mean, then the variance about it (two passes, as the reference).
@@ -91,20 +162,9 @@ fn linear(gid: vec3<u32>, nwg: vec3<u32>, wg: u32) -> u32 {
 fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = row_of(wid, nwg);
     if row >= p.rows { return; }
-    let x0 = p.off[0].x + row * p.cols;
-    var s = 0.0;
-    for (var j = lid.x; j < p.cols; j += WG) { s += a1[x0 + j]; }
-    let mean = wg_reduce(lid.x, s, false) / f32(p.cols);
-    var q = 0.0;
-    for (var j = lid.x; j < p.cols; j += WG) {
-        let c = a1[x0 + j] - mean;
-        q += c * c;
-    }
-    let rstd = 1.0 / sqrt(wg_reduce(lid.x, q, false) / f32(p.cols) + p.eps);
-    let y0 = p.off[0].w + row * p.cols;
-    for (var j = lid.x; j < p.cols; j += WG) {
-        a4[y0 + j] = (a1[x0 + j] - mean) * rstd * a2[p.off[0].y + j] + a3[p.off[0].z + j];
-    }
+    let mean = wg_reduce(lid.x, layer_norm_sum(row, lid.x, WG), false) / f32(p.cols);
+    let rstd = 1.0 / sqrt(wg_reduce(lid.x, layer_norm_sq(row, mean, lid.x, WG), false) / f32(p.cols) + p.eps);
+    layer_norm_out(row, mean, rstd, lid.x, WG);
     if lid.x == 0u {
         a5[p.off[1].x + row] = mean;
         a6[p.off[1].y + row] = rstd;
@@ -116,30 +176,18 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = row_of(wid, nwg);
     if row >= p.rows { return; }
-    let g0 = p.off[0].x + row * p.cols;
-    let x0 = p.off[0].y + row * p.cols;
     let mean = a4[p.off[0].w + row];
     let rstd = a5[p.off[1].x + row];
-    var sa = 0.0;
-    var sc = 0.0;
-    for (var j = lid.x; j < p.cols; j += WG) {
-        let gw = a1[g0 + j] * a3[p.off[0].z + j];
-        sa += gw;
-        sc += gw * ((a2[x0 + j] - mean) * rstd);
-    }
-    let a = wg_reduce(lid.x, sa, false) / f32(p.cols);
-    let c = wg_reduce(lid.x, sc, false) / f32(p.cols);
-    let d0 = p.off[1].y + row * p.cols;
-    for (var j = lid.x; j < p.cols; j += WG) {
-        let xhat = (a2[x0 + j] - mean) * rstd;
-        a6[d0 + j] = rstd * (a1[g0 + j] * a3[p.off[0].z + j] - a - xhat * c);
-    }
+    let sums = layer_norm_dx_sums(row, mean, rstd, lid.x, WG);
+    let a = wg_reduce(lid.x, sums.x, false) / f32(p.cols);
+    let c = wg_reduce(lid.x, sums.y, false) / f32(p.cols);
+    layer_norm_dx_out(row, mean, rstd, a, c, lid.x, WG);
 }
 
 // One invocation per (row block, column): Σ g·x̂ and Σ g over the block's rows, in order.
 @compute @workgroup_size(256)
 fn layer_norm_dwb(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let k = linear(gid, nwg, WG);
+    let k = grid_index(gid, nwg, WG);
     if k >= p.blocks * p.cols { return; }
     let blk = k / p.cols;
     let j = k % p.cols;
@@ -162,21 +210,9 @@ fn layer_norm_dwb(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
 fn causal_softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = row_of(wid, nwg);
     if row >= p.rows { return; }
-    let t = p.cols;
-    let i = row % t;
-    let x0 = p.off[0].x + row * t;
-    var m = neg_inf();
-    for (var j = lid.x; j <= i; j += WG) { m = nan_max(m, a1[x0 + j] * p.scale); }
-    m = wg_reduce(lid.x, m, true);
-    var s = 0.0;
-    for (var j = lid.x; j <= i; j += WG) { s += exp(a1[x0 + j] * p.scale - m); }
-    s = wg_reduce(lid.x, s, false);
-    let y0 = p.off[0].y + row * t;
-    for (var j = lid.x; j < t; j += WG) {
-        var z = neg_inf();
-        if j <= i { z = a1[x0 + j] * p.scale; }
-        a2[y0 + j] = exp(z - m) / s;
-    }
+    let m = wg_reduce(lid.x, causal_softmax_max(row, lid.x, WG), true);
+    let s = wg_reduce(lid.x, causal_softmax_sum(row, m, lid.x, WG), false);
+    causal_softmax_out(row, m, s, lid.x, WG);
 }
 
 // dx = scale · y · (g - Σ g·y) on and below the diagonal, 0 above.
@@ -184,111 +220,57 @@ fn causal_softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 fn causal_softmax_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = row_of(wid, nwg);
     if row >= p.rows { return; }
-    let t = p.cols;
-    let i = row % t;
-    let g0 = p.off[0].x + row * t;
-    let y0 = p.off[0].y + row * t;
-    var s = 0.0;
-    for (var j = lid.x; j <= i; j += WG) { s += a1[g0 + j] * a2[y0 + j]; }
-    let dot = wg_reduce(lid.x, s, false);
-    let d0 = p.off[0].z + row * t;
-    for (var j = lid.x; j < t; j += WG) {
-        var v = 0.0;
-        if j <= i { v = p.scale * a2[y0 + j] * (a1[g0 + j] - dot); }
-        a3[d0 + j] = v;
-    }
+    let dot = wg_reduce(lid.x, causal_softmax_dot(row, lid.x, WG), false);
+    causal_softmax_dx_out(row, dot, lid.x, WG);
 }
 
 // The row kernels with one invocation per row (rows shorter than 65,535): the same sums,
 // taken in order along the row.
 @compute @workgroup_size(64)
 fn layer_norm_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
-    let x0 = p.off[0].x + row * p.cols;
-    var s = 0.0;
-    for (var j = 0u; j < p.cols; j++) { s += a1[x0 + j]; }
-    let mean = s / f32(p.cols);
-    var q = 0.0;
-    for (var j = 0u; j < p.cols; j++) {
-        let c = a1[x0 + j] - mean;
-        q += c * c;
-    }
-    let rstd = 1.0 / sqrt(q / f32(p.cols) + p.eps);
-    let y0 = p.off[0].w + row * p.cols;
-    for (var j = 0u; j < p.cols; j++) {
-        a4[y0 + j] = (a1[x0 + j] - mean) * rstd * a2[p.off[0].y + j] + a3[p.off[0].z + j];
-    }
+    let mean = layer_norm_sum(row, 0u, 1u) / f32(p.cols);
+    let rstd = 1.0 / sqrt(layer_norm_sq(row, mean, 0u, 1u) / f32(p.cols) + p.eps);
+    layer_norm_out(row, mean, rstd, 0u, 1u);
     a5[p.off[1].x + row] = mean;
     a6[p.off[1].y + row] = rstd;
 }
 
 @compute @workgroup_size(64)
 fn layer_norm_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
-    let g0 = p.off[0].x + row * p.cols;
-    let x0 = p.off[0].y + row * p.cols;
     let mean = a4[p.off[0].w + row];
     let rstd = a5[p.off[1].x + row];
-    var sa = 0.0;
-    var sc = 0.0;
-    for (var j = 0u; j < p.cols; j++) {
-        let gw = a1[g0 + j] * a3[p.off[0].z + j];
-        sa += gw;
-        sc += gw * ((a2[x0 + j] - mean) * rstd);
-    }
-    let a = sa / f32(p.cols);
-    let c = sc / f32(p.cols);
-    let d0 = p.off[1].y + row * p.cols;
-    for (var j = 0u; j < p.cols; j++) {
-        let xhat = (a2[x0 + j] - mean) * rstd;
-        a6[d0 + j] = rstd * (a1[g0 + j] * a3[p.off[0].z + j] - a - xhat * c);
-    }
+    let sums = layer_norm_dx_sums(row, mean, rstd, 0u, 1u);
+    let a = sums.x / f32(p.cols);
+    let c = sums.y / f32(p.cols);
+    layer_norm_dx_out(row, mean, rstd, a, c, 0u, 1u);
 }
 
 @compute @workgroup_size(64)
 fn causal_softmax_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
-    let t = p.cols;
-    let i = row % t;
-    let x0 = p.off[0].x + row * t;
-    var m = neg_inf();
-    for (var j = 0u; j <= i; j++) { m = nan_max(m, a1[x0 + j] * p.scale); }
-    var s = 0.0;
-    for (var j = 0u; j <= i; j++) { s += exp(a1[x0 + j] * p.scale - m); }
-    let y0 = p.off[0].y + row * t;
-    for (var j = 0u; j < t; j++) {
-        var z = neg_inf();
-        if j <= i { z = a1[x0 + j] * p.scale; }
-        a2[y0 + j] = exp(z - m) / s;
-    }
+    let m = causal_softmax_max(row, 0u, 1u);
+    let s = causal_softmax_sum(row, m, 0u, 1u);
+    causal_softmax_out(row, m, s, 0u, 1u);
 }
 
 @compute @workgroup_size(64)
 fn causal_softmax_dx_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
-    let t = p.cols;
-    let i = row % t;
-    let g0 = p.off[0].x + row * t;
-    let y0 = p.off[0].y + row * t;
-    var dot = 0.0;
-    for (var j = 0u; j <= i; j++) { dot += a1[g0 + j] * a2[y0 + j]; }
-    let d0 = p.off[0].z + row * t;
-    for (var j = 0u; j < t; j++) {
-        var v = 0.0;
-        if j <= i { v = p.scale * a2[y0 + j] * (a1[g0 + j] - dot); }
-        a3[d0 + j] = v;
-    }
+    let dot = causal_softmax_dot(row, 0u, 1u);
+    causal_softmax_dx_out(row, dot, 0u, 1u);
 }
 
 // One invocation per query row: keys 0..=i in order with an online softmax (running max m,
 // sum l, and the output row, kept in `o` itself, rescaled by exp(m_old - m_new)).
 @compute @workgroup_size(64)
 fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let t = p.cols;
     let d = p.d;
@@ -338,7 +320,7 @@ fn g_dot_v(qrow: u32, krow: u32) -> f32 {
 // One invocation per query row i: delta_i = g_i · o_i, then dq_i = scale Σ_{j<=i} ds_ij k_j.
 @compute @workgroup_size(64)
 fn attention_dq(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let d = p.d;
     let base = row - row % p.cols;
@@ -360,7 +342,7 @@ fn attention_dq(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 // with delta (a4) from `attention_dq`.
 @compute @workgroup_size(64)
 fn attention_dkv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = linear(gid, nwg, 64u);
+    let row = grid_index(gid, nwg, 64u);
     if row >= p.rows { return; }
     let d = p.d;
     let base = row - row % p.cols;

@@ -29,13 +29,7 @@ struct Params {
 
 override OP: u32 = 0u;
 
-// The drivers may assume that no NaN reaches a float builtin or comparison (WGSL allows it;
-// Mesa's lavapipe folds `v != v` to false), so NaN and the sign are read from the bits.
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
-// Below 0, -inf included, NaN and -0 excluded.
+// Below 0, -inf included, NaN and -0 excluded; from the bits, as common.wgsl's `is_nan`.
 fn is_negative(v: f32) -> bool {
     let b = bitcast<u32>(v);
     return b > 0x80000000u && b <= 0xff800000u;
@@ -266,14 +260,9 @@ fn apply(v: f32) -> f32 {
     }
 }
 
-// Dispatches wider than the per-dimension limit use a 2-D grid of 256-wide workgroups.
-fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.y * nwg.x * 256u + gid.x;
-}
-
 @compute @workgroup_size(256)
 fn contig(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     out[p.out_off + i] = apply(x[p.x_off + p.start + i]);
 }
@@ -283,7 +272,7 @@ fn contig(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 // lane costs little more than one f32 and the op runs about twice as fast.
 @compute @workgroup_size(256)
 fn contig4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n / 4u { return; }
     let v = x4[(p.x_off + p.start) / 4u + i];
     out4[p.out_off / 4u + i] = vec4<f32>(apply(v.x), apply(v.y), apply(v.z), apply(v.w));
@@ -291,7 +280,7 @@ fn contig4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 
 @compute @workgroup_size(256)
 fn strided(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     var rem = p.start + i;
     var pos = p.x_off;

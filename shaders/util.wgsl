@@ -14,7 +14,7 @@ struct Params {
 
 @compute @workgroup_size(256)
 fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * 256u + gid.x;
+    let i = grid_index(gid, nwg, 256u);
     if i >= p.n { return; }
     out[p.out_off + i] = p.bits;
 }

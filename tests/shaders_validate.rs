@@ -1,6 +1,6 @@
 //! Parses and validates every WGSL shader of the wgpu backend with naga; needs no GPU.
 #![cfg(feature = "wgpu")]
-use tandem::backend::wgpu::shaders::{source, SHADERS, SUBGROUP8_MODULES, SUBGROUP_MODULES};
+use tandem::backend::wgpu::shaders::{source, COMMON, SHADERS, SHARED_LAYOUTS, SUBGROUP8_MODULES, SUBGROUP_MODULES};
 use tandem::backend::wgpu::{NEED_INVOCATIONS, NEED_WORKGROUP_BYTES};
 
 #[test]
@@ -41,6 +41,31 @@ fn subgroup_modules_validate_only_with_subgroups() {
         // The gate in `Ctx::subgroup8` is what keeps it off devices without subgroups.
         let plain = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty()).validate(&module);
         assert!(plain.is_err(), "{name} validated without the subgroup capability: it needs no gate");
+    }
+}
+
+/// common.wgsl is appended to modules that have their own bindings: it may hold functions only,
+/// and each module, the subgroup ones that extend another included, holds it exactly once; a
+/// shared layout (parameters and bindings) is appended once to each module it names.
+#[test]
+fn shared_text_is_appended_once_and_common_is_bindingless() {
+    assert!(COMMON.starts_with("// common.wgsl: "), "common.wgsl opens with what it holds");
+    let module = naga::front::wgsl::parse_str(COMMON).unwrap_or_else(|e| panic!("common.wgsl: {}", e.emit_to_string(COMMON)));
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("common.wgsl does not validate: {}", e.emit_to_string(COMMON)));
+    assert!(!module.functions.is_empty(), "common.wgsl lost its helpers");
+    assert!(module.global_variables.is_empty(), "common.wgsl declares module variables (bindings)");
+    assert!(module.entry_points.is_empty() && module.overrides.is_empty(), "common.wgsl has entry points or overrides");
+    let modules = SHADERS.iter().chain(SUBGROUP8_MODULES).chain(SUBGROUP_MODULES).map(|(name, _)| *name);
+    for name in modules {
+        let src = source(name).expect("every module has a source");
+        assert_eq!(src.matches(COMMON).count(), 1, "{name}: common.wgsl appended once");
+    }
+    for (name, layout) in SHARED_LAYOUTS {
+        assert!(SHADERS.iter().any(|(n, _)| n == name), "{name}: a shared layout for no shader");
+        assert!(layout.starts_with("// ") && layout.contains(".wgsl: "), "{name}'s layout opens with its file name");
+        assert_eq!(source(name).expect("its source").matches(layout).count(), 1, "{name}: its layout appended once");
     }
 }
 

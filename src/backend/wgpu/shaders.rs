@@ -38,9 +38,20 @@ pub const SUBGROUP_MODULES: &[(&str, &str)] = &[("reduce_sg", "reduce")];
 /// A 32-row kernel was no faster for larger M and took ~0.4 s more to compile.
 pub const TB_SG_ROWS: [usize; 3] = [8, 16, 24];
 
-/// The source of shader `name` as it is compiled: its file, and for `matmul` the generated
-/// `regs16x4`, `regs_k1_ua{8x2,8x4,16x2,24x2}`, `tb8x8` and every `TILED` and `TILED_WIDE`
-/// kernel appended;
+/// The helpers several shader files share (NaN by the bits, the grid's linear index, ...): WGSL
+/// has no includes, so `source` appends this text to every module, after the module's own file.
+pub const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+
+/// The parameters and bindings of the fused transformer kernels, appended (before `COMMON`) to
+/// the modules that run `FusedOp`s, `(name, layout)`.
+pub const SHARED_LAYOUTS: &[(&str, &str)] = &[
+    ("transformer", include_str!("../../../shaders/fused_layout.wgsl")),
+    ("attention", include_str!("../../../shaders/fused_layout.wgsl")),
+];
+
+/// The source of shader `name` as it is compiled: its file, then its `SHARED_LAYOUTS` entry if
+/// any and `COMMON`, and for `matmul` the generated `regs16x4`,
+/// `regs_k1_ua{8x2,8x4,16x2,24x2}`, `tb8x8` and every `TILED` and `TILED_WIDE` kernel appended;
 /// `matmul_sg` is all of `matmul` plus the generated `regs_sg32x2` and `tb_sg{R}x4` for each R
 /// of `TB_SG_ROWS`.
 pub fn source(name: &str) -> Option<&'static str> {
@@ -59,7 +70,12 @@ pub fn source(name: &str) -> Option<&'static str> {
         let base = source("reduce")?;
         return Some(REDUCE_SG.get_or_init(|| format!("{base}\n{}", include_str!("../../../shaders/reduce_sg.wgsl"))));
     }
-    let file = SHADERS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)?;
+    let at = SHADERS.iter().position(|(n, _)| *n == name)?;
+    static WITH_COMMON: OnceLock<Vec<String>> = OnceLock::new();
+    let file = &WITH_COMMON.get_or_init(|| {
+        let layout = |name: &str| SHARED_LAYOUTS.iter().find(|(n, _)| *n == name).map_or("", |(_, l)| *l);
+        SHADERS.iter().map(|(name, s)| format!("{s}\n{}{COMMON}", layout(name))).collect()
+    })[at];
     if name == "matmul" {
         return Some(MATMUL.get_or_init(|| {
             let kernels = [
@@ -74,7 +90,7 @@ pub fn source(name: &str) -> Option<&'static str> {
             format!("{file}\n{}\n{}", kernels.join("\n"), tiled.join("\n"))
         }));
     }
-    Some(file)
+    Some(file.as_str())
 }
 
 /// The two `regs`-family kernels of matmul.wgsl that `regs_unrolled` writes bigger blocks of.
