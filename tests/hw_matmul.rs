@@ -10,7 +10,7 @@ use common::*;
 use tandem::backend::wgpu::{open_with, MatmulKernel, Options};
 use tandem::backend::MatmulSpec;
 use std::sync::OnceLock;
-use tandem::{DType, Device, Result};
+use tandem::Device;
 
 /// Every wgpu adapter under the hardware profile, with the matmul family `kernel`, opened once
 /// for all the tests of this file: each pipeline is compiled once per adapter (about a second
@@ -94,34 +94,8 @@ fn bias_relu_epilogue_and_k_past_the_split() {
     let _guard = shared();
     let cpu = Device::cpu();
     for dev in devices(MatmulKernel::Tiled128) {
-        let cases = [(2, 130, 25, 27, false), (1, 20, 131, 40, true), (1, 129, 6, 16_421, false)];
-        for (batch, m, n, k, trans_b) in cases {
-            let mut s = MatmulSpec::new(batch, m, n, k);
-            s.trans_b = trans_b;
-            s.a_batch_stride = 0;
-            let mut r = rng(73);
-            let (a, b) = (uniform(&mut r, m * k, -1.0, 1.0), uniform(&mut r, batch * k * n, -1.0, 1.0));
-            let bias = uniform(&mut r, m, -1.0, 1.0);
-            let product = |d: &Device| -> Result<Vec<f32>> {
-                let out = d.backend().alloc(batch * m * n, DType::F32)?;
-                d.backend().matmul(&up(d, &a), &up(d, &b), &out, s)?;
-                Ok(down(d, &out))
-            };
-            let plain = product(&cpu).expect("reference product");
-            let tol = 1e-5 * k as f32 + 1e-5;
-            assert_close(&format!("matmul {s:?} on {dev}"), &product(dev).expect("product"), &plain, tol, 1e-5);
-            for relu in [false, true] {
-                let want: Vec<f32> = plain
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| v + bias[(i / n) % m])
-                    .map(|v| if relu && v < 0.0 { 0.0 } else { v })
-                    .collect();
-                let out = dev.backend().alloc(batch * m * n, DType::F32).expect("alloc");
-                let fused = dev.backend().matmul_row_bias(&up(dev, &a), &up(dev, &b), &up(dev, &bias), &out, s, relu).expect("matmul_row_bias");
-                assert!(fused, "{s:?} relu {relu}: the wide tiled kernel declined the epilogue on {dev}");
-                assert_close(&format!("matmul_row_bias {s:?} relu {relu} on {dev}"), &down(dev, &out), &want, tol, 1e-5);
-            }
+        for case in [(2, 130, 25, 27, false), (1, 20, 131, 40, true), (1, 129, 6, 16_421, false)] {
+            bias_relu_epilogue_case(dev, &cpu, case, 73, "the wide tiled kernel");
         }
     }
 }

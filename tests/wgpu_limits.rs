@@ -150,31 +150,8 @@ fn tiled_matmul_fuses_bias_and_relu() {
     let _guard = shared();
     let cpu = Device::cpu();
     for dev in devices(Options { hardware_profile: true, ..Default::default() }) {
-        for (batch, m, n, k, trans_b) in [(2, 10, 25, 27, false), (1, 20, 64, 250, true), (3, 67, 9, 8, false), (1, 5, 6, 16_421, false)] {
-            let mut s = MatmulSpec::new(batch, m, n, k);
-            s.trans_b = trans_b;
-            s.a_batch_stride = 0;
-            let mut r = rng(63);
-            let (a, b) = (uniform(&mut r, m * k, -1.0, 1.0), uniform(&mut r, batch * k * n, -1.0, 1.0));
-            let bias = uniform(&mut r, m, -1.0, 1.0);
-            let product = |d: &Device| -> Result<Vec<f32>> {
-                let out = d.backend().alloc(batch * m * n, DType::F32)?;
-                d.backend().matmul(&up(d, &a), &up(d, &b), &out, s)?;
-                Ok(down(d, &out))
-            };
-            let plain = product(&cpu).expect("reference product");
-            for relu in [false, true] {
-                let want: Vec<f32> = plain
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| v + bias[(i / n) % m])
-                    .map(|v| if relu && v < 0.0 { 0.0 } else { v })
-                    .collect();
-                let out = dev.backend().alloc(batch * m * n, DType::F32).expect("alloc");
-                let fused = dev.backend().matmul_row_bias(&up(&dev, &a), &up(&dev, &b), &up(&dev, &bias), &out, s, relu).expect("matmul_row_bias");
-                assert!(fused, "{s:?} relu {relu}: the tiled family declined the epilogue on {dev}");
-                assert_close(&format!("matmul_row_bias {s:?} relu {relu} on {dev}"), &down(&dev, &out), &want, 1e-5 * k as f32 + 1e-5, 1e-5);
-            }
+        for case in [(2, 10, 25, 27, false), (1, 20, 64, 250, true), (3, 67, 9, 8, false), (1, 5, 6, 16_421, false)] {
+            bias_relu_epilogue_case(&dev, &cpu, case, 63, "the tiled family");
         }
     }
 }

@@ -209,6 +209,33 @@ pub fn matmul_case(dev: &Device, cpu: &Device, spec: MatmulSpec, seed: u64) -> R
     })
 }
 
+/// `matmul_row_bias` with and without ReLU on `dev` against the CPU's plain product plus the
+/// bias (a shared A, B batched, `trans_b` as given), and the plain product itself; `kernels`
+/// names the kernel family that must take the epilogue instead of declining it.
+pub fn bias_relu_epilogue_case(dev: &Device, cpu: &Device, (batch, m, n, k, trans_b): (usize, usize, usize, usize, bool), seed: u64, kernels: &str) {
+    let mut s = MatmulSpec::new(batch, m, n, k);
+    s.trans_b = trans_b;
+    s.a_batch_stride = 0;
+    let mut r = rng(seed);
+    let (a, b) = (uniform(&mut r, m * k, -1.0, 1.0), uniform(&mut r, batch * k * n, -1.0, 1.0));
+    let bias = uniform(&mut r, m, -1.0, 1.0);
+    let product = |d: &Device| -> Result<Vec<f32>> {
+        let out = d.backend().alloc(batch * m * n, DType::F32)?;
+        d.backend().matmul(&up(d, &a), &up(d, &b), &out, s)?;
+        Ok(down(d, &out))
+    };
+    let plain = product(cpu).expect("reference product");
+    let tol = 1e-5 * k as f32 + 1e-5;
+    assert_close(&format!("matmul {s:?} on {dev}"), &product(dev).expect("product"), &plain, tol, 1e-5);
+    for relu in [false, true] {
+        let want: Vec<f32> = plain.iter().enumerate().map(|(i, v)| v + bias[(i / n) % m]).map(|v| if relu && v < 0.0 { 0.0 } else { v }).collect();
+        let out = dev.backend().alloc(batch * m * n, DType::F32).expect("alloc");
+        let fused = dev.backend().matmul_row_bias(&up(dev, &a), &up(dev, &b), &up(dev, &bias), &out, s, relu).expect("matmul_row_bias");
+        assert!(fused, "{s:?} relu {relu}: {kernels} declined the epilogue on {dev}");
+        assert_close(&format!("matmul_row_bias {s:?} relu {relu} on {dev}"), &down(dev, &out), &want, tol, 1e-5);
+    }
+}
+
 /// The optimizer update written out from PyTorch's formulas, element by element: what every
 /// backend's fused `optim_step` must match (`s0`, `s1` its state buffers).
 pub fn host_step(step: OptimStep, p: &mut [f32], g: &[f32], s0: &mut [f32], s1: &mut [f32]) {
