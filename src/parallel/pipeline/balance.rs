@@ -1,6 +1,7 @@
 //! Where a `Split::Auto` pipeline stands: layers timed once, then the split corrected by the
 //! stages' measured compute in the first steps.
 use super::super::placement::{self, Stage};
+use super::worker::Outcome;
 use crate::data::Batch;
 use crate::parallel::OptimConfig;
 use crate::Result;
@@ -32,10 +33,11 @@ impl Balance {
         Ok(())
     }
 
-    /// Records the stages' compute seconds of a step for the next correction.
-    pub(super) fn measured(&mut self, compute_s: Vec<f64>) {
+    /// Records the stages' compute seconds of a step for the next correction (nothing once the
+    /// split is fixed).
+    pub(super) fn measured(&mut self, outcomes: &[Outcome]) {
         if let Balance::Refining { busy, .. } = self {
-            *busy = Some(compute_s);
+            *busy = Some(outcomes.iter().map(|o| o.compute_s).collect());
         }
     }
 

@@ -399,7 +399,7 @@ impl Strategy for Pipeline {
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         self.balance.correct(&mut self.stages, &self.opt)?;
         let run = self.backward_part(batch, 0, batch.len())?;
-        self.balance.measured(run.outcomes.iter().map(|o| o.compute_s).collect());
+        self.balance.measured(&run.outcomes);
         let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| placement::track_name(i, &s.device)).collect();
         let trace = self.trace.clone();
         // Across processes the norm spans every rank's stages: clipped here, so the local
