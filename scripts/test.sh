@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need on a fresh machine (Mesa's lavapipe Vulkan
-# driver and llvmpipe GL, and NVRTC from the PyPI wheel), then runs the whole suite with the
-# CUDA backend and its NCCL communicator compiled in, then the device suites again under the forced
+# driver and llvmpipe GL, and NVRTC from the PyPI wheel), checks the library without the command
+# line and the documentation, then runs the whole suite (doc tests included) with the CUDA
+# backend and its NCCL communicator compiled in, then the device suites again under the forced
 # hardware profile. Extra arguments go to both `cargo test` runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,11 @@ if cargo tree -q --no-default-features --features wgpu -e normal | grep -Eq '^[^
   echo "test.sh: the library without the cli feature depends on a CLI crate" >&2
   exit 1
 fi
+
+# The documentation: the crate docs and the guides (markdown beside their modules) must build
+# without a warning (broken intra-doc links, unclosed HTML tags, bare URLs). Their examples are
+# doc tests, which the `cargo test` below runs.
+RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc -q --no-deps --features cuda,nccl,mpi
 
 # The mpi feature adds tests/mpi.rs (mpirun -np 2 and 3, shared memory and TCP) and the
 # dist_train example it launches.

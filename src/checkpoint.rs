@@ -2,6 +2,7 @@
 //!
 //! This layer knows nothing about devices: a `HostTensor` is a plain `Vec` plus a shape. The
 //! tensor-facing layer copies device tensors into `HostTensor`s and calls these functions.
+#![doc = include_str!("checkpoint.md")]
 use crate::{DType, Error, Result};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};

@@ -3,6 +3,7 @@
 //! Tensors are always contiguous in their own buffer; strided reads (broadcast, narrow, permute)
 //! are expressed by the `Layout` an op reads its inputs through. Outputs are contiguous.
 //! Adding an elementwise op: see CONTRIBUTING.md.
+#![doc = include_str!("devices.md")]
 pub mod contract;
 pub mod cpu;
 mod fused;

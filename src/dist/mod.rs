@@ -21,6 +21,7 @@
 //! assert_eq!((group.rank(), group.size(), grads), (0, 1, vec![1.0, 2.0]));
 //! # Ok(()) }
 //! ```
+#![doc = include_str!("processes.md")]
 mod launcher;
 mod state;
 #[cfg(feature = "mpi")]

@@ -1,4 +1,5 @@
 //! Neural-network layers: the `Module` trait, `Sequential`, the layers and the seed models.
+#![doc = include_str!("models.md")]
 mod activation;
 pub mod init;
 mod layers;

@@ -1,6 +1,7 @@
 //! Optimizers with PyTorch's exact update rules: SGD (momentum, dampening, nesterov, weight
 //! decay), Adam and AdamW, with parameter groups; LR schedules and gradient clipping beside them.
 //! Each optimizer uses a backend's fused update when it has one.
+#![doc = include_str!("training.md")]
 mod clip;
 mod config;
 mod schedule;

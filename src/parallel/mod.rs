@@ -4,6 +4,7 @@
 //! A strategy owns the model replicas/stages and their optimizers; the caller hands it host
 //! batches. All strategies give the same losses and weights as `Single` on one device, within
 //! floating-point tolerance (bit for bit where a strategy documents determinism).
+#![doc = include_str!("strategies.md")]
 pub mod comm;
 mod data_parallel;
 mod grid;

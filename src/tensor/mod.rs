@@ -2,6 +2,7 @@
 //!
 //! Storage is always contiguous in the tensor's own buffer, so reshape and flatten are free;
 //! transposes, broadcasts and slices are strided reads inside the op that consumes them.
+#![doc = include_str!("numerics.md")]
 mod compose;
 mod fused;
 mod losses;
