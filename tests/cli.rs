@@ -323,6 +323,12 @@ fn an_unwritable_standard_output_fails_the_command() {
     assert!(err.contains("standard output") && err.to_lowercase().contains("no space"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(save.exists(), "the run stopped before writing --save");
+    // clap's help too, which `print!` would panic on.
+    let full = std::fs::OpenOptions::new().write(true).open(dir.join("full")).unwrap();
+    let out = tandem().arg("--help").stdout(full).output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr:\n{err}");
+    assert!(err.contains("standard output") && !err.contains("panicked"), "{err}");
 }
 
 /// A file of thousands of tensors makes an error of one short line, not one listing them all.
