@@ -2,16 +2,22 @@
 //!
 //! This layer knows nothing about devices: a `HostTensor` is a plain `Vec` plus a shape. The
 //! tensor-facing layer copies device tensors into `HostTensor`s and calls these functions.
+//!
+//! Every file tandem writes goes through [`write_atomic`]: a regular file (or a new path) is
+//! replaced atomically, a symbolic link is followed so that the link survives, a character
+//! device such as `/dev/null` or a FIFO is written in place, and anything else (a directory, a
+//! block device, a socket) is refused. Nothing that is not a regular file is ever replaced.
 #![doc = include_str!("checkpoint.md")]
+mod output;
+
+pub use output::{output_target, write_atomic, OutputTarget};
 use crate::{DType, Error, Result};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fs;
+use std::path::Path;
 
 /// The elements of a host tensor, row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -76,65 +82,6 @@ fn check_numel(shape: &[usize], len: usize) -> Result<()> {
 /// ```
 pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Distinguishes temp files of concurrent writers within one process.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Writes `bytes` to `path` so that a crash leaves either the old file or the new one, never a
-/// torn mix: write a temp file in the same directory (rename is only atomic within one
-/// filesystem), fsync it, rename it over `path`, then fsync the directory so the rename itself
-/// is durable. On failure the temp file is removed and `path` is untouched.
-///
-/// ```
-/// let dir = std::env::temp_dir().join(format!("tandem-doc-atomic-{}", std::process::id()));
-/// std::fs::create_dir_all(&dir).unwrap();
-/// tandem::checkpoint::write_atomic(dir.join("state.json"), b"{}")?;
-/// assert_eq!(std::fs::read(dir.join("state.json")).unwrap(), b"{}");
-/// # std::fs::remove_dir_all(&dir).unwrap();
-/// # Ok::<(), tandem::Error>(())
-/// ```
-pub fn write_atomic(path: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
-    let path = path.as_ref();
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::invalid("write_atomic", format!("{} has no file name", path.display())))?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut temp_name = std::ffi::OsString::from(".");
-    temp_name.push(name);
-    temp_name.push(format!(".tmp-{}-{n}", std::process::id()));
-    let temp = dir.join(temp_name);
-
-    let written = (|| -> std::io::Result<()> {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&temp)?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    })();
-    if let Err(e) = written {
-        // Best effort: the temp file may not even exist; the write error is what matters.
-        let _ = fs::remove_file(&temp);
-        return Err(Error::io(path, e));
-    }
-    if let Err(e) = fs::rename(&temp, path) {
-        let _ = fs::remove_file(&temp);
-        return Err(Error::io(path, e));
-    }
-    sync_dir(&dir)
-}
-
-#[cfg(unix)]
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
-}
-
-// Windows cannot open a directory as a File to fsync it; its rename is already journaled.
-#[cfg(not(unix))]
-fn sync_dir(_dir: &Path) -> Result<()> {
-    Ok(())
 }
 
 /// Writes named tensors (e.g. PyTorch state_dict names like `conv1.weight`) and string

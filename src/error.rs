@@ -46,7 +46,7 @@ pub enum Error {
     #[error("--resume: {}", no_checkpoint(.dir, *.found))]
     NoCheckpoint { dir: PathBuf, found: usize },
     /// Resuming from a checkpoint written with other settings; `changed` names each one.
-    #[error("--resume: {path} was written with other settings: {}", changed.join(", "))]
+    #[error("--resume: {path} was written with other settings: {}", capped_list(changed))]
     ResumeMismatch { path: PathBuf, changed: Vec<String> },
 
     // --- parallel workers (pipeline stages, per-device threads) ---
@@ -72,6 +72,40 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Items listed in an error message: at most this many, then how many more there are.
+pub(crate) const LISTED: usize = 8;
+/// Characters of one listed item shown (a hostile file's tensor name may be megabytes long).
+const ITEM_CHARS: usize = 80;
+
+/// `items` for an error message, comma-separated: the first [`LISTED`], each cut to 80
+/// characters, then "and N more", so that a file of a million tensors makes a one-line
+/// error, not a 15 MB one.
+pub(crate) fn capped_list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    let mut out = String::new();
+    let mut more = 0usize;
+    for (i, item) in items.into_iter().enumerate() {
+        if i >= LISTED {
+            more += 1;
+            continue;
+        }
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let item = item.to_string();
+        match item.char_indices().nth(ITEM_CHARS) {
+            Some((cut, _)) => {
+                out.push_str(&item[..cut]);
+                out.push_str("...");
+            }
+            None => out.push_str(&item),
+        }
+    }
+    if more > 0 {
+        out.push_str(&format!(" and {more} more"));
+    }
+    out
+}
 
 fn no_checkpoint(dir: &std::path::Path, found: usize) -> String {
     match found {
@@ -115,5 +149,16 @@ impl Error {
             Error::Worker { source, .. } => source.root_cause(),
             e => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn capped_list_shows_the_first_items_and_counts_the_rest() {
+        assert_eq!(super::capped_list(["a", "b"]), "a, b");
+        assert_eq!(super::capped_list(0..1_000_000), "0, 1, 2, 3, 4, 5, 6, 7 and 999992 more");
+        let long = "x".repeat(10_000);
+        assert_eq!(super::capped_list([long]).len(), 83);
     }
 }

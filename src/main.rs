@@ -13,8 +13,18 @@ fn main() -> ExitCode {
     let cli = match tandem::cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
-            print!("{e}");
-            return ExitCode::SUCCESS;
+            // As for every command's output: a closed pipe is status 141, any other failed
+            // write an error (`print!` would panic on either).
+            use std::io::Write;
+            let mut stdout = std::io::stdout().lock();
+            return match write!(stdout, "{e}").and_then(|()| stdout.flush()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(tandem::cli::BROKEN_PIPE_STATUS as u8),
+                Err(err) => {
+                    eprintln!("error: standard output: {err}");
+                    ExitCode::from(1)
+                }
+            };
         }
         Err(e) => {
             // clap's report has blank lines and a usage block; three lines say it all.

@@ -305,3 +305,43 @@ fn bench_prints_every_figure_on_cpu_and_wgpu() {
         }
     }
 }
+
+/// `train --log-format json > /dev/full`: a log that could not be written is not a success,
+/// though the run finishes and writes its files. (A closed pipe stays status 141, above.)
+#[test]
+fn an_unwritable_standard_output_fails_the_command() {
+    let dir = scratch("full");
+    let Some(full) = common::full_device(&dir) else { return };
+    let save = dir.join("w.safetensors");
+    let out = tandem()
+        .args(["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--steps", "3", "--log-format", "json", "--save", s(&save)])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr:\n{err}");
+    assert!(err.contains("standard output") && err.to_lowercase().contains("no space"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(save.exists(), "the run stopped before writing --save");
+    // clap's help too, which `print!` would panic on.
+    let full = std::fs::OpenOptions::new().write(true).open(dir.join("full")).unwrap();
+    let out = tandem().arg("--help").stdout(full).output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr:\n{err}");
+    assert!(err.contains("standard output") && !err.contains("panicked"), "{err}");
+}
+
+/// A file of thousands of tensors makes an error of one short line, not one listing them all.
+#[test]
+fn errors_list_a_few_names_and_count_the_rest() {
+    let dir = scratch("many");
+    let many = dir.join("many.safetensors");
+    let one = || HostTensor::f32(vec![1], vec![0.0]).unwrap();
+    let tensors: Vec<(String, HostTensor)> = (0..5000).map(|i| (format!("layer{i:05}.weight"), one())).collect();
+    write_safetensors(&many, &tensors, &BTreeMap::new()).unwrap();
+    let base = ["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--steps", "1"];
+    for args in [[&base[..], &["--init", s(&many)]].concat(), [&base[..], &["--data", s(&many)]].concat()] {
+        let err = common::fails(&args, "and ");
+        assert!(err.len() < 1000 && err.contains("more"), "{} bytes on stderr: {}", err.len(), &err[..err.len().min(300)]);
+    }
+}

@@ -313,3 +313,65 @@ fn outputs_and_exit_codes_keep_the_readme_promises() {
     fails_with(2, &strs(&with(&LINEAR, &["--steps", "5", "--resume", "--checkpoint-dir", s(&ck), "--save", s(&save)])), "nothing to do");
     assert!(contents(&ck) == before && !save.exists(), "a resume with nothing to do wrote files");
 }
+
+/// `--save` (or `--plot`, `--trace`) naming a file the run keeps in its checkpoint directory is
+/// a usage error before any step, and that file is left as it was.
+#[test]
+fn an_output_may_not_name_the_runs_own_checkpoint() {
+    let dir = scratch("own");
+    let ck = dir.join("ck");
+    let lin = |extra: &[&str]| with(&LINEAR, &[&["--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir", s(&ck)][..], extra].concat());
+    ok(&strs(&lin(&["--steps", "2"])));
+    let before = contents(&ck);
+    // The next checkpoint, spelt another way; and one already there.
+    let next = format!("{}/../ck/ckpt-00000004.safetensors", s(&ck));
+    for (flag, path) in [("--save", next.as_str()), ("--plot", s(&ckpt(&ck, 2)))] {
+        let out = run(&strs(&lin(&["--resume", flag, path])));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {path}: {err}");
+        assert!(err.contains(flag) && err.contains("--checkpoint-dir") && text(&out.stdout).is_empty(), "{err}");
+    }
+    // A link to the checkpoint is followed, and refused too.
+    let link = dir.join("link.safetensors");
+    std::os::unix::fs::symlink(ckpt(&ck, 4), &link).unwrap();
+    fails_with(2, &strs(&lin(&["--resume", "--save", s(&link)])), "--save");
+    assert!(contents(&ck) == before, "a refused run changed the checkpoint directory");
+}
+
+/// `--init` with `--resume` is refused, for the seed models as for a GPT: the weights would
+/// come from the checkpoint and the file would be ignored.
+#[test]
+fn init_with_resume_is_refused() {
+    let dir = scratch("init-resume");
+    let (ck, w) = (dir.join("ck"), dir.join("w.safetensors"));
+    ok(&strs(&with(&LINEAR, &["--steps", "2", "--checkpoint-dir", s(&ck), "--save", s(&w)])));
+    for model in [&LINEAR[..], &["train", "--model", "gpt", "--data", "text", "--devices", "cpu"]] {
+        let err = fails_with(2, &strs(&with(model, &["--steps", "3", "--resume", "--checkpoint-dir", s(&ck), "--init", s(&w)])), "cannot be used with");
+        assert!(err.contains("--init") && err.contains("--resume"), "{err}");
+    }
+}
+
+/// A signal before the first checkpoint does not advise `--resume`, which would fail: there
+/// is nothing to continue. (`--init` is a FIFO, so the run waits in its setup, where the
+/// signal is sent.)
+#[test]
+fn a_stop_before_any_checkpoint_does_not_advise_resume() {
+    use std::io::{Read, Write};
+    let dir = scratch("early-stop");
+    let (w, fifo, ck) = (dir.join("w.safetensors"), dir.join("init.safetensors"), dir.join("ck"));
+    ok(&strs(&with(&LINEAR, &["--steps", "1", "--save", s(&w)])));
+    common::mkfifo(&fifo);
+    let args = with(&LINEAR, &["--steps", "5", "--checkpoint-dir", s(&ck), "--init", s(&fifo)]);
+    let mut child = Running(tandem().args(strs(&args)).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap());
+    // Opening the FIFO's write end returns once the run has opened it to read: by then its
+    // signal handlers are in place.
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    signal(&child, "TERM");
+    writer.write_all(&std::fs::read(&w).unwrap()).unwrap();
+    drop(writer);
+    let mut err = String::new();
+    child.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(child.0.wait().unwrap().code(), Some(143), "{err}");
+    assert!(err.contains("stopped by SIGTERM after step 0") && !err.contains("--resume"), "{err}");
+    assert!(names(&ck).is_empty(), "a checkpoint was written: {err}");
+}

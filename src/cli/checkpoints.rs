@@ -47,6 +47,11 @@ pub fn file_name(step: u64) -> String {
     format!("ckpt-{step:08}.safetensors")
 }
 
+/// Whether `name` is a checkpoint file's name (`ckpt-<step>.safetensors`).
+pub fn is_checkpoint_name(name: &str) -> bool {
+    step_of(name).is_some()
+}
+
 /// Step number of a checkpoint file name, `None` for anything else (temp files start with '.').
 fn step_of(name: &str) -> Option<u64> {
     name.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok()
@@ -170,8 +175,43 @@ pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<(C
     Err(Error::NoCheckpoint { dir: dir.to_path_buf(), found: all.len() })
 }
 
+/// The largest safetensors header read (the safetensors crate's own limit).
+const HEADER_MAX: u64 = 100_000_000;
+
+/// The run id a file's header says it is a tandem checkpoint of, read from the header alone:
+/// its tensors are neither read nor hashed, so a large file of anything else costs one small
+/// read. `None` for a file that is not one (whether it is whole is [`verify`]'s question).
+pub fn claimed_run(path: &Path) -> Option<String> {
+    use std::io::Read;
+    #[derive(serde::Deserialize)]
+    struct Header {
+        #[serde(rename = "__metadata__", default)]
+        meta: BTreeMap<String, String>,
+    }
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).ok()?;
+    let len = u64::from_le_bytes(len);
+    if len > HEADER_MAX {
+        return None;
+    }
+    let mut header = Vec::new();
+    // `take` grows the buffer with what is there, not with what the length field claims.
+    f.take(len).read_to_end(&mut header).ok()?;
+    let Header { mut meta } = serde_json::from_slice(&header).ok()?;
+    (meta.get("format").map(String::as_str) == Some(FORMAT)).then(|| meta.remove("run").unwrap_or_default())
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Files [`verify`] read and hashed whole on this thread, for tests of what a save costs.
+    pub static VERIFIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The run state of a checkpoint file whose checksum matches, without building its tensors.
 pub fn verify(path: &Path) -> Result<RunState> {
+    #[cfg(test)]
+    VERIFIED.with(|n| n.set(n.get() + 1));
     let (_, meta) = checked(path, read_safetensors(path)?)?;
     state_of(path, &meta)
 }

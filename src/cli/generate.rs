@@ -5,7 +5,6 @@ use crate::checkpoint::{read_safetensors, HostData};
 use crate::nn::models::Gpt;
 use crate::nn::Module;
 use crate::{Device, Error, Result, Tensor};
-use std::io::Write;
 
 /// The metadata key of a `tandem-checkpoint-1` file's format, checked before its checksum.
 const CHECKPOINT_FORMAT: &str = "tandem-checkpoint-1";
@@ -20,6 +19,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if meta.get("format").map(String::as_str) == Some(CHECKPOINT_FORMAT) {
         checkpoints::verify(path)?;
     }
+    super::setup::finite_weights(path, &tensors)?;
     let config: serde_json::Value = match meta.get("config") {
         Some(c) => serde_json::from_str(c).map_err(|e| Error::format(path, format!("metadata 'config' is not JSON: {e}")))?,
         None => return Err(Error::format(path, "no run configuration in its metadata; give a checkpoint or --save file of tandem train --model gpt")),
@@ -49,8 +49,6 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let ids = Tensor::from_labels(prompt, [1, n], &dev)?;
     let out = model.generate(&ids, args.tokens, args.temperature, args.top_k, args.seed)?.to_vec_i32()?;
     let text = vocab.decode(&out)?;
-    let mut stdout = std::io::stdout();
-    // A closed pipe (`| head`) is the reader's choice, not an error.
-    let _ = writeln!(stdout, "{text}");
+    out!("{text}");
     Ok(())
 }

@@ -9,7 +9,7 @@ use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
 use super::stop::StopSignal;
 use super::training::{self, Ended, Resume, Steps};
-use super::{OptimizerKind, TrainArgs};
+use super::{GptArgs, OptimizerKind, TrainArgs};
 use crate::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
 use crate::data::text::{CharVocab, Split, TextCorpus, TokenBatch, TokenWindows};
 use crate::data::{Batch, LoaderState};
@@ -23,6 +23,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
+/// The model's shape when --n-layer, --n-head, --n-embd are not given.
+const DEFAULT_N_LAYER: usize = 4;
+const DEFAULT_N_HEAD: usize = 4;
+const DEFAULT_N_EMBD: usize = 128;
 /// Steps when --steps is not given.
 const DEFAULT_STEPS: u64 = 2000;
 const DEFAULT_CHECKPOINT_EVERY: u64 = 500;
@@ -104,9 +108,6 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if args.epochs.is_some() {
         return Err(Error::invalid("--epochs", "--model gpt draws random windows and has no epochs; use --steps"));
     }
-    if args.init.is_some() && args.resume {
-        return Err(Error::invalid("--init", "conflicts with --resume, which takes the weights from the checkpoint"));
-    }
     if args.micro_batches.is_some_and(|m| m == 0 || !args.batch.is_multiple_of(m)) {
         return Err(Error::invalid("--micro-batches", format!("{:?} does not divide --batch {}", args.micro_batches, args.batch)));
     }
@@ -125,12 +126,13 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     ranks.check_strategy(args.strategy)?;
     let (claim, run_dir) = training::outputs_and_run_dir(args, ranks)?;
 
+    check_shape(g)?;
     let data = Tokens::load(&args.data)?;
     let block = data.block(g.block_size)?;
     let cfg = GptConfig {
-        n_layer: g.n_layer.unwrap_or(4),
-        n_head: g.n_head.unwrap_or(4),
-        n_embd: g.n_embd.unwrap_or(128),
+        n_layer: g.n_layer.unwrap_or(DEFAULT_N_LAYER),
+        n_head: g.n_head.unwrap_or(DEFAULT_N_HEAD),
+        n_embd: g.n_embd.unwrap_or(DEFAULT_N_EMBD),
         block_size: block,
         vocab_size: data.vocab_size(),
         dropout: g.dropout.unwrap_or(0.0),
@@ -180,6 +182,25 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         write_safetensors(path, &to_host(&strategy.state_dict()?)?, &meta)?;
     }
     trained.finish(&steps, None)
+}
+
+/// Refuses, as usage errors, model-shape flags no model can have: a zero count or width, a
+/// width that the heads do not divide, a dropout outside [0, 1).
+/// Checked before any data is read, with the defaults of the flags not given.
+fn check_shape(g: &GptArgs) -> Result<()> {
+    let (n_head, n_embd) = (g.n_head.unwrap_or(DEFAULT_N_HEAD), g.n_embd.unwrap_or(DEFAULT_N_EMBD));
+    for (flag, n) in [("--n-layer", g.n_layer), ("--n-head", g.n_head), ("--n-embd", g.n_embd), ("--block-size", g.block_size)] {
+        if n == Some(0) {
+            return Err(Error::invalid(flag, "must be at least 1"));
+        }
+    }
+    if !n_embd.is_multiple_of(n_head) {
+        return Err(Error::invalid("--n-embd", format!("{n_embd} is not a multiple of --n-head {n_head}")));
+    }
+    if let Some(p) = g.dropout.filter(|p| !(0.0..1.0).contains(p)) {
+        return Err(Error::invalid("--dropout", format!("{p} is not in [0, 1)")));
+    }
+    Ok(())
 }
 
 /// The model of `cfg` drawn from `--seed` on a device, its blocks recomputing their
@@ -314,6 +335,7 @@ pub(super) fn config_of(config: &serde_json::Value, path: &Path) -> Result<(GptC
 /// nanoGPT's `state_dict()`), names as the model's.
 fn read_weights(path: &Path) -> Result<Vec<(String, Tensor)>> {
     let (tensors, _) = read_safetensors(path)?;
+    setup::finite_weights(path, &tensors)?;
     tensors
         .into_iter()
         .map(|(name, h)| match h.data {

@@ -4,7 +4,8 @@
 /// `println!` for the command's output that ends the process quietly, with status 141 (128 +
 /// SIGPIPE, as a shell reports `cat` cut off by `head`), when the reader has gone
 /// (`tandem train | head -3`): Rust's `println!` panics on a broken pipe. Checkpoints are
-/// written atomically, so stopping there loses nothing a run had saved.
+/// written atomically, so stopping there loses nothing a run had saved. Any other failed write
+/// makes the command fail when it ends (see [`run`]).
 macro_rules! out {
     ($($arg:tt)*) => {
         $crate::cli::write_out(format_args!($($arg)*))
@@ -17,6 +18,7 @@ mod checkpoints;
 mod devices;
 mod generate;
 mod gpt;
+mod mismatch;
 mod plot;
 mod progress;
 mod ranks;
@@ -104,8 +106,9 @@ pub struct TrainArgs {
     /// token ids `x`, `y` [N, T].
     #[arg(long, default_value = "digits")]
     pub data: String,
-    /// Initial weights (safetensors with PyTorch state_dict names).
-    #[arg(long, value_name = "PATH")]
+    /// Initial weights (safetensors with PyTorch state_dict names); not with --resume, which
+    /// takes the weights from the checkpoint.
+    #[arg(long, value_name = "PATH", conflicts_with = "resume")]
     pub init: Option<PathBuf>,
     /// Write the final weights here (safetensors, PyTorch state_dict names).
     #[arg(long, value_name = "PATH")]
@@ -257,7 +260,9 @@ pub struct BenchArgs {
 }
 
 /// Runs one parsed command; returns the exit status: 0, or 128 + the signal's number after
-/// `train` stopped early on SIGINT (130) or SIGTERM (143).
+/// `train` stopped early on SIGINT (130) or SIGTERM (143). Output that could not be written
+/// (standard output on a full disk) makes a finished command an error; a reader that closed the
+/// pipe (`| head`) ends it at once with status 141, as `cat` would.
 ///
 /// Under `mpirun`/`srun` every rank runs the command (see `ranks.rs`); an error on any rank
 /// ends the whole job with a message naming that rank instead of returning.
@@ -269,7 +274,7 @@ pub fn run(cli: Cli) -> crate::Result<u8> {
         Command::Bench(args) => bench::run(&args, &ranks).map(|()| 0),
         Command::Generate(args) => generate::run(&args).map(|()| 0),
     };
-    done.or_else(|e| ranks.fail(e))
+    done.and_then(output_written).or_else(|e| ranks.fail(e))
 }
 
 /// The exit status for a failed command: 2 for a usage error (a flag's value that can never
@@ -284,6 +289,10 @@ pub fn exit_code(e: &crate::Error) -> u8 {
 /// The exit status when standard output's reader has gone: 128 + SIGPIPE's number.
 pub const BROKEN_PIPE_STATUS: i32 = 141;
 
+/// The first failure to write standard output other than a closed pipe (a full disk behind a
+/// redirect, `> /dev/full`): the command goes on, and ends with this error instead of success.
+static STDOUT_FAILED: std::sync::OnceLock<(std::io::ErrorKind, String)> = std::sync::OnceLock::new();
+
 /// Writes one line of output; see `out!`.
 pub(crate) fn write_out(args: std::fmt::Arguments) {
     use std::io::Write;
@@ -293,9 +302,18 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(BROKEN_PIPE_STATUS);
         }
-        // Any other failure to print (a full disk behind a redirect) is reported once, and the
-        // run goes on: its checkpoints and saved files do not depend on the log.
-        eprintln!("warning: could not write to standard output: {e}");
+        // Reported once; a run goes on, since its checkpoints and saved files do not depend on
+        // the log, and [`run`] turns the failure into the command's error at the end.
+        if STDOUT_FAILED.set((e.kind(), e.to_string())).is_ok() {
+            eprintln!("warning: could not write to standard output: {e}");
+        }
     }
 }
 
+/// A command that succeeded but could not write its output ends with the write's error.
+fn output_written(code: u8) -> crate::Result<u8> {
+    match STDOUT_FAILED.get() {
+        Some((kind, msg)) if code == 0 => Err(crate::Error::io("standard output", std::io::Error::new(*kind, msg.clone()))),
+        _ => Ok(code),
+    }
+}

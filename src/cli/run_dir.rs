@@ -2,13 +2,17 @@
 //! process out while the first runs, a fresh run refuses a directory that holds checkpoints
 //! (unless told to resume or to start over), and retention counts and prunes only the valid
 //! files of this run, so nothing another run wrote, nothing damaged and nothing that is not a
-//! regular checkpoint file is ever deleted by it.
+//! regular checkpoint file is ever deleted by it. Telling the run's files from the others
+//! reads only a file's header, and each file of the run is read whole and hashed once per
+//! process, so a save costs the same however many or large the other files in the directory.
 use super::checkpoints::{self, RunState};
 use crate::checkpoint::HostTensor;
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// Checkpoints of this run kept on disk; older ones are deleted after each new one is safely
 /// written.
@@ -32,6 +36,15 @@ pub enum Claim {
 pub struct RunDir {
     path: PathBuf,
     _lock: File,
+    /// Files known to be whole checkpoints of this run: written by this process, or verified
+    /// once. The lock keeps other tandem runs from changing them meanwhile.
+    ours: Mutex<BTreeSet<PathBuf>>,
+}
+
+/// Whether a file named `name` in a checkpoint directory is the run's to write or delete: a
+/// checkpoint's name, or the lock.
+pub fn is_reserved(name: &str) -> bool {
+    name == LOCK || checkpoints::is_checkpoint_name(name)
 }
 
 impl RunDir {
@@ -66,7 +79,7 @@ impl RunDir {
         let written = lock.set_len(0).and_then(|()| lock.rewind()).and_then(|()| lock.write_all(pid.as_bytes()));
         written.map_err(|e| Error::io(&lock_path, e))?;
         checkpoints::remove_stale_temps(path)?;
-        let dir = RunDir { path: path.to_path_buf(), _lock: lock };
+        let dir = RunDir { path: path.to_path_buf(), _lock: lock, ours: Mutex::default() };
         dir.claim(claim)?;
         Ok(dir)
     }
@@ -77,15 +90,13 @@ impl RunDir {
             Claim::Resume => Ok(()),
             Claim::Fresh if existing.is_empty() => Ok(()),
             Claim::Fresh => {
-                let names: Vec<String> = existing.iter().rev().take(3).map(|(_, p)| file_name(p)).collect();
-                let more = if existing.len() > names.len() { ", ..." } else { "" };
+                let names = crate::error::capped_list(existing.iter().rev().map(|(_, p)| file_name(p)));
                 Err(Error::invalid(
                     "--checkpoint-dir",
                     format!(
-                        "{} already holds {} checkpoint(s) ({}{more}); pass --resume to continue that run, or --overwrite-checkpoints to delete them and start over",
+                        "{} already holds {} checkpoint(s) ({names}); pass --resume to continue that run, or --overwrite-checkpoints to delete them and start over",
                         self.path.display(),
                         existing.len(),
-                        names.join(", ")
                     ),
                 ))
             }
@@ -103,11 +114,11 @@ impl RunDir {
     }
 
     /// Writes a checkpoint of `tensors` at `state.step`, then deletes this run's valid
-    /// checkpoints beyond the newest [`KEEP`]. A valid file of another run at the same step
-    /// (possible after resuming in a directory that holds two runs) is not replaced.
+    /// checkpoints beyond the newest [`KEEP`]. A file whose header names another run at the
+    /// same step (possible after resuming in a directory that holds two runs) is not replaced.
     pub fn save(&self, tensors: &[(String, HostTensor)], state: &RunState) -> Result<PathBuf> {
         let target = self.path.join(checkpoints::file_name(state.step));
-        if let Some(other) = checkpoints::verify(&target).ok().map(|s| s.run).filter(|r| *r != state.run) {
+        if let Some(other) = checkpoints::claimed_run(&target).filter(|r| *r != state.run) {
             return Err(Error::Msg(format!(
                 "{}: holds a checkpoint of another run ({other}, this run is {}); not replacing it",
                 target.display(),
@@ -115,20 +126,28 @@ impl RunDir {
             )));
         }
         let path = checkpoints::write(&self.path, tensors, state)?;
+        self.ours.lock().unwrap_or_else(|e| e.into_inner()).insert(path.clone());
         self.prune(&state.run)?;
         Ok(path)
     }
 
     /// Only files that read back whole and carry this run's id count toward the kept ones; a
-    /// damaged file cannot be shown to be ours, so it is neither counted nor deleted.
+    /// damaged file cannot be shown to be ours, so it is neither counted nor deleted. A file
+    /// whose header names another run, or no run, is not read further.
     fn prune(&self, run: &str) -> Result<()> {
-        let ours: Vec<PathBuf> = checkpoints::list(&self.path)?
-            .into_iter()
-            .filter(|(_, p)| checkpoints::verify(p).is_ok_and(|s| s.run == run))
-            .map(|(_, p)| p)
-            .collect();
+        let mut known = self.ours.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ours = Vec::new();
+        for (_, p) in checkpoints::list(&self.path)? {
+            let whole = known.contains(&p)
+                || (checkpoints::claimed_run(&p).as_deref() == Some(run) && checkpoints::verify(&p).is_ok_and(|s| s.run == run));
+            if whole {
+                known.insert(p.clone());
+                ours.push(p);
+            }
+        }
         for p in ours.iter().take(ours.len().saturating_sub(KEEP)) {
             std::fs::remove_file(p).map_err(|e| Error::io(p, e))?;
+            known.remove(p);
         }
         Ok(())
     }
@@ -141,4 +160,69 @@ fn file_name(p: &Path) -> String {
 /// A new run's id: random, so two runs never share one, whatever their flags.
 pub fn new_run_id() -> String {
     format!("{:016x}", rand::random::<u64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::write_safetensors;
+    use crate::data::LoaderState;
+    use std::collections::BTreeMap;
+
+    fn state(run: &str, step: u64) -> RunState {
+        let loader = LoaderState { epoch: 0, position: 0 };
+        RunState { run: run.to_string(), step, optim_steps: step, loader, shuffle_seed: 0, config: serde_json::json!({}) }
+    }
+
+    fn weights(n: usize) -> Vec<(String, HostTensor)> {
+        vec![("model.w".to_string(), HostTensor::f32(vec![n], vec![0.5; n]).unwrap())]
+    }
+
+    /// Files read whole and hashed by `f`.
+    fn verified(f: impl FnOnce()) -> usize {
+        let before = checkpoints::VERIFIED.with(|n| n.get());
+        f();
+        checkpoints::VERIFIED.with(|n| n.get()) - before
+    }
+
+    /// A save reads only the headers of the files that are not this run's, and reads each of
+    /// this run's files whole at most once per process, however many saves follow.
+    #[test]
+    fn saves_do_not_reread_other_files() {
+        let dir = std::env::temp_dir().join(format!("tandem-run-dir-{}-index", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Another run's checkpoints and a foreign file, all named like checkpoints.
+        for step in [1, 3, 5] {
+            checkpoints::write(&dir, &weights(1000), &state("other", step)).unwrap();
+        }
+        write_safetensors(dir.join(checkpoints::file_name(7)), &weights(1000), &BTreeMap::new()).unwrap();
+
+        let first = RunDir::open(&dir, Claim::Resume).unwrap();
+        let n = verified(|| {
+            for s in 10..16 {
+                first.save(&weights(4), &state("ours", s)).unwrap();
+            }
+        });
+        assert_eq!(n, 0, "saves read other runs' files whole");
+        drop(first);
+
+        // A resumed run reads its own earlier files once, then never again.
+        let second = RunDir::open(&dir, Claim::Resume).unwrap();
+        let n = verified(|| {
+            second.save(&weights(4), &state("ours", 16)).unwrap();
+        });
+        assert_eq!(n, KEEP, "the first save after resuming checks this run's kept files once");
+        let n = verified(|| {
+            for s in 17..20 {
+                second.save(&weights(4), &state("ours", s)).unwrap();
+            }
+        });
+        assert_eq!(n, 0, "later saves read this run's files again");
+
+        let mut left: Vec<u64> = checkpoints::list(&dir).unwrap().into_iter().map(|(s, _)| s).collect();
+        left.sort();
+        assert_eq!(left, [1, 3, 5, 7, 17, 18, 19], "retention kept the wrong files");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1,12 +1,13 @@
 //! Turning `train` flags into checked inputs before any step runs: the data, the model's fit to
 //! it, output paths, initial weights, and the strategy (one constructor per `--strategy`).
 use super::{OptimizerKind, Schedule, TrainArgs};
-use crate::checkpoint::{read_safetensors, HostData, HostTensor};
+use crate::checkpoint::{output_target, read_safetensors, HostData, HostTensor, OutputTarget};
 use crate::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
 use crate::nn::models::SeedModel;
 use crate::nn::{Module, Sequential};
 use crate::optim::{AdamConfig, ParamGroups, SgdConfig};
 use crate::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, Single, Split, Stages, Strategy, TensorParallel};
+use crate::error::capped_list;
 use crate::{Device, Error, Result, Tensor};
 use clap::ValueEnum;
 use std::path::{Path, PathBuf};
@@ -269,15 +270,26 @@ pub fn no_gpt_flags(args: &TrainArgs) -> Result<()> {
     }
 }
 
-/// Checks every output file flag (see [`check_output`]) and that no two name the same file:
-/// the later write would silently replace the earlier one (`--save X --plot X` would leave a
-/// plot where the weights should be).
-pub fn check_outputs(outputs: &[(&'static str, Option<&Path>)]) -> Result<()> {
+/// Checks every output file flag (see [`check_output`]), that no two name the same file (the
+/// later write would silently replace the earlier one: `--save X --plot X` would leave a plot
+/// where the weights should be), and that none names a file the run keeps in
+/// `checkpoint_dir` (a checkpoint or the lock), which the run would overwrite or delete. Two
+/// outputs may share a character device such as `/dev/null`, which nothing replaces.
+pub fn check_outputs(outputs: &[(&'static str, Option<&Path>)], checkpoint_dir: Option<&Path>) -> Result<()> {
+    let run_dir = checkpoint_dir.and_then(|d| d.canonicalize().ok());
     let mut seen: Vec<(&str, PathBuf)> = Vec::new();
     for (flag, path) in outputs {
         let Some(path) = path else { continue };
-        check_output(flag, path)?;
-        let key = same_file_key(path);
+        let target = check_output(flag, path)?;
+        if matches!(target, OutputTarget::Device(_)) {
+            continue;
+        }
+        let key = same_file_key(target.path());
+        let name = key.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if run_dir.is_some() && key.parent() == run_dir.as_deref() && super::run_dir::is_reserved(name) {
+            let what = format!("{} is {name} of --checkpoint-dir, which the run writes itself; give the output another name or directory", path.display());
+            return Err(Error::invalid(flag, what));
+        }
         if let Some((other, _)) = seen.iter().find(|(_, k)| *k == key) {
             return Err(Error::invalid(flag, format!("{} is also the {other} path; give each output its own file", path.display())));
         }
@@ -297,13 +309,15 @@ fn same_file_key(path: &Path) -> PathBuf {
     path.file_name().map_or(parent.clone(), |n| parent.join(n))
 }
 
-/// Fails early, before a long run, when an output file could not be written: a missing parent
-/// directory, a path that is a directory, or a directory we may not create files in.
-pub fn check_output(flag: &str, path: &Path) -> Result<()> {
-    if path.is_dir() {
-        return Err(Error::Msg(format!("{flag} {}: is a directory; give a file path", path.display())));
-    }
-    let parent = match path.parent() {
+/// Fails early, before a long run, when an output could not be written (see
+/// [`write_atomic`](crate::checkpoint::write_atomic)): a directory, a block device or a socket
+/// (symbolic links followed), a missing parent directory, or a directory we may not create
+/// files in. A character device or a FIFO is written in place, so nothing is created to probe
+/// it. Returns where the output leads.
+pub fn check_output(flag: &str, path: &Path) -> Result<OutputTarget> {
+    let target = output_target(path).map_err(|e| Error::Msg(format!("{flag} {e}")))?;
+    let OutputTarget::File(file) = &target else { return Ok(target) };
+    let parent = match file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
@@ -313,20 +327,21 @@ pub fn check_output(flag: &str, path: &Path) -> Result<()> {
     let probe = parent.join(format!(".tandem-probe-{}", std::process::id()));
     std::fs::File::create(&probe).map_err(|e| Error::Msg(format!("{flag} {}: cannot write there: {e}", path.display())))?;
     std::fs::remove_file(&probe).map_err(|e| Error::io(&probe, e))?;
-    Ok(())
+    Ok(target)
 }
 
 /// Reads `--init` weights and checks them against the model's parameters (names, shapes,
 /// dtypes) so that a mismatch names the file and the tensor.
 pub fn read_init(path: &Path, model: &Sequential) -> Result<Vec<(String, Tensor)>> {
     let (tensors, _) = read_safetensors(path)?;
+    finite_weights(path, &tensors)?;
     let params = model.parameters();
     let missing: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).filter(|n| !tensors.iter().any(|(t, _)| t == n)).collect();
     let unexpected: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).filter(|n| !params.iter().any(|(p, _)| p == n)).collect();
     if !missing.is_empty() || !unexpected.is_empty() {
         return Err(Error::format(
             path,
-            format!("tensor names do not match the model: missing [{}], unexpected [{}]", missing.join(", "), unexpected.join(", ")),
+            format!("tensor names do not match the model: missing [{}], unexpected [{}]", capped_list(missing), capped_list(unexpected)),
         ));
     }
     let mut out = Vec::with_capacity(params.len());
@@ -338,6 +353,16 @@ pub fn read_init(path: &Path, model: &Sequential) -> Result<Vec<(String, Tensor)
         out.push((name.clone(), host_f32(path, name, h)?));
     }
     Ok(out)
+}
+
+/// Refuses weights holding a NaN or an infinity, naming the first such tensor: nothing can be
+/// trained or generated from them, and a later check (two tied tensors that differ) would only
+/// blame what it compares.
+pub fn finite_weights(path: &Path, tensors: &[(String, HostTensor)]) -> Result<()> {
+    match super::checkpoints::first_non_finite(tensors) {
+        Some((name, x)) => Err(Error::format(path, format!("{name} holds {x}; weights must be finite numbers"))),
+        None => Ok(()),
+    }
 }
 
 /// A host tensor of float weights as a CPU tensor; integer tensors are refused.

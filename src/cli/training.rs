@@ -25,7 +25,8 @@ pub(super) fn outputs_and_run_dir(args: &TrainArgs, ranks: &Ranks) -> Result<(Cl
     if !ranks.leader() {
         return Ok((claim, None));
     }
-    setup::check_outputs(&[("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())])?;
+    let outputs = [("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())];
+    setup::check_outputs(&outputs, args.checkpoint_dir.as_deref())?;
     let run_dir = args.checkpoint_dir.as_deref().map(|d| RunDir::open(d, claim)).transpose()?;
     Ok((claim, run_dir))
 }
@@ -112,13 +113,7 @@ fn resume(ranks: &Ranks, dir: &Path, s: &mut dyn Strategy, loader: Option<&mut D
     };
     let st = &ckpt.state;
     if st.config != *config || st.shuffle_seed != seed {
-        let changed: Vec<String> = config
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(k, v)| st.config.get(k.as_str()) != Some(v))
-            .map(|(k, v)| format!("--{k} {v} (checkpoint: {})", st.config.get(k.as_str()).unwrap_or(&serde_json::Value::Null)))
-            .collect();
+        let changed = super::mismatch::changed(config, &st.config);
         return Err(Error::ResumeMismatch { path: ckpt.path.clone(), changed });
     }
     s.load_state_dict(&ckpt.weights)?;
@@ -243,7 +238,7 @@ impl Steps<'_> {
         if let Some(sig) = stopped {
             // A stopped run is not finished: no evaluation, and no --save/--plot/--trace that could
             // be mistaken for the results of the whole run.
-            return Ok(Ended::Exit(finish_stopped(reporter, &mut summary, sig, step, args.checkpoint_dir.is_some(), self.t0)));
+            return Ok(Ended::Exit(finish_stopped(reporter, &mut summary, sig, step, kept.as_deref(), self.t0)));
         }
         if !ranks.leader() {
             // Rank 0 evaluates and writes the outputs; the job ends when it has.
@@ -284,10 +279,15 @@ fn save_checkpoint(dir: &RunDir, strategy: &dyn Strategy, step: u64, kept: Optio
     dir.save(&tensors, &state(optim_steps))
 }
 
-/// Ends a run a signal stopped: says how to continue it, prints the summary and returns the
-/// signal's exit status.
-fn finish_stopped(reporter: Reporter, summary: &mut Summary, sig: Stopped, step: u64, resumable: bool, t0: Instant) -> u8 {
-    let resume = if resumable { "; continue it with --resume" } else { "" };
+/// Ends a run a signal stopped: says how to continue it (with `--resume` only when there is a
+/// checkpoint, `kept`, to continue from), prints the summary and returns the signal's exit
+/// status.
+fn finish_stopped(reporter: Reporter, summary: &mut Summary, sig: Stopped, step: u64, kept: Option<&Path>, t0: Instant) -> u8 {
+    let resume = match kept {
+        Some(p) => format!("; continue it with --resume (from {})", p.display()),
+        None if step == 0 => "; no step ran and no checkpoint was written: start it again".to_string(),
+        None => String::new(),
+    };
     reporter.note(&format!("stopped by {} after step {step}{resume}", sig.name));
     summary.wall_s = t0.elapsed().as_secs_f64();
     reporter.finish(summary);

@@ -24,7 +24,7 @@ pub fn load(path: impl AsRef<Path>, classes: Option<usize>) -> Result<Dataset> {
         st.tensor(name).map_err(|_| {
             let mut names = st.names();
             names.sort();
-            Error::format(path, format!("no tensor named '{name}'; the file holds: {}", names.join(", ")))
+            Error::format(path, format!("no tensor named '{name}'; the file holds: {}", crate::error::capped_list(names)))
         })
     };
     let (xv, yv) = (get("x")?, get("y")?);

@@ -109,9 +109,11 @@ fn prefixed(children: Vec<(String, &dyn Module)>, f: impl Fn(&dyn Module) -> Vec
 fn load_into(own: &[(String, Tensor)], state: &[(String, Tensor)]) -> Result<()> {
     let by_name: HashMap<&str, &Tensor> = state.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let missing: Vec<&str> = own.iter().map(|p| p.0.as_str()).filter(|n| !by_name.contains_key(n)).collect();
-    let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !own.iter().any(|p| p.0 == *n)).collect();
+    let own_names: std::collections::HashSet<&str> = own.iter().map(|p| p.0.as_str()).collect();
+    let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !own_names.contains(n)).collect();
     if !missing.is_empty() || !unexpected.is_empty() {
-        return Err(Error::invalid("load_state_dict", format!("missing {missing:?}, unexpected {unexpected:?}")));
+        let (missing, unexpected) = (crate::error::capped_list(missing), crate::error::capped_list(unexpected));
+        return Err(Error::invalid("load_state_dict", format!("missing [{missing}], unexpected [{unexpected}]")));
     }
     for (name, p) in own {
         let src = by_name[name.as_str()];

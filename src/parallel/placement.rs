@@ -319,7 +319,7 @@ pub(crate) fn load_stage_params(stages: &[Stage], state: &[(String, Tensor)]) ->
     let all = stage_params(stages);
     let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !all.iter().any(|p| p.0 == *n)).collect();
     if !unexpected.is_empty() {
-        return Err(Error::invalid("load_state_dict", format!("unexpected {unexpected:?}")));
+        return Err(Error::invalid("load_state_dict", format!("unexpected [{}]", crate::error::capped_list(unexpected))));
     }
     for s in stages {
         let names: Vec<String> = s.model.state_dict().into_iter().map(|p| p.0).collect();

@@ -390,7 +390,7 @@ impl Strategy for TensorParallel {
         let missing: Vec<&String> = names.iter().filter(|n| !state.iter().any(|s| &s.0 == *n)).collect();
         let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !names.iter().any(|m| m == n)).collect();
         if !missing.is_empty() || !unexpected.is_empty() {
-            return Err(Error::invalid("load_state_dict", format!("missing {missing:?}, unexpected {unexpected:?}")));
+            return Err(Error::invalid("load_state_dict", format!("missing [{}], unexpected [{}]", crate::error::capped_list(missing), crate::error::capped_list(unexpected))));
         }
         let get = |n: String| state.iter().find(|s| s.0 == n).map(|s| &s.1);
         if let Some(t) = &self.trunk {

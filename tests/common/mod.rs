@@ -332,3 +332,25 @@ pub fn scratch(tag: &str, name: &str) -> std::path::PathBuf {
 pub fn s(p: &std::path::Path) -> &str {
     p.to_str().unwrap()
 }
+
+/// Makes a device node with `mknod PATH TYPE MAJOR MINOR` (in a test's own directory, never
+/// under /dev); `false`, with the reason printed, where this user may not (not root).
+pub fn mknod(path: &std::path::Path, kind: &str, major: u32, minor: u32) -> bool {
+    let out = std::process::Command::new("mknod").arg(path).args([kind, &major.to_string(), &minor.to_string()]).output().unwrap();
+    if !out.status.success() {
+        eprintln!("skipping: mknod {} {kind} {major} {minor} failed (not root?): {}", path.display(), text(&out.stderr).trim());
+    }
+    out.status.success()
+}
+
+/// Makes a FIFO with `mkfifo PATH`.
+pub fn mkfifo(path: &std::path::Path) {
+    assert!(std::process::Command::new("mkfifo").arg(path).status().unwrap().success(), "mkfifo {}", path.display());
+}
+
+/// A write handle on a node like /dev/full (every write fails with ENOSPC) made in `dir`, for
+/// a child's standard output; `None` where nodes cannot be made.
+pub fn full_device(dir: &std::path::Path) -> Option<std::fs::File> {
+    let path = dir.join("full");
+    mknod(&path, "c", 1, 7).then(|| std::fs::OpenOptions::new().write(true).open(&path).unwrap())
+}

@@ -229,7 +229,7 @@ impl Across {
         let all = self.group.all_gather_names(mine)?;
         let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !all.iter().any(|a| a == n)).collect();
         if !unexpected.is_empty() {
-            return Err(Error::invalid("load_state_dict", format!("unexpected {unexpected:?} (no rank's stage holds them)")));
+            return Err(Error::invalid("load_state_dict", format!("unexpected [{}] (no rank's stage holds them)", crate::error::capped_list(unexpected))));
         }
         let own: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| mine.contains(n)).cloned().collect();
         load(&own)
