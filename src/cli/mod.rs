@@ -21,6 +21,7 @@ mod plot;
 mod progress;
 mod ranks;
 mod run_dir;
+mod same_run;
 mod setup;
 mod stop;
 mod train;
@@ -259,16 +260,17 @@ pub struct BenchArgs {
 /// Runs one parsed command; returns the exit status: 0, or 128 + the signal's number after
 /// `train` stopped early on SIGINT (130) or SIGTERM (143).
 ///
-/// Under `mpirun`/`srun` every rank runs the command (see `ranks.rs`); an error on any rank
-/// ends the whole job with a message naming that rank instead of returning.
+/// Under `mpirun`/`srun` every rank runs the command (see `ranks.rs`), after checking that
+/// every rank was started with the same run configuration (see `same_run.rs`); an error on
+/// any rank ends the whole job with a message naming that rank instead of returning.
 pub fn run(cli: Cli) -> crate::Result<u8> {
     let ranks = ranks::Ranks::init()?;
-    let done = match cli.command {
+    let done = same_run::check(&cli.command, &ranks).and_then(|()| match cli.command {
         Command::Devices => devices::run(&ranks).map(|()| 0),
         Command::Train(args) => train::run(&args, &ranks),
         Command::Bench(args) => bench::run(&args, &ranks).map(|()| 0),
         Command::Generate(args) => generate::run(&args).map(|()| 0),
-    };
+    });
     done.or_else(|e| ranks.fail(e))
 }
 
