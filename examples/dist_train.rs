@@ -151,7 +151,8 @@ fn mismatched_collectives(group: &Group) -> Result<()> {
     let mut own = vec![1.0f32; 3 + r];
     let cpu = tandem::Device::cpu();
     let hierarchical = Hierarchical::new(std::slice::from_ref(&cpu), group.clone(), Order::Mpi)?;
-    let cases: Vec<(&str, Box<dyn FnMut() -> Result<()>>)> = vec![
+    type Case<'a> = (&'static str, Box<dyn FnMut() -> Result<()> + 'a>);
+    let cases: Vec<Case> = vec![
         ("broadcast", Box::new(|| group.broadcast(&mut vec![0.0; 3 + r], 0))),
         ("broadcast root", Box::new(|| group.broadcast(&mut [0.0; 4], r))),
         ("all_reduce", Box::new(|| group.all_reduce_sum(&mut own))),
