@@ -221,6 +221,7 @@ impl Group {
     /// Checks that every rank is about to run the device collective `op` on `len` values
     /// (`extra`: its root), for device communicators that trust each rank's count, as NCCL's
     /// do: one header exchange through MPI before the device call. Collective.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn agree_device(&self, op: DeviceOp, len: usize, extra: usize) -> Result<()> {
         match &self.inner {
             Inner::Alone => Ok(()),
