@@ -1,7 +1,8 @@
 //! Many processes under `mpirun` (cargo feature `mpi`): examples/dist_train across 2 and 3
 //! processes trains as one process does, deterministic mode is bit-identical across process
 //! and device layouts, and a rank that panics, is killed or stops answering ends the whole
-//! job within 30 s with a non-zero exit and a message naming a rank.
+//! job within 30 s with a non-zero exit and a message naming a rank; collectives called with
+//! other lengths on each rank return an error on every rank.
 #[path = "common/jobs.rs"]
 mod jobs;
 

@@ -1,7 +1,8 @@
 //! `tandem` under `mpirun` (cargo features `mpi` and `cli`): `train` across 2 processes
 //! equals the single-process run with one log, a checkpoint written under 2 processes resumes
 //! under 1 and under 3 on the uninterrupted run's curve, a failing rank ends the job naming
-//! it, `devices` speaks per rank and `bench --bench allreduce` prints its JSON figures.
+//! it, `devices` speaks per rank and `bench --bench allreduce` prints its JSON figures; ranks
+//! started with other flags, data or chunk sizes end the job within 30 s naming what differs.
 #[path = "common/jobs.rs"]
 mod jobs;
 
@@ -220,4 +221,25 @@ fn ranks_started_differently_end_the_job_naming_the_flag() {
             assert!(output.contains(e), "{what}: the output does not say {e:?}:\n{output}");
         }
     }
+}
+
+/// Ranks that cut one all-reduce into chunks of different sizes (`TANDEM_ALLREDUCE_CHUNK_BYTES`
+/// differs, here on wgpu:0 where the chunked path runs) agree once per tensor, see that they
+/// disagree, and end at once naming both chunk sizes instead of mixing their chunks.
+#[test]
+fn ranks_that_chunk_an_all_reduce_differently_end_the_job() {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe"]);
+    for (i, bytes) in ["4100", "8200"].iter().enumerate() {
+        if i > 0 {
+            cmd.arg(":");
+        }
+        cmd.args(["-np", "1", "-x", &format!("TANDEM_ALLREDUCE_CHUNK_BYTES={bytes}"), exe(), "bench", "--bench", "allreduce", "--quick", "--devices", "wgpu:0", "--log-format", "json"]);
+    }
+    cmd.env("TANDEM_DIST_TIMEOUT_S", "120");
+    let job = run(cmd, Duration::from_secs(60));
+    let output = format!("{}\n{}", job.stdout, job.stderr);
+    jobs::assert_no_memory_fault(&output);
+    assert!(!job.ok && job.took < Duration::from_secs(30), "the job succeeded or took {:?}:\n{output}", job.took);
+    assert!(output.contains("rank 0 all_reduce of 4096 f32 values in chunks of 1025, rank 1 all_reduce of 4096 f32 values in chunks of 2050"), "{output}");
 }
