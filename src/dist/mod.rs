@@ -17,7 +17,7 @@
 //! collective all-gathers a fixed 32-byte header per rank (the operation, the element type,
 //! the length, the root) and checks it. A rank that passes another length than the others, or
 //! calls another collective, makes the call return on every rank the same
-//! [`Error::Shape`](crate::Error::Shape), naming the collective, what each rank asked for and
+//! [`Error::Shape`], naming the collective, what each rank asked for and
 //! the ranks that differ; no data has moved, and the group stays usable. The cost is one
 //! extra small `MPI_Allgather` per collective (a few microseconds over shared memory, one
 //! network round trip across machines); a chunked all-reduce agrees once for all its chunks.
