@@ -11,7 +11,9 @@
 //! Options: `--devices SPEC` (the machine's devices, shared out by local rank; default `cpu`),
 //! `--steps N`, `--batch B`, `--deterministic`, `--order mpi|ranks`, `--weights-out PATH`
 //! (rank 0 writes the final weights as little-endian f32), `--panic-at STEP`, `--hang-at STEP`,
-//! `--kill-at STEP` (on rank `--fault-rank R`, default the last).
+//! `--kill-at STEP` (on rank `--fault-rank R`, default the last), `--mismatched-collectives`
+//! (no training: each collective called with another length, root or kind on each rank, one
+//! JSON line per rank and case with the error every rank must get).
 use std::time::Duration;
 use tandem::data::{digits, DataLoader};
 use tandem::dist::{self, Group, Order};
@@ -30,6 +32,7 @@ struct Args {
     weights_out: Option<String>,
     fault: Option<(Fault, u64)>,
     fault_rank: Option<usize>,
+    mismatched: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -54,7 +57,7 @@ fn main() {
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, order: None, weights_out: None, fault: None, fault_rank: None };
+    let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, order: None, weights_out: None, fault: None, fault_rank: None, mismatched: false };
     let mut it = std::env::args().skip(1);
     let usage = |m: String| Error::Usage(format!("dist_train: {m}"));
     while let Some(flag) = it.next() {
@@ -77,6 +80,7 @@ fn parse_args() -> Result<Args> {
             "--hang-at" => a.fault = Some((Fault::Hang, num(value()?)?)),
             "--kill-at" => a.fault = Some((Fault::Kill, num(value()?)?)),
             "--fault-rank" => a.fault_rank = Some(num(value()?)? as usize),
+            "--mismatched-collectives" => a.mismatched = true,
             f => return Err(usage(format!("unknown option {f}"))),
         }
     }
@@ -84,6 +88,9 @@ fn parse_args() -> Result<Args> {
 }
 
 fn train(group: &Group, args: &Args) -> Result<()> {
+    if args.mismatched {
+        return mismatched_collectives(group);
+    }
     let devices = dist::local_devices(&args.devices, group)?;
     let order = args.order.unwrap_or(if args.deterministic { Order::Ranks } else { Order::Mpi });
     let comm = Hierarchical::new(&devices, group.clone(), order)?;
@@ -134,4 +141,42 @@ fn inject(fault: Fault, rank: usize, step: u64) {
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
+}
+
+/// Every collective with a length (or root, or kind) that differs by rank: each must return an
+/// error on every rank instead of moving data. Then a matching all-reduce shows the group is
+/// still in step.
+fn mismatched_collectives(group: &Group) -> Result<()> {
+    let r = group.rank();
+    let mut own = vec![1.0f32; 3 + r];
+    let cpu = tandem::Device::cpu();
+    let hierarchical = Hierarchical::new(std::slice::from_ref(&cpu), group.clone(), Order::Mpi)?;
+    type Case<'a> = (&'static str, Box<dyn FnMut() -> Result<()> + 'a>);
+    let cases: Vec<Case> = vec![
+        ("broadcast", Box::new(|| group.broadcast(&mut vec![0.0; 3 + r], 0))),
+        ("broadcast root", Box::new(|| group.broadcast(&mut [0.0; 4], r))),
+        ("all_reduce", Box::new(|| group.all_reduce_sum(&mut own))),
+        ("all_reduce ranks", Box::new(|| group.all_reduce(&mut vec![1.0; 3 + r], Order::Ranks))),
+        ("all_reduce_into", Box::new(|| group.all_reduce_into(&vec![1.0; 3 + r], &mut vec![0.0; 3 + r], Order::Mpi))),
+        ("broadcast_bytes", Box::new(|| group.broadcast_bytes(&mut vec![0u8; 100 + r], 0))),
+        ("kind", Box::new(|| if r == 0 { group.broadcast(&mut [0.0; 4], 0) } else { group.all_reduce_sum(&mut [0.0; 4]) })),
+        ("gather type", Box::new(|| if r == 0 { group.all_gather(&[1.0]).map(drop) } else { group.all_gather_u64(&[1]).map(drop) })),
+        ("barrier", Box::new(|| if r == 0 { group.barrier() } else { group.all_reduce_sum(&mut [0.0; 4]) })),
+        (
+            "hierarchical all_reduce",
+            Box::new(|| {
+                let t = tandem::Tensor::from_vec(vec![1.0; 3 + r], [3 + r], &cpu)?;
+                hierarchical.all_reduce(std::slice::from_ref(&t), tandem::parallel::comm::ReduceKind::Sum)
+            }),
+        ),
+    ];
+    for (case, mut call) in cases {
+        let got = call();
+        let error = got.err().map(|e| e.to_string());
+        println!("{}", serde_json::json!({ "rank": r, "case": case, "error": error }));
+    }
+    let mut after = vec![1.0f32; 4];
+    group.all_reduce_sum(&mut after)?;
+    println!("{}", serde_json::json!({ "rank": r, "after": after }));
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! Many processes under `mpirun` (cargo feature `mpi`): examples/dist_train across 2 and 3
 //! processes trains as one process does, deterministic mode is bit-identical across process
 //! and device layouts, and a rank that panics, is killed or stops answering ends the whole
-//! job within 30 s with a non-zero exit and a message naming a rank.
+//! job within 30 s with a non-zero exit and a message naming a rank; collectives called with
+//! other lengths on each rank return an error on every rank.
 #[path = "common/jobs.rs"]
 mod jobs;
 
@@ -138,4 +139,44 @@ fn a_killed_rank_ends_the_job() {
 #[test]
 fn a_rank_that_stops_answering_times_out() {
     fault_ends_the_job("--hang-at", false, "5", &["rank 0 of 2: all_reduce", "did not complete within the timeout (TANDEM_DIST_TIMEOUT_S = 5.0 s"]);
+}
+
+/// Each collective called with another length (or root, or kind) on each rank returns, on
+/// every rank, an error naming the collective and every rank's length, and the group is still
+/// in step afterwards: no rank reads past a buffer, crashes or waits for the timeout.
+#[test]
+fn collectives_that_disagree_are_an_error_on_every_rank() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    example();
+    for np in [2, 3] {
+        let mut cmd = mpirun(np, false, &["--mismatched-collectives"]);
+        cmd.env("TANDEM_DIST_TIMEOUT_S", "20");
+        let job = run(cmd, Duration::from_secs(45));
+        let output = format!("{}\n{}", job.stdout, job.stderr);
+        jobs::assert_no_memory_fault(&output);
+        assert!(job.ok, "{np} processes: the job failed:\n{output}");
+        let lines: Vec<serde_json::Value> = job.stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        for rank in 0..np as u64 {
+            let mine: Vec<&serde_json::Value> = lines.iter().filter(|l| l["rank"] == rank).collect();
+            let error = |case: &str| -> String {
+                let line = mine.iter().find(|l| l["case"] == case).unwrap_or_else(|| panic!("rank {rank} printed no {case:?} line:\n{output}"));
+                line["error"].as_str().unwrap_or_else(|| panic!("rank {rank}: {case} succeeded:\n{output}")).to_string()
+            };
+            let e = error("broadcast");
+            let lengths: Vec<String> = (0..np).map(|r| format!("broadcast of {} f32 values", 3 + r)).collect();
+            assert!(e.contains("Group::broadcast") && lengths.iter().all(|l| e.contains(l.as_str())), "rank {rank}: {e}");
+            assert!(e.contains(if np == 2 { "rank 1 differs from rank 0" } else { "ranks 1, 2 differ from rank 0" }), "rank {rank}: {e}");
+            assert!(error("broadcast root").contains("from rank 1"), "rank {rank}");
+            assert!(error("all_reduce").contains("rank 1 all_reduce of 4 f32 values"), "rank {rank}");
+            assert!(error("all_reduce ranks").contains("in rank order"), "rank {rank}");
+            assert!(error("all_reduce_into").contains("Group::all_reduce_into"), "rank {rank}");
+            assert!(error("broadcast_bytes").contains("broadcast of 101 f32 values"), "rank {rank}");
+            assert!(error("kind").contains("rank 0 broadcast of 4 f32 values from rank 0"), "rank {rank}");
+            assert!(error("gather type").contains("all_gather of 1 u64 values"), "rank {rank}");
+            assert!(error("barrier").contains("rank 0 barrier"), "rank {rank}");
+            assert!(error("hierarchical all_reduce").contains("all_reduce of 3 f32 values"), "rank {rank}");
+            let after = mine.iter().find(|l| l.get("after").is_some()).unwrap_or_else(|| panic!("rank {rank} did not finish:\n{output}"));
+            assert_eq!(after["after"], serde_json::json!(vec![np as f64; 4]), "rank {rank}: the group is out of step after the errors");
+        }
+    }
 }

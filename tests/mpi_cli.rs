@@ -1,7 +1,8 @@
 //! `tandem` under `mpirun` (cargo features `mpi` and `cli`): `train` across 2 processes
 //! equals the single-process run with one log, a checkpoint written under 2 processes resumes
 //! under 1 and under 3 on the uninterrupted run's curve, a failing rank ends the job naming
-//! it, `devices` speaks per rank and `bench --bench allreduce` prints its JSON figures.
+//! it, `devices` speaks per rank and `bench --bench allreduce` prints its JSON figures; ranks
+//! started with other flags, data or chunk sizes end the job within 30 s naming what differs.
 #[path = "common/jobs.rs"]
 mod jobs;
 
@@ -173,4 +174,72 @@ fn devices_and_the_allreduce_bench_under_two_processes() {
     let mut chunked = mpirun(2, &["bench", "--bench", "allreduce", "--quick", "--devices", "wgpu:0", "--log-format", "json"]);
     chunked.env("TANDEM_ALLREDUCE_CHUNK_BYTES", "4100");
     assert_eq!(json_lines(chunked).len(), 10);
+}
+
+/// Two ranks started with different flags or data (an MPMD launch, `mpirun -np 1 tandem A :
+/// -np 1 tandem B`, each rank in a directory of its own) end within 30 s, failing, with a
+/// message that names the flag and both ranks' values, and nothing corrupts memory.
+#[test]
+fn ranks_started_differently_end_the_job_naming_the_flag() {
+    let dir = TempDir::new();
+    let (a, b) = (dir.0.join("a"), dir.0.join("b"));
+    for (d, seed) in [(&a, 1u64), (&b, 2)] {
+        std::fs::create_dir_all(d).unwrap();
+        // Same length and alphabet, other text: the path and size alone would not tell them apart.
+        let text: String = (0..4000u64).map(|i| (b'a' + ((i * 7 + seed * i / 3) % 26) as u8) as char).collect();
+        std::fs::write(d.join("corpus.txt"), &text).unwrap();
+        std::fs::write(d.join("other.txt"), &text).unwrap();
+    }
+    let base: Vec<String> = [
+        "train", "--model", "gpt", "--data", "text:corpus.txt", "--devices", "cpu", "--steps", "3", "--batch", "4", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
+        "--seed", "1", "--log-format", "json",
+    ]
+    .map(String::from)
+    .to_vec();
+    // (what, rank 1's extra flags (a repeated flag overrides), rank 1's directory, the message)
+    let cases: [(&str, &[&str], &Path, &[&str]); 6] = [
+        ("model shape", &["--n-embd", "32"], &a, &["--n-embd: rank 0 = 16, rank 1 = 32"]),
+        ("data file", &["--data", "text:other.txt"], &a, &["--data: rank 0 = text:corpus.txt (4000 bytes", "rank 1 = text:other.txt (4000 bytes"]),
+        ("data content", &[], &b, &["--data: rank 0 = text:corpus.txt (4000 bytes, sha256 of its ends ", "rank 1 = text:corpus.txt (4000 bytes, sha256 of its ends "]),
+        ("seed", &["--seed", "2"], &a, &["--seed: rank 0 = 1, rank 1 = 2"]),
+        ("batch", &["--batch", "8"], &a, &["--batch: rank 0 = 4, rank 1 = 8"]),
+        ("steps", &["--steps", "5"], &a, &["--steps: rank 0 = 3, rank 1 = 5"]),
+    ];
+    for (what, extra, rank1_dir, expect) in cases {
+        let mut other = base.clone();
+        other.extend(extra.iter().map(|s| s.to_string()));
+        let mut cmd = jobs::mpmd(Path::new(exe()), &[(&a, base.clone()), (rank1_dir, other)]);
+        // A rank left waiting would end at this timeout, far past the 30 s asked for.
+        cmd.env("TANDEM_DIST_TIMEOUT_S", "120");
+        let job = run(cmd, Duration::from_secs(60));
+        let output = format!("{}\n{}", job.stdout, job.stderr);
+        jobs::assert_no_memory_fault(&output);
+        assert!(!job.ok, "{what}: the job succeeded:\n{output}");
+        assert!(job.took < Duration::from_secs(30), "{what}: the job took {:?} to end:\n{output}", job.took);
+        assert!(output.contains("not started with the same run configuration"), "{what}:\n{output}");
+        for e in expect {
+            assert!(output.contains(e), "{what}: the output does not say {e:?}:\n{output}");
+        }
+    }
+}
+
+/// Ranks that cut one all-reduce into chunks of different sizes (`TANDEM_ALLREDUCE_CHUNK_BYTES`
+/// differs, here on wgpu:0 where the chunked path runs) agree once per tensor, see that they
+/// disagree, and end at once naming both chunk sizes instead of mixing their chunks.
+#[test]
+fn ranks_that_chunk_an_all_reduce_differently_end_the_job() {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe"]);
+    for (i, bytes) in ["4100", "8200"].iter().enumerate() {
+        if i > 0 {
+            cmd.arg(":");
+        }
+        cmd.args(["-np", "1", "-x", &format!("TANDEM_ALLREDUCE_CHUNK_BYTES={bytes}"), exe(), "bench", "--bench", "allreduce", "--quick", "--devices", "wgpu:0", "--log-format", "json"]);
+    }
+    cmd.env("TANDEM_DIST_TIMEOUT_S", "120");
+    let job = run(cmd, Duration::from_secs(60));
+    let output = format!("{}\n{}", job.stdout, job.stderr);
+    jobs::assert_no_memory_fault(&output);
+    assert!(!job.ok && job.took < Duration::from_secs(30), "the job succeeded or took {:?}:\n{output}", job.took);
+    assert!(output.contains("rank 0 all_reduce of 4096 f32 values in chunks of 1025, rank 1 all_reduce of 4096 f32 values in chunks of 2050"), "{output}");
 }

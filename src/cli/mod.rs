@@ -23,6 +23,7 @@ mod plot;
 mod progress;
 mod ranks;
 mod run_dir;
+mod same_run;
 mod setup;
 mod stop;
 mod train;
@@ -264,16 +265,17 @@ pub struct BenchArgs {
 /// (standard output on a full disk) makes a finished command an error; a reader that closed the
 /// pipe (`| head`) ends it at once with status 141, as `cat` would.
 ///
-/// Under `mpirun`/`srun` every rank runs the command (see `ranks.rs`); an error on any rank
-/// ends the whole job with a message naming that rank instead of returning.
+/// Under `mpirun`/`srun` every rank runs the command (see `ranks.rs`), after checking that
+/// every rank was started with the same run configuration (see `same_run.rs`); an error on
+/// any rank ends the whole job with a message naming that rank instead of returning.
 pub fn run(cli: Cli) -> crate::Result<u8> {
     let ranks = ranks::Ranks::init()?;
-    let done = match cli.command {
+    let done = same_run::check(&cli.command, &ranks).and_then(|()| match cli.command {
         Command::Devices => devices::run(&ranks).map(|()| 0),
         Command::Train(args) => train::run(&args, &ranks),
         Command::Bench(args) => bench::run(&args, &ranks).map(|()| 0),
         Command::Generate(args) => generate::run(&args).map(|()| 0),
-    };
+    });
     done.and_then(output_written).or_else(|e| ranks.fail(e))
 }
 

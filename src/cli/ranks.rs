@@ -1,7 +1,8 @@
 //! The command line under `mpirun`/`srun`: the process group of the job, which devices each
 //! rank drives, the data-parallel strategy that spans the ranks, and what only rank 0 does.
 //!
-//! Every rank runs the same command with the same flags and checks its inputs itself; rank 0
+//! Every rank runs the same command with the same flags (checked first, see `same_run.rs`) and
+//! checks its inputs itself; rank 0
 //! alone prints, owns the checkpoint directory and writes the outputs, while the others wait at
 //! a barrier. An error on any rank ends the whole job through `Group::abort`, naming the rank.
 //! Started without a launcher, the group is this process alone and nothing here changes what

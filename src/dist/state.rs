@@ -53,10 +53,11 @@ impl Group {
                 out.extend(local.iter().cloned());
                 continue;
             }
-            let mut at = 0;
+            let mut at = 0usize;
             for (name, dims) in decode(header, rank)? {
-                let n: usize = dims.iter().product();
-                let part = flat.get(at..at + n).ok_or_else(|| Error::shape("Group::all_gather_named", format!("rank {rank} sent fewer values than its shapes need")))?;
+                let short = || Error::shape("Group::all_gather_named", format!("rank {rank} sent fewer values than its shapes need ({name}: {dims:?})"));
+                let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(short)?;
+                let part = at.checked_add(n).and_then(|end| flat.get(at..end)).ok_or_else(short)?;
                 out.push((name, Tensor::from_vec(part.to_vec(), dims, &cpu)?));
                 at += n;
             }
@@ -80,8 +81,8 @@ impl Group {
         Ok(out)
     }
 
-    /// Overwrites `bytes` on every rank with rank `root`'s (all ranks pass the same length).
-    /// Each byte travels as an `f32`, which holds it exactly: for small messages such as an
+    /// Overwrites `bytes` on every rank with rank `root`'s (all ranks pass the same length, else
+    /// all get an error, as from [`Group::broadcast`]). Each byte travels as an `f32`, which holds it exactly: for small messages such as an
     /// NCCL unique id.
     pub fn broadcast_bytes(&self, bytes: &mut [u8], root: usize) -> Result<()> {
         let mut values: Vec<f32> = bytes.iter().map(|&b| f32::from(b)).collect();

@@ -9,7 +9,10 @@
 //! does. Calling MPI_Abort while another thread waits inside MPI needs
 //! `MPI_THREAD_MULTIPLE`, which is therefore required. Collectives are still serialized by
 //! one mutex, which keeps their order the same on every rank when several threads of a
-//! process use the group; point-to-point calls do not take it.
+//! process use the group; point-to-point calls do not take it. Under the same mutex each
+//! collective first all-gathers a fixed-size header (see `agree.rs`) and checks it.
+use super::agree::{self, Elem, Header, Op, WORDS};
+use super::Order;
 use crate::parallel::comm::{even_ranges, tree_sum};
 use crate::{Error, Result};
 use mpi::datatype::{Equivalence, Partition, PartitionMut};
@@ -98,23 +101,52 @@ impl World {
         out
     }
 
+    /// Every rank's header of the collective about to run, checked against this one's (see
+    /// [`agree::check`]); the caller holds the order lock. One `MPI_Allgather` of 32 bytes
+    /// per rank: a few microseconds over shared memory, one network latency across machines.
+    fn agree(&self, op: &'static str, mine: Header, lengths_may_differ: bool) -> Result<Vec<Header>> {
+        let mut all = vec![0u64; WORDS * self.size];
+        self.guarded(|| format!("{} (agreeing on lengths)", mine.describe()), |c| c.all_gather_into(&mine.0[..], &mut all[..]));
+        let all: Vec<Header> = all.chunks_exact(WORDS).map(|w| Header([w[0], w[1], w[2], w[3]])).collect();
+        agree::check(op, &all, self.rank, lengths_may_differ)?;
+        Ok(all)
+    }
+
+    /// The header exchange is the barrier: no rank has every header before every rank has
+    /// sent its own.
     pub fn barrier(&self) -> Result<()> {
         let _order = self.lock();
-        self.guarded(|| "barrier".into(), |c| c.barrier());
-        Ok(())
+        self.agree("Group::barrier", Header::new(Op::Barrier, Elem::None, 0, 0), false).map(drop)
     }
 
     pub fn broadcast(&self, data: &mut [f32], root: usize) -> Result<()> {
         count("Group::broadcast", data.len())?;
         let _order = self.lock();
         let n = data.len();
+        self.agree("Group::broadcast", Header::new(Op::Broadcast, Elem::F32, n, root), false)?;
         self.guarded(|| format!("broadcast of {n} floats from rank {root}"), |c| c.process_at_rank(root as i32).broadcast_into(data));
         Ok(())
     }
 
-    pub fn all_reduce_mpi(&self, data: &mut [f32]) -> Result<()> {
+    /// Checks once that every rank all-reduces `len` values in chunks of `chunk`, in `order`;
+    /// each chunk then moves without a check of its own ([`Checked::Agreed`]).
+    pub fn agree_chunks(&self, len: usize, chunk: usize, order: Order) -> Result<()> {
+        let op = if order == Order::Mpi { Op::AllReduceChunks } else { Op::AllReduceRanksChunks };
+        let _order = self.lock();
+        self.agree("Group::all_reduce", Header::new(op, Elem::F32, len, chunk), false).map(drop)
+    }
+
+    pub fn agree_device(&self, op: agree::DeviceOp, len: usize, extra: usize) -> Result<()> {
+        let _order = self.lock();
+        self.agree("Group::agree_device", Header::device(op, len, extra), false).map(drop)
+    }
+
+    pub fn all_reduce_mpi(&self, data: &mut [f32], checked: Checked) -> Result<()> {
         count("Group::all_reduce", data.len())?;
         let mut send = self.lock();
+        if checked == Checked::Here {
+            self.agree("Group::all_reduce", Header::new(Op::AllReduce, Elem::F32, data.len(), 0), false)?;
+        }
         send.clear();
         send.extend_from_slice(data);
         self.guarded(|| format!("all_reduce of {} floats", send.len()), |c| c.all_reduce_into(&send[..], data, mpi::collective::SystemOperation::sum()));
@@ -122,24 +154,30 @@ impl World {
     }
 
     /// `MPI_Allreduce` from `send` into `recv`: the caller's buffers, no copy.
-    pub fn all_reduce_mpi_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+    pub fn all_reduce_mpi_into(&self, send: &[f32], recv: &mut [f32], checked: Checked) -> Result<()> {
         count("Group::all_reduce_into", send.len())?;
         let _order = self.lock();
+        if checked == Checked::Here {
+            self.agree("Group::all_reduce_into", Header::new(Op::AllReduce, Elem::F32, send.len(), 0), false)?;
+        }
         self.guarded(|| format!("all_reduce of {} floats", send.len()), |c| c.all_reduce_into(send, recv, mpi::collective::SystemOperation::sum()));
         Ok(())
     }
 
     /// The sum in rank order: slice `r` of every rank's buffer goes to rank `r` (all-to-all),
     /// which sums the slices with `tree_sum` over rank, and every rank gathers the sums.
-    pub fn all_reduce_ranks(&self, data: &mut [f32]) -> Result<()> {
+    pub fn all_reduce_ranks(&self, data: &mut [f32], checked: Checked) -> Result<()> {
         let len = count("Group::all_reduce", data.len())?;
         let p = self.size;
         let slices = even_ranges(data.len(), p);
         let m = slices[self.rank].len();
         let counts: Vec<i32> = slices.iter().map(|r| r.len() as i32).collect();
         let starts: Vec<i32> = slices.iter().map(|r| r.start as i32).collect();
-        let mut recv = vec![0f32; m * p];
         let _order = self.lock();
+        if checked == Checked::Here {
+            self.agree("Group::all_reduce", Header::new(Op::AllReduceRanks, Elem::F32, data.len(), 0), false)?;
+        }
+        let mut recv = vec![0f32; m * p];
         {
             let send = Partition::new(&data[..], &counts[..], &starts[..]);
             let mut into = PartitionMut::new(&mut recv[..], vec![m as i32; p], (0..p).map(|i| (i * m) as i32).collect::<Vec<_>>());
@@ -152,25 +190,30 @@ impl World {
     }
 
     pub fn all_gather(&self, data: &[f32]) -> Result<Vec<Vec<f32>>> {
-        self.gather_var("all_gather", data)
+        self.gather_var("Group::all_gather", Elem::F32, data)
     }
 
     pub fn all_gather_u64(&self, values: &[u64]) -> Result<Vec<Vec<u64>>> {
-        self.gather_var("all_gather", values)
+        self.gather_var("Group::all_gather_u64", Elem::U64, values)
     }
 
-    /// Every rank's `data`, whose lengths may differ: first the lengths, then the data.
-    fn gather_var<T: Equivalence + Copy + Default>(&self, op: &'static str, data: &[T]) -> Result<Vec<Vec<T>>> {
-        let n = count(op, data.len())?;
+    /// Every rank's `data`, whose lengths may differ: first the headers (which carry the
+    /// lengths, and must agree on the element type), then the data.
+    fn gather_var<T: Equivalence + Copy + Default>(&self, op: &'static str, elem: Elem, data: &[T]) -> Result<Vec<Vec<T>>> {
+        count(op, data.len())?;
         let _order = self.lock();
-        let mut counts = vec![0i32; self.size];
-        self.guarded(|| format!("{op} (lengths)"), |c| c.all_gather_into(&n, &mut counts[..]));
+        let headers = self.agree(op, Header::new(Op::AllGather, elem, data.len(), 0), true)?;
+        let mut counts = Vec::with_capacity(self.size);
         let mut starts = Vec::with_capacity(self.size);
         let mut total = 0usize;
-        for &k in &counts {
+        for h in &headers {
+            // Each rank checked its own length against MPI's limit; the sum may still pass it.
+            let k = count(op, h.len() as usize)?;
             starts.push(count(op, total)?);
+            counts.push(k);
             total += k as usize;
         }
+        count(op, total)?;
         let mut all = vec![T::default(); total];
         {
             let mut into = PartitionMut::new(&mut all[..], &counts[..], &starts[..]);
@@ -185,18 +228,35 @@ impl World {
         Ok(())
     }
 
-    /// Probes for the message to learn its length, then receives exactly that.
+    /// Probes for the message to learn its length, then receives exactly that: a message's
+    /// length travels with it, so nothing is agreed beforehand. One whose bytes are not whole
+    /// `f32` values is received (so that it does not linger) and refused.
     pub fn recv(&self, src: usize, tag: u16) -> Result<Vec<f32>> {
         self.guarded(
             || format!("receive from rank {src} (tag {tag})"),
             |c| {
                 let (msg, status) = c.process_at_rank(src as i32).matched_probe_with_tag(i32::from(tag));
-                let mut buf = vec![0f32; status.count(f32::equivalent_datatype()).max(0) as usize];
+                let floats = status.count(f32::equivalent_datatype());
+                if floats < 0 {
+                    let bytes = status.count(u8::equivalent_datatype()).max(0) as usize;
+                    let mut raw = vec![0u8; bytes];
+                    msg.matched_receive_into(&mut raw[..]);
+                    return Err(Error::shape("Group::recv", format!("rank {src} sent {bytes} bytes with tag {tag}, not whole f32 values (this is rank {})", self.rank)));
+                }
+                let mut buf = vec![0f32; floats as usize];
                 msg.matched_receive_into(&mut buf[..]);
                 Ok(buf)
             },
         )
     }
+}
+
+/// Whether an all-reduce exchanges its header itself, or its caller agreed for it (one
+/// header for the many calls of a chunked all-reduce).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Checked {
+    Here,
+    Agreed,
 }
 
 /// Deadlines of the MPI calls in progress, and a thread that ends the job when one passes.

@@ -65,6 +65,28 @@ pub fn mpirun(np: usize, tcp: bool, exe: &Path) -> Command {
     cmd
 }
 
+/// `mpirun -np 1 EXE ARGS : -np 1 EXE ARGS …` (MPMD): one rank per entry of `ranks`, each run
+/// in its own working directory with its own arguments, as ranks on machines set up apart.
+pub fn mpmd(exe: &Path, ranks: &[(&Path, Vec<String>)]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe"]);
+    for (i, (dir, args)) in ranks.iter().enumerate() {
+        if i > 0 {
+            cmd.arg(":");
+        }
+        cmd.args(["-np", "1", "-wdir"]).arg(dir).arg(exe).args(args);
+    }
+    cmd
+}
+
+/// Fails the test when a job's output shows a heap corruption or a crash: glibc's malloc
+/// checks, or a rank ended by a signal (an abort is signal 6).
+pub fn assert_no_memory_fault(output: &str) {
+    for sign in ["malloc", "corrupted", "double free", "signal 6", "Signal: Aborted", "Segmentation fault", "signal 11"] {
+        assert!(!output.contains(sign), "the job's output says {sign:?}:\n{output}");
+    }
+}
+
 /// `examples/NAME` built once per test process with this test's features and profile, so the
 /// library is not built a second time.
 pub fn example(name: &str) -> PathBuf {

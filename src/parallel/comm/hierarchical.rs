@@ -17,6 +17,10 @@
 //! reproducible for a given number of processes. Neither makes 2 processes equal 1 process
 //! with 2 devices bit for bit (the tree over devices differs); data parallelism's
 //! deterministic mode does, through [`Communicator::sum_by_index`].
+//!
+//! Every collective checks that all ranks pass the same lengths before data moves (see
+//! [`crate::dist`]): a bucket of another length on one rank is an error on every rank. The
+//! pipelined all-reduce checks once per tensor, for all its chunks.
 use super::host_staged::{finish, finish_in_place};
 use super::{check_group, check_root, per_device, tree_sum, Communicator, ReduceKind};
 use crate::autograd::no_grad;
@@ -162,7 +166,7 @@ impl Hierarchical {
         let mut recv = self.spares.take(n);
         let sums: &mut [f32] = bytemuck::cast_slice_mut(&mut recv);
         let result = if n <= chunk {
-            self.reduce_chunk(&backend.download(t.buffer())?, sums, op)
+            self.reduce_chunk(&backend.download(t.buffer())?, sums, op, false)
                 .and_then(|()| upload_into(backend, t, 0, sums))
         } else {
             self.pipelined(t, chunk, sums, op)
@@ -172,8 +176,9 @@ impl Hierarchical {
         result
     }
 
-    /// MPI's sum of the f32 values in `bytes` into `sums`, then `op`'s finish.
-    fn reduce_chunk(&self, bytes: &[u8], sums: &mut [f32], op: ReduceKind) -> Result<()> {
+    /// MPI's sum of the f32 values in `bytes` into `sums`, then `op`'s finish; `agreed`: one
+    /// chunk of many whose lengths [`Group::agree_all_reduce_chunks`] checked.
+    fn reduce_chunk(&self, bytes: &[u8], sums: &mut [f32], op: ReduceKind, agreed: bool) -> Result<()> {
         let bytes = &bytes[..4 * sums.len()];
         // An allocator's large blocks are aligned for f32; a copy covers any other.
         let copied: Vec<f32>;
@@ -184,16 +189,22 @@ impl Hierarchical {
                 &copied
             }
         };
-        self.group.all_reduce_into(values, sums, self.order)?;
+        if agreed {
+            self.group.all_reduce_chunk_into(values, sums, self.order)?;
+        } else {
+            self.group.all_reduce_into(values, sums, self.order)?;
+        }
         finish_in_place(sums, op, self.span.1);
         Ok(())
     }
 
     /// [`Self::staged_one`]'s pipeline over chunks of `chunk` elements; `sums` holds the whole
-    /// result. The channels hold one chunk each, so at most a few chunks are in flight.
+    /// result. The channels hold one chunk each, so at most a few chunks are in flight. The
+    /// ranks agree on the length and the chunk once, before the first chunk, not per chunk.
     fn pipelined(&self, t: &Tensor, chunk: usize, sums: &mut [f32], op: ReduceKind) -> Result<()> {
         let backend = t.backend();
         let n = t.numel();
+        self.group.agree_all_reduce_chunks(n, chunk, self.order)?;
         std::thread::scope(|s| {
             let (down_tx, down_rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>>>(1);
             let (up_tx, up_rx) = std::sync::mpsc::sync_channel::<(usize, &mut [f32])>(1);
@@ -213,7 +224,7 @@ impl Hierarchical {
             });
             let mut reduced = Ok(());
             for (k, out) in sums.chunks_mut(chunk).enumerate() {
-                reduced = down_rx.recv().map_err(|_| Error::Msg("all_reduce: the download thread ended early".into())).and_then(|b| b).and_then(|bytes| self.reduce_chunk(&bytes, out, op));
+                reduced = down_rx.recv().map_err(|_| Error::Msg("all_reduce: the download thread ended early".into())).and_then(|b| b).and_then(|bytes| self.reduce_chunk(&bytes, out, op, true));
                 if reduced.is_err() || up_tx.send((k * chunk, out)).is_err() {
                     break;
                 }

@@ -318,6 +318,7 @@ impl Communicator for Nccl {
     /// (`2·S` per device at most, lower latency for small tensors).
     fn all_reduce(&self, tensors: &[Tensor], op: ReduceKind) -> Result<()> {
         check_group("all_reduce", &self.devices, tensors, true)?;
+        self.agree_across(crate::dist::DeviceOp::AllReduce, tensors[0].numel(), 0)?;
         let n = self.span.1;
         let mut spans = self.spans("all_reduce", tensors)?;
         self.grouped("all_reduce", |comms, check| {
@@ -339,6 +340,7 @@ impl Communicator for Nccl {
     fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()> {
         check_group("broadcast", &self.devices, tensors, true)?;
         check_root("broadcast", root, tensors.len())?;
+        self.agree_across(crate::dist::DeviceOp::Broadcast, tensors[0].numel(), root)?;
         let n = self.span.1;
         let mut spans = self.spans("broadcast", tensors)?;
         self.grouped("broadcast", |comms, check| {
@@ -395,6 +397,7 @@ impl Communicator for Nccl {
     /// rank (grouped). Ring cost: `(n-1)/n · S` sent per device, half an all-reduce.
     fn reduce_scatter(&self, tensors: &[Tensor], op: ReduceKind) -> Result<Vec<Tensor>> {
         check_group("reduce_scatter", &self.devices, tensors, true)?;
+        self.agree_across(crate::dist::DeviceOp::ReduceScatter, tensors[0].numel(), tensors[0].dims().first().copied().unwrap_or(1))?;
         let (first, n) = self.span;
         let dims = tensors[0].dims().to_vec();
         if dims[0] < n {

@@ -12,6 +12,10 @@
 //! `ncclCommGetAsyncError`, while the collective's kernels wait on the GPU. As PyTorch's
 //! watchdog does, a thread polls every communicator; on an error it aborts the communicator
 //! (`ncclCommAbort`, which ends the waiting kernels) and ends the job naming this rank.
+//!
+//! Across processes, each all-reduce, broadcast and reduce-scatter first checks through MPI
+//! that every rank passes the same length ([`Nccl::agree_across`]); an all-gather exchanges
+//! every device's count anyway and sizes its buffers from them.
 use super::nccl::{cuda_ranks, panic_message, probe, Nccl};
 use super::Communicator;
 use crate::dist::Group;
@@ -94,6 +98,17 @@ impl Nccl {
 }
 
 impl Nccl {
+    /// Across processes, checks that every rank is about to run `op` on `len` values (`root`:
+    /// the broadcast's) before any NCCL call: NCCL trusts each rank's count, and ranks that
+    /// disagree would read and write past each other's GPU buffers or wait forever. One small
+    /// MPI all-gather per collective (see [`crate::dist`]); nothing within one process.
+    pub(super) fn agree_across(&self, op: crate::dist::DeviceOp, len: usize, root: usize) -> Result<()> {
+        match self.process_group().filter(|g| g.size() > 1) {
+            Some(group) => group.agree_device(op, len, root),
+            None => Ok(()),
+        }
+    }
+
     /// `local` (one count per device of this process) for every NCCL rank: gathered from
     /// every process when the communicator spans several (collective), else `local`.
     pub(super) fn global_counts(&self, local: Vec<usize>) -> Result<Vec<usize>> {
