@@ -17,19 +17,27 @@ fn scratch(name: &str) -> PathBuf {
     common::scratch("hostile", name)
 }
 
+/// The limit for runs on lavapipe (`wgpu:0`), whose start-up alone reserves more than 1 GiB
+/// of address space (under 1 GiB, opening the device fails with "Not enough memory left").
+const WGPU_LIMIT_KIB: u64 = 4 << 20;
+
 /// Runs `tandem args` under `ulimit -v LIMIT_KIB` and asserts it fails with exit status 1 and
 /// one error line holding every one of `needles`; returns stderr.
 fn refused(args: &[&str], needles: &[&str]) -> String {
+    refused_under(LIMIT_KIB, args, needles)
+}
+
+fn refused_under(limit_kib: u64, args: &[&str], needles: &[&str]) -> String {
     let out = std::process::Command::new("sh")
         .arg("-c")
-        .arg(format!("ulimit -v {LIMIT_KIB} && exec \"$0\" \"$@\""))
+        .arg(format!("ulimit -v {limit_kib} && exec \"$0\" \"$@\""))
         .arg(env!("CARGO_BIN_EXE_tandem"))
         .args(args)
         .env("XDG_RUNTIME_DIR", std::env::temp_dir())
         .output()
         .expect("sh runs");
     let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "tandem {args:?} under ulimit -v {LIMIT_KIB}: status {:?}, stderr:\n{err}", out.status);
+    assert_eq!(out.status.code(), Some(1), "tandem {args:?} under ulimit -v {limit_kib}: status {:?}, stderr:\n{err}", out.status);
     assert!(!err.contains("memory allocation of") && !err.contains("panicked"), "tandem {args:?} aborted:\n{err}");
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "tandem {args:?}: one error line expected:\n{err}");
@@ -127,4 +135,24 @@ fn a_token_files_declared_vocabulary_sizes_the_model_and_bounds_its_ids() {
 fn a_model_too_big_for_the_cpu_is_out_of_memory() {
     let args = ["train", "--model", "gpt", "--data", "text", "--n-embd", "65536", "--steps", "1", "--batch", "2", "--devices", "cpu"];
     refused(&args, &["out of memory on cpu", "bytes free", "n_embd=65536"]);
+}
+
+/// The same on lavapipe, under the larger limit its start-up needs.
+#[test]
+fn a_model_too_big_for_wgpu_is_out_of_memory() {
+    if !tandem::Device::list().iter().any(|d| d.backend == tandem::BackendKind::Wgpu) {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but no wgpu adapter was found");
+        eprintln!("skipping: no wgpu adapter");
+        return;
+    }
+    let args = ["train", "--model", "gpt", "--data", "text", "--n-embd", "65536", "--steps", "1", "--batch", "2", "--devices", "wgpu:0"];
+    refused_under(WGPU_LIMIT_KIB, &args, &["out of memory on wgpu:0", "bytes free", "n_embd=65536"]);
+}
+
+/// Parameters that fit (400 MB) but not with their gradients and AdamW state: the training
+/// state's allocations, not the up-front check, run out, and say so.
+#[test]
+fn training_state_past_the_memory_is_out_of_memory() {
+    let args = ["train", "--model", "gpt", "--data", "text", "--n-embd", "2048", "--n-layer", "2", "--block-size", "8", "--steps", "1", "--batch", "1", "--devices", "cpu"];
+    refused(&args, &["out of memory on cpu", "bytes free"]);
 }
