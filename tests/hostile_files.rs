@@ -156,3 +156,29 @@ fn training_state_past_the_memory_is_out_of_memory() {
     let args = ["train", "--model", "gpt", "--data", "text", "--n-embd", "2048", "--n-layer", "2", "--block-size", "8", "--steps", "1", "--batch", "1", "--devices", "cpu"];
     refused(&args, &["out of memory on cpu", "bytes free"]);
 }
+
+/// `--batch 2^40` windows of 64 tokens would be 281 TB of ids on the host.
+#[test]
+fn a_batch_too_big_for_the_host_is_out_of_memory() {
+    let args = ["train", "--model", "gpt", "--data", "text", "--batch", "1099511627776", "--n-layer", "1", "--n-embd", "16", "--steps", "1", "--devices", "cpu"];
+    refused(&args, &["out of memory on host", "asked for 281474976710656 bytes", "a batch of 1099511627776 windows"]);
+}
+
+/// The library's own check: a configuration whose parameters exceed the device is
+/// `OutOfMemory` before any is drawn, and one whose parameter count overflows is invalid.
+#[test]
+fn a_gpt_config_past_the_memory_fails_cleanly_in_the_library() {
+    use tandem::nn::models::{Gpt, GptConfig};
+    let dev = tandem::Device::cpu();
+    let big = GptConfig { n_layer: 4, n_head: 4, n_embd: 1 << 20, block_size: 64, vocab_size: 3, ..Default::default() };
+    match Gpt::new(big, 0, &dev).err().expect("13 TB of parameters") {
+        tandem::Error::OutOfMemory { device, requested, .. } => {
+            assert_eq!(device, "cpu");
+            assert_eq!(Some(requested), big.parameter_bytes());
+        }
+        e => panic!("{e}"),
+    }
+    let overflowing = GptConfig { n_layer: usize::MAX, ..big };
+    let e = Gpt::new(overflowing, 0, &dev).err().expect("a count past 64 bits").to_string();
+    assert!(e.contains("64 bits"), "{e}");
+}

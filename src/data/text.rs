@@ -132,7 +132,7 @@ impl TextCorpus {
                 format!("{}: the {split:?} split holds {} tokens; windows of {block} need at least {}", self.source, data.len(), block + 1),
             ));
         }
-        let (mut x, mut y) = (Vec::with_capacity(batch * block), Vec::with_capacity(batch * block));
+        let (mut x, mut y) = (batch_vec(batch, block)?, batch_vec(batch, block)?);
         for _ in 0..batch {
             let i = rng.random_range(0..data.len() - block);
             x.extend_from_slice(&data[i..i + block]);
@@ -244,7 +244,7 @@ impl TokenWindows {
             return Err(Error::invalid("token windows", format!("{}: a batch of {batch} from the {split:?} split, which has {} of the {} rows", self.path, rows.len(), self.rows)));
         }
         let t = self.block;
-        let (mut x, mut y) = (Vec::with_capacity(batch * t), Vec::with_capacity(batch * t));
+        let (mut x, mut y) = (batch_vec(batch, t)?, batch_vec(batch, t)?);
         for _ in 0..batch {
             let r = rng.random_range(rows.clone());
             x.extend_from_slice(&self.x[r * t..(r + 1) * t]);
@@ -252,6 +252,12 @@ impl TokenWindows {
         }
         Ok(TokenBatch { x, y, batch, block: t })
     }
+}
+
+/// Room for `batch` windows of `block` ids: `OutOfMemory` (not an abort) for a `--batch` the
+/// host cannot hold.
+fn batch_vec(batch: usize, block: usize) -> Result<Vec<i32>> {
+    crate::backend::host::try_vec(batch.saturating_mul(block), "host", &format!("a batch of {batch} windows of {block} tokens"))
 }
 
 /// English-like text of `chars` characters from a small grammar, the same for a seed: sentences
