@@ -182,3 +182,22 @@ fn a_gpt_config_past_the_memory_fails_cleanly_in_the_library() {
     let e = Gpt::new(overflowing, 0, &dev).err().expect("a count past 64 bits").to_string();
     assert!(e.contains("64 bits"), "{e}");
 }
+
+/// Host vectors sized by a caller's numbers are fallible: drawing 2^40 normal values or an
+/// arange of 10^30 is `OutOfMemory` naming the host, not an abort.
+#[test]
+fn host_vectors_of_absurd_sizes_are_out_of_memory() {
+    let dev = tandem::Device::cpu();
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+    let results = [
+        ("randn", tandem::Tensor::randn([1usize << 40], &mut rng, &dev).map(drop)),
+        ("rand_uniform", tandem::Tensor::rand_uniform(0.0, 1.0, [1usize << 20, 1 << 20], &mut rng, &dev).map(drop)),
+        ("arange", tandem::Tensor::arange(0.0, 1e30, 1.0, &dev).map(drop)),
+    ];
+    for (op, r) in results {
+        match r {
+            Err(tandem::Error::OutOfMemory { device, requested, .. }) => assert!(device == "host" && requested >= 1 << 40, "{op}: {device} {requested}"),
+            other => panic!("{op}: {other:?}"),
+        }
+    }
+}
