@@ -7,6 +7,7 @@
 pub mod contract;
 pub mod cpu;
 mod fused;
+pub(crate) mod host;
 mod index;
 #[cfg(feature = "cuda")]
 pub mod cuda;

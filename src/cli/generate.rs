@@ -1,9 +1,11 @@
 //! `tandem generate`: continue a prompt with a GPT from one checkpoint file, which carries the
 //! model's shape and its character vocabulary in the run configuration (see `gpt::run_config`).
+//! The configuration only names the shape: every parameter's name and shape is checked
+//! against the tensors the file holds before anything is built, so a small file cannot ask
+//! for a large model.
 use super::{checkpoints, gpt, GenerateArgs};
 use crate::checkpoint::{read_safetensors, HostData};
 use crate::nn::models::Gpt;
-use crate::nn::Module;
 use crate::{Device, Error, Result, Tensor};
 
 /// The metadata key of a `tandem-checkpoint-1` file's format, checked before its checksum.
@@ -30,7 +32,6 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         Error::Invalid { detail, .. } => Error::invalid("--prompt", format!("{detail} of {}", path.display())),
         e => e,
     })?;
-    let dev = Device::parse(&args.devices)?.into_iter().next().ok_or_else(|| Error::invalid("--devices", "names no device"))?;
     let mut weights = Vec::new();
     for (name, h) in tensors {
         // A run checkpoint holds `model.*` weights beside `optim.*` state; a --save file only weights.
@@ -40,11 +41,17 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             None => name,
         };
         let HostData::F32(v) = h.data else { return Err(Error::format(path, format!("{name} is not F32"))) };
-        weights.push((name, Tensor::from_vec(v, h.shape, &dev)?));
+        weights.push((name, h.shape, v));
     }
-    let model = Gpt::new(cfg, 0, &dev)?;
-    model.load_state_dict(&weights).map_err(|e| Error::format(path, e.to_string()))?;
-    model.eval();
+    // The configuration is metadata: only the tensors the file holds may size the model.
+    let disagrees = |e: Error| match e {
+        Error::Invalid { detail, .. } | Error::Shape { detail, .. } => Error::format(path, format!("its run configuration and its tensors disagree: {detail}")),
+        e => e,
+    };
+    cfg.check_shapes(weights.iter().map(|(n, shape, _)| (n.as_str(), shape.as_slice()))).map_err(disagrees)?;
+    let dev = Device::parse(&args.devices)?.into_iter().next().ok_or_else(|| Error::invalid("--devices", "names no device"))?;
+    let weights = weights.into_iter().map(|(n, shape, v)| Ok((n, Tensor::from_vec(v, shape, &dev)?))).collect::<Result<Vec<_>>>()?;
+    let model = Gpt::from_state_dict(cfg, &weights, &dev).map_err(disagrees)?;
     let n = prompt.len();
     let ids = Tensor::from_labels(prompt, [1, n], &dev)?;
     let out = model.generate(&ids, args.tokens, args.temperature, args.top_k, args.seed)?.to_vec_i32()?;

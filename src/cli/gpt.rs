@@ -310,7 +310,8 @@ fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: O
     })
 }
 
-/// The model configuration and vocabulary (if any) recorded by [`run_config`].
+/// The model configuration and vocabulary (if any) recorded by [`run_config`]. Only read:
+/// the sizes are the file's claim, which `generate` checks against its tensors before use.
 pub(super) fn config_of(config: &serde_json::Value, path: &Path) -> Result<(GptConfig, Option<CharVocab>)> {
     let bad = |what: &str| Error::format(path, format!("not a GPT checkpoint of tandem train --model gpt: {what}"));
     if config.get("model").and_then(|m| m.as_str()) != Some("gpt") {
@@ -328,6 +329,9 @@ pub(super) fn config_of(config: &serde_json::Value, path: &Path) -> Result<(GptC
         bias: g.get("bias").and_then(serde_json::Value::as_bool).unwrap_or(true),
     };
     let vocab = config.get("vocab").and_then(|v| v.as_str()).map(CharVocab::from_text);
+    if let Some(v) = vocab.as_ref().filter(|v| v.len() != cfg.vocab_size) {
+        return Err(bad(&format!("its vocabulary has {} characters but vocab_size is {}", v.len(), cfg.vocab_size)));
+    }
     Ok((cfg, vocab))
 }
 

@@ -132,7 +132,7 @@ impl TextCorpus {
                 format!("{}: the {split:?} split holds {} tokens; windows of {block} need at least {}", self.source, data.len(), block + 1),
             ));
         }
-        let (mut x, mut y) = (Vec::with_capacity(batch * block), Vec::with_capacity(batch * block));
+        let (mut x, mut y) = (batch_vec(batch, block)?, batch_vec(batch, block)?);
         for _ in 0..batch {
             let i = rng.random_range(0..data.len() - block);
             x.extend_from_slice(&data[i..i + block]);
@@ -162,16 +162,38 @@ pub fn unigram_entropy(tokens: &[i32]) -> f64 {
     counts.values().map(|&c| c as f64 / n).map(|p| -p * p.ln()).sum()
 }
 
+/// The largest vocabulary a token file may give a model (2^20 = 1,048,576 ids; GPT-2's is
+/// 50,257, the largest common ones about 256k): a model is sized by its vocabulary, so one
+/// stray id must not ask for gigabytes.
+pub const MAX_VOCAB: usize = 1 << 20;
+
+/// The safetensors metadata key of a token file's vocabulary size (a decimal string).
+pub const VOCAB_SIZE_KEY: &str = "vocab_size";
+
 /// Windows of token ids from a safetensors file: `x` and `y` (I64 or I32) of one shape
 /// `[N, T]`, `y` the next tokens of `x`. The first 90% of the rows train, the rest validate.
+///
+/// The vocabulary is the file's `vocab_size` metadata where it has one (every id must lie
+/// below it), else the largest id plus one; either way at most [`MAX_VOCAB`]. An id past the
+/// limit is an error naming the file, the tensor, the id and the limit.
 pub struct TokenWindows {
     pub x: Vec<i32>,
     pub y: Vec<i32>,
     pub rows: usize,
     pub block: usize,
-    /// The largest id in `x` or `y`, plus one.
+    /// The file's `vocab_size` metadata, else the largest id in `x` or `y` plus one.
     pub vocab_size: usize,
     path: String,
+}
+
+/// The `vocab_size` metadata of a token file, checked against [`MAX_VOCAB`].
+fn declared_vocab(path: &Path, bytes: &[u8]) -> Result<Option<usize>> {
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| Error::format(path, format!("not a valid safetensors file: {e}")))?;
+    let Some(text) = meta.metadata().as_ref().and_then(|m| m.get(VOCAB_SIZE_KEY)) else { return Ok(None) };
+    match text.trim().parse::<usize>() {
+        Ok(v) if (1..=MAX_VOCAB).contains(&v) => Ok(Some(v)),
+        _ => Err(Error::format(path, format!("metadata {VOCAB_SIZE_KEY} = {text:?}: expected a whole number in 1..={MAX_VOCAB}"))),
+    }
 }
 
 impl TokenWindows {
@@ -179,6 +201,11 @@ impl TokenWindows {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let st = parse(path, &bytes)?;
+        let declared = declared_vocab(path, &bytes)?;
+        let (limit, why) = match declared {
+            Some(v) => (v, format!("its metadata {VOCAB_SIZE_KEY}")),
+            None => (MAX_VOCAB, "the largest vocabulary tandem takes from a token file".to_string()),
+        };
         let read = |name: &str| -> Result<(Vec<i32>, Vec<usize>)> {
             let view = st.tensor(name).map_err(|_| Error::format(path, format!("no tensor named '{name}'; token windows need x and y, I64 or I32 [N, T]")))?;
             if !matches!(view.dtype(), safetensors::Dtype::I64 | safetensors::Dtype::I32) {
@@ -190,13 +217,16 @@ impl TokenWindows {
             if let Some((i, &id)) = ids.iter().enumerate().find(|&(_, &id)| id < 0) {
                 return Err(Error::format(path, format!("{name} holds the negative token id {id} at flat index {i}")));
             }
+            if let Some((i, &id)) = ids.iter().enumerate().find(|&(_, &id)| id as usize >= limit) {
+                return Err(Error::format(path, format!("{name} holds the token id {id} at flat index {i}, outside 0..{limit} ({why})")));
+            }
             Ok((ids, view.shape().to_vec()))
         };
         let ((x, xs), (y, ys)) = (read("x")?, read("y")?);
         if xs.len() != 2 || xs.contains(&0) || xs != ys {
             return Err(Error::format(path, format!("x {xs:?} and y {ys:?} must have one shape [N, T] with N, T >= 1")));
         }
-        let vocab_size = x.iter().chain(&y).map(|&id| id as usize + 1).max().unwrap_or(0);
+        let vocab_size = declared.unwrap_or_else(|| x.iter().chain(&y).map(|&id| id as usize + 1).max().unwrap_or(0));
         Ok(TokenWindows { x, y, rows: xs[0], block: xs[1], vocab_size, path: path.display().to_string() })
     }
     /// The rows of `split`: the first 90% train, the rest validate.
@@ -214,7 +244,7 @@ impl TokenWindows {
             return Err(Error::invalid("token windows", format!("{}: a batch of {batch} from the {split:?} split, which has {} of the {} rows", self.path, rows.len(), self.rows)));
         }
         let t = self.block;
-        let (mut x, mut y) = (Vec::with_capacity(batch * t), Vec::with_capacity(batch * t));
+        let (mut x, mut y) = (batch_vec(batch, t)?, batch_vec(batch, t)?);
         for _ in 0..batch {
             let r = rng.random_range(rows.clone());
             x.extend_from_slice(&self.x[r * t..(r + 1) * t]);
@@ -222,6 +252,12 @@ impl TokenWindows {
         }
         Ok(TokenBatch { x, y, batch, block: t })
     }
+}
+
+/// Room for `batch` windows of `block` ids: `OutOfMemory` (not an abort) for a `--batch` the
+/// host cannot hold.
+fn batch_vec(batch: usize, block: usize) -> Result<Vec<i32>> {
+    crate::backend::host::try_vec(batch.saturating_mul(block), "host", &format!("a batch of {batch} windows of {block} tokens"))
 }
 
 /// English-like text of `chars` characters from a small grammar, the same for a seed: sentences

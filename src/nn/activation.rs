@@ -158,7 +158,7 @@ impl Dropout {
         };
         let (per, key) = (n / ctx.samples, [self.seed as u32, (self.seed >> 32) as u32]);
         let keep = if self.p < 1.0 { 1.0 / (1.0 - self.p) } else { 0.0 };
-        let mut mask = Vec::with_capacity(n);
+        let mut mask = crate::backend::host::try_vec(n, "host", "a dropout mask")?;
         for i in 0..ctx.samples as u64 {
             let g = ctx.first_sample + i;
             for block in 0..per.div_ceil(4) {

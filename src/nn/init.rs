@@ -13,6 +13,7 @@
 //! init::zeros_(fc.bias.as_ref().unwrap())?;
 //! # Ok(()) }
 //! ```
+use crate::backend::host;
 use crate::tensor::normal_vec;
 use crate::{DType, Error, Result, Tensor};
 use rand::Rng;
@@ -67,7 +68,9 @@ pub fn fan_in_and_fan_out(t: &Tensor) -> Result<(usize, usize)> {
 /// Values from N(mean, std²).
 pub fn normal_(t: &Tensor, mean: f32, std: f32, rng: &mut impl Rng) -> Result<()> {
     check_spread("normal_", std)?;
-    fill(t, "normal_", normal_vec(t.numel(), rng).into_iter().map(|z| mean + std * z).collect())
+    let mut v = normal_vec(t.numel(), rng)?;
+    v.iter_mut().for_each(|z| *z = mean + std * *z);
+    fill(t, "normal_", v)
 }
 
 /// Values from U(lo, hi) (PyTorch's `uniform_(a, b)`).
@@ -75,11 +78,12 @@ pub fn uniform_(t: &Tensor, lo: f32, hi: f32, rng: &mut impl Rng) -> Result<()> 
     if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
         return Err(Error::invalid("uniform_", format!("bounds must be finite with lo <= hi, got [{lo}, {hi})")));
     }
-    fill(t, "uniform_", (0..t.numel()).map(|_| lo + (hi - lo) * rng.random::<f32>()).collect())
+    let n = t.numel();
+    fill(t, "uniform_", host::try_collect(n, (0..n).map(|_| lo + (hi - lo) * rng.random::<f32>()), "host", "uniform_")?)
 }
 
 pub fn constant_(t: &Tensor, value: f32) -> Result<()> {
-    fill(t, "constant_", vec![value; t.numel()])
+    fill(t, "constant_", host::try_filled(t.numel(), value, "host", "constant_")?)
 }
 
 pub fn zeros_(t: &Tensor) -> Result<()> {
@@ -131,9 +135,9 @@ pub fn trunc_normal_(t: &Tensor, mean: f32, std: f32, lo: f32, hi: f32, rng: &mu
     if mass < 1e-3 {
         return Err(Error::invalid("trunc_normal_", format!("[{lo}, {hi}] holds {mass:.1e} of N({mean}, {std}²): too little to sample by redrawing")));
     }
-    let mut out = Vec::with_capacity(t.numel());
+    let mut out = host::try_vec(t.numel(), "host", "trunc_normal_")?;
     while out.len() < t.numel() {
-        let batch = normal_vec(t.numel() - out.len(), rng);
+        let batch = normal_vec(t.numel() - out.len(), rng)?;
         out.extend(batch.into_iter().map(|z| mean + std * z).filter(|x| (lo..=hi).contains(x)));
     }
     fill(t, "trunc_normal_", out)

@@ -169,7 +169,8 @@ impl Tensor {
         // in f64 as PyTorch: the length and each value rounded once
         let (s, e, st) = (start as f64, end as f64, step as f64);
         let n = ((e - s) / st).ceil() as usize;
-        Tensor::from_vec((0..n).map(|i| (s + i as f64 * st) as f32).collect(), [n], device)
+        let values = crate::backend::host::try_collect(n, (0..n).map(|i| (s + i as f64 * st) as f32), "host", &format!("arange of {n} values"))?;
+        Tensor::from_vec(values, [n], device)
     }
     /// F32 one-hot rows `[.., classes]` of I32 class indices of any shape, all in `0..classes`.
     pub fn one_hot(&self, classes: usize) -> Result<Tensor> {
@@ -201,7 +202,8 @@ impl Tensor {
             return Err(Error::shape(op, format!("needs rank >= 2, got {:?}", self.shape())));
         }
         let (r, c) = (self.dims()[self.rank() - 2], self.dims()[self.rank() - 1]);
-        let mask: Vec<f32> = (0..r * c).map(|k| keep((k / c) as isize, (k % c) as isize, diagonal) as i32 as f32).collect();
+        let n = r.saturating_mul(c);
+        let mask = crate::backend::host::try_collect(n, (0..n).map(|k| keep((k / c) as isize, (k % c) as isize, diagonal) as i32 as f32), "host", op)?;
         let mask = Tensor::from_vec(mask, [r, c], self.device())?;
         self.where_(&mask, &Tensor::zeros(Shape(vec![]), self.device())?)
     }

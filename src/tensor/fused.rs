@@ -36,7 +36,9 @@ fn may_fuse(dev: &Device, op: &FusedOp) -> bool {
 
 /// `[T, T]`, 1 where key `j` comes after query `i` (the positions a token must not see).
 pub(crate) fn causal_mask(t: usize, dev: &Device) -> Result<Tensor> {
-    Tensor::from_vec((0..t * t).map(|k| f32::from(u8::from(k % t > k / t))).collect(), [t, t], dev)
+    let n = t.saturating_mul(t);
+    let mask = crate::backend::host::try_collect(n, (0..n).map(|k| f32::from(u8::from(k % t > k / t))), "host", "a causal mask")?;
+    Tensor::from_vec(mask, [t, t], dev)
 }
 
 impl Tensor {

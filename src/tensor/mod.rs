@@ -16,7 +16,7 @@ pub use fused::composed;
 pub use losses::CrossEntropy;
 
 use crate::autograd::{self, GradOp, Node};
-use crate::backend::{Backend, Buffer, IndexOp, ReduceOp, ReduceSpec};
+use crate::backend::{host, Backend, Buffer, IndexOp, ReduceOp, ReduceSpec};
 use crate::{DType, Device, Error, Layout, Result, Shape};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -107,13 +107,14 @@ impl Tensor {
     /// Uniform in `[lo, hi)` from `rng` (drawn on the host, so results do not depend on the device).
     pub fn rand_uniform(lo: f32, hi: f32, shape: impl Into<Shape>, rng: &mut impl rand::Rng, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
-        let data = (0..shape.numel()).map(|_| lo + (hi - lo) * rng.random::<f32>()).collect();
+        let n = shape.numel();
+        let data = host::try_collect(n, (0..n).map(|_| lo + (hi - lo) * rng.random::<f32>()), "host", &format!("rand_uniform {shape:?}"))?;
         Tensor::from_vec(data, shape, device)
     }
     /// Standard normal values from `rng` (Box–Muller, on the host).
     pub fn randn(shape: impl Into<Shape>, rng: &mut impl rand::Rng, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
-        let data = normal_vec(shape.numel(), rng);
+        let data = normal_vec(shape.numel(), rng)?;
         Tensor::from_vec(data, shape, device)
     }
 
@@ -153,12 +154,12 @@ impl Tensor {
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         self.expect_dtype("to_vec", DType::F32)?;
         let bytes = self.backend().download(&self.0.buffer)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes[..self.numel() * 4]))
+        host::try_words(&bytes[..self.numel() * 4], "host", "to_vec")
     }
     pub fn to_vec_i32(&self) -> Result<Vec<i32>> {
         self.expect_dtype("to_vec_i32", DType::I32)?;
         let bytes = self.backend().download(&self.0.buffer)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes[..self.numel() * 4]))
+        host::try_words(&bytes[..self.numel() * 4], "host", "to_vec_i32")
     }
     /// The single value of a one-element tensor.
     pub fn to_scalar(&self) -> Result<f32> {
@@ -307,9 +308,10 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
-/// `n` standard normal samples by Box–Muller (kept here so tensors need no distribution crate).
-pub(crate) fn normal_vec(n: usize, rng: &mut impl rand::Rng) -> Vec<f32> {
-    let mut out = Vec::with_capacity(n + 1);
+/// `n` standard normal samples by Box–Muller (kept here so tensors need no distribution crate);
+/// `OutOfMemory` when the host cannot hold them.
+pub(crate) fn normal_vec(n: usize, rng: &mut impl rand::Rng) -> Result<Vec<f32>> {
+    let mut out = host::try_vec(n.saturating_add(1), "host", &format!("{n} normal samples"))?;
     while out.len() < n {
         let u1 = rng.random::<f64>().max(f64::MIN_POSITIVE);
         let u2 = rng.random::<f64>();
@@ -319,5 +321,5 @@ pub(crate) fn normal_vec(n: usize, rng: &mut impl rand::Rng) -> Vec<f32> {
         out.push((r * t.sin()) as f32);
     }
     out.truncate(n);
-    out
+    Ok(out)
 }

@@ -29,9 +29,10 @@ pub fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 
 /// `n` uniform values in [0, 1), values `offset .. offset + n` of the stream keyed by `seed`:
 /// value `i` is word `i % 4` of Philox at counter `i / 4`, its top 24 bits scaled by 2⁻²⁴.
-pub fn uniform(seed: u64, offset: u64, n: usize) -> Vec<f32> {
+/// `OutOfMemory` when the host cannot hold them.
+pub fn uniform(seed: u64, offset: u64, n: usize) -> Result<Vec<f32>> {
     let key = [seed as u32, (seed >> 32) as u32];
-    let mut out = Vec::with_capacity(n);
+    let mut out = crate::backend::host::try_vec(n, "host", "Philox uniform values")?;
     let mut i = offset;
     while out.len() < n {
         let block = i / 4;
@@ -44,20 +45,21 @@ pub fn uniform(seed: u64, offset: u64, n: usize) -> Vec<f32> {
             i += 1;
         }
     }
-    out
+    Ok(out)
 }
 
 impl Tensor {
     /// Uniform [0, 1) values `offset ..` of the Philox stream keyed by `seed`, on `device`.
     pub fn rand_philox(seed: u64, offset: u64, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
-        Tensor::from_vec(uniform(seed, offset, shape.numel()), shape, device)
+        Tensor::from_vec(uniform(seed, offset, shape.numel())?, shape, device)
     }
     /// Dropout's mask: `1/(1-p)` where the stream's value is at least `p`, else 0.
     pub fn dropout_mask(p: f32, seed: u64, offset: u64, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         let keep = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-        let mask = uniform(seed, offset, shape.numel()).into_iter().map(|u| if u >= p { keep } else { 0.0 }).collect();
+        let mut mask = uniform(seed, offset, shape.numel())?;
+        mask.iter_mut().for_each(|u| *u = if *u >= p { keep } else { 0.0 });
         Tensor::from_vec(mask, shape, device)
     }
 }

@@ -8,6 +8,7 @@ mod update;
 
 use crate::backend::*;
 use crate::backend::contract;
+use crate::backend::host;
 use crate::{DType, Error, Layout, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -115,7 +116,10 @@ fn same(a: &Buffer, b: &Buffer) -> Result<bool> {
 /// Runs `f` on the input's elements as f32 without copying (unless the input is the output).
 fn with_f32<R>(x: &Buffer, out: &Buffer, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     if same(x, out)? {
-        let copy = read(raw(x)?).clone();
+        let guard = read(raw(x)?);
+        let mut copy = host::try_vec(guard.len(), "cpu", "a copy of an op's input")?;
+        copy.extend_from_slice(&guard);
+        drop(guard);
         return Ok(f(bytemuck::cast_slice(&copy)));
     }
     let guard = read(raw(x)?);
@@ -148,23 +152,17 @@ impl Backend for CpuBackend {
         if let Some(v) = reused {
             return Ok(self.make(v, dtype));
         }
-        let mut v = Vec::new();
-        v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
-            device: "cpu".into(),
-            requested: len as u64 * 4,
-            free: 0,
-            detail: "host allocation failed".into(),
-        })?;
-        v.resize(len, 0);
-        Ok(self.make(v, dtype))
+        Ok(self.make(host::try_filled(len, 0, "cpu", "alloc")?, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
         contract::upload(&self.info, bytes, dtype)?;
-        let v = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        Ok(self.make(v, dtype))
+        Ok(self.make(host::try_words(bytes, "cpu", "upload")?, dtype))
     }
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        Ok(read(raw(buf)?).iter().flat_map(|u| u.to_le_bytes()).collect())
+        let words = read(raw(buf)?);
+        let mut bytes = host::try_vec(words.len() * 4, "cpu", "download")?;
+        bytes.extend_from_slice(bytemuck::cast_slice(&words));
+        Ok(bytes)
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
         contract::fill(&self.info, buf)?;

@@ -513,7 +513,12 @@ impl Ctx {
         rx.recv()
             .map_err(|_| self.err("readback mapping was dropped"))?
             .map_err(|e| self.err(format!("readback mapping failed: {e}")))?;
-        let data = staging.get_mapped_range(..).map_err(|e| self.err(format!("readback: {e}")))?.to_vec();
+        let data = {
+            let mapped = staging.get_mapped_range(..).map_err(|e| self.err(format!("readback: {e}")))?;
+            let mut data = crate::backend::host::try_vec(mapped.len(), "host", &format!("a readback from {}", self.name))?;
+            data.extend_from_slice(&mapped);
+            data
+        };
         staging.unmap();
         Ok(data)
     }

@@ -3,49 +3,11 @@
 //! Shape letters: `B` batch, `T` tokens (at most `block_size`), `C` = `n_embd`, `H` = `n_head`,
 //! `D` = `C / H` per head, `V` = `vocab_size`.
 use crate::nn::{Dropout, Embedding, GeluApproximate, LayerNorm, Linear, Module, GELU};
+pub use super::gpt_config::GptConfig;
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-/// The shape of a [`Gpt`], nanoGPT's `GPTConfig` (its defaults are GPT-2 small's, with the
-/// vocabulary padded to 50304).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GptConfig {
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_embd: usize,
-    /// The longest sequence the model reads (the rows of `wpe`).
-    pub block_size: usize,
-    pub vocab_size: usize,
-    /// The drop probability of every Dropout (after the embeddings, on the attention weights,
-    /// after each residual projection).
-    pub dropout: f32,
-    /// Biases in every Linear and LayerNorm (nanoGPT's `bias`; GPT-2 has them).
-    pub bias: bool,
-}
-
-impl Default for GptConfig {
-    fn default() -> Self {
-        GptConfig { n_layer: 12, n_head: 12, n_embd: 768, block_size: 1024, vocab_size: 50304, dropout: 0.0, bias: true }
-    }
-}
-
-impl GptConfig {
-    fn check(&self) -> Result<()> {
-        let sizes = [("n_layer", self.n_layer), ("n_head", self.n_head), ("n_embd", self.n_embd), ("block_size", self.block_size), ("vocab_size", self.vocab_size)];
-        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
-            return Err(Error::invalid("Gpt", format!("{name} must be at least 1 in {self:?}")));
-        }
-        if !self.n_embd.is_multiple_of(self.n_head) {
-            return Err(Error::invalid("Gpt", format!("n_embd {} is not a multiple of n_head {}", self.n_embd, self.n_head)));
-        }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return Err(Error::invalid("Gpt", format!("dropout {} is not in [0, 1)", self.dropout)));
-        }
-        Ok(())
-    }
-}
 
 /// A decoder-only transformer, nanoGPT's `GPT`: token and position embeddings, `n_layer`
 /// pre-LayerNorm blocks of causal self-attention and a GELU (tanh) MLP, a final LayerNorm,
@@ -78,16 +40,33 @@ impl Gpt {
     /// A model with GPT-2's initialisation drawn from `seed`: every Linear and Embedding
     /// weight N(0, 0.02), the residual projections (`c_proj`) N(0, 0.02/√(2·n_layer)), biases
     /// 0, LayerNorms 1 and 0. Dropout masks are drawn from `seed` too. Training mode.
+    ///
+    /// A configuration whose parameters alone exceed the device's memory (the host's free
+    /// memory for the CPU) is `Error::OutOfMemory` before anything is allocated.
     pub fn new(config: GptConfig, seed: u64, dev: &Device) -> Result<Gpt> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         Gpt::build(config, seed, dev, &mut |shape, std| {
-            let data = crate::tensor::normal_vec(shape.iter().product(), &mut rng).into_iter().map(|v| v * std).collect();
+            let mut data = crate::tensor::normal_vec(shape.iter().product(), &mut rng)?;
+            data.iter_mut().for_each(|v| *v *= std);
             Tensor::from_vec(data, shape, dev)
         })
     }
 
+    /// A model of `config` holding the weights of `state` (a state dict, as
+    /// `load_state_dict` takes it), in eval mode. The tensors are checked against the
+    /// configuration first ([`GptConfig::check_shapes`]): a configuration that claims more
+    /// than the tensors hold is an error, not an allocation.
+    pub fn from_state_dict(config: GptConfig, state: &[(String, Tensor)], dev: &Device) -> Result<Gpt> {
+        config.check_shapes(state.iter().map(|(n, t)| (n.as_str(), t.dims())))?;
+        let gpt = Gpt::build(config, 0, dev, &mut |shape, _| Tensor::zeros(shape, dev))?;
+        gpt.load_state_dict(state)?;
+        gpt.eval();
+        Ok(gpt)
+    }
+
     fn build(cfg: GptConfig, seed: u64, dev: &Device, normal: &mut dyn FnMut(&[usize], f32) -> Result<Tensor>) -> Result<Gpt> {
         cfg.check()?;
+        cfg.check_fits(dev)?;
         let blocks = (0..cfg.n_layer).map(|i| Block::build(&cfg, seed, i, dev, normal)).collect::<Result<Vec<_>>>()?;
         let transformer = Transformer {
             wte: Embedding { weight: normal(&[cfg.vocab_size, cfg.n_embd], 0.02)?.requires_grad() },
@@ -194,8 +173,7 @@ impl Module for Gpt {
         Ok(Box::new(moved))
     }
     fn describe(&self) -> String {
-        let c = self.config;
-        format!("Gpt(n_layer={}, n_head={}, n_embd={}, block_size={}, vocab_size={})", c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size)
+        self.config.describe()
     }
 }
 

@@ -2,6 +2,7 @@
 //! GPT-2-shaped transformer with nanoGPT's names.
 mod generate;
 pub(crate) mod gpt;
+mod gpt_config;
 mod gpt_stages;
 
 pub use gpt::{Block, Blocks, Gpt, GptConfig, Transformer};
