@@ -113,3 +113,32 @@ fn cublas_13_and_nccl_2_names_are_found() {
     assert!(text.contains("found by name"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// With `TANDEM_TEST_CUDA13_LIBS` naming folders (`:`-separated) of CUDA 13's own files (the
+/// `nvidia-cuda-nvrtc` and `nvidia-cublas` wheels' `nvidia/cu13/lib`), NVRTC 13 and cuBLAS 13
+/// load from them under their own names, whose sonames cudarc never asks for, and so does
+/// `libnccl.so.2` when one of the folders holds it (`nvidia-nccl-cu12`'s `nvidia/nccl/lib`);
+/// skipped without it.
+#[test]
+fn cuda_13_wheels_load_when_given() {
+    if is_child() {
+        let (major, minor) = tandem::backend::cuda::nvrtc_version().expect("NVRTC 13 loads");
+        assert_eq!(major, 13);
+        let lines = tandem::backend::cuda::compile_check("compute_90").expect("the kernels compile with NVRTC 13");
+        let blas = tandem::backend::cuda::cublas_version().expect("cuBLAS 13 loads with its libcublasLt");
+        assert!(blas.starts_with("cuBLAS 13.") && blas.contains("libcublas.so.13"), "{blas}");
+        #[cfg(feature = "nccl")]
+        let blas = match tandem::backend::cuda::library_file("nccl") {
+            Ok(_) => format!("{blas}; NCCL {}", tandem::parallel::comm::nccl::probe().expect("NCCL answers through cudarc")),
+            Err(_) => blas,
+        };
+        println!("NVRTC {major}.{minor}, {} families; {blas}", lines.len());
+        return;
+    }
+    let Some(dir) = std::env::var_os("TANDEM_TEST_CUDA13_LIBS") else {
+        eprintln!("skipped: TANDEM_TEST_CUDA13_LIBS names no folder of CUDA 13 libraries");
+        return;
+    };
+    let text = in_child("cuda_13_wheels_load_when_given", Path::new(&dir));
+    println!("{}", text.lines().find(|l| l.starts_with("NVRTC")).unwrap_or(&text));
+}

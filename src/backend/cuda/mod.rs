@@ -140,6 +140,12 @@ pub fn library_file(name: &str) -> Result<std::path::PathBuf> {
     libs::load(lib).map(|l| l.path).map_err(|reason| Error::Unavailable { backend: "cuda", reason })
 }
 
+/// The version and file of the cuBLAS library this process loads, as
+/// `cuBLAS 13.1.0 (libcublas.so.13)`; needs no device.
+pub fn cublas_version() -> Result<String> {
+    blas::version().map_err(|reason| Error::Unavailable { backend: "cuda", reason })
+}
+
 /// The version of the NVRTC library this process loads, as `(major, minor)`.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     if let Some(reason) = nvrtc::unavailable() {
