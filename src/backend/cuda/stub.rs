@@ -99,8 +99,11 @@ pub(crate) fn install(soname: &str, needed: &Path) -> Result<(), String> {
     let bytes = elf(soname, &needed.to_string_lossy());
     let mut errors = Vec::new();
     let dirs = [std::env::temp_dir()].into_iter().chain(std::env::var_os("XDG_RUNTIME_DIR").map(Into::into));
+    // A file left by a process of the same id that died between writing and removing its stub
+    // must not block this one: the name also holds the time.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     for dir in dirs {
-        let path = dir.join(format!(".tandem-{}-{soname}", std::process::id()));
+        let path = dir.join(format!(".tandem-{}-{nanos}-{soname}", std::process::id()));
         let written = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
