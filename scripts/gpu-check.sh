@@ -213,8 +213,75 @@ skips() {
   fi
 }
 
+# --- the table ---------------------------------------------------------------------------------
+# Printed once, by the EXIT trap set up before the steps, so that it also appears when a step
+# fails, when the script is killed, or when it stops on an error of its own; defined here, ahead
+# of the steps, because bash reads a script as it runs it.
+table() {
+[ -n "${table_done:-}" ] && return
+table_done=1
+# Figures: WGSL (each hardware wgpu adapter: the tiled kernels, 128x128 tiles from 1024 on)
+# against cuBLAS (cuda:0) per matmul size with the goal of issue 16 (WGSL at 2048 at least 60% of
+# cuBLAS), then the seed-CNN step per device and PyTorch's.
+touch "$log_dir/bench.log" "$log_dir/torch-seed-cnn.log"
+python3 - "$log_dir/bench.log" "${hw:-}" "$log_dir/torch-seed-cnn.log" >"$log_dir/figures.txt" 2>&1 <<'EOF' \
+  || echo "(the figures could not be read: $log_dir/bench.log)" >>"$log_dir/figures.txt"
+import json, sys
+gflops, steps = {}, {}
+for line in open(sys.argv[1]):
+    try:
+        f = json.loads(line)
+    except ValueError:
+        continue
+    if not isinstance(f, dict):
+        continue
+    if f.get("bench") == "matmul":
+        gflops[(f["device"], f["n"])] = f["gflops"]
+    elif f.get("bench") == "train-step" and f.get("model") == "seed-cnn":
+        steps[(f["device"], f["batch"])] = f["median_ms"]
+cublas = {n: g for (d, n), g in gflops.items() if d == "cuda:0"}
+hw = [d for d in sys.argv[2].split(",") if d]
+if not hw:
+    print("no hardware wgpu adapter: no WGSL figure (cuBLAS GFLOP/s: %s)" % (", ".join(f"n={n} {g:.0f}" for n, g in sorted(cublas.items())) or "none"))
+else:
+    print(f"{'device':<10} {'n':>5} {'WGSL GFLOP/s':>13} {'cuBLAS GFLOP/s':>15} {'ratio':>6}")
+    for d in hw:
+        for n in sorted(n for (dd, n) in gflops if dd == d):
+            w, c = gflops[(d, n)], cublas.get(n)
+            print(f"{d:<10} {n:>5} {w:>13.1f} {c or float('nan'):>15.1f} {w / c if c else float('nan'):>6.2f}")
+    for d in hw:
+        w, c = gflops.get((d, 2048)), cublas.get(2048)
+        if w is None or not c:
+            print(f"WGSL matmul 2048 on {d}: no figure (WGSL {w}, cuBLAS {c})")
+        else:
+            print(f"WGSL matmul 2048 at {100 * w / c:.0f}% of cuBLAS (goal 60%) on {d}")
+print()
+print(f"{'seed-CNN step':<22} {'batch':>5} {'median ms':>10}")
+for (d, b), ms in sorted(steps.items()):
+    print(f"{'tandem ' + d:<22} {b:>5} {ms:>10.3f}")
+for line in open(sys.argv[3]):
+    if line.startswith("torch ") and "median" in line:
+        head, ms = line.rsplit("median", 1)
+        b = head.split("batch")[1].strip(" :")
+        print(f"{head.split(':')[0]:<22} {b:>5} {float(ms.split()[0]):>10.3f}")
+EOF
+{
+  echo
+  printf '%-28s %-5s %s\n' STEP RESULT NOTE
+  for i in "${!names[@]}"; do
+    printf '%-28s %-5s %s\n' "${names[$i]}" "${results[$i]}" "${notes[$i]}"
+  done
+  echo
+  cat "$log_dir/figures.txt"
+  echo "logs: $log_dir; total $(($(date +%s) - started))s"
+} | tee "$log_dir/summary.txt"
+if [ -n "${GPU_CHECK_SAVE:-}" ]; then
+  tar czf "$GPU_CHECK_SAVE/gpu-check-logs.tgz" -C "$log_dir" --exclude=./gl --exclude=./lib . && echo "logs saved: $GPU_CHECK_SAVE/gpu-check-logs.tgz"
+fi
+}
+
 trap table EXIT
-trap 'exit 130' INT TERM
+trap 'record interrupted FAIL "the check was stopped by a signal during the step after the last row"; exit 130' INT TERM
 
 # GPUs the driver lists: 0 without nvidia-smi.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
@@ -284,7 +351,7 @@ step nvrtc 1 90 "$pack/bin/nvrtc" --nocapture; skips nvrtc
 step cuda-smoke 1 120 "$pack/bin/cuda_smoke" --nocapture; skips cuda-smoke
 grep -hE "skipped|peer matrix" "$log_dir/cuda-smoke.log" | head -10 | sed 's/^/    /'
 # CUDA alone first: no Vulkan or GL driver is loaded in this process, so what fails here is CUDA's.
-TANDEM_BACKENDS=cuda step conformance-cuda 1 90 "$pack/bin/conformance"; skips conformance-cuda
+TANDEM_BACKENDS=cuda step conformance-cuda 1 90 "$pack/bin/conformance" --nocapture; skips conformance-cuda
 step devices 1 60 "$pack/bin/tandem" devices
 sed 's/^/    /' "$log_dir/devices.log"
 # cuBLAS is required: matmul on the tiled kernel instead would pass every test and mislabel the
@@ -320,7 +387,8 @@ fi
 # --- benches: WGSL vs cuBLAS matmul, seed-CNN steps, then PyTorch's ----------------------------
 # One step per device, so that a slow adapter costs only its own figures; JSON lines are written
 # as they are measured, so a step that times out still leaves the figures it reached.
-for d in cuda:0 ${hw//,/ }; do
+[ -n "$cuda0" ] || record bench-cuda0 SKIP "no cuda:0 in tandem devices"
+for d in ${cuda0:+cuda:0} ${hw//,/ }; do
   step "bench-${d/:/}" 0 120 "$pack/bin/tandem" bench --log-format json --devices "$d"
   cat "$log_dir/bench-${d/:/}.log" >>"$log_dir/bench.log"
 done
@@ -396,69 +464,4 @@ EOF
   fi
 fi
 
-# --- the table ---------------------------------------------------------------------------------
-# Printed once, by the EXIT trap (set up before the steps), so that it also appears when a step
-# fails, when the script is killed, or when it stops on an error of its own.
-table() {
-[ -n "${table_done:-}" ] && return
-table_done=1
-# Figures: WGSL (each hardware wgpu adapter: the tiled kernels, 128x128 tiles from 1024 on)
-# against cuBLAS (cuda:0) per matmul size with the goal of issue 16 (WGSL at 2048 at least 60% of
-# cuBLAS), then the seed-CNN step per device and PyTorch's.
-touch "$log_dir/bench.log" "$log_dir/torch-seed-cnn.log"
-python3 - "$log_dir/bench.log" "${hw:-}" "$log_dir/torch-seed-cnn.log" >"$log_dir/figures.txt" 2>&1 <<'EOF' \
-  || echo "(the figures could not be read: $log_dir/bench.log)" >>"$log_dir/figures.txt"
-import json, sys
-gflops, steps = {}, {}
-for line in open(sys.argv[1]):
-    try:
-        f = json.loads(line)
-    except ValueError:
-        continue
-    if not isinstance(f, dict):
-        continue
-    if f.get("bench") == "matmul":
-        gflops[(f["device"], f["n"])] = f["gflops"]
-    elif f.get("bench") == "train-step" and f.get("model") == "seed-cnn":
-        steps[(f["device"], f["batch"])] = f["median_ms"]
-cublas = {n: g for (d, n), g in gflops.items() if d == "cuda:0"}
-hw = [d for d in sys.argv[2].split(",") if d]
-if not hw:
-    print("no hardware wgpu adapter: no WGSL figure (cuBLAS GFLOP/s: %s)" % (", ".join(f"n={n} {g:.0f}" for n, g in sorted(cublas.items())) or "none"))
-else:
-    print(f"{'device':<10} {'n':>5} {'WGSL GFLOP/s':>13} {'cuBLAS GFLOP/s':>15} {'ratio':>6}")
-    for d in hw:
-        for n in sorted(n for (dd, n) in gflops if dd == d):
-            w, c = gflops[(d, n)], cublas.get(n)
-            print(f"{d:<10} {n:>5} {w:>13.1f} {c or float('nan'):>15.1f} {w / c if c else float('nan'):>6.2f}")
-    for d in hw:
-        w, c = gflops.get((d, 2048)), cublas.get(2048)
-        if w is None or not c:
-            print(f"WGSL matmul 2048 on {d}: no figure (WGSL {w}, cuBLAS {c})")
-        else:
-            print(f"WGSL matmul 2048 at {100 * w / c:.0f}% of cuBLAS (goal 60%) on {d}")
-print()
-print(f"{'seed-CNN step':<22} {'batch':>5} {'median ms':>10}")
-for (d, b), ms in sorted(steps.items()):
-    print(f"{'tandem ' + d:<22} {b:>5} {ms:>10.3f}")
-for line in open(sys.argv[3]):
-    if line.startswith("torch ") and "median" in line:
-        head, ms = line.rsplit("median", 1)
-        b = head.split("batch")[1].strip(" :")
-        print(f"{head.split(':')[0]:<22} {b:>5} {float(ms.split()[0]):>10.3f}")
-EOF
-{
-  echo
-  printf '%-28s %-5s %s\n' STEP RESULT NOTE
-  for i in "${!names[@]}"; do
-    printf '%-28s %-5s %s\n' "${names[$i]}" "${results[$i]}" "${notes[$i]}"
-  done
-  echo
-  cat "$log_dir/figures.txt"
-  echo "logs: $log_dir; total $(($(date +%s) - started))s"
-} | tee "$log_dir/summary.txt"
-if [ -n "${GPU_CHECK_SAVE:-}" ]; then
-  tar czf "$GPU_CHECK_SAVE/gpu-check-logs.tgz" -C "$log_dir" --exclude=./gl --exclude=./lib . && echo "logs saved: $GPU_CHECK_SAVE/gpu-check-logs.tgz"
-fi
-}
 exit "$required_failed"
