@@ -3,11 +3,17 @@
 //! with `--features cuda` runs (and finds no CUDA device) where no NVIDIA driver is installed.
 //!
 //! Environment: `libcuda.so.1` comes with the driver. NVRTC and cuBLAS of CUDA 12 or CUDA 13
-//! (`libnvrtc.so.12`/`.13`, `libcublas.so.12`/`.13`) are found in `TANDEM_CUDA_LIBS`,
-//! `LD_LIBRARY_PATH`, `CUDA_HOME`, the pip wheels' directories and the system's (see the
-//! `libs` module's list); the error of a failed search names every file and directory tried.
+//! (`libnvrtc.so.13`/`.12`, `libcublas.so.13`/`.12`) and NCCL (`libnccl.so.2`) are looked for,
+//! in order, in the directories of `TANDEM_CUDA_LIBS` (`:`-separated), of `LD_LIBRARY_PATH`,
+//! in `$CUDA_HOME`/`$CUDA_PATH`/`$CUDA_ROOT` (`lib64`, `lib`), in the pip wheels' folders
+//! (`nvidia/cu13/lib`, `nvidia/cuda_nvrtc/lib`, `nvidia/cublas/lib`, `nvidia/nccl/lib`) of the
+//! `site-packages` of `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `~/.local`, `/usr/local`, `/usr` and of
+//! every `python3` on `PATH`, in `/usr/local/cuda/lib64` and the system's library folders, then
+//! through the dynamic loader. The version of the driver's CUDA major comes first. A failed
+//! search names every file and directory tried ([`library_file`] shows what was loaded).
 //! Without cuBLAS, matmul runs the tiled kernel in `kernels/matmul.cu`, and the device's
-//! [`DeviceInfo::matmul`] says so and why.
+//! [`DeviceInfo::matmul`] says so and why; [`DeviceInfo::libraries`] names NVRTC's and NCCL's
+//! versions and whether the kernels loaded as PTX or cubin.
 
 /// Launches kernel `$name` on `$self`'s stream; arguments must be local variables so that the
 /// references the launcher keeps live until the launch.
