@@ -216,15 +216,23 @@ fn driver_major() -> Option<u32> {
 /// stub cudarc will find under its own name. Loaded libraries stay loaded for the process.
 fn open(lib: &Lib, file: &Path) -> Result<(), String> {
     let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let version = name.rsplit_once(".so").map(|(_, v)| v.to_string()).unwrap_or_default();
     for companion in lib.companions {
-        let companion = format!("{companion}.so{version}");
-        let beside = file.parent().filter(|d| !d.as_os_str().is_empty()).map(|d| d.join(&companion));
-        let target = beside.filter(|p| p.is_file()).unwrap_or_else(|| PathBuf::from(&companion));
-        keep(&target).map_err(|e| format!("{companion}, which it needs: {e}"))?;
+        let names = companion_names(companion, &name);
+        let dir = file.parent().filter(|d| !d.as_os_str().is_empty());
+        let beside = dir.and_then(|d| names.iter().map(|n| d.join(n)).find(|p| p.is_file()));
+        let target = beside.unwrap_or_else(|| PathBuf::from(&names[1]));
+        keep(&target).map_err(|e| format!("{}, which it needs: {e}", names[1]))?;
     }
     keep(file)?;
     super::stub::install(&format!("lib{}.so", lib.stem), file)
+}
+
+/// The file names of `companion` for a library file `name`: of the same full version (a file
+/// found through its `.so.13` link may be `.so.13.1.0.3`), then of the same major version.
+fn companion_names(companion: &str, name: &str) -> [String; 2] {
+    let version = name.split_once(".so").map(|(_, v)| v).unwrap_or_default();
+    let major = version.split('.').take(2).collect::<Vec<_>>().join(".");
+    [format!("{companion}.so{version}"), format!("{companion}.so{major}")]
 }
 
 /// `dlopen`s `file` for the rest of the process.
@@ -281,6 +289,12 @@ mod tests {
             assert!(text.contains(part), "{part:?} missing from: {text}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn companions_match_the_version_of_the_file_found() {
+        assert_eq!(companion_names("libcublasLt", "libcublas.so.13"), ["libcublasLt.so.13", "libcublasLt.so.13"]);
+        assert_eq!(companion_names("libcublasLt", "libcublas.so.12.9.1.4"), ["libcublasLt.so.12.9.1.4", "libcublasLt.so.12"]);
     }
 
     #[test]
