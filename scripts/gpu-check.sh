@@ -8,28 +8,34 @@
 #                                     .gpu/ (ignored by git) and prints what a run would carry,
 #                                     run, and how large it is. Touches no GPU.
 #   scripts/gpu-check.sh              on the GPU machine, from the repository root that carries
-#                                     .gpu/: runs the NVRTC, CUDA smoke, single-process NCCL
-#                                     and conformance tests (CUDA, and every wgpu adapter such
-#                                     as the GPU's Vulkan one, also under the forced hardware
-#                                     profile), `tandem bench` (WGSL vs cuBLAS matmul up to 2048:
+#                                     .gpu/: runs the NVRTC and CUDA smoke tests, the
+#                                     conformance tests on CUDA alone (TANDEM_BACKENDS=cuda: no
+#                                     wgpu adapter in that process), `tandem devices` (which
+#                                     must show cuBLAS as cuda:0's matmul), single-process NCCL
+#                                     (NCCL_DEBUG=WARN; once more with NCCL_CUMEM_ENABLE=0 when
+#                                     it fails), the conformance tests on every device (CUDA and
+#                                     every wgpu adapter such as the GPU's Vulkan one, also under
+#                                     the forced hardware profile), `tandem bench` (WGSL vs cuBLAS matmul up to 2048:
 #                                     GFLOP/s of each and their ratio per size, and "WGSL matmul
 #                                     2048 at X% of cuBLAS (goal 60%)"; seed-CNN steps), the same
 #                                     seed-CNN step in that machine's PyTorch and, where mpirun
 #                                     is, NCCL across processes (examples/dist_pipeline, packed
-#                                     when the rehearsal machine has MPI) against MPI host
-#                                     memory: 2 processes on 2 GPUs, or 1 process on a single GPU
-#                                     (NCCL refuses two ranks on one GPU); prints one table.
+#                                     when the rehearsal machine has MPI, run only when mpirun is
+#                                     Open MPI's and the packed binary's libmpi resolves) against
+#                                     MPI host memory: 2 processes on 2 GPUs, or 1 process on a
+#                                     single GPU (NCCL refuses two ranks on one GPU); prints one
+#                                     table, also when a step fails or the script is cut short.
 #                                     About 8 minutes at most: each step has a timeout, steps
 #                                     past the budget are skipped, and the table is always printed.
+#   scripts/gpu-check.sh --rehearse   then also runs here every step that needs no GPU (the
+#                                     CUDA ones skip, saying why), as the run would.
 #
-# Libraries: cudarc (feature cuda-12080, dynamic loading) asks the loader for `libcuda.so.1`,
-# then for `libnvrtc.so`, `libnvrtc.so.12`, `libcublas.so`, `libcublas.so.12`, `libcublasLt.so`,
-# `libcublasLt.so.12` and `libnccl.so` (never `.so.13`, never NCCL's `.so.2`). CUDA 13's wheels
-# (nvidia-*-cu13) ship only `libnvrtc.so.13`, `libcublas.so.13`, `libcublasLt.so.13` and
-# `libnccl.so.2`, so the run links the unversioned names to them in a private folder on
-# LD_LIBRARY_PATH; the calls tandem makes are unchanged in 13. CUDA 13 no longer compiles for
-# sm_52 (tests/nvrtc.rs skips it there) but does for the H200's sm_90; on an M60 with CUDA 12 the
-# `.so.12` names are found as they are.
+# Libraries: tandem finds NVRTC, cuBLAS and NCCL of CUDA 12 or 13 itself (`libnvrtc.so.13` or
+# `.12`, `libcublas.so.13` or `.12`, `libnccl.so.2`; see src/backend/cuda/libs.rs), in
+# TANDEM_CUDA_LIBS, LD_LIBRARY_PATH, the pip wheels' folders and the system's. The run only adds
+# the wheel folders this machine's Python knows to TANDEM_CUDA_LIBS, links nothing, and shows
+# what was loaded in `tandem devices` (MATMUL, LIBRARIES). CUDA 13 no longer compiles for sm_52
+# (tests/nvrtc.rs skips it there) but does for the H200's sm_90.
 #
 # Vulkan and EGL: wgpu loads `libvulkan.so.1` and `libEGL.so.1`; the GPU machine's image may lack
 # these loaders (the driver only brings its ICD), so --rehearse packs Debian's libvulkan1,
@@ -39,11 +45,15 @@
 # Installs nothing; never resets the GPU or changes its settings (nvidia-smi is only queried).
 # Exit status: non-zero when a required step failed. Env: GPU_CHECK_BUDGET_S (480): the seconds
 # all steps together may take; no step is started with less than 15 s of it left.
+# GPU_CHECK_PROFILE (release): the cargo profile --rehearse builds with (`dev` reuses a debug
+# build's artifacts where a release build would take too long; its pack may be too large to
+# carry). GPU_CHECK_FEATURES (cuda,nccl): the features the test binaries are built with.
 # GPU_CHECK_SAVE=DIR: the step logs also go to DIR/gpu-check-logs.tgz (the device tool: $OUT).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 pack=.gpu
 bins=(nvrtc cuda_smoke nccl conformance)
+rehearsal=0
 
 # --- --rehearse: build and pack here ----------------------------------------------------------
 if [ "${1:-}" = --rehearse ]; then
@@ -51,18 +61,19 @@ if [ "${1:-}" = --rehearse ]; then
   export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
   # Symbols are most of a test binary's size; the 64 MiB a run may carry holds the stripped ones.
   export CARGO_PROFILE_RELEASE_STRIP=symbols
-  features=cuda,nccl
+  features=${GPU_CHECK_FEATURES:-cuda,nccl}
   json=$(mktemp)
   args=()
   for b in "${bins[@]}"; do args+=(--test "$b"); done
-  echo "gpu-check: building ${bins[*]} and the tandem CLI (release, --features $features)"
-  cargo test --release --features "$features" --no-run "${args[@]}" --message-format=json >"$json"
-  cargo build --release --features "$features" --bin tandem --message-format=json >>"$json"
+  profile=${GPU_CHECK_PROFILE:-release}
+  echo "gpu-check: building ${bins[*]} and the tandem CLI ($profile, --features $features)"
+  cargo test --profile "$profile" --features "$features" --no-run "${args[@]}" --message-format=json >"$json"
+  cargo build --profile "$profile" --features "$features" --bin tandem --message-format=json >>"$json"
   # NCCL across processes needs the `mpi` feature, which links Open MPI: packed only where it
   # builds (libmpi and libclang installed); the GPU machine then needs Open MPI too.
   if command -v mpicc >/dev/null 2>&1; then
-    echo "gpu-check: building examples/dist_pipeline (release, --features $features,mpi)"
-    cargo build --release --features "$features,mpi" --example dist_pipeline --message-format=json >>"$json"
+    echo "gpu-check: building examples/dist_pipeline ($profile, --features $features,mpi)"
+    cargo build --profile "$profile" --features "${features%,mpi},mpi" --example dist_pipeline --message-format=json >>"$json"
   else
     echo "gpu-check: no MPI here (mpicc); NCCL across processes will not be packed"
   fi
@@ -81,6 +92,8 @@ for line in open(sys.argv[1]):
         shutil.copy2(exe, f"{sys.argv[2]}/{m['target']['name']}")
 EOF
   rm -f "$json"
+  # A `dev` build is not stripped by the profile (that would rebuild every dependency).
+  [ "$profile" = release ] || strip --strip-all "$pack"/bin/* 2>/dev/null || true
   # wgpu's loaders, for a GPU machine whose image has none (the run unpacks them privately).
   mkdir -p "$pack/gl"
   if ! (cd "$pack/gl" && apt-get download libvulkan1 libegl1 libglvnd0 >/dev/null 2>&1); then
@@ -91,7 +104,7 @@ EOF
     [ -x "$pack/bin/$b" ] || { echo "gpu-check: $b was not built" >&2; exit 1; }
   done
   { echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
-    echo "features $features; built $(date -u +%FT%TZ) on $(uname -m) with $(rustc --version)"
+    echo "features $features; profile $profile; built $(date -u +%FT%TZ) on $(uname -m) with $(rustc --version)"
     # The newest glibc symbol version the binaries need: the GPU machine's glibc must have it.
     echo "needs $(for f in "$pack"/bin/*; do objdump -T "$f" 2>/dev/null | grep -o 'GLIBC_[0-9.]*'; done | sort -uV | tail -1)"
   } >"$pack/MANIFEST"
@@ -102,25 +115,34 @@ EOF
   echo "would carry: $pack/ $((bytes / 1024)) KiB + the working tree $((tree / 1024)) KiB = $(((bytes + tree) / 1048576)) MiB of the 64 MiB a run may carry"
   find "$pack" -type f -printf '%P %s\n' | sort | awk '{printf "    %-44s %6.2f MiB\n", $1, $2 / 1048576}'
   echo "would run, on the GPU machine:  GPU_CHECK_SAVE=\$OUT scripts/gpu-check.sh   (device tool: carry [\"$pack\"], timeout_s 600)"
-  echo "    1. nvidia-smi; the CUDA 12 or 13 libraries found and the names linked for cudarc;"
+  echo "    1. nvidia-smi; the pip wheels' CUDA folders put on TANDEM_CUDA_LIBS;"
   echo "       the packed Vulkan/EGL loaders unpacked into a private folder if the machine has none"
   echo "    2. $pack/bin/nvrtc        every kernels/*.cu through that NVRTC (sm_90/compute_90; _52 on CUDA 12)"
   echo "    3. $pack/bin/cuda_smoke   CUDA ops against the CPU reference, allocator, peer copies"
-  echo "    4. $pack/bin/nccl         NCCL in one process, one rank per GPU (1 rank on an H200), against host memory"
-  echo "    5. $pack/bin/conformance  every op on cuda:0 and every wgpu adapter; again with TANDEM_WGPU_KERNELS=hardware"
-  echo "    6. $pack/bin/tandem bench, once on cuda:0 and once on each hardware wgpu adapter: matmul 256-2048 (cuBLAS vs WGSL), seed-CNN steps"
-  echo "    7. python3 + torch: the seed-CNN step at batch 64 and 1000 on that GPU"
+  echo "    4. $pack/bin/conformance  with TANDEM_BACKENDS=cuda: every op on cuda:0 alone, no wgpu adapter opened"
+  echo "    5. $pack/bin/tandem devices: each device's matmul path and libraries; cuda:0 must use cuBLAS"
+  echo "    6. $pack/bin/nccl         NCCL in one process (NCCL_DEBUG=WARN; retried with NCCL_CUMEM_ENABLE=0)"
+  echo "    7. $pack/bin/conformance  every op on cuda:0 and every wgpu adapter; again with TANDEM_WGPU_KERNELS=hardware"
+  echo "    8. $pack/bin/tandem bench, once on cuda:0 and once on each hardware wgpu adapter: matmul 256-2048 (cuBLAS vs WGSL), seed-CNN steps"
+  echo "    9. python3 + torch: the seed-CNN step at batch 64 and 1000 on that GPU"
   if [ -x "$pack/bin/dist_pipeline" ]; then
-    echo "    8. only where mpirun is (Open MPI): NCCL across processes vs MPI host memory, same losses:"
+    echo "   10. only where mpirun is Open MPI's and libmpi resolves: NCCL across processes vs MPI host memory, same losses:"
     echo "       2 GPUs: mpirun -np 2 $pack/bin/dist_pipeline --mode dp --devices cuda:0,cuda:1 --comm nccl|hierarchical"
     echo "       1 GPU (the H200): mpirun -np 1 ... --devices cuda:0; NCCL refuses 2 ranks on one GPU, so no -np 2 there"
   else
-    echo "    8. (NCCL across processes: not packed, no MPI here; skipped)"
+    echo "   10. (NCCL across processes: not packed, no MPI here; skipped)"
   fi
   echo "    then one table of steps and figures; at most GPU_CHECK_BUDGET_S=480 s of steps"
   # 8 MiB of room, for the logs and files that grow in the tree before the run.
-  [ $((bytes + tree)) -le $((56 * 1024 * 1024)) ] || { echo "gpu-check: the pack and the tree are over 56 MiB (64 MiB travel, less room)" >&2; exit 1; }
-  exit 0
+  if [ $((bytes + tree)) -gt $((56 * 1024 * 1024)) ]; then
+    echo "gpu-check: the pack and the tree are over 56 MiB (64 MiB travel, less room)" >&2
+    [ "$profile" = release ] && exit 1
+    echo "gpu-check: ($profile build: run here only, not to be carried)" >&2
+  fi
+  echo
+  echo "gpu-check: running here every step that needs no GPU, as the GPU machine would"
+  set +e
+  rehearsal=1
 fi
 
 # --- the run on the GPU machine ---------------------------------------------------------------
@@ -191,6 +213,78 @@ skips() {
   fi
 }
 
+# --- the table ---------------------------------------------------------------------------------
+# Printed once, by the EXIT trap set up before the steps, so that it also appears when a step
+# fails, when the script is killed, or when it stops on an error of its own; defined here, ahead
+# of the steps, because bash reads a script as it runs it.
+table() {
+[ -n "${table_done:-}" ] && return
+table_done=1
+# Figures: WGSL (each hardware wgpu adapter: the tiled kernels, 128x128 tiles from 1024 on)
+# against cuBLAS (cuda:0) per matmul size with the goal of issue 16 (WGSL at 2048 at least 60% of
+# cuBLAS), then the seed-CNN step per device and PyTorch's.
+touch "$log_dir/bench.log" "$log_dir/torch-seed-cnn.log"
+python3 - "$log_dir/bench.log" "${hw:-}" "$log_dir/torch-seed-cnn.log" "${cuda0_matmul:-cuBLAS}" >"$log_dir/figures.txt" 2>&1 <<'EOF' \
+  || echo "(the figures could not be read: $log_dir/bench.log)" >>"$log_dir/figures.txt"
+import json, sys
+gflops, steps = {}, {}
+for line in open(sys.argv[1]):
+    try:
+        f = json.loads(line)
+    except ValueError:
+        continue
+    if not isinstance(f, dict):
+        continue
+    if f.get("bench") == "matmul":
+        gflops[(f["device"], f["n"])] = f["gflops"]
+    elif f.get("bench") == "train-step" and f.get("model") == "seed-cnn":
+        steps[(f["device"], f["batch"])] = f["median_ms"]
+cublas = {n: g for (d, n), g in gflops.items() if d == "cuda:0"}
+# cuda:0's figures are cuBLAS's only where `tandem devices` said so (step cublas).
+ref = "cuBLAS" if sys.argv[4] == "cuBLAS" else "cuda:0 tiled kernel"
+hw = [d for d in sys.argv[2].split(",") if d]
+if not hw:
+    print(f"no hardware wgpu adapter: no WGSL figure ({ref} GFLOP/s: %s)" % (", ".join(f"n={n} {g:.0f}" for n, g in sorted(cublas.items())) or "none"))
+else:
+    print(f"{'device':<10} {'n':>5} {'WGSL GFLOP/s':>13} {ref + ' GFLOP/s':>15} {'ratio':>6}")
+    for d in hw:
+        for n in sorted(n for (dd, n) in gflops if dd == d):
+            w, c = gflops[(d, n)], cublas.get(n)
+            print(f"{d:<10} {n:>5} {w:>13.1f} {c or float('nan'):>15.1f} {w / c if c else float('nan'):>6.2f}")
+    for d in hw:
+        w, c = gflops.get((d, 2048)), cublas.get(2048)
+        if w is None or not c:
+            print(f"WGSL matmul 2048 on {d}: no figure (WGSL {w}, {ref} {c})")
+        else:
+            print(f"WGSL matmul 2048 at {100 * w / c:.0f}% of {ref} (goal 60% of cuBLAS) on {d}")
+print()
+print(f"{'seed-CNN step':<22} {'batch':>5} {'median ms':>10}")
+for (d, b), ms in sorted(steps.items()):
+    print(f"{'tandem ' + d:<22} {b:>5} {ms:>10.3f}")
+for line in open(sys.argv[3]):
+    if line.startswith("torch ") and "median" in line:
+        head, ms = line.rsplit("median", 1)
+        b = head.split("batch")[1].strip(" :")
+        print(f"{head.split(':')[0]:<22} {b:>5} {float(ms.split()[0]):>10.3f}")
+EOF
+{
+  echo
+  printf '%-28s %-5s %s\n' STEP RESULT NOTE
+  for i in "${!names[@]}"; do
+    printf '%-28s %-5s %s\n' "${names[$i]}" "${results[$i]}" "${notes[$i]}"
+  done
+  echo
+  cat "$log_dir/figures.txt"
+  echo "logs: $log_dir; total $(($(date +%s) - started))s"
+} | tee "$log_dir/summary.txt"
+if [ -n "${GPU_CHECK_SAVE:-}" ]; then
+  tar czf "$GPU_CHECK_SAVE/gpu-check-logs.tgz" -C "$log_dir" --exclude=./gl --exclude=./lib . && echo "logs saved: $GPU_CHECK_SAVE/gpu-check-logs.tgz"
+fi
+}
+
+trap table EXIT
+trap 'record interrupted FAIL "the check was stopped by a signal during the step after the last row"; exit 130' INT TERM
+
 # GPUs the driver lists: 0 without nvidia-smi.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 record packed PASS "$(paste -sd';' "$pack/MANIFEST")"
@@ -223,31 +317,10 @@ for r in sorted(p for p in roots if p and os.path.isdir(os.path.join(p, "nvidia"
 EOF
   )
 fi
-shim="$log_dir/lib"
-mkdir -p "$shim"
-linked=()
-# link NAME: when no directory has a name cudarc asks for, points lib$NAME.so at the newest
-# versioned file found (.so.13 for NVRTC and cuBLAS, .so.2 for NCCL).
-link() {
-  local lib=$1 d f
-  for d in "${dirs[@]}"; do
-    [ -e "$d/lib$lib.so" ] || [ -e "$d/lib$lib.so.12" ] && return 0
-  done
-  ldconfig -p 2>/dev/null | grep -qE "lib$lib\.so(\.12)? " && return 0
-  for d in "${dirs[@]}" /usr/lib/x86_64-linux-gnu; do
-    for f in "$d/lib$lib.so.13" "$d/lib$lib.so.2"; do
-      if [ -e "$f" ]; then
-        ln -sf "$f" "$shim/lib$lib.so"
-        linked+=("lib$lib.so -> $f")
-        return 0
-      fi
-    done
-  done
-}
-for lib in nvrtc cublas cublasLt nccl; do link "$lib"; done
 joined=$(IFS=:; echo "${dirs[*]:-}")
-export LD_LIBRARY_PATH="$shim${joined:+:$joined}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-record libraries PASS "dirs: ${joined:-none}; linked: ${linked[*]:-none}"
+# tandem searches these itself (src/backend/cuda/libs.rs); nothing is linked or renamed.
+export TANDEM_CUDA_LIBS="${joined}${TANDEM_CUDA_LIBS:+:$TANDEM_CUDA_LIBS}"
+record libraries PASS "TANDEM_CUDA_LIBS: ${joined:-none}"
 
 # --- Vulkan/EGL loaders: the machine's, else the packed ones unpacked under $log_dir -------------
 if ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1 '; then
@@ -266,13 +339,42 @@ else
 fi
 
 # --- tests -------------------------------------------------------------------------------------
+# nccl_step NAME TIMEOUT COMMAND...: NCCL with NCCL_DEBUG=WARN, so its own reason is in the log;
+# when that fails, once more with NCCL_CUMEM_ENABLE=0 (a sandbox may refuse the cuMem
+# allocations NCCL makes by default) as NAME-nocumem, which is then the required one.
+nccl_step() {
+  local name=$1 limit=$2
+  shift 2
+  NCCL_DEBUG=WARN step "$name" 0 "$limit" "$@" && return 0
+  NCCL_DEBUG=WARN NCCL_CUMEM_ENABLE=0 step "$name-nocumem" 1 "$limit" "$@"
+}
+
 step nvrtc 1 90 "$pack/bin/nvrtc" --nocapture; skips nvrtc
 step cuda-smoke 1 120 "$pack/bin/cuda_smoke" --nocapture; skips cuda-smoke
 grep -hE "skipped|peer matrix" "$log_dir/cuda-smoke.log" | head -10 | sed 's/^/    /'
-step nccl 1 60 "$pack/bin/nccl" --nocapture; skips nccl
-grep -hE "^NCCL|skipped" "$log_dir/nccl.log" | sed 's/^/    /'
+# CUDA alone first: no Vulkan or GL driver is loaded in this process, so what fails here is CUDA's.
+TANDEM_BACKENDS=cuda step conformance-cuda 1 90 "$pack/bin/conformance" --nocapture; skips conformance-cuda
 step devices 1 60 "$pack/bin/tandem" devices
 sed 's/^/    /' "$log_dir/devices.log"
+# cuBLAS is required: matmul on the tiled kernel instead would pass every test and mislabel the
+# bench's cuBLAS figures.
+cuda0=$(awk '$1 == "cuda:0" || $2 == "cuda:0"' "$log_dir/devices.log")
+if [ -n "$cuda0" ]; then
+  if grep -qE 'cuBLAS [0-9]' <<<"$cuda0" && ! grep -q 'tiled kernel' <<<"$cuda0"; then
+    record cublas PASS "$(grep -oE 'cuBLAS [0-9.]+ \([^)]*\)' <<<"$cuda0"); $(grep -oE 'NVRTC [^;]*(; kernels as [^;]*)?' <<<"$cuda0")"
+  else
+    record cublas FAIL "cuda:0 does not use cuBLAS: $(grep -oE 'tiled kernel.*' <<<"$cuda0")"
+    cuda0_matmul=tiled
+    required_failed=1
+  fi
+elif [ "$gpus" -ge 1 ]; then
+  record cublas FAIL "nvidia-smi lists $gpus GPU(s) but tandem devices shows no cuda:0"
+  required_failed=1
+else
+  record cublas SKIP "no CUDA device"
+fi
+nccl_step nccl 60 "$pack/bin/nccl" --nocapture; skips "${names[-1]}"
+grep -hE "^NCCL|skipped|NCCL WARN" "$log_dir/${names[-1]}.log" | head -10 | sed 's/^/    /'
 step conformance 1 150 "$pack/bin/conformance" --nocapture; skips conformance
 grep -hE "^running on|skipping" "$log_dir/conformance.log" | sort -u | sed 's/^/    /'
 # The GPU's own wgpu adapters (Vulkan, GL): what `tandem devices` calls discrete, integrated or
@@ -288,7 +390,8 @@ fi
 # --- benches: WGSL vs cuBLAS matmul, seed-CNN steps, then PyTorch's ----------------------------
 # One step per device, so that a slow adapter costs only its own figures; JSON lines are written
 # as they are measured, so a step that times out still leaves the figures it reached.
-for d in cuda:0 ${hw//,/ }; do
+[ -n "$cuda0" ] || record bench-cuda0 SKIP "no cuda:0 in tandem devices"
+for d in ${cuda0:+cuda:0} ${hw//,/ }; do
   step "bench-${d/:/}" 0 120 "$pack/bin/tandem" bench --log-format json --devices "$d"
   cat "$log_dir/bench-${d/:/}.log" >>"$log_dir/bench.log"
 done
@@ -327,17 +430,26 @@ fi
 # --- NCCL across processes (Nccl::across) against MPI host memory: the same losses ------------
 # One process per GPU: NCCL refuses two ranks on one GPU, so a single GPU runs one process (its
 # own NCCL communicator of one rank, made through MPI like any other).
+# The packed binary links Open MPI: another mpirun (MPICH, Intel MPI) cannot start its ranks.
+unresolved=
+[ -x "$pack/bin/dist_pipeline" ] && unresolved=$(ldd "$pack/bin/dist_pipeline" 2>&1 | awk '/not found/ { print $1 }' | paste -sd, -)
 if [ ! -x "$pack/bin/dist_pipeline" ]; then
   record nccl-processes SKIP "examples/dist_pipeline not packed (no MPI where --rehearse ran)"
-elif [ "${gpus:-0}" -lt 1 ]; then
-  record nccl-processes SKIP "nvidia-smi lists no GPU"
 elif ! command -v mpirun >/dev/null 2>&1; then
   record nccl-processes SKIP "no mpirun (Open MPI) here; NCCL in one process was checked (step nccl)"
+elif ! mpirun --version 2>&1 | grep -q "Open MPI"; then
+  record nccl-processes SKIP "mpirun is not Open MPI's ($(mpirun --version 2>&1 | head -1)); the packed binary links Open MPI"
+elif [ -n "$unresolved" ]; then
+  record nccl-processes SKIP "dist_pipeline's libraries do not resolve here: $unresolved (ldd)"
+elif [ "${gpus:-0}" -lt 1 ]; then
+  record nccl-processes SKIP "nvidia-smi lists no GPU (mpirun is Open MPI's, libmpi resolves)"
 else
   if [ "$gpus" -ge 2 ]; then np=2 devs=cuda:0,cuda:1; else np=1 devs=cuda:0; fi
   dp=(mpirun --allow-run-as-root --oversubscribe -np "$np" "$pack/bin/dist_pipeline" --mode dp --devices "$devs" --steps 10)
-  if step "nccl-$np-processes" 1 90 "${dp[@]}" --comm nccl && step "hierarchical-$np-processes" 1 90 "${dp[@]}" --comm hierarchical; then
-    step nccl-matches-mpi 1 20 python3 - "$log_dir/nccl-$np-processes.log" "$log_dir/hierarchical-$np-processes.log" <<'EOF'
+  if nccl_step "nccl-$np-processes" 90 "${dp[@]}" --comm nccl && step "hierarchical-$np-processes" 1 90 "${dp[@]}" --comm hierarchical; then
+    nccl_log=$log_dir/nccl-$np-processes.log
+    [ -s "$log_dir/nccl-$np-processes-nocumem.log" ] && nccl_log=$log_dir/nccl-$np-processes-nocumem.log
+    step nccl-matches-mpi 1 20 python3 - "$nccl_log" "$log_dir/hierarchical-$np-processes.log" <<'EOF'
 import json, sys
 def losses(path):
     out = []
@@ -355,63 +467,4 @@ EOF
   fi
 fi
 
-# --- the table ---------------------------------------------------------------------------------
-# Figures: WGSL (each hardware wgpu adapter: the tiled kernels, 128x128 tiles from 1024 on)
-# against cuBLAS (cuda:0) per matmul size with the goal of issue 16 (WGSL at 2048 at least 60% of
-# cuBLAS), then the seed-CNN step per device and PyTorch's.
-touch "$log_dir/bench.log" "$log_dir/torch-seed-cnn.log"
-python3 - "$log_dir/bench.log" "${hw:-}" "$log_dir/torch-seed-cnn.log" >"$log_dir/figures.txt" 2>&1 <<'EOF' \
-  || echo "(the figures could not be read: $log_dir/bench.log)" >>"$log_dir/figures.txt"
-import json, sys
-gflops, steps = {}, {}
-for line in open(sys.argv[1]):
-    try:
-        f = json.loads(line)
-    except ValueError:
-        continue
-    if not isinstance(f, dict):
-        continue
-    if f.get("bench") == "matmul":
-        gflops[(f["device"], f["n"])] = f["gflops"]
-    elif f.get("bench") == "train-step" and f.get("model") == "seed-cnn":
-        steps[(f["device"], f["batch"])] = f["median_ms"]
-cublas = {n: g for (d, n), g in gflops.items() if d == "cuda:0"}
-hw = [d for d in sys.argv[2].split(",") if d]
-if not hw:
-    print("no hardware wgpu adapter: no WGSL figure (cuBLAS GFLOP/s: %s)" % (", ".join(f"n={n} {g:.0f}" for n, g in sorted(cublas.items())) or "none"))
-else:
-    print(f"{'device':<10} {'n':>5} {'WGSL GFLOP/s':>13} {'cuBLAS GFLOP/s':>15} {'ratio':>6}")
-    for d in hw:
-        for n in sorted(n for (dd, n) in gflops if dd == d):
-            w, c = gflops[(d, n)], cublas.get(n)
-            print(f"{d:<10} {n:>5} {w:>13.1f} {c or float('nan'):>15.1f} {w / c if c else float('nan'):>6.2f}")
-    for d in hw:
-        w, c = gflops.get((d, 2048)), cublas.get(2048)
-        if w is None or not c:
-            print(f"WGSL matmul 2048 on {d}: no figure (WGSL {w}, cuBLAS {c})")
-        else:
-            print(f"WGSL matmul 2048 at {100 * w / c:.0f}% of cuBLAS (goal 60%) on {d}")
-print()
-print(f"{'seed-CNN step':<22} {'batch':>5} {'median ms':>10}")
-for (d, b), ms in sorted(steps.items()):
-    print(f"{'tandem ' + d:<22} {b:>5} {ms:>10.3f}")
-for line in open(sys.argv[3]):
-    if line.startswith("torch ") and "median" in line:
-        head, ms = line.rsplit("median", 1)
-        b = head.split("batch")[1].strip(" :")
-        print(f"{head.split(':')[0]:<22} {b:>5} {float(ms.split()[0]):>10.3f}")
-EOF
-{
-  echo
-  printf '%-28s %-5s %s\n' STEP RESULT NOTE
-  for i in "${!names[@]}"; do
-    printf '%-28s %-5s %s\n' "${names[$i]}" "${results[$i]}" "${notes[$i]}"
-  done
-  echo
-  cat "$log_dir/figures.txt"
-  echo "logs: $log_dir; total $(($(date +%s) - started))s"
-} | tee "$log_dir/summary.txt"
-if [ -n "${GPU_CHECK_SAVE:-}" ]; then
-  tar czf "$GPU_CHECK_SAVE/gpu-check-logs.tgz" -C "$log_dir" --exclude=./gl --exclude=./lib . && echo "logs saved: $GPU_CHECK_SAVE/gpu-check-logs.tgz"
-fi
 exit "$required_failed"

@@ -67,14 +67,22 @@ impl Device {
         self.inner.backend.memory()
     }
 
-    /// Every device of every compiled backend: CUDA devices, wgpu adapters (hardware before
-    /// software, Vulkan/Metal/DX12 before GL), then the CPU reference.
+    /// Every device of every compiled backend that [`BACKENDS_ENV`] lets through: CUDA
+    /// devices, wgpu adapters (hardware before software, Vulkan/Metal/DX12 before GL), then the
+    /// CPU reference, which is always there.
     pub fn list() -> Vec<DeviceInfo> {
+        let wanted = backends().unwrap_or(None);
+        let probe = |b: BackendKind| wanted.as_ref().is_none_or(|w| w.contains(&b));
         let mut out = Vec::new();
         #[cfg(feature = "cuda")]
-        out.extend(crate::backend::cuda::devices());
+        if probe(BackendKind::Cuda) {
+            out.extend(crate::backend::cuda::devices());
+        }
         #[cfg(feature = "wgpu")]
-        out.extend(crate::backend::wgpu::adapters());
+        if probe(BackendKind::Wgpu) {
+            out.extend(crate::backend::wgpu::adapters());
+        }
+        let _ = probe;
         out.push(Device::cpu().info().clone());
         out
     }
@@ -86,6 +94,7 @@ impl Device {
     /// two independent devices on one adapter (the first `cpu` is the shared CPU reference,
     /// later ones are independent CPU devices).
     pub fn parse(spec: &str) -> Result<Vec<Device>> {
+        backends()?;
         let mut out = Vec::new();
         for part in spec.split(',').map(str::trim) {
             match part {
@@ -116,6 +125,7 @@ impl Device {
     /// GPU reached through GL or virtualised), else the CPU reference. A software adapter
     /// (lavapipe, llvmpipe) is slower than the CPU reference and is used only by name.
     pub fn auto() -> Result<Device> {
+        backends()?;
         let list = Device::list();
         let pick = list
             .iter()
@@ -145,6 +155,31 @@ impl Device {
             b => Err(Error::Unavailable { backend: b.name(), reason: "not compiled in (cargo feature)".into() }),
         }
     }
+}
+
+/// The environment variable that limits which GPU backends a process probes and opens: a comma
+/// list of `cuda` and `wgpu`. `TANDEM_BACKENDS=cuda` gives a process that never loads a Vulkan
+/// or GL driver (so a fault on the CUDA side is not mistaken for one there); unset or empty,
+/// every compiled backend. The CPU reference is always listed. Any other name makes
+/// [`Device::parse`] and [`Device::auto`] fail, naming it.
+pub const BACKENDS_ENV: &str = "TANDEM_BACKENDS";
+
+/// The backends [`BACKENDS_ENV`] names; `None` when it is unset or empty.
+fn backends() -> Result<Option<Vec<BackendKind>>> {
+    let Ok(value) = std::env::var(BACKENDS_ENV) else { return Ok(None) };
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
+    let mut out = vec![BackendKind::Cpu];
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        out.push(match name {
+            "cuda" => BackendKind::Cuda,
+            "wgpu" => BackendKind::Wgpu,
+            "cpu" => BackendKind::Cpu,
+            other => return Err(Error::invalid("devices", format!("{BACKENDS_ENV}={value:?}: {other:?} is not a backend (cuda, wgpu or cpu)"))),
+        });
+    }
+    Ok(Some(out))
 }
 
 fn parse_one(part: &str) -> Result<(BackendKind, usize)> {

@@ -117,7 +117,7 @@ pub mod tensor;
 pub mod tolerance;
 
 pub use backend::{Backend, BackendKind, DeviceInfo, DeviceKind, MemoryStats};
-pub use device::Device;
+pub use device::{Device, BACKENDS_ENV};
 pub use error::{Error, Result};
 pub use shape::{DType, Layout, Shape, MAX_RANK};
 pub use tensor::{CrossEntropy, Tensor};

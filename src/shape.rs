@@ -123,17 +123,21 @@ impl Layout {
         }
         Layout { shape: target.0.clone(), strides, offset: 0 }
     }
-    /// Padded to `MAX_RANK` with leading unit dimensions, as kernels expect; errors past it.
+    /// Padded to `MAX_RANK` with leading unit dimensions, as kernels expect, in 32 bits. A
+    /// size-1 dimension gets stride 0: its index is always 0, whatever its stride. A rank past
+    /// `MAX_RANK`, or a size or stride past `u32::MAX` (a view of more than 2^32 - 1 elements),
+    /// is a shape error naming `op`, never a truncation.
     pub fn padded(&self, op: &'static str) -> Result<([u32; MAX_RANK], [u32; MAX_RANK])> {
         if self.shape.len() > MAX_RANK {
             return Err(Error::shape(op, format!("rank {} exceeds {MAX_RANK}", self.shape.len())));
         }
+        let wide = || Error::shape(op, format!("layout of shape {:?} with strides {:?} exceeds the kernels' 32-bit sizes and strides", self.shape, self.strides));
         let mut shape = [1u32; MAX_RANK];
         let mut strides = [0u32; MAX_RANK];
         let pad = MAX_RANK - self.shape.len();
-        for i in 0..self.shape.len() {
-            shape[pad + i] = self.shape[i] as u32;
-            strides[pad + i] = self.strides[i] as u32;
+        for (i, (&d, &s)) in self.shape.iter().zip(&self.strides).enumerate() {
+            shape[pad + i] = u32::try_from(d).map_err(|_| wide())?;
+            strides[pad + i] = if d == 1 { 0 } else { u32::try_from(s).map_err(|_| wide())? };
         }
         Ok((shape, strides))
     }
@@ -160,4 +164,29 @@ pub(crate) fn even_ranges(len: usize, n: usize) -> Vec<std::ops::Range<usize>> {
             start - size..start
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Layout;
+
+    fn layout(shape: &[usize], strides: &[usize]) -> Layout {
+        Layout { shape: shape.to_vec(), strides: strides.to_vec(), offset: 0 }
+    }
+
+    #[test]
+    fn padded_refuses_what_32_bits_cannot_hold() {
+        let big = u32::MAX as usize + 1;
+        for (l, what) in [(layout(&[big, 1], &[1, 1]), "dimension"), (layout(&[2, 3], &[big, 1]), "stride"), (layout(&[big + 7], &[0]), "broadcast dimension")] {
+            let err = l.padded("unary").expect_err(what).to_string();
+            assert!(err.contains("unary") && err.contains("32-bit") && err.contains(&format!("{:?}", l.shape)), "{what}: {err}");
+        }
+        // A dimension cut to 0 would divide by zero in the kernels' index arithmetic.
+        assert!(layout(&[big, 2], &[2, 1]).padded("binary").is_err());
+        let (shape, strides) = layout(&[u32::MAX as usize, 1], &[1, 1]).padded("unary").unwrap();
+        assert_eq!((shape[4], strides[4]), (u32::MAX, 1), "u32::MAX itself fits");
+        // The stride of a size-1 dimension never moves the index, so it need not fit.
+        let (shape, strides) = layout(&[1, 3], &[big * 4, 1]).padded("unary").unwrap();
+        assert_eq!((&shape[4..], &strides[4..]), (&[1, 3][..], &[0, 1][..]));
+    }
 }

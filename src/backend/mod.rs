@@ -292,6 +292,13 @@ pub struct DeviceInfo {
     /// Total device memory in bytes, when the driver says.
     pub memory: Option<u64>,
     pub driver: String,
+    /// The matmul path the device takes: `cuBLAS 12.9.1 (libcublas.so.12)`, or the tiled
+    /// kernel with the reason cuBLAS is not used, a wgpu kernel family and profile, the CPU's
+    /// gemm. For a listed, unopened CUDA device it is the path opening it would take.
+    pub matmul: String,
+    /// The run-time libraries behind the kernels and their versions (CUDA: NVRTC and whether
+    /// the kernels load as PTX or cubin, NCCL); empty where the backend uses none.
+    pub libraries: String,
 }
 
 /// Allocator statistics of one device, in bytes.

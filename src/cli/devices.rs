@@ -1,5 +1,5 @@
-//! `tandem devices`: every device of every compiled backend as a table, the one `auto` picks
-//! marked, adapters refused for want of compute with the reason, and a plain word about
+//! `tandem devices`: every device of every compiled backend as a table (with the matmul path
+//! each takes and the libraries behind its kernels), the one `auto` picks marked, adapters refused for want of compute with the reason, and a plain word about
 //! backends that are compiled in but found nothing or lack the platform's usual driver.
 use super::ranks::Ranks;
 use crate::device::spec_names;
@@ -15,10 +15,21 @@ pub fn run(ranks: &Ranks) -> Result<()> {
         .iter()
         .map(|i| {
             let mark = if spec(i) == auto { "*" } else { "" };
-            vec![mark.to_string(), spec_names(i), i.backend.name().to_string(), i.name.clone(), format!("{:?}", i.kind).to_lowercase(), memory(i.memory), i.driver.clone()]
+            let libraries = if i.libraries.is_empty() { "-".to_string() } else { i.libraries.clone() };
+            vec![
+                mark.to_string(),
+                spec_names(i),
+                i.backend.name().to_string(),
+                i.name.clone(),
+                format!("{:?}", i.kind).to_lowercase(),
+                memory(i.memory),
+                i.driver.clone(),
+                i.matmul.clone(),
+                libraries,
+            ]
         })
         .collect();
-    let header = ["", "SPEC", "BACKEND", "NAME", "KIND", "MEMORY", "DRIVER"];
+    let header = ["", "SPEC", "BACKEND", "NAME", "KIND", "MEMORY", "DRIVER", "MATMUL", "LIBRARIES"];
     print_table(&header, &rows);
     out!("* = what --devices auto picks");
     #[cfg(feature = "wgpu")]

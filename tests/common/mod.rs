@@ -7,7 +7,8 @@ use tandem::backend::{Buffer, MatmulSpec, OptimStep};
 use tandem::{BackendKind, DType, Device, Layout, Result};
 
 /// Every device except the CPU reference, opened fresh; prints each skipped backend and why.
-/// With `CI=true`, finding no wgpu adapter while the `wgpu` feature is on fails the test.
+/// `TANDEM_BACKENDS` (see `Device::list`) limits them. With `CI=true`, finding no wgpu adapter
+/// while the `wgpu` feature is on and not filtered out fails the test.
 pub fn devices_under_test() -> Vec<Device> {
     let mut out = Vec::new();
     for info in Device::list() {
@@ -27,8 +28,11 @@ pub fn devices_under_test() -> Vec<Device> {
     if std::env::var("TANDEM_WGPU_KERNELS").is_ok_and(|v| v == "hardware") {
         eprintln!("wgpu adapters run the hardware GPU kernels (TANDEM_WGPU_KERNELS=hardware)");
     }
+    let filter = std::env::var(tandem::BACKENDS_ENV).unwrap_or_default();
     if !cfg!(feature = "wgpu") {
         eprintln!("skipping wgpu: the `wgpu` feature is off");
+    } else if !filter.trim().is_empty() && !filter.split(',').any(|b| b.trim() == "wgpu") {
+        eprintln!("skipping wgpu: {}={filter}", tandem::BACKENDS_ENV);
     } else if !out.iter().any(|d| d.info().backend == BackendKind::Wgpu) {
         let ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
         assert!(!ci, "CI=true but no wgpu adapter was found (is a Vulkan/GL driver such as lavapipe installed?)");

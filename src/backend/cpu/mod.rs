@@ -81,6 +81,8 @@ impl CpuBackend {
                 kind: DeviceKind::Cpu,
                 memory: None,
                 driver: format!("{} threads", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)),
+                matmul: "gemm crate (f32, host threads)".into(),
+                libraries: String::new(),
             },
             pool: Arc::default(),
         }

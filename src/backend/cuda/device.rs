@@ -64,9 +64,15 @@ pub(super) fn grid(n: u64) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
-pub(super) fn window(s: &WindowSpec) -> WindowArg {
+/// The window geometry as the kernels read it, in 32 bits; a value past that is a shape error
+/// naming `op`, never a truncation.
+pub(super) fn window(op: &'static str, s: &WindowSpec) -> Result<WindowArg> {
     let v = [s.n, s.c, s.h, s.w, s.kh, s.kw, s.stride.0, s.stride.1, s.pad.0, s.pad.1, s.oh, s.ow];
-    WindowArg(v.map(|x| x as u32))
+    let mut out = [0u32; 12];
+    for (o, &x) in out.iter_mut().zip(&v) {
+        *o = u32::try_from(x).map_err(|_| Error::shape(op, format!("window {s:?} exceeds the kernels' 32-bit sizes")))?;
+    }
+    Ok(WindowArg(out))
 }
 
 impl CudaBackend {
@@ -83,26 +89,33 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| err("cuStreamCreate", e))?;
         let cc = ctx.compute_capability().map_err(|e| err("compute capability", e))?;
+        let mut driver = 0;
+        // SAFETY: plain out-parameter.
+        let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
         let mut funcs = HashMap::new();
+        let mut images = Vec::new();
         for (family, source) in kernels::KERNELS {
             let names = kernels::functions(family);
-            let module = load_family(&ctx, family, source, cc).map_err(|e| backend_error(&label, "loading kernels", e))?;
+            let (module, image) = load_family(&ctx, family, source, cc, driver).map_err(|e| backend_error(&label, "loading kernels", e))?;
+            images.push(image);
             for name in names.iter() {
                 let f = module.load_function(name).map_err(|e| err(name, e))?;
                 funcs.insert(*name, f);
             }
         }
-        let blas = match Blas::new(stream.clone()) {
-            Ok(blas) => {
-                info.driver.push_str(", cuBLAS");
+        let blas = Blas::new(&stream).and_then(|b| super::blas::version().map(|v| (b, v)));
+        let blas = match blas {
+            Ok((blas, version)) => {
+                info.matmul = super::matmul_line(&Ok(version));
                 Some(blas)
             }
             Err(why) => {
-                tracing::warn!("{label}: {why}; matmul uses the fallback kernel");
-                info.driver.push_str(&format!(", matmul kernel ({why})"));
+                tracing::warn!("{label}: {why}; matmul uses the tiled kernel");
+                info.matmul = super::matmul_line(&Err(why));
                 None
             }
         };
+        info.libraries = super::libraries_line(&super::nvrtc_line(), &images, super::nccl_version().as_ref());
         Ok(CudaBackend {
             pool: Arc::new(Pool::new(stream.clone(), label.clone())),
             staging: Staging::new(stream.clone(), label.clone()),
@@ -170,9 +183,12 @@ impl CudaBackend {
     pub(super) fn layout(&self, op: &'static str, b: &Buffer, l: &Layout) -> Result<(u64, LayoutArg)> {
         // `contract` checked the buffer holds every element `l` reaches.
         let ptr = self.ptr(op, b, 0, DType::F32)?;
-        let (shape, strides) = l.padded(op)?;
-        let offset = u32::try_from(l.offset).map_err(|_| Error::shape(op, "layout offset exceeds 32 bits"))?;
-        Ok((ptr, LayoutArg { shape, strides, offset, contiguous: l.is_contiguous() as u32 }))
+        // A contiguous operand is read as `offset + i` with a 64-bit `i`: its sizes are not read,
+        // so a tensor of more than 2^32 - 1 elements needs no 32-bit shape.
+        let contiguous = l.is_contiguous();
+        let (shape, strides) = if contiguous { ([1; MAX_RANK], [0; MAX_RANK]) } else { l.padded(op)? };
+        let offset = u32::try_from(l.offset).map_err(|_| Error::shape(op, format!("layout offset {} exceeds 32 bits", l.offset)))?;
+        Ok((ptr, LayoutArg { shape, strides, offset, contiguous: contiguous as u32 }))
     }
 
     pub(super) fn matmul_kernel(&self, a: u64, b: u64, c: u64, s: &MatmulSpec) -> Result<()> {
@@ -193,11 +209,12 @@ impl CudaBackend {
 }
 
 /// Loads one family, preferring PTX for the device's `compute_XY` and falling back to a CUBIN for
-/// `sm_XY` (the driver may be older than NVRTC and reject its PTX); a rejected cache entry is
-/// evicted so that the next process recompiles it.
-fn load_family(ctx: &Arc<CudaContext>, family: &str, source: &str, (major, minor): (i32, i32)) -> Result<Arc<cudarc::driver::CudaModule>, String> {
+/// `sm_XY` (the driver may be older than NVRTC and reject its PTX, which is then remembered in
+/// the cache, see `nvrtc::targets`); a rejected cache entry is evicted so that the next process
+/// recompiles it. Returns the module and what it was loaded from (`PTX compute_90`).
+fn load_family(ctx: &Arc<CudaContext>, family: &str, source: &str, cc: (i32, i32), driver: i32) -> Result<(Arc<cudarc::driver::CudaModule>, String), String> {
     let mut failures = Vec::new();
-    for target in [format!("compute_{major}{minor}"), format!("sm_{major}{minor}")] {
+    for target in nvrtc::targets(driver, cc) {
         let image = match nvrtc::compile_cached(family, source, &target) {
             Ok(image) => image,
             Err(e) => {
@@ -206,9 +223,12 @@ fn load_family(ctx: &Arc<CudaContext>, family: &str, source: &str, (major, minor
             }
         };
         match ctx.load_module(Ptx::from_binary(image)) {
-            Ok(m) => return Ok(m),
+            Ok(m) => return Ok((m, format!("{} {target}", if target.starts_with("sm_") { "cubin" } else { "PTX" }))),
             Err(e) => {
                 nvrtc::evict(family, source, &target);
+                if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
+                    nvrtc::remember_ptx_rejected(driver, &target);
+                }
                 failures.push(format!("{family}.cu for {target}: cuModuleLoadData: {e:?}"));
             }
         }

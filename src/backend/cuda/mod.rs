@@ -2,10 +2,18 @@
 //! allocator, pinned staging and peer copies. Libraries are loaded at run time, so a binary built
 //! with `--features cuda` runs (and finds no CUDA device) where no NVIDIA driver is installed.
 //!
-//! Environment: `libcuda.so.1` comes with the driver; `libnvrtc.so.12` and `libcublas.so.12`
-//! are searched by their standard names through the dynamic loader, so a pip wheel's
-//! `nvidia/cuda_nvrtc/lib` (or `nvidia/cublas/lib`) directory on `LD_LIBRARY_PATH` works.
-//! Without cuBLAS, matmul falls back to the tiled kernel in `kernels/matmul.cu`.
+//! Environment: `libcuda.so.1` comes with the driver. NVRTC and cuBLAS of CUDA 12 or CUDA 13
+//! (`libnvrtc.so.13`/`.12`, `libcublas.so.13`/`.12`) and NCCL (`libnccl.so.2`) are looked for,
+//! in order, in the directories of `TANDEM_CUDA_LIBS` (`:`-separated), of `LD_LIBRARY_PATH`,
+//! in `$CUDA_HOME`/`$CUDA_PATH`/`$CUDA_ROOT` (`lib64`, `lib`), in the pip wheels' folders
+//! (`nvidia/cu13/lib`, `nvidia/cuda_nvrtc/lib`, `nvidia/cublas/lib`, `nvidia/nccl/lib`) of the
+//! `site-packages` of `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `~/.local`, `/usr/local`, `/usr` and of
+//! every `python3` on `PATH`, in `/usr/local/cuda/lib64` and the system's library folders, then
+//! through the dynamic loader. The version of the driver's CUDA major comes first. A failed
+//! search names every file and directory tried ([`library_file`] shows what was loaded).
+//! Without cuBLAS, matmul runs the tiled kernel in `kernels/matmul.cu`, and the device's
+//! [`DeviceInfo::matmul`] says so and why; [`DeviceInfo::libraries`] names NVRTC's and NCCL's
+//! versions and whether the kernels loaded as PTX or cubin.
 
 /// Launches kernel `$name` on `$self`'s stream; arguments must be local variables so that the
 /// references the launcher keeps live until the launch.
@@ -23,11 +31,13 @@ macro_rules! launch {
 mod blas;
 mod device;
 pub mod kernels;
+pub(crate) mod libs;
 mod marks;
 mod memory;
 mod nvrtc;
 mod ops;
 mod peer;
+mod stub;
 mod transfer;
 
 pub use device::CudaBackend;
@@ -122,6 +132,26 @@ pub fn compile_check(arch: &str) -> Result<Vec<String>> {
     })
 }
 
+/// The file `"nvrtc"`, `"cublas"` or `"nccl"` is loaded from in this process (found as the
+/// `libs` module describes, once per process), or why there is none: the error names every
+/// file and directory tried.
+pub fn library_file(name: &str) -> Result<std::path::PathBuf> {
+    let lib = match name {
+        "nvrtc" => &libs::NVRTC,
+        "cublas" => &libs::CUBLAS,
+        #[cfg(feature = "nccl")]
+        "nccl" => &libs::NCCL,
+        _ => return Err(Error::invalid("library_file", format!("no CUDA library {name:?} (nvrtc, cublas or nccl)"))),
+    };
+    libs::load(lib).map(|l| l.path).map_err(|reason| Error::Unavailable { backend: "cuda", reason })
+}
+
+/// The version and file of the cuBLAS library this process loads, as
+/// `cuBLAS 13.1.0 (libcublas.so.13)`; needs no device.
+pub fn cublas_version() -> Result<String> {
+    blas::version().map_err(|reason| Error::Unavailable { backend: "cuda", reason })
+}
+
 /// The version of the NVRTC library this process loads, as `(major, minor)`.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     if let Some(reason) = nvrtc::unavailable() {
@@ -149,5 +179,69 @@ fn describe(ordinal: usize) -> Result<DeviceInfo> {
         kind: DeviceKind::Discrete,
         memory,
         driver: format!("CUDA driver {}.{}, sm_{cc_major}{cc_minor}", version / 1000, (version % 1000) / 10),
+        matmul: matmul_line(&blas::version()),
+        libraries: libraries_line(&nvrtc_line(), &[], nccl_version().as_ref()),
     })
+}
+
+/// NVRTC's version and file, as `NVRTC 12.9 (libnvrtc.so.12)`, or why it is unavailable.
+fn nvrtc_line() -> std::result::Result<String, String> {
+    let loaded = libs::load(&libs::NVRTC)?;
+    let (major, minor) = nvrtc_version().map_err(|e| e.to_string())?;
+    Ok(format!("NVRTC {major}.{minor} ({})", loaded.file_name()))
+}
+
+/// NCCL's version when the `nccl` feature is built in.
+fn nccl_version() -> Option<std::result::Result<String, String>> {
+    #[cfg(feature = "nccl")]
+    return Some(crate::parallel::comm::nccl::probe().map(|v| format!("NCCL {v}")).map_err(|e| e.to_string()));
+    #[cfg(not(feature = "nccl"))]
+    None
+}
+
+/// [`DeviceInfo::matmul`] of a CUDA device: cuBLAS's version, or the tiled kernel and why.
+pub(crate) fn matmul_line(blas: &std::result::Result<String, String>) -> String {
+    match blas {
+        Ok(version) => version.clone(),
+        Err(why) => format!("tiled kernel kernels/matmul.cu, not cuBLAS ({why})"),
+    }
+}
+
+/// [`DeviceInfo::libraries`] of a CUDA device: NVRTC, the images its kernels loaded as
+/// (`PTX compute_90`, `cubin sm_52`; none before the device opens) and NCCL.
+pub(crate) fn libraries_line(nvrtc: &std::result::Result<String, String>, images: &[String], nccl: Option<&std::result::Result<String, String>>) -> String {
+    let mut parts = vec![match nvrtc {
+        Ok(v) => v.clone(),
+        Err(why) => format!("no NVRTC ({why})"),
+    }];
+    let mut images = images.to_vec();
+    images.dedup();
+    if !images.is_empty() {
+        parts.push(format!("kernels as {}", images.join(" and ")));
+    }
+    match nccl {
+        Some(Ok(v)) => parts.push(v.clone()),
+        Some(Err(why)) => parts.push(format!("no NCCL ({why})")),
+        None => {}
+    }
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{libraries_line, matmul_line};
+
+    #[test]
+    fn device_info_names_the_matmul_path_and_the_libraries() {
+        assert_eq!(matmul_line(&Ok("cuBLAS 13.1.0 (libcublas.so.13)".into())), "cuBLAS 13.1.0 (libcublas.so.13)");
+        let fallback = matmul_line(&Err("libcublas not found: looked for libcublas.so.13, libcublas.so.12".into()));
+        assert!(fallback.starts_with("tiled kernel") && fallback.contains("not cuBLAS") && fallback.contains("libcublas.so.13"), "{fallback}");
+        let images = vec!["PTX compute_90".to_string(), "PTX compute_90".to_string()];
+        let line = libraries_line(&Ok("NVRTC 12.9 (libnvrtc.so.12)".into()), &images, Some(&Ok("NCCL 2.23.4".into())));
+        assert_eq!(line, "NVRTC 12.9 (libnvrtc.so.12); kernels as PTX compute_90; NCCL 2.23.4");
+        let mixed = vec!["PTX compute_90".to_string(), "cubin sm_90".to_string()];
+        let line = libraries_line(&Ok("NVRTC 13.0 (libnvrtc.so.13)".into()), &mixed, Some(&Err("libnccl not found".into())));
+        assert_eq!(line, "NVRTC 13.0 (libnvrtc.so.13); kernels as PTX compute_90 and cubin sm_90; no NCCL (libnccl not found)");
+        assert_eq!(libraries_line(&Err("libnvrtc not found".into()), &[], None), "no NVRTC (libnvrtc not found)");
+    }
 }

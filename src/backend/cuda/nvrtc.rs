@@ -5,6 +5,11 @@
 //! Cache entries live in `$TANDEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tandem/ptx`, else
 //! `~/.cache/tandem/ptx`; each file holds a SHA-256 of its image, so a torn or corrupt entry is
 //! detected and recompiled.
+//!
+//! A driver older than NVRTC rejects its PTX (a newer PTX ISA); the device then loads the CUBIN.
+//! That rejection is remembered by a marker file in the cache, per NVRTC version, driver version
+//! and architecture, so later processes load the cached CUBIN first instead of compiling PTX
+//! that will be rejected again.
 use super::kernels::translation_unit;
 use cudarc::nvrtc::{result, sys};
 use sha2::{Digest, Sha256};
@@ -21,15 +26,15 @@ pub(crate) struct Compiled {
     pub log: String,
 }
 
-/// Why NVRTC cannot be used at all in this process; `None` when `libnvrtc` loads.
+/// Why NVRTC cannot be used at all in this process; `None` when `libnvrtc` loads (found as
+/// `libs.rs` describes).
 pub(crate) fn unavailable() -> Option<String> {
+    if let Err(why) = super::libs::load(&super::libs::NVRTC) {
+        return Some(why);
+    }
     // SAFETY: is_culib_present only dlopens candidate names and closes them again.
     let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
-    (!present).then(|| {
-        "libnvrtc not found (put the directory holding libnvrtc.so.12 on LD_LIBRARY_PATH, e.g. the \
-         nvidia-cuda-nvrtc-cu12 wheel's nvidia/cuda_nvrtc/lib)"
-            .to_string()
-    })
+    (!present).then(|| "libnvrtc was found but cudarc cannot open it".to_string())
 }
 
 /// NVRTC's version as `(major, minor)`; part of every cache key.
@@ -82,6 +87,40 @@ pub(crate) fn evict(family: &str, source: &str, target: &str) {
     if let Ok(Some(p)) = cache_path(family, source, target) {
         let _ = std::fs::remove_file(p);
     }
+}
+
+/// The targets to try for a device of compute capability `(major, minor)` under driver
+/// `driver` (`cuDriverGetVersion`): PTX first, unless this driver rejected this NVRTC's PTX for
+/// the architecture before.
+pub(crate) fn targets(driver: i32, (major, minor): (i32, i32)) -> [String; 2] {
+    let nvrtc = version().ok();
+    let remembered = cache_dir().zip(nvrtc).is_some_and(|(dir, nvrtc)| marker(&dir, nvrtc, driver, major * 10 + minor).exists());
+    ordered_targets(remembered, major * 10 + minor)
+}
+
+fn ordered_targets(ptx_rejected: bool, arch: i32) -> [String; 2] {
+    let (ptx, cubin) = (format!("compute_{arch}"), format!("sm_{arch}"));
+    if ptx_rejected {
+        [cubin, ptx]
+    } else {
+        [ptx, cubin]
+    }
+}
+
+/// Records that `driver` rejected this NVRTC's PTX for `target` (`compute_XY`).
+pub(crate) fn remember_ptx_rejected(driver: i32, target: &str) {
+    let (Some(dir), Ok(nvrtc)) = (cache_dir(), version()) else { return };
+    let Some(arch) = target.strip_prefix("compute_").and_then(|a| a.parse().ok()) else { return };
+    let path = marker(&dir, nvrtc, driver, arch);
+    // A marker that cannot be written only costs a rejected PTX load next time.
+    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, b"")) {
+        tracing::debug!("kernel cache marker {}: {e}", path.display());
+    }
+}
+
+/// The marker file of a PTX rejection.
+fn marker(dir: &std::path::Path, (major, minor): (i32, i32), driver: i32, arch: i32) -> PathBuf {
+    dir.join(format!("ptx-rejected-nvrtc{major}.{minor}-driver{driver}-compute_{arch}"))
 }
 
 struct Program(sys::nvrtcProgram);
@@ -174,7 +213,21 @@ fn write_entry(path: &PathBuf, image: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{read_entry, write_entry};
+    use super::{marker, ordered_targets, read_entry, write_entry};
+
+    #[test]
+    fn a_ptx_rejection_is_remembered_per_nvrtc_driver_and_architecture() {
+        let dir = std::env::temp_dir().join(format!("tandem-ptx-marker-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let remembered = |nvrtc, driver, arch| marker(&dir, nvrtc, driver, arch).exists();
+        assert_eq!(ordered_targets(remembered((13, 0), 12080, 90), 90), ["compute_90", "sm_90"], "PTX first by default");
+        std::fs::write(marker(&dir, (13, 0), 12080, 90), b"").unwrap();
+        assert_eq!(ordered_targets(remembered((13, 0), 12080, 90), 90), ["sm_90", "compute_90"], "the cached CUBIN first");
+        assert!(!remembered((13, 0), 13000, 90), "a newer driver tries PTX again");
+        assert!(!remembered((12, 9), 12080, 90), "another NVRTC tries PTX again");
+        assert!(!remembered((13, 0), 12080, 52), "another architecture tries PTX again");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn cache_entries_round_trip_and_reject_corruption() {

@@ -164,7 +164,7 @@ impl Backend for CudaBackend {
         let n = (spec.n * spec.col_rows() * spec.col_len()) as u64;
         let x = self.ptr("im2col", x, 0, DType::F32)?;
         let cols = self.ptr("im2col", cols, 0, DType::F32)?;
-        let s = window(&spec);
+        let s = window("im2col", &spec)?;
         if n == 0 {
             return Ok(());
         }
@@ -176,7 +176,7 @@ impl Backend for CudaBackend {
         let n = (spec.n * spec.c * spec.h * spec.w) as u64;
         let cols = self.ptr("col2im", cols, 0, DType::F32)?;
         let x = self.ptr("col2im", x, 0, DType::F32)?;
-        let s = window(&spec);
+        let s = window("col2im", &spec)?;
         if n == 0 {
             return Ok(());
         }
@@ -189,7 +189,7 @@ impl Backend for CudaBackend {
         let x = self.ptr("max_pool2d", x, 0, DType::F32)?;
         let out = self.ptr("max_pool2d", out, 0, DType::F32)?;
         let arg = self.ptr("max_pool2d", argmax, 0, DType::I32)?;
-        let s = window(&spec);
+        let s = window("max_pool2d", &spec)?;
         if n == 0 {
             return Ok(());
         }
@@ -202,7 +202,7 @@ impl Backend for CudaBackend {
         let gy = self.ptr("max_pool2d_backward", grad_out, 0, DType::F32)?;
         let arg = self.ptr("max_pool2d_backward", argmax, 0, DType::I32)?;
         let gx = self.ptr("max_pool2d_backward", grad_x, 0, DType::F32)?;
-        let s = window(&spec);
+        let s = window("max_pool2d_backward", &spec)?;
         if n == 0 {
             return Ok(());
         }

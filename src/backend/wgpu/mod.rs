@@ -102,21 +102,34 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
         trace: wgpu::Trace::Off,
     }))
     .map_err(|e| Error::Backend { backend: "wgpu", device: name.clone(), detail: format!("request_device: {e}") })?;
-    // Only software rasterizers get the register-blocked kernels: real GPUs reached through GL
-    // or as virtual GPUs (`Other`) have workgroup memory worth tiling into.
-    let matmul = options.matmul.unwrap_or(match info.kind {
-        _ if options.hardware_profile => MatmulKernel::Tiled,
-        DeviceKind::Software | DeviceKind::Cpu => MatmulKernel::Registers,
-        DeviceKind::Discrete | DeviceKind::Integrated | DeviceKind::Other => MatmulKernel::Tiled,
-    });
+    let (matmul, hardware) = kernels_for(info.kind, &options);
     let bind_groups = Arc::new(bind_groups::BindGroups::default());
     let pool = Arc::new(Pool::new(device.clone(), name.clone(), limits.max_buffer_size, options.memory_budget, bind_groups.clone(), gate.clone()));
     let subgroup8 = has_subgroups_of_8(ordinal) && !options.without_subgroups && !options.hardware_profile;
     let timestamps = timestamps::Timestamps::new(&device, &queue, gate.clone());
     let subgroups = device.features().contains(wgpu::Features::SUBGROUP) && !options.without_subgroups;
-    let hardware = options.hardware_profile || !matches!(info.kind, DeviceKind::Software | DeviceKind::Cpu);
     let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups, gate.clone()).with_kernels(subgroups, hardware);
-    Ok(Arc::new(WgpuBackend { info: info.clone(), ctx, pool, matmul, timestamps }))
+    let info = DeviceInfo { matmul: matmul_label(matmul, hardware), ..info.clone() };
+    Ok(Arc::new(WgpuBackend { info, ctx, pool, matmul, timestamps }))
+}
+
+/// The matmul family and whether the hardware kernel profile runs, for an adapter of `kind`.
+/// Only software rasterizers get the register-blocked kernels: real GPUs reached through GL or
+/// as virtual GPUs (`Other`) have workgroup memory worth tiling into.
+pub(crate) fn kernels_for(kind: DeviceKind, options: &Options) -> (MatmulKernel, bool) {
+    let hardware = options.hardware_profile || !matches!(kind, DeviceKind::Software | DeviceKind::Cpu);
+    let matmul = options.matmul.unwrap_or(if hardware { MatmulKernel::Tiled } else { MatmulKernel::Registers });
+    (matmul, hardware)
+}
+
+/// `DeviceInfo::matmul` of a wgpu device: its kernel family and profile.
+pub(crate) fn matmul_label(kernel: MatmulKernel, hardware: bool) -> String {
+    let family = match kernel {
+        MatmulKernel::Registers => "register-blocked",
+        MatmulKernel::Tiled => "workgroup-tiled 64x64/128x128",
+        MatmulKernel::Tiled128 => "workgroup-tiled 128x128",
+    };
+    format!("WGSL {family} kernel, {} profile", if hardware { "hardware" } else { "software" })
 }
 
 /// One logical wgpu device.

@@ -15,12 +15,11 @@
 //! the other costs are on each method. The summation order is NCCL's, so results match
 //! [`super::HostStaged`] to rounding, not bit for bit.
 //!
-//! Library: NCCL is loaded at run time. cudarc looks for `libnccl.so` (the `libnccl-dev`
-//! symlink) and `libnccl.so.{12,11,10,9,1}`, not the runtime package's `libnccl.so.2`, so a
-//! system with only `libnccl.so.2` (the `libnccl2` package, the `nvidia-nccl-cu12` wheel) needs
-//! a `libnccl.so -> libnccl.so.2` symlink in a directory on `LD_LIBRARY_PATH`. [`Nccl::new`]
-//! says which case applies; it probes before any NCCL call because cudarc panics on a missing
-//! library.
+//! Library: NCCL is loaded at run time as `libnccl.so.2` (the `libnccl2` package, the
+//! `nvidia-nccl-cu12`/`-cu13` wheels), found in the directories the CUDA backend searches for
+//! its libraries (`TANDEM_CUDA_LIBS`, `LD_LIBRARY_PATH`, the wheels' `nvidia/nccl/lib`, the
+//! system's). [`Nccl::new`] probes before any NCCL call, because cudarc panics on a missing
+//! library, and its error names every file and directory tried.
 use super::{check_group, check_root, even_ranges, Communicator, ReduceKind};
 use crate::autograd::no_grad;
 use crate::backend::cuda::CudaBackend;
@@ -157,20 +156,11 @@ pub(super) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 pub fn probe() -> Result<String> {
     static PROBE: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     let probed = PROBE.get_or_init(|| {
+        let loaded = crate::backend::cuda::libs::load(&crate::backend::cuda::libs::NCCL)?;
         // SAFETY: is_culib_present only dlopens the candidate names and closes them again.
         let present = catch_unwind(|| unsafe { cudarc::nccl::sys::is_culib_present() }).unwrap_or(false);
         if !present {
-            // SAFETY: as above; the library is closed again when the handle drops.
-            let so2 = unsafe { libloading::Library::new("libnccl.so.2") }.is_ok();
-            return Err(if so2 {
-                "libnccl.so.2 loads but cudarc looks for libnccl.so (or libnccl.so.12, ...): put a symlink \
-                 libnccl.so -> libnccl.so.2 in a directory on LD_LIBRARY_PATH (libnccl-dev installs one)"
-                    .into()
-            } else {
-                "no NCCL library found (libnccl.so / libnccl.so.2): install libnccl2 and libnccl-dev, or the \
-                 nvidia-nccl-cu12 wheel with its nvidia/nccl/lib on LD_LIBRARY_PATH and a libnccl.so symlink"
-                    .into()
-            });
+            return Err(format!("{} was loaded but cudarc cannot open it", loaded.path.display()));
         }
         match catch_unwind(cudarc::nccl::result::get_nccl_version) {
             Ok(Ok(code)) => {

@@ -1,0 +1,144 @@
+//! The CUDA libraries are found under the versioned names CUDA 13 and NCCL ship
+//! (`libnvrtc.so.13`, `libcublas.so.13`, `libnccl.so.2`), which cudarc alone never tries, and a
+//! failed search names every file and directory it tried. Each case runs in a child process
+//! (the search runs once per process) with a fake library folder on `TANDEM_CUDA_LIBS` and no
+//! other place to look.
+#![cfg(feature = "cuda")]
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const CHILD: &str = "TANDEM_CUDA_LIBS_CHILD";
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tandem-cuda-libs-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The NVRTC 12 library of the test environment (`LD_LIBRARY_PATH`), if there is one.
+fn real_nvrtc() -> Option<PathBuf> {
+    let paths = std::env::var_os("LD_LIBRARY_PATH")?;
+    std::env::split_paths(&paths).map(|d| d.join("libnvrtc.so.12")).find(|p| p.is_file())
+}
+
+/// Runs test `name` of this binary in a child whose only library folder is `libs`.
+fn in_child(name: &str, libs: &Path) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env("TANDEM_CUDA_LIBS", libs)
+        .env("HOME", libs)
+        .env("PATH", "/usr/bin:/bin")
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("CONDA_PREFIX")
+        .env_remove("CUDA_HOME")
+        .env_remove("CUDA_PATH")
+        .env_remove("CUDA_ROOT")
+        .output()
+        .expect("run the child test");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child {name} failed:\n{text}");
+    text
+}
+
+fn is_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+#[test]
+fn nvrtc_13_name_is_found_in_a_folder_of_its_own() {
+    if is_child() {
+        let file = tandem::backend::cuda::library_file("nvrtc").expect("libnvrtc.so.13 in TANDEM_CUDA_LIBS");
+        let (major, _) = tandem::backend::cuda::nvrtc_version().expect("NVRTC answers through cudarc");
+        // The fake libnvrtc.so.13 is NVRTC 12 under CUDA 13's name.
+        assert_eq!(major, 12, "{}", file.display());
+        let lines = tandem::backend::cuda::compile_check("compute_52").expect("kernels compile through the library found");
+        println!("loaded {}: {}", file.display(), lines.len());
+        return;
+    }
+    let Some(real) = real_nvrtc() else {
+        eprintln!("skipped: no libnvrtc.so.12 on LD_LIBRARY_PATH to stand in for libnvrtc.so.13");
+        return;
+    };
+    let dir = scratch("nvrtc13");
+    std::os::unix::fs::symlink(&real, dir.join("libnvrtc.so.13")).unwrap();
+    let text = in_child("nvrtc_13_name_is_found_in_a_folder_of_its_own", &dir);
+    assert!(text.contains("loaded "), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_missing_library_names_every_file_and_folder_tried() {
+    if is_child() {
+        let dir = PathBuf::from(std::env::var_os("TANDEM_CUDA_LIBS").unwrap());
+        let err = tandem::backend::cuda::nvrtc_version().expect_err("no NVRTC anywhere").to_string();
+        for part in ["libnvrtc.so.13", "libnvrtc.so.12", &dir.display().to_string(), "/usr/local/cuda/lib64", "TANDEM_CUDA_LIBS"] {
+            assert!(err.contains(part), "{part:?} missing from: {err}");
+        }
+        let err = tandem::backend::cuda::library_file("cublas").expect_err("no cuBLAS").to_string();
+        assert!(err.contains("libcublas.so.13") && err.contains("libcublas.so.12"), "{err}");
+        println!("error named everything");
+        return;
+    }
+    let dir = scratch("empty");
+    let text = in_child("a_missing_library_names_every_file_and_folder_tried", &dir);
+    assert!(text.contains("error named everything"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Files under the names only (not libraries): the search finds them, and the error says why
+/// each found file did not load.
+#[test]
+fn cublas_13_and_nccl_2_names_are_found() {
+    if is_child() {
+        let dir = PathBuf::from(std::env::var_os("TANDEM_CUDA_LIBS").unwrap());
+        let dir = std::fs::canonicalize(dir).unwrap();
+        let err = tandem::backend::cuda::library_file("cublas").expect_err("a dummy file does not load").to_string();
+        assert!(err.contains(&dir.join("libcublas.so.13").display().to_string()), "{err}");
+        #[cfg(feature = "nccl")]
+        {
+            let err = tandem::backend::cuda::library_file("nccl").expect_err("a dummy file does not load").to_string();
+            assert!(err.contains(&dir.join("libnccl.so.2").display().to_string()), "{err}");
+        }
+        println!("found by name");
+        return;
+    }
+    let dir = scratch("dummies");
+    for name in ["libcublas.so.13", "libnccl.so.2"] {
+        std::fs::write(dir.join(name), b"not a library").unwrap();
+    }
+    let text = in_child("cublas_13_and_nccl_2_names_are_found", &dir);
+    assert!(text.contains("found by name"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// With `TANDEM_TEST_CUDA13_LIBS` naming folders (`:`-separated) of CUDA 13's own files (the
+/// `nvidia-cuda-nvrtc` and `nvidia-cublas` wheels' `nvidia/cu13/lib`), NVRTC 13 and cuBLAS 13
+/// load from them under their own names, whose sonames cudarc never asks for, and so does
+/// `libnccl.so.2` when one of the folders holds it (`nvidia-nccl-cu12`'s `nvidia/nccl/lib`);
+/// skipped without it.
+#[test]
+fn cuda_13_wheels_load_when_given() {
+    if is_child() {
+        let (major, minor) = tandem::backend::cuda::nvrtc_version().expect("NVRTC 13 loads");
+        assert_eq!(major, 13);
+        let lines = tandem::backend::cuda::compile_check("compute_90").expect("the kernels compile with NVRTC 13");
+        let blas = tandem::backend::cuda::cublas_version().expect("cuBLAS 13 loads with its libcublasLt");
+        assert!(blas.starts_with("cuBLAS 13.") && blas.contains("libcublas.so.13"), "{blas}");
+        #[cfg(feature = "nccl")]
+        let blas = match tandem::backend::cuda::library_file("nccl") {
+            Ok(_) => format!("{blas}; NCCL {}", tandem::parallel::comm::nccl::probe().expect("NCCL answers through cudarc")),
+            Err(_) => blas,
+        };
+        println!("NVRTC {major}.{minor}, {} families; {blas}", lines.len());
+        return;
+    }
+    let Some(dir) = std::env::var_os("TANDEM_TEST_CUDA13_LIBS") else {
+        eprintln!("skipped: TANDEM_TEST_CUDA13_LIBS names no folder of CUDA 13 libraries");
+        return;
+    };
+    let text = in_child("cuda_13_wheels_load_when_given", Path::new(&dir));
+    println!("{}", text.lines().find(|l| l.starts_with("NVRTC")).unwrap_or(&text));
+}
