@@ -112,7 +112,7 @@ impl Tensor {
         Tensor::from_vec(data, shape, device)
     }
     /// Standard normal values from `rng` (Box–Muller, on the host); any RNG of the
-    /// re-exported [`rand`](crate::rand), such as `tandem::rand::rngs::StdRng`.
+    /// re-exported [`rand`], such as `tandem::rand::rngs::StdRng`.
     pub fn randn(shape: impl Into<Shape>, rng: &mut impl rand::Rng, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         let data = normal_vec(shape.numel(), rng)?;
