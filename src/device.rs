@@ -49,6 +49,15 @@ impl Device {
     pub fn id(&self) -> u64 {
         self.inner.id
     }
+    /// How messages name `a` and `b` side by side: the specs a user types (`wgpu:0`, `cpu`),
+    /// with the logical instance only when both have the same spec (`wgpu:0 (instance 2)`).
+    pub fn names_of(a: &Device, b: &Device) -> (String, String) {
+        if a.spec() == b.spec() {
+            (format!("{a:?}"), format!("{b:?}"))
+        } else {
+            (a.spec(), b.spec())
+        }
+    }
     /// The spec this device answers to, such as `wgpu:0` or `cpu`.
     pub fn spec(&self) -> String {
         let i = self.info();
@@ -225,9 +234,11 @@ fn no_such(spec: &str) -> Error {
     Error::NoSuchDevice { spec: spec.to_string(), available }
 }
 
+/// The spec with the logical instance, `wgpu:0 (instance 2)`: two devices opened on one
+/// adapter differ only there.
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Device({}#{})", self.spec(), self.inner.id)
+        write!(f, "{} (instance {})", self.spec(), self.inner.id)
     }
 }
 

@@ -19,8 +19,10 @@ pub enum Error {
     NoSuchDevice { spec: String, available: String },
     #[error("invalid argument to {op}: {detail}")]
     Invalid { op: &'static str, detail: String },
-    /// A class label outside `0..classes` (the first one, by position).
-    #[error("{op}: label {label} at index {index} is outside 0..{classes} ({classes} classes)")]
+    /// A class label outside `0..classes` (the first one, by position). From an embedding
+    /// lookup (`op` is `Embedding`, `Gpt` or `index_select`) it is a token id outside the
+    /// vocabulary, `classes` its size: "token id X at index I is outside 0..V (vocab_size V)".
+    #[error("{}", label_message(op, *.label, *.index, *.classes))]
     Label { op: &'static str, label: i32, index: usize, classes: usize },
     /// A command-line usage error: a flag's value or a combination of flags.
     #[error("{0}")]
@@ -160,5 +162,16 @@ mod tests {
         assert_eq!(super::capped_list(0..1_000_000), "0, 1, 2, 3, 4, 5, 6, 7 and 999992 more");
         let long = "x".repeat(10_000);
         assert_eq!(super::capped_list([long]).len(), 83);
+    }
+}
+
+/// Ops whose "labels" are token ids looked up in a table of `vocab_size` rows.
+const TOKEN_LOOKUPS: [&str; 3] = ["Embedding", "Gpt", "index_select"];
+
+fn label_message(op: &str, label: i32, index: usize, classes: usize) -> String {
+    if TOKEN_LOOKUPS.contains(&op) {
+        format!("{op}: token id {label} at index {index} is outside 0..{classes} (vocab_size {classes})")
+    } else {
+        format!("{op}: label {label} at index {index} is outside 0..{classes} ({classes} classes)")
     }
 }

@@ -121,3 +121,16 @@ pub use device::{Device, BACKENDS_ENV};
 pub use error::{Error, Result};
 pub use shape::{DType, Layout, Shape, MAX_RANK};
 pub use tensor::{CrossEntropy, Tensor};
+
+/// The `rand` crate of tandem's signatures (`Tensor::randn`, the layers' `new`), so that a
+/// program's RNG is of the same version without a dependency of its own:
+///
+/// ```
+/// use tandem::rand::{rngs::StdRng, SeedableRng};
+/// # fn main() -> tandem::Result<()> {
+/// let mut rng = StdRng::seed_from_u64(0);
+/// let w = tandem::Tensor::randn([2, 3], &mut rng, &tandem::Device::cpu())?;
+/// assert_eq!(w.dims(), &[2, 3]);
+/// # Ok(()) }
+/// ```
+pub use rand;

@@ -11,7 +11,7 @@ use super::stop::StopSignal;
 use super::training::{self, Ended, Resume, Steps};
 use super::{GptArgs, OptimizerKind, TrainArgs};
 use crate::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
-use crate::data::text::{CharVocab, Split, TextCorpus, TokenBatch, TokenWindows};
+use crate::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
 use crate::data::{Batch, LoaderState};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::optim::LrSchedule;
@@ -308,31 +308,6 @@ fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: O
         },
         "vocab": vocab,
     })
-}
-
-/// The model configuration and vocabulary (if any) recorded by [`run_config`]. Only read:
-/// the sizes are the file's claim, which `generate` checks against its tensors before use.
-pub(super) fn config_of(config: &serde_json::Value, path: &Path) -> Result<(GptConfig, Option<CharVocab>)> {
-    let bad = |what: &str| Error::format(path, format!("not a GPT checkpoint of tandem train --model gpt: {what}"));
-    if config.get("model").and_then(|m| m.as_str()) != Some("gpt") {
-        return Err(bad("its configuration names no gpt model"));
-    }
-    let g = config.get("gpt").ok_or_else(|| bad("no gpt configuration"))?;
-    let n = |k: &str| g.get(k).and_then(serde_json::Value::as_u64).map(|v| v as usize).ok_or_else(|| bad(&format!("no {k}")));
-    let cfg = GptConfig {
-        n_layer: n("n_layer")?,
-        n_head: n("n_head")?,
-        n_embd: n("n_embd")?,
-        block_size: n("block_size")?,
-        vocab_size: n("vocab_size")?,
-        dropout: g.get("dropout").and_then(serde_json::Value::as_f64).unwrap_or(0.0) as f32,
-        bias: g.get("bias").and_then(serde_json::Value::as_bool).unwrap_or(true),
-    };
-    let vocab = config.get("vocab").and_then(|v| v.as_str()).map(CharVocab::from_text);
-    if let Some(v) = vocab.as_ref().filter(|v| v.len() != cfg.vocab_size) {
-        return Err(bad(&format!("its vocabulary has {} characters but vocab_size is {}", v.len(), cfg.vocab_size)));
-    }
-    Ok((cfg, vocab))
 }
 
 /// Weights for `--init`: a safetensors of the model's state_dict (a `--save` file, or

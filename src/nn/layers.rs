@@ -12,6 +12,15 @@ fn init_pair(w_shape: Vec<usize>, fan_in: usize, bias: bool, rng: &mut impl Rng,
     Ok((w, b))
 }
 
+/// A layer of width 0 has nothing to learn and is always a slip: each of `args` must be at
+/// least 1, else an [`Error::Invalid`] of `layer` naming the argument.
+pub(super) fn nonzero(layer: &'static str, args: &[(&str, usize)]) -> Result<()> {
+    match args.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(Error::invalid(layer, format!("{name} is 0; a layer needs at least 1"))),
+        None => Ok(()),
+    }
+}
+
 pub(super) fn leaf_on(t: &Tensor, dev: &Device) -> Result<Tensor> {
     Ok(copy_on(t, dev)?.requires_grad())
 }
@@ -38,7 +47,8 @@ fn params(w: &Tensor, b: &Option<Tensor>) -> Vec<(String, Tensor)> {
     p
 }
 
-/// `y = x·Wᵀ + b` with weight `[out, in]`.
+/// `y = x·Wᵀ + b` with weight `[out, in]`. A width of 0 is an [`Error::Invalid`] of `Linear`
+/// naming `inputs` or `outputs`.
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
@@ -46,6 +56,7 @@ pub struct Linear {
 
 impl Linear {
     pub fn new(inputs: usize, outputs: usize, rng: &mut impl Rng, dev: &Device) -> Result<Self> {
+        nonzero("Linear", &[("inputs", inputs), ("outputs", outputs)])?;
         let (weight, bias) = init_pair(vec![outputs, inputs], inputs, true, rng, dev)?;
         Ok(Linear { weight, bias })
     }
@@ -83,8 +94,10 @@ pub struct Conv2d {
 }
 
 impl Conv2d {
-    /// PyTorch's `Conv2d(inputs, outputs, kernel)`: stride 1, no padding, with a bias.
+    /// PyTorch's `Conv2d(inputs, outputs, kernel)`: stride 1, no padding, with a bias. Any of
+    /// the three 0 is an [`Error::Invalid`] of `Conv2d` naming it.
     pub fn new(inputs: usize, outputs: usize, kernel: usize, rng: &mut impl Rng, dev: &Device) -> Result<Self> {
+        nonzero("Conv2d", &[("inputs", inputs), ("outputs", outputs), ("kernel", kernel)])?;
         let (weight, bias) = init_pair(vec![outputs, inputs, kernel, kernel], inputs * kernel * kernel, true, rng, dev)?;
         Ok(Conv2d { weight, bias, stride: (1, 1), padding: (0, 0) })
     }
@@ -188,19 +201,24 @@ impl Module for Flatten {
 }
 
 /// A lookup table `[num_embeddings, embedding_dim]`, initialised N(0, 1) as PyTorch's; the
-/// input is I32 ids of any shape, the output has `embedding_dim` appended.
+/// input is I32 ids of any shape, the output has `embedding_dim` appended. Either size 0 is
+/// an [`Error::Invalid`] of `Embedding` naming it.
 pub struct Embedding {
     pub weight: Tensor,
 }
 
 impl Embedding {
     pub fn new(num_embeddings: usize, embedding_dim: usize, rng: &mut impl Rng, dev: &Device) -> Result<Self> {
+        nonzero("Embedding", &[("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)])?;
         Ok(Embedding { weight: Tensor::randn([num_embeddings, embedding_dim], rng, dev)?.requires_grad() })
     }
 }
 
 impl Module for Embedding {
+    /// An id outside `0..num_embeddings` is an [`Error::Label`](crate::Error::Label) of
+    /// `Embedding`: "token id X at index I is outside 0..V (vocab_size V)".
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        ids.check_labels("Embedding", self.weight.dims()[0])?;
         self.weight.index_select(ids)
     }
     fn parameters(&self) -> Vec<(String, Tensor)> {

@@ -80,7 +80,7 @@ pub trait Module: Any + Send + Sync {
     /// A copy of this module whose tensors are fresh leaves on `device`. Layers have one; a
     /// user's module is moved by [`to_device`] (build it there, copy the state).
     fn to_device(&self, device: &Device) -> Result<Box<dyn Module>> {
-        Err(Error::invalid("Module::to_device", format!("{} on {device:?}: use nn::to_device with a constructor", self.describe())))
+        Err(Error::invalid("Module::to_device", format!("{} on {device}: use nn::to_device with a constructor", self.describe())))
     }
     /// Parameters then buffers, by name: what a checkpoint holds.
     fn state_dict(&self) -> Vec<(String, Tensor)> {

@@ -1,5 +1,5 @@
 //! Normalisation layers: BatchNorm1d/2d (with running statistics as buffers) and LayerNorm.
-use super::layers::{copy_on, leaf_on};
+use super::layers::{copy_on, leaf_on, nonzero};
 use super::Module;
 use crate::autograd::no_grad;
 use crate::{Device, Error, Result, Shape, Tensor};
@@ -88,8 +88,10 @@ macro_rules! batch_norm {
         $(#[$doc])*
         pub struct $name(BatchNorm);
         impl $name {
-            /// PyTorch's defaults for `num_features` channels, in training mode.
+            /// PyTorch's defaults for `num_features` channels, in training mode; 0 channels
+            /// is an [`Error::Invalid`] naming `num_features`.
             pub fn new(num_features: usize, dev: &Device) -> Result<Self> {
+                nonzero(stringify!($name), &[("num_features", num_features)])?;
                 Ok($name(BatchNorm::new(num_features, dev)?))
             }
             /// The same layer with another `eps` and `momentum`.
@@ -145,7 +147,11 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
+    /// A 0 in `normalized_shape` is an [`Error::Invalid`] of `LayerNorm` naming it.
     pub fn new(normalized_shape: &[usize], dev: &Device) -> Result<Self> {
+        if normalized_shape.contains(&0) {
+            return Err(Error::invalid("LayerNorm", format!("normalized_shape {normalized_shape:?} has a 0; a layer needs at least 1")));
+        }
         Ok(LayerNorm {
             weight: Tensor::ones(normalized_shape, dev)?.requires_grad(),
             bias: Tensor::zeros(normalized_shape, dev)?.requires_grad(),

@@ -203,7 +203,8 @@ impl DataParallel {
         }
         for (i, (m, d)) in models.iter().zip(devices).enumerate() {
             if let Some((name, t)) = m.state_dict().into_iter().find(|(_, t)| !t.device().same(d)) {
-                return Err(Error::invalid("DataParallel::new", format!("replica {i}'s {name} is on {:?}, not on {d:?}; build each replica on its device", t.device())));
+                let (on, own) = crate::Device::names_of(t.device(), d);
+                return Err(Error::invalid("DataParallel::new", format!("replica {i}'s {name} is on {on}, not on {own}; build each replica on its device")));
             }
         }
         if cfg.micro_batches == 0 || cfg.deterministic_shards == 0 {

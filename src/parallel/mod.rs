@@ -49,7 +49,9 @@ pub enum Loss {
     /// language model's: flattened to `[B·T, C]` and `[B·T]`, the mean over every token); or
     /// PyTorch's `[N, C, d..]` against `[N, d..]`.
     CrossEntropy,
-    /// Mean squared error (PyTorch `MSELoss()`).
+    /// Mean squared error (PyTorch `MSELoss()`): F32 targets of the prediction's shape. I32
+    /// class labels are an [`Error::Invalid`] of `Loss::Mse` that points
+    /// to [`Loss::CrossEntropy`].
     Mse,
     /// The user's loss.
     Custom(LossFn),
@@ -85,6 +87,15 @@ impl Loss {
                 output.reshape([target.numel(), classes])?.cross_entropy(&target.reshape([target.numel()])?)
             }
             Loss::CrossEntropy => output.cross_entropy_with(target, Default::default()),
+            Loss::Mse if target.dtype() != crate::DType::F32 => Err(crate::Error::invalid(
+                "Loss::Mse",
+                format!(
+                    "targets are {:?} {:?}, class labels; MSE needs F32 targets of the prediction's shape {:?}: use Loss::CrossEntropy for class labels",
+                    target.dtype(),
+                    target.shape(),
+                    output.shape()
+                ),
+            )),
             Loss::Mse => output.mse_loss(target),
             Loss::Custom(f) => f(output, target),
         }

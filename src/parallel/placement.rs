@@ -61,7 +61,7 @@ fn check_fits(model: &Sequential, ranges: &[Range<usize>], devices: &[Device]) -
             if need > total {
                 let names: Vec<&str> = model.layers()[r.clone()].iter().map(|(n, _)| n.as_str()).collect();
                 return Err(Error::OutOfMemory {
-                    device: format!("{dev:?}"),
+                    device: dev.to_string(),
                     requested: need,
                     free: total,
                     detail: format!("stage {s} (layers {r:?}: {names:?}) needs 4 x its parameter bytes for weights, gradients and optimizer state"),
@@ -141,7 +141,7 @@ fn balance(cost: &[Vec<f64>], bytes: &[u64], devices: &[Device]) -> Result<Vec<R
     if !best[p - 1][n].is_finite() {
         let total: u64 = BYTES_PER_PARAM_BYTE * bytes.iter().sum::<u64>();
         return Err(Error::OutOfMemory {
-            device: format!("{devices:?}"),
+            device: devices.iter().map(Device::spec).collect::<Vec<_>>().join(", "),
             requested: total,
             free: devices.iter().filter_map(|d| d.info().memory).sum(),
             detail: "no split into contiguous stages fits every device's memory".into(),
@@ -192,7 +192,8 @@ pub(crate) fn build_stages(stages: Stages, devices: &[Device], opt: &OptimConfig
             let mut out = Vec::with_capacity(models.len());
             for (s, (model, dev)) in models.into_iter().zip(devices).enumerate() {
                 if let Some((name, t)) = model.state_dict().into_iter().find(|(_, t)| !t.device().same(dev)) {
-                    return Err(Error::invalid("stages", format!("stage {s}'s {name} is on {:?}, not on its device {dev:?}; build each stage on its device", t.device())));
+                    let (on, own) = Device::names_of(t.device(), dev);
+                    return Err(Error::invalid("stages", format!("stage {s}'s {name} is on {on}, not on its device {own}; build each stage on its device")));
                 }
                 let opt = opt.build(model.parameters())?;
                 let range = start..start + model.len();

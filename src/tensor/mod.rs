@@ -111,7 +111,8 @@ impl Tensor {
         let data = host::try_collect(n, (0..n).map(|_| lo + (hi - lo) * rng.random::<f32>()), "host", &format!("rand_uniform {shape:?}"))?;
         Tensor::from_vec(data, shape, device)
     }
-    /// Standard normal values from `rng` (Box–Muller, on the host).
+    /// Standard normal values from `rng` (Box–Muller, on the host); any RNG of the
+    /// re-exported [`rand`], such as `tandem::rand::rngs::StdRng`.
     pub fn randn(shape: impl Into<Shape>, rng: &mut impl rand::Rng, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         let data = normal_vec(shape.numel(), rng)?;
@@ -240,7 +241,8 @@ impl Tensor {
     }
     pub(crate) fn same_device(&self, op: &'static str, other: &Tensor) -> Result<()> {
         if !self.device().same(other.device()) {
-            return Err(Error::DeviceMismatch { op, a: format!("{:?}", self.device()), b: format!("{:?}", other.device()) });
+            let (a, b) = Device::names_of(self.device(), other.device());
+            return Err(Error::DeviceMismatch { op, a, b });
         }
         Ok(())
     }

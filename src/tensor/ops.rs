@@ -264,8 +264,22 @@ impl Tensor {
         // negated before the mean, as PyTorch's nll_loss: a loss of 0 is +0, not -0
         self.log_softmax(1)?.gather_rows(labels)?.neg()?.mean_all()
     }
-    /// Mean squared error, as PyTorch's `MSELoss()`; shapes must match exactly.
+    /// Mean squared error, as PyTorch's `MSELoss()`; shapes must match exactly and the targets
+    /// must be F32 values. Any other targets (such as I32 class labels, which go with
+    /// [`cross_entropy`](Tensor::cross_entropy)) are an [`Error::Invalid`] of `mse_loss` naming
+    /// their dtype and shape.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
+        if target.dtype() != DType::F32 {
+            return Err(Error::invalid(
+                "mse_loss",
+                format!(
+                    "targets are {:?} {:?}; MSE expects F32 targets of the prediction's shape {:?} (class labels go with cross_entropy)",
+                    target.dtype(),
+                    target.shape(),
+                    self.shape()
+                ),
+            ));
+        }
         if self.shape() != target.shape() {
             return Err(Error::shape("mse_loss", format!("prediction {:?} vs target {:?}", self.shape(), target.shape())));
         }

@@ -2,10 +2,12 @@
 //! GPT-2-shaped transformer with nanoGPT's names.
 mod generate;
 pub(crate) mod gpt;
+pub(crate) mod gpt_checkpoint;
 mod gpt_config;
 mod gpt_stages;
 
 pub use gpt::{Block, Blocks, Gpt, GptConfig, Transformer};
+pub use gpt_checkpoint::GptCheckpoint;
 
 use super::{Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential};
 use crate::{Device, Error, Result};

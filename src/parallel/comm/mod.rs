@@ -125,7 +125,8 @@ fn check_group(op: &'static str, devices: &[Device], tensors: &[Tensor], same_sh
     for (i, (t, d)) in tensors.iter().zip(devices).enumerate() {
         t.expect_dtype(op, DType::F32)?;
         if !t.device().same(d) {
-            return Err(Error::DeviceMismatch { op, a: format!("tensor {i} on {:?}", t.device()), b: format!("rank {i} is {d:?}") });
+            let (a, b) = Device::names_of(t.device(), d);
+            return Err(Error::DeviceMismatch { op, a: format!("tensor {i} on {a}"), b: format!("rank {i} is {b}") });
         }
         if t.numel() == 0 {
             return Err(Error::shape(op, format!("tensor {i} is empty ({:?})", t.shape())));

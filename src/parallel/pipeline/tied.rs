@@ -28,7 +28,7 @@ fn find(stages: &[Stage], (s, name): &StageParam) -> Result<Tensor> {
     let stage = stages.get(*s).ok_or_else(|| Error::invalid("Pipeline::tie", format!("stage {s} of {name}: the pipeline has {} stages", stages.len())))?;
     stage.model.parameters().into_iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
         let names: Vec<String> = stage.model.parameters().into_iter().map(|p| p.0).collect();
-        Error::invalid("Pipeline::tie", format!("stage {s} on {:?} has no parameter {name}; it has {names:?}", stage.device))
+        Error::invalid("Pipeline::tie", format!("stage {s} on {} has no parameter {name}; it has {names:?}", stage.device))
     })
 }
 
