@@ -23,7 +23,7 @@
 //!     let dev = Device::auto()?; // CUDA, else a hardware GPU adapter, else the CPU reference
 //!     let model = SeedModel::Cnn.build(0, &dev)?; // conv1, conv2, fc1, fc2 as in PyTorch
 //!     let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() })?;
-//!     let mut rng = rand::rng();
+//!     let mut rng = tandem::rand::rng(); // the rand crate, re-exported
 //!     let x = Tensor::randn([64, 1, 28, 28], &mut rng, &dev)?;
 //!     let y = Tensor::from_labels((0..64).map(|i| i % 10).collect(), [64], &dev)?;
 //!     for step in 1..=10 {
