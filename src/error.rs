@@ -154,17 +154,6 @@ impl Error {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn capped_list_shows_the_first_items_and_counts_the_rest() {
-        assert_eq!(super::capped_list(["a", "b"]), "a, b");
-        assert_eq!(super::capped_list(0..1_000_000), "0, 1, 2, 3, 4, 5, 6, 7 and 999992 more");
-        let long = "x".repeat(10_000);
-        assert_eq!(super::capped_list([long]).len(), 83);
-    }
-}
-
 /// Ops whose "labels" are token ids looked up in a table of `vocab_size` rows.
 const TOKEN_LOOKUPS: [&str; 3] = ["Embedding", "Gpt", "index_select"];
 
@@ -173,5 +162,16 @@ fn label_message(op: &str, label: i32, index: usize, classes: usize) -> String {
         format!("{op}: token id {label} at index {index} is outside 0..{classes} (vocab_size {classes})")
     } else {
         format!("{op}: label {label} at index {index} is outside 0..{classes} ({classes} classes)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn capped_list_shows_the_first_items_and_counts_the_rest() {
+        assert_eq!(super::capped_list(["a", "b"]), "a, b");
+        assert_eq!(super::capped_list(0..1_000_000), "0, 1, 2, 3, 4, 5, 6, 7 and 999992 more");
+        let long = "x".repeat(10_000);
+        assert_eq!(super::capped_list([long]).len(), 83);
     }
 }
