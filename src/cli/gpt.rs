@@ -227,6 +227,12 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
     if args.pipelines.is_some() && kind != StrategyKind::DataPipeline {
         return Err(Error::invalid("--pipelines", "needs --strategy data,pipeline"));
     }
+    if matches!(kind, StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data) {
+        // The whole model trains on each device: refuse before drawing a weight what cannot fit.
+        for d in devices {
+            cfg.check_training_fits(d, optim.states_per_parameter())?;
+        }
+    }
     match kind {
         StrategyKind::Single | StrategyKind::Auto if devices.len() != 1 => {
             let specs: Vec<String> = devices.iter().map(Device::spec).collect();

@@ -55,6 +55,15 @@ impl OptimConfig {
             OptimKind::Adam(c) => c.lr,
         }
     }
+    /// State tensors the optimizer keeps per parameter, each of the parameter's shape: SGD's
+    /// momentum buffer (none without momentum), Adam's and AdamW's two moments.
+    pub fn states_per_parameter(&self) -> u64 {
+        match self.optimizer {
+            OptimKind::Sgd(c) if c.momentum == 0.0 => 0,
+            OptimKind::Sgd(_) => 1,
+            OptimKind::Adam(_) => 2,
+        }
+    }
     /// An optimizer over `params`, each placed in its group by the rule.
     pub fn build(&self, params: Vec<(String, Tensor)>) -> Result<Box<dyn Optimizer>> {
         let groups = self.groups.as_ref();

@@ -149,10 +149,39 @@ impl GptConfig {
 
     /// Errors when the parameters alone cannot fit `dev`: the host's free memory for the CPU
     /// and software rasterizers (lavapipe, llvmpipe), the device's memory where the driver
-    /// reports it. Training needs about four times as much (gradients and two AdamW moments),
-    /// which the allocations themselves then check.
+    /// reports it. Training needs more (gradients and optimizer state): see
+    /// [`GptConfig::check_training_fits`].
     pub(super) fn check_fits(&self, dev: &Device) -> Result<()> {
         let Some(need) = self.parameter_bytes() else { return self.check() };
+        let detail = format!("the {} parameters of {}", self.parameter_count().unwrap_or(u64::MAX), self.describe());
+        Self::fits(dev, need, detail)
+    }
+
+    /// Errors when training the whole model on `dev` cannot fit it: the parameters, their
+    /// gradients and `optimizer_states` state tensors per parameter (see
+    /// [`crate::optim::OptimConfig::states_per_parameter`]), before activations. For a model
+    /// that lives whole on each device (one device, data parallelism); checked before anything
+    /// is allocated, because a run that reaches the limit midway may meet an allocation of a
+    /// library that cannot fail gracefully.
+    ///
+    /// ```
+    /// use tandem::nn::models::GptConfig;
+    /// let big = GptConfig { n_layer: 2, n_head: 4, n_embd: 1 << 16, block_size: 8, vocab_size: 3, ..Default::default() };
+    /// assert!(matches!(big.check_training_fits(&tandem::Device::cpu(), 2), Err(tandem::Error::OutOfMemory { .. })));
+    /// ```
+    pub fn check_training_fits(&self, dev: &Device, optimizer_states: u64) -> Result<()> {
+        let Some(params) = self.parameter_bytes() else { return self.check() };
+        let need = params.saturating_mul(2 + optimizer_states);
+        let detail = format!(
+            "the parameters, gradients and {optimizer_states} optimizer state tensors of {} ({} parameters)",
+            self.describe(),
+            self.parameter_count().unwrap_or(u64::MAX)
+        );
+        Self::fits(dev, need, detail)
+    }
+
+    /// `OutOfMemory` naming `detail` when `need` bytes exceed what `dev` has free.
+    fn fits(dev: &Device, need: u64, detail: String) -> Result<()> {
         let info = dev.info();
         let on_host = info.backend == BackendKind::Cpu || matches!(info.kind, DeviceKind::Cpu | DeviceKind::Software);
         let free = match (on_host.then(host::available).flatten(), info.memory) {
@@ -160,12 +189,7 @@ impl GptConfig {
             (h, d) => h.or(d),
         };
         match free {
-            Some(free) if need > free => Err(Error::OutOfMemory {
-                device: dev.spec(),
-                requested: need,
-                free,
-                detail: format!("the {} parameters of {}", self.parameter_count().unwrap_or(u64::MAX), self.describe()),
-            }),
+            Some(free) if need > free => Err(Error::OutOfMemory { device: dev.spec(), requested: need, free, detail }),
             _ => Ok(()),
         }
     }
