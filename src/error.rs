@@ -155,7 +155,7 @@ impl Error {
 }
 
 /// Ops whose "labels" are token ids looked up in a table of `vocab_size` rows.
-const TOKEN_LOOKUPS: [&str; 3] = ["Embedding", "Gpt", "index_select"];
+const TOKEN_LOOKUPS: [&str; 4] = ["Embedding", "Gpt", "index_select", "CharVocab::decode"];
 
 fn label_message(op: &str, label: i32, index: usize, classes: usize) -> String {
     if TOKEN_LOOKUPS.contains(&op) {
