@@ -96,6 +96,17 @@ impl DataLoader {
         }
     }
 
+    /// The fewest samples a batch of this loader can hold: the batch size, or with a short last
+    /// batch (no `drop_last`) the remainder.
+    pub fn smallest_batch(&self) -> usize {
+        let rem = self.data.len() % self.batch_size;
+        if self.drop_last || rem == 0 || self.data.len() < self.batch_size {
+            self.batch_size.min(self.data.len())
+        } else {
+            rem
+        }
+    }
+
     /// The next batch; after an epoch's last batch the loader moves on to the next epoch.
     pub fn next_batch(&mut self) -> Batch {
         let start = self.state.position;

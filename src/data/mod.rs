@@ -8,12 +8,14 @@ use std::ops::Range;
 
 pub mod digits;
 mod loader;
+mod source;
 pub mod mnist;
 pub mod synthetic;
 pub mod tensor_file;
 pub mod text;
 
 pub use loader::{DataLoader, LoaderState};
+pub use source::BatchSource;
 
 /// MNIST's pixel mean and standard deviation, used to normalize [`digits`] and [`mnist`] alike.
 pub const MNIST_MEAN: f32 = 0.1307;
