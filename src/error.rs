@@ -44,12 +44,16 @@ pub enum Error {
     /// A checkpoint directory another run holds the lock of (`holder`: its pid, when known).
     #[error("{}: in use by another tandem run{}; wait for it to end or choose another directory", .path.display(), .holder.as_ref().map_or_else(String::new, |pid| format!(" (pid {pid})")))]
     InUse { path: PathBuf, holder: Option<String> },
-    /// `--resume` found no checkpoint that reads back whole in `dir` (`found` damaged ones).
-    #[error("--resume: {}", no_checkpoint(.dir, *.found))]
+    /// A resume found no checkpoint that reads back whole in `dir` (`found` damaged ones).
+    #[error("resume: {}", no_checkpoint(.dir, *.found))]
     NoCheckpoint { dir: PathBuf, found: usize },
     /// Resuming from a checkpoint written with other settings; `changed` names each one.
-    #[error("--resume: {path} was written with other settings: {}", capped_list(changed))]
+    #[error("resume: {path} was written with other settings: {}", capped_list(changed))]
     ResumeMismatch { path: PathBuf, changed: Vec<String> },
+    /// A fresh run refused a checkpoint directory that holds `count` checkpoints (`files`, the
+    /// newest first): resume that run, or delete them and start over.
+    #[error("{}: already holds {count} checkpoint(s) ({files}); resume that run (--resume, Claim::Resume) or delete them and start over (--overwrite-checkpoints, Claim::Overwrite)", .dir.display())]
+    CheckpointsPresent { dir: PathBuf, count: usize, files: String },
 
     // --- parallel workers (pipeline stages, per-device threads) ---
     /// The thread driving `role` `index` on `device` stopped with `source`.

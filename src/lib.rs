@@ -115,6 +115,7 @@ pub mod parallel;
 mod shape;
 pub mod tensor;
 pub mod tolerance;
+pub mod train;
 
 pub use backend::{Backend, BackendKind, DeviceInfo, DeviceKind, MemoryStats};
 pub use device::{Device, BACKENDS_ENV};

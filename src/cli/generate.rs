@@ -3,7 +3,8 @@
 //! The configuration only names the shape: every parameter's name and shape is checked
 //! against the tensors the file holds before anything is built, so a small file cannot ask
 //! for a large model.
-use super::{checkpoints, GenerateArgs};
+use super::GenerateArgs;
+use crate::checkpoint::run as checkpoints;
 use crate::checkpoint::read_safetensors;
 use crate::nn::models::gpt_checkpoint::disagrees;
 use crate::nn::models::{Gpt, GptCheckpoint};

@@ -14,7 +14,6 @@ macro_rules! out {
 
 mod allreduce;
 mod bench;
-mod checkpoints;
 mod devices;
 mod generate;
 mod gpt;
@@ -22,7 +21,6 @@ mod mismatch;
 mod plot;
 mod progress;
 mod ranks;
-mod run_dir;
 mod same_run;
 mod setup;
 mod stop;

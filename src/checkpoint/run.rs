@@ -1,4 +1,4 @@
-//! Resumable training checkpoints: one safetensors file per checkpoint, `ckpt-00000100.safetensors`,
+//! Resumable training checkpoints (a run's whole state, not only its weights): one safetensors file per checkpoint, `ckpt-00000100.safetensors`,
 //! holding the weights (`model.<name>`) and optimizer state (`optim.<name>`) with metadata for
 //! the run's id, the step, the data loader's position, the shuffle seed and the run's configuration, sealed
 //! by a SHA-256 over all of it.
@@ -6,7 +6,7 @@
 //! Each file is written atomically (temp file, fsync, rename, fsync of the directory), so a
 //! crash leaves whole checkpoints only; the checksum also catches later damage. Resuming takes
 //! the newest file that parses and whose checksum matches, and reports the ones it skipped.
-//! Who may write into a directory, and which files a run may prune, is `run_dir`'s business.
+//! Who may write into a directory, and which files a run may prune, is [`run_dir`](super::run_dir)'s business.
 use crate::checkpoint::{read_safetensors, safetensors_from_bytes, sha256_hex, to_host, write_safetensors, HostData, HostTensor, SafetensorsContents};
 use crate::data::LoaderState;
 use crate::parallel::Strategy;

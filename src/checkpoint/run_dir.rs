@@ -5,7 +5,7 @@
 //! regular checkpoint file is ever deleted by it. Telling the run's files from the others
 //! reads only a file's header, and each file of the run is read whole and hashed once per
 //! process, so a save costs the same however many or large the other files in the directory.
-use super::checkpoints::{self, RunState};
+use super::run::{self as checkpoints, RunState};
 use crate::checkpoint::HostTensor;
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions, TryLockError};
@@ -14,8 +14,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// Checkpoints of this run kept on disk; older ones are deleted after each new one is safely
-/// written.
+/// Checkpoints of a run kept on disk unless [`RunDir::keep`] says otherwise; older ones are
+/// deleted after each new one is safely written.
 pub const KEEP: usize = 3;
 /// The lock file; it stays in the directory (removing a lock file races with its next taker).
 const LOCK: &str = ".tandem-lock";
@@ -39,6 +39,7 @@ pub struct RunDir {
     /// Files known to be whole checkpoints of this run: written by this process, or verified
     /// once. The lock keeps other tandem runs from changing them meanwhile.
     ours: Mutex<BTreeSet<PathBuf>>,
+    keep: usize,
 }
 
 /// Whether a file named `name` in a checkpoint directory is the run's to write or delete: a
@@ -52,8 +53,7 @@ impl RunDir {
     /// applies `claim`. Runs before any data is loaded, so an unusable directory (read-only,
     /// under /proc, in use) fails the command up front.
     pub fn open(path: &Path, claim: Claim) -> Result<RunDir> {
-        let flag = "--checkpoint-dir";
-        let cannot = |what: &str, e: std::io::Error| Error::io(path, std::io::Error::new(e.kind(), format!("{flag}: cannot {what}: {e}")));
+        let cannot = |what: &str, e: std::io::Error| Error::io(path, std::io::Error::new(e.kind(), format!("checkpoint directory: cannot {what}: {e}")));
         std::fs::create_dir_all(path).map_err(|e| cannot("create it", e))?;
         let lock_path = path.join(LOCK);
         let mut lock = OpenOptions::new()
@@ -79,9 +79,23 @@ impl RunDir {
         let written = lock.set_len(0).and_then(|()| lock.rewind()).and_then(|()| lock.write_all(pid.as_bytes()));
         written.map_err(|e| Error::io(&lock_path, e))?;
         checkpoints::remove_stale_temps(path)?;
-        let dir = RunDir { path: path.to_path_buf(), _lock: lock, ours: Mutex::default() };
+        let dir = RunDir { path: path.to_path_buf(), _lock: lock, ours: Mutex::default(), keep: KEEP };
         dir.claim(claim)?;
         Ok(dir)
+    }
+
+    /// Keeps the newest `n` checkpoints of this run (at least 1; [`KEEP`] by default).
+    pub fn keep(mut self, n: usize) -> Result<RunDir> {
+        if n == 0 {
+            return Err(Error::invalid("RunDir::keep", "a run must keep at least its newest checkpoint"));
+        }
+        self.keep = n;
+        Ok(self)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     fn claim(&self, claim: Claim) -> Result<()> {
@@ -90,21 +104,14 @@ impl RunDir {
             Claim::Resume => Ok(()),
             Claim::Fresh if existing.is_empty() => Ok(()),
             Claim::Fresh => {
-                let names = crate::error::capped_list(existing.iter().rev().map(|(_, p)| file_name(p)));
-                Err(Error::invalid(
-                    "--checkpoint-dir",
-                    format!(
-                        "{} already holds {} checkpoint(s) ({names}); pass --resume to continue that run, or --overwrite-checkpoints to delete them and start over",
-                        self.path.display(),
-                        existing.len(),
-                    ),
-                ))
+                let files = crate::error::capped_list(existing.iter().rev().map(|(_, p)| file_name(p)));
+                Err(Error::CheckpointsPresent { dir: self.path.clone(), count: existing.len(), files })
             }
             Claim::Overwrite => Ok(()),
         }
     }
 
-    /// For `--overwrite-checkpoints`: deletes the checkpoint files already in the directory.
+    /// For [`Claim::Overwrite`] (`--overwrite-checkpoints`): deletes the checkpoint files already in the directory.
     /// Called once every input has been checked, so a run that fails to start loses nothing.
     pub fn discard_earlier(&self) -> Result<()> {
         for (_, p) in checkpoints::list(&self.path)? {
@@ -114,7 +121,7 @@ impl RunDir {
     }
 
     /// Writes a checkpoint of `tensors` at `state.step`, then deletes this run's valid
-    /// checkpoints beyond the newest [`KEEP`]. A file whose header names another run at the
+    /// checkpoints beyond the newest [`keep`](RunDir::keep). A file whose header names another run at the
     /// same step (possible after resuming in a directory that holds two runs) is not replaced.
     pub fn save(&self, tensors: &[(String, HostTensor)], state: &RunState) -> Result<PathBuf> {
         let target = self.path.join(checkpoints::file_name(state.step));
@@ -145,7 +152,7 @@ impl RunDir {
                 ours.push(p);
             }
         }
-        for p in ours.iter().take(ours.len().saturating_sub(KEEP)) {
+        for p in ours.iter().take(ours.len().saturating_sub(self.keep)) {
             std::fs::remove_file(p).map_err(|e| Error::io(p, e))?;
             known.remove(p);
         }

@@ -1,0 +1,304 @@
+//! Training runs over any [`Strategy`]: the [`Trainer`] (steps or epochs, LR schedule,
+//! clipping, validation with metrics, checkpoints and exact resume, a stop token, observers).
+#![doc = include_str!("training.md")]
+mod fit;
+pub mod metric;
+mod observer;
+pub(crate) mod ranks;
+mod stop;
+
+pub use metric::{Accuracy, MeanLoss, Metric, Mse, Perplexity, R2};
+pub use observer::{Observer, PrintEvery, RunStart, StepInfo};
+pub use stop::StopToken;
+
+use crate::checkpoint::Claim;
+use crate::data::BatchSource;
+use crate::dist::Group;
+use crate::optim::LrSchedule;
+use crate::parallel::{trace::Trace, Strategy};
+use crate::{Error, Result};
+use std::path::PathBuf;
+
+/// How long a run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Length {
+    /// This many optimizer steps in all (a resumed run counts the steps already taken).
+    Steps(u64),
+    /// This many passes over the training source (`batches_per_epoch` steps each).
+    Epochs(u64),
+}
+
+/// Where and how often a run writes checkpoints, and what it claims of the directory.
+///
+/// Every checkpoint holds everything that decides the rest of the trajectory: the weights, the
+/// optimizer state and step count (which also keys the LR schedule and every Dropout mask),
+/// the data source's position, the run's seed and settings, sealed by a SHA-256. Files are
+/// written atomically into a directory the run holds a lock on; retention deletes only this
+/// run's older files (see [`RunDir`](crate::checkpoint::RunDir)).
+#[derive(Clone, Debug)]
+pub struct Checkpoints {
+    pub dir: PathBuf,
+    /// A checkpoint after every this many steps, and after the last step or a stop.
+    pub every: u64,
+    /// This run's newest checkpoints kept on disk.
+    pub keep: usize,
+    pub claim: Claim,
+}
+
+impl Checkpoints {
+    /// Checkpoints into `dir` every 100 steps, the newest 3 kept, for a fresh run (refused when
+    /// `dir` holds checkpoints already).
+    pub fn new(dir: impl Into<PathBuf>) -> Checkpoints {
+        Checkpoints { dir: dir.into(), every: 100, keep: crate::checkpoint::run_dir::KEEP, claim: Claim::Fresh }
+    }
+    pub fn every(mut self, steps: u64) -> Checkpoints {
+        self.every = steps;
+        self
+    }
+    pub fn keep(mut self, n: usize) -> Checkpoints {
+        self.keep = n;
+        self
+    }
+    /// Continue from the newest valid checkpoint in the directory (an error when there is none).
+    pub fn resume(mut self) -> Checkpoints {
+        self.claim = Claim::Resume;
+        self
+    }
+    /// Start a new run after deleting the checkpoints in the directory.
+    pub fn overwrite(mut self) -> Checkpoints {
+        self.claim = Claim::Overwrite;
+        self
+    }
+}
+
+/// Names each setting in which a resumed run differs from its checkpoint's.
+pub type DescribeChanges = Box<dyn Fn(&serde_json::Value, &serde_json::Value) -> Vec<String>>;
+
+struct Validation {
+    every: u64,
+    source: Box<dyn BatchSource>,
+    metrics: Vec<Box<dyn Metric>>,
+}
+
+/// Trains a [`Strategy`] on a [`BatchSource`]: the step loop every program would otherwise write.
+///
+/// Built with chained settings, then run with [`fit`](Trainer::fit); the strategy stays
+/// reachable for prediction and saving ([`strategy`](Trainer::strategy)). A run that writes
+/// checkpoints and is stopped (by the [`StopToken`], or killed) and resumed continues bit for
+/// bit as if it had never stopped.
+///
+/// A non-finite loss, or a non-finite weight or optimizer value about to be checkpointed,
+/// ends the run with [`Error::NonFinite`] naming the newest checkpoint whose state is finite.
+pub struct Trainer {
+    strategy: Box<dyn Strategy>,
+    length: Length,
+    schedule: Option<LrSchedule>,
+    clip: Option<Option<f32>>,
+    validation: Option<Validation>,
+    checkpoints: Option<Checkpoints>,
+    settings: serde_json::Value,
+    seed: u64,
+    describe: Option<DescribeChanges>,
+    stop: StopToken,
+    observers: Vec<Box<dyn Observer>>,
+    group: Group,
+    trace: Option<Trace>,
+}
+
+/// What a [`Trainer::fit`] did.
+#[derive(Clone, Debug, Default)]
+pub struct Fit {
+    /// Steps already taken when it began (0, or the resumed checkpoint's).
+    pub first_step: u64,
+    /// The last step taken.
+    pub step: u64,
+    /// The step the run was to end after.
+    pub total: u64,
+    /// `(step, loss)` of every step this call ran.
+    pub losses: Vec<(u64, f32)>,
+    /// Every validation pass: its step and each metric's name and value.
+    pub validations: Vec<(u64, Vec<(String, f64)>)>,
+    /// The stop token's reason code when a stop ended the run before `total`.
+    pub stopped: Option<usize>,
+    /// The newest checkpoint known to hold a finite state (written by this call, or resumed).
+    pub checkpoint: Option<PathBuf>,
+    /// The checkpoint this call resumed from.
+    pub resumed_from: Option<PathBuf>,
+    /// Seconds spent in the step loop, and the samples it trained on.
+    pub train_s: f64,
+    pub samples: u64,
+}
+
+impl Fit {
+    pub fn steps_run(&self) -> u64 {
+        self.step - self.first_step
+    }
+    pub fn final_loss(&self) -> Option<f32> {
+        self.losses.last().map(|l| l.1)
+    }
+    /// The newest value of the metric named `name`.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        self.validations.iter().rev().find_map(|(_, m)| m.iter().find(|(n, _)| n == name).map(|(_, v)| *v))
+    }
+}
+
+impl Trainer {
+    /// A trainer of `strategy` (any strategy: [`Single`](crate::parallel::Single), data, tensor,
+    /// pipeline parallelism or their grid), for 1 epoch, with nothing else set.
+    pub fn new(strategy: impl Strategy + 'static) -> Trainer {
+        Trainer::boxed(Box::new(strategy))
+    }
+    /// [`Trainer::new`] of a boxed strategy.
+    pub fn boxed(strategy: Box<dyn Strategy>) -> Trainer {
+        Trainer {
+            strategy,
+            length: Length::Epochs(1),
+            schedule: None,
+            clip: None,
+            validation: None,
+            checkpoints: None,
+            settings: serde_json::Value::Null,
+            seed: 0,
+            describe: None,
+            stop: StopToken::new(),
+            observers: Vec::new(),
+            group: Group::alone(),
+            trace: None,
+        }
+    }
+    /// Runs `n` optimizer steps in all.
+    pub fn steps(mut self, n: u64) -> Trainer {
+        self.length = Length::Steps(n);
+        self
+    }
+    /// Runs `n` epochs of the training source.
+    pub fn epochs(mut self, n: u64) -> Trainer {
+        self.length = Length::Epochs(n);
+        self
+    }
+    /// The learning rate of step `s` (from 0) is `schedule.lr_at(s)`.
+    pub fn schedule(mut self, schedule: LrSchedule) -> Trainer {
+        self.schedule = Some(schedule);
+        self
+    }
+    /// Clips the global gradient norm to `max_norm` before each update (PyTorch's
+    /// `clip_grad_norm_` over the whole model), or not at all.
+    pub fn grad_clip(mut self, max_norm: Option<f32>) -> Trainer {
+        self.clip = Some(max_norm);
+        self
+    }
+    /// After every `every` steps and after the last, measures `metrics` over one pass of
+    /// `source` in eval mode ([`Strategy::set_training`] false), from the start of its epoch 0
+    /// each time.
+    pub fn validate(mut self, every: u64, source: impl BatchSource + 'static, metrics: Vec<Box<dyn Metric>>) -> Trainer {
+        self.validation = Some(Validation { every: every.max(1), source: Box::new(source), metrics });
+        self
+    }
+    /// Writes checkpoints (and resumes from them) as `plan` says.
+    pub fn checkpoints(mut self, plan: Checkpoints) -> Trainer {
+        self.checkpoints = Some(plan);
+        self
+    }
+    /// What decides the trajectory besides the checkpoint's own state (the model, the data, the
+    /// batch size, the optimizer's settings, ...), as JSON, and the run's seed: recorded in every
+    /// checkpoint, and a resume refuses a checkpoint written with other ones
+    /// ([`Error::ResumeMismatch`] naming each).
+    pub fn settings(mut self, settings: serde_json::Value, seed: u64) -> Trainer {
+        self.settings = settings;
+        self.seed = seed;
+        self
+    }
+    /// How a resume mismatch names what changed (the command line names its flags); by default
+    /// `key: value (checkpoint: value)` for each top-level key of the settings.
+    pub fn describe_changes(mut self, describe: DescribeChanges) -> Trainer {
+        self.describe = Some(describe);
+        self
+    }
+    /// The token that stops the run after its current step.
+    pub fn stop_token(mut self, token: StopToken) -> Trainer {
+        self.stop = token;
+        self
+    }
+    /// A clone of the trainer's stop token.
+    pub fn stopper(&self) -> StopToken {
+        self.stop.clone()
+    }
+    pub fn observe(mut self, observer: impl Observer + 'static) -> Trainer {
+        self.observers.push(Box::new(observer));
+        self
+    }
+    /// Runs as one rank of `group` (under `mpirun`/`srun`): every rank runs the same trainer on
+    /// the same batches; rank 0 alone opens the checkpoint directory and writes, the others
+    /// receive its checkpoint on resume, and all stop after the same step.
+    pub fn group(mut self, group: Group) -> Trainer {
+        self.group = group;
+        self
+    }
+    /// Records each step's device timelines into `trace`.
+    pub fn trace(mut self, trace: Trace) -> Trainer {
+        self.trace = Some(trace);
+        self
+    }
+
+    pub fn strategy(&self) -> &dyn Strategy {
+        &*self.strategy
+    }
+    pub fn strategy_mut(&mut self) -> &mut dyn Strategy {
+        &mut *self.strategy
+    }
+    pub fn into_strategy(self) -> Box<dyn Strategy> {
+        self.strategy
+    }
+
+    /// `metrics` over one pass of `source` (from the start of its epoch 0), in eval mode; the
+    /// strategy goes back to training mode after.
+    pub fn evaluate(&mut self, source: &mut dyn BatchSource, metrics: &mut [Box<dyn Metric>]) -> Result<Vec<(String, f64)>> {
+        evaluate(&mut *self.strategy, source, metrics)
+    }
+
+    /// The run's total steps on `data`.
+    fn total(&self, data: &dyn BatchSource) -> Result<u64> {
+        match self.length {
+            Length::Steps(n) => Ok(n),
+            Length::Epochs(e) => e
+                .checked_mul(data.batches_per_epoch() as u64)
+                .ok_or_else(|| Error::invalid("Trainer::epochs", format!("{e} epochs is more steps than can be counted"))),
+        }
+    }
+}
+
+/// One validation pass: `metrics` over `source`'s epoch 0, in eval mode.
+fn evaluate(s: &mut dyn Strategy, source: &mut dyn BatchSource, metrics: &mut [Box<dyn Metric>]) -> Result<Vec<(String, f64)>> {
+    source.set_state(crate::data::LoaderState { epoch: 0, position: 0 })?;
+    s.set_training(false);
+    let pass = (|| {
+        for _ in 0..source.batches_per_epoch() {
+            let batch = source.next_batch()?;
+            let out = s.predict(&batch)?;
+            for m in metrics.iter_mut() {
+                m.update(&out, &batch)?;
+            }
+        }
+        Ok(())
+    })();
+    s.set_training(true);
+    let values: Vec<(String, f64)> = metrics.iter_mut().map(|m| (m.name(), m.finish())).collect();
+    pass.map(|()| values)
+}
+
+/// `key value (checkpoint: value)` for each top-level setting that differs.
+fn default_changes(now: &serde_json::Value, then: &serde_json::Value) -> Vec<String> {
+    let null = serde_json::Value::Null;
+    let mut out: Vec<String> = match now.as_object() {
+        Some(map) => map
+            .iter()
+            .filter(|(k, v)| then.get(k.as_str()).unwrap_or(&null) != *v)
+            .map(|(k, v)| format!("{k} {v} (checkpoint: {})", then.get(k.as_str()).unwrap_or(&null)))
+            .collect(),
+        None => Vec::new(),
+    };
+    if out.is_empty() && now != then {
+        out.push(format!("settings {now} (checkpoint: {then})"));
+    }
+    out
+}
