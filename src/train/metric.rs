@@ -98,8 +98,10 @@ impl Metric for Accuracy {
             ));
         }
         for (row, &label) in logits.chunks(classes).zip(labels) {
-            // The first of equal maxima, as torch.argmax; a NaN row is never right.
-            let best = row.iter().enumerate().fold((usize::MAX, f32::NEG_INFINITY), |b, (j, &v)| if v > b.1 { (j, v) } else { b }).0;
+            // torch.argmax: the first of equal maxima, and a NaN counts as the largest value.
+            let best = row.iter().position(|v| v.is_nan()).unwrap_or_else(|| {
+                row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (j, &v)| if v > b.1 { (j, v) } else { b }).0
+            });
             self.correct += u64::from(best == label as usize);
         }
         self.total += labels.len() as u64;
