@@ -11,30 +11,36 @@
 //!
 //! # Example
 //!
-//! Ten SGD steps of the seed CNN on the best device found, then its weights saved in PyTorch's
-//! names (this is the example of README.md, kept identical to it by `tests/readme.rs`):
+//! Two epochs of the seed CNN on the best device found through the [`train::Trainer`], validated
+//! on held-out digits and checkpointed, then its weights saved in PyTorch's names (this is the
+//! example of README.md, kept identical to it by `tests/readme.rs`):
 //!
 //! ```rust
-//! use tandem::nn::{models::SeedModel, Module};
-//! use tandem::optim::{Optimizer, Sgd, SgdConfig};
-//! use tandem::{Device, Tensor};
+//! use std::sync::Arc;
+//! use tandem::data::{digits, DataLoader};
+//! use tandem::nn::models::SeedModel;
+//! use tandem::optim::SgdConfig;
+//! use tandem::parallel::{Loss, OptimConfig, Single};
+//! use tandem::train::{Accuracy, Checkpoints, MeanLoss, PrintEvery, Trainer};
+//! use tandem::Device;
 //!
 //! fn main() -> tandem::Result<()> {
 //!     let dev = Device::auto()?; // CUDA, else a hardware GPU adapter, else the CPU reference
+//!     let (train, test) = digits::load(1024, 256, 0)?; // rendered digits with a held-out split
 //!     let model = SeedModel::Cnn.build(0, &dev)?; // conv1, conv2, fc1, fc2 as in PyTorch
-//!     let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() })?;
-//!     let mut rng = tandem::rand::rng(); // the rand crate, re-exported
-//!     let x = Tensor::randn([64, 1, 28, 28], &mut rng, &dev)?;
-//!     let y = Tensor::from_labels((0..64).map(|i| i % 10).collect(), [64], &dev)?;
-//!     for step in 1..=10 {
-//!         let loss = model.forward(&x)?.cross_entropy(&y)?;
-//!         opt.zero_grad();
-//!         loss.backward()?;
-//!         opt.step()?;
-//!         println!("step {step}: loss {}", loss.to_scalar()?);
-//!     }
-//!     let path = std::env::temp_dir().join("seed_cnn.safetensors");
-//!     tandem::checkpoint::save_weights(&path, &model.state_dict())?; // loads in PyTorch, strictly
+//!     let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+//!     let test = DataLoader::new(Arc::new(test), 256, false, 0)?;
+//!     let metrics = vec![Box::new(MeanLoss::new(Loss::CrossEntropy)) as _, Box::new(Accuracy::new()) as _];
+//!     let run_dir = std::env::temp_dir().join("tandem-example-run");
+//!     let mut trainer = Trainer::new(Single::new(model, &opt, Loss::CrossEntropy, &dev)?)
+//!         .epochs(2)
+//!         .validate(16, test, metrics) // every 16 steps and after the last
+//!         .checkpoints(Checkpoints::new(&run_dir).every(16).overwrite()) // .resume() continues a run
+//!         .observe(PrintEvery(8));
+//!     let fit = trainer.fit(&mut DataLoader::new(Arc::new(train), 64, true, 0)?)?;
+//!     println!("test accuracy {:.3} after {} steps", fit.metric("accuracy").unwrap_or(0.0), fit.step);
+//!     let weights = trainer.strategy().state_dict()?;
+//!     tandem::checkpoint::save_weights(run_dir.join("seed_cnn.safetensors"), &weights)?; // loads in PyTorch, strictly
 //!     Ok(())
 //! }
 //! ```
@@ -67,6 +73,9 @@
 //! - [`checkpoint`]: safetensors read/write, written atomically.
 //! - [`parallel`]: the [`parallel::Strategy`] trait and its implementations, collectives, traces;
 //!   [`dist`]: the process group under `mpirun` or `srun`.
+//! - [`train`]: the [`train::Trainer`] over any strategy: epochs or steps over a data source,
+//!   validation metrics, LR schedules, clipping, checkpoints with exact resume, a stop token,
+//!   observers.
 //! - [`tolerance`]: the one comparison rule the tests use, `|got - want| <= atol + rtol * |want|`.
 //!
 //! # Guides
@@ -81,6 +90,7 @@
 //! | strategies | [`parallel`] | data, layer, tensor and pipeline parallelism and their grid, collectives, Dropout and BatchNorm under a split, mixed backends, determinism, traces |
 //! | processes | [`dist`] | MPI under `mpirun` and `srun`, `tandem train` across processes, pipelines and ZeRO-1 across processes, NCCL |
 //! | numerics | [`tensor`] | tolerances, NaN and the edge cases against PyTorch, determinism, accumulation order, Mesa's loop limit, kernel profiles |
+//! | training runs | [`train`] | the `Trainer`, metrics, checkpoints and exact resume, the stop token, observers, a loop of your own that resumes exactly |
 //! | checkpoints | [`checkpoint`] | the file format, PyTorch's names, atomic writes, run directories, resume |
 //!
 //! README.md has the command line in brief, benches/README.md the benchmarks and their measured
