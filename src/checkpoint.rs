@@ -9,12 +9,8 @@
 //! block device, a socket) is refused. Nothing that is not a regular file is ever replaced.
 #![doc = include_str!("checkpoint.md")]
 mod output;
-pub mod run;
-pub mod run_dir;
 
 pub use output::{output_target, write_atomic, OutputTarget};
-pub use run::RunState;
-pub use run_dir::{Claim, RunDir};
 use crate::{DType, Error, Result};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};

@@ -4,7 +4,7 @@
 //! against the tensors the file holds before anything is built, so a small file cannot ask
 //! for a large model.
 use super::GenerateArgs;
-use crate::checkpoint::run as checkpoints;
+use crate::train::run_file as checkpoints;
 use crate::checkpoint::read_safetensors;
 use crate::nn::models::gpt_checkpoint::disagrees;
 use crate::nn::models::{Gpt, GptCheckpoint};

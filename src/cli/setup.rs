@@ -286,7 +286,7 @@ pub fn check_outputs(outputs: &[(&'static str, Option<&Path>)], checkpoint_dir: 
         }
         let key = same_file_key(target.path());
         let name = key.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if run_dir.is_some() && key.parent() == run_dir.as_deref() && crate::checkpoint::run_dir::is_reserved(name) {
+        if run_dir.is_some() && key.parent() == run_dir.as_deref() && crate::train::run_dir::is_reserved(name) {
             let what = format!("{} is {name} of --checkpoint-dir, which the run writes itself; give the output another name or directory", path.display());
             return Err(Error::invalid(flag, what));
         }
@@ -359,7 +359,7 @@ pub fn read_init(path: &Path, model: &Sequential) -> Result<Vec<(String, Tensor)
 /// trained or generated from them, and a later check (two tied tensors that differ) would only
 /// blame what it compares.
 pub fn finite_weights(path: &Path, tensors: &[(String, HostTensor)]) -> Result<()> {
-    match crate::checkpoint::run::first_non_finite(tensors) {
+    match crate::train::run_file::first_non_finite(tensors) {
         Some((name, x)) => Err(Error::format(path, format!("{name} holds {x}; weights must be finite numbers"))),
         None => Ok(()),
     }

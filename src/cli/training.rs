@@ -2,10 +2,10 @@
 //! step loop with its checks, checkpoints and stop handling, the summary and the outputs every
 //! model writes. `train.rs` (seed models) and `gpt.rs` say only how to draw a batch and what to
 //! do besides.
-use crate::checkpoint::run::{self as checkpoints, Checkpoint, RunState};
+use crate::train::run_file::{self as checkpoints, RunCheckpoint as Checkpoint, RunState};
 use super::progress::{Reporter, Summary};
 use super::ranks::Ranks;
-use crate::checkpoint::run_dir::{self, Claim, RunDir};
+use crate::train::run_dir::{self, Claim, RunDir};
 use super::stop::{StopSignal, Stopped};
 use super::{plot, setup, TrainArgs};
 use crate::data::{Batch, DataLoader, LoaderState};

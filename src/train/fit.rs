@@ -2,8 +2,8 @@
 //! step loop with validation, checkpoints, the non-finite check and the stop token.
 use super::observer::{RunStart, StepInfo};
 use super::{default_changes, evaluate, ranks, Checkpoints, Fit, Trainer};
-use crate::checkpoint::run::{self as runfile, Checkpoint, RunState};
-use crate::checkpoint::run_dir::{self, Claim, RunDir};
+use super::run_dir::{self, Claim, RunDir};
+use super::run_file::{self as runfile, RunCheckpoint, RunState};
 use crate::data::BatchSource;
 use crate::{Error, Result};
 use std::path::PathBuf;
@@ -134,7 +134,7 @@ impl Trainer {
 
     /// The newest valid checkpoint in `dir`: rank 0 reads the directory and sends the file to
     /// the other ranks, which need not see it (another machine's disk).
-    fn read_newest(&self, dir: &std::path::Path) -> Result<Checkpoint> {
+    fn read_newest(&self, dir: &std::path::Path) -> Result<RunCheckpoint> {
         let newest = if self.group.rank() == 0 {
             Some(runfile::load_newest(dir, |path, e| tracing::warn!("skipping checkpoint {}: {e}", path.display()))?)
         } else {

@@ -5,13 +5,16 @@ mod fit;
 pub mod metric;
 mod observer;
 pub(crate) mod ranks;
+pub mod run_dir;
+pub mod run_file;
 mod stop;
 
+pub use run_dir::{Claim, RunDir};
+pub use run_file::{RunCheckpoint, RunState};
 pub use metric::{Accuracy, MeanLoss, Metric, Mse, Perplexity, R2};
 pub use observer::{Observer, PrintEvery, RunStart, StepInfo};
 pub use stop::StopToken;
 
-use crate::checkpoint::Claim;
 use crate::data::BatchSource;
 use crate::dist::Group;
 use crate::optim::LrSchedule;
@@ -34,7 +37,7 @@ pub enum Length {
 /// optimizer state and step count (which also keys the LR schedule and every Dropout mask),
 /// the data source's position, the run's seed and settings, sealed by a SHA-256. Files are
 /// written atomically into a directory the run holds a lock on; retention deletes only this
-/// run's older files (see [`RunDir`](crate::checkpoint::RunDir)).
+/// run's older files (see [`RunDir`]).
 #[derive(Clone, Debug)]
 pub struct Checkpoints {
     pub dir: PathBuf,
@@ -49,7 +52,7 @@ impl Checkpoints {
     /// Checkpoints into `dir` every 100 steps, the newest 3 kept, for a fresh run (refused when
     /// `dir` holds checkpoints already).
     pub fn new(dir: impl Into<PathBuf>) -> Checkpoints {
-        Checkpoints { dir: dir.into(), every: 100, keep: crate::checkpoint::run_dir::KEEP, claim: Claim::Fresh }
+        Checkpoints { dir: dir.into(), every: 100, keep: run_dir::KEEP, claim: Claim::Fresh }
     }
     pub fn every(mut self, steps: u64) -> Checkpoints {
         self.every = steps;

@@ -36,7 +36,8 @@ pub struct RunState {
     pub config: serde_json::Value,
 }
 
-pub struct Checkpoint {
+/// A run checkpoint read back: its path, run state, weights and optimizer state.
+pub struct RunCheckpoint {
     pub path: PathBuf,
     pub state: RunState,
     pub weights: Vec<(String, Tensor)>,
@@ -160,7 +161,7 @@ pub fn remove_stale_temps(dir: &Path) -> Result<()> {
 /// The newest checkpoint in `dir` that reads back whole, and its file's bytes (which rank 0
 /// sends the other ranks under mpirun); each one skipped is passed to `skip` with the reason.
 /// Errors when there is none.
-pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<(Checkpoint, Vec<u8>)> {
+pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<(RunCheckpoint, Vec<u8>)> {
     let all = if dir.is_dir() { list(dir)? } else { Vec::new() };
     if all.is_empty() {
         return Err(Error::NoCheckpoint { dir: dir.to_path_buf(), found: 0 });
@@ -241,7 +242,7 @@ fn state_of(path: &Path, meta: &BTreeMap<String, String>) -> Result<RunState> {
 }
 
 /// The checkpoint in `bytes`, the contents of the file at `path` (named in errors).
-pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Checkpoint> {
+pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<RunCheckpoint> {
     let (tensors, meta) = checked(path, safetensors_from_bytes(path, bytes)?)?;
     let state = state_of(path, &meta)?;
     let (mut weights, mut optim) = (Vec::new(), Vec::new());
@@ -258,5 +259,5 @@ pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Checkpoint> {
             return Err(Error::format(path, format!("unexpected tensor {name}")));
         }
     }
-    Ok(Checkpoint { path: path.to_path_buf(), state, weights, optim })
+    Ok(RunCheckpoint { path: path.to_path_buf(), state, weights, optim })
 }

@@ -5,7 +5,7 @@
 //! regular checkpoint file is ever deleted by it. Telling the run's files from the others
 //! reads only a file's header, and each file of the run is read whole and hashed once per
 //! process, so a save costs the same however many or large the other files in the directory.
-use super::run::{self as checkpoints, RunState};
+use super::run_file::{self as checkpoints, RunState};
 use crate::checkpoint::HostTensor;
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions, TryLockError};
