@@ -7,7 +7,9 @@ pub mod models;
 mod norm;
 mod pool;
 
-pub use activation::{current_samples, with_samples, Dropout, GeluApproximate, Identity, SampleContext, SiLU, Sigmoid, Tanh, GELU};
+pub use activation::{Dropout, GeluApproximate, Identity, SiLU, Sigmoid, Tanh, GELU};
+// The sample context is autograd's (a recomputed forward reruns under it); Dropout is its user.
+pub use crate::autograd::{current_samples, with_samples, SampleContext};
 pub use layers::{Conv2d, Embedding, Flatten, Linear, MaxPool2d, ReLU};
 pub use norm::{BatchNorm1d, BatchNorm2d, LayerNorm};
 pub use pool::{AdaptiveAvgPool2d, AvgPool2d};

@@ -6,7 +6,7 @@
 use super::comm::{self, Communicator, ReduceKind};
 use super::pipeline::{PartRun, Pipeline};
 use super::trace::Trace;
-use super::data_parallel::split;
+use super::split;
 use super::step::clip_bound;
 use super::{StepReport, Strategy};
 use crate::autograd::no_grad;

@@ -14,7 +14,7 @@ pub use schedule::{schedule, simulate, simulate_stages, theoretical_bubble, Acti
 pub use tied::StageParam;
 
 use balance::Balance;
-use super::placement::{self, Stage, Stages};
+use super::stages::{self, Stage, Stages};
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
@@ -163,9 +163,9 @@ impl PipelineBuilder<'_> {
         }
         let spread = self.group.filter(|g| g.size() > 1);
         if spread.is_some() {
-            remote::check_options(matches!(self.stages, Stages::Split(_, placement::Split::Auto)), self.micro_batches)?;
+            remote::check_options(matches!(self.stages, Stages::Split(_, stages::Split::Auto)), self.micro_batches)?;
         }
-        let (stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
+        let (stages, balance_pending) = stages::build_stages(self.stages, &self.devices, &self.opt)?;
         if balance_pending && !self.ties.is_empty() {
             return Err(Error::invalid("Pipeline::tie", "tied parameters need fixed stages (Stages::Built or Split::At), not Split::Auto"));
         }
@@ -313,7 +313,7 @@ impl Pipeline {
                     let job = Job {
                         index: first_stage + index,
                         last: first_stage + index + 1 == stages_total,
-                        track: placement::track_name(index, &stage.device),
+                        track: stages::track_name(index, &stage.device),
                         stage,
                         actions,
                         micro_batches: &micro,
@@ -400,7 +400,7 @@ impl Strategy for Pipeline {
         self.balance.correct(&mut self.stages, &self.opt)?;
         let run = self.backward_part(batch, 0, batch.len())?;
         self.balance.measured(&run.outcomes);
-        let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| placement::track_name(i, &s.device)).collect();
+        let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| stages::track_name(i, &s.device)).collect();
         let trace = self.trace.clone();
         // Across processes the norm spans every rank's stages: clipped here, so the local
         // update must not clip again.
@@ -441,7 +441,7 @@ impl Strategy for Pipeline {
     /// Across processes, every rank's stages gathered on every rank (collective), the other
     /// ranks' tensors on the CPU.
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        let mine = placement::stage_params(&self.stages);
+        let mine = stages::stage_params(&self.stages);
         match &self.across {
             Some(a) => a.group.all_gather_named(&mine),
             None => Ok(mine),
@@ -452,14 +452,14 @@ impl Strategy for Pipeline {
         let state = tied::complete_state(&self.ties, state)?;
         match &self.across {
             Some(a) => {
-                let names: Vec<String> = placement::stage_params(&self.stages).into_iter().map(|p| p.0).collect();
-                a.load(&names, &state, |own| placement::load_stage_params(&self.stages, own))
+                let names: Vec<String> = stages::stage_params(&self.stages).into_iter().map(|p| p.0).collect();
+                a.load(&names, &state, |own| stages::load_stage_params(&self.stages, own))
             }
-            None => placement::load_stage_params(&self.stages, &state),
+            None => stages::load_stage_params(&self.stages, &state),
         }
     }
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        let (mine, steps) = placement::stage_opt_state(&self.stages);
+        let (mine, steps) = stages::stage_opt_state(&self.stages);
         match &self.across {
             Some(a) => Ok((a.group.all_gather_named(&mine)?, steps)),
             None => Ok((mine, steps)),
@@ -467,7 +467,7 @@ impl Strategy for Pipeline {
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.run.step = steps;
-        placement::load_stage_opt_state(&mut self.stages, state, steps)
+        stages::load_stage_opt_state(&mut self.stages, state, steps)
     }
     fn devices(&self) -> Vec<Device> {
         self.stages.iter().map(|s| s.device.clone()).collect()
