@@ -61,6 +61,15 @@ pub trait Module: Any + Send + Sync {
         let mut seen = HashSet::new();
         prefixed(self.children(), |m| m.parameters()).into_iter().filter(|(_, t)| seen.insert(t.id())).collect()
     }
+    /// Parameters of this module that are copies of another parameter of the whole model, as
+    /// `(own name, the primary's name in the whole model's state_dict)`: a language model's
+    /// output projection that is its token embedding. Where the two are one tensor (one
+    /// device) nothing needs it; a pipeline whose stages hold the two as separate tensors ties
+    /// every pair its stages declare, so a model split across stages trains as one. The
+    /// default gathers the children's, own names prefixed with the child's name.
+    fn tied_parameters(&self) -> Vec<(String, String)> {
+        self.children().into_iter().flat_map(|(name, m)| m.tied_parameters().into_iter().map(move |(own, primary)| (format!("{name}.{own}"), primary))).collect()
+    }
     /// Named state that is saved but not trained (BatchNorm's running statistics).
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
         prefixed(self.children(), |m| m.named_buffers())

@@ -327,6 +327,9 @@ fn assign_owners(sizes: &[usize], devices: usize) -> Vec<usize> {
 }
 
 impl Strategy for DataParallel {
+    fn check_batch_size(&self, n: usize) -> Result<()> {
+        super::split::check_samples(n, self.comm.device_span().1)
+    }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         let n = self.replicas.len();

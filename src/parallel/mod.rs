@@ -30,7 +30,7 @@ use crate::data::Batch;
 use crate::nn::Module;
 use crate::optim::Optimizer;
 pub use crate::optim::OptimConfig;
-use crate::{Device, Result, Tensor};
+use crate::{Device, Error, Result, Tensor};
 use std::time::Instant;
 use step::StepLoop;
 
@@ -81,6 +81,25 @@ pub trait Strategy: Send {
     /// PyTorch's `model.train()` / `model.eval()` on every replica and stage: Dropout and
     /// BatchNorm switch behaviour (call it with `false` before `predict` for evaluation).
     fn set_training(&mut self, training: bool);
+    /// Whether a batch of `n` samples meets this strategy's constraints (at least one sample
+    /// per data-parallel device, micro-batches that divide it): the check `step` makes, without
+    /// any work. The default accepts any batch.
+    fn check_batch_size(&self, _n: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Checks every batch `source` can draw (its full batch and its smallest, an epoch's short
+    /// last one) before training starts, so that a constraint fails at build time and not at
+    /// the end of the first epoch; the error names the constraint and the batch size.
+    fn check_batches(&self, source: &dyn crate::data::BatchSource) -> Result<()> {
+        let (full, smallest) = (source.batch_size(), source.smallest_batch());
+        self.check_batch_size(full)?;
+        if smallest != full {
+            self.check_batch_size(smallest).map_err(|e| {
+                Error::invalid("Strategy::check_batches", format!("the source's short last batch of {smallest} samples (of {full}): {e}; drop it (DataLoader::drop_last) or choose a batch size that divides the data"))
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// Everything on one device: the reference every other strategy is tested against.

@@ -5,15 +5,21 @@ use crate::shape::even_ranges;
 use crate::{Error, Result};
 use std::ops::Range;
 
-/// Checks that `batch` is well formed and has at least one sample per device.
-pub(crate) fn check_batch(batch: &Batch, devices: usize) -> Result<()> {
-    let n = batch.len();
+/// A data-parallel batch gives each of `devices` at least one sample.
+pub(crate) fn check_samples(n: usize, devices: usize) -> Result<()> {
     if n < devices {
         return Err(Error::invalid(
             "DataParallel::step",
             format!("a batch of {n} samples cannot give each of the {devices} devices at least one; use a batch of at least {devices}"),
         ));
     }
+    Ok(())
+}
+
+/// Checks that `batch` is well formed and has at least one sample per device.
+pub(crate) fn check_batch(batch: &Batch, devices: usize) -> Result<()> {
+    let n = batch.len();
+    check_samples(n, devices)?;
     if !batch.x.len().is_multiple_of(n) || batch.x.len() != batch.x_shape.iter().product::<usize>() {
         return Err(Error::shape("DataParallel::step", format!("{} input values for shape {:?}", batch.x.len(), batch.x_shape)));
     }

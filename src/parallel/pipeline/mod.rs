@@ -140,8 +140,10 @@ impl PipelineBuilder<'_> {
         self.clip = max_norm;
         self
     }
-    /// Ties `copy` to `primary`, each `(stage index, name in that stage's state_dict)`: one
-    /// parameter held by two stages, such as a language model's token embedding (first stage)
+    /// Ties `copy` to `primary`, each `(stage index, name in that stage's state_dict)`, for
+    /// stages whose modules do not declare it themselves (the pipeline ties every pair that
+    /// [`Module::tied_parameters`] of a stage declares, as [`Gpt::stages`](crate::nn::models::Gpt::stages)'
+    /// output projection does): one parameter held by two stages, such as a language model's token embedding (first stage)
     /// and output projection (last stage). The copy starts as the primary's value, its
     /// gradient is moved into the primary's after the backward of every micro-batch (so the
     /// optimizers, clipping and weight decay see the parameter once, and keep no state for the
@@ -166,13 +168,14 @@ impl PipelineBuilder<'_> {
             remote::check_options(matches!(self.stages, Stages::Split(_, stages::Split::Auto)), self.micro_batches)?;
         }
         let (stages, balance_pending) = stages::build_stages(self.stages, &self.devices, &self.opt)?;
-        if balance_pending && !self.ties.is_empty() {
+        let declared = tied::declared(&stages, self.ties, spread.is_some())?;
+        if balance_pending && !declared.is_empty() {
             return Err(Error::invalid("Pipeline::tie", "tied parameters need fixed stages (Stages::Built or Split::At), not Split::Auto"));
         }
-        if spread.is_some() && !self.ties.is_empty() {
+        if spread.is_some() && !declared.is_empty() {
             return Err(Error::invalid("Pipeline::tie", "tied parameters across processes are not supported: tie stages inside one process"));
         }
-        let ties = tied::resolve(&stages, self.ties)?;
+        let ties = tied::resolve(&stages, declared)?;
         let across = spread.map(|g| Across::place(&g, stages.len())).transpose()?;
         let plan = match &across {
             Some(a) => schedule::schedule(self.schedule, a.total, self.micro_batches)[a.first..a.first + stages.len()].to_vec(),
@@ -231,12 +234,18 @@ impl Pipeline {
     }
 }
 
-/// The batch cut into `m` equal micro-batches along the sample dimension.
-fn split_batch(batch: &Batch, m: usize) -> Result<Vec<Batch>> {
-    let n = batch.len();
+/// Micro-batches must cut a batch of `n` into equal non-empty parts.
+pub(crate) fn check_micro_batches(n: usize, m: usize) -> Result<()> {
     if n == 0 || !n.is_multiple_of(m) {
         return Err(Error::invalid("Pipeline::step", format!("{m} micro-batches do not divide a batch of {n} samples evenly")));
     }
+    Ok(())
+}
+
+/// The batch cut into `m` equal micro-batches along the sample dimension.
+fn split_batch(batch: &Batch, m: usize) -> Result<Vec<Batch>> {
+    let n = batch.len();
+    check_micro_batches(n, m)?;
     let k = n / m;
     (0..m).map(|i| batch.slice(i * k..(i + 1) * k)).collect()
 }
@@ -396,6 +405,9 @@ impl Pipeline {
 }
 
 impl Strategy for Pipeline {
+    fn check_batch_size(&self, n: usize) -> Result<()> {
+        check_micro_batches(n, self.micro_batches)
+    }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         self.balance.correct(&mut self.stages, &self.opt)?;
         let run = self.backward_part(batch, 0, batch.len())?;
