@@ -22,7 +22,7 @@ pub enum Loss {
     /// PyTorch's `[N, C, d..]` against `[N, d..]`.
     CrossEntropy,
     /// Mean squared error (PyTorch `MSELoss()`): F32 targets of the prediction's shape. I32
-    /// class labels are an [`Error::Invalid`] of `Loss::Mse` that points
+    /// class labels are an [`Error::Invalid`](crate::Error::Invalid) of `Loss::Mse` that points
     /// to [`Loss::CrossEntropy`].
     Mse,
     /// The user's loss.
