@@ -1,8 +1,8 @@
 //! Activation recomputation: a function whose forward keeps only its input for the backward,
 //! which runs the function again with history to get the gradients (PyTorch's
 //! `torch.utils.checkpoint`, non-reentrant in spirit: the recomputed graph is private).
+use super::samples::{current_samples, with_samples, SampleContext};
 use super::{no_grad, propagate, with_grad, GradOp};
-use crate::nn::{current_samples, with_samples, SampleContext};
 use crate::{Error, Result, Tensor};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

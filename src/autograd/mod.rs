@@ -2,8 +2,11 @@
 //! and activation recomputation (`checkpoint`).
 mod checkpoint;
 mod rules;
+mod samples;
 
 pub use checkpoint::{checkpoint, BlockFn, Recompute};
+pub(crate) use samples::samples_in_progress;
+pub use samples::{current_samples, with_samples, SampleContext};
 
 use crate::backend::{BinaryOp, Buffer, UnaryOp, WindowSpec};
 use crate::{Error, Result, Tensor};

@@ -5,6 +5,11 @@
 //! heads), `T` tokens, `D` the head size, `L` values of an elementwise op. Every buffer is F32
 //! and contiguous.
 
+/// β = √(2/π) and κ of the tanh approximation of GELU, shared by the composition
+/// (`Tensor::gelu_tanh`), its gradient rule and the fused kernels.
+pub(crate) const GELU_BETA: f32 = 0.797_884_6;
+pub(crate) const GELU_KAPPA: f32 = 0.044715;
+
 /// Rows one LayerNorm-backward partial sums: `dweight` and `dbias` are summed over blocks of
 /// this many rows into `[blocks(R), C]` partials, which a fixed-order reduction then adds, so the
 /// result is the same bits on every run (no float atomics).

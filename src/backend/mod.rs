@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod wgpu;
 
 pub use fused::{ln_blocks, FusedOp, LN_ROW_BLOCK};
+pub(crate) use fused::{GELU_BETA, GELU_KAPPA};
 pub use index::{row_plan, CastOp, IndexOp};
 
 use crate::{DType, Layout, Result};

@@ -35,11 +35,13 @@
 mod agree;
 mod launcher;
 mod state;
+mod sum;
 #[cfg(feature = "mpi")]
 mod world;
 
 pub(crate) use agree::{rank_list, DeviceOp};
 pub use launcher::{detect, Launch, Launcher};
+pub use sum::tree_sum;
 
 use crate::{Device, Error, Result};
 #[cfg(feature = "mpi")]
@@ -56,7 +58,7 @@ pub enum Order {
     /// `MPI_Allreduce`: the library's fastest algorithm, whose order of additions is its own
     /// choice and may change with the message size, the number of ranks or the transport.
     Mpi,
-    /// Sums in rank order with [`crate::parallel::comm::tree_sum`], bit for bit the same
+    /// Sums in rank order with [`tree_sum`], bit for bit the same
     /// for a given number of ranks: each rank receives one slice of every rank's buffer
     /// (all-to-all), sums its slice, and all gather the slices (the traffic of a ring).
     Ranks,

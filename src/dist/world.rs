@@ -13,7 +13,8 @@
 //! collective first all-gathers a fixed-size header (see `agree.rs`) and checks it.
 use super::agree::{self, Elem, Header, Op, WORDS};
 use super::Order;
-use crate::parallel::comm::{even_ranges, tree_sum};
+use super::tree_sum;
+use crate::shape::even_ranges;
 use crate::{Error, Result};
 use mpi::datatype::{Equivalence, Partition, PartitionMut};
 use mpi::topology::SimpleCommunicator;

@@ -1,9 +1,10 @@
 //! Parameter-free layers: Identity, Tanh, Sigmoid, SiLU, GELU, and Dropout (the only one with a
-//! mode), with the sample context that keys Dropout's masks by sample rather than by device split.
+//! mode), which keys its masks by the sample context ([`crate::autograd::SampleContext`]) rather
+//! than by device split.
 use super::Module;
+use crate::autograd::SampleContext;
 use crate::tensor::random::philox4x32;
 use crate::{Device, Error, Result, Tensor};
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -65,48 +66,6 @@ impl Module for GELU {
     fn describe(&self) -> String {
         format!("GELU({:?})", self.approximate)
     }
-}
-
-/// Which samples the forward running on this thread computes: set by the strategies' step loop
-/// (see [`with_samples`]) so that Dropout draws each sample's mask from (seed, step, global
-/// sample index), the same whether the batch runs whole, in data-parallel shards or in
-/// pipeline micro-batches, and again when a pipeline recomputes a forward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SampleContext {
-    /// The optimizer step (0 for the first).
-    pub step: u64,
-    /// Index within the global batch of the first sample of this forward's input.
-    pub first_sample: u64,
-    /// Samples in this forward's input.
-    pub samples: usize,
-}
-
-thread_local! {
-    /// The context of the forward in progress and its generation (unique per `with_samples`).
-    static CONTEXT: Cell<Option<(SampleContext, u64)>> = const { Cell::new(None) };
-}
-static GENERATION: AtomicU64 = AtomicU64::new(1);
-
-/// Runs `f` (a forward) with `ctx` as this thread's sample context, then restores the previous
-/// one. Every Dropout reached in `f` keys its masks by `ctx`, counting its own calls from 0, so
-/// running the same forward again under the same context replays the same masks.
-pub fn with_samples<T>(ctx: SampleContext, f: impl FnOnce() -> T) -> T {
-    /// Puts the previous context back even when `f` panics.
-    struct Restore(Option<(SampleContext, u64)>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            CONTEXT.with(|c| c.set(self.0));
-        }
-    }
-    let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-    let _restore = Restore(CONTEXT.with(|c| c.replace(Some((ctx, generation)))));
-    f()
-}
-
-/// This thread's sample context, if a forward under [`with_samples`] is running: what a
-/// recomputed forward (`autograd::checkpoint`) runs under again to replay its Dropout masks.
-pub fn current_samples() -> Option<SampleContext> {
-    CONTEXT.with(Cell::get).map(|(ctx, _)| ctx)
 }
 
 /// Zeroes each value with probability `p` in training and scales the rest by `1/(1-p)`;
@@ -178,7 +137,7 @@ impl Module for Dropout {
         if !self.training.load(Ordering::Relaxed) || self.p == 0.0 {
             return Ok(x.clone());
         }
-        if let Some((ctx, generation)) = CONTEXT.with(Cell::get) {
+        if let Some((ctx, generation)) = crate::autograd::samples_in_progress() {
             return x.mul(&self.sample_mask(x, ctx, generation)?);
         }
         let offset = self.offset.fetch_add(x.numel() as u64, Ordering::Relaxed);

@@ -7,7 +7,9 @@ pub mod models;
 mod norm;
 mod pool;
 
-pub use activation::{current_samples, with_samples, Dropout, GeluApproximate, Identity, SampleContext, SiLU, Sigmoid, Tanh, GELU};
+pub use activation::{Dropout, GeluApproximate, Identity, SiLU, Sigmoid, Tanh, GELU};
+// The sample context is autograd's (a recomputed forward reruns under it); Dropout is its user.
+pub use crate::autograd::{current_samples, with_samples, SampleContext};
 pub use layers::{Conv2d, Embedding, Flatten, Linear, MaxPool2d, ReLU};
 pub use norm::{BatchNorm1d, BatchNorm2d, LayerNorm};
 pub use pool::{AdaptiveAvgPool2d, AvgPool2d};
@@ -58,6 +60,15 @@ pub trait Module: Any + Send + Sync {
     fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut seen = HashSet::new();
         prefixed(self.children(), |m| m.parameters()).into_iter().filter(|(_, t)| seen.insert(t.id())).collect()
+    }
+    /// Parameters of this module that are copies of another parameter of the whole model, as
+    /// `(own name, the primary's name in the whole model's state_dict)`: a language model's
+    /// output projection that is its token embedding. Where the two are one tensor (one
+    /// device) nothing needs it; a pipeline whose stages hold the two as separate tensors ties
+    /// every pair its stages declare, so a model split across stages trains as one. The
+    /// default gathers the children's, own names prefixed with the child's name.
+    fn tied_parameters(&self) -> Vec<(String, String)> {
+        self.children().into_iter().flat_map(|(name, m)| m.tied_parameters().into_iter().map(move |(own, primary)| (format!("{name}.{own}"), primary))).collect()
     }
     /// Named state that is saved but not trained (BatchNorm's running statistics).
     fn named_buffers(&self) -> Vec<(String, Tensor)> {

@@ -14,7 +14,6 @@
 mod buckets;
 mod deterministic;
 mod overlapped;
-pub(super) mod split;
 mod timing;
 mod update;
 
@@ -22,6 +21,7 @@ pub use buckets::assign_buckets;
 pub use timing::{DeviceSpans, Overlap};
 
 use super::comm::{self, Communicator};
+use super::split::{PartsOf, ReplicaSplit};
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
@@ -30,7 +30,6 @@ use crate::nn::{Module, Sequential};
 use crate::optim::Optimizer;
 use crate::{Device, Error, Result, Tensor};
 use std::collections::HashMap;
-use std::ops::Range;
 use std::time::Instant;
 
 /// Options of [`DataParallel`]; `Default` matches PyTorch DDP's defaults where there is one.
@@ -214,7 +213,7 @@ impl DataParallel {
             if w.len() != n {
                 return Err(Error::invalid("DataParallel::new", format!("{} split weights for {n} devices", w.len())));
             }
-            super::proportional_split(n, w)?;
+            super::split::proportional_split(n, w)?;
             if cfg.calibrate {
                 return Err(Error::invalid("DataParallel::new", "give split weights or calibrate, not both"));
             }
@@ -305,15 +304,6 @@ impl DataParallel {
     pub fn parameter_owners(&self) -> Option<&[usize]> {
         self.owners.as_deref()
     }
-
-    /// Sample ranges of the global batch per device (overlapped mode). Across processes this
-    /// process takes its devices' equal share of the batch, which its split weights divide.
-    fn device_ranges(&self, n: usize) -> Result<Vec<Range<usize>>> {
-        let ((first, world), local) = (self.comm.device_span(), self.replicas.len());
-        let share = split::ranges(n, world, None)?;
-        let mine = share[first].start..share[first + local - 1].end;
-        Ok(split::ranges(mine.len(), local, self.split_weights.as_deref())?.into_iter().map(|r| r.start + mine.start..r.end + mine.start).collect())
-    }
 }
 
 /// The result of replica `i`'s thread; its error, or its panic, named by replica and device.
@@ -337,39 +327,32 @@ fn assign_owners(sizes: &[usize], devices: usize) -> Vec<usize> {
 }
 
 impl Strategy for DataParallel {
+    fn check_batch_size(&self, n: usize) -> Result<()> {
+        super::split::check_samples(n, self.comm.device_span().1)
+    }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         let n = self.replicas.len();
         let (first, world) = self.comm.device_span();
-        split::check_batch(batch, world)?;
+        let mode = if self.cfg.deterministic { PartsOf::FixedShards(self.cfg.deterministic_shards) } else { PartsOf::MicroBatches(self.cfg.micro_batches) };
         if self.cfg.calibrate && self.split_weights.is_none() {
             let models: Vec<(&dyn Module, &Device)> = self.replicas.iter().map(|r| (&*r.model, &r.device)).collect();
-            self.split_weights = Some(split::calibrate(&models, batch, &self.run)?);
+            self.split_weights = Some(timing::calibrate(&models, batch, &self.run)?);
         }
         let trace = self.trace.as_ref();
         let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&(first + i)))).collect();
+        let parts = ReplicaSplit { first, world, local: n, weights: self.split_weights.as_deref(), mode }.parts(batch)?;
         let (computed, reduced) = if self.cfg.deterministic {
-            let shards = split::ranges(batch.len(), self.cfg.deterministic_shards.min(batch.len()), None)?;
-            // Across processes, micro-shards go to every process's devices in equal shares.
-            let owned = if world == n {
-                split::ranges(shards.len(), n, self.split_weights.as_deref())?
-            } else {
-                split::ranges(shards.len(), world, None)?[first..first + n].to_vec()
-            };
-            (deterministic::run(&self.replicas, batch, &shards, &owned, &updates, &self.run, &*self.comm, trace)?, None)
+            (deterministic::run(&self.replicas, &parts, batch.len(), &updates, &self.run, &*self.comm, trace)?, None)
         } else {
-            let ranges = self.device_ranges(batch.len())?;
-            let shards = ranges.iter().map(|r| batch.slice(r.clone())).collect::<Result<Vec<_>>>()?;
             let plan = overlapped::Plan {
                 buckets: &self.buckets,
                 bucket_of: &self.bucket_of,
                 run: &self.run,
-                micro_batches: self.cfg.micro_batches,
-                firsts: ranges.iter().map(|r| r.start).collect(),
                 total: batch.len(),
                 trace,
             };
-            let (mut c, r) = overlapped::run(&self.replicas, &shards, &*self.comm, &plan)?;
+            let (mut c, r) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan)?;
             c.loss = self.comm.sum_by_index(vec![(first, vec![c.loss])])?[0];
             (c, Some(r))
         };

@@ -6,7 +6,7 @@
 use super::comm::{self, Communicator, ReduceKind};
 use super::pipeline::{PartRun, Pipeline};
 use super::trace::Trace;
-use super::data_parallel::split;
+use super::split;
 use super::step::clip_bound;
 use super::{StepReport, Strategy};
 use crate::autograd::no_grad;
@@ -155,6 +155,12 @@ fn column(replicas: &[Pipeline], s: usize) -> Vec<Device> {
 }
 
 impl Strategy for PipelineGrid {
+    fn check_batch_size(&self, n: usize) -> Result<()> {
+        for (share, pipe) in self.shares(n)?.into_iter().zip(&self.replicas) {
+            pipe.check_batch_size(share.len())?;
+        }
+        Ok(())
+    }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         let (n, shares) = (batch.len(), self.shares(batch.len())?);

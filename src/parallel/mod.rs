@@ -8,8 +8,11 @@
 pub mod comm;
 mod data_parallel;
 mod grid;
+mod loss;
 pub mod pipeline;
 mod placement;
+mod split;
+mod stages;
 mod step;
 mod tensor_parallel;
 pub mod trace;
@@ -17,107 +20,19 @@ pub mod trace;
 pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, Overlap, StepEvent};
 pub use grid::PipelineGrid;
 pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
-pub use placement::{LayerPlacement, Split, Stages};
-// The CLI fixes a byte-balanced split up front when --deterministic asks for one.
-#[cfg(feature = "cli")]
-pub(crate) use placement::plan as plan_stages;
+pub use loss::{batch_to_device, Loss, LossFn};
+pub use placement::LayerPlacement;
+pub use split::proportional_split;
+pub use stages::{plan_stages, Split, Stages};
 pub use tensor_parallel::{ColumnParallelLinear, ParallelMlp, RowParallelLinear, TensorParallel, TensorParallelGpt};
 
-use crate::data::{Batch, Inputs, Targets};
+use crate::data::Batch;
 use crate::nn::Module;
 use crate::optim::Optimizer;
 pub use crate::optim::OptimConfig;
 use crate::{Device, Error, Result, Tensor};
-use std::sync::Arc;
 use std::time::Instant;
 use step::StepLoop;
-
-/// A loss written by the user: `(output, targets) -> scalar`, both on the output's device.
-pub type LossFn = Arc<dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync>;
-
-/// The training loss: a ready-made one or any closure over (output, targets).
-///
-/// Strategies that split a batch (data-parallel shards, pipeline micro-batches) weight each
-/// part's loss by its share of the samples, so the sum is the whole batch's loss exactly when
-/// the loss is a mean in which every sample weighs the same: one value per sample, or the same
-/// number of values per sample (per-token targets `[B, T]` with no ignored token). A loss that
-/// skips some values (`ignore_index`) gives the mean of the parts' means instead.
-#[derive(Clone)]
-pub enum Loss {
-    /// Mean cross-entropy over class indices (PyTorch `CrossEntropyLoss()`): logits `[N, C]`
-    /// against `[N]`; per-token logits `[B, T, C]` against targets `[B, T]` (classes last, as a
-    /// language model's: flattened to `[B·T, C]` and `[B·T]`, the mean over every token); or
-    /// PyTorch's `[N, C, d..]` against `[N, d..]`.
-    CrossEntropy,
-    /// Mean squared error (PyTorch `MSELoss()`): F32 targets of the prediction's shape. I32
-    /// class labels are an [`Error::Invalid`] of `Loss::Mse` that points
-    /// to [`Loss::CrossEntropy`].
-    Mse,
-    /// The user's loss.
-    Custom(LossFn),
-}
-
-impl std::fmt::Debug for Loss {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Loss::CrossEntropy => "CrossEntropy",
-            Loss::Mse => "Mse",
-            Loss::Custom(_) => "Custom",
-        })
-    }
-}
-
-impl Loss {
-    /// Any loss from tensor ops, such as `|out, y| out.cross_entropy_with(y, opts)`.
-    pub fn custom(f: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync + 'static) -> Loss {
-        Loss::Custom(Arc::new(f))
-    }
-    pub fn for_targets(t: &Targets) -> Loss {
-        match t {
-            Targets::Classes { .. } | Targets::Tokens { .. } => Loss::CrossEntropy,
-            Targets::Values { .. } => Loss::Mse,
-        }
-    }
-    /// The loss of `output` against `target` (as made by `batch_to_device`).
-    pub fn compute(&self, output: &Tensor, target: &Tensor) -> Result<Tensor> {
-        match self {
-            Loss::CrossEntropy if output.rank() == 2 => output.cross_entropy(target),
-            Loss::CrossEntropy if output.rank() == target.rank() + 1 && output.dims()[..target.rank()] == target.dims()[..] => {
-                let classes = output.dims()[target.rank()];
-                output.reshape([target.numel(), classes])?.cross_entropy(&target.reshape([target.numel()])?)
-            }
-            Loss::CrossEntropy => output.cross_entropy_with(target, Default::default()),
-            Loss::Mse if target.dtype() != crate::DType::F32 => Err(crate::Error::invalid(
-                "Loss::Mse",
-                format!(
-                    "targets are {:?} {:?}, class labels; MSE needs F32 targets of the prediction's shape {:?}: use Loss::CrossEntropy for class labels",
-                    target.dtype(),
-                    target.shape(),
-                    output.shape()
-                ),
-            )),
-            Loss::Mse => output.mse_loss(target),
-            Loss::Custom(f) => f(output, target),
-        }
-    }
-}
-
-/// Uploads a host batch: inputs as f32 values or I32 token ids `[b, ...]`, targets as I32
-/// labels `[b]`, I32 ids `[b, ...]` or f32 values `[b, ...]`.
-pub fn batch_to_device(batch: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
-    let x = match &batch.x {
-        Inputs::F32(v) => Tensor::from_vec(v.clone(), batch.x_shape.clone(), device)?,
-        Inputs::I32(ids) => Tensor::from_labels(ids.clone(), batch.x_shape.clone(), device)?,
-    };
-    let b = batch.x_shape.first().copied().unwrap_or(0);
-    let with_batch = |per: &[usize]| [&[b][..], per].concat();
-    let y = match &batch.y {
-        Targets::Classes { labels, .. } => Tensor::from_labels(labels.clone(), [labels.len()], device)?,
-        Targets::Tokens { ids, shape_per_sample, .. } => Tensor::from_labels(ids.clone(), with_batch(shape_per_sample), device)?,
-        Targets::Values { data, shape_per_sample } => Tensor::from_vec(data.clone(), with_batch(shape_per_sample), device)?,
-    };
-    Ok((x, y))
-}
 
 /// What one optimizer step measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -166,6 +81,25 @@ pub trait Strategy: Send {
     /// PyTorch's `model.train()` / `model.eval()` on every replica and stage: Dropout and
     /// BatchNorm switch behaviour (call it with `false` before `predict` for evaluation).
     fn set_training(&mut self, training: bool);
+    /// Whether a batch of `n` samples meets this strategy's constraints (at least one sample
+    /// per data-parallel device, micro-batches that divide it): the check `step` makes, without
+    /// any work. The default accepts any batch.
+    fn check_batch_size(&self, _n: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Checks every batch `source` can draw (its full batch and its smallest, an epoch's short
+    /// last one) before training starts, so that a constraint fails at build time and not at
+    /// the end of the first epoch; the error names the constraint and the batch size.
+    fn check_batches(&self, source: &dyn crate::data::BatchSource) -> Result<()> {
+        let (full, smallest) = (source.batch_size(), source.smallest_batch());
+        self.check_batch_size(full)?;
+        if smallest != full {
+            self.check_batch_size(smallest).map_err(|e| {
+                Error::invalid("Strategy::check_batches", format!("the source's short last batch of {smallest} samples (of {full}): {e}; drop it (DataLoader::drop_last) or choose a batch size that divides the data"))
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// Everything on one device: the reference every other strategy is tested against.
@@ -265,22 +199,4 @@ impl Strategy for Single {
     fn set_training(&mut self, training: bool) {
         self.model.set_training(training);
     }
-}
-
-/// Splits `n` samples into parts proportional to `weights` (largest remainders), every part
-/// as close to its share as integers allow; errors when a weight is not positive.
-pub fn proportional_split(n: usize, weights: &[f64]) -> Result<Vec<usize>> {
-    if weights.is_empty() || weights.iter().any(|w| !(w.is_finite() && *w > 0.0)) {
-        return Err(Error::invalid("split", format!("weights must be positive, got {weights:?}")));
-    }
-    let total: f64 = weights.iter().sum();
-    let exact: Vec<f64> = weights.iter().map(|w| n as f64 * w / total).collect();
-    let mut parts: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
-    let mut order: Vec<usize> = (0..weights.len()).collect();
-    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
-    let short = n - parts.iter().sum::<usize>();
-    for &i in order.iter().take(short) {
-        parts[i] += 1;
-    }
-    Ok(parts)
 }

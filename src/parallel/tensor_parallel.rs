@@ -12,7 +12,7 @@ pub use gpt::TensorParallelGpt;
 pub use mlp::ParallelMlp;
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
-use super::data_parallel::split;
+use super::split;
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;

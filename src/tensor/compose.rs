@@ -3,12 +3,9 @@
 //! primitive gather), and average pooling.
 use super::Tensor;
 use crate::autograd::{self, GradOp};
-use crate::backend::{BinaryOp, IndexOp};
+use crate::backend::{BinaryOp, IndexOp, GELU_BETA, GELU_KAPPA};
 use crate::{DType, Device, Error, Result, Shape};
 
-/// β = √(2/π) and κ of the tanh approximation of GELU.
-pub(crate) const GELU_BETA: f32 = 0.797_884_6;
-pub(crate) const GELU_KAPPA: f32 = 0.044715;
 
 /// `β (x + κ x³)`, the argument of the tanh in `gelu_tanh`, shared with its gradient.
 pub(crate) fn gelu_tanh_inner(x: &Tensor) -> Result<Tensor> {

@@ -4,7 +4,8 @@
 use super::Tensor;
 use crate::autograd::{self, GradOp};
 use crate::backend::{ln_blocks, FusedOp};
-use crate::tensor::{gelu_tanh_inner, GELU_BETA, GELU_KAPPA};
+use crate::backend::{GELU_BETA, GELU_KAPPA};
+use crate::tensor::gelu_tanh_inner;
 use crate::{DType, Device, Error, Result, Shape};
 use std::cell::Cell;
 

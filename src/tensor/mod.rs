@@ -11,7 +11,7 @@ mod ops;
 pub mod random;
 mod shape_ops;
 
-pub(crate) use compose::{gelu_tanh_inner, GELU_BETA, GELU_KAPPA};
+pub(crate) use compose::gelu_tanh_inner;
 pub use fused::composed;
 pub use losses::CrossEntropy;
 

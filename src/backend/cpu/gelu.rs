@@ -3,8 +3,7 @@
 //! CPU has AVX2 the same loops are also compiled for it, which vectorises the tanh's f64
 //! arithmetic; Rust never fuses a multiply and an add, so both builds give the same bits.
 use super::kernels::{unary, CHUNK};
-use crate::backend::UnaryOp;
-use crate::tensor::{GELU_BETA, GELU_KAPPA};
+use crate::backend::{UnaryOp, GELU_BETA, GELU_KAPPA};
 use rayon::prelude::*;
 
 /// `y = x · (tanh(β (x + κ x³)) · 0.5 + 0.5)`.

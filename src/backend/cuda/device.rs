@@ -115,7 +115,7 @@ impl CudaBackend {
                 None
             }
         };
-        info.libraries = super::libraries_line(&super::nvrtc_line(), &images, super::nccl_version().as_ref());
+        info.libraries = super::libraries_line(&super::nvrtc_line(), &images, super::nccl_line().as_ref());
         Ok(CudaBackend {
             pool: Arc::new(Pool::new(stream.clone(), label.clone())),
             staging: Staging::new(stream.clone(), label.clone()),

@@ -51,14 +51,16 @@ use std::sync::{Arc, OnceLock};
 /// Runs `f`, turning a panic inside cudarc (it panics when a library or symbol is missing) into
 /// `Error::Unavailable`, so no panic reaches the caller.
 pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
-        let msg = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "unknown panic".into());
-        Err(Error::Unavailable { backend: "cuda", reason: format!("{what}: {msg}") })
-    })
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| Err(Error::Unavailable { backend: "cuda", reason: format!("{what}: {}", panic_message(payload)) }))
+}
+
+/// The panic message of a caught panic.
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// The one conversion of vendor errors (driver, cuBLAS) into tandem's error type.
@@ -180,7 +182,7 @@ fn describe(ordinal: usize) -> Result<DeviceInfo> {
         memory,
         driver: format!("CUDA driver {}.{}, sm_{cc_major}{cc_minor}", version / 1000, (version % 1000) / 10),
         matmul: matmul_line(&blas::version()),
-        libraries: libraries_line(&nvrtc_line(), &[], nccl_version().as_ref()),
+        libraries: libraries_line(&nvrtc_line(), &[], nccl_line().as_ref()),
     })
 }
 
@@ -192,11 +194,36 @@ fn nvrtc_line() -> std::result::Result<String, String> {
 }
 
 /// NCCL's version when the `nccl` feature is built in.
-fn nccl_version() -> Option<std::result::Result<String, String>> {
+fn nccl_line() -> Option<std::result::Result<String, String>> {
     #[cfg(feature = "nccl")]
-    return Some(crate::parallel::comm::nccl::probe().map(|v| format!("NCCL {v}")).map_err(|e| e.to_string()));
+    return Some(nccl_version().map(|v| format!("NCCL {v}")).map_err(|e| e.to_string()));
     #[cfg(not(feature = "nccl"))]
     None
+}
+
+/// The NCCL version this process loads (`2.21.5`), or why NCCL cannot be used. Probed once,
+/// before any cudarc NCCL call.
+#[cfg(feature = "nccl")]
+pub fn nccl_version() -> Result<String> {
+    static PROBE: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    let probed = PROBE.get_or_init(|| {
+        let loaded = libs::load(&libs::NCCL)?;
+        // SAFETY: is_culib_present only dlopens the candidate names and closes them again.
+        let present = catch_unwind(|| unsafe { cudarc::nccl::sys::is_culib_present() }).unwrap_or(false);
+        if !present {
+            return Err(format!("{} was loaded but cudarc cannot open it", loaded.path.display()));
+        }
+        match catch_unwind(cudarc::nccl::result::get_nccl_version) {
+            Ok(Ok(code)) => {
+                // NCCL >= 2.9 encodes major*10000 + minor*100 + patch, older ones major*1000 + ...
+                let (major, rest) = if code >= 10000 { (code / 10000, code % 10000) } else { (code / 1000, code % 1000) };
+                Ok(format!("{major}.{}.{}", rest / 100, rest % 100))
+            }
+            Ok(Err(e)) => Err(format!("ncclGetVersion: {e:?}")),
+            Err(panic) => Err(format!("ncclGetVersion: {}", panic_message(panic))),
+        }
+    });
+    probed.clone().map_err(|reason| Error::Unavailable { backend: "nccl", reason })
 }
 
 /// [`DeviceInfo::matmul`] of a CUDA device: cuBLAS's version, or the tiled kernel and why.

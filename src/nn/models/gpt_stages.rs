@@ -42,6 +42,9 @@ impl Module for Head {
     fn parameters(&self) -> Vec<(String, Tensor)> {
         vec![("weight".into(), self.weight.clone())]
     }
+    fn tied_parameters(&self) -> Vec<(String, String)> {
+        vec![("weight".into(), Gpt::WTE.into())]
+    }
     fn describe(&self) -> String {
         format!("LmHead({}, {})", self.weight.dims()[1], self.weight.dims()[0])
     }
@@ -58,8 +61,9 @@ impl Gpt {
     /// `transformer` (the embeddings) first, `transformer.h.{i}` blocks, `transformer.ln_f` and
     /// `lm_head` last. `starts` says where the blocks are cut: `Some(starts)` gives the index of
     /// the first block of every stage after the first (strictly increasing, in `1..n_layer`),
-    /// `None` near-equal runs of blocks. Tie [`Gpt::WTE`] on stage 0 with
-    /// [`Gpt::LM_HEAD`] on the last stage (`PipelineBuilder::tie`): the stages hold two tensors.
+    /// `None` near-equal runs of blocks. The stages hold [`Gpt::WTE`] on stage 0 and
+    /// [`Gpt::LM_HEAD`] on the last as two tensors; the last stage declares its head a copy of
+    /// the embedding ([`Module::tied_parameters`]), so a pipeline of them ties the two itself.
     pub fn stages(&self, devices: &[Device], starts: Option<&[usize]>) -> Result<Vec<Sequential>> {
         let ranges = self.block_ranges(devices.len(), starts)?;
         let (cfg, t) = (self.config, &self.transformer);

@@ -88,6 +88,8 @@ pub trait Communicator: Send + Sync {
 }
 
 pub(crate) use crate::shape::even_ranges;
+// The rank-order sum is the process layer's: an MPI all-reduce sums with it too.
+pub use crate::dist::tree_sum;
 
 /// The best communicator for `devices`: with the `nccl` feature, `Nccl` when every device is
 /// CUDA and NCCL can be set up (the library loads, one device per GPU); else `PeerRing` when
@@ -150,30 +152,6 @@ fn check_root(op: &'static str, root: usize, n: usize) -> Result<()> {
         return Err(Error::invalid(op, format!("root {root} is outside the group of {n} devices")));
     }
     Ok(())
-}
-
-
-/// The elementwise sum of equally long vectors in a fixed pairwise tree over their index:
-/// each level adds neighbours (0+1, 2+3, ...) and carries an odd last one up unchanged. The
-/// rounding therefore depends only on the number of parts and their order, never on timing.
-pub fn tree_sum(mut parts: Vec<Vec<f32>>) -> Result<Vec<f32>> {
-    let len = parts.first().map(Vec::len).ok_or_else(|| Error::invalid("tree_sum", "nothing to sum"))?;
-    if parts.iter().any(|p| p.len() != len) {
-        let lens: Vec<usize> = parts.iter().map(Vec::len).collect();
-        return Err(Error::shape("tree_sum", format!("parts of different lengths {lens:?}")));
-    }
-    while parts.len() > 1 {
-        let mut next = Vec::with_capacity(parts.len().div_ceil(2));
-        let mut it = parts.into_iter();
-        while let Some(mut a) = it.next() {
-            if let Some(b) = it.next() {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            }
-            next.push(a);
-        }
-        parts = next;
-    }
-    Ok(parts.pop().expect("at least one part"))
 }
 
 /// Applies `f` to every element index on its own scoped thread, returning results in order.

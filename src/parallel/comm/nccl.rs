@@ -21,6 +21,9 @@
 //! system's). [`Nccl::new`] probes before any NCCL call, because cudarc panics on a missing
 //! library, and its error names every file and directory tried.
 use super::{check_group, check_root, even_ranges, Communicator, ReduceKind};
+pub(super) use crate::backend::cuda::panic_message;
+// The version probe is the CUDA backend's, which reports it in its device information.
+pub use crate::backend::cuda::nccl_version as probe;
 use crate::autograd::no_grad;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::Buffer;
@@ -31,7 +34,7 @@ use cudarc::nccl::{group_end, group_start, Comm, NcclType, ReduceOp};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// Collectives through NCCL; see the module docs.
 pub struct Nccl {
@@ -140,39 +143,6 @@ impl Drop for KeepContext {
 /// The CUDA backend behind `device`, or `None` for any other backend.
 pub(super) fn cuda(device: &Device) -> Option<&CudaBackend> {
     device.backend().as_any().downcast_ref::<CudaBackend>()
-}
-
-/// The panic message of a caught panic.
-pub(super) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
-/// The NCCL version this process loads (`2.21.5`), or why NCCL cannot be used. Probed once,
-/// before any cudarc NCCL call.
-pub fn probe() -> Result<String> {
-    static PROBE: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    let probed = PROBE.get_or_init(|| {
-        let loaded = crate::backend::cuda::libs::load(&crate::backend::cuda::libs::NCCL)?;
-        // SAFETY: is_culib_present only dlopens the candidate names and closes them again.
-        let present = catch_unwind(|| unsafe { cudarc::nccl::sys::is_culib_present() }).unwrap_or(false);
-        if !present {
-            return Err(format!("{} was loaded but cudarc cannot open it", loaded.path.display()));
-        }
-        match catch_unwind(cudarc::nccl::result::get_nccl_version) {
-            Ok(Ok(code)) => {
-                // NCCL >= 2.9 encodes major*10000 + minor*100 + patch, older ones major*1000 + ...
-                let (major, rest) = if code >= 10000 { (code / 10000, code % 10000) } else { (code / 1000, code % 1000) };
-                Ok(format!("{major}.{}.{}", rest / 100, rest % 100))
-            }
-            Ok(Err(e)) => Err(format!("ncclGetVersion: {e:?}")),
-            Err(panic) => Err(format!("ncclGetVersion: {}", panic_message(panic))),
-        }
-    });
-    probed.clone().map_err(|reason| Error::Unavailable { backend: "nccl", reason })
 }
 
 /// Each device's stream and label, and its GPU ordinal. Every device must be a CUDA device on

@@ -10,12 +10,11 @@
 //! backend. The price: no overlap of communication with backward, one full-gradient download
 //! per micro-shard and one upload per device, and the host doing the additions.
 use super::{joined, Computed, Replica};
-use crate::data::Batch;
+use crate::parallel::split::Part;
 use crate::parallel::comm::Communicator;
 use crate::parallel::step::StepLoop;
 use crate::parallel::trace::{Phase, Trace};
 use crate::{Result, Tensor};
-use std::ops::Range;
 use std::time::Instant;
 
 /// One micro-shard's result: its index, flat gradient (all parameters, state_dict order) and
@@ -33,13 +32,12 @@ struct WorkerOut {
 /// (the others own no parameter and would not read it).
 /// Across processes `comm` gathers every process's micro-shards before the sum.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], owned: &[Range<usize>], updates: &[bool], run: &StepLoop, comm: &dyn Communicator, trace: Option<&Trace>) -> Result<Computed> {
-    let total = batch.len();
+pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], total: usize, updates: &[bool], run: &StepLoop, comm: &dyn Communicator, trace: Option<&Trace>) -> Result<Computed> {
     let outs = std::thread::scope(|s| {
         let handles: Vec<_> = replicas
             .iter()
-            .zip(owned)
-            .map(|(r, ks)| s.spawn(move || worker(r, batch, &shards[ks.clone()], ks.start, total, run, trace)))
+            .zip(parts)
+            .map(|(r, ks)| s.spawn(move || worker(r, ks, total, run, trace)))
             .collect();
         handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect::<Vec<_>>()
     });
@@ -67,15 +65,14 @@ pub(super) fn run(replicas: &[Replica], batch: &Batch, shards: &[Range<usize>], 
     Ok(Computed { loss: loss_sum, compute_s, comm: vec![(t0, t1)], backward_end, events: Vec::new(), overlap: None })
 }
 
-/// Micro-shards `ks` (the first has index `first`) on replica `r`, each gradient on its own.
-fn worker(r: &Replica, batch: &Batch, ks: &[Range<usize>], first: usize, total: usize, run: &StepLoop, trace: Option<&Trace>) -> Result<WorkerOut> {
+/// Micro-shards `ks` on replica `r`, each gradient on its own, keyed by the shard's index.
+fn worker(r: &Replica, ks: &[Part], total: usize, run: &StepLoop, trace: Option<&Trace>) -> Result<WorkerOut> {
     let t0 = Instant::now();
     let mut grads = Vec::with_capacity(ks.len());
-    for (j, range) in ks.iter().enumerate() {
+    for part in ks {
         r.model.zero_grad();
         let tf = Instant::now();
-        let part = batch.slice(range.clone())?;
-        let scaled = run.part_loss(&*r.model, &part, range.start, total, &r.device)?;
+        let scaled = run.part_loss(&*r.model, &part.batch, part.first, total, &r.device)?;
         let tb = Instant::now();
         scaled.backward()?;
         let mut flat = Vec::new();
@@ -85,10 +82,10 @@ fn worker(r: &Replica, batch: &Batch, ks: &[Range<usize>], first: usize, total: 
                 None => flat.resize(flat.len() + p.numel(), 0.0),
             }
         }
-        grads.push((first + j, flat, scaled.to_scalar()?));
+        grads.push((part.index, flat, scaled.to_scalar()?));
         if let Some(tr) = trace {
-            tr.span(&r.track, &format!("forward shard {}", first + j), Phase::Forward, tf, (tb - tf).as_secs_f64());
-            tr.span(&r.track, &format!("backward shard {}", first + j), Phase::Backward, tb, tb.elapsed().as_secs_f64());
+            tr.span(&r.track, &format!("forward shard {}", part.index), Phase::Forward, tf, (tb - tf).as_secs_f64());
+            tr.span(&r.track, &format!("backward shard {}", part.index), Phase::Backward, tb, tb.elapsed().as_secs_f64());
         }
     }
     let end = Instant::now();

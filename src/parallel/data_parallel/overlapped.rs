@@ -2,11 +2,10 @@
 //! while a communication thread all-reduces gradient buckets as they complete; each device's
 //! timeline is marked around backward and each bucket's all-reduce (see `timing.rs`).
 use super::buckets::{self, Ready};
-use super::split::micro_ranges;
+use crate::parallel::split::Part;
 use super::timing::{self, DeviceStamps, Stamp};
 use super::{joined, Computed, Replica, StepEvent};
 use crate::autograd;
-use crate::data::Batch;
 use crate::parallel::comm::Communicator;
 use crate::parallel::step::StepLoop;
 use crate::parallel::trace::{Phase, Trace};
@@ -28,9 +27,6 @@ pub(super) struct Plan<'a> {
     pub buckets: &'a [Vec<usize>],
     pub bucket_of: &'a [usize],
     pub run: &'a StepLoop,
-    pub micro_batches: usize,
-    /// The global index of each device's first sample.
-    pub firsts: Vec<usize>,
     /// Samples in the global batch: each micro-batch's loss is scaled by its share of it.
     pub total: usize,
     pub trace: Option<&'a Trace>,
@@ -38,7 +34,7 @@ pub(super) struct Plan<'a> {
 
 /// Runs forward, backward and the bucketed all-reduce on every device; returns the reduced
 /// buckets (`[bucket][device]`) for the optimizer phase to unpack.
-pub(super) fn run(replicas: &[Replica], shards: &[Batch], comm: &dyn Communicator, plan: &Plan) -> Result<(Computed, Vec<Vec<crate::Tensor>>)> {
+pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communicator, plan: &Plan) -> Result<(Computed, Vec<Vec<crate::Tensor>>)> {
     let n = replicas.len();
     let (tx, rx) = channel::<Ready>();
     let (workers, exchanged) = std::thread::scope(|s| {
@@ -100,22 +96,20 @@ pub(super) fn run(replicas: &[Replica], shards: &[Batch], comm: &dyn Communicato
     Ok((computed, reduced))
 }
 
-/// Forward + backward of every micro-batch of `shard` on replica `i`; during the last
+/// Forward + backward of every micro-batch of replica `i`'s shard; during the last
 /// micro-batch's backward, each completed bucket is sent to the communication thread.
-fn worker(i: usize, r: &Replica, shard: &Batch, plan: &Plan, tx: Sender<Ready>) -> Result<WorkerOut> {
+fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Ready>) -> Result<WorkerOut> {
     let t0 = Instant::now();
     r.model.zero_grad();
     let mut pending: Vec<usize> = plan.buckets.iter().map(Vec::len).collect();
     let mut sent = vec![false; plan.buckets.len()];
     let mut loss = 0.0f32;
     let mut backward = None;
-    let micro = micro_ranges(shard.len(), plan.micro_batches);
-    for (j, range) in micro.iter().enumerate() {
+    for (j, part) in micro.iter().enumerate() {
         let last = j + 1 == micro.len();
         let tf = Instant::now();
         // Scaling by n_ij / N makes the sum over all devices and micro-batches the global mean.
-        let part = shard.slice(range.clone())?;
-        let scaled = plan.run.part_loss(&*r.model, &part, plan.firsts[i] + range.start, plan.total, &r.device)?;
+        let scaled = plan.run.part_loss(&*r.model, &part.batch, part.first, plan.total, &r.device)?;
         loss += scaled.to_scalar()?;
         let tb = Instant::now();
         let start = if last { Some(Stamp::now(&r.device)?) } else { None };

@@ -1,5 +1,5 @@
 //! How much of a step's all-reduce time each device spent still running backward, measured on
-//! the device's own timeline.
+//! the device's own timeline; and each device's measured speed, which weights its shard.
 //!
 //! A bucket's all-reduce lasts, for one device, from its gradients being complete there to the
 //! reduced bucket being back there. Both ends are marks recorded in order with the device's ops
@@ -9,6 +9,9 @@
 //! communication hidden behind backward. A CPU device runs its ops on the caller's thread, so
 //! there the host clock is the device's; wgpu adapters without timestamp queries fall back to it
 //! too, and `Overlap::device_clock` says which clock each device's figures come from.
+use crate::data::Batch;
+use crate::nn::Module;
+use crate::parallel::step::StepLoop;
 use crate::{Device, Result};
 use std::time::Instant;
 
@@ -153,4 +156,26 @@ fn union(spans: &[(f64, f64)]) -> Vec<(f64, f64)> {
         }
     }
     out
+}
+
+/// Split weights from measured speed: each device runs forward + backward on the same probe
+/// (the batch's first few samples) twice, and the second run's time counts, so one-time
+/// costs (kernel compilation, allocator growth) do not. Devices are timed one after the other
+/// because running them together would measure the shared host, not the devices.
+pub(super) fn calibrate(models: &[(&dyn Module, &Device)], batch: &Batch, run: &StepLoop) -> Result<Vec<f64>> {
+    let probe = batch.slice(0..batch.len().min(8))?;
+    models
+        .iter()
+        .map(|(model, device)| {
+            let mut seconds = 0.0;
+            for _ in 0..2 {
+                let t0 = Instant::now();
+                run.part_loss(*model, &probe, 0, probe.len(), device)?.backward()?;
+                device.sync()?;
+                seconds = t0.elapsed().as_secs_f64();
+            }
+            model.zero_grad();
+            Ok(1.0 / seconds.max(1e-9))
+        })
+        .collect()
 }

@@ -1,6 +1,6 @@
 //! Where a `Split::Auto` pipeline stands: layers timed once, then the split corrected by the
 //! stages' measured compute in the first steps.
-use super::super::placement::{self, Stage};
+use crate::parallel::stages::{self, Stage};
 use super::worker::Outcome;
 use crate::data::Batch;
 use crate::parallel::OptimConfig;
@@ -26,8 +26,8 @@ impl Balance {
         if let Balance::Pending = self {
             // Timed at the micro-batch size the stages will see: per-op costs that do not grow
             // with the batch weigh more on small micro-batches.
-            let probe = placement::probe_input(part, part.len() / micro_batches, &stages[0].device)?;
-            let cost = placement::rebalance(stages, &probe, opt)?;
+            let probe = stages::probe_input(part, part.len() / micro_batches, &stages[0].device)?;
+            let cost = stages::rebalance(stages, &probe, opt)?;
             *self = Balance::Refining { cost, left: REFINE_STEPS, busy: None };
         }
         Ok(())
@@ -47,7 +47,7 @@ impl Balance {
     /// must keep the same stages, layers stay where they are.
     pub(super) fn correct(&mut self, stages: &mut Vec<Stage>, opt: &OptimConfig) -> Result<()> {
         let Balance::Refining { cost, left, busy: Some(busy) } = self else { return Ok(()) };
-        let moved = placement::refine(stages, cost, busy, opt)?;
+        let moved = stages::refine(stages, cost, busy, opt)?;
         *left -= 1;
         if !moved || *left == 0 {
             *self = Balance::Fixed;

@@ -14,7 +14,7 @@ pub use schedule::{schedule, simulate, simulate_stages, theoretical_bubble, Acti
 pub use tied::StageParam;
 
 use balance::Balance;
-use super::placement::{self, Stage, Stages};
+use super::stages::{self, Stage, Stages};
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
@@ -140,8 +140,10 @@ impl PipelineBuilder<'_> {
         self.clip = max_norm;
         self
     }
-    /// Ties `copy` to `primary`, each `(stage index, name in that stage's state_dict)`: one
-    /// parameter held by two stages, such as a language model's token embedding (first stage)
+    /// Ties `copy` to `primary`, each `(stage index, name in that stage's state_dict)`, for
+    /// stages whose modules do not declare it themselves (the pipeline ties every pair that
+    /// [`Module::tied_parameters`] of a stage declares, as [`Gpt::stages`](crate::nn::models::Gpt::stages)'
+    /// output projection does): one parameter held by two stages, such as a language model's token embedding (first stage)
     /// and output projection (last stage). The copy starts as the primary's value, its
     /// gradient is moved into the primary's after the backward of every micro-batch (so the
     /// optimizers, clipping and weight decay see the parameter once, and keep no state for the
@@ -163,16 +165,17 @@ impl PipelineBuilder<'_> {
         }
         let spread = self.group.filter(|g| g.size() > 1);
         if spread.is_some() {
-            remote::check_options(matches!(self.stages, Stages::Split(_, placement::Split::Auto)), self.micro_batches)?;
+            remote::check_options(matches!(self.stages, Stages::Split(_, stages::Split::Auto)), self.micro_batches)?;
         }
-        let (stages, balance_pending) = placement::build_stages(self.stages, &self.devices, &self.opt)?;
-        if balance_pending && !self.ties.is_empty() {
+        let (stages, balance_pending) = stages::build_stages(self.stages, &self.devices, &self.opt)?;
+        let declared = tied::declared(&stages, self.ties, spread.is_some())?;
+        if balance_pending && !declared.is_empty() {
             return Err(Error::invalid("Pipeline::tie", "tied parameters need fixed stages (Stages::Built or Split::At), not Split::Auto"));
         }
-        if spread.is_some() && !self.ties.is_empty() {
+        if spread.is_some() && !declared.is_empty() {
             return Err(Error::invalid("Pipeline::tie", "tied parameters across processes are not supported: tie stages inside one process"));
         }
-        let ties = tied::resolve(&stages, self.ties)?;
+        let ties = tied::resolve(&stages, declared)?;
         let across = spread.map(|g| Across::place(&g, stages.len())).transpose()?;
         let plan = match &across {
             Some(a) => schedule::schedule(self.schedule, a.total, self.micro_batches)[a.first..a.first + stages.len()].to_vec(),
@@ -231,12 +234,18 @@ impl Pipeline {
     }
 }
 
-/// The batch cut into `m` equal micro-batches along the sample dimension.
-fn split_batch(batch: &Batch, m: usize) -> Result<Vec<Batch>> {
-    let n = batch.len();
+/// Micro-batches must cut a batch of `n` into equal non-empty parts.
+pub(crate) fn check_micro_batches(n: usize, m: usize) -> Result<()> {
     if n == 0 || !n.is_multiple_of(m) {
         return Err(Error::invalid("Pipeline::step", format!("{m} micro-batches do not divide a batch of {n} samples evenly")));
     }
+    Ok(())
+}
+
+/// The batch cut into `m` equal micro-batches along the sample dimension.
+fn split_batch(batch: &Batch, m: usize) -> Result<Vec<Batch>> {
+    let n = batch.len();
+    check_micro_batches(n, m)?;
     let k = n / m;
     (0..m).map(|i| batch.slice(i * k..(i + 1) * k)).collect()
 }
@@ -313,7 +322,7 @@ impl Pipeline {
                     let job = Job {
                         index: first_stage + index,
                         last: first_stage + index + 1 == stages_total,
-                        track: placement::track_name(index, &stage.device),
+                        track: stages::track_name(index, &stage.device),
                         stage,
                         actions,
                         micro_batches: &micro,
@@ -396,11 +405,14 @@ impl Pipeline {
 }
 
 impl Strategy for Pipeline {
+    fn check_batch_size(&self, n: usize) -> Result<()> {
+        check_micro_batches(n, self.micro_batches)
+    }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         self.balance.correct(&mut self.stages, &self.opt)?;
         let run = self.backward_part(batch, 0, batch.len())?;
         self.balance.measured(&run.outcomes);
-        let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| placement::track_name(i, &s.device)).collect();
+        let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| stages::track_name(i, &s.device)).collect();
         let trace = self.trace.clone();
         // Across processes the norm spans every rank's stages: clipped here, so the local
         // update must not clip again.
@@ -441,7 +453,7 @@ impl Strategy for Pipeline {
     /// Across processes, every rank's stages gathered on every rank (collective), the other
     /// ranks' tensors on the CPU.
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        let mine = placement::stage_params(&self.stages);
+        let mine = stages::stage_params(&self.stages);
         match &self.across {
             Some(a) => a.group.all_gather_named(&mine),
             None => Ok(mine),
@@ -452,14 +464,14 @@ impl Strategy for Pipeline {
         let state = tied::complete_state(&self.ties, state)?;
         match &self.across {
             Some(a) => {
-                let names: Vec<String> = placement::stage_params(&self.stages).into_iter().map(|p| p.0).collect();
-                a.load(&names, &state, |own| placement::load_stage_params(&self.stages, own))
+                let names: Vec<String> = stages::stage_params(&self.stages).into_iter().map(|p| p.0).collect();
+                a.load(&names, &state, |own| stages::load_stage_params(&self.stages, own))
             }
-            None => placement::load_stage_params(&self.stages, &state),
+            None => stages::load_stage_params(&self.stages, &state),
         }
     }
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        let (mine, steps) = placement::stage_opt_state(&self.stages);
+        let (mine, steps) = stages::stage_opt_state(&self.stages);
         match &self.across {
             Some(a) => Ok((a.group.all_gather_named(&mine)?, steps)),
             None => Ok((mine, steps)),
@@ -467,7 +479,7 @@ impl Strategy for Pipeline {
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.run.step = steps;
-        placement::load_stage_opt_state(&mut self.stages, state, steps)
+        stages::load_stage_opt_state(&mut self.stages, state, steps)
     }
     fn devices(&self) -> Vec<Device> {
         self.stages.iter().map(|s| s.device.clone()).collect()

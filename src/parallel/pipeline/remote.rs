@@ -13,7 +13,7 @@
 use super::worker::{Inbox, Links, Msg, Outbox, STAGE};
 use crate::dist::{Group, Order};
 use crate::optim::{grad_norm_sq, scale_grads};
-use crate::parallel::placement::Stage;
+use crate::parallel::stages::Stage;
 use crate::parallel::step::StepLoop;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::mpsc::{channel, Sender};

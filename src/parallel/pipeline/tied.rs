@@ -10,7 +10,7 @@
 //! weight per step): the two stay bit-identical even on devices of different backends.
 use crate::autograd::no_grad;
 use crate::nn::Module;
-use crate::parallel::placement::Stage;
+use crate::parallel::stages::Stage;
 use crate::{Error, Result, Tensor};
 
 /// A parameter as `(stage index, name in that stage's state_dict)`.
@@ -30,6 +30,28 @@ fn find(stages: &[Stage], (s, name): &StageParam) -> Result<Tensor> {
         let names: Vec<String> = stage.model.parameters().into_iter().map(|p| p.0).collect();
         Error::invalid("Pipeline::tie", format!("stage {s} on {} has no parameter {name}; it has {names:?}", stage.device))
     })
+}
+
+/// The ties the stages' modules declare ([`Module::tied_parameters`]) besides `given`: each
+/// declared copy with the stage that holds its primary. A declared pair that is one tensor
+/// needs no tie; a primary that no stage holds is an error (`spread`: the stages of other
+/// processes are not here, and ties across processes are not supported).
+pub(super) fn declared(stages: &[Stage], mut given: Vec<(StageParam, StageParam)>, spread: bool) -> Result<Vec<(StageParam, StageParam)>> {
+    for (c, stage) in stages.iter().enumerate() {
+        for (copy, primary) in stage.model.tied_parameters() {
+            let holder = stages.iter().enumerate().find_map(|(p, s)| s.model.parameters().into_iter().find(|(n, _)| *n == primary).map(|(_, t)| (p, t)));
+            let Some((p, primary_t)) = holder else {
+                let why = if spread { "no stage of this process holds it (tied parameters across processes are not supported)" } else { "no stage holds it" };
+                return Err(Error::invalid("Pipeline", format!("stage {c}'s {copy} is declared a copy of {primary}, but {why}")));
+            };
+            let copy_is_primary = stage.model.parameters().into_iter().any(|(n, t)| n == copy && t.id() == primary_t.id());
+            let pair = ((p, primary), (c, copy));
+            if !copy_is_primary && !given.contains(&pair) {
+                given.push(pair);
+            }
+        }
+    }
+    Ok(given)
 }
 
 /// Checks each `(primary, copy)` pair and makes the copy equal to the primary.

@@ -10,7 +10,7 @@ use crate::autograd::{no_grad, GradOp};
 use crate::backend::Buffer;
 use crate::data::Batch;
 use crate::nn::Module;
-use crate::parallel::placement::Stage;
+use crate::parallel::stages::Stage;
 use crate::parallel::step::StepLoop;
 use crate::parallel::trace::{Phase, Trace};
 use crate::parallel::batch_to_device;
