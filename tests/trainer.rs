@@ -254,3 +254,18 @@ fn a_hand_written_loop_resumes_exactly() {
         assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{n} differs after resuming");
     }
 }
+
+/// A source whose short last batch a pipeline cannot split is refused before the first step.
+#[test]
+fn batches_a_strategy_cannot_take_are_refused_before_the_first_step() {
+    use tandem::parallel::{Pipeline, Split, Stages};
+    let cpu = || Device::from_backend(std::sync::Arc::new(tandem::backend::cpu::CpuBackend::new()));
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, ..Default::default() });
+    let pipe = Pipeline::builder(Stages::Split(&mlp(3, 1), Split::At(vec![2])), &[cpu(), cpu()], &opt, Loss::Mse).micro_batches(4).build().unwrap();
+    let log = Log::default();
+    let mut t = Trainer::new(pipe).steps(10).observe(log.clone());
+    // 18 samples in batches of 8: the last batch of 2 does not split into 4 micro-batches.
+    let err = t.fit(&mut loader(18, 8)).unwrap_err();
+    assert!(err.to_string().contains("micro"), "{err}");
+    assert!(log.0.borrow().is_empty(), "a step ran before the refusal");
+}

@@ -25,6 +25,9 @@ impl Trainer {
     /// from 0 again unless the run resumes from checkpoints).
     pub fn fit(&mut self, data: &mut dyn BatchSource) -> Result<Fit> {
         let total = self.total(data)?;
+        // Every batch the source can serve (a short last one too) must suit the strategy: refused
+        // here, not at the step that first draws it.
+        self.strategy.check_batches(data)?;
         if let Some(clip) = self.clip {
             self.strategy.set_grad_clip(clip)?;
         }
