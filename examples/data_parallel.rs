@@ -1,6 +1,6 @@
 //! Data parallelism as library code: the seed CNN replicated on every device of `--devices`
-//! (default: two logical devices on the first adapter, or two CPU devices), each global batch
-//! split across them, gradients all-reduced in buckets that overlap backward.
+//! (default: two CPU devices), each global batch split across them, gradients all-reduced in
+//! buckets that overlap backward, trained by the `Trainer`, which prints what each step measured.
 //!
 //! ```text
 //! cargo run --release --example data_parallel -- --devices wgpu:0,wgpu:0
@@ -8,20 +8,28 @@
 use tandem::data::{digits, DataLoader};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig};
+use tandem::train::{Observer, StepInfo, Trainer};
 use tandem::Device;
+
+/// Prints each step's loss, time, compute, communication and their overlap.
+struct Timings;
+
+impl Observer for Timings {
+    fn step(&mut self, s: &StepInfo<'_>) {
+        let r = s.report;
+        println!("step {:2}  loss {:.4}  step {:.1} ms  compute {:.1} ms  comm {:.1} ms  overlap {:.0}%", s.step, r.loss, r.wall_s * 1e3, r.compute_s * 1e3, r.comm_s * 1e3, r.overlap * 100.0);
+    }
+}
 
 fn main() -> tandem::Result<()> {
     let devices = Device::parse(&spec_from_args("cpu,cpu"))?;
     let model = SeedModel::Cnn.build(0, &devices[0])?;
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
-    let mut dp = DataParallel::new(&model, &devices, &opt, Loss::CrossEntropy, DataParallelConfig::default())?;
+    let dp = DataParallel::new(&model, &devices, &opt, Loss::CrossEntropy, DataParallelConfig::default())?;
     let (train, _) = digits::load(4096, 0, 0)?;
     let mut loader = DataLoader::new(std::sync::Arc::new(train), 128, true, 0)?;
-    for step in 1..=20 {
-        let r = dp.step(&loader.next_batch())?;
-        println!("step {step:2}  loss {:.4}  step {:.1} ms  compute {:.1} ms  comm {:.1} ms  overlap {:.0}%", r.loss, r.wall_s * 1e3, r.compute_s * 1e3, r.comm_s * 1e3, r.overlap * 100.0);
-    }
+    Trainer::new(dp).steps(20).observe(Timings).fit(&mut loader)?;
     Ok(())
 }
 

@@ -24,6 +24,7 @@ use tandem::optim::SgdConfig;
 use tandem::parallel::comm::{Communicator, Hierarchical};
 use tandem::parallel::pipeline::{Pipeline, Schedule};
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Stages, Strategy};
+use tandem::train::{Observer, StepInfo, Trainer};
 use tandem::{Error, Result, Tensor};
 
 struct Args {
@@ -154,34 +155,49 @@ fn nccl(_: &[tandem::Device], _: &Group) -> Result<Box<dyn Communicator>> {
 }
 
 fn train(group: &Group, args: &Args) -> Result<()> {
-    let mut built = strategy(group, args)?;
-    let strategy: &mut dyn Strategy = match &mut built {
-        Built::Data(dp) => dp.as_mut(),
-        Built::Other(s) => s.as_mut(),
-    };
     let (data, _) = digits::load(512, 0, 0)?;
     let mut loader = DataLoader::new(Arc::new(data), args.batch, true, 0)?;
-    for step in 1..=args.steps {
-        let r = strategy.step(&loader.next_batch())?;
-        if group.rank() == 0 {
+    let lines = JsonLines { leader: group.rank() == 0 };
+    match strategy(group, args)? {
+        Built::Data(dp) => {
+            let mut trainer = Trainer::new(*dp).steps(args.steps).group(group.clone()).observe(lines);
+            trainer.fit(&mut loader)?;
+            let dp = trainer.strategy();
+            // Memory per rank: the optimizer state each holds (made by the first step).
+            let mine: u64 = dp.optimizer_state_bytes().iter().sum();
+            let all = group.all_gather_u64(&[mine])?;
+            if group.rank() == 0 {
+                let bytes: Vec<u64> = all.iter().map(|v| v[0]).collect();
+                println!(r#"{{"optimizer_state_bytes":{bytes:?},"communicator":"{}"}}"#, dp.communicator().name());
+            }
+            write_state(group, args, dp)
+        }
+        Built::Other(s) => {
+            let mut trainer = Trainer::boxed(s).steps(args.steps).group(group.clone()).observe(lines);
+            trainer.fit(&mut loader)?;
+            write_state(group, args, trainer.strategy())
+        }
+    }
+}
+
+/// Rank 0's line per step.
+struct JsonLines {
+    leader: bool,
+}
+
+impl Observer for JsonLines {
+    fn step(&mut self, s: &StepInfo<'_>) {
+        if self.leader {
+            let (r, step) = (s.report, s.step);
             let norm = r.grad_norm.map_or("null".into(), |n| n.to_string());
             println!(r#"{{"step":{step},"loss":{},"loss_bits":{},"grad_norm":{norm},"wall_ms":{:.2}}}"#, r.loss, r.loss.to_bits(), r.wall_s * 1e3);
         }
     }
-    if let Built::Data(dp) = &built {
-        // Memory per rank: the optimizer state each holds (made by the first step).
-        let mine: u64 = dp.optimizer_state_bytes().iter().sum();
-        let all = group.all_gather_u64(&[mine])?;
-        if group.rank() == 0 {
-            let bytes: Vec<u64> = all.iter().map(|v| v[0]).collect();
-            println!(r#"{{"optimizer_state_bytes":{bytes:?},"communicator":"{}"}}"#, dp.communicator().name());
-        }
-    }
-    let strategy: &dyn Strategy = match &built {
-        Built::Data(dp) => dp.as_ref(),
-        Built::Other(s) => s.as_ref(),
-    };
-    // Collective across processes: every rank gathers, rank 0 writes.
+}
+
+/// `--state-out`: the weights and optimizer state, gathered (a collective across processes:
+/// every rank gathers, rank 0 writes).
+fn write_state(group: &Group, args: &Args, strategy: &dyn Strategy) -> Result<()> {
     let weights = strategy.state_dict()?;
     let (opt_state, _) = strategy.optimizer_state()?;
     if let (Some(path), 0) = (&args.state_out, group.rank()) {

@@ -21,6 +21,7 @@ use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
 use tandem::parallel::comm::{Communicator, Hierarchical};
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
+use tandem::train::{Observer, RunStart, StepInfo, Trainer};
 use tandem::{Error, Result};
 
 struct Args {
@@ -98,35 +99,68 @@ fn train(group: &Group, args: &Args) -> Result<()> {
     let model = SeedModel::Cnn.build(0, &devices[0])?;
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
     let cfg = DataParallelConfig { deterministic: args.deterministic, ..Default::default() };
-    let mut dp = DataParallel::with_communicator(&model, Box::new(comm), &opt, Loss::CrossEntropy, cfg)?;
+    let dp = DataParallel::with_communicator(&model, Box::new(comm), &opt, Loss::CrossEntropy, cfg)?;
     // Every rank draws the same global batches; the strategy gives each its share.
     let (train, _) = digits::load(1024, 0, 0)?;
     let mut loader = DataLoader::new(std::sync::Arc::new(train), args.batch, true, 0)?;
-    for step in 1..=args.steps {
-        if let Some((fault, at)) = args.fault {
-            if at == step && group.rank() == args.fault_rank.unwrap_or(group.size() - 1) {
-                inject(fault, group.rank(), step);
-            }
-        }
-        let r = dp.step(&loader.next_batch())?;
-        if group.rank() == 0 {
-            println!(
-                r#"{{"step":{step},"loss":{},"loss_bits":{},"processes":{},"devices":{world_devices},"wall_ms":{:.2}}}"#,
-                r.loss,
-                r.loss.to_bits(),
-                group.size(),
-                r.wall_s * 1e3
-            );
-        }
-    }
+    let faults = Faults { fault: args.fault, rank: group.rank(), on: args.fault_rank.unwrap_or(group.size() - 1) };
+    let lines = JsonLines { leader: group.rank() == 0, processes: group.size(), devices: world_devices };
+    let mut trainer = Trainer::new(dp).steps(args.steps).group(group.clone()).observe(faults).observe(lines);
+    trainer.fit(&mut loader)?;
     if let (Some(path), 0) = (&args.weights_out, group.rank()) {
         let mut bytes = Vec::new();
-        for (_, t) in dp.state_dict()? {
+        for (_, t) in trainer.strategy().state_dict()? {
             bytes.extend(t.to_vec()?.iter().flat_map(|x| x.to_le_bytes()));
         }
         std::fs::write(path, bytes).map_err(|e| Error::io(path, e))?;
     }
     Ok(())
+}
+
+/// Injects the fault on its rank just before its step runs.
+struct Faults {
+    fault: Option<(Fault, u64)>,
+    rank: usize,
+    on: usize,
+}
+
+impl Faults {
+    fn before(&self, step: u64) {
+        if let Some((fault, at)) = self.fault.filter(|(_, at)| *at == step && self.rank == self.on) {
+            inject(fault, self.rank, at);
+        }
+    }
+}
+
+impl Observer for Faults {
+    fn started(&mut self, s: &RunStart<'_>) {
+        self.before(s.step + 1);
+    }
+    fn step(&mut self, s: &StepInfo<'_>) {
+        self.before(s.step + 1);
+    }
+}
+
+/// Rank 0's line per step.
+struct JsonLines {
+    leader: bool,
+    processes: usize,
+    devices: usize,
+}
+
+impl Observer for JsonLines {
+    fn step(&mut self, s: &StepInfo<'_>) {
+        if self.leader {
+            let (r, step, devices) = (s.report, s.step, self.devices);
+            println!(
+                r#"{{"step":{step},"loss":{},"loss_bits":{},"processes":{},"devices":{devices},"wall_ms":{:.2}}}"#,
+                r.loss,
+                r.loss.to_bits(),
+                self.processes,
+                r.wall_s * 1e3
+            );
+        }
+    }
 }
 
 fn inject(fault: Fault, rank: usize, step: u64) {

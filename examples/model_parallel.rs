@@ -1,14 +1,16 @@
 //! Model parallelism as library code: the seed CNN's layers placed on the devices of
 //! `--devices` (split automatically by measured layer time), then its fc1/fc2 as Megatron-style
-//! column- and row-parallel Linear layers.
+//! column- and row-parallel Linear layers, each trained by the `Trainer` on the same batches.
 //!
 //! ```text
 //! cargo run --release --example model_parallel -- --devices cpu,wgpu:0
 //! ```
+use std::sync::Arc;
 use tandem::data::{digits, DataLoader};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::{LayerPlacement, Loss, OptimConfig, Split, Strategy, TensorParallel};
+use tandem::parallel::{LayerPlacement, Loss, OptimConfig, Split, TensorParallel};
+use tandem::train::Trainer;
 use tandem::Device;
 
 fn main() -> tandem::Result<()> {
@@ -18,16 +20,16 @@ fn main() -> tandem::Result<()> {
     let model = SeedModel::Cnn.build(0, &devices[0])?;
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
     let (train, _) = digits::load(2048, 0, 0)?;
-    let mut loader = DataLoader::new(std::sync::Arc::new(train), 64, true, 0)?;
+    let train = Arc::new(train);
 
-    let mut placed = LayerPlacement::new(&model, &devices, Split::Auto, &opt, Loss::CrossEntropy)?;
-    let mut tensor = TensorParallel::new(&model, &devices, &opt, Loss::CrossEntropy)?;
-    for step in 1..=10 {
-        let batch = loader.next_batch();
-        let a = placed.step(&batch)?;
-        let b = tensor.step(&batch)?;
-        println!("step {step:2}  layer placement loss {:.5}  tensor parallel loss {:.5}", a.loss, b.loss);
+    let mut placed = Trainer::new(LayerPlacement::new(&model, &devices, Split::Auto, &opt, Loss::CrossEntropy)?).steps(10);
+    let mut tensor = Trainer::new(TensorParallel::new(&model, &devices, &opt, Loss::CrossEntropy)?).steps(10);
+    // The same seed gives both the same batches.
+    let a = placed.fit(&mut DataLoader::new(train.clone(), 64, true, 0)?)?;
+    let b = tensor.fit(&mut DataLoader::new(train, 64, true, 0)?)?;
+    for ((step, la), (_, lb)) in a.losses.iter().zip(&b.losses) {
+        println!("step {step:2}  layer placement loss {la:.5}  tensor parallel loss {lb:.5}");
     }
-    println!("layer placement stages: {:?}", placed.ranges());
+    println!("layer placement stages: {:?}", placed.strategy().ranges());
     Ok(())
 }

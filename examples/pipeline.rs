@@ -1,6 +1,7 @@
 //! Pipeline parallelism as library code: the seed CNN cut into stages on the devices of
-//! `--devices`, each step run as 8 micro-batches under the 1F1B schedule, with the measured
-//! bubble beside the theoretical one and a Chrome trace of every stage's timeline.
+//! `--devices`, each step run as 8 micro-batches under the 1F1B schedule, trained by the
+//! `Trainer`, with the measured bubble beside the theoretical one and a Chrome trace of every
+//! stage's timeline.
 //!
 //! ```text
 //! cargo run --release --example pipeline -- --devices wgpu:0,wgpu:0
@@ -9,7 +10,8 @@ use tandem::data::{digits, DataLoader};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
 use tandem::parallel::pipeline::{Pipeline, Schedule};
-use tandem::parallel::{trace::Trace, Loss, OptimConfig, Split, Stages, Strategy};
+use tandem::parallel::{trace::Trace, Loss, OptimConfig, Split, Stages};
+use tandem::train::{PrintEvery, Trainer};
 use tandem::Device;
 
 fn main() -> tandem::Result<()> {
@@ -18,19 +20,16 @@ fn main() -> tandem::Result<()> {
     let devices = Device::parse(spec)?;
     let model = SeedModel::Cnn.build(0, &devices[0])?;
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
-    let mut pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &devices, &opt, Loss::CrossEntropy)
+    let pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &devices, &opt, Loss::CrossEntropy)
         .micro_batches(8)
         .schedule(Schedule::OneFOneB)
         .build()?;
-    let trace = Trace::new();
-    pipe.set_trace(trace.clone());
     let (train, _) = digits::load(4096, 0, 0)?;
     let mut loader = DataLoader::new(std::sync::Arc::new(train), 128, true, 0)?;
-    for step in 1..=10 {
-        let r = pipe.step(&loader.next_batch())?;
-        println!("step {step:2}  loss {:.4}", r.loss);
-    }
-    if let Some(s) = pipe.last_stats() {
+    let trace = Trace::new();
+    let mut trainer = Trainer::new(pipe).steps(10).trace(trace.clone()).observe(PrintEvery(1));
+    trainer.fit(&mut loader)?;
+    if let Some(s) = trainer.strategy().last_stats() {
         println!("bubble: measured {:.3}, theoretical {:.3}", s.bubble_measured, s.bubble_theoretical);
     }
     trace.write("pipeline-trace.json")?;

@@ -1,32 +1,26 @@
 //! The seed CNN program as library code: ten SGD steps (lr 0.01, momentum 0.9) of
-//! cross-entropy on one batch of 1000 random 1x28x28 images with random labels.
+//! cross-entropy on one batch of 1000 random 1x28x28 images with random labels: a source of
+//! one batch of 1000, trained for ten epochs.
 //!
 //! ```text
 //! cargo run --release --example seed_cnn -- --devices cpu
 //! ```
-use rand::{Rng, SeedableRng};
-use tandem::nn::{models::SeedModel, Module};
-use tandem::optim::{Optimizer, Sgd, SgdConfig};
-use tandem::{Device, Tensor};
+use std::sync::Arc;
+use tandem::data::{synthetic, DataLoader};
+use tandem::nn::models::SeedModel;
+use tandem::optim::SgdConfig;
+use tandem::parallel::{Loss, OptimConfig, Single};
+use tandem::train::{PrintEvery, Trainer};
+use tandem::Device;
 
 fn main() -> tandem::Result<()> {
     let device = device_from_args()?;
     println!("device: {device} ({})", device.info().name);
     let model = SeedModel::Cnn.build(0, &device)?;
-    let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() })?;
-
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    let x = Tensor::randn([1000, 1, 28, 28], &mut rng, &device)?;
-    let labels: Vec<i32> = (0..1000).map(|_| rng.random_range(0..10)).collect();
-    let y = Tensor::from_labels(labels, [1000], &device)?;
-
-    for step in 1..=10 {
-        let loss = model.forward(&x)?.cross_entropy(&y)?;
-        opt.zero_grad();
-        loss.backward()?;
-        opt.step()?;
-        println!("step {step:2}  loss {:.6}", loss.to_scalar()?);
-    }
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let images = Arc::new(synthetic::seed_images(1000, 0)?);
+    let mut one_batch = DataLoader::new(images, 1000, false, 0)?;
+    Trainer::new(Single::new(model, &opt, Loss::CrossEntropy, &device)?).epochs(10).observe(PrintEvery(1)).fit(&mut one_batch)?;
     Ok(())
 }
 

@@ -1,62 +1,38 @@
 //! The seed linear programs as library code: `Linear(10, 1)` and `Linear(10, 5) -> Linear(5, 1)`
-//! fitted with MSE and SGD (lr 0.01) on 1000 random rows; then the seed's data-parallel form,
-//! where the batch is split into two halves whose two losses are summed before one backward.
+//! fitted with MSE and SGD (lr 0.01) on one batch of 1000 random rows for ten steps; then the
+//! seed's data-parallel form, where the batch is split into two halves whose two losses are
+//! summed before one backward (written here as the loss of one device).
 //!
 //! ```text
 //! cargo run --release --example seed_linear -- --devices cpu
 //! ```
-use rand::SeedableRng;
-use tandem::nn::{models::SeedModel, Module, Sequential};
-use tandem::optim::{Optimizer, Sgd, SgdConfig};
-use tandem::{Device, Tensor};
-
-const STEPS: usize = 10;
+use std::sync::Arc;
+use tandem::data::{synthetic, DataLoader};
+use tandem::nn::models::SeedModel;
+use tandem::optim::SgdConfig;
+use tandem::parallel::{Loss, OptimConfig, Single};
+use tandem::train::{PrintEvery, Trainer};
+use tandem::Device;
 
 fn main() -> tandem::Result<()> {
     let device = device_from_args()?;
     println!("device: {device} ({})", device.info().name);
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    let x = Tensor::randn([1000, 10], &mut rng, &device)?;
-    let y = Tensor::randn([1000, 1], &mut rng, &device)?;
-
-    println!("Linear(10, 1):");
-    train(&SeedModel::Linear.build(0, &device)?, &x, &y)?;
-    println!("Linear(10, 5) -> Linear(5, 1):");
-    train(&SeedModel::TwoLayer.build(0, &device)?, &x, &y)?;
-    println!("Linear(10, 5) -> Linear(5, 1), batch split in two halves, losses summed:");
-    train_halves(&SeedModel::TwoLayer.build(0, &device)?, &x, &y)?;
-    Ok(())
-}
-
-fn sgd(model: &Sequential) -> tandem::Result<Sgd> {
-    Sgd::new(model.parameters(), SgdConfig { lr: 0.01, ..Default::default() })
-}
-
-fn train(model: &Sequential, x: &Tensor, y: &Tensor) -> tandem::Result<()> {
-    let mut opt = sgd(model)?;
-    for step in 1..=STEPS {
-        let loss = model.forward(x)?.mse_loss(y)?;
-        opt.zero_grad();
-        loss.backward()?;
-        opt.step()?;
-        println!("  step {step:2}  loss {:.6}", loss.to_scalar()?);
-    }
-    Ok(())
-}
-
-/// Each half's mean loss is computed separately and the two are added, so the gradient is
-/// twice the full batch's: the seed's two-replica step written on one device.
-fn train_halves(model: &Sequential, x: &Tensor, y: &Tensor) -> tandem::Result<()> {
-    let mut opt = sgd(model)?;
-    let half = x.dims()[0] / 2;
-    for step in 1..=STEPS {
-        let first = model.forward(&x.narrow(0, 0, half)?)?.mse_loss(&y.narrow(0, 0, half)?)?;
-        let second = model.forward(&x.narrow(0, half, half)?)?.mse_loss(&y.narrow(0, half, half)?)?;
-        let loss = first.add(&second)?;
-        opt.zero_grad();
-        loss.backward()?;
-        opt.step()?;
-        println!("  step {step:2}  loss {:.6} (halves {:.6} + {:.6})", loss.to_scalar()?, first.to_scalar()?, second.to_scalar()?);
+    let rows = Arc::new(synthetic::regression(1000, 10, 0)?);
+    // Each half's mean loss computed separately and the two added: the gradient is twice the
+    // full batch's, the seed's two-replica step written on one device.
+    let halves = Loss::custom(|out, y| {
+        let half = out.dims()[0] / 2;
+        out.narrow(0, 0, half)?.mse_loss(&y.narrow(0, 0, half)?)?.add(&out.narrow(0, half, half)?.mse_loss(&y.narrow(0, half, half)?)?)
+    });
+    for (name, model, loss) in [
+        ("Linear(10, 1)", SeedModel::Linear, Loss::Mse),
+        ("Linear(10, 5) -> Linear(5, 1)", SeedModel::TwoLayer, Loss::Mse),
+        ("Linear(10, 5) -> Linear(5, 1), batch split in two halves, losses summed", SeedModel::TwoLayer, halves),
+    ] {
+        println!("{name}:");
+        let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, ..Default::default() });
+        let single = Single::new(model.build(0, &device)?, &opt, loss, &device)?;
+        Trainer::new(single).epochs(10).observe(PrintEvery(1)).fit(&mut DataLoader::new(rows.clone(), 1000, false, 0)?)?;
     }
     Ok(())
 }

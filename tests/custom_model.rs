@@ -176,11 +176,11 @@ fn every_strategy_trains_the_example_like_single() {
 /// test set right.
 fn reaches_98_percent(dev: &Device) {
     let (train, test) = digits::load(TRAIN, 1024, 0).unwrap();
-    let mut single = Single::new(net::build(NetConfig::EXAMPLE, dev).unwrap(), &net::optimizer(), net::loss(), dev).unwrap();
-    let t0 = std::time::Instant::now();
-    let last = net::train(&mut single, Arc::new(train), STEPS, BATCH, 0).unwrap();
-    let acc = net::accuracy(&mut single, &test).unwrap();
-    eprintln!("{dev}: {STEPS} steps of {BATCH}, last loss {last:.4}, test accuracy {:.2}% ({:.1} s)", 100.0 * acc, t0.elapsed().as_secs_f64());
+    let single = Single::new(net::build(NetConfig::EXAMPLE, dev).unwrap(), &net::optimizer(), net::loss(), dev).unwrap();
+    let mut trainer = net::trainer(Box::new(single), STEPS, Arc::new(test)).unwrap();
+    let fit = trainer.fit(&mut net::loader(Arc::new(train), BATCH).unwrap()).unwrap();
+    let (last, acc) = (fit.final_loss().unwrap(), fit.metric("accuracy").unwrap());
+    eprintln!("{dev}: {STEPS} steps of {BATCH}, last loss {last:.4}, test accuracy {:.2}% ({:.1} s)", 100.0 * acc, fit.train_s);
     assert!(acc >= 0.98, "{dev}: test accuracy {:.2}% < 98%", 100.0 * acc);
 }
 

@@ -138,7 +138,9 @@ fn a_killed_rank_ends_the_job() {
 
 #[test]
 fn a_rank_that_stops_answering_times_out() {
-    fault_ends_the_job("--hang-at", false, "5", &["rank 0 of 2: all_reduce", "did not complete within the timeout (TANDEM_DIST_TIMEOUT_S = 5.0 s"]);
+    // Rank 0 waits in the next collective: the gradients' all-reduce, or the trainer's agreement
+    // on stopping after the step.
+    fault_ends_the_job("--hang-at", false, "5", &["rank 0 of 2: all_", "did not complete within the timeout (TANDEM_DIST_TIMEOUT_S = 5.0 s"]);
 }
 
 /// Each collective called with another length (or root, or kind) on each rank returns, on

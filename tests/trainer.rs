@@ -18,7 +18,7 @@ fn mlp(inputs: usize, outputs: usize) -> Sequential {
     Sequential::new().push("0", Linear::new(inputs, 8, &mut rng, &dev).unwrap()).push("1", ReLU).push("2", Linear::new(8, outputs, &mut rng, &dev).unwrap())
 }
 
-fn regression_trainer(lr: f32) -> Trainer {
+fn regression_trainer(lr: f32) -> Trainer<Single> {
     let opt = OptimConfig::sgd(SgdConfig { lr, ..Default::default() });
     Trainer::new(Single::new(mlp(3, 1), &opt, Loss::Mse, &Device::cpu()).unwrap())
 }

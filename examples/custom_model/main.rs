@@ -16,6 +16,7 @@ use std::sync::Arc;
 use tandem::data::digits;
 use tandem::parallel::pipeline::Pipeline;
 use tandem::parallel::{DataParallel, DataParallelConfig, LayerPlacement, Single, Split, Stages, Strategy};
+use tandem::train::PrintEvery;
 use tandem::{Device, Error, Result};
 
 fn main() -> Result<()> {
@@ -26,7 +27,7 @@ fn main() -> Result<()> {
     let cfg = NetConfig::EXAMPLE;
     let (opt, loss) = (net::optimizer(), net::loss());
     let model = net::build(cfg, &devices[0])?;
-    let mut strategy: Box<dyn Strategy> = match flag("--strategy", "single").as_str() {
+    let strategy: Box<dyn Strategy> = match flag("--strategy", "single").as_str() {
         "single" => Box::new(Single::new(model, &opt, loss, &devices[0])?),
         "data" => Box::new(DataParallel::from_factory(|d| net::build(cfg, d), &devices, &opt, loss, DataParallelConfig::default())?),
         "model" => Box::new(LayerPlacement::with_stages(Stages::Split(&model, Split::Auto), &devices, &opt, loss)?),
@@ -35,9 +36,8 @@ fn main() -> Result<()> {
     };
 
     let (train, test) = digits::load(8192, 1024, 0)?;
-    let t0 = std::time::Instant::now();
-    net::train(&mut *strategy, Arc::new(train), steps, 64, 50)?;
-    let acc = net::accuracy(&mut *strategy, &test)?;
-    println!("test accuracy {:.2}% after {steps} steps ({:.1} s)", 100.0 * acc, t0.elapsed().as_secs_f64());
+    let mut trainer = net::trainer(strategy, steps, Arc::new(test))?.observe(PrintEvery(50));
+    let fit = trainer.fit(&mut net::loader(Arc::new(train), 64)?)?;
+    println!("test accuracy {:.2}% after {steps} steps ({:.1} s)", 100.0 * fit.metric("accuracy").unwrap_or(0.0), fit.train_s);
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The custom model's network, optimizer, schedule, loss and training loop, shared by the
+//! The custom model's network, optimizer, schedule, loss and training run, shared by the
 //! example (`main.rs`) and its tests (`tests/custom_model.rs`). The network is
 //! scripts/custom_model_parity.py's `Net` with the same attribute names, so its `state_dict`
 //! loads into PyTorch with `strict=True`: two strided Conv2d (no bias) + BatchNorm2d + ReLU
@@ -7,11 +7,12 @@
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
-use tandem::data::{DataLoader, Dataset, Targets};
+use tandem::data::{DataLoader, Dataset};
 use tandem::nn::{self, BatchNorm2d, Conv2d, Dropout, Flatten, LayerNorm, Linear, Module, Sequential, GELU};
 use tandem::optim::{AdamConfig, LrSchedule, OptimConfig, ParamGroups};
 use tandem::parallel::{Loss, Strategy};
-use tandem::{CrossEntropy, Device, Error, Result, Tensor};
+use tandem::train::{Accuracy, Trainer};
+use tandem::{CrossEntropy, Device, Result, Tensor};
 
 /// Widths and training-time behaviour of the network.
 #[derive(Clone, Copy, Debug)]
@@ -179,34 +180,14 @@ pub fn loss() -> Loss {
     Loss::custom(|out, y| out.cross_entropy_with(y, CrossEntropy { label_smoothing: 0.1, ..Default::default() }))
 }
 
-/// `steps` steps of `batch` samples from `train` on `strategy`, with clipping and the schedule
-/// (a tenth of the steps warm up); prints the loss every `log_every` steps (0: never). Returns
-/// the last step's loss.
-pub fn train(strategy: &mut dyn Strategy, train: Arc<Dataset>, steps: u64, batch: usize, log_every: u64) -> Result<f32> {
-    let lr = schedule(steps, steps / 10);
-    lr.check()?;
-    strategy.set_grad_clip(Some(CLIP))?;
-    strategy.set_training(true);
-    let mut loader = DataLoader::new(train, batch, true, 0)?.drop_last(true)?;
-    let mut last = f32::NAN;
-    for step in 0..steps {
-        strategy.set_lr(lr.lr_at(step));
-        let r = strategy.step(&loader.next_batch())?;
-        last = r.loss;
-        if log_every > 0 && (step % log_every == 0 || step + 1 == steps) {
-            println!("step {step:4}  lr {:.2e}  loss {:.4}  grad norm {:.3}", lr.lr_at(step), r.loss, r.grad_norm.unwrap_or(f32::NAN));
-        }
-    }
-    Ok(last)
+/// The example's run of `steps` steps on `strategy`: the schedule (a tenth of the steps warm
+/// up), clipping at [`CLIP`], and test accuracy measured after the last step.
+pub fn trainer(strategy: Box<dyn Strategy>, steps: u64, test: Arc<Dataset>) -> Result<Trainer> {
+    let test = DataLoader::new(test, 256, false, 0)?;
+    Ok(Trainer::boxed(strategy).steps(steps).schedule(schedule(steps, steps / 10)).grad_clip(Some(CLIP)).validate(steps, test, vec![Box::new(Accuracy::new())]))
 }
 
-/// The fraction of `test` that `strategy` classifies right, in eval mode.
-pub fn accuracy(strategy: &mut dyn Strategy, test: &Dataset) -> Result<f64> {
-    strategy.set_training(false);
-    let all: Vec<usize> = (0..test.len()).collect();
-    let batch = test.batch(&all)?;
-    let predicted = strategy.predict(&batch)?.argmax(-1)?.to_vec_i32()?;
-    let Targets::Classes { labels, .. } = &batch.y else { return Err(Error::invalid("accuracy", "the test set has no class labels")) };
-    let right = predicted.iter().zip(labels).filter(|(p, l)| p == l).count();
-    Ok(right as f64 / labels.len() as f64)
+/// The training batches: `batch` samples, reshuffled each epoch, no short last batch.
+pub fn loader(train: Arc<Dataset>, batch: usize) -> Result<DataLoader> {
+    DataLoader::new(train, batch, true, 0)?.drop_last(true)
 }

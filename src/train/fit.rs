@@ -16,7 +16,7 @@ struct Start {
     resumed: Option<PathBuf>,
 }
 
-impl Trainer {
+impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
     /// Trains on `data` until the run's length (steps or epochs), a stop, or an error. With
     /// checkpoints that [`resume`](super::Checkpoints::resume), the strategy, the optimizer and
     /// `data` are first put back to the newest valid checkpoint's state.
@@ -28,6 +28,9 @@ impl Trainer {
         // Every batch the source can serve (a short last one too) must suit the strategy: refused
         // here, not at the step that first draws it.
         self.strategy.check_batches(data)?;
+        if let Some(s) = &self.schedule {
+            s.check()?;
+        }
         if let Some(clip) = self.clip {
             self.strategy.set_grad_clip(clip)?;
         }
@@ -163,9 +166,9 @@ fn open_run_dir(plan: &Checkpoints) -> Result<RunDir> {
 /// Writes the strategy's checkpoint after `step` into `dir`, unless a weight or optimizer value
 /// is not finite: then the run stops with an error naming it and `kept`, the newest checkpoint
 /// known to be sound. `state` builds the run state from the optimizer's step count.
-pub(crate) fn save(
+pub(crate) fn save<S: crate::parallel::Strategy + ?Sized>(
     dir: &RunDir,
-    strategy: &dyn crate::parallel::Strategy,
+    strategy: &S,
     step: u64,
     kept: Option<PathBuf>,
     state: impl FnOnce(u64) -> RunState,

@@ -92,8 +92,8 @@ struct Validation {
 ///
 /// A non-finite loss, or a non-finite weight or optimizer value about to be checkpointed,
 /// ends the run with [`Error::NonFinite`] naming the newest checkpoint whose state is finite.
-pub struct Trainer {
-    strategy: Box<dyn Strategy>,
+pub struct Trainer<S: Strategy + ?Sized = dyn Strategy> {
+    strategy: Box<S>,
     length: Length,
     schedule: Option<LrSchedule>,
     clip: Option<Option<f32>>,
@@ -145,14 +145,25 @@ impl Fit {
     }
 }
 
-impl Trainer {
+impl<S: Strategy + 'static> Trainer<S> {
     /// A trainer of `strategy` (any strategy: [`Single`](crate::parallel::Single), data, tensor,
-    /// pipeline parallelism or their grid), for 1 epoch, with nothing else set.
-    pub fn new(strategy: impl Strategy + 'static) -> Trainer {
-        Trainer::boxed(Box::new(strategy))
+    /// pipeline parallelism or their grid), for 1 epoch, with nothing else set. The trainer
+    /// keeps the strategy's type: [`Trainer::strategy`] gives it back for what only it has
+    /// (a pipeline's bubble statistics, say).
+    pub fn new(strategy: S) -> Trainer<S> {
+        Trainer::from_box(Box::new(strategy))
     }
-    /// [`Trainer::new`] of a boxed strategy.
-    pub fn boxed(strategy: Box<dyn Strategy>) -> Trainer {
+}
+
+impl Trainer {
+    /// [`Trainer::new`] of a strategy chosen at run time.
+    pub fn boxed(strategy: Box<dyn Strategy>) -> Self {
+        Trainer::from_box(strategy)
+    }
+}
+
+impl<S: Strategy + ?Sized> Trainer<S> {
+    fn from_box(strategy: Box<S>) -> Trainer<S> {
         Trainer {
             strategy,
             length: Length::Epochs(1),
@@ -170,35 +181,35 @@ impl Trainer {
         }
     }
     /// Runs `n` optimizer steps in all.
-    pub fn steps(mut self, n: u64) -> Trainer {
+    pub fn steps(mut self, n: u64) -> Self {
         self.length = Length::Steps(n);
         self
     }
     /// Runs `n` epochs of the training source.
-    pub fn epochs(mut self, n: u64) -> Trainer {
+    pub fn epochs(mut self, n: u64) -> Self {
         self.length = Length::Epochs(n);
         self
     }
     /// The learning rate of step `s` (from 0) is `schedule.lr_at(s)`.
-    pub fn schedule(mut self, schedule: LrSchedule) -> Trainer {
+    pub fn schedule(mut self, schedule: LrSchedule) -> Self {
         self.schedule = Some(schedule);
         self
     }
     /// Clips the global gradient norm to `max_norm` before each update (PyTorch's
     /// `clip_grad_norm_` over the whole model), or not at all.
-    pub fn grad_clip(mut self, max_norm: Option<f32>) -> Trainer {
+    pub fn grad_clip(mut self, max_norm: Option<f32>) -> Self {
         self.clip = Some(max_norm);
         self
     }
     /// After every `every` steps and after the last, measures `metrics` over one pass of
     /// `source` in eval mode ([`Strategy::set_training`] false), from the start of its epoch 0
     /// each time.
-    pub fn validate(mut self, every: u64, source: impl BatchSource + 'static, metrics: Vec<Box<dyn Metric>>) -> Trainer {
+    pub fn validate(mut self, every: u64, source: impl BatchSource + 'static, metrics: Vec<Box<dyn Metric>>) -> Self {
         self.validation = Some(Validation { every: every.max(1), source: Box::new(source), metrics });
         self
     }
     /// Writes checkpoints (and resumes from them) as `plan` says.
-    pub fn checkpoints(mut self, plan: Checkpoints) -> Trainer {
+    pub fn checkpoints(mut self, plan: Checkpoints) -> Self {
         self.checkpoints = Some(plan);
         self
     }
@@ -206,19 +217,19 @@ impl Trainer {
     /// batch size, the optimizer's settings, ...), as JSON, and the run's seed: recorded in every
     /// checkpoint, and a resume refuses a checkpoint written with other ones
     /// ([`Error::ResumeMismatch`] naming each).
-    pub fn settings(mut self, settings: serde_json::Value, seed: u64) -> Trainer {
+    pub fn settings(mut self, settings: serde_json::Value, seed: u64) -> Self {
         self.settings = settings;
         self.seed = seed;
         self
     }
     /// How a resume mismatch names what changed (the command line names its flags); by default
     /// `key: value (checkpoint: value)` for each top-level key of the settings.
-    pub fn describe_changes(mut self, describe: DescribeChanges) -> Trainer {
+    pub fn describe_changes(mut self, describe: DescribeChanges) -> Self {
         self.describe = Some(describe);
         self
     }
     /// The token that stops the run after its current step.
-    pub fn stop_token(mut self, token: StopToken) -> Trainer {
+    pub fn stop_token(mut self, token: StopToken) -> Self {
         self.stop = token;
         self
     }
@@ -226,30 +237,30 @@ impl Trainer {
     pub fn stopper(&self) -> StopToken {
         self.stop.clone()
     }
-    pub fn observe(mut self, observer: impl Observer + 'static) -> Trainer {
+    pub fn observe(mut self, observer: impl Observer + 'static) -> Self {
         self.observers.push(Box::new(observer));
         self
     }
     /// Runs as one rank of `group` (under `mpirun`/`srun`): every rank runs the same trainer on
     /// the same batches; rank 0 alone opens the checkpoint directory and writes, the others
     /// receive its checkpoint on resume, and all stop after the same step.
-    pub fn group(mut self, group: Group) -> Trainer {
+    pub fn group(mut self, group: Group) -> Self {
         self.group = group;
         self
     }
     /// Records each step's device timelines into `trace`.
-    pub fn trace(mut self, trace: Trace) -> Trainer {
+    pub fn trace(mut self, trace: Trace) -> Self {
         self.trace = Some(trace);
         self
     }
 
-    pub fn strategy(&self) -> &dyn Strategy {
+    pub fn strategy(&self) -> &S {
         &*self.strategy
     }
-    pub fn strategy_mut(&mut self) -> &mut dyn Strategy {
+    pub fn strategy_mut(&mut self) -> &mut S {
         &mut *self.strategy
     }
-    pub fn into_strategy(self) -> Box<dyn Strategy> {
+    pub fn into_strategy(self) -> Box<S> {
         self.strategy
     }
 
@@ -271,7 +282,7 @@ impl Trainer {
 }
 
 /// One validation pass: `metrics` over `source`'s epoch 0, in eval mode.
-fn evaluate(s: &mut dyn Strategy, source: &mut dyn BatchSource, metrics: &mut [Box<dyn Metric>]) -> Result<Vec<(String, f64)>> {
+fn evaluate<S: Strategy + ?Sized>(s: &mut S, source: &mut dyn BatchSource, metrics: &mut [Box<dyn Metric>]) -> Result<Vec<(String, f64)>> {
     source.set_state(crate::data::LoaderState { epoch: 0, position: 0 })?;
     s.set_training(false);
     let pass = (|| {

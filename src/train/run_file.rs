@@ -60,7 +60,7 @@ fn step_of(name: &str) -> Option<u64> {
 
 /// The weights and optimizer state of `strategy` on the host, in the checkpoint's naming, and
 /// the optimizer's step count.
-pub fn snapshot(strategy: &dyn Strategy) -> Result<(Vec<(String, HostTensor)>, u64)> {
+pub fn snapshot<S: Strategy + ?Sized>(strategy: &S) -> Result<(Vec<(String, HostTensor)>, u64)> {
     let mut tensors: Vec<(String, HostTensor)> = Vec::new();
     for (n, t) in to_host(&strategy.state_dict()?)? {
         tensors.push((format!("{MODEL}{n}"), t));
