@@ -255,10 +255,10 @@ impl<S: Strategy + ?Sized> Trainer<S> {
     }
 
     pub fn strategy(&self) -> &S {
-        &*self.strategy
+        &self.strategy
     }
     pub fn strategy_mut(&mut self) -> &mut S {
-        &mut *self.strategy
+        &mut self.strategy
     }
     pub fn into_strategy(self) -> Box<S> {
         self.strategy
