@@ -10,6 +10,7 @@ mod data_parallel;
 mod grid;
 mod loss;
 pub mod pipeline;
+pub mod plan;
 mod placement;
 mod split;
 mod stages;

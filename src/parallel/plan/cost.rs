@@ -1,0 +1,129 @@
+//! The planner's inputs: what each layer costs, what each device and link can do, and the
+//! estimate of one layout (step time and memory per device) computed from them.
+use super::Layout;
+
+/// One pipeline-cuttable unit of a model (a layer, or a transformer block) as the cost model
+/// sees it. Times are per sample on a device of [`DeviceSpec::speed`] 1.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerCost {
+    pub name: String,
+    pub forward_s: f64,
+    pub backward_s: f64,
+    /// Seconds every forward or backward pass of a micro-batch costs however few its samples:
+    /// kernel launches and the floor below which a device is not kept busy. What makes tiny
+    /// micro-batches and thin tensor-parallel slices slow.
+    pub fixed_s: f64,
+    /// Bytes of its parameters (f32).
+    pub param_bytes: u64,
+    /// Bytes per sample its forward keeps for the backward.
+    pub activation_bytes: u64,
+    /// Bytes per sample of its output: what a pipeline cut after it sends each way, and what a
+    /// tensor-parallel split of it all-reduces.
+    pub output_bytes: u64,
+    /// Whether tensor parallelism splits it (Megatron's column/row split of an MLP or an
+    /// attention block): degree `t` divides its compute, parameters and activations by `t` and
+    /// adds two all-reduces of its output in the forward and two in the backward.
+    pub tensor_parallel: bool,
+}
+
+/// What is trained: the layers in order, the global batch, and the bytes of training state per
+/// parameter byte (weights, gradients and optimizer state: 2 + the optimizer's states, so 4
+/// for Adam).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    pub layers: Vec<LayerCost>,
+    pub batch: usize,
+    pub state_per_param_byte: u64,
+}
+
+/// One device: its throughput relative to the layer costs' reference device, its memory, and
+/// the server it sits in (links within a server are [`Cluster::within`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceSpec {
+    pub name: String,
+    pub speed: f64,
+    pub memory: u64,
+    pub server: usize,
+}
+
+/// A link's cost: `latency_s + bytes / bytes_per_s` per message.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    pub latency_s: f64,
+    pub bytes_per_s: f64,
+}
+
+impl Link {
+    /// A ring all-reduce of `bytes` over `n` members: `2(n-1)` messages of `bytes/n`.
+    pub fn all_reduce_s(&self, bytes: f64, n: usize) -> f64 {
+        if n < 2 {
+            return 0.0;
+        }
+        let steps = 2.0 * (n as f64 - 1.0);
+        steps * (self.latency_s + bytes / n as f64 / self.bytes_per_s)
+    }
+    pub fn send_s(&self, bytes: f64) -> f64 {
+        self.latency_s + bytes / self.bytes_per_s
+    }
+}
+
+/// Devices and their links: a server's devices talk over `within` (PCIe, NVLink), servers over
+/// `across` (Ethernet, InfiniBand).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cluster {
+    pub devices: Vec<DeviceSpec>,
+    pub within: Link,
+    pub across: Link,
+}
+
+impl Cluster {
+    /// `servers` servers of `per_server` devices like `device` each.
+    pub fn servers(servers: usize, per_server: usize, device: DeviceSpec, within: Link, across: Link) -> Cluster {
+        let devices = (0..servers * per_server).map(|i| DeviceSpec { server: i / per_server, name: format!("{}#{i}", device.name), ..device.clone() }).collect();
+        Cluster { devices, within, across }
+    }
+    /// Servers of two Tesla M60 boards (4 GM204 GPUs of 8 GB, ~4.8 TFLOP/s each at speed 1)
+    /// on PCIe 3.0 (~12 GB/s, no NVLink, no peer-to-peer assumed), 10 GbE between servers.
+    pub fn dual_m60(servers: usize) -> Cluster {
+        let gpu = DeviceSpec { name: "M60".into(), speed: 1.0, memory: 8 << 30, server: 0 };
+        Cluster::servers(servers, 4, gpu, Link { latency_s: 10e-6, bytes_per_s: 12e9 }, Link { latency_s: 50e-6, bytes_per_s: 1.25e9 })
+    }
+    /// Servers of 8 H100 SXM GPUs (80 GB, ~60x an M60's fp32 rate with TF32 tensor cores at
+    /// the reference's scale) on NVLink (~450 GB/s), 8x400 Gb/s InfiniBand between (~50 GB/s
+    /// per GPU pair, 5 µs).
+    pub fn h100_nvlink(servers: usize) -> Cluster {
+        let gpu = DeviceSpec { name: "H100".into(), speed: 60.0, memory: 80 << 30, server: 0 };
+        Cluster::servers(servers, 8, gpu, Link { latency_s: 3e-6, bytes_per_s: 450e9 }, Link { latency_s: 5e-6, bytes_per_s: 50e9 })
+    }
+    /// The link between devices `a` and `b`.
+    pub fn link(&self, a: usize, b: usize) -> Link {
+        if self.devices[a].server == self.devices[b].server {
+            self.within
+        } else {
+            self.across
+        }
+    }
+    /// The slowest link among `members`.
+    pub fn group_link(&self, members: &[usize]) -> Link {
+        let one_server = members.windows(2).all(|w| self.devices[w[0]].server == self.devices[w[1]].server);
+        if one_server {
+            self.within
+        } else {
+            self.across
+        }
+    }
+}
+
+/// What the cost model predicts for one layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Estimate {
+    pub layout: Layout,
+    /// Predicted seconds per optimizer step, and its parts.
+    pub step_s: f64,
+    pub compute_s: f64,
+    pub comm_s: f64,
+    /// The pipeline's idle fraction, `(p - 1) / (m + p - 1)`.
+    pub bubble: f64,
+    /// Peak bytes per device, in device order of the layout's placement.
+    pub memory: Vec<u64>,
+}

@@ -1,0 +1,330 @@
+//! Choosing a parallel layout from a cost model: data, tensor and pipeline degrees, the layer
+//! cut of each stage, micro-batches and recomputation, within each device's memory, with the
+//! predicted step time of each candidate and the reason each rejected one was excluded.
+//!
+//! The model is analytic over measured or published inputs ([`LayerCost`] per layer,
+//! [`DeviceSpec`] and [`Link`] per device and link): a stage's time per micro-batch is its
+//! layers' forward and backward (and the recomputed forward) at its slowest device's speed,
+//! tensor-split layers divided by the tensor degree plus four ring all-reduces of their output,
+//! and a fixed cost per pass however small the micro-batch;
+//! a pipeline step is `(m + p - 1)` times the slowest stage including its sends; the gradients'
+//! ring all-reduce over the data-parallel replicas follows, not overlapped (an upper bound).
+//! Memory per device is its stage's training state (split by the tensor degree) plus the
+//! activations of the micro-batches in flight under 1F1B (`min(m, p - s)` at stage `s`), or
+//! with recomputation only the stage inputs plus one layer's activations.
+//!
+//! ```
+//! use tandem::parallel::plan::{plan, Cluster, LayerCost, Workload};
+//! // A 24-block model of 1.3 GB of f32 parameters per 6 blocks: too big for one 8 GB M60 with
+//! // Adam's state, so it must be split.
+//! let block = LayerCost { name: "block".into(), forward_s: 2e-3, backward_s: 4e-3, fixed_s: 50e-6, param_bytes: 220 << 20,
+//!     activation_bytes: 24 << 20, output_bytes: 2 << 20, tensor_parallel: true };
+//! let work = Workload { layers: vec![block; 24], batch: 32, state_per_param_byte: 4 };
+//! let p = plan(&work, &Cluster::dual_m60(2))?;
+//! // Megatron's rule holds: a tensor-parallel group never spans servers.
+//! assert!(p.best.layout.tensor <= 4);
+//! println!("{p}");
+//! # Ok::<(), tandem::Error>(())
+//! ```
+mod cost;
+
+pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload};
+
+use crate::{Error, Result};
+use std::fmt;
+
+/// A parallel layout: `data x tensor x pipeline` devices, Megatron's order (tensor groups of
+/// consecutive devices, then pipeline stages, then data-parallel replicas).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    pub data: usize,
+    pub tensor: usize,
+    pub pipeline: usize,
+    pub micro_batches: usize,
+    pub recompute: bool,
+    /// The first layer of each stage after the first.
+    pub cuts: Vec<usize>,
+}
+
+impl Layout {
+    pub fn devices(&self) -> usize {
+        self.data * self.tensor * self.pipeline
+    }
+    /// The device index (into the cluster) of replica `r`, stage `s`, tensor rank `t`.
+    pub fn device(&self, r: usize, s: usize, t: usize) -> usize {
+        (r * self.pipeline + s) * self.tensor + t
+    }
+    /// The layer range of stage `s` of a model of `layers` layers.
+    pub fn stage_layers(&self, s: usize, layers: usize) -> std::ops::Range<usize> {
+        let start = if s == 0 { 0 } else { self.cuts[s - 1] };
+        let end = self.cuts.get(s).copied().unwrap_or(layers);
+        start..end
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "data {} x tensor {} x pipeline {}", self.data, self.tensor, self.pipeline)?;
+        if self.pipeline > 1 || self.micro_batches > 1 {
+            write!(f, ", {} micro-batches", self.micro_batches)?;
+        }
+        if self.pipeline > 1 {
+            write!(f, ", cuts at {:?}", self.cuts)?;
+        }
+        if self.recompute {
+            write!(f, ", recompute")?;
+        }
+        Ok(())
+    }
+}
+
+/// A layout the search excluded, and the constraint that excluded it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rejected {
+    pub layout: Layout,
+    pub why: String,
+}
+
+/// The search's answer: the fastest layout that fits, the next best, and what was excluded.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub best: Estimate,
+    /// The other fitting layouts, fastest first.
+    pub alternatives: Vec<Estimate>,
+    pub rejected: Vec<Rejected>,
+}
+
+/// Searches every layout of the cluster's first `k` devices for each `k` (so a device too slow
+/// to help is left out): every factorisation `data x tensor x pipeline = k`, micro-batch counts
+/// dividing each replica's batch, recomputation on and off, and for each the layer cut that
+/// minimises the slowest stage (dynamic programming over the stages' speeds). Errors when no
+/// layout fits.
+pub fn plan(work: &Workload, cluster: &Cluster) -> Result<Plan> {
+    if work.layers.is_empty() || work.batch == 0 || cluster.devices.is_empty() {
+        return Err(Error::invalid("plan", "a plan needs layers, a batch of at least 1 and at least one device"));
+    }
+    let mut fits = Vec::new();
+    let mut rejected = Vec::new();
+    for k in 1..=cluster.devices.len() {
+        for (data, tensor, pipeline) in factorisations(k) {
+            if pipeline > work.layers.len() {
+                continue;
+            }
+            if tensor > 1 && !work.layers.iter().any(|l| l.tensor_parallel) {
+                continue;
+            }
+            for micro_batches in micro_batch_counts(work.batch, data, pipeline) {
+                for recompute in [false, true] {
+                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new() };
+                    if let Some(why) = unsplittable(work, cluster, &layout) {
+                        rejected.push(Rejected { layout, why });
+                        continue;
+                    }
+                    layout.cuts = best_cuts(work, cluster, &layout);
+                    let e = estimate(work, cluster, &layout);
+                    match over_memory(cluster, &e) {
+                        Some(why) => rejected.push(Rejected { layout, why }),
+                        None => fits.push(e),
+                    }
+                }
+            }
+        }
+    }
+    fits.sort_by(|a, b| a.step_s.total_cmp(&b.step_s));
+    if fits.is_empty() {
+        let why = rejected.iter().take(3).map(|r| format!("{}: {}", r.layout, r.why)).collect::<Vec<_>>().join("; ");
+        return Err(Error::invalid("plan", format!("no layout fits the devices' memory ({why})")));
+    }
+    let best = fits.remove(0);
+    Ok(Plan { best, alternatives: fits, rejected })
+}
+
+/// Why the batch cannot be shared out as `l` asks: equal replicas take equal parts, so the batch
+/// must divide into `data x micro_batches`; unequal ones take shares by speed, each micro-batch
+/// at least one sample.
+fn unsplittable(work: &Workload, cluster: &Cluster, l: &Layout) -> Option<String> {
+    let speeds: Vec<f64> = (0..l.data).map(|r| replica_speed(cluster, l, r)).collect();
+    let equal = speeds.windows(2).all(|w| w[0] == w[1]);
+    let parts = l.data * l.micro_batches;
+    if equal && !work.batch.is_multiple_of(parts) {
+        return Some(format!("the batch of {} does not split into {} replicas x {} micro-batches", work.batch, l.data, l.micro_batches));
+    }
+    (0..l.data).any(|r| micro_batch(work, cluster, l, r) < 1.0).then(|| format!("a replica's share of the batch of {} holds fewer than {} samples", work.batch, l.micro_batches))
+}
+
+/// `(data, tensor, pipeline)` with `data * tensor * pipeline = k`.
+fn factorisations(k: usize) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    for t in (1..=k).filter(|t| k.is_multiple_of(*t)) {
+        for p in (1..=k / t).filter(|p| (k / t).is_multiple_of(*p)) {
+            out.push((k / t / p, t, p));
+        }
+    }
+    out
+}
+
+/// Micro-batch counts worth trying: 1, and powers of two up to each replica's batch (a pipeline
+/// needs at least as many as it has stages to fill; accumulation alone trades time for memory).
+fn micro_batch_counts(batch: usize, data: usize, pipeline: usize) -> Vec<usize> {
+    let per_replica = (batch / data).max(1);
+    let mut out: Vec<usize> = std::iter::successors(Some(1usize), |m| Some(m * 2)).take_while(|m| *m <= per_replica && *m <= 256).collect();
+    if pipeline > 1 {
+        out.retain(|m| *m >= pipeline.min(per_replica));
+    }
+    out
+}
+
+/// The slowest device of replica `r`: its pace, and its weight in the batch shares.
+fn replica_speed(cluster: &Cluster, l: &Layout, r: usize) -> f64 {
+    (0..l.pipeline).flat_map(|s| (0..l.tensor).map(move |t| (s, t))).map(|(s, t)| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min)
+}
+
+/// Replica `r`'s samples per micro-batch: data-parallel shares are proportional to the
+/// replicas' speeds, so unequal devices finish together.
+fn micro_batch(work: &Workload, cluster: &Cluster, l: &Layout, r: usize) -> f64 {
+    let total: f64 = (0..l.data).map(|q| replica_speed(cluster, l, q)).sum();
+    work.batch as f64 * replica_speed(cluster, l, r) / total / l.micro_batches as f64
+}
+
+/// The slowest device of stage `s` of replica `r` (its tensor group).
+fn stage_speed(cluster: &Cluster, l: &Layout, r: usize, s: usize) -> f64 {
+    (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min)
+}
+
+/// Seconds of layer `i` per micro-batch on stage `s` of replica `r`, its tensor all-reduces
+/// included.
+fn layer_s(work: &Workload, cluster: &Cluster, l: &Layout, r: usize, s: usize, i: usize) -> f64 {
+    let layer = &work.layers[i];
+    let mb = micro_batch(work, cluster, l, r);
+    let split = if layer.tensor_parallel { l.tensor as f64 } else { 1.0 };
+    let forwards = if l.recompute { 2.0 } else { 1.0 };
+    let passes = layer.forward_s * forwards + layer.backward_s;
+    let mut t = passes * mb / stage_speed(cluster, l, r, s) / split + (forwards + 1.0) * layer.fixed_s;
+    if layer.tensor_parallel && l.tensor > 1 {
+        let group: Vec<usize> = (0..l.tensor).map(|k| l.device(r, s, k)).collect();
+        t += 4.0 * cluster.group_link(&group).all_reduce_s(layer.output_bytes as f64 * mb, l.tensor);
+    }
+    t
+}
+
+/// Seconds of stage `s` (layers `a..b`) per micro-batch: the slowest replica's.
+fn stage_s(work: &Workload, cluster: &Cluster, l: &Layout, s: usize, layers: std::ops::Range<usize>) -> f64 {
+    (0..l.data).map(|r| layers.clone().map(|i| layer_s(work, cluster, l, r, s, i)).sum::<f64>()).fold(0.0, f64::max)
+}
+
+/// The layer cut minimising the slowest stage, by dynamic programming over (stage, first
+/// layer): each stage at its own devices' speed.
+fn best_cuts(work: &Workload, cluster: &Cluster, l: &Layout) -> Vec<usize> {
+    let (n, p) = (work.layers.len(), l.pipeline);
+    if p == 1 {
+        return Vec::new();
+    }
+    // best[s][a]: the slowest stage of stages s.. over layers a..n; choice[s][a]: stage s's end.
+    let mut best = vec![vec![f64::INFINITY; n + 1]; p + 1];
+    let mut choice = vec![vec![n; n + 1]; p + 1];
+    best[p][n] = 0.0;
+    for s in (0..p).rev() {
+        for a in 0..n {
+            let left = p - s - 1;
+            for b in a + 1..=n - left {
+                let v = stage_s(work, cluster, l, s, a..b).max(best[s + 1][b]);
+                if v < best[s][a] {
+                    best[s][a] = v;
+                    choice[s][a] = b;
+                }
+            }
+        }
+    }
+    let mut cuts = Vec::new();
+    let mut a = 0;
+    for stage_choice in &choice[..p - 1] {
+        a = stage_choice[a];
+        cuts.push(a);
+    }
+    cuts
+}
+
+/// The predicted step time and memory of `l`.
+pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
+    let n = work.layers.len();
+    let rounds = (l.micro_batches + l.pipeline - 1) as f64;
+    let mut memory = vec![0u64; l.devices()];
+    let (mut pipeline_s, mut compute_s, mut grad_sync) = (0.0f64, 0.0f64, 0.0f64);
+    for r in 0..l.data {
+        let mb = micro_batch(work, cluster, l, r);
+        let (mut slowest, mut slowest_compute) = (0.0f64, 0.0f64);
+        for s in 0..l.pipeline {
+            let range = l.stage_layers(s, n);
+            let compute: f64 = range.clone().map(|i| layer_s(work, cluster, l, r, s, i)).sum();
+            let sends = if s + 1 < l.pipeline {
+                let bytes = work.layers[range.end - 1].output_bytes as f64 * mb;
+                2.0 * cluster.link(l.device(r, s, 0), l.device(r, s + 1, 0)).send_s(bytes)
+            } else {
+                0.0
+            };
+            slowest = slowest.max(compute + sends);
+            slowest_compute = slowest_compute.max(compute);
+            let split = |i: usize| if work.layers[i].tensor_parallel { l.tensor as u64 } else { 1 };
+            let params: u64 = range.clone().map(|i| work.layers[i].param_bytes / split(i)).sum();
+            let in_flight = l.micro_batches.min(l.pipeline - s) as f64;
+            let activations = if l.recompute {
+                let input = if range.start == 0 { 0 } else { work.layers[range.start - 1].output_bytes };
+                let one_layer = range.clone().map(|i| work.layers[i].activation_bytes / split(i)).max().unwrap_or(0);
+                in_flight * mb * input as f64 + mb * one_layer as f64
+            } else {
+                in_flight * mb * range.clone().map(|i| (work.layers[i].activation_bytes / split(i)) as f64).sum::<f64>()
+            };
+            let bytes = params * work.state_per_param_byte + activations.ceil() as u64;
+            for t in 0..l.tensor {
+                memory[l.device(r, s, t)] = bytes;
+            }
+            if r == 0 {
+                let replicas: Vec<usize> = (0..l.data).map(|q| l.device(q, s, 0)).collect();
+                grad_sync = grad_sync.max(cluster.group_link(&replicas).all_reduce_s(params as f64, l.data));
+            }
+        }
+        pipeline_s = pipeline_s.max(rounds * slowest);
+        compute_s = compute_s.max(rounds * slowest_compute);
+    }
+    let step_s = pipeline_s + grad_sync;
+    let bubble = (l.pipeline - 1) as f64 / rounds;
+    Estimate { layout: l.clone(), step_s, compute_s, comm_s: step_s - compute_s, bubble, memory }
+}
+
+/// Why `e` does not fit, naming the first device over its memory.
+fn over_memory(cluster: &Cluster, e: &Estimate) -> Option<String> {
+    e.memory.iter().enumerate().find(|(i, b)| **b > cluster.devices[*i].memory).map(|(i, b)| {
+        let d = &cluster.devices[i];
+        format!("needs {:.2} GiB on {} ({:.2} GiB)", *b as f64 / GIB, d.name, d.memory as f64 / GIB)
+    })
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let line = |f: &mut fmt::Formatter<'_>, e: &Estimate| {
+            let peak = e.memory.iter().copied().max().unwrap_or(0) as f64 / GIB;
+            writeln!(f, "  {}: {:.1} ms/step (compute {:.1} ms, bubble {:.0}%), peak {:.2} GiB/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0, peak)
+        };
+        writeln!(f, "plan:")?;
+        line(f, &self.best)?;
+        if !self.alternatives.is_empty() {
+            writeln!(f, "next best:")?;
+            // One line per degree triple: its best micro-batch count and recompute choice.
+            let mut seen = vec![(self.best.layout.data, self.best.layout.tensor, self.best.layout.pipeline)];
+            for e in &self.alternatives {
+                let key = (e.layout.data, e.layout.tensor, e.layout.pipeline);
+                if seen.len() < 5 && !seen.contains(&key) {
+                    seen.push(key);
+                    line(f, e)?;
+                }
+            }
+        }
+        writeln!(f, "{} layouts rejected", self.rejected.len())?;
+        for r in self.rejected.iter().take(3) {
+            writeln!(f, "  {}: {}", r.layout, r.why)?;
+        }
+        Ok(())
+    }
+}

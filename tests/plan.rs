@@ -1,0 +1,102 @@
+//! The layout planner's cost model and search (tandem::parallel::plan) on described clusters:
+//! its arithmetic on simple cases, memory as a hard constraint with the reason named, and its
+//! choices on published configurations against Megatron-LM's rules (tensor parallelism inside a
+//! server, pipelines across servers).
+use tandem::parallel::plan::{estimate, plan, Cluster, DeviceSpec, LayerCost, Layout, Link, Workload};
+
+fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
+    LayerCost {
+        name: "block".into(),
+        forward_s: f_ms * 1e-3,
+        backward_s: 2.0 * f_ms * 1e-3,
+        fixed_s: 0.0,
+        param_bytes: params_mib << 20,
+        activation_bytes: act_mib << 20,
+        output_bytes: out_mib << 20,
+        tensor_parallel: true,
+    }
+}
+
+fn single_layout() -> Layout {
+    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![] }
+}
+
+#[test]
+fn one_device_costs_forward_and_backward_of_the_batch() {
+    let work = Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4 };
+    let e = estimate(&work, &Cluster::dual_m60(1), &single_layout());
+    // 4 layers x (1 + 2) ms x 8 samples.
+    assert!((e.step_s - 0.096).abs() < 1e-9, "{}", e.step_s);
+    assert_eq!(e.memory[0], 4 * (1 << 20) * 4 + 4 * 8 * (1 << 20));
+    let pipe = Layout { pipeline: 4, micro_batches: 4, cuts: vec![1, 2, 3], ..single_layout() };
+    let e = estimate(&work, &Cluster::dual_m60(1), &pipe);
+    assert!((e.bubble - 3.0 / 7.0).abs() < 1e-12);
+}
+
+#[test]
+fn a_small_model_on_equal_devices_is_data_parallel_over_all_of_them() {
+    let work = Workload { layers: vec![block(4, 8, 1, 1.0); 8], batch: 64, state_per_param_byte: 4 };
+    let p = plan(&work, &Cluster::dual_m60(1)).unwrap();
+    assert_eq!((p.best.layout.data, p.best.layout.tensor, p.best.layout.pipeline), (4, 1, 1), "{p}");
+    let alone = estimate(&work, &Cluster::dual_m60(1), &single_layout());
+    assert!(p.best.step_s < alone.step_s / 3.0, "{p}");
+}
+
+#[test]
+fn a_model_too_big_for_one_device_is_split_and_never_over_memory() {
+    // 24 blocks of 220 MiB: 5.2 GiB of weights, 21 GiB with gradients and Adam's state.
+    let work = Workload { layers: vec![block(220, 24, 2, 2.0); 24], batch: 32, state_per_param_byte: 4 };
+    let cluster = Cluster::dual_m60(2);
+    let p = plan(&work, &cluster).unwrap();
+    println!("{p}");
+    for e in std::iter::once(&p.best).chain(&p.alternatives) {
+        assert!(e.memory.iter().zip(&cluster.devices).all(|(m, d)| *m <= d.memory), "{} is over memory", e.layout);
+    }
+    let single = p.rejected.iter().find(|r| r.layout.devices() == 1).expect("one device is rejected");
+    assert!(single.why.contains("needs") && single.why.contains("GiB on M60"), "{}", single.why);
+    // Megatron: a tensor-parallel group stays inside a server (4 GPUs) on PCIe and 10 GbE.
+    assert!(p.best.layout.tensor <= 4, "{p}");
+}
+
+#[test]
+fn on_nvlink_servers_tensor_parallelism_stays_inside_and_pipelines_go_across() {
+    // A GPT-3-like block of 470M parameters (hidden 6144, sequence 2048): 1.9 TFLOP per
+    // sequence forward (0.4 s on the 4.8 TFLOP/s reference), 48 MiB of output and ~2.9 GiB of
+    // f32 activations per sequence (Megatron's 34·s·h + 5·a·s² bytes in half precision,
+    // doubled); 32 of them on 4 servers of 8 H100s. Megatron-LM's layout is tensor 8 inside a
+    // server and pipeline stages across servers.
+    let mut gpt_block = block(1800, 2900, 48, 400.0);
+    gpt_block.fixed_s = 20e-6;
+    let layers = vec![gpt_block; 32];
+    let work = Workload { layers, batch: 64, state_per_param_byte: 4 };
+    let cluster = Cluster::h100_nvlink(4);
+    let p = plan(&work, &cluster).unwrap();
+    println!("{p}");
+    let l = &p.best.layout;
+    assert!(l.tensor > 1 && l.tensor <= 8, "{p}");
+    assert!(l.pipeline > 1, "{p}");
+    // No tensor group spans two servers.
+    for r in 0..l.data {
+        for s in 0..l.pipeline {
+            let servers: Vec<usize> = (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].server).collect();
+            assert!(servers.windows(2).all(|w| w[0] == w[1]), "{l}: a tensor group spans servers");
+        }
+    }
+}
+
+#[test]
+fn a_slow_device_gets_less_work_or_none() {
+    // A GPU ten times faster than the CPU beside it, one machine.
+    let gpu = DeviceSpec { name: "gpu".into(), speed: 10.0, memory: 8 << 30, server: 0 };
+    let cpu = DeviceSpec { name: "cpu".into(), speed: 1.0, memory: 16 << 30, server: 0 };
+    let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
+    let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link };
+    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4 };
+    let p = plan(&work, &cluster).unwrap();
+    println!("{p}");
+    let alone = estimate(&work, &cluster, &single_layout());
+    // Batch shares by speed (10:1) beat the GPU alone: 64 x 30 ms / 11 against 64 x 30 ms / 10.
+    assert_eq!((p.best.layout.data, p.best.layout.pipeline), (2, 1), "{p}");
+    assert!((p.best.compute_s - 0.192 * 10.0 / 11.0).abs() < 1e-9, "{p}");
+    assert!(p.best.step_s < alone.step_s, "{p}");
+}
