@@ -100,3 +100,31 @@ fn a_slow_device_gets_less_work_or_none() {
     assert!((p.best.compute_s - 0.192 * 10.0 / 11.0).abs() < 1e-9, "{p}");
     assert!(p.best.step_s < alone.step_s, "{p}");
 }
+
+/// Calibration on this machine: the seed CNN's layers on two CPU devices, then the plan for
+/// them. Times are not asserted (the machine is shared); what they are made of is.
+#[test]
+fn measured_inputs_describe_the_model_and_the_devices() {
+    use std::sync::Arc;
+    use tandem::nn::{models::SeedModel, Module};
+    use tandem::{backend::cpu::CpuBackend, Device, Tensor};
+    let devices: Vec<Device> = (0..2).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect();
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    let mut rng = tandem::rand::rng();
+    let probe = Tensor::randn([4, 1, 28, 28], &mut rng, &devices[0]).unwrap();
+    let (work, cluster) = tandem::parallel::plan::measure(&model, &probe, &devices, 64, 1).unwrap();
+    assert_eq!(work.layers.len(), model.len());
+    let params: u64 = model.parameters().iter().map(|(_, p)| p.numel() as u64 * 4).sum();
+    assert_eq!(work.layers.iter().map(|l| l.param_bytes).sum::<u64>(), params);
+    // The logits: 10 f32 per sample.
+    assert_eq!(work.layers.last().unwrap().output_bytes, 40);
+    assert!(work.layers.iter().any(|l| l.tensor_parallel), "fc1/fc2 are Linear");
+    assert!(work.layers.iter().all(|l| l.forward_s >= 0.0 && l.backward_s >= 0.0 && l.fixed_s >= 0.0));
+    assert!(work.layers.iter().map(|l| l.forward_s + l.backward_s + l.fixed_s).sum::<f64>() > 0.0);
+    assert_eq!(cluster.devices.len(), 2);
+    assert!(cluster.devices.iter().all(|d| d.speed > 0.0 && d.memory > 0));
+    assert!(cluster.within.bytes_per_s > 0.0);
+    let p = plan(&work, &cluster).unwrap();
+    println!("{p}");
+    assert!(p.best.step_s > 0.0);
+}

@@ -27,8 +27,10 @@
 //! # Ok::<(), tandem::Error>(())
 //! ```
 mod cost;
+mod measure;
 
 pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload};
+pub use measure::measure;
 
 use crate::{Error, Result};
 use std::fmt;

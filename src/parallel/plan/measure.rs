@@ -1,0 +1,123 @@
+//! The planner's calibration: a model's layers and the devices and links of this machine,
+//! measured in a few seconds, as the cost model's inputs.
+use super::{Cluster, DeviceSpec, LayerCost, Link, Workload};
+use crate::nn::{Module, Sequential};
+use crate::{Device, Result, Tensor};
+use std::time::Instant;
+
+/// Best-of runs of each timing: the minimum discards a preempted run.
+const RUNS: usize = 3;
+
+/// Each layer of `model` timed on `devices[0]` (the reference, speed 1) at `probe`'s batch and
+/// twice it, so that a layer's time splits into a per-sample part (the slope) and a fixed part
+/// (the intercept: launches and idle); its parameter, activation (what autograd keeps for the
+/// backward) and output bytes per sample; each other device's speed as the ratio of the whole
+/// model's time there; the link as a copy of a few MiB between the first two devices. All
+/// devices are taken to sit in one server. Devices are timed one at a time: CPU devices that
+/// share the host's cores look independent here, though together they are not faster than one.
+///
+/// `batch` is the global batch to plan for; `optimizer_states` the optimizer's state tensors per
+/// parameter (SGD with momentum 1, Adam 2). A layer that is a `Linear` counts as splittable by
+/// tensor parallelism.
+pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize) -> Result<(Workload, Cluster)> {
+    let first = devices.first().ok_or_else(|| crate::Error::invalid("plan::measure", "no devices"))?;
+    let k = probe.dims().first().copied().unwrap_or(1).max(1);
+    let small = probe.to(first)?;
+    let large = Tensor::cat(&[small.clone(), small.clone()], 0)?;
+    let (mut x1, mut x2) = (small, large);
+    let mut layers = Vec::new();
+    for (name, layer) in model.layers() {
+        let here = layer.to_device(first)?;
+        let (f1, b1, y1, act1) = time_layer(&*here, &x1, first)?;
+        let (f2, b2, y2, _) = time_layer(&*here, &x2, first)?;
+        let slope = |t1: f64, t2: f64| ((t2 - t1) / k as f64).max(0.0);
+        let (forward_s, backward_s) = (slope(f1, f2), slope(b1, b2));
+        let fixed_s = ((f1 - forward_s * k as f64).max(0.0) + (b1 - backward_s * k as f64).max(0.0)) / 2.0;
+        let param_bytes = here.parameters().iter().map(|(_, p)| (p.numel() * 4) as u64).sum();
+        layers.push(LayerCost {
+            name: name.clone(),
+            forward_s,
+            backward_s,
+            fixed_s,
+            param_bytes,
+            activation_bytes: act1 / k as u64,
+            output_bytes: (y1.numel() * y1.dtype().size() / k) as u64,
+            tensor_parallel: here.describe().starts_with("Linear"),
+        });
+        (x1, x2) = (y1, y2);
+    }
+    let reference = whole_model_s(model, probe, first)?;
+    let mut specs = Vec::new();
+    for d in devices {
+        let speed = if d.same(first) { 1.0 } else { reference / whole_model_s(model, probe, d)?.max(1e-9) };
+        let memory = d.info().memory.or_else(crate::backend::host::available).unwrap_or(u64::MAX);
+        specs.push(DeviceSpec { name: d.spec(), speed, memory, server: 0 });
+    }
+    let link = match devices.get(1) {
+        Some(second) => measure_link(first, second)?,
+        None => Link { latency_s: 0.0, bytes_per_s: f64::INFINITY },
+    };
+    let state_per_param_byte = 2 + optimizer_states as u64;
+    Ok((Workload { layers, batch, state_per_param_byte }, Cluster { devices: specs, within: link, across: link }))
+}
+
+/// A layer's forward and backward seconds on `x` (best of [`RUNS`]), its output, and the bytes
+/// its forward keeps for the backward.
+fn time_layer(layer: &dyn Module, x: &Tensor, dev: &Device) -> Result<(f64, f64, Tensor, u64)> {
+    let (mut fwd, mut bwd) = (f64::INFINITY, f64::INFINITY);
+    let mut kept = (x.clone(), 0);
+    for _ in 0..RUNS {
+        let input = x.detach().requires_grad();
+        let t0 = Instant::now();
+        let y = layer.forward(&input)?;
+        dev.sync()?;
+        fwd = fwd.min(t0.elapsed().as_secs_f64());
+        let root = y.sum_all()?;
+        let bytes = crate::autograd::activation_bytes(&root).saturating_sub((x.numel() * x.dtype().size()) as u64);
+        let t1 = Instant::now();
+        if root.needs_grad() {
+            root.backward()?;
+        }
+        dev.sync()?;
+        bwd = bwd.min(t1.elapsed().as_secs_f64());
+        kept = (y.detach(), bytes);
+    }
+    Ok((fwd, bwd, kept.0, kept.1))
+}
+
+/// The whole model's forward and backward on `probe` on `dev`, best of [`RUNS`].
+fn whole_model_s(model: &Sequential, probe: &Tensor, dev: &Device) -> Result<f64> {
+    let copy = model.to_device(dev)?;
+    let x = probe.to(dev)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..RUNS {
+        let t0 = Instant::now();
+        let root = copy.forward(&x)?.sum_all()?;
+        if root.needs_grad() {
+            root.backward()?;
+        }
+        dev.sync()?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// Latency (a 4-byte copy) and bandwidth (a 4 MiB copy) from `a` to `b`, best of [`RUNS`].
+fn measure_link(a: &Device, b: &Device) -> Result<Link> {
+    let time = |n: usize| -> Result<f64> {
+        let t = Tensor::zeros([n], a)?;
+        let mut best = f64::INFINITY;
+        for _ in 0..RUNS {
+            let t0 = Instant::now();
+            let moved = t.to(b)?;
+            b.sync()?;
+            best = best.min(t0.elapsed().as_secs_f64());
+            drop(moved);
+        }
+        Ok(best)
+    };
+    let latency_s = time(1)?;
+    let n = 1 << 20;
+    let big = time(n)?;
+    Ok(Link { latency_s, bytes_per_s: (n * 4) as f64 / (big - latency_s).max(1e-9) })
+}
