@@ -40,6 +40,9 @@ fn one_epoch_is_every_sample_once_then_none() {
         assert_eq!(loader.state(), LoaderState { epoch: epoch + 1, position: 0 });
     }
     assert_ne!(orders[0], orders[1], "each epoch has its own order");
+    // ChaCha8 keyed by (seed 3, epoch): the orders every checkpoint written so far resumes into.
+    assert_eq!(orders[0], [6, 9, 0, 4, 1, 2, 8, 5, 3, 7]);
+    assert_eq!(orders[1], [5, 4, 7, 2, 8, 0, 6, 3, 1, 9]);
 
     // Stopped part-way, an epoch's iterator leaves the loader where it stopped; the next one
     // serves only the rest of that epoch.
