@@ -1,7 +1,8 @@
 //! Token data for language models: character-level text as nanoGPT's shakespeare_char (a
 //! vocabulary of the sorted unique characters, a 90/10 train/validation split, random windows
 //! with the next tokens as targets), a built-in corpus generated from a seed, and windows of
-//! token ids from a safetensors file.
+//! token ids from a safetensors file or cut from a token stream, which a
+//! [`WindowLoader`](super::WindowLoader) serves in epochs.
 use crate::checkpoint::{host_from_view, parse, HostData};
 use crate::{Error, Result};
 use rand::{Rng, SeedableRng};
@@ -171,7 +172,9 @@ pub const MAX_VOCAB: usize = 1 << 20;
 pub const VOCAB_SIZE_KEY: &str = "vocab_size";
 
 /// Windows of token ids from a safetensors file: `x` and `y` (I64 or I32) of one shape
-/// `[N, T]`, `y` the next tokens of `x`. The first 90% of the rows train, the rest validate.
+/// `[N, T]`, `y` the next tokens of `x`. [`TokenWindows::batch`] draws rows at random from a
+/// [`Split`]: the first 90% train, the rest validate; a [`WindowLoader`](super::WindowLoader)
+/// serves chosen rows in epochs instead.
 ///
 /// The vocabulary is the file's `vocab_size` metadata where it has one (every id must lie
 /// below it), else the largest id plus one; either way at most [`MAX_VOCAB`]. An id past the
