@@ -80,7 +80,7 @@ fn the_same_flags_replay_the_same_batches_and_a_resume_equals_the_uninterrupted_
     assert_eq!(loader_at(&ck("a").join("ckpt-00000003.safetensors")), LoaderState { epoch: 1, position: 8 });
     assert_eq!(loader_at(&ck("a").join(last)), LoaderState { epoch: 3, position: 8 });
 
-    // Another seed for the data order alone is not expressible; another order is another stream.
+    // Another order is another stream of batches.
     let seq = run(&data, &["--order", "sequential", "--steps", "7", "--dropout", "0.1"]);
     assert_ne!(losses(&seq), losses(&a));
 
@@ -134,7 +134,7 @@ fn val_data_is_the_validation_set_and_all_of_data_trains() {
     let v = val_losses(&lines);
     assert_eq!(v.len(), 1);
     // At learning rate 0 the validation loss is that of the untrained model on all 5 windows,
-    // whatever the training windows: the same with --data as its own validation file's rows.
+    // whatever trains: the same when the validation file itself is --data.
     let other = run(&val, &["--order", "sequential", "--steps", "1", "--batch", "5", "--lr", "0", "--val-data", s(&val), "--eval-every", "1"]);
     tandem::tolerance::assert_close("validation loss over --val-data", &[val_losses(&other)[0] as f32], &[v[0] as f32], 1e-6, 1e-6);
     let without = run(&data, &["--order", "sequential", "--steps", "3", "--lr", "0", "--eval-every", "3"]);

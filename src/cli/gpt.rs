@@ -101,8 +101,8 @@ struct Draws {
     val: Batch,
     /// The training windows in epochs (`--order shuffle` or `sequential`).
     loader: Option<WindowLoader>,
-    /// The rows of a token file that random training windows come from (all with --val-data,
-    /// else the first 90%); a text draws from its training tokens.
+    /// The rows of a token file that training windows come from (all with --val-data, else the
+    /// first 90%); a text's random windows come from its training tokens instead.
     rows: std::ops::Range<usize>,
 }
 
@@ -115,32 +115,34 @@ impl Draws {
             None => data.batch(Split::Val, VAL_WINDOWS, block, &mut batch_rng(args.seed, VAL_STREAM))?,
             Some(v) => val_windows(v, data, block)?,
         };
+        // The rows served: of the token file, or of windows cut end to end from the training
+        // text for a loader (a text's random windows start anywhere in its training tokens).
         let (windows, rows) = match data {
             Tokens::Text(c) => {
                 if whole {
                     c.train.append(&mut c.val);
                 }
-                // Windows end to end over the training tokens, for the loader.
-                let windows = match order {
-                    WindowOrder::Random => None,
-                    _ => Some(Arc::new(TokenWindows::from_tokens(&c.train, block, c.vocab.len(), format!("{} (training tokens)", c.source))?)),
-                };
-                (windows, 0..0)
+                if order == WindowOrder::Random {
+                    (None, 0..0)
+                } else {
+                    let w = TokenWindows::from_tokens(&c.train, block, c.vocab.len(), format!("{} (training tokens)", c.source))?;
+                    let rows = 0..w.rows;
+                    (Some(Arc::new(w)), rows)
+                }
             }
             Tokens::Windows(w) => (Some(w.clone()), if whole { 0..w.rows } else { w.rows_of(Split::Train) }),
         };
-        let loader = match (order, windows) {
-            (WindowOrder::Random, _) | (_, None) => {
+        let loader = match windows.filter(|_| order != WindowOrder::Random) {
+            None => {
                 Draws::random(data, &rows, 1, block, &mut batch_rng(args.seed, 0))?;
                 None
             }
-            (_, Some(w)) => {
-                let rows = if matches!(data, Tokens::Text(_)) { 0..w.rows } else { rows.clone() };
+            Some(w) => {
                 if args.batch > rows.len() {
                     let what = format!("{} exceeds the {} training windows: --order shuffle and sequential serve full batches of distinct windows", args.batch, rows.len());
                     return Err(Error::invalid("--batch", what));
                 }
-                Some(WindowLoader::new(w, rows, args.batch, order == WindowOrder::Shuffle, args.seed)?.drop_last(true)?)
+                Some(WindowLoader::new(w, rows.clone(), args.batch, order == WindowOrder::Shuffle, args.seed)?.drop_last(true)?)
             }
         };
         Ok(Draws { val, loader, rows })
