@@ -122,11 +122,11 @@ fn a_token_files_declared_vocabulary_sizes_the_model_and_bounds_its_ids() {
     assert_eq!(TokenWindows::load(&ok).unwrap().vocab_size, 100);
     let past = dir.join("past.safetensors");
     token_file(&past, 100, &[("vocab_size", "100".into())]);
-    let e = TokenWindows::load(&past).err().expect("an id at the declared size is refused").to_string();
+    let e = TokenWindows::load(&past).expect_err("an id at the declared size is refused").to_string();
     assert!(e.contains("token id 100") && e.contains("0..100") && e.contains("vocab_size"), "{e}");
     let huge = dir.join("huge.safetensors");
     token_file(&huge, 4, &[("vocab_size", "4294967296".into())]);
-    let e = TokenWindows::load(&huge).err().expect("a declared size past the limit is refused").to_string();
+    let e = TokenWindows::load(&huge).expect_err("a declared size past the limit is refused").to_string();
     assert!(e.contains("vocab_size") && e.contains(&tandem::data::text::MAX_VOCAB.to_string()), "{e}");
 }
 

@@ -202,7 +202,7 @@ fn bad_token_files_are_errors_naming_the_path() {
     let floats = scratch("bad_f32.safetensors");
     let f = HostTensor::f32(vec![1, 2], vec![1.0, 2.0]).unwrap();
     write_safetensors(&floats, &[("x".into(), f.clone()), ("y".into(), f)], &BTreeMap::new()).unwrap();
-    let err = TokenWindows::load(&floats).err().expect("F32 ids");
+    let err = TokenWindows::load(&floats).expect_err("F32 ids");
     assert!(err.to_string().contains("I64 or I32"), "{err}");
     let one_row = scratch("one_row.safetensors");
     write_i64(&one_row, &[("x", vec![1, 2], vec![1, 2]), ("y", vec![2, 3], vec![1, 2])]);

@@ -1,7 +1,8 @@
 //! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`,
 //! `data`, `tensor`, `pipeline` or `data,pipeline` parallelism, with AdamW, clipping, warmup +
 //! cosine decay, periodic validation loss, and the same run directory, resume and stop handling
-//! as the seed models.
+//! as the seed models. Training windows are drawn at random or served in epochs (`--order`),
+//! validated on the data's last 10% or on `--val-data`.
 //!
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
 //! so `tandem generate` needs nothing but the checkpoint file.
@@ -9,10 +10,10 @@ use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
 use super::stop::StopSignal;
 use super::training::{self, Ended, Resume, Steps};
-use super::{GptArgs, OptimizerKind, TrainArgs};
+use super::{GptArgs, OptimizerKind, TrainArgs, WindowOrder};
 use crate::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
 use crate::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
-use crate::data::{Batch, LoaderState};
+use crate::data::{Batch, BatchSource, LoaderState, WindowLoader};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::optim::LrSchedule;
 use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
@@ -21,6 +22,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The model's shape when --n-layer, --n-head, --n-embd are not given.
@@ -40,7 +42,7 @@ const VAL_STREAM: u64 = u64::MAX;
 /// Where a GPT's tokens come from (`--data`).
 pub(super) enum Tokens {
     Text(TextCorpus),
-    Windows(TokenWindows),
+    Windows(Arc<TokenWindows>),
 }
 
 impl Tokens {
@@ -51,7 +53,7 @@ impl Tokens {
         match data.strip_prefix("text:") {
             Some("") => Err(Error::invalid("--data", "text: needs a file, as in text:input.txt")),
             Some(path) => Ok(Tokens::Text(TextCorpus::from_file(path)?)),
-            None if data.ends_with(".safetensors") => Ok(Tokens::Windows(TokenWindows::load(data)?)),
+            None if data.ends_with(".safetensors") => Ok(Tokens::Windows(Arc::new(TokenWindows::load(data)?))),
             None => Err(Error::invalid("--data", format!("'{data}' is not text, text:PATH or a PATH.safetensors of token ids (for --model gpt)"))),
         }
     }
@@ -93,6 +95,100 @@ impl Tokens {
     }
 }
 
+/// Where a run's batches come from: `--order`, `--val-data`.
+struct Draws {
+    /// Every validation window, evaluated at each --eval-every.
+    val: Batch,
+    /// The training windows in epochs (`--order shuffle` or `sequential`).
+    loader: Option<WindowLoader>,
+    /// The rows of a token file that training windows come from (all with --val-data, else the
+    /// first 90%); a text's random windows come from its training tokens instead.
+    rows: std::ops::Range<usize>,
+}
+
+impl Draws {
+    /// The validation windows, and the training windows' loader or rows; with --val-data all of
+    /// --data trains. Checks that both hold a window before any step runs.
+    fn new(args: &TrainArgs, order: WindowOrder, data: &mut Tokens, block: usize) -> Result<Draws> {
+        let whole = args.gpt.val_data.is_some();
+        let val = match &args.gpt.val_data {
+            None => data.batch(Split::Val, VAL_WINDOWS, block, &mut batch_rng(args.seed, VAL_STREAM))?,
+            Some(v) => val_windows(v, data, block)?,
+        };
+        // The rows served: of the token file, or of windows cut end to end from the training
+        // text for a loader (a text's random windows start anywhere in its training tokens).
+        let (windows, rows) = match data {
+            Tokens::Text(c) => {
+                if whole {
+                    c.train.append(&mut c.val);
+                }
+                if order == WindowOrder::Random {
+                    (None, 0..0)
+                } else {
+                    let w = TokenWindows::from_tokens(&c.train, block, c.vocab.len(), format!("{} (training tokens)", c.source))?;
+                    let rows = 0..w.rows;
+                    (Some(Arc::new(w)), rows)
+                }
+            }
+            Tokens::Windows(w) => (Some(w.clone()), if whole { 0..w.rows } else { w.rows_of(Split::Train) }),
+        };
+        let loader = match windows.filter(|_| order != WindowOrder::Random) {
+            None => {
+                Draws::random(data, &rows, 1, block, &mut batch_rng(args.seed, 0))?;
+                None
+            }
+            Some(w) => {
+                if args.batch > rows.len() {
+                    let what = format!("{} exceeds the {} training windows: --order shuffle and sequential serve full batches of distinct windows", args.batch, rows.len());
+                    return Err(Error::invalid("--batch", what));
+                }
+                Some(WindowLoader::new(w, rows.clone(), args.batch, order == WindowOrder::Shuffle, args.seed)?.drop_last(true)?)
+            }
+        };
+        Ok(Draws { val, loader, rows })
+    }
+
+    /// `batch` random training windows (`--order random`), drawn from `rng`.
+    fn random(data: &Tokens, rows: &std::ops::Range<usize>, batch: usize, block: usize, rng: &mut ChaCha8Rng) -> Result<Batch> {
+        match data {
+            Tokens::Windows(w) => {
+                let TokenBatch { x, y, block, .. } = w.batch_from(rows.clone(), batch, rng)?;
+                Batch::tokens(x, y, block, w.vocab_size)
+            }
+            Tokens::Text(_) => data.batch(Split::Train, batch, block, rng),
+        }
+    }
+}
+
+/// Every window of `--val-data`: token ids beside token ids (of the same length, in the
+/// vocabulary of --data), or a text in the characters of the training text.
+fn val_windows(val: &str, data: &Tokens, block: usize) -> Result<Batch> {
+    let windows = match (data, val.strip_prefix("text:")) {
+        (Tokens::Text(c), Some(path)) => {
+            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+            let text = String::from_utf8(bytes).map_err(|e| Error::format(path, format!("not UTF-8 text: {e}")))?;
+            let ids = c.vocab.encode(&text).map_err(|e| Error::format(path, format!("--val-data: {e} (the characters of --data)")))?;
+            TokenWindows::from_tokens(&ids, block, c.vocab.len(), path).map_err(|e| Error::format(path, format!("--val-data: {e}")))?
+        }
+        (Tokens::Windows(w), None) if val.ends_with(".safetensors") => {
+            let mut v = TokenWindows::load(val)?;
+            if v.block != w.block {
+                return Err(Error::format(val, format!("--val-data: windows of {} tokens, but those of --data are {} long", v.block, w.block)));
+            }
+            if let Some((i, &id)) = v.x.iter().chain(&v.y).enumerate().find(|&(_, &id)| id as usize >= w.vocab_size) {
+                return Err(Error::format(val, format!("--val-data: token id {id} at flat index {i} (x, then y) is outside the vocabulary of --data, 0..{}", w.vocab_size)));
+            }
+            // Scored over the model's vocabulary, which a file of fewer ids would not know.
+            v.vocab_size = w.vocab_size;
+            v
+        }
+        (Tokens::Text(_), None) => return Err(Error::invalid("--val-data", format!("'{val}' is not text:PATH, as a text --data needs"))),
+        (Tokens::Windows(_), _) => return Err(Error::invalid("--val-data", format!("'{val}' is not a PATH.safetensors of token ids, as --data is"))),
+    };
+    let rows = windows.rows;
+    Ok(WindowLoader::new(Arc::new(windows), 0..rows, rows, false, 0)?.next_batch())
+}
+
 /// The generator of training batch `step` (0-based): a function of the seed and the step
 /// alone, so a resumed run draws the windows the uninterrupted one would have.
 pub(super) fn batch_rng(seed: u64, stream: u64) -> ChaCha8Rng {
@@ -105,13 +201,14 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let t0 = Instant::now();
     let stop = StopSignal::install()?;
     let g = &args.gpt;
-    if args.epochs.is_some() {
-        return Err(Error::invalid("--epochs", "--model gpt draws random windows and has no epochs; use --steps"));
+    let order = g.order.unwrap_or(WindowOrder::Random);
+    if args.epochs.is_some() && order == WindowOrder::Random {
+        return Err(Error::invalid("--epochs", "--order random draws windows with replacement and has no epochs; use --steps, or --order shuffle or sequential"));
     }
     if args.micro_batches.is_some_and(|m| m == 0 || !args.batch.is_multiple_of(m)) {
         return Err(Error::invalid("--micro-batches", format!("{:?} does not divide --batch {}", args.micro_batches, args.batch)));
     }
-    for (flag, n) in [("--steps", args.steps), ("--checkpoint-every", args.checkpoint_every), ("--eval-every", g.eval_every)] {
+    for (flag, n) in [("--steps", args.steps), ("--epochs", args.epochs), ("--checkpoint-every", args.checkpoint_every), ("--eval-every", g.eval_every)] {
         if n == Some(0) {
             return Err(Error::invalid(flag, "must be at least 1"));
         }
@@ -119,15 +216,13 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if args.batch == 0 {
         return Err(Error::invalid("--batch", "must be at least 1"));
     }
-    let total = args.steps.unwrap_or(DEFAULT_STEPS);
     let optim = setup::optim_config(args, OptimizerKind::Adamw)?;
-    let schedule = lr_schedule(g.warmup_steps, optim.lr(), total)?;
     let devices = ranks.devices(&args.devices)?;
     ranks.check_strategy(args.strategy)?;
     let (claim, run_dir) = training::outputs_and_run_dir(args, ranks)?;
 
     check_shape(g)?;
-    let data = Tokens::load(&args.data)?;
+    let mut data = Tokens::load(&args.data)?;
     let block = data.block(g.block_size)?;
     let cfg = GptConfig {
         n_layer: g.n_layer.unwrap_or(DEFAULT_N_LAYER),
@@ -138,9 +233,15 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         dropout: g.dropout.unwrap_or(0.0),
         bias: true,
     };
-    // Both splits must hold a window before any step runs.
-    let val = data.batch(Split::Val, VAL_WINDOWS, block, &mut batch_rng(args.seed, VAL_STREAM))?;
-    data.batch(Split::Train, 1, block, &mut batch_rng(args.seed, 0))?;
+    let Draws { val, mut loader, rows } = Draws::new(args, order, &mut data, block)?;
+    let (length_flag, total) = match (args.epochs, &loader) {
+        (Some(e), Some(l)) => {
+            let steps = e.checked_mul(l.batches_per_epoch() as u64).ok_or_else(|| Error::invalid("--epochs", format!("{e} epochs is more steps than can be counted")))?;
+            ("--epochs", steps)
+        }
+        _ => ("--steps", args.steps.unwrap_or(DEFAULT_STEPS)),
+    };
+    let schedule = lr_schedule(g.warmup_steps, optim.lr(), total)?;
 
     let mut strategy = if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
@@ -156,7 +257,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
 
     let at = Resume { ranks, dir: args.checkpoint_dir.as_deref(), run_dir: run_dir.as_ref(), claim };
-    let start = training::start_run(at, strategy.as_mut(), None, &config, args.seed, total, "--steps")?;
+    let start = training::start_run(at, strategy.as_mut(), loader.as_mut().map(|l| l as &mut dyn BatchSource), &config, args.seed, total, length_flag)?;
     let reporter = training::reporter(ranks, args, start.step, total);
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
     let steps = Steps { args, ranks, stop: &stop, run_dir: run_dir.as_ref(), config: &config, total, every, t0 };
@@ -164,7 +265,11 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         if let Some(sch) = &schedule {
             s.set_lr(sch.lr_at(step));
         }
-        let batch = data.batch(Split::Train, args.batch, block, &mut batch_rng(args.seed, step))?;
+        if let Some(l) = &mut loader {
+            let batch = l.next_batch();
+            return Ok((batch, l.state()));
+        }
+        let batch = Draws::random(&data, &rows, args.batch, block, &mut batch_rng(args.seed, step))?;
         // Windows are drawn from (seed, step): no loader position to keep.
         Ok((batch, LoaderState { epoch: 0, position: 0 }))
     };
@@ -297,10 +402,12 @@ fn lr_schedule(warmup: Option<u64>, lr: f32, total: u64) -> Result<Option<LrSche
     Ok(Some(s))
 }
 
-/// The flags that decide the trajectory of weights (a resume must repeat them), the model's
-/// shape and the vocabulary (which `generate` reads back).
+/// The flags that decide the trajectory of weights (a resume must repeat them: the data and
+/// the order its windows are drawn in among them), the model's shape and the vocabulary
+/// (which `generate` reads back).
 fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: Option<&LrSchedule>, vocab: Option<String>) -> serde_json::Value {
-    serde_json::json!({
+    let g = &args.gpt;
+    let mut config = serde_json::json!({
         "model": "gpt",
         "data": args.data,
         "batch": args.batch,
@@ -313,7 +420,16 @@ fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: O
             "vocab_size": cfg.vocab_size, "dropout": cfg.dropout, "bias": cfg.bias,
         },
         "vocab": vocab,
-    })
+    });
+    // Only where given, so that checkpoints of runs that drew at random and validated on
+    // --data's last 10% (written before these flags) resume.
+    if let Some(order) = g.order.filter(|&o| o != WindowOrder::Random) {
+        config["order"] = format!("{order:?}").to_lowercase().into();
+    }
+    if let Some(val) = &g.val_data {
+        config["val_data"] = val.as_str().into();
+    }
+    config
 }
 
 /// Weights for `--init`: a safetensors of the model's state_dict (a `--save` file, or

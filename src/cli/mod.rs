@@ -87,6 +87,17 @@ pub enum Schedule {
     OneFOneB,
 }
 
+/// `--order`: how `--model gpt` draws its training windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WindowOrder {
+    /// Windows at random, with replacement, each batch drawn from --seed and its step alone.
+    Random,
+    /// Every window once per epoch, in an order drawn from --seed and the epoch.
+    Shuffle,
+    /// Every window once per epoch, in the data's order.
+    Sequential,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -211,6 +222,15 @@ pub struct GptArgs {
     /// Print the validation loss every N steps (and after the last).
     #[arg(long, value_name = "N")]
     pub eval_every: Option<u64>,
+    /// How training windows are drawn: random (with replacement), shuffle or sequential (each
+    /// window once per epoch, in full batches; --epochs then counts them) [default: random].
+    #[arg(long, value_enum)]
+    pub order: Option<WindowOrder>,
+    /// The validation windows, all of them evaluated: a PATH.safetensors of token ids `x`, `y`
+    /// [N, T] beside such a --data, or text:PATH beside a text --data (in its characters).
+    /// All of --data then trains, instead of its first 90%.
+    #[arg(long, value_name = "PATH")]
+    pub val_data: Option<String>,
 }
 
 /// Flags of `tandem generate`.

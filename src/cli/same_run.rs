@@ -149,6 +149,8 @@ fn train(e: &mut Entries, args: &TrainArgs, ranks: &Ranks) {
     e.opt("--dropout", g.dropout);
     e.opt("--warmup-steps", g.warmup_steps);
     e.opt("--eval-every", g.eval_every);
+    e.opt("--order", g.order.map(|o| format!("{o:?}").to_lowercase()));
+    e.opt("--val-data", g.val_data.as_deref().map(data_identity));
     e.add("--seed", args.seed);
     e.debug("--strategy", args.strategy);
     e.opt("--micro-batches", args.micro_batches);

@@ -261,6 +261,8 @@ pub fn no_gpt_flags(args: &TrainArgs) -> Result<()> {
         ("--n-embd", g.n_embd.is_some()),
         ("--block-size", g.block_size.is_some()),
         ("--dropout", g.dropout.is_some()),
+        ("--order", g.order.is_some()),
+        ("--val-data", g.val_data.is_some()),
         ("--pipelines", args.pipelines.is_some()),
         ("--recompute", args.recompute),
     ];

@@ -8,7 +8,7 @@ use super::ranks::Ranks;
 use crate::train::run_dir::{self, Claim, RunDir};
 use super::stop::{StopSignal, Stopped};
 use super::{plot, setup, TrainArgs};
-use crate::data::{Batch, DataLoader, LoaderState};
+use crate::data::{Batch, BatchSource, LoaderState};
 use crate::parallel::{trace::Trace, Strategy};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -65,7 +65,7 @@ pub(super) struct Start {
 pub(super) fn start_run(
     at: Resume,
     strategy: &mut dyn Strategy,
-    loader: Option<&mut DataLoader>,
+    loader: Option<&mut dyn BatchSource>,
     config: &serde_json::Value,
     seed: u64,
     total: u64,
@@ -95,7 +95,7 @@ pub(super) fn start_run(
 /// Restores weights, optimizer and loader (when there is one) from the newest valid
 /// checkpoint; returns it. Rank 0 reads the directory and sends the file to the other ranks,
 /// which need not see it (another machine's disk), whatever their number when it was written.
-fn resume(ranks: &Ranks, dir: &Path, s: &mut dyn Strategy, loader: Option<&mut DataLoader>, config: &serde_json::Value, seed: u64) -> Result<Checkpoint> {
+fn resume(ranks: &Ranks, dir: &Path, s: &mut dyn Strategy, loader: Option<&mut dyn BatchSource>, config: &serde_json::Value, seed: u64) -> Result<Checkpoint> {
     let newest = if ranks.leader() {
         Some(checkpoints::load_newest(dir, |path, e| eprintln!("warning: skipping checkpoint {}: {e}", path.display()))?)
     } else {

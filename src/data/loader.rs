@@ -1,8 +1,7 @@
 //! Batching over a shared dataset with a seeded, resumable per-epoch shuffle.
+use super::epochs::{Epoch, Epochs};
 use super::{Batch, Dataset};
-use crate::{Error, Result};
-use rand::{RngCore, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use crate::Result;
 use std::sync::Arc;
 
 /// Where a [`DataLoader`] stands: the epoch of the next batch and how many samples of that
@@ -33,16 +32,33 @@ pub struct LoaderState {
 /// assert_eq!(loader.next_batch(), next);
 /// # Ok::<(), tandem::Error>(())
 /// ```
+///
+/// # Iterating
+///
+/// [`DataLoader::epoch`] is PyTorch's `for batch in loader` (and Burn's `loader.iter()`): the
+/// batches of one epoch, then `None`; the next call serves the next epoch, in its own order.
+/// The loader itself is an endless [`Iterator`], the stream a step-counted run draws from, so
+/// `loader.by_ref().take(steps)` is that many steps' batches, across epoch boundaries, and
+/// `next()` is [`DataLoader::next_batch`]. Both move the same position, which
+/// [`DataLoader::state`] saves.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tandem::data::{synthetic, DataLoader};
+/// let mut loader = DataLoader::new(Arc::new(synthetic::regression(10, 3, 0)?), 4, true, 7)?;
+/// for epoch in 0..2 {
+///     let sizes: Vec<usize> = loader.epoch().map(|b| b.len()).collect();
+///     assert_eq!(sizes, [4, 4, 2], "epoch {epoch}");
+/// }
+/// // Five batches of the endless stream: epoch 2's three, then two of epoch 3.
+/// assert_eq!(loader.by_ref().take(5).count(), 5);
+/// assert_eq!((loader.state().epoch, loader.state().position), (3, 8));
+/// # Ok::<(), tandem::Error>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct DataLoader {
     data: Arc<Dataset>,
-    batch_size: usize,
-    shuffle: bool,
-    seed: u64,
-    drop_last: bool,
-    state: LoaderState,
-    /// The visiting order of `state.epoch`.
-    order: Vec<usize>,
+    epochs: Epochs,
 }
 
 impl DataLoader {
@@ -50,36 +66,22 @@ impl DataLoader {
     /// `batch_size` is 0.
     pub fn new(data: Arc<Dataset>, batch_size: usize, shuffle: bool, seed: u64) -> Result<Self> {
         data.validate()?;
-        if batch_size == 0 {
-            return Err(Error::invalid("DataLoader::new", "batch size must be at least 1"));
+        if batch_size > 0 && data.is_empty() {
+            return Err(crate::Error::invalid("DataLoader::new", "the dataset has no samples"));
         }
-        if data.is_empty() {
-            return Err(Error::invalid("DataLoader::new", "the dataset has no samples"));
-        }
-        let state = LoaderState { epoch: 0, position: 0 };
-        let order = epoch_order(data.len(), shuffle, seed, 0);
-        Ok(DataLoader { data, batch_size, shuffle, seed, drop_last: false, state, order })
+        let epochs = Epochs::new("DataLoader::new", data.len(), batch_size, shuffle, seed)?;
+        Ok(DataLoader { data, epochs })
     }
 
     /// Whether to skip each epoch's last batch when it is smaller than the batch size.
     /// Errors if that would leave no batch at all (batch size above the dataset size).
     pub fn drop_last(mut self, drop_last: bool) -> Result<Self> {
-        if drop_last && self.batch_size > self.data.len() {
-            return Err(Error::invalid(
-                "DataLoader::drop_last",
-                format!("batch size {} exceeds the {} samples: no full batch exists", self.batch_size, self.data.len()),
-            ));
-        }
-        self.drop_last = drop_last;
-        // A position valid before may now sit inside the dropped tail.
-        if self.epoch_done() {
-            self.start_epoch(self.state.epoch + 1);
-        }
+        self.epochs.set_drop_last("DataLoader::drop_last", drop_last)?;
         Ok(self)
     }
 
     pub fn batch_size(&self) -> usize {
-        self.batch_size
+        self.epochs.batch_size()
     }
 
     pub fn dataset(&self) -> &Arc<Dataset> {
@@ -88,37 +90,27 @@ impl DataLoader {
 
     /// Batches served per epoch (the short last one counts unless `drop_last`).
     pub fn batches_per_epoch(&self) -> usize {
-        let n = self.data.len();
-        if self.drop_last {
-            n / self.batch_size
-        } else {
-            n.div_ceil(self.batch_size)
-        }
+        self.epochs.batches_per_epoch()
     }
 
     /// The fewest samples a batch of this loader can hold: the batch size, or with a short last
     /// batch (no `drop_last`) the remainder.
     pub fn smallest_batch(&self) -> usize {
-        let rem = self.data.len() % self.batch_size;
-        if self.drop_last || rem == 0 || self.data.len() < self.batch_size {
-            self.batch_size.min(self.data.len())
-        } else {
-            rem
-        }
+        self.epochs.smallest_batch()
     }
 
     /// The next batch; after an epoch's last batch the loader moves on to the next epoch.
     pub fn next_batch(&mut self) -> Batch {
-        let start = self.state.position;
-        let end = (start + self.batch_size).min(self.order.len());
-        let indices = self.order[start..end].to_vec();
-        self.state.position = end;
-        if self.epoch_done() {
-            self.start_epoch(self.state.epoch + 1);
-        }
+        let indices = self.epochs.next_indices();
         self.data
             .batch_of_valid(&indices)
             .expect("the loader's permutation only holds indices below the dataset length")
+    }
+
+    /// The batches left in the current epoch (all of them at an epoch's start), in order; see
+    /// [Iterating](DataLoader#iterating).
+    pub fn epoch(&mut self) -> Epoch<'_> {
+        Epoch::new(self.epochs.batches_left(), move || self.next_batch())
     }
 
     /// The samples at `indices` in that order, e.g. for evaluation; errors on an index out of
@@ -129,58 +121,24 @@ impl DataLoader {
 
     /// Where the loader stands; pass it to [`DataLoader::set_state`] to resume.
     pub fn state(&self) -> LoaderState {
-        self.state
+        self.epochs.state()
     }
 
     /// Resumes at `state`, as saved by [`DataLoader::state`] from a loader with the same
     /// dataset, batch size, shuffle flag and seed.
     pub fn set_state(&mut self, state: LoaderState) -> Result<()> {
-        if state.position > self.data.len() {
-            return Err(Error::invalid(
-                "DataLoader::set_state",
-                format!("position {} is past the {} samples", state.position, self.data.len()),
-            ));
-        }
-        self.start_epoch(state.epoch);
-        self.state.position = state.position;
-        if self.epoch_done() {
-            self.start_epoch(state.epoch + 1);
-        }
-        Ok(())
-    }
-
-    /// True when no further batch can be served from the current epoch.
-    fn epoch_done(&self) -> bool {
-        let left = self.order.len() - self.state.position;
-        left == 0 || (self.drop_last && left < self.batch_size)
-    }
-
-    fn start_epoch(&mut self, epoch: u64) {
-        self.order = epoch_order(self.data.len(), self.shuffle, self.seed, epoch);
-        self.state = LoaderState { epoch, position: 0 };
+        self.epochs.set_state("DataLoader::set_state", state)
     }
 }
 
-/// The visiting order of one epoch: identity without shuffle, else a Fisher–Yates permutation.
-fn epoch_order(n: usize, shuffle: bool, seed: u64, epoch: u64) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
-    if shuffle {
-        let mut key = [0u8; 32];
-        key[..8].copy_from_slice(&seed.to_le_bytes());
-        key[8..16].copy_from_slice(&epoch.to_le_bytes());
-        let mut rng = ChaCha8Rng::from_seed(key);
-        // Hand-written rather than `SliceRandom::shuffle` so the order cannot change with a
-        // rand upgrade, which would break resuming old checkpoints.
-        for i in (1..n).rev() {
-            let j = below(&mut rng, i + 1);
-            order.swap(i, j);
-        }
+/// The endless stream of batches, epoch after epoch: `next()` is always `Some`
+/// ([`DataLoader::next_batch`]). See [Iterating](DataLoader#iterating) for one epoch's batches.
+impl Iterator for DataLoader {
+    type Item = Batch;
+    fn next(&mut self) -> Option<Batch> {
+        Some(self.next_batch())
     }
-    order
-}
-
-/// A uniform integer in `0..n` by multiply-shift (Lemire); the bias is below 2^-32 for any
-/// dataset size that fits in memory.
-pub(crate) fn below(rng: &mut impl RngCore, n: usize) -> usize {
-    ((rng.next_u64() as u128 * n as u128) >> 64) as usize
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (usize::MAX, None)
+    }
 }

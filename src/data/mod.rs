@@ -2,20 +2,30 @@
 //!
 //! Everything here lives in host memory; turning a [`Batch`] into device tensors is the
 //! caller's job. Sources: [`synthetic`] (random data), [`digits`] (rendered digit glyphs, no
-//! download), [`mnist`] (IDX files) and [`tensor_file`] (safetensors).
+//! download), [`mnist`] (IDX files), [`tensor_file`] (safetensors) and [`text`] (characters
+//! and token ids for language models).
+#![doc = include_str!("data.md")]
 use crate::{Error, Result};
 use std::ops::Range;
 
 pub mod digits;
+mod epochs;
 mod loader;
 mod source;
 pub mod mnist;
+mod split;
+mod standardize;
 pub mod synthetic;
 pub mod tensor_file;
 pub mod text;
+mod windows;
 
+pub use epochs::Epoch;
 pub use loader::{DataLoader, LoaderState};
 pub use source::BatchSource;
+pub use split::TestSize;
+pub use standardize::Standardizer;
+pub use windows::WindowLoader;
 
 /// MNIST's pixel mean and standard deviation, used to normalize [`digits`] and [`mnist`] alike.
 pub const MNIST_MEAN: f32 = 0.1307;

@@ -16,7 +16,7 @@ pub fn seed_images(n: usize, seed: u64) -> Result<Dataset> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut x = vec![0.0; n * 28 * 28];
     fill_normal(&mut rng, &mut x);
-    let labels = (0..n).map(|_| super::loader::below(&mut rng, 10) as i32).collect();
+    let labels = (0..n).map(|_| super::epochs::below(&mut rng, 10) as i32).collect();
     let ds = Dataset { x, sample_shape: vec![1, 28, 28], y: Targets::Classes { labels, classes: 10 } };
     ds.validate()?;
     Ok(ds)

@@ -1,7 +1,8 @@
 //! Token data for language models: character-level text as nanoGPT's shakespeare_char (a
 //! vocabulary of the sorted unique characters, a 90/10 train/validation split, random windows
 //! with the next tokens as targets), a built-in corpus generated from a seed, and windows of
-//! token ids from a safetensors file.
+//! token ids from a safetensors file or cut from a token stream, which a
+//! [`WindowLoader`](super::WindowLoader) serves in epochs.
 use crate::checkpoint::{host_from_view, parse, HostData};
 use crate::{Error, Result};
 use rand::{Rng, SeedableRng};
@@ -171,7 +172,9 @@ pub const MAX_VOCAB: usize = 1 << 20;
 pub const VOCAB_SIZE_KEY: &str = "vocab_size";
 
 /// Windows of token ids from a safetensors file: `x` and `y` (I64 or I32) of one shape
-/// `[N, T]`, `y` the next tokens of `x`. The first 90% of the rows train, the rest validate.
+/// `[N, T]`, `y` the next tokens of `x`. [`TokenWindows::batch`] draws rows at random from a
+/// [`Split`]: the first 90% train, the rest validate; a [`WindowLoader`](super::WindowLoader)
+/// serves chosen rows in epochs instead.
 ///
 /// The vocabulary is the file's `vocab_size` metadata where it has one (every id must lie
 /// below it), else the largest id plus one; either way at most [`MAX_VOCAB`]. An id past the
@@ -229,6 +232,40 @@ impl TokenWindows {
         let vocab_size = declared.unwrap_or_else(|| x.iter().chain(&y).map(|&id| id as usize + 1).max().unwrap_or(0));
         Ok(TokenWindows { x, y, rows: xs[0], block: xs[1], vocab_size, path: path.display().to_string() })
     }
+    /// Windows of `block` tokens cut from a stream of token ids end to end (`x` row `r` =
+    /// tokens `r·block..(r+1)·block`, `y` the same shifted by one), every id in
+    /// `0..vocab_size`: a text's tokens as rows a [`WindowLoader`](super::WindowLoader) serves
+    /// in epochs. `source` names the tokens in errors. The tokens past the last whole window
+    /// (and its next token) are left out.
+    ///
+    /// ```
+    /// use tandem::data::text::TokenWindows;
+    /// let w = TokenWindows::from_tokens(&[0, 1, 2, 3, 4, 5, 6], 3, 7, "seven tokens")?;
+    /// assert_eq!((w.rows, w.block), (2, 3));
+    /// assert_eq!((w.x.as_slice(), w.y.as_slice()), (&[0, 1, 2, 3, 4, 5][..], &[1, 2, 3, 4, 5, 6][..]));
+    /// # Ok::<(), tandem::Error>(())
+    /// ```
+    pub fn from_tokens(tokens: &[i32], block: usize, vocab_size: usize, source: impl Into<String>) -> Result<TokenWindows> {
+        let path = source.into();
+        if block == 0 || tokens.len() <= block {
+            return Err(Error::invalid("TokenWindows::from_tokens", format!("{path}: {} tokens hold no window of {block} and its next token", tokens.len())));
+        }
+        if !(1..=MAX_VOCAB).contains(&vocab_size) {
+            return Err(Error::invalid("TokenWindows::from_tokens", format!("{path}: vocabulary size {vocab_size} is outside 1..={MAX_VOCAB}")));
+        }
+        if let Some((i, &id)) = tokens.iter().enumerate().find(|&(_, &id)| id < 0 || id as usize >= vocab_size) {
+            return Err(Error::invalid("TokenWindows::from_tokens", format!("{path}: token id {id} at position {i} is outside 0..{vocab_size}")));
+        }
+        let rows = (tokens.len() - 1) / block;
+        let (mut x, mut y) = (batch_vec(rows, block)?, batch_vec(rows, block)?);
+        x.extend_from_slice(&tokens[..rows * block]);
+        y.extend_from_slice(&tokens[1..rows * block + 1]);
+        Ok(TokenWindows { x, y, rows, block, vocab_size, path })
+    }
+    /// The file (or other source) the windows came from, as errors name it.
+    pub fn source(&self) -> &str {
+        &self.path
+    }
     /// The rows of `split`: the first 90% train, the rest validate.
     pub fn rows_of(&self, split: Split) -> std::ops::Range<usize> {
         let n = (self.rows as f64 * TRAIN_FRACTION) as usize;
@@ -243,6 +280,14 @@ impl TokenWindows {
         if rows.is_empty() || batch == 0 {
             return Err(Error::invalid("token windows", format!("{}: a batch of {batch} from the {split:?} split, which has {} of the {} rows", self.path, rows.len(), self.rows)));
         }
+        self.batch_from(rows, batch, rng)
+    }
+    /// `batch` rows of `rows` drawn at random (with replacement), as [`TokenWindows::batch`]
+    /// draws them from a split.
+    pub fn batch_from(&self, rows: std::ops::Range<usize>, batch: usize, rng: &mut impl Rng) -> Result<TokenBatch> {
+        if rows.is_empty() || batch == 0 || rows.end > self.rows {
+            return Err(Error::invalid("token windows", format!("{}: a batch of {batch} from rows {rows:?} of the {} rows", self.path, self.rows)));
+        }
         let t = self.block;
         let (mut x, mut y) = (batch_vec(batch, t)?, batch_vec(batch, t)?);
         for _ in 0..batch {
@@ -251,6 +296,13 @@ impl TokenWindows {
             y.extend_from_slice(&self.y[r * t..(r + 1) * t]);
         }
         Ok(TokenBatch { x, y, batch, block: t })
+    }
+}
+
+/// The source, the shape and the vocabulary; not the ids.
+impl std::fmt::Debug for TokenWindows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TokenWindows({}: {} rows of {} tokens, vocabulary {})", self.source(), self.rows, self.block, self.vocab_size)
     }
 }
 
