@@ -24,7 +24,7 @@ use super::comm::{self, Communicator};
 use super::split::{PartsOf, ReplicaSplit};
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
-use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
+use super::{Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
 use crate::nn::{Module, Sequential};
 use crate::optim::Optimizer;
@@ -410,9 +410,9 @@ impl Strategy for DataParallel {
         })
     }
 
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
         let r = &self.replicas[0];
-        let (x, _) = batch_to_device(x, &r.device)?;
+        let x = x.to(&r.device)?;
         crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {

@@ -207,7 +207,7 @@ impl Strategy for PipelineGrid {
         report.wall_s = t0.elapsed().as_secs_f64();
         Ok(report)
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
         self.replicas[0].predict(x)
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {

@@ -21,7 +21,7 @@ pub mod trace;
 pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, Overlap, StepEvent};
 pub use grid::PipelineGrid;
 pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
-pub use loss::{batch_to_device, Loss, LossFn};
+pub use loss::{batch_to_device, inputs_to_device, Loss, LossFn};
 pub use placement::LayerPlacement;
 pub use split::proportional_split;
 pub use stages::{plan_stages, Split, Stages};
@@ -62,8 +62,12 @@ pub struct StepReport {
 pub trait Strategy: Send {
     /// One optimizer step on a global batch (forward, loss, backward, update).
     fn step(&mut self, batch: &Batch) -> Result<StepReport>;
-    /// Model outputs for a batch (no gradients), gathered on the first device.
-    fn predict(&self, x: &Batch) -> Result<Tensor>;
+    /// The model's outputs for inputs `x` (`[batch, ...]`, f32 features or I32 token ids,
+    /// on any device: they are copied to the first), with no gradients, on the first device:
+    /// PyTorch's `model(x)` under `torch.no_grad()`. No targets are needed;
+    /// [`inputs_to_device`] makes `x` from a [`Batch`]. Dropout follows the training mode
+    /// ([`Strategy::set_training`]).
+    fn predict(&self, x: &Tensor) -> Result<Tensor>;
     /// The full model's weights with their state_dict names (gathered when sharded).
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>>;
     /// Overwrites the weights on every device from `state`.
@@ -168,8 +172,8 @@ impl Strategy for Single {
         }
         Ok(StepReport { loss: value, wall_s: wall, compute_s: wall, peak_memory: vec![self.device.memory().peak], grad_norm, ..Default::default() })
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.device)?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.device)?;
         crate::autograd::no_grad(|| self.model.forward(&x))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {

@@ -111,8 +111,8 @@ impl Strategy for LayerPlacement {
             grad_norm,
         })
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.stages[0].device)?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.stages[0].device)?;
         let out = crate::autograd::no_grad(|| self.forward(&x, |_, _, _, _| {}))?;
         out.to(&self.stages[0].device)
     }

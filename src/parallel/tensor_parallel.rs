@@ -368,8 +368,8 @@ impl Strategy for TensorParallel {
         // and the row bias on the first device), so the norm over all of them is the model's.
         backward_and_update(loss, t0, &mut self.run, &mut self.opts, &self.devices, self.trace.as_ref())
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.devices[0])?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.devices[0])?;
         no_grad(|| self.forward(&x))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {

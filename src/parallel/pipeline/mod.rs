@@ -17,7 +17,7 @@ use balance::Balance;
 use super::stages::{self, Stage, Stages};
 use super::step::StepLoop;
 use super::trace::{Phase, Trace};
-use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
+use super::{Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
 use crate::dist::Group;
 use crate::nn::Module;
@@ -436,8 +436,8 @@ impl Strategy for Pipeline {
         }
         Ok(report)
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.stages[0].device)?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.stages[0].device)?;
         let mine = |x: &Tensor| {
             let mut h = x.clone();
             for s in &self.stages {

@@ -242,8 +242,8 @@ impl Strategy for TensorParallelGpt {
         let loss = self.run.loss_share(&out, &y, batch.len(), batch.len())?;
         backward_and_update(loss, t0, &mut self.run, &mut self.opts, &self.devices, self.trace.as_ref())
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.devices[0])?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.devices[0])?;
         no_grad(|| self.model.forward(&x))
     }
     /// nanoGPT's names and shapes, `lm_head.weight` last: a single-device [`Gpt`]'s file.
