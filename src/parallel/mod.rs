@@ -33,7 +33,8 @@ use crate::optim::Optimizer;
 pub use crate::optim::OptimConfig;
 use crate::{Device, Error, Result, Tensor};
 use std::time::Instant;
-use step::StepLoop;
+pub use step::StepCore;
+use step::Part;
 
 /// What one optimizer step measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -75,17 +76,36 @@ pub trait Strategy: Send {
     /// Optimizer state (`name.momentum_buffer`, ...) and its step count, gathered.
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)>;
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()>;
-    fn devices(&self) -> Vec<Device>;
+    /// Every module the strategy runs (each replica, stage or shard's part), for what is
+    /// set on all of them alike: the training mode.
+    fn modules(&self) -> Vec<&dyn Module>;
+    /// What every strategy holds alike: devices, loss, clipping bound, learning rate, trace
+    /// and step count. The methods below are written once over it.
+    fn core(&self) -> &StepCore;
+    fn core_mut(&mut self) -> &mut StepCore;
+    /// The devices the strategy runs on (this process's, where it spans several).
+    fn devices(&self) -> Vec<Device> {
+        self.core().devices().to_vec()
+    }
     /// Attach a trace: from now on each step records its device timelines there.
-    fn set_trace(&mut self, _trace: trace::Trace) {}
-    /// The learning rate of every optimizer (every replica, stage and shard) from now on.
-    fn set_lr(&mut self, lr: f32);
+    fn set_trace(&mut self, trace: trace::Trace) {
+        self.core_mut().trace = Some(trace);
+    }
+    /// The learning rate of every optimizer (every replica, stage and shard) from the next
+    /// update on.
+    fn set_lr(&mut self, lr: f32) {
+        self.core_mut().lr = Some(lr);
+    }
     /// Clip gradients to this global norm before each update (PyTorch's `clip_grad_norm_`
     /// over the whole model), or not at all.
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()>;
+    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+        self.core_mut().set_clip(max_norm)
+    }
     /// PyTorch's `model.train()` / `model.eval()` on every replica and stage: Dropout and
     /// BatchNorm switch behaviour (call it with `false` before `predict` for evaluation).
-    fn set_training(&mut self, training: bool);
+    fn set_training(&mut self, training: bool) {
+        self.modules().into_iter().for_each(|m| m.set_training(training));
+    }
     /// Whether a batch of `n` samples meets this strategy's constraints (at least one sample
     /// per data-parallel device, micro-batches that divide it): the check `step` makes, without
     /// any work. The default accepts any batch.
@@ -137,9 +157,7 @@ pub trait Strategy: Send {
 pub struct Single {
     model: Box<dyn Module>,
     opt: Box<dyn Optimizer>,
-    run: StepLoop,
-    device: Device,
-    trace: Option<trace::Trace>,
+    run: StepCore,
 }
 
 impl Single {
@@ -151,7 +169,7 @@ impl Single {
         let on_device = model.state_dict().iter().all(|(_, t)| t.device().same(device));
         let model: Box<dyn Module> = if on_device { Box::new(model) } else { model.to_device(device)? };
         let opt = opt.build(model.parameters())?;
-        Ok(Single { model, opt, run: StepLoop::new(loss), device: device.clone(), trace: None })
+        Ok(Single { model, opt, run: StepCore::new(loss, std::slice::from_ref(device)) })
     }
     pub fn model(&self) -> &dyn Module {
         &*self.model
@@ -162,18 +180,19 @@ impl Strategy for Single {
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         self.opt.zero_grad();
-        let loss = self.run.part_loss(&*self.model, batch, 0, batch.len(), &self.device)?;
+        let device = self.run.devices[0].clone();
+        let loss = self.run.part_loss(&*self.model, batch, 0, batch.len(), &device)?;
         loss.backward()?;
-        let grad_norm = self.run.update(std::slice::from_mut(&mut self.opt), |_, _| {})?;
+        let (grad_norm, _) = self.run.update(None, None, vec![Part { opt: &mut self.opt, device: &device, track: None }], None)?;
         let value = loss.to_scalar()?;
         let wall = t0.elapsed().as_secs_f64();
-        if let Some(tr) = &self.trace {
-            tr.span(&self.device.spec(), "step", trace::Phase::Compute, t0, wall);
+        if let Some(tr) = &self.run.trace {
+            tr.span(&device.spec(), "step", trace::Phase::Compute, t0, wall);
         }
-        Ok(StepReport { loss: value, wall_s: wall, compute_s: wall, peak_memory: vec![self.device.memory().peak], grad_norm, ..Default::default() })
+        Ok(StepReport { loss: value, wall_s: wall, compute_s: wall, peak_memory: vec![device.memory().peak], grad_norm, ..Default::default() })
     }
     fn predict(&self, x: &Tensor) -> Result<Tensor> {
-        let x = x.to(&self.device)?;
+        let x = x.to(&self.run.devices[0])?;
         crate::autograd::no_grad(|| self.model.forward(&x))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
@@ -189,19 +208,13 @@ impl Strategy for Single {
         self.run.step = steps;
         self.opt.load_state(state, steps)
     }
-    fn devices(&self) -> Vec<Device> {
-        vec![self.device.clone()]
+    fn modules(&self) -> Vec<&dyn Module> {
+        vec![&*self.model]
     }
-    fn set_trace(&mut self, trace: trace::Trace) {
-        self.trace = Some(trace);
+    fn core(&self) -> &StepCore {
+        &self.run
     }
-    fn set_lr(&mut self, lr: f32) {
-        self.opt.set_lr(lr);
-    }
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        self.run.set_clip(max_norm)
-    }
-    fn set_training(&mut self, training: bool) {
-        self.model.set_training(training);
+    fn core_mut(&mut self) -> &mut StepCore {
+        &mut self.run
     }
 }
