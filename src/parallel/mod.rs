@@ -5,6 +5,7 @@
 //! batches. All strategies give the same losses and weights as `Single` on one device, within
 //! floating-point tolerance (bit for bit where a strategy documents determinism).
 #![doc = include_str!("strategies.md")]
+mod build;
 pub mod comm;
 mod data_parallel;
 mod grid;
@@ -18,6 +19,7 @@ mod step;
 mod tensor_parallel;
 pub mod trace;
 
+pub use build::{DataBuilder, GridBuilder, LayersBuilder, Parallel, SingleBuilder, TensorBuilder, TensorModel};
 pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, Overlap, StepEvent};
 pub use grid::PipelineGrid;
 pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
