@@ -158,6 +158,10 @@ pub struct DataParallel {
 }
 
 impl DataParallel {
+    /// The data-parallel constructors are what [`Parallel::data`](super::Parallel::data) calls;
+    /// they stay public for the programs (the command line) that build a `DataParallel` from a
+    /// `Sequential` or a chosen communicator directly.
+    ///
     /// Replicates a `Sequential` of built-in layers (or of blocks with `Module::to_device`) on
     /// every device, with one optimizer per replica.
     pub fn new(model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {

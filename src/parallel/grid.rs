@@ -46,6 +46,8 @@ pub struct PipelineGrid {
 }
 
 impl PipelineGrid {
+    /// What [`Parallel::grid`](super::Parallel::grid) calls, public for pipelines built with
+    /// options the grid builder does not pass on (`tie`, `across`).
     /// `pipelines` replicas over `devices` (`pipelines` × stages of them, replica-major: the
     /// first replica's stages first), each built by `build` on its row of devices.
     pub fn from_factory(devices: &[Device], pipelines: usize, mut build: impl FnMut(&[Device]) -> Result<Pipeline>) -> Result<Self> {

@@ -163,7 +163,8 @@ pub struct Single {
 }
 
 impl Single {
-    /// Trains `model` on `device`: a model whose tensors are all there already is used as it
+    /// What [`Parallel::single`] calls, public for a model built already (the builder takes
+    /// its constructor). Trains `model` on `device`: a model whose tensors are all there already is used as it
     /// is (any `Module`); otherwise it is copied there with `Module::to_device` (every built-in
     /// layer and `Sequential` has it; a user's module built elsewhere should be built on
     /// `device` instead).

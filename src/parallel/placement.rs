@@ -35,7 +35,8 @@ pub struct LayerPlacement {
 }
 
 impl LayerPlacement {
-    /// `model`'s layers cut at `split`, one stage per device.
+    /// `model`'s layers cut at `split`, one stage per device. [`Parallel::layers`](super::Parallel::layers)
+    /// builds the same from [`Stages`] (it calls [`with_stages`](Self::with_stages)).
     pub fn new(model: &Sequential, devices: &[Device], split: Split, opt: &OptimConfig, loss: Loss) -> Result<Self> {
         Self::with_stages(Stages::Split(model, split), devices, opt, loss)
     }

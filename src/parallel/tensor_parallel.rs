@@ -315,6 +315,8 @@ pub struct TensorParallel {
 }
 
 impl TensorParallel {
+    /// `model`'s last two Linears sharded over `devices`: what
+    /// [`Parallel::tensor`](super::Parallel::tensor) calls for a `&Sequential`.
     pub fn new(model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Self> {
         let first = devices.first().ok_or_else(|| Error::invalid("TensorParallel", "no devices given"))?;
         let layers = model.layers();

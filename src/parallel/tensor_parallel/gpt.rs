@@ -169,6 +169,7 @@ pub struct TensorParallelGpt {
 }
 
 impl TensorParallelGpt {
+    /// What [`Parallel::tensor`](crate::parallel::Parallel::tensor) calls for a [`Gpt`].
     /// `gpt` (built on the first device, as [`Gpt::new`] makes it) split over `devices`: the
     /// blocks' Linears are copied to their devices, the rest stays. `n_head` must be a
     /// multiple of the number of devices.
