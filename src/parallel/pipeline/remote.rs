@@ -217,6 +217,13 @@ impl Across {
     }
 }
 
+/// A sum of squared gradients over every rank's stages, the same on every rank (in rank order).
+pub(super) fn sum_over_ranks(group: &Group, sq: f64) -> Result<f64> {
+    let mut all = [sq as f32];
+    group.all_reduce(&mut all, Order::Ranks)?;
+    Ok(f64::from(all[0]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,11 +238,4 @@ mod tests {
         assert_ne!(tag(3, Dir::Activation), tag(3, Dir::Gradient));
         assert!(tag(MAX_MICRO_BATCHES - 1, Dir::Gradient) < PREDICT_TAG);
     }
-}
-
-/// A sum of squared gradients over every rank's stages, the same on every rank (in rank order).
-pub(super) fn sum_over_ranks(group: &Group, sq: f64) -> Result<f64> {
-    let mut all = [sq as f32];
-    group.all_reduce(&mut all, Order::Ranks)?;
-    Ok(f64::from(all[0]))
 }
