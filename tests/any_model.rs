@@ -126,9 +126,10 @@ const CLIP: f32 = 0.5;
 /// Predictions for the first batch in eval mode, after checking that they differ from the
 /// training-mode ones (dropout on): `set_training` reaches every replica and stage.
 fn eval_predictions(s: &mut dyn Strategy, data: &[Batch]) -> Vec<f32> {
-    let train = s.predict(&data[0]).unwrap().to_vec().unwrap();
+    let x = tandem::parallel::inputs_to_device(&data[0], &Device::cpu()).unwrap();
+    let train = s.predict(&x).unwrap().to_vec().unwrap();
     s.set_training(false);
-    let eval = s.predict(&data[0]).unwrap().to_vec().unwrap();
+    let eval = s.predict(&x).unwrap().to_vec().unwrap();
     s.set_training(true);
     assert_ne!(train, eval, "eval mode must switch dropout off");
     eval

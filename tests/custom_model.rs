@@ -84,7 +84,7 @@ fn parity(backend: BackendKind, ordinal: usize) {
         assert_close(&format!("{name} after {steps} steps on {dev}"), &t.to_vec().unwrap(), f32s(&expected[name]), 1e-3, 0.0);
     }
     single.set_training(false);
-    let logits = single.predict(&batch).unwrap();
+    let logits = single.predict(&tandem::parallel::inputs_to_device(&batch, &single.devices()[0]).unwrap()).unwrap();
     assert_close(&format!("eval-mode logits on {dev}"), &logits.to_vec().unwrap(), f32s(&expected["eval_logits"]), 1e-3, 0.0);
     let (_, y) = tandem::parallel::batch_to_device(&batch, &dev).unwrap();
     let eval_loss = logits.cross_entropy(&y).unwrap().to_scalar().unwrap();

@@ -265,7 +265,7 @@ fn checkpoint_round_trip_and_predict() {
     assert_replicas_identical(&other);
     let (a, c) = (dp.step(&b[1]).unwrap().loss, other.step(&b[1]).unwrap().loss);
     assert_close("loss after loading", &[c], &[a], 1e-5, 1e-4);
-    let out = dp.predict(&b[2]).unwrap();
+    let out = dp.predict(&tandem::parallel::inputs_to_device(&b[2], &Device::cpu()).unwrap()).unwrap();
     assert_eq!(out.dims(), &[24, 10]);
 }
 

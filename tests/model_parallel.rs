@@ -145,7 +145,8 @@ fn placement_errors_and_predict() {
     let batch = &seed_image_batches(4, 1, 5)[0];
     let dev = cycled_devices(1).remove(0);
     let single = Single::new(SeedModel::Cnn.build(3, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap();
-    assert_close("predict", &lp.predict(batch).unwrap().to_vec().unwrap(), &single.predict(batch).unwrap().to_vec().unwrap(), 1e-6, 1e-5);
+    let x = tandem::parallel::inputs_to_device(batch, &dev).unwrap();
+    assert_close("predict", &lp.predict(&x).unwrap().to_vec().unwrap(), &single.predict(&x).unwrap().to_vec().unwrap(), 1e-6, 1e-5);
     let one_linear = tandem::nn::Sequential::new().push("fc", Linear::new(3, 2, &mut rng(), &dev).unwrap());
     let err = TensorParallel::new(&one_linear, &cycled_devices(2), &opt, Loss::CrossEntropy).err().unwrap().to_string();
     assert!(err.contains("two Linear layers"), "{err}");

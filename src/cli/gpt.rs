@@ -454,7 +454,7 @@ pub(super) fn validation_loss(s: &mut dyn Strategy, val: &Batch, chunk: usize) -
         let mut sum = 0.0f64;
         for start in (0..val.len()).step_by(chunk.max(1)) {
             let part = val.slice(start..(start + chunk).min(val.len()))?;
-            let logits = s.predict(&part)?;
+            let logits = s.predict(&crate::parallel::inputs_to_device(&part, &s.devices()[0])?)?;
             let (_, y) = crate::parallel::batch_to_device(&part, logits.device())?;
             sum += f64::from(Loss::CrossEntropy.compute(&logits, &y)?.to_scalar()?) * part.len() as f64;
         }

@@ -136,7 +136,7 @@ fn evaluate(s: &dyn Strategy, test: &Dataset) -> Result<Option<f64>> {
     let mut correct = 0usize;
     let indices: Vec<usize> = (0..test.len()).collect();
     for chunk in indices.chunks(EVAL_CHUNK) {
-        let out = s.predict(&test.batch(chunk)?)?;
+        let out = s.predict(&crate::parallel::inputs_to_device(&test.batch(chunk)?, &s.devices()[0])?)?;
         let classes = out.dims().last().copied().unwrap_or(1).max(1);
         let logits = out.to_vec()?;
         for (row, &i) in logits.chunks(classes).zip(chunk) {

@@ -22,9 +22,9 @@ pub use timing::{DeviceSpans, Overlap};
 
 use super::comm::{self, Communicator};
 use super::split::{PartsOf, ReplicaSplit};
-use super::step::StepLoop;
-use super::trace::{Phase, Trace};
-use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
+use super::step::{Part, StepCore};
+use super::trace::Phase;
+use super::{Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
 use crate::nn::{Module, Sequential};
 use crate::optim::Optimizer;
@@ -142,7 +142,7 @@ pub struct DataParallel {
     /// One optimizer per replica (over the parameters it owns, where parameters have owners).
     opts: Vec<Box<dyn Optimizer>>,
     comm: Box<dyn Communicator>,
-    run: StepLoop,
+    run: StepCore,
     cfg: DataParallelConfig,
     buckets: Vec<Vec<usize>>,
     bucket_of: Vec<usize>,
@@ -153,12 +153,15 @@ pub struct DataParallel {
     owners: Option<Vec<usize>>,
     /// Split proportions: the user's, the calibrated ones, or `None` for equal shares.
     split_weights: Option<Vec<f64>>,
-    trace: Option<Trace>,
     events: Vec<StepEvent>,
     overlap: Option<Overlap>,
 }
 
 impl DataParallel {
+    /// The data-parallel constructors are what [`Parallel::data`](super::Parallel::data) calls;
+    /// they stay public for the programs (the command line) that build a `DataParallel` from a
+    /// `Sequential` or a chosen communicator directly.
+    ///
     /// Replicates a `Sequential` of built-in layers (or of blocks with `Module::to_device`) on
     /// every device, with one optimizer per replica.
     pub fn new(model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
@@ -256,8 +259,8 @@ impl DataParallel {
                 params,
             })
             .collect();
-        let run = StepLoop::new(loss);
-        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, trace: None, events: Vec::new(), overlap: None })
+        let run = StepCore::new(loss, devices);
+        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, events: Vec::new(), overlap: None })
     }
 
     /// The communicator in use (its name says which algorithm; it counts bytes moved).
@@ -339,7 +342,8 @@ impl Strategy for DataParallel {
             let models: Vec<(&dyn Module, &Device)> = self.replicas.iter().map(|r| (&*r.model, &r.device)).collect();
             self.split_weights = Some(timing::calibrate(&models, batch, &self.run)?);
         }
-        let trace = self.trace.as_ref();
+        let trace = self.run.trace.clone();
+        let trace = trace.as_ref();
         let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&(first + i)))).collect();
         let parts = ReplicaSplit { first, world, local: n, weights: self.split_weights.as_deref(), mode }.parts(batch)?;
         let (computed, reduced) = if self.cfg.deterministic {
@@ -361,12 +365,9 @@ impl Strategy for DataParallel {
             update::unpack(&self.replicas, &self.buckets, reduced)?;
         }
         // Every updating replica now holds the reduced gradient: the norm is one replica's.
-        let (grad_norm, scale) = match updates.iter().position(|&u| u) {
-            Some(r) if self.run.clip.is_some() => self.run.clip_scale(crate::optim::grad_norm_sq(&self.replicas[r].params)?),
-            _ => (None, None),
-        };
-        let opt_s = update::apply(&self.replicas, &mut self.opts, scale, trace)?;
-        self.run.step += 1;
+        let counted = updates.iter().position(|&u| u).map(|r| &self.replicas[r].params[..]);
+        let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
+        let (grad_norm, opt_s) = self.run.update(Some(counted.unwrap_or(&[])), None, parts, Some("data-parallel replica"))?;
         // Parameters with an owner were updated there only; copy them to the other replicas.
         let mut comm_spans = computed.comm.clone();
         if let Some(owners) = &self.owners {
@@ -410,9 +411,9 @@ impl Strategy for DataParallel {
         })
     }
 
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
         let r = &self.replicas[0];
-        let (x, _) = batch_to_device(x, &r.device)?;
+        let x = x.to(&r.device)?;
         crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
@@ -451,19 +452,13 @@ impl Strategy for DataParallel {
         self.run.step = steps;
         self.opts.iter_mut().try_for_each(|o| o.load_state(state, steps))
     }
-    fn devices(&self) -> Vec<Device> {
-        self.replicas.iter().map(|r| r.device.clone()).collect()
+    fn modules(&self) -> Vec<&dyn Module> {
+        self.replicas.iter().map(|r| &*r.model).collect()
     }
-    fn set_trace(&mut self, trace: Trace) {
-        self.trace = Some(trace);
+    fn core(&self) -> &StepCore {
+        &self.run
     }
-    fn set_lr(&mut self, lr: f32) {
-        self.opts.iter_mut().for_each(|o| o.set_lr(lr));
-    }
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        self.run.set_clip(max_norm)
-    }
-    fn set_training(&mut self, training: bool) {
-        self.replicas.iter().for_each(|r| r.model.set_training(training));
+    fn core_mut(&mut self) -> &mut StepCore {
+        &mut self.run
     }
 }

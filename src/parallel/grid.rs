@@ -5,13 +5,12 @@
 //! per replica, so the replicas stay identical.
 use super::comm::{self, Communicator, ReduceKind};
 use super::pipeline::{PartRun, Pipeline};
-use super::trace::Trace;
 use super::split;
-use super::step::clip_bound;
+use super::step::StepCore;
+use crate::nn::Module;
 use super::{StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;
-use crate::optim::{clip_scale, grad_norm_sq, scale_grads};
 use crate::{Device, Error, Result, Tensor};
 use std::ops::Range;
 use std::time::Instant;
@@ -41,10 +40,14 @@ pub struct PipelineGrid {
     /// `comms[s]` spans stage s's device in every replica, in replica order.
     comms: Vec<Box<dyn Communicator>>,
     weights: Option<Vec<f64>>,
-    clip: Option<f32>,
+    /// The grid's clipping bound, learning rate, trace and step count; the replicas take the
+    /// trace and the step count from it.
+    run: StepCore,
 }
 
 impl PipelineGrid {
+    /// What [`Parallel::grid`](super::Parallel::grid) calls, public for pipelines built with
+    /// options the grid builder does not pass on (`tie`, `across`).
     /// `pipelines` replicas over `devices` (`pipelines` × stages of them, replica-major: the
     /// first replica's stages first), each built by `build` on its row of devices.
     pub fn from_factory(devices: &[Device], pipelines: usize, mut build: impl FnMut(&[Device]) -> Result<Pipeline>) -> Result<Self> {
@@ -89,7 +92,9 @@ impl PipelineGrid {
         for r in replicas.iter_mut().skip(1) {
             r.load_state_dict(&state)?;
         }
-        Ok(PipelineGrid { replicas, comms, weights: None, clip: None })
+        let devices: Vec<Device> = replicas.iter().flat_map(|r| r.devices()).collect();
+        let run = StepCore::new(replicas[0].core().loss.clone(), &devices);
+        Ok(PipelineGrid { replicas, comms, weights: None, run })
     }
 
     /// Shares of the batch in proportion to `weights`, one per pipeline (equal without).
@@ -165,6 +170,11 @@ impl Strategy for PipelineGrid {
         let t0 = Instant::now();
         let (n, shares) = (batch.len(), self.shares(batch.len())?);
         let parts = shares.iter().map(|r| batch.slice(r.clone())).collect::<Result<Vec<_>>>()?;
+        for r in &mut self.replicas {
+            let core = r.core_mut();
+            core.trace = self.run.trace.clone();
+            core.step = self.run.step;
+        }
         let results: Vec<Result<PartRun>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self.replicas.iter_mut().zip(&parts).zip(&shares).map(|((rep, part), r)| scope.spawn(move || rep.backward_part(part, r.start, n))).collect();
             handles.into_iter().map(|h| h.join().unwrap_or_else(|p| Err(Error::panicked(p)))).collect()
@@ -178,22 +188,11 @@ impl Strategy for PipelineGrid {
         let comm_s = tc.elapsed().as_secs_f64();
         // After the all-reduce every replica holds the same gradients: replica 0's norm is the
         // whole model's, each parameter counted once, and every replica takes the same scale.
-        let grad_norm = match self.clip {
-            None => None,
-            Some(max) => {
-                let sq = self.replicas[0].trained_params().iter().try_fold(0.0, |acc, ps| Ok::<f64, Error>(acc + grad_norm_sq(ps)?))?;
-                let norm = sq.sqrt() as f32;
-                let coef = clip_scale(norm, max);
-                if coef < 1.0 || coef.is_nan() {
-                    for ps in self.replicas.iter().flat_map(|r| r.trained_params()) {
-                        scale_grads(&ps, coef)?;
-                    }
-                }
-                Some(norm)
-            }
-        };
+        let counted = self.replicas[0].trained_params().concat();
+        let parts = self.replicas.iter_mut().flat_map(|r| r.parts()).collect();
+        let (grad_norm, _) = self.run.update(Some(&counted), None, parts, None)?;
         for r in &mut self.replicas {
-            r.step_optimizers()?;
+            r.updated(self.run.step)?;
         }
         let mut reports: Vec<StepReport> = self.replicas.iter_mut().zip(&runs).map(|(r, run)| r.report(run, grad_norm)).collect();
         let mut report = reports.swap_remove(0);
@@ -207,7 +206,7 @@ impl Strategy for PipelineGrid {
         report.wall_s = t0.elapsed().as_secs_f64();
         Ok(report)
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
         self.replicas[0].predict(x)
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
@@ -220,22 +219,16 @@ impl Strategy for PipelineGrid {
         self.replicas[0].optimizer_state()
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        self.run.step = steps;
         self.replicas.iter_mut().try_for_each(|r| r.load_optimizer_state(state, steps))
     }
-    fn devices(&self) -> Vec<Device> {
-        self.replicas.iter().flat_map(|r| r.devices()).collect()
+    fn modules(&self) -> Vec<&dyn Module> {
+        self.replicas.iter().flat_map(|r| r.modules()).collect()
     }
-    fn set_trace(&mut self, trace: Trace) {
-        self.replicas.iter_mut().for_each(|r| r.set_trace(trace.clone()));
+    fn core(&self) -> &StepCore {
+        &self.run
     }
-    fn set_lr(&mut self, lr: f32) {
-        self.replicas.iter_mut().for_each(|r| r.set_lr(lr));
-    }
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        self.clip = clip_bound(max_norm)?;
-        Ok(())
-    }
-    fn set_training(&mut self, training: bool) {
-        self.replicas.iter_mut().for_each(|r| r.set_training(training));
+    fn core_mut(&mut self) -> &mut StepCore {
+        &mut self.run
     }
 }

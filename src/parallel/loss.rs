@@ -74,13 +74,27 @@ impl Loss {
     }
 }
 
+/// Uploads a host batch's inputs alone, `[b, ...]`: f32 values, or I32 token ids (as
+/// `Tensor::from_labels`): what [`Strategy::predict`](super::Strategy::predict) takes.
+///
+/// ```
+/// # fn main() -> tandem::Result<()> {
+/// let batch = tandem::data::Batch::tokens(vec![1, 2, 3, 4], vec![2, 3, 4, 0], 2, 5)?;
+/// let x = tandem::parallel::inputs_to_device(&batch, &tandem::Device::cpu())?;
+/// assert_eq!(x.dims(), &[2, 2]);
+/// # Ok(()) }
+/// ```
+pub fn inputs_to_device(batch: &Batch, device: &Device) -> Result<Tensor> {
+    match &batch.x {
+        Inputs::F32(v) => Tensor::from_vec(v.clone(), batch.x_shape.clone(), device),
+        Inputs::I32(ids) => Tensor::from_labels(ids.clone(), batch.x_shape.clone(), device),
+    }
+}
+
 /// Uploads a host batch: inputs as f32 values or I32 token ids `[b, ...]`, targets as I32
 /// labels `[b]`, I32 ids `[b, ...]` or f32 values `[b, ...]`.
 pub fn batch_to_device(batch: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
-    let x = match &batch.x {
-        Inputs::F32(v) => Tensor::from_vec(v.clone(), batch.x_shape.clone(), device)?,
-        Inputs::I32(ids) => Tensor::from_labels(ids.clone(), batch.x_shape.clone(), device)?,
-    };
+    let x = inputs_to_device(batch, device)?;
     let b = batch.x_shape.first().copied().unwrap_or(0);
     let with_batch = |per: &[usize]| [&[b][..], per].concat();
     let y = match &batch.y {

@@ -5,6 +5,7 @@
 //! batches. All strategies give the same losses and weights as `Single` on one device, within
 //! floating-point tolerance (bit for bit where a strategy documents determinism).
 #![doc = include_str!("strategies.md")]
+mod build;
 pub mod comm;
 mod data_parallel;
 mod grid;
@@ -18,10 +19,11 @@ mod step;
 mod tensor_parallel;
 pub mod trace;
 
+pub use build::{DataBuilder, GridBuilder, LayersBuilder, Parallel, SingleBuilder, TensorBuilder, TensorModel};
 pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, Overlap, StepEvent};
 pub use grid::PipelineGrid;
 pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
-pub use loss::{batch_to_device, Loss, LossFn};
+pub use loss::{batch_to_device, inputs_to_device, Loss, LossFn};
 pub use placement::LayerPlacement;
 pub use split::proportional_split;
 pub use stages::{plan_stages, Split, Stages};
@@ -33,7 +35,8 @@ use crate::optim::Optimizer;
 pub use crate::optim::OptimConfig;
 use crate::{Device, Error, Result, Tensor};
 use std::time::Instant;
-use step::StepLoop;
+pub use step::StepCore;
+use step::Part;
 
 /// What one optimizer step measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -62,8 +65,12 @@ pub struct StepReport {
 pub trait Strategy: Send {
     /// One optimizer step on a global batch (forward, loss, backward, update).
     fn step(&mut self, batch: &Batch) -> Result<StepReport>;
-    /// Model outputs for a batch (no gradients), gathered on the first device.
-    fn predict(&self, x: &Batch) -> Result<Tensor>;
+    /// The model's outputs for inputs `x` (`[batch, ...]`, f32 features or I32 token ids,
+    /// on any device: they are copied to the first), with no gradients, on the first device:
+    /// PyTorch's `model(x)` under `torch.no_grad()`. No targets are needed;
+    /// [`inputs_to_device`] makes `x` from a [`Batch`]. Dropout follows the training mode
+    /// ([`Strategy::set_training`]).
+    fn predict(&self, x: &Tensor) -> Result<Tensor>;
     /// The full model's weights with their state_dict names (gathered when sharded).
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>>;
     /// Overwrites the weights on every device from `state`.
@@ -71,17 +78,36 @@ pub trait Strategy: Send {
     /// Optimizer state (`name.momentum_buffer`, ...) and its step count, gathered.
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)>;
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()>;
-    fn devices(&self) -> Vec<Device>;
+    /// Every module the strategy runs (each replica, stage or shard's part), for what is
+    /// set on all of them alike: the training mode.
+    fn modules(&self) -> Vec<&dyn Module>;
+    /// What every strategy holds alike: devices, loss, clipping bound, learning rate, trace
+    /// and step count. The methods below are written once over it.
+    fn core(&self) -> &StepCore;
+    fn core_mut(&mut self) -> &mut StepCore;
+    /// The devices the strategy runs on (this process's, where it spans several).
+    fn devices(&self) -> Vec<Device> {
+        self.core().devices().to_vec()
+    }
     /// Attach a trace: from now on each step records its device timelines there.
-    fn set_trace(&mut self, _trace: trace::Trace) {}
-    /// The learning rate of every optimizer (every replica, stage and shard) from now on.
-    fn set_lr(&mut self, lr: f32);
+    fn set_trace(&mut self, trace: trace::Trace) {
+        self.core_mut().trace = Some(trace);
+    }
+    /// The learning rate of every optimizer (every replica, stage and shard) from the next
+    /// update on.
+    fn set_lr(&mut self, lr: f32) {
+        self.core_mut().lr = Some(lr);
+    }
     /// Clip gradients to this global norm before each update (PyTorch's `clip_grad_norm_`
     /// over the whole model), or not at all.
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()>;
+    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+        self.core_mut().set_clip(max_norm)
+    }
     /// PyTorch's `model.train()` / `model.eval()` on every replica and stage: Dropout and
     /// BatchNorm switch behaviour (call it with `false` before `predict` for evaluation).
-    fn set_training(&mut self, training: bool);
+    fn set_training(&mut self, training: bool) {
+        self.modules().into_iter().for_each(|m| m.set_training(training));
+    }
     /// Whether a batch of `n` samples meets this strategy's constraints (at least one sample
     /// per data-parallel device, micro-batches that divide it): the check `step` makes, without
     /// any work. The default accepts any batch.
@@ -133,13 +159,12 @@ pub trait Strategy: Send {
 pub struct Single {
     model: Box<dyn Module>,
     opt: Box<dyn Optimizer>,
-    run: StepLoop,
-    device: Device,
-    trace: Option<trace::Trace>,
+    run: StepCore,
 }
 
 impl Single {
-    /// Trains `model` on `device`: a model whose tensors are all there already is used as it
+    /// What [`Parallel::single`] calls, public for a model built already (the builder takes
+    /// its constructor). Trains `model` on `device`: a model whose tensors are all there already is used as it
     /// is (any `Module`); otherwise it is copied there with `Module::to_device` (every built-in
     /// layer and `Sequential` has it; a user's module built elsewhere should be built on
     /// `device` instead).
@@ -147,7 +172,7 @@ impl Single {
         let on_device = model.state_dict().iter().all(|(_, t)| t.device().same(device));
         let model: Box<dyn Module> = if on_device { Box::new(model) } else { model.to_device(device)? };
         let opt = opt.build(model.parameters())?;
-        Ok(Single { model, opt, run: StepLoop::new(loss), device: device.clone(), trace: None })
+        Ok(Single { model, opt, run: StepCore::new(loss, std::slice::from_ref(device)) })
     }
     pub fn model(&self) -> &dyn Module {
         &*self.model
@@ -158,18 +183,19 @@ impl Strategy for Single {
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         self.opt.zero_grad();
-        let loss = self.run.part_loss(&*self.model, batch, 0, batch.len(), &self.device)?;
+        let device = self.run.devices[0].clone();
+        let loss = self.run.part_loss(&*self.model, batch, 0, batch.len(), &device)?;
         loss.backward()?;
-        let grad_norm = self.run.update(std::slice::from_mut(&mut self.opt), |_, _| {})?;
+        let (grad_norm, _) = self.run.update(None, None, vec![Part { opt: &mut self.opt, device: &device, track: None }], None)?;
         let value = loss.to_scalar()?;
         let wall = t0.elapsed().as_secs_f64();
-        if let Some(tr) = &self.trace {
-            tr.span(&self.device.spec(), "step", trace::Phase::Compute, t0, wall);
+        if let Some(tr) = &self.run.trace {
+            tr.span(&device.spec(), "step", trace::Phase::Compute, t0, wall);
         }
-        Ok(StepReport { loss: value, wall_s: wall, compute_s: wall, peak_memory: vec![self.device.memory().peak], grad_norm, ..Default::default() })
+        Ok(StepReport { loss: value, wall_s: wall, compute_s: wall, peak_memory: vec![device.memory().peak], grad_norm, ..Default::default() })
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.device)?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.run.devices[0])?;
         crate::autograd::no_grad(|| self.model.forward(&x))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
@@ -185,19 +211,13 @@ impl Strategy for Single {
         self.run.step = steps;
         self.opt.load_state(state, steps)
     }
-    fn devices(&self) -> Vec<Device> {
-        vec![self.device.clone()]
+    fn modules(&self) -> Vec<&dyn Module> {
+        vec![&*self.model]
     }
-    fn set_trace(&mut self, trace: trace::Trace) {
-        self.trace = Some(trace);
+    fn core(&self) -> &StepCore {
+        &self.run
     }
-    fn set_lr(&mut self, lr: f32) {
-        self.opt.set_lr(lr);
-    }
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        self.run.set_clip(max_norm)
-    }
-    fn set_training(&mut self, training: bool) {
-        self.model.set_training(training);
+    fn core_mut(&mut self) -> &mut StepCore {
+        &mut self.run
     }
 }

@@ -1,8 +1,8 @@
 //! Layer placement (model parallelism): consecutive layers of a `Sequential` (or the user's
 //! stage modules) on different devices, activations crossing with the differentiable `Tensor::to`.
 use super::stages::{build_stages, load_stage_opt_state, load_stage_params, probe_input, rebalance, stage_opt_state, stage_params, track_name, Stage, Split, Stages};
-use super::step::StepLoop;
-use super::trace::{Phase, Trace};
+use super::step::{Part, StepCore};
+use super::trace::Phase;
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
 use crate::nn::{Module, Sequential};
@@ -29,21 +29,21 @@ use std::time::Instant;
 pub struct LayerPlacement {
     stages: Vec<Stage>,
     opt: OptimConfig,
-    run: StepLoop,
+    run: StepCore,
     /// `Split::Auto` still has to measure layer times on the first batch.
     balance_pending: bool,
-    trace: Option<Trace>,
 }
 
 impl LayerPlacement {
-    /// `model`'s layers cut at `split`, one stage per device.
+    /// `model`'s layers cut at `split`, one stage per device. [`Parallel::layers`](super::Parallel::layers)
+    /// builds the same from [`Stages`] (it calls [`with_stages`](Self::with_stages)).
     pub fn new(model: &Sequential, devices: &[Device], split: Split, opt: &OptimConfig, loss: Loss) -> Result<Self> {
         Self::with_stages(Stages::Split(model, split), devices, opt, loss)
     }
     /// Stages as `stages` describes (a split `Sequential`, or the user's stage modules).
     pub fn with_stages(stages: Stages, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Self> {
         let (stages, balance_pending) = build_stages(stages, devices, opt)?;
-        Ok(LayerPlacement { stages, opt: opt.clone(), run: StepLoop::new(loss), balance_pending, trace: None })
+        Ok(LayerPlacement { stages, opt: opt.clone(), run: StepCore::new(loss, devices), balance_pending })
     }
     /// The layer range of each stage, in device order.
     pub fn ranges(&self) -> Vec<Range<usize>> {
@@ -76,7 +76,7 @@ impl Strategy for LayerPlacement {
         let (_, y) = batch_to_device(batch, last)?;
         let mut comm_s = 0.0;
         let tracks: Vec<String> = (0..self.stages.len()).map(|i| track_name(i, &self.stages[i].device)).collect();
-        let trace = self.trace.clone();
+        let trace = self.run.trace.clone();
         let out = self.forward(&x, |i, start, comm, total| {
             comm_s += comm;
             if let Some(tr) = &trace {
@@ -93,12 +93,8 @@ impl Strategy for LayerPlacement {
             // One backward crosses every device; it is drawn on the last stage, where it starts.
             tr.span(&tracks[tracks.len() - 1], "backward (all stages)", Phase::Backward, tb, tb.elapsed().as_secs_f64());
         }
-        let opts = self.stages.iter_mut().map(|s| &mut s.opt).collect();
-        let grad_norm = self.run.update_each(opts, |i, to| {
-            if let Some(tr) = &trace {
-                tr.span(&tracks[i], "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
-            }
-        })?;
+        let parts = self.stages.iter_mut().zip(tracks).map(|(s, track)| Part { opt: &mut s.opt, device: &s.device, track: Some(track) }).collect();
+        let (grad_norm, _) = self.run.update(None, None, parts, None)?;
         let value = loss.to_scalar()?;
         let wall = t0.elapsed().as_secs_f64();
         Ok(StepReport {
@@ -111,8 +107,8 @@ impl Strategy for LayerPlacement {
             grad_norm,
         })
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.stages[0].device)?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.stages[0].device)?;
         let out = crate::autograd::no_grad(|| self.forward(&x, |_, _, _, _| {}))?;
         out.to(&self.stages[0].device)
     }
@@ -129,20 +125,13 @@ impl Strategy for LayerPlacement {
         self.run.step = steps;
         load_stage_opt_state(&mut self.stages, state, steps)
     }
-    fn devices(&self) -> Vec<Device> {
-        self.stages.iter().map(|s| s.device.clone()).collect()
+    fn modules(&self) -> Vec<&dyn Module> {
+        self.stages.iter().map(|s| &s.model as &dyn Module).collect()
     }
-    fn set_trace(&mut self, trace: Trace) {
-        self.trace = Some(trace);
+    fn core(&self) -> &StepCore {
+        &self.run
     }
-    fn set_lr(&mut self, lr: f32) {
-        self.stages.iter_mut().for_each(|s| s.opt.set_lr(lr));
-    }
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        self.run.set_clip(max_norm)
-    }
-    fn set_training(&mut self, training: bool) {
-        self.stages.iter().for_each(|s| s.model.set_training(training));
+    fn core_mut(&mut self) -> &mut StepCore {
+        &mut self.run
     }
 }
-

@@ -1,7 +1,9 @@
-//! The step loop every strategy shares: the forward of one part of the global batch under its
-//! sample context (so Dropout keys masks by global sample index), that part's share of the
-//! loss, and the update (global-norm clipping, then every optimizer's step). The strategies
-//! keep only what differs: where gradients are reduced and how stages exchange activations.
+//! The part of a step every strategy shares, and its one owner [`StepCore`]: the forward of one
+//! part of the global batch under its sample context (so Dropout keys masks by global sample
+//! index), that part's share of the loss, and the update (global-norm clipping, then every
+//! optimizer's step at the learning rate set last). The strategies keep only what differs:
+//! where gradients are reduced and how stages exchange activations.
+use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss};
 use crate::data::Batch;
 use crate::nn::{with_samples, Module, SampleContext};
@@ -19,21 +21,63 @@ pub(crate) fn clip_bound(max_norm: Option<f32>) -> Result<Option<f32>> {
     Ok(max_norm)
 }
 
-/// What every strategy's step needs besides its models: the loss, the clipping bound and the
-/// step number.
-pub(crate) struct StepLoop {
-    pub loss: Loss,
-    pub clip: Option<f32>,
-    /// Steps taken, restored with the optimizer state: part of every dropout mask's key.
-    pub step: u64,
+/// What every strategy holds besides its models and optimizers, the same for all of them: the
+/// devices, the loss, the clipping bound, the learning rate set last, the trace, and the step
+/// count (part of every dropout mask's key). [`Strategy`](super::Strategy)'s `devices`,
+/// `set_lr`, `set_grad_clip` and `set_trace` are written once over it, and every strategy's
+/// update goes through its one clip-and-update path.
+pub struct StepCore {
+    pub(crate) loss: Loss,
+    pub(crate) clip: Option<f32>,
+    /// Steps taken, restored with the optimizer state.
+    pub(crate) step: u64,
+    /// The learning rate every optimizer takes before its next update; `None` keeps each
+    /// optimizer's own (its `OptimConfig`'s).
+    pub(crate) lr: Option<f32>,
+    pub(crate) trace: Option<Trace>,
+    pub(crate) devices: Vec<Device>,
 }
 
-impl StepLoop {
-    pub fn new(loss: Loss) -> Self {
-        StepLoop { loss, clip: None, step: 0 }
+/// One optimizer of a strategy (a replica's, a stage's or a shard's) as the update steps it.
+pub(crate) struct Part<'a> {
+    pub opt: &'a mut Box<dyn Optimizer>,
+    pub device: &'a Device,
+    /// The trace track its optimizer span is drawn on; `None` draws none.
+    pub track: Option<String>,
+}
+
+impl std::fmt::Debug for StepCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepCore").field("devices", &self.devices).field("clip", &self.clip).field("lr", &self.lr).field("step", &self.step).finish_non_exhaustive()
+    }
+}
+
+impl StepCore {
+    pub(crate) fn new(loss: Loss, devices: &[Device]) -> Self {
+        StepCore { loss, clip: None, step: 0, lr: None, trace: None, devices: devices.to_vec() }
     }
 
-    pub fn set_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
+    /// The devices the strategy runs on, in its order.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// The clipping bound, `None` when clipping is off.
+    pub fn grad_clip(&self) -> Option<f32> {
+        self.clip
+    }
+
+    /// The learning rate set last with `Strategy::set_lr`, `None` before.
+    pub fn lr(&self) -> Option<f32> {
+        self.lr
+    }
+
+    /// Optimizer steps taken (restored with the optimizer state).
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    pub(crate) fn set_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
         self.clip = clip_bound(max_norm)?;
         Ok(())
     }
@@ -46,7 +90,7 @@ impl StepLoop {
 
     /// The loss of `out` against `y`, weighted by the part's share `n / total` of the global
     /// batch, so that the parts' losses (and gradients) add up to the whole batch's.
-    pub fn loss_share(&self, out: &Tensor, y: &Tensor, n: usize, total: usize) -> Result<Tensor> {
+    pub(crate) fn loss_share(&self, out: &Tensor, y: &Tensor, n: usize, total: usize) -> Result<Tensor> {
         let loss = self.loss.compute(out, y)?;
         if n == total {
             return Ok(loss);
@@ -56,7 +100,7 @@ impl StepLoop {
 
     /// Uploads `part` (samples `first..` of a global batch of `total`) to `device`, runs
     /// `model` on it and returns its share of the loss.
-    pub fn part_loss(&self, model: &dyn Module, part: &Batch, first: usize, total: usize, device: &Device) -> Result<Tensor> {
+    pub(crate) fn part_loss(&self, model: &dyn Module, part: &Batch, first: usize, total: usize, device: &Device) -> Result<Tensor> {
         let (x, y) = batch_to_device(part, device)?;
         let out = self.forward(model, &x, first)?;
         self.loss_share(&out, &y, part.len(), total)
@@ -65,42 +109,67 @@ impl StepLoop {
     /// The global norm for a sum of squared gradients and, when it exceeds the clipping bound,
     /// the factor every gradient is multiplied by (PyTorch's `max_norm / (norm + 1e-6)`; a
     /// NaN norm gives NaN, as there). `(None, None)` without clipping.
-    pub fn clip_scale(&self, norm_sq: f64) -> (Option<f32>, Option<f32>) {
+    fn clip_scale(&self, norm_sq: f64) -> (Option<f32>, Option<f32>) {
         let Some(max) = self.clip else { return (None, None) };
         let norm = norm_sq.sqrt() as f32;
         let coef = crate::optim::clip_scale(norm, max);
         (Some(norm), (coef < 1.0 || coef.is_nan()).then_some(coef))
     }
 
-    /// Clips over all of `opts`' parameters (which together hold each parameter once), steps
-    /// each optimizer (`on_step(i, start)` after the i-th) and counts the step. Returns the
-    /// norm before clipping when clipping is on.
-    pub fn update(&mut self, opts: &mut [Box<dyn Optimizer>], on_step: impl FnMut(usize, Instant)) -> Result<Option<f32>> {
-        self.update_each(opts.iter_mut().collect(), on_step)
-    }
-
-    /// `update` for optimizers that do not sit in one slice (pipeline stages).
-    pub fn update_each(&mut self, mut opts: Vec<&mut Box<dyn Optimizer>>, mut on_step: impl FnMut(usize, Instant)) -> Result<Option<f32>> {
+    /// The one clip-and-update path of every strategy. With clipping on: the global norm over
+    /// `counted` (every parameter of the model once, where several optimizers hold copies of
+    /// it) or, without, over all of `parts`' parameters (which then hold each parameter once),
+    /// its square summed across processes by `reduce` where the model spans them; over the
+    /// bound, every part's gradients are scaled. Then each part's optimizer steps at the
+    /// learning rate set last (each on its own thread, its device synced, with `threads`;
+    /// `worker` names such a thread in its error), and the step is counted. Returns the norm
+    /// before clipping (when clipping is on) and each part's seconds.
+    pub(crate) fn update(&mut self, counted: Option<&[(String, Tensor)]>, reduce: Option<&dyn Fn(f64) -> Result<f64>>, mut parts: Vec<Part<'_>>, threads: Option<&'static str>) -> Result<(Option<f32>, Vec<f64>)> {
+        let mut scale = None;
         let mut norm = None;
         if self.clip.is_some() {
-            let mut sq = 0.0;
-            for o in &opts {
-                sq += grad_norm_sq(o.params())?;
+            let mut sq = match counted {
+                Some(ps) => grad_norm_sq(ps)?,
+                None => parts.iter().try_fold(0.0, |acc, p| Ok::<f64, Error>(acc + grad_norm_sq(p.opt.params())?))?,
+            };
+            if let Some(reduce) = reduce {
+                sq = reduce(sq)?;
             }
-            let (n, scale) = self.clip_scale(sq);
-            if let Some(s) = scale {
-                for o in &opts {
-                    scale_grads(o.params(), s)?;
-                }
-            }
-            norm = n;
+            (norm, scale) = self.clip_scale(sq);
         }
-        for (i, o) in opts.iter_mut().enumerate() {
+        let (lr, trace) = (self.lr, self.trace.as_ref());
+        let one = |p: &mut Part<'_>, sync: bool| -> Result<f64> {
             let t = Instant::now();
-            o.step()?;
-            on_step(i, t);
-        }
+            if let Some(s) = scale {
+                scale_grads(p.opt.params(), s)?;
+            }
+            if let Some(lr) = lr {
+                p.opt.set_lr(lr);
+            }
+            p.opt.step()?;
+            if sync {
+                p.device.sync()?;
+            }
+            if let (Some(tr), Some(track)) = (trace, &p.track) {
+                tr.span(track, "optimizer", Phase::Optimizer, t, t.elapsed().as_secs_f64());
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let seconds = match threads {
+            None => parts.iter_mut().map(|p| one(p, false)).collect::<Result<Vec<_>>>()?,
+            Some(worker) => std::thread::scope(|s| {
+                let one = &one;
+                let handles: Vec<_> = parts.iter_mut().map(|p| s.spawn(move || one(p, true))).collect();
+                let results: Vec<Result<f64>> = handles
+                    .into_iter()
+                    .zip(&self.devices)
+                    .enumerate()
+                    .map(|(i, (h, d))| h.join().unwrap_or_else(|payload| Err(Error::panicked(payload))).map_err(|e| e.in_worker(worker, i, d)))
+                    .collect();
+                results.into_iter().collect::<Result<Vec<_>>>()
+            })?,
+        };
         self.step += 1;
-        Ok(norm)
+        Ok((norm, seconds))
     }
 }

@@ -10,8 +10,8 @@ mod mlp;
 
 pub use gpt::TensorParallelGpt;
 pub use mlp::ParallelMlp;
-use super::step::StepLoop;
-use super::trace::{Phase, Trace};
+use super::step::{Part, StepCore};
+use super::trace::Phase;
 use super::split;
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::autograd::no_grad;
@@ -279,7 +279,10 @@ fn split_dim(names: &(String, String), name: &str) -> Option<usize> {
 /// The rest of a tensor-parallel step after the whole batch's forward, begun at `t0`, gave
 /// `loss`: its backward (both cross every device from the first device's thread), then each
 /// device's optimizer, `opts[i]` on `devices[i]`, with clipping over all of them.
-fn backward_and_update(loss: Tensor, t0: Instant, run: &mut StepLoop, opts: &mut [Box<dyn Optimizer>], devices: &[Device], trace: Option<&Trace>) -> Result<StepReport> {
+fn backward_and_update(loss: Tensor, t0: Instant, run: &mut StepCore, opts: &mut [Box<dyn Optimizer>]) -> Result<StepReport> {
+    let devices = run.devices.clone();
+    let trace = run.trace.clone();
+    let trace = trace.as_ref();
     let tf = t0.elapsed().as_secs_f64();
     opts.iter().for_each(|o| o.zero_grad());
     let tb = Instant::now();
@@ -290,11 +293,8 @@ fn backward_and_update(loss: Tensor, t0: Instant, run: &mut StepLoop, opts: &mut
         tr.span(&track, "forward", Phase::Forward, t0, tf);
         tr.span(&track, "backward", Phase::Backward, tb, dur_b);
     }
-    let grad_norm = run.update(opts, |i, to| {
-        if let Some(tr) = trace {
-            tr.span(&format!("{} #{i}", devices[i].spec()), "optimizer", Phase::Optimizer, to, to.elapsed().as_secs_f64());
-        }
-    })?;
+    let parts = opts.iter_mut().zip(&devices).enumerate().map(|(i, (opt, d))| Part { opt, device: d, track: Some(format!("{} #{i}", d.spec())) }).collect();
+    let (grad_norm, _) = run.update(None, None, parts, None)?;
     let wall = t0.elapsed().as_secs_f64();
     let peak_memory = devices.iter().map(|d| d.memory().peak).collect();
     Ok(StepReport { loss: loss.to_scalar()?, wall_s: wall, compute_s: wall, peak_memory, grad_norm, ..Default::default() })
@@ -311,12 +311,12 @@ pub struct TensorParallel {
     col: ColumnParallelLinear,
     row: RowParallelLinear,
     opts: Vec<Box<dyn Optimizer>>,
-    devices: Vec<Device>,
-    run: StepLoop,
-    trace: Option<Trace>,
+    run: StepCore,
 }
 
 impl TensorParallel {
+    /// `model`'s last two Linears sharded over `devices`: what
+    /// [`Parallel::tensor`](super::Parallel::tensor) calls for a `&Sequential`.
     pub fn new(model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Self> {
         let first = devices.first().ok_or_else(|| Error::invalid("TensorParallel", "no devices given"))?;
         let layers = model.layers();
@@ -335,7 +335,7 @@ impl TensorParallel {
         let col = ColumnParallelLinear::from_linear(&fc1, devices)?;
         let row = RowParallelLinear::from_linear(&fc2, devices)?;
         let names = (layers[i1].0.clone(), layers[i2].0.clone());
-        let mut tp = TensorParallel { trunk, between, names, col, row, opts: Vec::new(), devices: devices.to_vec(), run: StepLoop::new(loss), trace: None };
+        let mut tp = TensorParallel { trunk, between, names, col, row, opts: Vec::new(), run: StepCore::new(loss, devices) };
         tp.opts = (0..devices.len()).map(|i| opt.build(tp.device_params(i))).collect::<Result<_>>()?;
         Ok(tp)
     }
@@ -362,14 +362,14 @@ impl TensorParallel {
 impl Strategy for TensorParallel {
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
-        let (x, y) = batch_to_device(batch, &self.devices[0])?;
+        let (x, y) = batch_to_device(batch, &self.run.devices[0])?;
         let loss = self.run.loss_share(&self.forward(&x)?, &y, batch.len(), batch.len())?;
         // Every parameter sits in exactly one device's optimizer (each shard once, the trunk
         // and the row bias on the first device), so the norm over all of them is the model's.
-        backward_and_update(loss, t0, &mut self.run, &mut self.opts, &self.devices, self.trace.as_ref())
+        backward_and_update(loss, t0, &mut self.run, &mut self.opts)
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.devices[0])?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.run.devices[0])?;
         no_grad(|| self.forward(&x))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
@@ -413,7 +413,7 @@ impl Strategy for TensorParallel {
                 Some(d) => {
                     let parts = per.iter().map(|(s, _)| s.iter().find(|x| &x.0 == name).map(|x| x.1.clone())).collect::<Option<Vec<_>>>();
                     let parts = parts.ok_or_else(|| Error::Msg(format!("optimizer state {name} is missing on some device")))?;
-                    out.push((name.clone(), gather(&parts, d, &self.devices[0])?));
+                    out.push((name.clone(), gather(&parts, d, &self.run.devices[0])?));
                 }
                 None => out.push((name.clone(), t.clone())),
             }
@@ -436,22 +436,13 @@ impl Strategy for TensorParallel {
         }
         Ok(())
     }
-    fn devices(&self) -> Vec<Device> {
-        self.devices.clone()
+    fn modules(&self) -> Vec<&dyn Module> {
+        self.trunk.iter().map(|t| t as &dyn Module).chain([&self.between as &dyn Module]).collect()
     }
-    fn set_trace(&mut self, trace: Trace) {
-        self.trace = Some(trace);
+    fn core(&self) -> &StepCore {
+        &self.run
     }
-    fn set_lr(&mut self, lr: f32) {
-        self.opts.iter_mut().for_each(|o| o.set_lr(lr));
-    }
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        self.run.set_clip(max_norm)
-    }
-    fn set_training(&mut self, training: bool) {
-        if let Some(t) = &self.trunk {
-            t.set_training(training);
-        }
-        self.between.set_training(training);
+    fn core_mut(&mut self) -> &mut StepCore {
+        &mut self.run
     }
 }

@@ -81,7 +81,7 @@ impl Fixture {
         let ((vx, shape), (vy, _)) = (self.ids("val_x"), self.ids("val_y"));
         let val_batch = Batch::tokens(vx.to_vec(), vy.to_vec(), shape[1], self.config().vocab_size).unwrap();
         s.set_training(false);
-        let logits = s.predict(&val_batch).unwrap();
+        let logits = s.predict(&tandem::parallel::inputs_to_device(&val_batch, &s.devices()[0]).unwrap()).unwrap();
         s.set_training(true);
         let (_, y) = tandem::parallel::batch_to_device(&val_batch, logits.device()).unwrap();
         let val = Loss::CrossEntropy.compute(&logits, &y).unwrap().to_scalar().unwrap();

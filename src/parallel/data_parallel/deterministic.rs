@@ -12,7 +12,7 @@
 use super::{joined, Computed, Replica};
 use crate::parallel::split::Part;
 use crate::parallel::comm::Communicator;
-use crate::parallel::step::StepLoop;
+use crate::parallel::step::StepCore;
 use crate::parallel::trace::{Phase, Trace};
 use crate::{Result, Tensor};
 use std::time::Instant;
@@ -32,7 +32,7 @@ struct WorkerOut {
 /// (the others own no parameter and would not read it).
 /// Across processes `comm` gathers every process's micro-shards before the sum.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], total: usize, updates: &[bool], run: &StepLoop, comm: &dyn Communicator, trace: Option<&Trace>) -> Result<Computed> {
+pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], total: usize, updates: &[bool], run: &StepCore, comm: &dyn Communicator, trace: Option<&Trace>) -> Result<Computed> {
     let outs = std::thread::scope(|s| {
         let handles: Vec<_> = replicas
             .iter()
@@ -66,7 +66,7 @@ pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], total: usize, updat
 }
 
 /// Micro-shards `ks` on replica `r`, each gradient on its own, keyed by the shard's index.
-fn worker(r: &Replica, ks: &[Part], total: usize, run: &StepLoop, trace: Option<&Trace>) -> Result<WorkerOut> {
+fn worker(r: &Replica, ks: &[Part], total: usize, run: &StepCore, trace: Option<&Trace>) -> Result<WorkerOut> {
     let t0 = Instant::now();
     let mut grads = Vec::with_capacity(ks.len());
     for part in ks {

@@ -7,7 +7,7 @@ use super::timing::{self, DeviceStamps, Stamp};
 use super::{joined, Computed, Replica, StepEvent};
 use crate::autograd;
 use crate::parallel::comm::Communicator;
-use crate::parallel::step::StepLoop;
+use crate::parallel::step::StepCore;
 use crate::parallel::trace::{Phase, Trace};
 use crate::{Error, Result};
 use std::sync::mpsc::{channel, Sender};
@@ -26,7 +26,7 @@ struct WorkerOut {
 pub(super) struct Plan<'a> {
     pub buckets: &'a [Vec<usize>],
     pub bucket_of: &'a [usize],
-    pub run: &'a StepLoop,
+    pub run: &'a StepCore,
     /// Samples in the global batch: each micro-batch's loss is scaled by its share of it.
     pub total: usize,
     pub trace: Option<&'a Trace>,

@@ -11,7 +11,7 @@
 //! too, and `Overlap::device_clock` says which clock each device's figures come from.
 use crate::data::Batch;
 use crate::nn::Module;
-use crate::parallel::step::StepLoop;
+use crate::parallel::step::StepCore;
 use crate::{Device, Result};
 use std::time::Instant;
 
@@ -162,7 +162,7 @@ fn union(spans: &[(f64, f64)]) -> Vec<(f64, f64)> {
 /// (the batch's first few samples) twice, and the second run's time counts, so one-time
 /// costs (kernel compilation, allocator growth) do not. Devices are timed one after the other
 /// because running them together would measure the shared host, not the devices.
-pub(super) fn calibrate(models: &[(&dyn Module, &Device)], batch: &Batch, run: &StepLoop) -> Result<Vec<f64>> {
+pub(super) fn calibrate(models: &[(&dyn Module, &Device)], batch: &Batch, run: &StepCore) -> Result<Vec<f64>> {
     let probe = batch.slice(0..batch.len().min(8))?;
     models
         .iter()

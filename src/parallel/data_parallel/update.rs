@@ -1,5 +1,5 @@
-//! The update phase of a step: who updates each parameter, the optimizer threads, and the
-//! copy of the owners' new values to the other replicas.
+//! The update phase of a step: who updates each parameter, and the copy of the owners' new
+//! values to the other replicas (the optimizers step through `StepCore::update`).
 //!
 //! Every replica holds the same reduced gradients. Replicas whose devices run the same kernels
 //! (one backend, adapter and driver) therefore compute the same update bit for bit, and each
@@ -17,12 +17,8 @@
 //! where balanced owners wait on one per device.
 use super::{buckets, joined, Replica};
 use crate::autograd::no_grad;
-use crate::optim::Optimizer;
 use crate::parallel::comm::Communicator;
-use crate::optim::scale_grads;
-use crate::parallel::trace::{Phase, Trace};
 use crate::{Device, Error, Result, Tensor};
-use std::time::Instant;
 
 /// Whether every device runs the same kernels: same backend, adapter name and driver. (The
 /// driver string names wgpu's API, Vulkan or GL, and CUDA's compute capability, which is what
@@ -53,33 +49,6 @@ fn each_replica<T: Send>(replicas: &[Replica], f: impl Fn(usize, &Replica) -> Re
         let f = &f;
         let handles: Vec<_> = replicas.iter().enumerate().map(|(i, r)| s.spawn(move || f(i, r))).collect();
         let results: Vec<Result<T>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
-        results.into_iter().collect()
-    })
-}
-
-/// Multiplies every replica's gradients by the clipping `scale` (when there is one) and runs
-/// its optimizer, all replicas at once; returns each one's seconds.
-pub(super) fn apply(replicas: &[Replica], opts: &mut [Box<dyn Optimizer>], scale: Option<f32>, trace: Option<&Trace>) -> Result<Vec<f64>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = replicas
-            .iter()
-            .zip(opts.iter_mut())
-            .map(|(r, opt)| {
-                s.spawn(move || -> Result<f64> {
-                    let t = Instant::now();
-                    if let Some(scale) = scale {
-                        scale_grads(&r.params, scale)?;
-                    }
-                    opt.step()?;
-                    r.device.sync()?;
-                    if let Some(tr) = trace {
-                        tr.span(&r.track, "optimizer", Phase::Optimizer, t, t.elapsed().as_secs_f64());
-                    }
-                    Ok(t.elapsed().as_secs_f64())
-                })
-            })
-            .collect();
-        let results: Vec<Result<f64>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
         results.into_iter().collect()
     })
 }

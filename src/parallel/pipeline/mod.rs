@@ -15,9 +15,8 @@ pub use tied::StageParam;
 
 use balance::Balance;
 use super::stages::{self, Stage, Stages};
-use super::step::StepLoop;
-use super::trace::{Phase, Trace};
-use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
+use super::step::{Part, StepCore};
+use super::{Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
 use crate::dist::Group;
 use crate::nn::Module;
@@ -82,10 +81,9 @@ pub struct Pipeline {
     schedule: Schedule,
     plan: Vec<Vec<Action>>,
     opt: OptimConfig,
-    run: StepLoop,
+    run: StepCore,
     cfg: PipelineConfig,
     balance: Balance,
-    trace: Option<Trace>,
     stats: Option<PipelineStats>,
     /// Where this rank's stages sit when the pipeline spans processes.
     across: Option<Across>,
@@ -181,7 +179,8 @@ impl PipelineBuilder<'_> {
             Some(a) => schedule::schedule(self.schedule, a.total, self.micro_batches)[a.first..a.first + stages.len()].to_vec(),
             None => schedule::schedule(self.schedule, stages.len(), self.micro_batches),
         };
-        let mut run = StepLoop::new(self.loss);
+        let devices: Vec<Device> = stages.iter().map(|s| s.device.clone()).collect();
+        let mut run = StepCore::new(self.loss, &devices);
         run.set_clip(self.clip)?;
         Ok(Pipeline {
             stages,
@@ -192,7 +191,6 @@ impl PipelineBuilder<'_> {
             run,
             cfg: self.cfg,
             balance: if balance_pending { Balance::Pending } else { Balance::Fixed },
-            trace: None,
             stats: None,
             across,
             ties,
@@ -330,7 +328,7 @@ impl Pipeline {
                         total,
                         run: &self.run,
                         recompute: self.cfg.recompute,
-                        trace: self.trace.clone(),
+                        trace: self.run.trace.clone(),
                         links,
                     };
                     scope.spawn(move || job.run())
@@ -355,14 +353,16 @@ impl Pipeline {
         self.stages.iter().map(|s| s.opt.params().iter().filter(|(_, t)| !tied::is_copy(&self.ties, t)).cloned().collect()).collect()
     }
 
-    /// Every stage's optimizer step without clipping (the caller clipped), then the tied
-    /// copies take their primaries' new values; counts the step.
-    pub(crate) fn step_optimizers(&mut self) -> Result<()> {
-        for s in &mut self.stages {
-            s.opt.step()?;
-        }
+    /// Every stage's optimizer, for the update, with its trace track.
+    pub(crate) fn parts(&mut self) -> Vec<Part<'_>> {
+        self.stages.iter_mut().enumerate().map(|(i, s)| Part { track: Some(stages::track_name(i, &s.device)), opt: &mut s.opt, device: &s.device }).collect()
+    }
+
+    /// After an update by a grid around this pipeline: the tied copies take their primaries'
+    /// new values, and the step count follows the grid's.
+    pub(crate) fn updated(&mut self, step: u64) -> Result<()> {
         tied::sync(&self.ties)?;
-        self.run.step += 1;
+        self.run.step = step;
         Ok(())
     }
 
@@ -412,23 +412,11 @@ impl Strategy for Pipeline {
         self.balance.correct(&mut self.stages, &self.opt)?;
         let run = self.backward_part(batch, 0, batch.len())?;
         self.balance.measured(&run.outcomes);
-        let tracks: Vec<String> = self.stages.iter().enumerate().map(|(i, s)| stages::track_name(i, &s.device)).collect();
-        let trace = self.trace.clone();
-        // Across processes the norm spans every rank's stages: clipped here, so the local
-        // update must not clip again.
-        let global = match &self.across {
-            Some(a) if self.run.clip.is_some() => Some(a.clip(&self.run, &self.stages)?),
-            _ => None,
-        };
-        let clip = if global.is_some() { self.run.clip.take() } else { self.run.clip };
-        let opts = self.stages.iter_mut().map(|s| &mut s.opt).collect();
-        let stepped = self.run.update_each(opts, |i, t0| {
-            if let Some(tr) = &trace {
-                tr.span(&tracks[i], "optimizer", Phase::Optimizer, t0, t0.elapsed().as_secs_f64());
-            }
-        });
-        self.run.clip = clip;
-        let grad_norm = global.unwrap_or(stepped?);
+        // Across processes the norm spans every rank's stages.
+        let across = self.across.as_ref().map(|a| a.group.clone());
+        let reduce = |sq: f64| remote::sum_over_ranks(across.as_ref().expect("only across processes"), sq);
+        let parts = self.stages.iter_mut().enumerate().map(|(i, s)| Part { track: Some(stages::track_name(i, &s.device)), opt: &mut s.opt, device: &s.device }).collect();
+        let (grad_norm, _) = self.run.update(None, across.as_ref().map(|_| &reduce as &dyn Fn(f64) -> Result<f64>), parts, None)?;
         tied::sync(&self.ties)?;
         let mut report = self.report(&run, grad_norm);
         if let Some(a) = &self.across {
@@ -436,8 +424,8 @@ impl Strategy for Pipeline {
         }
         Ok(report)
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.stages[0].device)?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.stages[0].device)?;
         let mine = |x: &Tensor| {
             let mut h = x.clone();
             for s in &self.stages {
@@ -481,19 +469,13 @@ impl Strategy for Pipeline {
         self.run.step = steps;
         stages::load_stage_opt_state(&mut self.stages, state, steps)
     }
-    fn devices(&self) -> Vec<Device> {
-        self.stages.iter().map(|s| s.device.clone()).collect()
+    fn modules(&self) -> Vec<&dyn Module> {
+        self.stages.iter().map(|s| &s.model as &dyn Module).collect()
     }
-    fn set_trace(&mut self, trace: Trace) {
-        self.trace = Some(trace);
+    fn core(&self) -> &StepCore {
+        &self.run
     }
-    fn set_lr(&mut self, lr: f32) {
-        self.stages.iter_mut().for_each(|s| s.opt.set_lr(lr));
-    }
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        self.run.set_clip(max_norm)
-    }
-    fn set_training(&mut self, training: bool) {
-        self.stages.iter().for_each(|s| s.model.set_training(training));
+    fn core_mut(&mut self) -> &mut StepCore {
+        &mut self.run
     }
 }

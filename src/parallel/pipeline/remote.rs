@@ -12,9 +12,6 @@
 //! (activation forward, gradient back), which would wait on each other forever.
 use super::worker::{Inbox, Links, Msg, Outbox, STAGE};
 use crate::dist::{Group, Order};
-use crate::optim::{grad_norm_sq, scale_grads};
-use crate::parallel::stages::Stage;
-use crate::parallel::step::StepLoop;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::mpsc::{channel, Sender};
 use std::thread::JoinHandle;
@@ -200,22 +197,6 @@ impl Across {
         Ok(())
     }
 
-    /// Clips every rank's gradients by their global norm (`run`'s bound): each rank's sum of
-    /// squares, summed over ranks, as one process would over all stages. Returns the norm.
-    pub fn clip(&self, run: &StepLoop, stages: &[Stage]) -> Result<Option<f32>> {
-        let mut sq = 0.0;
-        for s in stages {
-            sq += grad_norm_sq(s.opt.params())?;
-        }
-        let mut all = [sq as f32];
-        self.group.all_reduce(&mut all, Order::Ranks)?;
-        let (norm, scale) = run.clip_scale(f64::from(all[0]));
-        if let Some(scale) = scale {
-            stages.iter().try_for_each(|s| scale_grads(s.opt.params(), scale))?;
-        }
-        Ok(norm)
-    }
-
     /// The batch loss, which the last rank computed, on every rank.
     pub fn share_loss(&self, loss: f32) -> Result<f32> {
         let mut v = [loss];
@@ -234,6 +215,13 @@ impl Across {
         let own: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| mine.contains(n)).cloned().collect();
         load(&own)
     }
+}
+
+/// A sum of squared gradients over every rank's stages, the same on every rank (in rank order).
+pub(super) fn sum_over_ranks(group: &Group, sq: f64) -> Result<f64> {
+    let mut all = [sq as f32];
+    group.all_reduce(&mut all, Order::Ranks)?;
+    Ok(f64::from(all[0]))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use crate::backend::Buffer;
 use crate::data::Batch;
 use crate::nn::Module;
 use crate::parallel::stages::Stage;
-use crate::parallel::step::StepLoop;
+use crate::parallel::step::StepCore;
 use crate::parallel::trace::{Phase, Trace};
 use crate::parallel::batch_to_device;
 use crate::{Error, Result, Tensor};
@@ -100,7 +100,7 @@ pub(super) struct Job<'a> {
     pub firsts: &'a [usize],
     /// Samples in the batch: each micro-batch's loss is weighted by its share of them.
     pub total: usize,
-    pub run: &'a StepLoop,
+    pub run: &'a StepCore,
     pub recompute: bool,
     pub trace: Option<Trace>,
     pub track: String,

@@ -10,8 +10,7 @@ use crate::nn::models::gpt::{block_forward, BlockLayers, Norm};
 use crate::nn::models::{Gpt, Transformer};
 use crate::nn::{Dropout, Module};
 use crate::optim::Optimizer;
-use crate::parallel::step::StepLoop;
-use crate::parallel::trace::Trace;
+use crate::parallel::step::StepCore;
 use crate::parallel::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::{Device, Error, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,11 +115,6 @@ impl ParallelGpt {
         let x = self.blocks.iter().try_fold(self.transformer.embed(ids)?, |h, b| b.forward(&h))?;
         self.transformer.ln_f.forward(&x)?.matmul_t(&self.transformer.wte.weight, false, true)
     }
-    fn set_training(&self, training: bool) {
-        self.transformer.set_training(training);
-        self.blocks.iter().for_each(|b| b.set_training(training));
-    }
-
     /// Every nanoGPT parameter in state_dict order (without the tied `lm_head.weight`).
     fn logical(&self) -> Vec<Logical> {
         let whole = |name: String, t: Tensor| Logical { name, layout: Layout::Whole, parts: vec![t] };
@@ -171,12 +165,11 @@ pub struct TensorParallelGpt {
     model: ParallelGpt,
     logical: Vec<Logical>,
     opts: Vec<Box<dyn Optimizer>>,
-    devices: Vec<Device>,
-    run: StepLoop,
-    trace: Option<Trace>,
+    run: StepCore,
 }
 
 impl TensorParallelGpt {
+    /// What [`Parallel::tensor`](crate::parallel::Parallel::tensor) calls for a [`Gpt`].
     /// `gpt` (built on the first device, as [`Gpt::new`] makes it) split over `devices`: the
     /// blocks' Linears are copied to their devices, the rest stays. `n_head` must be a
     /// multiple of the number of devices.
@@ -207,7 +200,7 @@ impl TensorParallelGpt {
         let model = ParallelGpt { transformer, blocks };
         let logical = model.logical();
         let opts = (0..devices.len()).map(|i| opt.build(device_params(&logical, i))).collect::<Result<_>>()?;
-        Ok(TensorParallelGpt { model, logical, opts, devices: devices.to_vec(), run: StepLoop::new(loss), trace: None })
+        Ok(TensorParallelGpt { model, logical, opts, run: StepCore::new(loss, devices) })
     }
 
     /// Per-block activation recomputation, as [`Gpt::set_recompute`].
@@ -222,7 +215,7 @@ impl TensorParallelGpt {
             .iter()
             .map(|l| {
                 let grads: Option<Vec<Tensor>> = l.parts.iter().map(Tensor::grad).collect();
-                Ok((l.name.clone(), grads.map(|g| gather(&g, l.layout, &self.devices[0])).transpose()?))
+                Ok((l.name.clone(), grads.map(|g| gather(&g, l.layout, &self.run.devices[0])).transpose()?))
             })
             .collect()
     }
@@ -236,19 +229,19 @@ fn device_params(logical: &[Logical], i: usize) -> Vec<(String, Tensor)> {
 impl Strategy for TensorParallelGpt {
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
-        let (x, y) = batch_to_device(batch, &self.devices[0])?;
+        let (x, y) = batch_to_device(batch, &self.run.devices[0])?;
         let model = &self.model;
         let out = with_context(&self.run, &x, || model.forward(&x))?;
         let loss = self.run.loss_share(&out, &y, batch.len(), batch.len())?;
-        backward_and_update(loss, t0, &mut self.run, &mut self.opts, &self.devices, self.trace.as_ref())
+        backward_and_update(loss, t0, &mut self.run, &mut self.opts)
     }
-    fn predict(&self, x: &Batch) -> Result<Tensor> {
-        let (x, _) = batch_to_device(x, &self.devices[0])?;
+    fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to(&self.run.devices[0])?;
         no_grad(|| self.model.forward(&x))
     }
     /// nanoGPT's names and shapes, `lm_head.weight` last: a single-device [`Gpt`]'s file.
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = self.logical.iter().map(|l| Ok((l.name.clone(), gather(&l.parts, l.layout, &self.devices[0])?))).collect::<Result<Vec<_>>>()?;
+        let mut out = self.logical.iter().map(|l| Ok((l.name.clone(), gather(&l.parts, l.layout, &self.run.devices[0])?))).collect::<Result<Vec<_>>>()?;
         out.push(("lm_head.weight".into(), self.model.transformer.wte.weight.clone()));
         Ok(out)
     }
@@ -288,7 +281,7 @@ impl Strategy for TensorParallelGpt {
             let l = self.logical.iter().find(|l| l.name == param).ok_or_else(|| Error::Msg(format!("optimizer state {name} names no parameter")))?;
             let parts = per.iter().take(l.parts.len()).map(|(s, _)| s.iter().find(|x| &x.0 == name).map(|x| x.1.clone())).collect::<Option<Vec<_>>>();
             let parts = parts.ok_or_else(|| Error::Msg(format!("optimizer state {name} is missing on some device")))?;
-            out.push((name.clone(), gather(&parts, l.layout, &self.devices[0])?));
+            out.push((name.clone(), gather(&parts, l.layout, &self.run.devices[0])?));
         }
         Ok((out, per[0].1))
     }
@@ -308,25 +301,20 @@ impl Strategy for TensorParallelGpt {
         }
         Ok(())
     }
-    fn devices(&self) -> Vec<Device> {
-        self.devices.clone()
+    fn modules(&self) -> Vec<&dyn Module> {
+        let blocks = self.model.blocks.iter().map(|b| b as &dyn Module);
+        std::iter::once(&self.model.transformer as &dyn Module).chain(blocks).collect()
     }
-    fn set_trace(&mut self, trace: Trace) {
-        self.trace = Some(trace);
+    fn core(&self) -> &StepCore {
+        &self.run
     }
-    fn set_lr(&mut self, lr: f32) {
-        self.opts.iter_mut().for_each(|o| o.set_lr(lr));
-    }
-    fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
-        self.run.set_clip(max_norm)
-    }
-    fn set_training(&mut self, training: bool) {
-        self.model.set_training(training);
+    fn core_mut(&mut self) -> &mut StepCore {
+        &mut self.run
     }
 }
 
 /// `f` (the whole batch's forward) under the step's sample context, as every strategy's.
-fn with_context<T>(run: &StepLoop, x: &Tensor, f: impl FnOnce() -> T) -> T {
+fn with_context<T>(run: &StepCore, x: &Tensor, f: impl FnOnce() -> T) -> T {
     let ctx = crate::nn::SampleContext { step: run.step, first_sample: 0, samples: x.dims().first().copied().unwrap_or(1) };
     crate::nn::with_samples(ctx, f)
 }
