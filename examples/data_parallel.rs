@@ -8,7 +8,7 @@
 use tandem::data::{digits, DataLoader};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig};
+use tandem::parallel::{Loss, OptimConfig, Parallel};
 use tandem::train::{Observer, StepInfo, Trainer};
 use tandem::Device;
 
@@ -24,9 +24,8 @@ impl Observer for Timings {
 
 fn main() -> tandem::Result<()> {
     let devices = Device::parse(&spec_from_args("cpu,cpu"))?;
-    let model = SeedModel::Cnn.build(0, &devices[0])?;
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
-    let dp = DataParallel::new(&model, &devices, &opt, Loss::CrossEntropy, DataParallelConfig::default())?;
+    let dp = Parallel::data(|d| SeedModel::Cnn.build(0, d), &devices, &opt, Loss::CrossEntropy).build()?;
     let (train, _) = digits::load(4096, 0, 0)?;
     let mut loader = DataLoader::new(std::sync::Arc::new(train), 128, true, 0)?;
     Trainer::new(dp).steps(20).observe(Timings).fit(&mut loader)?;

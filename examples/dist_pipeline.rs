@@ -22,8 +22,8 @@ use tandem::dist::{self, Group, Order};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
 use tandem::parallel::comm::{Communicator, Hierarchical};
-use tandem::parallel::pipeline::{Pipeline, Schedule};
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Stages, Strategy};
+use tandem::parallel::pipeline::Schedule;
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Parallel, Stages, Strategy};
 use tandem::train::{Observer, StepInfo, Trainer};
 use tandem::{Error, Result, Tensor};
 
@@ -110,9 +110,7 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
     let loss = Loss::CrossEntropy;
     match args.mode.as_str() {
         "single" => {
-            let mut single = Single::new(model, &opt, loss, &devices[0])?;
-            single.set_grad_clip(args.clip)?;
-            Ok(Built::Other(Box::new(single)))
+            Ok(Built::Other(Parallel::single(|_| Ok(model), &devices[0], &opt, loss).grad_clip(args.clip).boxed()?))
         }
         "pipeline" => {
             // Rank r builds only layers split[r-1]..split[r] of the model, on its device.
@@ -122,7 +120,7 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
             }
             let starts: Vec<usize> = std::iter::once(0).chain(args.split.iter().copied()).chain([model.len()]).collect();
             let part = model.slice(starts[rank]..starts[rank + 1], &devices[0])?;
-            let pipe = Pipeline::builder(Stages::Built(vec![part]), &devices[..1], &opt, loss)
+            let pipe = Parallel::pipeline(Stages::Built(vec![part]), &devices[..1], &opt, loss)
                 .micro_batches(args.micro)
                 .schedule(args.schedule)
                 .recompute(args.recompute)
@@ -138,7 +136,7 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
                 c => return Err(Error::Usage(format!("dist_pipeline: --comm {c}: expected hierarchical or nccl"))),
             };
             let cfg = DataParallelConfig { shard_optimizer: args.mode == "zero", ..Default::default() };
-            Ok(Built::Data(Box::new(DataParallel::with_communicator(&model, comm, &opt, loss, cfg)?)))
+            Ok(Built::Data(Box::new(Parallel::data(|d| model.slice(0..model.len(), d), &devices, &opt, loss).config(cfg).communicator(comm).build()?)))
         }
         m => Err(Error::Usage(format!("dist_pipeline: --mode {m}: expected single, pipeline, dp or zero"))),
     }

@@ -20,7 +20,7 @@ use tandem::dist::{self, Group, Order};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
 use tandem::parallel::comm::{Communicator, Hierarchical};
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
+use tandem::parallel::{DataParallelConfig, Loss, OptimConfig, Parallel, Strategy};
 use tandem::train::{Observer, RunStart, StepInfo, Trainer};
 use tandem::{Error, Result};
 
@@ -96,10 +96,9 @@ fn train(group: &Group, args: &Args) -> Result<()> {
     let order = args.order.unwrap_or(if args.deterministic { Order::Ranks } else { Order::Mpi });
     let comm = Hierarchical::new(&devices, group.clone(), order)?;
     let (_, world_devices) = comm.device_span();
-    let model = SeedModel::Cnn.build(0, &devices[0])?;
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
     let cfg = DataParallelConfig { deterministic: args.deterministic, ..Default::default() };
-    let dp = DataParallel::with_communicator(&model, Box::new(comm), &opt, Loss::CrossEntropy, cfg)?;
+    let dp = Parallel::data(|d| SeedModel::Cnn.build(0, d), &devices, &opt, Loss::CrossEntropy).config(cfg).communicator(Box::new(comm)).build()?;
     // Every rank draws the same global batches; the strategy gives each its share.
     let (train, _) = digits::load(1024, 0, 0)?;
     let mut loader = DataLoader::new(std::sync::Arc::new(train), args.batch, true, 0)?;

@@ -12,7 +12,7 @@ use tandem::data::text::{builtin_text, CharVocab, Split, TokenWindows};
 use tandem::data::WindowLoader;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::optim::{AdamConfig, LrSchedule};
-use tandem::parallel::{Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
+use tandem::parallel::{Loss, OptimConfig, Parallel, Stages, Strategy};
 use tandem::train::{Checkpoints, MeanLoss, Perplexity, PrintEvery, Trainer};
 use tandem::{Device, Error, Result};
 
@@ -32,15 +32,14 @@ fn main() -> Result<()> {
     let val = WindowLoader::new(windows, val_rows, 64, false, 0)?;
 
     let opt = OptimConfig::adam(AdamConfig { lr: 1e-3, weight_decay: 0.1, ..AdamConfig::adamw() });
-    let gpt = Gpt::new(cfg, 0, &devices[0])?;
+    let gpt = || Gpt::new(cfg, 0, &devices[0]);
+    // A GPT's stages tie the head to the embedding themselves; one stage per block at most.
+    let stages = &devices[..devices.len().min(cfg.n_layer)];
     let strategy: Box<dyn Strategy> = match flag("--strategy", "single").as_str() {
-        "single" => Box::new(Single::new(gpt, &opt, Loss::CrossEntropy, &devices[0])?),
-        "tensor" => Box::new(TensorParallelGpt::new(gpt, &devices, &opt, Loss::CrossEntropy)?),
-        "pipeline" => Box::new(Pipeline::builder(Stages::Built(gpt.stages(&devices, None)?), &devices, &opt, Loss::CrossEntropy).micro_batches(4).build()?),
-        "grid" => Box::new(PipelineGrid::from_factory(&devices, 2, |row| {
-            let stages = Stages::Built(Gpt::new(cfg, 0, &row[0])?.stages(row, None)?);
-            Pipeline::builder(stages, row, &opt, Loss::CrossEntropy).micro_batches(2).build()
-        })?),
+        "single" => Parallel::single(|d| Gpt::new(cfg, 0, d), &devices[0], &opt, Loss::CrossEntropy).boxed()?,
+        "tensor" => Parallel::tensor(gpt()?, &devices, &opt, Loss::CrossEntropy).boxed()?,
+        "pipeline" => Parallel::pipeline(Stages::Built(gpt()?.stages(stages, None)?), stages, &opt, Loss::CrossEntropy).micro_batches(4).boxed()?,
+        "grid" => Parallel::grid(|row| Ok(Stages::Built(Gpt::new(cfg, 0, &row[0])?.stages(row, None)?)), &devices, 2, &opt, Loss::CrossEntropy).micro_batches(2).boxed()?,
         other => return Err(Error::invalid("--strategy", format!("{other} is not single, tensor, pipeline or grid"))),
     };
     let dir = std::env::temp_dir().join("tandem-example-gpt");

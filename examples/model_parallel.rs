@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tandem::data::{digits, DataLoader};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::{LayerPlacement, Loss, OptimConfig, Split, TensorParallel};
+use tandem::parallel::{Loss, OptimConfig, Parallel, Split, Stages};
 use tandem::train::Trainer;
 use tandem::Device;
 
@@ -22,8 +22,8 @@ fn main() -> tandem::Result<()> {
     let (train, _) = digits::load(2048, 0, 0)?;
     let train = Arc::new(train);
 
-    let mut placed = Trainer::new(LayerPlacement::new(&model, &devices, Split::Auto, &opt, Loss::CrossEntropy)?).steps(10);
-    let mut tensor = Trainer::new(TensorParallel::new(&model, &devices, &opt, Loss::CrossEntropy)?).steps(10);
+    let mut placed = Trainer::new(Parallel::layers(Stages::Split(&model, Split::Auto), &devices, &opt, Loss::CrossEntropy).build()?).steps(10);
+    let mut tensor = Trainer::new(Parallel::tensor(&model, &devices, &opt, Loss::CrossEntropy).build()?).steps(10);
     // The same seed gives both the same batches.
     let a = placed.fit(&mut DataLoader::new(train.clone(), 64, true, 0)?)?;
     let b = tensor.fit(&mut DataLoader::new(train, 64, true, 0)?)?;

@@ -9,8 +9,8 @@
 use tandem::data::{digits, DataLoader};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::pipeline::{Pipeline, Schedule};
-use tandem::parallel::{trace::Trace, Loss, OptimConfig, Split, Stages};
+use tandem::parallel::pipeline::Schedule;
+use tandem::parallel::{trace::Trace, Loss, OptimConfig, Parallel, Split, Stages};
 use tandem::train::{PrintEvery, Trainer};
 use tandem::Device;
 
@@ -20,7 +20,7 @@ fn main() -> tandem::Result<()> {
     let devices = Device::parse(spec)?;
     let model = SeedModel::Cnn.build(0, &devices[0])?;
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
-    let pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &devices, &opt, Loss::CrossEntropy)
+    let pipe = Parallel::pipeline(Stages::Split(&model, Split::Auto), &devices, &opt, Loss::CrossEntropy)
         .micro_batches(8)
         .schedule(Schedule::OneFOneB)
         .build()?;

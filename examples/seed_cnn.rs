@@ -9,18 +9,17 @@ use std::sync::Arc;
 use tandem::data::{synthetic, DataLoader};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::{Loss, OptimConfig, Single};
+use tandem::parallel::{Loss, OptimConfig, Parallel};
 use tandem::train::{PrintEvery, Trainer};
 use tandem::Device;
 
 fn main() -> tandem::Result<()> {
     let device = device_from_args()?;
     println!("device: {device} ({})", device.info().name);
-    let model = SeedModel::Cnn.build(0, &device)?;
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
     let images = Arc::new(synthetic::seed_images(1000, 0)?);
     let mut one_batch = DataLoader::new(images, 1000, false, 0)?;
-    Trainer::new(Single::new(model, &opt, Loss::CrossEntropy, &device)?).epochs(10).observe(PrintEvery(1)).fit(&mut one_batch)?;
+    Trainer::new(Parallel::single(|d| SeedModel::Cnn.build(0, d), &device, &opt, Loss::CrossEntropy).build()?).epochs(10).observe(PrintEvery(1)).fit(&mut one_batch)?;
     Ok(())
 }
 

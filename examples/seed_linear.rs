@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tandem::data::{synthetic, DataLoader};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::{Loss, OptimConfig, Single};
+use tandem::parallel::{Loss, OptimConfig, Parallel};
 use tandem::train::{PrintEvery, Trainer};
 use tandem::Device;
 
@@ -31,7 +31,7 @@ fn main() -> tandem::Result<()> {
     ] {
         println!("{name}:");
         let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, ..Default::default() });
-        let single = Single::new(model.build(0, &device)?, &opt, loss, &device)?;
+        let single = Parallel::single(|d| model.build(0, d), &device, &opt, loss).build()?;
         Trainer::new(single).epochs(10).observe(PrintEvery(1)).fit(&mut DataLoader::new(rows.clone(), 1000, false, 0)?)?;
     }
     Ok(())

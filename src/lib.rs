@@ -20,7 +20,7 @@
 //! use tandem::data::{digits, DataLoader};
 //! use tandem::nn::models::SeedModel;
 //! use tandem::optim::SgdConfig;
-//! use tandem::parallel::{Loss, OptimConfig, Single};
+//! use tandem::parallel::{Loss, OptimConfig, Parallel};
 //! use tandem::train::{Accuracy, Checkpoints, MeanLoss, PrintEvery, Trainer};
 //! use tandem::Device;
 //!
@@ -32,14 +32,14 @@
 //!     let test = DataLoader::new(Arc::new(test), 256, false, 0)?;
 //!     let metrics = vec![Box::new(MeanLoss::new(Loss::CrossEntropy)) as _, Box::new(Accuracy::new()) as _];
 //!     let run_dir = std::env::temp_dir().join("tandem-example-run");
-//!     let mut trainer = Trainer::new(Single::new(model, &opt, Loss::CrossEntropy, &dev)?)
+//!     let mut trainer = Trainer::new(Parallel::single(|_| Ok(model), &dev, &opt, Loss::CrossEntropy).build()?)
 //!         .epochs(2)
 //!         .validate(16, test, metrics) // every 16 steps and after the last
 //!         .checkpoints(Checkpoints::new(&run_dir).every(16).overwrite()) // .resume() continues a run
 //!         .observe(PrintEvery(8));
 //!     let fit = trainer.fit(&mut DataLoader::new(Arc::new(train), 64, true, 0)?)?;
 //!     println!("test accuracy {:.3} after {} steps", fit.metric("accuracy").unwrap_or(0.0), fit.step);
-//!     let weights = trainer.strategy().state_dict()?;
+//!     let weights = trainer.state_dict()?;
 //!     tandem::checkpoint::save_weights(run_dir.join("seed_cnn.safetensors"), &weights)?; // loads in PyTorch, strictly
 //!     Ok(())
 //! }

@@ -14,8 +14,7 @@ mod net;
 use net::NetConfig;
 use std::sync::Arc;
 use tandem::data::digits;
-use tandem::parallel::pipeline::Pipeline;
-use tandem::parallel::{DataParallel, DataParallelConfig, LayerPlacement, Single, Split, Stages, Strategy};
+use tandem::parallel::{Parallel, Split, Stages, Strategy};
 use tandem::train::PrintEvery;
 use tandem::{Device, Error, Result};
 
@@ -28,10 +27,10 @@ fn main() -> Result<()> {
     let (opt, loss) = (net::optimizer(), net::loss());
     let model = net::build(cfg, &devices[0])?;
     let strategy: Box<dyn Strategy> = match flag("--strategy", "single").as_str() {
-        "single" => Box::new(Single::new(model, &opt, loss, &devices[0])?),
-        "data" => Box::new(DataParallel::from_factory(|d| net::build(cfg, d), &devices, &opt, loss, DataParallelConfig::default())?),
-        "model" => Box::new(LayerPlacement::with_stages(Stages::Split(&model, Split::Auto), &devices, &opt, loss)?),
-        "pipeline" => Box::new(Pipeline::builder(Stages::Split(&model, Split::Auto), &devices, &opt, loss).micro_batches(4).build()?),
+        "single" => Parallel::single(|_| Ok(model), &devices[0], &opt, loss).boxed()?,
+        "data" => Parallel::data(|d| net::build(cfg, d), &devices, &opt, loss).boxed()?,
+        "model" => Parallel::layers(Stages::Split(&model, Split::Auto), &devices, &opt, loss).boxed()?,
+        "pipeline" => Parallel::pipeline(Stages::Split(&model, Split::Auto), &devices, &opt, loss).micro_batches(4).boxed()?,
         other => return Err(Error::invalid("--strategy", format!("{other} is not single, data, model or pipeline"))),
     };
 

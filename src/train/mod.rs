@@ -260,6 +260,11 @@ impl<S: Strategy + ?Sized> Trainer<S> {
     pub fn strategy_mut(&mut self) -> &mut S {
         &mut self.strategy
     }
+    /// The trained weights with their `state_dict` names, gathered from every device (what
+    /// `checkpoint::save_weights` writes for PyTorch).
+    pub fn state_dict(&self) -> Result<Vec<(String, crate::Tensor)>> {
+        self.strategy.state_dict()
+    }
     pub fn into_strategy(self) -> Box<S> {
         self.strategy
     }
