@@ -10,13 +10,13 @@ use super::setup::{self, StrategyKind};
 use super::stop::StopSignal;
 use super::training::{self, Ended, Resume, Steps};
 use super::{GptArgs, OptimizerKind, TrainArgs};
-use crate::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
-use crate::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
-use crate::data::{Batch, LoaderState};
-use crate::nn::models::{Gpt, GptConfig};
-use crate::optim::LrSchedule;
-use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
-use crate::{Device, Error, Result, Tensor};
+use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
+use tandem::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
+use tandem::data::{Batch, LoaderState};
+use tandem::nn::models::{Gpt, GptConfig};
+use tandem::optim::LrSchedule;
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
+use tandem::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -339,7 +339,7 @@ pub(super) fn validation_loss(s: &mut dyn Strategy, val: &Batch, chunk: usize) -
         for start in (0..val.len()).step_by(chunk.max(1)) {
             let part = val.slice(start..(start + chunk).min(val.len()))?;
             let logits = s.predict(&part)?;
-            let (_, y) = crate::parallel::batch_to_device(&part, logits.device())?;
+            let (_, y) = tandem::parallel::batch_to_device(&part, logits.device())?;
             sum += f64::from(Loss::CrossEntropy.compute(&logits, &y)?.to_scalar()?) * part.len() as f64;
         }
         Ok((sum / val.len().max(1) as f64) as f32)

@@ -1,7 +1,7 @@
 //! Graceful stop on SIGINT and SIGTERM: the first signal is only recorded, so the training
 //! loop can finish its step, write a checkpoint and print the summary; a second one ends the
 //! process at once with the usual 128 + signal status.
-use crate::{Error, Result};
+use tandem::{Error, Result};
 use signal_hook::consts::signal::{SIGINT, SIGTERM};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

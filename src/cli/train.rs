@@ -6,11 +6,11 @@ use super::setup::{self, build_strategy, DataSource, StrategyPlan};
 use super::stop::StopSignal;
 use super::training::{self, Ended, Resume, Steps};
 use super::{ModelArg, OptimizerKind, TrainArgs};
-use crate::data::{DataLoader, Dataset, Targets};
-use crate::nn::models::SeedModel;
-use crate::nn::Module;
-use crate::parallel::{DataParallelConfig, Loss, OptimConfig, Strategy};
-use crate::{Device, Error, Result};
+use tandem::data::{DataLoader, Dataset, Targets};
+use tandem::nn::models::SeedModel;
+use tandem::nn::Module;
+use tandem::parallel::{DataParallelConfig, Loss, OptimConfig, Strategy};
+use tandem::{Device, Error, Result};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -109,7 +109,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         None => None,
     };
     if let Some(path) = &args.save {
-        crate::checkpoint::save_weights(path, &strategy.state_dict()?)?;
+        tandem::checkpoint::save_weights(path, &strategy.state_dict()?)?;
     }
     trained.summary.test_accuracy = accuracy;
     trained.summary.test_samples = accuracy.and(test.as_ref().map(Dataset::len));

@@ -2,15 +2,15 @@
 //! step loop with its checks, checkpoints and stop handling, the summary and the outputs every
 //! model writes. `train.rs` (seed models) and `gpt.rs` say only how to draw a batch and what to
 //! do besides.
-use crate::train::run_file::{self as checkpoints, RunCheckpoint as Checkpoint, RunState};
+use tandem::train::run_file::{self as checkpoints, RunCheckpoint as Checkpoint, RunState};
 use super::progress::{Reporter, Summary};
 use super::ranks::Ranks;
-use crate::train::run_dir::{self, Claim, RunDir};
+use tandem::train::run_dir::{self, Claim, RunDir};
 use super::stop::{StopSignal, Stopped};
 use super::{plot, setup, TrainArgs};
-use crate::data::{Batch, DataLoader, LoaderState};
-use crate::parallel::{trace::Trace, Strategy};
-use crate::{Error, Result};
+use tandem::data::{Batch, DataLoader, LoaderState};
+use tandem::parallel::{trace::Trace, Strategy};
+use tandem::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -255,7 +255,7 @@ impl Trained {
     pub(super) fn finish(mut self, steps: &Steps, accuracy: Option<(u64, f64)>) -> Result<u8> {
         let args = steps.args;
         if let Some(path) = &args.plot {
-            crate::checkpoint::write_atomic(path, plot::svg(&self.losses, accuracy).as_bytes())?;
+            tandem::checkpoint::write_atomic(path, plot::svg(&self.losses, accuracy).as_bytes())?;
         }
         if let (Some(path), Some(t)) = (&args.trace, &self.trace) {
             t.write(path)?;
