@@ -76,23 +76,6 @@ impl Ranks {
         Ok(Box::new(DataParallel::from_factory_with(build, Box::new(comm), optim, loss, cfg)?))
     }
 
-    /// Rank 0's `bytes` on every rank (the others pass `None`), bit for bit.
-    pub fn share_bytes(&self, bytes: Option<Vec<u8>>) -> Result<Vec<u8>> {
-        tandem::train::ranks::share_bytes(&self.group, bytes)
-    }
-
-    /// The stop signal any rank received, the same on every rank, so that all stop after the
-    /// same step (a signal reaches the ranks at different moments, if at all).
-    pub fn agree_stop(&self, local: Option<super::stop::Stopped>) -> Result<Option<super::stop::Stopped>> {
-        if !self.many() {
-            return Ok(local);
-        }
-        let code = local.map_or(0, |s| s.signal as u64);
-        let all = self.group.all_gather_u64(&[code])?;
-        let first = all.iter().filter_map(|c| c.first().copied()).find(|&c| c != 0);
-        Ok(first.map(|c| super::stop::Stopped::of(c as i32)))
-    }
-
     /// Waits for every rank (a no-op alone).
     pub fn barrier(&self) -> Result<()> {
         self.group.barrier()
