@@ -69,7 +69,7 @@ fn parse_args() -> Result<Args> {
         state_out: None,
     };
     let mut it = std::env::args().skip(1);
-    let usage = |m: String| Error::Usage(format!("dist_pipeline: {m}"));
+    let usage = |m: String| Error::invalid("dist_pipeline", m);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| usage(format!("{flag} needs a value")));
         let num = |v: &str| v.parse::<usize>().map_err(|_| usage(format!("{v:?} is not a number")));
@@ -116,7 +116,7 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
             // Rank r builds only layers split[r-1]..split[r] of the model, on its device.
             let (rank, size) = (group.rank(), group.size());
             if args.split.len() + 1 != size {
-                return Err(Error::Usage(format!("dist_pipeline: --split {:?} makes {} stages for {size} ranks", args.split, args.split.len() + 1)));
+                return Err(Error::invalid("dist_pipeline", format!("--split {:?} makes {} stages for {size} ranks", args.split, args.split.len() + 1)));
             }
             let starts: Vec<usize> = std::iter::once(0).chain(args.split.iter().copied()).chain([model.len()]).collect();
             let part = model.slice(starts[rank]..starts[rank + 1], &devices[0])?;
@@ -133,12 +133,12 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
             let comm: Box<dyn Communicator> = match args.comm.as_str() {
                 "hierarchical" => Box::new(Hierarchical::new(&devices, group.clone(), Order::Mpi)?),
                 "nccl" => nccl(&devices, group)?,
-                c => return Err(Error::Usage(format!("dist_pipeline: --comm {c}: expected hierarchical or nccl"))),
+                c => return Err(Error::invalid("dist_pipeline", format!("--comm {c}: expected hierarchical or nccl"))),
             };
             let cfg = DataParallelConfig { shard_optimizer: args.mode == "zero", ..Default::default() };
             Ok(Built::Data(Box::new(Parallel::data(|d| model.slice(0..model.len(), d), &devices, &opt, loss).config(cfg).communicator(comm).build()?)))
         }
-        m => Err(Error::Usage(format!("dist_pipeline: --mode {m}: expected single, pipeline, dp or zero"))),
+        m => Err(Error::invalid("dist_pipeline", format!("--mode {m}: expected single, pipeline, dp or zero"))),
     }
 }
 

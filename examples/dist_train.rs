@@ -60,7 +60,7 @@ fn main() {
 fn parse_args() -> Result<Args> {
     let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, order: None, weights_out: None, fault: None, fault_rank: None, mismatched: false };
     let mut it = std::env::args().skip(1);
-    let usage = |m: String| Error::Usage(format!("dist_train: {m}"));
+    let usage = |m: String| Error::invalid("dist_train", m);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| usage(format!("{flag} needs a value")));
         let num = |v: String| v.parse::<u64>().map_err(|_| usage(format!("{v:?} is not a number")));

@@ -208,9 +208,22 @@ fn parse_one(part: &str) -> Result<(BackendKind, usize)> {
     }
 }
 
-/// How a listed device is named in specs: `cpu`, `cuda:0`, or `wgpu:1 = gl:0` for a wgpu
-/// adapter (its ordinal and its backend-qualified name).
-pub(crate) fn spec_names(i: &DeviceInfo) -> String {
+impl DeviceInfo {
+    /// How this listed device is named in specs: `cpu`, `cuda:0`, or `wgpu:1 = gl:0` for a wgpu
+    /// adapter (its ordinal, and the backend-qualified name that names it too), as `tandem
+    /// devices` shows it.
+    ///
+    /// ```
+    /// let cpu = tandem::Device::list().into_iter().next().unwrap();
+    /// assert_eq!(cpu.spec_names(), "cpu");
+    /// ```
+    pub fn spec_names(&self) -> String {
+        spec_names(self)
+    }
+}
+
+/// See [`DeviceInfo::spec_names`].
+fn spec_names(i: &DeviceInfo) -> String {
     match i.backend {
         BackendKind::Cpu => "cpu".to_string(),
         #[cfg(feature = "wgpu")]

@@ -24,9 +24,6 @@ pub enum Error {
     /// vocabulary, `classes` its size: "token id X at index I is outside 0..V (vocab_size V)".
     #[error("{}", label_message(op, *.label, *.index, *.classes))]
     Label { op: &'static str, label: i32, index: usize, classes: usize },
-    /// A command-line usage error: a flag's value or a combination of flags.
-    #[error("{0}")]
-    Usage(String),
 
     // --- resources ---
     #[error("out of memory on {device}: asked for {requested} bytes, {free} bytes free ({detail})")]
@@ -121,6 +118,17 @@ fn no_checkpoint(dir: &std::path::Path, found: usize) -> String {
 }
 
 impl Error {
+    /// `items` listed for an error message, comma-separated: the first 8, each cut to 80
+    /// characters, then "and N more", so that a file of a million tensor names makes a
+    /// one-line message.
+    ///
+    /// ```
+    /// let names = (0..10).map(|i| format!("w{i}"));
+    /// assert_eq!(tandem::Error::capped_list(names), "w0, w1, w2, w3, w4, w5, w6, w7 and 2 more");
+    /// ```
+    pub fn capped_list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+        capped_list(items)
+    }
     /// A shape error for `op`, with a message that names the shapes involved.
     pub fn shape(op: &'static str, detail: impl Into<String>) -> Self {
         Error::Shape { op, detail: detail.into() }

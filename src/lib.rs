@@ -102,8 +102,8 @@
 //! mismatch names the op and the shapes, a missing file names the path, out of memory names the
 //! device, the bytes asked and what is free. [`Error`] is `#[non_exhaustive]`; match it with a
 //! wildcard arm. Causes a caller can act on have variants of their own, never to be recognised by
-//! their message: `Label` (a class label or token id out of range), `Usage` (command line),
-//! `ResumeMismatch` (a checkpoint written with other settings), `Worker` (the thread of a pipeline
+//! their message: `Label` (a class label or token id out of range), `ResumeMismatch` (a
+//! checkpoint written with other settings), `Worker` (the thread of a pipeline
 //! stage, a placement stage or a collective's device failed; it names the role, the index and the
 //! device, and carries the cause: [`Error::root_cause`] unwraps it), `Panicked` (a worker thread
 //! panicked; the panic's message) and `ChannelClosed` (a neighbouring stage stopped). A pipeline
@@ -113,8 +113,6 @@
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;
-#[cfg(feature = "cli")]
-pub mod cli;
 pub mod data;
 pub mod dist;
 mod device;

@@ -4,13 +4,15 @@ use clap::error::ErrorKind;
 use clap::Parser;
 use std::process::ExitCode;
 
+mod cli;
+
 fn main() -> ExitCode {
     // Mesa's drivers print "XDG_RUNTIME_DIR is invalid" on every adapter probe when it is unset
     // (headless servers, CI); those lines would bury our own one-line errors.
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
-    let cli = match tandem::cli::Cli::try_parse() {
+    let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             // As for every command's output: a closed pipe is status 141, any other failed
@@ -19,7 +21,7 @@ fn main() -> ExitCode {
             let mut stdout = std::io::stdout().lock();
             return match write!(stdout, "{e}").and_then(|()| stdout.flush()) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(tandem::cli::BROKEN_PIPE_STATUS as u8),
+                Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(cli::BROKEN_PIPE_STATUS as u8),
                 Err(err) => {
                     eprintln!("error: standard output: {err}");
                     ExitCode::from(1)
@@ -35,11 +37,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match tandem::cli::run(cli) {
+    match cli::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(tandem::cli::exit_code(&e))
+            ExitCode::from(cli::exit_code(&e))
         }
     }
 }

@@ -9,9 +9,9 @@
 use super::devices::print_table;
 use super::ranks::Ranks;
 use super::{BenchArgs, LogFormat};
-use crate::dist::Order;
-use crate::parallel::comm::{Communicator, Hierarchical, ReduceKind};
-use crate::{Error, Result, Tensor};
+use tandem::dist::Order;
+use tandem::parallel::comm::{Communicator, Hierarchical, ReduceKind};
+use tandem::{Error, Result, Tensor};
 use std::time::Instant;
 
 /// Buffer sizes: 4 KiB to 64 MiB in powers of 4 (1 MiB at most with `--quick`).

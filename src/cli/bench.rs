@@ -5,18 +5,18 @@
 use super::devices::print_table;
 use super::ranks::Ranks;
 use super::{BenchArgs, LogFormat};
-use crate::autograd::no_grad;
-use crate::data::synthetic;
-use crate::nn::models::SeedModel;
-use crate::data::text::{Split as TextSplit, TextCorpus};
-use crate::data::Batch;
-use crate::nn::models::{Gpt, GptConfig};
-use crate::nn::Module;
-use crate::optim::{AdamConfig, SgdConfig};
-use crate::parallel::pipeline::{graph_bytes, Pipeline, Schedule};
-use crate::parallel::{batch_to_device, DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Split, Stages, Strategy};
+use tandem::autograd::no_grad;
+use tandem::data::synthetic;
+use tandem::nn::models::SeedModel;
+use tandem::data::text::{Split as TextSplit, TextCorpus};
+use tandem::data::Batch;
+use tandem::nn::models::{Gpt, GptConfig};
+use tandem::nn::Module;
+use tandem::optim::{AdamConfig, SgdConfig};
+use tandem::parallel::pipeline::{graph_bytes, Pipeline, Schedule};
+use tandem::parallel::{batch_to_device, DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Split, Stages, Strategy};
 use std::collections::HashSet;
-use crate::{Device, Result, Tensor};
+use tandem::{Device, Result, Tensor};
 use rand::SeedableRng;
 use std::time::Instant;
 
@@ -40,16 +40,16 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
     match args.bench.as_deref() {
         None => {}
         Some("allreduce") => return super::allreduce::run(args, ranks),
-        Some(b) => return Err(crate::Error::invalid("--bench", format!("'{b}' is not a benchmark; the one named benchmark is allreduce"))),
+        Some(b) => return Err(tandem::Error::invalid("--bench", format!("'{b}' is not a benchmark; the one named benchmark is allreduce"))),
     }
     if ranks.many() {
-        return Err(crate::Error::invalid("--bench", format!("under {} processes tandem bench measures --bench allreduce only", ranks.group().size())));
+        return Err(tandem::Error::invalid("--bench", format!("under {} processes tandem bench measures --bench allreduce only", ranks.group().size())));
     }
     let devices = Device::parse(&args.devices)?;
     match args.model.as_deref() {
         None => {}
         Some("gpt") => return gpt_figures(args, &devices),
-        Some(m) => return Err(crate::Error::invalid("--model", format!("'{m}': tandem bench measures gpt, or every default figure without --model"))),
+        Some(m) => return Err(tandem::Error::invalid("--model", format!("'{m}': tandem bench measures gpt, or every default figure without --model"))),
     }
     // Large matmuls and batch-1000 steps are slow on the CPU: fewer runs keep it under a minute.
     let reps = if args.quick { Reps { matmul: 1, step: 2, dispatch: 2 } } else { Reps { matmul: 5, step: 5, dispatch: 5 } };
@@ -220,7 +220,7 @@ impl BubbleModel {
         }
     }
     /// The model (built on the CPU), a batch of [`PIPELINE_BATCH`] and its loss.
-    fn build(self) -> Result<(crate::nn::Sequential, Batch, Loss)> {
+    fn build(self) -> Result<(tandem::nn::Sequential, Batch, Loss)> {
         let all: Vec<usize> = (0..PIPELINE_BATCH).collect();
         match self {
             BubbleModel::SeedCnn => Ok((SeedModel::Cnn.build(0, &Device::cpu())?, synthetic::seed_images(PIPELINE_BATCH, 0)?.batch(&all)?, Loss::CrossEntropy)),
@@ -228,11 +228,11 @@ impl BubbleModel {
                 const WIDTH: usize = 512;
                 let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
                 let cpu = Device::cpu();
-                let mut model = crate::nn::Sequential::new();
+                let mut model = tandem::nn::Sequential::new();
                 for i in 0..8 {
-                    model = model.push(format!("fc{i}"), crate::nn::Linear::new(WIDTH, WIDTH, &mut rng, &cpu)?).push(format!("relu{i}"), crate::nn::ReLU);
+                    model = model.push(format!("fc{i}"), tandem::nn::Linear::new(WIDTH, WIDTH, &mut rng, &cpu)?).push(format!("relu{i}"), tandem::nn::ReLU);
                 }
-                model = model.push("head", crate::nn::Linear::new(WIDTH, 1, &mut rng, &cpu)?);
+                model = model.push("head", tandem::nn::Linear::new(WIDTH, 1, &mut rng, &cpu)?);
                 Ok((model, synthetic::regression(PIPELINE_BATCH, WIDTH, 0)?.batch(&all)?, Loss::Mse))
             }
         }
@@ -257,7 +257,7 @@ fn pipeline_bubble(dev: &Device, model: BubbleModel, micro_batches: usize, reps:
     let (mut bubbles, mut of_split, mut theory) = (Vec::new(), Vec::new(), 0.0);
     let (step, _) = timed(reps, || {
         pipe.step(&b)?;
-        let st = pipe.last_stats().ok_or_else(|| crate::Error::invalid("bench", "a pipeline step left no statistics"))?;
+        let st = pipe.last_stats().ok_or_else(|| tandem::Error::invalid("bench", "a pipeline step left no statistics"))?;
         bubbles.push(st.bubble_measured);
         of_split.push(st.bubble_of_split.unwrap_or(f64::NAN));
         theory = st.bubble_theoretical;
@@ -297,7 +297,7 @@ fn dp_overlap(dev: &Device, reps: usize) -> Result<Figure> {
         let t = Instant::now();
         dp.step(&b)?;
         many.push(t.elapsed().as_secs_f64() * 1e3);
-        let o = dp.last_overlap().ok_or_else(|| crate::Error::invalid("bench", "a data-parallel step reported no overlap"))?;
+        let o = dp.last_overlap().ok_or_else(|| tandem::Error::invalid("bench", "a data-parallel step reported no overlap"))?;
         allreduce.push(o.mean_allreduce_s() * 1e3);
         hidden.push(o.hidden_fraction());
         host_allreduce.push(o.host_allreduce_s.iter().sum::<f64>() / o.host_allreduce_s.len().max(1) as f64 * 1e3);

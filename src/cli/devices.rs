@@ -2,8 +2,7 @@
 //! each takes and the libraries behind its kernels), the one `auto` picks marked, adapters refused for want of compute with the reason, and a plain word about
 //! backends that are compiled in but found nothing or lack the platform's usual driver.
 use super::ranks::Ranks;
-use crate::device::spec_names;
-use crate::{BackendKind, Device, DeviceInfo, Result};
+use tandem::{BackendKind, Device, DeviceInfo, Result};
 
 pub fn run(ranks: &Ranks) -> Result<()> {
     if ranks.many() {
@@ -18,7 +17,7 @@ pub fn run(ranks: &Ranks) -> Result<()> {
             let libraries = if i.libraries.is_empty() { "-".to_string() } else { i.libraries.clone() };
             vec![
                 mark.to_string(),
-                spec_names(i),
+                i.spec_names(),
                 i.backend.name().to_string(),
                 i.name.clone(),
                 format!("{:?}", i.kind).to_lowercase(),
@@ -33,7 +32,7 @@ pub fn run(ranks: &Ranks) -> Result<()> {
     print_table(&header, &rows);
     out!("* = what --devices auto picks");
     #[cfg(feature = "wgpu")]
-    for r in crate::backend::wgpu::refused() {
+    for r in tandem::backend::wgpu::refused() {
         out!("refused: {} ({}): {}", r.name, r.driver, r.reason);
     }
     for line in notes(&list) {
@@ -58,7 +57,7 @@ fn per_rank(ranks: &Ranks) -> Result<()> {
         Device::auto()?.spec(),
         seen.join(", ")
     );
-    for bytes in ranks.gather_bytes(line.as_bytes())? {
+    for bytes in tandem::train::ranks::gather_bytes(ranks.group(), line.as_bytes())? {
         if ranks.leader() {
             out!("{}", String::from_utf8_lossy(&bytes));
         }
@@ -127,7 +126,7 @@ fn notes(list: &[DeviceInfo]) -> Vec<String> {
     if let Some(expected) = expected_backend() {
         let mut found: Vec<String> = Vec::new();
         for i in list.iter().filter(|i| i.backend == BackendKind::Wgpu) {
-            let b = crate::backend::wgpu::qualified_spec(i.ordinal).and_then(|q| q.split(':').next().map(str::to_string));
+            let b = tandem::backend::wgpu::qualified_spec(i.ordinal).and_then(|q| q.split(':').next().map(str::to_string));
             if let Some(b) = b.filter(|b| !found.contains(b)) {
                 found.push(b);
             }

@@ -4,11 +4,10 @@
 //! against the tensors the file holds before anything is built, so a small file cannot ask
 //! for a large model.
 use super::GenerateArgs;
-use crate::train::run_file as checkpoints;
-use crate::checkpoint::read_safetensors;
-use crate::nn::models::gpt_checkpoint::disagrees;
-use crate::nn::models::{Gpt, GptCheckpoint};
-use crate::{Device, Error, Result, Tensor};
+use tandem::train::run_file as checkpoints;
+use tandem::checkpoint::read_safetensors;
+use tandem::nn::models::{Gpt, GptCheckpoint};
+use tandem::{Device, Error, Result, Tensor};
 
 /// The metadata key of a `tandem-checkpoint-1` file's format, checked before its checksum.
 const CHECKPOINT_FORMAT: &str = "tandem-checkpoint-1";
@@ -39,4 +38,13 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let text = vocab.decode(&out)?;
     out!("{text}");
     Ok(())
+}
+
+/// A model the file's configuration cannot take its weights into: the file's error, as
+/// `GptCheckpoint::read` reports a disagreement it finds.
+fn disagrees(path: &std::path::Path, e: Error) -> Error {
+    match e {
+        Error::Invalid { detail, .. } | Error::Shape { detail, .. } => Error::format(path, format!("its run configuration and its tensors disagree: {detail}")),
+        e => e,
+    }
 }

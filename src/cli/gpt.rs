@@ -1,29 +1,30 @@
 //! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`,
 //! `data`, `tensor`, `pipeline` or `data,pipeline` parallelism, with AdamW, clipping, warmup +
-//! cosine decay, periodic validation loss, and the same run directory, resume and stop handling
-//! as the seed models. Training windows are drawn at random or served in epochs (`--order`),
+//! cosine decay, periodic validation loss, trained through the library's
+//! [`Trainer`](tandem::train::Trainer) with the same run directory, resume and stop handling as
+//! the seed models. Training windows are drawn at random or served in epochs (`--order`),
 //! validated on the data's last 10% or on `--val-data`.
 //!
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
 //! so `tandem generate` needs nothing but the checkpoint file.
 use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
-use super::stop::StopSignal;
-use super::training::{self, Ended, Resume, Steps};
+use super::training::{Ended, Run};
 use super::{GptArgs, OptimizerKind, TrainArgs, WindowOrder};
-use crate::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
-use crate::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
-use crate::data::{Batch, BatchSource, LoaderState, WindowLoader};
-use crate::nn::models::{Gpt, GptConfig};
-use crate::optim::LrSchedule;
-use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
-use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
+use tandem::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
+use tandem::data::{Batch, BatchSource, LoaderState, WindowLoader};
+use tandem::nn::models::{Gpt, GptConfig};
+use tandem::optim::LrSchedule;
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
+use tandem::train::{MeanLoss, Observer, RunStart};
+use tandem::{Device, Error, Result, Tensor};
 
 /// The model's shape when --n-layer, --n-head, --n-embd are not given.
 const DEFAULT_N_LAYER: usize = 4;
@@ -198,8 +199,7 @@ pub(super) fn batch_rng(seed: u64, stream: u64) -> ChaCha8Rng {
 }
 
 pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
-    let t0 = Instant::now();
-    let stop = StopSignal::install()?;
+    let run = Run::new(args, ranks)?;
     let g = &args.gpt;
     let order = g.order.unwrap_or(WindowOrder::Random);
     if args.epochs.is_some() && order == WindowOrder::Random {
@@ -219,7 +219,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let optim = setup::optim_config(args, OptimizerKind::Adamw)?;
     let devices = ranks.devices(&args.devices)?;
     ranks.check_strategy(args.strategy)?;
-    let (claim, run_dir) = training::outputs_and_run_dir(args, ranks)?;
+    run.check_outputs()?;
 
     check_shape(g)?;
     let mut data = Tokens::load(&args.data)?;
@@ -250,43 +250,121 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     } else {
         build(args, cfg, &optim, &devices)?
     };
-    strategy.set_grad_clip(setup::grad_clip(args)?)?;
+    let clip = setup::grad_clip(args)?;
     if let Some(path) = &args.init {
         strategy.load_state_dict(&read_weights(path)?).map_err(|e| Error::format(path, format!("--init: {e}")))?;
     }
     let config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
 
-    let at = Resume { ranks, dir: args.checkpoint_dir.as_deref(), run_dir: run_dir.as_ref(), claim };
-    let start = training::start_run(at, strategy.as_mut(), loader.as_mut().map(|l| l as &mut dyn BatchSource), &config, args.seed, total, length_flag)?;
-    let reporter = training::reporter(ranks, args, start.step, total);
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
-    let steps = Steps { args, ranks, stop: &stop, run_dir: run_dir.as_ref(), config: &config, total, every, t0 };
-    let next = |s: &mut dyn Strategy, step: u64| {
-        if let Some(sch) = &schedule {
-            s.set_lr(sch.lr_at(step));
-        }
-        if let Some(l) = &mut loader {
-            let batch = l.next_batch();
-            return Ok((batch, l.state()));
-        }
-        let batch = Draws::random(&data, &rows, args.batch, block, &mut batch_rng(args.seed, step))?;
-        // Windows are drawn from (seed, step): no loader position to keep.
-        Ok((batch, LoaderState { epoch: 0, position: 0 }))
-    };
+    let (trainer, console) = run.trainer(strategy, total, clip, config.clone(), every);
+    let step = Arc::new(AtomicU64::new(0));
+    let mut trainer = trainer.observe(WindowStep(Arc::clone(&step)));
+    if let Some(sch) = schedule {
+        trainer = trainer.schedule(sch);
+    }
     // The replicas are equal: rank 0's validation loss is every rank's.
-    let validate = |s: &mut dyn Strategy, step: u64| {
-        let eval = g.eval_every.is_some_and(|e| step.is_multiple_of(e)) || (step == total && g.eval_every.is_some());
-        if eval && ranks.leader() { validation_loss(s, &val, args.batch).map(Some) } else { Ok(None) }
+    if let (Some(e), true) = (g.eval_every, ranks.leader()) {
+        let val = ValWindows { val, chunk: args.batch, position: 0 };
+        trainer = trainer.validate(e, val, vec![Box::new(MeanLoss::new(Loss::CrossEntropy))]);
+    }
+    let mut random = RandomWindows { data: &data, rows, seed: args.seed, batch: args.batch, block, step };
+    let source: &mut dyn BatchSource = match &mut loader {
+        Some(l) => l,
+        None => &mut random,
     };
-    let trained = match steps.run(strategy.as_mut(), start, reporter, next, validate)? {
+    let trained = match run.fit(&mut trainer, source, console, length_flag)? {
         Ended::Trained(t) => t,
         Ended::Exit(code) => return Ok(code),
     };
     if let Some(path) = &args.save {
         let meta = BTreeMap::from([("config".to_string(), config.to_string())]);
-        write_safetensors(path, &to_host(&strategy.state_dict()?)?, &meta)?;
+        write_safetensors(path, &to_host(&trainer.strategy().state_dict()?)?, &meta)?;
     }
-    trained.finish(&steps, None)
+    run.finish(*trained, None)
+}
+
+/// `--batch` random training windows a step, drawn from (`--seed`, the step) alone, so that a
+/// resumed run draws the windows the uninterrupted one would have. The step is where the trainer
+/// starts (told by [`WindowStep`]) plus the batches drawn since; there is no loader position to
+/// keep (its state is always epoch 0, position 0).
+struct RandomWindows<'a> {
+    data: &'a Tokens,
+    /// The rows of a token file drawn from (see [`Draws::random`]).
+    rows: std::ops::Range<usize>,
+    seed: u64,
+    batch: usize,
+    block: usize,
+    /// The 0-based step of the next batch.
+    step: Arc<AtomicU64>,
+}
+
+impl BatchSource for RandomWindows<'_> {
+    fn next_batch(&mut self) -> Result<Batch> {
+        let step = self.step.fetch_add(1, Ordering::SeqCst);
+        Draws::random(self.data, &self.rows, self.batch, self.block, &mut batch_rng(self.seed, step))
+    }
+    fn state(&self) -> LoaderState {
+        LoaderState { epoch: 0, position: 0 }
+    }
+    fn set_state(&mut self, _: LoaderState) -> Result<()> {
+        Ok(())
+    }
+    fn batch_size(&self) -> usize {
+        self.batch
+    }
+    /// Random windows have no epochs: the stream does not end.
+    fn batches_per_epoch(&self) -> usize {
+        usize::MAX
+    }
+}
+
+/// Tells [`RandomWindows`] the step the run starts after (0, or the resumed checkpoint's).
+struct WindowStep(Arc<AtomicU64>);
+
+impl Observer for WindowStep {
+    fn started(&mut self, start: &RunStart<'_>) {
+        self.0.store(start.step, Ordering::SeqCst);
+    }
+}
+
+/// The validation windows, always the same [`VAL_WINDOWS`] (so that losses compare across
+/// steps), `chunk` of them a batch, the last batch short.
+struct ValWindows {
+    val: Batch,
+    chunk: usize,
+    position: usize,
+}
+
+impl BatchSource for ValWindows {
+    fn next_batch(&mut self) -> Result<Batch> {
+        let end = (self.position + self.chunk).min(self.val.len());
+        let part = self.val.slice(self.position..end)?;
+        self.position = if end == self.val.len() { 0 } else { end };
+        Ok(part)
+    }
+    fn state(&self) -> LoaderState {
+        LoaderState { epoch: 0, position: self.position }
+    }
+    fn set_state(&mut self, state: LoaderState) -> Result<()> {
+        if state.position > self.val.len() {
+            return Err(Error::invalid("ValWindows::set_state", format!("position {} past the {} windows", state.position, self.val.len())));
+        }
+        self.position = state.position;
+        Ok(())
+    }
+    fn batch_size(&self) -> usize {
+        self.chunk
+    }
+    fn batches_per_epoch(&self) -> usize {
+        self.val.len().div_ceil(self.chunk)
+    }
+    fn smallest_batch(&self) -> usize {
+        match self.val.len() % self.chunk {
+            0 => self.chunk,
+            rem => rem,
+        }
+    }
 }
 
 /// Refuses, as usage errors, model-shape flags no model can have: a zero count or width, a
@@ -444,22 +522,4 @@ fn read_weights(path: &Path) -> Result<Vec<(String, Tensor)>> {
             HostData::I32(_) => Err(Error::format(path, format!("{name} holds integers; weights must be F32, F16 or BF16"))),
         })
         .collect()
-}
-
-/// Mean cross-entropy over the validation windows, in eval mode (no dropout), `chunk`
-/// windows per forward.
-pub(super) fn validation_loss(s: &mut dyn Strategy, val: &Batch, chunk: usize) -> Result<f32> {
-    s.set_training(false);
-    let result = (|| {
-        let mut sum = 0.0f64;
-        for start in (0..val.len()).step_by(chunk.max(1)) {
-            let part = val.slice(start..(start + chunk).min(val.len()))?;
-            let logits = s.predict(&crate::parallel::inputs_to_device(&part, &s.devices()[0])?)?;
-            let (_, y) = crate::parallel::batch_to_device(&part, logits.device())?;
-            sum += f64::from(Loss::CrossEntropy.compute(&logits, &y)?.to_scalar()?) * part.len() as f64;
-        }
-        Ok((sum / val.len().max(1) as f64) as f32)
-    })();
-    s.set_training(true);
-    result
 }

@@ -1,6 +1,7 @@
 //! The `tandem` command line: argument definitions and dispatch to `devices`, `train` and
 //! `bench`. The binary's `main` only parses, calls [`run`], prints the error and exits with
-//! [`exit_code`].
+//! [`exit_code`]. It is a client of the library's public API (this module is the binary's, not
+//! the library's), and its one error of its own is [`Failure::Usage`].
 /// `println!` for the command's output that ends the process quietly, with status 141 (128 +
 /// SIGPIPE, as a shell reports `cat` cut off by `head`), when the reader has gone
 /// (`tandem train | head -3`): Rust's `println!` panics on a broken pipe. Checkpoints are
@@ -27,11 +28,22 @@ mod stop;
 mod train;
 mod training;
 
-use crate::nn::models::SeedModel;
+use tandem::nn::models::SeedModel;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
-pub use setup::{build_strategy, StrategyKind, StrategyPlan};
+pub use setup::StrategyKind;
+
+/// Why a command failed: an error of the library, or one that only a command line can make.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error(transparent)]
+    Tandem(#[from] tandem::Error),
+    /// The processes of a job were started with different commands or flags (see
+    /// `same_run.rs`): the message names each flag and every rank's value.
+    #[error("{0}")]
+    Usage(String),
+}
 
 /// Train neural networks on GPUs of any vendor, or on the CPU reference.
 #[derive(Debug, Parser)]
@@ -63,11 +75,11 @@ pub enum ModelArg {
 }
 
 impl std::str::FromStr for ModelArg {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> crate::Result<Self> {
+    type Err = tandem::Error;
+    fn from_str(s: &str) -> tandem::Result<Self> {
         match s {
             "gpt" => Ok(ModelArg::Gpt),
-            _ => s.parse().map(ModelArg::Seed).map_err(|_| crate::Error::invalid("--model", format!("'{s}' is not one of seed-cnn, seed-linear, seed-two-layer, gpt"))),
+            _ => s.parse().map(ModelArg::Seed).map_err(|_| tandem::Error::invalid("--model", format!("'{s}' is not one of seed-cnn, seed-linear, seed-two-layer, gpt"))),
         }
     }
 }
@@ -286,22 +298,27 @@ pub struct BenchArgs {
 /// Under `mpirun`/`srun` every rank runs the command (see `ranks.rs`), after checking that
 /// every rank was started with the same run configuration (see `same_run.rs`); an error on
 /// any rank ends the whole job with a message naming that rank instead of returning.
-pub fn run(cli: Cli) -> crate::Result<u8> {
+pub fn run(cli: Cli) -> Result<u8, Failure> {
     let ranks = ranks::Ranks::init()?;
-    let done = same_run::check(&cli.command, &ranks).and_then(|()| match cli.command {
-        Command::Devices => devices::run(&ranks).map(|()| 0),
-        Command::Train(args) => train::run(&args, &ranks),
-        Command::Bench(args) => bench::run(&args, &ranks).map(|()| 0),
-        Command::Generate(args) => generate::run(&args).map(|()| 0),
+    let done = same_run::check(&cli.command, &ranks).and_then(|()| {
+        let code = match cli.command {
+            Command::Devices => devices::run(&ranks).map(|()| 0),
+            Command::Train(args) => train::run(&args, &ranks),
+            Command::Bench(args) => bench::run(&args, &ranks).map(|()| 0),
+            Command::Generate(args) => generate::run(&args).map(|()| 0),
+        };
+        Ok(code.and_then(output_written)?)
     });
-    done.and_then(output_written).or_else(|e| ranks.fail(e))
+    done.or_else(|e| ranks.fail(e))
 }
 
 /// The exit status for a failed command: 2 for a usage error (a flag's value that can never
-/// work, whatever the files and devices), 1 for everything else.
-pub fn exit_code(e: &crate::Error) -> u8 {
+/// work, whatever the files and devices, or a fresh run into a checkpoint directory that needs
+/// `--resume` or `--overwrite-checkpoints`), 1 for everything else.
+pub fn exit_code(e: &Failure) -> u8 {
     match e {
-        crate::Error::Invalid { op, .. } if op.starts_with("--") => 2,
+        Failure::Tandem(tandem::Error::Invalid { op, .. }) if op.starts_with("--") => 2,
+        Failure::Tandem(tandem::Error::CheckpointsPresent { .. }) => 2,
         _ => 1,
     }
 }
@@ -331,9 +348,9 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
 }
 
 /// A command that succeeded but could not write its output ends with the write's error.
-fn output_written(code: u8) -> crate::Result<u8> {
+fn output_written(code: u8) -> tandem::Result<u8> {
     match STDOUT_FAILED.get() {
-        Some((kind, msg)) if code == 0 => Err(crate::Error::io("standard output", std::io::Error::new(*kind, msg.clone()))),
+        Some((kind, msg)) if code == 0 => Err(tandem::Error::io("standard output", std::io::Error::new(*kind, msg.clone()))),
         _ => Ok(code),
     }
 }

@@ -1,9 +1,13 @@
-//! What `train` prints while it runs: a progress bar on a terminal, periodic plain lines
-//! otherwise, or one JSON object per step and a final summary with `--log-format json`.
+//! What `train` prints while it runs, as observers of the [`Trainer`](tandem::train::Trainer):
+//! [`TextProgress`] (a progress bar on a terminal, periodic plain lines otherwise) or
+//! [`JsonLines`] (one JSON object per step with `--log-format json`), and the [`Console`] for
+//! notes on stderr and the final summary.
 use super::LogFormat;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
+use tandem::train::{Observer, RunStart, StepInfo, Trainer};
+use tandem::Error;
 
 /// Plain-text mode prints about this many progress lines per run.
 const TEXT_LINES: u64 = 20;
@@ -52,86 +56,66 @@ struct ValLine {
     val_loss: f32,
 }
 
-pub struct Reporter {
+/// Training samples per second since the run's first step began.
+struct Rate {
+    started: Instant,
+    /// The last step taken before this process's first one.
+    start: u64,
+    batch: usize,
+}
+
+impl Rate {
+    fn new(batch: usize) -> Rate {
+        Rate { started: Instant::now(), start: 0, batch }
+    }
+    fn begin(&mut self, start: u64) {
+        (self.started, self.start) = (Instant::now(), start);
+    }
+    fn at(&self, step: u64) -> f64 {
+        let done = step.saturating_sub(self.start) as f64 * self.batch as f64;
+        done / self.started.elapsed().as_secs_f64().max(1e-9)
+    }
+}
+
+/// The validation loss among a pass's metrics.
+fn val_loss(metrics: &[(String, f64)]) -> Option<f32> {
+    metrics.iter().find(|(n, _)| n == "val_loss").map(|(_, v)| *v as f32)
+}
+
+/// Where a run's notes and summary go: stderr (above the progress bar, when there is one) and
+/// standard output. Silent on ranks other than 0, whose lines would repeat rank 0's. As an
+/// observer it tells where the run starts and which checkpoints a resume passed over.
+#[derive(Clone)]
+pub struct Console {
     format: LogFormat,
     bar: Option<ProgressBar>,
-    total: u64,
-    every: u64,
-    batch: usize,
-    started: Instant,
-    first_step: u64,
-    /// Prints nothing: a rank other than 0 under mpirun, whose lines would repeat rank 0's.
     quiet: bool,
 }
 
-impl Reporter {
-    /// A reporter for steps `first_step..=total` of `batch` samples each.
-    pub fn new(format: LogFormat, first_step: u64, total: u64, batch: usize) -> Reporter {
-        let bar = (format == LogFormat::Text && std::io::stderr().is_terminal()).then(|| {
+impl Console {
+    /// The console of a run of `total` steps: with text on a terminal, a progress bar.
+    pub fn new(format: LogFormat, total: u64, quiet: bool) -> Console {
+        let bar = (!quiet && format == LogFormat::Text && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(total);
             let style = ProgressStyle::with_template("{bar:30.cyan/blue} step {pos}/{len}  {msg}  eta {eta}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
-            bar.set_position(first_step.saturating_sub(1));
             bar
         });
-        let every = (total / TEXT_LINES).max(1);
-        Reporter { format, bar, total, every, batch, started: Instant::now(), first_step, quiet: false }
+        Console { format, bar, quiet }
     }
 
-    /// A reporter that prints nothing.
-    pub fn quiet(format: LogFormat, first_step: u64, total: u64, batch: usize) -> Reporter {
-        Reporter { format, bar: None, total, every: 1, batch, started: Instant::now(), first_step, quiet: true }
-    }
-
-    /// Training samples per second since this reporter started.
-    pub fn samples_per_sec(&self, step: u64) -> f64 {
-        let done = (step + 1).saturating_sub(self.first_step) as f64 * self.batch as f64;
-        done / self.started.elapsed().as_secs_f64().max(1e-9)
-    }
-
-    pub fn step(&self, step: u64, loss: f32, step_s: f64) {
+    /// `trainer` with this console and the observer that prints the steps ([`TextProgress`]
+    /// or [`JsonLines`]) of `batch` samples each; unchanged on a quiet console.
+    pub fn observe(&self, trainer: Trainer, batch: usize) -> Trainer {
         if self.quiet {
-            return;
+            return trainer;
         }
-        let rate = self.samples_per_sec(step);
-        match (self.format, &self.bar) {
-            (LogFormat::Json, _) => {
-                let line = StepLine { step, loss, step_s, samples_per_sec: rate };
-                out!("{}", serde_json::to_string(&line).unwrap_or_default());
-            }
-            (LogFormat::Text, Some(bar)) => {
-                bar.set_position(step);
-                bar.set_message(format!("loss {loss:.4}  {rate:.0} samples/s"));
-            }
-            (LogFormat::Text, None) => {
-                if step.is_multiple_of(self.every) || step == self.total || step == self.first_step {
-                    let left = (self.total - step) as f64 * self.batch as f64 / rate.max(1e-9);
-                    out!("step {step}/{}  loss {loss:.4}  {rate:.0} samples/s  eta {left:.0}s", self.total);
-                }
-            }
-        }
-        // A reader piping JSON wants each line as it happens; a full pipe is not our error.
-        let _ = std::io::stdout().flush();
-    }
-
-    /// A validation loss after `step`: a `{"step","val_loss"}` line in JSON, a line of text
-    /// otherwise.
-    pub fn val_loss(&self, step: u64, val_loss: f32) {
-        if self.quiet {
-            return;
-        }
+        let trainer = trainer.observe(self.clone());
         match self.format {
-            LogFormat::Json => out!("{}", serde_json::to_string(&ValLine { step, val_loss }).unwrap_or_default()),
-            LogFormat::Text => {
-                let line = format!("step {step}  val_loss {val_loss:.4}");
-                match &self.bar {
-                    Some(bar) => bar.println(line),
-                    None => out!("{line}"),
-                }
-            }
+            LogFormat::Text => trainer.observe(TextProgress { bar: self.bar.clone(), every: 1, rate: Rate::new(batch) }),
+            LogFormat::Json => trainer.observe(JsonLines { rate: Rate::new(batch) }),
         }
-        let _ = std::io::stdout().flush();
     }
 
     /// Info for a human (checkpoints written, evaluation): stderr, above the bar if any.
@@ -144,7 +128,7 @@ impl Reporter {
         }
     }
 
-    pub fn finish(self, s: &Summary) {
+    pub fn finish(&self, s: &Summary) {
         if self.quiet {
             return;
         }
@@ -167,6 +151,92 @@ impl Reporter {
                     out!("test accuracy {:.2}% on {n} samples; total {:.1}s", a * 100.0, s.wall_s);
                 }
             }
+        }
+    }
+}
+
+impl Observer for Console {
+    fn skipped(&mut self, path: &std::path::Path, why: &Error) {
+        if !self.quiet {
+            eprintln!("warning: skipping checkpoint {}: {why}", path.display());
+        }
+    }
+    fn started(&mut self, start: &RunStart<'_>) {
+        if self.quiet {
+            return;
+        }
+        if let Some(path) = start.resumed_from {
+            eprintln!("resuming from {} (step {})", path.display(), start.step);
+        }
+        if start.step == start.total {
+            self.note(&format!("the checkpoint is already at step {}: no steps to run", start.total));
+        }
+    }
+}
+
+/// `--log-format text`: a progress bar on a terminal; otherwise a line at the first step,
+/// about [`TEXT_LINES`] in all, and at the last.
+pub struct TextProgress {
+    bar: Option<ProgressBar>,
+    every: u64,
+    rate: Rate,
+}
+
+impl Observer for TextProgress {
+    fn started(&mut self, start: &RunStart<'_>) {
+        self.rate.begin(start.step);
+        self.every = (start.total / TEXT_LINES).max(1);
+        if let Some(bar) = &self.bar {
+            bar.set_position(start.step);
+        }
+    }
+    fn step(&mut self, s: &StepInfo<'_>) {
+        let (step, loss, rate) = (s.step, s.report.loss, self.rate.at(s.step));
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(step);
+                bar.set_message(format!("loss {loss:.4}  {rate:.0} samples/s"));
+            }
+            None => {
+                if step.is_multiple_of(self.every) || step == s.total || step == self.rate.start + 1 {
+                    let left = (s.total - step) as f64 * self.rate.batch as f64 / rate.max(1e-9);
+                    out!("step {step}/{}  loss {loss:.4}  {rate:.0} samples/s  eta {left:.0}s", s.total);
+                }
+            }
+        }
+        // A reader piping the log wants each line as it happens; a full pipe is not our error.
+        let _ = std::io::stdout().flush();
+    }
+    fn validated(&mut self, step: u64, metrics: &[(String, f64)]) {
+        let Some(v) = val_loss(metrics) else { return };
+        let line = format!("step {step}  val_loss {v:.4}");
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => out!("{line}"),
+        }
+        let _ = std::io::stdout().flush();
+    }
+}
+
+/// `--log-format json`: a `{"step","loss","step_s","samples_per_sec"}` line per step and a
+/// `{"step","val_loss"}` line per validation.
+pub struct JsonLines {
+    rate: Rate,
+}
+
+impl Observer for JsonLines {
+    fn started(&mut self, start: &RunStart<'_>) {
+        self.rate.begin(start.step);
+    }
+    fn step(&mut self, s: &StepInfo<'_>) {
+        let line = StepLine { step: s.step, loss: s.report.loss, step_s: s.report.wall_s, samples_per_sec: self.rate.at(s.step) };
+        out!("{}", serde_json::to_string(&line).unwrap_or_default());
+        let _ = std::io::stdout().flush();
+    }
+    fn validated(&mut self, step: u64, metrics: &[(String, f64)]) {
+        if let Some(val_loss) = val_loss(metrics) {
+            out!("{}", serde_json::to_string(&ValLine { step, val_loss }).unwrap_or_default());
+            let _ = std::io::stdout().flush();
         }
     }
 }

@@ -7,11 +7,11 @@
 //! a barrier. An error on any rank ends the whole job through `Group::abort`, naming the rank.
 //! Started without a launcher, the group is this process alone and nothing here changes what
 //! a command does.
-use crate::dist::{self, Group, Order};
-use crate::nn::Module;
-use crate::parallel::comm::Hierarchical;
-use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
-use crate::{Device, Error, Result};
+use tandem::dist::{self, Group, Order};
+use tandem::nn::Module;
+use tandem::parallel::comm::Hierarchical;
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
+use tandem::{Device, Error, Result};
 
 /// This process's place in the job.
 pub struct Ranks {
@@ -67,54 +67,13 @@ impl Ranks {
     pub fn data_parallel<M: Module>(&self, build: impl Fn(&Device) -> Result<M>, devices: &[Device], optim: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Box<dyn Strategy>> {
         // Every rank reads the same --devices, so all of them take the same branch.
         #[cfg(feature = "nccl")]
-        if !cfg.deterministic && devices.iter().all(|d| d.info().backend == crate::backend::BackendKind::Cuda) {
-            let comm = crate::parallel::comm::Nccl::across(devices, &self.group)?;
+        if !cfg.deterministic && devices.iter().all(|d| d.info().backend == tandem::backend::BackendKind::Cuda) {
+            let comm = tandem::parallel::comm::Nccl::across(devices, &self.group)?;
             return Ok(Box::new(DataParallel::from_factory_with(build, Box::new(comm), optim, loss, cfg)?));
         }
         let order = if cfg.deterministic { Order::Ranks } else { Order::Mpi };
         let comm = Hierarchical::new(devices, self.group.clone(), order)?;
         Ok(Box::new(DataParallel::from_factory_with(build, Box::new(comm), optim, loss, cfg)?))
-    }
-
-    /// Rank 0's `bytes` on every rank (the others pass `None`), bit for bit.
-    pub fn share_bytes(&self, bytes: Option<Vec<u8>>) -> Result<Vec<u8>> {
-        if !self.many() {
-            return Ok(bytes.unwrap_or_default());
-        }
-        let mine = bytes.filter(|_| self.leader()).unwrap_or_default();
-        Ok(self.gather_bytes(&mine)?.swap_remove(0))
-    }
-
-    /// Every rank's `bytes`, on every rank, in rank order.
-    pub fn gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let mut words: Vec<u64> = vec![bytes.len() as u64];
-        words.extend(bytes.chunks(8).map(|c| {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            u64::from_le_bytes(w)
-        }));
-        let all = self.group.all_gather_u64(&words)?;
-        all.into_iter()
-            .enumerate()
-            .map(|(rank, words)| {
-                let Some((&len, words)) = words.split_first() else { return Err(Error::Msg(format!("rank {rank} sent no length"))) };
-                let mut out: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-                out.truncate(len as usize);
-                Ok(out)
-            })
-            .collect()
-    }
-
-    /// The stop signal any rank received, the same on every rank, so that all stop after the
-    /// same step (a signal reaches the ranks at different moments, if at all).
-    pub fn agree_stop(&self, local: Option<super::stop::Stopped>) -> Result<Option<super::stop::Stopped>> {
-        if !self.many() {
-            return Ok(local);
-        }
-        let code = local.map_or(0, |s| s.signal as u64);
-        let all = self.group.all_gather_u64(&[code])?;
-        let first = all.iter().filter_map(|c| c.first().copied()).find(|&c| c != 0);
-        Ok(first.map(|c| super::stop::Stopped::of(c as i32)))
     }
 
     /// Waits for every rank (a no-op alone).
@@ -124,7 +83,7 @@ impl Ranks {
 
     /// Ends the job for an error on this rank: every rank's message names it. Alone, the error
     /// is returned for the usual message and exit status.
-    pub fn fail<T>(&self, e: Error) -> Result<T> {
+    pub fn fail<T>(&self, e: super::Failure) -> Result<T, super::Failure> {
         if self.many() {
             self.group.abort(&format!("error: {e}"));
         }

@@ -15,7 +15,8 @@
 //! the default 0.01 count as different.
 use super::ranks::Ranks;
 use super::{BenchArgs, Command, ModelArg, TrainArgs};
-use crate::{Error, Result};
+use super::Failure;
+use tandem::{Error, Result};
 use sha2::{Digest, Sha256};
 use std::fmt::Display;
 use std::io::{Read, Seek, SeekFrom};
@@ -32,13 +33,12 @@ const MOST: usize = 8;
 /// Ends the command with an error naming the flags and ranks that differ, when the ranks were
 /// not started alike (see the module docs). Collective: every rank calls it first; alone it
 /// does nothing.
-pub fn check(command: &Command, ranks: &Ranks) -> Result<()> {
+pub fn check(command: &Command, ranks: &Ranks) -> Result<(), Failure> {
     if !ranks.many() {
         return Ok(());
     }
     let mine = serde_json::to_vec(&entries(command, ranks)).map_err(|e| Error::Msg(format!("encoding the run configuration: {e}")))?;
-    let all = ranks
-        .gather_bytes(&mine)?
+    let all = tandem::train::ranks::gather_bytes(ranks.group(), &mine)?
         .iter()
         .enumerate()
         .map(|(rank, bytes)| serde_json::from_slice::<Vec<Entry>>(bytes).map_err(|e| Error::Msg(format!("rank {rank} sent a run configuration that does not read back: {e}"))))
@@ -47,7 +47,7 @@ pub fn check(command: &Command, ranks: &Ranks) -> Result<()> {
     if differ.is_empty() {
         return Ok(());
     }
-    Err(Error::Usage(format!(
+    Err(Failure::Usage(format!(
         "the ranks were not started with the same run configuration (every rank must run the same command with the same flags and data): {}",
         differ.join("; ")
     )))
@@ -74,7 +74,7 @@ fn differences(all: &[Vec<Entry>]) -> Vec<String> {
             }
         }
         if values.len() > 1 {
-            let mut said: Vec<String> = values.iter().take(MOST).map(|(v, ranks)| format!("{} = {v}", crate::dist::rank_list(ranks))).collect();
+            let mut said: Vec<String> = values.iter().take(MOST).map(|(v, ranks)| format!("{} = {v}", tandem::dist::rank_list(ranks))).collect();
             if values.len() > MOST {
                 said.push(format!("and {} other values", values.len() - MOST));
             }
@@ -169,7 +169,7 @@ fn train(e: &mut Entries, args: &TrainArgs, ranks: &Ranks) {
 /// different GPUs, not different kinds of device (the collectives across processes differ).
 fn device_kinds(spec: &str, ranks: &Ranks) -> String {
     let g = ranks.group();
-    let local = crate::dist::local_spec(spec, g.local_rank(), g.local_size()).unwrap_or_else(|_| spec.to_string());
+    let local = tandem::dist::local_spec(spec, g.local_rank(), g.local_size()).unwrap_or_else(|_| spec.to_string());
     let mut kinds: Vec<&str> = local.split(',').map(|d| d.trim().split(':').next().unwrap_or("")).filter(|k| !k.is_empty()).collect();
     kinds.sort_unstable();
     kinds.dedup();

@@ -1,14 +1,13 @@
 //! Turning `train` flags into checked inputs before any step runs: the data, the model's fit to
 //! it, output paths, initial weights, and the strategy (one constructor per `--strategy`).
 use super::{OptimizerKind, Schedule, TrainArgs};
-use crate::checkpoint::{output_target, read_safetensors, HostData, HostTensor, OutputTarget};
-use crate::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
-use crate::nn::models::SeedModel;
-use crate::nn::{Module, Sequential};
-use crate::optim::{AdamConfig, ParamGroups, SgdConfig};
-use crate::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, Single, Split, Stages, Strategy, TensorParallel};
-use crate::error::capped_list;
-use crate::{Device, Error, Result, Tensor};
+use tandem::checkpoint::{output_target, read_safetensors, HostData, HostTensor, OutputTarget};
+use tandem::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
+use tandem::nn::models::SeedModel;
+use tandem::nn::{Module, Sequential};
+use tandem::optim::{AdamConfig, ParamGroups, SgdConfig};
+use tandem::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, Single, Split, Stages, Strategy, TensorParallel};
+use tandem::{Device, Error, Result, Tensor};
 use clap::ValueEnum;
 use std::path::{Path, PathBuf};
 
@@ -288,7 +287,7 @@ pub fn check_outputs(outputs: &[(&'static str, Option<&Path>)], checkpoint_dir: 
         }
         let key = same_file_key(target.path());
         let name = key.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if run_dir.is_some() && key.parent() == run_dir.as_deref() && crate::train::run_dir::is_reserved(name) {
+        if run_dir.is_some() && key.parent() == run_dir.as_deref() && tandem::train::run_dir::is_reserved(name) {
             let what = format!("{} is {name} of --checkpoint-dir, which the run writes itself; give the output another name or directory", path.display());
             return Err(Error::invalid(flag, what));
         }
@@ -312,7 +311,7 @@ fn same_file_key(path: &Path) -> PathBuf {
 }
 
 /// Fails early, before a long run, when an output could not be written (see
-/// [`write_atomic`](crate::checkpoint::write_atomic)): a directory, a block device or a socket
+/// [`write_atomic`](tandem::checkpoint::write_atomic)): a directory, a block device or a socket
 /// (symbolic links followed), a missing parent directory, or a directory we may not create
 /// files in. A character device or a FIFO is written in place, so nothing is created to probe
 /// it. Returns where the output leads.
@@ -343,7 +342,7 @@ pub fn read_init(path: &Path, model: &Sequential) -> Result<Vec<(String, Tensor)
     if !missing.is_empty() || !unexpected.is_empty() {
         return Err(Error::format(
             path,
-            format!("tensor names do not match the model: missing [{}], unexpected [{}]", capped_list(missing), capped_list(unexpected)),
+            format!("tensor names do not match the model: missing [{}], unexpected [{}]", Error::capped_list(missing), Error::capped_list(unexpected)),
         ));
     }
     let mut out = Vec::with_capacity(params.len());
@@ -361,7 +360,7 @@ pub fn read_init(path: &Path, model: &Sequential) -> Result<Vec<(String, Tensor)
 /// trained or generated from them, and a later check (two tied tensors that differ) would only
 /// blame what it compares.
 pub fn finite_weights(path: &Path, tensors: &[(String, HostTensor)]) -> Result<()> {
-    match crate::train::run_file::first_non_finite(tensors) {
+    match tandem::train::run_file::first_non_finite(tensors) {
         Some((name, x)) => Err(Error::format(path, format!("{name} holds {x}; weights must be finite numbers"))),
         None => Ok(()),
     }

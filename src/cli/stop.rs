@@ -1,18 +1,18 @@
-//! Graceful stop on SIGINT and SIGTERM: the first signal is only recorded, so the training
-//! loop can finish its step, write a checkpoint and print the summary; a second one ends the
-//! process at once with the usual 128 + signal status.
-use crate::{Error, Result};
+//! Graceful stop on SIGINT and SIGTERM: the first signal sets the trainer's
+//! [`StopToken`] to the signal's number, so the run finishes its step, writes a checkpoint and
+//! prints the summary; a second one ends the process at once with the usual 128 + signal status.
 use signal_hook::consts::signal::{SIGINT, SIGTERM};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use tandem::train::StopToken;
+use tandem::{Error, Result};
 
 /// The signals a run stops on, with their names.
 const SIGNALS: [(i32, &str); 2] = [(SIGINT, "SIGINT"), (SIGTERM, "SIGTERM")];
 
-/// Which stop signal has arrived, if any.
+/// The stop token the signal handlers set.
 pub struct StopSignal {
-    seen: Arc<AtomicBool>,
-    which: Arc<AtomicUsize>,
+    token: StopToken,
 }
 
 /// A signal that asked the run to stop.
@@ -23,8 +23,9 @@ pub struct Stopped {
 }
 
 impl Stopped {
-    /// The stop signal numbered `signal` (another rank's, under mpirun).
-    pub fn of(signal: i32) -> Stopped {
+    /// The stop signal of a trainer's reason code (the signal's number, on any rank).
+    pub fn of(code: usize) -> Stopped {
+        let signal = i32::try_from(code).unwrap_or(0);
         let name = SIGNALS.iter().find(|(s, _)| *s == signal).map_or("a signal", |s| s.1);
         Stopped { signal, name }
     }
@@ -37,25 +38,21 @@ impl Stopped {
 impl StopSignal {
     /// Installs the handlers for the rest of the process.
     pub fn install() -> Result<StopSignal> {
+        let token = StopToken::new();
         let seen = Arc::new(AtomicBool::new(false));
-        let which = Arc::new(AtomicUsize::new(0));
         let fail = |e: std::io::Error| Error::Msg(format!("cannot install the SIGINT/SIGTERM handlers: {e}"));
         for (sig, _) in SIGNALS {
             // Registered first, so it sees the flag as it was before this signal: armed only
             // by an earlier one.
             signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&seen)).map_err(fail)?;
-            signal_hook::flag::register_usize(sig, Arc::clone(&which), sig as usize).map_err(fail)?;
+            signal_hook::flag::register_usize(sig, token.flag(), sig as usize).map_err(fail)?;
             signal_hook::flag::register(sig, Arc::clone(&seen)).map_err(fail)?;
         }
-        Ok(StopSignal { seen, which })
+        Ok(StopSignal { token })
     }
 
-    /// The first stop signal received so far.
-    pub fn get(&self) -> Option<Stopped> {
-        if !self.seen.load(Ordering::SeqCst) {
-            return None;
-        }
-        let n = self.which.load(Ordering::SeqCst);
-        SIGNALS.iter().find(|(s, _)| *s as usize == n).map(|&(signal, name)| Stopped { signal, name })
+    /// The token for [`Trainer::stop_token`](tandem::train::Trainer::stop_token).
+    pub fn token(&self) -> StopToken {
+        self.token.clone()
     }
 }

@@ -1,18 +1,18 @@
-//! `tandem train`: check every input, build the strategy, run the steps with checkpoints, then
-//! evaluate on the test split and write the requested outputs. SIGINT or SIGTERM ends the run
-//! after the current step, with a checkpoint and the summary.
+//! `tandem train`: check every input, build the strategy, train it through the library's
+//! [`Trainer`](tandem::train::Trainer) with checkpoints, then evaluate on the test split and
+//! write the requested outputs. SIGINT or SIGTERM ends the run after the current step, with a
+//! checkpoint and the summary.
 use super::ranks::Ranks;
 use super::setup::{self, build_strategy, DataSource, StrategyPlan};
-use super::stop::StopSignal;
-use super::training::{self, Ended, Resume, Steps};
+use super::training::{Ended, Run};
 use super::{ModelArg, OptimizerKind, TrainArgs};
-use crate::data::{DataLoader, Dataset, Targets};
-use crate::nn::models::SeedModel;
-use crate::nn::Module;
-use crate::parallel::{DataParallelConfig, Loss, OptimConfig, Strategy};
-use crate::{Device, Error, Result};
 use std::sync::Arc;
-use std::time::Instant;
+use tandem::data::{DataLoader, Dataset, Targets};
+use tandem::nn::models::SeedModel;
+use tandem::nn::Module;
+use tandem::parallel::{DataParallelConfig, Loss, OptimConfig};
+use tandem::train::{Accuracy, Metric, Trainer};
+use tandem::{Device, Error, Result};
 
 /// Steps when neither --steps nor --epochs is given: the seed CNN reaches >= 95% on the
 /// digits test split at batch 64 in this many steps.
@@ -24,8 +24,7 @@ const EVAL_CHUNK: usize = 1000;
 pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let ModelArg::Seed(model_kind) = args.model else { return super::gpt::train(args, ranks) };
     setup::no_gpt_flags(args)?;
-    let t0 = Instant::now();
-    let stop = StopSignal::install()?;
+    let run = Run::new(args, ranks)?;
     let source = DataSource::parse(&args.data)?;
     let optim = setup::optim_config(args, OptimizerKind::Sgd)?;
     if args.batch == 0 {
@@ -42,7 +41,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     }
     let devices = ranks.devices(&args.devices)?;
     ranks.check_strategy(args.strategy)?;
-    let (claim, run_dir) = training::outputs_and_run_dir(args, ranks)?;
+    run.check_outputs()?;
 
     let (train, test) = source.load(model_kind, args.seed)?;
     setup::check_fit(model_kind, &train, "training data")?;
@@ -68,7 +67,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if let Some(path) = &args.init {
         model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
-    let mut strategy = if ranks.many() {
+    let strategy = if ranks.many() {
         let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, ..Default::default() };
         ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
     } else {
@@ -84,36 +83,24 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         };
         build_strategy(plan)?
     };
-    strategy.set_grad_clip(setup::grad_clip(args)?)?;
+    let clip = setup::grad_clip(args)?;
 
     let config = run_config(args, model_kind, &optim);
-    let at = Resume { ranks, dir: args.checkpoint_dir.as_deref(), run_dir: run_dir.as_ref(), claim };
-    let start = training::start_run(at, strategy.as_mut(), Some(&mut loader), &config, args.seed, total, length_flag)?;
-    let reporter = training::reporter(ranks, args, start.step, total);
-    if start.step == total {
-        reporter.note(&format!("the checkpoint is already at step {total}: no steps to run"));
-    }
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
-    let steps = Steps { args, ranks, stop: &stop, run_dir: run_dir.as_ref(), config: &config, total, every, t0 };
-    let next = |_: &mut dyn Strategy, _: u64| {
-        let batch = loader.next_batch();
-        Ok((batch, loader.state()))
-    };
-    let mut trained = match steps.run(strategy.as_mut(), start, reporter, next, |_, _| Ok(None))? {
+    let (mut trainer, console) = run.trainer(strategy, total, clip, config, every);
+    let trained = match run.fit(&mut trainer, &mut loader, console, length_flag)? {
         Ended::Trained(t) => t,
         Ended::Exit(code) => return Ok(code),
     };
 
-    let accuracy = match &test {
-        Some(t) => evaluate(strategy.as_ref(), t)?,
+    let accuracy = match test {
+        Some(t) => evaluate(&mut trainer, t)?,
         None => None,
     };
     if let Some(path) = &args.save {
-        crate::checkpoint::save_weights(path, &strategy.state_dict()?)?;
+        tandem::checkpoint::save_weights(path, &trainer.strategy().state_dict()?)?;
     }
-    trained.summary.test_accuracy = accuracy;
-    trained.summary.test_samples = accuracy.and(test.as_ref().map(Dataset::len));
-    trained.finish(&steps, accuracy.map(|a| (total, a)))
+    run.finish(*trained, accuracy)
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.
@@ -129,20 +116,18 @@ fn run_config(args: &TrainArgs, model: SeedModel, optim: &OptimConfig) -> serde_
     })
 }
 
-/// Test accuracy of a classifier: batched predictions, argmax on the host. `None` for
-/// regression targets, which have no accuracy.
-fn evaluate(s: &dyn Strategy, test: &Dataset) -> Result<Option<f64>> {
-    let Targets::Classes { labels, .. } = &test.y else { return Ok(None) };
-    let mut correct = 0usize;
-    let indices: Vec<usize> = (0..test.len()).collect();
-    for chunk in indices.chunks(EVAL_CHUNK) {
-        let out = s.predict(&crate::parallel::inputs_to_device(&test.batch(chunk)?, &s.devices()[0])?)?;
-        let classes = out.dims().last().copied().unwrap_or(1).max(1);
-        let logits = out.to_vec()?;
-        for (row, &i) in logits.chunks(classes).zip(chunk) {
-            let best = row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (j, &v)| if v > b.1 { (j, v) } else { b }).0;
-            correct += usize::from(best as i32 == labels[i]);
-        }
+/// Test accuracy of a classifier and the samples it was measured on, `EVAL_CHUNK` samples
+/// per forward; `None` for regression targets, which have no accuracy.
+fn evaluate(trainer: &mut Trainer, test: Dataset) -> Result<Option<(f64, usize)>> {
+    if !matches!(test.y, Targets::Classes { .. }) {
+        return Ok(None);
     }
-    Ok(Some(correct as f64 / test.len().max(1) as f64))
+    let n = test.len();
+    if n == 0 {
+        return Ok(Some((0.0, 0)));
+    }
+    let mut source = DataLoader::new(Arc::new(test), EVAL_CHUNK, false, 0)?;
+    let mut metrics: [Box<dyn Metric>; 1] = [Box::new(Accuracy::new())];
+    let values = trainer.evaluate(&mut source, &mut metrics)?;
+    Ok(values.first().map(|(_, a)| (*a, n)))
 }

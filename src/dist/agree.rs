@@ -129,8 +129,14 @@ pub(super) fn check(op: &'static str, all: &[Header], rank: usize, lengths_may_d
     ))
 }
 
-/// `rank 3` or `ranks 0, 2, 5`, at most eight of them named.
-pub(crate) fn rank_list(ranks: &[usize]) -> String {
+/// `rank 3` or `ranks 0, 2, 5`, at most eight of them named: how a message about a job's
+/// processes names some of them.
+///
+/// ```
+/// assert_eq!(tandem::dist::rank_list(&[3]), "rank 3");
+/// assert_eq!(tandem::dist::rank_list(&[0, 2, 5]), "ranks 0, 2, 5");
+/// ```
+pub fn rank_list(ranks: &[usize]) -> String {
     const MOST: usize = 8;
     match ranks {
         [r] => format!("rank {r}"),

@@ -39,7 +39,8 @@ mod sum;
 #[cfg(feature = "mpi")]
 mod world;
 
-pub(crate) use agree::{rank_list, DeviceOp};
+pub use agree::rank_list;
+pub(crate) use agree::DeviceOp;
 pub use launcher::{detect, Launch, Launcher};
 pub use sum::tree_sum;
 

@@ -114,14 +114,15 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
             }
             return Ok(fresh);
         }
-        let ckpt = self.read_newest(&plan.dir)?;
+        let dir = plan.dir.clone();
+        let ckpt = self.read_newest(&dir)?;
         let st = &ckpt.state;
         if st.config != self.settings || st.shuffle_seed != self.seed {
             let mut changed = match &self.describe {
                 Some(f) => f(&self.settings, &st.config),
                 None => default_changes(&self.settings, &st.config),
             };
-            if st.shuffle_seed != self.seed {
+            if st.shuffle_seed != self.seed && (self.describe.is_none() || changed.is_empty()) {
                 changed.push(format!("seed {} (checkpoint: {})", self.seed, st.shuffle_seed));
             }
             return Err(Error::ResumeMismatch { path: ckpt.path.clone(), changed });
@@ -140,9 +141,15 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
 
     /// The newest valid checkpoint in `dir`: rank 0 reads the directory and sends the file to
     /// the other ranks, which need not see it (another machine's disk).
-    fn read_newest(&self, dir: &std::path::Path) -> Result<RunCheckpoint> {
+    /// Each file passed over (damaged, unreadable) is told to the observers.
+    fn read_newest(&mut self, dir: &std::path::Path) -> Result<RunCheckpoint> {
         let newest = if self.group.rank() == 0 {
-            Some(runfile::load_newest(dir, |path, e| tracing::warn!("skipping checkpoint {}: {e}", path.display()))?)
+            let observers = &mut self.observers;
+            let skip = |path: &std::path::Path, e: &Error| {
+                tracing::warn!("skipping checkpoint {}: {e}", path.display());
+                observers.iter_mut().for_each(|o| o.skipped(path, e));
+            };
+            Some(runfile::load_newest(dir, skip)?)
         } else {
             None
         };

@@ -4,7 +4,7 @@
 mod fit;
 pub mod metric;
 mod observer;
-pub(crate) mod ranks;
+pub mod ranks;
 pub mod run_dir;
 pub mod run_file;
 mod stop;
@@ -223,7 +223,9 @@ impl<S: Strategy + ?Sized> Trainer<S> {
         self
     }
     /// How a resume mismatch names what changed (the command line names its flags); by default
-    /// `key: value (checkpoint: value)` for each top-level key of the settings.
+    /// `key value (checkpoint: value)` for each top-level key of the settings. A different seed
+    /// is named `seed N (checkpoint: M)` after the default description, and after a custom one
+    /// only when that names nothing (settings that hold the seed name it themselves).
     pub fn describe_changes(mut self, describe: DescribeChanges) -> Self {
         self.describe = Some(describe);
         self

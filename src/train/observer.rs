@@ -32,6 +32,10 @@ pub struct StepInfo<'a> {
 /// Callbacks of a [`Trainer`](super::Trainer) run, all optional. They see the run; they cannot
 /// change its trajectory (a stop is asked through a [`StopToken`](super::StopToken)).
 pub trait Observer {
+    /// A checkpoint file a resume passed over because it does not read back whole (damaged,
+    /// unreadable, not a checkpoint), before [`started`](Observer::started); the resume goes on
+    /// to the next older one.
+    fn skipped(&mut self, _path: &Path, _why: &crate::Error) {}
     fn started(&mut self, _start: &RunStart<'_>) {}
     fn step(&mut self, _step: &StepInfo<'_>) {}
     /// A validation pass after `step`: each metric's name and value.

@@ -1,10 +1,23 @@
 //! What a run under several processes agrees on: rank 0's checkpoint bytes, and the first stop
-//! asked on any rank.
+//! asked on any rank. [`share_bytes`] and [`gather_bytes`] move any bytes (a checkpoint file, a
+//! run configuration) across a [`Group`]'s ranks, for a program that checks or restores its own
+//! state under `mpirun`/`srun`; alone (a group of one) they cost nothing.
+//!
+//! ```
+//! use tandem::dist::Group;
+//! use tandem::train::ranks::{gather_bytes, share_bytes};
+//! # fn main() -> tandem::Result<()> {
+//! let alone = Group::alone();
+//! assert_eq!(share_bytes(&alone, Some(b"ckpt".to_vec()))?, b"ckpt");
+//! assert_eq!(gather_bytes(&alone, b"config")?, vec![b"config".to_vec()]);
+//! # Ok(()) }
+//! ```
 use crate::dist::Group;
 use crate::{Error, Result};
 
-/// Rank 0's `bytes` on every rank (the others pass `None`), bit for bit.
-pub(crate) fn share_bytes(group: &Group, bytes: Option<Vec<u8>>) -> Result<Vec<u8>> {
+/// Rank 0's `bytes` on every rank (the others pass `None`), bit for bit. Collective: every
+/// rank of `group` calls it.
+pub fn share_bytes(group: &Group, bytes: Option<Vec<u8>>) -> Result<Vec<u8>> {
     if group.size() == 1 {
         return Ok(bytes.unwrap_or_default());
     }
@@ -12,7 +25,8 @@ pub(crate) fn share_bytes(group: &Group, bytes: Option<Vec<u8>>) -> Result<Vec<u
     Ok(gather_bytes(group, &mine)?.swap_remove(0))
 }
 
-/// Every rank's `bytes`, on every rank, in rank order.
+/// Every rank's `bytes`, on every rank, in rank order (the ranks may send different lengths).
+/// Collective: every rank of `group` calls it.
 pub fn gather_bytes(group: &Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
     let mut words: Vec<u64> = vec![bytes.len() as u64];
     words.extend(bytes.chunks(8).map(|c| {

@@ -6,9 +6,7 @@ mod remote;
 mod schedule;
 mod tied;
 mod worker;
-// `tandem bench` reports a whole model's activation bytes with the same count.
-#[cfg(feature = "cli")]
-pub(crate) use worker::graph_bytes;
+pub use worker::graph_bytes;
 
 pub use schedule::{schedule, simulate, simulate_stages, theoretical_bubble, Action, Plan, Schedule, Simulation};
 pub use tied::StageParam;

@@ -135,7 +135,23 @@ fn send(tx: &Option<Box<dyn Outbox>>, msg: Msg, what: &'static str, stage: usize
 /// Bytes that autograd keeps alive for `root`'s backward: the buffers of every non-parameter
 /// tensor of its graph, each buffer once (a view shares its source's, and a view of a
 /// parameter holds no activation), plus the buffers ops saved (im2col columns, pooling argmax).
-pub(crate) fn graph_bytes(root: &Tensor, params: &HashSet<u64>) -> u64 {
+/// `params` holds the [`Tensor::id`]s of the parameters. A pipeline stage's activation memory
+/// in [`PipelineStats`](super::PipelineStats) is this count; `tandem bench` reports a whole
+/// model's with it.
+///
+/// ```
+/// use std::collections::HashSet;
+/// use tandem::{Device, Tensor};
+/// # fn main() -> tandem::Result<()> {
+/// let dev = Device::cpu();
+/// let w = Tensor::from_vec(vec![1.0; 4], [2, 2], &dev)?.requires_grad();
+/// let x = Tensor::from_vec(vec![1.0; 6], [3, 2], &dev)?;
+/// let loss = x.matmul(&w)?.relu()?.mean_all()?;
+/// let params: HashSet<u64> = [w.id()].into();
+/// assert!(tandem::parallel::pipeline::graph_bytes(&loss, &params) > 0);
+/// # Ok(()) }
+/// ```
+pub fn graph_bytes(root: &Tensor, params: &HashSet<u64>) -> u64 {
     let mut seen = HashSet::new();
     let mut stack = vec![root.clone()];
     let (mut weights, mut kept): (Vec<Buffer>, Vec<Buffer>) = (Vec::new(), Vec::new());
