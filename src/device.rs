@@ -214,7 +214,7 @@ impl DeviceInfo {
     /// devices` shows it.
     ///
     /// ```
-    /// let cpu = tandem::Device::list().into_iter().next().unwrap();
+    /// let cpu = tandem::Device::list().pop().unwrap(); // the CPU reference comes last
     /// assert_eq!(cpu.spec_names(), "cpu");
     /// ```
     pub fn spec_names(&self) -> String {

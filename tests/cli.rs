@@ -155,6 +155,9 @@ fn damaged_checkpoints_are_skipped_with_a_message() {
     assert!(err.contains("ckpt-00000015.safetensors"), "{err}");
     assert!(err.contains("resuming from") && err.contains("(step 10)"), "{err}");
     fails(&[&args[..], &["--steps", "30", "--resume", "--batch", "20"]].concat(), "was written with other settings: --batch 20 (checkpoint: 10)");
+    // Another seed is named once, as the flag (the run's settings hold it).
+    let err = common::fails(&[&args[..], &["--steps", "30", "--resume", "--seed", "3"]].concat(), "other settings: --seed 3 (checkpoint: 0)");
+    assert!(!err.contains(", seed 3"), "{err}");
 }
 
 #[test]
