@@ -2,7 +2,7 @@
 //! `data`, `tensor`, `pipeline` or `data,pipeline` parallelism, with AdamW, clipping, warmup +
 //! cosine decay, periodic validation loss, trained through the library's
 //! [`Trainer`](tandem::train::Trainer) with the same run directory, resume and stop handling as
-//! the seed models. Training windows are drawn at random or served in epochs (`--order`),
+//! the seed models (the sources it draws from are in `windows.rs`). Training windows are drawn at random or served in epochs (`--order`),
 //! validated on the data's last 10% or on `--val-data`.
 //!
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
@@ -10,20 +10,21 @@
 use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
 use super::training::{Ended, Run};
+use super::windows::{RandomWindows, ValWindows, WindowStep};
 use super::{GptArgs, OptimizerKind, TrainArgs, WindowOrder};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
 use tandem::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
-use tandem::data::{Batch, BatchSource, LoaderState, WindowLoader};
+use tandem::data::{Batch, WindowLoader};
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::optim::LrSchedule;
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
-use tandem::train::{MeanLoss, Observer, RunStart};
+use tandem::train::MeanLoss;
 use tandem::{Device, Error, Result, Tensor};
 
 /// The model's shape when --n-layer, --n-head, --n-embd are not given.
@@ -97,7 +98,7 @@ impl Tokens {
 }
 
 /// Where a run's batches come from: `--order`, `--val-data`.
-struct Draws {
+pub(super) struct Draws {
     /// Every validation window, evaluated at each --eval-every.
     val: Batch,
     /// The training windows in epochs (`--order shuffle` or `sequential`).
@@ -150,7 +151,7 @@ impl Draws {
     }
 
     /// `batch` random training windows (`--order random`), drawn from `rng`.
-    fn random(data: &Tokens, rows: &std::ops::Range<usize>, batch: usize, block: usize, rng: &mut ChaCha8Rng) -> Result<Batch> {
+    pub(super) fn random(data: &Tokens, rows: &std::ops::Range<usize>, batch: usize, block: usize, rng: &mut ChaCha8Rng) -> Result<Batch> {
         match data {
             Tokens::Windows(w) => {
                 let TokenBatch { x, y, block, .. } = w.batch_from(rows.clone(), batch, rng)?;
@@ -257,23 +258,24 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
 
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
-    let (trainer, console) = run.trainer(strategy, total, clip, config.clone(), every);
-    let step = Arc::new(AtomicU64::new(0));
-    let mut trainer = trainer.observe(WindowStep(Arc::clone(&step)));
+    let (mut trainer, console) = run.trainer(strategy, total, clip, config.clone(), every);
     if let Some(sch) = schedule {
         trainer = trainer.schedule(sch);
     }
     // The replicas are equal: rank 0's validation loss is every rank's.
     if let (Some(e), true) = (g.eval_every, ranks.leader()) {
-        let val = ValWindows { val, chunk: args.batch, position: 0 };
-        trainer = trainer.validate(e, val, vec![Box::new(MeanLoss::new(Loss::CrossEntropy))]);
+        trainer = trainer.validate(e, ValWindows::new(val, args.batch), vec![Box::new(MeanLoss::new(Loss::CrossEntropy))]);
     }
-    let mut random = RandomWindows { data: &data, rows, seed: args.seed, batch: args.batch, block, step };
-    let source: &mut dyn BatchSource = match &mut loader {
-        Some(l) => l,
-        None => &mut random,
+    let trained = match &mut loader {
+        Some(l) => run.fit(&mut trainer, l, console, length_flag)?,
+        None => {
+            let step = Arc::new(AtomicU64::new(0));
+            trainer = trainer.observe(WindowStep(Arc::clone(&step)));
+            let mut windows = RandomWindows { data: &data, rows, seed: args.seed, batch: args.batch, block, step };
+            run.fit(&mut trainer, &mut windows, console, length_flag)?
+        }
     };
-    let trained = match run.fit(&mut trainer, source, console, length_flag)? {
+    let trained = match trained {
         Ended::Trained(t) => t,
         Ended::Exit(code) => return Ok(code),
     };
@@ -282,89 +284,6 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         write_safetensors(path, &to_host(&trainer.strategy().state_dict()?)?, &meta)?;
     }
     run.finish(*trained, None)
-}
-
-/// `--batch` random training windows a step, drawn from (`--seed`, the step) alone, so that a
-/// resumed run draws the windows the uninterrupted one would have. The step is where the trainer
-/// starts (told by [`WindowStep`]) plus the batches drawn since; there is no loader position to
-/// keep (its state is always epoch 0, position 0).
-struct RandomWindows<'a> {
-    data: &'a Tokens,
-    /// The rows of a token file drawn from (see [`Draws::random`]).
-    rows: std::ops::Range<usize>,
-    seed: u64,
-    batch: usize,
-    block: usize,
-    /// The 0-based step of the next batch.
-    step: Arc<AtomicU64>,
-}
-
-impl BatchSource for RandomWindows<'_> {
-    fn next_batch(&mut self) -> Result<Batch> {
-        let step = self.step.fetch_add(1, Ordering::SeqCst);
-        Draws::random(self.data, &self.rows, self.batch, self.block, &mut batch_rng(self.seed, step))
-    }
-    fn state(&self) -> LoaderState {
-        LoaderState { epoch: 0, position: 0 }
-    }
-    fn set_state(&mut self, _: LoaderState) -> Result<()> {
-        Ok(())
-    }
-    fn batch_size(&self) -> usize {
-        self.batch
-    }
-    /// Random windows have no epochs: the stream does not end.
-    fn batches_per_epoch(&self) -> usize {
-        usize::MAX
-    }
-}
-
-/// Tells [`RandomWindows`] the step the run starts after (0, or the resumed checkpoint's).
-struct WindowStep(Arc<AtomicU64>);
-
-impl Observer for WindowStep {
-    fn started(&mut self, start: &RunStart<'_>) {
-        self.0.store(start.step, Ordering::SeqCst);
-    }
-}
-
-/// The validation windows, always the same [`VAL_WINDOWS`] (so that losses compare across
-/// steps), `chunk` of them a batch, the last batch short.
-struct ValWindows {
-    val: Batch,
-    chunk: usize,
-    position: usize,
-}
-
-impl BatchSource for ValWindows {
-    fn next_batch(&mut self) -> Result<Batch> {
-        let end = (self.position + self.chunk).min(self.val.len());
-        let part = self.val.slice(self.position..end)?;
-        self.position = if end == self.val.len() { 0 } else { end };
-        Ok(part)
-    }
-    fn state(&self) -> LoaderState {
-        LoaderState { epoch: 0, position: self.position }
-    }
-    fn set_state(&mut self, state: LoaderState) -> Result<()> {
-        if state.position > self.val.len() {
-            return Err(Error::invalid("ValWindows::set_state", format!("position {} past the {} windows", state.position, self.val.len())));
-        }
-        self.position = state.position;
-        Ok(())
-    }
-    fn batch_size(&self) -> usize {
-        self.chunk
-    }
-    fn batches_per_epoch(&self) -> usize {
-        self.val.len().div_ceil(self.chunk)
-    }
-    fn smallest_batch(&self) -> usize {
-        match self.val.len() % self.chunk {
-            0 => self.chunk,
-            rem => rem,
-        }
-    }
 }
 
 /// Refuses, as usage errors, model-shape flags no model can have: a zero count or width, a

@@ -27,6 +27,7 @@ mod setup;
 mod stop;
 mod train;
 mod training;
+mod windows;
 
 use tandem::nn::models::SeedModel;
 use clap::{Args, Parser, Subcommand, ValueEnum};
