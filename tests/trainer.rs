@@ -269,3 +269,20 @@ fn batches_a_strategy_cannot_take_are_refused_before_the_first_step() {
     assert!(err.to_string().contains("micro"), "{err}");
     assert!(log.0.borrow().is_empty(), "a step ran before the refusal");
 }
+
+/// A directory opened before training (as the command line does, to fail before reading data)
+/// stays locked until the trainer is dropped: no gap in which another run could take it.
+#[test]
+fn an_opened_run_directory_stays_locked_through_training() {
+    use tandem::train::{Claim, RunDir};
+    let dir = temp("opened");
+    let open = RunDir::open(&dir, Claim::Fresh).unwrap();
+    let mut t = regression_trainer(0.01).steps(4).checkpoints(Checkpoints::opened(open).every(2));
+    assert!(matches!(RunDir::open(&dir, Claim::Resume), Err(Error::InUse { .. })), "the lock was let go before training");
+    let fit = t.fit(&mut loader(16, 4)).unwrap();
+    assert!(fit.checkpoint.unwrap().ends_with("ckpt-00000004.safetensors"));
+    assert!(matches!(RunDir::open(&dir, Claim::Resume), Err(Error::InUse { .. })), "the lock was let go after training");
+    drop(t);
+    RunDir::open(&dir, Claim::Resume).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -10,7 +10,7 @@ use super::{mismatch, plot, setup, TrainArgs};
 use std::time::Instant;
 use tandem::data::BatchSource;
 use tandem::parallel::{trace::Trace, Strategy};
-use tandem::train::{run_dir, Checkpoints, Claim, Fit, RunDir, Trainer};
+use tandem::train::{Checkpoints, Claim, Fit, RunDir, Trainer};
 use tandem::{Error, Result};
 
 /// One `tandem train` command: its flags, its place in the job, and what lives for the whole
@@ -22,6 +22,8 @@ pub(super) struct Run<'a> {
     trace: Option<Trace>,
     /// When the command began, for the summary's `wall_s`.
     t0: Instant,
+    /// `--checkpoint-dir` as rank 0 opened it to check it, until the trainer takes it over.
+    run_dir: std::cell::RefCell<Option<RunDir>>,
 }
 
 /// How [`Run::fit`] ended.
@@ -46,13 +48,13 @@ impl<'a> Run<'a> {
         let t0 = Instant::now();
         let stop = StopSignal::install()?;
         let trace = args.trace.as_ref().map(|_| Trace::new());
-        Ok(Run { args, ranks, stop, trace, t0 })
+        Ok(Run { args, ranks, stop, trace, t0, run_dir: std::cell::RefCell::new(None) })
     }
 
     /// Checks the output flags and opens `--checkpoint-dir` as the run will claim it (rank 0
     /// alone: the outputs and the checkpoints are its to write), so that an unusable directory
     /// (under /proc, in use, holding another run's checkpoints) fails the command before any
-    /// data is read. The lock is let go here and taken again by the trainer when it starts.
+    /// data is read. The trainer takes the open directory over, so the lock is held throughout.
     pub(super) fn check_outputs(&self) -> Result<()> {
         let args = self.args;
         if !self.ranks.leader() {
@@ -61,7 +63,7 @@ impl<'a> Run<'a> {
         let outputs = [("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())];
         setup::check_outputs(&outputs, args.checkpoint_dir.as_deref())?;
         if let Some(dir) = &args.checkpoint_dir {
-            drop(RunDir::open(dir, claim(args))?);
+            *self.run_dir.borrow_mut() = Some(RunDir::open(dir, claim(args))?);
         }
         Ok(())
     }
@@ -81,7 +83,12 @@ impl<'a> Run<'a> {
             .stop_token(self.stop.token())
             .group(self.ranks.group().clone());
         if let Some(dir) = &args.checkpoint_dir {
-            trainer = trainer.checkpoints(Checkpoints { dir: dir.clone(), every, keep: run_dir::KEEP, claim: claim(args) });
+            let plan = match self.run_dir.borrow_mut().take() {
+                Some(open) => Checkpoints::opened(open),
+                // Ranks other than 0 never open it: they only read what rank 0 sends.
+                None => Checkpoints::new(dir.clone()).claiming(claim(args)),
+            };
+            trainer = trainer.checkpoints(plan.every(every));
         }
         if let Some(t) = &self.trace {
             trainer = trainer.trace(t.clone());

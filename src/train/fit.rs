@@ -39,10 +39,13 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
         }
         let leader = self.group.rank() == 0;
         let run_dir = match (&self.checkpoints, leader) {
-            (Some(c), true) => Some(open_run_dir(c)?),
+            (Some(c), true) => Some(match &c.opened {
+                Some(dir) => std::sync::Arc::clone(dir),
+                None => std::sync::Arc::new(open_run_dir(c)?),
+            }),
             _ => None,
         };
-        let start = self.start(run_dir.as_ref(), data, total)?;
+        let start = self.start(run_dir.as_deref(), data, total)?;
         for o in &mut self.observers {
             o.started(&RunStart { step: start.step, total, resumed_from: start.resumed.as_deref() });
         }

@@ -46,13 +46,24 @@ pub struct Checkpoints {
     /// This run's newest checkpoints kept on disk.
     pub keep: usize,
     pub claim: Claim,
+    /// The directory opened (locked and claimed) by the caller before training, see
+    /// [`Checkpoints::opened`].
+    opened: Option<std::sync::Arc<RunDir>>,
 }
 
 impl Checkpoints {
+    /// Checkpoints into a directory the caller has opened already, every 100 steps, with the
+    /// claim and retention it was opened with: the lock is held from the caller's check of the
+    /// directory (before any data is read) to the end of training, with no gap in which another
+    /// run could take it.
+    pub fn opened(dir: RunDir) -> Checkpoints {
+        let (path, keep, claim) = (dir.path().to_path_buf(), dir.kept(), dir.claim());
+        Checkpoints { dir: path, every: 100, keep, claim, opened: Some(std::sync::Arc::new(dir)) }
+    }
     /// Checkpoints into `dir` every 100 steps, the newest 3 kept, for a fresh run (refused when
     /// `dir` holds checkpoints already).
     pub fn new(dir: impl Into<PathBuf>) -> Checkpoints {
-        Checkpoints { dir: dir.into(), every: 100, keep: run_dir::KEEP, claim: Claim::Fresh }
+        Checkpoints { dir: dir.into(), every: 100, keep: run_dir::KEEP, claim: Claim::Fresh, opened: None }
     }
     pub fn every(mut self, steps: u64) -> Checkpoints {
         self.every = steps;
@@ -60,6 +71,11 @@ impl Checkpoints {
     }
     pub fn keep(mut self, n: usize) -> Checkpoints {
         self.keep = n;
+        self
+    }
+    /// What the run claims of the directory ([`Claim::Fresh`] by default).
+    pub fn claiming(mut self, claim: Claim) -> Checkpoints {
+        self.claim = claim;
         self
     }
     /// Continue from the newest valid checkpoint in the directory (an error when there is none).

@@ -40,6 +40,13 @@ pub struct RunDir {
     /// once. The lock keeps other tandem runs from changing them meanwhile.
     ours: Mutex<BTreeSet<PathBuf>>,
     keep: usize,
+    claim: Claim,
+}
+
+impl std::fmt::Debug for RunDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunDir").field("path", &self.path).field("keep", &self.keep).field("claim", &self.claim).finish()
+    }
 }
 
 /// Whether a file named `name` in a checkpoint directory is the run's to write or delete: a
@@ -79,8 +86,8 @@ impl RunDir {
         let written = lock.set_len(0).and_then(|()| lock.rewind()).and_then(|()| lock.write_all(pid.as_bytes()));
         written.map_err(|e| Error::io(&lock_path, e))?;
         checkpoints::remove_stale_temps(path)?;
-        let dir = RunDir { path: path.to_path_buf(), _lock: lock, ours: Mutex::default(), keep: KEEP };
-        dir.claim(claim)?;
+        let dir = RunDir { path: path.to_path_buf(), _lock: lock, ours: Mutex::default(), keep: KEEP, claim };
+        dir.apply(claim)?;
         Ok(dir)
     }
 
@@ -97,8 +104,16 @@ impl RunDir {
     pub fn path(&self) -> &Path {
         &self.path
     }
+    /// How many of this run's newest checkpoints it keeps.
+    pub fn kept(&self) -> usize {
+        self.keep
+    }
+    /// What the run claimed of the directory when it opened it.
+    pub fn claim(&self) -> Claim {
+        self.claim
+    }
 
-    fn claim(&self, claim: Claim) -> Result<()> {
+    fn apply(&self, claim: Claim) -> Result<()> {
         let existing = checkpoints::list(&self.path)?;
         match claim {
             Claim::Resume => Ok(()),
