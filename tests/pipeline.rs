@@ -409,7 +409,7 @@ fn a_failing_stage_is_an_error_naming_it() {
 #[test]
 fn a_grid_batch_too_small_for_its_pipelines_is_an_error() {
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
-    let pipeline = |row: &[Device]| Pipeline::builder(Stages::Split(&model, Split::Auto), row, &opt(), Loss::CrossEntropy).build();
+    let pipeline = |row: &[Device]| Pipeline::builder(Stages::Split(&model, Split::At(vec![4])), row, &opt(), Loss::CrossEntropy).build();
     let mut grid = PipelineGrid::from_factory(&cycled_devices(4), 2, pipeline).unwrap();
     let err = grid.step(&seed_image_batches(1, 1, 11)[0]).unwrap_err().to_string();
     assert!(err.contains("a batch of 1 samples split [1, 0] leaves a pipeline of the 2 without samples"), "{err}");
