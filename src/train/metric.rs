@@ -89,21 +89,16 @@ impl Metric for Accuracy {
             Targets::Tokens { ids, .. } => ids,
             Targets::Values { .. } => return Err(Error::invalid("Accuracy", "targets are real values, not classes: use Mse or R2")),
         };
-        let logits = output.to_vec()?;
         let classes = output.dims().last().copied().unwrap_or(0);
-        if classes == 0 || logits.len() != labels.len() * classes {
+        if classes == 0 || output.numel() != labels.len() * classes {
             return Err(Error::shape(
                 "Accuracy",
                 format!("outputs {:?} do not hold one row of class scores per label ({} labels)", output.shape(), labels.len()),
             ));
         }
-        for (row, &label) in logits.chunks(classes).zip(labels) {
-            // torch.argmax: the first of equal maxima, and a NaN counts as the largest value.
-            let best = row.iter().position(|v| v.is_nan()).unwrap_or_else(|| {
-                row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (j, &v)| if v > b.1 { (j, v) } else { b }).0
-            });
-            self.correct += u64::from(best == label as usize);
-        }
+        // The device's argmax (torch.argmax's rule): only one index per row is read back.
+        let best = output.argmax(-1)?.to_vec_i32()?;
+        self.correct += best.iter().zip(labels).filter(|(b, l)| b == l).count() as u64;
         self.total += labels.len() as u64;
         Ok(())
     }
