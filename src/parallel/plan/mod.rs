@@ -209,18 +209,17 @@ fn layer_s(work: &Workload, cluster: &Cluster, l: &Layout, r: usize, s: usize, i
     t
 }
 
-/// Seconds of stage `s` (layers `a..b`) per micro-batch: the slowest replica's.
-fn stage_s(work: &Workload, cluster: &Cluster, l: &Layout, s: usize, layers: std::ops::Range<usize>) -> f64 {
-    (0..l.data).map(|r| layers.clone().map(|i| layer_s(work, cluster, l, r, s, i)).sum::<f64>()).fold(0.0, f64::max)
-}
-
 /// The layer cut minimising the slowest stage, by dynamic programming over (stage, first
-/// layer): each stage at its own devices' speed.
+/// layer): each stage at its own devices' speed, the slowest replica's.
 fn best_cuts(work: &Workload, cluster: &Cluster, l: &Layout) -> Vec<usize> {
     let (n, p) = (work.layers.len(), l.pipeline);
     if p == 1 {
         return Vec::new();
     }
+    // Each layer's seconds on each (replica, stage), computed once: the search reads them for
+    // every candidate range.
+    let cost: Vec<Vec<Vec<f64>>> = (0..l.data).map(|r| (0..p).map(|s| (0..n).map(|i| layer_s(work, cluster, l, r, s, i)).collect()).collect()).collect();
+    let stage_s = |s: usize, a: usize, b: usize| cost.iter().map(|rep| rep[s][a..b].iter().sum::<f64>()).fold(0.0, f64::max);
     // best[s][a]: the slowest stage of stages s.. over layers a..n; choice[s][a]: stage s's end.
     let mut best = vec![vec![f64::INFINITY; n + 1]; p + 1];
     let mut choice = vec![vec![n; n + 1]; p + 1];
@@ -229,7 +228,7 @@ fn best_cuts(work: &Workload, cluster: &Cluster, l: &Layout) -> Vec<usize> {
         for a in 0..n {
             let left = p - s - 1;
             for b in a + 1..=n - left {
-                let v = stage_s(work, cluster, l, s, a..b).max(best[s + 1][b]);
+                let v = stage_s(s, a, b).max(best[s + 1][b]);
                 if v < best[s][a] {
                     best[s][a] = v;
                     choice[s][a] = b;
