@@ -415,3 +415,62 @@ fn a_grid_batch_too_small_for_its_pipelines_is_an_error() {
     assert!(err.contains("a batch of 1 samples split [1, 0] leaves a pipeline of the 2 without samples"), "{err}");
     grid.step(&seed_image_batches(2, 1, 11)[0]).unwrap();
 }
+
+/// A `Linear` that sleeps `BASE_MS` before its forward, 10x that on the `slow` devices.
+struct SlowOn {
+    inner: Box<dyn tandem::nn::Module>,
+    slow: Vec<Device>,
+    here: Option<Device>,
+}
+
+impl tandem::nn::Module for SlowOn {
+    fn forward(&self, x: &tandem::Tensor) -> Result<tandem::Tensor> {
+        let slow = self.here.as_ref().is_some_and(|d| self.slow.iter().any(|s| s.same(d)));
+        std::thread::sleep(std::time::Duration::from_millis(if slow { 10 * BASE_MS } else { BASE_MS }));
+        self.inner.forward(x)
+    }
+    fn children(&self) -> Vec<(String, &dyn tandem::nn::Module)> {
+        vec![("inner".into(), &*self.inner)]
+    }
+    fn to_device(&self, device: &Device) -> Result<Box<dyn tandem::nn::Module>> {
+        Ok(Box::new(SlowOn { inner: self.inner.to_device(device)?, slow: self.slow.clone(), here: Some(device.clone()) }))
+    }
+    fn describe(&self) -> String {
+        "SlowOn".into()
+    }
+}
+
+/// Two `Split::Auto` pipelines whose slow device is stage 1 in one and stage 0 in the other
+/// would each measure their own cut (3 | 1 and 1 | 3 layers), and stage s's gradients would
+/// differ in length across the grid; every replica takes replica 0's measured cut instead, and
+/// the grid still trains as `Single`. Replicas built with different fixed cuts are refused.
+#[test]
+fn grid_replicas_share_replica_zeros_auto_split() {
+    let cpu = Device::cpu();
+    let devs = cpu_devices(4);
+    let slow = vec![devs[1].clone(), devs[2].clone()];
+    let build = || {
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(3);
+        let mut model = tandem::nn::Sequential::new().push("flat", tandem::nn::Flatten);
+        for (i, (fan_in, fan_out)) in [(784, 16), (16, 16), (16, 16), (16, 10)].into_iter().enumerate() {
+            let inner = Box::new(tandem::nn::Linear::new(fan_in, fan_out, &mut rng, &cpu).unwrap());
+            model = model.push(&format!("l{i}"), SlowOn { inner, slow: slow.clone(), here: None });
+        }
+        model
+    };
+    let model = build();
+    let data = seed_image_batches(8, 3, 11);
+    let pipe = |row: &[Device]| Pipeline::builder(Stages::Split(&model, Split::Auto), row, &opt(), Loss::CrossEntropy).build();
+    let mut grid = PipelineGrid::from_factory(&devs, 2, pipe).unwrap();
+    let got = train(&mut grid, &data);
+    let cuts: Vec<_> = grid.replicas().iter().map(Pipeline::ranges).collect();
+    assert_eq!(cuts[0], vec![0..4, 4..5], "replica 0's stage 1 is 10x slower: {cuts:?}");
+    assert_eq!(cuts[1], cuts[0], "every replica is cut as replica 0");
+    let want = train(&mut Single::new(build(), &opt(), Loss::CrossEntropy, &cpu).unwrap(), &data);
+    same_as_reference("grid of Split::Auto pipelines", &got, &want);
+
+    let at = |cut: usize, row: &[Device]| Pipeline::builder(Stages::Split(&model, Split::At(vec![cut])), row, &opt(), Loss::CrossEntropy).build().unwrap();
+    let replicas = vec![at(2, &devs[..2]), at(4, &devs[2..])];
+    let err = PipelineGrid::new(replicas).err().expect("different cuts are refused").to_string();
+    assert!(err.contains("pipeline 1 cuts the layers [0..4, 4..5], pipeline 0 [0..2, 2..5]"), "{err}");
+}

@@ -78,8 +78,20 @@ impl PipelineGrid {
                 return Err(Error::invalid("PipelineGrid", format!("pipeline {r} has other stages or parameters than pipeline 0; every replica must be the same pipeline")));
             }
         }
-        if comms.len() != first.devices().len() {
-            return Err(Error::invalid("PipelineGrid", format!("{} communicators for {} stages", comms.len(), first.devices().len())));
+        let cut = first.ranges();
+        let mut replicas = replicas;
+        for (r, p) in replicas.iter_mut().enumerate().skip(1) {
+            if p.ranges() == cut {
+                continue;
+            }
+            // A split still to be measured takes replica 0's cut at the first step anyway.
+            if !p.split_pending() {
+                return Err(Error::invalid("PipelineGrid", format!("pipeline {r} cuts the layers {:?}, pipeline 0 {cut:?}; every replica must be cut alike", p.ranges())));
+            }
+            p.fix_split(&cut)?;
+        }
+        if comms.len() != replicas[0].devices().len() {
+            return Err(Error::invalid("PipelineGrid", format!("{} communicators for {} stages", comms.len(), replicas[0].devices().len())));
         }
         for (s, c) in comms.iter().enumerate() {
             let col = column(&replicas, s);
@@ -87,8 +99,7 @@ impl PipelineGrid {
                 return Err(Error::invalid("PipelineGrid", format!("communicator {s} spans {:?}, stage {s} is on {col:?}", c.devices())));
             }
         }
-        let state = first.state_dict()?;
-        let mut replicas = replicas;
+        let state = replicas[0].state_dict()?;
         for r in replicas.iter_mut().skip(1) {
             r.load_state_dict(&state)?;
         }
@@ -170,6 +181,13 @@ impl Strategy for PipelineGrid {
         let t0 = Instant::now();
         let (n, shares) = (batch.len(), self.shares(batch.len())?);
         let parts = shares.iter().map(|r| batch.slice(r.clone())).collect::<Result<Vec<_>>>()?;
+        // Every replica must cut the model where replica 0 does, or stage s's gradients differ
+        // in length across the replicas; timed apart (and on a loaded machine) they can disagree.
+        if self.replicas[0].split_pending() {
+            self.replicas[0].measure_split(&parts[0])?;
+            let cut = self.replicas[0].ranges();
+            self.replicas.iter_mut().skip(1).try_for_each(|r| r.fix_split(&cut))?;
+        }
         for r in &mut self.replicas {
             let core = r.core_mut();
             core.trace = self.run.trace.clone();

@@ -224,6 +224,24 @@ impl Pipeline {
     pub fn ranges(&self) -> Vec<std::ops::Range<usize>> {
         self.stages.iter().map(|s| s.range.clone()).collect()
     }
+    /// Whether a `Split::Auto` split is still to be measured (at the first step).
+    pub(crate) fn split_pending(&self) -> bool {
+        matches!(self.balance, Balance::Pending)
+    }
+    /// Measures the `Split::Auto` split on `part` now, as the first step would, and fixes it
+    /// there: a [`PipelineGrid`](crate::parallel::PipelineGrid) measures one replica and gives
+    /// the others its cut ([`Pipeline::fix_split`]), because replicas timed apart can disagree.
+    pub(crate) fn measure_split(&mut self, part: &Batch) -> Result<()> {
+        self.balance.first_split(&mut self.stages, part, self.micro_batches, &self.opt)?;
+        self.balance = Balance::Fixed;
+        Ok(())
+    }
+    /// Moves layers so that stage `s` holds `ranges[s]`, and keeps them there.
+    pub(crate) fn fix_split(&mut self, ranges: &[std::ops::Range<usize>]) -> Result<()> {
+        stages::resplit_to(&mut self.stages, ranges, &self.opt)?;
+        self.balance = Balance::Fixed;
+        Ok(())
+    }
     /// Measurements of the last step, `None` before the first.
     pub fn last_stats(&self) -> Option<&PipelineStats> {
         self.stats.as_ref()

@@ -287,9 +287,16 @@ fn resplit(stages: &mut Vec<Stage>, cost: &[Vec<f64>], opt: &OptimConfig) -> Res
     let devices: Vec<Device> = stages.iter().map(|s| s.device.clone()).collect();
     let bytes: Vec<u64> = stages.iter().flat_map(|s| layer_bytes(&s.model)).collect();
     let ranges = balance(cost, &bytes, &devices)?;
+    resplit_to(stages, &ranges, opt)
+}
+
+/// Moves layers (with weights and optimizer state) so that stage `s` holds `ranges[s]`; returns
+/// whether any moved.
+pub(crate) fn resplit_to(stages: &mut Vec<Stage>, ranges: &[Range<usize>], opt: &OptimConfig) -> Result<bool> {
     if ranges.iter().eq(stages.iter().map(|s| &s.range)) {
         return Ok(false);
     }
+    let devices: Vec<Device> = stages.iter().map(|s| s.device.clone()).collect();
     let layers: Vec<_> = stages.iter().flat_map(|s| s.model.layers()).collect();
     let mut fresh = build(&layers, &ranges, &devices, opt)?;
     let mut state = Vec::new();
