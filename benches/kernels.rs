@@ -4,7 +4,8 @@
 //! training step (forward, cross-entropy, backward, SGD-momentum update) at batch 64 and 1000,
 //! and the kernels of `tandem bench --model gpt`'s step at its sizes (LayerNorm, causal softmax,
 //! tanh GELU, the q/k/v permute, a bias broadcast, the per-head products; each forward +
-//! backward) and that step itself (AdamW).
+//! backward) and that step itself (AdamW); and the CPU's products in each layout at the sizes of
+//! the speed table (`cpu-gemm`, named by the `gemm` kernels this CPU runs).
 use criterion::{criterion_group, criterion_main, Criterion};
 use rand::SeedableRng;
 use tandem::nn::{models::SeedModel, Module};
@@ -156,5 +157,26 @@ fn gpt_step(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, kernels, conv, train_step, gpt_kernels, gpt_step);
+/// The CPU backend's products as `gemm` runs them here (AVX-512 or AVX2+FMA, chosen at run time;
+/// build without the `avx512` feature to time the AVX2 path on an AVX-512 CPU), with A and B
+/// as stored (`nn`) and transposed by stride (`tn`, `nt`: the layouts backward uses).
+fn cpu_gemm(c: &mut Criterion) {
+    let mut g = c.benchmark_group(format!("cpu-gemm {}", tandem::backend::cpu::gemm_kernels()));
+    g.sample_size(10);
+    let dev = Device::cpu();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    for n in [256usize, 512, 1024, 2048] {
+        let a = Tensor::randn([n, n], &mut rng, &dev).unwrap();
+        let b = Tensor::randn([n, n], &mut rng, &dev).unwrap();
+        for (layout, ta, tb) in [("nn", false, false), ("tn", true, false), ("nt", false, true)] {
+            if n == 2048 && layout != "nn" {
+                continue;
+            }
+            g.throughput(criterion::Throughput::Elements((2 * n * n * n) as u64));
+            g.bench_function(format!("{layout}/{n}"), |bench| bench.iter(|| tandem::autograd::no_grad(|| a.matmul_t(&b, ta, tb).unwrap())));
+        }
+    }
+}
+
+criterion_group!(benches, kernels, conv, train_step, gpt_kernels, gpt_step, cpu_gemm);
 criterion_main!(benches);

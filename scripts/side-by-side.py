@@ -10,6 +10,10 @@ dp-overlap figures (tandem only). Run from the repository root with a release bu
 
     cargo build --release
     /tmp/tandem-torch-venv/bin/python scripts/side-by-side.py [--rounds 3] [--threads 2]
+
+The AVX2 paths on an AVX-512 CPU: build tandem without its `avx512` feature
+(`cargo build --release --no-default-features --features wgpu,cli`, copied aside) and pass
+`--avx2 --tandem THAT_BINARY`, which also keeps PyTorch's kernels to AVX2.
 """
 import argparse
 import json
@@ -61,8 +65,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tandem", default=os.path.join(ROOT, "target", "release", "tandem"))
+    ap.add_argument("--avx2", action="store_true",
+                    help="PyTorch limited to AVX2 (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS); pair it with "
+                         "--tandem naming a build without the avx512 feature, to compare the AVX2 paths on an AVX-512 CPU")
     args = ap.parse_args()
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+    if args.avx2:
+        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
     py = sys.executable
     tandem, torch, extra = {}, {}, {}
     for r in range(args.rounds):

@@ -57,6 +57,22 @@ RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc -q --no-deps --features c
 # dist_train example it launches.
 cargo test --features cuda,nccl,mpi "$@"
 
+# The CPU's GEMM kernels are chosen at run time, never at build time: the same debug binary,
+# built with the AVX-512 kernels in, must run on a CPU without AVX-512 (a Haswell, emulated by
+# qemu's user mode) and report the AVX2+FMA path there.
+if ! command -v qemu-x86_64 >/dev/null 2>&1; then
+  echo "test.sh: installing qemu-user (to run the binary on an emulated CPU without AVX-512)"
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq qemu-user >/dev/null
+fi
+haswell=$(TANDEM_BACKENDS=cpu qemu-x86_64 -cpu Haswell target/debug/tandem devices 2>/dev/null || true)
+if ! grep -q "AVX2+FMA" <<<"$haswell"; then
+  echo "test.sh: on an emulated Haswell, 'tandem devices' does not report the AVX2+FMA GEMM path:" >&2
+  echo "$haswell" >&2
+  exit 1
+fi
+
 # PyTorch parity, the PyTorch side: the checkpoints the GPT and custom-model parity tests saved
 # (target/tmp) must load into the reference modules with strict=True and give tandem's loss.
 # Runs wherever torch and safetensors import (or $TANDEM_TORCH_VENV/bin/python exists).

@@ -196,6 +196,28 @@ fn reduce_columns(op: ReduceOp, x: &[f32], s: ReduceSpec, o: usize, j0: usize, v
     idx.iter_mut().zip(&best).for_each(|(d, &b)| *d = b.max(0) as i32);
 }
 
+/// The `gemm` kernels this CPU runs: `gemm` picks them at its first product from the features
+/// the CPU reports (never from the build), AVX-512 only where tandem's `avx512` feature compiled
+/// them in. The same test here names them in `DeviceInfo::matmul` and in benchmarks.
+pub fn gemm_kernels() -> &'static str {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    {
+        if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
+            return "AVX-512";
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            return "AVX2+FMA";
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return "NEON";
+        }
+    }
+    "scalar"
+}
+
 /// Products of at most this many multiply-adds per batch entry are run one per thread (a
 /// convolution's per-image products); larger ones are split inside `gemm`.
 const SMALL_PRODUCT: usize = 1 << 22;

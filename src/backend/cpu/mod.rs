@@ -4,6 +4,7 @@ mod fused;
 mod gelu;
 mod index;
 mod kernels;
+pub use kernels::gemm_kernels;
 mod update;
 
 use crate::backend::*;
@@ -81,7 +82,7 @@ impl CpuBackend {
                 kind: DeviceKind::Cpu,
                 memory: None,
                 driver: format!("{} threads", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)),
-                matmul: "gemm crate (f32, host threads)".into(),
+                matmul: format!("gemm crate, {} kernels (f32, host threads)", kernels::gemm_kernels()),
                 libraries: String::new(),
             },
             pool: Arc::default(),
