@@ -36,6 +36,11 @@ impl Device {
         static CPU: OnceLock<Device> = OnceLock::new();
         CPU.get_or_init(|| Device::from_backend(Arc::new(crate::backend::cpu::CpuBackend::new()))).clone()
     }
+    /// A CPU device of its own (its own allocator, statistics and memory budget), as the second
+    /// `cpu` of a [`Device::parse`] spec gives.
+    pub fn cpu_independent() -> Self {
+        Device::from_backend(Arc::new(crate::backend::cpu::CpuBackend::new()))
+    }
     pub fn backend(&self) -> &dyn Backend {
         &*self.inner.backend
     }
@@ -74,6 +79,26 @@ impl Device {
     }
     pub fn memory(&self) -> MemoryStats {
         self.inner.backend.memory()
+    }
+    /// Caps the bytes this device's live tensors may hold (`None` lifts the cap): past it an
+    /// allocation fails with [`Error::OutOfMemory`] naming the device, the bytes asked, the
+    /// budget and the bytes in use, so a run that would not fit an 8 GB M60 fails here on a CPU
+    /// or lavapipe device at the same step. [`Device::cpu`] is one device shared by the whole
+    /// process; a budget meant for one CPU device alone goes on one from [`Device::parse`]
+    /// (`"cpu,cpu"` gives a second, independent one) or [`Device::cpu_independent`].
+    ///
+    /// ```
+    /// # fn main() -> tandem::Result<()> {
+    /// let dev = tandem::Device::cpu_independent();
+    /// dev.set_memory_budget(Some(1 << 20));
+    /// let ok = tandem::Tensor::zeros([1024], &dev)?; // 4 KiB
+    /// let e = tandem::Tensor::zeros([1024, 1024], &dev).unwrap_err(); // 4 MiB
+    /// assert!(matches!(e, tandem::Error::OutOfMemory { .. }), "{e}");
+    /// assert_eq!(dev.memory().budget, Some(1 << 20));
+    /// # drop(ok); Ok(()) }
+    /// ```
+    pub fn set_memory_budget(&self, bytes: Option<u64>) {
+        self.inner.backend.set_memory_budget(bytes)
     }
 
     /// Every device of every compiled backend that [`BACKENDS_ENV`] lets through: CUDA
@@ -117,7 +142,7 @@ impl Device {
                     let (backend, ordinal) = parse_one(part)?;
                     let repeated_cpu = backend == BackendKind::Cpu && out.iter().any(|d: &Device| d.info().backend == BackendKind::Cpu);
                     if repeated_cpu {
-                        out.push(Device::from_backend(Arc::new(crate::backend::cpu::CpuBackend::new())));
+                        out.push(Device::cpu_independent());
                     } else {
                         out.push(Device::open(backend, ordinal)?);
                     }

@@ -157,6 +157,18 @@ impl Error {
             e => Error::Worker { role, index, device: device.to_string(), source: Box::new(e) },
         }
     }
+    /// `self`, when it is an `OutOfMemory` (inside any `Worker` wrapping), saying the training
+    /// step that asked and the newest checkpoint, which the failure leaves as it was.
+    pub fn at_step(self, step: u64, kept: Option<&std::path::Path>) -> Self {
+        match self {
+            Error::Worker { role, index, device, source } => Error::Worker { role, index, device, source: Box::new(source.at_step(step, kept)) },
+            Error::OutOfMemory { device, requested, free, detail } => {
+                let kept = kept.map_or_else(|| "no checkpoint was written yet".to_string(), |p| format!("the newest checkpoint, {}, is intact", p.display()));
+                Error::OutOfMemory { device, requested, free, detail: format!("{detail}; at training step {step}; {kept}") }
+            }
+            e => e,
+        }
+    }
     /// The error at the bottom of any `Worker` wrapping.
     pub fn root_cause(&self) -> &Error {
         match self {

@@ -4,6 +4,7 @@
 //! are expressed by the `Layout` an op reads its inputs through. Outputs are contiguous.
 //! Adding an elementwise op: see CONTRIBUTING.md.
 #![doc = include_str!("devices.md")]
+pub(crate) mod budget;
 pub mod contract;
 pub mod cpu;
 mod fused;
@@ -14,6 +15,7 @@ pub mod cuda;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
+pub use budget::{format_bytes, parse_bytes};
 pub use fused::{ln_blocks, FusedOp, LN_ROW_BLOCK};
 pub(crate) use fused::{GELU_BETA, GELU_KAPPA};
 pub use index::{row_plan, CastOp, IndexOp};
@@ -309,6 +311,8 @@ pub struct MemoryStats {
     pub peak: u64,
     /// Freed buffers kept for reuse.
     pub pooled: u64,
+    /// The cap on `in_use` set with [`Backend::set_memory_budget`], if any.
+    pub budget: Option<u64>,
 }
 
 /// Device memory owned by one backend. Cheap to clone (shared); the backend's own type inside
@@ -495,6 +499,11 @@ pub trait Backend: Send + Sync {
     /// Waits until every recorded op has finished.
     fn sync(&self) -> Result<()>;
     fn memory(&self) -> MemoryStats;
+    /// Caps the bytes this device's live buffers may hold (`None`: only the hardware's limit).
+    /// An allocation past it fails with `OutOfMemory` naming the device, the bytes asked, the
+    /// budget and the bytes in use; buffers already held stay valid when the cap is lowered
+    /// below them. This is how a smaller device (an 8 GB M60) is played by a larger one.
+    fn set_memory_budget(&self, bytes: Option<u64>);
     /// Lets backends downcast a peer (`copy_from_peer`).
     fn as_any(&self) -> &dyn Any;
 }

@@ -218,7 +218,11 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         return Err(Error::invalid("--batch", "must be at least 1"));
     }
     let optim = setup::optim_config(args, OptimizerKind::Adamw)?;
+    let limits = args.memory_limit.as_deref().map(super::memory::MemoryLimits::parse).transpose()?;
     let devices = ranks.devices(&args.devices)?;
+    if let Some(l) = &limits {
+        l.apply(&devices, !ranks.many())?;
+    }
     ranks.check_strategy(args.strategy)?;
     run.check_outputs()?;
 

@@ -18,6 +18,7 @@ mod bench;
 mod devices;
 mod generate;
 mod gpt;
+mod memory;
 mod mismatch;
 mod plot;
 mod progress;
@@ -184,6 +185,12 @@ pub struct TrainArgs {
     /// more forward per step; the same gradients).
     #[arg(long)]
     pub recompute: bool,
+    /// Caps the memory each device's tensors may hold: one SIZE for every device (8GiB,
+    /// 512MiB, 4096) or SPEC=SIZE per device (cpu=2GiB,wgpu:0=8GiB). Past it the step that asks
+    /// fails with an out-of-memory error naming the device, the bytes asked, the budget and the
+    /// bytes in use; checkpoints already written stay intact. Plays a smaller GPU on this one.
+    #[arg(long, value_name = "SIZE|SPEC=SIZE,..")]
+    pub memory_limit: Option<String>,
     /// Bit-identical results across runs, and across device counts of one backend, at some
     /// cost in speed; layer splits (model, pipeline) fixed by parameter bytes, not timings.
     #[arg(long)]

@@ -39,7 +39,11 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
             return Err(Error::invalid(flag, "must be at least 1"));
         }
     }
+    let limits = args.memory_limit.as_deref().map(super::memory::MemoryLimits::parse).transpose()?;
     let devices = ranks.devices(&args.devices)?;
+    if let Some(l) = &limits {
+        l.apply(&devices, !ranks.many())?;
+    }
     ranks.check_strategy(args.strategy)?;
     run.check_outputs()?;
 

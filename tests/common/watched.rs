@@ -86,6 +86,9 @@ impl<F: Fn(Call) + Send + Sync + 'static> Backend for Watched<F> {
     fn memory(&self) -> MemoryStats {
         self.cpu.memory()
     }
+    fn set_memory_budget(&self, bytes: Option<u64>) {
+        self.cpu.set_memory_budget(bytes)
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

@@ -9,6 +9,7 @@ mod update;
 
 use crate::backend::*;
 use crate::backend::contract;
+use crate::backend::budget::Budget;
 use crate::backend::host;
 use crate::{DType, Error, Layout, Result};
 use std::collections::HashMap;
@@ -35,6 +36,7 @@ struct Pool {
     in_use: u64,
     peak: u64,
     pooled: u64,
+    budget: Budget,
 }
 
 /// Most bytes kept for reuse; beyond it freed memory goes back to the system.
@@ -94,6 +96,13 @@ impl CpuBackend {
         lock(&self.pool).count(len);
         Buffer::new(CpuBuffer { data: RwLock::new(data), pool: self.pool.clone() }, len, dtype)
     }
+
+    /// `Ok` when `len` more words fit the device's memory budget.
+    fn within_budget(&self, len: usize) -> Result<()> {
+        let p = lock(&self.pool);
+        let bytes = len as u64 * 4;
+        p.budget.check("cpu", p.in_use, bytes, bytes)
+    }
 }
 
 // A lock is poisoned only when a thread panicked while holding it; the words behind it are
@@ -151,6 +160,7 @@ impl Backend for CpuBackend {
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
         contract::alloc(&self.info, len, dtype)?;
+        self.within_budget(len)?;
         let reused = lock(&self.pool).take(len);
         if let Some(v) = reused {
             return Ok(self.make(v, dtype));
@@ -159,6 +169,7 @@ impl Backend for CpuBackend {
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
         contract::upload(&self.info, bytes, dtype)?;
+        self.within_budget(bytes.len().div_ceil(4))?;
         Ok(self.make(host::try_words(bytes, "cpu", "upload")?, dtype))
     }
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
@@ -330,7 +341,10 @@ impl Backend for CpuBackend {
     }
     fn memory(&self) -> MemoryStats {
         let p = lock(&self.pool);
-        MemoryStats { in_use: p.in_use, peak: p.peak, pooled: p.pooled }
+        MemoryStats { in_use: p.in_use, peak: p.peak, pooled: p.pooled, budget: p.budget.get() }
+    }
+    fn set_memory_budget(&self, bytes: Option<u64>) {
+        lock(&self.pool).budget.set(bytes);
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

@@ -5,6 +5,7 @@
 //! work that still reads a dropped buffer is ordered before any op that gets it back. Work on
 //! another stream (peer copies) makes this stream wait for it before the buffer can drop.
 use super::backend_error;
+use crate::backend::budget::Budget;
 use crate::backend::MemoryStats;
 use crate::{Error, Result};
 use cudarc::driver::{result, sys, CudaStream};
@@ -34,6 +35,7 @@ pub(crate) struct Pool {
     in_use: AtomicU64,
     peak: AtomicU64,
     pooled: AtomicU64,
+    budget: Budget,
 }
 
 /// Bytes actually allocated for a request: powers of two up to 1 MiB (at most 2x waste on small
@@ -56,6 +58,7 @@ impl Pool {
             in_use: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             pooled: AtomicU64::new(0),
+            budget: Budget::default(),
         }
     }
 
@@ -66,16 +69,23 @@ impl Pool {
         if class == 0 {
             return Ok(CudaBuf { ptr: 0, class, pool: self.clone() });
         }
+        // The bytes are counted before they are taken, so concurrent requests cannot both
+        // squeeze under the budget; a refusal takes them back.
+        let before = self.in_use.fetch_add(class as u64, Ordering::Relaxed);
+        let undo = |e: Error| {
+            self.in_use.fetch_sub(class as u64, Ordering::Relaxed);
+            e
+        };
+        self.budget.check(&self.label, before, class as u64, bytes as u64).map_err(undo)?;
         let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&class).and_then(Vec::pop);
         let ptr = match reused {
             Some(ptr) => {
                 self.pooled.fetch_sub(class as u64, Ordering::Relaxed);
                 ptr
             }
-            None => self.fresh(bytes, class)?,
+            None => self.fresh(bytes, class).map_err(undo)?,
         };
-        let now = self.in_use.fetch_add(class as u64, Ordering::Relaxed) + class as u64;
-        self.peak.fetch_max(now, Ordering::Relaxed);
+        self.peak.fetch_max(before + class as u64, Ordering::Relaxed);
         Ok(CudaBuf { ptr, class, pool: self.clone() })
     }
 
@@ -101,7 +111,7 @@ impl Pool {
                 detail: format!(
                     "cuMemAlloc of {class} bytes failed after releasing {released} cached bytes; \
                      live tensors hold {} bytes",
-                    self.in_use.load(Ordering::Relaxed)
+                    self.in_use.load(Ordering::Relaxed).saturating_sub(class as u64)
                 ),
             }),
             Err(e) => Err(backend_error(&self.label, "cuMemAlloc", e)),
@@ -143,7 +153,12 @@ impl Pool {
             in_use: self.in_use.load(Ordering::Relaxed),
             peak: self.peak.load(Ordering::Relaxed),
             pooled: self.pooled.load(Ordering::Relaxed),
+            budget: self.budget.get(),
         }
+    }
+
+    pub(crate) fn set_budget(&self, bytes: Option<u64>) {
+        self.budget.set(bytes);
     }
 }
 

@@ -383,6 +383,9 @@ impl Backend for CudaBackend {
     fn memory(&self) -> MemoryStats {
         self.pool.stats()
     }
+    fn set_memory_budget(&self, bytes: Option<u64>) {
+        self.pool.set_budget(bytes);
+    }
 
     fn as_any(&self) -> &dyn Any {
         self

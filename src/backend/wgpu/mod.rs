@@ -28,7 +28,8 @@ pub struct Options {
     /// Caps storage bindings below the adapter's limit, so that splitting large operands into
     /// sub-range dispatches can be exercised on small tensors.
     pub max_binding_bytes: Option<u64>,
-    /// Bytes this device may hold in buffers; allocations beyond it fail with `OutOfMemory`.
+    /// Bytes this device may hold in buffers; allocations beyond it fail with `OutOfMemory`
+    /// (the starting value of [`Backend::set_memory_budget`](crate::backend::Backend::set_memory_budget)).
     pub memory_budget: Option<u64>,
     /// Forces the matmul kernel family instead of choosing by adapter kind.
     pub matmul: Option<MatmulKernel>,
@@ -328,6 +329,9 @@ impl Backend for WgpuBackend {
     }
     fn memory(&self) -> MemoryStats {
         self.pool.stats()
+    }
+    fn set_memory_budget(&self, bytes: Option<u64>) {
+        self.pool.set_budget(bytes);
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

@@ -1,6 +1,7 @@
 //! Device memory: storage buffers in size classes, recycled through a per-device pool.
 use super::bind_groups::BindGroups;
 use super::gate::{Gate, Held};
+use crate::backend::budget::Budget;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,7 @@ pub(crate) struct Pool {
     device: wgpu::Device,
     name: String,
     max_buffer: u64,
-    budget: Option<u64>,
+    budget: Budget,
     state: Mutex<State>,
     /// The device's cached bind groups, which keep their buffers alive: emptied with the pool.
     bind_groups: Arc<BindGroups>,
@@ -65,7 +66,7 @@ fn size_class(bytes: u64) -> u64 {
 
 impl Pool {
     pub(crate) fn new(device: wgpu::Device, name: String, max_buffer: u64, budget: Option<u64>, bind_groups: Arc<BindGroups>, gate: Gate) -> Self {
-        Pool { device, name, max_buffer, budget, state: Mutex::default(), bind_groups, gate, held: None }
+        Pool { device, name, max_buffer, budget: Budget::new(budget), state: Mutex::default(), bind_groups, gate, held: None }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -93,16 +94,11 @@ impl Pool {
                 s.peak = s.peak.max(s.in_use);
                 return Ok(WgpuBuffer { raw, pool: self.clone(), held: None });
             }
-            if let Some(budget) = self.budget {
-                if s.in_use + s.pooled + class > budget {
-                    // Pooled buffers of other classes are dropped before giving up.
-                    self.drop_spares(&mut s);
-                }
-                if s.in_use + class > budget {
-                    let free = budget.saturating_sub(s.in_use);
-                    return Err(self.oom(bytes, free, format!("memory budget of {budget} bytes")));
-                }
+            if !self.budget.allows(s.in_use + s.pooled, class) {
+                // Pooled buffers of other classes are dropped before giving up.
+                self.drop_spares(&mut s);
             }
+            self.budget.check(&self.name, s.in_use, class, bytes)?;
         }
         let raw = self.create(class)?;
         let mut s = self.lock();
@@ -142,9 +138,13 @@ impl Pool {
         s.free.entry(class).or_default().push(raw);
     }
 
+    pub(crate) fn set_budget(&self, bytes: Option<u64>) {
+        self.budget.set(bytes);
+    }
+
     pub(crate) fn stats(&self) -> crate::MemoryStats {
         let s = self.lock();
-        crate::MemoryStats { in_use: s.in_use, peak: s.peak, pooled: s.pooled }
+        crate::MemoryStats { in_use: s.in_use, peak: s.peak, pooled: s.pooled, budget: self.budget.get() }
     }
 }
 

@@ -149,7 +149,7 @@ impl GptConfig {
 
     /// Errors when the parameters alone cannot fit `dev`: the host's free memory for the CPU
     /// and software rasterizers (lavapipe, llvmpipe), the device's memory where the driver
-    /// reports it. Training needs more (gradients and optimizer state): see
+    /// reports it, and what the device's memory budget leaves. Training needs more (gradients and optimizer state): see
     /// [`GptConfig::check_training_fits`].
     pub(super) fn check_fits(&self, dev: &Device) -> Result<()> {
         let Some(need) = self.parameter_bytes() else { return self.check() };
@@ -184,9 +184,12 @@ impl GptConfig {
     fn fits(dev: &Device, need: u64, detail: String) -> Result<()> {
         let info = dev.info();
         let on_host = info.backend == BackendKind::Cpu || matches!(info.kind, DeviceKind::Cpu | DeviceKind::Software);
-        let free = match (on_host.then(host::available).flatten(), info.memory) {
-            (Some(h), Some(d)) => Some(h.min(d)),
-            (h, d) => h.or(d),
+        let mem = dev.memory();
+        let budgeted = mem.budget.map(|b| b.saturating_sub(mem.in_use));
+        let free = [on_host.then(host::available).flatten(), info.memory, budgeted].into_iter().flatten().min();
+        let detail = match mem.budget {
+            Some(b) => format!("{detail}; the device's memory budget is {}, of which live tensors hold {}", crate::backend::format_bytes(b), crate::backend::format_bytes(mem.in_use)),
+            None => detail,
         };
         match free {
             Some(free) if need > free => Err(Error::OutOfMemory { device: dev.spec(), requested: need, free, detail }),
