@@ -5,7 +5,7 @@
 //! the devices' gradients is exactly the gradient of the global mean loss, whatever the split
 //! (uneven, user-weighted, calibrated) and however many micro-batches accumulate on a device.
 //! See [`DataParallelConfig`] for the options: bucket size, split weights, calibration,
-//! deterministic mode and ZeRO-1 optimizer sharding.
+//! deterministic mode and sharding ([`Shard`]: ZeRO-1, ZeRO-2 and ZeRO-3, see `shard.rs`).
 //!
 //! The replicas stay one model bit for bit. On devices of one kernel family each replica applies
 //! the (identical) reduced gradients itself; on a mix of backends or adapters, whose kernels
@@ -14,10 +14,12 @@
 mod buckets;
 mod deterministic;
 mod overlapped;
+mod shard;
 mod timing;
 mod update;
 
 pub use buckets::assign_buckets;
+pub use shard::Shard;
 pub use timing::{DeviceSpans, Overlap};
 
 use super::comm::{self, Communicator};
@@ -49,10 +51,12 @@ pub struct DataParallelConfig {
     pub deterministic_shards: usize,
     /// Micro-batches each device accumulates before the all-reduce (gradient accumulation).
     pub micro_batches: usize,
-    /// ZeRO-1: each device keeps optimizer state only for the parameters it owns (balanced by
-    /// size), updates them and broadcasts them. On devices of different kernel families this
-    /// also spreads the updates, which otherwise all run on the first device.
-    pub shard_optimizer: bool,
+    /// How much training state each device keeps. [`Shard::Optimizer`] (ZeRO-1): optimizer
+    /// state only for the parameters a device owns (balanced by size), which it updates and
+    /// broadcasts; on devices of different kernel families this also spreads the updates,
+    /// which otherwise all run on the first device. [`Shard::Grads`] (ZeRO-2) and
+    /// [`Shard::Full`] (ZeRO-3) cut every bucket into one block per device (see `shard.rs`).
+    pub shard: Shard,
 }
 
 impl Default for DataParallelConfig {
@@ -64,7 +68,7 @@ impl Default for DataParallelConfig {
             deterministic: false,
             deterministic_shards: 4,
             micro_batches: 1,
-            shard_optimizer: false,
+            shard: Shard::None,
         }
     }
 }
@@ -153,6 +157,8 @@ pub struct DataParallel {
     owners: Option<Vec<usize>>,
     /// Split proportions: the user's, the calibrated ones, or `None` for equal shares.
     split_weights: Option<Vec<f64>>,
+    /// ZeRO-2/3: each device's shard of the parameters, which its optimizer updates.
+    sharded: Option<shard::Sharded>,
     events: Vec<StepEvent>,
     overlap: Option<Overlap>,
 }
@@ -230,7 +236,11 @@ impl DataParallel {
         let buckets = assign_buckets(&sizes, cfg.bucket_bytes);
         let bucket_of = buckets::bucket_of(&buckets, sizes.len());
         let (first, world) = comm.device_span();
-        let owners = if cfg.shard_optimizer {
+        let zero = matches!(cfg.shard, Shard::Grads | Shard::Full);
+        let owners = if zero {
+            // Every piece has one owner by construction and is all-gathered to the others.
+            None
+        } else if cfg.shard == Shard::Optimizer {
             Some(assign_owners(&sizes, world))
         } else if !update::one_kernel_family(devices) {
             // One owner rather than ZeRO-1's balanced ones: one broadcast a step instead of one
@@ -239,15 +249,7 @@ impl DataParallel {
         } else {
             None
         };
-        let opts = params
-            .iter()
-            .enumerate()
-            .map(|(i, params)| {
-                let mine = params.iter().enumerate().filter(|(p, _)| owners.as_ref().is_none_or(|o| o[*p] == first + i)).map(|(_, p)| p.clone());
-                opt.build(mine.collect())
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let replicas = models
+        let replicas: Vec<Replica> = models
             .into_iter()
             .zip(params)
             .enumerate()
@@ -259,8 +261,48 @@ impl DataParallel {
                 params,
             })
             .collect();
+        let sharded = if zero { Some(shard::Sharded::new(cfg.shard, &replicas, &buckets, first, world)?) } else { None };
+        let params: Vec<&Vec<(String, Tensor)>> = match &sharded {
+            Some(s) => s.values.iter().collect(),
+            None => replicas.iter().map(|r| &r.params).collect(),
+        };
+        let opts = params
+            .iter()
+            .enumerate()
+            .map(|(i, params)| {
+                let mine = params.iter().enumerate().filter(|(p, _)| owners.as_ref().is_none_or(|o| o[*p] == first + i)).map(|(_, p)| p.clone());
+                opt.build(mine.collect())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(s) = sharded.as_ref().filter(|s| s.mode == Shard::Full) {
+            s.release(&replicas)?;
+        }
         let run = StepCore::new(loss, devices);
-        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, events: Vec::new(), overlap: None })
+        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, events: Vec::new(), overlap: None })
+    }
+
+    /// A communication span of `what` from `start` to now on every replica's comm track.
+    fn trace_comm(&self, trace: Option<&super::trace::Trace>, what: &str, start: Instant) {
+        if let Some(tr) = trace {
+            for r in &self.replicas {
+                tr.span(&r.comm_track(), what, Phase::Comm, start, start.elapsed().as_secs_f64());
+            }
+        }
+    }
+
+    /// Runs `f` with every replica's full parameters present: under ZeRO-3 gathered before
+    /// and released after (a collective across processes: every rank calls it).
+    fn with_full<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full) else { return f() };
+        s.gather(&self.replicas, &*self.comm)?;
+        let out = f();
+        s.release(&self.replicas)?;
+        out
+    }
+
+    /// How much training state each device keeps.
+    pub fn shard(&self) -> Shard {
+        self.cfg.shard
     }
 
     /// The communicator in use (its name says which algorithm; it counts bytes moved).
@@ -288,11 +330,13 @@ impl DataParallel {
     pub fn last_overlap(&self) -> Option<&Overlap> {
         self.overlap.as_ref()
     }
-    /// Bytes of optimizer state held on each device (ZeRO-1 divides it among them).
+    /// Bytes of optimizer state held on each device (ZeRO-1, 2 and 3 divide it among them).
     pub fn optimizer_state_bytes(&self) -> Vec<u64> {
         self.opts.iter().map(|o| o.state().0.iter().map(|(_, t)| 4 * t.numel() as u64).sum()).collect()
     }
     /// The parameters of every replica; tests use it to check the replicas stay identical.
+    /// Under ZeRO-3 they are released between steps (reading one is an error where the
+    /// backend releases memory): read [`Strategy::state_dict`] instead.
     pub fn replica_parameters(&self) -> Vec<Vec<(String, Tensor)>> {
         self.replicas.iter().map(|r| r.params.clone()).collect()
     }
@@ -345,6 +389,13 @@ impl Strategy for DataParallel {
         let trace = self.run.trace.clone();
         let trace = trace.as_ref();
         let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&(first + i)))).collect();
+        let mut comm_spans = Vec::new();
+        if let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full) {
+            let tg = Instant::now();
+            s.gather(&self.replicas, &*self.comm)?;
+            comm_spans.push((tg, Instant::now()));
+            self.trace_comm(trace, "all-gather parameters", tg);
+        }
         let parts = ReplicaSplit { first, world, local: n, weights: self.split_weights.as_deref(), mode }.parts(batch)?;
         let (computed, reduced) = if self.cfg.deterministic {
             (deterministic::run(&self.replicas, &parts, batch.len(), &updates, &self.run, &*self.comm, trace)?, None)
@@ -355,21 +406,59 @@ impl Strategy for DataParallel {
                 run: &self.run,
                 total: batch.len(),
                 trace,
+                scatter: self.sharded.as_ref().map(shard::Sharded::world),
             };
             let (mut c, r) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan)?;
             c.loss = self.comm.sum_by_index(vec![(first, vec![c.loss])])?[0];
             (c, Some(r))
         };
 
-        if let Some(reduced) = &reduced {
-            update::unpack(&self.replicas, &self.buckets, reduced)?;
+        let (grad_norm, opt_s) = match &self.sharded {
+            Some(s) => {
+                match &reduced {
+                    Some(blocks) => s.grads_from_blocks(blocks)?,
+                    None => s.grads_from_full(&self.replicas)?,
+                }
+                // Deterministic mode leaves the whole sum on every replica: its norm is replica
+                // 0's, as without sharding, bit for bit. Otherwise every element of the
+                // gradient is in one piece: the norm sums the pieces, over every process.
+                let counted = self.cfg.deterministic.then(|| &self.replicas[0].params[..]);
+                if !self.cfg.deterministic {
+                    self.replicas.iter().for_each(|r| r.model.zero_grad());
+                }
+                let comm = &*self.comm;
+                let across = |sq: f64| Ok(f64::from(comm.sum_by_index(vec![(first, vec![sq as f32])])?[0]));
+                let reduce = (counted.is_none() && world > n).then_some(&across as &dyn Fn(f64) -> Result<f64>);
+                let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
+                let out = self.run.update(counted, reduce, parts, Some("data-parallel replica"))?;
+                self.replicas.iter().for_each(|r| r.model.zero_grad());
+                s.drop_grads();
+                out
+            }
+            None => {
+                if let Some(reduced) = &reduced {
+                    update::unpack(&self.replicas, &self.buckets, reduced)?;
+                }
+                // Every updating replica now holds the reduced gradient: the norm is one replica's.
+                let counted = updates.iter().position(|&u| u).map(|r| &self.replicas[r].params[..]);
+                let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
+                self.run.update(Some(counted.unwrap_or(&[])), None, parts, Some("data-parallel replica"))?
+            }
+        };
+        let hidden_from = comm_spans.len() + computed.comm.len();
+        comm_spans.extend(computed.comm.iter().copied());
+        if let Some(s) = &self.sharded {
+            // ZeRO-2 all-gathers the updated pieces now; ZeRO-3 before the next forward.
+            let tg = Instant::now();
+            if s.mode == Shard::Grads {
+                s.gather(&self.replicas, &*self.comm)?;
+                comm_spans.push((tg, Instant::now()));
+                self.trace_comm(trace, "all-gather parameters", tg);
+            } else {
+                s.release(&self.replicas)?;
+            }
         }
-        // Every updating replica now holds the reduced gradient: the norm is one replica's.
-        let counted = updates.iter().position(|&u| u).map(|r| &self.replicas[r].params[..]);
-        let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
-        let (grad_norm, opt_s) = self.run.update(Some(counted.unwrap_or(&[])), None, parts, Some("data-parallel replica"))?;
         // Parameters with an owner were updated there only; copy them to the other replicas.
-        let mut comm_spans = computed.comm.clone();
         if let Some(owners) = &self.owners {
             let tb = Instant::now();
             if world > n {
@@ -378,17 +467,14 @@ impl Strategy for DataParallel {
                 update::share_owned(&self.replicas, owners, &*self.comm)?;
             }
             comm_spans.push((tb, Instant::now()));
-            if let Some(tr) = trace {
-                for r in &self.replicas {
-                    tr.span(&r.comm_track(), "broadcast owned parameters", Phase::Comm, tb, tb.elapsed().as_secs_f64());
-                }
-            }
+            self.trace_comm(trace, "broadcast owned parameters", tb);
         }
 
         let host_s = |spans: &[(Instant, Instant)]| spans.iter().map(|(s, e)| (*e - *s).as_secs_f64()).sum::<f64>();
         let (comm_s, overlapped) = match &computed.overlap {
-            // The owners' broadcast follows the update, so none of it is hidden.
-            Some(o) => (o.mean_allreduce_s() + host_s(&comm_spans[computed.comm.len()..]), o.hidden_s.iter().sum::<f64>() / n as f64),
+            // The owners' broadcast and the all-gathers come before forward or after the
+            // update, so none of them is hidden.
+            Some(o) => (o.mean_allreduce_s() + host_s(&comm_spans[..hidden_from - computed.comm.len()]) + host_s(&comm_spans[hidden_from..]), o.hidden_s.iter().sum::<f64>() / n as f64),
             None => {
                 let hidden = match computed.backward_end {
                     Some(end) => comm_spans.iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
@@ -414,21 +500,45 @@ impl Strategy for DataParallel {
     fn predict(&self, x: &Tensor) -> Result<Tensor> {
         let r = &self.replicas[0];
         let x = x.to(&r.device)?;
-        crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0))
+        self.with_full(|| crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0)))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
         // The module's own state_dict: a model may name more than its parameters (Gpt's tied
-        // `lm_head.weight`); replica 0's tensors are current after every step.
+        // `lm_head.weight`); replica 0's tensors are current after every step. Under ZeRO-3
+        // they are gathered and copied, since they are released again after.
+        if self.sharded.as_ref().is_some_and(|s| s.mode == Shard::Full) {
+            return self.with_full(|| self.replicas[0].model.state_dict().into_iter().map(|(k, t)| Ok((k, shard::copy_of(&t)?))).collect());
+        }
         Ok(self.replicas[0].model.state_dict())
     }
+    /// Every replica loads `state`; under ZeRO-2/3 each device then cuts its shard from it.
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.replicas.iter().try_for_each(|r| r.model.load_state_dict(state))
+        let Some(s) = &self.sharded else { return self.replicas.iter().try_for_each(|r| r.model.load_state_dict(state)) };
+        for r in &self.replicas {
+            r.params.iter().try_for_each(|(_, t)| t.restore_storage().map(drop))?;
+            r.model.load_state_dict(state)?;
+        }
+        s.refresh(&self.replicas)?;
+        if s.mode == Shard::Full {
+            s.release(&self.replicas)?;
+        }
+        Ok(())
     }
     /// Replica 0's state; where parameters have owners, each parameter's state gathered from
     /// its owner onto device 0, in state_dict order (across processes a collective: owners on
     /// other ranks send theirs).
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
         let (first, steps) = self.opts[0].state();
+        if let Some(s) = &self.sharded {
+            let mine: Vec<Vec<(String, Tensor)>> = self.opts.iter().map(|o| o.state().0).collect();
+            let all = match self.comm.process_group().filter(|g| g.size() > 1) {
+                // Every rank's pieces in rank order, each rank's devices in order: global
+                // device order, which is the order of the pieces along each parameter.
+                Some(group) => vec![group.all_gather_named(&mine.concat())?],
+                None => mine,
+            };
+            return Ok((s.full_state(&all, &self.replicas)?, steps));
+        }
         let Some(owners) = &self.owners else { return Ok((first, steps)) };
         if let Some(group) = self.comm.process_group().filter(|g| g.size() > 1) {
             let mine: Vec<(String, Tensor)> = self.opts.iter().flat_map(|o| o.state().0).collect();
@@ -447,9 +557,15 @@ impl Strategy for DataParallel {
         Ok((out, steps))
     }
     /// Every replica loads `state`; where parameters have owners each keeps only its own
-    /// parameters' entries.
+    /// parameters' entries, under ZeRO-2/3 only its pieces of them.
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.run.step = steps;
+        if let Some(s) = &self.sharded {
+            for (i, (o, r)) in self.opts.iter_mut().zip(&self.replicas).enumerate() {
+                o.load_state(&s.state_piece(i, state, r)?, steps)?;
+            }
+            return Ok(());
+        }
         self.opts.iter_mut().try_for_each(|o| o.load_state(state, steps))
     }
     fn modules(&self) -> Vec<&dyn Module> {
