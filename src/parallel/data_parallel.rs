@@ -15,6 +15,7 @@ mod buckets;
 mod deterministic;
 mod overlapped;
 mod shard;
+mod state;
 mod timing;
 mod update;
 
@@ -241,7 +242,7 @@ impl DataParallel {
             // Every piece has one owner by construction and is all-gathered to the others.
             None
         } else if cfg.shard == Shard::Optimizer {
-            Some(assign_owners(&sizes, world))
+            Some(update::assign_owners(&sizes, world))
         } else if !update::one_kernel_family(devices) {
             // One owner rather than ZeRO-1's balanced ones: one broadcast a step instead of one
             // per device (measured cheaper on the seed CNN; see update.rs).
@@ -288,16 +289,6 @@ impl DataParallel {
                 tr.span(&r.comm_track(), what, Phase::Comm, start, start.elapsed().as_secs_f64());
             }
         }
-    }
-
-    /// Runs `f` with every replica's full parameters present: under ZeRO-3 gathered before
-    /// and released after (a collective across processes: every rank calls it).
-    fn with_full<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full) else { return f() };
-        s.gather(&self.replicas, &*self.comm)?;
-        let out = f();
-        s.release(&self.replicas)?;
-        out
     }
 
     /// How much training state each device keeps.
@@ -356,21 +347,6 @@ impl DataParallel {
 /// The result of replica `i`'s thread; its error, or its panic, named by replica and device.
 fn joined<T>(i: usize, r: &Replica, thread: std::thread::Result<Result<T>>) -> Result<T> {
     thread.unwrap_or_else(|payload| Err(Error::panicked(payload))).map_err(|e| e.in_worker("data-parallel replica", i, &r.device))
-}
-
-/// ZeRO-1 ownership: parameters from largest to smallest, each to the device holding the
-/// fewest bytes so far (lowest rank on ties), which balances state without splitting tensors.
-fn assign_owners(sizes: &[usize], devices: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..sizes.len()).collect();
-    order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
-    let mut load = vec![0usize; devices];
-    let mut owner = vec![0; sizes.len()];
-    for p in order {
-        let d = (0..devices).min_by_key(|&d| (load[d], d)).unwrap_or(0);
-        owner[p] = d;
-        load[d] += sizes[p];
-    }
-    owner
 }
 
 impl Strategy for DataParallel {
@@ -503,70 +479,16 @@ impl Strategy for DataParallel {
         self.with_full(|| crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0)))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        // The module's own state_dict: a model may name more than its parameters (Gpt's tied
-        // `lm_head.weight`); replica 0's tensors are current after every step. Under ZeRO-3
-        // they are gathered and copied, since they are released again after.
-        if self.sharded.as_ref().is_some_and(|s| s.mode == Shard::Full) {
-            return self.with_full(|| self.replicas[0].model.state_dict().into_iter().map(|(k, t)| Ok((k, shard::copy_of(&t)?))).collect());
-        }
-        Ok(self.replicas[0].model.state_dict())
+        self.weights()
     }
-    /// Every replica loads `state`; under ZeRO-2/3 each device then cuts its shard from it.
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        let Some(s) = &self.sharded else { return self.replicas.iter().try_for_each(|r| r.model.load_state_dict(state)) };
-        for r in &self.replicas {
-            r.params.iter().try_for_each(|(_, t)| t.restore_storage().map(drop))?;
-            r.model.load_state_dict(state)?;
-        }
-        s.refresh(&self.replicas)?;
-        if s.mode == Shard::Full {
-            s.release(&self.replicas)?;
-        }
-        Ok(())
+        self.load_weights(state)
     }
-    /// Replica 0's state; where parameters have owners, each parameter's state gathered from
-    /// its owner onto device 0, in state_dict order (across processes a collective: owners on
-    /// other ranks send theirs).
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        let (first, steps) = self.opts[0].state();
-        if let Some(s) = &self.sharded {
-            let mine: Vec<Vec<(String, Tensor)>> = self.opts.iter().map(|o| o.state().0).collect();
-            let all = match self.comm.process_group().filter(|g| g.size() > 1) {
-                // Every rank's pieces in rank order, each rank's devices in order: global
-                // device order, which is the order of the pieces along each parameter.
-                Some(group) => vec![group.all_gather_named(&mine.concat())?],
-                None => mine,
-            };
-            return Ok((s.full_state(&all, &self.replicas)?, steps));
-        }
-        let Some(owners) = &self.owners else { return Ok((first, steps)) };
-        if let Some(group) = self.comm.process_group().filter(|g| g.size() > 1) {
-            let mine: Vec<(String, Tensor)> = self.opts.iter().flat_map(|o| o.state().0).collect();
-            return Ok((update::gathered_state(&group.all_gather_named(&mine)?, &self.replicas[0])?, steps));
-        }
-        let states: Vec<Vec<(String, Tensor)>> = self.opts.iter().map(|o| o.state().0).collect();
-        let dev0 = &self.replicas[0].device;
-        let mut out = Vec::new();
-        for (p, (name, _)) in self.replicas[0].params.iter().enumerate() {
-            let prefix = format!("{name}.");
-            for (key, t) in states[owners[p]].iter().filter(|(k, _)| k.starts_with(&prefix)) {
-                let t = if owners[p] == 0 { t.clone() } else { self.comm.send_recv(t, dev0)? };
-                out.push((key.clone(), t));
-            }
-        }
-        Ok((out, steps))
+        self.whole_optimizer_state()
     }
-    /// Every replica loads `state`; where parameters have owners each keeps only its own
-    /// parameters' entries, under ZeRO-2/3 only its pieces of them.
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
-        self.run.step = steps;
-        if let Some(s) = &self.sharded {
-            for (i, (o, r)) in self.opts.iter_mut().zip(&self.replicas).enumerate() {
-                o.load_state(&s.state_piece(i, state, r)?, steps)?;
-            }
-            return Ok(());
-        }
-        self.opts.iter_mut().try_for_each(|o| o.load_state(state, steps))
+        self.load_whole_optimizer_state(state, steps)
     }
     fn modules(&self) -> Vec<&dyn Module> {
         self.replicas.iter().map(|r| &*r.model).collect()
