@@ -226,4 +226,8 @@ fn zero3_parameters_are_released_between_steps() {
     assert_eq!(s.predict(&x).unwrap().dims(), &[1, 1]);
     assert_eq!(s.state_dict().unwrap().len(), 8);
     assert!(w.to_vec().is_err(), "released again after state_dict");
+    s.gather_full().unwrap();
+    assert_eq!(w.to_vec().unwrap().len(), 64 * 256, "kept after gather_full");
+    s.step(&b[1]).unwrap();
+    assert!(w.to_vec().is_err(), "released again by the next step");
 }

@@ -160,6 +160,8 @@ pub struct DataParallel {
     split_weights: Option<Vec<f64>>,
     /// ZeRO-2/3: each device's shard of the parameters, which its optimizer updates.
     sharded: Option<shard::Sharded>,
+    /// ZeRO-3: the full parameters stay gathered until the next step (`gather_full`).
+    full_kept: bool,
     events: Vec<StepEvent>,
     overlap: Option<Overlap>,
 }
@@ -279,7 +281,7 @@ impl DataParallel {
             s.release(&replicas)?;
         }
         let run = StepCore::new(loss, devices);
-        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, events: Vec::new(), overlap: None })
+        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, full_kept: false, events: Vec::new(), overlap: None })
     }
 
     /// A communication span of `what` from `start` to now on every replica's comm track.
@@ -432,6 +434,7 @@ impl Strategy for DataParallel {
                 self.trace_comm(trace, "all-gather parameters", tg);
             } else {
                 s.release(&self.replicas)?;
+                self.full_kept = false;
             }
         }
         // Parameters with an owner were updated there only; copy them to the other replicas.
@@ -489,6 +492,13 @@ impl Strategy for DataParallel {
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.load_whole_optimizer_state(state, steps)
+    }
+    fn gather_full(&mut self) -> Result<()> {
+        if let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full && !self.full_kept) {
+            s.gather(&self.replicas, &*self.comm)?;
+            self.full_kept = true;
+        }
+        Ok(())
     }
     fn modules(&self) -> Vec<&dyn Module> {
         self.replicas.iter().map(|r| &*r.model).collect()

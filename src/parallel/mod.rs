@@ -78,6 +78,13 @@ pub trait Strategy: Send {
     /// Optimizer state (`name.momentum_buffer`, ...) and its step count, gathered.
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)>;
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()>;
+    /// Keeps the whole model on this process until the next step, so that `predict` and
+    /// `state_dict` need no other process (FSDP's `summon_full_params`): what a job calls on
+    /// every rank before rank 0 alone evaluates and saves. Only ZeRO-3 has anything to gather
+    /// (a collective across processes); the default does nothing.
+    fn gather_full(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Every module the strategy runs (each replica, stage or shard's part), for what is
     /// set on all of them alike: the training mode.
     fn modules(&self) -> Vec<&dyn Module>;

@@ -9,7 +9,7 @@ impl DataParallel {
     /// Runs `f` with every replica's full parameters present: under ZeRO-3 gathered before
     /// and released after (a collective across processes: every rank calls it).
     pub(super) fn with_full<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full) else { return f() };
+        let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full && !self.full_kept) else { return f() };
         s.gather(&self.replicas, &*self.comm)?;
         let out = f();
         s.release(&self.replicas)?;
@@ -35,7 +35,7 @@ impl DataParallel {
             r.model.load_state_dict(state)?;
         }
         s.refresh(&self.replicas)?;
-        if s.mode == Shard::Full {
+        if s.mode == Shard::Full && !self.full_kept {
             s.release(&self.replicas)?;
         }
         Ok(())
