@@ -206,7 +206,8 @@ fn sharding_reduces_memory_per_device() {
     let [_, zero1, zero2, zero3] = [0, 1, 2, 3].map(|i| figures[i]);
     assert!(zero2.2 < zero1.2 && zero1.2 < plain_held, "held: {figures:?}");
     assert!(zero3.2 < zero2.2, "ZeRO-3 holds less than ZeRO-2 between steps: {figures:?}");
-    assert!(zero2.1 < plain_peak && zero3.1 < plain_peak, "peaks: {figures:?}");
+    // The full gradients are dropped bucket by bucket as backward packs them.
+    assert!((zero2.1 as f64) < 0.75 * plain_peak as f64 && zero3.1 <= zero2.1 + 1024, "peaks: {figures:?}");
     // Between steps ZeRO-3 holds about a quarter of plain (4 devices; plus activations' pool).
     assert!((zero3.2 as f64) < 0.3 * plain_held as f64, "held: {figures:?}");
 }

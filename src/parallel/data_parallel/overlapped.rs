@@ -126,6 +126,11 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Ready>)
             if pending[b] == 0 {
                 sent[b] = true;
                 let flat = buckets::pack(&r.params, &plan.buckets[b])?;
+                if plan.scatter.is_some() {
+                    // ZeRO-2/3 keeps only its block of the reduction: the full gradients go
+                    // now, so that no more than the buckets in flight exist at once.
+                    plan.buckets[b].iter().for_each(|&p| r.params[p].1.set_grad(None));
+                }
                 buckets::send(&tx, Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? })?;
             }
             Ok(())
