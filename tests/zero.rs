@@ -232,3 +232,32 @@ fn zero3_parameters_are_released_between_steps() {
     s.step(&b[1]).unwrap();
     assert!(w.to_vec().is_err(), "released again by the next step");
 }
+
+/// `tandem train --shard`: a ZeRO-3 run's checkpoint resumes as plain data parallelism and a
+/// plain run's as ZeRO-2, each ending with the weights of the uninterrupted run.
+#[test]
+fn cli_checkpoints_resume_under_another_shard_mode() {
+    let dir = std::env::temp_dir().join(format!("tandem-zero-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let tandem = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let common = ["train", "--data", "digits", "--batch", "16", "--steps", "6", "--devices", "cpu,cpu", "--strategy", "data", "--optimizer", "adam", "--lr", "0.01", "--checkpoint-every", "3"];
+    let load = |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
+    for (first, then) in [("full", "none"), ("none", "grads")] {
+        let ck = path(&format!("ck-{first}"));
+        let whole = path(&format!("whole-{first}.safetensors"));
+        tandem(&[&common[..], &["--shard", first, "--checkpoint-dir", &ck, "--save", &whole]].concat());
+        // Back to step 3: the last checkpoint goes, as if the run had stopped there.
+        std::fs::remove_file(dir.join(format!("ck-{first}")).join("ckpt-00000006.safetensors")).unwrap();
+        let resumed = path(&format!("resumed-{then}.safetensors"));
+        let log = tandem(&[&common[..], &["--shard", then, "--checkpoint-dir", &ck, "--resume", "--save", &resumed]].concat());
+        assert!(log.contains("resuming from"), "{log}");
+        assert_close(&format!("--shard {first}, resumed under --shard {then}"), &load(&resumed), &load(&whole), 1e-5, 1e-4);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
