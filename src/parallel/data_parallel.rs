@@ -493,6 +493,10 @@ impl Strategy for DataParallel {
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.load_whole_optimizer_state(state, steps)
     }
+    fn state_is_collective(&self) -> bool {
+        let (_, world) = self.comm.device_span();
+        world > self.replicas.len() && (self.owners.is_some() || self.sharded.is_some())
+    }
     fn gather_full(&mut self) -> Result<()> {
         if let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full && !self.full_kept) {
             s.gather(&self.replicas, &*self.comm)?;

@@ -85,6 +85,11 @@ pub trait Strategy: Send {
     fn gather_full(&mut self) -> Result<()> {
         Ok(())
     }
+    /// Whether `state_dict` and `optimizer_state` are collectives across processes (state
+    /// sharded over the ranks): then every rank calls them when rank 0 saves a checkpoint.
+    fn state_is_collective(&self) -> bool {
+        false
+    }
     /// Every module the strategy runs (each replica, stage or shard's part), for what is
     /// set on all of them alike: the training mode.
     fn modules(&self) -> Vec<&dyn Module>;
