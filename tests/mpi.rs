@@ -95,6 +95,14 @@ fn sharded_data_parallelism_across_processes_trains_as_one() {
             tandem::tolerance::assert_close(&format!("weights, {what}"), &many.weights, &one.weights, 1e-5, 1e-4);
         }
     }
+    // Deterministic mode: ZeRO-2 and ZeRO-3 over 2 processes are one plain process bit for bit.
+    let det = |devices| ["--devices", devices, "--steps", "6", "--deterministic"];
+    let one = train(alone, &det("cpu"));
+    for shard in ["grads", "full"] {
+        let many = train(|a| mpirun(2, false, a), &[&det("cpu,cpu,cpu,cpu")[..], &["--shard", shard]].concat());
+        assert_eq!(many.bits, one.bits, "--shard {shard} --deterministic: losses {:?} against {:?}", many.losses, one.losses);
+        assert!(many.weights.iter().zip(&one.weights).all(|(a, b)| a.to_bits() == b.to_bits()), "--shard {shard} --deterministic: the weights differ");
+    }
 }
 
 #[test]
