@@ -10,7 +10,7 @@
 //! mpirun -np 2 target/debug/examples/dist_pipeline --mode zero --devices cpu
 //! mpirun -np 2 target/debug/examples/dist_pipeline --mode dp --devices cuda:0,cuda:1 --comm nccl
 //! ```
-//! Options: `--mode single|pipeline|dp|zero`; `--devices SPEC` (the machine's devices, shared
+//! Options: `--mode single|pipeline|dp|zero|zero2|zero3` (ZeRO-1, 2, 3); `--devices SPEC` (the machine's devices, shared
 //! out by local rank; default `cpu`); `--steps N`; `--batch B`; pipeline: `--split A,B,..`
 //! (layer indices where ranks 1, 2, .. start; one rank per stage), `--micro M`, `--schedule
 //! gpipe|1f1b`, `--recompute`; `--clip MAX_NORM` (single and pipeline); data parallel: `--comm hierarchical|nccl`; `--state-out PATH`
@@ -23,7 +23,7 @@ use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
 use tandem::parallel::comm::{Communicator, Hierarchical};
 use tandem::parallel::pipeline::Schedule;
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Parallel, Stages, Strategy};
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Parallel, Shard, Stages, Strategy};
 use tandem::train::{Observer, StepInfo, Trainer};
 use tandem::{Error, Result, Tensor};
 
@@ -129,16 +129,22 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
                 .build()?;
             Ok(Built::Other(Box::new(pipe)))
         }
-        "dp" | "zero" => {
+        "dp" | "zero" | "zero2" | "zero3" => {
             let comm: Box<dyn Communicator> = match args.comm.as_str() {
                 "hierarchical" => Box::new(Hierarchical::new(&devices, group.clone(), Order::Mpi)?),
                 "nccl" => nccl(&devices, group)?,
                 c => return Err(Error::invalid("dist_pipeline", format!("--comm {c}: expected hierarchical or nccl"))),
             };
-            let cfg = DataParallelConfig { shard_optimizer: args.mode == "zero", ..Default::default() };
+            let shard = match args.mode.as_str() {
+                "zero" => Shard::Optimizer,
+                "zero2" => Shard::Grads,
+                "zero3" => Shard::Full,
+                _ => Shard::None,
+            };
+            let cfg = DataParallelConfig { shard, ..Default::default() };
             Ok(Built::Data(Box::new(Parallel::data(|d| model.slice(0..model.len(), d), &devices, &opt, loss).config(cfg).communicator(comm).build()?)))
         }
-        m => Err(Error::invalid("dist_pipeline", format!("--mode {m}: expected single, pipeline, dp or zero"))),
+        m => Err(Error::invalid("dist_pipeline", format!("--mode {m}: expected single, pipeline, dp, zero, zero2 or zero3"))),
     }
 }
 

@@ -9,7 +9,8 @@
 //! mpirun -np 2 target/debug/examples/dist_train --devices cpu --steps 10
 //! ```
 //! Options: `--devices SPEC` (the machine's devices, shared out by local rank; default `cpu`),
-//! `--steps N`, `--batch B`, `--deterministic`, `--order mpi|ranks`, `--weights-out PATH`
+//! `--steps N`, `--batch B`, `--deterministic`, `--shard none|optimizer|grads|full` (ZeRO-1,
+//! 2, 3 over every rank's devices), `--order mpi|ranks`, `--weights-out PATH`
 //! (rank 0 writes the final weights as little-endian f32), `--panic-at STEP`, `--hang-at STEP`,
 //! `--kill-at STEP` (on rank `--fault-rank R`, default the last), `--mismatched-collectives`
 //! (no training: each collective called with another length, root or kind on each rank, one
@@ -20,7 +21,7 @@ use tandem::dist::{self, Group, Order};
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
 use tandem::parallel::comm::{Communicator, Hierarchical};
-use tandem::parallel::{DataParallelConfig, Loss, OptimConfig, Parallel, Strategy};
+use tandem::parallel::{DataParallelConfig, Loss, OptimConfig, Parallel, Shard, Strategy};
 use tandem::train::{Observer, RunStart, StepInfo, Trainer};
 use tandem::{Error, Result};
 
@@ -29,6 +30,7 @@ struct Args {
     steps: u64,
     batch: usize,
     deterministic: bool,
+    shard: Shard,
     order: Option<Order>,
     weights_out: Option<String>,
     fault: Option<(Fault, u64)>,
@@ -58,7 +60,7 @@ fn main() {
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, order: None, weights_out: None, fault: None, fault_rank: None, mismatched: false };
+    let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, shard: Shard::None, order: None, weights_out: None, fault: None, fault_rank: None, mismatched: false };
     let mut it = std::env::args().skip(1);
     let usage = |m: String| Error::invalid("dist_train", m);
     while let Some(flag) = it.next() {
@@ -69,6 +71,7 @@ fn parse_args() -> Result<Args> {
             "--steps" => a.steps = num(value()?)?,
             "--batch" => a.batch = num(value()?)? as usize,
             "--deterministic" => a.deterministic = true,
+            "--shard" => a.shard = value()?.parse()?,
             "--order" => {
                 a.order = Some(match value()?.as_str() {
                     "mpi" => Order::Mpi,
@@ -97,7 +100,7 @@ fn train(group: &Group, args: &Args) -> Result<()> {
     let comm = Hierarchical::new(&devices, group.clone(), order)?;
     let (_, world_devices) = comm.device_span();
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
-    let cfg = DataParallelConfig { deterministic: args.deterministic, ..Default::default() };
+    let cfg = DataParallelConfig { deterministic: args.deterministic, shard: args.shard, ..Default::default() };
     let dp = Parallel::data(|d| SeedModel::Cnn.build(0, d), &devices, &opt, Loss::CrossEntropy).config(cfg).communicator(Box::new(comm)).build()?;
     // Every rank draws the same global batches; the strategy gives each its share.
     let (train, _) = digits::load(1024, 0, 0)?;
@@ -106,9 +109,14 @@ fn train(group: &Group, args: &Args) -> Result<()> {
     let lines = JsonLines { leader: group.rank() == 0, processes: group.size(), devices: world_devices };
     let mut trainer = Trainer::new(dp).steps(args.steps).group(group.clone()).observe(faults).observe(lines);
     trainer.fit(&mut loader)?;
-    if let (Some(path), 0) = (&args.weights_out, group.rank()) {
+    if let Some(path) = &args.weights_out {
+        // Every rank asks: under ZeRO-3 the weights are gathered from every rank's shards.
+        let state = trainer.strategy().state_dict()?;
+        if group.rank() != 0 {
+            return Ok(());
+        }
         let mut bytes = Vec::new();
-        for (_, t) in trainer.strategy().state_dict()? {
+        for (_, t) in state {
             bytes.extend(t.to_vec()?.iter().flat_map(|x| x.to_le_bytes()));
         }
         std::fs::write(path, bytes).map_err(|e| Error::io(path, e))?;

@@ -168,7 +168,7 @@ fn every_strategy_trains_a_user_model_like_single() {
         let cases: Vec<(&str, Box<dyn Strategy>)> = vec![
             ("data parallel", Box::new(dp(DataParallelConfig::default()))),
             ("data parallel, deterministic", Box::new(dp(DataParallelConfig { deterministic: true, ..Default::default() }))),
-            ("data parallel, 2 micro-batches, ZeRO-1", Box::new(dp(DataParallelConfig { micro_batches: 2, shard_optimizer: true, ..Default::default() }))),
+            ("data parallel, 2 micro-batches, ZeRO-1", Box::new(dp(DataParallelConfig { micro_batches: 2, shard: tandem::parallel::Shard::Optimizer, ..Default::default() }))),
             ("layer placement", Box::new(LayerPlacement::with_stages(Stages::Split(&full, Split::At(vec![2])), pair, &opt(), smoothed()).unwrap())),
             (
                 "GPipe, recomputing",

@@ -10,7 +10,7 @@ use tandem::nn::models::SeedModel;
 use tandem::nn::Sequential;
 use tandem::optim::{AdamConfig, SgdConfig};
 use tandem::parallel::comm::PeerRing;
-use tandem::parallel::{assign_buckets, DataParallel, DataParallelConfig, Loss, OptimConfig, Single, StepEvent, Strategy};
+use tandem::parallel::{assign_buckets, DataParallel, DataParallelConfig, Loss, OptimConfig, Shard, Single, StepEvent, Strategy};
 use tandem::tolerance::assert_close;
 use tandem::{Device, Error};
 
@@ -229,7 +229,7 @@ fn zero1_matches_unsharded_with_less_state_per_device() {
     let adam = OptimConfig::adam(AdamConfig { lr: 1e-3, ..Default::default() });
     let b = batches(24);
     let mut plain = data_parallel(2, DataParallelConfig::default(), &adam);
-    let mut sharded = data_parallel(2, DataParallelConfig { shard_optimizer: true, ..Default::default() }, &adam);
+    let mut sharded = data_parallel(2, DataParallelConfig { shard: Shard::Optimizer, ..Default::default() }, &adam);
     let (pl, pw) = train(&mut plain, &b);
     let (sl, sw) = train(&mut sharded, &b);
     assert_close("zero1 losses", &sl, &pl, 1e-6, 1e-6);

@@ -2,7 +2,8 @@
 //! processes trains as one process does, deterministic mode is bit-identical across process
 //! and device layouts, and a rank that panics, is killed or stops answering ends the whole
 //! job within 30 s with a non-zero exit and a message naming a rank; collectives called with
-//! other lengths on each rank return an error on every rank.
+//! other lengths on each rank return an error on every rank; sharded data parallelism (ZeRO-1,
+//! 2, 3) across processes trains as one process does.
 #[path = "common/jobs.rs"]
 mod jobs;
 
@@ -74,6 +75,33 @@ fn two_and_three_processes_train_as_one() {
         assert_eq!(many.devices as usize, devices.split(',').count().max(np), "{what}");
         tandem::tolerance::assert_close(&format!("losses, {what}"), &many.losses, &one.losses, 1e-5, 1e-4);
         tandem::tolerance::assert_close(&format!("weights, {what}"), &many.weights, &one.weights, 1e-5, 1e-4);
+    }
+}
+
+/// ZeRO-1, 2 and 3 over two processes' devices train as one plain process does: the
+/// gradients reduce-scattered and the shards all-gathered across processes, clipping aside.
+#[test]
+fn sharded_data_parallelism_across_processes_trains_as_one() {
+    let base = ["--devices", "cpu", "--steps", "6"];
+    let one = train(alone, &base);
+    for (np, devices) in [(2, "cpu"), (2, "cpu,cpu,cpu,cpu")] {
+        for shard in ["optimizer", "grads", "full"] {
+            let mut args = base.to_vec();
+            args[1] = devices;
+            args.extend(["--shard", shard]);
+            let many = train(|a| mpirun(np, false, a), &args);
+            let what = format!("--shard {shard}, {np} processes, devices {devices}");
+            tandem::tolerance::assert_close(&format!("losses, {what}"), &many.losses, &one.losses, 1e-5, 1e-4);
+            tandem::tolerance::assert_close(&format!("weights, {what}"), &many.weights, &one.weights, 1e-5, 1e-4);
+        }
+    }
+    // Deterministic mode: ZeRO-2 and ZeRO-3 over 2 processes are one plain process bit for bit.
+    let det = |devices| ["--devices", devices, "--steps", "6", "--deterministic"];
+    let one = train(alone, &det("cpu"));
+    for shard in ["grads", "full"] {
+        let many = train(|a| mpirun(2, false, a), &[&det("cpu,cpu,cpu,cpu")[..], &["--shard", shard]].concat());
+        assert_eq!(many.bits, one.bits, "--shard {shard} --deterministic: losses {:?} against {:?}", many.losses, one.losses);
+        assert!(many.weights.iter().zip(&one.weights).all(|(a, b)| a.to_bits() == b.to_bits()), "--shard {shard} --deterministic: the weights differ");
     }
 }
 

@@ -2,7 +2,8 @@
 //! equals the single-process run with one log, a checkpoint written under 2 processes resumes
 //! under 1 and under 3 on the uninterrupted run's curve, a failing rank ends the job naming
 //! it, `devices` speaks per rank and `bench --bench allreduce` prints its JSON figures; ranks
-//! started with other flags, data or chunk sizes end the job within 30 s naming what differs.
+//! started with other flags, data or chunk sizes end the job within 30 s naming what differs;
+//! sharded (`--shard`) checkpoints resume under another rank count and sharding mode.
 #[path = "common/jobs.rs"]
 mod jobs;
 
@@ -129,6 +130,26 @@ fn a_checkpoint_of_two_processes_resumes_under_one_and_three() {
             let what = format!("2 processes for 5 steps, then {np} (deterministic: {deterministic})");
             assert_curve(&what, &[head, tail].concat(), &whole, deterministic);
         }
+    }
+}
+
+/// `--shard`: a ZeRO-3 run of 2 processes resumes as ZeRO-2 under 3 and a ZeRO-2 one as ZeRO-3
+/// alone, both on the curve of the plain uninterrupted run (the checkpoints hold the whole
+/// state, gathered from every rank's shards).
+#[test]
+fn sharded_checkpoints_resume_under_another_rank_count_and_mode() {
+    let whole = losses(&json_lines(tandem(1, &strs(&cnn("10", &[])))));
+    for (first, then, np) in [("full", "grads", 3), ("grads", "full", 1)] {
+        let dir = TempDir::new();
+        let ckpt = dir.0.join("ckpt");
+        let ckpt = ckpt.to_str().unwrap();
+        let mut head = cnn("5", &["--strategy", "data", "--checkpoint-dir"]);
+        head.extend([ckpt.to_string(), "--shard".into(), first.into()]);
+        let head = losses(&json_lines(tandem(2, &strs(&head))));
+        let mut rest = cnn("10", &["--strategy", "data", "--resume", "--checkpoint-dir"]);
+        rest.extend([ckpt.to_string(), "--shard".into(), then.into()]);
+        let tail = losses(&json_lines(tandem(np, &strs(&rest))));
+        assert_curve(&format!("--shard {first} on 2 processes, then --shard {then} on {np}"), &[head, tail].concat(), &whole, false);
     }
 }
 

@@ -241,7 +241,7 @@ fn measure_one_owner_against_balanced_owners() {
     for _round in 0..3 {
         for det in [false, true] {
             for (owners, shard) in [("one owner", false), ("balanced owners", true)] {
-                let cfg = DataParallelConfig { shard_optimizer: shard, ..config(det) };
+                let cfg = DataParallelConfig { shard: if shard { tandem::parallel::Shard::Optimizer } else { tandem::parallel::Shard::None }, ..config(det) };
                 let mut dp = DataParallel::new(&model, &devs, &optimizers()[0].1, Loss::CrossEntropy, cfg).unwrap();
                 let entry = times.entry((det, owners)).or_default();
                 for r in data.iter().map(|b| dp.step(b).unwrap()).skip(3) {

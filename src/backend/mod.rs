@@ -496,6 +496,19 @@ pub trait Backend: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// Frees the memory behind `buf` while its handle lives on, so that ZeRO-3 can drop a
+    /// parameter's values between steps without the model losing the tensor; every op on it
+    /// is an error until [`Backend::restore`]. `Ok(false)`: this backend keeps the memory (the
+    /// values stay valid, nothing is saved).
+    fn release(&self, _buf: &Buffer) -> Result<bool> {
+        Ok(false)
+    }
+    /// Gives a released buffer memory again (contents unspecified); `Ok(true)` for a buffer
+    /// that was never released. `Ok(false)` where `release` is not supported.
+    fn restore(&self, _buf: &Buffer) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Waits until every recorded op has finished.
     fn sync(&self) -> Result<()>;
     fn memory(&self) -> MemoryStats;

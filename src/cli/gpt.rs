@@ -23,7 +23,7 @@ use tandem::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
 use tandem::data::{Batch, WindowLoader};
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::optim::LrSchedule;
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Shard, Single, Stages, Strategy, TensorParallelGpt};
 use tandem::train::MeanLoss;
 use tandem::{Device, Error, Result, Tensor};
 
@@ -250,7 +250,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
 
     let mut strategy = if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
-        let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), ..Default::default() };
+        let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, ..Default::default() };
         ranks.data_parallel(gpt_on(args, cfg), &devices, &optim, Loss::CrossEntropy, dp)?
     } else {
         build(args, cfg, &optim, &devices)?
@@ -333,6 +333,9 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
     if args.pipelines.is_some() && kind != StrategyKind::DataPipeline {
         return Err(Error::invalid("--pipelines", "needs --strategy data,pipeline"));
     }
+    if args.shard != Shard::None && kind != StrategyKind::Data {
+        return Err(Error::invalid("--shard", format!("shards data parallelism's state; --strategy {kind:?} has none to shard (use --strategy data)")));
+    }
     if matches!(kind, StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data) {
         // The whole model trains on each device: refuse before drawing a weight what cannot fit.
         for d in devices {
@@ -348,7 +351,7 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             Ok(Box::new(Single::new(gpt(&devices[0])?, optim, Loss::CrossEntropy, &devices[0])?))
         }
         StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data => {
-            let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, ..Default::default() };
+            let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, ..Default::default() };
             Ok(Box::new(DataParallel::from_factory(gpt, devices, optim, Loss::CrossEntropy, dp)?))
         }
         StrategyKind::Tensor => {

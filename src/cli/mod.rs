@@ -195,6 +195,11 @@ pub struct TrainArgs {
     /// cost in speed; layer splits (model, pipeline) fixed by parameter bytes, not timings.
     #[arg(long)]
     pub deterministic: bool,
+    /// Shard data parallelism's training state over the devices: `optimizer` (ZeRO-1),
+    /// `grads` (ZeRO-2: gradients and optimizer state), `full` (ZeRO-3: parameters too).
+    /// Needs --strategy data (or auto on several devices).
+    #[arg(long, value_name = "MODE", default_value = "none")]
+    pub shard: tandem::parallel::Shard,
     /// Write resumable checkpoints into this directory.
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,

@@ -6,7 +6,7 @@ use tandem::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
 use tandem::nn::models::SeedModel;
 use tandem::nn::{Module, Sequential};
 use tandem::optim::{AdamConfig, ParamGroups, SgdConfig};
-use tandem::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, Single, Split, Stages, Strategy, TensorParallel};
+use tandem::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, Shard, Single, Split, Stages, Strategy, TensorParallel};
 use tandem::{Device, Error, Result, Tensor};
 use clap::ValueEnum;
 use std::path::{Path, PathBuf};
@@ -48,6 +48,8 @@ pub struct StrategyPlan {
     pub micro_batches: usize,
     pub schedule: Schedule,
     pub deterministic: bool,
+    /// `--shard`: data parallelism only.
+    pub shard: Shard,
 }
 
 /// The one place where `--strategy` becomes a constructor.
@@ -62,6 +64,9 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
         StrategyKind::Auto => StrategyKind::Data,
         k => k,
     };
+    if plan.shard != Shard::None && kind != StrategyKind::Data {
+        return Err(Error::invalid("--shard", format!("shards data parallelism's state; --strategy {kind:?} has none to shard (use --strategy data)")));
+    }
     match kind {
         // `Auto` was resolved to Single or Data above.
         StrategyKind::Single | StrategyKind::Auto => {
@@ -104,7 +109,7 @@ pub(super) fn pipeline_schedule(s: Schedule) -> pipeline::Schedule {
 }
 
 fn data_parallel(plan: &StrategyPlan) -> Result<Box<dyn Strategy>> {
-    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, ..Default::default() };
+    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, shard: plan.shard, ..Default::default() };
     Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone(), cfg)?))
 }
 

@@ -72,7 +72,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
     let strategy = if ranks.many() {
-        let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, ..Default::default() };
+        let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, ..Default::default() };
         ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
     } else {
         let plan = StrategyPlan {
@@ -84,6 +84,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
             micro_batches,
             schedule: args.schedule,
             deterministic: args.deterministic,
+            shard: args.shard,
         };
         build_strategy(plan)?
     };

@@ -112,6 +112,8 @@ impl<'a> Run<'a> {
             // be mistaken for the results of the whole run.
             return Ok(Ended::Exit(self.finish_stopped(&console, &fit, Stopped::of(code))));
         }
+        // Every rank, so that rank 0 can evaluate and save alone (ZeRO-3 gathers its shards).
+        trainer.strategy_mut().gather_full()?;
         if !self.ranks.leader() {
             // Rank 0 evaluates and writes the outputs; the job ends when it has.
             self.ranks.barrier()?;

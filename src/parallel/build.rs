@@ -170,9 +170,14 @@ impl<M: Module, F: Fn(&Device) -> Result<M>> DataBuilder<F> {
         self.cfg.calibrate = true;
         self
     }
-    /// ZeRO-1: each device keeps optimizer state only for the parameters it owns.
-    pub fn shard_optimizer(mut self) -> Self {
-        self.cfg.shard_optimizer = true;
+    /// ZeRO-1: each device keeps optimizer state only for the parameters it owns
+    /// (`.shard(Shard::Optimizer)`).
+    pub fn shard_optimizer(self) -> Self {
+        self.shard(super::Shard::Optimizer)
+    }
+    /// How much training state each device keeps: ZeRO-1, 2 or 3 (see [`super::Shard`]).
+    pub fn shard(mut self, shard: super::Shard) -> Self {
+        self.cfg.shard = shard;
         self
     }
     /// Every option at once.

@@ -5,7 +5,7 @@
 //! the devices' gradients is exactly the gradient of the global mean loss, whatever the split
 //! (uneven, user-weighted, calibrated) and however many micro-batches accumulate on a device.
 //! See [`DataParallelConfig`] for the options: bucket size, split weights, calibration,
-//! deterministic mode and ZeRO-1 optimizer sharding.
+//! deterministic mode and sharding ([`Shard`]: ZeRO-1, ZeRO-2 and ZeRO-3, see `shard.rs`).
 //!
 //! The replicas stay one model bit for bit. On devices of one kernel family each replica applies
 //! the (identical) reduced gradients itself; on a mix of backends or adapters, whose kernels
@@ -14,10 +14,13 @@
 mod buckets;
 mod deterministic;
 mod overlapped;
+mod shard;
+mod state;
 mod timing;
 mod update;
 
 pub use buckets::assign_buckets;
+pub use shard::Shard;
 pub use timing::{DeviceSpans, Overlap};
 
 use super::comm::{self, Communicator};
@@ -49,10 +52,12 @@ pub struct DataParallelConfig {
     pub deterministic_shards: usize,
     /// Micro-batches each device accumulates before the all-reduce (gradient accumulation).
     pub micro_batches: usize,
-    /// ZeRO-1: each device keeps optimizer state only for the parameters it owns (balanced by
-    /// size), updates them and broadcasts them. On devices of different kernel families this
-    /// also spreads the updates, which otherwise all run on the first device.
-    pub shard_optimizer: bool,
+    /// How much training state each device keeps. [`Shard::Optimizer`] (ZeRO-1): optimizer
+    /// state only for the parameters a device owns (balanced by size), which it updates and
+    /// broadcasts; on devices of different kernel families this also spreads the updates,
+    /// which otherwise all run on the first device. [`Shard::Grads`] (ZeRO-2) and
+    /// [`Shard::Full`] (ZeRO-3) cut every bucket into one block per device (see `shard.rs`).
+    pub shard: Shard,
 }
 
 impl Default for DataParallelConfig {
@@ -64,7 +69,7 @@ impl Default for DataParallelConfig {
             deterministic: false,
             deterministic_shards: 4,
             micro_batches: 1,
-            shard_optimizer: false,
+            shard: Shard::None,
         }
     }
 }
@@ -153,6 +158,10 @@ pub struct DataParallel {
     owners: Option<Vec<usize>>,
     /// Split proportions: the user's, the calibrated ones, or `None` for equal shares.
     split_weights: Option<Vec<f64>>,
+    /// ZeRO-2/3: each device's shard of the parameters, which its optimizer updates.
+    sharded: Option<shard::Sharded>,
+    /// ZeRO-3: the full parameters stay gathered until the next step (`gather_full`).
+    full_kept: bool,
     events: Vec<StepEvent>,
     overlap: Option<Overlap>,
 }
@@ -230,8 +239,12 @@ impl DataParallel {
         let buckets = assign_buckets(&sizes, cfg.bucket_bytes);
         let bucket_of = buckets::bucket_of(&buckets, sizes.len());
         let (first, world) = comm.device_span();
-        let owners = if cfg.shard_optimizer {
-            Some(assign_owners(&sizes, world))
+        let zero = matches!(cfg.shard, Shard::Grads | Shard::Full);
+        let owners = if zero {
+            // Every piece has one owner by construction and is all-gathered to the others.
+            None
+        } else if cfg.shard == Shard::Optimizer {
+            Some(update::assign_owners(&sizes, world))
         } else if !update::one_kernel_family(devices) {
             // One owner rather than ZeRO-1's balanced ones: one broadcast a step instead of one
             // per device (measured cheaper on the seed CNN; see update.rs).
@@ -239,15 +252,7 @@ impl DataParallel {
         } else {
             None
         };
-        let opts = params
-            .iter()
-            .enumerate()
-            .map(|(i, params)| {
-                let mine = params.iter().enumerate().filter(|(p, _)| owners.as_ref().is_none_or(|o| o[*p] == first + i)).map(|(_, p)| p.clone());
-                opt.build(mine.collect())
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let replicas = models
+        let replicas: Vec<Replica> = models
             .into_iter()
             .zip(params)
             .enumerate()
@@ -259,8 +264,38 @@ impl DataParallel {
                 params,
             })
             .collect();
+        let sharded = if zero { Some(shard::Sharded::new(cfg.shard, &replicas, &buckets, first, world)?) } else { None };
+        let params: Vec<&Vec<(String, Tensor)>> = match &sharded {
+            Some(s) => s.values.iter().collect(),
+            None => replicas.iter().map(|r| &r.params).collect(),
+        };
+        let opts = params
+            .iter()
+            .enumerate()
+            .map(|(i, params)| {
+                let mine = params.iter().enumerate().filter(|(p, _)| owners.as_ref().is_none_or(|o| o[*p] == first + i)).map(|(_, p)| p.clone());
+                opt.build(mine.collect())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(s) = sharded.as_ref().filter(|s| s.mode == Shard::Full) {
+            s.release(&replicas)?;
+        }
         let run = StepCore::new(loss, devices);
-        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, events: Vec::new(), overlap: None })
+        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, full_kept: false, events: Vec::new(), overlap: None })
+    }
+
+    /// A communication span of `what` from `start` to now on every replica's comm track.
+    fn trace_comm(&self, trace: Option<&super::trace::Trace>, what: &str, start: Instant) {
+        if let Some(tr) = trace {
+            for r in &self.replicas {
+                tr.span(&r.comm_track(), what, Phase::Comm, start, start.elapsed().as_secs_f64());
+            }
+        }
+    }
+
+    /// How much training state each device keeps.
+    pub fn shard(&self) -> Shard {
+        self.cfg.shard
     }
 
     /// The communicator in use (its name says which algorithm; it counts bytes moved).
@@ -288,11 +323,13 @@ impl DataParallel {
     pub fn last_overlap(&self) -> Option<&Overlap> {
         self.overlap.as_ref()
     }
-    /// Bytes of optimizer state held on each device (ZeRO-1 divides it among them).
+    /// Bytes of optimizer state held on each device (ZeRO-1, 2 and 3 divide it among them).
     pub fn optimizer_state_bytes(&self) -> Vec<u64> {
         self.opts.iter().map(|o| o.state().0.iter().map(|(_, t)| 4 * t.numel() as u64).sum()).collect()
     }
     /// The parameters of every replica; tests use it to check the replicas stay identical.
+    /// Under ZeRO-3 they are released between steps (reading one is an error where the
+    /// backend releases memory): read [`Strategy::state_dict`] instead.
     pub fn replica_parameters(&self) -> Vec<Vec<(String, Tensor)>> {
         self.replicas.iter().map(|r| r.params.clone()).collect()
     }
@@ -314,21 +351,6 @@ fn joined<T>(i: usize, r: &Replica, thread: std::thread::Result<Result<T>>) -> R
     thread.unwrap_or_else(|payload| Err(Error::panicked(payload))).map_err(|e| e.in_worker("data-parallel replica", i, &r.device))
 }
 
-/// ZeRO-1 ownership: parameters from largest to smallest, each to the device holding the
-/// fewest bytes so far (lowest rank on ties), which balances state without splitting tensors.
-fn assign_owners(sizes: &[usize], devices: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..sizes.len()).collect();
-    order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
-    let mut load = vec![0usize; devices];
-    let mut owner = vec![0; sizes.len()];
-    for p in order {
-        let d = (0..devices).min_by_key(|&d| (load[d], d)).unwrap_or(0);
-        owner[p] = d;
-        load[d] += sizes[p];
-    }
-    owner
-}
-
 impl Strategy for DataParallel {
     fn check_batch_size(&self, n: usize) -> Result<()> {
         super::split::check_samples(n, self.comm.device_span().1)
@@ -345,6 +367,13 @@ impl Strategy for DataParallel {
         let trace = self.run.trace.clone();
         let trace = trace.as_ref();
         let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&(first + i)))).collect();
+        let mut comm_spans = Vec::new();
+        if let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full) {
+            let tg = Instant::now();
+            s.gather(&self.replicas, &*self.comm)?;
+            comm_spans.push((tg, Instant::now()));
+            self.trace_comm(trace, "all-gather parameters", tg);
+        }
         let parts = ReplicaSplit { first, world, local: n, weights: self.split_weights.as_deref(), mode }.parts(batch)?;
         let (computed, reduced) = if self.cfg.deterministic {
             (deterministic::run(&self.replicas, &parts, batch.len(), &updates, &self.run, &*self.comm, trace)?, None)
@@ -355,21 +384,60 @@ impl Strategy for DataParallel {
                 run: &self.run,
                 total: batch.len(),
                 trace,
+                scatter: self.sharded.as_ref().map(shard::Sharded::world),
             };
             let (mut c, r) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan)?;
             c.loss = self.comm.sum_by_index(vec![(first, vec![c.loss])])?[0];
             (c, Some(r))
         };
 
-        if let Some(reduced) = &reduced {
-            update::unpack(&self.replicas, &self.buckets, reduced)?;
+        let (grad_norm, opt_s) = match &self.sharded {
+            Some(s) => {
+                match &reduced {
+                    Some(blocks) => s.grads_from_blocks(blocks)?,
+                    None => s.grads_from_full(&self.replicas)?,
+                }
+                // Deterministic mode leaves the whole sum on every replica: its norm is replica
+                // 0's, as without sharding, bit for bit. Otherwise every element of the
+                // gradient is in one piece: the norm sums the pieces, over every process.
+                let counted = self.cfg.deterministic.then(|| &self.replicas[0].params[..]);
+                if !self.cfg.deterministic {
+                    self.replicas.iter().for_each(|r| r.model.zero_grad());
+                }
+                let comm = &*self.comm;
+                let across = |sq: f64| Ok(f64::from(comm.sum_by_index(vec![(first, vec![sq as f32])])?[0]));
+                let reduce = (counted.is_none() && world > n).then_some(&across as &dyn Fn(f64) -> Result<f64>);
+                let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
+                let out = self.run.update(counted, reduce, parts, Some("data-parallel replica"))?;
+                self.replicas.iter().for_each(|r| r.model.zero_grad());
+                s.drop_grads();
+                out
+            }
+            None => {
+                if let Some(reduced) = &reduced {
+                    update::unpack(&self.replicas, &self.buckets, reduced)?;
+                }
+                // Every updating replica now holds the reduced gradient: the norm is one replica's.
+                let counted = updates.iter().position(|&u| u).map(|r| &self.replicas[r].params[..]);
+                let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
+                self.run.update(Some(counted.unwrap_or(&[])), None, parts, Some("data-parallel replica"))?
+            }
+        };
+        let hidden_from = comm_spans.len() + computed.comm.len();
+        comm_spans.extend(computed.comm.iter().copied());
+        if let Some(s) = &self.sharded {
+            // ZeRO-2 all-gathers the updated pieces now; ZeRO-3 before the next forward.
+            let tg = Instant::now();
+            if s.mode == Shard::Grads {
+                s.gather(&self.replicas, &*self.comm)?;
+                comm_spans.push((tg, Instant::now()));
+                self.trace_comm(trace, "all-gather parameters", tg);
+            } else {
+                s.release(&self.replicas)?;
+                self.full_kept = false;
+            }
         }
-        // Every updating replica now holds the reduced gradient: the norm is one replica's.
-        let counted = updates.iter().position(|&u| u).map(|r| &self.replicas[r].params[..]);
-        let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
-        let (grad_norm, opt_s) = self.run.update(Some(counted.unwrap_or(&[])), None, parts, Some("data-parallel replica"))?;
         // Parameters with an owner were updated there only; copy them to the other replicas.
-        let mut comm_spans = computed.comm.clone();
         if let Some(owners) = &self.owners {
             let tb = Instant::now();
             if world > n {
@@ -378,17 +446,14 @@ impl Strategy for DataParallel {
                 update::share_owned(&self.replicas, owners, &*self.comm)?;
             }
             comm_spans.push((tb, Instant::now()));
-            if let Some(tr) = trace {
-                for r in &self.replicas {
-                    tr.span(&r.comm_track(), "broadcast owned parameters", Phase::Comm, tb, tb.elapsed().as_secs_f64());
-                }
-            }
+            self.trace_comm(trace, "broadcast owned parameters", tb);
         }
 
         let host_s = |spans: &[(Instant, Instant)]| spans.iter().map(|(s, e)| (*e - *s).as_secs_f64()).sum::<f64>();
         let (comm_s, overlapped) = match &computed.overlap {
-            // The owners' broadcast follows the update, so none of it is hidden.
-            Some(o) => (o.mean_allreduce_s() + host_s(&comm_spans[computed.comm.len()..]), o.hidden_s.iter().sum::<f64>() / n as f64),
+            // The owners' broadcast and the all-gathers come before forward or after the
+            // update, so none of them is hidden.
+            Some(o) => (o.mean_allreduce_s() + host_s(&comm_spans[..hidden_from - computed.comm.len()]) + host_s(&comm_spans[hidden_from..]), o.hidden_s.iter().sum::<f64>() / n as f64),
             None => {
                 let hidden = match computed.backward_end {
                     Some(end) => comm_spans.iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
@@ -414,43 +479,30 @@ impl Strategy for DataParallel {
     fn predict(&self, x: &Tensor) -> Result<Tensor> {
         let r = &self.replicas[0];
         let x = x.to(&r.device)?;
-        crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0))
+        self.with_full(|| crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0)))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        // The module's own state_dict: a model may name more than its parameters (Gpt's tied
-        // `lm_head.weight`); replica 0's tensors are current after every step.
-        Ok(self.replicas[0].model.state_dict())
+        self.weights()
     }
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.replicas.iter().try_for_each(|r| r.model.load_state_dict(state))
+        self.load_weights(state)
     }
-    /// Replica 0's state; where parameters have owners, each parameter's state gathered from
-    /// its owner onto device 0, in state_dict order (across processes a collective: owners on
-    /// other ranks send theirs).
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        let (first, steps) = self.opts[0].state();
-        let Some(owners) = &self.owners else { return Ok((first, steps)) };
-        if let Some(group) = self.comm.process_group().filter(|g| g.size() > 1) {
-            let mine: Vec<(String, Tensor)> = self.opts.iter().flat_map(|o| o.state().0).collect();
-            return Ok((update::gathered_state(&group.all_gather_named(&mine)?, &self.replicas[0])?, steps));
-        }
-        let states: Vec<Vec<(String, Tensor)>> = self.opts.iter().map(|o| o.state().0).collect();
-        let dev0 = &self.replicas[0].device;
-        let mut out = Vec::new();
-        for (p, (name, _)) in self.replicas[0].params.iter().enumerate() {
-            let prefix = format!("{name}.");
-            for (key, t) in states[owners[p]].iter().filter(|(k, _)| k.starts_with(&prefix)) {
-                let t = if owners[p] == 0 { t.clone() } else { self.comm.send_recv(t, dev0)? };
-                out.push((key.clone(), t));
-            }
-        }
-        Ok((out, steps))
+        self.whole_optimizer_state()
     }
-    /// Every replica loads `state`; where parameters have owners each keeps only its own
-    /// parameters' entries.
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
-        self.run.step = steps;
-        self.opts.iter_mut().try_for_each(|o| o.load_state(state, steps))
+        self.load_whole_optimizer_state(state, steps)
+    }
+    fn state_is_collective(&self) -> bool {
+        let (_, world) = self.comm.device_span();
+        world > self.replicas.len() && (self.owners.is_some() || self.sharded.is_some())
+    }
+    fn gather_full(&mut self) -> Result<()> {
+        if let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full && !self.full_kept) {
+            s.gather(&self.replicas, &*self.comm)?;
+            self.full_kept = true;
+        }
+        Ok(())
     }
     fn modules(&self) -> Vec<&dyn Module> {
         self.replicas.iter().map(|r| &*r.model).collect()

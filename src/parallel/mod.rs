@@ -20,7 +20,7 @@ mod tensor_parallel;
 pub mod trace;
 
 pub use build::{DataBuilder, GridBuilder, LayersBuilder, Parallel, SingleBuilder, TensorBuilder, TensorModel};
-pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, Overlap, StepEvent};
+pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, Overlap, Shard, StepEvent};
 pub use grid::PipelineGrid;
 pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
 pub use loss::{batch_to_device, inputs_to_device, Loss, LossFn};
@@ -78,6 +78,18 @@ pub trait Strategy: Send {
     /// Optimizer state (`name.momentum_buffer`, ...) and its step count, gathered.
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)>;
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()>;
+    /// Keeps the whole model on this process until the next step, so that `predict` and
+    /// `state_dict` need no other process (FSDP's `summon_full_params`): what a job calls on
+    /// every rank before rank 0 alone evaluates and saves. Only ZeRO-3 has anything to gather
+    /// (a collective across processes); the default does nothing.
+    fn gather_full(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Whether `state_dict` and `optimizer_state` are collectives across processes (state
+    /// sharded over the ranks): then every rank calls them when rank 0 saves a checkpoint.
+    fn state_is_collective(&self) -> bool {
+        false
+    }
     /// Every module the strategy runs (each replica, stage or shard's part), for what is
     /// set on all of them alike: the training mode.
     fn modules(&self) -> Vec<&dyn Module>;

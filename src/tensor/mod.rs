@@ -233,6 +233,17 @@ impl Tensor {
         self.backend().copy(&src.0.buffer, 0, &self.0.buffer, 0, self.numel())
     }
 
+    /// Frees this tensor's memory while the tensor (and every view sharing its buffer) lives
+    /// on: ZeRO-3 keeps a model's parameters this way between steps. `Ok(false)` where the
+    /// backend keeps the memory (see [`Backend::release`]).
+    pub(crate) fn release_storage(&self) -> Result<bool> {
+        self.backend().release(&self.0.buffer)
+    }
+    /// Memory again for a released tensor, contents unspecified: assign its values next.
+    pub(crate) fn restore_storage(&self) -> Result<bool> {
+        self.backend().restore(&self.0.buffer)
+    }
+
     pub(crate) fn expect_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
         if self.dtype() != dtype {
             return Err(Error::DType { op, expected: dtype, got: self.dtype() });

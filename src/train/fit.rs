@@ -93,6 +93,9 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
                         let path = save(dir, &*self.strategy, step, fit.checkpoint.take(), state)?;
                         self.observers.iter_mut().for_each(|o| o.checkpointed(step, &path));
                         fit.checkpoint = Some(path);
+                    } else if self.strategy.state_is_collective() {
+                        // Rank 0's snapshot gathers from every rank's shards: take part in it.
+                        runfile::snapshot(&*self.strategy)?;
                     }
                     // Nobody goes on (and could read the directory) before rank 0 has written.
                     self.group.barrier()?;

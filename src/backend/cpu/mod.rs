@@ -13,6 +13,7 @@ use crate::backend::budget::Budget;
 use crate::backend::host;
 use crate::{DType, Error, Layout, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Host memory as 32-bit words (f32 or i32 bit patterns), behind a lock so that ops can write
@@ -20,6 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 pub(crate) struct CpuBuffer {
     pub(crate) data: RwLock<Vec<u32>>,
     pool: Arc<Mutex<Pool>>,
+    /// Its words went back to the pool (`Backend::release`): every op refuses it until
+    /// `Backend::restore`, instead of indexing an empty vector.
+    released: AtomicBool,
 }
 
 impl Drop for CpuBuffer {
@@ -94,7 +98,7 @@ impl CpuBackend {
     fn make(&self, data: Vec<u32>, dtype: DType) -> Buffer {
         let len = data.len();
         lock(&self.pool).count(len);
-        Buffer::new(CpuBuffer { data: RwLock::new(data), pool: self.pool.clone() }, len, dtype)
+        Buffer::new(CpuBuffer { data: RwLock::new(data), pool: self.pool.clone(), released: AtomicBool::new(false) }, len, dtype)
     }
 
     /// `Ok` when `len` more words fit the device's memory budget.
@@ -118,7 +122,11 @@ fn write(b: &CpuBuffer) -> RwLockWriteGuard<'_, Vec<u32>> {
 }
 
 fn raw(b: &Buffer) -> Result<&CpuBuffer> {
-    b.downcast::<CpuBuffer>().ok_or_else(|| Error::invalid("cpu", "buffer belongs to another device"))
+    let cpu = b.downcast::<CpuBuffer>().ok_or_else(|| Error::invalid("cpu", "buffer belongs to another device"))?;
+    if cpu.released.load(Ordering::Acquire) {
+        return Err(Error::invalid("cpu", format!("a buffer of {} elements was released (a ZeRO-3 parameter between steps) and not restored", b.len())));
+    }
+    Ok(cpu)
 }
 
 fn same(a: &Buffer, b: &Buffer) -> Result<bool> {
@@ -338,6 +346,28 @@ impl Backend for CpuBackend {
     }
     fn sync(&self) -> Result<()> {
         Ok(())
+    }
+    fn release(&self, buf: &Buffer) -> Result<bool> {
+        let cpu = raw(buf)?;
+        let words = std::mem::take(&mut *write(cpu));
+        cpu.released.store(true, Ordering::Release);
+        lock(&self.pool).give_back(words);
+        Ok(true)
+    }
+    fn restore(&self, buf: &Buffer) -> Result<bool> {
+        let cpu = buf.downcast::<CpuBuffer>().ok_or_else(|| Error::invalid("cpu", "buffer belongs to another device"))?;
+        if !cpu.released.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let reused = lock(&self.pool).take(buf.len());
+        let words = match reused {
+            Some(v) => v,
+            None => host::try_filled(buf.len(), 0, "cpu", "restore")?,
+        };
+        lock(&self.pool).count(words.len());
+        *write(cpu) = words;
+        cpu.released.store(false, Ordering::Release);
+        Ok(true)
     }
     fn memory(&self) -> MemoryStats {
         let p = lock(&self.pool);

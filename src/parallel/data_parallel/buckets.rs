@@ -102,8 +102,11 @@ pub(super) struct Exchanged {
 }
 
 /// The communication thread's loop: collects `Ready` messages until every worker has hung up,
-/// all-reducing (summing) each bucket the moment all `devices` have reported it.
-pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Ready>, buckets: usize, devices: usize) -> Result<Exchanged> {
+/// all-reducing (summing) each bucket the moment all `devices` have reported it; with
+/// `scatter: Some(world)` (ZeRO-2/3) reduce-scattering it instead, padded with zeros to a
+/// multiple of `world` so that every device's block has the same length, and keeping each
+/// device's block.
+pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Ready>, buckets: usize, devices: usize, scatter: Option<usize>) -> Result<Exchanged> {
     let mut slots: Vec<Vec<Option<(Tensor, Stamp)>>> = vec![vec![None; devices]; buckets];
     let mut reduced: Vec<Option<Vec<Tensor>>> = vec![None; buckets];
     let mut stamps: Vec<Option<Vec<(Stamp, Stamp)>>> = vec![None; buckets];
@@ -117,7 +120,13 @@ pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Ready>, buckets: us
         if slots[msg.bucket].iter().all(Option::is_some) {
             let (group, ready): (Vec<Tensor>, Vec<Stamp>) = slots[msg.bucket].iter_mut().filter_map(Option::take).unzip();
             let start = Instant::now();
-            comm.all_reduce(&group, ReduceKind::Sum)?;
+            let group = match scatter {
+                None => {
+                    comm.all_reduce(&group, ReduceKind::Sum)?;
+                    group
+                }
+                Some(world) => comm.reduce_scatter(&padded(group, world)?, ReduceKind::Sum)?,
+            };
             let end = Instant::now();
             let landed = comm.devices().iter().map(Stamp::now).collect::<Result<Vec<_>>>()?;
             launches.push((msg.bucket, start, end));
@@ -126,4 +135,19 @@ pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Ready>, buckets: us
         }
     }
     Ok(Exchanged { reduced, launches, stamps })
+}
+
+/// Each flat bucket followed by zeros up to a multiple of `world` elements.
+fn padded(group: Vec<Tensor>, world: usize) -> Result<Vec<Tensor>> {
+    group
+        .into_iter()
+        .map(|t| {
+            let pad = t.numel().next_multiple_of(world) - t.numel();
+            if pad == 0 {
+                return Ok(t);
+            }
+            let zeros = Tensor::zeros([pad], t.device())?;
+            Tensor::cat(&[t, zeros], 0)
+        })
+        .collect()
 }

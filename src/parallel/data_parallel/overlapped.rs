@@ -30,15 +30,18 @@ pub(super) struct Plan<'a> {
     /// Samples in the global batch: each micro-batch's loss is scaled by its share of it.
     pub total: usize,
     pub trace: Option<&'a Trace>,
+    /// ZeRO-2/3: reduce-scatter each bucket over this many devices instead of all-reducing it.
+    pub scatter: Option<usize>,
 }
 
 /// Runs forward, backward and the bucketed all-reduce on every device; returns the reduced
-/// buckets (`[bucket][device]`) for the optimizer phase to unpack.
+/// buckets (`[bucket][device]`, each device's block under `Plan::scatter`) for the optimizer
+/// phase to unpack.
 pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communicator, plan: &Plan) -> Result<(Computed, Vec<Vec<crate::Tensor>>)> {
     let n = replicas.len();
     let (tx, rx) = channel::<Ready>();
     let (workers, exchanged) = std::thread::scope(|s| {
-        let comm_thread = s.spawn(move || buckets::exchange(comm, rx, plan.buckets.len(), n));
+        let comm_thread = s.spawn(move || buckets::exchange(comm, rx, plan.buckets.len(), n, plan.scatter));
         let handles: Vec<_> = replicas
             .iter()
             .zip(shards)
@@ -123,6 +126,11 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Ready>)
             if pending[b] == 0 {
                 sent[b] = true;
                 let flat = buckets::pack(&r.params, &plan.buckets[b])?;
+                if plan.scatter.is_some() {
+                    // ZeRO-2/3 keeps only its block of the reduction: the full gradients go
+                    // now, so that no more than the buckets in flight exist at once.
+                    plan.buckets[b].iter().for_each(|&p| r.params[p].1.set_grad(None));
+                }
                 buckets::send(&tx, Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? })?;
             }
             Ok(())

@@ -143,3 +143,18 @@ pub(super) fn gathered_state(all: &[(String, Tensor)], replica: &Replica) -> Res
     }
     Ok(out)
 }
+
+/// ZeRO-1 ownership: parameters from largest to smallest, each to the device holding the
+/// fewest bytes so far (lowest rank on ties), which balances state without splitting tensors.
+pub(super) fn assign_owners(sizes: &[usize], devices: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
+    let mut load = vec![0usize; devices];
+    let mut owner = vec![0; sizes.len()];
+    for p in order {
+        let d = (0..devices).min_by_key(|&d| (load[d], d)).unwrap_or(0);
+        owner[p] = d;
+        load[d] += sizes[p];
+    }
+    owner
+}

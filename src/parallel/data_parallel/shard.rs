@@ -1,0 +1,277 @@
+//! ZeRO-2 and ZeRO-3 ([`Shard::Grads`], [`Shard::Full`]): each device keeps only its shard of
+//! the gradients (and of the parameters, with ZeRO-3) and updates only that shard.
+//!
+//! The gradient buckets are the units of sharding (FSDP's flat parameters). A bucket's
+//! parameters, flattened in bucket order and padded with zeros to a multiple of the world size
+//! `W` (the devices of every process), split into `W` equal blocks; block `g` belongs to global
+//! device `g`. Where its block overlaps a parameter, a device holds a *piece* of it: a flat
+//! tensor named as the parameter, which that device's optimizer owns. Optimizer state so
+//! exists only for pieces, under the parameter's own names (`fc.weight.exp_avg`), and an
+//! elementwise optimizer (SGD, Adam, AdamW) computes on a piece bit for bit what it computes
+//! on the whole parameter.
+//!
+//! A step: (ZeRO-3 only) every bucket's blocks are all-gathered into the full parameters;
+//! forward and backward run as in plain data parallelism; each bucket's gradients are
+//! reduce-scattered the moment backward completes it, overlapping the rest of backward; the full
+//! gradients are dropped; clipping's global norm is summed over the pieces (every element
+//! once, so it is exact over shards); each device updates its pieces; then the blocks are
+//! all-gathered into the full parameters again (ZeRO-2) or the full parameters' memory is
+//! released until the next step (ZeRO-3, `Backend::release`). ZeRO-3 gathers the whole model
+//! at once and keeps it through backward: FSDP's `reshard_after_forward = false` at the
+//! granularity of the whole model.
+use super::Replica;
+use crate::autograd::no_grad;
+use crate::parallel::comm::Communicator;
+use crate::{Error, Result, Tensor};
+
+/// How much of the training state each data-parallel device keeps (ZeRO's stages).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Shard {
+    /// Every device holds everything: plain data parallelism (PyTorch DDP).
+    #[default]
+    None,
+    /// ZeRO-1: optimizer state of the parameters each device owns (whole tensors, balanced by
+    /// size); gradients and parameters stay full.
+    Optimizer,
+    /// ZeRO-2: gradients reduce-scattered, each device keeps and updates its shard of them and
+    /// of the optimizer state; parameters all-gathered after the update.
+    Grads,
+    /// ZeRO-3 (FSDP's `FULL_SHARD`): parameters, gradients and optimizer state sharded between
+    /// steps; the full parameters are all-gathered before forward and released after backward.
+    Full,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Shard::None),
+            "optimizer" => Ok(Shard::Optimizer),
+            "grads" => Ok(Shard::Grads),
+            "full" => Ok(Shard::Full),
+            _ => Err(Error::invalid("--shard", format!("{s:?} is not none, optimizer, grads or full"))),
+        }
+    }
+}
+
+/// One device's piece of a parameter.
+#[derive(Clone, Debug)]
+struct Piece {
+    param: usize,
+    unit: usize,
+    /// First element of the piece in the parameter's flat values.
+    from: usize,
+    /// First element of the piece in the device's block of the unit.
+    at: usize,
+    len: usize,
+}
+
+/// One bucket as a unit of sharding: its parameters, and their offsets in its flat values.
+struct Unit {
+    members: Vec<usize>,
+    offsets: Vec<usize>,
+    /// Elements per device: the unit's length divided by the world size, rounded up.
+    block: usize,
+}
+
+/// The sharded state of this process's devices.
+pub(super) struct Sharded {
+    pub mode: Shard,
+    world: usize,
+    units: Vec<Unit>,
+    /// Per local device: its pieces, by unit and then position in the block.
+    pieces: Vec<Vec<Piece>>,
+    /// Per local device: the pieces' values (the optimizer's parameters), named as their
+    /// parameters. Gradients are set on them after the reduce-scatter.
+    pub values: Vec<Vec<(String, Tensor)>>,
+}
+
+impl Sharded {
+    /// The layout over `buckets` for devices `first..first + local` of `world`, with pieces cut
+    /// from the replicas' current (identical) parameters.
+    pub fn new(mode: Shard, replicas: &[Replica], buckets: &[Vec<usize>], first: usize, world: usize) -> Result<Sharded> {
+        let params = &replicas[0].params;
+        let units: Vec<Unit> = buckets
+            .iter()
+            .map(|members| {
+                let mut offsets = Vec::with_capacity(members.len());
+                let mut n = 0;
+                for &p in members {
+                    offsets.push(n);
+                    n += params[p].1.numel();
+                }
+                Unit { members: members.clone(), offsets, block: n.div_ceil(world) }
+            })
+            .collect();
+        let pieces: Vec<Vec<Piece>> = (0..replicas.len())
+            .map(|i| {
+                let g = first + i;
+                let mut mine = Vec::new();
+                for (u, unit) in units.iter().enumerate() {
+                    let (lo, hi) = (g * unit.block, (g + 1) * unit.block);
+                    for (&p, &off) in unit.members.iter().zip(&unit.offsets) {
+                        let (start, end) = (off.max(lo), (off + params[p].1.numel()).min(hi));
+                        if start < end {
+                            mine.push(Piece { param: p, unit: u, from: start - off, at: start - lo, len: end - start });
+                        }
+                    }
+                }
+                mine
+            })
+            .collect();
+        let values = replicas
+            .iter()
+            .zip(&pieces)
+            .map(|(r, ps)| no_grad(|| ps.iter().map(|pc| Ok((r.params[pc.param].0.clone(), cut(&r.params[pc.param].1, pc)?.requires_grad()))).collect::<Result<Vec<_>>>()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sharded { mode, world, units, pieces, values })
+    }
+
+    /// The world size every bucket is padded to a multiple of, for the reduce-scatter.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Copies the replicas' parameters into the pieces (after a checkpoint is loaded).
+    pub fn refresh(&self, replicas: &[Replica]) -> Result<()> {
+        no_grad(|| {
+            for ((r, ps), vs) in replicas.iter().zip(&self.pieces).zip(&self.values) {
+                for (pc, (_, v)) in ps.iter().zip(vs) {
+                    v.assign(&cut(&r.params[pc.param].1, pc)?)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Every device's gradient pieces out of its reduce-scattered blocks (`[unit][device]`).
+    pub fn grads_from_blocks(&self, reduced: &[Vec<Tensor>]) -> Result<()> {
+        for (i, (ps, vs)) in self.pieces.iter().zip(&self.values).enumerate() {
+            for (pc, (_, v)) in ps.iter().zip(vs) {
+                v.set_grad(Some(reduced[pc.unit][i].narrow(0, pc.at, pc.len)?));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every device's gradient pieces out of its replica's full reduced gradients
+    /// (deterministic mode, which leaves the whole sum on every replica).
+    pub fn grads_from_full(&self, replicas: &[Replica]) -> Result<()> {
+        for ((r, ps), vs) in replicas.iter().zip(&self.pieces).zip(&self.values) {
+            for (pc, (_, v)) in ps.iter().zip(vs) {
+                let (name, p) = &r.params[pc.param];
+                let g = p.grad().ok_or_else(|| Error::Msg(format!("data parallel: {name} has no reduced gradient")))?;
+                v.set_grad(Some(cut(&g, pc)?));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the pieces' gradients (kept only from the reduce-scatter to the update).
+    pub fn drop_grads(&self) {
+        self.values.iter().flatten().for_each(|(_, v)| v.set_grad(None));
+    }
+
+    /// All-gathers every unit's blocks into the replicas' full parameters, one collective per
+    /// unit; released parameters get their memory back first.
+    pub fn gather(&self, replicas: &[Replica], comm: &dyn Communicator) -> Result<()> {
+        no_grad(|| {
+            for (u, unit) in self.units.iter().enumerate() {
+                let blocks = replicas.iter().enumerate().map(|(i, r)| self.block(i, u, r)).collect::<Result<Vec<_>>>()?;
+                let whole = comm.all_gather(&blocks)?;
+                drop(blocks);
+                for (r, flat) in replicas.iter().zip(&whole) {
+                    if flat.numel() != self.world * unit.block {
+                        return Err(Error::shape("DataParallel::step", format!("bucket {u} gathered {} values, not {} blocks of {}", flat.numel(), self.world, unit.block)));
+                    }
+                    for (&p, &off) in unit.members.iter().zip(&unit.offsets) {
+                        let t = &r.params[p].1;
+                        t.restore_storage()?;
+                        t.assign(&flat.narrow(0, off, t.numel())?.reshape(t.shape().clone())?)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Device `i`'s block of unit `u`: its pieces' values, then zeros to the block's length.
+    fn block(&self, i: usize, u: usize, r: &Replica) -> Result<Tensor> {
+        let mut parts: Vec<Tensor> = self.pieces[i].iter().zip(&self.values[i]).filter(|(pc, _)| pc.unit == u).map(|(_, (_, v))| v.detach()).collect();
+        let held: usize = parts.iter().map(Tensor::numel).sum();
+        if held < self.units[u].block {
+            parts.push(Tensor::zeros([self.units[u].block - held], &r.device)?);
+        }
+        Tensor::cat(&parts, 0)
+    }
+
+    /// Frees the replicas' full parameters (ZeRO-3 between steps), where the backend can; on
+    /// one that cannot (wgpu, CUDA) they stay allocated and only gradients and optimizer state
+    /// are sharded.
+    pub fn release(&self, replicas: &[Replica]) -> Result<()> {
+        for r in replicas {
+            for (_, t) in &r.params {
+                t.release_storage()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The full optimizer state, in the replicas' parameter order and under PyTorch's names,
+    /// assembled on `replicas[0]`'s device from `all`: every device's pieces' state, in global
+    /// device order (across processes, every rank's, gathered).
+    pub fn full_state(&self, all: &[Vec<(String, Tensor)>], replicas: &[Replica]) -> Result<Vec<(String, Tensor)>> {
+        let dev0 = &replicas[0].device;
+        let mut out = Vec::new();
+        for (name, p) in &replicas[0].params {
+            let prefix = format!("{name}.");
+            let mut keys: Vec<&str> = Vec::new();
+            for (k, _) in all.iter().flatten().filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('.')) {
+                if !keys.contains(&k.as_str()) {
+                    keys.push(k);
+                }
+            }
+            for key in keys {
+                let parts = all.iter().flatten().filter(|(k, _)| k == key).map(|(_, t)| t.flatten_all()?.to(dev0)).collect::<Result<Vec<_>>>()?;
+                let whole = Tensor::cat(&parts, 0)?;
+                if whole.numel() != p.numel() {
+                    return Err(Error::shape("DataParallel::optimizer_state", format!("{key}: the shards hold {} values for a parameter of {:?}", whole.numel(), p.shape())));
+                }
+                out.push((key.to_string(), whole.reshape(p.shape().clone())?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Device `i`'s part of a full optimizer state: each entry of a parameter it holds a piece
+    /// of, cut to that piece, on its device.
+    pub fn state_piece(&self, i: usize, state: &[(String, Tensor)], replica: &Replica) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        for pc in &self.pieces[i] {
+            let (name, p) = &replica.params[pc.param];
+            let prefix = format!("{name}.");
+            for (k, t) in state.iter().filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('.')) {
+                if t.numel() != p.numel() {
+                    return Err(Error::shape("DataParallel::load_optimizer_state", format!("{k} is {:?} for a parameter of {:?}", t.shape(), p.shape())));
+                }
+                out.push((k.clone(), cut(&t.to(&replica.device)?, pc)?));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `pc`'s elements of `t` (a parameter, or a tensor of its shape), as a fresh flat tensor
+/// (`narrow` copies, so a piece never shares memory with a parameter that may be released).
+fn cut(t: &Tensor, pc: &Piece) -> Result<Tensor> {
+    t.flatten_all()?.narrow(0, pc.from, pc.len)
+}
+
+/// A copy of `t` in memory of its own (what `state_dict` returns under ZeRO-3, whose
+/// parameters are released after it).
+pub(super) fn copy_of(t: &Tensor) -> Result<Tensor> {
+    if t.numel() == 0 {
+        return Ok(t.clone());
+    }
+    no_grad(|| t.flatten_all()?.narrow(0, 0, t.numel())?.reshape(t.shape().clone()))
+}
