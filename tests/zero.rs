@@ -261,3 +261,35 @@ fn cli_checkpoints_resume_under_another_shard_mode() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A GPT (tied embedding, dropout 0.2) with AdamW whose biases and norms take no weight decay
+/// (a rule by rank, which every piece must follow as its parameter does), clipped: ZeRO-2 and
+/// ZeRO-3 on 3 CPU devices match one device.
+#[test]
+fn gpt_with_adamw_groups_matches_one_device() {
+    use tandem::data::text::{Split, TextCorpus};
+    use tandem::nn::models::{Gpt, GptConfig};
+    use tandem::optim::ParamGroups;
+    let corpus = TextCorpus::builtin(0);
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, block_size: 8, vocab_size: corpus.vocab.len(), dropout: 0.2, bias: true };
+    let opt = OptimConfig::adam(AdamConfig { lr: 3e-3, weight_decay: 0.5, ..AdamConfig::adamw() }).with_groups(ParamGroups::no_decay_for_biases_and_norms());
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
+    let batches: Vec<Batch> = (0..5)
+        .map(|_| {
+            let b = corpus.batch(Split::Train, 6, 8, &mut rng).unwrap();
+            Batch::tokens(b.x, b.y, b.block, corpus.vocab.len()).unwrap()
+        })
+        .collect();
+    let run = |s: &mut dyn Strategy| {
+        s.set_grad_clip(Some(CLIP)).unwrap();
+        train(s, &batches)
+    };
+    let dev = cpu_devices(1).remove(0);
+    let (want_l, want_w) = run(&mut Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap());
+    for shard in [Shard::Grads, Shard::Full] {
+        let mut s = DataParallel::from_factory(|d| Gpt::new(cfg, 1, d), &cpu_devices(3), &opt, Loss::CrossEntropy, DataParallelConfig { shard, bucket_bytes: 8192, ..Default::default() }).unwrap();
+        let (l, w) = run(&mut s);
+        assert_close(&format!("GPT {shard:?} losses"), &l, &want_l, 1e-5, 1e-4);
+        assert_close(&format!("GPT {shard:?} weights"), &w, &want_w, 1e-5, 1e-3);
+    }
+}
