@@ -385,6 +385,7 @@ impl Strategy for DataParallel {
                 total: batch.len(),
                 trace,
                 scatter: self.sharded.as_ref().map(shard::Sharded::world),
+                release: self.sharded.as_ref().is_some_and(|s| s.mode == Shard::Full),
             };
             let (mut c, r) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan)?;
             c.loss = self.comm.sum_by_index(vec![(first, vec![c.loss])])?[0];
