@@ -15,10 +15,12 @@
 //! reduce-scattered the moment backward completes it, overlapping the rest of backward; the full
 //! gradients are dropped; clipping's global norm is summed over the pieces (every element
 //! once, so it is exact over shards); each device updates its pieces; then the blocks are
-//! all-gathered into the full parameters again (ZeRO-2) or the full parameters' memory is
+//! all-gathered into the full parameters again (ZeRO-2) or the full parameters' memory stays
 //! released until the next step (ZeRO-3, `Backend::release`). ZeRO-3 gathers the whole model
-//! at once and keeps it through backward: FSDP's `reshard_after_forward = false` at the
-//! granularity of the whole model.
+//! before forward and keeps it through forward (FSDP's `reshard_after_forward = false`, at the
+//! granularity of the whole model); in backward each bucket's parameters are released the
+//! moment its gradients are complete, since no later node reads them (FSDP's post-backward
+//! reshard, per bucket).
 use super::Replica;
 use crate::autograd::no_grad;
 use crate::parallel::comm::Communicator;
