@@ -6,7 +6,7 @@ use common::{assert_close, cycled_devices, seed_image_batches};
 use tandem::data::Batch;
 use tandem::nn::models::SeedModel;
 use tandem::optim::SgdConfig;
-use tandem::parallel::{Loss, OptimConfig, Parallel, Split, Stages, Strategy};
+use tandem::parallel::{Loss, OptimConfig, Parallel, Shard, Split, Stages, Strategy};
 use tandem::{Device, Tensor};
 
 fn opt() -> OptimConfig {
@@ -27,6 +27,8 @@ fn every_strategy(clip: Option<f32>) -> Vec<(&'static str, Box<dyn Strategy>)> {
         ("data", Parallel::data(cnn, &d[..2], &opt(), loss()).grad_clip(clip).boxed().unwrap()),
         ("data, 2 micro-batches, ZeRO-1", Parallel::data(cnn, &d[..2], &opt(), loss()).micro_batches(2).shard_optimizer().grad_clip(clip).boxed().unwrap()),
         ("data, deterministic", Parallel::data(cnn, &d[..2], &opt(), loss()).deterministic(4).grad_clip(clip).boxed().unwrap()),
+        ("data, ZeRO-2", Parallel::data(cnn, &d[..2], &opt(), loss()).shard(Shard::Grads).grad_clip(clip).boxed().unwrap()),
+        ("data, 2 micro-batches, ZeRO-3", Parallel::data(cnn, &d[..2], &opt(), loss()).micro_batches(2).shard(Shard::Full).grad_clip(clip).boxed().unwrap()),
         ("layers", Parallel::layers(Stages::Split(&model, Split::At(vec![6])), &d[..2], &opt(), loss()).grad_clip(clip).boxed().unwrap()),
         ("pipeline", Parallel::pipeline(Stages::Split(&model, Split::At(vec![6])), &d[..2], &opt(), loss()).micro_batches(2).grad_clip(clip).boxed().unwrap()),
         ("tensor", Parallel::tensor(&model, &d[..2], &opt(), loss()).grad_clip(clip).boxed().unwrap()),

@@ -179,16 +179,16 @@ fn plain_after_state(batches: &[Batch]) -> Vec<(String, Tensor)> {
     plain.optimizer_state().unwrap().0
 }
 
-/// Bytes each of 4 CPU devices holds at its peak and between steps, training the 132k-parameter
-/// MLP with Adam: ZeRO-2 shards gradients and optimizer state, ZeRO-3 the parameters too.
-#[test]
-fn sharding_reduces_memory_per_device() {
+/// Bytes (peak, held between steps) on the most loaded of 4 CPU devices training the
+/// 132k-parameter MLP with Adam under each mode, with `bucket_bytes`; checks every mode
+/// trains as plain data parallelism does.
+fn memory_figures(bucket_bytes: usize) -> Vec<(Shard, u64, u64)> {
     let b = vector_batches(32);
     let mut figures = Vec::new();
     let mut results = Vec::new();
     for shard in [Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full] {
         let devices = cpu_devices(4);
-        let mut s = DataParallel::from_factory(|d| Ok(mlp(d)), &devices, &adam(), Loss::Mse, cfg(shard)).unwrap();
+        let mut s = DataParallel::from_factory(|d| Ok(mlp(d)), &devices, &adam(), Loss::Mse, DataParallelConfig { shard, bucket_bytes, ..Default::default() }).unwrap();
         let losses: Vec<f32> = b.iter().map(|x| s.step(x).unwrap().loss).collect();
         let peak = devices.iter().map(|d| d.memory().peak).max().unwrap();
         let held = devices.iter().map(|d| d.memory().in_use).max().unwrap();
@@ -197,19 +197,33 @@ fn sharding_reduces_memory_per_device() {
     }
     let (plain_peak, plain_held) = (figures[0].1, figures[0].2);
     for &(shard, peak, held) in &figures {
-        println!("{shard:?}: peak {peak} B ({:.2}x), held between steps {held} B ({:.2}x)", peak as f64 / plain_peak as f64, held as f64 / plain_held as f64);
+        println!("buckets of {bucket_bytes} B, {shard:?}: peak {peak} B ({:.2}x), held between steps {held} B ({:.2}x)", peak as f64 / plain_peak as f64, held as f64 / plain_held as f64);
     }
     for ((shard, _, _), (l, w)) in figures.iter().zip(&results).skip(1) {
         assert_close(&format!("{shard:?} losses"), l, &results[0].0, 1e-5, 1e-4);
         assert_close(&format!("{shard:?} weights"), w, &results[0].1, 1e-5, 1e-4);
     }
-    let [_, zero1, zero2, zero3] = [0, 1, 2, 3].map(|i| figures[i]);
-    assert!(zero2.2 < zero1.2 && zero1.2 < plain_held, "held: {figures:?}");
+    figures
+}
+
+/// ZeRO-2 shards gradients and optimizer state, ZeRO-3 the parameters too: each holds less,
+/// between steps and at the peak.
+#[test]
+fn sharding_reduces_memory_per_device() {
+    let figures = memory_figures(25 << 20);
+    let [plain, zero1, zero2, zero3] = [0, 1, 2, 3].map(|i| figures[i]);
+    assert!(zero2.2 < zero1.2 && zero1.2 < plain.2, "held: {figures:?}");
     assert!(zero3.2 < zero2.2, "ZeRO-3 holds less than ZeRO-2 between steps: {figures:?}");
     // The full gradients are dropped bucket by bucket as backward packs them.
-    assert!((zero2.1 as f64) < 0.75 * plain_peak as f64 && zero3.1 <= zero2.1 + 1024, "peaks: {figures:?}");
+    assert!((zero2.1 as f64) < 0.75 * plain.1 as f64 && zero3.1 <= zero2.1 + 1024, "peaks: {figures:?}");
     // Between steps ZeRO-3 holds about a quarter of plain (4 devices; plus activations' pool).
-    assert!((zero3.2 as f64) < 0.3 * plain_held as f64, "held: {figures:?}");
+    assert!((zero3.2 as f64) < 0.3 * plain.2 as f64, "held: {figures:?}");
+
+    // With a bucket per layer, ZeRO-3 releases each layer's parameters once backward is done
+    // with them: its peak falls below ZeRO-2's.
+    let figures = memory_figures(64 << 10);
+    let (zero2, zero3) = (figures[2], figures[3]);
+    assert!(zero3.1 < zero2.1, "peaks with small buckets: {figures:?}");
 }
 
 /// ZeRO-3 keeps the parameters released between steps: reading one is a clear error, not a
@@ -260,4 +274,36 @@ fn cli_checkpoints_resume_under_another_shard_mode() {
         assert_close(&format!("--shard {first}, resumed under --shard {then}"), &load(&resumed), &load(&whole), 1e-5, 1e-4);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A GPT (tied embedding, dropout 0.2) with AdamW whose biases and norms take no weight decay
+/// (a rule by rank, which every piece must follow as its parameter does), clipped: ZeRO-2 and
+/// ZeRO-3 on 3 CPU devices match one device.
+#[test]
+fn gpt_with_adamw_groups_matches_one_device() {
+    use tandem::data::text::{Split, TextCorpus};
+    use tandem::nn::models::{Gpt, GptConfig};
+    use tandem::optim::ParamGroups;
+    let corpus = TextCorpus::builtin(0);
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, block_size: 8, vocab_size: corpus.vocab.len(), dropout: 0.2, bias: true };
+    let opt = OptimConfig::adam(AdamConfig { lr: 3e-3, weight_decay: 0.5, ..AdamConfig::adamw() }).with_groups(ParamGroups::no_decay_for_biases_and_norms());
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
+    let batches: Vec<Batch> = (0..5)
+        .map(|_| {
+            let b = corpus.batch(Split::Train, 6, 8, &mut rng).unwrap();
+            Batch::tokens(b.x, b.y, b.block, corpus.vocab.len()).unwrap()
+        })
+        .collect();
+    let run = |s: &mut dyn Strategy| {
+        s.set_grad_clip(Some(CLIP)).unwrap();
+        train(s, &batches)
+    };
+    let dev = cpu_devices(1).remove(0);
+    let (want_l, want_w) = run(&mut Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap());
+    for shard in [Shard::Grads, Shard::Full] {
+        let mut s = DataParallel::from_factory(|d| Gpt::new(cfg, 1, d), &cpu_devices(3), &opt, Loss::CrossEntropy, DataParallelConfig { shard, bucket_bytes: 8192, ..Default::default() }).unwrap();
+        let (l, w) = run(&mut s);
+        assert_close(&format!("GPT {shard:?} losses"), &l, &want_l, 1e-5, 1e-4);
+        assert_close(&format!("GPT {shard:?} weights"), &w, &want_w, 1e-5, 1e-3);
+    }
 }

@@ -498,8 +498,8 @@ pub trait Backend: Send + Sync {
 
     /// Frees the memory behind `buf` while its handle lives on, so that ZeRO-3 can drop a
     /// parameter's values between steps without the model losing the tensor; every op on it
-    /// is an error until [`Backend::restore`]. `Ok(false)`: this backend keeps the memory (the
-    /// values stay valid, nothing is saved).
+    /// is an error until [`Backend::restore`]. Releasing a released buffer does nothing.
+    /// `Ok(false)`: this backend keeps the memory (the values stay valid, nothing is saved).
     fn release(&self, _buf: &Buffer) -> Result<bool> {
         Ok(false)
     }

@@ -385,6 +385,7 @@ impl Strategy for DataParallel {
                 total: batch.len(),
                 trace,
                 scatter: self.sharded.as_ref().map(shard::Sharded::world),
+                release: self.sharded.as_ref().is_some_and(|s| s.mode == Shard::Full),
             };
             let (mut c, r) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan)?;
             c.loss = self.comm.sum_by_index(vec![(first, vec![c.loss])])?[0];
@@ -456,7 +457,9 @@ impl Strategy for DataParallel {
             Some(o) => (o.mean_allreduce_s() + host_s(&comm_spans[..hidden_from - computed.comm.len()]) + host_s(&comm_spans[hidden_from..]), o.hidden_s.iter().sum::<f64>() / n as f64),
             None => {
                 let hidden = match computed.backward_end {
-                    Some(end) => comm_spans.iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
+                    // Only the step's own reduction can overlap backward; ZeRO-3's gather
+                    // before forward cannot.
+                    Some(end) => comm_spans[hidden_from - computed.comm.len()..].iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
                     None => 0.0,
                 };
                 (host_s(&comm_spans), hidden)

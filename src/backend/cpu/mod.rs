@@ -348,7 +348,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
     fn release(&self, buf: &Buffer) -> Result<bool> {
-        let cpu = raw(buf)?;
+        let cpu = buf.downcast::<CpuBuffer>().ok_or_else(|| Error::invalid("cpu", "buffer belongs to another device"))?;
+        if cpu.released.load(Ordering::Acquire) {
+            return Ok(true);
+        }
         let words = std::mem::take(&mut *write(cpu));
         cpu.released.store(true, Ordering::Release);
         lock(&self.pool).give_back(words);

@@ -32,6 +32,8 @@ pub(super) struct Plan<'a> {
     pub trace: Option<&'a Trace>,
     /// ZeRO-2/3: reduce-scatter each bucket over this many devices instead of all-reducing it.
     pub scatter: Option<usize>,
+    /// ZeRO-3: release a bucket's parameters as soon as backward completes its gradients.
+    pub release: bool,
 }
 
 /// Runs forward, backward and the bucketed all-reduce on every device; returns the reduced
@@ -130,6 +132,11 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Ready>)
                     // ZeRO-2/3 keeps only its block of the reduction: the full gradients go
                     // now, so that no more than the buckets in flight exist at once.
                     plan.buckets[b].iter().for_each(|&p| r.params[p].1.set_grad(None));
+                }
+                if plan.release {
+                    // A leaf's gradient is complete once every node that reads it has run its
+                    // backward, so nothing left in this backward reads these parameters.
+                    plan.buckets[b].iter().try_for_each(|&p| r.params[p].1.release_storage().map(drop))?;
                 }
                 buckets::send(&tx, Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? })?;
             }

@@ -15,10 +15,12 @@
 //! reduce-scattered the moment backward completes it, overlapping the rest of backward; the full
 //! gradients are dropped; clipping's global norm is summed over the pieces (every element
 //! once, so it is exact over shards); each device updates its pieces; then the blocks are
-//! all-gathered into the full parameters again (ZeRO-2) or the full parameters' memory is
+//! all-gathered into the full parameters again (ZeRO-2) or the full parameters' memory stays
 //! released until the next step (ZeRO-3, `Backend::release`). ZeRO-3 gathers the whole model
-//! at once and keeps it through backward: FSDP's `reshard_after_forward = false` at the
-//! granularity of the whole model.
+//! before forward and keeps it through forward (FSDP's `reshard_after_forward = false`, at the
+//! granularity of the whole model); in backward each bucket's parameters are released the
+//! moment its gradients are complete, since no later node reads them (FSDP's post-backward
+//! reshard, per bucket).
 use super::Replica;
 use crate::autograd::no_grad;
 use crate::parallel::comm::Communicator;
@@ -64,6 +66,10 @@ struct Piece {
     /// First element of the piece in the device's block of the unit.
     at: usize,
     len: usize,
+    /// `[1, .., 1, len]`, of the parameter's rank: parameter groups may go by rank
+    /// (`GroupRule::RankBelow`, AdamW's no decay for biases and norms), and a piece must fall
+    /// in its parameter's group.
+    dims: Vec<usize>,
 }
 
 /// One bucket as a unit of sharding: its parameters, and their offsets in its flat values.
@@ -112,7 +118,10 @@ impl Sharded {
                     for (&p, &off) in unit.members.iter().zip(&unit.offsets) {
                         let (start, end) = (off.max(lo), (off + params[p].1.numel()).min(hi));
                         if start < end {
-                            mine.push(Piece { param: p, unit: u, from: start - off, at: start - lo, len: end - start });
+                            let len = end - start;
+                            let rank = params[p].1.rank();
+                            let dims = if rank == 0 { Vec::new() } else { [vec![1; rank - 1], vec![len]].concat() };
+                            mine.push(Piece { param: p, unit: u, from: start - off, at: start - lo, len, dims });
                         }
                     }
                 }
@@ -148,7 +157,7 @@ impl Sharded {
     pub fn grads_from_blocks(&self, reduced: &[Vec<Tensor>]) -> Result<()> {
         for (i, (ps, vs)) in self.pieces.iter().zip(&self.values).enumerate() {
             for (pc, (_, v)) in ps.iter().zip(vs) {
-                v.set_grad(Some(reduced[pc.unit][i].narrow(0, pc.at, pc.len)?));
+                v.set_grad(Some(reduced[pc.unit][i].narrow(0, pc.at, pc.len)?.reshape(pc.dims.clone())?));
             }
         }
         Ok(())
@@ -197,7 +206,7 @@ impl Sharded {
 
     /// Device `i`'s block of unit `u`: its pieces' values, then zeros to the block's length.
     fn block(&self, i: usize, u: usize, r: &Replica) -> Result<Tensor> {
-        let mut parts: Vec<Tensor> = self.pieces[i].iter().zip(&self.values[i]).filter(|(pc, _)| pc.unit == u).map(|(_, (_, v))| v.detach()).collect();
+        let mut parts: Vec<Tensor> = self.pieces[i].iter().zip(&self.values[i]).filter(|(pc, _)| pc.unit == u).map(|(_, (_, v))| v.detach().flatten_all()).collect::<Result<_>>()?;
         let held: usize = parts.iter().map(Tensor::numel).sum();
         if held < self.units[u].block {
             parts.push(Tensor::zeros([self.units[u].block - held], &r.device)?);
@@ -261,10 +270,11 @@ impl Sharded {
     }
 }
 
-/// `pc`'s elements of `t` (a parameter, or a tensor of its shape), as a fresh flat tensor
-/// (`narrow` copies, so a piece never shares memory with a parameter that may be released).
+/// `pc`'s elements of `t` (a parameter, or a tensor of its shape), as a fresh tensor of the
+/// piece's shape (`narrow` copies, so a piece never shares memory with a parameter that may be
+/// released).
 fn cut(t: &Tensor, pc: &Piece) -> Result<Tensor> {
-    t.flatten_all()?.narrow(0, pc.from, pc.len)
+    t.flatten_all()?.narrow(0, pc.from, pc.len)?.reshape(pc.dims.clone())
 }
 
 /// A copy of `t` in memory of its own (what `state_dict` returns under ZeRO-3, whose
