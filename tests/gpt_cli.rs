@@ -250,6 +250,26 @@ fn bench_reports_the_gpt_train_step() {
     fails(&["bench", "--model", "seed-rnn", "--devices", "cpu"], "--model");
 }
 
+/// `bench --bench memory` reports each device's held state under every sharding mode: ZeRO-1,
+/// -2 and -3 each hold less between steps than the one before, and the analytic split says why.
+#[test]
+fn memory_bench_shows_sharding_shrink_what_each_device_holds() {
+    let out = ok(&["bench", "--bench", "memory", "--model", "gpt", "--devices", "cpu,cpu", "--quick", "--log-format", "json"]);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 8, "four modes on two devices: {lines:?}");
+    let held = |mode: &str| lines.iter().filter(|l| l["shard"] == mode).map(|l| l["held_bytes"].as_u64().unwrap()).max().unwrap();
+    let (none, opt, grads, full) = (held("none"), held("optimizer"), held("grads"), held("full"));
+    assert!(full < grads && grads < opt && opt < none, "held bytes none {none}, optimizer {opt}, grads {grads}, full {full}");
+    let first = &lines[0];
+    let p = first["parameter_bytes"].as_u64().unwrap();
+    assert_eq!(first["optimizer_bytes"].as_u64(), Some(2 * p), "Adam keeps two moments per parameter: {first}");
+    // Unsharded, a device holds at least its parameters, gradients and Adam's moments.
+    assert!(none >= 4 * p, "held {none} < 4 x {p} parameter bytes");
+    let last = lines.last().unwrap();
+    assert_eq!((last["shard"].as_str(), last["parameter_bytes"].as_u64()), (Some("full"), Some(p / 2)));
+    fails(&["bench", "--bench", "memory", "--model", "gpt", "--devices", "cpu"], "at least two");
+}
+
 /// Runs `args`, expects exit status `code` and `needle` on stderr; returns stderr.
 fn fails_with(code: i32, args: &[&str], needle: &str) -> String {
     let err = fails(args, needle);

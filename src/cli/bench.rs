@@ -40,7 +40,8 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
     match args.bench.as_deref() {
         None => {}
         Some("allreduce") => return super::allreduce::run(args, ranks),
-        Some(b) => return Err(tandem::Error::invalid("--bench", format!("'{b}' is not a benchmark; the one named benchmark is allreduce"))),
+        Some("memory") if !ranks.many() => return super::bench_memory::run(args),
+        Some(b) => return Err(tandem::Error::invalid("--bench", format!("'{b}' is not a benchmark; the named benchmarks are allreduce and memory (one process)"))),
     }
     if ranks.many() {
         return Err(tandem::Error::invalid("--bench", format!("under {} processes tandem bench measures --bench allreduce only", ranks.group().size())));
@@ -321,7 +322,7 @@ fn dp_overlap(dev: &Device, reps: usize) -> Result<Figure> {
 
 /// The GPT of the figure: 4 layers, 4 heads, 128 wide, block 64, batch 16, on the built-in
 /// corpus's vocabulary, with AdamW.
-const GPT_BENCH: GptConfig = GptConfig { n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 0, dropout: 0.0, bias: true };
+pub(super) const GPT_BENCH: GptConfig = GptConfig { n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 0, dropout: 0.0, bias: true };
 const GPT_BATCH: usize = 16;
 
 /// Two train-step figures per device for [`GPT_BENCH`]: plain, then with `--recompute`.

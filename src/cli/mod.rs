@@ -15,6 +15,7 @@ macro_rules! out {
 
 mod allreduce;
 mod bench;
+mod bench_memory;
 mod devices;
 mod generate;
 mod gpt;
@@ -286,7 +287,9 @@ pub struct GenerateArgs {
 #[derive(Clone, Debug, Args)]
 pub struct BenchArgs {
     /// One benchmark only: allreduce (run it under `mpirun -np N`: tandem's all-reduce across
-    /// the processes against a plain MPI_Allreduce of the same bytes, 4 KiB to 64 MiB).
+    /// the processes against a plain MPI_Allreduce of the same bytes, 4 KiB to 64 MiB), or
+    /// memory (each device's peak and held bytes under data parallelism in every --shard mode,
+    /// for GPT-2 small's shape, or --model gpt; name two devices or more: cpu,cpu,cpu,cpu).
     #[arg(long, value_name = "NAME")]
     pub bench: Option<String>,
     /// Benchmark training steps of this model only: gpt (4 layers, 4 heads, 128 wide, block

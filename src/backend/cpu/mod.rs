@@ -362,6 +362,7 @@ impl Backend for CpuBackend {
         if !cpu.released.load(Ordering::Acquire) {
             return Ok(true);
         }
+        self.within_budget(buf.len())?;
         let reused = lock(&self.pool).take(buf.len());
         let words = match reused {
             Some(v) => v,

@@ -1,0 +1,105 @@
+//! `tandem bench --bench memory`: each device's memory under data parallelism in every sharding
+//! mode (plain, ZeRO-1, ZeRO-2, ZeRO-3) for a GPT, measured by the allocators, with the state's
+//! split into parameters, gradients and optimizer state and the step time.
+use super::devices::print_table;
+use super::{BenchArgs, LogFormat};
+use tandem::backend::format_bytes;
+use tandem::data::Batch;
+use tandem::nn::models::{Gpt, GptConfig};
+use tandem::optim::AdamConfig;
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Shard, Strategy};
+use tandem::{BackendKind, Device, Error, Result};
+use rand::{Rng, SeedableRng};
+use std::time::Instant;
+
+/// GPT-2 small's shape (124M parameters), as in the memory table.
+const GPT2_SMALL: GptConfig = GptConfig { n_layer: 12, n_head: 12, n_embd: 768, block_size: 1024, vocab_size: 50257, dropout: 0.0, bias: true };
+const MODES: [(Shard, &str); 4] = [(Shard::None, "none"), (Shard::Optimizer, "optimizer"), (Shard::Grads, "grads"), (Shard::Full, "full")];
+
+/// One device's figures in one mode; `*_bytes` of the state are what the mode keeps on it
+/// between steps by construction, `held` and `peak` what its allocator counted.
+#[derive(serde::Serialize)]
+struct MemoryFigure {
+    bench: &'static str,
+    model: &'static str,
+    shard: &'static str,
+    device: String,
+    devices: usize,
+    parameter_bytes: u64,
+    gradient_bytes: u64,
+    optimizer_bytes: u64,
+    held_bytes: u64,
+    peak_bytes: u64,
+    step_ms: f64,
+}
+
+/// Fresh logical devices for `spec`, CPU ones independent of the shared CPU device so that each
+/// mode's peak is its own.
+fn fresh_devices(spec: &str) -> Result<Vec<Device>> {
+    Ok(Device::parse(spec)?.into_iter().map(|d| if d.info().backend == BackendKind::Cpu { Device::cpu_independent() } else { d }).collect())
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let (name, cfg) = match args.model.as_deref() {
+        None | Some("gpt2-small") => ("gpt2-small", GPT2_SMALL),
+        Some("gpt") => ("gpt", GptConfig { vocab_size: 65, ..super::bench::GPT_BENCH }),
+        Some(m) => return Err(Error::invalid("--model", format!("'{m}': --bench memory measures gpt2-small (the default) or gpt"))),
+    };
+    let n = Device::parse(&args.devices)?.len();
+    if n < 2 {
+        return Err(Error::invalid("--devices", "--bench memory compares sharding across devices: name at least two (cpu,cpu,cpu,cpu)"));
+    }
+    // One window per device: the smallest batch every mode can split.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let ids = |rng: &mut rand_chacha::ChaCha8Rng| (0..n * cfg.block_size).map(|_| rng.random_range(0..cfg.vocab_size as i32)).collect::<Vec<i32>>();
+    let batch = Batch::tokens(ids(&mut rng), ids(&mut rng), cfg.block_size, cfg.vocab_size)?;
+    let optim = OptimConfig::adam(AdamConfig { lr: 1e-4, ..AdamConfig::adamw() });
+    let p = cfg.parameter_bytes().ok_or_else(|| Error::invalid("--model", "too many parameters to count"))?;
+    let k = optim.states_per_parameter();
+    let steps = if args.quick { 1 } else { 2 };
+    let mut rows = Vec::new();
+    for (shard, shard_name) in MODES {
+        let devices = fresh_devices(&args.devices)?;
+        let mut dp = DataParallel::from_factory(|d| Gpt::new(cfg, 0, d), &devices, &optim, Loss::CrossEntropy, DataParallelConfig { shard, ..Default::default() })?;
+        let mut step_s = 0.0;
+        for _ in 0..steps {
+            let t = Instant::now();
+            dp.step(&batch)?;
+            step_s = t.elapsed().as_secs_f64();
+        }
+        let nn = n as u64;
+        let (params, grads, opt) = match shard {
+            Shard::None => (p, p, k * p),
+            Shard::Optimizer => (p, p, k * p / nn),
+            Shard::Grads => (p, p / nn, k * p / nn),
+            Shard::Full => (p / nn, p / nn, k * p / nn),
+        };
+        for (i, d) in devices.iter().enumerate() {
+            let m = d.memory();
+            let f = MemoryFigure {
+                bench: "memory",
+                model: name,
+                shard: shard_name,
+                device: format!("{} ({} of {n})", d.spec(), i + 1),
+                devices: n,
+                parameter_bytes: params,
+                gradient_bytes: grads,
+                optimizer_bytes: opt,
+                held_bytes: m.in_use,
+                peak_bytes: m.peak,
+                step_ms: step_s * 1e3,
+            };
+            if args.log_format == LogFormat::Json {
+                out!("{}", serde_json::to_string(&f).unwrap_or_default());
+            } else {
+                let state = format!("params {} + grads {} + optimizer {}", format_bytes(f.parameter_bytes), format_bytes(f.gradient_bytes), format_bytes(f.optimizer_bytes));
+                let result = format!("peak {}, held between steps {} ({state}); step {:.0} ms", format_bytes(f.peak_bytes), format_bytes(f.held_bytes), f.step_ms);
+                rows.push(vec!["memory".into(), f.device, format!("{name} shard={shard_name}"), result]);
+            }
+        }
+    }
+    if args.log_format == LogFormat::Text {
+        print_table(&["BENCH", "DEVICE", "CASE", "RESULT"], &rows);
+    }
+    Ok(())
+}
