@@ -14,8 +14,10 @@
 //! of two, the transposes and whether a bias is fused (`Tuning::class` spells one out). Each
 //! candidate runs once untimed (pipeline compilation), then up to five times, timed on the
 //! device clock (timestamp queries) where the adapter has one and on the host clock around a
-//! wait otherwise; its best run counts. A candidate that declines the product (the register
-//! family declines most fused biases) or fails is left out.
+//! wait otherwise; its best run counts. A candidate whose untimed run already took ten times
+//! the best candidate's time so far (and over a quarter of a second) counts at that run's host
+//! time instead of being run again. A candidate that declines the product (the register family
+//! declines most fused biases) or fails is left out.
 //!
 //! `Options::autotune` (from `TANDEM_AUTOTUNE` in `Options::from_env`) says when to tune:
 //! `off` never (nor reads the cache); `on` for classes the cache lacks; `force` every class again
@@ -80,6 +82,11 @@ impl Autotune {
 const REPS: usize = 5;
 /// Seconds of timed runs per candidate after which no further run starts.
 const CANDIDATE_S: f64 = 0.3;
+/// A candidate whose first run is this many times slower than the best so far, and slower than
+/// `SLOW_S` seconds, is not timed further (on lavapipe a 2048 product takes 30 s on the 64×64
+/// tiles and 0.4 s on the register kernels).
+const SLOWER: f64 = 10.0;
+const SLOW_S: f64 = 0.25;
 /// Marks autotuning's own clock holds: two per timed run, read after each candidate.
 const MARKS: u32 = 2 * REPS as u32;
 
@@ -166,7 +173,8 @@ impl Tuner {
         }
         let (mut times, mut device_clock) = (Vec::new(), true);
         for kernel in candidates {
-            match self.time(ctx, kernel, run) {
+            let best = times.iter().map(|(_, us)| us * 1e-6).fold(f64::INFINITY, f64::min);
+            match self.time(ctx, kernel, run, best) {
                 Ok(Some((secs, on_device))) => {
                     // Whole nanoseconds: 7 or so digits, which JSON carries back exactly.
                     times.push((kernel.name().to_string(), (secs * 1e9).round() / 1e3));
@@ -184,12 +192,19 @@ impl Tuner {
     }
 
     /// `kernel`'s best time on `s` in seconds and whether the device clock measured it, after
-    /// one untimed run; `None` when it declines the product.
-    fn time(&self, ctx: &Ctx, kernel: MatmulKernel, run: &dyn Fn(MatmulKernel) -> Result<bool>) -> Result<Option<(f64, bool)>> {
+    /// one untimed run; `None` when it declines the product. A first run slower than `SLOWER`
+    /// times `best` (the best candidate's so far) and than `SLOW_S` is not repeated: it counts at
+    /// its own host time, shader compilation included, and it has lost anyway.
+    fn time(&self, ctx: &Ctx, kernel: MatmulKernel, run: &dyn Fn(MatmulKernel) -> Result<bool>, best: f64) -> Result<Option<(f64, bool)>> {
+        let first = Instant::now();
         if !run(kernel)? {
             return Ok(None);
         }
         ctx.wait()?;
+        let first = first.elapsed().as_secs_f64();
+        if first > SLOW_S && first > SLOWER * best {
+            return Ok(Some((first, true)));
+        }
         let start = Instant::now();
         let (mut best, mut on_device) = (f64::INFINITY, true);
         for _ in 0..REPS {

@@ -167,15 +167,30 @@ fn read_regular(path: &Path) -> Result<Option<Vec<u8>>, String> {
     Ok(Some(bytes))
 }
 
-/// Writes `file` to `path` atomically (`checkpoint::write_atomic`), creating the directory; a
-/// path held by anything but a regular file (a link, a directory, a FIFO) is left as it is.
+/// Writes `file` to `path` atomically, creating the directory: a new temporary file in the same
+/// directory (never an existing one: `create_new`), synced, then renamed over `path`, so that a
+/// reader sees the old file or the new one, never a torn mix. A path held by anything but a
+/// regular file (a link, a directory, a FIFO) is left as it is. `checkpoint::write_atomic` does
+/// the same for outputs but lives in a layer above the backends, and follows links on purpose.
 fn write(path: &Path, file: &CacheFile) -> Result<(), String> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    }
+    use std::io::Write;
+    let dir = path.parent().ok_or("the cache path has no directory")?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_file()) {
         return Err("its path holds something other than a regular file, left as it is".into());
     }
     let bytes = serde_json::to_vec_pretty(file).map_err(|e| e.to_string())?;
-    crate::checkpoint::write_atomic(path, &bytes).map_err(|e| e.to_string())
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("cache");
+    let temp = dir.join(format!(".{name}.tmp-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    let written = std::fs::OpenOptions::new().write(true).create_new(true).open(&temp).and_then(|mut f| {
+        f.write_all(&bytes)?;
+        f.sync_all()
+    });
+    // Best effort: the temporary file may not exist; the error that matters is the write's.
+    if let Err(e) = written.and_then(|()| std::fs::rename(&temp, path)) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e.to_string());
+    }
+    Ok(())
 }
