@@ -3,7 +3,8 @@
 //! on odd shapes and on a K past Mesa's 65,535 loop iterations; a tuned choice is the fastest
 //! candidate and round-trips through the cache file; a poisoned cache file (garbage, another
 //! version, an unknown kernel, a symbolic link, a directory, a FIFO) is ignored and left as it
-//! is; `off` never tunes; `force` tunes again; a pinned device never tunes. Every cache lives
+//! is; `off` never tunes; `force` tunes again; a pinned device never tunes, and deterministic
+//! data parallelism pins its devices. Every cache lives
 //! in a temporary directory (`Options::cache_dir`).
 #![cfg(feature = "wgpu")]
 mod common;
@@ -243,9 +244,34 @@ fn pinned_device_never_tunes(_: BackendKind, ordinal: usize) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Deterministic data parallelism pins its devices (`Backend::pin_kernels`): a seed-CNN step
+/// on a device set to tune every class runs no tuning, where the same step without
+/// `deterministic` tunes its products.
+fn deterministic_data_parallel_pins(_: BackendKind, ordinal: usize) {
+    use tandem::nn::models::SeedModel;
+    use tandem::optim::SgdConfig;
+    use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
+    let _guard = shared();
+    let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
+    let data = tandem::data::synthetic::seed_images(4, 0).unwrap();
+    let batch = data.batch(&[0, 1, 2, 3]).unwrap();
+    let sgd = OptimConfig::sgd(SgdConfig { lr: 0.05, ..Default::default() });
+    for deterministic in [true, false] {
+        let dir = temp_dir("deterministic");
+        let Some(dev) = open(ordinal, tuned(&dir, Autotune::Force, true)) else { return };
+        let cfg = DataParallelConfig { deterministic, ..Default::default() };
+        let mut dp = DataParallel::new(&model, std::slice::from_ref(&dev), &sgd, Loss::CrossEntropy, cfg).unwrap();
+        dp.step(&batch).unwrap();
+        let tuning = dev.backend().tuning();
+        assert_eq!(tuning.is_empty(), deterministic, "deterministic {deterministic}: {tuning:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
 device_tests! { every_kernel_agrees: every_kernel_agrees_wgpu_0 => (Wgpu, 0), every_kernel_agrees_wgpu_1 => (Wgpu, 1) }
 device_tests! { choice_round_trips: choice_round_trips_wgpu_0 => (Wgpu, 0), choice_round_trips_wgpu_1 => (Wgpu, 1) }
 device_tests! { poisoned_cache_is_ignored: poisoned_cache_is_ignored_wgpu_0 => (Wgpu, 0), poisoned_cache_is_ignored_wgpu_1 => (Wgpu, 1) }
 device_tests! { off_never_tunes: off_never_tunes_wgpu_0 => (Wgpu, 0), off_never_tunes_wgpu_1 => (Wgpu, 1) }
 device_tests! { force_tunes_again: force_tunes_again_wgpu_0 => (Wgpu, 0), force_tunes_again_wgpu_1 => (Wgpu, 1) }
 device_tests! { pinned_device_never_tunes: pinned_device_never_tunes_wgpu_0 => (Wgpu, 0), pinned_device_never_tunes_wgpu_1 => (Wgpu, 1) }
+device_tests! { deterministic_data_parallel_pins: deterministic_data_parallel_pins_wgpu_0 => (Wgpu, 0), deterministic_data_parallel_pins_wgpu_1 => (Wgpu, 1) }
