@@ -91,6 +91,7 @@ fn choice_round_trips(_: BackendKind, ordinal: usize) {
     let Some(dev) = open(ordinal, tuned(&dir, Autotune::On, false)) else { return };
     let tuning = run_tuned(&dev, tuned_spec());
     assert_eq!(tuning.len(), 1, "{tuning:?}");
+    assert!(dev.info().matmul.ends_with(", tuned per shape class"), "{}", dev.info().matmul);
     let t = &tuning[0];
     assert!(!t.from_cache && t.class.starts_with("matmul software m128 n128 k2048 b1 NN"), "{t:?}");
     let timed: Vec<&str> = t.times_us.iter().map(|(k, _)| k.as_str()).collect();
@@ -193,6 +194,7 @@ fn off_never_tunes(_: BackendKind, ordinal: usize) {
     for mode in [Autotune::Off, Autotune::Auto] {
         let Some(dev) = open(ordinal, tuned(&dir, mode, true)) else { return };
         assert!(run_tuned(&dev, hardware_spec()).is_empty(), "{mode:?} tuned");
+        assert!(!dev.info().matmul.contains("tuned"), "{mode:?}: {}", dev.info().matmul);
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), valid.to_string(), "the cache file was rewritten");
     let empty = temp_dir("off-empty");

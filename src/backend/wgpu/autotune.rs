@@ -127,6 +127,11 @@ impl Tuner {
         }
     }
 
+    /// Whether this device chooses kernels by measurement (until pinned).
+    pub(crate) fn tunes(&self) -> bool {
+        self.cache.is_some()
+    }
+
     /// See `Backend::pin_kernels`.
     pub(crate) fn pin(&self) {
         self.pinned.store(true, Ordering::Relaxed);

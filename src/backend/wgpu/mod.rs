@@ -34,7 +34,8 @@ pub struct Options {
     pub max_binding_bytes: Option<u64>,
     /// Bytes this device may hold in buffers; allocations beyond it fail with `OutOfMemory`.
     pub memory_budget: Option<u64>,
-    /// Forces the matmul kernel family instead of choosing by adapter kind.
+    /// Forces the matmul kernel family instead of choosing by adapter kind or by measurement
+    /// (no autotuning).
     pub matmul: Option<MatmulKernel>,
     /// Never uses subgroup operations, so that the kernels adapters without them run can be
     /// tested on one that has them.
@@ -151,7 +152,8 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
     // A forced family is what the caller asked for: nothing to tune.
     let mode = if options.matmul.is_some() { Autotune::Off } else { options.autotune };
     let tuner = autotune::Tuner::new(mode, info, hardware, options.cache_dir.as_deref(), clock);
-    let info = DeviceInfo { matmul: matmul_label(matmul, hardware), ..info.clone() };
+    let tuned = if tuner.tunes() { ", tuned per shape class" } else { "" };
+    let info = DeviceInfo { matmul: format!("{}{tuned}", matmul_label(matmul, hardware)), ..info.clone() };
     Ok(Arc::new(WgpuBackend { info, ctx, pool, matmul, timestamps, tuner }))
 }
 
