@@ -270,6 +270,31 @@ fn deterministic_data_parallel_pins(_: BackendKind, ordinal: usize) {
     }
 }
 
+/// lavapipe and llvmpipe share a name: their files differ by the driver (which names the wgpu
+/// backend), stay in the directory given, and are plain file names whatever the adapter's name.
+#[test]
+fn one_cache_file_per_adapter_and_driver() {
+    let info = |name: &str, driver: &str| tandem::DeviceInfo {
+        backend: BackendKind::Wgpu,
+        ordinal: 0,
+        name: name.into(),
+        kind: tandem::DeviceKind::Software,
+        memory: None,
+        driver: driver.into(),
+        matmul: String::new(),
+        libraries: String::new(),
+    };
+    let dir = Path::new("/cache");
+    let vulkan = cache_file(dir, &info("llvmpipe (LLVM 15.0.6, 256 bits)", "Vulkan llvmpipe Mesa 22.3.6"));
+    let gl = cache_file(dir, &info("llvmpipe (LLVM 15.0.6, 256 bits)", "Gl 4.5 (Core Profile) Mesa 22.3.6"));
+    assert_ne!(vulkan, gl);
+    assert_eq!(vulkan, cache_file(dir, &info("llvmpipe (LLVM 15.0.6, 256 bits)", "Vulkan llvmpipe Mesa 22.3.6")));
+    let hostile = cache_file(dir, &info("../../etc/passwd\0 GPU", "d"));
+    assert_eq!(hostile.parent(), Some(dir), "{hostile:?}");
+    let name = hostile.file_name().unwrap().to_str().unwrap();
+    assert!(name.ends_with(".json") && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.'), "{name}");
+}
+
 device_tests! { every_kernel_agrees: every_kernel_agrees_wgpu_0 => (Wgpu, 0), every_kernel_agrees_wgpu_1 => (Wgpu, 1) }
 device_tests! { choice_round_trips: choice_round_trips_wgpu_0 => (Wgpu, 0), choice_round_trips_wgpu_1 => (Wgpu, 1) }
 device_tests! { poisoned_cache_is_ignored: poisoned_cache_is_ignored_wgpu_0 => (Wgpu, 0), poisoned_cache_is_ignored_wgpu_1 => (Wgpu, 1) }
