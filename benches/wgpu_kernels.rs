@@ -1,8 +1,9 @@
-//! wgpu kernel benchmarks: matmul GFLOP/s, per-op dispatch overhead, im2col.
+//! wgpu kernel benchmarks: matmul GFLOP/s, each of autotuning's candidates forced, per-op
+//! dispatch overhead, im2col.
 //! Device: `TANDEM_BENCH_DEVICE` (default `wgpu:0`). Run `cargo bench --bench wgpu_kernels`.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::time::Duration;
-use tandem::backend::wgpu::{open_with, Options};
+use tandem::backend::wgpu::{open_with, MatmulKernel, Options};
 use tandem::backend::{BinaryOp, MatmulSpec, WindowSpec};
 use tandem::{DType, Device, Layout, Shape};
 
@@ -39,6 +40,34 @@ fn matmul_hardware_profile(c: &mut Criterion) {
     let options = Options { hardware_profile: true, ..Options::default() };
     let hw = Device::from_backend(open_with(dev.info().ordinal, options).expect("open_with"));
     square_products(c, &hw, &format!("matmul hardware profile {}", hw.info().name), &[256, 1024]);
+}
+
+/// Each of autotuning's candidates forced on the same adapter, on a square product and two with
+/// a long K (one past Mesa's 65,535 loop iterations), where split-K applies: what
+/// `tandem::backend::wgpu::autotune` chooses among, timed by criterion instead of its few runs.
+fn matmul_candidates(c: &mut Criterion) {
+    let Some(dev) = device() else { return };
+    if dev.info().backend != tandem::BackendKind::Wgpu {
+        return;
+    }
+    let mut g = c.benchmark_group(format!("matmul candidates {}", dev.info().name));
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    for kernel in [MatmulKernel::Registers, MatmulKernel::Tiled64, MatmulKernel::Tiled128, MatmulKernel::SplitK] {
+        let options = Options { matmul: Some(kernel), hardware_profile: kernel != MatmulKernel::Registers, ..Options::default() };
+        let forced = Device::from_backend(open_with(dev.info().ordinal, options).expect("open_with"));
+        for (m, n, k) in [(256, 256, 256), (128, 128, 8192), (64, 64, 70_001)] {
+            let (a, b, out) = (filled(&forced, m * k, 0.5), filled(&forced, k * n, 0.25), filled(&forced, m * n, 0.0));
+            let spec = MatmulSpec::new(1, m, n, k);
+            g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+            g.bench_function(format!("{} {m}x{n}x{k}", kernel.name()), |bench| {
+                bench.iter(|| {
+                    forced.backend().matmul(&a, &b, &out, spec).expect("matmul");
+                    forced.sync().expect("sync");
+                })
+            });
+        }
+    }
+    g.finish();
 }
 
 /// GFLOP/s of `n`×`n` products on `dev`, one benchmark per size.
@@ -98,5 +127,5 @@ fn im2col(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmul, matmul_hardware_profile, dispatch_overhead, im2col);
+criterion_group!(benches, matmul, matmul_hardware_profile, matmul_candidates, dispatch_overhead, im2col);
 criterion_main!(benches);

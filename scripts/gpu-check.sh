@@ -17,7 +17,9 @@
 #                                     every wgpu adapter such as the GPU's Vulkan one, also under
 #                                     the forced hardware profile), `tandem bench` (WGSL vs cuBLAS matmul up to 2048:
 #                                     GFLOP/s of each and their ratio per size, and "WGSL matmul
-#                                     2048 at X% of cuBLAS (goal 60%)"; seed-CNN steps), the same
+#                                     2048 at X% of cuBLAS (goal 60%)"; the kernels autotuning
+#                                     chose and each candidate's GFLOP/s against cuBLAS's;
+#                                     seed-CNN steps), the same
 #                                     seed-CNN step in that machine's PyTorch and, where mpirun
 #                                     is, NCCL across processes (examples/dist_pipeline, packed
 #                                     when the rehearsal machine has MPI, run only when mpirun is
@@ -227,7 +229,7 @@ touch "$log_dir/bench.log" "$log_dir/torch-seed-cnn.log"
 python3 - "$log_dir/bench.log" "${hw:-}" "$log_dir/torch-seed-cnn.log" "${cuda0_matmul:-cuBLAS}" >"$log_dir/figures.txt" 2>&1 <<'EOF' \
   || echo "(the figures could not be read: $log_dir/bench.log)" >>"$log_dir/figures.txt"
 import json, sys
-gflops, steps = {}, {}
+gflops, steps, tuned = {}, {}, []
 for line in open(sys.argv[1]):
     try:
         f = json.loads(line)
@@ -239,6 +241,8 @@ for line in open(sys.argv[1]):
         gflops[(f["device"], f["n"])] = f["gflops"]
     elif f.get("bench") == "train-step" and f.get("model") == "seed-cnn":
         steps[(f["device"], f["batch"])] = f["median_ms"]
+    elif f.get("bench") == "autotune":
+        tuned.append(f)
 cublas = {n: g for (d, n), g in gflops.items() if d == "cuda:0"}
 # cuda:0's figures are cuBLAS's only where `tandem devices` said so (step cublas).
 ref = "cuBLAS" if sys.argv[4] == "cuBLAS" else "cuda:0 tiled kernel"
@@ -257,6 +261,15 @@ else:
             print(f"WGSL matmul 2048 on {d}: no figure (WGSL {w}, {ref} {c})")
         else:
             print(f"WGSL matmul 2048 at {100 * w / c:.0f}% of {ref} (goal 60% of cuBLAS) on {d}")
+    # Autotuning's choices (issue 31): per square shape class the bench's matmuls reached, each
+    # candidate's GFLOP/s from its best time (the class's sizes are the bench's n) against cuBLAS.
+    for f in tuned:
+        dims = dict((w[0], int(w[1:])) for w in f["class"].split() if w[0] in "mnk" and w[1:].isdigit())
+        n = dims.get("m")
+        if f["device"] not in hw or dims.get("n") != n or dims.get("k") != n or n not in cublas:
+            continue
+        each = ", ".join(f"{k} {2 * n ** 3 / us / 1e3:.0f}" for k, us in f["times_us"])
+        print(f"autotune {f['device']} n={n}: {f['kernel']} chosen ({each} GFLOP/s, {f['clock']} clock) vs {ref} {cublas[n]:.0f}")
 print()
 print(f"{'seed-CNN step':<22} {'batch':>5} {'median ms':>10}")
 for (d, b), ms in sorted(steps.items()):
@@ -392,7 +405,8 @@ fi
 # as they are measured, so a step that times out still leaves the figures it reached.
 [ -n "$cuda0" ] || record bench-cuda0 SKIP "no cuda:0 in tandem devices"
 for d in ${cuda0:+cuda:0} ${hw//,/ }; do
-  step "bench-${d/:/}" 0 120 "$pack/bin/tandem" bench --log-format json --devices "$d"
+  # A cache of its own: the hardware adapters tune afresh (TANDEM_AUTOTUNE is on there).
+  TANDEM_CACHE_DIR="$log_dir/cache" step "bench-${d/:/}" 0 120 "$pack/bin/tandem" bench --log-format json --devices "$d"
   cat "$log_dir/bench-${d/:/}.log" >>"$log_dir/bench.log"
 done
 if python3 -c 'import torch' >/dev/null 2>&1; then

@@ -3,15 +3,16 @@
 // Each invocation computes a block of C in registers, reading A and B straight from storage:
 // on software rasterizers (lavapipe, llvmpipe) workgroup memory and barriers cost more than they
 // save, and caches serve the reuse. `workgroup_id.z` is the batch entry z.
-// Bindings: 0 `p` parameters; 1 A; 2 B; 3 C (written); 4 the bias (`tiled_*` only). The `regs`
-// entry points view A, B, C as vec4 arrays, the `generic` one as f32 arrays, `tiled_*` as either.
+// Bindings: 0 `p` parameters; 1 A (`splitk_sum`: the partial sums); 2 B; 3 C (written); 4 the
+// bias (`tiled_*` and `splitk_sum` only). The `regs` entry points view A, B, C as vec4 arrays,
+// the `generic` one as f32 arrays, `tiled_*` as either.
 //
 // More kernels are generated and appended by `shaders::source` (src/backend/wgpu/shaders.rs):
 // bigger blocks of `regs`; `regs_k1_ua*`, which are `regs_k1` with A bound as the 64 KiB
 // uniform buffer `au` (a staged copy of a small A, such as a convolution's weights: every lane
 // reads the same A value, which CPU rasterizers load once from a uniform buffer but lane by
 // lane from a storage buffer); and `tb8x8` for C = A·Bᵀ.
-// Shape letters: M, K, N as above; Z batch entries in this dispatch.
+// Shape letters: M, K, N as above; Z batch entries in this dispatch; S slices of K (split-K).
 
 struct Params {
     m: u32,
@@ -331,4 +332,23 @@ fn wide_store(row: u32, col: u32, z: u32, v: vec4<f32>) {
     if inside.y { c1[at + 1u] = y.y; }
     if inside.z { c1[at + 2u] = y.z; }
     if inside.w { c1[at + 3u] = y.w; }
+}
+
+// Split-K (`MatmulKernel::SplitK`, src/backend/wgpu/tiled.rs): the tiled kernels wrote the
+// products of S slices of K side by side as partial sums P[s] (each M×N, bound as binding 1;
+// binding 2 is unread). `splitk_sum` adds them in slice order, s = 0 first, so that the result
+// never depends on which workgroup finished first, then applies `p.epi` 0-2 (`tile_store`'s
+// codes) and writes C. Here `p.k` is S, `p.a_off` where P starts, one invocation per element
+// of C.
+@compute @workgroup_size(256)
+fn splitk_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = grid_index(gid, nwg, 256u);
+    let mn = p.m * p.n;
+    if i >= mn { return; }
+    var v = 0.0;
+    for (var s = 0u; s < p.k; s++) { v += a1[p.a_off + s * mn + i]; }
+    var bias = 0.0;
+    if p.epi != 0u { bias = bias1[p.bias_at + i / p.n]; }
+    let at = p.c_off + i;
+    c1[at] = tile_out(at, v, bias, false, p.epi == 2u);
 }

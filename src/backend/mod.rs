@@ -304,6 +304,23 @@ pub struct DeviceInfo {
     pub libraries: String,
 }
 
+/// One kernel choice a device made by measurement (`Backend::tuning`): for an op family and a
+/// class of shapes, the candidate kernels' times and the fastest, which that class then runs.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Tuning {
+    /// The op family and shape class, as `matmul hardware m256 n256 k256 b1 NN` (sizes are the
+    /// powers of two at or above the product's; `NN`: neither operand transposed).
+    pub class: String,
+    /// The kernel this class runs.
+    pub kernel: String,
+    /// Each candidate's best time per run in microseconds, in the order they were timed.
+    pub times_us: Vec<(String, f64)>,
+    /// `device` (timestamp queries) or `wall` (host clock around a wait).
+    pub clock: String,
+    /// Read from the on-disk cache rather than measured in this process.
+    pub from_cache: bool,
+}
+
 /// Allocator statistics of one device, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MemoryStats {
@@ -508,6 +525,14 @@ pub trait Backend: Send + Sync {
     fn restore(&self, _buf: &Buffer) -> Result<bool> {
         Ok(false)
     }
+    /// The kernel choices this device made by measurement (see `Tuning`); empty where it
+    /// chooses by rule alone (the CPU, CUDA, wgpu with autotuning off).
+    fn tuning(&self) -> Vec<Tuning> {
+        Vec::new()
+    }
+    /// Stops choosing kernels by measurement: every later op runs the kernel this device takes
+    /// untuned, so that results do not depend on timings (deterministic data parallelism).
+    fn pin_kernels(&self) {}
 
     /// Waits until every recorded op has finished.
     fn sync(&self) -> Result<()>;

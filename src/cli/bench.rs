@@ -1,6 +1,7 @@
-//! `tandem bench`: matmul throughput, seed-CNN training steps, per-op dispatch cost and the
-//! pipeline bubble (two logical devices) on each chosen device, or with `--model gpt` a GPT's
-//! training step, tokens/s and activation bytes; as one table or one JSON object per figure.
+//! `tandem bench`: matmul throughput, seed-CNN training steps, per-op dispatch cost, the
+//! kernels autotuning chose (wgpu), and the pipeline bubble (two logical devices) on each
+//! chosen device, or with `--model gpt` a GPT's training step, tokens/s and activation bytes;
+//! as one table or one JSON object per figure.
 //! Every figure is a median.
 use super::devices::print_table;
 use super::ranks::Ranks;
@@ -67,6 +68,14 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
         }
         let us_per_op = dispatch(dev, reps.dispatch)?;
         emit(args.log_format, &mut rows, Figure::Dispatch { device: device.clone(), us_per_op });
+        // The choices the figures above made by measurement (the matmuls' and the steps').
+        let tuning = dev.backend().tuning();
+        if tuning.is_empty() && dev.info().backend == tandem::BackendKind::Wgpu && args.log_format == LogFormat::Text {
+            rows.push(vec!["autotune".into(), device.clone(), "-".into(), "none: TANDEM_AUTOTUNE is off, or auto on a software adapter".into()]);
+        }
+        for t in tuning {
+            emit(args.log_format, &mut rows, Figure::Autotune { device: device.clone(), class: t.class, kernel: t.kernel, times_us: t.times_us, clock: t.clock, from_cache: t.from_cache });
+        }
         for model in [BubbleModel::SeedCnn, BubbleModel::EvenMlp] {
             for micro_batches in PIPELINE_MICRO_BATCHES {
                 let (bubble_measured, bubble_theoretical, bubble_of_split, step_ms) = pipeline_bubble(dev, model, micro_batches, reps.step)?;
@@ -93,6 +102,9 @@ enum Figure {
     #[serde(rename = "train-step")]
     GptStep { model: &'static str, device: String, batch: usize, block_size: usize, median_ms: f64, tokens_per_sec: f64, activation_bytes: u64, recompute: bool },
     Dispatch { device: String, us_per_op: f64 },
+    /// A kernel chosen by measurement for a shape class (`Backend::tuning`): each candidate's
+    /// best time per run, on the `clock` named, measured now or read from the cache.
+    Autotune { device: String, class: String, kernel: String, times_us: Vec<(String, f64)>, clock: String, from_cache: bool },
     /// `bubble_of_split`: what the schedule gives stages as unequal as the measured ones.
     PipelineBubble { model: &'static str, device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, bubble_of_split: f64, step_ms: f64 },
     /// Data parallelism over logical devices like `device`: the all-reduce time per device and
@@ -120,6 +132,11 @@ fn emit(format: LogFormat, rows: &mut Vec<Vec<String>>, f: Figure) {
             format!("{median_ms:.1} ms, {tokens_per_sec:.0} tokens/s, activations {:.1} MiB", activation_bytes as f64 / (1 << 20) as f64),
         ],
         Figure::Dispatch { device, us_per_op } => vec!["dispatch".into(), device, format!("{DISPATCH_OPS} adds, one sync"), format!("{us_per_op:.2} us/op")],
+        Figure::Autotune { device, class, kernel, times_us, clock, from_cache } => {
+            let times: Vec<String> = times_us.iter().map(|(k, us)| format!("{k} {us:.0}")).collect();
+            let source = if from_cache { "cached" } else { "tuned now" };
+            vec!["autotune".into(), device, class, format!("{kernel} ({} us, {clock} clock, {source})", times.join(", "))]
+        }
         Figure::PipelineBubble { model, device, stages, micro_batches, batch, bubble_measured, bubble_theoretical, bubble_of_split, step_ms } => vec![
             "pipeline-bubble".into(),
             device,

@@ -230,6 +230,10 @@ impl DataParallel {
                 return Err(Error::invalid("DataParallel::new", "give split weights or calibrate, not both"));
             }
         }
+        if cfg.deterministic {
+            // A kernel chosen by timing may differ from run to run; pinned, it cannot.
+            devices.iter().for_each(|d| d.backend().pin_kernels());
+        }
         let params: Vec<Vec<(String, Tensor)>> = models.iter().map(|m| m.parameters()).collect();
         for p in 0..params[0].len() {
             let group: Vec<Tensor> = params.iter().map(|ps| ps[p].1.clone()).collect();

@@ -1,5 +1,6 @@
 //! WGSL compute backend on wgpu: every adapter of every wgpu backend (Vulkan, Metal, DX12, GL).
 mod adapters;
+pub mod autotune;
 mod bind_groups;
 mod context;
 mod fused;
@@ -9,17 +10,20 @@ mod ops;
 mod pool;
 mod reduce;
 pub mod shaders;
+mod tiled;
 mod timestamps;
 
 use crate::backend::{
     Backend, BinaryOp, Buffer, CastOp, DeviceInfo, DeviceKind, FusedOp, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
-    ReduceSpec, UnaryOp, WindowSpec,
+    ReduceSpec, Tuning, UnaryOp, WindowSpec,
 };
 use crate::{DType, Error, Layout, Result};
 use adapters::all;
+pub use autotune::{Autotune, AUTOTUNE_ENV};
 pub use adapters::{adapters, has_subgroups_of_8, ordinal_of, qualified_spec, refusal, refused, Refused, NAMED_BACKENDS, NEED_INVOCATIONS, NEED_WORKGROUP_BYTES};
 use context::Ctx;
 use pool::{Pool, WgpuBuffer};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Settings for opening a device; `Default` takes everything from the adapter.
@@ -31,7 +35,8 @@ pub struct Options {
     /// Bytes this device may hold in buffers; allocations beyond it fail with `OutOfMemory`
     /// (the starting value of [`Backend::set_memory_budget`](crate::backend::Backend::set_memory_budget)).
     pub memory_budget: Option<u64>,
-    /// Forces the matmul kernel family instead of choosing by adapter kind.
+    /// Forces the matmul kernel family instead of choosing by adapter kind or by measurement
+    /// (no autotuning).
     pub matmul: Option<MatmulKernel>,
     /// Never uses subgroup operations, so that the kernels adapters without them run can be
     /// tested on one that has them.
@@ -44,6 +49,11 @@ pub struct Options {
     /// Opens the device without timestamp queries even where the adapter has them, so that
     /// `Backend::mark`'s fallback (no device clock) can be tested on one that has them.
     pub without_timestamps: bool,
+    /// When the matmul kernels are tuned by measurement (see `autotune`); `TANDEM_AUTOTUNE`
+    /// sets it in `from_env`.
+    pub autotune: Autotune,
+    /// Where autotuning's cache file lives instead of `autotune::cache_dir()`.
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// The environment variable that forces `Options::hardware_profile` (value `hardware`) for
@@ -61,20 +71,49 @@ impl Options {
                 return Err(Error::invalid("open", format!("{KERNELS_ENV}={other:?}: expected `hardware` or `auto`")));
             }
         };
-        Ok(Options { hardware_profile, ..Options::default() })
+        Ok(Options { hardware_profile, autotune: Autotune::from_env()?, ..Options::default() })
     }
 }
 
 /// Matmul kernel families: register blocking without workgroup memory suits CPU rasterizers,
-/// workgroup-memory tiles suit hardware GPUs.
+/// workgroup-memory tiles suit hardware GPUs. `Tiled64`, `Tiled128` and `SplitK` are what
+/// autotuning chooses among on hardware GPUs (see `autotune`); each also serves as a forced
+/// family, so that tests reach its edges on small shapes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulKernel {
     Registers,
-    /// Workgroup-memory tiles of 64×64 or, for large products, 128×128 outputs.
+    /// Workgroup-memory tiles of 64×64 or, for large products, 128×128 outputs: the untuned
+    /// choice between `Tiled64` and `Tiled128`.
     Tiled,
-    /// `Tiled` with the 128×128 tile for every product whatever its size, so that tests reach
-    /// that kernel's edges on small shapes.
+    /// `Tiled` with the 64×64 tile for every product.
+    Tiled64,
+    /// `Tiled` with the 128×128 tile for every product whatever its size.
     Tiled128,
+    /// For a single product with few output tiles for its K: K cut into slices whose products
+    /// the 64×64 kernels compute side by side, then summed in slice order (`tiled::split_k`);
+    /// other products run as `Tiled64`.
+    SplitK,
+}
+
+impl MatmulKernel {
+    /// Every family, in declaration order.
+    pub const ALL: [MatmulKernel; 5] = [MatmulKernel::Registers, MatmulKernel::Tiled, MatmulKernel::Tiled64, MatmulKernel::Tiled128, MatmulKernel::SplitK];
+
+    /// The name autotuning's cache and `Tuning` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulKernel::Registers => "registers",
+            MatmulKernel::Tiled => "tiled",
+            MatmulKernel::Tiled64 => "tiled64",
+            MatmulKernel::Tiled128 => "tiled128",
+            MatmulKernel::SplitK => "split-k",
+        }
+    }
+
+    /// The family named `name` (see `name`).
+    pub fn from_name(name: &str) -> Option<MatmulKernel> {
+        MatmulKernel::ALL.into_iter().find(|k| k.name() == name)
+    }
 }
 
 /// Opens a new logical device and queue on adapter `ordinal`, with `Options::from_env`.
@@ -110,8 +149,13 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
     let timestamps = timestamps::Timestamps::new(&device, &queue, gate.clone());
     let subgroups = device.features().contains(wgpu::Features::SUBGROUP) && !options.without_subgroups;
     let ctx = Ctx::new(device, queue, name, options.max_binding_bytes, subgroup8, bind_groups, gate.clone()).with_kernels(subgroups, hardware);
-    let info = DeviceInfo { matmul: matmul_label(matmul, hardware), ..info.clone() };
-    Ok(Arc::new(WgpuBackend { info, ctx, pool, matmul, timestamps }))
+    let clock = |marks| timestamps.as_ref().and_then(|_| timestamps::Timestamps::with_capacity(&ctx.device, &ctx.queue, gate.clone(), marks));
+    // A forced family is what the caller asked for: nothing to tune.
+    let mode = if options.matmul.is_some() { Autotune::Off } else { options.autotune };
+    let tuner = autotune::Tuner::new(mode, info, hardware, options.cache_dir.as_deref(), clock);
+    let tuned = if tuner.tunes() { ", tuned per shape class" } else { "" };
+    let info = DeviceInfo { matmul: format!("{}{tuned}", matmul_label(matmul, hardware)), ..info.clone() };
+    Ok(Arc::new(WgpuBackend { info, ctx, pool, matmul, timestamps, tuner }))
 }
 
 /// The matmul family and whether the hardware kernel profile runs, for an adapter of `kind`.
@@ -128,7 +172,9 @@ pub(crate) fn matmul_label(kernel: MatmulKernel, hardware: bool) -> String {
     let family = match kernel {
         MatmulKernel::Registers => "register-blocked",
         MatmulKernel::Tiled => "workgroup-tiled 64x64/128x128",
+        MatmulKernel::Tiled64 => "workgroup-tiled 64x64",
         MatmulKernel::Tiled128 => "workgroup-tiled 128x128",
+        MatmulKernel::SplitK => "split-K workgroup-tiled 64x64",
     };
     format!("WGSL {family} kernel, {} profile", if hardware { "hardware" } else { "software" })
 }
@@ -141,6 +187,8 @@ pub struct WgpuBackend {
     matmul: MatmulKernel,
     /// `None` without timestamp queries: marks then fall back to the caller's clock.
     timestamps: Option<timestamps::Timestamps>,
+    /// Chooses the matmul kernel per shape class by measurement where it tunes.
+    tuner: autotune::Tuner,
 }
 
 impl WgpuBackend {
@@ -158,7 +206,11 @@ impl WgpuBackend {
         let br = self.raw("matmul", b, extent(s.b_offset, s.b_batch_stride, s.k * s.n))?;
         let or = self.raw("matmul", out, s.batch * s.m * s.n)?;
         let bias = bias.map(|(x, relu)| self.raw("matmul", x, s.m).map(|r| (r, relu))).transpose()?;
-        ops::matmul(&self.ctx, self.matmul, ar, br, bias, or, s)
+        let run = |kernel| match kernel {
+            MatmulKernel::SplitK => tiled::split_k(&self.ctx, &self.pool, ar, br, bias, or, s),
+            _ => ops::matmul(&self.ctx, kernel, ar, br, bias, or, s),
+        };
+        run(self.tuner.choose(&self.ctx, &s, bias.is_some(), self.matmul, &run)?)
     }
     /// The device's own buffer inside `b`, holding at least `need` elements.
     fn raw<'a>(&self, op: &'static str, b: &'a Buffer, need: usize) -> Result<&'a wgpu::Buffer> {
@@ -323,6 +375,12 @@ impl Backend for WgpuBackend {
     }
     fn read_marks(&self) -> Result<Vec<f64>> {
         self.timestamps.as_ref().map_or(Ok(Vec::new()), |t| t.read(&self.ctx))
+    }
+    fn tuning(&self) -> Vec<Tuning> {
+        self.tuner.tuning()
+    }
+    fn pin_kernels(&self) {
+        self.tuner.pin();
     }
     fn sync(&self) -> Result<()> {
         self.ctx.wait()

@@ -1,7 +1,8 @@
 //! Elementwise ops, fill and matmul: parameter packing and splitting into dispatches
 //! that respect the device's binding and workgroup-count limits.
 use super::context::{Bind, Ctx};
-use super::{shaders, MatmulKernel};
+use super::tiled::{self, Tile};
+use super::MatmulKernel;
 use crate::backend::{BinaryOp, MatmulSpec, UnaryOp};
 use crate::{Error, Layout, Result};
 
@@ -162,7 +163,7 @@ pub(crate) fn binary(
 
 /// Batch entries per dispatch so that each operand's range fits one binding: an operand spans
 /// `(count-1)*stride + size` elements.
-fn batches_per_dispatch(ctx: &Ctx, operands: &[(usize, usize)]) -> Result<usize> {
+pub(crate) fn batches_per_dispatch(ctx: &Ctx, operands: &[(usize, usize)]) -> Result<usize> {
     let cap = ctx.max_elems();
     let mut most = ctx.limits.max_groups as usize;
     for &(stride, size) in operands {
@@ -201,8 +202,14 @@ pub(crate) fn matmul(
     if s.batch == 0 || m == 0 || n == 0 {
         return Ok(bias.is_none());
     }
-    if kernel != MatmulKernel::Registers {
-        return matmul_tiled(ctx, a, b, bias, c, s, kernel == MatmulKernel::Tiled128);
+    let tile = match kernel {
+        MatmulKernel::Registers => None,
+        MatmulKernel::Tiled => Some(Tile::BySize),
+        MatmulKernel::Tiled64 | MatmulKernel::SplitK => Some(Tile::Small),
+        MatmulKernel::Tiled128 => Some(Tile::Wide),
+    };
+    if let Some(tile) = tile {
+        return tiled::matmul(ctx, a, b, bias, c, s, tile);
     }
     if k > K_SLICE {
         // The epilogue would add the bias once per slice: the caller composes instead.
@@ -289,85 +296,10 @@ pub(crate) fn matmul(
     Ok(true)
 }
 
-/// `matmul` on hardware GPUs: a `tiled_*` kernel for every product (`shaders::TILED`), chosen
-/// by how each operand's tile loads coalesce (along K for untransposed A and transposed B, else
-/// along M or N) and whether they can be vec4 (that dimension's length, the offset and the batch
-/// stride multiples of 4). A K past `K_SLICE` is cut into slices, dispatched in order: the first
-/// writes C, each later one adds to it, and the last adds the bias and applies the ReLU.
-/// `TILED_WIDE`'s 128×128 tiles serve large products (`wide_tiles`), every product with `wide`.
-fn matmul_tiled(
-    ctx: &Ctx,
-    a: &wgpu::Buffer,
-    b: &wgpu::Buffer,
-    bias: Option<(&wgpu::Buffer, bool)>,
-    c: &wgpu::Buffer,
-    s: MatmulSpec,
-    wide: bool,
-) -> Result<bool> {
-    let (m, n, k) = (s.m, s.n, s.k);
-    let (a_rs, a_cs) = if s.trans_a { (1, m) } else { (k, 1) };
-    let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
-    let (a_bs, b_bs) = if s.batch == 1 { (0, 0) } else { (s.a_batch_stride, s.b_batch_stride) };
-    let wide = wide || wide_tiles(m, n, s.batch);
-    let (table, tile) = if wide { (&shaders::TILED_WIDE, 128) } else { (&shaders::TILED, 64) };
-    let (gx, gy) = (n.div_ceil(tile), m.div_ceil(tile));
-    if gx.max(gy) > ctx.limits.max_groups as usize {
-        return Err(Error::invalid("matmul", format!("{m}x{n} output needs more workgroups than {} allows", ctx.name)));
-    }
-    // Index into `TILE_LOADS`: along K or not, then vec4 when the contiguous length, the
-    // first element and the batch stride are multiples of 4.
-    let load = |along_k: bool, len: usize, first: usize, bs: usize| 2 * usize::from(!along_k) + usize::from((len | first | bs).is_multiple_of(4));
-    let slices = k.div_ceil(K_SLICE).max(1);
-    for slice in 0..slices {
-        let k0 = slice * K_SLICE;
-        let kc = K_SLICE.min(k - k0);
-        // Elements from each operand's first one of this slice to its last.
-        let a_size = if kc == 0 { 0 } else { (m - 1) * a_rs + (kc - 1) * a_cs + 1 };
-        let b_size = if kc == 0 { 0 } else { (kc - 1) * b_rs + (n - 1) * b_cs + 1 };
-        let (a_first, b_first) = (s.a_offset + k0 * a_cs, s.b_offset + k0 * b_rs);
-        let la = load(!s.trans_a, if s.trans_a { m } else { k }, a_first, a_bs);
-        let lb = load(s.trans_b, if s.trans_b { k } else { n }, b_first, b_bs);
-        let entry = table[la][lb];
-        let last_bias = bias.filter(|_| slice + 1 == slices).map(|(_, relu)| 1 + u32::from(relu));
-        let epi = if slice == 0 { 0 } else { 3 } + last_bias.unwrap_or(0);
-        let per = batches_per_dispatch(ctx, &[(a_bs, a_size), (b_bs, b_size), (m * n, m * n)])?;
-        let mut b0 = 0;
-        while b0 < s.batch {
-            let cnt = per.min(s.batch - b0);
-            let (ab, ao) = ctx.span("matmul", a, a_first + b0 * a_bs, (cnt - 1) * a_bs + a_size)?;
-            let (bb, bo) = ctx.span("matmul", b, b_first + b0 * b_bs, (cnt - 1) * b_bs + b_size)?;
-            let (cb, co) = ctx.span("matmul", c, b0 * m * n, cnt * m * n)?;
-            // Without a bias the kernel never reads binding 4: C serves as a placeholder.
-            let (xb, xo) = match bias {
-                Some((x, _)) => ctx.span("matmul", x, 0, m)?,
-                None => ctx.span("matmul", c, b0 * m * n, cnt * m * n)?,
-            };
-            let w = matmul_words([m, n, kc], [ao, bo, co], [a_bs, b_bs], [a_rs, a_cs, b_rs, b_cs], xo as usize, epi);
-            ctx.dispatch("matmul", entry, &w.0, &[ab, bb, cb, xb], [gx as u32, gy as u32, cnt as u32])?;
-            b0 += cnt;
-        }
-    }
-    Ok(true)
-}
-
-/// Whether a product of `batch` M×N outputs takes the 128×128 tile. Per compute unit it should
-/// do about twice the work of the 64×64 one in the same time (16 FMAs per workgroup-memory read
-/// against 2; an estimate, not yet measured on a GPU), but makes a quarter as many workgroups: with U units, a grid of W wide tiles
-/// takes about ceil(W/U)·4 time units and the 64×64 grid ceil(4W/U)·2 (in 64×64-tile times at
-/// full speed). So the small tile wins while its grid fits in one wave (W = 8: 2 against 4),
-/// they tie at two waves and the wide tile wins past that. 64 wide tiles (256 small ones) are
-/// two waves on a GPU of 128 units and more on smaller ones: 1024×1024 and up, or a batch of
-/// smaller products. M and N of at least 128 also bound the area past the edge that the wide
-/// tile computes in vain to a third more than the small tile's (M = 129: 256 rows against
-/// 192), less than it gains.
-fn wide_tiles(m: usize, n: usize, batch: usize) -> bool {
-    m >= 128 && n >= 128 && m.div_ceil(128) * n.div_ceil(128) * batch >= 64
-}
-
 /// The words of matmul.wgsl's `Params`: sizes M, N, K; offsets of A, B, C in their bound
 /// ranges; batch strides of A and B; strides of op(A) and op(B); where the bias starts in the
 /// uniform stage; the epilogue code.
-fn matmul_words(mnk: [usize; 3], offs: [u32; 3], bs: [usize; 2], strides: [usize; 4], bias_at: usize, epi: u32) -> Words {
+pub(crate) fn matmul_words(mnk: [usize; 3], offs: [u32; 3], bs: [usize; 2], strides: [usize; 4], bias_at: usize, epi: u32) -> Words {
     let mut w = Words::default();
     for v in mnk.into_iter().chain([offs[0] as usize, offs[1] as usize, offs[2] as usize]).chain(bs).chain(strides) {
         w = w.u(v);
@@ -377,7 +309,7 @@ fn matmul_words(mnk: [usize; 3], offs: [u32; 3], bs: [usize; 2], strides: [usize
 
 /// K values one matmul dispatch sums at most. Every kernel loops over K, and Mesa's software
 /// drivers end a loop after 65,535 iterations; a longer K is cut into slices of this size.
-const K_SLICE: usize = 16384;
+pub(crate) const K_SLICE: usize = 16384;
 
 /// `matmul` for K past `K_SLICE`: the `generic` kernel (which walks both operands through their
 /// strides, so a slice is only an offset) once per slice of K, in order; the first slice writes

@@ -19,6 +19,8 @@ const CAPACITY: u32 = 1024;
 pub(crate) struct Timestamps {
     set: wgpu::QuerySet,
     resolved: wgpu::Buffer,
+    /// Marks the set holds.
+    capacity: u32,
     /// Marks recorded since the last read; held while recording so numbers follow stream order.
     count: Mutex<u32>,
     /// Nanoseconds per timestamp tick.
@@ -40,23 +42,28 @@ fn lock(m: &Mutex<u32>) -> MutexGuard<'_, u32> {
 impl Timestamps {
     /// Marks for `device`, or `None` when it was opened without [`FEATURES`].
     pub(crate) fn new(device: &wgpu::Device, queue: &wgpu::Queue, gate: Gate) -> Option<Timestamps> {
+        Timestamps::with_capacity(device, queue, gate, CAPACITY)
+    }
+
+    /// `new` with room for `capacity` marks between reads (autotuning's own clock).
+    pub(crate) fn with_capacity(device: &wgpu::Device, queue: &wgpu::Queue, gate: Gate, capacity: u32) -> Option<Timestamps> {
         if !device.features().contains(FEATURES) {
             return None;
         }
-        let set = device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("tandem marks"), ty: wgpu::QueryType::Timestamp, count: CAPACITY });
+        let set = device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("tandem marks"), ty: wgpu::QueryType::Timestamp, count: capacity });
         let resolved = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("tandem resolved marks"),
-            size: u64::from(CAPACITY) * wgpu::QUERY_SIZE as u64,
+            size: u64::from(capacity) * wgpu::QUERY_SIZE as u64,
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        Some(Timestamps { set, resolved, count: Mutex::new(0), period_ns: f64::from(queue.get_timestamp_period()), gate, held: None })
+        Some(Timestamps { set, resolved, capacity, count: Mutex::new(0), period_ns: f64::from(queue.get_timestamp_period()), gate, held: None })
     }
 
     /// Records the next mark after everything recorded on `ctx` so far; `None` when full.
     pub(crate) fn mark(&self, ctx: &Ctx) -> Option<u32> {
         let mut count = lock(&self.count);
-        if *count >= CAPACITY {
+        if *count >= self.capacity {
             return None;
         }
         let index = *count;
