@@ -90,7 +90,7 @@ fn a_slow_device_gets_less_work_or_none() {
     let gpu = DeviceSpec { name: "gpu".into(), speed: 10.0, memory: 8 << 30, server: 0 };
     let cpu = DeviceSpec { name: "cpu".into(), speed: 1.0, memory: 16 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
-    let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link };
+    let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link, contention: 1.0 };
     let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4 };
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");

@@ -34,7 +34,8 @@ pub enum StrategyKind {
     /// Data parallelism over pipelines on a grid of devices (--pipelines rows; --model gpt).
     #[value(name = "data,pipeline")]
     DataPipeline,
-    /// Single on one device; data parallelism on several.
+    /// Single on one device; on several, the layout `tandem plan` chooses (data parallelism
+    /// under --deterministic).
     Auto,
 }
 
@@ -48,6 +49,8 @@ pub struct StrategyPlan {
     pub micro_batches: usize,
     pub schedule: Schedule,
     pub deterministic: bool,
+    /// Data-parallel batch weights, one per device (`--balance`); equal shares without.
+    pub weights: Option<Vec<f64>>,
 }
 
 /// The one place where `--strategy` becomes a constructor.
@@ -104,7 +107,7 @@ pub(super) fn pipeline_schedule(s: Schedule) -> pipeline::Schedule {
 }
 
 fn data_parallel(plan: &StrategyPlan) -> Result<Box<dyn Strategy>> {
-    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, ..Default::default() };
+    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, weights: plan.weights.clone(), ..Default::default() };
     Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone(), cfg)?))
 }
 
