@@ -12,7 +12,7 @@ const RUNS: usize = 3;
 /// twice it, so that a layer's time splits into a per-sample part (the slope) and a fixed part
 /// (the intercept: launches and idle); its parameter, activation (what autograd keeps for the
 /// backward) and output bytes per sample; each other device's speed as the ratio of the whole
-/// model's time there; the link as a copy of a few MiB between the first two devices. All
+/// model's time there (devices of one [`Device::spec`] name share their mean time); the link as a copy of a few MiB between the first two devices. All
 /// devices are taken to sit in one server. Devices timed one at a time look independent even
 /// where they share the host's cores (CPU devices, software adapters), so the whole model is
 /// also run on all of them at once, and the worst slowdown is [`Cluster::contention`].
@@ -52,8 +52,7 @@ pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: us
     }
     let alone = devices.iter().map(|d| whole_model_s(model, probe, d)).collect::<Result<Vec<f64>>>()?;
     let mut specs = Vec::new();
-    for (d, t) in devices.iter().zip(&alone) {
-        let speed = if d.same(first) { 1.0 } else { alone[0] / t.max(1e-9) };
+    for (d, speed) in devices.iter().zip(speeds(devices, &alone)) {
         let memory = d.info().memory.or_else(crate::backend::host::available).unwrap_or(u64::MAX);
         specs.push(DeviceSpec { name: d.spec(), speed, memory, server: 0 });
     }
@@ -117,7 +116,19 @@ fn whole_model_s(model: &Sequential, probe: &Tensor, dev: &Device) -> Result<f64
 /// (`--balance measured`).
 pub fn measure_speeds(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
     let alone = devices.iter().map(|d| whole_model_s(model, probe, d)).collect::<Result<Vec<f64>>>()?;
-    Ok(alone.iter().map(|t| alone.first().copied().unwrap_or(1.0) / t.max(1e-9)).collect())
+    Ok(speeds(devices, &alone))
+}
+
+/// Each device's speed from its time `alone`, relative to the first. Devices of one name are
+/// one kind of device and share their mean time, so that timing noise does not give alike
+/// devices unequal shares.
+fn speeds(devices: &[Device], alone: &[f64]) -> Vec<f64> {
+    let mean = |name: String| {
+        let kind: Vec<f64> = devices.iter().zip(alone).filter(|(d, _)| d.spec() == name).map(|(_, t)| *t).collect();
+        kind.iter().sum::<f64>() / kind.len().max(1) as f64
+    };
+    let reference = devices.first().map_or(1.0, |d| mean(d.spec()));
+    devices.iter().map(|d| reference / mean(d.spec()).max(1e-9)).collect()
 }
 
 /// [`whole_model_s`] on every device at once, one thread each (after a run each alone, so

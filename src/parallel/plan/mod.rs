@@ -341,6 +341,14 @@ fn over_memory(cluster: &Cluster, e: &Estimate) -> Option<String> {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// Device names for a line of text: all of a few, the first four of many.
+fn names(devices: &[String]) -> String {
+    match devices.len() {
+        0..=8 => devices.join(","),
+        n => format!("{},... ({n} devices)", devices[..4].join(",")),
+    }
+}
+
 impl fmt::Display for Plan {
     /// The chosen layout with its predicted step time and each device's memory, the best of
     /// each other degree triple, and each degree triple no variant of which was kept, with the
@@ -351,16 +359,16 @@ impl fmt::Display for Plan {
             writeln!(f, "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%), peak {:.3} GiB/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0, peak)
         };
         let degrees = |l: &Layout| (l.data, l.tensor, l.pipeline);
-        writeln!(f, "plan for {} (batch {}):", self.devices.join(","), self.batch)?;
+        writeln!(f, "plan for {} (batch {}):", names(&self.devices), self.batch)?;
         line(f, &self.best)?;
         let l = &self.best.layout;
-        let used: Vec<String> = (0..l.devices()).map(|i| format!("{} {:.3} GiB", self.devices[i], self.best.memory[i] as f64 / GIB)).collect();
+        let used: Vec<String> = (0..l.devices().min(8)).map(|i| format!("{} {:.3} GiB", self.devices[i], self.best.memory[i] as f64 / GIB)).collect();
         writeln!(f, "  memory: {}", used.join(", "))?;
         if l.data > 1 {
             writeln!(f, "  batch shares: {:?}", self.shares)?;
         }
         if l.devices() < self.devices.len() {
-            writeln!(f, "  left out: {} (slower than the devices it would wait for)", self.devices[l.devices()..].join(","))?;
+            writeln!(f, "  left out: {} (predicted no faster with them)", names(&self.devices[l.devices()..]))?;
         }
         let mut seen = vec![degrees(l)];
         if !self.alternatives.is_empty() {
@@ -373,24 +381,27 @@ impl fmt::Display for Plan {
                 }
             }
         }
-        // One line per degree triple and reason: the variants (micro-batch counts) a reason
-        // excludes alike are counted, not listed.
+        // One line per degree triple none of whose variants fits, with the first variant's
+        // reason; the excluded variants of kept triples are counted, with their reasons.
+        seen.extend(self.alternatives.iter().map(|e| degrees(&e.layout)));
+        let kept = seen.clone();
         writeln!(f, "rejected ({} layouts):", self.rejected.len())?;
-        let mut reasons: Vec<(&Rejected, usize)> = Vec::new();
+        let mut variants: Vec<(&str, usize)> = Vec::new();
         for r in &self.rejected {
-            match reasons.iter_mut().find(|(q, _)| degrees(&q.layout) == degrees(&r.layout) && q.layout.recompute == r.layout.recompute && q.why == r.why) {
-                Some((_, n)) => *n += 1,
-                None => reasons.push((r, 1)),
+            let d = degrees(&r.layout);
+            if kept.contains(&d) {
+                let kind = r.why.split(" into ").next().unwrap_or(&r.why);
+                match variants.iter_mut().find(|(w, _)| *w == kind) {
+                    Some((_, n)) => *n += 1,
+                    None => variants.push((kind, 1)),
+                }
+            } else if !seen.contains(&d) {
+                seen.push(d);
+                writeln!(f, "  data {} x tensor {} x pipeline {}: {}", d.0, d.1, d.2, r.why)?;
             }
         }
-        for (r, n) in reasons.iter().take(12) {
-            let (a, t, p) = degrees(&r.layout);
-            let recompute = if r.layout.recompute { ", recompute" } else { "" };
-            let variants = if *n > 1 { format!(" ({n} micro-batch counts)") } else { String::new() };
-            writeln!(f, "  data {a} x tensor {t} x pipeline {p}{recompute}{variants}: {}", r.why)?;
-        }
-        if reasons.len() > 12 {
-            writeln!(f, "  and {} more", reasons.len() - 12)?;
+        for (why, n) in variants {
+            writeln!(f, "  {n} variants (micro-batch counts, recomputation) of kept layouts: {why}")?;
         }
         Ok(())
     }
