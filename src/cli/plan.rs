@@ -12,7 +12,7 @@ use tandem::parallel::{inputs_to_device, OptimConfig};
 use tandem::{Device, Error, Result, Tensor};
 
 /// Samples of the training data the calibration times each layer on (and twice as many).
-const PROBE: usize = 8;
+const PROBE: usize = 16;
 
 /// `tandem plan`: the plan for `train`'s flags on `--devices`, or on `--cluster`.
 pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {

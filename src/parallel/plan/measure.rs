@@ -6,13 +6,14 @@ use crate::{Device, Result, Tensor};
 use std::time::Instant;
 
 /// Best-of runs of each timing: the minimum discards a preempted run.
-const RUNS: usize = 3;
+const RUNS: usize = 5;
 
 /// Each layer of `model` timed on `devices[0]` (the reference, speed 1) at `probe`'s batch and
 /// twice it, so that a layer's time splits into a per-sample part (the slope) and a fixed part
 /// (the intercept: launches and idle); its parameter, activation (what autograd keeps for the
 /// backward) and output bytes per sample; each other device's speed as the ratio of the whole
-/// model's time there (devices of one [`Device::spec`] name share their mean time); the link as a copy of a few MiB between the first two devices. All
+/// model's time there at its share of `batch` (devices of one [`Device::spec`] name share
+/// their mean time); the link as a copy of a few MiB between the first two devices. All
 /// devices are taken to sit in one server. Devices timed one at a time look independent even
 /// where they share the host's cores (CPU devices, software adapters), so the whole model is
 /// also run on all of them at once, and the worst slowdown is [`Cluster::contention`].
@@ -50,14 +51,18 @@ pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: us
         });
         (x1, x2) = (y1, y2);
     }
-    let alone = devices.iter().map(|d| whole_model_s(model, probe, d)).collect::<Result<Vec<f64>>>()?;
+    // Speeds and contention at each device's share of the batch: a device's pace, and whether
+    // it keeps the host's cores busy (the CPU's threaded passes start only on large inputs),
+    // depend on it.
+    let share = repeated(probe, batch.div_ceil(devices.len()).max(k) / k)?;
+    let alone = devices.iter().map(|d| whole_model_s(model, &share, d)).collect::<Result<Vec<f64>>>()?;
     let mut specs = Vec::new();
     for (d, speed) in devices.iter().zip(speeds(devices, &alone)) {
         let memory = d.info().memory.or_else(crate::backend::host::available).unwrap_or(u64::MAX);
         specs.push(DeviceSpec { name: d.spec(), speed, memory, server: 0 });
     }
     let contention = if devices.len() > 1 {
-        let together = all_at_once_s(model, probe, devices)?;
+        let together = all_at_once_s(model, &share, devices)?;
         together.iter().zip(&alone).map(|(t, a)| t / a.max(1e-9)).fold(1.0, f64::max)
     } else {
         1.0
@@ -98,17 +103,39 @@ fn time_layer(layer: &dyn Module, x: &Tensor, dev: &Device) -> Result<(f64, f64,
 fn whole_model_s(model: &Sequential, probe: &Tensor, dev: &Device) -> Result<f64> {
     let copy = model.to_device(dev)?;
     let x = probe.to(dev)?;
+    timed_runs(&*copy, &x, dev, None)
+}
+
+/// Forward and backward of `model` on `x` (both on `dev`), best of [`RUNS`]; with `start`,
+/// each run begins when every thread sharing the barrier is ready, so that concurrent runs
+/// overlap (a failed run still waits its turn, so no thread is left at the barrier).
+fn timed_runs(model: &dyn Module, x: &Tensor, dev: &Device, start: Option<&std::sync::Barrier>) -> Result<f64> {
     let mut best = f64::INFINITY;
+    let mut failed = None;
     for _ in 0..RUNS {
-        let t0 = Instant::now();
-        let root = copy.forward(&x)?.sum_all()?;
-        if root.needs_grad() {
-            root.backward()?;
+        if let Some(b) = start {
+            b.wait();
         }
-        dev.sync()?;
-        best = best.min(t0.elapsed().as_secs_f64());
+        let t0 = Instant::now();
+        let run = || -> Result<()> {
+            let root = model.forward(x)?.sum_all()?;
+            if root.needs_grad() {
+                root.backward()?;
+            }
+            dev.sync()
+        };
+        match run() {
+            Ok(()) => best = best.min(t0.elapsed().as_secs_f64()),
+            Err(e) => failed = failed.or(Some(e)),
+        }
     }
-    Ok(best)
+    failed.map_or(Ok(best), Err)
+}
+
+/// `x` stacked `times` times along the batch.
+fn repeated(x: &Tensor, times: usize) -> Result<Tensor> {
+    let copies: Vec<Tensor> = (0..times.max(1)).map(|_| x.clone()).collect();
+    Tensor::cat(&copies, 0)
 }
 
 /// Each device's speed on the whole of `model` (forward and backward on `probe`) relative to
@@ -134,8 +161,13 @@ fn speeds(devices: &[Device], alone: &[f64]) -> Vec<f64> {
 /// [`whole_model_s`] on every device at once, one thread each (after a run each alone, so
 /// that first-use compilation is not timed).
 fn all_at_once_s(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
+    let copies = devices.iter().map(|d| Ok((model.to_device(d)?, probe.to(d)?))).collect::<Result<Vec<_>>>()?;
+    let start = std::sync::Barrier::new(devices.len());
     std::thread::scope(|scope| {
-        let runs: Vec<_> = devices.iter().map(|d| scope.spawn(move || whole_model_s(model, probe, d))).collect();
+        let runs: Vec<_> = copies.iter().zip(devices).map(|((m, x), d)| {
+            let start = &start;
+            scope.spawn(move || timed_runs(&**m, x, d, Some(start)))
+        }).collect();
         runs.into_iter().map(|r| r.join().map_err(|_| crate::Error::Panicked("plan::measure: a calibration thread panicked".into()))?).collect()
     })
 }

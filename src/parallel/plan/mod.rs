@@ -13,6 +13,14 @@
 //! activations of the micro-batches in flight under 1F1B (`min(m, p - s)` at stage `s`), or
 //! with recomputation only the stage inputs plus one layer's activations.
 //!
+//! [`measure`] calibrates the inputs on this machine's devices (and [`Cluster::contention`],
+//! how much devices that share the host's cores slow each other); [`Cluster::dual_m60`] and
+//! [`Cluster::h100_nvlink`] describe published clusters. [`plan`] searches every layout,
+//! [`plan_within`] only those a filter allows (`unbuildable` for a `Sequential`);
+//! [`Plan::build`] makes the chosen strategy with the [`Parallel`](crate::parallel::Parallel)
+//! builders, [`Plan::save`] / [`Plan::load`] keep a plan as JSON, and [`Plan::megatron`] holds
+//! a cluster's plan against Megatron-LM's rule.
+//!
 //! ```
 //! use tandem::parallel::plan::{plan, Cluster, LayerCost, Workload};
 //! // A 24-block model of 1.3 GB of f32 parameters per 6 blocks: too big for one 8 GB M60 with
