@@ -90,7 +90,7 @@ fn a_slow_device_gets_less_work_or_none() {
     let gpu = DeviceSpec { name: "gpu".into(), speed: 10.0, memory: 8 << 30, server: 0 };
     let cpu = DeviceSpec { name: "cpu".into(), speed: 1.0, memory: 16 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
-    let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link };
+    let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link, contention: 1.0 };
     let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4 };
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
@@ -99,6 +99,25 @@ fn a_slow_device_gets_less_work_or_none() {
     assert_eq!((p.best.layout.data, p.best.layout.pipeline), (2, 1), "{p}");
     assert!((p.best.compute_s - 0.192 * 10.0 / 11.0).abs() < 1e-9, "{p}");
     assert!(p.best.step_s < alone.step_s, "{p}");
+    // Devices that slow each other down by half when run together (sharing the host's cores)
+    // are better used one at a time: the GPU alone.
+    let shared = Cluster { contention: 2.0, ..cluster.clone() };
+    let p = plan(&work, &shared).unwrap();
+    assert_eq!(p.best.layout.devices(), 1, "{p}");
+    assert_eq!(p.devices[0], "gpu", "{p}");
+}
+
+#[test]
+fn the_fastest_devices_are_planned_first_whatever_their_order() {
+    let slow = DeviceSpec { name: "slow".into(), speed: 1.0, memory: 8 << 30, server: 0 };
+    let fast = DeviceSpec { name: "fast".into(), speed: 20.0, memory: 8 << 30, server: 0 };
+    let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
+    let cluster = Cluster { devices: vec![slow, fast], within: link, across: link, contention: 1.5 };
+    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4 };
+    let p = plan(&work, &cluster).unwrap();
+    assert_eq!(p.devices, ["fast", "slow"]);
+    assert_eq!(p.best.layout.devices(), 1, "{p}");
+    assert!(p.to_string().contains("left out: slow"), "{p}");
 }
 
 /// Calibration on this machine: the seed CNN's layers on two CPU devices, then the plan for
@@ -124,6 +143,9 @@ fn measured_inputs_describe_the_model_and_the_devices() {
     assert_eq!(cluster.devices.len(), 2);
     assert!(cluster.devices.iter().all(|d| d.speed > 0.0 && d.memory > 0));
     assert!(cluster.within.bytes_per_s > 0.0);
+    assert!(cluster.contention >= 1.0 && cluster.contention.is_finite(), "{}", cluster.contention);
+    // Two devices of one name are one kind: equal speeds, whatever the timing noise.
+    assert_eq!(cluster.devices[0].speed, cluster.devices[1].speed);
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
     assert!(p.best.step_s > 0.0);

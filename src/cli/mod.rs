@@ -21,6 +21,7 @@ mod generate;
 mod gpt;
 mod memory;
 mod mismatch;
+mod plan;
 mod plot;
 mod progress;
 mod ranks;
@@ -64,6 +65,11 @@ pub enum Command {
     // A repeated flag overrides the earlier one, so wrappers can append to a base command.
     #[command(args_override_self = true)]
     Train(Box<TrainArgs>),
+    /// Choose the parallel layout for `train`'s flags: calibrate the model on --devices (or
+    /// scale it to --cluster), print the plan, its predicted step time and memory per device,
+    /// the next best layouts and why each rejected one was excluded.
+    #[command(args_override_self = true)]
+    Plan(Box<PlanArgs>),
     /// Benchmark matmul, a training step and op dispatch on the chosen devices.
     Bench(BenchArgs),
     /// Continue a prompt with a GPT trained by `tandem train --model gpt`.
@@ -93,6 +99,15 @@ pub enum OptimizerKind {
     Adam,
     /// PyTorch's AdamW: decoupled weight decay (`--weight-decay`), on parameters of rank >= 2 only.
     Adamw,
+}
+
+/// `--balance`: how data parallelism shares each batch among the devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Balance {
+    /// In proportion to each device's measured speed, so unequal devices finish together.
+    Measured,
+    /// Equal shares.
+    Even,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -171,6 +186,14 @@ pub struct TrainArgs {
     pub devices: String,
     #[arg(long, value_enum, default_value_t = StrategyKind::Auto)]
     pub strategy: StrategyKind,
+    /// Train with a plan `tandem plan --save-plan` wrote: its layout, layer cuts and batch
+    /// shares, on the devices it was made for.
+    #[arg(long, value_name = "FILE.json", conflicts_with = "strategy")]
+    pub plan: Option<PathBuf>,
+    /// Data-parallel batch shares (--strategy data, and the planned layouts): by each device's
+    /// measured speed, or equal [default: measured when the devices differ].
+    #[arg(long, value_enum)]
+    pub balance: Option<Balance>,
     /// Split each batch into this many micro-batches (pipeline strategies).
     #[arg(long, value_name = "N")]
     pub micro_batches: Option<usize>,
@@ -221,6 +244,21 @@ pub struct TrainArgs {
     /// Write an SVG plot of the loss curve and the test accuracy.
     #[arg(long, value_name = "PATH.svg")]
     pub plot: Option<PathBuf>,
+}
+
+/// Flags of `tandem plan`: those of `train`, and where to plan for.
+#[derive(Clone, Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub train: TrainArgs,
+    /// Plan for a described cluster instead of --devices: dual-m60:N (N servers of 4 M60
+    /// GPUs on PCIe 3, 10 GbE between) or h100:N (N servers of 8 H100s on NVLink, InfiniBand
+    /// between); the layers are timed on this CPU and scaled by its matmul throughput.
+    #[arg(long, value_name = "NAME:N")]
+    pub cluster: Option<String>,
+    /// Write the plan here as JSON, for `tandem train --plan`.
+    #[arg(long, value_name = "FILE.json")]
+    pub save_plan: Option<PathBuf>,
 }
 
 /// The flags only `--model gpt` reads.
@@ -320,6 +358,7 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
         let code = match cli.command {
             Command::Devices => devices::run(&ranks).map(|()| 0),
             Command::Train(args) => train::run(&args, &ranks),
+            Command::Plan(args) => plan::run(&args, &ranks).map(|()| 0),
             Command::Bench(args) => bench::run(&args, &ranks).map(|()| 0),
             Command::Generate(args) => generate::run(&args).map(|()| 0),
         };

@@ -97,6 +97,10 @@ fn entries(command: &Command, ranks: &Ranks) -> Vec<Entry> {
         Command::Generate(_) => e.add("command", "generate"),
         Command::Bench(args) => bench(&mut e, args, ranks),
         Command::Train(args) => train(&mut e, args, ranks),
+        Command::Plan(args) => {
+            train(&mut e, &args.train, ranks);
+            e.add("command", "plan");
+        }
     }
     e.0
 }
@@ -153,6 +157,8 @@ fn train(e: &mut Entries, args: &TrainArgs, ranks: &Ranks) {
     e.opt("--val-data", g.val_data.as_deref().map(data_identity));
     e.add("--seed", args.seed);
     e.debug("--strategy", args.strategy);
+    e.opt("--plan", args.plan.as_ref().map(|p| p.display().to_string()));
+    e.opt("--balance", args.balance.map(|b| format!("{b:?}").to_lowercase()));
     e.opt("--micro-batches", args.micro_batches);
     e.debug("--schedule", args.schedule);
     e.opt("--pipelines", args.pipelines);

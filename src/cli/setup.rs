@@ -34,7 +34,8 @@ pub enum StrategyKind {
     /// Data parallelism over pipelines on a grid of devices (--pipelines rows; --model gpt).
     #[value(name = "data,pipeline")]
     DataPipeline,
-    /// Single on one device; data parallelism on several.
+    /// Single on one device; on several, the layout `tandem plan` chooses (data parallelism
+    /// under --deterministic).
     Auto,
 }
 
@@ -50,6 +51,8 @@ pub struct StrategyPlan {
     pub deterministic: bool,
     /// `--shard`: data parallelism only.
     pub shard: Shard,
+    /// Data-parallel batch weights, one per device (`--balance`); equal shares without.
+    pub weights: Option<Vec<f64>>,
 }
 
 /// The one place where `--strategy` becomes a constructor.
@@ -109,7 +112,7 @@ pub(super) fn pipeline_schedule(s: Schedule) -> pipeline::Schedule {
 }
 
 fn data_parallel(plan: &StrategyPlan) -> Result<Box<dyn Strategy>> {
-    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, shard: plan.shard, ..Default::default() };
+    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, shard: plan.shard, weights: plan.weights.clone(), ..Default::default() };
     Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone(), cfg)?))
 }
 

@@ -5,11 +5,12 @@
 use super::ranks::Ranks;
 use super::setup::{self, build_strategy, DataSource, StrategyPlan};
 use super::training::{Ended, Run};
-use super::{ModelArg, OptimizerKind, TrainArgs};
+use super::{ModelArg, OptimizerKind, StrategyKind, TrainArgs};
 use std::sync::Arc;
 use tandem::data::{DataLoader, Dataset, Targets};
 use tandem::nn::models::SeedModel;
 use tandem::nn::Module;
+use tandem::parallel::plan::Plan;
 use tandem::parallel::{DataParallelConfig, Loss, OptimConfig};
 use tandem::train::{Accuracy, Metric, Trainer};
 use tandem::{Device, Error, Result};
@@ -56,6 +57,14 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         return Err(Error::invalid("--batch", format!("{} exceeds the {} training samples", args.batch, train.len())));
     }
     let loss = Loss::for_targets(&train.y);
+    // The planner and --balance time the model on a few training samples, before the loader
+    // takes the data.
+    let model = model_kind.build(args.seed, &Device::cpu())?;
+    let planned = planned(args, &model, &train, &optim, &devices)?;
+    let weights = match (&planned, args.strategy) {
+        (None, StrategyKind::Data) if !ranks.many() && !args.deterministic => super::plan::data_weights(args, &model, &train, &devices)?,
+        _ => None,
+    };
     let mut loader = DataLoader::new(Arc::new(train), args.batch, true, args.seed)?.drop_last(true)?;
     let (length_flag, total) = match (args.steps, args.epochs) {
         (Some(s), _) => ("--steps", s),
@@ -67,13 +76,14 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         (None, None) => ("--steps", DEFAULT_STEPS),
     };
 
-    let model = model_kind.build(args.seed, &Device::cpu())?;
     if let Some(path) = &args.init {
         model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
     let strategy = if ranks.many() {
         let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, ..Default::default() };
         ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
+    } else if let Some(p) = &planned {
+        p.build(&model, &devices, &optim, loss)?
     } else {
         let plan = StrategyPlan {
             kind: args.strategy,
@@ -85,18 +95,33 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
             schedule: args.schedule,
             deterministic: args.deterministic,
             shard: args.shard,
+            weights: weights.clone(),
         };
         build_strategy(plan)?
     };
     let clip = setup::grad_clip(args)?;
 
-    let config = run_config(args, model_kind, &optim);
+    let mut config = run_config(args, model_kind, &optim);
+    // What a resumed run must repeat rather than measure again: the plan (its alternatives
+    // and rejections are not needed for that), or the measured batch weights.
+    if let Some(p) = &planned {
+        let kept = Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() };
+        config["plan"] = serde_json::to_value(&kept).map_err(|e| Error::Msg(format!("recording the plan: {e}")))?;
+    }
+    if let Some(w) = &weights {
+        config["batch_weights"] = serde_json::json!(w);
+    }
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
     let (mut trainer, console) = run.trainer(strategy, total, clip, config, every);
     let trained = match run.fit(&mut trainer, &mut loader, console, length_flag)? {
         Ended::Trained(t) => t,
         Ended::Exit(code) => return Ok(code),
     };
+    if let Some(p) = &planned {
+        let steps = trained.fit.steps_run().max(1);
+        let measured = trained.fit.train_s / steps as f64;
+        trained.note(&format!("planned {}: predicted {:.2} ms/step, measured {:.2} ms/step (x{:.2})", p.best.layout, p.best.step_s * 1e3, measured * 1e3, p.best.step_s / measured.max(1e-12)));
+    }
 
     let accuracy = match test {
         Some(t) => evaluate(&mut trainer, t)?,
@@ -106,6 +131,20 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         tandem::checkpoint::save_weights(path, &trainer.strategy().state_dict()?)?;
     }
     run.finish(*trained, accuracy)
+}
+
+/// The plan `train` runs with: with `--plan FILE`, or `--strategy auto` on several devices
+/// (one device is `single`; `--deterministic` keeps `auto` data parallel, since a measured plan
+/// differs from run to run). Only within one process.
+fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, optim: &OptimConfig, devices: &[Device]) -> Result<Option<Plan>> {
+    let auto = args.strategy == StrategyKind::Auto && devices.len() > 1 && !args.deterministic;
+    if args.plan.is_none() && !auto {
+        return Ok(None);
+    }
+    if args.micro_batches.is_some() {
+        return Err(Error::invalid("--micro-batches", "a plan chooses its micro-batches; give --strategy to set them by hand"));
+    }
+    super::plan::for_training(args, model, train, optim, devices).map(Some)
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.

@@ -42,6 +42,13 @@ pub(super) struct Trained {
     console: Console,
 }
 
+impl Trained {
+    /// A line of the run's notes (after its last step, before its summary).
+    pub fn note(&self, msg: &str) {
+        self.console.note(msg);
+    }
+}
+
 impl<'a> Run<'a> {
     /// Starts the clock and installs the SIGINT/SIGTERM handlers, before anything else.
     pub(super) fn new(args: &'a TrainArgs, ranks: &'a Ranks) -> Result<Run<'a>> {

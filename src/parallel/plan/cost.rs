@@ -36,6 +36,21 @@ pub struct Workload {
     pub state_per_param_byte: u64,
 }
 
+impl Workload {
+    /// The same work with every time multiplied by `factor`: layer costs measured on one device
+    /// expressed on another reference, `factor` being the measured device's throughput over
+    /// the reference's (costs measured on a CPU of 0.1 TFLOP/s, planned for M60s of 4.8, scale
+    /// by 0.1 / 4.8).
+    pub fn scaled(&self, factor: f64) -> Workload {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| LayerCost { forward_s: l.forward_s * factor, backward_s: l.backward_s * factor, fixed_s: l.fixed_s * factor, ..l.clone() })
+            .collect();
+        Workload { layers, ..self.clone() }
+    }
+}
+
 /// One device: its throughput relative to the layer costs' reference device, its memory, and
 /// the server it sits in (links within a server are [`Cluster::within`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -74,13 +89,34 @@ pub struct Cluster {
     pub devices: Vec<DeviceSpec>,
     pub within: Link,
     pub across: Link,
+    /// How much slower each device computes when all of them compute at once than when it runs
+    /// alone: 1 for independent GPUs, more where devices share the host's cores (CPU devices,
+    /// software adapters such as lavapipe), which one-at-a-time calibration cannot see. A layout
+    /// on `k` of the `n` devices pays `1 + (contention - 1)(k - 1)/(n - 1)`.
+    pub contention: f64,
 }
 
+/// The fp32 throughput of speed 1 in the described clusters ([`Cluster::dual_m60`],
+/// [`Cluster::h100_nvlink`]): one M60 GPU, ~4.8 TFLOP/s.
+pub const REFERENCE_FLOPS: f64 = 4.8e12;
+
 impl Cluster {
+    /// A described cluster by name: `dual-m60:N` ([`Cluster::dual_m60`]) or `h100:N`
+    /// ([`Cluster::h100_nvlink`]), `N` servers.
+    pub fn parse(spec: &str) -> crate::Result<Cluster> {
+        let bad = |why: &str| crate::Error::invalid("--cluster", format!("'{spec}': {why}; give dual-m60:N or h100:N (N servers)"));
+        let (name, n) = spec.split_once(':').ok_or_else(|| bad("no server count"))?;
+        let servers: usize = n.parse().ok().filter(|n| *n >= 1).ok_or_else(|| bad("the server count must be a whole number of at least 1"))?;
+        match name {
+            "dual-m60" => Ok(Cluster::dual_m60(servers)),
+            "h100" => Ok(Cluster::h100_nvlink(servers)),
+            _ => Err(bad("unknown cluster name")),
+        }
+    }
     /// `servers` servers of `per_server` devices like `device` each.
     pub fn servers(servers: usize, per_server: usize, device: DeviceSpec, within: Link, across: Link) -> Cluster {
         let devices = (0..servers * per_server).map(|i| DeviceSpec { server: i / per_server, name: format!("{}#{i}", device.name), ..device.clone() }).collect();
-        Cluster { devices, within, across }
+        Cluster { devices, within, across, contention: 1.0 }
     }
     /// Servers of two Tesla M60 boards (4 GM204 GPUs of 8 GB, ~4.8 TFLOP/s each at speed 1)
     /// on PCIe 3.0 (~12 GB/s, no NVLink, no peer-to-peer assumed), 10 GbE between servers.
@@ -103,6 +139,15 @@ impl Cluster {
             self.across
         }
     }
+    /// The slowdown of each device's compute when `k` of the devices run at once (see
+    /// [`Cluster::contention`]).
+    pub fn contention_of(&self, k: usize) -> f64 {
+        let n = self.devices.len();
+        if k < 2 || n < 2 {
+            return 1.0;
+        }
+        1.0 + (self.contention - 1.0).max(0.0) * (k - 1) as f64 / (n - 1) as f64
+    }
     /// The slowest link among `members`.
     pub fn group_link(&self, members: &[usize]) -> Link {
         let one_server = members.windows(2).all(|w| self.devices[w[0]].server == self.devices[w[1]].server);
@@ -115,7 +160,7 @@ impl Cluster {
 }
 
 /// What the cost model predicts for one layout.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Estimate {
     pub layout: Layout,
     /// Predicted seconds per optimizer step, and its parts.

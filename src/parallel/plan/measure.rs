@@ -6,19 +6,21 @@ use crate::{Device, Result, Tensor};
 use std::time::Instant;
 
 /// Best-of runs of each timing: the minimum discards a preempted run.
-const RUNS: usize = 3;
+const RUNS: usize = 5;
 
 /// Each layer of `model` timed on `devices[0]` (the reference, speed 1) at `probe`'s batch and
 /// twice it, so that a layer's time splits into a per-sample part (the slope) and a fixed part
 /// (the intercept: launches and idle); its parameter, activation (what autograd keeps for the
 /// backward) and output bytes per sample; each other device's speed as the ratio of the whole
-/// model's time there; the link as a copy of a few MiB between the first two devices. All
-/// devices are taken to sit in one server. Devices are timed one at a time: CPU devices that
-/// share the host's cores look independent here, though together they are not faster than one.
+/// model's time there at its share of `batch` (devices of one [`Device::spec`] name share
+/// their mean time); the link as a copy of a few MiB between the first two devices. All
+/// devices are taken to sit in one server. Devices timed one at a time look independent even
+/// where they share the host's cores (CPU devices, software adapters), so the whole model is
+/// also run on all of them at once, and the worst slowdown is [`Cluster::contention`].
 ///
 /// `batch` is the global batch to plan for; `optimizer_states` the optimizer's state tensors per
-/// parameter (SGD with momentum 1, Adam 2). A layer that is a `Linear` counts as splittable by
-/// tensor parallelism.
+/// parameter (SGD with momentum 1, Adam 2). The model's last two layers with parameters count
+/// as splittable by tensor parallelism when they are Linears (what `TensorParallel` shards).
 pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize) -> Result<(Workload, Cluster)> {
     let first = devices.first().ok_or_else(|| crate::Error::invalid("plan::measure", "no devices"))?;
     let k = probe.dims().first().copied().unwrap_or(1).max(1);
@@ -26,7 +28,10 @@ pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: us
     let large = Tensor::cat(&[small.clone(), small.clone()], 0)?;
     let (mut x1, mut x2) = (small, large);
     let mut layers = Vec::new();
-    for (name, layer) in model.layers() {
+    let all = model.layers();
+    let with_params: Vec<usize> = (0..all.len()).filter(|&i| !all[i].1.parameters().is_empty()).collect();
+    let sharded = &with_params[with_params.len().saturating_sub(2)..];
+    for (i, (name, layer)) in all.into_iter().enumerate() {
         let here = layer.to_device(first)?;
         let (f1, b1, y1, act1) = time_layer(&*here, &x1, first)?;
         let (f2, b2, y2, _) = time_layer(&*here, &x2, first)?;
@@ -42,23 +47,32 @@ pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: us
             param_bytes,
             activation_bytes: act1 / k as u64,
             output_bytes: (y1.numel() * y1.dtype().size() / k) as u64,
-            tensor_parallel: here.describe().starts_with("Linear"),
+            tensor_parallel: sharded.contains(&i) && here.describe().starts_with("Linear"),
         });
         (x1, x2) = (y1, y2);
     }
-    let reference = whole_model_s(model, probe, first)?;
+    // Speeds and contention at each device's share of the batch: a device's pace, and whether
+    // it keeps the host's cores busy (the CPU's threaded passes start only on large inputs),
+    // depend on it.
+    let share = repeated(probe, batch.div_ceil(devices.len()).max(k) / k)?;
+    let alone = devices.iter().map(|d| whole_model_s(model, &share, d)).collect::<Result<Vec<f64>>>()?;
     let mut specs = Vec::new();
-    for d in devices {
-        let speed = if d.same(first) { 1.0 } else { reference / whole_model_s(model, probe, d)?.max(1e-9) };
+    for (d, speed) in devices.iter().zip(speeds(devices, &alone)) {
         let memory = d.info().memory.or_else(crate::backend::host::available).unwrap_or(u64::MAX);
         specs.push(DeviceSpec { name: d.spec(), speed, memory, server: 0 });
     }
+    let contention = if devices.len() > 1 {
+        let together = all_at_once_s(model, &share, devices)?;
+        together.iter().zip(&alone).map(|(t, a)| t / a.max(1e-9)).fold(1.0, f64::max)
+    } else {
+        1.0
+    };
     let link = match devices.get(1) {
         Some(second) => measure_link(first, second)?,
         None => Link { latency_s: 0.0, bytes_per_s: f64::INFINITY },
     };
     let state_per_param_byte = 2 + optimizer_states as u64;
-    Ok((Workload { layers, batch, state_per_param_byte }, Cluster { devices: specs, within: link, across: link }))
+    Ok((Workload { layers, batch, state_per_param_byte }, Cluster { devices: specs, within: link, across: link, contention }))
 }
 
 /// A layer's forward and backward seconds on `x` (best of [`RUNS`]), its output, and the bytes
@@ -89,17 +103,73 @@ fn time_layer(layer: &dyn Module, x: &Tensor, dev: &Device) -> Result<(f64, f64,
 fn whole_model_s(model: &Sequential, probe: &Tensor, dev: &Device) -> Result<f64> {
     let copy = model.to_device(dev)?;
     let x = probe.to(dev)?;
+    timed_runs(&*copy, &x, dev, None)
+}
+
+/// Forward and backward of `model` on `x` (both on `dev`), best of [`RUNS`]; with `start`,
+/// each run begins when every thread sharing the barrier is ready, so that concurrent runs
+/// overlap (a failed run still waits its turn, so no thread is left at the barrier).
+fn timed_runs(model: &dyn Module, x: &Tensor, dev: &Device, start: Option<&std::sync::Barrier>) -> Result<f64> {
     let mut best = f64::INFINITY;
+    let mut failed = None;
     for _ in 0..RUNS {
-        let t0 = Instant::now();
-        let root = copy.forward(&x)?.sum_all()?;
-        if root.needs_grad() {
-            root.backward()?;
+        if let Some(b) = start {
+            b.wait();
         }
-        dev.sync()?;
-        best = best.min(t0.elapsed().as_secs_f64());
+        let t0 = Instant::now();
+        let run = || -> Result<()> {
+            let root = model.forward(x)?.sum_all()?;
+            if root.needs_grad() {
+                root.backward()?;
+            }
+            dev.sync()
+        };
+        match run() {
+            Ok(()) => best = best.min(t0.elapsed().as_secs_f64()),
+            Err(e) => failed = failed.or(Some(e)),
+        }
     }
-    Ok(best)
+    failed.map_or(Ok(best), Err)
+}
+
+/// `x` stacked `times` times along the batch.
+fn repeated(x: &Tensor, times: usize) -> Result<Tensor> {
+    let copies: Vec<Tensor> = (0..times.max(1)).map(|_| x.clone()).collect();
+    Tensor::cat(&copies, 0)
+}
+
+/// Each device's speed on the whole of `model` (forward and backward on `probe`) relative to
+/// the first's, timed one at a time: the weights of a data-parallel batch split by speed
+/// (`--balance measured`).
+pub fn measure_speeds(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
+    let alone = devices.iter().map(|d| whole_model_s(model, probe, d)).collect::<Result<Vec<f64>>>()?;
+    Ok(speeds(devices, &alone))
+}
+
+/// Each device's speed from its time `alone`, relative to the first. Devices of one name are
+/// one kind of device and share their mean time, so that timing noise does not give alike
+/// devices unequal shares.
+fn speeds(devices: &[Device], alone: &[f64]) -> Vec<f64> {
+    let mean = |name: String| {
+        let kind: Vec<f64> = devices.iter().zip(alone).filter(|(d, _)| d.spec() == name).map(|(_, t)| *t).collect();
+        kind.iter().sum::<f64>() / kind.len().max(1) as f64
+    };
+    let reference = devices.first().map_or(1.0, |d| mean(d.spec()));
+    devices.iter().map(|d| reference / mean(d.spec()).max(1e-9)).collect()
+}
+
+/// [`whole_model_s`] on every device at once, one thread each (after a run each alone, so
+/// that first-use compilation is not timed).
+fn all_at_once_s(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
+    let copies = devices.iter().map(|d| Ok((model.to_device(d)?, probe.to(d)?))).collect::<Result<Vec<_>>>()?;
+    let start = std::sync::Barrier::new(devices.len());
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = copies.iter().zip(devices).map(|((m, x), d)| {
+            let start = &start;
+            scope.spawn(move || timed_runs(&**m, x, d, Some(start)))
+        }).collect();
+        runs.into_iter().map(|r| r.join().map_err(|_| crate::Error::Panicked("plan::measure: a calibration thread panicked".into()))?).collect()
+    })
 }
 
 /// Latency (a 4-byte copy) and bandwidth (a 4 MiB copy) from `a` to `b`, best of [`RUNS`].

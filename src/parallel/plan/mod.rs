@@ -13,6 +13,14 @@
 //! activations of the micro-batches in flight under 1F1B (`min(m, p - s)` at stage `s`), or
 //! with recomputation only the stage inputs plus one layer's activations.
 //!
+//! [`measure`] calibrates the inputs on this machine's devices (and [`Cluster::contention`],
+//! how much devices that share the host's cores slow each other); [`Cluster::dual_m60`] and
+//! [`Cluster::h100_nvlink`] describe published clusters. [`plan`] searches every layout,
+//! [`plan_within`] only those a filter allows (`unbuildable` for a `Sequential`);
+//! [`Plan::build`] makes the chosen strategy with the [`Parallel`](crate::parallel::Parallel)
+//! builders, [`Plan::save`] / [`Plan::load`] keep a plan as JSON, and [`Plan::megatron`] holds
+//! a cluster's plan against Megatron-LM's rule.
+//!
 //! ```
 //! use tandem::parallel::plan::{plan, Cluster, LayerCost, Workload};
 //! // A 24-block model of 1.3 GB of f32 parameters per 6 blocks: too big for one 8 GB M60 with
@@ -26,18 +34,23 @@
 //! println!("{p}");
 //! # Ok::<(), tandem::Error>(())
 //! ```
+mod build;
 mod cost;
+mod file;
 mod measure;
+mod rules;
 
-pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload};
-pub use measure::measure;
+pub use build::unbuildable;
+pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, REFERENCE_FLOPS};
+pub use file::PLAN_VERSION;
+pub use measure::{measure, measure_speeds};
 
 use crate::{Error, Result};
 use std::fmt;
 
 /// A parallel layout: `data x tensor x pipeline` devices, Megatron's order (tensor groups of
 /// consecutive devices, then pipeline stages, then data-parallel replicas).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Layout {
     pub data: usize,
     pub tensor: usize,
@@ -81,30 +94,54 @@ impl fmt::Display for Layout {
 }
 
 /// A layout the search excluded, and the constraint that excluded it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Rejected {
     pub layout: Layout,
     pub why: String,
 }
 
 /// The search's answer: the fastest layout that fits, the next best, and what was excluded.
-#[derive(Clone, Debug)]
+/// [`Plan::build`] makes the strategy it names; [`Plan::save`] and [`Plan::load`] keep it as
+/// JSON.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Plan {
+    /// The cluster's device names in the order the layouts place them: fastest first (stable
+    /// among equals), so that the search over "the first `k` devices" leaves out the slowest.
+    pub devices: Vec<String>,
+    /// The global batch planned for.
+    pub batch: usize,
+    /// Samples of the batch each data-parallel replica of `best` takes, in proportion to the
+    /// replicas' speeds.
+    pub shares: Vec<usize>,
     pub best: Estimate,
     /// The other fitting layouts, fastest first.
     pub alternatives: Vec<Estimate>,
     pub rejected: Vec<Rejected>,
 }
 
-/// Searches every layout of the cluster's first `k` devices for each `k` (so a device too slow
+/// Searches every layout of the cluster's `k` fastest devices for each `k` (so a device too slow
 /// to help is left out): every factorisation `data x tensor x pipeline = k`, micro-batch counts
 /// dividing each replica's batch, recomputation on and off, and for each the layer cut that
 /// minimises the slowest stage (dynamic programming over the stages' speeds). Errors when no
 /// layout fits.
 pub fn plan(work: &Workload, cluster: &Cluster) -> Result<Plan> {
+    plan_within(work, cluster, &|_, _| None)
+}
+
+/// [`plan`] over the layouts `excluded` says nothing against; each it names a reason for is
+/// rejected with that reason; it is given the layout and its replicas' batch shares.
+/// `|l, shares| unbuildable(l, shares, &model)` keeps to what [`Plan::build`] can
+/// make of a `Sequential`.
+pub fn plan_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&Layout, &[usize]) -> Option<String>) -> Result<Plan> {
     if work.layers.is_empty() || work.batch == 0 || cluster.devices.is_empty() {
         return Err(Error::invalid("plan", "a plan needs layers, a batch of at least 1 and at least one device"));
     }
+    if let Some(d) = cluster.devices.iter().find(|d| !(d.speed.is_finite() && d.speed > 0.0)) {
+        return Err(Error::invalid("plan", format!("device {} has speed {}; speeds must be finite and positive", d.name, d.speed)));
+    }
+    let mut sorted = cluster.clone();
+    sorted.devices.sort_by(|a, b| b.speed.total_cmp(&a.speed));
+    let cluster = &sorted;
     let mut fits = Vec::new();
     let mut rejected = Vec::new();
     for k in 1..=cluster.devices.len() {
@@ -118,7 +155,7 @@ pub fn plan(work: &Workload, cluster: &Cluster) -> Result<Plan> {
             for micro_batches in micro_batch_counts(work.batch, data, pipeline) {
                 for recompute in [false, true] {
                     let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new() };
-                    if let Some(why) = unsplittable(work, cluster, &layout) {
+                    if let Some(why) = unsplittable(work, cluster, &layout).or_else(|| excluded(&layout, &shares_of(work.batch, cluster, &layout).unwrap_or_default())) {
                         rejected.push(Rejected { layout, why });
                         continue;
                     }
@@ -138,7 +175,17 @@ pub fn plan(work: &Workload, cluster: &Cluster) -> Result<Plan> {
         return Err(Error::invalid("plan", format!("no layout fits the devices' memory ({why})")));
     }
     let best = fits.remove(0);
-    Ok(Plan { best, alternatives: fits, rejected })
+    let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
+    let shares = shares_of(work.batch, cluster, &best.layout)?;
+    Ok(Plan { devices, batch: work.batch, shares, best, alternatives: fits, rejected })
+}
+
+/// Each replica's samples of the batch under `l`: [`proportional_split`](crate::parallel::proportional_split)
+/// of it by the replicas' speeds, the split `DataParallel` and `PipelineGrid` make from the same
+/// weights.
+fn shares_of(batch: usize, cluster: &Cluster, l: &Layout) -> Result<Vec<usize>> {
+    let speeds: Vec<f64> = (0..l.data).map(|r| replica_speed(cluster, l, r)).collect();
+    crate::parallel::proportional_split(batch, &speeds)
 }
 
 /// Why the batch cannot be shared out as `l` asks: equal replicas take equal parts, so the batch
@@ -201,7 +248,7 @@ fn layer_s(work: &Workload, cluster: &Cluster, l: &Layout, r: usize, s: usize, i
     let split = if layer.tensor_parallel { l.tensor as f64 } else { 1.0 };
     let forwards = if l.recompute { 2.0 } else { 1.0 };
     let passes = layer.forward_s * forwards + layer.backward_s;
-    let mut t = passes * mb / stage_speed(cluster, l, r, s) / split + (forwards + 1.0) * layer.fixed_s;
+    let mut t = passes * mb * cluster.contention_of(l.devices()) / stage_speed(cluster, l, r, s) / split + (forwards + 1.0) * layer.fixed_s;
     if layer.tensor_parallel && l.tensor > 1 {
         let group: Vec<usize> = (0..l.tensor).map(|k| l.device(r, s, k)).collect();
         t += 4.0 * cluster.group_link(&group).all_reduce_s(layer.output_bytes as f64 * mb, l.tensor);
@@ -302,29 +349,67 @@ fn over_memory(cluster: &Cluster, e: &Estimate) -> Option<String> {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// Device names for a line of text: all of a few, the first four of many.
+fn names(devices: &[String]) -> String {
+    match devices.len() {
+        0..=8 => devices.join(","),
+        n => format!("{},... ({n} devices)", devices[..4].join(",")),
+    }
+}
+
 impl fmt::Display for Plan {
+    /// The chosen layout with its predicted step time and each device's memory, the best of
+    /// each other degree triple, and each degree triple no variant of which was kept, with the
+    /// constraint that excluded it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let line = |f: &mut fmt::Formatter<'_>, e: &Estimate| {
             let peak = e.memory.iter().copied().max().unwrap_or(0) as f64 / GIB;
-            writeln!(f, "  {}: {:.1} ms/step (compute {:.1} ms, bubble {:.0}%), peak {:.2} GiB/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0, peak)
+            writeln!(f, "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%), peak {:.3} GiB/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0, peak)
         };
-        writeln!(f, "plan:")?;
+        let degrees = |l: &Layout| (l.data, l.tensor, l.pipeline);
+        writeln!(f, "plan for {} (batch {}):", names(&self.devices), self.batch)?;
         line(f, &self.best)?;
+        let l = &self.best.layout;
+        let used: Vec<String> = (0..l.devices().min(8)).map(|i| format!("{} {:.3} GiB", self.devices[i], self.best.memory[i] as f64 / GIB)).collect();
+        writeln!(f, "  memory: {}", used.join(", "))?;
+        if l.data > 1 {
+            writeln!(f, "  batch shares: {:?}", self.shares)?;
+        }
+        if l.devices() < self.devices.len() {
+            writeln!(f, "  left out: {} (predicted no faster with them)", names(&self.devices[l.devices()..]))?;
+        }
+        let mut seen = vec![degrees(l)];
         if !self.alternatives.is_empty() {
             writeln!(f, "next best:")?;
             // One line per degree triple: its best micro-batch count and recompute choice.
-            let mut seen = vec![(self.best.layout.data, self.best.layout.tensor, self.best.layout.pipeline)];
             for e in &self.alternatives {
-                let key = (e.layout.data, e.layout.tensor, e.layout.pipeline);
-                if seen.len() < 5 && !seen.contains(&key) {
-                    seen.push(key);
+                if seen.len() < 6 && !seen.contains(&degrees(&e.layout)) {
+                    seen.push(degrees(&e.layout));
                     line(f, e)?;
                 }
             }
         }
-        writeln!(f, "{} layouts rejected", self.rejected.len())?;
-        for r in self.rejected.iter().take(3) {
-            writeln!(f, "  {}: {}", r.layout, r.why)?;
+        // One line per degree triple none of whose variants fits, with the first variant's
+        // reason; the excluded variants of kept triples are counted, with their reasons.
+        seen.extend(self.alternatives.iter().map(|e| degrees(&e.layout)));
+        let kept = seen.clone();
+        writeln!(f, "rejected ({} layouts):", self.rejected.len())?;
+        let mut variants: Vec<(&str, usize)> = Vec::new();
+        for r in &self.rejected {
+            let d = degrees(&r.layout);
+            if kept.contains(&d) {
+                let kind = r.why.split(" into ").next().unwrap_or(&r.why);
+                match variants.iter_mut().find(|(w, _)| *w == kind) {
+                    Some((_, n)) => *n += 1,
+                    None => variants.push((kind, 1)),
+                }
+            } else if !seen.contains(&d) {
+                seen.push(d);
+                writeln!(f, "  data {} x tensor {} x pipeline {}: {}", d.0, d.1, d.2, r.why)?;
+            }
+        }
+        for (why, n) in variants {
+            writeln!(f, "  {n} variants (micro-batch counts, recomputation) of kept layouts: {why}")?;
         }
         Ok(())
     }

@@ -1,0 +1,129 @@
+//! From a plan to a running strategy: which layouts the builders of
+//! [`Parallel`](crate::parallel::Parallel) can make of a `Sequential`, and [`Plan::build`],
+//! which makes the chosen one through them, so that it keeps that strategy's guarantees.
+use super::{Layout, Plan};
+use crate::nn::Sequential;
+use crate::parallel::{DataParallelConfig, Loss, OptimConfig, Parallel, Schedule, Split, Stages, Strategy};
+use crate::{Device, Error, Result};
+
+/// Why [`Plan::build`] cannot make layout `l` of `model` with the replicas' batch `shares`, or
+/// `None` when it can. Tensor parallelism shards a `Sequential`'s last two Linears over the
+/// whole group and combines with nothing else; recomputation exists in pipeline stages only;
+/// a pipeline's micro-batches divide each replica's share.
+pub fn unbuildable(l: &Layout, shares: &[usize], model: &Sequential) -> Option<String> {
+    if l.tensor > 1 {
+        if l.data > 1 || l.pipeline > 1 {
+            return Some("tensor parallelism of a Sequential does not combine with data or pipeline parallelism".into());
+        }
+        if l.micro_batches > 1 || l.recompute {
+            return Some("tensor parallelism of a Sequential takes whole batches, without recomputation".into());
+        }
+        if !ends_in_two_linears(model) {
+            return Some("tensor parallelism needs a Sequential ending in two Linears".into());
+        }
+    }
+    if l.pipeline == 1 && l.recompute {
+        return Some("recomputation needs pipeline stages".into());
+    }
+    if l.pipeline > 1 && shares.iter().any(|s| !s.is_multiple_of(l.micro_batches)) {
+        return Some(format!("{} micro-batches do not divide the replicas' shares {shares:?}", l.micro_batches));
+    }
+    None
+}
+
+/// What `TensorParallel::new` asks of a model: its last two layers with parameters are
+/// Linears, the second the model's last layer.
+fn ends_in_two_linears(model: &Sequential) -> bool {
+    let layers = model.layers();
+    let with_params: Vec<usize> = (0..layers.len()).filter(|&i| !layers[i].1.parameters().is_empty()).collect();
+    match with_params[..] {
+        [.., a, b] => b + 1 == layers.len() && [a, b].iter().all(|&i| layers[i].1.describe().starts_with("Linear")),
+        _ => false,
+    }
+}
+
+impl Plan {
+    /// The strategy of [`Plan::best`] for `model` on `devices`, built with the usual builders:
+    /// `Single`, `DataParallel` (batch shares as [`Plan::shares`], micro-batches accumulated),
+    /// `TensorParallel`, a 1F1B `Pipeline` cut at the plan's cuts, or a `PipelineGrid` of
+    /// them. `devices` must be the devices planned for (names as [`Device::spec`], any order);
+    /// the layout takes them in [`Plan::devices`]' order and leaves out those it does not use.
+    ///
+    /// ```
+    /// # fn main() -> tandem::Result<()> {
+    /// use tandem::nn::models::SeedModel;
+    /// use tandem::parallel::{plan::{measure, plan_within, unbuildable}, Loss, OptimConfig};
+    /// let devices = tandem::Device::parse("cpu,cpu")?;
+    /// let model = SeedModel::Cnn.build(0, &devices[0])?;
+    /// let probe = tandem::parallel::inputs_to_device(&tandem::data::synthetic::seed_images(4, 0)?.batch(&[0, 1, 2, 3])?, &devices[0])?;
+    /// let (work, cluster) = measure(&model, &probe, &devices, 16, 1)?;
+    /// let p = plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, &model))?;
+    /// let mut strategy = p.build(&model, &devices, &OptimConfig::sgd(Default::default()), Loss::CrossEntropy)?;
+    /// let data = tandem::data::synthetic::seed_images(16, 0)?;
+    /// strategy.step(&data.batch(&(0..16).collect::<Vec<_>>())?)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn build(&self, model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Box<dyn Strategy>> {
+        let l = &self.best.layout;
+        if let Some(why) = unbuildable(l, &self.shares, model) {
+            return Err(Error::invalid("Plan::build", format!("{l}: {why}")));
+        }
+        let placed = self.placed(devices)?;
+        let used = &placed[..l.devices()];
+        let copy = |d: &Device| model.slice(0..model.len(), d);
+        // Equal shares are the builders' default split; weights only where they differ.
+        let weights = (self.shares.windows(2).any(|w| w[0] != w[1])).then(|| self.shares.iter().map(|&s| s as f64).collect::<Vec<f64>>());
+        match (l.data, l.tensor, l.pipeline) {
+            (1, 1, 1) if l.micro_batches == 1 => Parallel::single(copy, &used[0], opt, loss).boxed(),
+            (_, 1, 1) => {
+                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, ..Default::default() };
+                Parallel::data(copy, used, opt, loss).config(cfg).boxed()
+            }
+            (1, _, 1) => Parallel::tensor(model, used, opt, loss).boxed(),
+            (1, 1, _) => Parallel::pipeline(Stages::Split(model, Split::At(l.cuts.clone())), used, opt, loss)
+                .micro_batches(l.micro_batches)
+                .recompute(l.recompute)
+                .schedule(Schedule::OneFOneB)
+                .boxed(),
+            (data, 1, _) => {
+                let grid = Parallel::grid(|_| Ok(Stages::Split(model, Split::At(l.cuts.clone()))), used, data, opt, loss)
+                    .micro_batches(l.micro_batches)
+                    .recompute(l.recompute)
+                    .schedule(Schedule::OneFOneB);
+                match weights {
+                    Some(w) => grid.split_weights(w).boxed(),
+                    None => grid.boxed(),
+                }
+            }
+            _ => Err(Error::invalid("Plan::build", format!("{l}: no strategy combines these degrees"))),
+        }
+    }
+
+    /// Errors unless `devices` are the devices planned for (names as [`Device::spec`], in any
+    /// order).
+    pub fn check_devices(&self, devices: &[Device]) -> Result<()> {
+        self.placed(devices).map(|_| ())
+    }
+
+    /// `devices` in the plan's order: each of [`Plan::devices`] matched to the first unused
+    /// device of that name. Errors unless they are the same devices.
+    pub(super) fn placed(&self, devices: &[Device]) -> Result<Vec<Device>> {
+        let mut left: Vec<Option<&Device>> = devices.iter().map(Some).collect();
+        let mut out = Vec::with_capacity(self.devices.len());
+        for name in &self.devices {
+            match left.iter_mut().find(|d| d.is_some_and(|d| d.spec() == *name)) {
+                Some(slot) => out.push(slot.take().expect("matched a present device").clone()),
+                None => return Err(self.not_these(devices)),
+            }
+        }
+        if left.iter().any(Option::is_some) {
+            return Err(self.not_these(devices));
+        }
+        Ok(out)
+    }
+
+    fn not_these(&self, devices: &[Device]) -> Error {
+        let given: Vec<String> = devices.iter().map(Device::spec).collect();
+        Error::invalid("Plan::build", format!("the plan is for devices {}, not {}", self.devices.join(","), given.join(",")))
+    }
+}

@@ -1,0 +1,80 @@
+//! Plans as JSON files: [`Plan::save`] writes one atomically, [`Plan::load`] reads one back
+//! and refuses, naming the file and the field, one that is malformed, of another version, or
+//! made for other devices.
+use super::{Estimate, Layout, Plan};
+use crate::{Device, Error, Result};
+use std::path::Path;
+
+/// The plan file format's version, its `"version"` field; [`Plan::load`] reads this one only.
+pub const PLAN_VERSION: u64 = 1;
+
+impl Plan {
+    /// Writes the plan as JSON to `path` (temp file and rename, as checkpoints are). Costs are
+    /// written as the shortest decimals that read back to the same `f64`, so a loaded plan
+    /// equals the saved one.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        #[derive(serde::Serialize)]
+        struct File<'a> {
+            version: u64,
+            plan: &'a Plan,
+        }
+        let text = serde_json::to_string_pretty(&File { version: PLAN_VERSION, plan: self }).map_err(|e| Error::format(path, format!("cannot encode the plan: {e}")))?;
+        crate::checkpoint::write_atomic(path, format!("{text}\n").as_bytes())
+    }
+
+    /// Reads a plan [`Plan::save`] wrote, for `devices`: the file must hold this
+    /// [`PLAN_VERSION`], a consistent plan (degrees, cuts and shares that fit together), and
+    /// be made for the same devices (names as [`Device::spec`], in any order).
+    pub fn load(path: impl AsRef<Path>, devices: &[Device]) -> Result<Plan> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("not JSON: {e}")))?;
+        match doc.get("version").and_then(serde_json::Value::as_u64) {
+            Some(PLAN_VERSION) => {}
+            Some(v) => return Err(Error::format(path, format!("plan version {v}; this tandem reads version {PLAN_VERSION}"))),
+            None => return Err(Error::format(path, "no \"version\" field: not a tandem plan")),
+        }
+        let body = doc.get("plan").cloned().ok_or_else(|| Error::format(path, "no \"plan\" field"))?;
+        let plan: Plan = serde_json::from_value(body).map_err(|e| Error::format(path, format!("field plan: {e}")))?;
+        plan.check().map_err(|why| Error::format(path, why))?;
+        plan.placed(devices).map_err(|_| {
+            let given: Vec<String> = devices.iter().map(Device::spec).collect();
+            Error::format(path, format!("field plan.devices: the plan is for {}, the devices given are {}", plan.devices.join(","), given.join(",")))
+        })?;
+        Ok(plan)
+    }
+
+    /// What a plan must satisfy to be built, as the field at fault and why.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.batch == 0 {
+            return Err("field plan.batch: must be at least 1".into());
+        }
+        check_estimate("plan.best", &self.best, self.devices.len())?;
+        for (i, e) in self.alternatives.iter().enumerate() {
+            check_estimate(&format!("plan.alternatives[{i}]"), e, self.devices.len())?;
+        }
+        if self.shares.len() != self.best.layout.data || self.shares.iter().sum::<usize>() != self.batch {
+            return Err(format!("field plan.shares: {:?} are not {} replicas' shares of the batch of {}", self.shares, self.best.layout.data, self.batch));
+        }
+        Ok(())
+    }
+}
+
+fn check_estimate(field: &str, e: &Estimate, devices: usize) -> std::result::Result<(), String> {
+    let l: &Layout = &e.layout;
+    if [l.data, l.tensor, l.pipeline, l.micro_batches].contains(&0) {
+        return Err(format!("field {field}.layout: degrees and micro-batches must be at least 1 ({l})"));
+    }
+    if l.devices() > devices {
+        return Err(format!("field {field}.layout: {l} needs {} devices, the plan names {devices}", l.devices()));
+    }
+    let increasing = l.cuts.first().is_none_or(|&c| c > 0) && l.cuts.windows(2).all(|w| w[0] < w[1]);
+    if l.cuts.len() + 1 != l.pipeline || !increasing {
+        return Err(format!("field {field}.layout.cuts: {:?} are not {} increasing stage starts", l.cuts, l.pipeline - 1));
+    }
+    if !(e.step_s.is_finite() && e.step_s >= 0.0) || e.memory.len() != l.devices() {
+        return Err(format!("field {field}: a step time of {} s and {} memory figures for {} devices", e.step_s, e.memory.len(), l.devices()));
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! Strategies built from a plan (tandem::parallel::plan::Plan::build) are the strategies the
+//! builders make by hand: the same losses, step for step, for every layout a `Sequential` can
+//! take (single, data parallel with uneven shares and accumulation, tensor, pipeline, a grid),
+//! and so `Single`'s losses within tolerance; the layouts no strategy makes are refused with
+//! the reason; plans round-trip through JSON exactly and bad plan files are refused naming
+//! the file and the field.
+mod common;
+use tandem::nn::models::SeedModel;
+use tandem::parallel::plan::{estimate, plan_within, unbuildable, Cluster, DeviceSpec, LayerCost, Layout, Link, Plan, Workload};
+use tandem::parallel::{Loss, OptimConfig, Parallel, Schedule, Split, Stages, Strategy};
+use tandem::optim::SgdConfig;
+use tandem::{Device, Error};
+
+const BATCH: usize = 16;
+
+fn opt() -> OptimConfig {
+    OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })
+}
+
+/// `n` equal described devices named as `devices` are, and a cost per seed-CNN layer.
+fn described(devices: &[Device], layers: usize) -> (Workload, Cluster) {
+    let layer = LayerCost { name: "layer".into(), forward_s: 1e-4, backward_s: 2e-4, fixed_s: 1e-5, param_bytes: 1 << 16, activation_bytes: 1 << 12, output_bytes: 1 << 10, tensor_parallel: false };
+    let mut layers = vec![layer; layers];
+    // The CNN's fc1 and fc2, which TensorParallel shards.
+    let n = layers.len();
+    layers[n - 2..].iter_mut().for_each(|l| l.tensor_parallel = true);
+    let specs = devices.iter().map(|d| DeviceSpec { name: d.spec(), speed: 1.0, memory: 1 << 30, server: 0 }).collect();
+    let link = Link { latency_s: 1e-5, bytes_per_s: 1e9 };
+    (Workload { layers, batch: BATCH, state_per_param_byte: 3 }, Cluster { devices: specs, within: link, across: link, contention: 1.0 })
+}
+
+/// A plan whose best layout is `layout`, with batch `shares`.
+fn plan_of(devices: &[Device], layout: Layout, shares: Vec<usize>) -> Plan {
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    let (work, cluster) = described(devices, model.len());
+    let best = estimate(&work, &cluster, &layout);
+    Plan { devices: devices.iter().map(Device::spec).collect(), batch: BATCH, shares, best, alternatives: vec![], rejected: vec![] }
+}
+
+fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>) -> Layout {
+    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts }
+}
+
+fn losses(s: &mut dyn Strategy) -> Vec<f32> {
+    common::seed_image_batches(BATCH, 4, 3).iter().map(|b| s.step(b).unwrap().loss).collect()
+}
+
+/// The plan's strategy against `by_hand`: equal losses (same strategy, same arithmetic), and
+/// `Single`'s within tolerance.
+fn same_as(plan: &Plan, devices: &[Device], by_hand: Box<dyn Strategy>) {
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    let mut planned = plan.build(&model, devices, &opt(), Loss::CrossEntropy).unwrap();
+    let mut by_hand = by_hand;
+    let (got, want) = (losses(&mut *planned), losses(&mut *by_hand));
+    assert_eq!(got, want, "{}: the plan's strategy differs from the one built by hand", plan.best.layout);
+    let cnn = |d: &Device| SeedModel::Cnn.build(0, d);
+    let mut single = Parallel::single(cnn, &devices[0], &opt(), Loss::CrossEntropy).boxed().unwrap();
+    common::assert_close(&format!("{} against single", plan.best.layout), &got, &losses(&mut *single), 1e-4, 1e-4);
+}
+
+#[test]
+fn a_planned_single_device_is_single() {
+    let devices = common::cpu_devices(2);
+    let p = plan_of(&devices, layout(1, 1, 1, 1, vec![]), vec![BATCH]);
+    let cnn = |d: &Device| SeedModel::Cnn.build(0, d);
+    same_as(&p, &devices, Parallel::single(cnn, &devices[0], &opt(), Loss::CrossEntropy).boxed().unwrap());
+}
+
+#[test]
+fn planned_data_parallelism_takes_the_plans_uneven_shares() {
+    let devices = common::cpu_devices(2);
+    let p = plan_of(&devices, layout(2, 1, 1, 2, vec![]), vec![11, 5]);
+    let cnn = |d: &Device| SeedModel::Cnn.build(0, d);
+    let by_hand = Parallel::data(cnn, &devices, &opt(), Loss::CrossEntropy).micro_batches(2).split_weights(vec![11.0, 5.0]).boxed().unwrap();
+    same_as(&p, &devices, by_hand);
+}
+
+#[test]
+fn a_planned_tensor_split_is_tensor_parallel() {
+    let devices = common::cpu_devices(2);
+    let p = plan_of(&devices, layout(1, 2, 1, 1, vec![]), vec![BATCH]);
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    same_as(&p, &devices, Parallel::tensor(&model, &devices, &opt(), Loss::CrossEntropy).boxed().unwrap());
+}
+
+#[test]
+fn a_planned_pipeline_is_the_1f1b_pipeline_cut_where_the_plan_says() {
+    let devices = common::cpu_devices(2);
+    let p = plan_of(&devices, layout(1, 1, 2, 4, vec![3]), vec![BATCH]);
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    let by_hand = Parallel::pipeline(Stages::Split(&model, Split::At(vec![3])), &devices, &opt(), Loss::CrossEntropy).micro_batches(4).schedule(Schedule::OneFOneB).boxed().unwrap();
+    same_as(&p, &devices, by_hand);
+}
+
+#[test]
+fn a_planned_grid_is_data_parallel_pipelines() {
+    let devices = common::cpu_devices(4);
+    let p = plan_of(&devices, layout(2, 1, 2, 2, vec![4]), vec![8, 8]);
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    let by_hand = Parallel::grid(|_| Ok(Stages::Split(&model, Split::At(vec![4]))), &devices, 2, &opt(), Loss::CrossEntropy).micro_batches(2).boxed().unwrap();
+    same_as(&p, &devices, by_hand);
+}
+
+#[test]
+fn layouts_no_strategy_makes_are_refused_with_the_reason() {
+    let devices = common::cpu_devices(4);
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    let why = unbuildable(&layout(2, 2, 1, 1, vec![]), &[8, 8], &model).expect("tensor x data is refused");
+    assert!(why.contains("tensor parallelism"), "{why}");
+    let recompute = Layout { recompute: true, ..layout(1, 1, 1, 1, vec![]) };
+    assert!(unbuildable(&recompute, &[BATCH], &model).unwrap().contains("recomputation"));
+    assert!(unbuildable(&layout(1, 1, 2, 3, vec![4]), &[BATCH], &model).unwrap().contains("do not divide"));
+    assert_eq!(unbuildable(&layout(1, 1, 2, 4, vec![4]), &[BATCH], &model), None);
+    let p = plan_of(&devices, layout(2, 2, 1, 1, vec![]), vec![8, 8]);
+    let err = p.build(&model, &devices, &opt(), Loss::CrossEntropy).err().expect("refused");
+    assert!(matches!(&err, Error::Invalid { op: "Plan::build", .. }), "{err}");
+    // The search keeps to what can be built, and says so of the rest.
+    let (work, cluster) = described(&devices, model.len());
+    let searched = plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, &model)).unwrap();
+    for e in std::iter::once(&searched.best).chain(&searched.alternatives) {
+        assert_eq!(unbuildable(&e.layout, &[BATCH / e.layout.data; 4][..e.layout.data], &model), None, "{}", e.layout);
+    }
+    assert!(searched.rejected.iter().any(|r| r.why.contains("does not combine")), "{searched}");
+}
+
+#[test]
+fn a_plan_for_other_devices_is_refused() {
+    let devices = common::cpu_devices(2);
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    let p = plan_of(&devices, layout(2, 1, 1, 1, vec![]), vec![8, 8]);
+    let err = p.build(&model, &devices[..1], &opt(), Loss::CrossEntropy).err().expect("one device is not two");
+    assert!(err.to_string().contains("the plan is for devices cpu,cpu, not cpu"), "{err}");
+}
+
+#[test]
+fn plans_round_trip_through_json_exactly() {
+    let devices = common::cpu_devices(2);
+    let dir = common::scratch("plan_build", "round_trip");
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    let (work, mut cluster) = described(&devices, model.len());
+    // Costs with every bit of an f64 in use.
+    cluster.devices[1].speed = 1.0 / 3.0;
+    let p = plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, &model)).unwrap();
+    let path = dir.join("plan.json");
+    p.save(&path).unwrap();
+    let back = Plan::load(&path, &devices).unwrap();
+    assert_eq!(back, p);
+    assert_eq!(back.best.step_s.to_bits(), p.best.step_s.to_bits());
+}
+
+#[test]
+fn bad_plan_files_name_the_file_and_the_field() {
+    let devices = common::cpu_devices(2);
+    let dir = common::scratch("plan_build", "bad_files");
+    let p = plan_of(&devices, layout(1, 1, 2, 4, vec![3]), vec![BATCH]);
+    let good = dir.join("good.json");
+    p.save(&good).unwrap();
+    let text = std::fs::read_to_string(&good).unwrap();
+    let cases = [
+        ("not-json", "{ nope".to_string(), "not JSON"),
+        ("no-version", text.replace("\"version\": 1,", ""), "no \"version\""),
+        ("version", text.replace("\"version\": 1,", "\"version\": 9,"), "plan version 9"),
+        ("cuts", text.replace("\"cuts\": [\n          3\n        ]", "\"cuts\": [3, 2]"), "field plan.best.layout.cuts"),
+        ("shares", text.replace("\"shares\": [\n      16\n    ]", "\"shares\": [15]"), "field plan.shares"),
+        ("devices", text.replace("\"cpu\"", "\"wgpu:7\""), "field plan.devices"),
+        ("missing", text.replace("\"batch\": 16,", ""), "field plan"),
+    ];
+    for (name, body, needle) in cases {
+        assert_ne!(body, text, "{name}: the edit did not apply");
+        let path = dir.join(format!("{name}.json"));
+        std::fs::write(&path, body).unwrap();
+        let err = Plan::load(&path, &devices).err().unwrap_or_else(|| panic!("{name}: loaded"));
+        let msg = err.to_string();
+        assert!(msg.contains(needle) && msg.contains(&format!("{name}.json")), "{name}: {msg}");
+    }
+    let err = Plan::load(&good, &devices[..1]).err().expect("other devices");
+    assert!(err.to_string().contains("field plan.devices"), "{err}");
+}

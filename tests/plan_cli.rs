@@ -1,0 +1,97 @@
+//! `tandem plan` and the plan in `tandem train` through the binary: the printed plan (choice,
+//! predicted step time and memory, next best, rejections with their reasons), a paper
+//! cluster held against Megatron-LM's rule, `--save-plan` and `train --plan`, predicted
+//! against measured step time, a resumed run repeating its recorded plan, and clear errors for
+//! bad plan files, plans for other devices and unknown clusters.
+mod common;
+use common::{ok, s, text};
+use tandem::parallel::plan::{Layout, Plan};
+use tandem::Device;
+
+fn out(args: &[&str]) -> String {
+    let o = ok(args);
+    text(&o.stdout) + &text(&o.stderr)
+}
+
+/// A plan for `cpu,cpu` at batch 16, saved by `tandem plan`.
+fn saved_plan(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("plan.json");
+    let printed = out(&["plan", "--devices", "cpu,cpu", "--batch", "16", "--save-plan", s(&path)]);
+    for needle in ["plan for cpu,cpu (batch 16):", "ms/step", "memory: cpu", "next best:", "rejected (", "plan written to"] {
+        assert!(printed.contains(needle), "no '{needle}' in:\n{printed}");
+    }
+    path
+}
+
+#[test]
+fn plan_prints_and_saves_a_plan_train_runs_with() {
+    let dir = common::scratch("plan_cli", "save_and_train");
+    let path = saved_plan(&dir);
+    let devices = Device::parse("cpu,cpu").unwrap();
+    let p = Plan::load(&path, &devices).unwrap();
+    assert_eq!(p.batch, 16);
+    let trained = out(&["train", "--devices", "cpu,cpu", "--plan", s(&path), "--batch", "16", "--steps", "3"]);
+    let line = trained.lines().find(|l| l.starts_with("planned ")).unwrap_or_else(|| panic!("no predicted-against-measured line in:\n{trained}"));
+    assert!(line.contains(&p.best.layout.to_string()) && line.contains("predicted") && line.contains("measured"), "{line}");
+}
+
+#[test]
+fn the_rejected_layouts_say_what_excluded_them() {
+    let printed = out(&["plan", "--devices", "cpu,cpu,cpu,cpu", "--batch", "18"]);
+    let rejected = printed.split("rejected (").nth(1).expect("a rejected section");
+    // 18 samples do not split into 4 equal replicas; tensor parallelism does not combine.
+    assert!(rejected.contains("data 4 x tensor 1 x pipeline 1") && rejected.contains("does not split into 4 replicas"), "{printed}");
+    assert!(rejected.contains("does not combine with data or pipeline parallelism"), "{printed}");
+}
+
+#[test]
+fn a_paper_cluster_is_planned_and_held_against_megatrons_rule() {
+    let printed = out(&["plan", "--cluster", "dual-m60:2"]);
+    assert!(printed.contains("plan for M60#0,M60#1"), "{printed}");
+    assert!(printed.contains("Megatron-LM's rule"), "{printed}");
+    common::fails(&["plan", "--cluster", "tpu:2"], "unknown cluster name");
+    common::fails(&["plan", "--cluster", "h100:0"], "at least 1");
+    let o = common::run(&["plan", "--cluster", "tpu:2"]);
+    assert_eq!(o.status.code(), Some(2), "a bad --cluster is a usage error");
+}
+
+#[test]
+fn bad_plan_files_and_plans_for_other_devices_are_refused() {
+    let dir = common::scratch("plan_cli", "bad_files");
+    let path = saved_plan(&dir);
+    let err = common::fails(&["train", "--devices", "cpu", "--plan", s(&path), "--batch", "16", "--steps", "1"], "field plan.devices");
+    assert!(err.contains("plan.json"), "{err}");
+    let junk = dir.join("junk.json");
+    std::fs::write(&junk, "[1, 2").unwrap();
+    common::fails(&["train", "--devices", "cpu,cpu", "--plan", s(&junk), "--steps", "1"], "not JSON");
+    common::fails(&["train", "--devices", "cpu,cpu", "--plan", s(&path), "--batch", "32", "--steps", "1"], "batches of 16");
+    common::fails(&["train", "--devices", "cpu,cpu", "--plan", s(&path), "--strategy", "data"], "--strategy");
+}
+
+#[test]
+fn a_resumed_run_repeats_the_plan_its_checkpoint_recorded() {
+    let dir = common::scratch("plan_cli", "resume");
+    let path = saved_plan(&dir);
+    let devices = Device::parse("cpu,cpu").unwrap();
+    // A layout no fresh plan would choose: a pipeline of 16 micro-batches of one sample.
+    let mut p = Plan::load(&path, &devices).unwrap();
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1] };
+    p.best.memory = vec![0, 0];
+    p.shares = vec![16];
+    let odd = dir.join("odd.json");
+    p.save(&odd).unwrap();
+    let ckpt = dir.join("ckpt");
+    let common = ["--devices", "cpu,cpu", "--batch", "16", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"];
+    let first = out(&[&["train", "--plan", s(&odd), "--steps", "2"][..], &common[..]].concat());
+    assert!(first.contains("planned data 1 x tensor 1 x pipeline 2, 16 micro-batches, cuts at [1]"), "{first}");
+    // No --plan now: `--strategy auto` would plan afresh, but the checkpoint's plan wins.
+    let resumed = out(&[&["train", "--resume", "--steps", "4"][..], &common[..]].concat());
+    assert!(resumed.contains("planned data 1 x tensor 1 x pipeline 2, 16 micro-batches, cuts at [1]"), "{resumed}");
+}
+
+#[test]
+fn data_parallel_shares_follow_balance() {
+    for balance in ["measured", "even"] {
+        out(&["train", "--strategy", "data", "--devices", "cpu,cpu", "--balance", balance, "--batch", "16", "--steps", "2"]);
+    }
+}
