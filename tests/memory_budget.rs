@@ -95,3 +95,36 @@ fn the_cli_names_the_step_and_keeps_the_checkpoint() {
         common::fails(&[&args[..], &["--steps", "4", "--overwrite-checkpoints", "--memory-limit", bad]].concat(), needle);
     }
 }
+
+/// The final loss of a `tandem train --log-format json` run.
+fn final_loss(out: &std::process::Output) -> f64 {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("\"summary\"")).unwrap_or_else(|| panic!("no summary in:\n{text}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    v["final_loss"].as_f64().unwrap()
+}
+
+/// Sharding is what makes a GPT fit four budgeted devices: under a 9 MiB budget per device
+/// plain data parallelism fails with the out-of-memory error (naming the step), while ZeRO-2
+/// and ZeRO-3 train, to the loss of an unbudgeted plain run. Device 0 (the host CPU) also
+/// holds the text corpus, about 4.6 MiB of the 9.
+#[test]
+fn sharding_fits_a_gpt_that_plain_data_parallelism_cannot() {
+    let gpt = ["train", "--model", "gpt", "--data", "text", "--devices", "cpu,cpu,cpu,cpu", "--strategy", "data", "--n-layer", "2", "--n-head", "2", "--n-embd", "128", "--block-size", "32", "--batch", "8", "--steps", "3", "--optimizer", "adamw", "--log-format", "json"];
+    let plain = final_loss(&common::ok(&gpt));
+    let budget = ["--memory-limit", "9MiB"];
+    let err = common::fails(&[&gpt[..], &budget, &["--shard", "none"]].concat(), "out of memory on cpu");
+    assert!(err.contains("memory budget is 9 MiB") && err.contains("at training step"), "{err}");
+    for mode in ["grads", "full"] {
+        let loss = final_loss(&common::ok(&[&gpt[..], &budget, &["--shard", mode]].concat()));
+        assert!((loss - plain).abs() <= 1e-5 * plain.abs(), "--shard {mode} under 9 MiB: loss {loss}, plain unbudgeted {plain}");
+    }
+    // The check before any weight is drawn counts what each mode keeps: whole, the 1.6 MB of
+    // f32 parameters with their gradients and AdamW's moments (6.5 MB) pass no 6 MiB device,
+    // and ZeRO-3's quarter of the rest (2.8 MB) does.
+    let six = ["--memory-limit", "6MiB", "--shard"];
+    let err = common::fails(&[&gpt[..], &six, &["none"]].concat(), "out of memory on cpu");
+    assert!(err.contains("asked for 6504448 bytes") && err.contains("optimizer state tensors"), "{err}");
+    let err = common::fails(&[&gpt[..], &six, &["full"]].concat(), "out of memory on cpu");
+    assert!(!err.contains("optimizer state tensors") && err.contains("at training step"), "the fit check refused ZeRO-3: {err}");
+}

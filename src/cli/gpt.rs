@@ -21,7 +21,7 @@ use std::sync::Arc;
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
 use tandem::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
 use tandem::data::{Batch, WindowLoader};
-use tandem::nn::models::{Gpt, GptConfig};
+use tandem::nn::models::{Gpt, GptConfig, StateShards};
 use tandem::optim::LrSchedule;
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Shard, Single, Stages, Strategy, TensorParallelGpt};
 use tandem::train::MeanLoss;
@@ -338,8 +338,9 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
     }
     if matches!(kind, StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data) {
         // The whole model trains on each device: refuse before drawing a weight what cannot fit.
+        let shards = if kind == StrategyKind::Data { state_shards(args.shard, devices.len() as u64) } else { StateShards::WHOLE };
         for d in devices {
-            cfg.check_training_fits(d, optim.states_per_parameter())?;
+            cfg.check_sharded_training_fits(d, optim.states_per_parameter(), shards)?;
         }
     }
     match kind {
@@ -448,4 +449,13 @@ fn read_weights(path: &Path) -> Result<Vec<(String, Tensor)>> {
             HostData::I32(_) => Err(Error::format(path, format!("{name} holds integers; weights must be F32, F16 or BF16"))),
         })
         .collect()
+}
+
+/// What `--shard` leaves each of `ranks` devices a share of.
+fn state_shards(shard: Shard, ranks: u64) -> StateShards {
+    match shard {
+        Shard::None => StateShards::WHOLE,
+        Shard::Optimizer => StateShards { ranks, gradients: false, optimizer: true },
+        Shard::Grads | Shard::Full => StateShards { ranks, gradients: true, optimizer: true },
+    }
 }

@@ -3,7 +3,7 @@
 //! Shape letters: `B` batch, `T` tokens (at most `block_size`), `C` = `n_embd`, `H` = `n_head`,
 //! `D` = `C / H` per head, `V` = `vocab_size`.
 use crate::nn::{Dropout, Embedding, GeluApproximate, LayerNorm, Linear, Module, GELU};
-pub use super::gpt_config::GptConfig;
+pub use super::gpt_config::{GptConfig, StateShards};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -32,6 +32,21 @@ impl Default for GptConfig {
 /// Names listed in one error at most; the rest are counted.
 const LISTED: usize = 5;
 
+/// Which parts of the training state one device keeps only a share of, over `ranks` ranks
+/// (for [`GptConfig::check_sharded_training_fits`]): ZeRO-1 shards the optimizer state, ZeRO-2
+/// and ZeRO-3 the gradients too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateShards {
+    pub ranks: u64,
+    pub gradients: bool,
+    pub optimizer: bool,
+}
+
+impl StateShards {
+    /// Every part whole (plain data parallelism, one device).
+    pub const WHOLE: StateShards = StateShards { ranks: 1, gradients: false, optimizer: false };
+}
+
 impl GptConfig {
     /// Every size at least 1, `n_embd` a multiple of `n_head`, dropout in [0, 1), and a
     /// parameter count that fits in 64 bits.
@@ -170,10 +185,38 @@ impl GptConfig {
     /// assert!(matches!(big.check_training_fits(&tandem::Device::cpu(), 2), Err(tandem::Error::OutOfMemory { .. })));
     /// ```
     pub fn check_training_fits(&self, dev: &Device, optimizer_states: u64) -> Result<()> {
+        self.check_sharded_training_fits(dev, optimizer_states, StateShards::WHOLE)
+    }
+
+    /// As [`GptConfig::check_training_fits`] for a device that keeps only its share of the
+    /// gradients or the optimizer state (sharded data parallelism, ZeRO-1/2/3). The parameters
+    /// count whole on every mode: ZeRO-3 gathers the whole model for a step.
+    ///
+    /// ```
+    /// use tandem::nn::models::{GptConfig, StateShards};
+    /// let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 256, block_size: 8, vocab_size: 3, ..Default::default() };
+    /// let dev = tandem::Device::cpu_independent();
+    /// let p = cfg.parameter_bytes().unwrap();
+    /// // Room for the parameters and a quarter of the gradients and of Adam's two moments.
+    /// dev.set_memory_budget(Some(p + 3 * p / 4 + 4096));
+    /// assert!(cfg.check_training_fits(&dev, 2).is_err());
+    /// cfg.check_sharded_training_fits(&dev, 2, StateShards { ranks: 4, gradients: true, optimizer: true })?;
+    /// # Ok::<(), tandem::Error>(())
+    /// ```
+    pub fn check_sharded_training_fits(&self, dev: &Device, optimizer_states: u64, shards: StateShards) -> Result<()> {
         let Some(params) = self.parameter_bytes() else { return self.check() };
-        let need = params.saturating_mul(2 + optimizer_states);
+        let ranks = shards.ranks.max(1);
+        let part = |bytes: u64, sharded: bool| if sharded { bytes.div_ceil(ranks) } else { bytes };
+        let need = params.saturating_add(part(params, shards.gradients)).saturating_add(part(params.saturating_mul(optimizer_states), shards.optimizer));
+        let kept = match (shards.gradients, shards.optimizer) {
+            (false, false) => String::new(),
+            (g, o) => {
+                let what = [g.then_some("gradients"), o.then_some("optimizer state")].into_iter().flatten().collect::<Vec<_>>().join(" and ");
+                format!(", the {what} sharded over {ranks} ranks")
+            }
+        };
         let detail = format!(
-            "the parameters, gradients and {optimizer_states} optimizer state tensors of {} ({} parameters)",
+            "the parameters, gradients and {optimizer_states} optimizer state tensors of {} ({} parameters){kept}",
             self.describe(),
             self.parameter_count().unwrap_or(u64::MAX)
         );

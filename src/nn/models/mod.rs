@@ -6,7 +6,7 @@ pub(crate) mod gpt_checkpoint;
 mod gpt_config;
 mod gpt_stages;
 
-pub use gpt::{Block, Blocks, Gpt, GptConfig, Transformer};
+pub use gpt::{Block, Blocks, Gpt, GptConfig, StateShards, Transformer};
 pub use gpt_checkpoint::GptCheckpoint;
 
 use super::{Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential};
