@@ -158,23 +158,34 @@ fn gpt_step(c: &mut Criterion) {
 }
 
 /// The CPU backend's products as `gemm` runs them here (AVX-512 or AVX2+FMA, chosen at run time;
-/// build without the `avx512` feature to time the AVX2 path on an AVX-512 CPU), with A and B
-/// as stored (`nn`) and transposed by stride (`tn`, `nt`: the layouts backward uses).
+/// build without the `avx512` feature to time the AVX2 path on an AVX-512 CPU) and, built with
+/// the `openblas` feature where the library loads, as OpenBLAS runs them (`OPENBLAS_CORETYPE=
+/// Haswell` times its AVX2 kernels), with A and B as stored (`nn`) and transposed by stride
+/// (`tn`, `nt`: the layouts backward uses).
 fn cpu_gemm(c: &mut Criterion) {
-    let mut g = c.benchmark_group(format!("cpu-gemm {}", tandem::backend::cpu::gemm_kernels()));
-    g.sample_size(10);
-    let dev = Device::cpu();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    for n in [256usize, 512, 1024, 2048] {
-        let a = Tensor::randn([n, n], &mut rng, &dev).unwrap();
-        let b = Tensor::randn([n, n], &mut rng, &dev).unwrap();
-        for (layout, ta, tb) in [("nn", false, false), ("tn", true, false), ("nt", false, true)] {
-            if n == 2048 && layout != "nn" {
-                continue;
+    use tandem::backend::cpu::{CpuBackend, GemmChoice};
+    let mut paths = vec![(format!("gemm {}", tandem::backend::cpu::gemm_kernels()), GemmChoice::Gemm)];
+    #[cfg(feature = "openblas")]
+    if let Ok(lib) = tandem::backend::cpu::openblas::library() {
+        paths.push((format!("openblas {}", lib.core), GemmChoice::OpenBlas));
+    }
+    for (label, choice) in paths {
+        let mut g = c.benchmark_group(format!("cpu-gemm {label}"));
+        g.sample_size(10);
+        let dev = Device::from_backend(std::sync::Arc::new(CpuBackend::with_gemm(choice)));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        for n in [64usize, 128, 256, 512, 1024, 2048] {
+            let a = Tensor::randn([n, n], &mut rng, &dev).unwrap();
+            let b = Tensor::randn([n, n], &mut rng, &dev).unwrap();
+            for (layout, ta, tb) in [("nn", false, false), ("tn", true, false), ("nt", false, true)] {
+                if n == 2048 && layout != "nn" {
+                    continue;
+                }
+                g.throughput(criterion::Throughput::Elements((2 * n * n * n) as u64));
+                g.bench_function(format!("{layout}/{n}"), |bench| bench.iter(|| tandem::autograd::no_grad(|| a.matmul_t(&b, ta, tb).unwrap())));
             }
-            g.throughput(criterion::Throughput::Elements((2 * n * n * n) as u64));
-            g.bench_function(format!("{layout}/{n}"), |bench| bench.iter(|| tandem::autograd::no_grad(|| a.matmul_t(&b, ta, tb).unwrap())));
         }
+        g.finish();
     }
 }
 

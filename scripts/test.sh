@@ -73,6 +73,16 @@ if ! grep -q "AVX2+FMA" <<<"$haswell"; then
   exit 1
 fi
 
+# The optional OpenBLAS path of the CPU backend (feature `openblas`, loaded at run time): its
+# products against an f64 oracle, forced and by rule, and pinned kernels on the gemm crate.
+if ! ls /usr/lib/*/libopenblas.so.0 /usr/lib/*/openblas*/libopenblas.so.0 >/dev/null 2>&1; then
+  echo "test.sh: installing OpenBLAS (libopenblas0, for the openblas feature's tests)"
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas0-pthread >/dev/null
+fi
+cargo test --features cuda,nccl,mpi,openblas --test openblas "$@"
+
 # PyTorch parity, the PyTorch side: the checkpoints the GPT and custom-model parity tests saved
 # (target/tmp) must load into the reference modules with strict=True and give tandem's loss.
 # Runs wherever torch and safetensors import (or $TANDEM_TORCH_VENV/bin/python exists).

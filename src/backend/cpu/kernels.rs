@@ -2,6 +2,7 @@
 //! Large passes are split over threads in fixed chunks of independent outputs: every output is
 //! computed by the same operations in the same order whatever the thread count, so the results
 //! are bit-identical to a serial run.
+use super::gemm_path::GemmPath;
 use crate::backend::{BinaryOp, MatmulSpec, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
 use rayon::prelude::*;
 
@@ -220,10 +221,10 @@ pub fn gemm_kernels() -> &'static str {
 
 /// Products of at most this many multiply-adds per batch entry are run one per thread (a
 /// convolution's per-image products); larger ones are split inside `gemm`.
-const SMALL_PRODUCT: usize = 1 << 22;
+pub(super) const SMALL_PRODUCT: usize = 1 << 22;
 
-pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: MatmulSpec) {
-    matmul_then(a, b, c, s, |_| {})
+pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: MatmulSpec, path: GemmPath) {
+    matmul_then(a, b, c, s, path, |_| {})
 }
 
 /// `matmul`, then `epilogue` on each output matrix while it is still in cache (a convolution's
@@ -231,7 +232,8 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: MatmulSpec) {
 /// `matrixmultiply` on the seed CNN's per-image products and level with it on square ones; it
 /// splits work over output blocks only, so each output's sum runs in the same order on any
 /// number of threads.
-pub fn matmul_then(a: &[f32], b: &[f32], c: &mut [f32], s: MatmulSpec, epilogue: impl Fn(&mut [f32]) + Sync) {
+#[cfg_attr(not(feature = "openblas"), allow(unused_variables))]
+pub fn matmul_then(a: &[f32], b: &[f32], c: &mut [f32], s: MatmulSpec, path: GemmPath, epilogue: impl Fn(&mut [f32]) + Sync) {
     let (m, n, k) = (s.m, s.n, s.k);
     if m == 0 || n == 0 {
         return;
@@ -247,6 +249,12 @@ pub fn matmul_then(a: &[f32], b: &[f32], c: &mut [f32], s: MatmulSpec, epilogue:
         } else {
             let ao = s.a_offset + bi * s.a_batch_stride;
             let bo = s.b_offset + bi * s.b_batch_stride;
+            #[cfg(feature = "openblas")]
+            if let GemmPath::OpenBlas(lib) = path {
+                if lib.sgemm(m, n, k, &a[ao..], s.trans_a, &b[bo..], s.trans_b, cc).is_some() {
+                    return epilogue(cc);
+                }
+            }
             // SAFETY: the strides above address exactly the m×k and k×n matrices starting at
             // the offsets, inside `a` and `b` as `contract::matmul` checked before this was
             // called; `cc` is one m×n output, written without being read.

@@ -2,8 +2,12 @@
 mod elementwise;
 mod fused;
 mod gelu;
+mod gemm_path;
 mod index;
 mod kernels;
+#[cfg(feature = "openblas")]
+pub mod openblas;
+pub use gemm_path::{GemmChoice, OPENBLAS_FROM};
 pub use kernels::gemm_kernels;
 mod update;
 
@@ -70,6 +74,7 @@ impl Pool {
 pub struct CpuBackend {
     info: DeviceInfo,
     pool: Arc<Mutex<Pool>>,
+    gemm: gemm_path::GemmRule,
 }
 
 impl Default for CpuBackend {
@@ -79,7 +84,14 @@ impl Default for CpuBackend {
 }
 
 impl CpuBackend {
+    /// A CPU device whose products run where `TANDEM_CPU_GEMM` says (see [`GemmChoice`]).
     pub fn new() -> Self {
+        Self::with_gemm(GemmChoice::from_env())
+    }
+
+    /// A CPU device whose products run where `choice` says, whatever the environment.
+    pub fn with_gemm(choice: GemmChoice) -> Self {
+        let gemm = gemm_path::GemmRule::new(choice);
         CpuBackend {
             info: DeviceInfo {
                 backend: BackendKind::Cpu,
@@ -88,11 +100,18 @@ impl CpuBackend {
                 kind: DeviceKind::Cpu,
                 memory: None,
                 driver: format!("{} threads", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)),
-                matmul: format!("gemm crate, {} kernels (f32, host threads)", kernels::gemm_kernels()),
+                matmul: gemm.describe(),
                 libraries: String::new(),
             },
             pool: Arc::default(),
+            gemm,
         }
+    }
+
+    /// How many products this device has given OpenBLAS (a batched product counts once): 0
+    /// without the `openblas` feature, the library, or products big enough for it.
+    pub fn openblas_products(&self) -> u64 {
+        self.gemm.openblas_products()
     }
 
     fn make(&self, data: Vec<u32>, dtype: DType) -> Buffer {
@@ -227,7 +246,7 @@ impl Backend for CpuBackend {
         contract::matmul(&self.info, a, b, None, out, spec)?;
         let ga = read(raw(a)?);
         let gb = read(raw(b)?);
-        write_with(out, |c| kernels::matmul(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec))
+        write_with(out, |c| kernels::matmul(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec, self.gemm.path(&spec)))
     }
     fn matmul_row_bias(&self, a: &Buffer, b: &Buffer, bias: &Buffer, out: &Buffer, spec: MatmulSpec, relu: bool) -> Result<bool> {
         contract::matmul(&self.info, a, b, Some(bias), out, spec)?;
@@ -235,7 +254,7 @@ impl Backend for CpuBackend {
         let gb = read(raw(b)?);
         with_f32(bias, out, |bias| {
             let bias = &bias[..spec.m];
-            write_with(out, |c| kernels::matmul_then(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec, |o| kernels::row_bias(o, bias, relu)))
+            write_with(out, |c| kernels::matmul_then(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec, self.gemm.path(&spec), |o| kernels::row_bias(o, bias, relu)))
         })??;
         Ok(true)
     }
@@ -376,6 +395,9 @@ impl Backend for CpuBackend {
     fn memory(&self) -> MemoryStats {
         let p = lock(&self.pool);
         MemoryStats { in_use: p.in_use, peak: p.peak, pooled: p.pooled, budget: p.budget.get() }
+    }
+    fn pin_kernels(&self) {
+        self.gemm.pin();
     }
     fn set_memory_budget(&self, bytes: Option<u64>) {
         lock(&self.pool).budget.set(bytes);
