@@ -31,8 +31,9 @@ fn oracle(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, ta: bool, tb: bool
 }
 
 /// (m, n, k): single values, odd sizes across OpenBLAS's register and cache blocks, a long K
-/// (past 65,535), a skinny product.
-const SHAPES: &[(usize, usize, usize)] = &[(1, 1, 1), (37, 53, 71), (129, 65, 257), (300, 2, 500), (8, 8, 70_001), (256, 256, 256)];
+/// (past 65,535), skinny products, products split by rows over threads and, with few rows, by
+/// columns (uneven last blocks).
+const SHAPES: &[(usize, usize, usize)] = &[(1, 1, 1), (37, 53, 71), (129, 65, 257), (300, 2, 500), (8, 8, 70_001), (256, 256, 256), (8, 3001, 200), (3, 1001, 1000)];
 
 #[test]
 fn forced_openblas_matches_the_oracle_on_odd_shapes_and_every_transpose() {

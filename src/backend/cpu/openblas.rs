@@ -3,6 +3,7 @@
 //! missing (the `gemm` crate then does every product). OpenBLAS built with `DYNAMIC_ARCH`, as
 //! the distributions ship it, picks its kernels (SkylakeX, Haswell, ...) from the CPU it finds.
 use libloading::Library;
+use rayon::prelude::*;
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::OnceLock;
 
@@ -50,8 +51,10 @@ fn load() -> Result<OpenBlas, String> {
         // SAFETY: OpenBLAS's own entry points, `void (int)` and `char *(void)`; optional.
         let core = unsafe {
             if let Ok(set) = lib.get::<unsafe extern "C" fn(c_int)>(b"openblas_set_num_threads\0") {
-                // As many threads as the backend's own pool: more would only contend.
-                set(rayon::current_num_threads().clamp(1, c_int::MAX as usize) as c_int);
+                // One thread: `sgemm` splits a product over the backend's own pool instead.
+                // OpenBLAS's threads spin for a while after each call, and took a core from
+                // the elementwise passes between products.
+                set(1);
             }
             match lib.get::<unsafe extern "C" fn() -> *const c_char>(b"openblas_get_corename\0") {
                 Ok(name) => {
@@ -89,10 +92,48 @@ impl OpenBlas {
             return None;
         }
         let t = |x: bool| if x { TRANS } else { NO_TRANS };
-        // SAFETY: the lengths checked above cover every element OpenBLAS reads through the
-        // leading dimensions (`lda`·rows of the stored A, `ldb`·rows of the stored B) and
-        // writes (`n`·m of C); all sizes fit its `int`.
-        unsafe { (self.sgemm)(ROW_MAJOR, t(trans_a), t(trans_b), mi, ni, ki, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), ni) };
+        // Blocks of C's rows (or, for a product of few rows, of its columns), one per thread of
+        // the backend's pool: each output is still one call's sum over the whole of k.
+        let threads = rayon::current_num_threads().max(1);
+        let parallel = threads > 1 && m * n * k >= 1 << 18;
+        let call = |rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, c0: *mut f32| {
+            // Row r of op(A) is row r of A as stored, or column r of the stored k×m; column j
+            // of op(B) is column j of B as stored, or row j of the stored n×k.
+            let a0 = if trans_a { &a[rows.start..] } else { &a[rows.start * k..] };
+            let b0 = if trans_b { &b[cols.start * k..] } else { &b[cols.start..] };
+            // SAFETY: the lengths checked above cover every element OpenBLAS reads through the
+            // leading dimensions from `a0` and `b0` (rows.len() rows of op(A), cols.len()
+            // columns of op(B)), and `c0` addresses this block's corner in `c`, whose rows are
+            // `n` apart; blocks of concurrent calls do not overlap; all sizes fit its `int`.
+            unsafe { (self.sgemm)(ROW_MAJOR, t(trans_a), t(trans_b), rows.len() as c_int, cols.len() as c_int, ki, 1.0, a0.as_ptr(), lda, b0.as_ptr(), ldb, 0.0, c0, ni) };
+        };
+        if parallel && m >= 16 * threads {
+            let rows = m.div_ceil(threads);
+            c.par_chunks_mut(rows * n).enumerate().for_each(|(i, cb)| call(i * rows..i * rows + cb.len() / n, 0..n, cb.as_mut_ptr()));
+        } else if parallel && n >= 16 * threads {
+            let cols = n.div_ceil(threads);
+            let base = SendPtr(c.as_mut_ptr());
+            (0..n.div_ceil(cols)).into_par_iter().for_each(|j| {
+                let j0 = j * cols;
+                // SAFETY: column block j0.. starts inside row 0 of `c` (j0 < n).
+                call(0..m, j0..(j0 + cols).min(n), unsafe { base.get().add(j0) });
+            });
+        } else {
+            call(0..m, 0..n, c.as_mut_ptr());
+        }
+        let _ = mi;
         Some(())
+    }
+}
+
+/// C's base pointer, shared by the threads that write its disjoint column blocks.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: each thread writes only its own column block through it (see `OpenBlas::sgemm`).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
     }
 }
