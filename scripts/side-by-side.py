@@ -13,7 +13,9 @@ dp-overlap figures (tandem only). Run from the repository root with a release bu
 
 The AVX2 paths on an AVX-512 CPU: build tandem without its `avx512` feature
 (`cargo build --release --no-default-features --features wgpu,cli`, copied aside) and pass
-`--avx2 --tandem THAT_BINARY`, which also keeps PyTorch's kernels to AVX2.
+`--avx2 --tandem THAT_BINARY`, which also keeps PyTorch's kernels to AVX2. A tandem built with
+`--features openblas` (OpenBLAS for the larger products) is measured the same way; with `--avx2`
+OpenBLAS is held to its Haswell (AVX2) kernels.
 """
 import argparse
 import json
@@ -71,7 +73,8 @@ def main():
     args = ap.parse_args()
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
     if args.avx2:
-        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
+        # OPENBLAS_CORETYPE: a tandem built with the openblas feature takes OpenBLAS's AVX2 kernels.
+        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2", OPENBLAS_CORETYPE="Haswell")
     py = sys.executable
     tandem, torch, extra = {}, {}, {}
     for r in range(args.rounds):
