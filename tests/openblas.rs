@@ -64,10 +64,13 @@ fn offsets_and_batches_reach_openblas_right() {
     if !have_openblas() {
         return;
     }
-    let (cpu, blas) = (device(GemmChoice::Gemm), device(GemmChoice::OpenBlas));
+    let backend = Arc::new(CpuBackend::with_gemm(GemmChoice::OpenBlas));
+    let (cpu, blas) = (device(GemmChoice::Gemm), Device::from_backend(backend.clone()));
     let mut r = common::rng(2);
     let (bt, m, n, k) = (3, 200, 210, 190);
-    assert!(m * n * k * bt > OPENBLAS_FROM);
+    // Each product is past the per-image size (2^22 multiply-adds), below which a batch stays
+    // on the gemm crate, one product per thread.
+    assert!(m * n * k > 1 << 22);
     let a = common::uniform(&mut r, bt * m * k + 5 * k, -1.0, 1.0);
     let b = common::uniform(&mut r, bt * k * n, -1.0, 1.0);
     let run = |dev: &Device| {
@@ -79,35 +82,51 @@ fn offsets_and_batches_reach_openblas_right() {
     };
     let want: Vec<f32> = (0..bt).flat_map(|z| oracle(&a[5 * k + z * m * k..], &b[z * k * n..], m, n, k, false, false)).collect();
     common::assert_close("openblas batch with offset", &run(&blas), &want, 1e-4, 1e-5);
+    assert_eq!(backend.openblas_products(), 1, "the batched product did not go to OpenBLAS");
     common::assert_close("gemm batch with offset", &run(&cpu), &want, 1e-4, 1e-5);
 }
 
-/// `auto` gives OpenBLAS the products from `OPENBLAS_FROM` multiply-adds and the `gemm` crate
-/// the smaller ones; pinned kernels (what deterministic data parallelism asks) take the `gemm`
-/// crate only, whatever the size: the same bits as a device that never uses OpenBLAS.
+/// `auto` gives OpenBLAS the products from `OPENBLAS_FROM` multiply-adds where the `gemm`
+/// crate has no AVX-512 kernels, and keeps everything on `gemm` where it has them.
 #[test]
-fn auto_takes_openblas_for_big_products_and_pinned_kernels_never() {
+fn auto_takes_openblas_only_where_it_was_measured_faster() {
     if !have_openblas() {
         return;
     }
     let backend = Arc::new(CpuBackend::with_gemm(GemmChoice::Auto));
     let auto = Device::from_backend(backend.clone());
-    assert!(auto.info().matmul.contains("OpenBLAS") && auto.info().matmul.contains("gemm crate"), "{}", auto.info().matmul);
-    let gemm = device(GemmChoice::Gemm);
+    let avx512 = tandem::backend::cpu::gemm_kernels() == "AVX-512";
     let mut r = common::rng(3);
-    let mut operands = |n: usize, k: usize| (n, k, common::uniform(&mut r, n * k, -1.0, 1.0), common::uniform(&mut r, n * k, -1.0, 1.0));
-    let product = |dev: &Device, (n, k, a, b): &(usize, usize, Vec<f32>, Vec<f32>)| {
-        no_grad(|| Tensor::from_vec(a.clone(), [*n, *k], dev)?.matmul(&Tensor::from_vec(b.clone(), [*k, *n], dev)?)?.to_vec()).unwrap()
-    };
-    let want = |(n, k, a, b): &(usize, usize, Vec<f32>, Vec<f32>)| oracle(a, b, *n, *n, *k, false, false);
-    let (small, big) = (operands(64, 64), operands(160, 1000));
-    assert!(64 * 64 * 64 < OPENBLAS_FROM && 160 * 160 * 1000 >= OPENBLAS_FROM);
-    common::assert_close("auto 64x64x64", &product(&auto, &small), &want(&small), 1e-4, 1e-5);
-    assert_eq!(backend.openblas_products(), 0, "the small product went to OpenBLAS");
-    common::assert_close("auto 160x160x1000", &product(&auto, &big), &want(&big), 1e-4, 1e-5);
-    assert_eq!(backend.openblas_products(), 1, "the big product did not go to OpenBLAS");
-    auto.backend().pin_kernels();
+    let (m, n, k) = (512, 512, 512);
+    assert!(m * n * k >= OPENBLAS_FROM && 64 * 64 * 64 < OPENBLAS_FROM);
+    for (m, n, k) in [(64, 64, 64), (m, n, k)] {
+        let (a, b) = (common::uniform(&mut r, m * k, -1.0, 1.0), common::uniform(&mut r, k * n, -1.0, 1.0));
+        let got = no_grad(|| Tensor::from_vec(a.clone(), [m, k], &auto)?.matmul(&Tensor::from_vec(b.clone(), [k, n], &auto)?)?.to_vec()).unwrap();
+        common::assert_close(&format!("auto {m}x{n}x{k}"), &got, &oracle(&a, &b, m, n, k, false, false), 1e-4, 1e-5);
+    }
+    let want = u64::from(!avx512);
+    assert_eq!(backend.openblas_products(), want, "products given to OpenBLAS by auto (gemm kernels {})", tandem::backend::cpu::gemm_kernels());
+    assert!(auto.info().matmul.contains("OpenBLAS") && auto.info().matmul.contains("gemm crate"), "{}", auto.info().matmul);
+}
+
+/// Pinned kernels (what deterministic data parallelism asks) take the `gemm` crate only, even on
+/// a device told to use OpenBLAS: the same bits as a device that never uses it.
+#[test]
+fn pinned_kernels_are_the_gemm_crates_bit_for_bit() {
+    if !have_openblas() {
+        return;
+    }
+    let backend = Arc::new(CpuBackend::with_gemm(GemmChoice::OpenBlas));
+    let blas = Device::from_backend(backend.clone());
+    let gemm = device(GemmChoice::Gemm);
+    let mut r = common::rng(4);
+    let (n, k) = (160, 1000);
+    let (a, b) = (common::uniform(&mut r, n * k, -1.0, 1.0), common::uniform(&mut r, k * n, -1.0, 1.0));
+    let product = |dev: &Device| no_grad(|| Tensor::from_vec(a.clone(), [n, k], dev)?.matmul(&Tensor::from_vec(b.clone(), [k, n], dev)?)?.to_vec()).unwrap();
+    common::assert_close("openblas 160x160x1000", &product(&blas), &oracle(&a, &b, n, n, k, false, false), 1e-4, 1e-5);
+    assert_eq!(backend.openblas_products(), 1, "the forced device did not use OpenBLAS");
+    blas.backend().pin_kernels();
     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-    assert!(bits(product(&auto, &big)) == bits(product(&gemm, &big)), "a pinned device's product differs from the gemm crate's");
+    assert!(bits(product(&blas)) == bits(product(&gemm)), "a pinned device's product differs from the gemm crate's");
     assert_eq!(backend.openblas_products(), 1, "a pinned device gave OpenBLAS a product");
 }

@@ -3,17 +3,20 @@ use super::kernels::SMALL_PRODUCT;
 use crate::backend::MatmulSpec;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// The smallest product (m·n·k multiply-adds) `auto` gives OpenBLAS: below it, measured on a
-/// 2-core AVX-512 machine (benches/README.md), handing work to OpenBLAS's threads costs more
-/// than its kernels save.
-pub const OPENBLAS_FROM: usize = 1 << 21;
+/// The smallest product (m·n·k multiply-adds, 512³) `auto` gives OpenBLAS, on a CPU where the
+/// `gemm` crate has no AVX-512 kernels. Measured on a 2-core AVX-512 machine held to AVX2
+/// (benches/README.md): OpenBLAS's Haswell kernels were 3-10% faster than `gemm`'s AVX2+FMA ones
+/// at 512 to 2048 and level with them at 256; with AVX-512, `gemm` was as fast or faster at
+/// every size (at 256, 156-180 GFLOP/s against OpenBLAS's 127), so `auto` keeps it there.
+pub const OPENBLAS_FROM: usize = 1 << 27;
 
 /// Which library runs the CPU backend's products: the `gemm` crate (always there), or OpenBLAS
 /// where the `openblas` feature is built and the library loads at run time.
 ///
 /// `TANDEM_CPU_GEMM` chooses, read when a CPU device is created ([`super::CpuBackend::with_gemm`]
 /// ignores it): `auto` (the default: OpenBLAS for products of at least [`OPENBLAS_FROM`]
-/// multiply-adds, the `gemm` crate for smaller ones and wherever OpenBLAS is missing), `gemm`
+/// multiply-adds on CPUs where the `gemm` crate has no AVX-512 kernels, the `gemm` crate for
+/// everything else and wherever OpenBLAS is missing), `gemm`
 /// (always the `gemm` crate) or `openblas` (every product OpenBLAS can take). A device whose
 /// kernels are pinned (`Backend::pin_kernels`, which deterministic data parallelism calls) uses
 /// the `gemm` crate only: its sums run in the same order whatever the thread count and the
@@ -42,6 +45,12 @@ impl GemmChoice {
             }
         }
     }
+}
+
+/// Whether the `gemm` crate runs its AVX-512 kernels on this CPU.
+#[cfg(feature = "openblas")]
+fn gemm_has_avx512() -> bool {
+    super::kernels::gemm_kernels() == "AVX-512"
 }
 
 /// The library one product runs in.
@@ -79,7 +88,7 @@ impl GemmRule {
         {
             let big = s.m.saturating_mul(s.n).saturating_mul(s.k) >= OPENBLAS_FROM;
             let wanted = match self.choice {
-                GemmChoice::Auto => big,
+                GemmChoice::Auto => big && !gemm_has_avx512(),
                 GemmChoice::OpenBlas => true,
                 GemmChoice::Gemm => false,
             };
@@ -104,7 +113,8 @@ impl GemmRule {
             return match (self.choice, blas) {
                 (GemmChoice::Gemm, _) => format!("{gemm} (TANDEM_CPU_GEMM=gemm)"),
                 (_, Err(why)) => format!("{gemm} ({why})"),
-                (GemmChoice::Auto, Ok(lib)) => format!("OpenBLAS ({} kernels, {}) from 2^21 multiply-adds, {gemm} below (f32, host threads)", lib.core, lib.path),
+                (GemmChoice::Auto, Ok(_)) if gemm_has_avx512() => format!("{gemm} (f32, host threads; faster here than OpenBLAS, which TANDEM_CPU_GEMM=openblas forces)"),
+                (GemmChoice::Auto, Ok(lib)) => format!("OpenBLAS ({} kernels, {}) from 2^27 multiply-adds, {gemm} below (f32, host threads)", lib.core, lib.path),
                 (GemmChoice::OpenBlas, Ok(lib)) => format!("OpenBLAS ({} kernels, {}; TANDEM_CPU_GEMM=openblas), {gemm} for per-image products", lib.core, lib.path),
             };
         }
