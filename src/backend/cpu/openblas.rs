@@ -51,9 +51,9 @@ fn load() -> Result<OpenBlas, String> {
         // SAFETY: OpenBLAS's own entry points, `void (int)` and `char *(void)`; optional.
         let core = unsafe {
             if let Ok(set) = lib.get::<unsafe extern "C" fn(c_int)>(b"openblas_set_num_threads\0") {
-                // One thread: `sgemm` splits a product over the backend's own pool instead.
-                // OpenBLAS's threads spin for a while after each call, and took a core from
-                // the elementwise passes between products.
+                // One thread: `sgemm` splits a product over the backend's own pool instead, so
+                // that no OpenBLAS worker is left spinning (as they do for a while after each
+                // call) beside the elementwise passes between products.
                 set(1);
             }
             match lib.get::<unsafe extern "C" fn() -> *const c_char>(b"openblas_get_corename\0") {
