@@ -33,7 +33,7 @@ pub struct Options {
     /// sub-range dispatches can be exercised on small tensors.
     pub max_binding_bytes: Option<u64>,
     /// Bytes this device may hold in buffers; allocations beyond it fail with `OutOfMemory`
-    /// (the starting value of [`Backend::set_memory_budget`](crate::backend::Backend::set_memory_budget)).
+    /// (the starting value of [`Backend::set_memory_budget`]).
     pub memory_budget: Option<u64>,
     /// Forces the matmul kernel family instead of choosing by adapter kind or by measurement
     /// (no autotuning).
