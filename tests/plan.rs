@@ -1,7 +1,8 @@
 //! The layout planner's cost model and search (tandem::parallel::plan) on described clusters:
 //! its arithmetic on simple cases, memory as a hard constraint with the reason named, and its
 //! choices on published configurations against Megatron-LM's rules (tensor parallelism inside a
-//! server, pipelines across servers).
+//! server, pipelines across servers); the sharding modes' memory and communication, and memory
+//! too small for plain data parallelism making the search shard.
 use tandem::parallel::plan::{estimate, plan, Cluster, DeviceSpec, LayerCost, Layout, Link, Workload};
 use tandem::parallel::Shard;
 

@@ -3,7 +3,8 @@
 //! take (single, data parallel with uneven shares and accumulation, tensor, pipeline, a grid),
 //! and so `Single`'s losses within tolerance; the layouts no strategy makes are refused with
 //! the reason; plans round-trip through JSON exactly and bad plan files are refused naming
-//! the file and the field.
+//! the file and the field, and version-1 files still load; GPT plans build the GPT strategies
+//! (sharded data parallelism, a tied pipeline) with the losses of those built by hand.
 mod common;
 use tandem::nn::models::SeedModel;
 use tandem::parallel::plan::{estimate, plan_within, unbuildable, Cluster, DeviceSpec, LayerCost, Layout, Link, Plan, Workload};

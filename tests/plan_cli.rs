@@ -2,7 +2,9 @@
 //! predicted step time and memory, next best, rejections with their reasons), a paper
 //! cluster held against Megatron-LM's rule, `--save-plan` and `train --plan`, predicted
 //! against measured step time, a resumed run repeating its recorded plan, and clear errors for
-//! bad plan files, plans for other devices and unknown clusters.
+//! bad plan files, plans for other devices and unknown clusters; the GPT planned, trained with
+//! its plan and resumed with it, and `--memory-limit` budgets too small for plain data
+//! parallelism making the plan shard (and the run fitting them).
 mod common;
 use common::{ok, s, text};
 use tandem::parallel::plan::{Layout, Plan};
@@ -166,4 +168,27 @@ fn a_memory_limit_too_small_for_plain_data_parallelism_makes_the_gpt_plan_shard(
     let tiny = gpt(&["plan", "--memory-limit", "8MiB"]);
     common::fails(&tiny.iter().map(String::as_str).collect::<Vec<_>>(), "no layout fits the devices' memory");
     common::fails(&["plan", "--cluster", "dual-m60:1", "--memory-limit", "1GiB"], "--memory-limit");
+}
+
+#[test]
+fn a_resumed_gpt_run_repeats_the_plan_its_checkpoint_recorded() {
+    let dir = common::scratch("plan_cli", "gpt_resume");
+    let shape = ["--model", "gpt", "--data", "text", "--devices", "cpu,cpu", "--batch", "4", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "8"];
+    let path = dir.join("plan.json");
+    out(&[&["plan"][..], &shape, &["--save-plan", s(&path)]].concat());
+    // A layout no fresh plan is likely to choose: a pipeline of 4 micro-batches of one window,
+    // cut before the second block.
+    let mut p = Plan::load(&path, &Device::parse("cpu,cpu").unwrap()).unwrap();
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 4, recompute: false, cuts: vec![2], shard: Shard::None };
+    p.best.memory = vec![0, 0];
+    p.shares = vec![4];
+    let odd = dir.join("odd.json");
+    p.save(&odd).unwrap();
+    let ckpt = dir.join("ckpt");
+    let common = [&shape[..], &["--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]].concat();
+    let first = out(&[&["train", "--plan", s(&odd), "--steps", "2"][..], &common[..]].concat());
+    let line = "planned data 1 x tensor 1 x pipeline 2, 4 micro-batches, cuts at [2]";
+    assert!(first.contains(line), "{first}");
+    let resumed = out(&[&["train", "--resume", "--steps", "4"][..], &common[..]].concat());
+    assert!(resumed.contains(line), "{resumed}");
 }

@@ -60,7 +60,8 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     // The planner and --balance time the model on a few training samples, before the loader
     // takes the data.
     let model = model_kind.build(args.seed, &Device::cpu())?;
-    let planned = planned(args, &model, &train, &optim, &devices)?;
+    // Across processes `auto` is data parallelism over them (the planner plans one process).
+    let planned = if ranks.many() { None } else { planned(args, &model, &train, &optim, &devices)? };
     let weights = match (&planned, args.strategy) {
         (None, StrategyKind::Data) if !ranks.many() && !args.deterministic => super::plan::data_weights(args, &model, &train, &devices)?,
         _ => None,
