@@ -18,11 +18,13 @@
 //!
 //! [`measure`] calibrates the inputs on this machine's devices (and [`Cluster::contention`],
 //! how much devices that share the host's cores slow each other); [`Cluster::dual_m60`] and
-//! [`Cluster::h100_nvlink`] describe published clusters. [`plan`] searches every layout,
-//! [`plan_within`] only those a filter allows (`unbuildable` for a `Sequential`);
-//! [`Plan::build`] makes the chosen strategy with the [`Parallel`](crate::parallel::Parallel)
-//! builders, [`Plan::save`] / [`Plan::load`] keep a plan as JSON, and [`Plan::megatron`] holds
-//! a cluster's plan against Megatron-LM's rule.
+//! [`Cluster::h100_nvlink`] describe published clusters; [`measure_gpt`] calibrates the GPT
+//! block by block. [`plan`] searches every layout, [`plan_within`] only those a filter allows
+//! ([`unbuildable`] for a `Sequential`), [`plan_cut_within`] with stage cuts only where a model
+//! allows them ([`gpt_unbuildable`] and [`gpt_cuttable`] for the GPT); [`Plan::build`] makes
+//! the chosen strategy of a `Sequential` with the [`Parallel`](crate::parallel::Parallel)
+//! builders and [`Plan::build_gpt`] that of the GPT, [`Plan::save`] / [`Plan::load`] keep a
+//! plan as JSON, and [`Plan::megatron`] holds a cluster's plan against Megatron-LM's rule.
 //!
 //! ```
 //! use tandem::parallel::plan::{plan, Cluster, LayerCost, Workload};
