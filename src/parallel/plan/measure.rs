@@ -91,7 +91,9 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
         specs.push(DeviceSpec { name: d.spec(), speed, memory: u64::MAX, server: 0 });
     }
     let contention = if devices.len() > 1 {
-        let together = all_at_once_s(make, &share, devices)?;
+        // Long enough for the slowest device to run its pass three times.
+        let window = (3.0 * alone.iter().copied().fold(0.0, f64::max)).clamp(0.01, 10.0);
+        let together = all_at_once_s(make, &share, devices, window)?;
         together.iter().zip(&alone).map(|(t, a)| t / a.max(1e-9)).fold(1.0, f64::max)
     } else {
         1.0
@@ -133,19 +135,14 @@ fn time_layer(layer: &dyn Module, x: &Tensor, dev: &Device) -> Result<(f64, f64,
 fn whole_model_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, dev: &Device) -> Result<f64> {
     let copy = make(dev)?;
     let x = probe.to(dev)?;
-    timed_runs(&copy, &x, dev, None)
+    timed_runs(&copy, &x, dev)
 }
 
-/// Forward and backward of `model` on `x` (both on `dev`), best of [`RUNS`]; with `start`,
-/// each run begins when every thread sharing the barrier is ready, so that concurrent runs
-/// overlap (a failed run still waits its turn, so no thread is left at the barrier).
-fn timed_runs(model: &dyn Module, x: &Tensor, dev: &Device, start: Option<&std::sync::Barrier>) -> Result<f64> {
+/// Forward and backward of `model` on `x` (both on `dev`), best of [`RUNS`].
+fn timed_runs(model: &dyn Module, x: &Tensor, dev: &Device) -> Result<f64> {
     let mut best = f64::INFINITY;
     let mut failed = None;
     for _ in 0..RUNS {
-        if let Some(b) = start {
-            b.wait();
-        }
         let t0 = Instant::now();
         let run = || -> Result<()> {
             let root = model.forward(x)?.sum_all()?;
@@ -189,15 +186,31 @@ fn speeds(devices: &[Device], alone: &[f64]) -> Vec<f64> {
     devices.iter().map(|d| reference / mean(d.spec()).max(1e-9)).collect()
 }
 
-/// [`whole_model_s`] on every device at once, one thread each (after a run each alone, so
-/// that first-use compilation is not timed).
-fn all_at_once_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
+/// The mean seconds of the whole model's forward and backward on `probe` on every device at
+/// once, one thread each (after runs each alone, so that first-use compilation is not timed),
+/// each repeating it for the same `window_s` of wall time: a faster device keeps running while
+/// a slower one finishes, as under a data-parallel split by speed, so that no device's timing
+/// includes stretches it ran alone (the tail of its last run aside).
+fn all_at_once_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], window_s: f64) -> Result<Vec<f64>> {
     let copies = devices.iter().map(|d| Ok((make(d)?, probe.to(d)?))).collect::<Result<Vec<_>>>()?;
     let start = std::sync::Barrier::new(devices.len());
     std::thread::scope(|scope| {
         let runs: Vec<_> = copies.iter().zip(devices).map(|((m, x), d)| {
             let start = &start;
-            scope.spawn(move || timed_runs(m, x, d, Some(start)))
+            scope.spawn(move || -> Result<f64> {
+                start.wait();
+                let t0 = Instant::now();
+                let mut runs = 0u32;
+                while runs == 0 || t0.elapsed().as_secs_f64() < window_s {
+                    let root = m.forward(x)?.sum_all()?;
+                    if root.needs_grad() {
+                        root.backward()?;
+                    }
+                    d.sync()?;
+                    runs += 1;
+                }
+                Ok(t0.elapsed().as_secs_f64() / f64::from(runs))
+            })
         }).collect();
         runs.into_iter().map(|r| r.join().map_err(|_| crate::Error::Panicked("plan::measure: a calibration thread panicked".into()))?).collect()
     })
