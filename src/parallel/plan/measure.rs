@@ -64,7 +64,7 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
     for (i, (name, here)) in built.layers().iter().enumerate() {
         let here: &dyn Module = &**here;
         let (f1, b1, y1, act1) = time_layer(here, &x1, first)?;
-        let (f2, b2, y2, _) = time_layer(&*here, &x2, first)?;
+        let (f2, b2, y2, _) = time_layer(here, &x2, first)?;
         let slope = |t1: f64, t2: f64| ((t2 - t1) / k as f64).max(0.0);
         let (forward_s, backward_s) = (slope(f1, f2), slope(b1, b2));
         let fixed_s = ((f1 - forward_s * k as f64).max(0.0) + (b1 - backward_s * k as f64).max(0.0)) / 2.0;
