@@ -1,8 +1,10 @@
 //! The layout planner's cost model and search (tandem::parallel::plan) on described clusters:
 //! its arithmetic on simple cases, memory as a hard constraint with the reason named, and its
 //! choices on published configurations against Megatron-LM's rules (tensor parallelism inside a
-//! server, pipelines across servers).
+//! server, pipelines across servers); the sharding modes' memory and communication, and memory
+//! too small for plain data parallelism making the search shard.
 use tandem::parallel::plan::{estimate, plan, Cluster, DeviceSpec, LayerCost, Layout, Link, Workload};
+use tandem::parallel::Shard;
 
 fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
     LayerCost {
@@ -18,7 +20,7 @@ fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
 }
 
 fn single_layout() -> Layout {
-    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![] }
+    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None }
 }
 
 #[test]
@@ -149,4 +151,58 @@ fn measured_inputs_describe_the_model_and_the_devices() {
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
     assert!(p.best.step_s > 0.0);
+}
+
+/// Two equal devices of `memory` bytes on one fast link (gradient sync cheaper than a
+/// pipeline's bubble), and a model of 8 layers of 64 MiB of
+/// parameters and little activation: its state, not its activations, decides what fits.
+fn state_bound(memory: u64) -> (Workload, Cluster) {
+    let dev = |i: usize| DeviceSpec { name: format!("gpu{i}"), speed: 1.0, memory, server: 0 };
+    let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };
+    let mut layer = block(64, 1, 1, 1.0);
+    layer.tensor_parallel = false;
+    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0 })
+}
+
+#[test]
+fn sharding_modes_keep_what_zero_keeps_and_send_what_it_sends() {
+    let (work, cluster) = state_bound(64 << 30);
+    let p = 8 * (64u64 << 20);
+    let data = |shard| Layout { data: 2, shard, ..single_layout() };
+    let [none, zero1, zero2, zero3] = [Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full].map(|s| estimate(&work, &cluster, &data(s)));
+    // Activations: 8 layers x 1 MiB x 4 samples per replica; one 25 MiB bucket in flight.
+    let act = 8 * 4 * (1u64 << 20);
+    let bucket = 25u64 << 20;
+    assert_eq!(none.memory[0], 4 * p + bucket + act);
+    assert_eq!(zero1.memory[0], 2 * p + p + bucket + act, "Adam's two states halved over two replicas");
+    assert_eq!(zero2.memory[0], p + 3 * p / 2 + 2 * bucket + bucket + act, "full parameters, a shard of the rest, two buckets of gradients in flight");
+    // tandem's ZeRO-3 gathers the whole model for the step: its peak is ZeRO-2's.
+    assert_eq!(zero3.memory, zero2.memory);
+    // Reduce-scatter + all-gather move what an all-reduce moves; ZeRO-1 adds the owners'
+    // broadcast of the updated parameters.
+    assert_eq!(zero2.step_s, none.step_s);
+    assert_eq!(zero3.step_s, none.step_s);
+    let gather = cluster.within.all_gather_s(p as f64, 2);
+    assert!((zero1.step_s - none.step_s - gather).abs() < 1e-12, "{} {} {gather}", zero1.step_s, none.step_s);
+}
+
+#[test]
+fn memory_too_small_for_plain_data_parallelism_makes_the_search_shard() {
+    // Plenty of memory: plain data parallelism is as fast as ZeRO-2 and simpler, so kept.
+    let (work, roomy) = state_bound(64 << 30);
+    let p = plan(&work, &roomy).unwrap();
+    assert_eq!((p.best.layout.data, p.best.layout.shard), (2, Shard::None), "{p}");
+    // 85% of 2.15 GiB holds ZeRO-1's and ZeRO-2's state (1.5 and 1.25 GiB with the buckets),
+    // not plain data parallelism's 2 GiB and a bucket, nor the whole model on one device.
+    let (work, tight) = state_bound(2200 << 20);
+    let p = plan(&work, &tight).unwrap();
+    println!("{p}");
+    assert_eq!(p.best.layout.data, 2, "{p}");
+    assert_ne!(p.best.layout.shard, Shard::None, "{p}");
+    let plain = p.rejected.iter().find(|r| r.layout.data == 2 && r.layout.shard == Shard::None && r.layout.micro_batches == 1).expect("plain data parallelism is rejected");
+    assert!(plain.why.starts_with("memory: needs") && plain.why.contains("on gpu") && plain.why.contains("over 85% of its 2.15 GiB"), "{}", plain.why);
+    for e in std::iter::once(&p.best).chain(&p.alternatives) {
+        assert!(e.memory.iter().all(|m| (*m as f64) <= 0.85 * (2200u64 << 20) as f64), "{} is over memory", e.layout);
+    }
+    assert!(p.to_string().contains("shard"), "{p}");
 }

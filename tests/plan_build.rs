@@ -3,11 +3,12 @@
 //! take (single, data parallel with uneven shares and accumulation, tensor, pipeline, a grid),
 //! and so `Single`'s losses within tolerance; the layouts no strategy makes are refused with
 //! the reason; plans round-trip through JSON exactly and bad plan files are refused naming
-//! the file and the field.
+//! the file and the field, and version-1 files still load; GPT plans build the GPT strategies
+//! (sharded data parallelism, a tied pipeline) with the losses of those built by hand.
 mod common;
 use tandem::nn::models::SeedModel;
 use tandem::parallel::plan::{estimate, plan_within, unbuildable, Cluster, DeviceSpec, LayerCost, Layout, Link, Plan, Workload};
-use tandem::parallel::{Loss, OptimConfig, Parallel, Schedule, Split, Stages, Strategy};
+use tandem::parallel::{Loss, OptimConfig, Parallel, Schedule, Shard, Split, Stages, Strategy};
 use tandem::optim::SgdConfig;
 use tandem::{Device, Error};
 
@@ -34,11 +35,11 @@ fn plan_of(devices: &[Device], layout: Layout, shares: Vec<usize>) -> Plan {
     let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
     let (work, cluster) = described(devices, model.len());
     let best = estimate(&work, &cluster, &layout);
-    Plan { devices: devices.iter().map(Device::spec).collect(), batch: BATCH, shares, best, alternatives: vec![], rejected: vec![] }
+    Plan { model: String::new(), devices: devices.iter().map(Device::spec).collect(), batch: BATCH, shares, best, alternatives: vec![], rejected: vec![] }
 }
 
 fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>) -> Layout {
-    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts }
+    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts, shard: Shard::None }
 }
 
 fn losses(s: &mut dyn Strategy) -> Vec<f32> {
@@ -158,8 +159,10 @@ fn bad_plan_files_name_the_file_and_the_field() {
     let text = std::fs::read_to_string(&good).unwrap();
     let cases = [
         ("not-json", "{ nope".to_string(), "not JSON"),
-        ("no-version", text.replace("\"version\": 1,", ""), "no \"version\""),
-        ("version", text.replace("\"version\": 1,", "\"version\": 9,"), "plan version 9"),
+        ("no-version", text.replace("\"version\": 2,", ""), "no \"version\""),
+        ("version", text.replace("\"version\": 2,", "\"version\": 9,"), "plan version 9"),
+        ("shard", text.replacen("\"shard\": \"none\"", "\"shard\": \"full\"", 1), "field plan.best.layout.shard"),
+        ("shard-word", text.replacen("\"shard\": \"none\"", "\"shard\": \"half\"", 1), "field plan"),
         ("cuts", text.replace("\"cuts\": [\n          3\n        ]", "\"cuts\": [3, 2]"), "field plan.best.layout.cuts"),
         ("shares", text.replace("\"shares\": [\n      16\n    ]", "\"shares\": [15]"), "field plan.shares"),
         ("devices", text.replace("\"cpu\"", "\"wgpu:7\""), "field plan.devices"),
@@ -175,4 +178,83 @@ fn bad_plan_files_name_the_file_and_the_field() {
     }
     let err = Plan::load(&good, &devices[..1]).err().expect("other devices");
     assert!(err.to_string().contains("field plan.devices"), "{err}");
+}
+
+#[test]
+fn a_version_1_plan_file_loads_unsharded() {
+    let devices = common::cpu_devices(2);
+    let dir = common::scratch("plan_build", "version_1");
+    let p = plan_of(&devices, layout(2, 1, 1, 1, vec![]), vec![8, 8]);
+    let path = dir.join("v2.json");
+    p.save(&path).unwrap();
+    // What version 1 wrote: no shard, no model.
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.remove("shard");
+                m.remove("model");
+                m.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    strip(&mut doc);
+    doc["version"] = 1.into();
+    let old = dir.join("v1.json");
+    std::fs::write(&old, doc.to_string()).unwrap();
+    assert!(!doc.to_string().contains("shard"));
+    assert_eq!(Plan::load(&old, &devices).unwrap(), p);
+}
+
+/// Token batches of 4 windows of 8 ids below 11, drawn from a fixed sequence.
+fn token_batches() -> Vec<tandem::data::Batch> {
+    let mut x = 7u32;
+    let mut next = move || {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        ((x >> 16) % 11) as i32
+    };
+    (0..3).map(|_| {
+        let ids: Vec<i32> = (0..32).map(|_| next()).collect();
+        let targets: Vec<i32> = (0..32).map(|_| next()).collect();
+        tandem::data::Batch::tokens(ids, targets, 8, 11).unwrap()
+    }).collect()
+}
+
+#[test]
+fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
+    use tandem::nn::models::{Gpt, GptConfig};
+    use tandem::parallel::plan::gpt_unbuildable;
+    use tandem::parallel::{DataParallel, DataParallelConfig, Pipeline};
+    let devices = common::cpu_devices(2);
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, block_size: 8, vocab_size: 11, dropout: 0.0, bias: true };
+    let gpt = |d: &Device| Gpt::new(cfg, 0, d);
+    let adam = OptimConfig::adam(tandem::optim::AdamConfig::adamw());
+    let plan_for = |l: Layout, shares: Vec<usize>| {
+        let (work, cluster) = described(&devices, cfg.n_layer + 3);
+        let best = estimate(&work, &cluster, &l);
+        Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: devices.iter().map(Device::spec).collect(), batch: 4, shares, best, alternatives: vec![], rejected: vec![] }
+    };
+    let run = |s: &mut dyn Strategy| token_batches().iter().map(|b| s.step(b).unwrap().loss).collect::<Vec<f32>>();
+    // ZeRO-2 data parallelism, as built by hand.
+    let zero2 = plan_for(Layout { shard: Shard::Grads, ..layout(2, 1, 1, 1, vec![]) }, vec![2, 2]);
+    let mut planned = zero2.build_gpt(&gpt, &devices, &adam).unwrap();
+    let cfg_dp = DataParallelConfig { shard: Shard::Grads, ..Default::default() };
+    let mut by_hand = DataParallel::from_factory(gpt, &devices, &adam, Loss::CrossEntropy, cfg_dp).unwrap();
+    assert_eq!(run(&mut *planned), run(&mut by_hand), "a sharded plan differs from DataParallel with --shard grads");
+    // A pipeline cut before the second block (planner layer 2), its embedding and head tied.
+    let pipe = plan_for(layout(1, 1, 2, 2, vec![2]), vec![4]);
+    let mut planned = pipe.build_gpt(&gpt, &devices, &adam).unwrap();
+    let stages = Stages::Built(gpt(&Device::cpu()).unwrap().stages(&devices, Some(&[1])).unwrap());
+    let mut by_hand = Pipeline::builder(stages, &devices, &adam, Loss::CrossEntropy).micro_batches(2).schedule(Schedule::OneFOneB).tie((0, Gpt::WTE), (1, Gpt::LM_HEAD)).build().unwrap();
+    assert_eq!(run(&mut *planned), run(&mut by_hand), "a pipeline plan differs from the pipeline built by hand");
+    // What the GPT's strategies cannot make is refused with the reason.
+    let odd_heads = GptConfig { n_head: 1, ..cfg };
+    assert!(gpt_unbuildable(&layout(1, 2, 1, 1, vec![]), &[4], &odd_heads).unwrap().contains("n_head 1"));
+    assert!(gpt_unbuildable(&layout(1, 1, 3, 4, vec![2, 3]), &[4], &cfg).unwrap().contains("every stage needs a block"));
+    assert!(gpt_unbuildable(&Layout { shard: Shard::Full, ..layout(1, 1, 2, 2, vec![2]) }, &[4], &cfg).unwrap().contains("sharding"));
+    let other = Plan { model: "Gpt(n_layer=9)".into(), ..zero2 };
+    let err = other.build_gpt(&gpt, &devices, &adam).err().expect("a plan for another model");
+    assert!(err.to_string().contains("the plan is for Gpt(n_layer=9)"), "{err}");
 }

@@ -2,10 +2,13 @@
 //! predicted step time and memory, next best, rejections with their reasons), a paper
 //! cluster held against Megatron-LM's rule, `--save-plan` and `train --plan`, predicted
 //! against measured step time, a resumed run repeating its recorded plan, and clear errors for
-//! bad plan files, plans for other devices and unknown clusters.
+//! bad plan files, plans for other devices and unknown clusters; the GPT planned, trained with
+//! its plan and resumed with it, and `--memory-limit` budgets too small for plain data
+//! parallelism making the plan shard (and the run fitting them).
 mod common;
 use common::{ok, s, text};
 use tandem::parallel::plan::{Layout, Plan};
+use tandem::parallel::Shard;
 use tandem::Device;
 
 fn out(args: &[&str]) -> String {
@@ -75,7 +78,7 @@ fn a_resumed_run_repeats_the_plan_its_checkpoint_recorded() {
     let devices = Device::parse("cpu,cpu").unwrap();
     // A layout no fresh plan would choose: a pipeline of 16 micro-batches of one sample.
     let mut p = Plan::load(&path, &devices).unwrap();
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1] };
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None };
     p.best.memory = vec![0, 0];
     p.shares = vec![16];
     let odd = dir.join("odd.json");
@@ -94,4 +97,98 @@ fn data_parallel_shares_follow_balance() {
     for balance in ["measured", "even"] {
         out(&["train", "--strategy", "data", "--devices", "cpu,cpu", "--balance", balance, "--batch", "16", "--steps", "2"]);
     }
+}
+
+/// A GPT whose state, more than its activations, decides what fits: one block 256 wide with
+/// one head, so that tensor parallelism (whole heads per device) and a pipeline (a block per
+/// stage) are excluded over two devices and data parallelism, sharded or not, is left.
+const GPT: [&str; 16] = ["--model", "gpt", "--data", "text", "--devices", "cpu,cpu", "--batch", "4", "--n-layer", "1", "--n-embd", "256", "--n-head", "1", "--block-size", "8"];
+
+fn gpt(args: &[&str]) -> Vec<String> {
+    let mut all: Vec<String> = args[..1].iter().map(|a| a.to_string()).collect();
+    all.extend(GPT.iter().chain(&args[1..]).map(|a| a.to_string()));
+    all
+}
+
+fn gpt_out(args: &[&str]) -> String {
+    let all = gpt(args);
+    out(&all.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The chosen layout's line of a printed plan.
+fn best(printed: &str) -> &str {
+    printed.lines().nth(1).unwrap_or_default()
+}
+
+#[test]
+fn the_gpt_is_planned_with_its_exclusions_and_trains_with_its_plan() {
+    let dir = common::scratch("plan_cli", "gpt");
+    let path = dir.join("gpt.json");
+    let printed = gpt_out(&["plan", "--save-plan", s(&path)]);
+    for needle in ["plan for cpu,cpu (batch 4):", "ms/step", "n_head 1 does not split into 2 equal groups of heads", "2 stages for 1 blocks: every stage needs a block", "plan written to"] {
+        assert!(printed.contains(needle), "no '{needle}' in:\n{printed}");
+    }
+    let p = Plan::load(&path, &Device::parse("cpu,cpu").unwrap()).unwrap();
+    assert!(p.model.starts_with("Gpt(n_layer=1, n_head=1, n_embd=256"), "{}", p.model);
+    let trained = gpt_out(&["train", "--plan", s(&path), "--steps", "2"]);
+    let line = trained.lines().find(|l| l.starts_with("planned ")).unwrap_or_else(|| panic!("no predicted-against-measured line in:\n{trained}"));
+    assert!(line.contains(&p.best.layout.to_string()) && line.contains("measured"), "{line}");
+    // `--strategy auto` on several devices trains the GPT with a fresh plan.
+    let auto = gpt_out(&["train", "--steps", "2"]);
+    assert!(auto.lines().any(|l| l.starts_with("planned data")), "{auto}");
+    // A plan is for its model, and chooses the layout's knobs itself.
+    common::fails(&["train", "--devices", "cpu,cpu", "--plan", s(&path), "--batch", "4", "--steps", "1"], "the plan is for Gpt(");
+    let by_hand = gpt(&["train", "--shard", "grads", "--steps", "1"]);
+    common::fails(&by_hand.iter().map(String::as_str).collect::<Vec<_>>(), "--shard");
+}
+
+/// [`gpt`] on four CPU devices.
+fn gpt4_out(args: &[&str]) -> String {
+    let all: Vec<String> = gpt(args).into_iter().map(|a| if a == "cpu,cpu" { "cpu,cpu,cpu,cpu".into() } else { a }).collect();
+    out(&all.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+#[test]
+fn a_memory_limit_too_small_for_plain_data_parallelism_makes_the_gpt_plan_shard() {
+    let free = gpt4_out(&["plan"]);
+    assert!(!best(&free).contains("shard"), "{free}");
+    // Under 15 MiB budgets the whole model on one device (~16.7 MiB, ~13.5 with gradient
+    // accumulation) and plain data parallelism (~17.7 MiB over two devices) are over 85% of a
+    // device; ZeRO over four devices is not (at two, ZeRO-1 saves only what the gradient
+    // bucket costs).
+    let limited = gpt4_out(&["plan", "--memory-limit", "15MiB"]);
+    assert!(best(&limited).contains("data 4 x tensor 1 x pipeline 1") && best(&limited).contains("shard"), "{limited}");
+    for rejected in ["data 1 x tensor 1 x pipeline 1: memory: needs", "data 2 x tensor 1 x pipeline 1: memory: needs", "over 85% of its 15 MiB"] {
+        assert!(limited.contains(rejected), "no '{rejected}' in:\n{limited}");
+    }
+    // Training under the same budgets takes that plan, and it fits them.
+    let trained = gpt4_out(&["train", "--memory-limit", "15MiB", "--steps", "2"]);
+    assert!(trained.lines().any(|l| l.starts_with("planned data 4 x tensor 1 x pipeline 1") && l.contains("shard")), "{trained}");
+    // Budgets nothing fits are a clear error naming the constraint.
+    let tiny = gpt(&["plan", "--memory-limit", "8MiB"]);
+    common::fails(&tiny.iter().map(String::as_str).collect::<Vec<_>>(), "no layout fits the devices' memory");
+    common::fails(&["plan", "--cluster", "dual-m60:1", "--memory-limit", "1GiB"], "--memory-limit");
+}
+
+#[test]
+fn a_resumed_gpt_run_repeats_the_plan_its_checkpoint_recorded() {
+    let dir = common::scratch("plan_cli", "gpt_resume");
+    let shape = ["--model", "gpt", "--data", "text", "--devices", "cpu,cpu", "--batch", "4", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "8"];
+    let path = dir.join("plan.json");
+    out(&[&["plan"][..], &shape, &["--save-plan", s(&path)]].concat());
+    // A layout no fresh plan is likely to choose: a pipeline of 4 micro-batches of one window,
+    // cut before the second block.
+    let mut p = Plan::load(&path, &Device::parse("cpu,cpu").unwrap()).unwrap();
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 4, recompute: false, cuts: vec![2], shard: Shard::None };
+    p.best.memory = vec![0, 0];
+    p.shares = vec![4];
+    let odd = dir.join("odd.json");
+    p.save(&odd).unwrap();
+    let ckpt = dir.join("ckpt");
+    let common = [&shape[..], &["--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]].concat();
+    let first = out(&[&["train", "--plan", s(&odd), "--steps", "2"][..], &common[..]].concat());
+    let line = "planned data 1 x tensor 1 x pipeline 2, 4 micro-batches, cuts at [2]";
+    assert!(first.contains(line), "{first}");
+    let resumed = out(&[&["train", "--resume", "--steps", "4"][..], &common[..]].concat());
+    assert!(resumed.contains(line), "{resumed}");
 }

@@ -228,16 +228,8 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
 
     check_shape(g)?;
     let mut data = Tokens::load(&args.data)?;
-    let block = data.block(g.block_size)?;
-    let cfg = GptConfig {
-        n_layer: g.n_layer.unwrap_or(DEFAULT_N_LAYER),
-        n_head: g.n_head.unwrap_or(DEFAULT_N_HEAD),
-        n_embd: g.n_embd.unwrap_or(DEFAULT_N_EMBD),
-        block_size: block,
-        vocab_size: data.vocab_size(),
-        dropout: g.dropout.unwrap_or(0.0),
-        bias: true,
-    };
+    let cfg = config_of(args, &data)?;
+    let block = cfg.block_size;
     let Draws { val, mut loader, rows } = Draws::new(args, order, &mut data, block)?;
     let (length_flag, total) = match (args.epochs, &loader) {
         (Some(e), Some(l)) => {
@@ -248,10 +240,13 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     };
     let schedule = lr_schedule(g.warmup_steps, optim.lr(), total)?;
 
+    let planned = if ranks.many() { None } else { super::plan::gpt_planned(args, cfg, &data, &optim, &devices)? };
     let mut strategy = if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
         let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, ..Default::default() };
         ranks.data_parallel(gpt_on(args, cfg), &devices, &optim, Loss::CrossEntropy, dp)?
+    } else if let Some(p) = &planned {
+        p.build_gpt(&gpt_on(args, cfg), &devices, &optim)?
     } else {
         build(args, cfg, &optim, &devices)?
     };
@@ -259,7 +254,12 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if let Some(path) = &args.init {
         strategy.load_state_dict(&read_weights(path)?).map_err(|e| Error::format(path, format!("--init: {e}")))?;
     }
-    let config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
+    let mut config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
+    // A resumed run repeats the plan rather than measuring again.
+    if let Some(p) = &planned {
+        let kept = tandem::parallel::plan::Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() };
+        config["plan"] = serde_json::to_value(&kept).map_err(|e| Error::Msg(format!("recording the plan: {e}")))?;
+    }
 
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
     let (mut trainer, console) = run.trainer(strategy, total, clip, config.clone(), every);
@@ -283,11 +283,30 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         Ended::Trained(t) => t,
         Ended::Exit(code) => return Ok(code),
     };
+    if let Some(p) = &planned {
+        trained.note(&super::plan::compared(p, trained.fit.train_s, trained.fit.steps_run()));
+    }
     if let Some(path) = &args.save {
         let meta = BTreeMap::from([("config".to_string(), config.to_string())]);
         write_safetensors(path, &to_host(&trainer.strategy().state_dict()?)?, &meta)?;
     }
     run.finish(*trained, None)
+}
+
+/// The model of the shape flags (their defaults where not given) over `data`'s vocabulary and
+/// window length.
+pub(super) fn config_of(args: &TrainArgs, data: &Tokens) -> Result<GptConfig> {
+    let g = &args.gpt;
+    check_shape(g)?;
+    Ok(GptConfig {
+        n_layer: g.n_layer.unwrap_or(DEFAULT_N_LAYER),
+        n_head: g.n_head.unwrap_or(DEFAULT_N_HEAD),
+        n_embd: g.n_embd.unwrap_or(DEFAULT_N_EMBD),
+        block_size: data.block(g.block_size)?,
+        vocab_size: data.vocab_size(),
+        dropout: g.dropout.unwrap_or(0.0),
+        bias: true,
+    })
 }
 
 /// Refuses, as usage errors, model-shape flags no model can have: a zero count or width, a
@@ -311,7 +330,7 @@ fn check_shape(g: &GptArgs) -> Result<()> {
 
 /// The model of `cfg` drawn from `--seed` on a device, its blocks recomputing their
 /// activations in the backward with `--recompute`.
-fn gpt_on(args: &TrainArgs, cfg: GptConfig) -> impl Fn(&Device) -> Result<Gpt> + Copy + '_ {
+pub(super) fn gpt_on(args: &TrainArgs, cfg: GptConfig) -> impl Fn(&Device) -> Result<Gpt> + Copy + '_ {
     move |d| {
         let g = Gpt::new(cfg, args.seed, d)?;
         g.set_recompute(args.recompute);

@@ -65,9 +65,11 @@ pub enum Command {
     // A repeated flag overrides the earlier one, so wrappers can append to a base command.
     #[command(args_override_self = true)]
     Train(Box<TrainArgs>),
-    /// Choose the parallel layout for `train`'s flags: calibrate the model on --devices (or
-    /// scale it to --cluster), print the plan, its predicted step time and memory per device,
-    /// the next best layouts and why each rejected one was excluded.
+    /// Choose the parallel layout for `train`'s flags (a seed model or --model gpt): calibrate
+    /// the model on --devices under their --memory-limit budgets (or scale it to --cluster),
+    /// search data, tensor and pipeline degrees, micro-batches, recomputation and --shard
+    /// modes, and print the plan, its predicted step time and memory per device, the next
+    /// best layouts and why each rejected one was excluded.
     #[command(args_override_self = true)]
     Plan(Box<PlanArgs>),
     /// Benchmark matmul, a training step and op dispatch on the chosen devices.

@@ -1,31 +1,53 @@
-//! `tandem plan` and the planner's part in `tandem train`: calibrate the model on the devices
-//! (or scale it to a described cluster), search the layouts, print the plan and save it; and
-//! for `train --strategy auto` / `--plan FILE`, the plan a run trains with, which a resumed run
-//! takes from its checkpoint instead of planning again.
+//! `tandem plan` and the planner's part in `tandem train`: calibrate the model (a seed model or
+//! the GPT) on the devices, under their `--memory-limit` budgets (or scale it to a described
+//! cluster), search the layouts, print the plan and save it; and for `train --strategy auto` /
+//! `--plan FILE`, the plan a run trains with, which a resumed run takes from its checkpoint
+//! instead of planning again.
+use super::gpt::Tokens;
+use super::setup::StrategyKind;
 use super::{PlanArgs, TrainArgs};
 use super::{Balance, ModelArg, OptimizerKind};
+use tandem::data::text::Split;
 use tandem::data::Dataset;
-use tandem::nn::Sequential;
-use tandem::parallel::plan::{self, unbuildable, Cluster, Plan, REFERENCE_FLOPS};
+use tandem::nn::models::{Gpt, GptConfig};
+use tandem::nn::{Module, Sequential};
+use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, unbuildable, Cluster, Plan, REFERENCE_FLOPS};
 use tandem::optim::OptimKind;
-use tandem::parallel::{inputs_to_device, OptimConfig};
+use tandem::parallel::{inputs_to_device, OptimConfig, Shard};
 use tandem::{Device, Error, Result, Tensor};
 
 /// Samples of the training data the calibration times each layer on (and twice as many).
 const PROBE: usize = 16;
+/// Token windows the GPT's calibration times each layer on (and twice as many).
+const GPT_PROBE: usize = 4;
+/// The stream of the windows the GPT's calibration draws (training batch `s` uses stream `s`).
+const PROBE_STREAM: u64 = u64::MAX - 1;
 
-/// `tandem plan`: the plan for `train`'s flags on `--devices`, or on `--cluster`.
+/// `tandem plan`: the plan for `train`'s flags on `--devices` (their budgets set by
+/// `--memory-limit`), or on `--cluster`.
 pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
     let t = &args.train;
-    let ModelArg::Seed(kind) = t.model else {
-        return Err(Error::invalid("--model", "tandem plan plans the seed models; the GPT's layouts are chosen by hand (--strategy)"));
-    };
     if t.batch == 0 {
         return Err(Error::invalid("--batch", "must be at least 1"));
     }
     if let Some(path) = &args.save_plan {
         super::setup::check_output("--save-plan", path)?;
     }
+    let limits = t.memory_limit.as_deref().map(super::memory::MemoryLimits::parse).transpose()?;
+    if limits.is_some() && args.cluster.is_some() {
+        return Err(Error::invalid("--memory-limit", "budgets apply to --devices; a --cluster describes its devices' memory"));
+    }
+    let devices = |ranks: &super::ranks::Ranks| -> Result<Vec<Device>> {
+        let devices = ranks.devices(&t.devices)?;
+        if let Some(l) = &limits {
+            l.apply(&devices, !ranks.many())?;
+        }
+        Ok(devices)
+    };
+    let ModelArg::Seed(kind) = t.model else {
+        let p = gpt_plan(args, &|| devices(ranks))?;
+        return save(args, &p);
+    };
     let optim = super::setup::optim_config(t, OptimizerKind::Sgd)?;
     let (train, _) = super::setup::DataSource::parse(&t.data)?.load(kind, t.seed)?;
     super::setup::check_fit(kind, &train, "training data")?;
@@ -39,12 +61,16 @@ pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
             p
         }
         None => {
-            let devices = ranks.devices(&t.devices)?;
-            let p = on_devices(&model, &train, t.batch, &optim, &devices)?;
+            let p = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?)?;
             out!("{p}");
             p
         }
     };
+    save(args, &p)
+}
+
+/// `--save-plan`.
+fn save(args: &PlanArgs, p: &Plan) -> Result<()> {
     if let Some(path) = &args.save_plan {
         p.save(path)?;
         out!("plan written to {}", path.display());
@@ -52,12 +78,83 @@ pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
     Ok(())
 }
 
+/// `tandem plan --model gpt`: the GPT of `train`'s shape flags and `--data`, planned on the
+/// devices `devices` opens or on `--cluster`, and printed.
+fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Result<Plan> {
+    let t = &args.train;
+    let optim = super::setup::optim_config(t, OptimizerKind::Adamw)?;
+    let data = Tokens::load(&t.data)?;
+    let cfg = super::gpt::config_of(t, &data)?;
+    let gpt = Gpt::new(cfg, t.seed, &Device::cpu())?;
+    let p = match &args.cluster {
+        Some(name) => {
+            let cluster = Cluster::parse(name)?;
+            let cpu = Device::cpu();
+            let (work, _) = plan::measure_gpt(&gpt, &gpt_probe(&data, cfg, &cpu)?, std::slice::from_ref(&cpu), t.batch, optimizer_states(&optim))?;
+            let work = work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS);
+            let mut p = plan::plan_cut_within(&work, &cluster, &|_, _| None, &gpt_cuttable(cfg.n_layer))?;
+            p.model = gpt.describe();
+            out!("{p}");
+            out!("{}", p.megatron(&cluster));
+            p
+        }
+        None => {
+            let p = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?)?;
+            out!("{p}");
+            p
+        }
+    };
+    Ok(p)
+}
+
+/// The plan for training `gpt` on `devices` at `batch`, calibrated here on windows of `data`,
+/// among the layouts [`Plan::build_gpt`] can make.
+pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device]) -> Result<Plan> {
+    let probe = gpt_probe(data, gpt.config, &devices[0])?;
+    let (work, cluster) = plan::measure_gpt(gpt, &probe, devices, batch, optimizer_states(optim))?;
+    let cfg = gpt.config;
+    let mut p = plan::plan_cut_within(&work, &cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer))?;
+    p.model = gpt.describe();
+    Ok(p)
+}
+
+/// [`GPT_PROBE`] training windows of `data` on `device`, always the same ones.
+fn gpt_probe(data: &Tokens, cfg: GptConfig, device: &Device) -> Result<Tensor> {
+    let batch = data.batch(Split::Train, GPT_PROBE, cfg.block_size, &mut super::gpt::batch_rng(0, PROBE_STREAM))?;
+    inputs_to_device(&batch, device)
+}
+
+/// The plan a GPT run trains with, or `None`: with `--plan FILE`, or `--strategy auto` on
+/// several devices without `--deterministic` (as for the seed models, [`for_training`]).
+/// The layout's knobs are the plan's: `--micro-batches`, `--shard`, `--recompute` and
+/// `--pipelines` are refused beside it.
+pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &OptimConfig, devices: &[Device]) -> Result<Option<Plan>> {
+    let auto = args.strategy == StrategyKind::Auto && devices.len() > 1 && !args.deterministic;
+    if args.plan.is_none() && !auto {
+        return Ok(None);
+    }
+    let by_hand = [("--micro-batches", args.micro_batches.is_some()), ("--shard", args.shard != Shard::None), ("--recompute", args.recompute), ("--pipelines", args.pipelines.is_some())];
+    if let Some((flag, _)) = by_hand.iter().find(|(_, given)| *given) {
+        return Err(Error::invalid(flag, "a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand"));
+    }
+    let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
+    for_training(args, &gpt.describe(), devices, || on_gpt_devices(&gpt, data, args.batch, optim, devices)).map(Some)
+}
+
+/// The line a planned run ends with: its layout, predicted and measured step time.
+pub fn compared(p: &Plan, train_s: f64, steps: u64) -> String {
+    let measured = train_s / steps.max(1) as f64;
+    format!("planned {}: predicted {:.2} ms/step, measured {:.2} ms/step (x{:.2})", p.best.layout, p.best.step_s * 1e3, measured * 1e3, p.best.step_s / measured.max(1e-12))
+}
+
 /// The plan for training `model` on `devices` at `batch`, calibrated here, among the layouts
 /// [`Plan::build`] can make.
 pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device]) -> Result<Plan> {
     let probe = probe(train, &devices[0])?;
     let (work, cluster) = plan::measure(model, &probe, devices, batch, optimizer_states(optim))?;
-    plan::plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, model))
+    let mut p = plan::plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, model))?;
+    p.model = model.describe();
+    Ok(p)
 }
 
 /// The plan on a described cluster: the layers timed on this machine's CPU, scaled by its
@@ -66,17 +163,23 @@ pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &Opt
 fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, cluster: &Cluster) -> Result<Plan> {
     let cpu = Device::cpu();
     let (work, _) = plan::measure(model, &probe(train, &cpu)?, std::slice::from_ref(&cpu), batch, optimizer_states(optim))?;
-    plan::plan(&work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS), cluster)
+    let mut p = plan::plan(&work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS), cluster)?;
+    p.model = model.describe();
+    Ok(p)
 }
 
 /// The plan `train` runs with: the one its checkpoint recorded when resuming, `--plan FILE`,
-/// or a fresh one (`--strategy auto`). `--balance even` makes the data-parallel shares equal.
-pub fn for_training(args: &TrainArgs, model: &Sequential, train: &Dataset, optim: &OptimConfig, devices: &[Device]) -> Result<Plan> {
+/// or a `fresh` one (`--strategy auto`); it must be for the `model` trained (as
+/// `Module::describe` names it). `--balance even` makes the data-parallel shares equal.
+pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], fresh: impl FnOnce() -> Result<Plan>) -> Result<Plan> {
     let mut p = match (recorded(args, devices)?, &args.plan) {
         (Some(p), _) => p,
         (None, Some(path)) => Plan::load(path, devices)?,
-        (None, None) => on_devices(model, train, args.batch, optim, devices)?,
+        (None, None) => fresh()?,
     };
+    if !p.model.is_empty() && p.model != model {
+        return Err(Error::invalid("--plan", format!("the plan is for {}, this run trains {model}", p.model)));
+    }
     if p.batch != args.batch {
         return Err(Error::invalid("--plan", format!("the plan is for batches of {}, --batch is {}", p.batch, args.batch)));
     }

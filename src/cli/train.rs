@@ -60,7 +60,8 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     // The planner and --balance time the model on a few training samples, before the loader
     // takes the data.
     let model = model_kind.build(args.seed, &Device::cpu())?;
-    let planned = planned(args, &model, &train, &optim, &devices)?;
+    // Across processes `auto` is data parallelism over them (the planner plans one process).
+    let planned = if ranks.many() { None } else { planned(args, &model, &train, &optim, &devices)? };
     let weights = match (&planned, args.strategy) {
         (None, StrategyKind::Data) if !ranks.many() && !args.deterministic => super::plan::data_weights(args, &model, &train, &devices)?,
         _ => None,
@@ -118,9 +119,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         Ended::Exit(code) => return Ok(code),
     };
     if let Some(p) = &planned {
-        let steps = trained.fit.steps_run().max(1);
-        let measured = trained.fit.train_s / steps as f64;
-        trained.note(&format!("planned {}: predicted {:.2} ms/step, measured {:.2} ms/step (x{:.2})", p.best.layout, p.best.step_s * 1e3, measured * 1e3, p.best.step_s / measured.max(1e-12)));
+        trained.note(&super::plan::compared(p, trained.fit.train_s, trained.fit.steps_run()));
     }
 
     let accuracy = match test {
@@ -144,7 +143,10 @@ fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, op
     if args.micro_batches.is_some() {
         return Err(Error::invalid("--micro-batches", "a plan chooses its micro-batches; give --strategy to set them by hand"));
     }
-    super::plan::for_training(args, model, train, optim, devices).map(Some)
+    if args.shard != tandem::parallel::Shard::None {
+        return Err(Error::invalid("--shard", "a plan chooses its sharding; give --strategy data to set it by hand"));
+    }
+    super::plan::for_training(args, &model.describe(), devices, || super::plan::on_devices(model, train, args.batch, optim, devices)).map(Some)
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.

@@ -26,8 +26,10 @@ use crate::autograd::no_grad;
 use crate::parallel::comm::Communicator;
 use crate::{Error, Result, Tensor};
 
-/// How much of the training state each data-parallel device keeps (ZeRO's stages).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How much of the training state each data-parallel device keeps (ZeRO's stages). In JSON
+/// (plans) as the `--shard` words: `"none"`, `"optimizer"`, `"grads"`, `"full"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Shard {
     /// Every device holds everything: plain data parallelism (PyTorch DDP).
     #[default]

@@ -2,15 +2,18 @@
 //! [`Parallel`](crate::parallel::Parallel) can make of a `Sequential`, and [`Plan::build`],
 //! which makes the chosen one through them, so that it keeps that strategy's guarantees.
 use super::{Layout, Plan};
-use crate::nn::Sequential;
-use crate::parallel::{DataParallelConfig, Loss, OptimConfig, Parallel, Schedule, Split, Stages, Strategy};
+use crate::nn::{Module, Sequential};
+use crate::parallel::{DataParallelConfig, Loss, OptimConfig, Parallel, Schedule, Shard, Split, Stages, Strategy};
 use crate::{Device, Error, Result};
 
 /// Why [`Plan::build`] cannot make layout `l` of `model` with the replicas' batch `shares`, or
 /// `None` when it can. Tensor parallelism shards a `Sequential`'s last two Linears over the
 /// whole group and combines with nothing else; recomputation exists in pipeline stages only;
-/// a pipeline's micro-batches divide each replica's share.
+/// a pipeline's micro-batches divide each replica's share; sharding is `DataParallel`'s alone.
 pub fn unbuildable(l: &Layout, shares: &[usize], model: &Sequential) -> Option<String> {
+    if let Some(why) = shard_unbuildable(l) {
+        return Some(why);
+    }
     if l.tensor > 1 {
         if l.data > 1 || l.pipeline > 1 {
             return Some("tensor parallelism of a Sequential does not combine with data or pipeline parallelism".into());
@@ -31,6 +34,12 @@ pub fn unbuildable(l: &Layout, shares: &[usize], model: &Sequential) -> Option<S
     None
 }
 
+/// Why the sharding of `l` cannot be built: `DataParallel` shards (ZeRO), a grid of pipelines
+/// does not.
+pub(super) fn shard_unbuildable(l: &Layout) -> Option<String> {
+    (l.shard != Shard::None && (l.tensor > 1 || l.pipeline > 1)).then(|| "sharding (--shard) is data parallelism's alone; it does not combine with tensor or pipeline parallelism".to_string())
+}
+
 /// What `TensorParallel::new` asks of a model: its last two layers with parameters are
 /// Linears, the second the model's last layer.
 fn ends_in_two_linears(model: &Sequential) -> bool {
@@ -44,7 +53,8 @@ fn ends_in_two_linears(model: &Sequential) -> bool {
 
 impl Plan {
     /// The strategy of [`Plan::best`] for `model` on `devices`, built with the usual builders:
-    /// `Single`, `DataParallel` (batch shares as [`Plan::shares`], micro-batches accumulated),
+    /// `Single`, `DataParallel` (batch shares as [`Plan::shares`], micro-batches accumulated,
+    /// state sharded as [`Layout::shard`]),
     /// `TensorParallel`, a 1F1B `Pipeline` cut at the plan's cuts, or a `PipelineGrid` of
     /// them. `devices` must be the devices planned for (names as [`Device::spec`], any order);
     /// the layout takes them in [`Plan::devices`]' order and leaves out those it does not use.
@@ -65,6 +75,7 @@ impl Plan {
     /// ```
     pub fn build(&self, model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Box<dyn Strategy>> {
         let l = &self.best.layout;
+        self.check_model(&model.describe())?;
         if let Some(why) = unbuildable(l, &self.shares, model) {
             return Err(Error::invalid("Plan::build", format!("{l}: {why}")));
         }
@@ -76,7 +87,7 @@ impl Plan {
         match (l.data, l.tensor, l.pipeline) {
             (1, 1, 1) if l.micro_batches == 1 => Parallel::single(copy, &used[0], opt, loss).boxed(),
             (_, 1, 1) => {
-                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, ..Default::default() };
+                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, ..Default::default() };
                 Parallel::data(copy, used, opt, loss).config(cfg).boxed()
             }
             (1, _, 1) => Parallel::tensor(model, used, opt, loss).boxed(),
@@ -97,6 +108,15 @@ impl Plan {
             }
             _ => Err(Error::invalid("Plan::build", format!("{l}: no strategy combines these degrees"))),
         }
+    }
+
+    /// Errors unless the plan was made for the model `described` ([`Plan::model`], as
+    /// `Module::describe` writes it), or records no model.
+    pub fn check_model(&self, described: &str) -> Result<()> {
+        if self.model.is_empty() || self.model == described {
+            return Ok(());
+        }
+        Err(Error::invalid("Plan::build", format!("the plan is for {}, not {described}", self.model)))
     }
 
     /// Errors unless `devices` are the devices planned for (names as [`Device::spec`], in any

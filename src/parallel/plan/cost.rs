@@ -69,13 +69,23 @@ pub struct Link {
 }
 
 impl Link {
-    /// A ring all-reduce of `bytes` over `n` members: `2(n-1)` messages of `bytes/n`.
+    /// A ring all-reduce of `bytes` over `n` members: `2(n-1)` messages of `bytes/n`, a
+    /// reduce-scatter then an all-gather.
     pub fn all_reduce_s(&self, bytes: f64, n: usize) -> f64 {
+        2.0 * self.all_gather_s(bytes, n)
+    }
+    /// A ring reduce-scatter of `bytes` over `n` members (each ends with the sum of its
+    /// `bytes/n`): `n-1` messages of `bytes/n`.
+    pub fn reduce_scatter_s(&self, bytes: f64, n: usize) -> f64 {
+        self.all_gather_s(bytes, n)
+    }
+    /// A ring all-gather of `n` blocks of `bytes/n` into `bytes` on every member: `n-1`
+    /// messages of `bytes/n`.
+    pub fn all_gather_s(&self, bytes: f64, n: usize) -> f64 {
         if n < 2 {
             return 0.0;
         }
-        let steps = 2.0 * (n as f64 - 1.0);
-        steps * (self.latency_s + bytes / n as f64 / self.bytes_per_s)
+        (n as f64 - 1.0) * (self.latency_s + bytes / n as f64 / self.bytes_per_s)
     }
     pub fn send_s(&self, bytes: f64) -> f64 {
         self.latency_s + bytes / self.bytes_per_s

@@ -5,8 +5,10 @@ use super::{Estimate, Layout, Plan};
 use crate::{Device, Error, Result};
 use std::path::Path;
 
-/// The plan file format's version, its `"version"` field; [`Plan::load`] reads this one only.
-pub const PLAN_VERSION: u64 = 1;
+/// The plan file format's version, its `"version"` field. Version 2 added each layout's
+/// `shard` and the plan's `model`; [`Plan::load`] reads version 2 and version 1 (whose layouts
+/// are unsharded and whose model is unrecorded).
+pub const PLAN_VERSION: u64 = 2;
 
 impl Plan {
     /// Writes the plan as JSON to `path` (temp file and rename, as checkpoints are). Costs are
@@ -31,8 +33,8 @@ impl Plan {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("not JSON: {e}")))?;
         match doc.get("version").and_then(serde_json::Value::as_u64) {
-            Some(PLAN_VERSION) => {}
-            Some(v) => return Err(Error::format(path, format!("plan version {v}; this tandem reads version {PLAN_VERSION}"))),
+            Some(1 | PLAN_VERSION) => {}
+            Some(v) => return Err(Error::format(path, format!("plan version {v}; this tandem reads versions 1 to {PLAN_VERSION}"))),
             None => return Err(Error::format(path, "no \"version\" field: not a tandem plan")),
         }
         let body = doc.get("plan").cloned().ok_or_else(|| Error::format(path, "no \"plan\" field"))?;
@@ -72,6 +74,9 @@ fn check_estimate(field: &str, e: &Estimate, devices: usize) -> std::result::Res
     let increasing = l.cuts.first().is_none_or(|&c| c > 0) && l.cuts.windows(2).all(|w| w[0] < w[1]);
     if l.cuts.len() + 1 != l.pipeline || !increasing {
         return Err(format!("field {field}.layout.cuts: {:?} are not {} increasing stage starts", l.cuts, l.pipeline - 1));
+    }
+    if l.shard != crate::parallel::Shard::None && l.data < 2 {
+        return Err(format!("field {field}.layout.shard: sharding needs data-parallel replicas, the layout has {}", l.data));
     }
     if !(e.step_s.is_finite() && e.step_s >= 0.0) || e.memory.len() != l.devices() {
         return Err(format!("field {field}: a step time of {} s and {} memory figures for {} devices", e.step_s, e.memory.len(), l.devices()));

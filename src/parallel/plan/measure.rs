@@ -21,20 +21,50 @@ const RUNS: usize = 5;
 /// `batch` is the global batch to plan for; `optimizer_states` the optimizer's state tensors per
 /// parameter (SGD with momentum 1, Adam 2). The model's last two layers with parameters count
 /// as splittable by tensor parallelism when they are Linears (what `TensorParallel` shards).
+///
+/// Each device's memory is its budget where one is set ([`Device::set_memory_budget`],
+/// `--memory-limit`), else what it reports (the host's available memory for CPU devices). The
+/// calibration itself runs with the budgets lifted (they are put back after it, failed or
+/// not), so that a budget too small for training does not stop the planner from finding
+/// that out.
 pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize) -> Result<(Workload, Cluster)> {
+    let all = model.layers();
+    let with_params: Vec<usize> = (0..all.len()).filter(|&i| !all[i].1.parameters().is_empty()).collect();
+    let sharded = &with_params[with_params.len().saturating_sub(2)..];
+    let splits = |i: usize, _: &str, layer: &dyn Module| sharded.contains(&i) && layer.describe().starts_with("Linear");
+    measure_built(&|d| model.slice(0..model.len(), d), probe, devices, batch, optimizer_states, &splits)
+}
+
+/// [`measure`] of the model `make` builds on a device (a fresh copy per device, its layers
+/// timed one by one on the first), `tensor_parallel(index, name, layer)` saying which layers
+/// tensor parallelism splits; the budgets lifted while calibrating and then read as the
+/// devices' memory.
+pub(super) fn measure_built(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, tensor_parallel: &dyn Fn(usize, &str, &dyn Module) -> bool) -> Result<(Workload, Cluster)> {
+    let budgets: Vec<Option<u64>> = devices.iter().map(|d| d.memory().budget).collect();
+    devices.iter().for_each(|d| d.set_memory_budget(None));
+    let measured = calibrate(make, probe, devices, batch, optimizer_states, tensor_parallel);
+    devices.iter().zip(&budgets).for_each(|(d, b)| d.set_memory_budget(*b));
+    let (work, mut cluster) = measured?;
+    for ((spec, d), budget) in cluster.devices.iter_mut().zip(devices).zip(budgets) {
+        let reported = d.info().memory.or_else(crate::backend::host::available).unwrap_or(u64::MAX);
+        spec.memory = budget.map_or(reported, |b| b.min(reported));
+    }
+    Ok((work, cluster))
+}
+
+/// The calibration of [`measure_built`], the devices' memory left to it.
+fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, tensor_parallel: &dyn Fn(usize, &str, &dyn Module) -> bool) -> Result<(Workload, Cluster)> {
     let first = devices.first().ok_or_else(|| crate::Error::invalid("plan::measure", "no devices"))?;
     let k = probe.dims().first().copied().unwrap_or(1).max(1);
     let small = probe.to(first)?;
     let large = Tensor::cat(&[small.clone(), small.clone()], 0)?;
     let (mut x1, mut x2) = (small, large);
     let mut layers = Vec::new();
-    let all = model.layers();
-    let with_params: Vec<usize> = (0..all.len()).filter(|&i| !all[i].1.parameters().is_empty()).collect();
-    let sharded = &with_params[with_params.len().saturating_sub(2)..];
-    for (i, (name, layer)) in all.into_iter().enumerate() {
-        let here = layer.to_device(first)?;
-        let (f1, b1, y1, act1) = time_layer(&*here, &x1, first)?;
-        let (f2, b2, y2, _) = time_layer(&*here, &x2, first)?;
+    let built = make(first)?;
+    for (i, (name, here)) in built.layers().iter().enumerate() {
+        let here: &dyn Module = &**here;
+        let (f1, b1, y1, act1) = time_layer(here, &x1, first)?;
+        let (f2, b2, y2, _) = time_layer(here, &x2, first)?;
         let slope = |t1: f64, t2: f64| ((t2 - t1) / k as f64).max(0.0);
         let (forward_s, backward_s) = (slope(f1, f2), slope(b1, b2));
         let fixed_s = ((f1 - forward_s * k as f64).max(0.0) + (b1 - backward_s * k as f64).max(0.0)) / 2.0;
@@ -47,7 +77,7 @@ pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: us
             param_bytes,
             activation_bytes: act1 / k as u64,
             output_bytes: (y1.numel() * y1.dtype().size() / k) as u64,
-            tensor_parallel: sharded.contains(&i) && here.describe().starts_with("Linear"),
+            tensor_parallel: tensor_parallel(i, name, here),
         });
         (x1, x2) = (y1, y2);
     }
@@ -55,14 +85,15 @@ pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: us
     // it keeps the host's cores busy (the CPU's threaded passes start only on large inputs),
     // depend on it.
     let share = repeated(probe, batch.div_ceil(devices.len()).max(k) / k)?;
-    let alone = devices.iter().map(|d| whole_model_s(model, &share, d)).collect::<Result<Vec<f64>>>()?;
+    let alone = devices.iter().map(|d| whole_model_s(make, &share, d)).collect::<Result<Vec<f64>>>()?;
     let mut specs = Vec::new();
     for (d, speed) in devices.iter().zip(speeds(devices, &alone)) {
-        let memory = d.info().memory.or_else(crate::backend::host::available).unwrap_or(u64::MAX);
-        specs.push(DeviceSpec { name: d.spec(), speed, memory, server: 0 });
+        specs.push(DeviceSpec { name: d.spec(), speed, memory: u64::MAX, server: 0 });
     }
     let contention = if devices.len() > 1 {
-        let together = all_at_once_s(model, &share, devices)?;
+        // Long enough for the slowest device to run its pass three times.
+        let window = (3.0 * alone.iter().copied().fold(0.0, f64::max)).clamp(0.01, 10.0);
+        let together = all_at_once_s(make, &share, devices, window)?;
         together.iter().zip(&alone).map(|(t, a)| t / a.max(1e-9)).fold(1.0, f64::max)
     } else {
         1.0
@@ -81,7 +112,8 @@ fn time_layer(layer: &dyn Module, x: &Tensor, dev: &Device) -> Result<(f64, f64,
     let (mut fwd, mut bwd) = (f64::INFINITY, f64::INFINITY);
     let mut kept = (x.clone(), 0);
     for _ in 0..RUNS {
-        let input = x.detach().requires_grad();
+        // Token ids (the GPT's embeddings) take no gradient.
+        let input = if x.dtype() == crate::DType::F32 { x.detach().requires_grad() } else { x.clone() };
         let t0 = Instant::now();
         let y = layer.forward(&input)?;
         dev.sync()?;
@@ -100,22 +132,17 @@ fn time_layer(layer: &dyn Module, x: &Tensor, dev: &Device) -> Result<(f64, f64,
 }
 
 /// The whole model's forward and backward on `probe` on `dev`, best of [`RUNS`].
-fn whole_model_s(model: &Sequential, probe: &Tensor, dev: &Device) -> Result<f64> {
-    let copy = model.to_device(dev)?;
+fn whole_model_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, dev: &Device) -> Result<f64> {
+    let copy = make(dev)?;
     let x = probe.to(dev)?;
-    timed_runs(&*copy, &x, dev, None)
+    timed_runs(&copy, &x, dev)
 }
 
-/// Forward and backward of `model` on `x` (both on `dev`), best of [`RUNS`]; with `start`,
-/// each run begins when every thread sharing the barrier is ready, so that concurrent runs
-/// overlap (a failed run still waits its turn, so no thread is left at the barrier).
-fn timed_runs(model: &dyn Module, x: &Tensor, dev: &Device, start: Option<&std::sync::Barrier>) -> Result<f64> {
+/// Forward and backward of `model` on `x` (both on `dev`), best of [`RUNS`].
+fn timed_runs(model: &dyn Module, x: &Tensor, dev: &Device) -> Result<f64> {
     let mut best = f64::INFINITY;
     let mut failed = None;
     for _ in 0..RUNS {
-        if let Some(b) = start {
-            b.wait();
-        }
         let t0 = Instant::now();
         let run = || -> Result<()> {
             let root = model.forward(x)?.sum_all()?;
@@ -142,7 +169,8 @@ fn repeated(x: &Tensor, times: usize) -> Result<Tensor> {
 /// the first's, timed one at a time: the weights of a data-parallel batch split by speed
 /// (`--balance measured`).
 pub fn measure_speeds(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
-    let alone = devices.iter().map(|d| whole_model_s(model, probe, d)).collect::<Result<Vec<f64>>>()?;
+    let make = |d: &Device| model.slice(0..model.len(), d);
+    let alone = devices.iter().map(|d| whole_model_s(&make, probe, d)).collect::<Result<Vec<f64>>>()?;
     Ok(speeds(devices, &alone))
 }
 
@@ -158,15 +186,31 @@ fn speeds(devices: &[Device], alone: &[f64]) -> Vec<f64> {
     devices.iter().map(|d| reference / mean(d.spec()).max(1e-9)).collect()
 }
 
-/// [`whole_model_s`] on every device at once, one thread each (after a run each alone, so
-/// that first-use compilation is not timed).
-fn all_at_once_s(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
-    let copies = devices.iter().map(|d| Ok((model.to_device(d)?, probe.to(d)?))).collect::<Result<Vec<_>>>()?;
+/// The mean seconds of the whole model's forward and backward on `probe` on every device at
+/// once, one thread each (after runs each alone, so that first-use compilation is not timed),
+/// each repeating it for the same `window_s` of wall time: a faster device keeps running while
+/// a slower one finishes, as under a data-parallel split by speed, so that no device's timing
+/// includes stretches it ran alone (the tail of its last run aside).
+fn all_at_once_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], window_s: f64) -> Result<Vec<f64>> {
+    let copies = devices.iter().map(|d| Ok((make(d)?, probe.to(d)?))).collect::<Result<Vec<_>>>()?;
     let start = std::sync::Barrier::new(devices.len());
     std::thread::scope(|scope| {
         let runs: Vec<_> = copies.iter().zip(devices).map(|((m, x), d)| {
             let start = &start;
-            scope.spawn(move || timed_runs(&**m, x, d, Some(start)))
+            scope.spawn(move || -> Result<f64> {
+                start.wait();
+                let t0 = Instant::now();
+                let mut runs = 0u32;
+                while runs == 0 || t0.elapsed().as_secs_f64() < window_s {
+                    let root = m.forward(x)?.sum_all()?;
+                    if root.needs_grad() {
+                        root.backward()?;
+                    }
+                    d.sync()?;
+                    runs += 1;
+                }
+                Ok(t0.elapsed().as_secs_f64() / f64::from(runs))
+            })
         }).collect();
         runs.into_iter().map(|r| r.join().map_err(|_| crate::Error::Panicked("plan::measure: a calibration thread panicked".into()))?).collect()
     })

@@ -9,17 +9,22 @@
 //! and a fixed cost per pass however small the micro-batch;
 //! a pipeline step is `(m + p - 1)` times the slowest stage including its sends; the gradients'
 //! ring all-reduce over the data-parallel replicas follows, not overlapped (an upper bound).
-//! Memory per device is its stage's training state (split by the tensor degree) plus the
-//! activations of the micro-batches in flight under 1F1B (`min(m, p - s)` at stage `s`), or
-//! with recomputation only the stage inputs plus one layer's activations.
+//! Memory per device is its stage's training state (split by the tensor degree, and by the
+//! data degree as the sharding mode has it, see [`Shard`]) plus the activations of the
+//! micro-batches in flight under 1F1B (`min(m, p - s)` at stage `s`), or with recomputation
+//! only the stage inputs plus one layer's activations; a layout fits when that is within
+//! [`MEMORY_USABLE`] of each device's memory (its budget where one is set). Sharding's
+//! reduce-scatters and all-gathers replace or add to the all-reduce in the step time.
 //!
 //! [`measure`] calibrates the inputs on this machine's devices (and [`Cluster::contention`],
 //! how much devices that share the host's cores slow each other); [`Cluster::dual_m60`] and
-//! [`Cluster::h100_nvlink`] describe published clusters. [`plan`] searches every layout,
-//! [`plan_within`] only those a filter allows (`unbuildable` for a `Sequential`);
-//! [`Plan::build`] makes the chosen strategy with the [`Parallel`](crate::parallel::Parallel)
-//! builders, [`Plan::save`] / [`Plan::load`] keep a plan as JSON, and [`Plan::megatron`] holds
-//! a cluster's plan against Megatron-LM's rule.
+//! [`Cluster::h100_nvlink`] describe published clusters; [`measure_gpt`] calibrates the GPT
+//! block by block. [`plan`] searches every layout, [`plan_within`] only those a filter allows
+//! ([`unbuildable`] for a `Sequential`), [`plan_cut_within`] with stage cuts only where a model
+//! allows them ([`gpt_unbuildable`] and [`gpt_cuttable`] for the GPT); [`Plan::build`] makes
+//! the chosen strategy of a `Sequential` with the [`Parallel`](crate::parallel::Parallel)
+//! builders and [`Plan::build_gpt`] that of the GPT, [`Plan::save`] / [`Plan::load`] keep a
+//! plan as JSON, and [`Plan::megatron`] holds a cluster's plan against Megatron-LM's rule.
 //!
 //! ```
 //! use tandem::parallel::plan::{plan, Cluster, LayerCost, Workload};
@@ -37,14 +42,18 @@
 mod build;
 mod cost;
 mod file;
+mod gpt;
 mod measure;
 mod rules;
+mod shard;
 
 pub use build::unbuildable;
 pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, REFERENCE_FLOPS};
 pub use file::PLAN_VERSION;
+pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt};
 pub use measure::{measure, measure_speeds};
 
+use crate::parallel::Shard;
 use crate::{Error, Result};
 use std::fmt;
 
@@ -59,6 +68,11 @@ pub struct Layout {
     pub recompute: bool,
     /// The first layer of each stage after the first.
     pub cuts: Vec<usize>,
+    /// How the data-parallel replicas shard their training state (ZeRO's stages; always
+    /// [`Shard::None`] without replicas). Plan files of version 1, before this field, read as
+    /// none.
+    #[serde(default)]
+    pub shard: Shard,
 }
 
 impl Layout {
@@ -89,6 +103,9 @@ impl fmt::Display for Layout {
         if self.recompute {
             write!(f, ", recompute")?;
         }
+        if self.shard != Shard::None {
+            write!(f, ", shard {}", shard::name(self.shard))?;
+        }
         Ok(())
     }
 }
@@ -105,6 +122,11 @@ pub struct Rejected {
 /// JSON.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Plan {
+    /// What the plan is for, as `Module::describe` names it (`Gpt(n_layer=4, ..)`), so that a
+    /// plan is not trained on another model; empty in plans written before it was recorded,
+    /// and for workloads given by hand.
+    #[serde(default)]
+    pub model: String,
     /// The cluster's device names in the order the layouts place them: fastest first (stable
     /// among equals), so that the search over "the first `k` devices" leaves out the slowest.
     pub devices: Vec<String>,
@@ -121,8 +143,10 @@ pub struct Plan {
 
 /// Searches every layout of the cluster's `k` fastest devices for each `k` (so a device too slow
 /// to help is left out): every factorisation `data x tensor x pipeline = k`, micro-batch counts
-/// dividing each replica's batch, recomputation on and off, and for each the layer cut that
-/// minimises the slowest stage (dynamic programming over the stages' speeds). Errors when no
+/// dividing each replica's batch, recomputation on and off, each sharding mode ([`Shard`])
+/// where there are replicas, and for each the layer cut that minimises the slowest stage
+/// (dynamic programming over the stages' speeds). Each device's memory
+/// ([`DeviceSpec::memory`]: its budget where one is set) bounds its peak. Errors when no
 /// layout fits.
 pub fn plan(work: &Workload, cluster: &Cluster) -> Result<Plan> {
     plan_within(work, cluster, &|_, _| None)
@@ -133,6 +157,14 @@ pub fn plan(work: &Workload, cluster: &Cluster) -> Result<Plan> {
 /// `|l, shares| unbuildable(l, shares, &model)` keeps to what [`Plan::build`] can
 /// make of a `Sequential`.
 pub fn plan_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&Layout, &[usize]) -> Option<String>) -> Result<Plan> {
+    plan_cut_within(work, cluster, excluded, &|_| true)
+}
+
+/// [`plan_within`] with pipeline cuts only before the layers `cuttable` allows (a layer index
+/// `1..layers`): a model whose stages must open and close on certain layers, such as the GPT
+/// ([`gpt_cuttable`]: its embeddings open the first stage, its head closes the last). A
+/// pipeline with no allowed cut is rejected with that reason.
+pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&Layout, &[usize]) -> Option<String>, cuttable: &dyn Fn(usize) -> bool) -> Result<Plan> {
     if work.layers.is_empty() || work.batch == 0 || cluster.devices.is_empty() {
         return Err(Error::invalid("plan", "a plan needs layers, a batch of at least 1 and at least one device"));
     }
@@ -153,13 +185,20 @@ pub fn plan_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&Layout
                 continue;
             }
             for micro_batches in micro_batch_counts(work.batch, data, pipeline) {
-                for recompute in [false, true] {
-                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new() };
+                for (recompute, &shard) in [false, true].into_iter().flat_map(|r| shard::modes(data).iter().map(move |s| (r, s))) {
+                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new(), shard };
                     if let Some(why) = unsplittable(work, cluster, &layout).or_else(|| excluded(&layout, &shares_of(work.batch, cluster, &layout).unwrap_or_default())) {
                         rejected.push(Rejected { layout, why });
                         continue;
                     }
-                    layout.cuts = best_cuts(work, cluster, &layout);
+                    match best_cuts(work, cluster, &layout, cuttable) {
+                        Some(cuts) => layout.cuts = cuts,
+                        None => {
+                            let why = format!("no allowed cut of the {} layers into {pipeline} stages", work.layers.len());
+                            rejected.push(Rejected { layout, why });
+                            continue;
+                        }
+                    }
                     let e = estimate(work, cluster, &layout);
                     match over_memory(cluster, &e) {
                         Some(why) => rejected.push(Rejected { layout, why }),
@@ -177,7 +216,7 @@ pub fn plan_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&Layout
     let best = fits.remove(0);
     let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
     let shares = shares_of(work.batch, cluster, &best.layout)?;
-    Ok(Plan { devices, batch: work.batch, shares, best, alternatives: fits, rejected })
+    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected })
 }
 
 /// Each replica's samples of the batch under `l`: [`proportional_split`](crate::parallel::proportional_split)
@@ -257,11 +296,12 @@ fn layer_s(work: &Workload, cluster: &Cluster, l: &Layout, r: usize, s: usize, i
 }
 
 /// The layer cut minimising the slowest stage, by dynamic programming over (stage, first
-/// layer): each stage at its own devices' speed, the slowest replica's.
-fn best_cuts(work: &Workload, cluster: &Cluster, l: &Layout) -> Vec<usize> {
+/// layer): each stage at its own devices' speed, the slowest replica's; stages start only
+/// where `cuttable` allows. `None` when no cut is allowed.
+fn best_cuts(work: &Workload, cluster: &Cluster, l: &Layout, cuttable: &dyn Fn(usize) -> bool) -> Option<Vec<usize>> {
     let (n, p) = (work.layers.len(), l.pipeline);
     if p == 1 {
-        return Vec::new();
+        return Some(Vec::new());
     }
     // Each layer's seconds on each (replica, stage), computed once: the search reads them for
     // every candidate range.
@@ -274,7 +314,7 @@ fn best_cuts(work: &Workload, cluster: &Cluster, l: &Layout) -> Vec<usize> {
     for s in (0..p).rev() {
         for a in 0..n {
             let left = p - s - 1;
-            for b in a + 1..=n - left {
+            for b in (a + 1..=n - left).filter(|&b| b == n || cuttable(b)) {
                 let v = stage_s(s, a, b).max(best[s + 1][b]);
                 if v < best[s][a] {
                     best[s][a] = v;
@@ -283,13 +323,16 @@ fn best_cuts(work: &Workload, cluster: &Cluster, l: &Layout) -> Vec<usize> {
             }
         }
     }
+    if !best[0][0].is_finite() {
+        return None;
+    }
     let mut cuts = Vec::new();
     let mut a = 0;
     for stage_choice in &choice[..p - 1] {
         a = stage_choice[a];
         cuts.push(a);
     }
-    cuts
+    Some(cuts)
 }
 
 /// The predicted step time and memory of `l`.
@@ -322,13 +365,14 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             } else {
                 in_flight * mb * range.clone().map(|i| (work.layers[i].activation_bytes / split(i)) as f64).sum::<f64>()
             };
-            let bytes = params * work.state_per_param_byte + activations.ceil() as u64;
+            let states = work.state_per_param_byte.saturating_sub(2);
+            let bytes = shard::state_bytes(params, states, l.shard, l.data) + activations.ceil() as u64;
             for t in 0..l.tensor {
                 memory[l.device(r, s, t)] = bytes;
             }
             if r == 0 {
                 let replicas: Vec<usize> = (0..l.data).map(|q| l.device(q, s, 0)).collect();
-                grad_sync = grad_sync.max(cluster.group_link(&replicas).all_reduce_s(params as f64, l.data));
+                grad_sync = grad_sync.max(shard::sync_s(&cluster.group_link(&replicas), params as f64, l.shard, l.data));
             }
         }
         pipeline_s = pipeline_s.max(rounds * slowest);
@@ -339,15 +383,24 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
     Estimate { layout: l.clone(), step_s, compute_s, comm_s: step_s - compute_s, bubble, memory }
 }
 
-/// Why `e` does not fit, naming the first device over its memory.
+/// The share of each device's memory a layout may plan to use: the rest is headroom for what
+/// the estimate does not count (the allocator's rounding, backward's temporaries). On a small
+/// GPT over two budgeted CPU devices the estimate fell up to 12% short of the allocator's peak.
+pub const MEMORY_USABLE: f64 = 0.85;
+
+/// Why `e` does not fit, naming the first device over its usable memory and the memory it has.
 fn over_memory(cluster: &Cluster, e: &Estimate) -> Option<String> {
-    e.memory.iter().enumerate().find(|(i, b)| **b > cluster.devices[*i].memory).map(|(i, b)| {
+    let usable = |m: u64| (m as f64 * MEMORY_USABLE) as u64;
+    e.memory.iter().enumerate().find(|(i, b)| **b > usable(cluster.devices[*i].memory)).map(|(i, b)| {
         let d = &cluster.devices[i];
-        format!("needs {:.2} GiB on {} ({:.2} GiB)", *b as f64 / GIB, d.name, d.memory as f64 / GIB)
+        format!("memory: needs {} on {}, over {:.0}% of its {}", bytes(*b), d.name, MEMORY_USABLE * 100.0, bytes(d.memory))
     })
 }
 
-const GIB: f64 = (1u64 << 30) as f64;
+/// Bytes as [`format_bytes`](crate::backend::format_bytes) writes them.
+fn bytes(n: u64) -> String {
+    crate::backend::format_bytes(n)
+}
 
 /// Device names for a line of text: all of a few, the first four of many.
 fn names(devices: &[String]) -> String {
@@ -363,14 +416,14 @@ impl fmt::Display for Plan {
     /// constraint that excluded it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let line = |f: &mut fmt::Formatter<'_>, e: &Estimate| {
-            let peak = e.memory.iter().copied().max().unwrap_or(0) as f64 / GIB;
-            writeln!(f, "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%), peak {:.3} GiB/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0, peak)
+            let peak = bytes(e.memory.iter().copied().max().unwrap_or(0));
+            writeln!(f, "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%), peak {peak}/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0)
         };
         let degrees = |l: &Layout| (l.data, l.tensor, l.pipeline);
         writeln!(f, "plan for {} (batch {}):", names(&self.devices), self.batch)?;
         line(f, &self.best)?;
         let l = &self.best.layout;
-        let used: Vec<String> = (0..l.devices().min(8)).map(|i| format!("{} {:.3} GiB", self.devices[i], self.best.memory[i] as f64 / GIB)).collect();
+        let used: Vec<String> = (0..l.devices().min(8)).map(|i| format!("{} {}", self.devices[i], bytes(self.best.memory[i]))).collect();
         writeln!(f, "  memory: {}", used.join(", "))?;
         if l.data > 1 {
             writeln!(f, "  batch shares: {:?}", self.shares)?;
@@ -398,7 +451,12 @@ impl fmt::Display for Plan {
         for r in &self.rejected {
             let d = degrees(&r.layout);
             if kept.contains(&d) {
-                let kind = r.why.split(" into ").next().unwrap_or(&r.why);
+                // Memory rejections differ in their figures: counted together, the first
+                // one's figures shown.
+                let kind = match variants.iter().find(|(w, _)| w.starts_with("memory:")) {
+                    Some((w, _)) if r.why.starts_with("memory:") => *w,
+                    _ => r.why.split(" into ").next().unwrap_or(&r.why),
+                };
                 match variants.iter_mut().find(|(w, _)| *w == kind) {
                     Some((_, n)) => *n += 1,
                     None => variants.push((kind, 1)),
@@ -409,7 +467,7 @@ impl fmt::Display for Plan {
             }
         }
         for (why, n) in variants {
-            writeln!(f, "  {n} variants (micro-batch counts, recomputation) of kept layouts: {why}")?;
+            writeln!(f, "  {n} variants (micro-batch counts, recomputation, sharding) of kept layouts: {why}")?;
         }
         Ok(())
     }

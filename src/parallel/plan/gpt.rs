@@ -1,0 +1,132 @@
+//! The planner for the GPT ([`Gpt`]): its embeddings, blocks and head calibrated one by one
+//! ([`measure_gpt`]), the layouts tandem's GPT strategies can make ([`gpt_unbuildable`], with
+//! stage cuts only between blocks, [`gpt_cuttable`]) and [`Plan::build_gpt`], which makes the
+//! chosen one: `Single`, `DataParallel` (sharded or not), `TensorParallelGpt`, a 1F1B
+//! `Pipeline` of [`Gpt::stages`] or a `PipelineGrid` of them.
+//!
+//! The planner's layers of a GPT of `n` blocks are `transformer` (the embeddings, layer 0),
+//! `transformer.h.{i}` (layer `i + 1`), `transformer.ln_f` and `lm_head` (layers `n + 1` and
+//! `n + 2`); a cut at layer `c` starts a stage at block `c - 1`. The head holds its own copy of
+//! the embedding's weight (as a pipeline's last stage does), so the planner counts that
+//! matrix twice also where one device holds both (an overestimate of `vocab x n_embd` floats).
+//! Tensor parallelism splits the blocks; the embeddings and the head, which
+//! `TensorParallelGpt` keeps on its first device, are costed as if every rank held them.
+use super::build::shard_unbuildable;
+use super::measure::measure_built;
+use super::{Cluster, Layout, Plan, Workload};
+use crate::nn::models::{Gpt, GptConfig};
+use crate::nn::Module;
+use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Schedule, Single, Stages, Strategy, TensorParallelGpt};
+use crate::{Device, Error, Result, Tensor};
+
+/// [`measure`](super::measure) of `gpt` on `devices`: each of its layers (embeddings, every
+/// block, `ln_f`, the head) timed on the first device at `probe`'s token ids (`[B, T]`) and
+/// twice as many, the whole model on each device for its speed, all devices at once for
+/// their contention. The blocks are marked as split by tensor parallelism. `batch` and
+/// `optimizer_states` as for `measure` (AdamW: 2); budgets as there.
+pub fn measure_gpt(gpt: &Gpt, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize) -> Result<(Workload, Cluster)> {
+    let make = |d: &Device| -> Result<crate::nn::Sequential> {
+        let mut stages = gpt.stages(std::slice::from_ref(d), None)?;
+        Ok(stages.remove(0))
+    };
+    let blocks = |_: usize, name: &str, _: &dyn Module| name.starts_with("transformer.h.");
+    measure_built(&make, probe, devices, batch, optimizer_states, &blocks)
+}
+
+/// Whether a pipeline stage of a GPT of `n_layer` blocks may start at planner layer `c`: at a
+/// block other than the first (`c` in `2..=n_layer`), since the embeddings open the first
+/// stage and `ln_f` with the head close the last. For
+/// [`plan_cut_within`](super::plan_cut_within).
+pub fn gpt_cuttable(n_layer: usize) -> impl Fn(usize) -> bool {
+    move |c| (2..=n_layer).contains(&c)
+}
+
+/// Why [`Plan::build_gpt`] cannot make layout `l` of a GPT of `cfg` with the replicas' batch
+/// `shares`, or `None` when it can: `TensorParallelGpt` takes whole batches on all the
+/// layout's devices, with no data or pipeline parallelism, and equal numbers of heads per
+/// device; a pipeline needs a block per stage and micro-batches dividing each replica's share;
+/// recomputation is planned per pipeline stage only; sharding is `DataParallel`'s alone.
+pub fn gpt_unbuildable(l: &Layout, shares: &[usize], cfg: &GptConfig) -> Option<String> {
+    if let Some(why) = shard_unbuildable(l) {
+        return Some(why);
+    }
+    if l.tensor > 1 {
+        if l.data > 1 || l.pipeline > 1 {
+            return Some("the GPT's tensor parallelism (TensorParallelGpt) does not combine with data or pipeline parallelism".into());
+        }
+        if l.micro_batches > 1 || l.recompute {
+            return Some("the GPT's tensor parallelism takes whole batches, without recomputation".into());
+        }
+        if !cfg.n_head.is_multiple_of(l.tensor) {
+            return Some(format!("n_head {} does not split into {} equal groups of heads", cfg.n_head, l.tensor));
+        }
+    }
+    if l.pipeline == 1 && l.recompute {
+        return Some("recomputation is planned per pipeline stage (the GPT's per-block --recompute is not planned)".into());
+    }
+    if l.pipeline > cfg.n_layer {
+        return Some(format!("{} stages for {} blocks: every stage needs a block", l.pipeline, cfg.n_layer));
+    }
+    if l.pipeline > 1 && shares.iter().any(|s| !s.is_multiple_of(l.micro_batches)) {
+        return Some(format!("{} micro-batches do not divide the replicas' shares {shares:?}", l.micro_batches));
+    }
+    None
+}
+
+impl Plan {
+    /// The strategy of [`Plan::best`] for the GPT `gpt` builds on a device (called once per
+    /// device that holds the whole model, and once on the host for a pipeline's stages), on
+    /// `devices` (those planned for, any order), with the cross-entropy loss: `Single`,
+    /// `DataParallel` (shares as [`Plan::shares`], micro-batches accumulated, sharded as
+    /// [`Layout::shard`]), `TensorParallelGpt`, a 1F1B `Pipeline` of [`Gpt::stages`] cut at
+    /// the plan's cuts (its embedding and head tied), or a `PipelineGrid` of them. Errors,
+    /// naming the reason, for a plan made for another model or a layout it cannot make.
+    pub fn build_gpt(&self, gpt: &dyn Fn(&Device) -> Result<Gpt>, devices: &[Device], opt: &OptimConfig) -> Result<Box<dyn Strategy>> {
+        let l = &self.best.layout;
+        let host = gpt(&Device::cpu())?;
+        self.check_model(&host.describe())?;
+        if let Some(why) = gpt_unbuildable(l, &self.shares, &host.config) {
+            return Err(Error::invalid("Plan::build_gpt", format!("{l}: {why}")));
+        }
+        let placed = self.placed(devices)?;
+        let used = &placed[..l.devices()];
+        let weights = (self.shares.windows(2).any(|w| w[0] != w[1])).then(|| self.shares.iter().map(|&s| s as f64).collect::<Vec<f64>>());
+        let loss = Loss::CrossEntropy;
+        match (l.data, l.tensor, l.pipeline) {
+            (1, 1, 1) if l.micro_batches == 1 => {
+                drop(host);
+                Ok(Box::new(Single::new(gpt(&used[0])?, opt, loss, &used[0])?))
+            }
+            (_, 1, 1) => {
+                drop(host);
+                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, ..Default::default() };
+                Ok(Box::new(DataParallel::from_factory(gpt, used, opt, loss, cfg)?))
+            }
+            (1, _, 1) => {
+                drop(host);
+                Ok(Box::new(TensorParallelGpt::new(gpt(&used[0])?, used, opt, loss)?))
+            }
+            (1, 1, _) => Ok(Box::new(gpt_pipeline(&host, used, opt, l)?)),
+            (data, 1, _) => {
+                let grid = PipelineGrid::from_factory(used, data, |row| gpt_pipeline(&host, row, opt, l))?;
+                Ok(Box::new(match weights {
+                    Some(w) => grid.split_weights(w)?,
+                    None => grid,
+                }))
+            }
+            _ => Err(Error::invalid("Plan::build_gpt", format!("{l}: no strategy combines these degrees"))),
+        }
+    }
+}
+
+/// The GPT `host` as a 1F1B pipeline over `devices`, one stage each, cut at `l`'s cuts.
+fn gpt_pipeline(host: &Gpt, devices: &[Device], opt: &OptimConfig, l: &Layout) -> Result<Pipeline> {
+    let starts: Vec<usize> = l.cuts.iter().map(|c| c.saturating_sub(1)).collect();
+    let stages = Stages::Built(host.stages(devices, Some(&starts))?);
+    Pipeline::builder(stages, devices, opt, Loss::CrossEntropy)
+        .micro_batches(l.micro_batches)
+        .schedule(Schedule::OneFOneB)
+        .recompute(l.recompute)
+        .tie((0, Gpt::WTE), (devices.len() - 1, Gpt::LM_HEAD))
+        .build()
+}

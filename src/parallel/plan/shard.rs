@@ -1,0 +1,74 @@
+//! What each sharding mode ([`Shard`], ZeRO's stages as `DataParallel` implements them) keeps
+//! on a device and what it sends: the planner's memory and gradient-sync terms for a
+//! data-parallel degree above one.
+use super::Link;
+use crate::parallel::Shard;
+
+/// The modes the search tries for a data-parallel degree of `data`: all four when there are
+/// replicas to shard over, only [`Shard::None`] otherwise. Least sharded first, so that among
+/// layouts predicted equally fast the search keeps the simpler one.
+pub(super) fn modes(data: usize) -> &'static [Shard] {
+    if data > 1 {
+        &[Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full]
+    } else {
+        &[Shard::None]
+    }
+}
+
+/// The gradient bucket `DataParallel` reduces at once (its default, DDP's 25 MiB).
+const BUCKET_BYTES: u64 = 25 << 20;
+
+/// Peak bytes of training state on one device holding `params` bytes of f32 parameters
+/// (its stage's, split by the tensor degree) with `states` optimizer state tensors per
+/// parameter, sharded `shard` over `data` replicas:
+///
+/// - none: parameters, gradients and optimizer state whole, `(2 + states) P`;
+/// - optimizer (ZeRO-1): the state of the parameters a device owns, `2P + states P / d`;
+/// - grads (ZeRO-2): full parameters, the device's shard of gradients, optimizer state and
+///   the parameter pieces it updates, `P + (1 + states) P / d`, plus the full gradients of
+///   the buckets backward has filled and not yet reduce-scattered (two buckets, or the whole
+///   model's when smaller);
+/// - full (ZeRO-3): between steps only the shards, `(2 + states) P / d`; but tandem gathers
+///   the whole model before forward and keeps it through backward, so the peak is ZeRO-2's.
+///
+/// With replicas (`d > 1`) every mode also holds the flat buffer of the bucket being reduced
+/// (one bucket, or the whole model's gradients when smaller). On a small GPT over two CPU
+/// devices (`tandem bench --bench memory --model gpt`) the allocators' peaks are about `5P`
+/// in every mode, activations included: sharding lowers what is held between steps far more
+/// than the peak at this size.
+pub(super) fn state_bytes(params: u64, states: u64, shard: Shard, data: usize) -> u64 {
+    let d = data.max(1) as u64;
+    let bucket = if d > 1 { params.min(BUCKET_BYTES) } else { 0 };
+    let in_flight = params.min(2 * BUCKET_BYTES);
+    bucket
+        + match shard {
+            Shard::None => params * (2 + states),
+            Shard::Optimizer => 2 * params + (states * params).div_ceil(d),
+            Shard::Grads | Shard::Full => params + ((1 + states) * params).div_ceil(d) + in_flight,
+        }
+}
+
+/// Seconds of one step's gradient synchronisation of `params` bytes over `data` replicas
+/// on `link`, not overlapped with backward (an upper bound, as for plain data parallelism):
+/// none, an all-reduce; optimizer, the all-reduce and then each owner's broadcast of the
+/// parameters it updated (an all-gather's volume); grads, a reduce-scatter of the gradients
+/// and an all-gather of the updated pieces; full, the all-gather of the parameters before
+/// forward and the reduce-scatter of the gradients. ZeRO-2 and ZeRO-3 so move what an
+/// all-reduce moves.
+pub(super) fn sync_s(link: &Link, params: f64, shard: Shard, data: usize) -> f64 {
+    match shard {
+        Shard::None => link.all_reduce_s(params, data),
+        Shard::Optimizer => link.all_reduce_s(params, data) + link.all_gather_s(params, data),
+        Shard::Grads | Shard::Full => link.reduce_scatter_s(params, data) + link.all_gather_s(params, data),
+    }
+}
+
+/// The `--shard` word of a mode.
+pub(super) fn name(shard: Shard) -> &'static str {
+    match shard {
+        Shard::None => "none",
+        Shard::Optimizer => "optimizer",
+        Shard::Grads => "grads",
+        Shard::Full => "full",
+    }
+}
