@@ -133,9 +133,15 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
     if args.plan.is_none() && !auto {
         return Ok(None);
     }
-    let by_hand = [("--micro-batches", args.micro_batches.is_some()), ("--shard", args.shard != Shard::None), ("--recompute", args.recompute), ("--pipelines", args.pipelines.is_some())];
-    if let Some((flag, _)) = by_hand.iter().find(|(_, given)| *given) {
-        return Err(Error::invalid(flag, "a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand"));
+    // Each knob with the strategy that takes it, so that the message says what to give.
+    let by_hand = [
+        ("--micro-batches", args.micro_batches.is_some(), "--strategy"),
+        ("--shard", args.shard != Shard::None, "--strategy data"),
+        ("--recompute", args.recompute, "--strategy"),
+        ("--pipelines", args.pipelines.is_some(), "--strategy data,pipeline"),
+    ];
+    if let Some((flag, _, strategy)) = by_hand.iter().find(|(_, given, _)| *given) {
+        return Err(Error::invalid(flag, format!("needs {strategy}: a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand")));
     }
     let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
     for_training(args, &gpt.describe(), devices, || on_gpt_devices(&gpt, data, args.batch, optim, devices)).map(Some)
