@@ -13,8 +13,6 @@ use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
 /// GPT-2 small's shape (124M parameters), as in the memory table.
-const GPT2_SMALL: GptConfig = GptConfig { n_layer: 12, n_head: 12, n_embd: 768, block_size: 1024, vocab_size: 50257, dropout: 0.0, bias: true };
-const MODES: [(Shard, &str); 4] = [(Shard::None, "none"), (Shard::Optimizer, "optimizer"), (Shard::Grads, "grads"), (Shard::Full, "full")];
 
 /// One device's figures in one mode; `*_bytes` of the state are what the mode keeps on it
 /// between steps by construction, `held` and `peak` what its allocator counted.
@@ -44,7 +42,8 @@ fn fresh_devices(spec: &str) -> Result<Vec<Device>> {
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     let (name, cfg, recompute) = match args.model.as_deref() {
-        None | Some("gpt2-small") => ("gpt2-small", GPT2_SMALL, true),
+        // GPT-2 small as OpenAI shipped it: the default shape with the unpadded vocabulary.
+        None | Some("gpt2-small") => ("gpt2-small", GptConfig { vocab_size: 50257, ..GptConfig::default() }, true),
         Some("gpt") => ("gpt", GptConfig { vocab_size: 65, ..super::bench::GPT_BENCH }, false),
         Some(m) => return Err(Error::invalid("--model", format!("'{m}': --bench memory measures gpt2-small (the default) or gpt"))),
     };
@@ -61,7 +60,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let k = optim.states_per_parameter();
     let steps = if args.quick { 1 } else { 2 };
     let mut rows = Vec::new();
-    for (shard, shard_name) in MODES {
+    for shard in Shard::ALL {
+        let shard_name = shard.name();
         let devices = fresh_devices(&args.devices)?;
         let mut dp = DataParallel::from_factory(
             |d| {

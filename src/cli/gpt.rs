@@ -357,7 +357,7 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
     }
     if matches!(kind, StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data) {
         // The whole model trains on each device: refuse before drawing a weight what cannot fit.
-        let shards = if kind == StrategyKind::Data { state_shards(args.shard, devices.len() as u64) } else { StateShards::WHOLE };
+        let shards = if kind == StrategyKind::Data { args.shard.state_shards(devices.len() as u64) } else { StateShards::WHOLE };
         for d in devices {
             cfg.check_sharded_training_fits(d, optim.states_per_parameter(), shards)?;
         }
@@ -468,13 +468,4 @@ fn read_weights(path: &Path) -> Result<Vec<(String, Tensor)>> {
             HostData::I32(_) => Err(Error::format(path, format!("{name} holds integers; weights must be F32, F16 or BF16"))),
         })
         .collect()
-}
-
-/// What `--shard` leaves each of `ranks` devices a share of.
-fn state_shards(shard: Shard, ranks: u64) -> StateShards {
-    match shard {
-        Shard::None => StateShards::WHOLE,
-        Shard::Optimizer => StateShards { ranks, gradients: false, optimizer: true },
-        Shard::Grads | Shard::Full => StateShards { ranks, gradients: true, optimizer: true },
-    }
 }

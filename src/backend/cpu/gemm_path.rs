@@ -63,6 +63,8 @@ pub enum GemmPath {
 
 /// A CPU device's rule: its choice, and whether its kernels are pinned.
 pub struct GemmRule {
+    // Only the `openblas` feature has a choice to make.
+    #[cfg_attr(not(feature = "openblas"), allow(dead_code))]
     choice: GemmChoice,
     pinned: AtomicBool,
     /// Products (a batch counts once) given to OpenBLAS.
@@ -108,20 +110,14 @@ impl GemmRule {
     pub fn describe(&self) -> String {
         let gemm = format!("gemm crate, {} kernels", super::kernels::gemm_kernels());
         #[cfg(feature = "openblas")]
-        {
-            let blas = super::openblas::library();
-            return match (self.choice, blas) {
-                (GemmChoice::Gemm, _) => format!("{gemm} (TANDEM_CPU_GEMM=gemm)"),
-                (_, Err(why)) => format!("{gemm} ({why})"),
-                (GemmChoice::Auto, Ok(_)) if gemm_has_avx512() => format!("{gemm} (f32, host threads; faster here than OpenBLAS, which TANDEM_CPU_GEMM=openblas forces)"),
-                (GemmChoice::Auto, Ok(lib)) => format!("OpenBLAS ({} kernels, {}) from 2^27 multiply-adds, {gemm} below (f32, host threads)", lib.core, lib.path),
-                (GemmChoice::OpenBlas, Ok(lib)) => format!("OpenBLAS ({} kernels, {}; TANDEM_CPU_GEMM=openblas), {gemm} for per-image products", lib.core, lib.path),
-            };
+        match (self.choice, super::openblas::library()) {
+            (GemmChoice::Gemm, _) => format!("{gemm} (TANDEM_CPU_GEMM=gemm)"),
+            (_, Err(why)) => format!("{gemm} ({why})"),
+            (GemmChoice::Auto, Ok(_)) if gemm_has_avx512() => format!("{gemm} (f32, host threads; faster here than OpenBLAS, which TANDEM_CPU_GEMM=openblas forces)"),
+            (GemmChoice::Auto, Ok(lib)) => format!("OpenBLAS ({} kernels, {}) from 2^{} multiply-adds, {gemm} below (f32, host threads)", lib.core, lib.path, OPENBLAS_FROM.ilog2()),
+            (GemmChoice::OpenBlas, Ok(lib)) => format!("OpenBLAS ({} kernels, {}; TANDEM_CPU_GEMM=openblas), {gemm} for per-image products", lib.core, lib.path),
         }
-        #[allow(unreachable_code)]
-        {
-            let _ = self.choice;
-            format!("{gemm} (f32, host threads)")
-        }
+        #[cfg(not(feature = "openblas"))]
+        format!("{gemm} (f32, host threads)")
     }
 }

@@ -121,7 +121,6 @@ impl OpenBlas {
         } else {
             call(0..m, 0..n, c.as_mut_ptr());
         }
-        let _ = mi;
         Some(())
     }
 }

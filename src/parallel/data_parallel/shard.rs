@@ -23,6 +23,7 @@
 //! reshard, per bucket).
 use super::Replica;
 use crate::autograd::no_grad;
+use crate::nn::models::StateShards;
 use crate::parallel::comm::Communicator;
 use crate::{Error, Result, Tensor};
 
@@ -45,16 +46,35 @@ pub enum Shard {
     Full,
 }
 
+impl Shard {
+    /// Every mode, least sharded first.
+    pub const ALL: [Shard; 4] = [Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full];
+
+    /// The mode's `--shard` word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shard::None => "none",
+            Shard::Optimizer => "optimizer",
+            Shard::Grads => "grads",
+            Shard::Full => "full",
+        }
+    }
+
+    /// What this mode leaves each of `ranks` devices only a share of, for the GPT's fit check
+    /// ([`GptConfig::check_sharded_training_fits`](crate::nn::models::GptConfig::check_sharded_training_fits)).
+    pub fn state_shards(self, ranks: u64) -> StateShards {
+        match self {
+            Shard::None => StateShards::WHOLE,
+            Shard::Optimizer => StateShards { ranks, gradients: false, optimizer: true },
+            Shard::Grads | Shard::Full => StateShards { ranks, gradients: true, optimizer: true },
+        }
+    }
+}
+
 impl std::str::FromStr for Shard {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "none" => Ok(Shard::None),
-            "optimizer" => Ok(Shard::Optimizer),
-            "grads" => Ok(Shard::Grads),
-            "full" => Ok(Shard::Full),
-            _ => Err(Error::invalid("--shard", format!("{s:?} is not none, optimizer, grads or full"))),
-        }
+        Shard::ALL.into_iter().find(|m| m.name() == s).ok_or_else(|| Error::invalid("--shard", format!("{s:?} is not none, optimizer, grads or full")))
     }
 }
 

@@ -104,7 +104,7 @@ impl fmt::Display for Layout {
             write!(f, ", recompute")?;
         }
         if self.shard != Shard::None {
-            write!(f, ", shard {}", shard::name(self.shard))?;
+            write!(f, ", shard {}", self.shard.name())?;
         }
         Ok(())
     }

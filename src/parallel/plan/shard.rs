@@ -9,7 +9,7 @@ use crate::parallel::Shard;
 /// layouts predicted equally fast the search keeps the simpler one.
 pub(super) fn modes(data: usize) -> &'static [Shard] {
     if data > 1 {
-        &[Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full]
+        &Shard::ALL
     } else {
         &[Shard::None]
     }
@@ -60,15 +60,5 @@ pub(super) fn sync_s(link: &Link, params: f64, shard: Shard, data: usize) -> f64
         Shard::None => link.all_reduce_s(params, data),
         Shard::Optimizer => link.all_reduce_s(params, data) + link.all_gather_s(params, data),
         Shard::Grads | Shard::Full => link.reduce_scatter_s(params, data) + link.all_gather_s(params, data),
-    }
-}
-
-/// The `--shard` word of a mode.
-pub(super) fn name(shard: Shard) -> &'static str {
-    match shard {
-        Shard::None => "none",
-        Shard::Optimizer => "optimizer",
-        Shard::Grads => "grads",
-        Shard::Full => "full",
     }
 }
