@@ -12,7 +12,12 @@
 // cast_32: n raw 32-bit words converted as CastOp::code says (0 F32 -> I32 toward zero,
 // saturating, NaN -> 0; 1 I32 -> F32 nearest; 2 the high half x >> 16, 3 the low half x & 0xFFFF
 // of an I32, each as an exact F32).
-// Shape letters: R rows, C columns (classes, embedding width), V table rows, N ids.
+// cast_to_half: n F32 values to bfloat16 (op 4) or IEEE binary16 (op 6) bits, rounding to
+// nearest even (NaN stays a quiet NaN, f16 overflows to inf); cast_from_half: n bfloat16 (op 5)
+// or binary16 (op 7) bits to F32, exactly. Halves are stored as 16-bit words; all arithmetic is
+// on the bits (no cuda_fp16.h, and sm_52 has no fast half math to use), so every device and
+// the CPU reference (the `half` crate) give the same bits.
+// Shape letters: R rows, C columns (classes, embedding width), V table rows, N ids or values.
 
 extern "C" __global__ void gather_f32(const float* x, const int* idx, float* out, u64 rows, u64 cols) {
     FOR_EACH(r, rows) {
@@ -74,5 +79,53 @@ extern "C" __global__ void cast_32(const u32* x, u32* out, u64 n, u32 op) {
             default: r = __float_as_uint((float)(w & 0xFFFFu)); break;
         }
         out[k] = r;
+    }
+}
+
+typedef unsigned short u16;
+
+__device__ __forceinline__ u32 bf16_bits(u32 w) {
+    if ((w & 0x7fffffffu) > 0x7f800000u) return (w >> 16) | 0x40u;
+    return (w + 0x7fffu + ((w >> 16) & 1u)) >> 16;
+}
+
+__device__ __forceinline__ u32 f16_bits(u32 w) {
+    const u32 sign = (w >> 16) & 0x8000u, exp = w & 0x7f800000u, man = w & 0x007fffffu;
+    if (exp == 0x7f800000u) return sign | 0x7c00u | (man ? 0x200u : 0u) | (man >> 13);
+    const int e = (int)(exp >> 23) - 127 + 15;
+    if (e >= 0x1f) return sign | 0x7c00u;
+    if (e <= 0) {
+        if (14 - e > 24) return sign;
+        const u32 m = man | 0x00800000u;
+        const u32 round = 1u << (13 - e);
+        u32 h = m >> (14 - e);
+        if ((m & round) && (m & (3u * round - 1u))) h += 1u;
+        return sign | h;
+    }
+    const u32 h = sign | ((u32)e << 10) | (man >> 13);
+    return ((man & 0x1000u) && (man & 0x2fffu)) ? h + 1u : h;
+}
+
+__device__ __forceinline__ u32 f16_to_f32_bits(u32 h) {
+    const u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) return sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);
+    if (e == 0u) {
+        if (m == 0u) return sign;
+        const u32 p = 31u - __clz(m);
+        return sign | ((p + 103u) << 23) | ((m << (23u - p)) & 0x7fffffu);
+    }
+    return sign | ((e + 112u) << 23) | (m << 13);
+}
+
+extern "C" __global__ void cast_to_half(const u32* x, u16* out, u64 n, u32 op) {
+    FOR_EACH(k, n) {
+        out[k] = (u16)(op == 6 ? f16_bits(x[k]) : bf16_bits(x[k]));
+    }
+}
+
+extern "C" __global__ void cast_from_half(const u16* x, u32* out, u64 n, u32 op) {
+    FOR_EACH(k, n) {
+        const u32 h = x[k];
+        out[k] = op == 7 ? f16_to_f32_bits(h) : h << 16;
     }
 }

@@ -225,7 +225,8 @@ pub fn to_host(tensors: &[(String, crate::Tensor)]) -> Result<Vec<(String, HostT
         .map(|(n, t)| {
             let shape = t.dims().to_vec();
             let h = match t.dtype() {
-                DType::F32 => HostTensor::f32(shape, t.to_vec()?)?,
+                // Halves widen exactly: checkpoints hold F32 (the master weights' type).
+                DType::F32 | DType::Bf16 | DType::F16 => HostTensor::f32(shape, t.to_vec()?)?,
                 DType::I32 => HostTensor::i32(shape, t.to_vec_i32()?)?,
             };
             Ok((n.clone(), h))

@@ -3,16 +3,40 @@ use crate::{Error, Result};
 use std::fmt;
 
 /// Element types. `I32` holds class labels and argmax results (WGSL has no 64-bit integers;
-/// I64 labels from files are narrowed on load).
+/// I64 labels from files are narrowed on load). `Bf16` and `F16` are storage types: a buffer
+/// of them holds two values per 32-bit word (element `2k` in the low half, as little-endian
+/// bytes lay them out), every backend stores, copies, fills and casts them, and arithmetic
+/// reads them through a cast to `F32` (sm_52 and most WGSL adapters have no fast half math,
+/// and f32 accumulation is what PyTorch's autocast does too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum DType {
     F32,
     I32,
+    /// bfloat16: f32's 8 exponent bits and 7 of its mantissa bits.
+    Bf16,
+    /// IEEE 754 binary16: 5 exponent bits, 10 mantissa bits, largest finite 65504.
+    F16,
 }
 
 impl DType {
+    /// Bytes per element.
     pub fn size(self) -> usize {
-        4
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+    /// Whether this is one of the 16-bit float storage types.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::Bf16 | DType::F16)
+    }
+    /// 32-bit words that hold `len` elements (halves round up to a whole word).
+    pub fn words(self, len: usize) -> usize {
+        if self.is_half() {
+            len.div_ceil(2)
+        } else {
+            len
+        }
     }
 }
 

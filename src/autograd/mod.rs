@@ -59,6 +59,9 @@ pub enum GradOp {
     /// An embedding lookup of a `[table_rows, D]` table (input 0) by I32 ids (input 1).
     GatherRows { table_rows: usize },
     ToDevice,
+    /// A cast between F32 and a half type; `from` is the input's dtype, which the gradient
+    /// is cast back to.
+    Cast { from: crate::DType },
     /// A function of input 0 run without history (`checkpoint`); the other inputs are the
     /// leaves it reads, whose gradients backward gets by running it again with history.
     Checkpoint(Recompute),
@@ -156,7 +159,7 @@ fn propagate(root: &Tensor, seed: Tensor, on_leaf: &mut dyn FnMut(&Tensor, Optio
             }
             if let Some(gi) = gi {
                 let acc = match grads.remove(&input.id()) {
-                    Some(prev) => prev.add(&gi)?,
+                    Some(prev) => accumulate(&prev, &gi)?,
                     None => gi,
                 };
                 grads.insert(input.id(), acc);
@@ -171,10 +174,21 @@ fn propagate(root: &Tensor, seed: Tensor, on_leaf: &mut dyn FnMut(&Tensor, Optio
     Ok(())
 }
 
+/// `prev + g`; half gradients (of a tensor stored in Bf16 or F16) add in f32 and round once,
+/// as PyTorch's accumulation into a half `.grad` does.
+fn accumulate(prev: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let dtype = prev.dtype();
+    if !dtype.is_half() {
+        return prev.add(g);
+    }
+    let f32 = crate::DType::F32;
+    prev.to_dtype(f32)?.add(&g.to_dtype(f32)?)?.to_dtype(dtype)
+}
+
 fn finish_leaf(leaf: &Tensor, g: Option<Tensor>, on_ready: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
     if let Some(g) = g {
         let total = match leaf.grad() {
-            Some(prev) => prev.add(&g)?,
+            Some(prev) => accumulate(&prev, &g)?,
             None => g,
         };
         leaf.set_grad(Some(total));

@@ -33,6 +33,7 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             };
             vec![ga.map(|t| t.sum_to(a.shape())).transpose()?, gb.map(|t| t.sum_to(bb.shape())).transpose()?]
         }
+        GradOp::Cast { from } => vec![Some(g.to_dtype(*from)?)],
         GradOp::Sum { axis } => vec![Some(g.reshape(keepdim(x.shape(), *axis))?.broadcast_to(x.shape().clone())?)],
         // d max / dx_i = [x_i == max] / (number of maxima)
         GradOp::Max { axis } => {

@@ -108,7 +108,10 @@ pub fn fill(_dev: &DeviceInfo, buf: &Buffer) -> Result<()> {
 pub fn copy(dev: &DeviceInfo, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
     let o = op("copy", dev);
     let (s, d) = (o.sum("the source range", &[src_off, len])?, o.sum("the destination range", &[dst_off, len])?);
-    // A copy moves 4-byte words whatever they mean: any dtype to any other.
+    // A copy moves elements whatever they mean: any dtype to any other of the same width.
+    if src.dtype().size() != dst.dtype().size() {
+        return Err(Error::invalid("copy", format!("{:?} elements cannot be copied into a {:?} buffer on {}: their widths differ (cast instead)", src.dtype(), dst.dtype(), o.device())));
+    }
     o.buffer("the source", src, src.dtype(), s)?;
     o.buffer("the destination", dst, dst.dtype(), d)?;
     written(dst);

@@ -458,12 +458,7 @@ pub trait Backend: Send + Sync {
     /// host (a download and an upload); the built-in backends run a kernel.
     fn cast(&self, op: CastOp, x: &Buffer, out: &Buffer, len: usize) -> Result<()> {
         contract::cast(self.info(), op, x, out, len)?;
-        let bytes = self.download(x)?;
-        let words: Vec<u8> = bytes[..len * 4]
-            .chunks_exact(4)
-            .flat_map(|c| op.word(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
-            .collect();
-        let converted = self.upload(&words, out.dtype())?;
+        let converted = self.upload(&op.host(&self.download(x)?, len), out.dtype())?;
         self.copy(&converted, 0, out, 0, len)
     }
 

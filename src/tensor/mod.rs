@@ -152,10 +152,23 @@ impl Tensor {
     }
 
     /// The values, copied to the host (waits for pending work on the device).
+    /// The values as f32; a Bf16 or F16 tensor's widen exactly (as PyTorch's `.tolist()`).
     pub fn to_vec(&self) -> Result<Vec<f32>> {
+        if let Some(op) = crate::backend::CastOp::between(self.dtype(), DType::F32).filter(|_| self.dtype().is_half()) {
+            let bytes = self.backend().download(&self.0.buffer)?;
+            return host::try_words(&op.host(&bytes, self.numel()), "host", "to_vec");
+        }
         self.expect_dtype("to_vec", DType::F32)?;
         let bytes = self.backend().download(&self.0.buffer)?;
         host::try_words(&bytes[..self.numel() * 4], "host", "to_vec")
+    }
+    /// The raw bits of a Bf16 or F16 tensor's values.
+    pub fn to_half_bits(&self) -> Result<Vec<u16>> {
+        if !self.dtype().is_half() {
+            return Err(Error::DType { op: "to_half_bits", expected: DType::Bf16, got: self.dtype() });
+        }
+        let bytes = self.backend().download(&self.0.buffer)?;
+        host::try_words(&bytes[..self.numel() * 2], "host", "to_half_bits")
     }
     pub fn to_vec_i32(&self) -> Result<Vec<i32>> {
         self.expect_dtype("to_vec_i32", DType::I32)?;
@@ -180,7 +193,7 @@ impl Tensor {
             Some(b) => b,
             None => {
                 let bytes = self.backend().download(&self.0.buffer)?;
-                device.backend().upload(&bytes[..self.numel() * 4], self.dtype())?
+                device.backend().upload(&bytes[..self.numel() * self.dtype().size()], self.dtype())?
             }
         };
         buf.set_label_bound(self.0.buffer.label_bound());

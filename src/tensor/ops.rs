@@ -154,17 +154,34 @@ impl Tensor {
 
     /// The values as `dtype`: F32 to I32 truncates toward zero (PyTorch's `.to(torch.int32)`),
     /// saturating beyond the I32 range, with NaN giving 0 (PyTorch leaves both undefined);
-    /// I32 to F32 rounds to the nearest F32 (exact within ±2^24). No gradient flows through a
-    /// cast to or from I32. The same dtype returns this tensor.
+    /// I32 to F32 rounds to the nearest F32 (exact within ±2^24). F32 to `Bf16` or `F16`
+    /// rounds to nearest even (F16 overflows to ±inf past 65504; NaN stays NaN) and back is
+    /// exact, with the same bits as PyTorch's `.to(torch.bfloat16)` and `.to(torch.float16)`;
+    /// the gradient of those casts is the incoming gradient cast back. No gradient flows
+    /// through a cast to or from I32, and a half type converts only to and from F32 (go
+    /// through F32 between the others). The same dtype returns this tensor.
+    ///
+    /// ```
+    /// # use tandem::{Device, DType, Tensor};
+    /// let x = Tensor::from_vec(vec![1.0, 1.0 + 1.0 / 256.0, 70000.0], [3], &Device::cpu())?;
+    /// assert_eq!(x.to_dtype(DType::Bf16)?.to_vec()?, [1.0, 1.0, 70144.0]);
+    /// assert_eq!(x.to_dtype(DType::F16)?.to_vec()?, [1.0, 1.00390625, f32::INFINITY]);
+    /// # Ok::<(), tandem::Error>(())
+    /// ```
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
-        let op = match (self.dtype(), dtype) {
-            (from, to) if from == to => return Ok(self.clone()),
-            (DType::F32, _) => CastOp::F32ToI32,
-            _ => CastOp::I32ToF32,
-        };
+        let from = self.dtype();
+        if from == dtype {
+            return Ok(self.clone());
+        }
+        let op = CastOp::between(from, dtype).ok_or_else(|| {
+            Error::invalid("to_dtype", format!("no cast from {from:?} to {dtype:?} (a half type converts to and from F32 only)"))
+        })?;
         let out = self.alloc_like(self.numel(), dtype)?;
         self.backend().cast(op, &self.0.buffer, &out, self.numel())?;
-        Ok(Tensor::from_parts(out, self.shape().clone(), self.device().clone(), None))
+        if from == DType::I32 || dtype == DType::I32 {
+            return Ok(Tensor::from_parts(out, self.shape().clone(), self.device().clone(), None));
+        }
+        Ok(Tensor::result(out, self.shape().clone(), self.device(), GradOp::Cast { from }, &[self]))
     }
 
     fn reduce_raw(&self, op: ReduceOp, axis: usize, keepdim: bool) -> Result<(crate::backend::Buffer, Shape)> {

@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// Host memory as 32-bit words (f32 or i32 bit patterns), behind a lock so that ops can write
-/// through a shared `Buffer`.
+/// Host memory as 32-bit words (f32 or i32 bit patterns, or two halves each), behind a lock so
+/// that ops can write through a shared `Buffer`.
 pub(crate) struct CpuBuffer {
     pub(crate) data: RwLock<Vec<u32>>,
     pool: Arc<Mutex<Pool>>,
@@ -114,9 +114,9 @@ impl CpuBackend {
         self.gemm.openblas_products()
     }
 
-    fn make(&self, data: Vec<u32>, dtype: DType) -> Buffer {
-        let len = data.len();
-        lock(&self.pool).count(len);
+    /// A buffer of `len` elements of `dtype` over `data` (`dtype.words(len)` words).
+    fn make(&self, data: Vec<u32>, len: usize, dtype: DType) -> Buffer {
+        lock(&self.pool).count(data.len());
         Buffer::new(CpuBuffer { data: RwLock::new(data), pool: self.pool.clone(), released: AtomicBool::new(false) }, len, dtype)
     }
 
@@ -181,41 +181,67 @@ fn write_i32(b: &Buffer, v: &[i32]) -> Result<()> {
     Ok(())
 }
 
+/// `copy` of half elements: the words viewed as little-endian `u16`s, element `2k` in the low
+/// half of word `k` (this backend runs on little-endian hosts only, as every `bytemuck` view here).
+fn copy_halves(src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
+    if same(src, dst)? {
+        let mut d = write(raw(dst)?);
+        bytemuck::cast_slice_mut::<u32, u16>(&mut d).copy_within(src_off..src_off + len, dst_off);
+        return Ok(());
+    }
+    let s = read(raw(src)?);
+    let mut d = write(raw(dst)?);
+    bytemuck::cast_slice_mut::<u32, u16>(&mut d)[dst_off..dst_off + len].copy_from_slice(&bytemuck::cast_slice::<u32, u16>(&s)[src_off..src_off + len]);
+    Ok(())
+}
+
 impl Backend for CpuBackend {
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
         contract::alloc(&self.info, len, dtype)?;
-        self.within_budget(len)?;
-        let reused = lock(&self.pool).take(len);
+        let words = dtype.words(len);
+        self.within_budget(words)?;
+        let reused = lock(&self.pool).take(words);
         if let Some(v) = reused {
-            return Ok(self.make(v, dtype));
+            return Ok(self.make(v, len, dtype));
         }
-        Ok(self.make(host::try_filled(len, 0, "cpu", "alloc")?, dtype))
+        Ok(self.make(host::try_filled(words, 0, "cpu", "alloc")?, len, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
         contract::upload(&self.info, bytes, dtype)?;
-        self.within_budget(bytes.len().div_ceil(4))?;
-        Ok(self.make(host::try_words(bytes, "cpu", "upload")?, dtype))
+        let len = bytes.len() / dtype.size();
+        let words = dtype.words(len);
+        self.within_budget(words)?;
+        let mut data = host::try_filled(words, 0u32, "cpu", "upload")?;
+        bytemuck::cast_slice_mut::<u32, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
+        Ok(self.make(data, len, dtype))
     }
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
         let words = read(raw(buf)?);
-        let mut bytes = host::try_vec(words.len() * 4, "cpu", "download")?;
-        bytes.extend_from_slice(bytemuck::cast_slice(&words));
+        let n = buf.len() * buf.dtype().size();
+        let mut bytes = host::try_vec(n, "cpu", "download")?;
+        bytes.extend_from_slice(&bytemuck::cast_slice::<u32, u8>(&words)[..n]);
         Ok(bytes)
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
         contract::fill(&self.info, buf)?;
+        let half = |op: CastOp| u32::from(op.to_half(value)) * 0x1_0001;
         let bits = match buf.dtype() {
             DType::F32 => value.to_bits(),
             DType::I32 => value as i32 as u32,
+            DType::Bf16 => half(CastOp::F32ToBf16),
+            DType::F16 => half(CastOp::F32ToF16),
         };
         write(raw(buf)?).iter_mut().for_each(|x| *x = bits);
         Ok(())
     }
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
         contract::copy(&self.info, src, src_off, dst, dst_off, len)?;
+        if src.dtype().is_half() {
+            return copy_halves(src, src_off, dst, dst_off, len);
+        }
         if same(src, dst)? {
             write(raw(dst)?).copy_within(src_off..src_off + len, dst_off);
             return Ok(());
@@ -360,7 +386,17 @@ impl Backend for CpuBackend {
         contract::cast(&self.info, op, x, out, len)?;
         let xs = read(raw(x)?);
         let mut o = write(raw(out)?);
-        o[..len].iter_mut().zip(&xs[..len]).for_each(|(o, &w)| *o = op.word(w));
+        match op.dtypes() {
+            (_, to) if to.is_half() => {
+                let o: &mut [u16] = bytemuck::cast_slice_mut(&mut o);
+                o[..len].iter_mut().zip(&xs[..len]).for_each(|(o, &w)| *o = op.to_half(f32::from_bits(w)));
+            }
+            (from, _) if from.is_half() => {
+                let xs: &[u16] = bytemuck::cast_slice(&xs);
+                o[..len].iter_mut().zip(&xs[..len]).for_each(|(o, &h)| *o = op.from_half(h).to_bits());
+            }
+            _ => o[..len].iter_mut().zip(&xs[..len]).for_each(|(o, &w)| *o = op.word(w)),
+        }
         Ok(())
     }
     fn sync(&self) -> Result<()> {
@@ -381,11 +417,12 @@ impl Backend for CpuBackend {
         if !cpu.released.load(Ordering::Acquire) {
             return Ok(true);
         }
-        self.within_budget(buf.len())?;
-        let reused = lock(&self.pool).take(buf.len());
+        let n = buf.dtype().words(buf.len());
+        self.within_budget(n)?;
+        let reused = lock(&self.pool).take(n);
         let words = match reused {
             Some(v) => v,
-            None => host::try_filled(buf.len(), 0, "cpu", "restore")?,
+            None => host::try_filled(n, 0, "cpu", "restore")?,
         };
         lock(&self.pool).count(words.len());
         *write(cpu) = words;

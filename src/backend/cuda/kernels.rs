@@ -24,7 +24,7 @@ pub const FUNCTIONS: &[(&str, &[&str])] = &[
     ("reduce", &["reduce_rows_f32", "reduce_cols_f32"]),
     ("conv", &["im2col_f32", "col2im_f32"]),
     ("pool", &["max_pool2d_f32", "max_pool2d_backward_f32"]),
-    ("index", &["gather_f32", "scatter_f32", "gather_rows_f32", "scatter_add_rows_f32", "cast_32"]),
+    ("index", &["gather_f32", "scatter_f32", "gather_rows_f32", "scatter_add_rows_f32", "cast_32", "cast_to_half", "cast_from_half"]),
     ("optim", &["sgd_f32", "adam_f32"]),
     ("matmul", &["matmul_f32"]),
     (

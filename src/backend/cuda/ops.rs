@@ -39,11 +39,19 @@ impl Backend for CudaBackend {
         let bits = match buf.dtype() {
             DType::F32 => value.to_bits(),
             DType::I32 => value as i32 as u32,
+            DType::Bf16 => u32::from(CastOp::F32ToBf16.to_half(value)),
+            DType::F16 => u32::from(CastOp::F32ToF16.to_half(value)),
         };
         if buf.is_empty() {
             return Ok(());
         }
         self.bind()?;
+        if buf.dtype().is_half() {
+            // SAFETY: `ptr` holds `buf.len()` 2-byte elements of this context.
+            return unsafe { sys::cuMemsetD16Async(ptr, bits as u16, buf.len(), self.stream().cu_stream()) }
+                .result()
+                .map_err(|e| self.err("cuMemsetD16Async", e));
+        }
         // SAFETY: `ptr` holds `buf.len()` 4-byte elements of this context.
         unsafe { sys::cuMemsetD32Async(ptr, bits, buf.len(), self.stream().cu_stream()) }
             .result()
@@ -59,11 +67,13 @@ impl Backend for CudaBackend {
         }
         self.bind()?;
         let overlap = s == d && src_off.abs_diff(dst_off) < len;
-        let (s, d) = (s + 4 * src_off as u64, d + 4 * dst_off as u64);
+        // `contract::copy` checked that both dtypes have this width.
+        let w = src.dtype().size();
+        let (s, d) = (s + (w * src_off) as u64, d + (w * dst_off) as u64);
         let stream = self.stream().cu_stream();
         if !overlap {
             // SAFETY: both ranges were checked to lie inside their buffers.
-            return unsafe { result::memcpy_dtod_async(d, s, 4 * len, stream) }.map_err(|e| self.err("cuMemcpyDtoDAsync", e));
+            return unsafe { result::memcpy_dtod_async(d, s, w * len, stream) }.map_err(|e| self.err("cuMemcpyDtoDAsync", e));
         }
         if s == d {
             return Ok(());
@@ -71,11 +81,11 @@ impl Backend for CudaBackend {
         // CUDA promises nothing for overlapping ranges of one copy: through a temporary, the
         // result is memmove's (as on wgpu and the CPU). The temporary goes back to the pool when
         // dropped; the pool hands it out again only to work later on this same stream.
-        let tmp = self.pool.alloc(4 * len)?;
-        // SAFETY: the ranges lie inside their buffers and `tmp` holds `4 * len` bytes.
+        let tmp = self.pool.alloc(w * len)?;
+        // SAFETY: the ranges lie inside their buffers and `tmp` holds `w * len` bytes.
         unsafe {
-            result::memcpy_dtod_async(tmp.ptr, s, 4 * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))?;
-            result::memcpy_dtod_async(d, tmp.ptr, 4 * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))
+            result::memcpy_dtod_async(tmp.ptr, s, w * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))?;
+            result::memcpy_dtod_async(d, tmp.ptr, w * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))
         }
     }
 
@@ -246,7 +256,12 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        launch!(self, "cast_32", grid(n), x, out, n, code)
+        let kernel = match (from.is_half(), to.is_half()) {
+            (false, true) => "cast_to_half",
+            (true, _) => "cast_from_half",
+            _ => "cast_32",
+        };
+        launch!(self, kernel, grid(n), x, out, n, code)
     }
 
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {

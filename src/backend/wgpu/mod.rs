@@ -5,6 +5,7 @@ mod bind_groups;
 mod context;
 mod fused;
 mod gate;
+mod halves;
 mod nn;
 mod ops;
 mod pool;
@@ -231,26 +232,51 @@ impl Backend for WgpuBackend {
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
         super::contract::alloc(&self.info, len, dtype)?;
-        let raw = self.pool.alloc(len as u64 * 4)?;
+        let raw = self.pool.alloc(dtype.words(len) as u64 * 4)?;
         Ok(Buffer::new(raw, len, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
         super::contract::upload(&self.info, bytes, dtype)?;
-        let raw = self.pool.alloc(bytes.len() as u64)?;
-        self.ctx.write(&raw.raw, 0, bytes);
-        Ok(Buffer::new(raw, bytes.len() / 4, dtype))
+        let len = bytes.len() / dtype.size();
+        let raw = self.pool.alloc(dtype.words(len) as u64 * 4)?;
+        // Queue writes move whole words: an odd number of halves takes a padded copy.
+        let (whole, tail) = bytes.split_at(bytes.len() / 4 * 4);
+        self.ctx.write(&raw.raw, 0, whole);
+        if !tail.is_empty() {
+            self.ctx.write(&raw.raw, whole.len() as u64, &[tail, &[0, 0]].concat());
+        }
+        Ok(Buffer::new(raw, len, dtype))
     }
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
         let raw = self.raw("download", buf, 0)?;
-        self.ctx.read(raw, 0, buf.len() as u64 * 4)
+        let mut bytes = self.ctx.read(raw, 0, buf.dtype().words(buf.len()) as u64 * 4)?;
+        bytes.truncate(buf.len() * buf.dtype().size());
+        Ok(bytes)
     }
     /// Straight from `buf` into the staging buffer: no scratch copy.
     fn download_range(&self, buf: &Buffer, start: usize, len: usize) -> Result<Vec<u8>> {
         let raw = self.raw("download_range", buf, start.saturating_add(len))?;
+        if buf.dtype().is_half() {
+            // The words that hold the range, then the range's bytes within them.
+            let (first, end) = (start / 2, (start + len).div_ceil(2));
+            let words = self.ctx.read(raw, first as u64 * 4, (end - first) as u64 * 4)?;
+            let skip = (start % 2) * 2;
+            return Ok(words[skip..skip + len * 2].to_vec());
+        }
         self.ctx.read(raw, start as u64 * 4, len as u64 * 4)
     }
     /// Through the queue's own staging straight into `buf`: no scratch buffer.
     fn write_at(&self, buf: &Buffer, start: usize, bytes: &[u8]) -> Result<()> {
+        if buf.dtype().is_half() && !(start.is_multiple_of(2) && bytes.len().is_multiple_of(4)) {
+            // Not whole words: a staged upload and the copy kernel keep the neighbouring halves.
+            let up = self.upload(bytes, buf.dtype())?;
+            return self.copy(&up, 0, buf, start, up.len());
+        }
+        if buf.dtype().is_half() {
+            let raw = self.raw("write_at", buf, start.saturating_add(bytes.len() / 2))?;
+            self.ctx.write(raw, start as u64 * 2, bytes);
+            return Ok(());
+        }
         if !bytes.len().is_multiple_of(4) {
             return Err(Error::invalid("write_at", format!("{} bytes are not whole 4-byte elements on {}", bytes.len(), self.ctx.name)));
         }
@@ -260,11 +286,14 @@ impl Backend for WgpuBackend {
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
         super::contract::fill(&self.info, buf)?;
+        let half = |op: CastOp| u32::from(op.to_half(value)) * 0x1_0001;
         let bits = match buf.dtype() {
             DType::F32 => value.to_bits(),
             DType::I32 => value as i32 as u32,
+            DType::Bf16 => half(CastOp::F32ToBf16),
+            DType::F16 => half(CastOp::F32ToF16),
         };
-        ops::fill(&self.ctx, self.raw("fill", buf, 0)?, buf.len(), bits)
+        ops::fill(&self.ctx, self.raw("fill", buf, 0)?, buf.dtype().words(buf.len()), bits)
     }
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
         super::contract::copy(&self.info, src, src_off, dst, dst_off, len)?;
@@ -272,6 +301,16 @@ impl Backend for WgpuBackend {
         let d = self.raw("copy", dst, 0)?;
         if len == 0 {
             return Ok(());
+        }
+        if src.dtype().is_half() {
+            if s != d {
+                return halves::copy(&self.ctx, s, src_off, d, dst_off, len);
+            }
+            // The kernel reads and writes distinct buffers: the source words go to scratch first.
+            let (first, end) = (src_off / 2, (src_off + len).div_ceil(2));
+            let tmp = self.pool.alloc((end - first) as u64 * 4)?;
+            self.ctx.encode(|e| e.copy_buffer_to_buffer(s, first as u64 * 4, &tmp.raw, 0, (end - first) as u64 * 4));
+            return halves::copy(&self.ctx, &tmp.raw, src_off % 2, d, dst_off, len);
         }
         let bytes = len as u64 * 4;
         if s == d {
@@ -350,6 +389,10 @@ impl Backend for WgpuBackend {
         super::contract::cast(&self.info, op, x, out, len)?;
         let xr = self.raw("cast", x, 0)?;
         let or = self.raw("cast", out, 0)?;
+        let (from, to) = op.dtypes();
+        if from.is_half() || to.is_half() {
+            return halves::cast(&self.ctx, op, xr, or, len);
+        }
         nn::cast(&self.ctx, op, xr, or, len)
     }
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {

@@ -16,6 +16,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("pool", include_str!("../../../shaders/pool.wgsl")),
     ("index", include_str!("../../../shaders/index.wgsl")),
     ("cast", include_str!("../../../shaders/cast.wgsl")),
+    ("halves", include_str!("../../../shaders/halves.wgsl")),
     ("optim", include_str!("../../../shaders/optim.wgsl")),
     ("transformer", include_str!("../../../shaders/transformer.wgsl")),
     ("attention", include_str!("../../../shaders/attention.wgsl")),

@@ -417,6 +417,11 @@ impl Communicator for Nccl {
         let buf = match src.dtype() {
             DType::F32 => self.point_to_point::<f32>(src, s, d, len)?,
             DType::I32 => self.point_to_point::<i32>(src, s, d, len)?,
+            // Halves move as the tensors they are (a peer copy or host staging), not through NCCL.
+            DType::Bf16 | DType::F16 => {
+                self.count(len * 2);
+                return no_grad(|| src.to(dst));
+            }
         };
         self.count(len * 4);
         Ok(Tensor::from_parts(buf, src.shape().clone(), dst.clone(), None))
