@@ -17,6 +17,8 @@ pub type BlockFn = Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>;
 pub struct Recompute {
     f: BlockFn,
     ctx: SampleContext,
+    /// The `autocast` type the forward ran under, which the recomputation runs under too.
+    autocast: Option<crate::DType>,
 }
 
 /// Contexts for forwards run outside any strategy (no sample context): one per call, so each
@@ -59,7 +61,7 @@ pub fn checkpoint(f: BlockFn, x: &Tensor, params: &[Tensor]) -> Result<Tensor> {
     });
     let y = no_grad(|| with_samples(ctx, || f(x)))?;
     let inputs: Vec<&Tensor> = std::iter::once(x).chain(params).collect();
-    Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), y.device(), GradOp::Checkpoint(Recompute { f, ctx }), &inputs))
+    Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), y.device(), GradOp::Checkpoint(Recompute { f, ctx, autocast: crate::autocast_dtype() }), &inputs))
 }
 
 /// The gradients of a `checkpoint` node's inputs (`x`, then the parameters) given `g` =
@@ -67,7 +69,7 @@ pub fn checkpoint(f: BlockFn, x: &Tensor, params: &[Tensor]) -> Result<Tensor> {
 /// back-propagated through that private graph only.
 pub(super) fn backward(r: &Recompute, inputs: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     let x = if inputs[0].needs_grad() { inputs[0].detach().requires_grad() } else { inputs[0].detach() };
-    let y = with_grad(|| with_samples(r.ctx, || (r.f)(&x)))?;
+    let y = with_grad(|| with_samples(r.ctx, || crate::autocast(r.autocast, || (r.f)(&x))))?;
     if y.shape() != g.shape() {
         return Err(Error::shape("checkpoint", format!("the recomputed output {:?} differs from the forward's {:?} on {}", y.shape(), g.shape(), g.device())));
     }

@@ -62,6 +62,9 @@ pub enum GradOp {
     /// A cast between F32 and a half type; `from` is the input's dtype, which the gradient
     /// is cast back to.
     Cast { from: crate::DType },
+    /// An op that ran in F32 on half inputs and rounded its output to their type (see
+    /// `tensor::halves`): its own rule, on F32 copies.
+    InF32(Box<GradOp>),
     /// A function of input 0 run without history (`checkpoint`); the other inputs are the
     /// leaves it reads, whose gradients backward gets by running it again with history.
     Checkpoint(Recompute),

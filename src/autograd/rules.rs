@@ -34,6 +34,7 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             vec![ga.map(|t| t.sum_to(a.shape())).transpose()?, gb.map(|t| t.sum_to(bb.shape())).transpose()?]
         }
         GradOp::Cast { from } => vec![Some(g.to_dtype(*from)?)],
+        GradOp::InF32(inner) => crate::tensor::backward_in_f32(inner, inputs, out, g, backward)?,
         GradOp::Sum { axis } => vec![Some(g.reshape(keepdim(x.shape(), *axis))?.broadcast_to(x.shape().clone())?)],
         // d max / dx_i = [x_i == max] / (number of maxima)
         GradOp::Max { axis } => {
@@ -102,7 +103,7 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
                 if n > 0 {
                     let mut shape = x.dims().to_vec();
                     shape[d] = n;
-                    parts.push((at, Tensor::zeros(shape, g.device())?));
+                    parts.push((at, Tensor::zeros(shape, g.device())?.to_dtype(g.dtype())?));
                 }
             }
             parts.push((s, g.clone()));

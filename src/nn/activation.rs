@@ -137,11 +137,12 @@ impl Module for Dropout {
         if !self.training.load(Ordering::Relaxed) || self.p == 0.0 {
             return Ok(x.clone());
         }
+        // A half input keeps its type (the mask is cast to it, as PyTorch's bf16 dropout scales).
         if let Some((ctx, generation)) = crate::autograd::samples_in_progress() {
-            return x.mul(&self.sample_mask(x, ctx, generation)?);
+            return x.mul(&self.sample_mask(x, ctx, generation)?.to_dtype(x.dtype())?);
         }
         let offset = self.offset.fetch_add(x.numel() as u64, Ordering::Relaxed);
-        x.mul(&Tensor::dropout_mask(self.p, self.seed, offset, x.shape().clone(), x.device())?)
+        x.mul(&Tensor::dropout_mask(self.p, self.seed, offset, x.shape().clone(), x.device())?.to_dtype(x.dtype())?)
     }
     fn set_training(&self, training: bool) {
         self.training.store(training, Ordering::Relaxed);

@@ -70,7 +70,8 @@ impl Module for Linear {
         }
         let y = x.matmul_t(&self.weight, false, true)?;
         match &self.bias {
-            Some(b) => y.add(b),
+            // Under autocast the bias joins the product's type, as in PyTorch's addmm.
+            Some(b) => y.add(&b.autocast_operand()?),
             None => Ok(y),
         }
     }

@@ -15,12 +15,18 @@ pub(crate) fn gelu_tanh_inner(x: &Tensor) -> Result<Tensor> {
 impl Tensor {
     /// `x · Φ(x) = 0.5 x (1 + erf(x / √2))`, PyTorch's exact GELU (and its gradient).
     pub fn gelu(&self) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].gelu())? {
+            return Ok(y);
+        }
         let y = autograd::no_grad(|| self.mul(&self.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?))?;
         Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), self.device(), autograd::GradOp::Gelu, &[self]))
     }
     /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, GELU with `approximate='tanh'` (and
     /// PyTorch's gradient).
     pub fn gelu_tanh(&self) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].gelu_tanh())? {
+            return Ok(y);
+        }
         if let Some(y) = self.gelu_tanh_fused()? {
             return Ok(y);
         }
@@ -29,6 +35,9 @@ impl Tensor {
     }
     /// `x · sigmoid(x)` (and PyTorch's gradient).
     pub fn silu(&self) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].silu())? {
+            return Ok(y);
+        }
         let y = autograd::no_grad(|| self.mul(&self.sigmoid()?))?;
         Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), self.device(), autograd::GradOp::Silu, &[self]))
     }
@@ -37,6 +46,9 @@ impl Tensor {
     /// selected away, not multiplied by 0, so a NaN or infinity there does not leak (PyTorch's
     /// `torch.where(cond, self, other)`); each side's gradient is the incoming one where chosen.
     pub fn where_(&self, cond: &Tensor, other: &Tensor) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self, cond, other], |t| t[0].where_(&t[1], &t[2]))? {
+            return Ok(y);
+        }
         cond.expect_dtype("where", DType::F32)?;
         let shape = Shape::broadcast("where", &Shape::broadcast("where", self.shape(), other.shape())?, cond.shape())?;
         let pick = cond.ne_zero()?;

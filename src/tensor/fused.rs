@@ -52,6 +52,9 @@ impl Tensor {
         }
         self.same_device("layer_norm", weight)?;
         self.same_device("layer_norm", bias)?;
+        if let Some(y) = Tensor::in_f32(&[self, weight, bias], |t| t[0].layer_norm(&t[1], &t[2], eps))? {
+            return Ok(y);
+        }
         let rows = self.numel() / c.max(1);
         let (y, mean, rstd) = (self.alloc_like(self.numel(), DType::F32)?, self.alloc_like(rows, DType::F32)?, self.alloc_like(rows, DType::F32)?);
         let op = FusedOp::LayerNorm { rows, cols: c, eps };
@@ -72,6 +75,9 @@ impl Tensor {
         if d.len() < 2 || d[d.len() - 1] != d[d.len() - 2] {
             return Err(Error::shape("causal_softmax", format!("input {:?}: need [.., T, T]", self.shape())));
         }
+        if let Some(y) = Tensor::in_f32(&[self], |x| x[0].causal_softmax(scale))? {
+            return Ok(y);
+        }
         let t = d[d.len() - 1];
         let n = self.numel() / (t * t).max(1);
         let y = self.alloc_like(self.numel(), DType::F32)?;
@@ -90,6 +96,9 @@ impl Tensor {
         }
         q.same_device("causal_attention", k)?;
         q.same_device("causal_attention", v)?;
+        if let Some(y) = Tensor::in_f32(&[q, k, v], |t| Tensor::causal_attention(&t[0], &t[1], &t[2], scale))? {
+            return Ok(y);
+        }
         let [n, t, d] = [q.dims()[0], q.dims()[1], q.dims()[2]];
         let (o, lse) = (q.alloc_like(q.numel(), DType::F32)?, q.alloc_like(n * t, DType::F32)?);
         let op = FusedOp::Attention { n, t, d, scale };

@@ -29,14 +29,14 @@ impl Tensor {
         if !(0.0..=1.0).contains(&opts.label_smoothing) {
             return Err(Error::invalid("cross_entropy", format!("label_smoothing {} is not in [0, 1]", opts.label_smoothing)));
         }
-        let (logits, targets) = classes_last("cross_entropy", self, targets)?;
+        let (logits, targets) = classes_last("cross_entropy", &self.upcast()?, targets)?;
         let logp = logits.log_softmax(1)?;
         nll_rows("cross_entropy", &logp, &targets, opts)
     }
     /// Negative log-likelihood of log-probabilities (`[N, C]` or `[N, C, d1, ..]`) against
     /// I32 targets, PyTorch's `NLLLoss(ignore_index)` with reduction mean.
     pub fn nll_loss(&self, targets: &Tensor, ignore_index: Option<i32>) -> Result<Tensor> {
-        let (logp, targets) = classes_last("nll_loss", self, targets)?;
+        let (logp, targets) = classes_last("nll_loss", &self.upcast()?, targets)?;
         nll_rows("nll_loss", &logp, &targets, CrossEntropy { ignore_index, label_smoothing: 0.0 })
     }
     /// `mean((1 - y) x + m + log(e^(-m) + e^(-x-m)))`, `m = max(-x, 0)`: binary cross-entropy of
@@ -44,6 +44,9 @@ impl Tensor {
     /// form (`BCEWithLogitsLoss`, so `x = inf, y = 0` gives inf, not inf · 0 = NaN), and with its
     /// gradients `(sigmoid(x) - y) g / N` and `-x g / N` (finite at `x = -inf`, `1/2 - y` at 0).
     pub fn bce_with_logits(&self, target: &Tensor) -> Result<Tensor> {
+        if self.dtype().is_half() || target.dtype().is_half() {
+            return self.upcast()?.bce_with_logits(&target.upcast()?);
+        }
         same_shape("bce_with_logits", self, target)?;
         let loss = autograd::no_grad(|| {
             let m = self.neg()?.relu()?;
@@ -54,6 +57,9 @@ impl Tensor {
     }
     /// Mean absolute error (`L1Loss`).
     pub fn l1_loss(&self, target: &Tensor) -> Result<Tensor> {
+        if self.dtype().is_half() || target.dtype().is_half() {
+            return self.upcast()?.l1_loss(&target.upcast()?);
+        }
         same_shape("l1_loss", self, target)?;
         self.sub(target)?.abs()?.mean_all()
     }

@@ -5,6 +5,7 @@
 #![doc = include_str!("numerics.md")]
 mod compose;
 mod fused;
+mod halves;
 mod losses;
 mod nn_ops;
 mod ops;
@@ -14,6 +15,8 @@ mod shape_ops;
 pub(crate) use compose::gelu_tanh_inner;
 pub use fused::composed;
 pub use losses::CrossEntropy;
+pub use halves::{autocast, autocast_dtype};
+pub(crate) use halves::backward_in_f32;
 
 use crate::autograd::{self, GradOp, Node};
 use crate::backend::{host, Backend, Buffer, IndexOp, ReduceOp, ReduceSpec};

@@ -37,6 +37,12 @@ impl Tensor {
     /// and not others is copied out to the full batch.
     pub fn matmul_t(&self, other: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
         self.same_device("matmul", other)?;
+        if crate::autocast_dtype().is_some() && (self.dtype() == DType::F32 || other.dtype() == DType::F32) {
+            return self.autocast_operand()?.matmul_t(&other.autocast_operand()?, trans_a, trans_b);
+        }
+        if let Some(y) = Tensor::in_f32(&[self, other], |t| t[0].matmul_t(&t[1], trans_a, trans_b))? {
+            return Ok(y);
+        }
         self.expect_dtype("matmul", DType::F32)?;
         other.expect_dtype("matmul", DType::F32)?;
         let err = |why: &str| {
@@ -129,6 +135,17 @@ impl Tensor {
 
     fn conv2d_impl(&self, weight: &Tensor, bias: Option<&Tensor>, stride: (usize, usize), pad: (usize, usize), relu: bool) -> Result<Tensor> {
         self.same_device("conv2d", weight)?;
+        if crate::autocast_dtype().is_some() && [Some(self), Some(weight), bias].into_iter().flatten().any(|t| t.dtype() == DType::F32) {
+            let b = bias.map(Tensor::autocast_operand).transpose()?;
+            return self.autocast_operand()?.conv2d_impl(&weight.autocast_operand()?, b.as_ref(), stride, pad, relu);
+        }
+        let halves = match bias {
+            Some(b) => Tensor::in_f32(&[self, weight, b], |t| t[0].conv2d_impl(&t[1], Some(&t[2]), stride, pad, relu))?,
+            None => Tensor::in_f32(&[self, weight], |t| t[0].conv2d_impl(&t[1], None, stride, pad, relu))?,
+        };
+        if let Some(y) = halves {
+            return Ok(y);
+        }
         let (x, w) = (self.dims(), weight.dims());
         if x.len() != 4 || w.len() != 4 || x[1] != w[1] {
             return Err(Error::shape("conv2d", format!("input {:?} with weight {:?} (need [N,C,H,W] and [O,C,KH,KW])", self.shape(), weight.shape())));
@@ -172,6 +189,9 @@ impl Tensor {
 
     /// Max pooling over `[N, C, H, W]` with PyTorch's floor output size.
     pub fn max_pool2d(&self, kernel: (usize, usize), stride: (usize, usize), pad: (usize, usize)) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].max_pool2d(kernel, stride, pad))? {
+            return Ok(y);
+        }
         self.expect_dtype("max_pool2d", DType::F32)?;
         let x = self.dims();
         if x.len() != 4 {

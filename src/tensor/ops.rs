@@ -7,6 +7,9 @@ use crate::{DType, Error, Layout, Result, Shape};
 impl Tensor {
     /// Applies an elementwise op (recorded for autograd).
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].unary(op))? {
+            return Ok(y);
+        }
         self.expect_dtype("unary", DType::F32)?;
         let out = self.alloc_like(self.numel(), DType::F32)?;
         self.backend().unary(op, &self.0.buffer, &self.layout(), &out)?;
@@ -70,6 +73,9 @@ impl Tensor {
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
         let name = binary_name(op);
         self.same_device(name, other)?;
+        if let Some(y) = Tensor::in_f32(&[self, other], |t| t[0].binary(op, &t[1]))? {
+            return Ok(y);
+        }
         self.expect_dtype(name, DType::F32)?;
         other.expect_dtype(name, DType::F32)?;
         let shape = Shape::broadcast(name, self.shape(), other.shape())?;
@@ -203,6 +209,9 @@ impl Tensor {
     }
     /// Sum over `axis` (negative counts from the end).
     pub fn sum(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].sum(axis, keepdim))? {
+            return Ok(y);
+        }
         self.expect_dtype("sum", DType::F32)?;
         let a = self.shape().axis("sum", axis)?;
         let (out, shape) = self.reduce_raw(ReduceOp::Sum, a, keepdim)?;
@@ -216,6 +225,9 @@ impl Tensor {
     }
     /// Maximum over `axis`; the gradient is shared evenly between tied maxima.
     pub fn max(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].max(axis, keepdim))? {
+            return Ok(y);
+        }
         self.expect_dtype("max", DType::F32)?;
         let a = self.shape().axis("max", axis)?;
         let (out, shape) = self.reduce_raw(ReduceOp::Max, a, keepdim)?;
@@ -226,6 +238,9 @@ impl Tensor {
     }
     /// Index of the first maximum along `axis`, as I32.
     pub fn argmax(&self, axis: isize) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].argmax(axis))? {
+            return Ok(y);
+        }
         self.expect_dtype("argmax", DType::F32)?;
         let a = self.shape().axis("argmax", axis)?;
         let (out, shape) = self.reduce_raw(ReduceOp::ArgMax, a, false)?;
@@ -241,6 +256,9 @@ impl Tensor {
 
     /// Numerically stable softmax along `axis`, `exp(log_softmax)`, with PyTorch's gradient.
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].softmax(axis))? {
+            return Ok(y);
+        }
         let a = self.shape().axis("softmax", axis)?;
         let y = crate::autograd::no_grad(|| self.log_softmax(axis)?.exp())?;
         Ok(Tensor::result(y.0.buffer.clone(), y.shape().clone(), self.device(), GradOp::Softmax { axis: a }, &[self]))
@@ -248,6 +266,9 @@ impl Tensor {
     /// `x - max - log(sum(exp(x - max)))` along `axis`; the max is a constant shift, so it is
     /// detached (the result's gradient does not depend on it).
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        if let Some(y) = Tensor::in_f32(&[self], |t| t[0].log_softmax(axis))? {
+            return Ok(y);
+        }
         let m = self.detach().max(axis, true)?;
         let z = self.sub(&m)?;
         let lse = z.exp()?.sum(axis, true)?.log()?;
@@ -257,6 +278,9 @@ impl Tensor {
     /// Picks `self[r, labels[r]]` from `[rows, cols]`; labels are I32 `[rows]`.
     pub fn gather_rows(&self, labels: &Tensor) -> Result<Tensor> {
         self.same_device("gather_rows", labels)?;
+        if let Some(y) = Tensor::in_f32(&[self, labels], |t| t[0].gather_rows(&t[1]))? {
+            return Ok(y);
+        }
         labels.expect_dtype("gather_rows", DType::I32)?;
         if self.rank() != 2 || labels.dims() != [self.dims()[0]] {
             return Err(Error::shape(
@@ -274,6 +298,10 @@ impl Tensor {
     /// Mean cross-entropy of `[N, C]` logits against I32 class indices `[N]`, as PyTorch's
     /// `CrossEntropyLoss()` (reduction mean).
     pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
+        if self.dtype().is_half() {
+            // Losses compute from F32 whatever their input (autocast's rule).
+            return self.upcast()?.cross_entropy(labels);
+        }
         if self.rank() != 2 {
             return Err(Error::shape("cross_entropy", format!("logits must be [N, C], got {:?}", self.shape())));
         }
@@ -286,6 +314,9 @@ impl Tensor {
     /// [`cross_entropy`](Tensor::cross_entropy)) are an [`Error::Invalid`] of `mse_loss` naming
     /// their dtype and shape.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
+        if self.dtype().is_half() || target.dtype().is_half() {
+            return self.upcast()?.mse_loss(&target.upcast()?);
+        }
         if target.dtype() != DType::F32 {
             return Err(Error::invalid(
                 "mse_loss",

@@ -1,8 +1,8 @@
 //! Shape changes: reshape (free), permute and broadcast (one strided copy), narrow and cat.
 use super::Tensor;
 use crate::autograd::GradOp;
-use crate::backend::UnaryOp;
-use crate::{Error, Layout, Result, Shape};
+use crate::backend::{CastOp, UnaryOp};
+use crate::{DType, Error, Layout, Result, Shape};
 
 impl Tensor {
     /// The same values with a new shape of equal size; one dimension may be `usize::MAX`
@@ -136,10 +136,10 @@ impl Tensor {
         let first = tensors.first().ok_or_else(|| Error::invalid("cat", "no tensors"))?;
         for t in tensors {
             first.same_device("cat", t)?;
-            let ok = t.rank() == first.rank()
-                && dim < t.rank()
-                && t.dtype() == first.dtype()
-                && (0..t.rank()).all(|d| d == dim || t.dims()[d] == first.dims()[d]);
+            if t.dtype() != first.dtype() {
+                return Err(Error::DType { op: "cat", expected: first.dtype(), got: t.dtype() });
+            }
+            let ok = t.rank() == first.rank() && dim < t.rank() && (0..t.rank()).all(|d| d == dim || t.dims()[d] == first.dims()[d]);
             if !ok {
                 let shapes: Vec<_> = tensors.iter().map(|t| t.shape().clone()).collect();
                 return Err(Error::shape("cat", format!("cannot concatenate {shapes:?} along dim {dim}")));
@@ -173,6 +173,19 @@ impl Tensor {
     }
 
     fn strided_copy(&self, layout: &Layout) -> Result<crate::backend::Buffer> {
+        if self.dtype().is_half() {
+            // Strided reads go through F32 (exact both ways): the kernels read 32-bit words.
+            let b = self.backend();
+            let cast = |a, z| CastOp::between(a, z).ok_or_else(|| Error::invalid("copy", format!("no cast from {a:?} to {z:?}")));
+            let (to, from) = (cast(self.dtype(), DType::F32)?, cast(DType::F32, self.dtype())?);
+            let wide = self.alloc_like(self.0.buffer.len(), DType::F32)?;
+            b.cast(to, &self.0.buffer, &wide, self.0.buffer.len())?;
+            let picked = self.alloc_like(layout.numel(), DType::F32)?;
+            b.unary(UnaryOp::Identity, &wide, layout, &picked)?;
+            let out = self.alloc_like(layout.numel(), self.dtype())?;
+            b.cast(from, &picked, &out, layout.numel())?;
+            return Ok(out);
+        }
         let out = self.alloc_like(layout.numel(), self.dtype())?;
         self.backend().unary(UnaryOp::Identity, &self.0.buffer, layout, &out)?;
         Ok(out)

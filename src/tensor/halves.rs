@@ -1,0 +1,139 @@
+//! Ops on Bf16 and F16 tensors, and autocast: halves are storage, arithmetic is f32.
+//!
+//! An op given half inputs runs its f32 kernel on f32 copies and rounds the result once to the
+//! half type (`in_f32`), so matmul, reductions, softmax and LayerNorm accumulate in f32 as
+//! PyTorch's CPU kernels for bfloat16 do, and every backend needs only its casts. The graph
+//! keeps the half inputs, not the copies (the node's rule upcasts them again in backward), so
+//! saved activations take half the bytes. Mixed inputs (a half and an F32, or both halves)
+//! promote to F32, as PyTorch's type promotion does; losses compute in F32 from any input.
+//!
+//! [`autocast`] is PyTorch's `torch.autocast`: inside it, products (matmul, Linear, Conv2d)
+//! cast their F32 operands to the half type first, so their outputs and everything computed
+//! from them until a promotion are halves, while parameters stay F32 master weights whose
+//! gradients come back through the casts in F32.
+use super::Tensor;
+use crate::autograd::{GradOp, Node};
+use crate::{DType, Error, Result};
+use std::cell::Cell;
+use std::sync::Arc;
+
+thread_local! {
+    static AUTOCAST: Cell<Option<DType>> = const { Cell::new(None) };
+}
+
+/// The half type products cast to on this thread, inside [`autocast`]; `None` outside.
+pub fn autocast_dtype() -> Option<DType> {
+    AUTOCAST.with(Cell::get)
+}
+
+/// Runs `f` with products computing from `dtype` operands (`Bf16` or `F16`; `None` or `F32`
+/// turns autocast off inside `f`), as PyTorch's `with torch.autocast(device, dtype)`. The
+/// previous state comes back when `f` returns or panics. Recomputed blocks
+/// (`autograd::checkpoint`) recompute under the state their forward ran in.
+///
+/// ```
+/// # use tandem::{autocast, Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let w = Tensor::from_vec(vec![1.0, 1.0 / 512.0], [2, 1], &dev)?.requires_grad();
+/// let x = Tensor::from_vec(vec![1.0, 1.0], [1, 2], &dev)?;
+/// let y = autocast(Some(DType::Bf16), || x.matmul(&w))?;
+/// // w[1] rounds to bf16's 1/512 exactly; 1 + 1/512 is no bf16, so the product rounds to 1.
+/// assert_eq!((y.dtype(), y.to_vec()?), (DType::Bf16, vec![1.0]));
+/// y.to_dtype(DType::F32)?.sum_all()?.backward()?;
+/// assert_eq!(w.grad().unwrap().dtype(), DType::F32);
+/// # Ok::<(), tandem::Error>(())
+/// ```
+pub fn autocast<T>(dtype: Option<DType>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<DType>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            AUTOCAST.with(|a| a.set(self.0));
+        }
+    }
+    let _restore = Restore(AUTOCAST.with(|a| a.replace(dtype.filter(|d| d.is_half()))));
+    f()
+}
+
+/// The dtype an op of these float inputs computes into: the shared half type, or F32.
+fn result_dtype(inputs: &[&Tensor]) -> Option<DType> {
+    let mut floats = inputs.iter().map(|t| t.dtype()).filter(|d| *d != DType::I32);
+    let first = floats.next()?;
+    floats.all(|d| d == first).then_some(first).filter(|d| d.is_half())
+}
+
+impl Tensor {
+    /// This tensor as F32 (a differentiable cast from a half type; itself otherwise).
+    pub(crate) fn upcast(&self) -> Result<Tensor> {
+        if self.dtype().is_half() {
+            self.to_dtype(DType::F32)
+        } else {
+            Ok(self.clone())
+        }
+    }
+
+    /// An operand of a product: cast to the [`autocast`] type when one is set and this is F32.
+    pub(crate) fn autocast_operand(&self) -> Result<Tensor> {
+        match autocast_dtype() {
+            Some(half) if self.dtype() == DType::F32 => self.to_dtype(half),
+            _ => Ok(self.clone()),
+        }
+    }
+
+    /// `Ok(None)` when no input is a half: the caller runs its usual path. Otherwise `op` runs
+    /// on F32 copies of the inputs and its result comes back rounded to the inputs' half type
+    /// (or F32 when they mix types, and as computed when it is not F32, an argmax's I32), with
+    /// the graph node holding the half inputs.
+    pub(crate) fn in_f32(inputs: &[&Tensor], op: impl FnOnce(&[Tensor]) -> Result<Tensor>) -> Result<Option<Tensor>> {
+        if !inputs.iter().any(|t| t.dtype().is_half()) {
+            return Ok(None);
+        }
+        let ups: Vec<Tensor> = inputs.iter().map(|t| t.upcast()).collect::<Result<_>>()?;
+        // The copies are F32 already: products inside `op` must not cast them again.
+        let y = autocast(None, || op(&ups))?;
+        let Some(half) = result_dtype(inputs).filter(|_| y.dtype() == DType::F32) else { return Ok(Some(y)) };
+        let rounded = y.detach().to_dtype(half)?;
+        // Take the op's node over, with the half inputs in place of their copies; a node that
+        // is still shared (it never is for the ops that call this) keeps the plain cast.
+        let y = match Arc::try_unwrap(y.0) {
+            Ok(inner) => inner,
+            Err(shared) => return Tensor(shared).to_dtype(half).map(Some),
+        };
+        let Some(Node { op, inputs: node_inputs }) = y.node else { return Ok(Some(rounded)) };
+        let originals: Vec<Tensor> = node_inputs
+            .into_iter()
+            .map(|t| match ups.iter().position(|u| u.id() == t.id()) {
+                Some(i) => inputs[i].clone(),
+                None => t,
+            })
+            .collect();
+        let refs: Vec<&Tensor> = originals.iter().collect();
+        let out = rounded.buffer().clone();
+        Ok(Some(Tensor::result(out, rounded.shape().clone(), rounded.device(), GradOp::InF32(Box::new(op)), &refs)))
+    }
+}
+
+/// The gradient rule of an op that ran in F32 on half inputs (`GradOp::InF32`): the inner
+/// op's rule on F32 copies of its inputs, output and incoming gradient, each input's gradient
+/// rounded back to that input's dtype.
+pub(crate) fn backward_in_f32(
+    inner: &GradOp,
+    inputs: &[Tensor],
+    out: &Tensor,
+    g: &Tensor,
+    rule: impl FnOnce(&GradOp, &[Tensor], &Tensor, &Tensor) -> Result<Vec<Option<Tensor>>>,
+) -> Result<Vec<Option<Tensor>>> {
+    // The rules ask their inputs whether they need a gradient: the copies answer as the halves.
+    let wide = |t: &Tensor| -> Result<Tensor> {
+        match t.dtype().is_half() {
+            true if t.needs_grad() => Ok(t.upcast()?.detach().requires_grad()),
+            true => Ok(t.upcast()?.detach()),
+            false => Ok(t.clone()),
+        }
+    };
+    let ups: Vec<Tensor> = inputs.iter().map(wide).collect::<Result<_>>()?;
+    let grads = rule(inner, &ups, &out.upcast()?, &g.upcast()?)?;
+    if grads.len() != inputs.len() {
+        return Err(Error::invalid("backward", format!("{} gradients for {} inputs of an op run in f32", grads.len(), inputs.len())));
+    }
+    grads.into_iter().zip(inputs).map(|(gr, x)| gr.map(|gr| gr.to_dtype(x.dtype())).transpose()).collect()
+}
