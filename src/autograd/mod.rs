@@ -65,6 +65,8 @@ pub enum GradOp {
     /// An op that ran in F32 on half inputs and rounded its output to their type (see
     /// `tensor::halves`): its own rule, on F32 copies.
     InF32(Box<GradOp>),
+    /// The identity whose gradient is multiplied by the factor (loss scaling).
+    ScaleGrad(f32),
     /// A function of input 0 run without history (`checkpoint`); the other inputs are the
     /// leaves it reads, whose gradients backward gets by running it again with history.
     Checkpoint(Recompute),

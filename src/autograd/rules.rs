@@ -34,6 +34,7 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             vec![ga.map(|t| t.sum_to(a.shape())).transpose()?, gb.map(|t| t.sum_to(bb.shape())).transpose()?]
         }
         GradOp::Cast { from } => vec![Some(g.to_dtype(*from)?)],
+        GradOp::ScaleGrad(s) => vec![Some(g.mul_scalar(*s)?)],
         GradOp::InF32(inner) => crate::tensor::backward_in_f32(inner, inputs, out, g, backward)?,
         GradOp::Sum { axis } => vec![Some(g.reshape(keepdim(x.shape(), *axis))?.broadcast_to(x.shape().clone())?)],
         // d max / dx_i = [x_i == max] / (number of maxima)

@@ -250,11 +250,13 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     } else {
         build(args, cfg, &optim, &devices)?
     };
+    setup::set_precision(&mut *strategy, args)?;
     let clip = setup::grad_clip(args)?;
     if let Some(path) = &args.init {
         strategy.load_state_dict(&read_weights(path)?).map_err(|e| Error::format(path, format!("--init: {e}")))?;
     }
     let mut config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
+    setup::record_precision(&mut config, args);
     // A resumed run repeats the plan rather than measuring again.
     if let Some(p) = &planned {
         let kept = tandem::parallel::plan::Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() };
@@ -286,6 +288,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if let Some(p) = &planned {
         trained.note(&super::plan::compared(p, trained.fit.train_s, trained.fit.steps_run()));
     }
+    setup::note_loss_scale(&trained, trainer.strategy().core());
     if let Some(path) = &args.save {
         let meta = BTreeMap::from([("config".to_string(), config.to_string())]);
         write_safetensors(path, &to_host(&trainer.strategy().state_dict()?)?, &meta)?;

@@ -226,6 +226,11 @@ pub struct TrainArgs {
     /// Needs --strategy data (or auto on several devices).
     #[arg(long, value_name = "MODE", default_value = "none")]
     pub shard: tandem::parallel::Shard,
+    /// What the forward computes in: `f32`, or `bf16` / `f16` (PyTorch's autocast: products
+    /// and the activations after them stored in the half type, computed in f32; F32 master
+    /// weights; f16 with dynamic loss scaling). One device or --strategy data.
+    #[arg(long, value_name = "TYPE", default_value = "f32")]
+    pub precision: tandem::optim::Precision,
     /// Write resumable checkpoints into this directory.
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,

@@ -381,3 +381,23 @@ fn host_f32(path: &Path, name: &str, h: &HostTensor) -> Result<Tensor> {
         HostData::I32(_) => Err(Error::format(path, format!("{name} holds integers; weights must be F32, F16 or BF16"))),
     }
 }
+
+/// Applies `--precision` to the strategy `train` built, naming the flag where it cannot.
+pub fn set_precision(strategy: &mut dyn Strategy, args: &TrainArgs) -> Result<()> {
+    strategy.set_precision(args.precision, None).map_err(|e| Error::invalid("--precision", e.to_string()))
+}
+
+/// Records a half `--precision` in the run's configuration (which a resume must repeat); F32
+/// adds nothing, so that checkpoints written before the flag still resume.
+pub fn record_precision(config: &mut serde_json::Value, args: &TrainArgs) {
+    if args.precision != tandem::optim::Precision::F32 {
+        config["precision"] = args.precision.name().into();
+    }
+}
+
+/// The loss scale an f16 run ended with and the steps it skipped, among the run's notes.
+pub(super) fn note_loss_scale(trained: &super::training::Trained, core: &tandem::parallel::StepCore) {
+    if let Some(s) = core.grad_scaler() {
+        trained.note(&format!("f16 loss scale {} at the end; {} steps skipped for overflowing gradients", s.scale(), core.skipped_steps()));
+    }
+}

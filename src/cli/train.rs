@@ -100,9 +100,12 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         };
         build_strategy(plan)?
     };
+    let mut strategy = strategy;
+    setup::set_precision(&mut *strategy, args)?;
     let clip = setup::grad_clip(args)?;
 
     let mut config = run_config(args, model_kind, &optim);
+    setup::record_precision(&mut config, args);
     // What a resumed run must repeat rather than measure again: the plan (its alternatives
     // and rejections are not needed for that), or the measured batch weights.
     if let Some(p) = &planned {
@@ -121,6 +124,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if let Some(p) = &planned {
         trained.note(&super::plan::compared(p, trained.fit.train_s, trained.fit.steps_run()));
     }
+    setup::note_loss_scale(&trained, trainer.strategy().core());
 
     let accuracy = match test {
         Some(t) => evaluate(&mut trainer, t)?,

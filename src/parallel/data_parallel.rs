@@ -356,6 +356,9 @@ fn joined<T>(i: usize, r: &Replica, thread: std::thread::Result<Result<T>>) -> R
 }
 
 impl Strategy for DataParallel {
+    fn autocasts(&self) -> bool {
+        true
+    }
     fn check_batch_size(&self, n: usize) -> Result<()> {
         super::split::check_samples(n, self.comm.device_span().1)
     }

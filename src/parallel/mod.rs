@@ -115,6 +115,23 @@ pub trait Strategy: Send {
     fn set_grad_clip(&mut self, max_norm: Option<f32>) -> Result<()> {
         self.core_mut().set_clip(max_norm)
     }
+    /// Trains in `precision` from the next step (see [`Precision`](crate::optim::Precision)):
+    /// forwards under `autocast` in the half types, and with F16 a loss scaler (`scaler`, or
+    /// PyTorch's defaults). Evaluation (`predict`) stays F32. Only strategies whose forwards
+    /// run whole models on each device take a half precision (single device, data parallelism
+    /// with any sharding); the others say so.
+    fn set_precision(&mut self, precision: crate::optim::Precision, scaler: Option<crate::optim::GradScaler>) -> Result<()> {
+        if precision != crate::optim::Precision::F32 && !self.autocasts() {
+            return Err(Error::invalid("set_precision", format!("{} training is for a single device or data parallelism (with any --shard); this strategy trains in f32", precision.name())));
+        }
+        self.core_mut().set_precision(precision, scaler);
+        Ok(())
+    }
+    /// Whether every forward of this strategy goes through `StepCore::forward`, which applies
+    /// the precision (see `set_precision`).
+    fn autocasts(&self) -> bool {
+        false
+    }
     /// PyTorch's `model.train()` / `model.eval()` on every replica and stage: Dropout and
     /// BatchNorm switch behaviour (call it with `false` before `predict` for evaluation).
     fn set_training(&mut self, training: bool) {
@@ -192,6 +209,9 @@ impl Single {
 }
 
 impl Strategy for Single {
+    fn autocasts(&self) -> bool {
+        true
+    }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         self.opt.zero_grad();

@@ -7,7 +7,7 @@ use super::trace::{Phase, Trace};
 use super::{batch_to_device, Loss};
 use crate::data::Batch;
 use crate::nn::{with_samples, Module, SampleContext};
-use crate::optim::{grad_norm_sq, scale_grads, Optimizer};
+use crate::optim::{grad_norm_sq, scale_grads, GradScaler, Optimizer, Precision};
 use crate::{Device, Error, Result, Tensor};
 use std::time::Instant;
 
@@ -36,6 +36,12 @@ pub struct StepCore {
     pub(crate) lr: Option<f32>,
     pub(crate) trace: Option<Trace>,
     pub(crate) devices: Vec<Device>,
+    /// What forwards compute in (see `Strategy::set_precision`).
+    pub(crate) precision: Precision,
+    /// F16's loss scaling, `Some` exactly when the precision is F16.
+    pub(crate) scaler: Option<GradScaler>,
+    /// Steps whose gradients overflowed under loss scaling, and so updated nothing.
+    pub(crate) skipped: u64,
 }
 
 /// One optimizer of a strategy (a replica's, a stage's or a shard's) as the update steps it.
@@ -54,7 +60,35 @@ impl std::fmt::Debug for StepCore {
 
 impl StepCore {
     pub(crate) fn new(loss: Loss, devices: &[Device]) -> Self {
-        StepCore { loss, clip: None, step: 0, lr: None, trace: None, devices: devices.to_vec() }
+        StepCore { loss, clip: None, step: 0, lr: None, trace: None, devices: devices.to_vec(), precision: Precision::F32, scaler: None, skipped: 0 }
+    }
+
+    /// The precision forwards run in.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// F16's loss scaler (its scale and growth tracker), `None` in other precisions.
+    pub fn grad_scaler(&self) -> Option<&GradScaler> {
+        self.scaler.as_ref()
+    }
+
+    /// Restores a checkpoint's loss scale (an error outside F16, or for an invalid scale).
+    pub fn load_grad_scaler(&mut self, scale: f32, growth_tracker: u32) -> Result<()> {
+        match &mut self.scaler {
+            Some(s) => s.load(scale, growth_tracker),
+            None => Err(Error::invalid("load_grad_scaler", format!("a loss scale belongs to f16 training; this run trains in {}", self.precision.name()))),
+        }
+    }
+
+    /// Steps skipped because their scaled gradients overflowed.
+    pub fn skipped_steps(&self) -> u64 {
+        self.skipped
+    }
+
+    pub(crate) fn set_precision(&mut self, precision: Precision, scaler: Option<GradScaler>) {
+        self.precision = precision;
+        self.scaler = (precision == Precision::F16).then(|| scaler.unwrap_or_default());
     }
 
     /// The devices the strategy runs on, in its order.
@@ -85,17 +119,20 @@ impl StepCore {
     /// `model`'s forward of `x`, whose samples are `first..` of the global batch.
     pub fn forward(&self, model: &dyn Module, x: &Tensor, first: usize) -> Result<Tensor> {
         let ctx = SampleContext { step: self.step, first_sample: first as u64, samples: x.dims().first().copied().unwrap_or(1) };
-        with_samples(ctx, || model.forward(x))
+        crate::autocast(self.precision.autocast(), || with_samples(ctx, || model.forward(x)))
     }
 
     /// The loss of `out` against `y`, weighted by the part's share `n / total` of the global
     /// batch, so that the parts' losses (and gradients) add up to the whole batch's.
     pub(crate) fn loss_share(&self, out: &Tensor, y: &Tensor, n: usize, total: usize) -> Result<Tensor> {
-        let loss = self.loss.compute(out, y)?;
-        if n == total {
-            return Ok(loss);
+        let mut loss = self.loss.compute(out, y)?;
+        if n != total {
+            loss = loss.mul_scalar(n as f32 / total as f32)?;
         }
-        loss.mul_scalar(n as f32 / total as f32)
+        match &self.scaler {
+            Some(s) => s.scale_loss(&loss),
+            None => Ok(loss),
+        }
     }
 
     /// Uploads `part` (samples `first..` of a global batch of `total`) to `device`, runs
@@ -127,7 +164,14 @@ impl StepCore {
     pub(crate) fn update(&mut self, counted: Option<&[(String, Tensor)]>, reduce: Option<&dyn Fn(f64) -> Result<f64>>, mut parts: Vec<Part<'_>>, threads: Option<&'static str>) -> Result<(Option<f32>, Vec<f64>)> {
         let mut scale = None;
         let mut norm = None;
-        if self.clip.is_some() {
+        // Loss scaling: the gradients divided by the scale again, and the step skipped when any
+        // overflowed (their squares' sum, over every part and process, is then not finite).
+        if let Some(scaler) = &self.scaler {
+            for p in &parts {
+                scale_grads(p.opt.params(), 1.0 / scaler.scale())?;
+            }
+        }
+        if self.clip.is_some() || self.scaler.is_some() {
             let mut sq = match counted {
                 Some(ps) => grad_norm_sq(ps)?,
                 None => parts.iter().try_fold(0.0, |acc, p| Ok::<f64, Error>(acc + grad_norm_sq(p.opt.params())?))?,
@@ -135,7 +179,18 @@ impl StepCore {
             if let Some(reduce) = reduce {
                 sq = reduce(sq)?;
             }
-            (norm, scale) = self.clip_scale(sq);
+            if let Some(scaler) = &mut self.scaler {
+                let found_inf = !sq.is_finite();
+                scaler.update(found_inf);
+                if found_inf {
+                    self.skipped += 1;
+                    self.step += 1;
+                    return Ok((self.clip.map(|_| sq.sqrt() as f32), vec![0.0; parts.len()]));
+                }
+            }
+            if self.clip.is_some() {
+                (norm, scale) = self.clip_scale(sq);
+            }
         }
         let (lr, trace) = (self.lr, self.trace.as_ref());
         let one = |p: &mut Part<'_>, sync: bool| -> Result<f64> {

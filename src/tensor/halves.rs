@@ -71,6 +71,12 @@ impl Tensor {
         }
     }
 
+    /// This tensor's values, with a gradient `s` times the incoming one (f16 loss scaling:
+    /// see `optim::GradScaler`).
+    pub fn scale_grad(&self, s: f32) -> Result<Tensor> {
+        Ok(Tensor::result(self.buffer().clone(), self.shape().clone(), self.device(), GradOp::ScaleGrad(s), &[self]))
+    }
+
     /// An operand of a product: cast to the [`autocast`] type when one is set and this is F32.
     pub(crate) fn autocast_operand(&self) -> Result<Tensor> {
         match autocast_dtype() {

@@ -139,6 +139,10 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
         }
         self.strategy.load_state_dict(&ckpt.weights)?;
         self.strategy.load_optimizer_state(&ckpt.optim, st.optim_steps)?;
+        // The precision is part of the recorded configuration, so an f16 run finds its scale.
+        if let Some((scale, tracker)) = ckpt.grad_scaler {
+            self.strategy.core_mut().load_grad_scaler(scale, tracker)?;
+        }
         data.set_state(st.loader)?;
         // Files written before run ids carry none; the continued run takes a new one.
         let run = if st.run.is_empty() { run_dir::new_run_id() } else { st.run.clone() };

@@ -18,6 +18,9 @@ use std::path::{Path, PathBuf};
 const FORMAT: &str = "tandem-checkpoint-1";
 const MODEL: &str = "model.";
 const OPTIM: &str = "optim.";
+/// F16's loss scaler: `amp.loss_scale` and `amp.growth_tracker`, one value each.
+const AMP_SCALE: &str = "amp.loss_scale";
+const AMP_TRACKER: &str = "amp.growth_tracker";
 /// What, besides tensors, a checkpoint must restore for the run to continue bit for bit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunState {
@@ -42,6 +45,8 @@ pub struct RunCheckpoint {
     pub state: RunState,
     pub weights: Vec<(String, Tensor)>,
     pub optim: Vec<(String, Tensor)>,
+    /// The loss scale and its growth tracker of an f16 run (`None` in other precisions).
+    pub grad_scaler: Option<(f32, u32)>,
 }
 
 pub fn file_name(step: u64) -> String {
@@ -68,6 +73,10 @@ pub fn snapshot<S: Strategy + ?Sized>(strategy: &S) -> Result<(Vec<(String, Host
     let (opt, optim_steps) = strategy.optimizer_state()?;
     for (n, t) in to_host(&opt)? {
         tensors.push((format!("{OPTIM}{n}"), t));
+    }
+    if let Some(s) = strategy.core().grad_scaler() {
+        tensors.push((AMP_SCALE.into(), HostTensor::f32(vec![1], vec![s.scale()])?));
+        tensors.push((AMP_TRACKER.into(), HostTensor::f32(vec![1], vec![s.growth_tracker() as f32])?));
     }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     Ok((tensors, optim_steps))
@@ -246,10 +255,20 @@ pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<RunCheckpoint> {
     let (tensors, meta) = checked(path, safetensors_from_bytes(path, bytes)?)?;
     let state = state_of(path, &meta)?;
     let (mut weights, mut optim) = (Vec::new(), Vec::new());
+    let (mut scale, mut tracker) = (None, None);
     for (name, h) in tensors {
         let HostData::F32(v) = h.data else {
             return Err(Error::format(path, format!("{name} is not F32")));
         };
+        if name == AMP_SCALE || name == AMP_TRACKER {
+            let [x] = v[..] else { return Err(Error::format(path, format!("{name} holds {} values, not one", v.len()))) };
+            match name.as_str() {
+                AMP_SCALE => scale = Some(x),
+                _ if x.fract() == 0.0 && (0.0..=u32::MAX as f32).contains(&x) => tracker = Some(x as u32),
+                _ => return Err(Error::format(path, format!("{name} is {x}, not a count"))),
+            }
+            continue;
+        }
         let t = Tensor::from_vec(v, h.shape, &Device::cpu())?;
         if let Some(n) = name.strip_prefix(MODEL) {
             weights.push((n.to_string(), t));
@@ -259,5 +278,10 @@ pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<RunCheckpoint> {
             return Err(Error::format(path, format!("unexpected tensor {name}")));
         }
     }
-    Ok(RunCheckpoint { path: path.to_path_buf(), state, weights, optim })
+    let grad_scaler = match (scale, tracker) {
+        (Some(s), Some(t)) => Some((s, t)),
+        (None, None) => None,
+        _ => return Err(Error::format(path, format!("{AMP_SCALE} and {AMP_TRACKER} come together"))),
+    };
+    Ok(RunCheckpoint { path: path.to_path_buf(), state, weights, optim, grad_scaler })
 }

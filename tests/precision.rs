@@ -1,0 +1,169 @@
+//! Mixed-precision training (`Strategy::set_precision`, `--precision`): bf16 and f16 GPT
+//! training follows f32's losses within the bound stated below, data parallelism in a half
+//! precision (with ZeRO-3) equals one device in it, f16's loss scaler skips overflowing steps
+//! and backs off, the scale survives a checkpoint, and strategies that cannot autocast say so.
+mod common;
+use common::*;
+use std::sync::Arc;
+use tandem::backend::cpu::CpuBackend;
+use tandem::data::text::{Split, TextCorpus};
+use tandem::data::{Batch, Inputs, Targets};
+use tandem::nn::models::{Gpt, GptConfig};
+use tandem::nn::{Linear, Sequential};
+use tandem::optim::{AdamConfig, GradScaler, Precision};
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Shard, Single, Strategy};
+use tandem::Device;
+
+fn cpus(n: usize) -> Vec<Device> {
+    (0..n).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect()
+}
+
+fn gpt_batches(steps: usize) -> (GptConfig, Vec<Batch>) {
+    let corpus = TextCorpus::builtin(0);
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: corpus.vocab.len(), dropout: 0.0, bias: true };
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(11);
+    let batches = (0..steps)
+        .map(|_| {
+            let b = corpus.batch(Split::Train, 8, 16, &mut rng).unwrap();
+            Batch::tokens(b.x, b.y, b.block, corpus.vocab.len()).unwrap()
+        })
+        .collect();
+    (cfg, batches)
+}
+
+fn adamw() -> OptimConfig {
+    OptimConfig::adam(AdamConfig { lr: 3e-3, ..AdamConfig::adamw() })
+}
+
+fn losses(s: &mut dyn Strategy, batches: &[Batch]) -> Vec<f32> {
+    batches.iter().map(|b| s.step(b).unwrap().loss).collect()
+}
+
+/// Each half precision's GPT losses against f32's from the same weights and data.
+///
+/// The bound: a product's operands and output each round once to the half type, a relative
+/// error of at most u = 2^-8 (bf16) or 2^-11 (f16) each, so a logit moves by at most about
+/// 3u of the magnitudes it sums; the loss (a log-sum-exp minus a logit) then moves by at most
+/// twice the largest logit change. At initialisation the logits' terms are O(1), so one step's
+/// loss differs by at most ~6u (2.3% for bf16, 0.3% for f16); later steps also inherit the
+/// weights' drift, which stays within the same order over these 12 steps (measured: bf16
+/// 3.0e-4 relative at worst, f16 1.9e-5). The test allows 6u relative.
+#[test]
+fn half_precision_gpt_losses_follow_f32_within_the_rounding_bound() {
+    let (cfg, batches) = gpt_batches(12);
+    let dev = cpus(1).remove(0);
+    let mut f32_run = Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &adamw(), Loss::CrossEntropy, &dev).unwrap();
+    let want = losses(&mut f32_run, &batches);
+    for (precision, u) in [(Precision::Bf16, 2f32.powi(-8)), (Precision::F16, 2f32.powi(-11))] {
+        let mut s = Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &adamw(), Loss::CrossEntropy, &dev).unwrap();
+        s.set_precision(precision, None).unwrap();
+        let got = losses(&mut s, &batches);
+        let worst = got.iter().zip(&want).map(|(g, w)| ((g - w) / w).abs()).fold(0f32, f32::max);
+        eprintln!("{precision:?}: worst relative loss difference {worst:.2e} (bound {:.2e})", 6.0 * u);
+        assert_close(&format!("{precision:?} GPT losses"), &got, &want, 0.0, 6.0 * u);
+        assert!(got != want, "{precision:?} computed exactly f32's losses: autocast did nothing");
+        assert!(want.last() < want.first() && got.last() < got.first(), "{precision:?} trains: {got:?}");
+        // Weights stay F32 master weights.
+        assert!(s.state_dict().unwrap().iter().all(|(_, t)| t.dtype() == tandem::DType::F32));
+    }
+}
+
+#[test]
+fn half_precision_data_parallelism_and_zero3_equal_one_device() {
+    let (cfg, batches) = gpt_batches(5);
+    for precision in [Precision::Bf16, Precision::F16] {
+        let dev = cpus(1).remove(0);
+        let mut one = Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &adamw(), Loss::CrossEntropy, &dev).unwrap();
+        one.set_precision(precision, None).unwrap();
+        let want = losses(&mut one, &batches);
+        for shard in [Shard::None, Shard::Full] {
+            let mut dp = DataParallel::from_factory(|d| Gpt::new(cfg, 1, d), &cpus(2), &adamw(), Loss::CrossEntropy, DataParallelConfig { shard, ..Default::default() }).unwrap();
+            dp.set_precision(precision, None).unwrap();
+            let got = losses(&mut dp, &batches);
+            // Halves of the batch round their products alike; only the order of the weight
+            // gradients' sums differs (then rounded to the half type): a few of its ulps.
+            assert_close(&format!("{precision:?} {shard:?} data parallel losses"), &got, &want, 0.0, 2e-3);
+        }
+    }
+}
+
+/// A linear model whose f16 gradients overflow at a scale of 2^20 (and fit from 2^13 down).
+fn overflowing() -> (Single, Batch) {
+    let dev = Device::cpu();
+    let mut rng = rng(4);
+    let model = Sequential::new().push("fc", Linear::new(4, 1, &mut rng, &dev).unwrap());
+    let x: Vec<f32> = (0..32).map(|i| 1.0 + i as f32 / 32.0).collect();
+    let batch = Batch { x: Inputs::F32(x), x_shape: vec![8, 4], y: Targets::Values { data: vec![0.0; 8], shape_per_sample: vec![1] } };
+    let s = Single::new(model, &OptimConfig::sgd(tandem::optim::SgdConfig { lr: 1e-7, ..Default::default() }), Loss::Mse, &dev).unwrap();
+    (s, batch)
+}
+
+#[test]
+fn f16_skips_overflowing_steps_and_backs_off_its_scale() {
+    let (mut s, batch) = overflowing();
+    s.set_precision(Precision::F16, Some(GradScaler::with(2f32.powi(20), 2000).unwrap())).unwrap();
+    let before = s.state_dict().unwrap()[0].1.to_vec().unwrap();
+    let first = s.step(&batch).unwrap();
+    // dL/dy = 2y/8 is ~0.5, times 2^20 past f16's 65504: inf, so no update.
+    assert_eq!(s.core().skipped_steps(), 1);
+    assert_eq!(s.core().grad_scaler().unwrap().scale(), 2f32.powi(19));
+    assert_eq!(s.state_dict().unwrap()[0].1.to_vec().unwrap(), before, "a skipped step leaves the weights");
+    assert!(first.loss.is_finite(), "the reported loss is the unscaled one: {}", first.loss);
+    for _ in 0..12 {
+        s.step(&batch).unwrap();
+    }
+    let skipped = s.core().skipped_steps();
+    assert!((2..13).contains(&skipped), "backed off until the gradients fit, then stepped: {skipped} skipped");
+    assert_ne!(s.state_dict().unwrap()[0].1.to_vec().unwrap(), before);
+    // A scale restored from a checkpoint continues; one outside f16 is refused.
+    s.core_mut().load_grad_scaler(1024.0, 5).unwrap();
+    assert_eq!(s.core().grad_scaler().unwrap().scale(), 1024.0);
+    let (mut plain, _) = overflowing();
+    assert!(plain.core_mut().load_grad_scaler(1024.0, 5).unwrap_err().to_string().contains("f16"));
+    // A scaler of one's own.
+    let (mut own, _) = overflowing();
+    own.set_precision(Precision::F16, Some(GradScaler::with(8.0, 10).unwrap())).unwrap();
+    own.step(&batch).unwrap();
+    assert_eq!((own.core().skipped_steps(), own.core().grad_scaler().unwrap().growth_tracker()), (0, 1));
+}
+
+#[test]
+fn strategies_that_cannot_autocast_refuse_half_precision() {
+    let devices = cpus(2);
+    let model = tandem::nn::models::SeedModel::TwoLayer.build(1, &Device::cpu()).unwrap();
+    let mut placed = tandem::parallel::LayerPlacement::new(&model, &devices, tandem::parallel::Split::At(vec![1]), &adamw(), Loss::Mse).unwrap();
+    let err = placed.set_precision(Precision::Bf16, None).unwrap_err();
+    assert!(err.to_string().contains("single device or data parallelism"), "{err}");
+    placed.set_precision(Precision::F32, None).unwrap();
+}
+
+#[test]
+fn cli_f16_checkpoints_keep_the_loss_scale_and_a_resume_must_repeat_the_precision() {
+    let dir = tempfile_dir("precision-resume");
+    let d = dir.to_str().unwrap();
+    let base = ["train", "--model", "gpt", "--data", "text", "--devices", "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch", "8", "--lr", "3e-3", "--checkpoint-dir", d, "--checkpoint-every", "3"];
+    let out = ok(&[&base[..], &["--steps", "3", "--precision", "f16"]].concat());
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(said.contains("f16 loss scale 65536 at the end; 0 steps skipped"), "{said}");
+    let read = |step: &str| {
+        let path = dir.join(format!("ckpt-0000000{step}.safetensors"));
+        tandem::train::run_file::from_bytes(&path, &std::fs::read(&path).unwrap()).unwrap()
+    };
+    let ckpt = read("3");
+    assert_eq!(ckpt.grad_scaler, Some((65536.0, 3)));
+    let err = fails(&[&base[..], &["--steps", "6", "--precision", "bf16", "--resume"]].concat(), "precision");
+    assert!(err.contains("bf16") || err.contains("f16"), "{err}");
+    let out = ok(&[&base[..], &["--steps", "6", "--precision", "f16", "--resume"]].concat());
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(said.contains("trained 6 steps (3 in this run)"), "{said}");
+    let ckpt = read("6");
+    assert_eq!(ckpt.grad_scaler, Some((65536.0, 6)), "the tracker continued from the checkpoint's");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tandem-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
