@@ -1,6 +1,7 @@
 //! `tandem bench --bench memory`: each device's memory under data parallelism in every sharding
-//! mode (plain, ZeRO-1, ZeRO-2, ZeRO-3) for a GPT, measured by the allocators, with the state's
-//! split into parameters, gradients and optimizer state and the step time.
+//! mode (plain, ZeRO-1, ZeRO-2, ZeRO-3) and each `--precision` for a GPT, measured by the
+//! allocators, with the state's split into parameters, gradients and optimizer state, what a
+//! step allocates beyond it (activations and transients), and the step time.
 use super::devices::print_table;
 use super::{BenchArgs, LogFormat};
 use tandem::backend::format_bytes;
@@ -21,6 +22,7 @@ struct MemoryFigure {
     bench: &'static str,
     model: &'static str,
     shard: &'static str,
+    precision: &'static str,
     device: String,
     devices: usize,
     /// Blocks recompute their activations in the backward (GPT-2 small: to fit four devices
@@ -31,6 +33,8 @@ struct MemoryFigure {
     optimizer_bytes: u64,
     held_bytes: u64,
     peak_bytes: u64,
+    /// `peak_bytes - held_bytes`: the activations and transients of a step.
+    step_bytes: u64,
     step_ms: f64,
 }
 
@@ -60,7 +64,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let k = optim.states_per_parameter();
     let steps = if args.quick { 1 } else { 2 };
     let mut rows = Vec::new();
-    for shard in Shard::ALL {
+    for (precision, shard) in args.precision.iter().flat_map(|&p| Shard::ALL.map(|s| (p, s))) {
         let shard_name = shard.name();
         let devices = fresh_devices(&args.devices)?;
         let mut dp = DataParallel::from_factory(
@@ -70,6 +74,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 Ok(g)
             },
             &devices, &optim, Loss::CrossEntropy, DataParallelConfig { shard, ..Default::default() })?;
+        dp.set_precision(precision, None)?;
         let mut step_s = 0.0;
         for _ in 0..steps {
             let t = Instant::now();
@@ -89,6 +94,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 bench: "memory",
                 model: name,
                 shard: shard_name,
+                precision: precision.name(),
                 device: format!("{} ({} of {n})", d.spec(), i + 1),
                 devices: n,
                 recompute,
@@ -97,6 +103,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 optimizer_bytes: opt,
                 held_bytes: m.in_use,
                 peak_bytes: m.peak,
+                step_bytes: m.peak.saturating_sub(m.in_use),
                 step_ms: step_s * 1e3,
             };
             if args.log_format == LogFormat::Json {
@@ -104,7 +111,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             } else {
                 let state = format!("params {} + grads {} + optimizer {}", format_bytes(f.parameter_bytes), format_bytes(f.gradient_bytes), format_bytes(f.optimizer_bytes));
                 let result = format!("peak {}, held between steps {} ({state}); step {:.0} ms", format_bytes(f.peak_bytes), format_bytes(f.held_bytes), f.step_ms);
-                rows.push(vec!["memory".into(), f.device, format!("{name} shard={shard_name}{}", if recompute { " recompute" } else { "" }), result]);
+                let case = format!("{name} {} shard={shard_name}{}", f.precision, if recompute { " recompute" } else { "" });
+                rows.push(vec!["memory".into(), f.device, case, result]);
             }
         }
     }

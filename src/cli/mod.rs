@@ -349,6 +349,9 @@ pub struct BenchArgs {
     /// One timed run per figure instead of several: a quick smoke run.
     #[arg(long)]
     pub quick: bool,
+    /// `--bench memory`: the precisions to measure, comma-separated (f32, bf16, f16).
+    #[arg(long, value_name = "TYPE,..", value_delimiter = ',', default_value = "f32")]
+    pub precision: Vec<tandem::optim::Precision>,
 }
 
 /// Runs one parsed command; returns the exit status: 0, or 128 + the signal's number after
