@@ -167,3 +167,24 @@ fn tempfile_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// What the graph keeps for the backward of a GPT's forward (`autograd::activation_bytes`):
+/// under bf16 autocast the products' outputs and what follows them are halves, and the casts
+/// and sums keep no values (measured: 24.4 MiB against f32's 36.2 MiB at block 256, 0.67).
+#[test]
+fn bf16_autocast_keeps_a_third_fewer_activation_bytes_than_f32() {
+    use tandem::{autocast, DType, Tensor};
+    let dev = Device::cpu();
+    let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 128, block_size: 256, vocab_size: 65, dropout: 0.0, bias: true };
+    let gpt = Gpt::new(cfg, 0, &dev).unwrap();
+    let ids: Vec<i32> = (0..4 * 256).map(|i| (i * 7 % 65) as i32).collect();
+    let x = Tensor::from_labels(ids.clone(), [4, 256], &dev).unwrap();
+    let kept = |dtype: Option<DType>| {
+        let logits = autocast(dtype, || tandem::nn::Module::forward(&gpt, &x)).unwrap();
+        let loss = logits.reshape([4 * 256, 65]).unwrap().cross_entropy(&Tensor::from_labels(ids.clone(), [4 * 256], &dev).unwrap()).unwrap();
+        tandem::autograd::activation_bytes(&loss)
+    };
+    let (wide, half) = (kept(None), kept(Some(DType::Bf16)));
+    eprintln!("activations kept: f32 {wide} bytes, bf16 {half} bytes ({:.2})", half as f64 / wide as f64);
+    assert!(half * 4 < wide * 3, "bf16 keeps {half} bytes, f32 {wide}");
+}

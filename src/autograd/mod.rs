@@ -72,6 +72,35 @@ pub enum GradOp {
     Checkpoint(Recompute),
 }
 
+impl GradOp {
+    /// Whether this op's gradient rule reads the op's own output (`exp`'s `g · y`, softmax,
+    /// attention), so that the output's values must outlive the forward; rules that do not may
+    /// be given a tensor's place in the graph without its values (`Tensor::graph_handle`).
+    pub(crate) fn reads_output(&self) -> bool {
+        match self {
+            GradOp::Unary(u) => matches!(u, UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Recip | UnaryOp::Tanh | UnaryOp::Sigmoid),
+            GradOp::Binary(b) => *b == BinaryOp::Div,
+            GradOp::Max { .. } | GradOp::Softmax { .. } | GradOp::CausalSoftmax { .. } | GradOp::Attention { .. } => true,
+            GradOp::Var { std, .. } => *std,
+            GradOp::InF32(inner) => inner.reads_output(),
+            _ => false,
+        }
+    }
+    /// Whether this op's gradient rule reads its inputs' values; `false` for the ops whose
+    /// rules need only the inputs' shapes, devices and whether they need a gradient (sums,
+    /// views, copies, casts, `a ± b`), whose nodes then keep `graph_handle`s, not the values.
+    pub(crate) fn reads_inputs(&self) -> bool {
+        match self {
+            GradOp::Binary(b) => !matches!(b, BinaryOp::Add | BinaryOp::Sub),
+            GradOp::Unary(u) => !matches!(u, UnaryOp::Identity | UnaryOp::Neg | UnaryOp::Affine { .. }),
+            GradOp::Reshape | GradOp::Permute(_) | GradOp::Expand | GradOp::Narrow { .. } | GradOp::Cat | GradOp::Sum { .. } => false,
+            GradOp::ToDevice | GradOp::Cast { .. } | GradOp::ScaleGrad(_) => false,
+            GradOp::InF32(inner) => inner.reads_inputs(),
+            _ => true,
+        }
+    }
+}
+
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
 }

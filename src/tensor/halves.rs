@@ -77,6 +77,29 @@ impl Tensor {
         Ok(Tensor::result(self.buffer().clone(), self.shape().clone(), self.device(), GradOp::ScaleGrad(s), &[self]))
     }
 
+    /// This tensor's place in the graph without its values: the same id, shape and history, an
+    /// empty buffer. A node whose rule never reads an input's values (a cast, a sum, `a + b`:
+    /// `GradOp::reads_inputs`) holds this instead of the input, so that an activation nothing
+    /// else reads is freed after the forward (PyTorch's cast and add save nothing either).
+    /// Leaves are themselves (their gradient is kept on them), and so is a tensor whose own
+    /// rule reads its output.
+    pub(crate) fn graph_handle(&self) -> Tensor {
+        // A leaf keeps its gradient on itself; an op whose rule reads its output needs it whole.
+        match &self.0.node {
+            Some(node) if !node.op.reads_output() => {}
+            _ => return self.clone(),
+        }
+        Tensor(Arc::new(super::Inner {
+            id: self.0.id,
+            buffer: crate::backend::Buffer::new((), 0, self.dtype()),
+            shape: self.0.shape.clone(),
+            device: self.0.device.clone(),
+            node: self.0.node.clone(),
+            requires_grad: self.0.requires_grad,
+            grad: std::sync::Mutex::new(None),
+        }))
+    }
+
     /// An operand of a product: cast to the [`autocast`] type when one is set and this is F32.
     pub(crate) fn autocast_operand(&self) -> Result<Tensor> {
         match autocast_dtype() {
@@ -104,7 +127,11 @@ impl Tensor {
             Ok(inner) => inner,
             Err(shared) => return Tensor(shared).to_dtype(half).map(Some),
         };
-        let Some(Node { op, inputs: node_inputs }) = y.node else { return Ok(Some(rounded)) };
+        let Some(node) = y.node else { return Ok(Some(rounded)) };
+        let Node { op, inputs: node_inputs } = match Arc::try_unwrap(node) {
+            Ok(node) => node,
+            Err(shared) => return Tensor(Arc::new(super::Inner { node: Some(shared), ..y })).to_dtype(half).map(Some),
+        };
         let originals: Vec<Tensor> = node_inputs
             .into_iter()
             .map(|t| match ups.iter().position(|u| u.id() == t.id()) {
@@ -129,15 +156,18 @@ pub(crate) fn backward_in_f32(
     rule: impl FnOnce(&GradOp, &[Tensor], &Tensor, &Tensor) -> Result<Vec<Option<Tensor>>>,
 ) -> Result<Vec<Option<Tensor>>> {
     // The rules ask their inputs whether they need a gradient: the copies answer as the halves.
+    let reads = inner.reads_inputs();
     let wide = |t: &Tensor| -> Result<Tensor> {
-        match t.dtype().is_half() {
+        match t.dtype().is_half() && reads {
             true if t.needs_grad() => Ok(t.upcast()?.detach().requires_grad()),
             true => Ok(t.upcast()?.detach()),
             false => Ok(t.clone()),
         }
     };
     let ups: Vec<Tensor> = inputs.iter().map(wide).collect::<Result<_>>()?;
-    let grads = rule(inner, &ups, &out.upcast()?, &g.upcast()?)?;
+    // The output is widened only for a rule that reads it (it may be a `graph_handle`).
+    let out = if inner.reads_output() { out.upcast()? } else { out.clone() };
+    let grads = rule(inner, &ups, &out, &g.upcast()?)?;
     if grads.len() != inputs.len() {
         return Err(Error::invalid("backward", format!("{} gradients for {} inputs of an op run in f32", grads.len(), inputs.len())));
     }

@@ -46,7 +46,9 @@ pub(crate) struct Inner {
     pub(crate) buffer: Buffer,
     pub(crate) shape: Shape,
     pub(crate) device: Device,
-    pub(crate) node: Option<Node>,
+    /// Shared, so that a node can point at this tensor's history without holding its values
+    /// (`Tensor::graph_handle`).
+    pub(crate) node: Option<Arc<Node>>,
     pub(crate) requires_grad: bool,
     pub(crate) grad: Mutex<Option<Tensor>>,
 }
@@ -60,7 +62,7 @@ impl Tensor {
             buffer,
             shape,
             device,
-            node,
+            node: node.map(Arc::new),
             requires_grad,
             grad: Mutex::new(None),
         }))
@@ -68,8 +70,13 @@ impl Tensor {
 
     /// The result of an op on `inputs`: records `op` for backward when any input needs grad.
     pub(crate) fn result(buffer: Buffer, shape: Shape, device: &Device, op: GradOp, inputs: &[&Tensor]) -> Tensor {
-        let node = (autograd::is_enabled() && inputs.iter().any(|t| t.0.requires_grad))
-            .then(|| Node { op, inputs: inputs.iter().map(|t| (*t).clone()).collect() });
+        // A rule that reads no input values gets the inputs' places in the graph only, so that
+        // an activation nothing else reads is freed after the forward (as PyTorch saves only
+        // what each backward formula uses).
+        let node = (autograd::is_enabled() && inputs.iter().any(|t| t.0.requires_grad)).then(|| {
+            let keep = op.reads_inputs();
+            Node { op, inputs: inputs.iter().map(|t| if keep { (*t).clone() } else { t.graph_handle() }).collect() }
+        });
         Tensor::from_parts(buffer, shape, device.clone(), node)
     }
 
