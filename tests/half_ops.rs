@@ -103,6 +103,9 @@ fn mixed_types_promote_to_f32_and_losses_compute_in_f32() {
     let f = Tensor::from_vec(vec![0.5; 4], [2, 2], &cpu).unwrap();
     assert_eq!(h.add(&f).unwrap().dtype(), DType::F32);
     assert_eq!(h.add(&h.to_dtype(DType::F32).unwrap().to_dtype(DType::F16).unwrap()).unwrap().dtype(), DType::F32);
+    for loss in [h.mse_loss(&f).unwrap(), h.l1_loss(&f).unwrap(), h.huber_loss(&f, 1.0).unwrap(), h.bce_with_logits(&f).unwrap()] {
+        assert_eq!(loss.dtype(), DType::F32, "losses compute in F32");
+    }
     let labels = Tensor::from_labels(vec![1, 0], [2], &cpu).unwrap();
     let (loss_h, loss_f) = (h.cross_entropy(&labels).unwrap(), h.to_dtype(DType::F32).unwrap().cross_entropy(&labels).unwrap());
     assert_eq!(loss_h.dtype(), DType::F32);

@@ -69,6 +69,9 @@ impl Tensor {
         if delta.is_nan() || delta <= 0.0 {
             return Err(Error::invalid("huber_loss", format!("delta {delta} must be positive")));
         }
+        if self.dtype().is_half() || target.dtype().is_half() {
+            return self.upcast()?.huber_loss(&target.upcast()?, delta);
+        }
         let d = self.sub(target)?;
         let ad = d.abs()?;
         // NaN counts as near: PyTorch's gradient there is g·d = NaN
