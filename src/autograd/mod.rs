@@ -193,7 +193,7 @@ fn propagate(root: &Tensor, seed: Tensor, on_leaf: &mut dyn FnMut(&Tensor, Optio
             }
             if let Some(gi) = gi {
                 let acc = match grads.remove(&input.id()) {
-                    Some(prev) => accumulate(&prev, &gi)?,
+                    Some(prev) => prev.add(&gi)?,
                     None => gi,
                 };
                 grads.insert(input.id(), acc);
@@ -208,21 +208,10 @@ fn propagate(root: &Tensor, seed: Tensor, on_leaf: &mut dyn FnMut(&Tensor, Optio
     Ok(())
 }
 
-/// `prev + g`; half gradients (of a tensor stored in Bf16 or F16) add in f32 and round once,
-/// as PyTorch's accumulation into a half `.grad` does.
-fn accumulate(prev: &Tensor, g: &Tensor) -> Result<Tensor> {
-    let dtype = prev.dtype();
-    if !dtype.is_half() {
-        return prev.add(g);
-    }
-    let f32 = crate::DType::F32;
-    prev.to_dtype(f32)?.add(&g.to_dtype(f32)?)?.to_dtype(dtype)
-}
-
 fn finish_leaf(leaf: &Tensor, g: Option<Tensor>, on_ready: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
     if let Some(g) = g {
         let total = match leaf.grad() {
-            Some(prev) => accumulate(&prev, &g)?,
+            Some(prev) => prev.add(&g)?,
             None => g,
         };
         leaf.set_grad(Some(total));

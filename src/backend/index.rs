@@ -139,6 +139,17 @@ impl CastOp {
             _ => x.chunks_exact(4).flat_map(|c| self.word(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes()).collect(),
         }
     }
+    /// The 32-bit word `Backend::fill` writes for `value` in a buffer of `dtype`: its bits (an
+    /// I32 truncated as `as` does), a half's bits twice (element `2k` low, `2k + 1` high).
+    pub fn fill_word(dtype: DType, value: f32) -> u32 {
+        let half = |op: CastOp| u32::from(op.to_half(value)) * 0x1_0001;
+        match dtype {
+            DType::F32 => value.to_bits(),
+            DType::I32 => value as i32 as u32,
+            DType::Bf16 => half(CastOp::F32ToBf16),
+            DType::F16 => half(CastOp::F32ToF16),
+        }
+    }
     /// The cast from `from` to `to`, if there is one.
     pub fn between(from: DType, to: DType) -> Option<CastOp> {
         CastOp::ALL.into_iter().find(|c| c.dtypes() == (from, to))

@@ -3,8 +3,8 @@
 //! An op given half inputs runs its f32 kernel on f32 copies and rounds the result once to the
 //! half type (`in_f32`), so matmul, reductions, softmax and LayerNorm accumulate in f32 as
 //! PyTorch's CPU kernels for bfloat16 do, and every backend needs only its casts. The graph
-//! keeps the half inputs, not the copies (the node's rule upcasts them again in backward), so
-//! saved activations take half the bytes. Mixed inputs (a half and an F32, or both halves)
+//! keeps the half inputs, not the copies (the node's rule upcasts them again in backward); the
+//! same holds for gradients, so half gradients accumulate in f32 and round once. Mixed inputs (a half and an F32, or both halves)
 //! promote to F32, as PyTorch's type promotion does; losses compute in F32 from any input.
 //!
 //! [`autocast`] is PyTorch's `torch.autocast`: inside it, products (matmul, Linear, Conv2d)

@@ -227,13 +227,7 @@ impl Backend for CpuBackend {
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
         contract::fill(&self.info, buf)?;
-        let half = |op: CastOp| u32::from(op.to_half(value)) * 0x1_0001;
-        let bits = match buf.dtype() {
-            DType::F32 => value.to_bits(),
-            DType::I32 => value as i32 as u32,
-            DType::Bf16 => half(CastOp::F32ToBf16),
-            DType::F16 => half(CastOp::F32ToF16),
-        };
+        let bits = CastOp::fill_word(buf.dtype(), value);
         write(raw(buf)?).iter_mut().for_each(|x| *x = bits);
         Ok(())
     }

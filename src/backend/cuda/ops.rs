@@ -36,12 +36,7 @@ impl Backend for CudaBackend {
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
         contract::fill(self.info_ref(), buf)?;
         let ptr = self.ptr("fill", buf, 0, buf.dtype())?;
-        let bits = match buf.dtype() {
-            DType::F32 => value.to_bits(),
-            DType::I32 => value as i32 as u32,
-            DType::Bf16 => u32::from(CastOp::F32ToBf16.to_half(value)),
-            DType::F16 => u32::from(CastOp::F32ToF16.to_half(value)),
-        };
+        let bits = CastOp::fill_word(buf.dtype(), value);
         if buf.is_empty() {
             return Ok(());
         }

@@ -286,13 +286,7 @@ impl Backend for WgpuBackend {
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
         super::contract::fill(&self.info, buf)?;
-        let half = |op: CastOp| u32::from(op.to_half(value)) * 0x1_0001;
-        let bits = match buf.dtype() {
-            DType::F32 => value.to_bits(),
-            DType::I32 => value as i32 as u32,
-            DType::Bf16 => half(CastOp::F32ToBf16),
-            DType::F16 => half(CastOp::F32ToF16),
-        };
+        let bits = CastOp::fill_word(buf.dtype(), value);
         ops::fill(&self.ctx, self.raw("fill", buf, 0)?, buf.dtype().words(buf.len()), bits)
     }
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
