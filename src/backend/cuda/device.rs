@@ -173,11 +173,14 @@ impl CudaBackend {
         if b.len() < need {
             return Err(Error::shape(op, format!("buffer of {} elements, the op addresses {need}", b.len())));
         }
+        if m.is_released() {
+            return Err(released(op, &self.label, b.len()));
+        }
         Ok(m)
     }
 
     pub(super) fn ptr(&self, op: &'static str, b: &Buffer, need: usize, dtype: DType) -> Result<u64> {
-        self.mem(op, b, need, dtype).map(|m| m.ptr)
+        self.mem(op, b, need, dtype).map(CudaBuf::ptr)
     }
 
     pub(super) fn layout(&self, op: &'static str, b: &Buffer, l: &Layout) -> Result<(u64, LayoutArg)> {
@@ -234,4 +237,9 @@ fn load_family(ctx: &Arc<CudaContext>, family: &str, source: &str, cc: (i32, i32
         }
     }
     Err(failures.join("; "))
+}
+
+/// The error for an op on a buffer `Backend::release` gave back and nothing restored.
+pub(super) fn released(op: &'static str, label: &str, len: usize) -> Error {
+    Error::invalid(op, format!("a buffer of {len} elements on {label} was released (a ZeRO-3 parameter between uses) and not restored"))
 }

@@ -10,19 +10,60 @@ use crate::backend::MemoryStats;
 use crate::{Error, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Device memory of one buffer; returns itself to its pool on drop.
+/// Device memory of one buffer; returns itself to its pool on drop. `Backend::release` gives
+/// the memory back early (ZeRO-3 between uses of a parameter) while the handle lives on, and
+/// `Backend::restore` takes memory of the same class again: the pointer can change, so it is
+/// read through [`CudaBuf::ptr`] at each use.
 pub(crate) struct CudaBuf {
-    pub(crate) ptr: sys::CUdeviceptr,
+    ptr: AtomicU64,
     class: usize,
+    released: AtomicBool,
     pub(crate) pool: Arc<Pool>,
+}
+
+impl CudaBuf {
+    /// The device address (0 for an empty buffer). Callers check [`CudaBuf::is_released`]
+    /// first: a released buffer's address belongs to the pool.
+    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    /// Gives the memory back to the pool, where the next allocation of its class takes it;
+    /// `false` when it was already released. Work queued on the stream that still reads it
+    /// runs before any later op that is handed the memory (one stream per logical device).
+    pub(crate) fn release(&self) -> bool {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.pool.give_back(self.ptr.swap(0, Ordering::AcqRel), self.class);
+        true
+    }
+
+    /// Memory of the buffer's class again (contents unspecified), within the device's budget;
+    /// does nothing to a buffer that holds memory.
+    pub(crate) fn restore(&self) -> Result<()> {
+        if !self.is_released() {
+            return Ok(());
+        }
+        let ptr = self.pool.take(self.class, self.class)?;
+        self.ptr.store(ptr, Ordering::Release);
+        self.released.store(false, Ordering::Release);
+        Ok(())
+    }
 }
 
 impl Drop for CudaBuf {
     fn drop(&mut self) {
-        self.pool.give_back(self.ptr, self.class);
+        if !*self.released.get_mut() {
+            self.pool.give_back(*self.ptr.get_mut(), self.class);
+        }
     }
 }
 
@@ -66,8 +107,15 @@ impl Pool {
     /// out-of-memory the pool is emptied and the allocation retried once.
     pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<CudaBuf> {
         let class = size_class(bytes);
+        let ptr = self.take(bytes, class)?;
+        Ok(CudaBuf { ptr: AtomicU64::new(ptr), class, released: AtomicBool::new(false), pool: self.clone() })
+    }
+
+    /// Memory of `class` bytes for a request of `bytes`: a pooled block, or a fresh one within
+    /// the budget; counted as in use.
+    fn take(&self, bytes: usize, class: usize) -> Result<sys::CUdeviceptr> {
         if class == 0 {
-            return Ok(CudaBuf { ptr: 0, class, pool: self.clone() });
+            return Ok(0);
         }
         // The bytes are counted before they are taken, so concurrent requests cannot both
         // squeeze under the budget; a refusal takes them back.
@@ -86,7 +134,7 @@ impl Pool {
             None => self.fresh(bytes, class).map_err(undo)?,
         };
         self.peak.fetch_max(before + class as u64, Ordering::Relaxed);
-        Ok(CudaBuf { ptr, class, pool: self.clone() })
+        Ok(ptr)
     }
 
     fn fresh(&self, bytes: usize, class: usize) -> Result<sys::CUdeviceptr> {

@@ -79,8 +79,8 @@ impl Backend for CudaBackend {
         let tmp = self.pool.alloc(w * len)?;
         // SAFETY: the ranges lie inside their buffers and `tmp` holds `w * len` bytes.
         unsafe {
-            result::memcpy_dtod_async(tmp.ptr, s, w * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))?;
-            result::memcpy_dtod_async(d, tmp.ptr, w * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))
+            result::memcpy_dtod_async(tmp.ptr(), s, w * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))?;
+            result::memcpy_dtod_async(d, tmp.ptr(), w * len, stream).map_err(|e| self.err("cuMemcpyDtoDAsync", e))
         }
     }
 
@@ -366,6 +366,9 @@ impl Backend for CudaBackend {
         let src_mem = src
             .downcast::<CudaBuf>()
             .ok_or_else(|| Error::invalid("copy_from_peer", "source buffer is not a CUDA buffer"))?;
+        if src_mem.is_released() {
+            return Err(super::device::released("copy_from_peer", &owner.label, src.len()));
+        }
         let out = self.alloc(src.len(), src.dtype())?;
         let bytes = src.len() * src.dtype().size();
         if bytes > 0 {
@@ -392,6 +395,16 @@ impl Backend for CudaBackend {
 
     fn memory(&self) -> MemoryStats {
         self.pool.stats()
+    }
+    fn release(&self, buf: &Buffer) -> Result<bool> {
+        let m = buf.downcast::<CudaBuf>().ok_or_else(|| Error::invalid("release", format!("buffer does not belong to {}", self.label)))?;
+        m.release();
+        Ok(true)
+    }
+    fn restore(&self, buf: &Buffer) -> Result<bool> {
+        let m = buf.downcast::<CudaBuf>().ok_or_else(|| Error::invalid("restore", format!("buffer does not belong to {}", self.label)))?;
+        m.restore()?;
+        Ok(true)
     }
     fn set_memory_budget(&self, bytes: Option<u64>) {
         self.pool.set_budget(bytes);

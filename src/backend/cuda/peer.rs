@@ -65,9 +65,9 @@ pub(crate) fn copy(reader: &CudaBackend, dst: &CudaBuf, owner: &CudaBackend, src
     unsafe {
         result::memcpy_peer_async(
             reader.context().cu_ctx(),
-            dst.ptr,
+            dst.ptr(),
             owner.context().cu_ctx(),
-            src.ptr,
+            src.ptr(),
             bytes,
             reader.stream().cu_stream(),
         )
