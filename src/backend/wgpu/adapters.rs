@@ -81,6 +81,22 @@ pub fn refusal(flags: wgpu::DownlevelFlags, l: &wgpu::Limits) -> Option<String> 
     (!why.is_empty()).then(|| why.join("; "))
 }
 
+/// Why a GL adapter whose context has version `driver_info` (`"3.3.0 NVIDIA 580.159.04"`,
+/// `"4.5 (Core Profile) Mesa 22.3.6"`, `"OpenGL ES 3.2 Mesa ..."`) cannot run the kernels, if it
+/// cannot. A driver can report compute through an extension on a GL 3.3 context (NVIDIA's EGL
+/// does), but naga writes GLSL of the context's version, and compute needs GLSL 4.30 (or GLSL
+/// ES 3.10): every pipeline would then fail to build.
+pub fn gl_refusal(driver_info: &str) -> Option<String> {
+    let (es, rest) = match driver_info.trim().strip_prefix("OpenGL ES") {
+        Some(rest) => (true, rest.trim_start()),
+        None => (false, driver_info.trim()),
+    };
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit()).take(2).map(str::parse::<u32>);
+    let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) else { return None };
+    let (need, name) = if es { ((3, 1), "GLES") } else { ((4, 3), "GL") };
+    ((major, minor) < need).then(|| format!("a {name} {major}.{minor} context: compute shaders need {name} {}.{}", need.0, need.1))
+}
+
 /// The lower-case name of a wgpu backend, as in device specs (`vulkan:0`, `gl:0`).
 fn backend_name(b: wgpu::Backend) -> &'static str {
     match b {
@@ -114,7 +130,8 @@ pub(crate) fn all() -> &'static Adapters {
         for a in found {
             let i = a.get_info();
             let driver = format!("{:?} {} {}", i.backend, i.driver, i.driver_info).trim().to_string();
-            if let Some(reason) = refusal(a.get_downlevel_capabilities().flags, &a.limits()) {
+            let gl = (i.backend == wgpu::Backend::Gl).then(|| gl_refusal(&i.driver_info)).flatten();
+            if let Some(reason) = refusal(a.get_downlevel_capabilities().flags, &a.limits()).or(gl) {
                 refused.push(Refused { name: i.name.clone(), driver, reason });
                 continue;
             }
@@ -163,7 +180,20 @@ pub fn has_subgroups_of_8(ordinal: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{kind, refusal, NEED_BINDING};
+    use super::{gl_refusal, kind, refusal, NEED_BINDING};
+
+    /// NVIDIA's EGL gives wgpu a GL 3.3 context whose compute pipelines all fail (seen on an
+    /// H200 with driver 580): refused by its version; Mesa's 4.5 and GLES 3.2 contexts run.
+    #[test]
+    fn gl_contexts_below_4_3_are_refused() {
+        let why = gl_refusal("3.3.0 NVIDIA 580.159.04").expect("refused");
+        assert!(why.contains("GL 3.3") && why.contains("GL 4.3"), "{why}");
+        assert_eq!(gl_refusal("4.5 (Core Profile) Mesa 22.3.6"), None);
+        assert_eq!(gl_refusal("4.3.0 NVIDIA 580.159.04"), None);
+        assert_eq!(gl_refusal("OpenGL ES 3.2 Mesa 22.3.6"), None);
+        assert!(gl_refusal("OpenGL ES 3.0 Mesa 22.3.6").is_some_and(|w| w.contains("GLES 3.1")));
+        assert_eq!(gl_refusal("unknown"), None, "an unreadable version is left to the other checks");
+    }
     use crate::backend::DeviceKind;
 
     #[test]
