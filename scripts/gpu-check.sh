@@ -7,6 +7,8 @@
 #                                     (release, stripped, features cuda,nccl), packs them into
 #                                     .gpu/ (ignored by git) and prints what a run would carry,
 #                                     run, and how large it is. Touches no GPU.
+#                                     The binaries travel as .gpu/bin.tar.xz (stripped, they are
+#                                     over 64 MiB); the run unpacks them under /tmp.
 #   scripts/gpu-check.sh              on the GPU machine, from the repository root that carries
 #                                     .gpu/: runs the NVRTC and CUDA smoke tests, the
 #                                     conformance tests on CUDA alone (TANDEM_BACKENDS=cuda: no
@@ -55,6 +57,11 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 pack=.gpu
 bins=(nvrtc cuda_smoke nccl conformance)
+# The suites that also run every op family on cuda:0 against the CPU reference (halves and the
+# ops on them, fused passes, transformer kernels, long axes, gathers, batched products, budgets,
+# the GPT): run once with TANDEM_BACKENDS=cuda, so that only CUDA is under test.
+cuda_suites=(halves half_ops fused transformer_kernels tensor_ops long_axes gather batched_matmul losses layers memory_budget gpt)
+bins+=("${cuda_suites[@]}")
 rehearsal=0
 
 # --- --rehearse: build and pack here ----------------------------------------------------------
@@ -110,6 +117,10 @@ EOF
     # The newest glibc symbol version the binaries need: the GPU machine's glibc must have it.
     echo "needs $(for f in "$pack"/bin/*; do objdump -T "$f" 2>/dev/null | grep -o 'GLIBC_[0-9.]*'; done | sort -uV | tail -1)"
   } >"$pack/MANIFEST"
+  # Stripped, the binaries are still over the 64 MiB a run carries; xz packs them to about a
+  # quarter, and the run unpacks them (below) before its first step.
+  tar cf - -C "$pack" bin | xz -T0 -6 >"$pack/bin.tar.xz"
+  rm -rf "$pack/bin"
   bytes=$(du -cb "$pack" | tail -1 | cut -f1)
   # What travels besides: tracked and untracked-not-ignored files.
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
@@ -124,10 +135,11 @@ EOF
   echo "    4. $pack/bin/conformance  with TANDEM_BACKENDS=cuda: every op on cuda:0 alone, no wgpu adapter opened"
   echo "    5. $pack/bin/tandem devices: each device's matmul path and libraries; cuda:0 must use cuBLAS"
   echo "    6. $pack/bin/nccl         NCCL in one process (NCCL_DEBUG=WARN; retried with NCCL_CUMEM_ENABLE=0)"
+  echo "   6b. with TANDEM_BACKENDS=cuda: ${cuda_suites[*]} (each op family, halves, budgets, the GPT on cuda:0)"
   echo "    7. $pack/bin/conformance  every op on cuda:0 and every wgpu adapter; again with TANDEM_WGPU_KERNELS=hardware"
   echo "    8. $pack/bin/tandem bench, once on cuda:0 and once on each hardware wgpu adapter: matmul 256-2048 (cuBLAS vs WGSL), seed-CNN steps"
   echo "    9. python3 + torch: the seed-CNN step at batch 64 and 1000 on that GPU"
-  if [ -x "$pack/bin/dist_pipeline" ]; then
+  if tar tJf "$pack/bin.tar.xz" bin/dist_pipeline >/dev/null 2>&1; then
     echo "   10. only where mpirun is Open MPI's and libmpi resolves: NCCL across processes vs MPI host memory, same losses:"
     echo "       2 GPUs: mpirun -np 2 $pack/bin/dist_pipeline --mode dp --devices cuda:0,cuda:1 --comm nccl|hierarchical"
     echo "       1 GPU (the H200): mpirun -np 1 ... --devices cuda:0; NCCL refuses 2 ranks on one GPU, so no -np 2 there"
@@ -148,11 +160,20 @@ EOF
 fi
 
 # --- the run on the GPU machine ---------------------------------------------------------------
-if [ ! -x "$pack/bin/conformance" ]; then
+# The binaries are unpacked outside the tree, so that nothing unpacked is carried by a later run.
+bin=$pack/bin
+if [ -f "$pack/bin.tar.xz" ]; then
+  bin=$(mktemp -d /tmp/gpu-check-bin.XXXXXX)/bin
+  tar xJf "$pack/bin.tar.xz" -C "${bin%/bin}" || { echo "gpu-check: could not unpack $pack/bin.tar.xz" >&2; exit 2; }
+fi
+if [ ! -x "$bin/conformance" ]; then
   echo "gpu-check: no packed binaries in $pack/; run scripts/gpu-check.sh --rehearse where cargo is, then carry $pack" >&2
   exit 2
 fi
 log_dir=$(mktemp -d /tmp/gpu-check.XXXXXX)
+# The test binaries name this build's CLI and target/tmp, which do not exist on the GPU machine.
+mkdir -p "$log_dir/tmp"
+export TANDEM_TEST_BIN=$bin/tandem TANDEM_TEST_TMPDIR=$log_dir/tmp
 budget=${GPU_CHECK_BUDGET_S:-480}
 started=$(date +%s)
 names=() results=() notes=() required_failed=0
@@ -362,12 +383,12 @@ nccl_step() {
   NCCL_DEBUG=WARN NCCL_CUMEM_ENABLE=0 step "$name-nocumem" 1 "$limit" "$@"
 }
 
-step nvrtc 1 90 "$pack/bin/nvrtc" --nocapture; skips nvrtc
-step cuda-smoke 1 120 "$pack/bin/cuda_smoke" --nocapture; skips cuda-smoke
+step nvrtc 1 90 "$bin/nvrtc" --nocapture; skips nvrtc
+step cuda-smoke 1 120 "$bin/cuda_smoke" --nocapture; skips cuda-smoke
 grep -hE "skipped|peer matrix" "$log_dir/cuda-smoke.log" | head -10 | sed 's/^/    /'
 # CUDA alone first: no Vulkan or GL driver is loaded in this process, so what fails here is CUDA's.
-TANDEM_BACKENDS=cuda step conformance-cuda 1 90 "$pack/bin/conformance" --nocapture; skips conformance-cuda
-step devices 1 60 "$pack/bin/tandem" devices
+TANDEM_BACKENDS=cuda step conformance-cuda 1 90 "$bin/conformance" --nocapture; skips conformance-cuda
+step devices 1 60 "$bin/tandem" devices
 sed 's/^/    /' "$log_dir/devices.log"
 # cuBLAS is required: matmul on the tiled kernel instead would pass every test and mislabel the
 # bench's cuBLAS figures.
@@ -386,16 +407,19 @@ elif [ "$gpus" -ge 1 ]; then
 else
   record cublas SKIP "no CUDA device"
 fi
-nccl_step nccl 60 "$pack/bin/nccl" --nocapture; skips "${names[-1]}"
+nccl_step nccl 60 "$bin/nccl" --nocapture; skips "${names[-1]}"
 grep -hE "^NCCL|skipped|NCCL WARN" "$log_dir/${names[-1]}.log" | head -10 | sed 's/^/    /'
-step conformance 1 150 "$pack/bin/conformance" --nocapture; skips conformance
+for suite in "${cuda_suites[@]}"; do
+  TANDEM_BACKENDS=cuda step "cuda-$suite" 1 60 "$bin/$suite" --test-threads 4 --nocapture; skips "cuda-$suite"
+done
+step conformance 1 150 "$bin/conformance" --nocapture; skips conformance
 grep -hE "^running on|skipping" "$log_dir/conformance.log" | sort -u | sed 's/^/    /'
 # The GPU's own wgpu adapters (Vulkan, GL): what `tandem devices` calls discrete, integrated or
 # other (software adapters are lavapipe and llvmpipe, tested where the code is built).
 hw=$(awk '/ wgpu / && / (discrete|integrated|virtualgpu|other) / { for (i = 1; i <= NF; i++) if ($i ~ /^wgpu:[0-9]+$/) { print $i; break } }' \
   "$log_dir/devices.log" | paste -sd, -)
 if [ -n "$hw" ]; then
-  TANDEM_WGPU_KERNELS=hardware step conformance-hardware-profile 1 120 "$pack/bin/conformance"
+  TANDEM_WGPU_KERNELS=hardware step conformance-hardware-profile 1 120 "$bin/conformance"
 else
   record conformance-hardware-profile SKIP "no hardware wgpu adapter (tandem devices above)"
 fi
@@ -406,7 +430,7 @@ fi
 [ -n "$cuda0" ] || record bench-cuda0 SKIP "no cuda:0 in tandem devices"
 for d in ${cuda0:+cuda:0} ${hw//,/ }; do
   # A cache of its own: the hardware adapters tune afresh (TANDEM_AUTOTUNE is on there).
-  TANDEM_CACHE_DIR="$log_dir/cache" step "bench-${d/:/}" 0 120 "$pack/bin/tandem" bench --log-format json --devices "$d"
+  TANDEM_CACHE_DIR="$log_dir/cache" step "bench-${d/:/}" 0 120 "$bin/tandem" bench --log-format json --devices "$d"
   cat "$log_dir/bench-${d/:/}.log" >>"$log_dir/bench.log"
 done
 if python3 -c 'import torch' >/dev/null 2>&1; then
@@ -446,8 +470,8 @@ fi
 # own NCCL communicator of one rank, made through MPI like any other).
 # The packed binary links Open MPI: another mpirun (MPICH, Intel MPI) cannot start its ranks.
 unresolved=
-[ -x "$pack/bin/dist_pipeline" ] && unresolved=$(ldd "$pack/bin/dist_pipeline" 2>&1 | awk '/not found/ { print $1 }' | paste -sd, -)
-if [ ! -x "$pack/bin/dist_pipeline" ]; then
+[ -x "$bin/dist_pipeline" ] && unresolved=$(ldd "$bin/dist_pipeline" 2>&1 | awk '/not found/ { print $1 }' | paste -sd, -)
+if [ ! -x "$bin/dist_pipeline" ]; then
   record nccl-processes SKIP "examples/dist_pipeline not packed (no MPI where --rehearse ran)"
 elif ! command -v mpirun >/dev/null 2>&1; then
   record nccl-processes SKIP "no mpirun (Open MPI) here; NCCL in one process was checked (step nccl)"
@@ -459,7 +483,7 @@ elif [ "${gpus:-0}" -lt 1 ]; then
   record nccl-processes SKIP "nvidia-smi lists no GPU (mpirun is Open MPI's, libmpi resolves)"
 else
   if [ "$gpus" -ge 2 ]; then np=2 devs=cuda:0,cuda:1; else np=1 devs=cuda:0; fi
-  dp=(mpirun --allow-run-as-root --oversubscribe -np "$np" "$pack/bin/dist_pipeline" --mode dp --devices "$devs" --steps 10)
+  dp=(mpirun --allow-run-as-root --oversubscribe -np "$np" "$bin/dist_pipeline" --mode dp --devices "$devs" --steps 10)
   if nccl_step "nccl-$np-processes" 90 "${dp[@]}" --comm nccl && step "hierarchical-$np-processes" 1 90 "${dp[@]}" --comm hierarchical; then
     nccl_log=$log_dir/nccl-$np-processes.log
     [ -s "$log_dir/nccl-$np-processes-nocumem.log" ] && nccl_log=$log_dir/nccl-$np-processes-nocumem.log

@@ -56,7 +56,7 @@ fn parity(backend: BackendKind, ordinal: usize) {
     let val = Gpt::loss(&gpt.forward(&batch(&fx, "val_x", None, &dev).unwrap()).unwrap(), &batch(&fx, "val_y", None, &dev).unwrap()).unwrap();
     let val = val.to_scalar().unwrap();
     assert_close(&format!("validation loss on {dev}"), &[val], fx.f32s("val_loss"), 0.0, 1e-3);
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt_tiny_tandem_{}_{ordinal}.safetensors", backend.name()));
+    let path = common::target_tmp().join(format!("gpt_tiny_tandem_{}_{ordinal}.safetensors", backend.name()));
     let meta = BTreeMap::from([("val_loss".to_string(), format!("{val:.9}"))]);
     write_safetensors(&path, &to_host(&gpt.state_dict()).unwrap(), &meta).unwrap();
     eprintln!("checkpoint for `python scripts/gpt_parity.py check`: {}", path.display());

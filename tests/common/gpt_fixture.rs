@@ -87,7 +87,7 @@ impl Fixture {
         let val = Loss::CrossEntropy.compute(&logits, &y).unwrap().to_scalar().unwrap();
         tandem::tolerance::assert_close(&format!("{what}: validation loss"), &[val], self.f32s("val_loss"), 0.0, 1e-3);
         let file: String = what.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt_tiny_tandem_{file}.safetensors"));
+        let path = crate::common::target_tmp().join(format!("gpt_tiny_tandem_{file}.safetensors"));
         let meta = std::collections::BTreeMap::from([("val_loss".to_string(), format!("{val:.9}"))]);
         tandem::checkpoint::write_safetensors(&path, &tandem::checkpoint::to_host(&s.state_dict().unwrap()).unwrap(), &meta).unwrap();
     }

@@ -269,10 +269,18 @@ pub fn host_step(step: OptimStep, p: &mut [f32], g: &[f32], s0: &mut [f32], s1: 
     }
 }
 
-/// The `tandem` binary of this build, for the end-to-end tests of the command line.
+/// The `tandem` binary of this build, for the end-to-end tests of the command line;
+/// `TANDEM_TEST_BIN` names another copy (scripts/gpu-check.sh runs the test binaries on a
+/// machine where this build's paths do not exist).
 #[cfg(feature = "cli")]
 pub fn tandem() -> std::process::Command {
-    std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+    std::process::Command::new(std::env::var_os("TANDEM_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tandem").into()))
+}
+
+/// The folder for files a test leaves for later checks (the PyTorch side of the parity tests
+/// reads them): this build's `target/tmp`, or `TANDEM_TEST_TMPDIR` (see [`tandem`]).
+pub fn target_tmp() -> std::path::PathBuf {
+    std::env::var_os("TANDEM_TEST_TMPDIR").map_or_else(|| env!("CARGO_TARGET_TMPDIR").into(), Into::into)
 }
 
 /// Runs the binary with `args` to completion.
