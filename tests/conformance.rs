@@ -385,6 +385,34 @@ fn memory_stats_pool_and_out_of_memory() {
     });
 }
 
+/// `Backend::release` (ZeRO-3 between uses of a parameter) gives a buffer's memory back while
+/// its handle lives: ops on it are clear errors, another allocation takes the memory, and
+/// `restore` gives the buffer memory of its own again. Every device releases (CPU, wgpu, CUDA).
+#[test]
+fn release_and_restore() {
+    on_each_device(|dev, _| {
+        let be = dev.backend();
+        let v: Vec<f32> = (0..70_001).map(|i| i as f32 * 0.5).collect();
+        let b = up(dev, &v);
+        let held = be.memory().in_use;
+        assert!(be.release(&b)?, "{} keeps released memory", dev.spec());
+        assert!(be.release(&b)?, "releasing twice does nothing");
+        assert!(be.memory().in_use + 4 * 70_001 <= held, "released bytes leave in_use");
+        let err = be.download(&b).unwrap_err().to_string();
+        assert!(err.contains("released"), "{err}");
+        let out = be.alloc(70_001, DType::F32)?;
+        let wrong = be.unary(UnaryOp::Neg, &b, &Layout::contiguous(&Shape::new([70_001])), &out);
+        assert!(matches!(wrong, Err(tandem::Error::Invalid { .. })), "an op on a released buffer: {wrong:?}");
+        be.fill(&out, 3.0)?;
+        assert!(be.restore(&b)?);
+        assert!(be.restore(&b)?, "restoring a buffer that holds memory does nothing");
+        be.write_at(&b, 0, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())?;
+        assert_eq!(down(dev, &b), v);
+        assert_eq!(down(dev, &out), vec![3.0; 70_001], "the buffer that took the memory is untouched");
+        Ok(())
+    });
+}
+
 #[test]
 fn devices_on_one_adapter_are_independent() {
     let _guard = shared();

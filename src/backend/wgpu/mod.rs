@@ -23,7 +23,7 @@ use adapters::all;
 pub use autotune::{Autotune, AUTOTUNE_ENV};
 pub use adapters::{adapters, has_subgroups_of_8, ordinal_of, qualified_spec, refusal, refused, Refused, NAMED_BACKENDS, NEED_INVOCATIONS, NEED_WORKGROUP_BYTES};
 use context::Ctx;
-use pool::{Pool, WgpuBuffer};
+use pool::{Pool, Stored};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -207,22 +207,27 @@ impl WgpuBackend {
         let br = self.raw("matmul", b, extent(s.b_offset, s.b_batch_stride, s.k * s.n))?;
         let or = self.raw("matmul", out, s.batch * s.m * s.n)?;
         let bias = bias.map(|(x, relu)| self.raw("matmul", x, s.m).map(|r| (r, relu))).transpose()?;
+        let bias = bias.as_ref().map(|(r, relu)| (r, *relu));
+        let (ar, br, or) = (&ar, &br, &or);
         let run = |kernel| match kernel {
             MatmulKernel::SplitK => tiled::split_k(&self.ctx, &self.pool, ar, br, bias, or, s),
             _ => ops::matmul(&self.ctx, kernel, ar, br, bias, or, s),
         };
         run(self.tuner.choose(&self.ctx, &s, bias.is_some(), self.matmul, &run)?)
     }
-    /// The device's own buffer inside `b`, holding at least `need` elements.
-    fn raw<'a>(&self, op: &'static str, b: &'a Buffer, need: usize) -> Result<&'a wgpu::Buffer> {
-        let w = b
-            .downcast::<WgpuBuffer>()
-            .filter(|w| Arc::ptr_eq(&w.pool, &self.pool))
-            .ok_or_else(|| Error::invalid(op, format!("buffer does not belong to {}", self.ctx.name)))?;
+    /// This device's buffer behind `b`, holding at least `need` elements: a handle to its
+    /// memory for the op's duration.
+    fn raw(&self, op: &'static str, b: &Buffer, need: usize) -> Result<wgpu::Buffer> {
+        let w = self.stored(op, b)?;
         if b.len() < need {
             return Err(Error::invalid(op, format!("buffer of {} elements, {need} needed", b.len())));
         }
-        Ok(&w.raw)
+        w.raw().ok_or_else(|| Error::invalid(op, format!("a buffer of {} elements on {} was released (a ZeRO-3 parameter between uses) and not restored", b.len(), self.ctx.name)))
+    }
+    fn stored<'a>(&self, op: &'static str, b: &'a Buffer) -> Result<&'a Stored> {
+        b.downcast::<Stored>()
+            .filter(|w| Arc::ptr_eq(&w.pool, &self.pool))
+            .ok_or_else(|| Error::invalid(op, format!("buffer does not belong to {}", self.ctx.name)))
     }
 }
 
@@ -232,24 +237,25 @@ impl Backend for WgpuBackend {
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
         super::contract::alloc(&self.info, len, dtype)?;
-        let raw = self.pool.alloc(dtype.words(len) as u64 * 4)?;
-        Ok(Buffer::new(raw, len, dtype))
+        let bytes = dtype.words(len) as u64 * 4;
+        Ok(Buffer::new(Stored::new(self.pool.alloc(bytes)?, bytes), len, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
         super::contract::upload(&self.info, bytes, dtype)?;
         let len = bytes.len() / dtype.size();
-        let raw = self.pool.alloc(dtype.words(len) as u64 * 4)?;
+        let size = dtype.words(len) as u64 * 4;
+        let raw = self.pool.alloc(size)?;
         // Queue writes move whole words: an odd number of halves takes a padded copy.
         let (whole, tail) = bytes.split_at(bytes.len() / 4 * 4);
         self.ctx.write(&raw.raw, 0, whole);
         if !tail.is_empty() {
             self.ctx.write(&raw.raw, whole.len() as u64, &[tail, &[0, 0]].concat());
         }
-        Ok(Buffer::new(raw, len, dtype))
+        Ok(Buffer::new(Stored::new(raw, size), len, dtype))
     }
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
         let raw = self.raw("download", buf, 0)?;
-        let mut bytes = self.ctx.read(raw, 0, buf.dtype().words(buf.len()) as u64 * 4)?;
+        let mut bytes = self.ctx.read(&raw, 0, buf.dtype().words(buf.len()) as u64 * 4)?;
         bytes.truncate(buf.len() * buf.dtype().size());
         Ok(bytes)
     }
@@ -259,11 +265,11 @@ impl Backend for WgpuBackend {
         if buf.dtype().is_half() {
             // The words that hold the range, then the range's bytes within them.
             let (first, end) = (start / 2, (start + len).div_ceil(2));
-            let words = self.ctx.read(raw, first as u64 * 4, (end - first) as u64 * 4)?;
+            let words = self.ctx.read(&raw, first as u64 * 4, (end - first) as u64 * 4)?;
             let skip = (start % 2) * 2;
             return Ok(words[skip..skip + len * 2].to_vec());
         }
-        self.ctx.read(raw, start as u64 * 4, len as u64 * 4)
+        self.ctx.read(&raw, start as u64 * 4, len as u64 * 4)
     }
     /// Through the queue's own staging straight into `buf`: no scratch buffer.
     fn write_at(&self, buf: &Buffer, start: usize, bytes: &[u8]) -> Result<()> {
@@ -274,25 +280,24 @@ impl Backend for WgpuBackend {
         }
         if buf.dtype().is_half() {
             let raw = self.raw("write_at", buf, start.saturating_add(bytes.len() / 2))?;
-            self.ctx.write(raw, start as u64 * 2, bytes);
+            self.ctx.write(&raw, start as u64 * 2, bytes);
             return Ok(());
         }
         if !bytes.len().is_multiple_of(4) {
             return Err(Error::invalid("write_at", format!("{} bytes are not whole 4-byte elements on {}", bytes.len(), self.ctx.name)));
         }
         let raw = self.raw("write_at", buf, start.saturating_add(bytes.len() / 4))?;
-        self.ctx.write(raw, start as u64 * 4, bytes);
+        self.ctx.write(&raw, start as u64 * 4, bytes);
         Ok(())
     }
     fn fill(&self, buf: &Buffer, value: f32) -> Result<()> {
         super::contract::fill(&self.info, buf)?;
         let bits = CastOp::fill_word(buf.dtype(), value);
-        ops::fill(&self.ctx, self.raw("fill", buf, 0)?, buf.dtype().words(buf.len()), bits)
+        ops::fill(&self.ctx, &self.raw("fill", buf, 0)?, buf.dtype().words(buf.len()), bits)
     }
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
         super::contract::copy(&self.info, src, src_off, dst, dst_off, len)?;
-        let s = self.raw("copy", src, 0)?;
-        let d = self.raw("copy", dst, 0)?;
+        let (s, d) = (&self.raw("copy", src, 0)?, &self.raw("copy", dst, 0)?);
         if len == 0 {
             return Ok(());
         }
@@ -323,20 +328,20 @@ impl Backend for WgpuBackend {
         super::contract::unary(&self.info, x, layout, out)?;
         let xr = self.raw("unary", x, 0)?;
         let or = self.raw("unary", out, 0)?;
-        ops::unary(&self.ctx, op, xr, layout, or)
+        ops::unary(&self.ctx, op, &xr, layout, &or)
     }
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
         super::contract::binary(&self.info, a, la, b, lb, out)?;
         let ar = self.raw("binary", a, 0)?;
         let br = self.raw("binary", b, 0)?;
         let or = self.raw("binary", out, 0)?;
-        ops::binary(&self.ctx, op, ar, la, br, lb, or)
+        ops::binary(&self.ctx, op, &ar, la, &br, lb, &or)
     }
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
         super::contract::reduce(&self.info, op, x, spec, out)?;
         let xr = self.raw("reduce", x, 0)?;
         let or = self.raw("reduce", out, 0)?;
-        reduce::reduce(&self.ctx, &self.pool, op, xr, spec, or)
+        reduce::reduce(&self.ctx, &self.pool, op, &xr, spec, &or)
     }
     fn matmul(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
         super::contract::matmul(&self.info, a, b, None, out, spec)?;
@@ -350,34 +355,34 @@ impl Backend for WgpuBackend {
         super::contract::im2col(&self.info, x, cols, spec)?;
         let xr = self.raw("im2col", x, 0)?;
         let cr = self.raw("im2col", cols, 0)?;
-        nn::im2col(&self.ctx, xr, cr, spec, true)
+        nn::im2col(&self.ctx, &xr, &cr, spec, true)
     }
     fn col2im(&self, cols: &Buffer, x: &Buffer, spec: WindowSpec) -> Result<()> {
         super::contract::col2im(&self.info, cols, x, spec)?;
         let xr = self.raw("col2im", x, 0)?;
         let cr = self.raw("col2im", cols, 0)?;
-        nn::im2col(&self.ctx, xr, cr, spec, false)
+        nn::im2col(&self.ctx, &xr, &cr, spec, false)
     }
     fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
         super::contract::max_pool2d(&self.info, x, out, argmax, spec)?;
         let xr = self.raw("max_pool2d", x, 0)?;
         let or = self.raw("max_pool2d", out, 0)?;
         let ar = self.raw("max_pool2d", argmax, 0)?;
-        nn::max_pool(&self.ctx, xr, or, ar, spec, true)
+        nn::max_pool(&self.ctx, &xr, &or, &ar, spec, true)
     }
     fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
         super::contract::max_pool2d_backward(&self.info, grad_out, argmax, grad_x, spec)?;
         let gx = self.raw("max_pool2d_backward", grad_x, 0)?;
         let go = self.raw("max_pool2d_backward", grad_out, 0)?;
         let ar = self.raw("max_pool2d_backward", argmax, 0)?;
-        nn::max_pool(&self.ctx, gx, go, ar, spec, false)
+        nn::max_pool(&self.ctx, &gx, &go, &ar, spec, false)
     }
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
         super::contract::index(&self.info, op, x, idx, out, rows, cols)?;
         let xr = self.raw("index", x, 0)?;
         let ir = self.raw("index", idx, 0)?;
         let or = self.raw("index", out, 0)?;
-        nn::index(&self.ctx, op, xr, ir, or, rows, cols)
+        nn::index(&self.ctx, op, &xr, &ir, &or, rows, cols)
     }
     fn cast(&self, op: CastOp, x: &Buffer, out: &Buffer, len: usize) -> Result<()> {
         super::contract::cast(&self.info, op, x, out, len)?;
@@ -385,9 +390,9 @@ impl Backend for WgpuBackend {
         let or = self.raw("cast", out, 0)?;
         let (from, to) = op.dtypes();
         if from.is_half() || to.is_half() {
-            return halves::cast(&self.ctx, op, xr, or, len);
+            return halves::cast(&self.ctx, op, &xr, &or, len);
         }
-        nn::cast(&self.ctx, op, xr, or, len)
+        nn::cast(&self.ctx, op, &xr, &or, len)
     }
     fn optim_step(&self, step: OptimStep, param: &Buffer, grad: &Buffer, state: &[&Buffer]) -> Result<bool> {
         super::contract::optim_step(&self.info, step, param, grad, state)?;
@@ -395,13 +400,13 @@ impl Backend for WgpuBackend {
         let p = self.raw("optim_step", param, 0)?;
         let g = self.raw("optim_step", grad, 0)?;
         let s = state.iter().map(|b| self.raw("optim_step", b, 0)).collect::<Result<Vec<_>>>()?;
-        nn::optim(&self.ctx, step, p, g, &s, n)?;
+        nn::optim(&self.ctx, step, &p, &g, &s.iter().collect::<Vec<_>>(), n)?;
         Ok(true)
     }
     fn fused(&self, op: FusedOp, bufs: &[&Buffer]) -> Result<bool> {
         super::contract::fused(&self.info, op, bufs)?;
         let raw = bufs.iter().map(|b| self.raw(op.name(), b, 0)).collect::<Result<Vec<_>>>()?;
-        fused::fused(&self.ctx, op, &raw, matches!(self.matmul, MatmulKernel::Registers))
+        fused::fused(&self.ctx, op, &raw.iter().collect::<Vec<_>>(), matches!(self.matmul, MatmulKernel::Registers))
     }
     fn fuses(&self, op: &FusedOp) -> bool {
         // Elementwise: the composition's passes are already one dispatch each here.
@@ -421,6 +426,14 @@ impl Backend for WgpuBackend {
     }
     fn sync(&self) -> Result<()> {
         self.ctx.wait()
+    }
+    fn release(&self, buf: &Buffer) -> Result<bool> {
+        self.stored("release", buf)?.release();
+        Ok(true)
+    }
+    fn restore(&self, buf: &Buffer) -> Result<bool> {
+        self.stored("restore", buf)?.restore()?;
+        Ok(true)
     }
     fn memory(&self) -> MemoryStats {
         self.pool.stats()

@@ -39,6 +39,48 @@ pub(crate) struct WgpuBuffer {
     held: Option<Held>,
 }
 
+/// A buffer the backend hands out (`Backend::alloc`, `upload`): its memory, or none while
+/// `Backend::release` has given it back (ZeRO-3 between uses of a parameter). Ops take a handle
+/// to the memory for their own duration ([`Stored::raw`]); a released buffer's memory is in the
+/// pool's free list, where the next allocation of its class takes it.
+pub(crate) struct Stored {
+    slot: Mutex<Option<WgpuBuffer>>,
+    /// Bytes asked for, to ask again on `restore`.
+    bytes: u64,
+    pub(crate) pool: Arc<Pool>,
+}
+
+impl Stored {
+    pub(crate) fn new(buf: WgpuBuffer, bytes: u64) -> Stored {
+        Stored { pool: buf.pool.clone(), slot: Mutex::new(Some(buf)), bytes }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<WgpuBuffer>> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A handle to the memory, `None` while released.
+    pub(crate) fn raw(&self) -> Option<wgpu::Buffer> {
+        self.slot().as_ref().map(|b| b.raw.clone())
+    }
+
+    /// Gives the memory back to the pool (queue order keeps work already recorded on it ahead of
+    /// any later use of the memory); releasing a released buffer does nothing.
+    pub(crate) fn release(&self) {
+        let old = self.slot().take();
+        drop(old);
+    }
+
+    /// Memory of the same size again, contents unspecified; nothing for a buffer that has it.
+    pub(crate) fn restore(&self) -> Result<()> {
+        let mut slot = self.slot();
+        if slot.is_none() {
+            *slot = Some(self.pool.alloc(self.bytes)?);
+        }
+        Ok(())
+    }
+}
+
 impl Drop for WgpuBuffer {
     fn drop(&mut self) {
         self.held = Some(self.pool.gate.hold());

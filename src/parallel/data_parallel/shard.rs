@@ -236,9 +236,9 @@ impl Sharded {
         Tensor::cat(&parts, 0)
     }
 
-    /// Frees the replicas' full parameters (ZeRO-3 between steps), where the backend can (the
-    /// CPU and CUDA); on one that cannot (wgpu) they stay allocated and only gradients and
-    /// optimizer state are sharded.
+    /// Frees the replicas' full parameters (ZeRO-3 between steps); a backend that cannot
+    /// (`Backend::release` returning `false`: none of tandem's) keeps them allocated, and only
+    /// gradients and optimizer state are sharded there.
     pub fn release(&self, replicas: &[Replica]) -> Result<()> {
         for r in replicas {
             for (_, t) in &r.params {
