@@ -19,8 +19,15 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn load() -> Fixture {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_tiny.safetensors");
-        let (tensors, meta) = read_safetensors(path).expect("the fixture reads (scripts/gpt_parity.py make)");
+        Fixture::file(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_tiny.safetensors"))
+    }
+    /// PyTorch's losses under autocast from this fixture's start (`losses_f32`, `losses_bf16`,
+    /// `losses_f16`; made by scripts/gpt_amp_parity.py).
+    pub fn amp() -> Fixture {
+        Fixture::file(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_tiny_amp.safetensors"))
+    }
+    fn file(path: &str) -> Fixture {
+        let (tensors, meta) = read_safetensors(path).unwrap_or_else(|e| panic!("the fixture reads (scripts/gpt_parity.py, gpt_amp_parity.py make): {e}"));
         let meta: serde_json::Map<String, serde_json::Value> = meta.into_iter().map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v)))).collect();
         Fixture { tensors: tensors.into_iter().collect(), meta: meta.into() }
     }
