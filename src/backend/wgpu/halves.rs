@@ -13,7 +13,7 @@ pub(crate) fn copy(ctx: &Ctx, src: &wgpu::Buffer, src_off: usize, dst: &wgpu::Bu
     if len == 0 {
         return Ok(());
     }
-    if src_off % 2 == 0 && dst_off % 2 == 0 && len % 2 == 0 {
+    if src_off.is_multiple_of(2) && dst_off.is_multiple_of(2) && len.is_multiple_of(2) {
         ctx.encode(|e| e.copy_buffer_to_buffer(src, src_off as u64 * 2, dst, dst_off as u64 * 2, len as u64 * 2));
         return Ok(());
     }
