@@ -541,6 +541,12 @@ pub trait Backend: Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// The error of an op on a buffer that [`Backend::release`] gave back and nothing restored (a
+/// ZeRO-3 parameter between uses), as every backend words it.
+pub(crate) fn released(op: &'static str, device: &str, len: usize) -> crate::Error {
+    crate::Error::invalid(op, format!("a buffer of {len} elements on {device} was released (a ZeRO-3 parameter between uses) and not restored"))
+}
+
 /// The error function as every backend without a builtin computes it (the CPU reference in
 /// f64, `shaders/unary.wgsl` in f32): the odd Taylor polynomial below 0.5 (terms to x¹³, so
 /// the remainder is under 1e-9 relative), where `1 - erfc` would cancel; above, `1 - erfc`

@@ -143,7 +143,7 @@ fn write(b: &CpuBuffer) -> RwLockWriteGuard<'_, Vec<u32>> {
 fn raw(b: &Buffer) -> Result<&CpuBuffer> {
     let cpu = b.downcast::<CpuBuffer>().ok_or_else(|| Error::invalid("cpu", "buffer belongs to another device"))?;
     if cpu.released.load(Ordering::Acquire) {
-        return Err(Error::invalid("cpu", format!("a buffer of {} elements was released (a ZeRO-3 parameter between steps) and not restored", b.len())));
+        return Err(crate::backend::released("cpu", "cpu", b.len()));
     }
     Ok(cpu)
 }

@@ -161,12 +161,16 @@ impl CudaBackend {
         self.context().bind_to_thread().map_err(|e| self.err("binding the context", e))
     }
 
+    /// This device's buffer `b`, released or not.
+    pub(super) fn own<'a>(&self, op: &'static str, b: &'a Buffer) -> Result<&'a CudaBuf> {
+        b.downcast::<CudaBuf>()
+            .filter(|m| Arc::ptr_eq(&m.pool, &self.pool))
+            .ok_or_else(|| Error::invalid(op, format!("buffer does not belong to {}", self.label)))
+    }
+
     /// This device's memory behind `b`, checked to hold at least `need` elements of `dtype`.
     pub(super) fn mem<'a>(&self, op: &'static str, b: &'a Buffer, need: usize, dtype: DType) -> Result<&'a CudaBuf> {
-        let m = b
-            .downcast::<CudaBuf>()
-            .filter(|m| Arc::ptr_eq(&m.pool, &self.pool))
-            .ok_or_else(|| Error::invalid(op, format!("buffer does not belong to {}", self.label)))?;
+        let m = self.own(op, b)?;
         if b.dtype() != dtype {
             return Err(Error::DType { op, expected: dtype, got: b.dtype() });
         }
@@ -174,7 +178,7 @@ impl CudaBackend {
             return Err(Error::shape(op, format!("buffer of {} elements, the op addresses {need}", b.len())));
         }
         if m.is_released() {
-            return Err(released(op, &self.label, b.len()));
+            return Err(crate::backend::released(op, &self.label, b.len()));
         }
         Ok(m)
     }
@@ -237,9 +241,4 @@ fn load_family(ctx: &Arc<CudaContext>, family: &str, source: &str, cc: (i32, i32
         }
     }
     Err(failures.join("; "))
-}
-
-/// The error for an op on a buffer `Backend::release` gave back and nothing restored.
-pub(super) fn released(op: &'static str, label: &str, len: usize) -> Error {
-    Error::invalid(op, format!("a buffer of {len} elements on {label} was released (a ZeRO-3 parameter between uses) and not restored"))
 }

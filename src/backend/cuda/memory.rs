@@ -10,7 +10,7 @@ use crate::backend::MemoryStats;
 use crate::{Error, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Device memory of one buffer; returns itself to its pool on drop. `Backend::release` gives
@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex};
 /// `Backend::restore` takes memory of the same class again: the pointer can change, so it is
 /// read through [`CudaBuf::ptr`] at each use.
 pub(crate) struct CudaBuf {
+    /// The device address; 0 while released (and for an empty buffer, which holds no memory).
     ptr: AtomicU64,
     class: usize,
-    released: AtomicBool,
     pub(crate) pool: Arc<Pool>,
 }
 
@@ -32,18 +32,17 @@ impl CudaBuf {
     }
 
     pub(crate) fn is_released(&self) -> bool {
-        self.released.load(Ordering::Acquire)
+        self.class > 0 && self.ptr() == 0
     }
 
     /// Gives the memory back to the pool, where the next allocation of its class takes it;
-    /// `false` when it was already released. Work queued on the stream that still reads it
-    /// runs before any later op that is handed the memory (one stream per logical device).
-    pub(crate) fn release(&self) -> bool {
-        if self.released.swap(true, Ordering::AcqRel) {
-            return false;
+    /// nothing for a released buffer. Work queued on the stream that still reads it runs
+    /// before any later op that is handed the memory (one stream per logical device).
+    pub(crate) fn release(&self) {
+        let ptr = self.ptr.swap(0, Ordering::AcqRel);
+        if ptr != 0 {
+            self.pool.give_back(ptr, self.class);
         }
-        self.pool.give_back(self.ptr.swap(0, Ordering::AcqRel), self.class);
-        true
     }
 
     /// Memory of the buffer's class again (contents unspecified), within the device's budget;
@@ -53,16 +52,19 @@ impl CudaBuf {
             return Ok(());
         }
         let ptr = self.pool.take(self.class, self.class)?;
-        self.ptr.store(ptr, Ordering::Release);
-        self.released.store(false, Ordering::Release);
+        if self.ptr.compare_exchange(0, ptr, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            // Another thread restored it first.
+            self.pool.give_back(ptr, self.class);
+        }
         Ok(())
     }
 }
 
 impl Drop for CudaBuf {
     fn drop(&mut self) {
-        if !*self.released.get_mut() {
-            self.pool.give_back(*self.ptr.get_mut(), self.class);
+        let ptr = *self.ptr.get_mut();
+        if ptr != 0 {
+            self.pool.give_back(ptr, self.class);
         }
     }
 }
@@ -108,7 +110,7 @@ impl Pool {
     pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<CudaBuf> {
         let class = size_class(bytes);
         let ptr = self.take(bytes, class)?;
-        Ok(CudaBuf { ptr: AtomicU64::new(ptr), class, released: AtomicBool::new(false), pool: self.clone() })
+        Ok(CudaBuf { ptr: AtomicU64::new(ptr), class, pool: self.clone() })
     }
 
     /// Memory of `class` bytes for a request of `bytes`: a pooled block, or a fresh one within

@@ -367,7 +367,7 @@ impl Backend for CudaBackend {
             .downcast::<CudaBuf>()
             .ok_or_else(|| Error::invalid("copy_from_peer", "source buffer is not a CUDA buffer"))?;
         if src_mem.is_released() {
-            return Err(super::device::released("copy_from_peer", &owner.label, src.len()));
+            return Err(crate::backend::released("copy_from_peer", &owner.label, src.len()));
         }
         let out = self.alloc(src.len(), src.dtype())?;
         let bytes = src.len() * src.dtype().size();
@@ -397,13 +397,11 @@ impl Backend for CudaBackend {
         self.pool.stats()
     }
     fn release(&self, buf: &Buffer) -> Result<bool> {
-        let m = buf.downcast::<CudaBuf>().ok_or_else(|| Error::invalid("release", format!("buffer does not belong to {}", self.label)))?;
-        m.release();
+        self.own("release", buf)?.release();
         Ok(true)
     }
     fn restore(&self, buf: &Buffer) -> Result<bool> {
-        let m = buf.downcast::<CudaBuf>().ok_or_else(|| Error::invalid("restore", format!("buffer does not belong to {}", self.label)))?;
-        m.restore()?;
+        self.own("restore", buf)?.restore()?;
         Ok(true)
     }
     fn set_memory_budget(&self, bytes: Option<u64>) {

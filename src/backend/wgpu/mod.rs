@@ -222,7 +222,7 @@ impl WgpuBackend {
         if b.len() < need {
             return Err(Error::invalid(op, format!("buffer of {} elements, {need} needed", b.len())));
         }
-        w.raw().ok_or_else(|| Error::invalid(op, format!("a buffer of {} elements on {} was released (a ZeRO-3 parameter between uses) and not restored", b.len(), self.ctx.name)))
+        w.raw().ok_or_else(|| super::released(op, &self.ctx.name, b.len()))
     }
     fn stored<'a>(&self, op: &'static str, b: &'a Buffer) -> Result<&'a Stored> {
         b.downcast::<Stored>()
@@ -237,21 +237,20 @@ impl Backend for WgpuBackend {
     }
     fn alloc(&self, len: usize, dtype: DType) -> Result<Buffer> {
         super::contract::alloc(&self.info, len, dtype)?;
-        let bytes = dtype.words(len) as u64 * 4;
-        Ok(Buffer::new(Stored::new(self.pool.alloc(bytes)?, bytes), len, dtype))
+        let raw = self.pool.alloc(dtype.words(len) as u64 * 4)?;
+        Ok(Buffer::new(Stored::new(raw), len, dtype))
     }
     fn upload(&self, bytes: &[u8], dtype: DType) -> Result<Buffer> {
         super::contract::upload(&self.info, bytes, dtype)?;
         let len = bytes.len() / dtype.size();
-        let size = dtype.words(len) as u64 * 4;
-        let raw = self.pool.alloc(size)?;
+        let raw = self.pool.alloc(dtype.words(len) as u64 * 4)?;
         // Queue writes move whole words: an odd number of halves takes a padded copy.
         let (whole, tail) = bytes.split_at(bytes.len() / 4 * 4);
         self.ctx.write(&raw.raw, 0, whole);
         if !tail.is_empty() {
             self.ctx.write(&raw.raw, whole.len() as u64, &[tail, &[0, 0]].concat());
         }
-        Ok(Buffer::new(Stored::new(raw, size), len, dtype))
+        Ok(Buffer::new(Stored::new(raw), len, dtype))
     }
     fn download(&self, buf: &Buffer) -> Result<Vec<u8>> {
         let raw = self.raw("download", buf, 0)?;

@@ -45,14 +45,14 @@ pub(crate) struct WgpuBuffer {
 /// pool's free list, where the next allocation of its class takes it.
 pub(crate) struct Stored {
     slot: Mutex<Option<WgpuBuffer>>,
-    /// Bytes asked for, to ask again on `restore`.
+    /// The buffer's size (its size class), asked for again on `restore`.
     bytes: u64,
     pub(crate) pool: Arc<Pool>,
 }
 
 impl Stored {
-    pub(crate) fn new(buf: WgpuBuffer, bytes: u64) -> Stored {
-        Stored { pool: buf.pool.clone(), slot: Mutex::new(Some(buf)), bytes }
+    pub(crate) fn new(buf: WgpuBuffer) -> Stored {
+        Stored { pool: buf.pool.clone(), bytes: buf.raw.size(), slot: Mutex::new(Some(buf)) }
     }
 
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<WgpuBuffer>> {
