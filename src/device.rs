@@ -80,6 +80,20 @@ impl Device {
     pub fn memory(&self) -> MemoryStats {
         self.inner.backend.memory()
     }
+    /// Starts [`MemoryStats::peak`] again from the bytes in use now (PyTorch's
+    /// `torch.cuda.reset_peak_memory_stats`): a step's peak apart from the model's setup.
+    ///
+    /// ```
+    /// let dev = tandem::Device::cpu_independent();
+    /// let big = tandem::Tensor::zeros([1 << 20], &dev)?;
+    /// drop(big);
+    /// dev.reset_peak_memory();
+    /// assert_eq!(dev.memory().peak, dev.memory().in_use);
+    /// # Ok::<(), tandem::Error>(())
+    /// ```
+    pub fn reset_peak_memory(&self) {
+        self.inner.backend.reset_peak_memory()
+    }
     /// Caps the bytes this device's live tensors may hold (`None` lifts the cap): past it an
     /// allocation fails with [`Error::OutOfMemory`] naming the device, the bytes asked, the
     /// budget and the bytes in use, so a run that would not fit an 8 GB M60 fails here on a CPU

@@ -349,12 +349,20 @@ struct Shared<T: ?Sized> {
     /// For I32 buffers uploaded from the host, those values, so that the embedding gradient
     /// plans its sums without reading the device; cleared with `label_bound`.
     host_i32: Mutex<Option<Arc<[i32]>>>,
+    /// What gives a released buffer its values back on first use (see [`Buffer::refill`]).
+    refill: Mutex<Option<Refill>>,
     raw: T,
 }
 
+/// A hook that gives a released buffer memory and values again, run by the backend on the
+/// thread of the op that found it released: ZeRO-3's all-gather of the unit of parameters the
+/// buffer belongs to ([`crate::parallel::DataParallel`]). It must not release any buffer itself,
+/// since the op that called it may already hold another one's memory.
+pub(crate) type Refill = Arc<dyn Fn() -> crate::Result<()> + Send + Sync>;
+
 impl Buffer {
     pub fn new<T: Any + Send + Sync>(raw: T, len: usize, dtype: DType) -> Self {
-        Buffer { raw: Arc::new(Shared { label_bound: Mutex::new(None), host_i32: Mutex::new(None), raw }), len, dtype }
+        Buffer { raw: Arc::new(Shared { label_bound: Mutex::new(None), host_i32: Mutex::new(None), refill: Mutex::new(None), raw }), len, dtype }
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
@@ -391,6 +399,21 @@ impl Buffer {
     }
     pub(crate) fn set_host_i32(&self, values: Option<Arc<[i32]>>) {
         *self.raw.host_i32.lock().unwrap_or_else(|e| e.into_inner()) = values;
+    }
+    /// Sets (or, with `None`, removes) the hook that refills this buffer once released.
+    pub(crate) fn set_refill(&self, hook: Option<Refill>) {
+        *self.raw.refill.lock().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+    /// What a backend calls on finding this buffer released (by [`Backend::release`]) when op
+    /// `op` needs it: runs the refill hook, which restores it, or fails with the released-buffer
+    /// error where there is none. The backend checks again afterwards.
+    pub(crate) fn refill(&self, op: &'static str, device: &str) -> crate::Result<()> {
+        // Cloned out, so that the hook runs without this lock (it may take the buffer's others).
+        let hook = self.raw.refill.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match hook {
+            Some(f) => f(),
+            None => Err(released(op, device, self.len)),
+        }
     }
 }
 
@@ -532,6 +555,9 @@ pub trait Backend: Send + Sync {
     /// Waits until every recorded op has finished.
     fn sync(&self) -> Result<()>;
     fn memory(&self) -> MemoryStats;
+    /// Starts the peak of [`MemoryStats`] again from the bytes in use now (PyTorch's
+    /// `reset_peak_memory_stats`), so that a step's peak can be told from a setup's.
+    fn reset_peak_memory(&self);
     /// Caps the bytes this device's live buffers may hold (`None`: only the hardware's limit).
     /// An allocation past it fails with `OutOfMemory` naming the device, the bytes asked, the
     /// budget and the bytes in use; buffers already held stay valid when the cap is lowered
@@ -542,7 +568,8 @@ pub trait Backend: Send + Sync {
 }
 
 /// The error of an op on a buffer that [`Backend::release`] gave back and nothing restored (a
-/// ZeRO-3 parameter between uses), as every backend words it.
+/// ZeRO-3 parameter between uses), as every backend words it. A buffer with a refill hook
+/// ([`Buffer::refill`]) is refilled instead.
 pub(crate) fn released(op: &'static str, device: &str, len: usize) -> crate::Error {
     crate::Error::invalid(op, format!("a buffer of {len} elements on {device} was released (a ZeRO-3 parameter between uses) and not restored"))
 }

@@ -13,7 +13,6 @@ use tandem::{BackendKind, Device, Error, Result};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
-/// GPT-2 small's shape (124M parameters), as in the memory table.
 
 /// One device's figures in one mode; `*_bytes` of the state are what the mode keeps on it
 /// between steps by construction, `held` and `peak` what its allocator counted.
@@ -32,10 +31,17 @@ struct MemoryFigure {
     gradient_bytes: u64,
     optimizer_bytes: u64,
     held_bytes: u64,
+    /// The most the steps held at once (the peak is reset after the model is set up).
     peak_bytes: u64,
     /// `peak_bytes - held_bytes`: the activations and transients of a step.
     step_bytes: u64,
+    /// The most the setup held: every mode builds the whole model on each device first.
+    setup_peak_bytes: u64,
     step_ms: f64,
+    /// The last step's communication seconds (all-reduce, reduce-scatter, all-gathers) and the
+    /// fraction of them the devices did not wait for.
+    comm_ms: f64,
+    hidden_fraction: f64,
 }
 
 /// Fresh logical devices for `spec`, CPU ones independent of the shared CPU device so that each
@@ -75,12 +81,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             },
             &devices, &optim, Loss::CrossEntropy, DataParallelConfig { shard, ..Default::default() })?;
         dp.set_precision(precision, None)?;
-        let mut step_s = 0.0;
+        let setup_peaks: Vec<u64> = devices.iter().map(|d| d.memory().peak).collect();
+        devices.iter().for_each(Device::reset_peak_memory);
+        let (mut step_s, mut report) = (0.0, None);
         for _ in 0..steps {
             let t = Instant::now();
-            dp.step(&batch)?;
+            report = Some(dp.step(&batch)?);
             step_s = t.elapsed().as_secs_f64();
         }
+        let (comm_s, hidden) = report.map_or((0.0, 0.0), |r| (r.comm_s, r.overlap));
         let nn = n as u64;
         let (params, grads, opt) = match shard {
             Shard::None => (p, p, k * p),
@@ -104,13 +113,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 held_bytes: m.in_use,
                 peak_bytes: m.peak,
                 step_bytes: m.peak.saturating_sub(m.in_use),
+                setup_peak_bytes: setup_peaks[i],
                 step_ms: step_s * 1e3,
+                comm_ms: comm_s * 1e3,
+                hidden_fraction: hidden,
             };
             if args.log_format == LogFormat::Json {
                 out!("{}", serde_json::to_string(&f).unwrap_or_default());
             } else {
                 let state = format!("params {} + grads {} + optimizer {}", format_bytes(f.parameter_bytes), format_bytes(f.gradient_bytes), format_bytes(f.optimizer_bytes));
-                let result = format!("peak {}, held between steps {} ({state}); step {:.0} ms", format_bytes(f.peak_bytes), format_bytes(f.held_bytes), f.step_ms);
+                let result = format!(
+                    "peak {} (setup {}), held between steps {} ({state}); step {:.0} ms, communication {:.0} ms ({:.0}% hidden)",
+                    format_bytes(f.peak_bytes),
+                    format_bytes(f.setup_peak_bytes),
+                    format_bytes(f.held_bytes),
+                    f.step_ms,
+                    f.comm_ms,
+                    100.0 * f.hidden_fraction
+                );
                 let case = format!("{name} {} shard={shard_name}{}", f.precision, if recompute { " recompute" } else { "" });
                 rows.push(vec!["memory".into(), f.device, case, result]);
             }

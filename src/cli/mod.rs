@@ -226,6 +226,11 @@ pub struct TrainArgs {
     /// Needs --strategy data (or auto on several devices).
     #[arg(long, value_name = "MODE", default_value = "none")]
     pub shard: tandem::parallel::Shard,
+    /// Gradient bytes per data-parallel bucket (PyTorch DDP's `bucket_cap_mb`): smaller ones
+    /// start communicating earlier in backward. Under --shard grads|full the buckets are the
+    /// units of sharding, and ZeRO-3 holds about two units of full parameters at a time.
+    #[arg(long, value_name = "SIZE", default_value = "25MiB", value_parser = bucket_size)]
+    pub bucket_size: usize,
     /// What the forward computes in: `f32`, or `bf16` / `f16` (PyTorch's autocast: products
     /// and the activations after them stored in the half type, computed in f32; F32 master
     /// weights; f16 with dynamic loss scaling). One device or --strategy data.
@@ -413,6 +418,12 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
 }
 
 /// A command that succeeded but could not write its output ends with the write's error.
+/// `--bucket-size`: a size as `--memory-limit` takes one (32KiB, 25MiB, 4096).
+fn bucket_size(text: &str) -> std::result::Result<usize, String> {
+    let bytes = tandem::backend::parse_bytes(text)?;
+    usize::try_from(bytes).map_err(|_| format!("{bytes} bytes do not fit this machine's address space"))
+}
+
 fn output_written(code: u8) -> tandem::Result<u8> {
     match STDOUT_FAILED.get() {
         Some((kind, msg)) if code == 0 => Err(tandem::Error::io("standard output", std::io::Error::new(*kind, msg.clone()))),

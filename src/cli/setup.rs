@@ -51,6 +51,8 @@ pub struct StrategyPlan {
     pub deterministic: bool,
     /// `--shard`: data parallelism only.
     pub shard: Shard,
+    /// `--bucket-size`: data parallelism only.
+    pub bucket_bytes: usize,
     /// Data-parallel batch weights, one per device (`--balance`); equal shares without.
     pub weights: Option<Vec<f64>>,
 }
@@ -112,7 +114,7 @@ pub(super) fn pipeline_schedule(s: Schedule) -> pipeline::Schedule {
 }
 
 fn data_parallel(plan: &StrategyPlan) -> Result<Box<dyn Strategy>> {
-    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, shard: plan.shard, weights: plan.weights.clone(), ..Default::default() };
+    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, shard: plan.shard, bucket_bytes: plan.bucket_bytes, weights: plan.weights.clone(), ..Default::default() };
     Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone(), cfg)?))
 }
 

@@ -81,7 +81,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
     let strategy = if ranks.many() {
-        let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, ..Default::default() };
+        let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, ..Default::default() };
         ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
     } else if let Some(p) = &planned {
         p.build(&model, &devices, &optim, loss)?
@@ -96,6 +96,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
             schedule: args.schedule,
             deterministic: args.deterministic,
             shard: args.shard,
+            bucket_bytes: args.bucket_size,
             weights: weights.clone(),
         };
         build_strategy(plan)?

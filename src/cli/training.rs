@@ -120,7 +120,11 @@ impl<'a> Run<'a> {
             return Ok(Ended::Exit(self.finish_stopped(&console, &fit, Stopped::of(code))));
         }
         // Every rank, so that rank 0 can evaluate and save alone (ZeRO-3 gathers its shards).
-        trainer.strategy_mut().gather_full()?;
+        // One process needs no other: it evaluates and saves ZeRO-3's model unit by unit,
+        // which a model larger than one device needs.
+        if self.ranks.many() {
+            trainer.strategy_mut().gather_full()?;
+        }
         if !self.ranks.leader() {
             // Rank 0 evaluates and writes the outputs; the job ends when it has.
             self.ranks.barrier()?;

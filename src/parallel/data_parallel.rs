@@ -13,6 +13,7 @@
 //! (see `update.rs` for why and what it costs).
 mod buckets;
 mod deterministic;
+mod gather;
 mod overlapped;
 mod shard;
 mod state;
@@ -20,6 +21,7 @@ mod timing;
 mod update;
 
 pub use buckets::assign_buckets;
+pub use gather::{GatherStats, Gathers};
 pub use shard::Shard;
 pub use timing::{DeviceSpans, Overlap};
 
@@ -162,6 +164,10 @@ pub struct DataParallel {
     sharded: Option<shard::Sharded>,
     /// ZeRO-3: the full parameters stay gathered until the next step (`gather_full`).
     full_kept: bool,
+    /// ZeRO-3 unit by unit: the order the last step's ops needed the units in (what the next
+    /// step prefetches), and what its gathers cost.
+    gather_order: Vec<usize>,
+    gathers: Option<Gathers>,
     events: Vec<StepEvent>,
     overlap: Option<Overlap>,
 }
@@ -285,7 +291,7 @@ impl DataParallel {
             s.release(&replicas)?;
         }
         let run = StepCore::new(loss, devices);
-        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, full_kept: false, events: Vec::new(), overlap: None })
+        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, full_kept: false, gather_order: Vec::new(), gathers: None, events: Vec::new(), overlap: None })
     }
 
     /// A communication span of `what` from `start` to now on every replica's comm track.
@@ -327,6 +333,12 @@ impl DataParallel {
     pub fn last_overlap(&self) -> Option<&Overlap> {
         self.overlap.as_ref()
     }
+    /// Under ZeRO-3, the last step's all-gathers when it gathered unit by unit (see
+    /// [`Shard::Full`]); `None` when it gathered the whole model first (deterministic mode, a
+    /// calibrating step, or devices with different numbers of micro-batches).
+    pub fn last_gathers(&self) -> Option<&Gathers> {
+        self.gathers.as_ref()
+    }
     /// Bytes of optimizer state held on each device (ZeRO-1, 2 and 3 divide it among them).
     pub fn optimizer_state_bytes(&self) -> Vec<u64> {
         self.opts.iter().map(|o| o.state().0.iter().map(|(_, t)| 4 * t.numel() as u64).sum()).collect()
@@ -367,7 +379,11 @@ impl Strategy for DataParallel {
         let n = self.replicas.len();
         let (first, world) = self.comm.device_span();
         let mode = if self.cfg.deterministic { PartsOf::FixedShards(self.cfg.deterministic_shards) } else { PartsOf::MicroBatches(self.cfg.micro_batches) };
+        let full = self.sharded.as_ref().is_some_and(|s| s.mode == Shard::Full);
         if self.cfg.calibrate && self.split_weights.is_none() {
+            if full {
+                self.gather_full()?;
+            }
             let models: Vec<(&dyn Module, &Device)> = self.replicas.iter().map(|r| (&*r.model, &r.device)).collect();
             self.split_weights = Some(timing::calibrate(&models, batch, &self.run)?);
         }
@@ -375,14 +391,21 @@ impl Strategy for DataParallel {
         let trace = trace.as_ref();
         let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&(first + i)))).collect();
         let mut comm_spans = Vec::new();
-        if let Some(s) = self.sharded.as_ref().filter(|s| s.mode == Shard::Full) {
-            let tg = Instant::now();
-            s.gather(&self.replicas, &*self.comm)?;
-            comm_spans.push((tg, Instant::now()));
-            self.trace_comm(trace, "all-gather parameters", tg);
-        }
         let parts = ReplicaSplit { first, world, local: n, weights: self.split_weights.as_deref(), mode }.parts(batch)?;
-        let (computed, reduced) = if self.cfg.deterministic {
+        let by_unit = full && !self.cfg.deterministic && gather::every_device_alike(&parts, self.cfg.micro_batches, &*self.comm)?;
+        if let Some(s) = self.sharded.as_ref().filter(|_| full) {
+            if by_unit {
+                // Every parameter starts released; ops gather the units as they need them.
+                s.release(&self.replicas)?;
+            } else if !self.full_kept {
+                let tg = Instant::now();
+                s.gather(&self.replicas, &*self.comm)?;
+                comm_spans.push((tg, Instant::now()));
+                self.trace_comm(trace, "all-gather parameters", tg);
+            }
+            self.full_kept = false;
+        }
+        let (computed, mut reduced) = if self.cfg.deterministic {
             (deterministic::run(&self.replicas, &parts, batch.len(), &updates, &self.run, &*self.comm, trace)?, None)
         } else {
             let plan = overlapped::Plan {
@@ -392,16 +415,27 @@ impl Strategy for DataParallel {
                 total: batch.len(),
                 trace,
                 scatter: self.sharded.as_ref().map(shard::Sharded::world),
-                release: self.sharded.as_ref().is_some_and(|s| s.mode == Shard::Full),
+                release: full,
             };
-            let (mut c, r) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan)?;
+            let units = match (&self.sharded, by_unit) {
+                (Some(s), true) => Some(overlapped::UnitGathers { units: self.replicas.iter().enumerate().map(|(i, r)| s.units_on(i, r)).collect(), previous: self.gather_order.clone() }),
+                _ => None,
+            };
+            let (mut c, x) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan, units)?;
             c.loss = self.comm.sum_by_index(vec![(first, vec![c.loss])])?[0];
-            (c, Some(r))
+            self.gathers = x.gathered.map(|(order, g)| {
+                self.gather_order = order;
+                g
+            });
+            (c, Some(x.reduced))
         };
+        if self.cfg.deterministic {
+            self.gathers = None;
+        }
 
         let (grad_norm, opt_s) = match &self.sharded {
             Some(s) => {
-                match &reduced {
+                match reduced.take() {
                     Some(blocks) => s.grads_from_blocks(blocks)?,
                     None => s.grads_from_full(&self.replicas)?,
                 }
@@ -422,8 +456,9 @@ impl Strategy for DataParallel {
                 out
             }
             None => {
-                if let Some(reduced) = &reduced {
-                    update::unpack(&self.replicas, &self.buckets, reduced)?;
+                // Dropped once unpacked (the gradients are copies), before the update.
+                if let Some(reduced) = reduced.take() {
+                    update::unpack(&self.replicas, &self.buckets, &reduced)?;
                 }
                 // Every updating replica now holds the reduced gradient: the norm is one replica's.
                 let counted = updates.iter().position(|&u| u).map(|r| &self.replicas[r].params[..]);
@@ -461,7 +496,11 @@ impl Strategy for DataParallel {
         let (comm_s, overlapped) = match &computed.overlap {
             // The owners' broadcast and the all-gathers come before forward or after the
             // update, so none of them is hidden.
-            Some(o) => (o.mean_allreduce_s() + host_s(&comm_spans[..hidden_from - computed.comm.len()]) + host_s(&comm_spans[hidden_from..]), o.hidden_s.iter().sum::<f64>() / n as f64),
+            Some(o) => {
+                let (gather_s, gather_hidden) = self.gathers.as_ref().map_or((0.0, 0.0), |g| (g.gather_s, g.hidden_s()));
+                let before_and_after = host_s(&comm_spans[..hidden_from - computed.comm.len()]) + host_s(&comm_spans[hidden_from..]);
+                (o.mean_allreduce_s() + gather_s + before_and_after, o.hidden_s.iter().sum::<f64>() / n as f64 + gather_hidden)
+            }
             None => {
                 let hidden = match computed.backward_end {
                     // Only the step's own reduction can overlap backward; ZeRO-3's gather
@@ -489,7 +528,7 @@ impl Strategy for DataParallel {
     fn predict(&self, x: &Tensor) -> Result<Tensor> {
         let r = &self.replicas[0];
         let x = x.to(&r.device)?;
-        self.with_full(|| crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0)))
+        self.on_replica_0(|| crate::autograd::no_grad(|| self.run.forward(&*r.model, &x, 0)))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
         self.weights()

@@ -20,7 +20,7 @@ mod tensor_parallel;
 pub mod trace;
 
 pub use build::{DataBuilder, GridBuilder, LayersBuilder, Parallel, SingleBuilder, TensorBuilder, TensorModel};
-pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, Overlap, Shard, StepEvent};
+pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, GatherStats, Gathers, Overlap, Shard, StepEvent};
 pub use grid::PipelineGrid;
 pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
 pub use loss::{batch_to_device, inputs_to_device, Loss, LossFn};

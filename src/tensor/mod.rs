@@ -26,6 +26,28 @@ use std::sync::{Arc, Mutex};
 
 static NEXT_TENSOR_ID: AtomicU64 = AtomicU64::new(1);
 
+thread_local! {
+    /// Work this thread defers to the moment between two ops (see [`between_ops`]).
+    static BETWEEN_OPS: std::cell::RefCell<Option<std::rc::Rc<dyn Fn()>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` on this thread after every op that makes a tensor, until the returned guard
+/// drops: a point where no op holds any buffer, so `f` may release memory (ZeRO-3 frees the
+/// parameters a gather made unneeded there, never inside the op that asked for the gather).
+pub(crate) fn between_ops(f: std::rc::Rc<dyn Fn()>) -> BetweenOps {
+    BetweenOps(BETWEEN_OPS.with(|h| h.replace(Some(f))))
+}
+
+/// Puts back what ran between ops before [`between_ops`].
+pub(crate) struct BetweenOps(Option<std::rc::Rc<dyn Fn()>>);
+
+impl Drop for BetweenOps {
+    fn drop(&mut self) {
+        let prev = self.0.take();
+        BETWEEN_OPS.with(|h| *h.borrow_mut() = prev);
+    }
+}
+
 /// An n-dimensional f32 (or I32 label) array on one device.
 ///
 /// ```
@@ -70,6 +92,10 @@ impl Tensor {
 
     /// The result of an op on `inputs`: records `op` for backward when any input needs grad.
     pub(crate) fn result(buffer: Buffer, shape: Shape, device: &Device, op: GradOp, inputs: &[&Tensor]) -> Tensor {
+        // Cloned out of the cell, so that the hook may itself run ops.
+        if let Some(f) = BETWEEN_OPS.with(|h| h.borrow().clone()) {
+            f();
+        }
         // A rule that reads no input values gets the inputs' places in the graph only, so that
         // an activation nothing else reads is freed after the forward (as PyTorch saves only
         // what each backward formula uses).

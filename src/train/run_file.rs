@@ -256,6 +256,9 @@ pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<RunCheckpoint> {
     let state = state_of(path, &meta)?;
     let (mut weights, mut optim) = (Vec::new(), Vec::new());
     let (mut scale, mut tracker) = (None, None);
+    // A CPU device of its own: the shared one may be a training device under a memory budget
+    // (`--devices cpu,.. --memory-limit`), which a checkpoint of a sharded run need not fit.
+    let host = Device::cpu_independent();
     for (name, h) in tensors {
         let HostData::F32(v) = h.data else {
             return Err(Error::format(path, format!("{name} is not F32")));
@@ -269,7 +272,7 @@ pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<RunCheckpoint> {
             }
             continue;
         }
-        let t = Tensor::from_vec(v, h.shape, &Device::cpu())?;
+        let t = Tensor::from_vec(v, h.shape, &host)?;
         if let Some(n) = name.strip_prefix(MODEL) {
             weights.push((n.to_string(), t));
         } else if let Some(n) = name.strip_prefix(OPTIM) {

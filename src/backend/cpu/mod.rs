@@ -143,7 +143,10 @@ fn write(b: &CpuBuffer) -> RwLockWriteGuard<'_, Vec<u32>> {
 fn raw(b: &Buffer) -> Result<&CpuBuffer> {
     let cpu = b.downcast::<CpuBuffer>().ok_or_else(|| Error::invalid("cpu", "buffer belongs to another device"))?;
     if cpu.released.load(Ordering::Acquire) {
-        return Err(crate::backend::released("cpu", "cpu", b.len()));
+        b.refill("cpu", "cpu")?;
+        if cpu.released.load(Ordering::Acquire) {
+            return Err(crate::backend::released("cpu", "cpu", b.len()));
+        }
     }
     Ok(cpu)
 }
@@ -426,6 +429,10 @@ impl Backend for CpuBackend {
     fn memory(&self) -> MemoryStats {
         let p = lock(&self.pool);
         MemoryStats { in_use: p.in_use, peak: p.peak, pooled: p.pooled, budget: p.budget.get() }
+    }
+    fn reset_peak_memory(&self) {
+        let mut p = lock(&self.pool);
+        p.peak = p.in_use;
     }
     fn pin_kernels(&self) {
         self.gemm.pin();

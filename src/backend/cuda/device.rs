@@ -178,7 +178,10 @@ impl CudaBackend {
             return Err(Error::shape(op, format!("buffer of {} elements, the op addresses {need}", b.len())));
         }
         if m.is_released() {
-            return Err(crate::backend::released(op, &self.label, b.len()));
+            b.refill(op, &self.label)?;
+            if m.is_released() {
+                return Err(crate::backend::released(op, &self.label, b.len()));
+            }
         }
         Ok(m)
     }

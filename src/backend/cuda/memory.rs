@@ -198,6 +198,10 @@ impl Pool {
         Ok(released)
     }
 
+    pub(crate) fn reset_peak(&self) {
+        self.peak.store(self.in_use.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     pub(crate) fn stats(&self) -> MemoryStats {
         MemoryStats {
             in_use: self.in_use.load(Ordering::Relaxed),

@@ -367,7 +367,10 @@ impl Backend for CudaBackend {
             .downcast::<CudaBuf>()
             .ok_or_else(|| Error::invalid("copy_from_peer", "source buffer is not a CUDA buffer"))?;
         if src_mem.is_released() {
-            return Err(crate::backend::released("copy_from_peer", &owner.label, src.len()));
+            src.refill("copy_from_peer", &owner.label)?;
+            if src_mem.is_released() {
+                return Err(crate::backend::released("copy_from_peer", &owner.label, src.len()));
+            }
         }
         let out = self.alloc(src.len(), src.dtype())?;
         let bytes = src.len() * src.dtype().size();
@@ -403,6 +406,9 @@ impl Backend for CudaBackend {
     fn restore(&self, buf: &Buffer) -> Result<bool> {
         self.own("restore", buf)?.restore()?;
         Ok(true)
+    }
+    fn reset_peak_memory(&self) {
+        self.pool.reset_peak();
     }
     fn set_memory_budget(&self, bytes: Option<u64>) {
         self.pool.set_budget(bytes);

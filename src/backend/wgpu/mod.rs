@@ -222,7 +222,13 @@ impl WgpuBackend {
         if b.len() < need {
             return Err(Error::invalid(op, format!("buffer of {} elements, {need} needed", b.len())));
         }
-        w.raw().ok_or_else(|| super::released(op, &self.ctx.name, b.len()))
+        match w.raw() {
+            Some(raw) => Ok(raw),
+            None => {
+                b.refill(op, &self.ctx.name)?;
+                w.raw().ok_or_else(|| super::released(op, &self.ctx.name, b.len()))
+            }
+        }
     }
     fn stored<'a>(&self, op: &'static str, b: &'a Buffer) -> Result<&'a Stored> {
         b.downcast::<Stored>()
@@ -436,6 +442,9 @@ impl Backend for WgpuBackend {
     }
     fn memory(&self) -> MemoryStats {
         self.pool.stats()
+    }
+    fn reset_peak_memory(&self) {
+        self.pool.reset_peak();
     }
     fn set_memory_budget(&self, bytes: Option<u64>) {
         self.pool.set_budget(bytes);

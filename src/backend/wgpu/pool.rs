@@ -184,6 +184,11 @@ impl Pool {
         self.budget.set(bytes);
     }
 
+    pub(crate) fn reset_peak(&self) {
+        let mut s = self.lock();
+        s.peak = s.in_use;
+    }
+
     pub(crate) fn stats(&self) -> crate::MemoryStats {
         let s = self.lock();
         crate::MemoryStats { in_use: s.in_use, peak: s.peak, pooled: s.pooled, budget: self.budget.get() }

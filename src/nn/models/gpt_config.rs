@@ -40,11 +40,14 @@ pub struct StateShards {
     pub ranks: u64,
     pub gradients: bool,
     pub optimizer: bool,
+    /// The parameters too (ZeRO-3): built whole on each device, then all but the device's
+    /// shard released.
+    pub parameters: bool,
 }
 
 impl StateShards {
     /// Every part whole (plain data parallelism, one device).
-    pub const WHOLE: StateShards = StateShards { ranks: 1, gradients: false, optimizer: false };
+    pub const WHOLE: StateShards = StateShards { ranks: 1, gradients: false, optimizer: false, parameters: false };
 }
 
 impl GptConfig {
@@ -190,7 +193,8 @@ impl GptConfig {
 
     /// As [`GptConfig::check_training_fits`] for a device that keeps only its share of the
     /// gradients or the optimizer state (sharded data parallelism, ZeRO-1/2/3). The parameters
-    /// count whole on every mode: ZeRO-3 gathers the whole model for a step.
+    /// count whole on every mode: a first check, made before any is allocated, for a model
+    /// that is built whole on each device before ZeRO-3 releases all but its shard.
     ///
     /// ```
     /// use tandem::nn::models::{GptConfig, StateShards};
@@ -200,18 +204,20 @@ impl GptConfig {
     /// // Room for the parameters and a quarter of the gradients and of Adam's two moments.
     /// dev.set_memory_budget(Some(p + 3 * p / 4 + 4096));
     /// assert!(cfg.check_training_fits(&dev, 2).is_err());
-    /// cfg.check_sharded_training_fits(&dev, 2, StateShards { ranks: 4, gradients: true, optimizer: true })?;
+    /// cfg.check_sharded_training_fits(&dev, 2, StateShards { ranks: 4, gradients: true, optimizer: true, parameters: false })?;
     /// # Ok::<(), tandem::Error>(())
     /// ```
     pub fn check_sharded_training_fits(&self, dev: &Device, optimizer_states: u64, shards: StateShards) -> Result<()> {
         let Some(params) = self.parameter_bytes() else { return self.check() };
         let ranks = shards.ranks.max(1);
         let part = |bytes: u64, sharded: bool| if sharded { bytes.div_ceil(ranks) } else { bytes };
-        let need = params.saturating_add(part(params, shards.gradients)).saturating_add(part(params.saturating_mul(optimizer_states), shards.optimizer));
-        let kept = match (shards.gradients, shards.optimizer) {
-            (false, false) => String::new(),
-            (g, o) => {
-                let what = [g.then_some("gradients"), o.then_some("optimizer state")].into_iter().flatten().collect::<Vec<_>>().join(" and ");
+        let state = part(params, shards.parameters).saturating_add(part(params, shards.gradients)).saturating_add(part(params.saturating_mul(optimizer_states), shards.optimizer));
+        // ZeRO-3 builds the model whole first, with its pieces beside it.
+        let need = if shards.parameters { state.max(params.saturating_add(part(params, true))) } else { state };
+        let kept = match (shards.parameters, shards.gradients, shards.optimizer) {
+            (false, false, false) => String::new(),
+            (p, g, o) => {
+                let what = [p.then_some("parameters"), g.then_some("gradients"), o.then_some("optimizer state")].into_iter().flatten().collect::<Vec<_>>().join(" and ");
                 format!(", the {what} sharded over {ranks} ranks")
             }
         };

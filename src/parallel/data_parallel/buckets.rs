@@ -5,10 +5,12 @@
 //! parameter order (PyTorch DDP's rule). Each worker's autograd leaf hook counts down its
 //! bucket; the moment a bucket is complete on one device, the worker packs its gradients into
 //! one flat tensor and tells the communication thread. That thread all-reduces a bucket as soon
-//! as every device has reported it, while backward continues on the workers.
+//! as every device has reported it, while backward continues on the workers. Under ZeRO-3 the
+//! same thread runs the all-gathers of units the workers ask for (`gather.rs`).
 use super::timing::Stamp;
 use crate::parallel::comm::{Communicator, ReduceKind};
 use crate::{Error, Result, Tensor};
+use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Instant;
 
@@ -86,40 +88,109 @@ pub(super) fn unpack(params: &[(String, Tensor)], members: &[usize], flat: &Tens
     Ok(())
 }
 
-/// Hands a bucket to the communication thread; fails only when that thread has stopped.
-pub(super) fn send(tx: &Sender<Ready>, msg: Ready) -> Result<()> {
+/// What a worker asks of the communication thread.
+pub(super) enum Msg {
+    /// A bucket's gradients, ready to be reduced.
+    Ready(Ready),
+    /// ZeRO-3: this device's block of a unit, to all-gather (see `gather.rs`).
+    Gather(GatherAsk),
+    /// The device's worker failed: it will ask for nothing more, so collectives still waiting
+    /// for it never run, and the workers waiting for a gather must be let go.
+    Failed(usize),
+}
+
+/// One device's part of a unit's all-gather; the whole unit comes back on `reply`.
+pub(super) struct GatherAsk {
+    pub unit: usize,
+    pub device: usize,
+    pub block: Tensor,
+    pub reply: Sender<Result<Tensor>>,
+}
+
+impl Msg {
+    fn device(&self) -> usize {
+        match self {
+            Msg::Ready(r) => r.device,
+            Msg::Gather(g) => g.device,
+            Msg::Failed(d) => *d,
+        }
+    }
+    /// Which collective the message is a part of: the same on every device.
+    fn key(&self) -> (bool, usize) {
+        match self {
+            Msg::Ready(r) => (false, r.bucket),
+            Msg::Gather(g) => (true, g.unit),
+            Msg::Failed(_) => (false, usize::MAX),
+        }
+    }
+}
+
+/// Hands a message to the communication thread; fails only when that thread has stopped.
+pub(super) fn send(tx: &Sender<Msg>, msg: Msg) -> Result<()> {
     tx.send(msg).map_err(|_| Error::Msg("data parallel: the communication thread stopped".into()))
 }
 
 /// What the communication thread did: each bucket's reduced flat tensors (indexed
 /// `[bucket][device]`; `None` when a worker failed before reporting it), and when each
 /// all-reduce started and ended on the host, and on each device's timeline (`[bucket][device]`)
-/// when the bucket was ready there and when its reduced values were back.
+/// when the bucket was ready there and when its reduced values were back; and the host spans
+/// of the ZeRO-3 all-gathers.
 pub(super) struct Exchanged {
     pub reduced: Vec<Option<Vec<Tensor>>>,
     pub launches: Vec<(usize, Instant, Instant)>,
     pub stamps: Vec<Option<Vec<(Stamp, Stamp)>>>,
+    pub gathers: Vec<(usize, Instant, Instant)>,
+    /// The device whose worker failed, ending the exchange early.
+    pub abandoned: Option<usize>,
 }
 
-/// The communication thread's loop: collects `Ready` messages until every worker has hung up,
-/// all-reducing (summing) each bucket the moment all `devices` have reported it; with
-/// `scatter: Some(world)` (ZeRO-2/3) reduce-scattering it instead, padded with zeros to a
-/// multiple of `world` so that every device's block has the same length, and keeping each
-/// device's block.
-pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Ready>, buckets: usize, devices: usize, scatter: Option<usize>) -> Result<Exchanged> {
-    let mut slots: Vec<Vec<Option<(Tensor, Stamp)>>> = vec![vec![None; devices]; buckets];
-    let mut reduced: Vec<Option<Vec<Tensor>>> = vec![None; buckets];
-    let mut stamps: Vec<Option<Vec<(Stamp, Stamp)>>> = vec![None; buckets];
-    let mut launches = Vec::with_capacity(buckets);
+/// The communication thread's loop: collects messages until every worker has hung up, and
+/// runs each collective the moment all `devices` have asked for it: a bucket's all-reduce
+/// (sum), or with `scatter: Some(world)` (ZeRO-2/3) its reduce-scatter, padded with zeros to a
+/// multiple of `world` so that every device's block has the same length, keeping each device's
+/// block; a unit's all-gather, whose result goes straight back to each device.
+///
+/// Collectives run in device 0's order, so that every process runs them in one order (each
+/// process's first device runs the same program). Inside one process (`ordered` false) a
+/// collective every device has asked for may also pass one that waits for a device: devices
+/// of different kernel families may finish gradients in different orders.
+pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Msg>, buckets: usize, devices: usize, scatter: Option<usize>, ordered: bool) -> Result<Exchanged> {
+    let mut queues: Vec<VecDeque<Msg>> = (0..devices).map(|_| VecDeque::new()).collect();
+    let mut out = Exchanged { reduced: vec![None; buckets], launches: Vec::with_capacity(buckets), stamps: vec![None; buckets], gathers: Vec::new(), abandoned: None };
     for msg in rx {
-        let slot = slots
-            .get_mut(msg.bucket)
-            .and_then(|s| s.get_mut(msg.device))
-            .ok_or_else(|| Error::Msg(format!("data parallel: bucket {} from device {} is out of range", msg.bucket, msg.device)))?;
-        *slot = Some((msg.flat, msg.ready));
-        if slots[msg.bucket].iter().all(Option::is_some) {
-            let (group, ready): (Vec<Tensor>, Vec<Stamp>) = slots[msg.bucket].iter_mut().filter_map(Option::take).unzip();
-            let start = Instant::now();
+        if let Msg::Failed(d) = msg {
+            // Dropping the queues hangs up every waiting gather's reply: its worker stops with
+            // an error, and the failed worker's own error is the one reported.
+            out.abandoned = Some(d);
+            return Ok(out);
+        }
+        let d = msg.device();
+        let key = msg.key();
+        if d >= devices || (!key.0 && key.1 >= buckets) {
+            return Err(Error::Msg(format!("data parallel: message {key:?} from device {d} is out of range")));
+        }
+        queues[d].push_back(msg);
+        while let Some(key) = next_ready(&queues, ordered) {
+            let parts: Vec<Msg> = queues.iter_mut().filter_map(|q| q.iter().position(|m| m.key() == key).and_then(|at| q.remove(at))).collect();
+            run_collective(comm, parts, scatter, &mut out)?;
+        }
+    }
+    Ok(out)
+}
+
+/// The first collective in device 0's queue that every device has asked for (only the head's
+/// when `ordered`).
+fn next_ready(queues: &[VecDeque<Msg>], ordered: bool) -> Option<(bool, usize)> {
+    let candidates = queues[0].iter().take(if ordered { 1 } else { usize::MAX });
+    candidates.map(Msg::key).find(|k| queues[1..].iter().all(|q| q.iter().any(|m| m.key() == *k)))
+}
+
+/// One collective over every device's part.
+fn run_collective(comm: &dyn Communicator, parts: Vec<Msg>, scatter: Option<usize>, out: &mut Exchanged) -> Result<()> {
+    let start = Instant::now();
+    match parts[0].key() {
+        (false, bucket) => {
+            let (group, ready): (Vec<Tensor>, Vec<Stamp>) = parts.into_iter().filter_map(|m| if let Msg::Ready(r) = m { Some((r.flat, r.ready)) } else { None }).unzip();
             let group = match scatter {
                 None => {
                     comm.all_reduce(&group, ReduceKind::Sum)?;
@@ -129,12 +200,22 @@ pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Ready>, buckets: us
             };
             let end = Instant::now();
             let landed = comm.devices().iter().map(Stamp::now).collect::<Result<Vec<_>>>()?;
-            launches.push((msg.bucket, start, end));
-            stamps[msg.bucket] = Some(ready.into_iter().zip(landed).collect());
-            reduced[msg.bucket] = Some(group);
+            out.launches.push((bucket, start, end));
+            out.stamps[bucket] = Some(ready.into_iter().zip(landed).collect());
+            out.reduced[bucket] = Some(group);
+        }
+        (_, unit) => {
+            let (blocks, replies): (Vec<Tensor>, Vec<Sender<Result<Tensor>>>) = parts.into_iter().filter_map(|m| if let Msg::Gather(g) = m { Some((g.block, g.reply)) } else { None }).unzip();
+            let whole = comm.all_gather(&blocks)?;
+            drop(blocks);
+            // A worker that failed has hung up; the others still get their unit.
+            for (reply, t) in replies.into_iter().zip(whole) {
+                let _ = reply.send(Ok(t));
+            }
+            out.gathers.push((unit, start, Instant::now()));
         }
     }
-    Ok(Exchanged { reduced, launches, stamps })
+    Ok(())
 }
 
 /// Each flat bucket followed by zeros up to a multiple of `world` elements.

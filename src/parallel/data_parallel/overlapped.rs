@@ -1,7 +1,8 @@
 //! The default step: one worker thread per device runs forward and backward on its shard
 //! while a communication thread all-reduces gradient buckets as they complete; each device's
 //! timeline is marked around backward and each bucket's all-reduce (see `timing.rs`).
-use super::buckets::{self, Ready};
+use super::buckets::{self, Msg, Ready};
+use super::gather::{GatherStats, Gathers, UnitOnDevice, Window};
 use crate::parallel::split::Part;
 use super::timing::{self, DeviceStamps, Stamp};
 use super::{joined, Computed, Replica, StepEvent};
@@ -20,6 +21,34 @@ struct WorkerOut {
     backward_end: Instant,
     /// The last micro-batch's backward on the device's timeline.
     backward: (Stamp, Stamp),
+    /// ZeRO-3 unit by unit: the order ops needed the units in, and what the gathers cost.
+    gathered: Option<(Vec<usize>, GatherStats)>,
+}
+
+/// ZeRO-3 unit by unit (see `gather.rs`): each device's units, and the previous step's order.
+pub(super) struct UnitGathers {
+    pub units: Vec<Vec<UnitOnDevice>>,
+    pub previous: Vec<usize>,
+}
+
+/// What `run` leaves besides the computation: the reduced buckets (`[bucket][device]`, each
+/// device's block under `Plan::scatter`) and, gathering unit by unit, the order the units were
+/// needed in and the gathers' cost.
+pub(super) struct Exchange {
+    pub reduced: Vec<Vec<crate::Tensor>>,
+    pub gathered: Option<(Vec<usize>, Gathers)>,
+}
+
+/// Tells the communication thread that its worker stopped early (an error or a panic), unless
+/// disarmed: collectives that wait for it never run, and the workers waiting for one must go.
+struct FailGuard(Option<(Sender<Msg>, usize)>);
+
+impl Drop for FailGuard {
+    fn drop(&mut self) {
+        if let Some((tx, d)) = self.0.take() {
+            let _ = tx.send(Msg::Failed(d));
+        }
+    }
 }
 
 /// Everything the workers share.
@@ -36,21 +65,37 @@ pub(super) struct Plan<'a> {
     pub release: bool,
 }
 
-/// Runs forward, backward and the bucketed all-reduce on every device; returns the reduced
-/// buckets (`[bucket][device]`, each device's block under `Plan::scatter`) for the optimizer
-/// phase to unpack.
-pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communicator, plan: &Plan) -> Result<(Computed, Vec<Vec<crate::Tensor>>)> {
+/// Runs forward, backward and the bucketed all-reduce on every device (and with `gather`,
+/// ZeRO-3's all-gathers unit by unit).
+pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communicator, plan: &Plan, gather: Option<UnitGathers>) -> Result<(Computed, Exchange)> {
     let n = replicas.len();
-    let (tx, rx) = channel::<Ready>();
+    let (tx, rx) = channel::<Msg>();
+    let (_, world) = comm.device_span();
+    let ordered = world > n;
+    let mut windows: Vec<Option<std::sync::Arc<Window>>> = match gather {
+        Some(g) => g.units.into_iter().enumerate().map(|(i, units)| Some(Window::new(i, &replicas[i].device, units, tx.clone(), g.previous.clone()))).collect(),
+        None => (0..n).map(|_| None).collect(),
+    };
     let (workers, exchanged) = std::thread::scope(|s| {
-        let comm_thread = s.spawn(move || buckets::exchange(comm, rx, plan.buckets.len(), n, plan.scatter));
+        let comm_thread = s.spawn(move || buckets::exchange(comm, rx, plan.buckets.len(), n, plan.scatter, ordered));
         let handles: Vec<_> = replicas
             .iter()
             .zip(shards)
+            .zip(windows.iter_mut())
             .enumerate()
-            .map(|(i, (r, shard))| {
+            .map(|(i, ((r, shard), window))| {
                 let tx = tx.clone();
-                s.spawn(move || worker(i, r, shard, plan, tx))
+                // Moved into the worker: a window holds a sender, and the exchange ends only
+                // when every sender is gone.
+                let window = window.take();
+                s.spawn(move || {
+                    let mut guard = FailGuard(Some((tx.clone(), i)));
+                    let out = worker(i, r, shard, plan, tx, window);
+                    if out.is_ok() {
+                        guard.0 = None;
+                    }
+                    out
+                })
             })
             .collect();
         // Only the workers' senders remain, so the exchange ends when the last worker does.
@@ -59,8 +104,14 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
         let comm_panicked = || Err(Error::Panicked("the data-parallel communication thread panicked".into()));
         (workers, comm_thread.join().unwrap_or_else(|_| comm_panicked()))
     });
-    // A failed all-reduce makes the workers fail to send; report the cause, not the symptom.
+    // A failed collective makes the workers fail to send; report the cause, not the symptom.
     let exchanged = exchanged?;
+    if workers.iter().any(Result::is_err) {
+        let errors: Vec<Error> = workers.into_iter().filter_map(Result::err).collect();
+        let symptom = |e: &Error| e.to_string().contains("the communication thread stopped");
+        let first = errors.iter().position(|e| !symptom(e)).unwrap_or(0);
+        return Err(errors.into_iter().nth(first).unwrap_or_else(|| Error::Msg("data parallel: a worker failed".into())));
+    }
     let workers = workers.into_iter().collect::<Result<Vec<_>>>()?;
     let reduced = exchanged
         .reduced
@@ -68,6 +119,21 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
         .enumerate()
         .map(|(b, r)| r.ok_or_else(|| Error::Msg(format!("data parallel: bucket {b} was not reported by every device"))))
         .collect::<Result<Vec<_>>>()?;
+    let gathered = match workers.iter().map(|w| w.gathered.clone()).collect::<Option<Vec<_>>>() {
+        Some(g) if !g.is_empty() => {
+            let gather_s = exchanged.gathers.iter().map(|(_, s, e)| (*e - *s).as_secs_f64()).sum();
+            if let Some(tr) = plan.trace {
+                for &(unit, start, end) in &exchanged.gathers {
+                    for r in replicas {
+                        tr.span(&r.comm_track(), &format!("all-gather unit {unit}"), Phase::Comm, start, (end - start).as_secs_f64());
+                    }
+                }
+            }
+            let order = g[0].0.clone();
+            Some((order, Gathers { per_device: g.into_iter().map(|(_, s)| s).collect(), gather_s }))
+        }
+        _ => None,
+    };
     let mut events: Vec<StepEvent> = exchanged.launches.iter().map(|&(bucket, at, _)| StepEvent::BucketLaunched { bucket, at }).collect();
     events.extend(workers.iter().enumerate().map(|(device, w)| StepEvent::BackwardDone { device, at: w.backward_end }));
     events.sort_by_key(StepEvent::at);
@@ -98,13 +164,18 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
         events,
         overlap: Some(overlap),
     };
-    Ok((computed, reduced))
+    Ok((computed, Exchange { reduced, gathered }))
 }
 
 /// Forward + backward of every micro-batch of replica `i`'s shard; during the last
 /// micro-batch's backward, each completed bucket is sent to the communication thread.
-fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Ready>) -> Result<WorkerOut> {
+fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Msg>, window: Option<std::sync::Arc<Window>>) -> Result<WorkerOut> {
     let t0 = Instant::now();
+    let _hooks = window.as_ref().map(|w| w.install());
+    let _between = window.as_ref().map(|w| {
+        let w = std::sync::Arc::clone(w);
+        crate::tensor::between_ops(std::rc::Rc::new(move || w.settle()))
+    });
     r.model.zero_grad();
     let mut pending: Vec<usize> = plan.buckets.iter().map(Vec::len).collect();
     let mut sent = vec![false; plan.buckets.len()];
@@ -136,9 +207,12 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Ready>)
                 if plan.release {
                     // A leaf's gradient is complete once every node that reads it has run its
                     // backward, so nothing left in this backward reads these parameters.
-                    plan.buckets[b].iter().try_for_each(|&p| r.params[p].1.release_storage().map(drop))?;
+                    match &window {
+                        Some(w) => w.release(b)?,
+                        None => plan.buckets[b].iter().try_for_each(|&p| r.params[p].1.release_storage().map(drop))?,
+                    }
                 }
-                buckets::send(&tx, Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? })?;
+                buckets::send(&tx, Msg::Ready(Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? }))?;
             }
             Ok(())
         })?;
@@ -155,8 +229,9 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Ready>)
     // Buckets whose parameters backward never reached (unused layers, an empty shard).
     for b in (0..plan.buckets.len()).filter(|&b| !sent[b]) {
         let flat = buckets::pack(&r.params, &plan.buckets[b])?;
-        buckets::send(&tx, Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? })?;
+        buckets::send(&tx, Msg::Ready(Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? }))?;
     }
+    let gathered = window.as_ref().map(|w| w.finish()).transpose()?;
     // A device with no samples ran no backward: an empty one, when it was done.
     let backward = match backward {
         Some(b) => b,
@@ -165,5 +240,5 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Ready>)
             (now, now)
         }
     };
-    Ok(WorkerOut { loss, compute_s: (backward_end - t0).as_secs_f64(), backward_end, backward })
+    Ok(WorkerOut { loss, compute_s: (backward_end - t0).as_secs_f64(), backward_end, backward, gathered })
 }

@@ -10,22 +10,22 @@
 //! elementwise optimizer (SGD, Adam, AdamW) computes on a piece bit for bit what it computes
 //! on the whole parameter.
 //!
-//! A step: (ZeRO-3 only) every bucket's blocks are all-gathered into the full parameters;
+//! A step: (ZeRO-3 only) each unit's blocks are all-gathered into its full parameters when an
+//! op first needs them, in forward and again in backward, and released after (`gather.rs`);
 //! forward and backward run as in plain data parallelism; each bucket's gradients are
-//! reduce-scattered the moment backward completes it, overlapping the rest of backward; the full
-//! gradients are dropped; clipping's global norm is summed over the pieces (every element
+//! reduce-scattered the moment backward completes it, overlapping the rest of backward; the
+//! full gradients are dropped; clipping's global norm is summed over the pieces (every element
 //! once, so it is exact over shards); each device updates its pieces; then the blocks are
-//! all-gathered into the full parameters again (ZeRO-2) or the full parameters' memory stays
-//! released until the next step (ZeRO-3, `Backend::release`). ZeRO-3 gathers the whole model
-//! before forward and keeps it through forward (FSDP's `reshard_after_forward = false`, at the
-//! granularity of the whole model); in backward each bucket's parameters are released the
-//! moment its gradients are complete, since no later node reads them (FSDP's post-backward
-//! reshard, per bucket).
-use super::Replica;
+//! all-gathered into the full parameters again (ZeRO-2) or the full parameters stay released
+//! until an op needs them (ZeRO-3, `Backend::release`). Where the devices would not ask for the
+//! same gathers (deterministic mode, uneven micro-batch counts), ZeRO-3 gathers every unit
+//! before forward instead, with `Sharded::gather`.
+use super::{gather, Replica};
 use crate::autograd::no_grad;
 use crate::nn::models::StateShards;
 use crate::parallel::comm::Communicator;
-use crate::{Error, Result, Tensor};
+use crate::{Device, Error, Result, Tensor};
+use std::collections::HashMap;
 
 /// How much of the training state each data-parallel device keeps (ZeRO's stages). In JSON
 /// (plans) as the `--shard` words: `"none"`, `"optimizer"`, `"grads"`, `"full"`.
@@ -42,7 +42,8 @@ pub enum Shard {
     /// of the optimizer state; parameters all-gathered after the update.
     Grads,
     /// ZeRO-3 (FSDP's `FULL_SHARD`): parameters, gradients and optimizer state sharded between
-    /// steps; the full parameters are all-gathered before forward and released after backward.
+    /// steps; each unit's (bucket's) full parameters are all-gathered when an op needs them, in
+    /// forward and in backward, the next unit prefetched, and released after use.
     Full,
 }
 
@@ -65,8 +66,9 @@ impl Shard {
     pub fn state_shards(self, ranks: u64) -> StateShards {
         match self {
             Shard::None => StateShards::WHOLE,
-            Shard::Optimizer => StateShards { ranks, gradients: false, optimizer: true },
-            Shard::Grads | Shard::Full => StateShards { ranks, gradients: true, optimizer: true },
+            Shard::Optimizer => StateShards { ranks, gradients: false, optimizer: true, parameters: false },
+            Shard::Grads => StateShards { ranks, gradients: true, optimizer: true, parameters: false },
+            Shard::Full => StateShards { ranks, gradients: true, optimizer: true, parameters: true },
         }
     }
 }
@@ -175,11 +177,32 @@ impl Sharded {
         })
     }
 
-    /// Every device's gradient pieces out of its reduce-scattered blocks (`[unit][device]`).
-    pub fn grads_from_blocks(&self, reduced: &[Vec<Tensor>]) -> Result<()> {
-        for (i, (ps, vs)) in self.pieces.iter().zip(&self.values).enumerate() {
-            for (pc, (_, v)) in ps.iter().zip(vs) {
-                v.set_grad(Some(reduced[pc.unit][i].narrow(0, pc.at, pc.len)?.reshape(pc.dims.clone())?));
+    /// Every device's pieces cut straight from the full tensors of `state` (by parameter name),
+    /// where they are (the host, from a checkpoint): ZeRO-3's load, which never puts a whole
+    /// parameter on a device.
+    pub fn load_pieces(&self, state: &HashMap<&str, &Tensor>) -> Result<()> {
+        no_grad(|| {
+            for (ps, vs) in self.pieces.iter().zip(&self.values) {
+                for (pc, (name, v)) in ps.iter().zip(vs) {
+                    let t = state.get(name.as_str()).ok_or_else(|| Error::invalid("DataParallel::load_state_dict", format!("the state has no {name}")))?;
+                    v.assign(&cut(t, pc)?)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Every device's gradient pieces out of its reduce-scattered blocks (`[unit][device]`),
+    /// each unit's blocks dropped once cut (a piece is a copy), so that the gradients are held
+    /// once, not twice, when the update starts.
+    pub fn grads_from_blocks(&self, mut reduced: Vec<Vec<Tensor>>) -> Result<()> {
+        for u in 0..self.units.len() {
+            let blocks = std::mem::take(reduced.get_mut(u).ok_or_else(|| Error::Msg(format!("data parallel: no reduced block of bucket {u}")))?);
+            for (i, (ps, vs)) in self.pieces.iter().zip(&self.values).enumerate() {
+                for (pc, (_, v)) in ps.iter().zip(vs).filter(|(pc, _)| pc.unit == u) {
+                    let block = blocks.get(i).ok_or_else(|| Error::Msg(format!("data parallel: bucket {u} has no block for device {i}")))?;
+                    v.set_grad(Some(block.narrow(0, pc.at, pc.len)?.reshape(pc.dims.clone())?));
+                }
             }
         }
         Ok(())
@@ -207,33 +230,68 @@ impl Sharded {
     /// unit; released parameters get their memory back first.
     pub fn gather(&self, replicas: &[Replica], comm: &dyn Communicator) -> Result<()> {
         no_grad(|| {
-            for (u, unit) in self.units.iter().enumerate() {
+            for u in 0..self.units.len() {
                 let blocks = replicas.iter().enumerate().map(|(i, r)| self.block(i, u, r)).collect::<Result<Vec<_>>>()?;
                 let whole = comm.all_gather(&blocks)?;
                 drop(blocks);
                 for (r, flat) in replicas.iter().zip(&whole) {
-                    if flat.numel() != self.world * unit.block {
-                        return Err(Error::shape("DataParallel::step", format!("bucket {u} gathered {} values, not {} blocks of {}", flat.numel(), self.world, unit.block)));
-                    }
-                    for (&p, &off) in unit.members.iter().zip(&unit.offsets) {
-                        let t = &r.params[p].1;
-                        t.restore_storage()?;
-                        t.assign(&flat.narrow(0, off, t.numel())?.reshape(t.shape().clone())?)?;
-                    }
+                    self.check_gathered(u, flat)?;
+                    gather::fill(&self.members(u, r), flat)?;
                 }
             }
             Ok(())
         })
     }
 
-    /// Device `i`'s block of unit `u`: its pieces' values, then zeros to the block's length.
-    fn block(&self, i: usize, u: usize, r: &Replica) -> Result<Tensor> {
-        let mut parts: Vec<Tensor> = self.pieces[i].iter().zip(&self.values[i]).filter(|(pc, _)| pc.unit == u).map(|(_, (_, v))| v.detach().flatten_all()).collect::<Result<_>>()?;
-        let held: usize = parts.iter().map(Tensor::numel).sum();
-        if held < self.units[u].block {
-            parts.push(Tensor::zeros([self.units[u].block - held], &r.device)?);
+    /// Every parameter's full values on `host`, gathered unit by unit (each device holds one
+    /// unit's values at a time, never the whole model: what a sharded model too big for one
+    /// device saves through), keyed by replica 0's tensor id. A collective across processes.
+    pub fn gather_to_host(&self, replicas: &[Replica], comm: &dyn Communicator, host: &Device) -> Result<HashMap<u64, Tensor>> {
+        let mut out = HashMap::new();
+        no_grad(|| {
+            for u in 0..self.units.len() {
+                let blocks = replicas.iter().enumerate().map(|(i, r)| self.block(i, u, r)).collect::<Result<Vec<_>>>()?;
+                let whole = comm.all_gather(&blocks)?;
+                drop(blocks);
+                let flat = &whole[0];
+                self.check_gathered(u, flat)?;
+                for (t, off) in self.members(u, &replicas[0]) {
+                    out.insert(t.id(), flat.narrow(0, off, t.numel())?.reshape(t.shape().clone())?.to(host)?);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn check_gathered(&self, u: usize, flat: &Tensor) -> Result<()> {
+        let unit = &self.units[u];
+        if flat.numel() != self.world * unit.block {
+            return Err(Error::shape("DataParallel::step", format!("bucket {u} gathered {} values, not {} blocks of {}", flat.numel(), self.world, unit.block)));
         }
-        Tensor::cat(&parts, 0)
+        Ok(())
+    }
+
+    /// Unit `u`'s parameters on replica `r`, each with its offset in the unit's flat values.
+    fn members(&self, u: usize, r: &Replica) -> Vec<(Tensor, usize)> {
+        let unit = &self.units[u];
+        unit.members.iter().zip(&unit.offsets).map(|(&p, &off)| (r.params[p].1.clone(), off)).collect()
+    }
+
+    /// Every unit as device `i` (replica `r`) holds it, for gathering unit by unit.
+    pub fn units_on(&self, i: usize, r: &Replica) -> Vec<gather::UnitOnDevice> {
+        (0..self.units.len())
+            .map(|u| gather::UnitOnDevice { members: self.members(u, r), pieces: self.pieces_of(i, u), block: self.units[u].block })
+            .collect()
+    }
+
+    /// Device `i`'s pieces of unit `u`, in block order.
+    fn pieces_of(&self, i: usize, u: usize) -> Vec<Tensor> {
+        self.pieces[i].iter().zip(&self.values[i]).filter(|(pc, _)| pc.unit == u).map(|(_, (_, v))| v.detach()).collect()
+    }
+
+    /// Device `i`'s block of unit `u`: its pieces' values, then zeros to the block's length.
+    pub fn block(&self, i: usize, u: usize, r: &Replica) -> Result<Tensor> {
+        gather::block_of(&self.pieces_of(i, u), self.units[u].block, &r.device)
     }
 
     /// Frees the replicas' full parameters (ZeRO-3 between steps); a backend that cannot
@@ -249,10 +307,11 @@ impl Sharded {
     }
 
     /// The full optimizer state, in the replicas' parameter order and under PyTorch's names,
-    /// assembled on `replicas[0]`'s device from `all`: every device's pieces' state, in global
-    /// device order (across processes, every rank's, gathered).
-    pub fn full_state(&self, all: &[Vec<(String, Tensor)>], replicas: &[Replica]) -> Result<Vec<(String, Tensor)>> {
-        let dev0 = &replicas[0].device;
+    /// assembled on `host` from `all`: every device's pieces' state, in global device order
+    /// (across processes, every rank's, gathered). On the host, since the whole of it need not
+    /// fit any one device.
+    pub fn full_state(&self, all: &[Vec<(String, Tensor)>], replicas: &[Replica], host: &Device) -> Result<Vec<(String, Tensor)>> {
+        let dev0 = host;
         let mut out = Vec::new();
         for (name, p) in &replicas[0].params {
             let prefix = format!("{name}.");
@@ -285,7 +344,9 @@ impl Sharded {
                 if t.numel() != p.numel() {
                     return Err(Error::shape("DataParallel::load_optimizer_state", format!("{k} is {:?} for a parameter of {:?}", t.shape(), p.shape())));
                 }
-                out.push((k.clone(), cut(&t.to(&replica.device)?, pc)?));
+                // Cut where the state is (the host, from a checkpoint), then moved: only the piece
+                // ever reaches the device.
+                out.push((k.clone(), cut(t, pc)?.to(&replica.device)?));
             }
         }
         Ok(out)

@@ -28,8 +28,9 @@ const BUCKET_BYTES: u64 = 25 << 20;
 ///   the parameter pieces it updates, `P + (1 + states) P / d`, plus the full gradients of
 ///   the buckets backward has filled and not yet reduce-scattered (two buckets, or the whole
 ///   model's when smaller);
-/// - full (ZeRO-3): between steps only the shards, `(2 + states) P / d`; but tandem gathers
-///   the whole model before forward and keeps it through backward, so the peak is ZeRO-2's.
+/// - full (ZeRO-3): the shards, `(2 + states) P / d`, plus the units of full parameters
+///   gathered at a time (the one computing, the one prefetched and the gathered flat values:
+///   three buckets, or the whole model when smaller) and the gradients in flight.
 ///
 /// With replicas (`d > 1`) every mode also holds the flat buffer of the bucket being reduced
 /// (one bucket, or the whole model's gradients when smaller). On a small GPT over two CPU
@@ -44,7 +45,8 @@ pub(super) fn state_bytes(params: u64, states: u64, shard: Shard, data: usize) -
         + match shard {
             Shard::None => params * (2 + states),
             Shard::Optimizer => 2 * params + (states * params).div_ceil(d),
-            Shard::Grads | Shard::Full => params + ((1 + states) * params).div_ceil(d) + in_flight,
+            Shard::Grads => params + ((1 + states) * params).div_ceil(d) + in_flight,
+            Shard::Full => ((2 + states) * params).div_ceil(d) + params.min(3 * BUCKET_BYTES) + in_flight,
         }
 }
 
@@ -52,13 +54,13 @@ pub(super) fn state_bytes(params: u64, states: u64, shard: Shard, data: usize) -
 /// on `link`, not overlapped with backward (an upper bound, as for plain data parallelism):
 /// none, an all-reduce; optimizer, the all-reduce and then each owner's broadcast of the
 /// parameters it updated (an all-gather's volume); grads, a reduce-scatter of the gradients
-/// and an all-gather of the updated pieces; full, the all-gather of the parameters before
-/// forward and the reduce-scatter of the gradients. ZeRO-2 and ZeRO-3 so move what an
-/// all-reduce moves.
+/// and an all-gather of the updated pieces (what an all-reduce moves); full, every unit's
+/// all-gather in forward and again in backward, and the reduce-scatter of the gradients.
 pub(super) fn sync_s(link: &Link, params: f64, shard: Shard, data: usize) -> f64 {
     match shard {
         Shard::None => link.all_reduce_s(params, data),
         Shard::Optimizer => link.all_reduce_s(params, data) + link.all_gather_s(params, data),
-        Shard::Grads | Shard::Full => link.reduce_scatter_s(params, data) + link.all_gather_s(params, data),
+        Shard::Grads => link.reduce_scatter_s(params, data) + link.all_gather_s(params, data),
+        Shard::Full => link.reduce_scatter_s(params, data) + 2.0 * link.all_gather_s(params, data),
     }
 }
