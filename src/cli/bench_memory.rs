@@ -13,7 +13,6 @@ use tandem::{BackendKind, Device, Error, Result};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
-
 /// One device's figures in one mode; `*_bytes` of the state are what the mode keeps on it
 /// between steps by construction, `held` and `peak` what its allocator counted.
 #[derive(serde::Serialize)]
