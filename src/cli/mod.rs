@@ -233,7 +233,7 @@ pub struct TrainArgs {
     pub bucket_size: usize,
     /// What the forward computes in: `f32`, or `bf16` / `f16` (PyTorch's autocast: products
     /// and the activations after them stored in the half type, computed in f32; F32 master
-    /// weights; f16 with dynamic loss scaling). One device or --strategy data.
+    /// weights; f16 with dynamic loss scaling). Every --strategy.
     #[arg(long, value_name = "TYPE", default_value = "f32")]
     pub precision: tandem::optim::Precision,
     /// Write resumable checkpoints into this directory.

@@ -171,6 +171,9 @@ fn column(replicas: &[Pipeline], s: usize) -> Vec<Device> {
 }
 
 impl Strategy for PipelineGrid {
+    fn autocasts(&self) -> bool {
+        true
+    }
     fn check_batch_size(&self, n: usize) -> Result<()> {
         for (share, pipe) in self.shares(n)?.into_iter().zip(&self.replicas) {
             pipe.check_batch_size(share.len())?;
@@ -192,6 +195,10 @@ impl Strategy for PipelineGrid {
             let core = r.core_mut();
             core.trace = self.run.trace.clone();
             core.step = self.run.step;
+            // The replicas' forwards autocast and scale their losses as the grid's update,
+            // which unscales and moves the scale, expects.
+            core.precision = self.run.precision;
+            core.scaler = self.run.scaler;
         }
         let results: Vec<Result<PartRun>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self.replicas.iter_mut().zip(&parts).zip(&shares).map(|((rep, part), r)| scope.spawn(move || rep.backward_part(part, r.start, n))).collect();

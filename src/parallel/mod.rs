@@ -117,12 +117,13 @@ pub trait Strategy: Send {
     }
     /// Trains in `precision` from the next step (see [`Precision`](crate::optim::Precision)):
     /// forwards under `autocast` in the half types, and with F16 a loss scaler (`scaler`, or
-    /// PyTorch's defaults). Evaluation (`predict`) stays F32. Only strategies whose forwards
-    /// run whole models on each device take a half precision (single device, data parallelism
-    /// with any sharding); the others say so.
+    /// PyTorch's defaults). Evaluation (`predict`) stays F32. Every strategy of tandem's takes
+    /// a half precision (one device, data parallelism with any sharding, layers, pipelines and
+    /// their grid, tensor parallelism); a strategy of one's own whose forwards do not go through
+    /// [`StepCore`] says so (`Strategy::autocasts`).
     fn set_precision(&mut self, precision: crate::optim::Precision, scaler: Option<crate::optim::GradScaler>) -> Result<()> {
         if precision != crate::optim::Precision::F32 && !self.autocasts() {
-            return Err(Error::invalid("set_precision", format!("{} training is for a single device or data parallelism (with any --shard); this strategy trains in f32", precision.name())));
+            return Err(Error::invalid("set_precision", format!("{} training needs forwards under StepCore's autocast (Strategy::autocasts); this strategy trains in f32", precision.name())));
         }
         self.core_mut().set_precision(precision, scaler);
         Ok(())

@@ -63,6 +63,9 @@ impl LayerPlacement {
 }
 
 impl Strategy for LayerPlacement {
+    fn autocasts(&self) -> bool {
+        true
+    }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         if self.balance_pending {
             let probe = probe_input(batch, 4, &self.stages[0].device)?;

@@ -129,10 +129,21 @@ impl StepCore {
         if n != total {
             loss = loss.mul_scalar(n as f32 / total as f32)?;
         }
+        self.scaled(loss)
+    }
+
+    /// `loss` with f16's loss scale on its gradient (itself unchanged in other precisions).
+    pub(crate) fn scaled(&self, loss: Tensor) -> Result<Tensor> {
         match &self.scaler {
             Some(s) => s.scale_loss(&loss),
             None => Ok(loss),
         }
+    }
+
+    /// `f` under this run's autocast (see `Strategy::set_precision`), for a forward that is
+    /// not one module's (`forward`): tensor parallelism's shards.
+    pub(crate) fn autocast<T>(&self, f: impl FnOnce() -> T) -> T {
+        crate::autocast(self.precision.autocast(), f)
     }
 
     /// Uploads `part` (samples `first..` of a global batch of `total`) to `device`, runs

@@ -354,12 +354,17 @@ impl TensorParallel {
             Some(t) => self.run.forward(t, x, 0)?,
             None => x.clone(),
         };
-        let shards = self.col.forward_shards(&h)?.iter().map(|s| self.run.forward(&self.between, s, 0)).collect::<Result<Vec<_>>>()?;
-        self.row.forward_shards(&shards)
+        self.run.autocast(|| {
+            let shards = self.col.forward_shards(&h)?.iter().map(|s| self.run.forward(&self.between, s, 0)).collect::<Result<Vec<_>>>()?;
+            self.row.forward_shards(&shards)
+        })
     }
 }
 
 impl Strategy for TensorParallel {
+    fn autocasts(&self) -> bool {
+        true
+    }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         let (x, y) = batch_to_device(batch, &self.run.devices[0])?;

@@ -421,6 +421,9 @@ impl Pipeline {
 }
 
 impl Strategy for Pipeline {
+    fn autocasts(&self) -> bool {
+        true
+    }
     fn check_batch_size(&self, n: usize) -> Result<()> {
         check_micro_batches(n, self.micro_batches)
     }

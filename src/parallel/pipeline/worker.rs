@@ -222,7 +222,7 @@ impl Job<'_> {
         let (_, y) = batch_to_device(part, &self.stage.device)?;
         // Always weighted (even one micro-batch of all N): the scaled loss is what backward
         // starts from on the last stage.
-        self.run.loss.compute(&out, &y)?.mul_scalar(part.len() as f32 / self.total as f32)
+        self.run.scaled(self.run.loss.compute(&out, &y)?.mul_scalar(part.len() as f32 / self.total as f32)?)
     }
 
     /// Runs the action list; the caller steps the optimizer once every stage succeeded.

@@ -227,11 +227,15 @@ fn device_params(logical: &[Logical], i: usize) -> Vec<(String, Tensor)> {
 }
 
 impl Strategy for TensorParallelGpt {
+    fn autocasts(&self) -> bool {
+        true
+    }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
         let (x, y) = batch_to_device(batch, &self.run.devices[0])?;
         let model = &self.model;
-        let out = with_context(&self.run, &x, || model.forward(&x))?;
+        let run = &self.run;
+        let out = with_context(run, &x, || run.autocast(|| model.forward(&x)))?;
         let loss = self.run.loss_share(&out, &y, batch.len(), batch.len())?;
         backward_and_update(loss, t0, &mut self.run, &mut self.opts)
     }
