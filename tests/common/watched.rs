@@ -86,6 +86,9 @@ impl<F: Fn(Call) + Send + Sync + 'static> Backend for Watched<F> {
     fn memory(&self) -> MemoryStats {
         self.cpu.memory()
     }
+    fn reset_peak_memory(&self) {
+        self.cpu.reset_peak_memory()
+    }
     fn set_memory_budget(&self, bytes: Option<u64>) {
         self.cpu.set_memory_budget(bytes)
     }
