@@ -47,7 +47,7 @@ impl DataParallel {
     }
     /// The parameters of every replica; tests use it to check the replicas stay identical.
     /// Under ZeRO-3 they are released between steps (reading one is an error where the
-    /// backend releases memory): read [`Strategy::state_dict`] instead.
+    /// backend releases memory): read [`Strategy::state_dict`](crate::parallel::Strategy::state_dict) instead.
     pub fn replica_parameters(&self) -> Vec<Vec<(String, Tensor)>> {
         self.replicas.iter().map(|r| r.params.clone()).collect()
     }
