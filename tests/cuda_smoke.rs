@@ -276,10 +276,14 @@ fn zero3_frees_parameters_and_matches_plain() -> Result<()> {
     let mut runs = Vec::new();
     for shard in [Shard::None, Shard::Full] {
         let devices = vec![tandem::Device::from_backend(cuda::open(0)?), tandem::Device::from_backend(cuda::open(0)?)];
-        let mut s = DataParallel::from_factory(mlp, &devices, &opt, Loss::Mse, DataParallelConfig { shard, ..Default::default() })?;
+        // 64 KiB buckets: a unit per layer, each gathered by the CUDA ops that find it released.
+        let mut s = DataParallel::from_factory(mlp, &devices, &opt, Loss::Mse, DataParallelConfig { shard, bucket_bytes: 64 << 10, ..Default::default() })?;
         let losses: Vec<f32> = batches.iter().map(|b| s.step(b).map(|r| r.loss)).collect::<Result<_>>()?;
         let held = devices.iter().map(|d| d.memory().in_use).max().unwrap_or(0);
         if shard == Shard::Full {
+            let g = s.last_gathers().expect("ZeRO-3 gathered unit by unit");
+            println!("ZeRO-3 on CUDA, {} units: {g:?}", s.buckets().len());
+            assert!(g.per_device.iter().all(|d| d.gathers >= s.buckets().len() && d.prefetched > 0), "{g:?}");
             match s.replica_parameters()[1][0].1.to_vec() {
                 Ok(_) => panic!("a ZeRO-3 parameter was readable between steps: its memory was kept"),
                 Err(e) => assert!(e.to_string().contains("released"), "{e}"),

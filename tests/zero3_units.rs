@@ -210,3 +210,36 @@ fn cli_trains_resumes_and_saves_a_model_three_times_the_limit() {
     assert!(err.contains("out of memory on cpu") && err.contains("memory budget is 3.07 MiB"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The CUDA smoke test's ZeRO-3 run (tests/cuda_smoke.rs) on CPU devices: an MLP without
+/// recomputation, a unit per layer; every unit gathered at least once a step, most prefetched.
+#[test]
+fn mlp_units_are_gathered_and_prefetched() {
+    use tandem::nn::{Linear, ReLU, Sequential};
+    let mlp = |dev: &Device| -> tandem::Result<Sequential> {
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(3);
+        let mut m = Sequential::new();
+        for (i, w) in [64, 512, 512, 1].windows(2).enumerate() {
+            if i > 0 {
+                m = m.push(format!("relu{i}"), ReLU);
+            }
+            m = m.push(format!("fc{i}"), Linear::new(w[0], w[1], &mut rng, dev)?);
+        }
+        Ok(m)
+    };
+    let ds = tandem::data::synthetic::regression(16 * 4, 64, 5).unwrap();
+    let batches: Vec<_> = (0..4).map(|s| ds.batch(&(s * 16..(s + 1) * 16).collect::<Vec<_>>()).unwrap()).collect();
+    let opt = OptimConfig::adam(AdamConfig { lr: 2e-3, ..Default::default() });
+    let mut runs = Vec::new();
+    for shard in [Shard::None, Shard::Full] {
+        let mut s = DataParallel::from_factory(mlp, &devices(2), &opt, Loss::Mse, DataParallelConfig { shard, bucket_bytes: 64 << 10, ..Default::default() }).unwrap();
+        let losses: Vec<f32> = batches.iter().map(|b| s.step(b).unwrap().loss).collect();
+        if shard == Shard::Full {
+            let g = s.last_gathers().expect("gathered unit by unit");
+            println!("{} units: {g:?}", s.buckets().len());
+            assert!(g.per_device.iter().all(|d| d.gathers >= s.buckets().len() && d.prefetched > 0), "{g:?}");
+        }
+        runs.push(losses);
+    }
+    assert_close("ZeRO-3 MLP losses", &runs[1], &runs[0], 1e-5, 1e-4);
+}
