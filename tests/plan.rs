@@ -16,6 +16,7 @@ fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
         activation_bytes: act_mib << 20,
         output_bytes: out_mib << 20,
         tensor_parallel: true,
+        tied: None,
     }
 }
 
@@ -206,4 +207,37 @@ fn memory_too_small_for_plain_data_parallelism_makes_the_search_shard() {
         assert!(e.memory.iter().all(|m| (*m as f64) <= 0.85 * (2200u64 << 20) as f64), "{} is over memory", e.layout);
     }
     assert!(p.to_string().contains("shard"), "{p}");
+}
+
+/// A GPT's head is a copy of its embedding on every stage list: measured, the head layer says
+/// so; planned, a stage holding both counts the embedding's bytes once (one device's model
+/// holds one tensor), while a pipeline whose first and last stages hold one each counts both.
+#[test]
+fn a_tied_head_counts_once_where_a_stage_holds_its_embedding() {
+    use tandem::nn::models::{Gpt, GptConfig};
+    use tandem::{Device, Tensor};
+    let dev = Device::cpu_independent();
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 32, block_size: 8, vocab_size: 50, dropout: 0.0, bias: true };
+    let gpt = Gpt::new(cfg, 0, &dev).unwrap();
+    let probe = Tensor::from_labels((0..16).map(|i| i % 50).collect(), [2, 8], &dev).unwrap();
+    let (work, _) = tandem::parallel::plan::measure_gpt(&gpt, &probe, std::slice::from_ref(&dev), 8, 2).unwrap();
+    let wte = 50 * 32 * 4;
+    assert_eq!(work.layers.last().unwrap().tied, Some((0, wte)), "{:?}", work.layers.iter().map(|l| (&l.name, l.tied)).collect::<Vec<_>>());
+    assert!(work.layers[..work.layers.len() - 1].iter().all(|l| l.tied.is_none()));
+
+    // Three layers of 64 MiB, the last a copy of the first.
+    let mut layers = vec![block(64, 1, 1, 1.0); 3];
+    layers.iter_mut().for_each(|l| l.tensor_parallel = false);
+    layers[2].tied = Some((0, 64 << 20));
+    let work = Workload { layers, batch: 8, state_per_param_byte: 4 };
+    let big = 64u64 << 30;
+    let dev = |i: usize| DeviceSpec { name: format!("gpu{i}"), speed: 1.0, memory: big, server: 0 };
+    let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };
+    let cluster = Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0 };
+    let one = estimate(&work, &cluster, &single_layout());
+    let act = 3 * 8 * (1u64 << 20);
+    assert_eq!(one.memory[0], 4 * 2 * (64 << 20) + act, "two tensors' state on one device, not three");
+    let piped = estimate(&work, &cluster, &Layout { pipeline: 2, cuts: vec![2], ..single_layout() });
+    assert_eq!(piped.memory.len(), 2);
+    assert!(piped.memory[0] + piped.memory[1] > 4 * 3 * (64 << 20), "each stage keeps its copy: {:?}", piped.memory);
 }

@@ -24,6 +24,10 @@ pub struct LayerCost {
     /// attention block): degree `t` divides its compute, parameters and activations by `t` and
     /// adds two all-reduces of its output in the forward and two in the backward.
     pub tensor_parallel: bool,
+    /// Bytes of its parameters that are copies of an earlier layer's (a language model's head
+    /// tied to its embedding), with that layer's index: a stage holding both holds them once,
+    /// as one device's model does; stages that hold one each keep a copy each.
+    pub tied: Option<(usize, u64)>,
 }
 
 /// What is trained: the layers in order, the global batch, and the bytes of training state per

@@ -61,6 +61,9 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
     let (mut x1, mut x2) = (small, large);
     let mut layers = Vec::new();
     let built = make(first)?;
+    // Which layer holds each parameter (by full name), for the tied copies the model declares.
+    let holder: std::collections::HashMap<String, usize> = built.layers().iter().enumerate().flat_map(|(i, (name, m))| m.parameters().into_iter().map(move |(p, _)| (format!("{name}.{p}"), i))).collect();
+    let ties = built.tied_parameters();
     for (i, (name, here)) in built.layers().iter().enumerate() {
         let here: &dyn Module = &**here;
         let (f1, b1, y1, act1) = time_layer(here, &x1, first)?;
@@ -69,6 +72,17 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
         let (forward_s, backward_s) = (slope(f1, f2), slope(b1, b2));
         let fixed_s = ((f1 - forward_s * k as f64).max(0.0) + (b1 - backward_s * k as f64).max(0.0)) / 2.0;
         let param_bytes = here.parameters().iter().map(|(_, p)| (p.numel() * 4) as u64).sum();
+        // A copy of an earlier layer's parameter (GPT's head of its embedding): its bytes and
+        // that layer (one layer ties to one other in the models tandem plans).
+        let tied = here
+            .parameters()
+            .iter()
+            .filter_map(|(p, t)| {
+                let own = format!("{name}.{p}");
+                let primary = ties.iter().find(|(o, _)| *o == own).map(|(_, pr)| pr)?;
+                holder.get(primary).filter(|&&j| j < i).map(|&j| (j, (t.numel() * 4) as u64))
+            })
+            .reduce(|(j, a), (_, b)| (j, a + b));
         layers.push(LayerCost {
             name: name.clone(),
             forward_s,
@@ -78,6 +92,7 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
             activation_bytes: act1 / k as u64,
             output_bytes: (y1.numel() * y1.dtype().size() / k) as u64,
             tensor_parallel: tensor_parallel(i, name, here),
+            tied,
         });
         (x1, x2) = (y1, y2);
     }

@@ -31,7 +31,7 @@
 //! // A 24-block model of 1.3 GB of f32 parameters per 6 blocks: too big for one 8 GB M60 with
 //! // Adam's state, so it must be split.
 //! let block = LayerCost { name: "block".into(), forward_s: 2e-3, backward_s: 4e-3, fixed_s: 50e-6, param_bytes: 220 << 20,
-//!     activation_bytes: 24 << 20, output_bytes: 2 << 20, tensor_parallel: true };
+//!     activation_bytes: 24 << 20, output_bytes: 2 << 20, tensor_parallel: true, tied: None };
 //! let work = Workload { layers: vec![block; 24], batch: 32, state_per_param_byte: 4 };
 //! let p = plan(&work, &Cluster::dual_m60(2))?;
 //! // Megatron's rule holds: a tensor-parallel group never spans servers.
@@ -356,7 +356,9 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             slowest = slowest.max(compute + sends);
             slowest_compute = slowest_compute.max(compute);
             let split = |i: usize| if work.layers[i].tensor_parallel { l.tensor as u64 } else { 1 };
-            let params: u64 = range.clone().map(|i| work.layers[i].param_bytes / split(i)).sum();
+            // A tied copy inside the stage is the same tensor as its primary: counted once.
+            let tied_here = |i: usize| work.layers[i].tied.filter(|(j, _)| range.contains(j)).map_or(0, |(_, b)| b);
+            let params: u64 = range.clone().map(|i| work.layers[i].param_bytes.saturating_sub(tied_here(i)) / split(i)).sum();
             let in_flight = l.micro_batches.min(l.pipeline - s) as f64;
             let activations = if l.recompute {
                 let input = if range.start == 0 { 0 } else { work.layers[range.start - 1].output_bytes };
