@@ -17,6 +17,7 @@ fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
         output_bytes: out_mib << 20,
         tensor_parallel: true,
         tied: None,
+        update_s: 0.0,
     }
 }
 
@@ -240,4 +241,30 @@ fn a_tied_head_counts_once_where_a_stage_holds_its_embedding() {
     let piped = estimate(&work, &cluster, &Layout { pipeline: 2, cuts: vec![2], ..single_layout() });
     assert_eq!(piped.memory.len(), 2);
     assert!(piped.memory[0] + piped.memory[1] > 4 * 3 * (64 << 20), "each stage keeps its copy: {:?}", piped.memory);
+}
+
+/// The optimizer's update is part of the step: a layer's `update_s` is added once, divided by
+/// the data degree where sharding divides the update; measured, every layer with parameters
+/// costs some.
+#[test]
+fn the_optimizer_update_is_part_of_the_step() {
+    let (mut work, cluster) = state_bound(64 << 30);
+    let data = |shard| Layout { data: 2, shard, ..single_layout() };
+    let before = [Shard::None, Shard::Grads].map(|s| estimate(&work, &cluster, &data(s)).step_s);
+    work.layers.iter_mut().for_each(|l| l.update_s = 1e-3);
+    let after = [Shard::None, Shard::Grads].map(|s| estimate(&work, &cluster, &data(s)).step_s);
+    assert!((after[0] - before[0] - 8e-3).abs() < 1e-12, "plain: every replica updates all 8 layers: {before:?} {after:?}");
+    assert!((after[1] - before[1] - 4e-3).abs() < 1e-12, "ZeRO-2 over two: half each: {before:?} {after:?}");
+
+    let dev = tandem::Device::cpu_independent();
+    let model = tandem::nn::models::SeedModel::Cnn.build(0, &dev).unwrap();
+    let weights: Vec<f32> = model.state_dict().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect();
+    let probe = tandem::Tensor::randn([4, 1, 28, 28], &mut tandem::rand::rng(), &dev).unwrap();
+    let (work, _) = tandem::parallel::plan::measure(&model, &probe, std::slice::from_ref(&dev), 64, 2).unwrap();
+    use tandem::nn::Module;
+    for (l, (_, layer)) in work.layers.iter().zip(model.layers()) {
+        assert_eq!(l.update_s > 0.0, !layer.parameters().is_empty(), "{}: {}", l.name, l.update_s);
+    }
+    let after: Vec<f32> = model.state_dict().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect();
+    assert_eq!(after, weights, "measuring the update leaves the model's weights");
 }

@@ -20,7 +20,7 @@ fn opt() -> OptimConfig {
 
 /// `n` equal described devices named as `devices` are, and a cost per seed-CNN layer.
 fn described(devices: &[Device], layers: usize) -> (Workload, Cluster) {
-    let layer = LayerCost { name: "layer".into(), forward_s: 1e-4, backward_s: 2e-4, fixed_s: 1e-5, param_bytes: 1 << 16, activation_bytes: 1 << 12, output_bytes: 1 << 10, tensor_parallel: false, tied: None };
+    let layer = LayerCost { name: "layer".into(), forward_s: 1e-4, backward_s: 2e-4, fixed_s: 1e-5, param_bytes: 1 << 16, activation_bytes: 1 << 12, output_bytes: 1 << 10, tensor_parallel: false, tied: None, update_s: 0.0 };
     let mut layers = vec![layer; layers];
     // The CNN's fc1 and fc2, which TensorParallel shards.
     let n = layers.len();

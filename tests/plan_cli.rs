@@ -150,8 +150,9 @@ fn gpt4_out(args: &[&str]) -> String {
 
 #[test]
 fn a_memory_limit_too_small_for_plain_data_parallelism_makes_the_gpt_plan_shard() {
+    // Without budgets memory excludes nothing (sharding may still win on its smaller update).
     let free = gpt4_out(&["plan"]);
-    assert!(!best(&free).contains("shard"), "{free}");
+    assert!(!free.contains("memory: needs"), "{free}");
     // Under 15 MiB budgets the whole model on one device (~16.7 MiB, ~13.5 with gradient
     // accumulation) and plain data parallelism (~17.7 MiB over two devices) are over 85% of a
     // device; ZeRO over four devices is not (at two, ZeRO-1 saves only what the gradient

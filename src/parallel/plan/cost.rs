@@ -28,6 +28,10 @@ pub struct LayerCost {
     /// tied to its embedding), with that layer's index: a stage holding both holds them once,
     /// as one device's model does; stages that hold one each keep a copy each.
     pub tied: Option<(usize, u64)>,
+    /// Seconds of the optimizer's update of its parameters (on a device of speed 1), once per
+    /// step: divided by the tensor degree, and by the data degree where sharding divides the
+    /// update (ZeRO-1/2/3).
+    pub update_s: f64,
 }
 
 /// What is trained: the layers in order, the global batch, and the bytes of training state per

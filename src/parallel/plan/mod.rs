@@ -31,7 +31,7 @@
 //! // A 24-block model of 1.3 GB of f32 parameters per 6 blocks: too big for one 8 GB M60 with
 //! // Adam's state, so it must be split.
 //! let block = LayerCost { name: "block".into(), forward_s: 2e-3, backward_s: 4e-3, fixed_s: 50e-6, param_bytes: 220 << 20,
-//!     activation_bytes: 24 << 20, output_bytes: 2 << 20, tensor_parallel: true, tied: None };
+//!     activation_bytes: 24 << 20, output_bytes: 2 << 20, tensor_parallel: true, tied: None, update_s: 1e-3 };
 //! let work = Workload { layers: vec![block; 24], batch: 32, state_per_param_byte: 4 };
 //! let p = plan(&work, &Cluster::dual_m60(2))?;
 //! // Megatron's rule holds: a tensor-parallel group never spans servers.
@@ -340,7 +340,7 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
     let n = work.layers.len();
     let rounds = (l.micro_batches + l.pipeline - 1) as f64;
     let mut memory = vec![0u64; l.devices()];
-    let (mut pipeline_s, mut compute_s, mut grad_sync) = (0.0f64, 0.0f64, 0.0f64);
+    let (mut pipeline_s, mut compute_s, mut grad_sync, mut update_s) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     for r in 0..l.data {
         let mb = micro_batch(work, cluster, l, r);
         let (mut slowest, mut slowest_compute) = (0.0f64, 0.0f64);
@@ -367,6 +367,11 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             } else {
                 in_flight * mb * range.clone().map(|i| (work.layers[i].activation_bytes / split(i)) as f64).sum::<f64>()
             };
+            // The optimizer's update after the step, on the stage's slowest device.
+            let updated = if l.shard == Shard::None { 1.0 } else { l.data as f64 };
+            let slowest_speed = (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min);
+            let update: f64 = range.clone().map(|i| work.layers[i].update_s / split(i) as f64).sum::<f64>() / updated / slowest_speed;
+            update_s = update_s.max(update);
             let states = work.state_per_param_byte.saturating_sub(2);
             let bytes = shard::state_bytes(params, states, l.shard, l.data) + activations.ceil() as u64;
             for t in 0..l.tensor {
@@ -380,8 +385,9 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
         pipeline_s = pipeline_s.max(rounds * slowest);
         compute_s = compute_s.max(rounds * slowest_compute);
     }
-    let step_s = pipeline_s + grad_sync;
+    let step_s = pipeline_s + grad_sync + update_s;
     let bubble = (l.pipeline - 1) as f64 / rounds;
+    let compute_s = compute_s + update_s;
     Estimate { layout: l.clone(), step_s, compute_s, comm_s: step_s - compute_s, bubble, memory }
 }
 
