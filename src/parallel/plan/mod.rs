@@ -8,9 +8,12 @@
 //! tensor-split layers divided by the tensor degree plus four ring all-reduces of their output,
 //! and a fixed cost per pass however small the micro-batch;
 //! a pipeline step is `(m + p - 1)` times the slowest stage including its sends; the gradients'
-//! ring all-reduce over the data-parallel replicas follows, not overlapped (an upper bound).
+//! ring all-reduce over the data-parallel replicas follows, not overlapped (an upper bound),
+//! then the optimizer's update of the stage's parameters (timed per layer, divided by the
+//! tensor degree and, under sharding, by the data degree).
 //! Memory per device is its stage's training state (split by the tensor degree, and by the
-//! data degree as the sharding mode has it, see [`Shard`]) plus the activations of the
+//! data degree as the sharding mode has it, see [`Shard`]; a tied head counted once where its
+//! stage holds the embedding) plus the activations of the
 //! micro-batches in flight under 1F1B (`min(m, p - s)` at stage `s`), or with recomputation
 //! only the stage inputs plus one layer's activations; a layout fits when that is within
 //! [`MEMORY_USABLE`] of each device's memory (its budget where one is set). Sharding's
