@@ -336,6 +336,7 @@ impl Strategy for DataParallel {
         let mut comm_spans = Vec::new();
         let parts = ReplicaSplit { first, world, local: n, weights: self.split_weights.as_deref(), mode }.parts(batch)?;
         let by_unit = full && !self.cfg.deterministic && gather::every_device_alike(&parts, self.cfg.micro_batches, &*self.comm)?;
+        self.gathers = None;
         if let Some(s) = self.sharded.as_ref().filter(|_| full) {
             if by_unit {
                 // Every parameter starts released; ops gather the units as they need them.
@@ -366,15 +367,12 @@ impl Strategy for DataParallel {
             };
             let (mut c, x) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan, units)?;
             c.loss = self.comm.sum_by_index(vec![(first, vec![c.loss])])?[0];
-            self.gathers = x.gathered.map(|(order, g)| {
+            if let Some((order, g)) = x.gathered {
                 self.gather_order = order;
-                g
-            });
+                self.gathers = Some(g);
+            }
             (c, Some(x.reduced))
         };
-        if self.cfg.deterministic {
-            self.gathers = None;
-        }
 
         let (grad_norm, opt_s) = match &self.sharded {
             Some(s) => {

@@ -127,7 +127,20 @@ impl Msg {
 
 /// Hands a message to the communication thread; fails only when that thread has stopped.
 pub(super) fn send(tx: &Sender<Msg>, msg: Msg) -> Result<()> {
-    tx.send(msg).map_err(|_| Error::Msg("data parallel: the communication thread stopped".into()))
+    tx.send(msg).map_err(|_| stopped())
+}
+
+const STOPPED: &str = "data parallel: the communication thread stopped";
+
+/// What a worker meets when the communication thread has gone (a failed collective, another
+/// worker's failure): a symptom, whose cause is reported instead where there is one.
+pub(super) fn stopped() -> Error {
+    Error::Msg(STOPPED.into())
+}
+
+/// Whether `e` is [`stopped`] (inside any worker wrapping).
+pub(super) fn is_stopped(e: &Error) -> bool {
+    e.to_string().contains(STOPPED)
 }
 
 /// What the communication thread did: each bucket's reduced flat tensors (indexed

@@ -174,7 +174,7 @@ impl Window {
             return Err(Error::Msg(format!("data parallel: unit {u} was not asked for")));
         };
         let t = Instant::now();
-        let flat = rx.recv().map_err(|_| Error::Msg("data parallel: the communication thread stopped".into()))??;
+        let flat = rx.recv().map_err(|_| buckets::stopped())??;
         st.stats.waited_s += t.elapsed().as_secs_f64();
         fill(&self.units[u].members, &flat)?;
         st.held[u] = Held::Present;
@@ -273,8 +273,7 @@ pub(super) fn on_first_device<T>(sharded: &Sharded, replicas: &[Replica], comm: 
                 for (i, r) in replicas.iter().enumerate().skip(1) {
                     blocks.push(no_grad(|| sharded.block(i, ask.unit, r))?);
                 }
-                let mut whole = comm.all_gather(&blocks)?;
-                drop(blocks);
+                let mut whole = sharded.all_gather_unit(ask.unit, blocks, comm)?;
                 let _ = ask.reply.send(Ok(whole.swap_remove(0)));
             }
             Ok(())

@@ -108,8 +108,7 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
     let exchanged = exchanged?;
     if workers.iter().any(Result::is_err) {
         let errors: Vec<Error> = workers.into_iter().filter_map(Result::err).collect();
-        let symptom = |e: &Error| e.to_string().contains("the communication thread stopped");
-        let first = errors.iter().position(|e| !symptom(e)).unwrap_or(0);
+        let first = errors.iter().position(|e| !buckets::is_stopped(e)).unwrap_or(0);
         return Err(errors.into_iter().nth(first).unwrap_or_else(|| Error::Msg("data parallel: a worker failed".into())));
     }
     let workers = workers.into_iter().collect::<Result<Vec<_>>>()?;

@@ -231,11 +231,8 @@ impl Sharded {
     pub fn gather(&self, replicas: &[Replica], comm: &dyn Communicator) -> Result<()> {
         no_grad(|| {
             for u in 0..self.units.len() {
-                let blocks = replicas.iter().enumerate().map(|(i, r)| self.block(i, u, r)).collect::<Result<Vec<_>>>()?;
-                let whole = comm.all_gather(&blocks)?;
-                drop(blocks);
-                for (r, flat) in replicas.iter().zip(&whole) {
-                    self.check_gathered(u, flat)?;
+                let blocks = self.blocks(u, replicas)?;
+                for (r, flat) in replicas.iter().zip(&self.all_gather_unit(u, blocks, comm)?) {
                     gather::fill(&self.members(u, r), flat)?;
                 }
             }
@@ -250,17 +247,27 @@ impl Sharded {
         let mut out = HashMap::new();
         no_grad(|| {
             for u in 0..self.units.len() {
-                let blocks = replicas.iter().enumerate().map(|(i, r)| self.block(i, u, r)).collect::<Result<Vec<_>>>()?;
-                let whole = comm.all_gather(&blocks)?;
-                drop(blocks);
-                let flat = &whole[0];
-                self.check_gathered(u, flat)?;
+                let whole = self.all_gather_unit(u, self.blocks(u, replicas)?, comm)?;
                 for (t, off) in self.members(u, &replicas[0]) {
-                    out.insert(t.id(), flat.narrow(0, off, t.numel())?.reshape(t.shape().clone())?.to(host)?);
+                    out.insert(t.id(), whole[0].narrow(0, off, t.numel())?.reshape(t.shape().clone())?.to(host)?);
                 }
             }
             Ok(out)
         })
+    }
+
+    /// Every local device's block of unit `u`.
+    fn blocks(&self, u: usize, replicas: &[Replica]) -> Result<Vec<Tensor>> {
+        replicas.iter().enumerate().map(|(i, r)| self.block(i, u, r)).collect()
+    }
+
+    /// Unit `u` whole on every local device, all-gathered from `blocks` (every local device's,
+    /// in order), its length checked.
+    pub fn all_gather_unit(&self, u: usize, blocks: Vec<Tensor>, comm: &dyn Communicator) -> Result<Vec<Tensor>> {
+        let whole = comm.all_gather(&blocks)?;
+        drop(blocks);
+        whole.iter().try_for_each(|flat| self.check_gathered(u, flat))?;
+        Ok(whole)
     }
 
     fn check_gathered(&self, u: usize, flat: &Tensor) -> Result<()> {
