@@ -356,9 +356,10 @@ struct Shared<T: ?Sized> {
 
 /// A hook that gives a released buffer memory and values again, run by the backend on the
 /// thread of the op that found it released: ZeRO-3's all-gather of the unit of parameters the
-/// buffer belongs to ([`crate::parallel::DataParallel`]). It must not release any buffer itself,
-/// since the op that called it may already hold another one's memory.
-pub(crate) type Refill = Arc<dyn Fn() -> crate::Result<()> + Send + Sync>;
+/// buffer belongs to ([`crate::parallel::DataParallel`]), or a deferred tensor's host values
+/// ([`crate::tensor::build_deferred`]). It gets the buffer, and must not release any buffer
+/// itself, since the op that called it may already hold another one's memory.
+pub(crate) type Refill = Arc<dyn Fn(&Buffer) -> crate::Result<()> + Send + Sync>;
 
 impl Buffer {
     pub fn new<T: Any + Send + Sync>(raw: T, len: usize, dtype: DType) -> Self {
@@ -411,7 +412,7 @@ impl Buffer {
         // Cloned out, so that the hook runs without this lock (it may take the buffer's others).
         let hook = self.raw.refill.lock().unwrap_or_else(|e| e.into_inner()).clone();
         match hook {
-            Some(f) => f(),
+            Some(f) => f(self),
             None => Err(released(op, device, self.len)),
         }
     }

@@ -243,7 +243,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let planned = if ranks.many() { None } else { super::plan::gpt_planned(args, cfg, &data, &optim, &devices)? };
     let mut strategy = if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
-        let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, bucket_bytes: args.bucket_size, ..Default::default() };
+        let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() };
         ranks.data_parallel(gpt_on(args, cfg), &devices, &optim, Loss::CrossEntropy, dp)?
     } else if let Some(p) = &planned {
         p.build_gpt(&gpt_on(args, cfg), &devices, &optim)?
@@ -360,7 +360,10 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
     }
     if matches!(kind, StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data) {
         // The whole model trains on each device: refuse before drawing a weight what cannot fit.
-        let shards = if kind == StrategyKind::Data { args.shard.state_shards(devices.len() as u64) } else { StateShards::WHOLE };
+        let shards = match kind {
+            StrategyKind::Data => StateShards { gradient_bytes: setup::grad_dtype(args)?.size() as u64, ..args.shard.state_shards(devices.len() as u64) },
+            _ => StateShards::WHOLE,
+        };
         for d in devices {
             cfg.check_sharded_training_fits(d, optim.states_per_parameter(), shards)?;
         }
@@ -374,7 +377,7 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             Ok(Box::new(Single::new(gpt(&devices[0])?, optim, Loss::CrossEntropy, &devices[0])?))
         }
         StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data => {
-            let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, ..Default::default() };
+            let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() };
             Ok(Box::new(DataParallel::from_factory(gpt, devices, optim, Loss::CrossEntropy, dp)?))
         }
         StrategyKind::Tensor => {

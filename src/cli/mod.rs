@@ -231,6 +231,11 @@ pub struct TrainArgs {
     /// units of sharding, and ZeRO-3 holds about two units of full parameters at a time.
     #[arg(long, value_name = "SIZE", default_value = "25MiB", value_parser = bucket_size)]
     pub bucket_size: usize,
+    /// The type --shard grads|full keep each device's gradient shard in until the update:
+    /// `f32`, or `bf16` / `f16` (DeepSpeed's `grad_accum_dtype`), which takes 2 of ZeRO-3's 16
+    /// bytes a parameter off. Summed in f32 first; the update widens it again.
+    #[arg(long, value_name = "TYPE", default_value = "f32", value_parser = grad_dtype)]
+    pub grad_dtype: tandem::DType,
     /// What the forward computes in: `f32`, or `bf16` / `f16` (PyTorch's autocast: products
     /// and the activations after them stored in the half type, computed in f32; F32 master
     /// weights; f16 with dynamic loss scaling). Every --strategy.
@@ -422,6 +427,15 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
 fn bucket_size(text: &str) -> std::result::Result<usize, String> {
     let bytes = tandem::backend::parse_bytes(text)?;
     usize::try_from(bytes).map_err(|_| format!("{bytes} bytes do not fit this machine's address space"))
+}
+
+fn grad_dtype(text: &str) -> std::result::Result<tandem::DType, String> {
+    match text {
+        "f32" => Ok(tandem::DType::F32),
+        "bf16" => Ok(tandem::DType::Bf16),
+        "f16" => Ok(tandem::DType::F16),
+        _ => Err(format!("{text:?} is not f32, bf16 or f16")),
+    }
 }
 
 fn output_written(code: u8) -> tandem::Result<u8> {

@@ -137,6 +137,7 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
     let by_hand = [
         ("--micro-batches", args.micro_batches.is_some(), "--strategy"),
         ("--shard", args.shard != Shard::None, "--strategy data"),
+        ("--grad-dtype", args.grad_dtype != tandem::DType::F32, "--strategy data"),
         ("--recompute", args.recompute, "--strategy"),
         ("--pipelines", args.pipelines.is_some(), "--strategy data,pipeline"),
     ];

@@ -53,6 +53,8 @@ pub struct StrategyPlan {
     pub shard: Shard,
     /// `--bucket-size`: data parallelism only.
     pub bucket_bytes: usize,
+    /// `--grad-dtype`: ZeRO-2/3 only.
+    pub grad_dtype: tandem::DType,
     /// Data-parallel batch weights, one per device (`--balance`); equal shares without.
     pub weights: Option<Vec<f64>>,
 }
@@ -114,7 +116,7 @@ pub(super) fn pipeline_schedule(s: Schedule) -> pipeline::Schedule {
 }
 
 fn data_parallel(plan: &StrategyPlan) -> Result<Box<dyn Strategy>> {
-    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, shard: plan.shard, bucket_bytes: plan.bucket_bytes, weights: plan.weights.clone(), ..Default::default() };
+    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, shard: plan.shard, bucket_bytes: plan.bucket_bytes, weights: plan.weights.clone(), grad_dtype: plan.grad_dtype, ..Default::default() };
     Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone(), cfg)?))
 }
 
@@ -395,6 +397,17 @@ pub fn record_precision(config: &mut serde_json::Value, args: &TrainArgs) {
     if args.precision != tandem::optim::Precision::F32 {
         config["precision"] = args.precision.name().into();
     }
+    if args.grad_dtype != tandem::DType::F32 {
+        config["grad_dtype"] = format!("{:?}", args.grad_dtype).to_lowercase().into();
+    }
+}
+
+/// `--grad-dtype`, which only ZeRO-2/3 (`--shard grads|full`) have gradient shards to keep in.
+pub fn grad_dtype(args: &TrainArgs) -> Result<tandem::DType> {
+    if args.grad_dtype != tandem::DType::F32 && !matches!(args.shard, Shard::Grads | Shard::Full) {
+        return Err(Error::invalid("--grad-dtype", "sets the type of ZeRO-2/3's gradient shards: needs --shard grads or full"));
+    }
+    Ok(args.grad_dtype)
 }
 
 /// The loss scale an f16 run ended with and the steps it skipped, among the run's notes.

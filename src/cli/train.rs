@@ -81,7 +81,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
     let strategy = if ranks.many() {
-        let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, ..Default::default() };
+        let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() };
         ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
     } else if let Some(p) = &planned {
         p.build(&model, &devices, &optim, loss)?
@@ -97,6 +97,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
             deterministic: args.deterministic,
             shard: args.shard,
             bucket_bytes: args.bucket_size,
+            grad_dtype: setup::grad_dtype(args)?,
             weights: weights.clone(),
         };
         build_strategy(plan)?
@@ -148,8 +149,9 @@ fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, op
     if args.micro_batches.is_some() {
         return Err(Error::invalid("--micro-batches", "a plan chooses its micro-batches; give --strategy to set them by hand"));
     }
-    if args.shard != tandem::parallel::Shard::None {
-        return Err(Error::invalid("--shard", "a plan chooses its sharding; give --strategy data to set it by hand"));
+    if args.shard != tandem::parallel::Shard::None || args.grad_dtype != tandem::DType::F32 {
+        let flag = if args.shard != tandem::parallel::Shard::None { "--shard" } else { "--grad-dtype" };
+        return Err(Error::invalid(flag, "a plan chooses its sharding; give --strategy data to set it by hand"));
     }
     super::plan::for_training(args, &model.describe(), devices, || super::plan::on_devices(model, train, args.batch, optim, devices)).map(Some)
 }

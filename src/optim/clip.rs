@@ -12,6 +12,9 @@ pub fn grad_norm_sq(params: &[(String, Tensor)]) -> Result<f64> {
         let mut per_device: Vec<(Device, Tensor)> = Vec::new();
         for (_, p) in params {
             let Some(g) = p.grad() else { continue };
+            // Squared and summed in f32 whatever the gradient's type (a half shard's squares
+            // would overflow f16 and lose bf16's low bits).
+            let g = if g.dtype() == crate::DType::F32 { g } else { g.to_dtype(crate::DType::F32)? };
             let sq = g.square()?.sum_all()?;
             match per_device.iter_mut().find(|(d, _)| d.same(g.device())) {
                 Some((_, acc)) => *acc = acc.add(&sq)?,

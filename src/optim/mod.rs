@@ -80,6 +80,17 @@ impl Sgd {
     }
 }
 
+/// A gradient kept in a narrower type than its parameter (ZeRO's half gradient shards,
+/// [`DataParallelConfig::grad_dtype`](crate::parallel::DataParallelConfig::grad_dtype)) in the
+/// parameter's type, for the update.
+fn widened(g: Tensor, p: &Tensor) -> Result<Tensor> {
+    if g.dtype() == p.dtype() {
+        Ok(g)
+    } else {
+        g.to_dtype(p.dtype())
+    }
+}
+
 fn check_lr(lr: f32) -> Result<()> {
     if !(lr >= 0.0 && lr.is_finite()) {
         return Err(Error::invalid("optimizer", format!("learning rate must be a finite number >= 0, got {lr}")));
@@ -93,6 +104,7 @@ impl Optimizer for Sgd {
         no_grad(|| {
             for (i, ((_, p), buf)) in self.params.iter().zip(self.momentum.iter_mut()).enumerate() {
                 let Some(g) = p.grad() else { continue };
+                let g = widened(g, p)?;
                 let (lr, wd) = (self.groups.lr(i, c.lr), self.groups.weight_decay(i));
                 let first = buf.is_none();
                 if c.momentum != 0.0 && first {
@@ -205,6 +217,7 @@ impl Optimizer for Adam {
         no_grad(|| {
             for (i, ((_, p), mom)) in self.params.iter().zip(self.moments.iter_mut()).enumerate() {
                 let Some(g) = p.grad() else { continue };
+                let g = widened(g, p)?;
                 let (lr, wd) = (self.groups.lr(i, c.lr), self.groups.weight_decay(i));
                 if mom.is_none() {
                     *mom = Some((Tensor::zeros(p.shape().clone(), p.device())?, Tensor::zeros(p.shape().clone(), p.device())?));

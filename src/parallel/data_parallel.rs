@@ -34,7 +34,7 @@ use super::{Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
 use crate::nn::{Module, Sequential};
 use crate::optim::Optimizer;
-use crate::{Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, Result, Tensor};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -61,6 +61,11 @@ pub struct DataParallelConfig {
     /// which otherwise all run on the first device. [`Shard::Grads`] (ZeRO-2) and
     /// [`Shard::Full`] (ZeRO-3) cut every bucket into one block per device (see `shard.rs`).
     pub shard: Shard,
+    /// The type ZeRO-2/3 keep each device's reduced gradient shard in until the update:
+    /// `F32` (the default), or `Bf16`/`F16` to halve that part of the training state
+    /// (DeepSpeed's `grad_accum_dtype`). The reduce-scatter still sums in f32; the shard is
+    /// rounded once, and the update widens it to the parameters' f32 again.
+    pub grad_dtype: DType,
 }
 
 impl Default for DataParallelConfig {
@@ -73,6 +78,7 @@ impl Default for DataParallelConfig {
             deterministic_shards: 4,
             micro_batches: 1,
             shard: Shard::None,
+            grad_dtype: DType::F32,
         }
     }
 }
@@ -186,14 +192,16 @@ impl DataParallel {
 
     /// Any module: `build(device)` (the user's constructor) makes each replica on its device;
     /// replica 0's parameters are then broadcast to the others, so a random initialisation
-    /// does not matter. Buffers are not broadcast: a constructor must make them the same
+    /// does not matter. Under ZeRO-3 ([`Shard::Full`]) the constructor runs deferred
+    /// ([`build_deferred`](crate::tensor::build_deferred)): the tensors it makes from host
+    /// values reach the device only as the device's shard, parameter by parameter. Buffers are not broadcast: a constructor must make them the same
     /// everywhere (BatchNorm's do).
     pub fn from_factory<M: Module>(build: impl Fn(&Device) -> Result<M>, devices: &[Device], opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
         if devices.is_empty() {
             return Err(Error::invalid("DataParallel::new", "needs at least one device"));
         }
         let comm = comm::for_devices(devices)?;
-        let models = comm.devices().iter().map(|d| Ok(Box::new(build(d)?) as Box<dyn Module>)).collect::<Result<Vec<_>>>()?;
+        let models = built(&build, comm.devices(), cfg.shard)?;
         Self::from_models(models, comm, opt, loss, cfg)
     }
 
@@ -207,7 +215,7 @@ impl DataParallel {
     /// `from_factory` with a chosen communicator (`Hierarchical` across processes): `build`
     /// makes a replica on each of `comm.devices()`.
     pub fn from_factory_with<M: Module>(build: impl Fn(&Device) -> Result<M>, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
-        let models = comm.devices().iter().map(|d| Ok(Box::new(build(d)?) as Box<dyn Module>)).collect::<Result<Vec<_>>>()?;
+        let models = built(&build, comm.devices(), cfg.shard)?;
         Self::from_models(models, comm, opt, loss, cfg)
     }
 
@@ -224,6 +232,12 @@ impl DataParallel {
                 let (on, own) = crate::Device::names_of(t.device(), d);
                 return Err(Error::invalid("DataParallel::new", format!("replica {i}'s {name} is on {on}, not on {own}; build each replica on its device")));
             }
+        }
+        if cfg.grad_dtype != DType::F32 && !matches!(cfg.shard, Shard::Grads | Shard::Full) {
+            return Err(Error::invalid("DataParallel::new", format!("a {:?} gradient shard needs sharded gradients (Shard::Grads or Shard::Full), not {:?}", cfg.grad_dtype, cfg.shard)));
+        }
+        if cfg.grad_dtype == DType::I32 {
+            return Err(Error::invalid("DataParallel::new", "gradients are kept in F32, Bf16 or F16, not I32"));
         }
         if cfg.micro_batches == 0 || cfg.deterministic_shards == 0 {
             return Err(Error::invalid("DataParallel::new", "micro_batches and deterministic_shards must be at least 1"));
@@ -242,15 +256,18 @@ impl DataParallel {
             devices.iter().for_each(|d| d.backend().pin_kernels());
         }
         let params: Vec<Vec<(String, Tensor)>> = models.iter().map(|m| m.parameters()).collect();
-        for p in 0..params[0].len() {
-            let group: Vec<Tensor> = params.iter().map(|ps| ps[p].1.clone()).collect();
-            comm.broadcast(&group, 0)?;
+        let zero = matches!(cfg.shard, Shard::Grads | Shard::Full);
+        if !zero {
+            // ZeRO-2/3 broadcast parameter by parameter as they cut their pieces (`Sharded::new`).
+            for p in 0..params[0].len() {
+                let group: Vec<Tensor> = params.iter().map(|ps| ps[p].1.clone()).collect();
+                comm.broadcast(&group, 0)?;
+            }
         }
         let sizes: Vec<usize> = params[0].iter().map(|(_, t)| 4 * t.numel()).collect();
         let buckets = assign_buckets(&sizes, cfg.bucket_bytes);
         let bucket_of = buckets::bucket_of(&buckets, sizes.len());
         let (first, world) = comm.device_span();
-        let zero = matches!(cfg.shard, Shard::Grads | Shard::Full);
         let owners = if zero {
             // Every piece has one owner by construction and is all-gathered to the others.
             None
@@ -275,7 +292,7 @@ impl DataParallel {
                 params,
             })
             .collect();
-        let sharded = if zero { Some(shard::Sharded::new(cfg.shard, &replicas, &buckets, first, world)?) } else { None };
+        let sharded = if zero { Some(shard::Sharded::new(cfg.shard, &replicas, &buckets, first, world, &*comm)?) } else { None };
         let params: Vec<&Vec<(String, Tensor)>> = match &sharded {
             Some(s) => s.values.iter().collect(),
             None => replicas.iter().map(|r| &r.params).collect(),
@@ -288,9 +305,6 @@ impl DataParallel {
                 opt.build(mine.collect())
             })
             .collect::<Result<Vec<_>>>()?;
-        if let Some(s) = sharded.as_ref().filter(|s| s.mode == Shard::Full) {
-            s.release(&replicas)?;
-        }
         let run = StepCore::new(loss, devices);
         Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, full_kept: false, gather_order: Vec::new(), gathers: None, events: Vec::new(), overlap: None })
     }
@@ -303,6 +317,19 @@ impl DataParallel {
             }
         }
     }
+}
+
+/// One replica per device from the user's constructor. Under ZeRO-3 each is built deferred
+/// ([`build_deferred`](crate::tensor::build_deferred)): its parameters stay on the host until
+/// sharded one by one, so a model larger than a device is never whole on it.
+fn built<M: Module>(build: &impl Fn(&Device) -> Result<M>, devices: &[Device], shard: Shard) -> Result<Vec<Box<dyn Module>>> {
+    devices
+        .iter()
+        .map(|d| {
+            let m = if shard == Shard::Full { crate::tensor::build_deferred(d, || build(d))? } else { build(d)? };
+            Ok(Box::new(m) as Box<dyn Module>)
+        })
+        .collect()
 }
 
 /// The result of replica `i`'s thread; its error, or its panic, named by replica and device.
@@ -358,7 +385,7 @@ impl Strategy for DataParallel {
                 run: &self.run,
                 total: batch.len(),
                 trace,
-                scatter: self.sharded.as_ref().map(shard::Sharded::world),
+                scatter: self.sharded.as_ref().map(|s| (s.world(), self.cfg.grad_dtype)),
                 release: full,
             };
             let units = match (&self.sharded, by_unit) {
@@ -378,7 +405,7 @@ impl Strategy for DataParallel {
             Some(s) => {
                 match reduced.take() {
                     Some(blocks) => s.grads_from_blocks(blocks)?,
-                    None => s.grads_from_full(&self.replicas)?,
+                    None => s.grads_from_full(&self.replicas, self.cfg.grad_dtype)?,
                 }
                 // Deterministic mode leaves the whole sum on every replica: its norm is replica
                 // 0's, as without sharding, bit for bit. Otherwise every element of the

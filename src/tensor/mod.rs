@@ -4,6 +4,7 @@
 //! transposes, broadcasts and slices are strided reads inside the op that consumes them.
 #![doc = include_str!("numerics.md")]
 mod compose;
+mod deferred;
 mod fused;
 mod halves;
 mod losses;
@@ -13,6 +14,8 @@ pub mod random;
 mod shape_ops;
 
 pub(crate) use compose::gelu_tanh_inner;
+pub use deferred::build_deferred;
+pub(crate) use deferred::defers;
 pub use fused::composed;
 pub use losses::CrossEntropy;
 pub use halves::{autocast, autocast_dtype};
@@ -112,6 +115,9 @@ impl Tensor {
         if data.len() != shape.numel() {
             return Err(Error::shape("from_vec", format!("{} values for shape {shape:?}", data.len())));
         }
+        if deferred::defers(device) {
+            return deferred::deferred(device, shape, deferred::HostValues::F32(data));
+        }
         let buf = device.backend().upload(bytemuck::cast_slice(&data), DType::F32)?;
         Ok(Tensor::from_parts(buf, shape, device.clone(), None))
     }
@@ -130,6 +136,9 @@ impl Tensor {
     }
     pub fn full(value: f32, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
+        if deferred::defers(device) {
+            return deferred::deferred(device, shape, deferred::HostValues::Fill(value));
+        }
         let buf = device.backend().alloc(shape.numel(), DType::F32)?;
         device.backend().fill(&buf, value)?;
         Ok(Tensor::from_parts(buf, shape, device.clone(), None))

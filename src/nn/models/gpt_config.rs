@@ -40,14 +40,17 @@ pub struct StateShards {
     pub ranks: u64,
     pub gradients: bool,
     pub optimizer: bool,
-    /// The parameters too (ZeRO-3): built whole on each device, then all but the device's
-    /// shard released.
+    /// The parameters too (ZeRO-3): built deferred (`build_deferred`), each device holding
+    /// its shard and the one parameter being cut.
     pub parameters: bool,
+    /// Bytes a gradient value takes: 4, or 2 where sharded gradients are kept in a half type
+    /// (`DataParallelConfig::grad_dtype`).
+    pub gradient_bytes: u64,
 }
 
 impl StateShards {
     /// Every part whole (plain data parallelism, one device).
-    pub const WHOLE: StateShards = StateShards { ranks: 1, gradients: false, optimizer: false, parameters: false };
+    pub const WHOLE: StateShards = StateShards { ranks: 1, gradients: false, optimizer: false, parameters: false, gradient_bytes: 4 };
 }
 
 impl GptConfig {
@@ -192,9 +195,8 @@ impl GptConfig {
     }
 
     /// As [`GptConfig::check_training_fits`] for a device that keeps only its share of the
-    /// gradients or the optimizer state (sharded data parallelism, ZeRO-1/2/3). The parameters
-    /// count whole on every mode: a first check, made before any is allocated, for a model
-    /// that is built whole on each device before ZeRO-3 releases all but its shard.
+    /// gradients or the optimizer state (sharded data parallelism, ZeRO-1/2/3), and the
+    /// parameters under ZeRO-3, whose build holds a device's shard and one whole parameter.
     ///
     /// ```
     /// use tandem::nn::models::{GptConfig, StateShards};
@@ -204,16 +206,19 @@ impl GptConfig {
     /// // Room for the parameters and a quarter of the gradients and of Adam's two moments.
     /// dev.set_memory_budget(Some(p + 3 * p / 4 + 4096));
     /// assert!(cfg.check_training_fits(&dev, 2).is_err());
-    /// cfg.check_sharded_training_fits(&dev, 2, StateShards { ranks: 4, gradients: true, optimizer: true, parameters: false })?;
+    /// cfg.check_sharded_training_fits(&dev, 2, StateShards { ranks: 4, gradients: true, optimizer: true, parameters: false, gradient_bytes: 4 })?;
     /// # Ok::<(), tandem::Error>(())
     /// ```
     pub fn check_sharded_training_fits(&self, dev: &Device, optimizer_states: u64, shards: StateShards) -> Result<()> {
         let Some(params) = self.parameter_bytes() else { return self.check() };
         let ranks = shards.ranks.max(1);
         let part = |bytes: u64, sharded: bool| if sharded { bytes.div_ceil(ranks) } else { bytes };
-        let state = part(params, shards.parameters).saturating_add(part(params, shards.gradients)).saturating_add(part(params.saturating_mul(optimizer_states), shards.optimizer));
-        // ZeRO-3 builds the model whole first, with its pieces beside it.
-        let need = if shards.parameters { state.max(params.saturating_add(part(params, true))) } else { state };
+        let grads = (params / 4).saturating_mul(shards.gradient_bytes);
+        let state = part(params, shards.parameters).saturating_add(part(grads, shards.gradients)).saturating_add(part(params.saturating_mul(optimizer_states), shards.optimizer));
+        // ZeRO-3's deferred build: the shard so far and the parameter being cut.
+        let (c, v, b) = (self.n_embd as u64, self.vocab_size as u64, self.block_size as u64);
+        let largest = [v.saturating_mul(c), b.saturating_mul(c), c.saturating_mul(c).saturating_mul(4)].into_iter().max().unwrap_or(0).saturating_mul(4);
+        let need = if shards.parameters { state.max(part(params, true).saturating_add(largest)) } else { state };
         let kept = match (shards.parameters, shards.gradients, shards.optimizer) {
             (false, false, false) => String::new(),
             (p, g, o) => {

@@ -9,7 +9,8 @@
 //! same thread runs the all-gathers of units the workers ask for (`gather.rs`).
 use super::timing::Stamp;
 use crate::parallel::comm::{Communicator, ReduceKind};
-use crate::{Error, Result, Tensor};
+use crate::autograd::no_grad;
+use crate::{DType, Error, Result, Tensor};
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Instant;
@@ -159,15 +160,15 @@ pub(super) struct Exchanged {
 
 /// The communication thread's loop: collects messages until every worker has hung up, and
 /// runs each collective the moment all `devices` have asked for it: a bucket's all-reduce
-/// (sum), or with `scatter: Some(world)` (ZeRO-2/3) its reduce-scatter, padded with zeros to a
-/// multiple of `world` so that every device's block has the same length, keeping each device's
-/// block; a unit's all-gather, whose result goes straight back to each device.
+/// (sum), or with `scatter: Some((world, dtype))` (ZeRO-2/3) its reduce-scatter, padded with
+/// zeros to a multiple of `world` so that every device's block has the same length, keeping
+/// each device's block, in `dtype` (summed in the gradients' f32 first); a unit's all-gather, whose result goes straight back to each device.
 ///
 /// Collectives run in device 0's order, so that every process runs them in one order (each
 /// process's first device runs the same program). Inside one process (`ordered` false) a
 /// collective every device has asked for may also pass one that waits for a device: devices
 /// of different kernel families may finish gradients in different orders.
-pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Msg>, buckets: usize, devices: usize, scatter: Option<usize>, ordered: bool) -> Result<Exchanged> {
+pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Msg>, buckets: usize, devices: usize, scatter: Option<(usize, DType)>, ordered: bool) -> Result<Exchanged> {
     let mut queues: Vec<VecDeque<Msg>> = (0..devices).map(|_| VecDeque::new()).collect();
     let mut out = Exchanged { reduced: vec![None; buckets], launches: Vec::with_capacity(buckets), stamps: vec![None; buckets], gathers: Vec::new(), abandoned: None };
     for msg in rx {
@@ -199,7 +200,7 @@ fn next_ready(queues: &[VecDeque<Msg>], ordered: bool) -> Option<(bool, usize)> 
 }
 
 /// One collective over every device's part.
-fn run_collective(comm: &dyn Communicator, parts: Vec<Msg>, scatter: Option<usize>, out: &mut Exchanged) -> Result<()> {
+fn run_collective(comm: &dyn Communicator, parts: Vec<Msg>, scatter: Option<(usize, DType)>, out: &mut Exchanged) -> Result<()> {
     let start = Instant::now();
     match parts[0].key() {
         (false, bucket) => {
@@ -209,7 +210,10 @@ fn run_collective(comm: &dyn Communicator, parts: Vec<Msg>, scatter: Option<usiz
                     comm.all_reduce(&group, ReduceKind::Sum)?;
                     group
                 }
-                Some(world) => comm.reduce_scatter(&padded(group, world)?, ReduceKind::Sum)?,
+                Some((world, dtype)) => {
+                    let blocks = comm.reduce_scatter(&padded(group, world)?, ReduceKind::Sum)?;
+                    blocks.into_iter().map(|b| if b.dtype() == dtype { Ok(b) } else { no_grad(|| b.to_dtype(dtype)) }).collect::<Result<Vec<_>>>()?
+                }
             };
             let end = Instant::now();
             let landed = comm.devices().iter().map(Stamp::now).collect::<Result<Vec<_>>>()?;

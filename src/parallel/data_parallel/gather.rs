@@ -137,7 +137,7 @@ impl Window {
         for (u, unit) in self.units.iter().enumerate() {
             for (t, _) in &unit.members {
                 let w = Arc::clone(self);
-                let hook: Refill = Arc::new(move || w.demand(u));
+                let hook: Refill = Arc::new(move |_: &crate::backend::Buffer| w.demand(u));
                 t.buffer().set_refill(Some(hook));
             }
         }

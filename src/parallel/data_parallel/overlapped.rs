@@ -59,8 +59,9 @@ pub(super) struct Plan<'a> {
     /// Samples in the global batch: each micro-batch's loss is scaled by its share of it.
     pub total: usize,
     pub trace: Option<&'a Trace>,
-    /// ZeRO-2/3: reduce-scatter each bucket over this many devices instead of all-reducing it.
-    pub scatter: Option<usize>,
+    /// ZeRO-2/3: reduce-scatter each bucket over this many devices instead of all-reducing it,
+    /// each device's block kept in this type ([`DataParallelConfig::grad_dtype`](super::DataParallelConfig::grad_dtype)).
+    pub scatter: Option<(usize, crate::DType)>,
     /// ZeRO-3: release a bucket's parameters as soon as backward completes its gradients.
     pub release: bool,
 }

@@ -66,9 +66,9 @@ impl Shard {
     pub fn state_shards(self, ranks: u64) -> StateShards {
         match self {
             Shard::None => StateShards::WHOLE,
-            Shard::Optimizer => StateShards { ranks, gradients: false, optimizer: true, parameters: false },
-            Shard::Grads => StateShards { ranks, gradients: true, optimizer: true, parameters: false },
-            Shard::Full => StateShards { ranks, gradients: true, optimizer: true, parameters: true },
+            Shard::Optimizer => StateShards { ranks, gradients: false, optimizer: true, parameters: false, gradient_bytes: 4 },
+            Shard::Grads => StateShards { ranks, gradients: true, optimizer: true, parameters: false, gradient_bytes: 4 },
+            Shard::Full => StateShards { ranks, gradients: true, optimizer: true, parameters: true, gradient_bytes: 4 },
         }
     }
 }
@@ -118,8 +118,12 @@ pub(super) struct Sharded {
 
 impl Sharded {
     /// The layout over `buckets` for devices `first..first + local` of `world`, with pieces cut
-    /// from the replicas' current (identical) parameters.
-    pub fn new(mode: Shard, replicas: &[Replica], buckets: &[Vec<usize>], first: usize, world: usize) -> Result<Sharded> {
+    /// from replica 0's parameters, broadcast to every replica one parameter at a time (the
+    /// replicas' own values, a random initialisation, do not matter). ZeRO-3 releases each
+    /// parameter once its pieces are cut, so a device never holds more than its pieces and one
+    /// whole parameter: with replicas built by [`build_deferred`](crate::tensor::build_deferred)
+    /// a model several times a device's memory is sharded onto it.
+    pub fn new(mode: Shard, replicas: &[Replica], buckets: &[Vec<usize>], first: usize, world: usize, comm: &dyn Communicator) -> Result<Sharded> {
         let params = &replicas[0].params;
         let units: Vec<Unit> = buckets
             .iter()
@@ -152,10 +156,31 @@ impl Sharded {
                 mine
             })
             .collect();
-        let values = replicas
-            .iter()
+        let mut cuts: Vec<Vec<Option<Tensor>>> = pieces.iter().map(|ps| vec![None; ps.len()]).collect();
+        no_grad(|| {
+            for p in 0..params.len() {
+                let group: Vec<Tensor> = replicas.iter().map(|r| r.params[p].1.clone()).collect();
+                comm.broadcast(&group, 0)?;
+                for ((r, ps), cs) in replicas.iter().zip(&pieces).zip(cuts.iter_mut()) {
+                    for (pc, c) in ps.iter().zip(cs.iter_mut()).filter(|(pc, _)| pc.param == p) {
+                        *c = Some(cut(&r.params[pc.param].1, pc)?.requires_grad());
+                    }
+                }
+                if mode == Shard::Full {
+                    for t in &group {
+                        t.release_storage()?;
+                        // A deferred build's host values are the pieces' now.
+                        t.buffer().set_refill(None);
+                    }
+                }
+            }
+            Ok::<_, Error>(())
+        })?;
+        let values = cuts
+            .into_iter()
             .zip(&pieces)
-            .map(|(r, ps)| no_grad(|| ps.iter().map(|pc| Ok((r.params[pc.param].0.clone(), cut(&r.params[pc.param].1, pc)?.requires_grad()))).collect::<Result<Vec<_>>>()))
+            .zip(replicas)
+            .map(|((cs, ps), r)| cs.into_iter().zip(ps).map(|(c, pc)| Ok((r.params[pc.param].0.clone(), c.ok_or_else(|| Error::Msg(format!("data parallel: no piece of parameter {} was cut", pc.param)))?))).collect::<Result<Vec<_>>>())
             .collect::<Result<Vec<_>>>()?;
         Ok(Sharded { mode, world, units, pieces, values })
     }
@@ -209,13 +234,14 @@ impl Sharded {
     }
 
     /// Every device's gradient pieces out of its replica's full reduced gradients
-    /// (deterministic mode, which leaves the whole sum on every replica).
-    pub fn grads_from_full(&self, replicas: &[Replica]) -> Result<()> {
+    /// (deterministic mode, which leaves the whole sum on every replica), in `dtype`.
+    pub fn grads_from_full(&self, replicas: &[Replica], dtype: crate::DType) -> Result<()> {
         for ((r, ps), vs) in replicas.iter().zip(&self.pieces).zip(&self.values) {
             for (pc, (_, v)) in ps.iter().zip(vs) {
                 let (name, p) = &r.params[pc.param];
                 let g = p.grad().ok_or_else(|| Error::Msg(format!("data parallel: {name} has no reduced gradient")))?;
-                v.set_grad(Some(cut(&g, pc)?));
+                let piece = cut(&g, pc)?;
+                v.set_grad(Some(if piece.dtype() == dtype { piece } else { no_grad(|| piece.to_dtype(dtype))? }));
             }
         }
         Ok(())
@@ -341,7 +367,7 @@ impl Sharded {
     }
 
     /// Device `i`'s part of a full optimizer state: each entry of a parameter it holds a piece
-    /// of, cut to that piece, on its device.
+    /// of, cut to that piece, where `state` is.
     pub fn state_piece(&self, i: usize, state: &[(String, Tensor)], replica: &Replica) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for pc in &self.pieces[i] {
@@ -351,9 +377,10 @@ impl Sharded {
                 if t.numel() != p.numel() {
                     return Err(Error::shape("DataParallel::load_optimizer_state", format!("{k} is {:?} for a parameter of {:?}", t.shape(), p.shape())));
                 }
-                // Cut where the state is (the host, from a checkpoint), then moved: only the piece
-                // ever reaches the device.
-                out.push((k.clone(), cut(t, pc)?.to(&replica.device)?));
+                // Cut where the state is (the host, from a checkpoint) and left there: the
+                // optimizer copies each piece into state of its own on the device, so only one
+                // piece at a time is there twice.
+                out.push((k.clone(), cut(t, pc)?));
             }
         }
         Ok(out)
