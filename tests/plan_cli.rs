@@ -10,6 +10,7 @@ use common::{ok, s, text};
 use tandem::parallel::plan::{Layout, Plan};
 use tandem::parallel::Shard;
 use tandem::Device;
+use std::os::unix::fs::FileTypeExt;
 
 fn out(args: &[&str]) -> String {
     let o = ok(args);
@@ -193,3 +194,57 @@ fn a_resumed_gpt_run_repeats_the_plan_its_checkpoint_recorded() {
     let resumed = out(&[&["train", "--resume", "--steps", "4"][..], &common[..]].concat());
     assert!(resumed.contains(line), "{resumed}");
 }
+
+/// The calibration is kept and reused: a second `tandem plan` on the same devices reads it
+/// (and prints the same plan), with the budgets of this run, not the file's; `--recalibrate`
+/// measures again; other devices are another calibration (one device's too, whose missing
+/// link is an infinite bandwidth in the file); `TANDEM_CALIBRATION=off` writes
+/// nothing; a damaged file, or a FIFO at its path, is measured over and said so, the FIFO left
+/// as it is.
+#[test]
+fn a_calibration_is_kept_reused_and_measured_over_when_it_cannot_be() {
+    let dir = common::scratch("plan_cli", "calibration");
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let mut cmd = common::tandem();
+        cmd.env("TANDEM_CACHE_DIR", &dir).env_remove("TANDEM_CALIBRATION").envs(env.iter().copied());
+        let o = cmd.args(args).output().unwrap();
+        (o.status.success(), text(&o.stdout) + &text(&o.stderr))
+    };
+    let plan = ["plan", "--devices", "cpu,cpu", "--batch", "16"];
+    let files = || std::fs::read_dir(dir.join("plan")).map_or(0, |d| d.count());
+    let calibration = |printed: &str| printed.lines().find(|l| l.starts_with("calibration ")).unwrap_or_else(|| panic!("no calibration line in:\n{printed}")).to_string();
+    let without = |printed: &str| printed.lines().filter(|l| !l.starts_with("calibration ")).collect::<Vec<_>>().join("\n");
+
+    let (ok1, first) = run(&[], &plan);
+    assert!(ok1 && calibration(&first).contains("measured in") && calibration(&first).contains("kept in"), "{first}");
+    assert_eq!(files(), 1);
+    let (ok2, second) = run(&[], &plan);
+    assert!(ok2 && calibration(&second).contains("reused from"), "{second}");
+    assert_eq!(without(&second), without(&first), "the reused calibration plans the same");
+    let (fits, limited) = run(&[], &[&plan[..], &["--memory-limit", "400KiB"]].concat());
+    assert!(fits && calibration(&limited).contains("reused from") && limited.contains("over 85% of its 400 KiB"), "this run's budgets, not the file's:\n{limited}");
+    assert_ne!(best(&limited), best(&first), "the budgets change the plan");
+    let (_, again) = run(&[], &[&plan[..], &["--recalibrate"]].concat());
+    assert!(calibration(&again).contains("measured in"), "{again}");
+    let (_, one) = run(&[], &["plan", "--devices", "cpu", "--batch", "16"]);
+    assert!(calibration(&one).contains("measured in") && files() == 2, "{one}");
+    // One device has no link: its unbounded bandwidth goes to the file and back.
+    let (_, one_again) = run(&[], &["plan", "--devices", "cpu", "--batch", "16"]);
+    assert!(calibration(&one_again).contains("reused from"), "{one_again}");
+    let (_, off) = run(&[("TANDEM_CALIBRATION", "off")], &["plan", "--devices", "cpu,cpu,cpu", "--batch", "16"]);
+    assert!(calibration(&off).contains("measured in") && !off.contains("kept in") && files() == 2, "{off}");
+
+    let kept = std::fs::read_dir(dir.join("plan")).unwrap().map(|e| e.unwrap().path()).find(|p| calibration(&first).contains(p.to_str().unwrap())).expect("the first run's file");
+    std::fs::write(&kept, b"{ not json").unwrap();
+    let (ok3, damaged) = run(&[], &plan);
+    assert!(ok3 && calibration(&damaged).contains("not reused: not a calibration file") && calibration(&damaged).contains("kept in"), "{damaged}");
+    std::fs::remove_file(&kept).unwrap();
+    common::mkfifo(&kept);
+    let (ok4, fifo) = run(&[], &plan);
+    assert!(ok4 && calibration(&fifo).contains("not a regular file") && calibration(&fifo).contains("left as it is"), "{fifo}");
+    assert!(std::fs::symlink_metadata(&kept).unwrap().file_type().is_fifo(), "the FIFO is left in place");
+    let (bad_ok, bad) = run(&[("TANDEM_CALIBRATION", "sometimes")], &plan);
+    assert!(!bad_ok && bad.contains("TANDEM_CALIBRATION") && bad.contains("cached, fresh or off"), "{bad}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+

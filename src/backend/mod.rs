@@ -5,6 +5,7 @@
 //! Adding an elementwise op: see CONTRIBUTING.md.
 #![doc = include_str!("devices.md")]
 pub(crate) mod budget;
+pub mod cache;
 pub mod contract;
 pub mod cpu;
 mod fused;

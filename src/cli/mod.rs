@@ -241,6 +241,11 @@ pub struct TrainArgs {
     /// weights; f16 with dynamic loss scaling). Every --strategy.
     #[arg(long, value_name = "TYPE", default_value = "f32")]
     pub precision: tandem::optim::Precision,
+    /// Measure the planner's calibration again (`--strategy auto`, `tandem plan`) instead of
+    /// reusing the one an earlier run on the same devices kept (for a week, under
+    /// $TANDEM_CACHE_DIR/plan; TANDEM_CALIBRATION=off keeps none).
+    #[arg(long)]
+    pub recalibrate: bool,
     /// Write resumable checkpoints into this directory.
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,

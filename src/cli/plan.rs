@@ -55,14 +55,16 @@ pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
     let p = match &args.cluster {
         Some(name) => {
             let cluster = Cluster::parse(name)?;
-            let p = on_cluster(&model, &train, t.batch, &optim, &cluster)?;
+            let (p, how) = on_cluster(&model, &train, t.batch, &optim, &cluster, reuse(t)?)?;
             out!("{p}");
             out!("{}", p.megatron(&cluster));
+            out!("{how}");
             p
         }
         None => {
-            let p = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?)?;
+            let (p, how) = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?, reuse(t)?)?;
             out!("{p}");
+            out!("{how}");
             p
         }
     };
@@ -90,32 +92,50 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
         Some(name) => {
             let cluster = Cluster::parse(name)?;
             let cpu = Device::cpu();
-            let (work, _) = plan::measure_gpt(&gpt, &gpt_probe(&data, cfg, &cpu)?, std::slice::from_ref(&cpu), t.batch, optimizer_states(&optim))?;
+            let (work, _, how) = plan::measure_gpt_reusing(&gpt, &gpt_probe(&data, cfg, &cpu)?, std::slice::from_ref(&cpu), t.batch, optimizer_states(&optim), reuse(t)?)?;
             let work = work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS);
             let mut p = plan::plan_cut_within(&work, &cluster, &|_, _| None, &gpt_cuttable(cfg.n_layer))?;
             p.model = gpt.describe();
             out!("{p}");
             out!("{}", p.megatron(&cluster));
+            out!("{how}");
             p
         }
         None => {
-            let p = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?)?;
+            let (p, how) = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?, reuse(t)?)?;
             out!("{p}");
+            out!("{how}");
             p
         }
     };
     Ok(p)
 }
 
-/// The plan for training `gpt` on `devices` at `batch`, calibrated here on windows of `data`,
-/// among the layouts [`Plan::build_gpt`] can make.
-pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device]) -> Result<Plan> {
+/// The plan for training `gpt` on `devices` at `batch`, calibrated here on windows of `data`
+/// (or that calibration as an earlier run kept it, as `reuse` allows), among the layouts
+/// [`Plan::build_gpt`] can make; and where the calibration came from.
+pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse) -> Result<(Plan, plan::Calibration)> {
     let probe = gpt_probe(data, gpt.config, &devices[0])?;
-    let (work, cluster) = plan::measure_gpt(gpt, &probe, devices, batch, optimizer_states(optim))?;
+    let (work, cluster, how) = plan::measure_gpt_reusing(gpt, &probe, devices, batch, optimizer_states(optim), reuse)?;
     let cfg = gpt.config;
     let mut p = plan::plan_cut_within(&work, &cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer))?;
     p.model = gpt.describe();
-    Ok(p)
+    Ok((p, how))
+}
+
+/// `--recalibrate`, else `TANDEM_CALIBRATION` (reuse a kept calibration by default).
+pub fn reuse(args: &TrainArgs) -> Result<plan::Reuse> {
+    if args.recalibrate {
+        Ok(plan::Reuse::Fresh)
+    } else {
+        plan::Reuse::from_env()
+    }
+}
+
+/// A fresh plan's calibration line, before training with it.
+pub fn announced((p, how): (Plan, plan::Calibration)) -> Plan {
+    out!("{how}");
+    p
 }
 
 /// [`GPT_PROBE`] training windows of `data` on `device`, always the same ones.
@@ -145,7 +165,7 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
         return Err(Error::invalid(flag, format!("needs {strategy}: a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand")));
     }
     let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
-    for_training(args, &gpt.describe(), devices, || on_gpt_devices(&gpt, data, args.batch, optim, devices)).map(Some)
+    for_training(args, &gpt.describe(), devices, || Ok(announced(on_gpt_devices(&gpt, data, args.batch, optim, devices, reuse(args)?)?))).map(Some)
 }
 
 /// The line a planned run ends with: its layout, predicted and measured step time.
@@ -154,25 +174,26 @@ pub fn compared(p: &Plan, train_s: f64, steps: u64) -> String {
     format!("planned {}: predicted {:.2} ms/step, measured {:.2} ms/step (x{:.2})", p.best.layout, p.best.step_s * 1e3, measured * 1e3, p.best.step_s / measured.max(1e-12))
 }
 
-/// The plan for training `model` on `devices` at `batch`, calibrated here, among the layouts
-/// [`Plan::build`] can make.
-pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device]) -> Result<Plan> {
+/// The plan for training `model` on `devices` at `batch`, calibrated here (or as an earlier run
+/// kept the calibration, as `reuse` allows), among the layouts [`Plan::build`] can make; and
+/// where the calibration came from.
+pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse) -> Result<(Plan, plan::Calibration)> {
     let probe = probe(train, &devices[0])?;
-    let (work, cluster) = plan::measure(model, &probe, devices, batch, optimizer_states(optim))?;
+    let (work, cluster, how) = plan::measure_reusing(model, &probe, devices, batch, optimizer_states(optim), reuse)?;
     let mut p = plan::plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, model))?;
     p.model = model.describe();
-    Ok(p)
+    Ok((p, how))
 }
 
 /// The plan on a described cluster: the layers timed on this machine's CPU, scaled by its
 /// measured matmul throughput to the cluster's reference GPU. Every layout is searched, as the
 /// paper's strategies would build them, not only those [`Plan::build`] makes of a Sequential.
-fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, cluster: &Cluster) -> Result<Plan> {
+fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, cluster: &Cluster, reuse: plan::Reuse) -> Result<(Plan, plan::Calibration)> {
     let cpu = Device::cpu();
-    let (work, _) = plan::measure(model, &probe(train, &cpu)?, std::slice::from_ref(&cpu), batch, optimizer_states(optim))?;
+    let (work, _, how) = plan::measure_reusing(model, &probe(train, &cpu)?, std::slice::from_ref(&cpu), batch, optimizer_states(optim), reuse)?;
     let mut p = plan::plan(&work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS), cluster)?;
     p.model = model.describe();
-    Ok(p)
+    Ok((p, how))
 }
 
 /// The plan `train` runs with: the one its checkpoint recorded when resuming, `--plan FILE`,

@@ -271,10 +271,16 @@ pub fn host_step(step: OptimStep, p: &mut [f32], g: &[f32], s0: &mut [f32], s1: 
 
 /// The `tandem` binary of this build, for the end-to-end tests of the command line;
 /// `TANDEM_TEST_BIN` names another copy (scripts/gpu-check.sh runs the test binaries on a
-/// machine where this build's paths do not exist).
+/// machine where this build's paths do not exist). Its caches (the planner's calibrations, PTX,
+/// autotuning) go to a directory of this test process unless `TANDEM_CACHE_DIR` names one,
+/// never to the user's: what one test run measured is not another's.
 #[cfg(feature = "cli")]
 pub fn tandem() -> std::process::Command {
-    std::process::Command::new(std::env::var_os("TANDEM_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tandem").into()))
+    let mut cmd = std::process::Command::new(std::env::var_os("TANDEM_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tandem").into()));
+    if std::env::var_os("TANDEM_CACHE_DIR").is_none() {
+        cmd.env("TANDEM_CACHE_DIR", std::env::temp_dir().join(format!("tandem-test-cache-{}", std::process::id())));
+    }
+    cmd
 }
 
 /// The folder for files a test leaves for later checks (the PyTorch side of the parity tests

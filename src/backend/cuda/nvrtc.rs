@@ -69,7 +69,7 @@ pub(crate) fn compile(family: &str, source: &str, target: &str) -> Result<Compil
 /// Compiles through the disk cache: a valid cached image is returned as is.
 pub(crate) fn compile_cached(family: &str, source: &str, target: &str) -> Result<Vec<u8>, String> {
     let path = cache_path(family, source, target)?;
-    if let Some(image) = path.as_ref().and_then(read_entry) {
+    if let Some(image) = path.as_deref().and_then(read_entry) {
         return Ok(image);
     }
     let image = compile(family, source, target)?.image;
@@ -165,13 +165,7 @@ fn c_text(raw: &[c_char]) -> String {
 }
 
 fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("TANDEM_CACHE_DIR") {
-        return Some(PathBuf::from(d).join("ptx"));
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("tandem").join("ptx"))
+    crate::backend::cache::cache_dir("ptx")
 }
 
 /// `<family>-<target>-<hash>.bin`, the hash covering the source, the options and NVRTC's
@@ -187,9 +181,13 @@ fn cache_path(family: &str, source: &str, target: &str) -> Result<Option<PathBuf
     Ok(Some(dir.join(format!("{family}-{target}-{hex}.bin"))))
 }
 
-/// The image in a cache file laid out as `sha256(image) ++ image`, if the checksum holds.
-fn read_entry(path: &PathBuf) -> Option<Vec<u8>> {
-    let data = std::fs::read(path).ok()?;
+/// A cache entry larger than this is not a kernel family's image.
+const MAX_ENTRY_BYTES: u64 = 256 << 20;
+
+/// The image in a cache file laid out as `sha256(image) ++ image`, if the checksum holds (and
+/// the file is a regular one: never a link followed, nor a FIFO waited on).
+fn read_entry(path: &std::path::Path) -> Option<Vec<u8>> {
+    let data = crate::backend::cache::read_regular(path, MAX_ENTRY_BYTES).ok()??;
     if data.len() <= 32 {
         return None;
     }
@@ -197,18 +195,11 @@ fn read_entry(path: &PathBuf) -> Option<Vec<u8>> {
     (Sha256::digest(image).as_slice() == sum).then(|| image.to_vec())
 }
 
-/// Writes through a temporary file and a rename, so readers never see half an entry.
-fn write_entry(path: &PathBuf, image: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().ok_or_else(|| std::io::Error::other("cache path has no parent"))?;
-    std::fs::create_dir_all(dir)?;
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let tmp = dir.join(format!(".{}.{}.{nanos}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("entry"), std::process::id()));
+/// Writes atomically (a new temporary file and a rename), so readers never see half an entry.
+fn write_entry(path: &std::path::Path, image: &[u8]) -> std::io::Result<()> {
     let mut data = Sha256::digest(image).to_vec();
     data.extend_from_slice(image);
-    std::fs::write(&tmp, &data)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    crate::backend::cache::write_atomic(path, &data).map_err(std::io::Error::other)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use super::Layout;
 
 /// One pipeline-cuttable unit of a model (a layer, or a transformer block) as the cost model
 /// sees it. Times are per sample on a device of [`DeviceSpec::speed`] 1.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LayerCost {
     pub name: String,
     pub forward_s: f64,
@@ -37,7 +37,7 @@ pub struct LayerCost {
 /// What is trained: the layers in order, the global batch, and the bytes of training state per
 /// parameter byte (weights, gradients and optimizer state: 2 + the optimizer's states, so 4
 /// for Adam).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Workload {
     pub layers: Vec<LayerCost>,
     pub batch: usize,
@@ -61,7 +61,7 @@ impl Workload {
 
 /// One device: its throughput relative to the layer costs' reference device, its memory, and
 /// the server it sits in (links within a server are [`Cluster::within`]).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceSpec {
     pub name: String,
     pub speed: f64,
@@ -70,10 +70,40 @@ pub struct DeviceSpec {
 }
 
 /// A link's cost: `latency_s + bytes / bytes_per_s` per message.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Link {
     pub latency_s: f64,
+    /// Infinite for no link at all (one device): `"inf"` in JSON, which has no infinity.
+    #[serde(with = "unbounded")]
     pub bytes_per_s: f64,
+}
+
+/// An `f64` that may be infinite, in JSON: a number, or the string `"inf"`.
+mod unbounded {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_infinite() && *v > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_f64(*v)
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Number(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Written::deserialize(d)? {
+            Written::Number(v) => Ok(v),
+            Written::Text(t) if t == "inf" => Ok(f64::INFINITY),
+            Written::Text(t) => Err(serde::de::Error::custom(format!("{t:?} is not a number nor \"inf\""))),
+        }
+    }
 }
 
 impl Link {
@@ -102,7 +132,7 @@ impl Link {
 
 /// Devices and their links: a server's devices talk over `within` (PCIe, NVLink), servers over
 /// `across` (Ethernet, InfiniBand).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Cluster {
     pub devices: Vec<DeviceSpec>,
     pub within: Link,

@@ -13,6 +13,7 @@
 //! `TensorParallelGpt` keeps on its first device, are costed as if every rank held them.
 use super::build::shard_unbuildable;
 use super::measure::measure_built;
+use super::reuse::{Calibration, Reuse};
 use super::{Cluster, Layout, Plan, Workload};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::nn::Module;
@@ -25,12 +26,19 @@ use crate::{Device, Error, Result, Tensor};
 /// their contention. The blocks are marked as split by tensor parallelism. `batch` and
 /// `optimizer_states` as for `measure` (AdamW: 2); budgets as there.
 pub fn measure_gpt(gpt: &Gpt, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize) -> Result<(Workload, Cluster)> {
+    measure_gpt_reusing(gpt, probe, devices, batch, optimizer_states, Reuse::Off).map(|(w, c, _)| (w, c))
+}
+
+/// [`measure_gpt`], or the same calibration kept on disk where `reuse` allows (as
+/// [`measure_reusing`](super::measure_reusing)), and where it came from.
+pub fn measure_gpt_reusing(gpt: &Gpt, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, reuse: Reuse) -> Result<(Workload, Cluster, Calibration)> {
     let make = |d: &Device| -> Result<crate::nn::Sequential> {
         let mut stages = gpt.stages(std::slice::from_ref(d), None)?;
         Ok(stages.remove(0))
     };
     let blocks = |_: usize, name: &str, _: &dyn Module| name.starts_with("transformer.h.");
-    measure_built(&make, probe, devices, batch, optimizer_states, &blocks)
+    let key = super::reuse::key(&format!("{:?}", gpt.config), probe, devices, batch, optimizer_states);
+    measure_built(&make, probe, devices, batch, optimizer_states, &blocks, (&key, reuse))
 }
 
 /// Whether a pipeline stage of a GPT of `n_layer` blocks may start at planner layer `c`: at a

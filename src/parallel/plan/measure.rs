@@ -1,5 +1,6 @@
 //! The planner's calibration: a model's layers and the devices and links of this machine,
 //! measured in a few seconds, as the cost model's inputs.
+use super::reuse::{self, Calibration, Reuse};
 use super::{Cluster, DeviceSpec, LayerCost, Link, Workload};
 use crate::nn::{Module, Sequential};
 use crate::{Device, Result, Tensor};
@@ -28,28 +29,46 @@ const RUNS: usize = 5;
 /// not), so that a budget too small for training does not stop the planner from finding
 /// that out.
 pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize) -> Result<(Workload, Cluster)> {
+    measure_reusing(model, probe, devices, batch, optimizer_states, Reuse::Off).map(|(w, c, _)| (w, c))
+}
+
+/// [`measure`], or the same calibration kept on disk by an earlier run where `reuse` allows
+/// (see [`Reuse`]: same model, probe shape, batch, optimizer and devices, this tandem, under
+/// a week old), and where it came from.
+pub fn measure_reusing(model: &Sequential, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, reuse: Reuse) -> Result<(Workload, Cluster, Calibration)> {
     let all = model.layers();
     let with_params: Vec<usize> = (0..all.len()).filter(|&i| !all[i].1.parameters().is_empty()).collect();
     let sharded = &with_params[with_params.len().saturating_sub(2)..];
     let splits = |i: usize, _: &str, layer: &dyn Module| sharded.contains(&i) && layer.describe().starts_with("Linear");
-    measure_built(&|d| model.slice(0..model.len(), d), probe, devices, batch, optimizer_states, &splits)
+    let key = reuse::key(&model.describe(), probe, devices, batch, optimizer_states);
+    measure_built(&|d| model.slice(0..model.len(), d), probe, devices, batch, optimizer_states, &splits, (&key, reuse))
 }
 
 /// [`measure`] of the model `make` builds on a device (a fresh copy per device, its layers
 /// timed one by one on the first), `tensor_parallel(index, name, layer)` saying which layers
 /// tensor parallelism splits; the budgets lifted while calibrating and then read as the
-/// devices' memory.
-pub(super) fn measure_built(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, tensor_parallel: &dyn Fn(usize, &str, &dyn Module) -> bool) -> Result<(Workload, Cluster)> {
+/// devices' memory. `cached` is the calibration's key and whether to reuse one kept under it.
+pub(super) fn measure_built(
+    make: &dyn Fn(&Device) -> Result<Sequential>,
+    probe: &Tensor,
+    devices: &[Device],
+    batch: usize,
+    optimizer_states: usize,
+    tensor_parallel: &dyn Fn(usize, &str, &dyn Module) -> bool,
+    cached: (&str, Reuse),
+) -> Result<(Workload, Cluster, Calibration)> {
     let budgets: Vec<Option<u64>> = devices.iter().map(|d| d.memory().budget).collect();
-    devices.iter().for_each(|d| d.set_memory_budget(None));
-    let measured = calibrate(make, probe, devices, batch, optimizer_states, tensor_parallel);
-    devices.iter().zip(&budgets).for_each(|(d, b)| d.set_memory_budget(*b));
-    let (work, mut cluster) = measured?;
+    let (work, mut cluster, how) = reuse::calibrated(cached.0, cached.1, || {
+        devices.iter().for_each(|d| d.set_memory_budget(None));
+        let measured = calibrate(make, probe, devices, batch, optimizer_states, tensor_parallel);
+        devices.iter().zip(&budgets).for_each(|(d, b)| d.set_memory_budget(*b));
+        measured
+    })?;
     for ((spec, d), budget) in cluster.devices.iter_mut().zip(devices).zip(budgets) {
         let reported = d.info().memory.or_else(crate::backend::host::available).unwrap_or(u64::MAX);
         spec.memory = budget.map_or(reported, |b| b.min(reported));
     }
-    Ok((work, cluster))
+    Ok((work, cluster, how))
 }
 
 /// The calibration of [`measure_built`], the devices' memory left to it.

@@ -20,7 +20,8 @@
 //! reduce-scatters and all-gathers replace or add to the all-reduce in the step time.
 //!
 //! [`measure`] calibrates the inputs on this machine's devices (and [`Cluster::contention`],
-//! how much devices that share the host's cores slow each other); [`Cluster::dual_m60`] and
+//! how much devices that share the host's cores slow each other), and [`measure_reusing`]
+//! keeps the calibration on disk for later runs on the same devices ([`Reuse`]); [`Cluster::dual_m60`] and
 //! [`Cluster::h100_nvlink`] describe published clusters; [`measure_gpt`] calibrates the GPT
 //! block by block. [`plan`] searches every layout, [`plan_within`] only those a filter allows
 //! ([`unbuildable`] for a `Sequential`), [`plan_cut_within`] with stage cuts only where a model
@@ -47,14 +48,16 @@ mod cost;
 mod file;
 mod gpt;
 mod measure;
+mod reuse;
 mod rules;
 mod shard;
 
 pub use build::unbuildable;
 pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, REFERENCE_FLOPS};
 pub use file::PLAN_VERSION;
-pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt};
-pub use measure::{measure, measure_speeds};
+pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt, measure_gpt_reusing};
+pub use measure::{measure, measure_reusing, measure_speeds};
+pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV};
 
 use crate::parallel::Shard;
 use crate::{Error, Result};

@@ -1,0 +1,169 @@
+//! Calibrations kept on disk: the measured [`Workload`] and [`Cluster`] of a model on a set of
+//! devices, keyed by everything that decides them, and reused instead of measured again.
+//!
+//! The key names tandem's version, the model (as `Module::describe` names it), the probe's
+//! shape, the batch, the optimizer's state count, the host's threads and, for each device, its
+//! spec, backend, kind, name, driver, matmul path and libraries. The file, one per key under
+//! `$TANDEM_CACHE_DIR/plan` (else the user's cache directory), holds that key, the time of the
+//! measurement and its results. One that is not a regular file, not of this layout, for another
+//! key, or older than [`MAX_AGE_S`] is measured over ([`Calibration::Measured`] says why), and
+//! a path held by anything but a regular file is never replaced; files are written atomically.
+//! The devices' memory is never taken from the file: it is read from their budgets and
+//! reports each time, as after a measurement.
+use super::{Cluster, Workload};
+use crate::backend::cache::{cache_dir, read_regular, write_atomic};
+use crate::{Device, Error, Result, Tensor};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The environment variable choosing [`Reuse`] where the caller does not (`tandem plan` and
+/// `train --strategy auto` without `--recalibrate`): `cached` (the default), `fresh` or `off`.
+pub const REUSE_ENV: &str = "TANDEM_CALIBRATION";
+
+/// A calibration older than a week is measured again: drivers, clocks and what else runs on a
+/// machine change.
+pub const MAX_AGE_S: u64 = 7 * 24 * 3600;
+
+/// A calibration file larger than this is not one (a few hundred bytes per layer).
+const MAX_BYTES: u64 = 16 << 20;
+
+/// Whether a calibration may come from, and goes to, the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reuse {
+    /// Reuse a valid cached calibration; measure and save otherwise.
+    Cached,
+    /// Measure, and save the result for later runs (`--recalibrate`).
+    Fresh,
+    /// Measure, and leave the disk alone.
+    Off,
+}
+
+impl Reuse {
+    /// [`REUSE_ENV`]'s choice; [`Reuse::Cached`] where it is not set.
+    pub fn from_env() -> Result<Reuse> {
+        match std::env::var(REUSE_ENV).as_deref() {
+            Err(_) | Ok("cached") => Ok(Reuse::Cached),
+            Ok("fresh") => Ok(Reuse::Fresh),
+            Ok("off") => Ok(Reuse::Off),
+            Ok(other) => Err(Error::invalid(REUSE_ENV, format!("{other:?} is not cached, fresh or off"))),
+        }
+    }
+}
+
+/// Where a calibration came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Calibration {
+    /// Measured in this run, in `seconds`; kept in the file, where it was; `note` says why a
+    /// file there was not reused, or why none was written.
+    Measured { seconds: f64, saved: Option<PathBuf>, note: Option<String> },
+    /// Read from the file, measured `age_s` seconds before.
+    Reused { path: PathBuf, age_s: u64 },
+}
+
+impl fmt::Display for Calibration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Calibration::Measured { seconds, saved, note } => {
+                write!(f, "calibration measured in {seconds:.1} s")?;
+                if let Some(p) = saved {
+                    write!(f, ", kept in {}", p.display())?;
+                }
+                match note {
+                    Some(n) => write!(f, " ({n})"),
+                    None => Ok(()),
+                }
+            }
+            Calibration::Reused { path, age_s } => write!(f, "calibration reused from {} (measured {} ago; --recalibrate measures again)", path.display(), age(*age_s)),
+        }
+    }
+}
+
+fn age(s: u64) -> String {
+    match s {
+        0..120 => format!("{s} s"),
+        120..7200 => format!("{} min", s / 60),
+        7200..172800 => format!("{} h", s / 3600),
+        _ => format!("{} days", s / 86400),
+    }
+}
+
+/// What one file holds.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CalibrationFile {
+    key: String,
+    measured_unix: u64,
+    workload: Workload,
+    cluster: Cluster,
+}
+
+/// Everything that decides a calibration of `model` (its description) at `probe` on `devices`,
+/// one fact a line.
+pub(super) fn key(model: &str, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize) -> String {
+    let threads = std::thread::available_parallelism().map_or(0, usize::from);
+    let mut lines = vec![
+        format!("tandem {}", env!("CARGO_PKG_VERSION")),
+        format!("model {model}"),
+        format!("probe {:?} {:?}", probe.dims(), probe.dtype()),
+        format!("batch {batch}, {optimizer_states} optimizer states, {threads} host threads"),
+    ];
+    for d in devices {
+        let i = d.info();
+        lines.push(format!("device {} | {:?} {:?} | {} | {} | {} | {}", d.spec(), i.backend, i.kind, i.name, i.driver, i.matmul, i.libraries));
+    }
+    lines.join("\n")
+}
+
+/// The calibration of `key` from its file where `reuse` allows and one is valid, else
+/// `measure()`'s, saved where `reuse` allows (a file that cannot be written is a warning).
+pub(super) fn calibrated(key: &str, reuse: Reuse, measure: impl FnOnce() -> Result<(Workload, Cluster)>) -> Result<(Workload, Cluster, Calibration)> {
+    let path = (reuse != Reuse::Off).then(|| cache_dir("plan")).flatten().map(|dir| {
+        let hex: String = Sha256::digest(key.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
+        dir.join(format!("{hex}.json"))
+    });
+    let mut notes = Vec::new();
+    if let (Some(p), Reuse::Cached) = (&path, reuse) {
+        match read(p, key) {
+            Ok(Some((work, cluster, age_s))) => return Ok((work, cluster, Calibration::Reused { path: p.clone(), age_s })),
+            Ok(None) => {}
+            Err(why) => notes.push(format!("{} not reused: {why}", p.display())),
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let (work, cluster) = measure()?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let saved = path.filter(|p| {
+        let file = CalibrationFile { key: key.to_string(), measured_unix: now(), workload: work.clone(), cluster: cluster.clone() };
+        let written = serde_json::to_vec_pretty(&file).map_err(|e| e.to_string()).and_then(|bytes| write_atomic(p, &bytes));
+        written.map_err(|e| notes.push(format!("not kept in {}: {e}", p.display()))).is_ok()
+    });
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
+    if let Some(n) = &note {
+        tracing::warn!("calibration {n}");
+    }
+    Ok((work, cluster, Calibration::Measured { seconds, saved, note }))
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The calibration in the file at `path` and its age, if it is a valid one of `key`; `Ok(None)`
+/// where there is none, the reason where there is one that is not valid.
+fn read(path: &std::path::Path, key: &str) -> std::result::Result<Option<(Workload, Cluster, u64)>, String> {
+    let Some(bytes) = read_regular(path, MAX_BYTES)? else { return Ok(None) };
+    let file: CalibrationFile = serde_json::from_slice(&bytes).map_err(|e| format!("not a calibration file ({e})"))?;
+    if file.key != key {
+        return Err("measured for other devices, another model or another tandem".into());
+    }
+    let devices = key.lines().filter(|l| l.starts_with("device ")).count();
+    if file.cluster.devices.len() != devices {
+        return Err(format!("{} devices in it for {devices} devices", file.cluster.devices.len()));
+    }
+    let age_s = now().saturating_sub(file.measured_unix);
+    if age_s > MAX_AGE_S {
+        return Err(format!("measured {} ago, more than a week", age(age_s)));
+    }
+    Ok(Some((file.workload, file.cluster, age_s)))
+}
