@@ -79,6 +79,8 @@ fn gathering_unit_by_unit_matches_plain_data_parallelism() {
             assert_eq!(g.per_device.len(), 4);
             for d in &g.per_device {
                 assert!(d.gathers >= 2 * units * micro, "step {step}: {d:?} for {units} units");
+                // A CPU device's clock is the host's: its wait is the worker's, to the fill.
+                assert!(!d.device_clock && d.waited_s >= d.host_waited_s * 0.5 && d.waited_s <= d.host_waited_s * 2.0 + 1e-3, "step {step}: {d:?}");
                 if step == 0 {
                     assert_eq!(d.prefetched, 0, "nothing to prefetch by before a first step");
                 } else {
@@ -294,6 +296,10 @@ fn gathering_unit_by_unit_on_wgpu_matches_plain() {
             let g = s.last_gathers().expect("gathered unit by unit");
             println!("lavapipe x2, {} units: {g:?}", s.buckets().len());
             assert!(g.per_device.iter().all(|d| d.gathers >= 2 * s.buckets().len() && d.prefetched > 0), "{g:?}");
+            // The waits are on each device's own clock where it keeps one, as the all-reduce's.
+            let clocks = &s.last_overlap().expect("the overlap of the step").device_clock;
+            assert_eq!(&g.per_device.iter().map(|d| d.device_clock).collect::<Vec<_>>(), clocks);
+            assert!(g.per_device.iter().all(|d| d.waited_s.is_finite() && d.waited_s >= 0.0 && d.host_waited_s > 0.0), "{g:?}");
         }
     }
     assert_close("ZeRO-3 on lavapipe: losses", &runs[1].0, &runs[0].0, 1e-5, 1e-4);

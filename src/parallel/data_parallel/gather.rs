@@ -20,6 +20,7 @@
 //! asked (`buckets::exchange`), so all processes run their collectives in one order.
 use super::buckets::{self, GatherAsk, Msg};
 use super::shard::Sharded;
+use super::timing::Stamp;
 use super::Replica;
 use crate::parallel::comm::Communicator;
 use crate::autograd::no_grad;
@@ -77,8 +78,16 @@ pub struct GatherStats {
     pub gathers: usize,
     /// Of those, how many had been asked for ahead (prefetched).
     pub prefetched: usize,
-    /// Seconds the device's worker waited for a gathered unit.
+    /// Seconds the device waited for its gathered units, on its own clock where it keeps one
+    /// (`device_clock`): from the device reaching the op that needed a unit to the unit's
+    /// values in place. A wgpu device still running the ops the host recorded before the
+    /// demand does not wait for a gather that lands meanwhile, though its host thread does.
     pub waited_s: f64,
+    /// The same on the host clock: how long the worker thread blocked on gathers.
+    pub host_waited_s: f64,
+    /// Whether `waited_s` comes from the device's clock (timestamp queries) rather than the
+    /// host's (the CPU, whose clock is the host's, and adapters without timestamps).
+    pub device_clock: bool,
 }
 
 /// The all-gathers of a ZeRO-3 step gathered unit by unit
@@ -93,7 +102,7 @@ pub struct Gathers {
 
 impl Gathers {
     /// Seconds of all-gather the devices did not wait for (it ran while they computed), on
-    /// average over the devices.
+    /// average over the devices, their waits on their own clocks.
     pub fn hidden_s(&self) -> f64 {
         let n = self.per_device.len().max(1) as f64;
         let waited = self.per_device.iter().map(|s| s.waited_s).sum::<f64>() / n;
@@ -106,6 +115,8 @@ struct State {
     /// Units in the order ops needed them this step.
     order: Vec<usize>,
     stats: GatherStats,
+    /// Each wait on the device's timeline: reaching the op that needed a unit, the unit filled.
+    waits: Vec<(Stamp, Stamp)>,
     /// A release between ops that failed (it cannot return its error there).
     failed: Option<Error>,
 }
@@ -124,7 +135,7 @@ pub(super) struct Window {
 impl Window {
     pub fn new(device: usize, dev: &Device, units: Vec<UnitOnDevice>, tx: Sender<Msg>, previous: Vec<usize>) -> Arc<Window> {
         let held = units.iter().map(|_| Held::Released).collect();
-        Arc::new(Window { device, dev: dev.clone(), units, tx, previous, state: Mutex::new(State { held, order: Vec::new(), stats: GatherStats::default(), failed: None }) })
+        Arc::new(Window { device, dev: dev.clone(), units, tx, previous, state: Mutex::new(State { held, order: Vec::new(), stats: GatherStats::default(), waits: Vec::new(), failed: None }) })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -173,10 +184,11 @@ impl Window {
         let Held::Coming(rx) = std::mem::replace(&mut st.held[u], Held::Released) else {
             return Err(Error::Msg(format!("data parallel: unit {u} was not asked for")));
         };
-        let t = Instant::now();
+        let (t, reached) = (Instant::now(), Stamp::now(&self.dev)?);
         let flat = rx.recv().map_err(|_| buckets::stopped())??;
-        st.stats.waited_s += t.elapsed().as_secs_f64();
         fill(&self.units[u].members, &flat)?;
+        st.waits.push((reached, Stamp::now(&self.dev)?));
+        st.stats.host_waited_s += t.elapsed().as_secs_f64();
         st.held[u] = Held::Present;
         Ok(())
     }
@@ -219,8 +231,10 @@ impl Window {
     }
 
     /// Ends the step: releases every unit, drops unused prefetches; the order ops needed the
-    /// units in (the next step's prefetch order) and what it cost, or the first failed release.
-    pub fn finish(&self) -> Result<(Vec<usize>, GatherStats)> {
+    /// units in (the next step's prefetch order), what it cost (its waits on the host clock;
+    /// `timing::measure` puts them on the device's) and the waits' stamps, or the first failed
+    /// release.
+    pub fn finish(&self) -> Result<(Vec<usize>, GatherStats, Vec<(Stamp, Stamp)>)> {
         let mut st = self.lock();
         for u in 0..st.held.len() {
             st.held[u] = Held::Released;
@@ -229,7 +243,8 @@ impl Window {
         if let Some(e) = st.failed.take() {
             return Err(e);
         }
-        Ok((std::mem::take(&mut st.order), st.stats))
+        st.stats.waited_s = st.stats.host_waited_s;
+        Ok((std::mem::take(&mut st.order), st.stats, std::mem::take(&mut st.waits)))
     }
 }
 

@@ -21,8 +21,9 @@ struct WorkerOut {
     backward_end: Instant,
     /// The last micro-batch's backward on the device's timeline.
     backward: (Stamp, Stamp),
-    /// ZeRO-3 unit by unit: the order ops needed the units in, and what the gathers cost.
-    gathered: Option<(Vec<usize>, GatherStats)>,
+    /// ZeRO-3 unit by unit: the order ops needed the units in, what the gathers cost, and the
+    /// device's waits for them on its timeline.
+    gathered: Option<(Vec<usize>, GatherStats, Vec<(Stamp, Stamp)>)>,
 }
 
 /// ZeRO-3 unit by unit (see `gather.rs`): each device's units, and the previous step's order.
@@ -119,21 +120,6 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
         .enumerate()
         .map(|(b, r)| r.ok_or_else(|| Error::Msg(format!("data parallel: bucket {b} was not reported by every device"))))
         .collect::<Result<Vec<_>>>()?;
-    let gathered = match workers.iter().map(|w| w.gathered.clone()).collect::<Option<Vec<_>>>() {
-        Some(g) if !g.is_empty() => {
-            let gather_s = exchanged.gathers.iter().map(|(_, s, e)| (*e - *s).as_secs_f64()).sum();
-            if let Some(tr) = plan.trace {
-                for &(unit, start, end) in &exchanged.gathers {
-                    for r in replicas {
-                        tr.span(&r.comm_track(), &format!("all-gather unit {unit}"), Phase::Comm, start, (end - start).as_secs_f64());
-                    }
-                }
-            }
-            let order = g[0].0.clone();
-            Some((order, Gathers { per_device: g.into_iter().map(|(_, s)| s).collect(), gather_s }))
-        }
-        _ => None,
-    };
     let mut events: Vec<StepEvent> = exchanged.launches.iter().map(|&(bucket, at, _)| StepEvent::BucketLaunched { bucket, at }).collect();
     events.extend(workers.iter().enumerate().map(|(device, w)| StepEvent::BackwardDone { device, at: w.backward_end }));
     events.sort_by_key(StepEvent::at);
@@ -149,12 +135,30 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
         .enumerate()
         .map(|(d, w)| {
             let buckets = exchanged.stamps.iter().map(|b| b.as_ref().map(|b| b[d])).collect::<Option<Vec<_>>>();
-            buckets.map(|buckets| DeviceStamps { backward: w.backward, buckets })
+            let gather_waits = w.gathered.as_ref().map(|g| g.2.clone()).unwrap_or_default();
+            buckets.map(|buckets| DeviceStamps { backward: w.backward, buckets, gather_waits })
         })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| Error::Msg("data parallel: a bucket's all-reduce was not timed on every device".into()))?;
     let devices: Vec<crate::Device> = replicas.iter().map(|r| r.device.clone()).collect();
     let overlap = timing::measure(&devices, &stamps)?;
+    let gathered = match workers.iter().map(|w| w.gathered.clone()).collect::<Option<Vec<_>>>() {
+        Some(g) if !g.is_empty() => {
+            let gather_s = exchanged.gathers.iter().map(|(_, s, e)| (*e - *s).as_secs_f64()).sum();
+            if let Some(tr) = plan.trace {
+                for &(unit, start, end) in &exchanged.gathers {
+                    for r in replicas {
+                        tr.span(&r.comm_track(), &format!("all-gather unit {unit}"), Phase::Comm, start, (end - start).as_secs_f64());
+                    }
+                }
+            }
+            let order = g[0].0.clone();
+            // The waits on each device's own clock, where it keeps one.
+            let per_device = g.into_iter().enumerate().map(|(d, (_, s, _))| GatherStats { waited_s: overlap.gather_wait_s[d], device_clock: overlap.device_clock[d], ..s }).collect();
+            Some((order, Gathers { per_device, gather_s }))
+        }
+        _ => None,
+    };
     let computed = Computed {
         // Summed in device order: the global mean, since each shard's loss carries its share.
         loss: workers.iter().map(|w| w.loss).sum(),

@@ -36,6 +36,8 @@ impl Stamp {
 pub(super) struct DeviceStamps {
     pub backward: (Stamp, Stamp),
     pub buckets: Vec<(Stamp, Stamp)>,
+    /// ZeRO-3 unit by unit: each wait for a gathered unit (see `Window::demand`).
+    pub gather_waits: Vec<(Stamp, Stamp)>,
 }
 
 /// One device's step in seconds on one clock (its own, or the host's from an arbitrary origin).
@@ -65,6 +67,9 @@ pub struct Overlap {
     /// mark), for comparison with the device's: what a host-timed report would say.
     pub host_allreduce_s: Vec<f64>,
     pub host_hidden_s: Vec<f64>,
+    /// ZeRO-3 unit by unit: seconds each device waited for gathered units, on the clock of
+    /// `device_clock` (see [`GatherStats::waited_s`](super::GatherStats::waited_s)).
+    pub gather_wait_s: Vec<f64>,
 }
 
 impl Overlap {
@@ -104,7 +109,7 @@ pub(super) fn measure(devices: &[Device], stamps: &[DeviceStamps]) -> Result<Ove
     let mut out = Overlap::default();
     for (device, st) in devices.iter().zip(stamps) {
         let marks = device.backend().read_marks()?;
-        let all = std::iter::once(&st.backward).chain(&st.buckets).flat_map(|(a, b)| [a, b]);
+        let all = std::iter::once(&st.backward).chain(&st.buckets).chain(&st.gather_waits).flat_map(|(a, b)| [a, b]);
         let on_device = all.clone().all(|s| s.mark.is_some_and(|m| (m as usize) < marks.len()));
         let origin = all.map(|s| s.host).min().unwrap_or_else(Instant::now);
         let host = |s: &Stamp| s.host.saturating_duration_since(origin).as_secs_f64();
@@ -112,6 +117,7 @@ pub(super) fn measure(devices: &[Device], stamps: &[DeviceStamps]) -> Result<Ove
             Some(m) if on_device => marks[m as usize],
             _ => host(s),
         };
+        out.gather_wait_s.push(st.gather_waits.iter().map(|(a, b)| (device(b) - device(a)).max(0.0)).sum());
         let spans = spans_on(st, device);
         let (total, hidden, exposed) = figures(&spans);
         out.allreduce_s.push(total);
