@@ -251,12 +251,19 @@ fn bench_reports_the_gpt_train_step() {
 }
 
 /// `bench --bench memory` reports each device's held state under every sharding mode: ZeRO-1,
-/// -2 and -3 each hold less between steps than the one before, and the analytic split says why.
+/// -2 and -3 each hold less between steps than the one before, and the analytic split says why;
+/// in bf16 ZeRO-2/3's gradient shards are half the bytes.
 #[test]
 fn memory_bench_shows_sharding_shrink_what_each_device_holds() {
-    let out = ok(&["bench", "--bench", "memory", "--model", "gpt", "--devices", "cpu,cpu", "--quick", "--log-format", "json"]);
-    let lines = json_lines(&out);
-    assert_eq!(lines.len(), 8, "four modes on two devices: {lines:?}");
+    let out = ok(&["bench", "--bench", "memory", "--model", "gpt", "--devices", "cpu,cpu", "--quick", "--log-format", "json", "--precision", "f32,bf16"]);
+    let all = json_lines(&out);
+    assert_eq!(all.len(), 16, "four modes on two devices in two precisions: {all:?}");
+    let grads = |precision: &str, mode: &str| all.iter().find(|l| l["precision"] == precision && l["shard"] == mode).map(|l| l["gradient_bytes"].as_u64().unwrap()).unwrap();
+    for mode in ["grads", "full"] {
+        assert_eq!(grads("bf16", mode) * 2, grads("f32", mode), "{mode}: bf16 gradient shards");
+    }
+    assert_eq!(grads("bf16", "none"), grads("f32", "none"), "unsharded gradients stay f32");
+    let lines: Vec<_> = all.into_iter().filter(|l| l["precision"] == "f32").collect();
     let held = |mode: &str| lines.iter().filter(|l| l["shard"] == mode).map(|l| l["held_bytes"].as_u64().unwrap()).max().unwrap();
     let (none, opt, grads, full) = (held("none"), held("optimizer"), held("grads"), held("full"));
     assert!(full < grads && grads < opt && opt < none, "held bytes none {none}, optimizer {opt}, grads {grads}, full {full}");

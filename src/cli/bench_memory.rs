@@ -1,7 +1,8 @@
 //! `tandem bench --bench memory`: each device's memory under data parallelism in every sharding
 //! mode (plain, ZeRO-1, ZeRO-2, ZeRO-3) and each `--precision` for a GPT, measured by the
 //! allocators, with the state's split into parameters, gradients and optimizer state, what a
-//! step allocates beyond it (activations and transients), and the step time.
+//! step allocates beyond it (activations and transients), and the step time. In bf16 and f16
+//! ZeRO-2/3 keep their gradient shards in the half type (`--grad-dtype`).
 use super::devices::print_table;
 use super::{BenchArgs, LogFormat};
 use tandem::backend::format_bytes;
@@ -71,6 +72,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for (precision, shard) in args.precision.iter().flat_map(|&p| Shard::ALL.map(|s| (p, s))) {
         let shard_name = shard.name();
+        // In a half precision the sharded gradients are kept in it too (--grad-dtype).
+        let grad_dtype = match (shard, precision.autocast()) {
+            (Shard::Grads | Shard::Full, Some(half)) => half,
+            _ => tandem::DType::F32,
+        };
         let devices = fresh_devices(&args.devices)?;
         let mut dp = DataParallel::from_factory(
             |d| {
@@ -78,7 +84,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 g.set_recompute(recompute);
                 Ok(g)
             },
-            &devices, &optim, Loss::CrossEntropy, DataParallelConfig { shard, ..Default::default() })?;
+            &devices, &optim, Loss::CrossEntropy, DataParallelConfig { shard, grad_dtype, ..Default::default() })?;
         dp.set_precision(precision, None)?;
         let setup_peaks: Vec<u64> = devices.iter().map(|d| d.memory().peak).collect();
         devices.iter().for_each(Device::reset_peak_memory);
@@ -93,8 +99,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let (params, grads, opt) = match shard {
             Shard::None => (p, p, k * p),
             Shard::Optimizer => (p, p, k * p / nn),
-            Shard::Grads => (p, p / nn, k * p / nn),
-            Shard::Full => (p / nn, p / nn, k * p / nn),
+            Shard::Grads => (p, p / nn / 4 * grad_dtype.size() as u64, k * p / nn),
+            Shard::Full => (p / nn, p / nn / 4 * grad_dtype.size() as u64, k * p / nn),
         };
         for (i, d) in devices.iter().enumerate() {
             let m = d.memory();

@@ -364,7 +364,8 @@ pub struct BenchArgs {
     /// One timed run per figure instead of several: a quick smoke run.
     #[arg(long)]
     pub quick: bool,
-    /// `--bench memory`: the precisions to measure, comma-separated (f32, bf16, f16).
+    /// `--bench memory`: the precisions to measure, comma-separated (f32, bf16, f16); in a half
+    /// type ZeRO-2/3 keep their gradient shards in it (--grad-dtype).
     #[arg(long, value_name = "TYPE,..", value_delimiter = ',', default_value = "f32")]
     pub precision: Vec<tandem::optim::Precision>,
 }
