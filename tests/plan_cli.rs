@@ -197,7 +197,7 @@ fn a_resumed_gpt_run_repeats_the_plan_its_checkpoint_recorded() {
 
 /// The calibration is kept and reused: a second `tandem plan` on the same devices reads it
 /// (and prints the same plan), with the budgets of this run, not the file's; `--recalibrate`
-/// measures again; other devices are another calibration (one device's too, whose missing
+/// measures again; bf16 and other devices are other calibrations (one device's too, whose missing
 /// link is an infinite bandwidth in the file); `TANDEM_CALIBRATION=off` writes
 /// nothing; a damaged file, or a FIFO at its path, is measured over and said so, the FIFO left
 /// as it is.
@@ -226,6 +226,11 @@ fn a_calibration_is_kept_reused_and_measured_over_when_it_cannot_be() {
     assert_ne!(best(&limited), best(&first), "the budgets change the plan");
     let (_, again) = run(&[], &[&plan[..], &["--recalibrate"]].concat());
     assert!(calibration(&again).contains("measured in"), "{again}");
+    // bf16 is planned from its own times and half activations: another calibration.
+    let (_, half) = run(&[], &[&plan[..], &["--precision", "bf16"]].concat());
+    assert!(calibration(&half).contains("measured in") && files() == 2, "{half}");
+    assert_ne!(best(&half), best(&first), "bf16 predicts other times and memory");
+    std::fs::remove_file(half.lines().find_map(|l| l.split("kept in ").nth(1)).expect("the bf16 file")).unwrap();
     let (_, one) = run(&[], &["plan", "--devices", "cpu", "--batch", "16"]);
     assert!(calibration(&one).contains("measured in") && files() == 2, "{one}");
     // One device has no link: its unbounded bandwidth goes to the file and back.

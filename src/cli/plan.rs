@@ -12,7 +12,7 @@ use tandem::data::Dataset;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::{Module, Sequential};
 use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, unbuildable, Cluster, Plan, REFERENCE_FLOPS};
-use tandem::optim::OptimKind;
+use tandem::optim::{OptimKind, Precision};
 use tandem::parallel::{inputs_to_device, OptimConfig, Shard};
 use tandem::{Device, Error, Result, Tensor};
 
@@ -55,14 +55,14 @@ pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
     let p = match &args.cluster {
         Some(name) => {
             let cluster = Cluster::parse(name)?;
-            let (p, how) = on_cluster(&model, &train, t.batch, &optim, &cluster, reuse(t)?)?;
+            let (p, how) = on_cluster(&model, &train, t.batch, &optim, &cluster, reuse(t)?, t.precision)?;
             out!("{p}");
             out!("{}", p.megatron(&cluster));
             out!("{how}");
             p
         }
         None => {
-            let (p, how) = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?, reuse(t)?)?;
+            let (p, how) = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?, reuse(t)?, t.precision)?;
             out!("{p}");
             out!("{how}");
             p
@@ -92,7 +92,8 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
         Some(name) => {
             let cluster = Cluster::parse(name)?;
             let cpu = Device::cpu();
-            let (work, _, how) = plan::measure_gpt_reusing(&gpt, &gpt_probe(&data, cfg, &cpu)?, std::slice::from_ref(&cpu), t.batch, optimizer_states(&optim), reuse(t)?)?;
+            let probe = gpt_probe(&data, cfg, &cpu)?;
+            let (work, _, how) = tandem::autocast(t.precision.autocast(), || plan::measure_gpt_reusing(&gpt, &probe, std::slice::from_ref(&cpu), t.batch, optimizer_states(&optim), reuse(t)?))?;
             let work = work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS);
             let mut p = plan::plan_cut_within(&work, &cluster, &|_, _| None, &gpt_cuttable(cfg.n_layer))?;
             p.model = gpt.describe();
@@ -102,7 +103,7 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
             p
         }
         None => {
-            let (p, how) = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?, reuse(t)?)?;
+            let (p, how) = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?, reuse(t)?, t.precision)?;
             out!("{p}");
             out!("{how}");
             p
@@ -111,12 +112,12 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
     Ok(p)
 }
 
-/// The plan for training `gpt` on `devices` at `batch`, calibrated here on windows of `data`
-/// (or that calibration as an earlier run kept it, as `reuse` allows), among the layouts
-/// [`Plan::build_gpt`] can make; and where the calibration came from.
-pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse) -> Result<(Plan, plan::Calibration)> {
+/// The plan for training `gpt` on `devices` at `batch` in `precision`, calibrated here on
+/// windows of `data` (or that calibration as an earlier run kept it, as `reuse` allows), among
+/// the layouts [`Plan::build_gpt`] can make; and where the calibration came from.
+pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision) -> Result<(Plan, plan::Calibration)> {
     let probe = gpt_probe(data, gpt.config, &devices[0])?;
-    let (work, cluster, how) = plan::measure_gpt_reusing(gpt, &probe, devices, batch, optimizer_states(optim), reuse)?;
+    let (work, cluster, how) = tandem::autocast(precision.autocast(), || plan::measure_gpt_reusing(gpt, &probe, devices, batch, optimizer_states(optim), reuse))?;
     let cfg = gpt.config;
     let mut p = plan::plan_cut_within(&work, &cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer))?;
     p.model = gpt.describe();
@@ -165,7 +166,7 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
         return Err(Error::invalid(flag, format!("needs {strategy}: a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand")));
     }
     let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
-    for_training(args, &gpt.describe(), devices, || Ok(announced(on_gpt_devices(&gpt, data, args.batch, optim, devices, reuse(args)?)?))).map(Some)
+    for_training(args, &gpt.describe(), devices, || Ok(announced(on_gpt_devices(&gpt, data, args.batch, optim, devices, reuse(args)?, args.precision)?))).map(Some)
 }
 
 /// The line a planned run ends with: its layout, predicted and measured step time.
@@ -174,12 +175,12 @@ pub fn compared(p: &Plan, train_s: f64, steps: u64) -> String {
     format!("planned {}: predicted {:.2} ms/step, measured {:.2} ms/step (x{:.2})", p.best.layout, p.best.step_s * 1e3, measured * 1e3, p.best.step_s / measured.max(1e-12))
 }
 
-/// The plan for training `model` on `devices` at `batch`, calibrated here (or as an earlier run
-/// kept the calibration, as `reuse` allows), among the layouts [`Plan::build`] can make; and
-/// where the calibration came from.
-pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse) -> Result<(Plan, plan::Calibration)> {
+/// The plan for training `model` on `devices` at `batch` in `precision`, calibrated here (or as
+/// an earlier run kept the calibration, as `reuse` allows), among the layouts [`Plan::build`]
+/// can make; and where the calibration came from.
+pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision) -> Result<(Plan, plan::Calibration)> {
     let probe = probe(train, &devices[0])?;
-    let (work, cluster, how) = plan::measure_reusing(model, &probe, devices, batch, optimizer_states(optim), reuse)?;
+    let (work, cluster, how) = tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, devices, batch, optimizer_states(optim), reuse))?;
     let mut p = plan::plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, model))?;
     p.model = model.describe();
     Ok((p, how))
@@ -188,9 +189,10 @@ pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &Opt
 /// The plan on a described cluster: the layers timed on this machine's CPU, scaled by its
 /// measured matmul throughput to the cluster's reference GPU. Every layout is searched, as the
 /// paper's strategies would build them, not only those [`Plan::build`] makes of a Sequential.
-fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, cluster: &Cluster, reuse: plan::Reuse) -> Result<(Plan, plan::Calibration)> {
+fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, cluster: &Cluster, reuse: plan::Reuse, precision: Precision) -> Result<(Plan, plan::Calibration)> {
     let cpu = Device::cpu();
-    let (work, _, how) = plan::measure_reusing(model, &probe(train, &cpu)?, std::slice::from_ref(&cpu), batch, optimizer_states(optim), reuse)?;
+    let probe = probe(train, &cpu)?;
+    let (work, _, how) = tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, std::slice::from_ref(&cpu), batch, optimizer_states(optim), reuse))?;
     let mut p = plan::plan(&work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS), cluster)?;
     p.model = model.describe();
     Ok((p, how))

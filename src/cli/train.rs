@@ -153,7 +153,7 @@ fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, op
         let flag = if args.shard != tandem::parallel::Shard::None { "--shard" } else { "--grad-dtype" };
         return Err(Error::invalid(flag, "a plan chooses its sharding; give --strategy data to set it by hand"));
     }
-    super::plan::for_training(args, &model.describe(), devices, || Ok(super::plan::announced(super::plan::on_devices(model, train, args.batch, optim, devices, super::plan::reuse(args)?)?))).map(Some)
+    super::plan::for_training(args, &model.describe(), devices, || Ok(super::plan::announced(super::plan::on_devices(model, train, args.batch, optim, devices, super::plan::reuse(args)?, args.precision)?))).map(Some)
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.

@@ -23,6 +23,9 @@ const RUNS: usize = 5;
 /// parameter (SGD with momentum 1, Adam 2). The model's last two layers with parameters count
 /// as splittable by tensor parallelism when they are Linears (what `TensorParallel` shards).
 ///
+/// The layers run under the caller's autocast ([`autocast`](crate::autocast)): a run in bf16
+/// or f16 is planned from its own times and half activations.
+///
 /// Each device's memory is its budget where one is set ([`Device::set_memory_budget`],
 /// `--memory-limit`), else what it reports (the host's available memory for CPU devices). The
 /// calibration itself runs with the budgets lifted (they are put back after it, failed or
@@ -147,8 +150,9 @@ fn time_layer(layer: &dyn Module, x: &Tensor, dev: &Device) -> Result<(f64, f64,
     let (mut fwd, mut bwd) = (f64::INFINITY, f64::INFINITY);
     let mut kept = (x.clone(), 0);
     for _ in 0..RUNS {
-        // Token ids (the GPT's embeddings) take no gradient.
-        let input = if x.dtype() == crate::DType::F32 { x.detach().requires_grad() } else { x.clone() };
+        // Token ids (the GPT's embeddings) take no gradient; f32 and (under autocast) half
+        // activations do.
+        let input = if x.dtype() != crate::DType::I32 { x.detach().requires_grad() } else { x.clone() };
         let t0 = Instant::now();
         let y = layer.forward(&input)?;
         dev.sync()?;
@@ -261,22 +265,26 @@ fn speeds(devices: &[Device], alone: &[f64]) -> Vec<f64> {
 fn all_at_once_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], window_s: f64) -> Result<Vec<f64>> {
     let copies = devices.iter().map(|d| Ok((make(d)?, probe.to(d)?))).collect::<Result<Vec<_>>>()?;
     let start = std::sync::Barrier::new(devices.len());
+    // The caller's autocast is this thread's: each device's thread runs under it too.
+    let cast = crate::tensor::autocast_dtype();
     std::thread::scope(|scope| {
         let runs: Vec<_> = copies.iter().zip(devices).map(|((m, x), d)| {
             let start = &start;
             scope.spawn(move || -> Result<f64> {
-                start.wait();
-                let t0 = Instant::now();
-                let mut runs = 0u32;
-                while runs == 0 || t0.elapsed().as_secs_f64() < window_s {
-                    let root = m.forward(x)?.sum_all()?;
-                    if root.needs_grad() {
-                        root.backward()?;
+                crate::tensor::autocast(cast, || {
+                    start.wait();
+                    let t0 = Instant::now();
+                    let mut runs = 0u32;
+                    while runs == 0 || t0.elapsed().as_secs_f64() < window_s {
+                        let root = m.forward(x)?.sum_all()?;
+                        if root.needs_grad() {
+                            root.backward()?;
+                        }
+                        d.sync()?;
+                        runs += 1;
                     }
-                    d.sync()?;
-                    runs += 1;
-                }
-                Ok(t0.elapsed().as_secs_f64() / f64::from(runs))
+                    Ok(t0.elapsed().as_secs_f64() / f64::from(runs))
+                })
             })
         }).collect();
         runs.into_iter().map(|r| r.join().map_err(|_| crate::Error::Panicked("plan::measure: a calibration thread panicked".into()))?).collect()

@@ -20,8 +20,9 @@
 //! reduce-scatters and all-gathers replace or add to the all-reduce in the step time.
 //!
 //! [`measure`] calibrates the inputs on this machine's devices (and [`Cluster::contention`],
-//! how much devices that share the host's cores slow each other), and [`measure_reusing`]
-//! keeps the calibration on disk for later runs on the same devices ([`Reuse`]); [`Cluster::dual_m60`] and
+//! how much devices that share the host's cores slow each other) under the caller's autocast,
+//! and [`measure_reusing`] keeps the calibration on disk for later runs on the same devices
+//! ([`Reuse`]); [`Cluster::dual_m60`] and
 //! [`Cluster::h100_nvlink`] describe published clusters; [`measure_gpt`] calibrates the GPT
 //! block by block. [`plan`] searches every layout, [`plan_within`] only those a filter allows
 //! ([`unbuildable`] for a `Sequential`), [`plan_cut_within`] with stage cuts only where a model

@@ -2,8 +2,8 @@
 //! devices, keyed by everything that decides them, and reused instead of measured again.
 //!
 //! The key names tandem's version, the model (as `Module::describe` names it), the probe's
-//! shape, the batch, the optimizer's state count, the host's threads and, for each device, its
-//! spec, backend, kind, name, driver, matmul path and libraries. The file, one per key under
+//! shape, the batch, the optimizer's state count, the host's threads, the autocast type and,
+//! for each device, its spec, backend, kind, name, driver, matmul path and libraries. The file, one per key under
 //! `$TANDEM_CACHE_DIR/plan` (else the user's cache directory), holds that key, the time of the
 //! measurement and its results. One that is not a regular file, not of this layout, for another
 //! key, or older than [`MAX_AGE_S`] is measured over ([`Calibration::Measured`] says why), and
@@ -106,7 +106,7 @@ pub(super) fn key(model: &str, probe: &Tensor, devices: &[Device], batch: usize,
         format!("tandem {}", env!("CARGO_PKG_VERSION")),
         format!("model {model}"),
         format!("probe {:?} {:?}", probe.dims(), probe.dtype()),
-        format!("batch {batch}, {optimizer_states} optimizer states, {threads} host threads"),
+        format!("batch {batch}, {optimizer_states} optimizer states, {threads} host threads, autocast {:?}", crate::tensor::autocast_dtype()),
     ];
     for d in devices {
         let i = d.info();
