@@ -249,8 +249,9 @@ fn release_and_restore() -> Result<()> {
     Ok(())
 }
 
-/// ZeRO-3 on two logical CUDA devices trains as plain data parallelism does, and frees the
-/// parameters' memory between steps.
+/// ZeRO-3 on two logical CUDA devices (replicas built deferred: released buffers filled from the
+/// host) trains as plain data parallelism does, and frees the parameters' memory between
+/// steps; with bf16 gradient shards within their rounding.
 #[test]
 fn zero3_frees_parameters_and_matches_plain() -> Result<()> {
     use tandem::nn::{Linear, ReLU, Sequential};
@@ -274,10 +275,10 @@ fn zero3_frees_parameters_and_matches_plain() -> Result<()> {
     let batches: Vec<_> = (0..4).map(|s| ds.batch(&(s * 16..(s + 1) * 16).collect::<Vec<_>>())).collect::<Result<_>>()?;
     let opt = OptimConfig::adam(AdamConfig { lr: 2e-3, ..Default::default() });
     let mut runs = Vec::new();
-    for shard in [Shard::None, Shard::Full] {
+    for (shard, grad_dtype) in [(Shard::None, tandem::DType::F32), (Shard::Full, tandem::DType::F32), (Shard::Full, tandem::DType::Bf16)] {
         let devices = vec![tandem::Device::from_backend(cuda::open(0)?), tandem::Device::from_backend(cuda::open(0)?)];
         // 64 KiB buckets: a unit per layer, each gathered by the CUDA ops that find it released.
-        let mut s = DataParallel::from_factory(mlp, &devices, &opt, Loss::Mse, DataParallelConfig { shard, bucket_bytes: 64 << 10, ..Default::default() })?;
+        let mut s = DataParallel::from_factory(mlp, &devices, &opt, Loss::Mse, DataParallelConfig { shard, bucket_bytes: 64 << 10, grad_dtype, ..Default::default() })?;
         let losses: Vec<f32> = batches.iter().map(|b| s.step(b).map(|r| r.loss)).collect::<Result<_>>()?;
         let held = devices.iter().map(|d| d.memory().in_use).max().unwrap_or(0);
         if shard == Shard::Full {
@@ -295,6 +296,12 @@ fn zero3_frees_parameters_and_matches_plain() -> Result<()> {
     }
     tandem::tolerance::assert_close("ZeRO-3 losses", &runs[1].0, &runs[0].0, 1e-5, 1e-4);
     tandem::tolerance::assert_close("ZeRO-3 weights", &runs[1].1, &runs[0].1, 1e-5, 1e-4);
+    // bf16 shards: each gradient rounded once (2^-9) before Adam, whose steps it barely moves.
+    let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    let apart = norm(&mut runs[2].1.iter().zip(&runs[0].1).map(|(a, b)| a - b)) / norm(&mut runs[0].1.iter().copied());
+    println!("bf16 gradient shards: weights {apart:.2e} from plain (relative 2-norm)");
+    assert!(apart <= 2f64.powi(-9), "bf16 gradient shards: weights {apart} from plain");
+    tandem::tolerance::assert_close("ZeRO-3 bf16-gradient losses", &runs[2].0, &runs[0].0, 0.0, 2f32.powi(-8));
     // Plain holds the 296k parameters (1.19 MB), their gradients and Adam's moments; ZeRO-3
     // only pieces of the last two, each in a block of the allocator's size class (up to twice
     // its bytes below 1 MiB), and no parameters: less than plain without its parameters.

@@ -349,7 +349,8 @@ fn cli_trains_resumes_and_saves_a_model_four_times_the_limit() {
 }
 
 /// The CUDA smoke test's ZeRO-3 run (tests/cuda_smoke.rs) on CPU devices: an MLP without
-/// recomputation, a unit per layer; every unit gathered at least once a step, most prefetched.
+/// recomputation, a unit per layer; every unit gathered at least once a step, most prefetched;
+/// with bf16 gradient shards within their rounding.
 #[test]
 fn mlp_units_are_gathered_and_prefetched() {
     use tandem::nn::{Linear, ReLU, Sequential};
@@ -368,9 +369,11 @@ fn mlp_units_are_gathered_and_prefetched() {
     let batches: Vec<_> = (0..4).map(|s| ds.batch(&(s * 16..(s + 1) * 16).collect::<Vec<_>>()).unwrap()).collect();
     let opt = OptimConfig::adam(AdamConfig { lr: 2e-3, ..Default::default() });
     let mut runs = Vec::new();
-    for shard in [Shard::None, Shard::Full] {
-        let mut s = DataParallel::from_factory(mlp, &devices(2), &opt, Loss::Mse, DataParallelConfig { shard, bucket_bytes: 64 << 10, ..Default::default() }).unwrap();
+    let mut weights = Vec::new();
+    for (shard, grad_dtype) in [(Shard::None, tandem::DType::F32), (Shard::Full, tandem::DType::F32), (Shard::Full, tandem::DType::Bf16)] {
+        let mut s = DataParallel::from_factory(mlp, &devices(2), &opt, Loss::Mse, DataParallelConfig { shard, bucket_bytes: 64 << 10, grad_dtype, ..Default::default() }).unwrap();
         let losses: Vec<f32> = batches.iter().map(|b| s.step(b).unwrap().loss).collect();
+        weights.push(s.state_dict().unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>());
         if shard == Shard::Full {
             let g = s.last_gathers().expect("gathered unit by unit");
             println!("{} units: {g:?}", s.buckets().len());
@@ -379,4 +382,10 @@ fn mlp_units_are_gathered_and_prefetched() {
         runs.push(losses);
     }
     assert_close("ZeRO-3 MLP losses", &runs[1], &runs[0], 1e-5, 1e-4);
+    // With bf16 gradient shards, as the CUDA test holds them.
+    let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    let apart = norm(&mut weights[2].iter().zip(&weights[0]).map(|(a, b)| a - b)) / norm(&mut weights[0].iter().copied());
+    println!("bf16 gradient shards: weights {apart:.2e} from plain, losses {:?} against {:?}", runs[2], runs[0]);
+    assert!(apart <= 2f64.powi(-9), "bf16 gradient shards: weights {apart} from plain");
+    assert_close("ZeRO-3 bf16-gradient MLP losses", &runs[2], &runs[0], 0.0, 2f32.powi(-8));
 }
