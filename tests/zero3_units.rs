@@ -33,12 +33,17 @@ fn adamw() -> OptimConfig {
 
 /// Data parallelism on `devs` for a GPT of `cfg` (blocks recomputed in backward), clipped.
 fn data_parallel(cfg: GptConfig, devs: &[Device], shard: Shard, bucket_bytes: usize, micro_batches: usize) -> tandem::Result<DataParallel> {
+    configured(cfg, devs, DataParallelConfig { shard, bucket_bytes, micro_batches, ..Default::default() })
+}
+
+/// `data_parallel` with any configuration.
+fn configured(cfg: GptConfig, devs: &[Device], dp: DataParallelConfig) -> tandem::Result<DataParallel> {
     let build = |d: &Device| {
         let g = Gpt::new(cfg, 1, d)?;
         g.set_recompute(true);
         Ok(g)
     };
-    let mut s = DataParallel::from_factory(build, devs, &adamw(), Loss::CrossEntropy, DataParallelConfig { shard, bucket_bytes, micro_batches, ..Default::default() })?;
+    let mut s = DataParallel::from_factory(build, devs, &adamw(), Loss::CrossEntropy, dp)?;
     s.set_grad_clip(Some(0.5))?;
     Ok(s)
 }
@@ -133,6 +138,42 @@ fn gpt_three_times_the_budget_trains_on_four_devices() {
         let text = err.to_string();
         assert!(["out of memory on cpu", "bytes free", "memory budget is 3.07 MiB", "data-parallel replica"].iter().all(|w| text.contains(w)), "{shard:?}: {text}");
     }
+}
+
+/// Deterministic mode under the same budget: ZeRO-3 gathers unit by unit there too (each
+/// device on its own schedule: six micro-shards on four devices, so two devices compute two
+/// and two compute one), each micro-shard's gradients leave the device bucket by bucket, and
+/// the pieces take their slices of the host's sum; losses and weights are plain deterministic
+/// data parallelism's without a budget, bit for bit, clipping included.
+#[test]
+fn deterministic_zero3_under_a_third_of_the_state_is_plain_bit_for_bit() {
+    let corpus = TextCorpus::builtin(0);
+    let cfg = gpt(12, &corpus);
+    let budget = 16 * cfg.parameter_count().unwrap() / 3;
+    let batches = gpt_batches(&cfg, &corpus, 12, 3);
+    let det = |shard| DataParallelConfig { shard, bucket_bytes: 32 << 10, deterministic: true, deterministic_shards: 6, ..Default::default() };
+    let (want_l, want_w) = train(&mut configured(cfg, &devices(4), det(Shard::None)).unwrap(), &batches).unwrap();
+
+    let devs = devices(4);
+    devs.iter().for_each(|d| d.set_memory_budget(Some(budget)));
+    let mut s = configured(cfg, &devs, det(Shard::Full)).unwrap();
+    let units = s.buckets().len();
+    let mut losses = Vec::new();
+    for b in &batches {
+        let report = s.step(b).unwrap();
+        losses.push(report.loss);
+        let g = s.last_gathers().expect("deterministic ZeRO-3 in one process gathers unit by unit");
+        // Recomputed blocks: forward, then backward's recomputation, per micro-shard.
+        let counts: Vec<usize> = g.per_device.iter().map(|d| d.gathers).collect();
+        assert!(counts[0] >= 2 * 2 * units && counts[3] >= 2 * units && counts[3] < counts[0], "{counts:?} for {units} units");
+        assert!(report.grad_norm.is_some_and(f32::is_finite));
+    }
+    let weights: Vec<f32> = s.state_dict().unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect();
+    let peaks: Vec<u64> = devs.iter().map(|d| d.memory().peak).collect();
+    println!("budget {budget} B per device, deterministic ZeRO-3 peaks {peaks:?}");
+    assert!(peaks.iter().all(|&p| p <= budget), "{peaks:?} against {budget}");
+    assert_close("deterministic ZeRO-3 losses", &losses, &want_l, 0.0, 0.0);
+    assert_close("deterministic ZeRO-3 weights", &weights, &want_w, 0.0, 0.0);
 }
 
 /// The demonstration: a GPT whose f32 training state (weights, gradients, AdamW's two

@@ -8,10 +8,17 @@ use crate::{Device, Error, Result, Tensor};
 /// sums its own gradients and sends back one number, added here in f64. A strategy adds the
 /// results of its shards, stages or replicas (each parameter counted once) and takes the root.
 pub fn grad_norm_sq(params: &[(String, Tensor)]) -> Result<f64> {
+    grads_norm_sq(params.iter().filter_map(|(_, p)| p.grad()).map(Ok))
+}
+
+/// [`grad_norm_sq`] over gradients made one at a time (each dropped once its square is
+/// summed): the same operations in the same order, so the same bits, for gradients that are
+/// never all on their devices at once (deterministic ZeRO, whose full sums stay on the host).
+pub fn grads_norm_sq(grads: impl Iterator<Item = Result<Tensor>>) -> Result<f64> {
     no_grad(|| {
         let mut per_device: Vec<(Device, Tensor)> = Vec::new();
-        for (_, p) in params {
-            let Some(g) = p.grad() else { continue };
+        for g in grads {
+            let g = g?;
             // Squared and summed in f32 whatever the gradient's type (a half shard's squares
             // would overflow f16 and lose bf16's low bits).
             let g = if g.dtype() == crate::DType::F32 { g } else { g.to_dtype(crate::DType::F32)? };

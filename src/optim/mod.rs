@@ -7,7 +7,7 @@ mod config;
 mod precision;
 mod schedule;
 
-pub use clip::{clip_grad_norm, clip_scale, grad_norm_sq, scale_grads};
+pub use clip::{clip_grad_norm, clip_scale, grad_norm_sq, grads_norm_sq, scale_grads};
 pub use config::{GroupFn, GroupRule, OptimConfig, OptimKind, ParamGroup, ParamGroups};
 pub use precision::{GradScaler, Precision};
 pub use schedule::LrSchedule;

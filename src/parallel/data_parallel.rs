@@ -28,7 +28,7 @@ pub use timing::{DeviceSpans, Overlap};
 
 use super::comm::{self, Communicator};
 use super::split::{PartsOf, ReplicaSplit};
-use super::step::{Part, StepCore};
+use super::step::{NormOver, Part, StepCore};
 use super::trace::Phase;
 use super::{Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
@@ -171,9 +171,9 @@ pub struct DataParallel {
     sharded: Option<shard::Sharded>,
     /// ZeRO-3: the full parameters stay gathered until the next step (`gather_full`).
     full_kept: bool,
-    /// ZeRO-3 unit by unit: the order the last step's ops needed the units in (what the next
-    /// step prefetches), and what its gathers cost.
-    gather_order: Vec<usize>,
+    /// ZeRO-3 unit by unit: the order the last step's ops needed the units in on each device
+    /// (what the next step prefetches), and what its gathers cost.
+    gather_orders: Vec<Vec<usize>>,
     gathers: Option<Gathers>,
     events: Vec<StepEvent>,
     overlap: Option<Overlap>,
@@ -306,7 +306,7 @@ impl DataParallel {
             })
             .collect::<Result<Vec<_>>>()?;
         let run = StepCore::new(loss, devices);
-        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, full_kept: false, gather_order: Vec::new(), gathers: None, events: Vec::new(), overlap: None })
+        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, full_kept: false, gather_orders: Vec::new(), gathers: None, events: Vec::new(), overlap: None })
     }
 
     /// A communication span of `what` from `start` to now on every replica's comm track.
@@ -362,7 +362,8 @@ impl Strategy for DataParallel {
         let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&(first + i)))).collect();
         let mut comm_spans = Vec::new();
         let parts = ReplicaSplit { first, world, local: n, weights: self.split_weights.as_deref(), mode }.parts(batch)?;
-        let by_unit = full && !self.cfg.deterministic && gather::every_device_alike(&parts, self.cfg.micro_batches, &*self.comm)?;
+        // Deterministic mode gathers unit by unit in one process, each device on its own.
+        let by_unit = full && if self.cfg.deterministic { world == n } else { gather::every_device_alike(&parts, self.cfg.micro_batches, &*self.comm)? };
         self.gathers = None;
         if let Some(s) = self.sharded.as_ref().filter(|_| full) {
             if by_unit {
@@ -376,8 +377,26 @@ impl Strategy for DataParallel {
             }
             self.full_kept = false;
         }
+        let mut host_sum = None;
         let (computed, mut reduced) = if self.cfg.deterministic {
-            (deterministic::run(&self.replicas, &parts, batch.len(), &updates, &self.run, &*self.comm, trace)?, None)
+            let plan = deterministic::Plan {
+                buckets: &self.buckets,
+                bucket_of: &self.bucket_of,
+                run: &self.run,
+                total: batch.len(),
+                trace,
+                updates: &updates,
+                sharded: self.sharded.as_ref(),
+                units: by_unit.then(|| self.gather_orders.clone()),
+            };
+            let out = deterministic::run(&self.replicas, &parts, &*self.comm, &plan)?;
+            if let Some((orders, g, spans)) = out.gathered {
+                (self.gather_orders, self.gathers) = (orders, Some(g));
+                // Before `hidden_from`: deterministic mode hides no communication.
+                comm_spans.extend(spans);
+            }
+            host_sum = out.sum;
+            (out.computed, None)
         } else {
             let plan = overlapped::Plan {
                 buckets: &self.buckets,
@@ -389,13 +408,13 @@ impl Strategy for DataParallel {
                 release: full,
             };
             let units = match (&self.sharded, by_unit) {
-                (Some(s), true) => Some(overlapped::UnitGathers { units: self.replicas.iter().enumerate().map(|(i, r)| s.units_on(i, r)).collect(), previous: self.gather_order.clone() }),
+                (Some(s), true) => Some(overlapped::UnitGathers { units: self.replicas.iter().enumerate().map(|(i, r)| s.units_on(i, r)).collect(), previous: self.gather_orders.first().cloned().unwrap_or_default() }),
                 _ => None,
             };
             let (mut c, x) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan, units)?;
             c.loss = self.comm.sum_by_index(vec![(first, vec![c.loss])])?[0];
             if let Some((order, g)) = x.gathered {
-                self.gather_order = order;
+                self.gather_orders = vec![order; n];
                 self.gathers = Some(g);
             }
             (c, Some(x.reduced))
@@ -403,22 +422,23 @@ impl Strategy for DataParallel {
 
         let (grad_norm, opt_s) = match &self.sharded {
             Some(s) => {
-                match reduced.take() {
-                    Some(blocks) => s.grads_from_blocks(blocks)?,
-                    None => s.grads_from_full(&self.replicas, self.cfg.grad_dtype)?,
+                match (reduced.take(), &host_sum) {
+                    (Some(blocks), _) => s.grads_from_blocks(blocks)?,
+                    (None, Some(sum)) => s.grads_from_host(sum, &self.replicas, self.cfg.grad_dtype)?,
+                    (None, None) => return Err(Error::Msg("data parallel: no reduced gradient for the shards".into())),
                 }
-                // Deterministic mode leaves the whole sum on every replica: its norm is replica
-                // 0's, as without sharding, bit for bit. Otherwise every element of the
-                // gradient is in one piece: the norm sums the pieces, over every process.
-                let counted = self.cfg.deterministic.then(|| &self.replicas[0].params[..]);
-                if !self.cfg.deterministic {
-                    self.replicas.iter().for_each(|r| r.model.zero_grad());
-                }
+                self.replicas.iter().for_each(|r| r.model.zero_grad());
+                // Deterministic mode: the norm of the host sum as replica 0 takes it without
+                // sharding, bit for bit. Otherwise every element of the gradient is in one
+                // piece: the norm sums the pieces, over every process.
+                let r0 = &self.replicas[0];
+                let given = |unscale: Option<f32>| deterministic::norm_sq(host_sum.as_deref().unwrap_or_default(), r0, unscale);
+                let norm_over = if host_sum.is_some() { NormOver::Given(&given) } else { NormOver::Parts };
                 let comm = &*self.comm;
                 let across = |sq: f64| Ok(f64::from(comm.sum_by_index(vec![(first, vec![sq as f32])])?[0]));
-                let reduce = (counted.is_none() && world > n).then_some(&across as &dyn Fn(f64) -> Result<f64>);
+                let reduce = (host_sum.is_none() && world > n).then_some(&across as &dyn Fn(f64) -> Result<f64>);
                 let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
-                let out = self.run.update(counted, reduce, parts, Some("data-parallel replica"))?;
+                let out = self.run.update(norm_over, reduce, parts, Some("data-parallel replica"))?;
                 self.replicas.iter().for_each(|r| r.model.zero_grad());
                 s.drop_grads();
                 out
@@ -431,7 +451,7 @@ impl Strategy for DataParallel {
                 // Every updating replica now holds the reduced gradient: the norm is one replica's.
                 let counted = updates.iter().position(|&u| u).map(|r| &self.replicas[r].params[..]);
                 let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
-                self.run.update(Some(counted.unwrap_or(&[])), None, parts, Some("data-parallel replica"))?
+                self.run.update(NormOver::Params(counted.unwrap_or(&[])), None, parts, Some("data-parallel replica"))?
             }
         };
         let hidden_from = comm_spans.len() + computed.comm.len();

@@ -6,7 +6,7 @@
 use super::comm::{self, Communicator, ReduceKind};
 use super::pipeline::{PartRun, Pipeline};
 use super::split;
-use super::step::StepCore;
+use super::step::{NormOver, StepCore};
 use crate::nn::Module;
 use super::{StepReport, Strategy};
 use crate::autograd::no_grad;
@@ -215,7 +215,7 @@ impl Strategy for PipelineGrid {
         // whole model's, each parameter counted once, and every replica takes the same scale.
         let counted = self.replicas[0].trained_params().concat();
         let parts = self.replicas.iter_mut().flat_map(|r| r.parts()).collect();
-        let (grad_norm, _) = self.run.update(Some(&counted), None, parts, None)?;
+        let (grad_norm, _) = self.run.update(NormOver::Params(&counted), None, parts, None)?;
         for r in &mut self.replicas {
             r.updated(self.run.step)?;
         }

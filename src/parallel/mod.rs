@@ -36,7 +36,7 @@ pub use crate::optim::OptimConfig;
 use crate::{Device, Error, Result, Tensor};
 use std::time::Instant;
 pub use step::StepCore;
-use step::Part;
+use step::{NormOver, Part};
 
 /// What one optimizer step measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -219,7 +219,7 @@ impl Strategy for Single {
         let device = self.run.devices[0].clone();
         let loss = self.run.part_loss(&*self.model, batch, 0, batch.len(), &device)?;
         loss.backward()?;
-        let (grad_norm, _) = self.run.update(None, None, vec![Part { opt: &mut self.opt, device: &device, track: None }], None)?;
+        let (grad_norm, _) = self.run.update(NormOver::Parts, None, vec![Part { opt: &mut self.opt, device: &device, track: None }], None)?;
         let value = loss.to_scalar()?;
         let wall = t0.elapsed().as_secs_f64();
         if let Some(tr) = &self.run.trace {

@@ -1,7 +1,7 @@
 //! Layer placement (model parallelism): consecutive layers of a `Sequential` (or the user's
 //! stage modules) on different devices, activations crossing with the differentiable `Tensor::to`.
 use super::stages::{build_stages, load_stage_opt_state, load_stage_params, probe_input, rebalance, stage_opt_state, stage_params, track_name, Stage, Split, Stages};
-use super::step::{Part, StepCore};
+use super::step::{NormOver, Part, StepCore};
 use super::trace::Phase;
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
@@ -97,7 +97,7 @@ impl Strategy for LayerPlacement {
             tr.span(&tracks[tracks.len() - 1], "backward (all stages)", Phase::Backward, tb, tb.elapsed().as_secs_f64());
         }
         let parts = self.stages.iter_mut().zip(tracks).map(|(s, track)| Part { opt: &mut s.opt, device: &s.device, track: Some(track) }).collect();
-        let (grad_norm, _) = self.run.update(None, None, parts, None)?;
+        let (grad_norm, _) = self.run.update(NormOver::Parts, None, parts, None)?;
         let value = loss.to_scalar()?;
         let wall = t0.elapsed().as_secs_f64();
         Ok(StepReport {

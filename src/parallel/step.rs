@@ -44,6 +44,19 @@ pub struct StepCore {
     pub(crate) skipped: u64,
 }
 
+/// Whose gradients clipping's (and loss scaling's overflow check's) norm is summed over.
+pub(crate) enum NormOver<'a> {
+    /// The parts' own parameters, which then hold each parameter once.
+    Parts,
+    /// These parameters: every parameter of the model once, where several optimizers hold
+    /// copies of it (one replica's, all of them holding the reduced gradient).
+    Params(&'a [(String, Tensor)]),
+    /// Summed by the caller, given the factor loss scaling divides the gradients by (the
+    /// same `1 / scale` the parts' gradients are multiplied by), where the gradients the norm
+    /// is over are not on any device (deterministic ZeRO).
+    Given(&'a dyn Fn(Option<f32>) -> Result<f64>),
+}
+
 /// One optimizer of a strategy (a replica's, a stage's or a shard's) as the update steps it.
 pub(crate) struct Part<'a> {
     pub opt: &'a mut Box<dyn Optimizer>,
@@ -165,14 +178,13 @@ impl StepCore {
     }
 
     /// The one clip-and-update path of every strategy. With clipping on: the global norm over
-    /// `counted` (every parameter of the model once, where several optimizers hold copies of
-    /// it) or, without, over all of `parts`' parameters (which then hold each parameter once),
-    /// its square summed across processes by `reduce` where the model spans them; over the
+    /// `norm`'s gradients (see [`NormOver`]), its square summed across processes by `reduce`
+    /// where the model spans them; over the
     /// bound, every part's gradients are scaled. Then each part's optimizer steps at the
     /// learning rate set last (each on its own thread, its device synced, with `threads`;
     /// `worker` names such a thread in its error), and the step is counted. Returns the norm
     /// before clipping (when clipping is on) and each part's seconds.
-    pub(crate) fn update(&mut self, counted: Option<&[(String, Tensor)]>, reduce: Option<&dyn Fn(f64) -> Result<f64>>, mut parts: Vec<Part<'_>>, threads: Option<&'static str>) -> Result<(Option<f32>, Vec<f64>)> {
+    pub(crate) fn update(&mut self, norm_over: NormOver<'_>, reduce: Option<&dyn Fn(f64) -> Result<f64>>, mut parts: Vec<Part<'_>>, threads: Option<&'static str>) -> Result<(Option<f32>, Vec<f64>)> {
         let mut scale = None;
         let mut norm = None;
         // Loss scaling: the gradients divided by the scale again, and the step skipped when any
@@ -183,9 +195,10 @@ impl StepCore {
             }
         }
         if self.clip.is_some() || self.scaler.is_some() {
-            let mut sq = match counted {
-                Some(ps) => grad_norm_sq(ps)?,
-                None => parts.iter().try_fold(0.0, |acc, p| Ok::<f64, Error>(acc + grad_norm_sq(p.opt.params())?))?,
+            let mut sq = match norm_over {
+                NormOver::Params(ps) => grad_norm_sq(ps)?,
+                NormOver::Parts => parts.iter().try_fold(0.0, |acc, p| Ok::<f64, Error>(acc + grad_norm_sq(p.opt.params())?))?,
+                NormOver::Given(f) => f(self.scaler.as_ref().map(|s| 1.0 / s.scale()))?,
             };
             if let Some(reduce) = reduce {
                 sq = reduce(sq)?;

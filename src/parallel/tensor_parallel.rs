@@ -10,7 +10,7 @@ mod mlp;
 
 pub use gpt::TensorParallelGpt;
 pub use mlp::ParallelMlp;
-use super::step::{Part, StepCore};
+use super::step::{NormOver, Part, StepCore};
 use super::trace::Phase;
 use super::split;
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
@@ -294,7 +294,7 @@ fn backward_and_update(loss: Tensor, t0: Instant, run: &mut StepCore, opts: &mut
         tr.span(&track, "backward", Phase::Backward, tb, dur_b);
     }
     let parts = opts.iter_mut().zip(&devices).enumerate().map(|(i, (opt, d))| Part { opt, device: d, track: Some(format!("{} #{i}", d.spec())) }).collect();
-    let (grad_norm, _) = run.update(None, None, parts, None)?;
+    let (grad_norm, _) = run.update(NormOver::Parts, None, parts, None)?;
     let wall = t0.elapsed().as_secs_f64();
     let peak_memory = devices.iter().map(|d| d.memory().peak).collect();
     Ok(StepReport { loss: loss.to_scalar()?, wall_s: wall, compute_s: wall, peak_memory, grad_norm, ..Default::default() })

@@ -121,6 +121,10 @@ struct State {
     failed: Option<Error>,
 }
 
+/// What a window leaves at the end of a step: the order ops needed the units in, what the
+/// gathers cost, and each wait on the device's timeline.
+pub(super) type Finished = (Vec<usize>, GatherStats, Vec<(Stamp, Stamp)>);
+
 /// One device's gathering for one step.
 pub(super) struct Window {
     device: usize,
@@ -234,7 +238,7 @@ impl Window {
     /// units in (the next step's prefetch order), what it cost (its waits on the host clock;
     /// `timing::measure` puts them on the device's) and the waits' stamps, or the first failed
     /// release.
-    pub fn finish(&self) -> Result<(Vec<usize>, GatherStats, Vec<(Stamp, Stamp)>)> {
+    pub fn finish(&self) -> Result<Finished> {
         let mut st = self.lock();
         for u in 0..st.held.len() {
             st.held[u] = Held::Released;
@@ -275,24 +279,13 @@ pub(super) fn every_device_alike(parts: &[Vec<crate::parallel::split::Part>], mi
 }
 
 /// Runs `f` (a forward on replica 0, such as `predict`) with each unit gathered onto replica
-/// 0 when an op needs it and released after, in one process: a thread of its own all-gathers
-/// every local device's blocks, so the other devices need not run anything, and no device
-/// ever holds the whole model.
-pub(super) fn on_first_device<T>(sharded: &Sharded, replicas: &[Replica], comm: &dyn Communicator, f: impl FnOnce() -> Result<T>) -> Result<T> {
+/// 0 when an op needs it and released after, in one process: [`serve`] gathers every local
+/// device's blocks, so the other devices need not run anything, and no device but replica 0's
+/// ever holds a whole unit.
+pub(super) fn on_first_device<T>(sharded: &Sharded, replicas: &[Replica], f: impl FnOnce() -> Result<T>) -> Result<T> {
     let (tx, rx) = channel::<Msg>();
     std::thread::scope(|s| {
-        let server = s.spawn(move || -> Result<()> {
-            for msg in rx {
-                let Msg::Gather(ask) = msg else { continue };
-                let mut blocks = vec![ask.block];
-                for (i, r) in replicas.iter().enumerate().skip(1) {
-                    blocks.push(no_grad(|| sharded.block(i, ask.unit, r))?);
-                }
-                let mut whole = sharded.all_gather_unit(ask.unit, blocks, comm)?;
-                let _ = ask.reply.send(Ok(whole.swap_remove(0)));
-            }
-            Ok(())
-        });
+        let server = s.spawn(move || serve(sharded, replicas, rx));
         let window = Window::new(0, &replicas[0].device, sharded.units_on(0, &replicas[0]), tx, Vec::new());
         let out = {
             let _hooks = window.install();
@@ -303,8 +296,26 @@ pub(super) fn on_first_device<T>(sharded: &Sharded, replicas: &[Replica], comm: 
         };
         // The window holds the server's only sender: dropping it ends the server.
         drop(window);
-        let served = server.join().unwrap_or_else(|_| Err(Error::Panicked("the data-parallel gather thread panicked".into())));
-        // A failed gather makes the forward fail to refill; report the cause.
-        served.and(out)
+        if server.join().is_err() {
+            return Err(Error::Panicked("the data-parallel gather thread panicked".into()));
+        }
+        out
     })
+}
+
+/// Answers each device's ask for a unit, in one process, until every window has gone: the
+/// unit assembled on the asking device alone from every local device's block (read from its
+/// pieces, which no step changes while units are gathered), so devices gather on their own
+/// schedules, as many times as each needs, without the others asking. A failed gather is the
+/// asking worker's error. Returns when each gather (unit, start, end) ran.
+pub(super) fn serve(sharded: &Sharded, replicas: &[Replica], rx: Receiver<Msg>) -> Vec<(usize, Instant, Instant)> {
+    let mut spans = Vec::new();
+    for msg in rx {
+        let Msg::Gather(ask) = msg else { continue };
+        let t = Instant::now();
+        let whole = no_grad(|| sharded.unit_onto(ask.device, ask.unit, ask.block, replicas));
+        spans.push((ask.unit, t, Instant::now()));
+        let _ = ask.reply.send(whole);
+    }
+    spans
 }

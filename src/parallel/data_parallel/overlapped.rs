@@ -2,7 +2,7 @@
 //! while a communication thread all-reduces gradient buckets as they complete; each device's
 //! timeline is marked around backward and each bucket's all-reduce (see `timing.rs`).
 use super::buckets::{self, Msg, Ready};
-use super::gather::{GatherStats, Gathers, UnitOnDevice, Window};
+use super::gather::{Finished, GatherStats, Gathers, UnitOnDevice, Window};
 use crate::parallel::split::Part;
 use super::timing::{self, DeviceStamps, Stamp};
 use super::{joined, Computed, Replica, StepEvent};
@@ -23,7 +23,7 @@ struct WorkerOut {
     backward: (Stamp, Stamp),
     /// ZeRO-3 unit by unit: the order ops needed the units in, what the gathers cost, and the
     /// device's waits for them on its timeline.
-    gathered: Option<(Vec<usize>, GatherStats, Vec<(Stamp, Stamp)>)>,
+    gathered: Option<Finished>,
 }
 
 /// ZeRO-3 unit by unit (see `gather.rs`): each device's units, and the previous step's order.

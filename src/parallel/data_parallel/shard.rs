@@ -18,8 +18,9 @@
 //! once, so it is exact over shards); each device updates its pieces; then the blocks are
 //! all-gathered into the full parameters again (ZeRO-2) or the full parameters stay released
 //! until an op needs them (ZeRO-3, `Backend::release`). Where the devices would not ask for the
-//! same gathers (deterministic mode, uneven micro-batch counts), ZeRO-3 gathers every unit
-//! before forward instead, with `Sharded::gather`.
+//! same gathers (uneven micro-batch counts), ZeRO-3 gathers every unit before forward instead,
+//! with `Sharded::gather`; so does deterministic mode across processes (in one process it
+//! gathers unit by unit, each device on its own: `deterministic.rs`).
 use super::{gather, Replica};
 use crate::autograd::no_grad;
 use crate::nn::models::StateShards;
@@ -233,14 +234,23 @@ impl Sharded {
         Ok(())
     }
 
-    /// Every device's gradient pieces out of its replica's full reduced gradients
-    /// (deterministic mode, which leaves the whole sum on every replica), in `dtype`.
-    pub fn grads_from_full(&self, replicas: &[Replica], dtype: crate::DType) -> Result<()> {
+    /// Every device's gradient pieces out of the host sum of every parameter's gradient
+    /// (`sum`, state_dict order: deterministic mode), in `dtype`.
+    pub fn grads_from_host(&self, sum: &[f32], replicas: &[Replica], dtype: crate::DType) -> Result<()> {
+        let params = &replicas[0].params;
+        let mut starts = Vec::with_capacity(params.len());
+        let mut at = 0;
+        for (_, p) in params {
+            starts.push(at);
+            at += p.numel();
+        }
+        if sum.len() != at {
+            return Err(Error::shape("DataParallel::step", format!("the summed gradient has {} values for {at} parameters' values", sum.len())));
+        }
         for ((r, ps), vs) in replicas.iter().zip(&self.pieces).zip(&self.values) {
             for (pc, (_, v)) in ps.iter().zip(vs) {
-                let (name, p) = &r.params[pc.param];
-                let g = p.grad().ok_or_else(|| Error::Msg(format!("data parallel: {name} has no reduced gradient")))?;
-                let piece = cut(&g, pc)?;
+                let from = starts[pc.param] + pc.from;
+                let piece = Tensor::from_vec(sum[from..from + pc.len].to_vec(), pc.dims.clone(), &r.device)?;
                 v.set_grad(Some(if piece.dtype() == dtype { piece } else { no_grad(|| piece.to_dtype(dtype))? }));
             }
         }
@@ -294,6 +304,20 @@ impl Sharded {
         drop(blocks);
         whole.iter().try_for_each(|flat| self.check_gathered(u, flat))?;
         Ok(whole)
+    }
+
+    /// Unit `u` whole on local device `d` only, from its own block `own` and the other local
+    /// devices' (one process: `world` local devices), its length checked.
+    pub fn unit_onto(&self, d: usize, u: usize, own: Tensor, replicas: &[Replica]) -> Result<Tensor> {
+        let dev = &replicas[d].device;
+        let blocks = replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| if i == d { Ok(own.clone()) } else { self.block(i, u, r)?.to(dev) })
+            .collect::<Result<Vec<_>>>()?;
+        let flat = Tensor::cat(&blocks, 0)?;
+        self.check_gathered(u, &flat)?;
+        Ok(flat)
     }
 
     fn check_gathered(&self, u: usize, flat: &Tensor) -> Result<()> {

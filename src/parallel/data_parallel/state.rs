@@ -22,7 +22,7 @@ impl DataParallel {
     /// across processes the whole model gathered (a collective: every rank calls it).
     pub(super) fn on_replica_0<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         match self.sharded.as_ref().filter(|s| s.mode == Shard::Full && !self.full_kept) {
-            Some(s) if self.comm.device_span().1 == self.replicas.len() => gather::on_first_device(s, &self.replicas, &*self.comm, f),
+            Some(s) if self.comm.device_span().1 == self.replicas.len() => gather::on_first_device(s, &self.replicas, f),
             _ => self.with_full(f),
         }
     }

@@ -13,7 +13,7 @@ pub use tied::StageParam;
 
 use balance::Balance;
 use super::stages::{self, Stage, Stages};
-use super::step::{Part, StepCore};
+use super::step::{NormOver, Part, StepCore};
 use super::{Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
 use crate::dist::Group;
@@ -435,7 +435,7 @@ impl Strategy for Pipeline {
         let across = self.across.as_ref().map(|a| a.group.clone());
         let reduce = |sq: f64| remote::sum_over_ranks(across.as_ref().expect("only across processes"), sq);
         let parts = self.stages.iter_mut().enumerate().map(|(i, s)| Part { track: Some(stages::track_name(i, &s.device)), opt: &mut s.opt, device: &s.device }).collect();
-        let (grad_norm, _) = self.run.update(None, across.as_ref().map(|_| &reduce as &dyn Fn(f64) -> Result<f64>), parts, None)?;
+        let (grad_norm, _) = self.run.update(NormOver::Parts, across.as_ref().map(|_| &reduce as &dyn Fn(f64) -> Result<f64>), parts, None)?;
         tied::sync(&self.ties)?;
         let mut report = self.report(&run, grad_norm);
         if let Some(a) = &self.across {
