@@ -27,7 +27,7 @@ fn single_layout() -> Layout {
 
 #[test]
 fn one_device_costs_forward_and_backward_of_the_batch() {
-    let work = Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4 };
+    let work = Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
     let e = estimate(&work, &Cluster::dual_m60(1), &single_layout());
     // 4 layers x (1 + 2) ms x 8 samples.
     assert!((e.step_s - 0.096).abs() < 1e-9, "{}", e.step_s);
@@ -39,7 +39,7 @@ fn one_device_costs_forward_and_backward_of_the_batch() {
 
 #[test]
 fn a_small_model_on_equal_devices_is_data_parallel_over_all_of_them() {
-    let work = Workload { layers: vec![block(4, 8, 1, 1.0); 8], batch: 64, state_per_param_byte: 4 };
+    let work = Workload { layers: vec![block(4, 8, 1, 1.0); 8], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
     let p = plan(&work, &Cluster::dual_m60(1)).unwrap();
     assert_eq!((p.best.layout.data, p.best.layout.tensor, p.best.layout.pipeline), (4, 1, 1), "{p}");
     let alone = estimate(&work, &Cluster::dual_m60(1), &single_layout());
@@ -49,7 +49,7 @@ fn a_small_model_on_equal_devices_is_data_parallel_over_all_of_them() {
 #[test]
 fn a_model_too_big_for_one_device_is_split_and_never_over_memory() {
     // 24 blocks of 220 MiB: 5.2 GiB of weights, 21 GiB with gradients and Adam's state.
-    let work = Workload { layers: vec![block(220, 24, 2, 2.0); 24], batch: 32, state_per_param_byte: 4 };
+    let work = Workload { layers: vec![block(220, 24, 2, 2.0); 24], batch: 32, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
     let cluster = Cluster::dual_m60(2);
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
@@ -72,7 +72,7 @@ fn on_nvlink_servers_tensor_parallelism_stays_inside_and_pipelines_go_across() {
     let mut gpt_block = block(1800, 2900, 48, 400.0);
     gpt_block.fixed_s = 20e-6;
     let layers = vec![gpt_block; 32];
-    let work = Workload { layers, batch: 64, state_per_param_byte: 4 };
+    let work = Workload { layers, batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
     let cluster = Cluster::h100_nvlink(4);
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
@@ -95,7 +95,7 @@ fn a_slow_device_gets_less_work_or_none() {
     let cpu = DeviceSpec { name: "cpu".into(), speed: 1.0, memory: 16 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
     let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link, contention: 1.0 };
-    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4 };
+    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
     let alone = estimate(&work, &cluster, &single_layout());
@@ -117,7 +117,7 @@ fn the_fastest_devices_are_planned_first_whatever_their_order() {
     let fast = DeviceSpec { name: "fast".into(), speed: 20.0, memory: 8 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
     let cluster = Cluster { devices: vec![slow, fast], within: link, across: link, contention: 1.5 };
-    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4 };
+    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
     let p = plan(&work, &cluster).unwrap();
     assert_eq!(p.devices, ["fast", "slow"]);
     assert_eq!(p.best.layout.devices(), 1, "{p}");
@@ -163,7 +163,7 @@ fn state_bound(memory: u64) -> (Workload, Cluster) {
     let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };
     let mut layer = block(64, 1, 1, 1.0);
     layer.tensor_parallel = false;
-    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0 })
+    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0 })
 }
 
 #[test]
@@ -181,6 +181,12 @@ fn sharding_modes_keep_what_zero_keeps_and_send_what_it_sends() {
     // ZeRO-3 holds its shards of all four (Adam: 16 bytes a parameter over two replicas) and
     // the units it has gathered: the one computing, the one prefetched and the flat values.
     assert_eq!(zero3.memory[0], 4 * p / 2 + 3 * bucket + 2 * bucket + bucket + act, "shards, three units gathered, gradients in flight");
+    // bf16 gradient shards: half of the sharded gradients' bytes, in ZeRO-2 and ZeRO-3 only.
+    let halves = Workload { grad_dtype: tandem::DType::Bf16, ..work.clone() };
+    let [none_h, zero1_h, zero2_h, zero3_h] = [Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full].map(|s| estimate(&halves, &cluster, &data(s)));
+    assert_eq!((none_h.memory[0], zero1_h.memory[0]), (none.memory[0], zero1.memory[0]), "no gradient shards to halve");
+    assert_eq!(zero2.memory[0] - zero2_h.memory[0], p / 4, "half of a half of the gradients");
+    assert_eq!(zero3.memory[0] - zero3_h.memory[0], p / 4);
     // Reduce-scatter + all-gather move what an all-reduce moves; ZeRO-1 adds the owners'
     // broadcast of the updated parameters, ZeRO-3 a second all-gather (forward and backward).
     assert_eq!(zero2.step_s, none.step_s);
@@ -210,6 +216,56 @@ fn memory_too_small_for_plain_data_parallelism_makes_the_search_shard() {
     assert!(p.to_string().contains("shard"), "{p}");
 }
 
+/// A layout on more devices is chosen only when predicted at least `MORE_DEVICES_MARGIN`
+/// faster than the best on fewer: two equal devices whose link makes data parallelism a near
+/// tie keep one device (data parallelism listed first among the alternatives), and a clear
+/// gain takes both.
+#[test]
+fn more_devices_must_win_by_the_margin() {
+    let (work, _) = state_bound(64 << 30);
+    let work = Workload { layers: work.layers.iter().map(|l| LayerCost { param_bytes: 1 << 20, tensor_parallel: false, ..l.clone() }).collect(), ..work };
+    let on = |bytes_per_s: f64| {
+        let (_, mut cluster) = state_bound(64 << 30);
+        cluster.within = Link { latency_s: 1e-5, bytes_per_s };
+        cluster.across = cluster.within;
+        cluster
+    };
+    let ratio = |c: &Cluster| estimate(&work, c, &Layout { data: 2, ..single_layout() }).step_s / estimate(&work, c, &single_layout()).step_s;
+    // The link speed at which data parallelism is predicted 2-4% faster than one device.
+    let near = (0..400).map(|i| 1e6 * 1.05f64.powi(i)).find(|&b| (0.96..0.98).contains(&ratio(&on(b)))).expect("a near tie");
+    let p = plan(&work, &on(near)).unwrap();
+    assert_eq!(p.best.layout.devices(), 1, "{p}");
+    assert_eq!(p.alternatives[0].layout.data, 2, "{p}");
+    assert!(p.alternatives[0].step_s < p.best.step_s);
+    assert!(p.to_string().contains("left out: gpu1 (predicted less than 5% faster with them)"), "{p}");
+    let clear = (0..400).map(|i| 1e6 * 1.05f64.powi(i)).find(|&b| ratio(&on(b)) < 0.9).expect("a clear gain");
+    assert_eq!(plan(&work, &on(clear)).unwrap().best.layout.data, 2);
+}
+
+/// Gradient shards in bf16 are planned for: at a memory where ZeRO-3 fits only with them, the
+/// f32 search rejects it for memory and the bf16 one keeps it, and a plan that shards says the
+/// type its shards take (what `Plan::build` gives `DataParallel`).
+#[test]
+fn half_gradient_shards_are_planned_for() {
+    // ZeRO-3 on two devices: 2p (f32) or 1.75p (bf16) of shards, six buckets, the activations:
+    // 1206 or 1078 MiB, against 85% of 1350 MiB (1147).
+    let (work, cluster) = state_bound(1350 << 20);
+    let zero3 = |l: &Layout| l.data == 2 && l.shard == Shard::Full && !l.recompute && l.micro_batches == 1;
+    let f32_plan = plan(&work, &cluster).unwrap();
+    assert_eq!(f32_plan.grad_dtype, tandem::DType::F32);
+    let why = &f32_plan.rejected.iter().find(|r| zero3(&r.layout)).expect("f32 ZeRO-3 is rejected").why;
+    assert!(why.starts_with("memory:"), "{why}");
+    let halves = Workload { grad_dtype: tandem::DType::Bf16, ..work };
+    let p = plan(&halves, &cluster).unwrap();
+    assert_eq!(p.grad_dtype, tandem::DType::Bf16);
+    let kept = std::iter::once(&p.best).chain(&p.alternatives).find(|e| zero3(&e.layout)).expect("bf16 ZeRO-3 fits");
+    assert!(kept.memory.iter().all(|&m| (m as f64) <= 0.85 * (1350u64 << 20) as f64), "{:?}", kept.memory);
+    assert_eq!(p.grad_dtype_of(&kept.layout), tandem::DType::Bf16);
+    assert_eq!(p.grad_dtype_of(&single_layout()), tandem::DType::F32, "a layout without shards keeps f32 gradients");
+    let sharded = tandem::parallel::plan::Plan { best: kept.clone(), ..p.clone() };
+    assert!(sharded.to_string().contains("gradient shards in bf16"), "{sharded}");
+}
+
 /// A GPT's head is a copy of its embedding on every stage list: measured, the head layer says
 /// so; planned, a stage holding both counts the embedding's bytes once (one device's model
 /// holds one tensor), while a pipeline whose first and last stages hold one each counts both.
@@ -230,7 +286,7 @@ fn a_tied_head_counts_once_where_a_stage_holds_its_embedding() {
     let mut layers = vec![block(64, 1, 1, 1.0); 3];
     layers.iter_mut().for_each(|l| l.tensor_parallel = false);
     layers[2].tied = Some((0, 64 << 20));
-    let work = Workload { layers, batch: 8, state_per_param_byte: 4 };
+    let work = Workload { layers, batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
     let big = 64u64 << 30;
     let dev = |i: usize| DeviceSpec { name: format!("gpu{i}"), speed: 1.0, memory: big, server: 0 };
     let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };

@@ -166,6 +166,19 @@ fn a_memory_limit_too_small_for_plain_data_parallelism_makes_the_gpt_plan_shard(
     // Training under the same budgets takes that plan, and it fits them.
     let trained = gpt4_out(&["train", "--memory-limit", "15MiB", "--steps", "2"]);
     assert!(trained.lines().any(|l| l.starts_with("planned data 4 x tensor 1 x pipeline 1") && l.contains("shard")), "{trained}");
+    // Gradient shards in bf16 are planned for, saved with the plan and kept by the run that
+    // trains it; a run asking for another type is refused.
+    let dir = common::scratch("plan_cli", "grad-dtype");
+    let path = dir.join("bf16.json");
+    let halves = gpt4_out(&["plan", "--memory-limit", "15MiB", "--grad-dtype", "bf16", "--save-plan", s(&path)]);
+    assert!(best(&halves).contains("shard") && halves.contains("gradient shards in bf16"), "{halves}");
+    let p = Plan::load(&path, &Device::parse("cpu,cpu,cpu,cpu").unwrap()).unwrap();
+    assert_eq!(p.grad_dtype, tandem::DType::Bf16);
+    let trained = gpt4_out(&["train", "--memory-limit", "15MiB", "--plan", s(&path), "--steps", "2"]);
+    assert!(trained.lines().any(|l| l.starts_with("planned data 4")), "{trained}");
+    let other = gpt(&["train", "--plan", s(&path), "--grad-dtype", "f16", "--steps", "1"]);
+    let other: Vec<&str> = other.iter().map(|a| if a == "cpu,cpu" { "cpu,cpu,cpu,cpu" } else { a.as_str() }).collect();
+    common::fails(&other, "the plan was made for bf16 gradient shards, not f16");
     // Budgets nothing fits are a clear error naming the constraint.
     let tiny = gpt(&["plan", "--memory-limit", "8MiB"]);
     common::fails(&tiny.iter().map(String::as_str).collect::<Vec<_>>(), "no layout fits the devices' memory");

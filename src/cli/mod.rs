@@ -233,7 +233,9 @@ pub struct TrainArgs {
     pub bucket_size: usize,
     /// The type --shard grads|full keep each device's gradient shard in until the update:
     /// `f32`, or `bf16` / `f16` (DeepSpeed's `grad_accum_dtype`), which takes 2 of ZeRO-3's 16
-    /// bytes a parameter off. Summed in f32 first; the update widens it again.
+    /// bytes a parameter off. Summed in f32 first; the update widens it again. With a plan
+    /// (`--strategy auto`, `tandem plan`), the type the planner counts for the layouts that
+    /// shard gradients (ZeRO-2/3), which then keep them in it.
     #[arg(long, value_name = "TYPE", default_value = "f32", value_parser = grad_dtype)]
     pub grad_dtype: tandem::DType,
     /// What the forward computes in: `f32`, or `bf16` / `f16` (PyTorch's autocast: products

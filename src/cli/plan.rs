@@ -11,10 +11,10 @@ use tandem::data::text::Split;
 use tandem::data::Dataset;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::{Module, Sequential};
-use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, unbuildable, Cluster, Plan, REFERENCE_FLOPS};
+use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, unbuildable, Cluster, Plan, Workload, REFERENCE_FLOPS};
 use tandem::optim::{OptimKind, Precision};
 use tandem::parallel::{inputs_to_device, OptimConfig, Shard};
-use tandem::{Device, Error, Result, Tensor};
+use tandem::{DType, Device, Error, Result, Tensor};
 
 /// Samples of the training data the calibration times each layer on (and twice as many).
 const PROBE: usize = 16;
@@ -55,14 +55,14 @@ pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
     let p = match &args.cluster {
         Some(name) => {
             let cluster = Cluster::parse(name)?;
-            let (p, how) = on_cluster(&model, &train, t.batch, &optim, &cluster, reuse(t)?, t.precision)?;
+            let (p, how) = on_cluster(&model, &train, t.batch, &optim, &cluster, reuse(t)?, t.precision, t.grad_dtype)?;
             out!("{p}");
             out!("{}", p.megatron(&cluster));
             out!("{how}");
             p
         }
         None => {
-            let (p, how) = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?, reuse(t)?, t.precision)?;
+            let (p, how) = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?, reuse(t)?, t.precision, t.grad_dtype)?;
             out!("{p}");
             out!("{how}");
             p
@@ -94,7 +94,7 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
             let cpu = Device::cpu();
             let probe = gpt_probe(&data, cfg, &cpu)?;
             let (work, _, how) = tandem::autocast(t.precision.autocast(), || plan::measure_gpt_reusing(&gpt, &probe, std::slice::from_ref(&cpu), t.batch, optimizer_states(&optim), reuse(t)?))?;
-            let work = work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS);
+            let work = Workload { grad_dtype: t.grad_dtype, ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
             let mut p = plan::plan_cut_within(&work, &cluster, &|_, _| None, &gpt_cuttable(cfg.n_layer))?;
             p.model = gpt.describe();
             out!("{p}");
@@ -103,7 +103,7 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
             p
         }
         None => {
-            let (p, how) = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?, reuse(t)?, t.precision)?;
+            let (p, how) = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?, reuse(t)?, t.precision, t.grad_dtype)?;
             out!("{p}");
             out!("{how}");
             p
@@ -112,12 +112,15 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
     Ok(p)
 }
 
-/// The plan for training `gpt` on `devices` at `batch` in `precision`, calibrated here on
-/// windows of `data` (or that calibration as an earlier run kept it, as `reuse` allows), among
-/// the layouts [`Plan::build_gpt`] can make; and where the calibration came from.
-pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision) -> Result<(Plan, plan::Calibration)> {
+/// The plan for training `gpt` on `devices` at `batch` in `precision`, gradient shards in
+/// `grad_dtype` where a layout shards them, calibrated here on windows of `data` (or that
+/// calibration as an earlier run kept it, as `reuse` allows), among the layouts
+/// [`Plan::build_gpt`] can make; and where the calibration came from.
+#[allow(clippy::too_many_arguments)]
+pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType) -> Result<(Plan, plan::Calibration)> {
     let probe = gpt_probe(data, gpt.config, &devices[0])?;
     let (work, cluster, how) = tandem::autocast(precision.autocast(), || plan::measure_gpt_reusing(gpt, &probe, devices, batch, optimizer_states(optim), reuse))?;
+    let work = Workload { grad_dtype, ..work };
     let cfg = gpt.config;
     let mut p = plan::plan_cut_within(&work, &cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer))?;
     p.model = gpt.describe();
@@ -158,7 +161,6 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
     let by_hand = [
         ("--micro-batches", args.micro_batches.is_some(), "--strategy"),
         ("--shard", args.shard != Shard::None, "--strategy data"),
-        ("--grad-dtype", args.grad_dtype != tandem::DType::F32, "--strategy data"),
         ("--recompute", args.recompute, "--strategy"),
         ("--pipelines", args.pipelines.is_some(), "--strategy data,pipeline"),
     ];
@@ -166,7 +168,7 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
         return Err(Error::invalid(flag, format!("needs {strategy}: a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand")));
     }
     let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
-    for_training(args, &gpt.describe(), devices, || Ok(announced(on_gpt_devices(&gpt, data, args.batch, optim, devices, reuse(args)?, args.precision)?))).map(Some)
+    for_training(args, &gpt.describe(), devices, || Ok(announced(on_gpt_devices(&gpt, data, args.batch, optim, devices, reuse(args)?, args.precision, args.grad_dtype)?))).map(Some)
 }
 
 /// The line a planned run ends with: its layout, predicted and measured step time.
@@ -175,12 +177,15 @@ pub fn compared(p: &Plan, train_s: f64, steps: u64) -> String {
     format!("planned {}: predicted {:.2} ms/step, measured {:.2} ms/step (x{:.2})", p.best.layout, p.best.step_s * 1e3, measured * 1e3, p.best.step_s / measured.max(1e-12))
 }
 
-/// The plan for training `model` on `devices` at `batch` in `precision`, calibrated here (or as
-/// an earlier run kept the calibration, as `reuse` allows), among the layouts [`Plan::build`]
-/// can make; and where the calibration came from.
-pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision) -> Result<(Plan, plan::Calibration)> {
+/// The plan for training `model` on `devices` at `batch` in `precision`, gradient shards in
+/// `grad_dtype` where a layout shards them, calibrated here (or as an earlier run kept the
+/// calibration, as `reuse` allows), among the layouts [`Plan::build`] can make; and where the
+/// calibration came from.
+#[allow(clippy::too_many_arguments)]
+pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType) -> Result<(Plan, plan::Calibration)> {
     let probe = probe(train, &devices[0])?;
     let (work, cluster, how) = tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, devices, batch, optimizer_states(optim), reuse))?;
+    let work = Workload { grad_dtype, ..work };
     let mut p = plan::plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, model))?;
     p.model = model.describe();
     Ok((p, how))
@@ -189,11 +194,13 @@ pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &Opt
 /// The plan on a described cluster: the layers timed on this machine's CPU, scaled by its
 /// measured matmul throughput to the cluster's reference GPU. Every layout is searched, as the
 /// paper's strategies would build them, not only those [`Plan::build`] makes of a Sequential.
-fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, cluster: &Cluster, reuse: plan::Reuse, precision: Precision) -> Result<(Plan, plan::Calibration)> {
+#[allow(clippy::too_many_arguments)]
+fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, cluster: &Cluster, reuse: plan::Reuse, precision: Precision, grad_dtype: DType) -> Result<(Plan, plan::Calibration)> {
     let cpu = Device::cpu();
     let probe = probe(train, &cpu)?;
     let (work, _, how) = tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, std::slice::from_ref(&cpu), batch, optimizer_states(optim), reuse))?;
-    let mut p = plan::plan(&work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS), cluster)?;
+    let work = Workload { grad_dtype, ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
+    let mut p = plan::plan(&work, cluster)?;
     p.model = model.describe();
     Ok((p, how))
 }
@@ -212,6 +219,10 @@ pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], fresh: im
     }
     if p.batch != args.batch {
         return Err(Error::invalid("--plan", format!("the plan is for batches of {}, --batch is {}", p.batch, args.batch)));
+    }
+    if args.grad_dtype != DType::F32 && args.grad_dtype != p.grad_dtype {
+        let dtype = |d: DType| format!("{d:?}").to_lowercase();
+        return Err(Error::invalid("--grad-dtype", format!("the plan was made for {} gradient shards, not {}: plan again with --grad-dtype {}", dtype(p.grad_dtype), dtype(args.grad_dtype), dtype(args.grad_dtype))));
     }
     if args.balance == Some(Balance::Even) && p.shares.len() > 1 {
         let n = p.shares.len();

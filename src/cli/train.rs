@@ -149,11 +149,10 @@ fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, op
     if args.micro_batches.is_some() {
         return Err(Error::invalid("--micro-batches", "a plan chooses its micro-batches; give --strategy to set them by hand"));
     }
-    if args.shard != tandem::parallel::Shard::None || args.grad_dtype != tandem::DType::F32 {
-        let flag = if args.shard != tandem::parallel::Shard::None { "--shard" } else { "--grad-dtype" };
-        return Err(Error::invalid(flag, "a plan chooses its sharding; give --strategy data to set it by hand"));
+    if args.shard != tandem::parallel::Shard::None {
+        return Err(Error::invalid("--shard", "a plan chooses its sharding; give --strategy data to set it by hand"));
     }
-    super::plan::for_training(args, &model.describe(), devices, || Ok(super::plan::announced(super::plan::on_devices(model, train, args.batch, optim, devices, super::plan::reuse(args)?, args.precision)?))).map(Some)
+    super::plan::for_training(args, &model.describe(), devices, || Ok(super::plan::announced(super::plan::on_devices(model, train, args.batch, optim, devices, super::plan::reuse(args)?, args.precision, args.grad_dtype)?))).map(Some)
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.

@@ -54,7 +54,7 @@ fn ends_in_two_linears(model: &Sequential) -> bool {
 impl Plan {
     /// The strategy of [`Plan::best`] for `model` on `devices`, built with the usual builders:
     /// `Single`, `DataParallel` (batch shares as [`Plan::shares`], micro-batches accumulated,
-    /// state sharded as [`Layout::shard`]),
+    /// state sharded as [`Layout::shard`], gradient shards in [`Plan::grad_dtype`]),
     /// `TensorParallel`, a 1F1B `Pipeline` cut at the plan's cuts, or a `PipelineGrid` of
     /// them. `devices` must be the devices planned for (names as [`Device::spec`], any order);
     /// the layout takes them in [`Plan::devices`]' order and leaves out those it does not use.
@@ -87,7 +87,7 @@ impl Plan {
         match (l.data, l.tensor, l.pipeline) {
             (1, 1, 1) if l.micro_batches == 1 => Parallel::single(copy, &used[0], opt, loss).boxed(),
             (_, 1, 1) => {
-                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, ..Default::default() };
+                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, grad_dtype: self.grad_dtype_of(l), ..Default::default() };
                 Parallel::data(copy, used, opt, loss).config(cfg).boxed()
             }
             (1, _, 1) => Parallel::tensor(model, used, opt, loss).boxed(),

@@ -1,6 +1,7 @@
 //! The planner's inputs: what each layer costs, what each device and link can do, and the
 //! estimate of one layout (step time and memory per device) computed from them.
 use super::Layout;
+use crate::DType;
 
 /// One pipeline-cuttable unit of a model (a layer, or a transformer block) as the cost model
 /// sees it. Times are per sample on a device of [`DeviceSpec::speed`] 1.
@@ -42,6 +43,16 @@ pub struct Workload {
     pub layers: Vec<LayerCost>,
     pub batch: usize,
     pub state_per_param_byte: u64,
+    /// The type ZeRO-2/3 keep each device's gradient shard in
+    /// ([`DataParallelConfig::grad_dtype`](crate::parallel::DataParallelConfig::grad_dtype)):
+    /// planned for, not searched, since it changes the numerics. Calibrations and plan files
+    /// from before it read as F32.
+    #[serde(default = "f32_grads")]
+    pub grad_dtype: DType,
+}
+
+fn f32_grads() -> DType {
+    DType::F32
 }
 
 impl Workload {

@@ -86,7 +86,7 @@ impl Plan {
     /// device that holds the whole model, and once on the host for a pipeline's stages), on
     /// `devices` (those planned for, any order), with the cross-entropy loss: `Single`,
     /// `DataParallel` (shares as [`Plan::shares`], micro-batches accumulated, sharded as
-    /// [`Layout::shard`]), `TensorParallelGpt`, a 1F1B `Pipeline` of [`Gpt::stages`] cut at
+    /// [`Layout::shard`], gradient shards in [`Plan::grad_dtype`]), `TensorParallelGpt`, a 1F1B `Pipeline` of [`Gpt::stages`] cut at
     /// the plan's cuts (its embedding and head tied), or a `PipelineGrid` of them. Errors,
     /// naming the reason, for a plan made for another model or a layout it cannot make.
     pub fn build_gpt(&self, gpt: &dyn Fn(&Device) -> Result<Gpt>, devices: &[Device], opt: &OptimConfig) -> Result<Box<dyn Strategy>> {
@@ -107,7 +107,7 @@ impl Plan {
             }
             (_, 1, 1) => {
                 drop(host);
-                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, ..Default::default() };
+                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, grad_dtype: self.grad_dtype_of(l), ..Default::default() };
                 Ok(Box::new(DataParallel::from_factory(gpt, used, opt, loss, cfg)?))
             }
             (1, _, 1) => {

@@ -9,6 +9,31 @@ use std::time::Instant;
 /// Best-of runs of each timing: the minimum discards a preempted run.
 const RUNS: usize = 5;
 
+/// Timings run at least this long in all (up to [`MAX_RUNS`] runs): five runs of a layer
+/// that takes a fraction of a millisecond fall inside one busy moment of a shared machine,
+/// which then skews the whole calibration (a seed CNN's step was predicted 1.13-1.40x its
+/// measured time from calibrations of 0.2 s).
+const MIN_TIMED_S: f64 = 0.03;
+const MAX_RUNS: usize = 200;
+
+/// Counts the runs of one timing: [`RUNS`] at least, then more until [`MIN_TIMED_S`] have
+/// passed, [`MAX_RUNS`] at most.
+struct Runs {
+    start: Instant,
+    done: usize,
+}
+
+impl Runs {
+    fn new() -> Runs {
+        Runs { start: Instant::now(), done: 0 }
+    }
+    fn more(&mut self) -> bool {
+        let more = self.done < RUNS || (self.done < MAX_RUNS && self.start.elapsed().as_secs_f64() < MIN_TIMED_S);
+        self.done += 1;
+        more
+    }
+}
+
 /// Each layer of `model` timed on `devices[0]` (the reference, speed 1) at `probe`'s batch and
 /// twice it, so that a layer's time splits into a per-sample part (the slope) and a fixed part
 /// (the intercept: launches and idle); its parameter, activation (what autograd keeps for the
@@ -141,15 +166,16 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
         None => Link { latency_s: 0.0, bytes_per_s: f64::INFINITY },
     };
     let state_per_param_byte = 2 + optimizer_states as u64;
-    Ok((Workload { layers, batch, state_per_param_byte }, Cluster { devices: specs, within: link, across: link, contention }))
+    Ok((Workload { layers, batch, state_per_param_byte, grad_dtype: crate::DType::F32 }, Cluster { devices: specs, within: link, across: link, contention }))
 }
 
-/// A layer's forward and backward seconds on `x` (best of [`RUNS`]), its output, and the bytes
+/// A layer's forward and backward seconds on `x` (best of [`Runs`]), its output, and the bytes
 /// its forward keeps for the backward.
 fn time_layer(layer: &dyn Module, x: &Tensor, dev: &Device) -> Result<(f64, f64, Tensor, u64)> {
     let (mut fwd, mut bwd) = (f64::INFINITY, f64::INFINITY);
     let mut kept = (x.clone(), 0);
-    for _ in 0..RUNS {
+    let mut runs = Runs::new();
+    while runs.more() {
         // Token ids (the GPT's embeddings) take no gradient; f32 and (under autocast) half
         // activations do.
         let input = if x.dtype() != crate::DType::I32 { x.detach().requires_grad() } else { x.clone() };
@@ -171,7 +197,7 @@ fn time_layer(layer: &dyn Module, x: &Tensor, dev: &Device) -> Result<(f64, f64,
 }
 
 /// Seconds of one optimizer update of `layer`'s parameters on `dev` (their gradients are
-/// `time_layer`'s), best of [`RUNS`]: SGD, SGD with momentum or Adam for 0, 1 or 2 states a
+/// `time_layer`'s), best of [`Runs`]: SGD, SGD with momentum or Adam for 0, 1 or 2 states a
 /// parameter, at learning rate 0, which leaves the weights as they are (the layer may be the
 /// user's own) and costs what any rate costs.
 fn update_s(layer: &dyn Module, optimizer_states: usize, dev: &Device) -> Result<f64> {
@@ -192,7 +218,8 @@ fn update_s(layer: &dyn Module, optimizer_states: usize, dev: &Device) -> Result
     };
     let mut opt = opt.build(params)?;
     let mut best = f64::INFINITY;
-    for _ in 0..RUNS {
+    let mut runs = Runs::new();
+    while runs.more() {
         let t = Instant::now();
         opt.step()?;
         dev.sync()?;
@@ -202,18 +229,19 @@ fn update_s(layer: &dyn Module, optimizer_states: usize, dev: &Device) -> Result
     Ok(best)
 }
 
-/// The whole model's forward and backward on `probe` on `dev`, best of [`RUNS`].
+/// The whole model's forward and backward on `probe` on `dev`, best of [`Runs`].
 fn whole_model_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, dev: &Device) -> Result<f64> {
     let copy = make(dev)?;
     let x = probe.to(dev)?;
     timed_runs(&copy, &x, dev)
 }
 
-/// Forward and backward of `model` on `x` (both on `dev`), best of [`RUNS`].
+/// Forward and backward of `model` on `x` (both on `dev`), best of [`Runs`].
 fn timed_runs(model: &dyn Module, x: &Tensor, dev: &Device) -> Result<f64> {
     let mut best = f64::INFINITY;
     let mut failed = None;
-    for _ in 0..RUNS {
+    let mut runs = Runs::new();
+    while runs.more() {
         let t0 = Instant::now();
         let run = || -> Result<()> {
             let root = model.forward(x)?.sum_all()?;

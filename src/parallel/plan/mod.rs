@@ -37,7 +37,7 @@
 //! // Adam's state, so it must be split.
 //! let block = LayerCost { name: "block".into(), forward_s: 2e-3, backward_s: 4e-3, fixed_s: 50e-6, param_bytes: 220 << 20,
 //!     activation_bytes: 24 << 20, output_bytes: 2 << 20, tensor_parallel: true, tied: None, update_s: 1e-3 };
-//! let work = Workload { layers: vec![block; 24], batch: 32, state_per_param_byte: 4 };
+//! let work = Workload { layers: vec![block; 24], batch: 32, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
 //! let p = plan(&work, &Cluster::dual_m60(2))?;
 //! // Megatron's rule holds: a tensor-parallel group never spans servers.
 //! assert!(p.best.layout.tensor <= 4);
@@ -143,13 +143,34 @@ pub struct Plan {
     /// replicas' speeds.
     pub shares: Vec<usize>,
     pub best: Estimate,
-    /// The other fitting layouts, fastest first.
+    /// The other fitting layouts, fastest first (those before `best`'s time are on more
+    /// devices and predicted less than [`MORE_DEVICES_MARGIN`] faster).
     pub alternatives: Vec<Estimate>,
     pub rejected: Vec<Rejected>,
+    /// The type a sharded layout keeps its gradient shards in ([`Workload::grad_dtype`]);
+    /// [`Plan::build`] gives it to ZeRO-2/3 layouts. Plan files from before it read as F32.
+    #[serde(default = "f32_grads")]
+    pub grad_dtype: crate::DType,
+}
+
+fn f32_grads() -> crate::DType {
+    crate::DType::F32
+}
+
+impl Plan {
+    /// The gradient shards' type of layout `l`: [`Plan::grad_dtype`] where it shards
+    /// gradients (ZeRO-2/3), F32 elsewhere, which has no shards.
+    pub fn grad_dtype_of(&self, l: &Layout) -> crate::DType {
+        if matches!(l.shard, Shard::Grads | Shard::Full) {
+            self.grad_dtype
+        } else {
+            crate::DType::F32
+        }
+    }
 }
 
 /// Searches every layout of the cluster's `k` fastest devices for each `k` (so a device too slow
-/// to help is left out): every factorisation `data x tensor x pipeline = k`, micro-batch counts
+/// to help is left out, as is one that helps by less than [`MORE_DEVICES_MARGIN`]): every factorisation `data x tensor x pipeline = k`, micro-batch counts
 /// dividing each replica's batch, recomputation on and off, each sharding mode ([`Shard`])
 /// where there are replicas, and for each the layer cut that minimises the slowest stage
 /// (dynamic programming over the stages' speeds). Each device's memory
@@ -220,10 +241,26 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
         let why = rejected.iter().take(3).map(|r| format!("{}: {}", r.layout, r.why)).collect::<Vec<_>>().join("; ");
         return Err(Error::invalid("plan", format!("no layout fits the devices' memory ({why})")));
     }
-    let best = fits.remove(0);
+    let best = fits.remove(fewest_devices_within_margin(&fits));
     let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
     let shares = shares_of(work.batch, cluster, &best.layout)?;
-    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected })
+    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype })
+}
+
+/// How much faster than the fastest layout on fewer devices a layout on more must be predicted
+/// to be chosen: a calibration of a few seconds on a shared machine varies by about this much,
+/// and more devices bring communication and run-to-run variance that a near-tie does not pay
+/// for (a seed CNN on `cpu,cpu` was planned as ZeRO-2 over both from a calibration that
+/// predicted it 4% faster than one device, and ran 18% slower).
+pub const MORE_DEVICES_MARGIN: f64 = 0.05;
+
+/// The index in `fits` (fastest first) of the layout to choose: among those predicted within
+/// [`MORE_DEVICES_MARGIN`] of the fastest, the fastest of those on the fewest devices.
+fn fewest_devices_within_margin(fits: &[Estimate]) -> usize {
+    let Some(fastest) = fits.first() else { return 0 };
+    let near = |e: &&Estimate| e.step_s <= fastest.step_s * (1.0 + MORE_DEVICES_MARGIN);
+    let fewest = fits.iter().filter(near).map(|e| e.layout.devices()).min().unwrap_or(0);
+    fits.iter().position(|e| near(&e) && e.layout.devices() == fewest).unwrap_or(0)
 }
 
 /// Each replica's samples of the batch under `l`: [`proportional_split`](crate::parallel::proportional_split)
@@ -380,7 +417,7 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             let update: f64 = range.clone().map(|i| work.layers[i].update_s / split(i) as f64).sum::<f64>() / updated / slowest_speed;
             update_s = update_s.max(update);
             let states = work.state_per_param_byte.saturating_sub(2);
-            let bytes = shard::state_bytes(params, states, l.shard, l.data) + activations.ceil() as u64;
+            let bytes = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, l.data) + activations.ceil() as u64;
             for t in 0..l.tensor {
                 memory[l.device(r, s, t)] = bytes;
             }
@@ -440,11 +477,14 @@ impl fmt::Display for Plan {
         let l = &self.best.layout;
         let used: Vec<String> = (0..l.devices().min(8)).map(|i| format!("{} {}", self.devices[i], bytes(self.best.memory[i]))).collect();
         writeln!(f, "  memory: {}", used.join(", "))?;
+        if self.grad_dtype_of(l) != crate::DType::F32 {
+            writeln!(f, "  gradient shards in {}", format!("{:?}", self.grad_dtype).to_lowercase())?;
+        }
         if l.data > 1 {
             writeln!(f, "  batch shares: {:?}", self.shares)?;
         }
         if l.devices() < self.devices.len() {
-            writeln!(f, "  left out: {} (predicted no faster with them)", names(&self.devices[l.devices()..]))?;
+            writeln!(f, "  left out: {} (predicted less than {:.0}% faster with them)", names(&self.devices[l.devices()..]), MORE_DEVICES_MARGIN * 100.0)?;
         }
         let mut seen = vec![degrees(l)];
         if !self.alternatives.is_empty() {

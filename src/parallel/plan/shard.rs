@@ -25,28 +25,32 @@ const BUCKET_BYTES: u64 = 25 << 20;
 /// - none: parameters, gradients and optimizer state whole, `(2 + states) P`;
 /// - optimizer (ZeRO-1): the state of the parameters a device owns, `2P + states P / d`;
 /// - grads (ZeRO-2): full parameters, the device's shard of gradients, optimizer state and
-///   the parameter pieces it updates, `P + (1 + states) P / d`, plus the full gradients of
+///   the parameter pieces it updates, `P + (g + states) P / d`, plus the full gradients of
 ///   the buckets backward has filled and not yet reduce-scattered (two buckets, or the whole
 ///   model's when smaller);
-/// - full (ZeRO-3): the shards, `(2 + states) P / d`, plus the units of full parameters
+/// - full (ZeRO-3): the shards, `(1 + g + states) P / d`, plus the units of full parameters
 ///   gathered at a time (the one computing, the one prefetched and the gathered flat values:
 ///   three buckets, or the whole model when smaller) and the gradients in flight.
+///
+/// `g` is the gradient shards' share of f32's bytes (`grad_bytes / 4`: 1, or 1/2 for bf16 and
+/// f16 shards, `DataParallelConfig::grad_dtype`).
 ///
 /// With replicas (`d > 1`) every mode also holds the flat buffer of the bucket being reduced
 /// (one bucket, or the whole model's gradients when smaller). On a small GPT over two CPU
 /// devices (`tandem bench --bench memory --model gpt`) the allocators' peaks are about `5P`
 /// in every mode, activations included: sharding lowers what is held between steps far more
 /// than the peak at this size.
-pub(super) fn state_bytes(params: u64, states: u64, shard: Shard, data: usize) -> u64 {
+pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shard, data: usize) -> u64 {
     let d = data.max(1) as u64;
+    let grads = params / 4 * grad_bytes;
     let bucket = if d > 1 { params.min(BUCKET_BYTES) } else { 0 };
     let in_flight = params.min(2 * BUCKET_BYTES);
     bucket
         + match shard {
             Shard::None => params * (2 + states),
             Shard::Optimizer => 2 * params + (states * params).div_ceil(d),
-            Shard::Grads => params + ((1 + states) * params).div_ceil(d) + in_flight,
-            Shard::Full => ((2 + states) * params).div_ceil(d) + params.min(3 * BUCKET_BYTES) + in_flight,
+            Shard::Grads => params + (grads + states * params).div_ceil(d) + in_flight,
+            Shard::Full => (params + grads + states * params).div_ceil(d) + params.min(3 * BUCKET_BYTES) + in_flight,
         }
 }
 
