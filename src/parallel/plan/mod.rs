@@ -16,8 +16,11 @@
 //! stage holds the embedding) plus the activations of the
 //! micro-batches in flight under 1F1B (`min(m, p - s)` at stage `s`), or with recomputation
 //! only the stage inputs plus one layer's activations; a layout fits when that is within
-//! [`MEMORY_USABLE`] of each device's memory (its budget where one is set). Sharding's
-//! reduce-scatters and all-gathers replace or add to the all-reduce in the step time.
+//! [`MEMORY_USABLE`] of each device's memory (its budget where one is set); ZeRO-2/3's
+//! gradient shards count in [`Workload::grad_dtype`]'s bytes. Sharding's reduce-scatters and
+//! all-gathers replace or add to the all-reduce in the step time. Of the layouts that fit, the
+//! fastest is chosen, unless one on fewer devices is predicted within [`MORE_DEVICES_MARGIN`]
+//! of it: a near tie is calibration noise, and more devices cost more than their prediction.
 //!
 //! [`measure`] calibrates the inputs on this machine's devices (and [`Cluster::contention`],
 //! how much devices that share the host's cores slow each other) under the caller's autocast,
