@@ -406,6 +406,10 @@ impl Buffer {
     pub(crate) fn set_refill(&self, hook: Option<Refill>) {
         *self.raw.refill.lock().unwrap_or_else(|e| e.into_inner()) = hook;
     }
+    /// Whether a refill hook waits on this buffer.
+    pub(crate) fn has_refill(&self) -> bool {
+        self.raw.refill.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
     /// What a backend calls on finding this buffer released (by [`Backend::release`]) when op
     /// `op` needs it: runs the refill hook, which restores it, or fails with the released-buffer
     /// error where there is none. The backend checks again afterwards.

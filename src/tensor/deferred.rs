@@ -67,6 +67,25 @@ pub(super) fn deferred(device: &Device, shape: Shape, values: HostValues) -> Res
     Ok(Tensor::from_parts(buf, shape, device.clone(), None))
 }
 
+/// Drops the host values deferred tensor `t` waits on, for a tensor that is written whole
+/// before anything reads it (a data-parallel replica's parameter, which replica 0's broadcast
+/// overwrites): its first use only gives it its memory back. So a model built deferred on
+/// several devices keeps one host copy of its parameters, not one per device. Does nothing to
+/// a tensor that is not waiting on host values.
+pub(crate) fn forget_host_values(t: &Tensor) {
+    let buf = t.buffer();
+    if !buf.has_refill() {
+        return;
+    }
+    let dev = t.device().clone();
+    let hook: Refill = Arc::new(move |buf: &Buffer| {
+        dev.backend().restore(buf)?;
+        buf.set_refill(None);
+        Ok(())
+    });
+    buf.set_refill(Some(hook));
+}
+
 fn fill(device: &Device, buf: &Buffer, values: &HostValues) -> Result<()> {
     match values {
         HostValues::F32(v) => device.backend().write_at(buf, 0, bytemuck::cast_slice(v)),

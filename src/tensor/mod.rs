@@ -15,7 +15,7 @@ mod shape_ops;
 
 pub(crate) use compose::gelu_tanh_inner;
 pub use deferred::build_deferred;
-pub(crate) use deferred::defers;
+pub(crate) use deferred::{defers, forget_host_values};
 pub use fused::composed;
 pub use losses::CrossEntropy;
 pub use halves::{autocast, autocast_dtype};
