@@ -96,12 +96,16 @@ fn sharded_data_parallelism_across_processes_trains_as_one() {
         }
     }
     // Deterministic mode: ZeRO-2 and ZeRO-3 over 2 processes are one plain process bit for bit.
+    // Over four devices (two a process) each computes one of the four micro-shards and ZeRO-3
+    // all-gathers unit by unit across processes; over three, whose micro-shard counts differ,
+    // it gathers the whole model before forward.
     let det = |devices| ["--devices", devices, "--steps", "6", "--deterministic"];
     let one = train(alone, &det("cpu"));
-    for shard in ["grads", "full"] {
-        let many = train(|a| mpirun(2, false, a), &[&det("cpu,cpu,cpu,cpu")[..], &["--shard", shard]].concat());
-        assert_eq!(many.bits, one.bits, "--shard {shard} --deterministic: losses {:?} against {:?}", many.losses, one.losses);
-        assert!(many.weights.iter().zip(&one.weights).all(|(a, b)| a.to_bits() == b.to_bits()), "--shard {shard} --deterministic: the weights differ");
+    for (shard, np, devices) in [("grads", 2, "cpu,cpu,cpu,cpu"), ("full", 2, "cpu,cpu,cpu,cpu"), ("full", 3, "cpu")] {
+        let many = train(|a| mpirun(np, false, a), &[&det(devices)[..], &["--shard", shard]].concat());
+        let what = format!("--shard {shard} --deterministic, {np} processes, devices {devices}");
+        assert_eq!(many.bits, one.bits, "{what}: losses {:?} against {:?}", many.losses, one.losses);
+        assert!(many.weights.iter().zip(&one.weights).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: the weights differ");
     }
 }
 

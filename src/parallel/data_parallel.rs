@@ -260,8 +260,10 @@ impl Strategy for DataParallel {
         let updates: Vec<bool> = (0..n).map(|i| self.owners.as_ref().is_none_or(|o| o.contains(&(first + i)))).collect();
         let mut comm_spans = Vec::new();
         let parts = ReplicaSplit { first, world, local: n, weights: self.split_weights.as_deref(), mode }.parts(batch)?;
-        // Deterministic mode gathers unit by unit in one process, each device on its own.
-        let by_unit = full && if self.cfg.deterministic { world == n } else { gather::every_device_alike(&parts, self.cfg.micro_batches, &*self.comm)? };
+        // Deterministic mode gathers unit by unit in one process, each device on its own, and
+        // across processes where every device computes as many micro-shards.
+        let shards = self.cfg.deterministic_shards.min(batch.len());
+        let by_unit = full && if self.cfg.deterministic { world == n || shards.is_multiple_of(world) } else { gather::every_device_alike(&parts, self.cfg.micro_batches, &*self.comm)? };
         self.gathers = None;
         if let Some(s) = self.sharded.as_ref().filter(|_| full) {
             if by_unit {

@@ -126,6 +126,18 @@ impl Msg {
     }
 }
 
+/// Tells the communication thread that its worker stopped early (an error or a panic), unless
+/// disarmed: collectives that wait for it never run, and the workers waiting for one must go.
+pub(super) struct FailGuard(pub Option<(Sender<Msg>, usize)>);
+
+impl Drop for FailGuard {
+    fn drop(&mut self) {
+        if let Some((tx, d)) = self.0.take() {
+            let _ = tx.send(Msg::Failed(d));
+        }
+    }
+}
+
 /// Hands a message to the communication thread; fails only when that thread has stopped.
 pub(super) fn send(tx: &Sender<Msg>, msg: Msg) -> Result<()> {
     tx.send(msg).map_err(|_| stopped())

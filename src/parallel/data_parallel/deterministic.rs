@@ -12,10 +12,13 @@
 //! backend. The price: no overlap of communication with backward, one full-gradient download
 //! per micro-shard, and the host doing the additions.
 //!
-//! ZeRO-3 in one process gathers unit by unit as in the overlapped step (`gather.rs`), but each
+//! ZeRO-3 gathers unit by unit as in the overlapped step (`gather.rs`): in one process each
 //! device on its own schedule ([`gather::serve`] reads the other devices' blocks), since
-//! devices may compute different numbers of micro-shards; a gather copies values, so the
-//! results stay those of plain data parallelism, bit for bit.
+//! devices may compute different numbers of micro-shards; across processes, where every device
+//! computes as many micro-shards (the caller's condition), with one all-gather per unit as in
+//! the overlapped step. A gather copies values, so the results stay those of plain data
+//! parallelism, bit for bit.
+use super::buckets::{self, FailGuard, Msg};
 use super::gather::{self, Gathers, Window};
 use super::shard::Sharded;
 use super::{joined, Computed, Replica};
@@ -25,7 +28,7 @@ use crate::parallel::split::Part;
 use crate::parallel::step::StepCore;
 use crate::parallel::trace::{Phase, Trace};
 use crate::{Error, Result, Tensor};
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -82,25 +85,58 @@ pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], comm: &dyn Communic
         (Some(s), Some(previous)) => replicas.iter().enumerate().map(|(i, r)| Some(Window::new(i, &r.device, s.units_on(i, r), tx.clone(), previous.get(i).cloned().unwrap_or_default()))).collect(),
         _ => replicas.iter().map(|_| None).collect(),
     };
-    // Only the windows' senders remain: the server ends when the last worker's window goes.
+    // A worker that stops early tells the gathering thread, which lets go of the others.
+    let guards: Vec<Option<Sender<Msg>>> = windows.iter().map(|w| w.as_ref().map(|_| tx.clone())).collect();
+    // Only the windows' and guards' senders remain: the gathering ends with the last worker.
     drop(tx);
+    let n = replicas.len();
+    // Across processes the devices gather together, one collective per unit in device 0's
+    // order (every device runs as many micro-shards: the caller checked); in one process
+    // each on its own.
+    let collective = comm.device_span().1 > n;
     let (outs, served) = std::thread::scope(|s| {
-        let server = server_for.map(|sh| s.spawn(move || gather::serve(sh, replicas, rx)));
-        let handles: Vec<_> = replicas.iter().zip(parts).zip(windows).map(|((r, ks), w)| s.spawn(move || worker(r, ks, plan, offsets, w))).collect();
+        let server = server_for.map(|sh| {
+            s.spawn(move || {
+                if collective {
+                    Ok(buckets::exchange(comm, rx, plan.buckets.len(), n, None, true)?.gathers)
+                } else {
+                    Ok(gather::serve(sh, replicas, rx))
+                }
+            })
+        });
+        let handles: Vec<_> = replicas
+            .iter()
+            .zip(parts)
+            .zip(windows)
+            .zip(guards)
+            .enumerate()
+            .map(|(i, (((r, ks), w), guard))| {
+                s.spawn(move || {
+                    let mut guard = FailGuard(guard.map(|tx| (tx, i)));
+                    let out = worker(r, ks, plan, offsets, w);
+                    if out.is_ok() {
+                        guard.0 = None;
+                    }
+                    out
+                })
+            })
+            .collect();
         let outs: Vec<Result<WorkerOut>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
-        let served = server.map(|h| h.join().map_err(|_| Error::Panicked("the data-parallel gather thread panicked".into())));
+        let served: Option<Result<Vec<_>>> = server.map(|h| h.join().unwrap_or_else(|_| Err(Error::Panicked("the data-parallel gather thread panicked".into()))));
         (outs, served.transpose())
     });
-    let outs = outs.into_iter().collect::<Result<Vec<_>>>()?;
+    // A failed collective makes the workers fail to gather; report the cause, not the symptom.
     let spans = served?.unwrap_or_default();
+    let outs = outs.into_iter().collect::<Result<Vec<_>>>()?;
     let backward_end = outs.iter().map(|o| o.end).max();
     let compute_s = outs.iter().map(|o| o.compute_s).collect();
     let gathered = match outs.iter().map(|o| o.gathered.clone()).collect::<Option<Vec<_>>>() {
         Some(g) if !g.is_empty() => {
             let n = g.len() as f64;
             let (orders, per_device) = g.into_iter().map(|(order, stats, _)| (order, stats)).unzip();
-            // Each device gathers for itself: the seconds per device, on average.
-            let gather_s = spans.iter().map(|(_, s, e)| (*e - *s).as_secs_f64()).sum::<f64>() / n;
+            // In one process each device gathers for itself: the seconds per device, on average.
+            let per = if collective { 1.0 } else { n };
+            let gather_s = spans.iter().map(|(_, s, e)| (*e - *s).as_secs_f64()).sum::<f64>() / per;
             Some((orders, Gathers { per_device, gather_s }, spans.iter().map(|&(_, s, e)| (s, e)).collect()))
         }
         _ => None,

@@ -1,7 +1,7 @@
 //! The default step: one worker thread per device runs forward and backward on its shard
 //! while a communication thread all-reduces gradient buckets as they complete; each device's
 //! timeline is marked around backward and each bucket's all-reduce (see `timing.rs`).
-use super::buckets::{self, Msg, Ready};
+use super::buckets::{self, FailGuard, Msg, Ready};
 use super::gather::{Finished, GatherStats, Gathers, UnitOnDevice, Window};
 use crate::parallel::split::Part;
 use super::timing::{self, DeviceStamps, Stamp};
@@ -38,18 +38,6 @@ pub(super) struct UnitGathers {
 pub(super) struct Exchange {
     pub reduced: Vec<Vec<crate::Tensor>>,
     pub gathered: Option<(Vec<usize>, Gathers)>,
-}
-
-/// Tells the communication thread that its worker stopped early (an error or a panic), unless
-/// disarmed: collectives that wait for it never run, and the workers waiting for one must go.
-struct FailGuard(Option<(Sender<Msg>, usize)>);
-
-impl Drop for FailGuard {
-    fn drop(&mut self) {
-        if let Some((tx, d)) = self.0.take() {
-            let _ = tx.send(Msg::Failed(d));
-        }
-    }
 }
 
 /// Everything the workers share.

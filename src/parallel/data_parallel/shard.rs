@@ -19,8 +19,8 @@
 //! all-gathered into the full parameters again (ZeRO-2) or the full parameters stay released
 //! until an op needs them (ZeRO-3, `Backend::release`). Where the devices would not ask for the
 //! same gathers (uneven micro-batch counts), ZeRO-3 gathers every unit before forward instead,
-//! with `Sharded::gather`; so does deterministic mode across processes (in one process it
-//! gathers unit by unit, each device on its own: `deterministic.rs`).
+//! with `Sharded::gather`; so does deterministic mode across processes whose devices compute
+//! different numbers of micro-shards (otherwise it gathers unit by unit: `deterministic.rs`).
 use super::{gather, Replica};
 use crate::autograd::no_grad;
 use crate::nn::models::StateShards;
