@@ -55,8 +55,8 @@ pub(super) struct Plan<'a> {
     pub updates: &'a [bool],
     /// ZeRO-2/3: the pieces take the sum (returned), not the replicas.
     pub sharded: Option<&'a Sharded>,
-    /// ZeRO-3 unit by unit (one process): each device's unit order of the previous step,
-    /// what it prefetches.
+    /// ZeRO-3 unit by unit: each device's unit order of the previous step, what it
+    /// prefetches.
     pub units: Option<Vec<Vec<usize>>>,
 }
 

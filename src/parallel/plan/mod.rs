@@ -55,6 +55,7 @@ mod measure;
 mod reuse;
 mod rules;
 mod shard;
+mod show;
 
 pub use build::unbuildable;
 pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, REFERENCE_FLOPS};
@@ -453,80 +454,6 @@ fn over_memory(cluster: &Cluster, e: &Estimate) -> Option<String> {
 }
 
 /// Bytes as [`format_bytes`](crate::backend::format_bytes) writes them.
-fn bytes(n: u64) -> String {
+pub(super) fn bytes(n: u64) -> String {
     crate::backend::format_bytes(n)
-}
-
-/// Device names for a line of text: all of a few, the first four of many.
-fn names(devices: &[String]) -> String {
-    match devices.len() {
-        0..=8 => devices.join(","),
-        n => format!("{},... ({n} devices)", devices[..4].join(",")),
-    }
-}
-
-impl fmt::Display for Plan {
-    /// The chosen layout with its predicted step time and each device's memory, the best of
-    /// each other degree triple, and each degree triple no variant of which was kept, with the
-    /// constraint that excluded it.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let line = |f: &mut fmt::Formatter<'_>, e: &Estimate| {
-            let peak = bytes(e.memory.iter().copied().max().unwrap_or(0));
-            writeln!(f, "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%), peak {peak}/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0)
-        };
-        let degrees = |l: &Layout| (l.data, l.tensor, l.pipeline);
-        writeln!(f, "plan for {} (batch {}):", names(&self.devices), self.batch)?;
-        line(f, &self.best)?;
-        let l = &self.best.layout;
-        let used: Vec<String> = (0..l.devices().min(8)).map(|i| format!("{} {}", self.devices[i], bytes(self.best.memory[i]))).collect();
-        writeln!(f, "  memory: {}", used.join(", "))?;
-        if self.grad_dtype_of(l) != crate::DType::F32 {
-            writeln!(f, "  gradient shards in {}", format!("{:?}", self.grad_dtype).to_lowercase())?;
-        }
-        if l.data > 1 {
-            writeln!(f, "  batch shares: {:?}", self.shares)?;
-        }
-        if l.devices() < self.devices.len() {
-            writeln!(f, "  left out: {} (predicted less than {:.0}% faster with them)", names(&self.devices[l.devices()..]), MORE_DEVICES_MARGIN * 100.0)?;
-        }
-        let mut seen = vec![degrees(l)];
-        if !self.alternatives.is_empty() {
-            writeln!(f, "next best:")?;
-            // One line per degree triple: its best micro-batch count and recompute choice.
-            for e in &self.alternatives {
-                if seen.len() < 6 && !seen.contains(&degrees(&e.layout)) {
-                    seen.push(degrees(&e.layout));
-                    line(f, e)?;
-                }
-            }
-        }
-        // One line per degree triple none of whose variants fits, with the first variant's
-        // reason; the excluded variants of kept triples are counted, with their reasons.
-        seen.extend(self.alternatives.iter().map(|e| degrees(&e.layout)));
-        let kept = seen.clone();
-        writeln!(f, "rejected ({} layouts):", self.rejected.len())?;
-        let mut variants: Vec<(&str, usize)> = Vec::new();
-        for r in &self.rejected {
-            let d = degrees(&r.layout);
-            if kept.contains(&d) {
-                // Memory rejections differ in their figures: counted together, the first
-                // one's figures shown.
-                let kind = match variants.iter().find(|(w, _)| w.starts_with("memory:")) {
-                    Some((w, _)) if r.why.starts_with("memory:") => *w,
-                    _ => r.why.split(" into ").next().unwrap_or(&r.why),
-                };
-                match variants.iter_mut().find(|(w, _)| *w == kind) {
-                    Some((_, n)) => *n += 1,
-                    None => variants.push((kind, 1)),
-                }
-            } else if !seen.contains(&d) {
-                seen.push(d);
-                writeln!(f, "  data {} x tensor {} x pipeline {}: {}", d.0, d.1, d.2, r.why)?;
-            }
-        }
-        for (why, n) in variants {
-            writeln!(f, "  {n} variants (micro-batch counts, recomputation, sharding) of kept layouts: {why}")?;
-        }
-        Ok(())
-    }
 }
