@@ -389,6 +389,33 @@ fn cli_trains_resumes_and_saves_a_model_four_times_the_limit() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `tandem train --deterministic --shard full --memory-limit` at a third of the f32 state: the
+/// 12-layer GPT trains under the limit and saves the weights the plain deterministic run
+/// without a limit saves, bit for bit; plain data parallelism under the limit is refused.
+#[test]
+fn cli_deterministic_zero3_under_the_limit_saves_the_plain_weights() {
+    let dir = std::env::temp_dir().join(format!("tandem-zero3-det-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let gpt = ["train", "--model", "gpt", "--data", "text", "--n-layer", "12", "--n-embd", "64", "--n-head", "4", "--block-size", "16", "--batch", "8", "--optimizer", "adamw", "--lr", "0.001", "--grad-clip", "0.5", "--devices", "cpu,cpu,cpu,cpu", "--strategy", "data", "--recompute", "--bucket-size", "32KiB", "--deterministic", "--steps", "3"];
+    // 603,776 parameters: 9.66 MB of f32 weights, gradients and moments; a third is 3.22 MB.
+    let limit = ["--memory-limit", "3144KiB"];
+    let (plain, zero3) = (path("plain.safetensors"), path("zero3.safetensors"));
+    for args in [vec!["--save", &plain], vec!["--shard", "full", limit[0], limit[1], "--save", &zero3]] {
+        let out = run(&[&gpt[..], &args].concat());
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let load = |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
+    assert_close("deterministic ZeRO-3 under the limit, from the command line", &load(&zero3), &load(&plain), 0.0, 0.0);
+    let out = run(&[&gpt[..], &limit].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("out of memory on cpu"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The CUDA smoke test's ZeRO-3 run (tests/cuda_smoke.rs) on CPU devices: an MLP without
 /// recomputation, a unit per layer; every unit gathered at least once a step, most prefetched;
 /// with bf16 gradient shards within their rounding.
