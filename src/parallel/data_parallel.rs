@@ -101,6 +101,17 @@ impl StepEvent {
     }
 }
 
+/// What each kind of step (overlapped, deterministic) works with.
+#[derive(Clone, Copy)]
+struct StepWork<'a> {
+    buckets: &'a [Vec<usize>],
+    bucket_of: &'a [usize],
+    run: &'a StepCore,
+    /// Samples in the global batch: each part's loss is scaled by its share of it.
+    total: usize,
+    trace: Option<&'a super::trace::Trace>,
+}
+
 /// One device's model copy. (Its optimizer lives beside it in `DataParallel::opts`, because
 /// workers share replicas by reference and an optimizer is `Send` but not `Sync`.)
 struct Replica {
@@ -278,13 +289,10 @@ impl Strategy for DataParallel {
             self.full_kept = false;
         }
         let mut host_sum = None;
+        let work = StepWork { buckets: &self.buckets, bucket_of: &self.bucket_of, run: &self.run, total: batch.len(), trace };
         let (computed, mut reduced) = if self.cfg.deterministic {
             let plan = deterministic::Plan {
-                buckets: &self.buckets,
-                bucket_of: &self.bucket_of,
-                run: &self.run,
-                total: batch.len(),
-                trace,
+                work,
                 updates: &updates,
                 sharded: self.sharded.as_ref(),
                 units: by_unit.then(|| self.gather_orders.clone()),
@@ -299,11 +307,7 @@ impl Strategy for DataParallel {
             (out.computed, None)
         } else {
             let plan = overlapped::Plan {
-                buckets: &self.buckets,
-                bucket_of: &self.bucket_of,
-                run: &self.run,
-                total: batch.len(),
-                trace,
+                work,
                 scatter: self.sharded.as_ref().map(|s| (s.world(), self.cfg.grad_dtype)),
                 release: full,
             };

@@ -21,12 +21,11 @@
 use super::buckets::{self, FailGuard, Msg};
 use super::gather::{self, Gathers, Window};
 use super::shard::Sharded;
-use super::{joined, Computed, Replica};
+use super::{joined, Computed, Replica, StepWork};
 use crate::autograd::{self, no_grad};
 use crate::parallel::comm::Communicator;
 use crate::parallel::split::Part;
-use crate::parallel::step::StepCore;
-use crate::parallel::trace::{Phase, Trace};
+use crate::parallel::trace::Phase;
 use crate::{Error, Result, Tensor};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
@@ -45,12 +44,7 @@ struct WorkerOut {
 
 /// What a deterministic step works with.
 pub(super) struct Plan<'a> {
-    pub buckets: &'a [Vec<usize>],
-    pub bucket_of: &'a [usize],
-    pub run: &'a StepCore,
-    /// Samples in the global batch.
-    pub total: usize,
-    pub trace: Option<&'a Trace>,
+    pub work: StepWork<'a>,
     /// Which replicas run an update (and so take the sum).
     pub updates: &'a [bool],
     /// ZeRO-2/3: the pieces take the sum (returned), not the replicas.
@@ -98,7 +92,7 @@ pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], comm: &dyn Communic
         let server = server_for.map(|sh| {
             s.spawn(move || {
                 if collective {
-                    Ok(buckets::exchange(comm, rx, plan.buckets.len(), n, None, true)?.gathers)
+                    Ok(buckets::exchange(comm, rx, plan.work.buckets.len(), n, None, true)?.gathers)
                 } else {
                     Ok(gather::serve(sh, replicas, rx))
                 }
@@ -159,7 +153,7 @@ pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], comm: &dyn Communic
         None
     };
     let t1 = Instant::now();
-    if let Some(tr) = plan.trace {
+    if let Some(tr) = plan.work.trace {
         for r in replicas {
             tr.span(&r.comm_track(), "host reduce", Phase::Comm, t0, (t1 - t0).as_secs_f64());
         }
@@ -180,16 +174,16 @@ fn worker(r: &Replica, ks: &[Part], plan: &Plan, offsets: &[usize], window: Opti
     for part in ks {
         r.model.zero_grad();
         let tf = Instant::now();
-        let scaled = plan.run.part_loss(&*r.model, &part.batch, part.first, plan.total, &r.device)?;
+        let scaled = plan.work.run.part_loss(&*r.model, &part.batch, part.first, plan.work.total, &r.device)?;
         let tb = Instant::now();
         let mut flat = vec![0.0f32; offsets[offsets.len() - 1]];
-        let mut pending: Vec<usize> = plan.buckets.iter().map(Vec::len).collect();
+        let mut pending: Vec<usize> = plan.work.buckets.iter().map(Vec::len).collect();
         autograd::backward(&scaled, &mut |leaf| {
             let Some(&p) = r.index_of.get(&leaf.id()) else { return Ok(()) };
-            let b = plan.bucket_of[p];
+            let b = plan.work.bucket_of[p];
             pending[b] -= 1;
             if pending[b] == 0 {
-                download(r, &plan.buckets[b], offsets, &mut flat)?;
+                download(r, &plan.work.buckets[b], offsets, &mut flat)?;
                 // Nothing left in this backward reads the bucket's parameters (see overlapped.rs).
                 if let Some(w) = &window {
                     w.release(b)?;
@@ -198,11 +192,11 @@ fn worker(r: &Replica, ks: &[Part], plan: &Plan, offsets: &[usize], window: Opti
             Ok(())
         })?;
         // Buckets backward did not complete (unused parameters): zeros where it reached none.
-        for b in (0..plan.buckets.len()).filter(|&b| pending[b] > 0) {
-            download(r, &plan.buckets[b], offsets, &mut flat)?;
+        for b in (0..plan.work.buckets.len()).filter(|&b| pending[b] > 0) {
+            download(r, &plan.work.buckets[b], offsets, &mut flat)?;
         }
         grads.push((part.index, flat, scaled.to_scalar()?));
-        if let Some(tr) = plan.trace {
+        if let Some(tr) = plan.work.trace {
             tr.span(&r.track, &format!("forward shard {}", part.index), Phase::Forward, tf, (tb - tf).as_secs_f64());
             tr.span(&r.track, &format!("backward shard {}", part.index), Phase::Backward, tb, tb.elapsed().as_secs_f64());
         }

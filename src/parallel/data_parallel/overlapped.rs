@@ -5,11 +5,10 @@ use super::buckets::{self, FailGuard, Msg, Ready};
 use super::gather::{Finished, GatherStats, Gathers, UnitOnDevice, Window};
 use crate::parallel::split::Part;
 use super::timing::{self, DeviceStamps, Stamp};
-use super::{joined, Computed, Replica, StepEvent};
+use super::{joined, Computed, Replica, StepEvent, StepWork};
 use crate::autograd;
 use crate::parallel::comm::Communicator;
-use crate::parallel::step::StepCore;
-use crate::parallel::trace::{Phase, Trace};
+use crate::parallel::trace::Phase;
 use crate::{Error, Result};
 use std::sync::mpsc::{channel, Sender};
 use std::time::Instant;
@@ -42,12 +41,7 @@ pub(super) struct Exchange {
 
 /// Everything the workers share.
 pub(super) struct Plan<'a> {
-    pub buckets: &'a [Vec<usize>],
-    pub bucket_of: &'a [usize],
-    pub run: &'a StepCore,
-    /// Samples in the global batch: each micro-batch's loss is scaled by its share of it.
-    pub total: usize,
-    pub trace: Option<&'a Trace>,
+    pub work: StepWork<'a>,
     /// ZeRO-2/3: reduce-scatter each bucket over this many devices instead of all-reducing it,
     /// each device's block kept in this type ([`DataParallelConfig::grad_dtype`](super::DataParallelConfig::grad_dtype)).
     pub scatter: Option<(usize, crate::DType)>,
@@ -67,7 +61,7 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
         None => (0..n).map(|_| None).collect(),
     };
     let (workers, exchanged) = std::thread::scope(|s| {
-        let comm_thread = s.spawn(move || buckets::exchange(comm, rx, plan.buckets.len(), n, plan.scatter, ordered));
+        let comm_thread = s.spawn(move || buckets::exchange(comm, rx, plan.work.buckets.len(), n, plan.scatter, ordered));
         let handles: Vec<_> = replicas
             .iter()
             .zip(shards)
@@ -111,7 +105,7 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
     let mut events: Vec<StepEvent> = exchanged.launches.iter().map(|&(bucket, at, _)| StepEvent::BucketLaunched { bucket, at }).collect();
     events.extend(workers.iter().enumerate().map(|(device, w)| StepEvent::BackwardDone { device, at: w.backward_end }));
     events.sort_by_key(StepEvent::at);
-    if let Some(tr) = plan.trace {
+    if let Some(tr) = plan.work.trace {
         for &(bucket, start, end) in &exchanged.launches {
             for r in replicas {
                 tr.span(&r.comm_track(), &format!("all-reduce bucket {bucket}"), Phase::Comm, start, (end - start).as_secs_f64());
@@ -133,7 +127,7 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
     let gathered = match workers.iter().map(|w| w.gathered.clone()).collect::<Option<Vec<_>>>() {
         Some(g) if !g.is_empty() => {
             let gather_s = exchanged.gathers.iter().map(|(_, s, e)| (*e - *s).as_secs_f64()).sum();
-            if let Some(tr) = plan.trace {
+            if let Some(tr) = plan.work.trace {
                 for &(unit, start, end) in &exchanged.gathers {
                     for r in replicas {
                         tr.span(&r.comm_track(), &format!("all-gather unit {unit}"), Phase::Comm, start, (end - start).as_secs_f64());
@@ -169,15 +163,15 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Msg>, w
         crate::tensor::between_ops(std::rc::Rc::new(move || w.settle()))
     });
     r.model.zero_grad();
-    let mut pending: Vec<usize> = plan.buckets.iter().map(Vec::len).collect();
-    let mut sent = vec![false; plan.buckets.len()];
+    let mut pending: Vec<usize> = plan.work.buckets.iter().map(Vec::len).collect();
+    let mut sent = vec![false; plan.work.buckets.len()];
     let mut loss = 0.0f32;
     let mut backward = None;
     for (j, part) in micro.iter().enumerate() {
         let last = j + 1 == micro.len();
         let tf = Instant::now();
         // Scaling by n_ij / N makes the sum over all devices and micro-batches the global mean.
-        let scaled = plan.run.part_loss(&*r.model, &part.batch, part.first, plan.total, &r.device)?;
+        let scaled = plan.work.run.part_loss(&*r.model, &part.batch, part.first, plan.work.total, &r.device)?;
         loss += scaled.to_scalar()?;
         let tb = Instant::now();
         let start = if last { Some(Stamp::now(&r.device)?) } else { None };
@@ -186,22 +180,22 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Msg>, w
             if !last {
                 return Ok(());
             }
-            let b = plan.bucket_of[p];
+            let b = plan.work.bucket_of[p];
             pending[b] -= 1;
             if pending[b] == 0 {
                 sent[b] = true;
-                let flat = buckets::pack(&r.params, &plan.buckets[b])?;
+                let flat = buckets::pack(&r.params, &plan.work.buckets[b])?;
                 if plan.scatter.is_some() {
                     // ZeRO-2/3 keeps only its block of the reduction: the full gradients go
                     // now, so that no more than the buckets in flight exist at once.
-                    plan.buckets[b].iter().for_each(|&p| r.params[p].1.set_grad(None));
+                    plan.work.buckets[b].iter().for_each(|&p| r.params[p].1.set_grad(None));
                 }
                 if plan.release {
                     // A leaf's gradient is complete once every node that reads it has run its
                     // backward, so nothing left in this backward reads these parameters.
                     match &window {
                         Some(w) => w.release(b)?,
-                        None => plan.buckets[b].iter().try_for_each(|&p| r.params[p].1.release_storage().map(drop))?,
+                        None => plan.work.buckets[b].iter().try_for_each(|&p| r.params[p].1.release_storage().map(drop))?,
                     }
                 }
                 buckets::send(&tx, Msg::Ready(Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? }))?;
@@ -211,7 +205,7 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Msg>, w
         if let Some(start) = start {
             backward = Some((start, Stamp::now(&r.device)?));
         }
-        if let Some(tr) = plan.trace {
+        if let Some(tr) = plan.work.trace {
             tr.span(&r.track, &format!("forward {j}"), Phase::Forward, tf, (tb - tf).as_secs_f64());
             tr.span(&r.track, &format!("backward {j}"), Phase::Backward, tb, tb.elapsed().as_secs_f64());
         }
@@ -219,8 +213,8 @@ fn worker(i: usize, r: &Replica, micro: &[Part], plan: &Plan, tx: Sender<Msg>, w
     r.device.sync()?;
     let backward_end = Instant::now();
     // Buckets whose parameters backward never reached (unused layers, an empty shard).
-    for b in (0..plan.buckets.len()).filter(|&b| !sent[b]) {
-        let flat = buckets::pack(&r.params, &plan.buckets[b])?;
+    for b in (0..plan.work.buckets.len()).filter(|&b| !sent[b]) {
+        let flat = buckets::pack(&r.params, &plan.work.buckets[b])?;
         buckets::send(&tx, Msg::Ready(Ready { bucket: b, device: i, flat, ready: Stamp::now(&r.device)? }))?;
     }
     let gathered = window.as_ref().map(|w| w.finish()).transpose()?;
