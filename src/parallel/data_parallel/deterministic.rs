@@ -207,7 +207,7 @@ fn worker(r: &Replica, ks: &[Part], plan: &Plan, offsets: &[usize], window: Opti
 }
 
 /// Where each parameter starts in the flat gradient, and its length at the end.
-fn offsets(params: &[(String, Tensor)]) -> Vec<usize> {
+pub(super) fn offsets(params: &[(String, Tensor)]) -> Vec<usize> {
     let mut out = Vec::with_capacity(params.len() + 1);
     let mut at = 0;
     out.push(0);

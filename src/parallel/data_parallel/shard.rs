@@ -237,13 +237,8 @@ impl Sharded {
     /// Every device's gradient pieces out of the host sum of every parameter's gradient
     /// (`sum`, state_dict order: deterministic mode), in `dtype`.
     pub fn grads_from_host(&self, sum: &[f32], replicas: &[Replica], dtype: crate::DType) -> Result<()> {
-        let params = &replicas[0].params;
-        let mut starts = Vec::with_capacity(params.len());
-        let mut at = 0;
-        for (_, p) in params {
-            starts.push(at);
-            at += p.numel();
-        }
+        let starts = super::deterministic::offsets(&replicas[0].params);
+        let at = starts[starts.len() - 1];
         if sum.len() != at {
             return Err(Error::shape("DataParallel::step", format!("the summed gradient has {} values for {at} parameters' values", sum.len())));
         }
