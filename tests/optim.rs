@@ -248,3 +248,60 @@ fn pytorch_default_init_ranges() {
         assert!(max > 0.5 * bound, "{name} does not fill its range");
     }
 }
+
+/// Optimizer state offloaded to host memory: the same updates bit for bit (SGD with momentum
+/// and AdamW with groups, on the CPU and on lavapipe), none of the state on the device between
+/// steps, and a checkpoint of it loads into an optimizer that keeps its state on the device.
+#[test]
+fn offloaded_state_updates_the_same_and_leaves_the_device() {
+    use tandem::optim::{OptimConfig, ParamGroups};
+    let mut devices = vec![Device::cpu_independent()];
+    devices.extend(Device::parse("wgpu:0").unwrap_or_default());
+    let configs = [
+        OptimConfig::sgd(SgdConfig { lr: 0.1, momentum: 0.9, nesterov: true, ..Default::default() }),
+        OptimConfig::adam(AdamConfig { lr: 1e-2, weight_decay: 0.1, ..AdamConfig::adamw() }).with_groups(ParamGroups::no_decay_for_biases_and_norms()),
+    ];
+    for dev in &devices {
+        for cfg in &configs {
+            let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(3);
+            let init: Vec<Tensor> = [vec![37, 19], vec![19]].into_iter().map(|s| Tensor::randn(s, &mut rng, &Device::cpu()).unwrap()).collect();
+            let grads: Vec<Vec<Tensor>> = (0..3).map(|_| init.iter().map(|t| Tensor::randn(t.shape().clone(), &mut rng, dev).unwrap()).collect()).collect();
+            let params = || init.iter().enumerate().map(|(i, t)| (format!("p{i}"), t.to(dev).unwrap().requires_grad())).collect::<Vec<_>>();
+            let train = |opt: &mut dyn Optimizer| -> (Vec<Vec<f32>>, Vec<u64>) {
+                let before = dev.memory().in_use;
+                let mut in_use = Vec::new();
+                let weights = grads
+                    .iter()
+                    .map(|step| {
+                        opt.params().iter().zip(step).for_each(|((_, p), g)| p.set_grad(Some(g.clone())));
+                        opt.step().unwrap();
+                        opt.zero_grad();
+                        in_use.push(dev.memory().in_use - before);
+                        opt.params().iter().flat_map(|(_, p)| p.to_vec().unwrap()).collect()
+                    })
+                    .collect();
+                (weights, in_use)
+            };
+            let mut on_device = cfg.build(params()).unwrap();
+            let (want, used) = train(&mut *on_device);
+            drop(on_device);
+            let mut offloaded = cfg.clone().offloaded(true).build(params()).unwrap();
+            let (got, used_offloaded) = train(&mut *offloaded);
+            let what = format!("{:?} on {}", cfg, dev.spec());
+            assert_eq!(got, want, "{what}: offloaded updates differ");
+            // Bytes in use after each step beyond the parameters and gradients: the state's (a
+            // backend may round each buffer up), or nothing.
+            let state_bytes = 4 * cfg.states_per_parameter() * (37 * 19 + 19);
+            assert!(used.iter().all(|&b| b >= state_bytes) && used_offloaded.iter().all(|&b| b == 0), "{what}: state in use {used:?}, offloaded {used_offloaded:?}, state {state_bytes} B");
+            let (state, steps) = offloaded.state();
+            assert!(state.iter().all(|(_, t)| !t.device().same(dev)), "{what}: offloaded state on the device");
+            let mut resumed = cfg.build(offloaded.params().to_vec()).unwrap();
+            resumed.load_state(&state, steps).unwrap();
+            let (state_back, _) = resumed.state();
+            for ((n, a), (_, b)) in state.iter().zip(&state_back) {
+                assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap(), "{what}: {n} reloaded");
+                assert!(b.device().same(dev), "{what}: {n} not back on the device");
+            }
+        }
+    }
+}

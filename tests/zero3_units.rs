@@ -1,59 +1,16 @@
 //! ZeRO-3 unit by unit: each unit's parameters all-gathered when an op first needs them and
 //! released after, the next unit prefetched; against plain data parallelism, and a GPT whose
 //! training state is several times each device's memory budget trained on four devices.
-use tandem::data::text::{Split, TextCorpus};
-use tandem::data::Batch;
-use tandem::nn::models::{Gpt, GptConfig};
+use tandem::data::text::TextCorpus;
+use tandem::nn::models::Gpt;
 use tandem::optim::AdamConfig;
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Shard, Strategy};
 use tandem::tolerance::assert_close;
 use tandem::Device;
 
-fn devices(n: usize) -> Vec<Device> {
-    (0..n).map(|_| Device::cpu_independent()).collect()
-}
-
-fn gpt_batches(cfg: &GptConfig, corpus: &TextCorpus, size: usize, steps: usize) -> Vec<Batch> {
-    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
-    (0..steps)
-        .map(|_| {
-            let b = corpus.batch(Split::Train, size, cfg.block_size, &mut rng).unwrap();
-            Batch::tokens(b.x, b.y, b.block, corpus.vocab.len()).unwrap()
-        })
-        .collect()
-}
-
-fn gpt(layers: usize, corpus: &TextCorpus) -> GptConfig {
-    GptConfig { n_layer: layers, n_head: 4, n_embd: 64, block_size: 16, vocab_size: corpus.vocab.len(), dropout: 0.0, bias: true }
-}
-
-fn adamw() -> OptimConfig {
-    OptimConfig::adam(AdamConfig { lr: 1e-3, ..AdamConfig::adamw() })
-}
-
-/// Data parallelism on `devs` for a GPT of `cfg` (blocks recomputed in backward), clipped.
-fn data_parallel(cfg: GptConfig, devs: &[Device], shard: Shard, bucket_bytes: usize, micro_batches: usize) -> tandem::Result<DataParallel> {
-    configured(cfg, devs, DataParallelConfig { shard, bucket_bytes, micro_batches, ..Default::default() })
-}
-
-/// `data_parallel` with any configuration.
-fn configured(cfg: GptConfig, devs: &[Device], dp: DataParallelConfig) -> tandem::Result<DataParallel> {
-    let build = |d: &Device| {
-        let g = Gpt::new(cfg, 1, d)?;
-        g.set_recompute(true);
-        Ok(g)
-    };
-    let mut s = DataParallel::from_factory(build, devs, &adamw(), Loss::CrossEntropy, dp)?;
-    s.set_grad_clip(Some(0.5))?;
-    Ok(s)
-}
-
-/// Losses of every step, and the weights after the last.
-fn train(s: &mut DataParallel, batches: &[Batch]) -> tandem::Result<(Vec<f32>, Vec<f32>)> {
-    let losses = batches.iter().map(|b| s.step(b).map(|r| r.loss)).collect::<tandem::Result<Vec<_>>>()?;
-    let weights = s.state_dict()?.iter().map(|(_, t)| t.to_vec()).collect::<tandem::Result<Vec<_>>>()?.concat();
-    Ok((losses, weights))
-}
+#[path = "common/zero3_gpt.rs"]
+mod zero3_gpt;
+use zero3_gpt::{adamw, configured, data_parallel, devices, gpt, gpt_batches, train};
 
 /// ZeRO-3 gathers unit by unit: every unit at least twice a step (forward, and backward's
 /// recomputation and gradients), most of them prefetched from the second step on; the losses

@@ -365,7 +365,7 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             _ => StateShards::WHOLE,
         };
         for d in devices {
-            cfg.check_sharded_training_fits(d, optim.states_per_parameter(), shards)?;
+            cfg.check_sharded_training_fits(d, optim.device_states_per_parameter(), shards)?;
         }
     }
     match kind {

@@ -238,6 +238,13 @@ pub struct TrainArgs {
     /// shard gradients (ZeRO-2/3), which then keep them in it.
     #[arg(long, value_name = "TYPE", default_value = "f32", value_parser = grad_dtype)]
     pub grad_dtype: tandem::DType,
+    /// Keep the optimizer state in host memory (DeepSpeed's `offload_optimizer`): each
+    /// parameter's state visits its device for that parameter's update only, which takes Adam's
+    /// 8 of 16 bytes a parameter (with --shard, of each device's shard) off the device and
+    /// moves them over the bus both ways every step. Same kernels, so the same results bit for
+    /// bit; a run may resume with or without it.
+    #[arg(long)]
+    pub offload_optimizer: bool,
     /// What the forward computes in: `f32`, or `bf16` / `f16` (PyTorch's autocast: products
     /// and the activations after them stored in the half type, computed in f32; F32 master
     /// weights; f16 with dynamic loss scaling). Every --strategy.

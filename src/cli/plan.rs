@@ -12,7 +12,7 @@ use tandem::data::Dataset;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::{Module, Sequential};
 use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, unbuildable, Cluster, Plan, Workload, REFERENCE_FLOPS};
-use tandem::optim::{OptimKind, Precision};
+use tandem::optim::Precision;
 use tandem::parallel::{inputs_to_device, OptimConfig, Shard};
 use tandem::{DType, Device, Error, Result, Tensor};
 
@@ -275,12 +275,10 @@ fn probe(train: &Dataset, device: &Device) -> Result<Tensor> {
     inputs_to_device(&train.batch(&(0..n).collect::<Vec<_>>())?, device)
 }
 
-/// Optimizer state tensors per parameter: SGD's momentum, Adam's two moments.
+/// Optimizer state tensors per parameter on the device: SGD's momentum, Adam's two moments;
+/// none when offloaded to host memory.
 fn optimizer_states(optim: &OptimConfig) -> usize {
-    match optim.optimizer {
-        OptimKind::Sgd(c) => usize::from(c.momentum != 0.0),
-        OptimKind::Adam(_) => 2,
-    }
+    optim.device_states_per_parameter() as usize
 }
 
 /// The device's f32 matmul throughput, best of three 256³ products.

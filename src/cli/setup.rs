@@ -236,7 +236,7 @@ pub fn optim_config(args: &TrainArgs, default: OptimizerKind) -> Result<OptimCon
         return Err(Error::invalid("--weight-decay", "applies to --optimizer adamw only"));
     }
     let weight_decay = args.weight_decay.unwrap_or(0.01);
-    Ok(match kind {
+    let optim = match kind {
         OptimizerKind::Sgd => {
             if !(args.momentum.is_finite() && (0.0..1.0).contains(&args.momentum)) {
                 return Err(Error::invalid("--momentum", format!("must be in [0, 1), got {}", args.momentum)));
@@ -250,7 +250,8 @@ pub fn optim_config(args: &TrainArgs, default: OptimizerKind) -> Result<OptimCon
             }
             OptimConfig::adam(AdamConfig { lr, weight_decay, ..AdamConfig::adamw() }).with_groups(ParamGroups::no_decay_for_biases_and_norms())
         }
-    })
+    };
+    Ok(optim.offloaded(args.offload_optimizer))
 }
 
 /// The --grad-clip bound, checked.

@@ -26,6 +26,14 @@ pub struct OptimConfig {
     pub optimizer: OptimKind,
     /// `None`: one group with the optimizer's own lr and weight decay.
     pub groups: Option<ParamGroups>,
+    /// Keep the optimizer state in host memory (DeepSpeed's `offload_optimizer`): each
+    /// parameter's state goes to its device for that parameter's update and back, so a device
+    /// holds one parameter's state at a time. The update runs on the device with the same
+    /// kernel, so results are bit for bit those without offload; each step moves the state
+    /// over the bus both ways (AdamW: 16 bytes a parameter). With ZeRO it offloads each
+    /// device's shard of the state. Not part of the run's recorded configuration: it changes
+    /// where the state lives, not what is computed, so a run may resume with or without it.
+    pub offload: bool,
 }
 
 /// The update rule and its base settings (the lr and weight decay of parameters whose group
@@ -38,14 +46,19 @@ pub enum OptimKind {
 
 impl OptimConfig {
     pub fn sgd(cfg: SgdConfig) -> Self {
-        OptimConfig { optimizer: OptimKind::Sgd(cfg), groups: None }
+        OptimConfig { optimizer: OptimKind::Sgd(cfg), groups: None, offload: false }
     }
     /// Adam, or AdamW when `cfg.decoupled` (see [`AdamConfig::adamw`]).
     pub fn adam(cfg: AdamConfig) -> Self {
-        OptimConfig { optimizer: OptimKind::Adam(cfg), groups: None }
+        OptimConfig { optimizer: OptimKind::Adam(cfg), groups: None, offload: false }
     }
     pub fn with_groups(mut self, groups: ParamGroups) -> Self {
         self.groups = Some(groups);
+        self
+    }
+    /// The same optimizer with its state in host memory (see [`OptimConfig::offload`]).
+    pub fn offloaded(mut self, offload: bool) -> Self {
+        self.offload = offload;
         self
     }
     /// The base learning rate.
@@ -64,12 +77,21 @@ impl OptimConfig {
             OptimKind::Adam(_) => 2,
         }
     }
+    /// State tensors per parameter that live on the parameter's device between steps: none
+    /// when [offloaded](OptimConfig::offload) (the update holds one parameter's at a time).
+    pub fn device_states_per_parameter(&self) -> u64 {
+        if self.offload {
+            0
+        } else {
+            self.states_per_parameter()
+        }
+    }
     /// An optimizer over `params`, each placed in its group by the rule.
     pub fn build(&self, params: Vec<(String, Tensor)>) -> Result<Box<dyn Optimizer>> {
         let groups = self.groups.as_ref();
         Ok(match self.optimizer {
-            OptimKind::Sgd(c) => Box::new(Sgd::grouped(params, c, groups)?),
-            OptimKind::Adam(c) => Box::new(Adam::grouped(params, c, groups)?),
+            OptimKind::Sgd(c) => Box::new(Sgd::grouped(params, c, groups)?.with_state_offloaded(self.offload)),
+            OptimKind::Adam(c) => Box::new(Adam::grouped(params, c, groups)?.with_state_offloaded(self.offload)),
         })
     }
 }

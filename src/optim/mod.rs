@@ -4,6 +4,7 @@
 #![doc = include_str!("training.md")]
 mod clip;
 mod config;
+mod offload;
 mod precision;
 mod schedule;
 
@@ -16,6 +17,7 @@ use crate::autograd::no_grad;
 use crate::backend::OptimStep;
 use crate::{Error, Result, Tensor};
 use config::Resolved;
+use offload::StateHome;
 
 /// Updates parameters from their gradients.
 pub trait Optimizer: Send {
@@ -63,6 +65,7 @@ pub struct Sgd {
     momentum: Vec<Option<Tensor>>,
     groups: Resolved,
     steps: u64,
+    home: StateHome,
 }
 
 impl Sgd {
@@ -76,7 +79,13 @@ impl Sgd {
         }
         let groups = Resolved::new("Sgd", groups, &params, cfg.lr, cfg.weight_decay)?;
         let n = params.len();
-        Ok(Sgd { cfg, params, momentum: vec![None; n], groups, steps: 0 })
+        Ok(Sgd { cfg, params, momentum: vec![None; n], groups, steps: 0, home: StateHome::Device })
+    }
+    /// Keeps the momentum buffers in host memory, each on the device only for its parameter's
+    /// update (see [`OptimConfig::offload`]).
+    pub fn with_state_offloaded(mut self, offload: bool) -> Self {
+        self.home = StateHome::new(offload);
+        self
     }
 }
 
@@ -100,7 +109,7 @@ fn check_lr(lr: f32) -> Result<()> {
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
-        let c = self.cfg;
+        let (c, home) = (self.cfg, self.home);
         no_grad(|| {
             for (i, ((_, p), buf)) in self.params.iter().zip(self.momentum.iter_mut()).enumerate() {
                 let Some(g) = p.grad() else { continue };
@@ -108,20 +117,13 @@ impl Optimizer for Sgd {
                 let (lr, wd) = (self.groups.lr(i, c.lr), self.groups.weight_decay(i));
                 let first = buf.is_none();
                 if c.momentum != 0.0 && first {
-                    *buf = Some(Tensor::zeros(p.shape().clone(), p.device())?);
+                    *buf = Some(home.zeros(p)?);
                 }
-                let step = OptimStep::Sgd { lr, momentum: c.momentum, dampening: c.dampening, nesterov: c.nesterov, weight_decay: wd, first };
-                let state: Vec<&crate::backend::Buffer> = buf.iter().map(|b| b.buffer()).collect();
-                if p.backend().optim_step(step, p.buffer(), g.buffer(), &state)? {
-                    continue;
+                let state = buf.as_ref().map(|b| home.fetch(b, p)).transpose()?;
+                sgd_update(&c, (lr, wd, first), p, &g, state.as_ref())?;
+                if let (Some(b), Some(s)) = (buf.as_ref(), state.as_ref()) {
+                    home.put_back(b, s)?;
                 }
-                let mut d = if wd != 0.0 { g.add(&p.mul_scalar(wd)?)? } else { g.clone() };
-                if let Some(b) = buf {
-                    let nb = if first { d.clone() } else { b.mul_scalar(c.momentum)?.add(&d.mul_scalar(1.0 - c.dampening)?)? };
-                    b.assign(&nb)?;
-                    d = if c.nesterov { d.add(&nb.mul_scalar(c.momentum)?)? } else { nb };
-                }
-                p.assign(&p.sub(&d.mul_scalar(lr)?)?)?;
             }
             self.steps += 1;
             Ok(())
@@ -136,7 +138,7 @@ impl Optimizer for Sgd {
     }
     fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         for ((n, p), buf) in self.params.iter().zip(self.momentum.iter_mut()) {
-            *buf = find_state(state, &format!("{n}.momentum_buffer"), p)?;
+            *buf = find_state(state, &format!("{n}.momentum_buffer"), p, self.home)?;
         }
         self.steps = steps;
         Ok(())
@@ -149,16 +151,59 @@ impl Optimizer for Sgd {
     }
 }
 
-fn find_state(state: &[(String, Tensor)], name: &str, p: &Tensor) -> Result<Option<Tensor>> {
+/// One SGD update of `p` with momentum buffer `buf` (on `p`'s device): the backend's fused
+/// kernel, or the same rule as ops.
+fn sgd_update(c: &SgdConfig, (lr, wd, first): (f32, f32, bool), p: &Tensor, g: &Tensor, buf: Option<&Tensor>) -> Result<()> {
+    let step = OptimStep::Sgd { lr, momentum: c.momentum, dampening: c.dampening, nesterov: c.nesterov, weight_decay: wd, first };
+    let state: Vec<&crate::backend::Buffer> = buf.iter().map(|b| b.buffer()).collect();
+    if p.backend().optim_step(step, p.buffer(), g.buffer(), &state)? {
+        return Ok(());
+    }
+    let mut d = if wd != 0.0 { g.add(&p.mul_scalar(wd)?)? } else { g.clone() };
+    if let Some(b) = buf {
+        let nb = if first { d.clone() } else { b.mul_scalar(c.momentum)?.add(&d.mul_scalar(1.0 - c.dampening)?)? };
+        b.assign(&nb)?;
+        d = if c.nesterov { d.add(&nb.mul_scalar(c.momentum)?)? } else { nb };
+    }
+    p.assign(&p.sub(&d.mul_scalar(lr)?)?)
+}
+
+/// State entry `name` for parameter `p`, copied into a tensor of the optimizer's own, kept
+/// where `home` keeps state.
+fn find_state(state: &[(String, Tensor)], name: &str, p: &Tensor, home: StateHome) -> Result<Option<Tensor>> {
     match state.iter().find(|(n, _)| n == name) {
         None => Ok(None),
         Some((_, t)) if t.shape() == p.shape() => {
-            let own = Tensor::zeros(p.shape().clone(), p.device())?;
+            let own = home.zeros(p)?;
             own.assign(t)?;
             Ok(Some(own))
         }
         Some((_, t)) => Err(Error::shape("optimizer load_state", format!("{name}: {:?} for parameter {:?}", t.shape(), p.shape()))),
     }
+}
+
+/// One Adam (AdamW when `c.decoupled`) update of `p` with moments `m` and `v` (on `p`'s
+/// device) at step `t`: the backend's fused kernel, or the same rule as ops.
+fn adam_update(c: &AdamConfig, (lr, wd, t): (f32, f32, u64), p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor) -> Result<()> {
+    let step = OptimStep::Adam { lr, beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: wd, decoupled: c.decoupled, step: t };
+    if p.backend().optim_step(step, p.buffer(), g.buffer(), &[m.buffer(), v.buffer()])? {
+        return Ok(());
+    }
+    let mut g = g.clone();
+    let mut pv = p.clone();
+    if wd != 0.0 {
+        if c.decoupled {
+            pv = p.mul_scalar(1.0 - lr * wd)?;
+        } else {
+            g = g.add(&p.mul_scalar(wd)?)?;
+        }
+    }
+    m.assign(&m.mul_scalar(c.beta1)?.add(&g.mul_scalar(1.0 - c.beta1)?)?)?;
+    v.assign(&v.mul_scalar(c.beta2)?.add(&g.square()?.mul_scalar(1.0 - c.beta2)?)?)?;
+    let bc1 = 1.0 - c.beta1.powi(t as i32);
+    let bc2 = 1.0 - c.beta2.powi(t as i32);
+    let denom = v.sqrt()?.mul_scalar(1.0 / bc2.sqrt())?.add_scalar(c.eps)?;
+    p.assign(&pv.sub(&m.div(&denom)?.mul_scalar(lr / bc1)?)?)
 }
 
 /// Settings of `Adam`/`AdamW`, PyTorch's defaults.
@@ -192,6 +237,7 @@ pub struct Adam {
     moments: Vec<Option<(Tensor, Tensor)>>,
     groups: Resolved,
     steps: u64,
+    home: StateHome,
 }
 
 impl Adam {
@@ -205,13 +251,19 @@ impl Adam {
         }
         let groups = Resolved::new("Adam", groups, &params, cfg.lr, cfg.weight_decay)?;
         let n = params.len();
-        Ok(Adam { cfg, params, moments: vec![None; n], groups, steps: 0 })
+        Ok(Adam { cfg, params, moments: vec![None; n], groups, steps: 0, home: StateHome::Device })
+    }
+    /// Keeps the two moments in host memory, each on the device only for its parameter's
+    /// update (see [`OptimConfig::offload`]).
+    pub fn with_state_offloaded(mut self, offload: bool) -> Self {
+        self.home = StateHome::new(offload);
+        self
     }
 }
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
-        let c = self.cfg;
+        let (c, home) = (self.cfg, self.home);
         self.steps += 1;
         let t = self.steps;
         no_grad(|| {
@@ -220,28 +272,13 @@ impl Optimizer for Adam {
                 let g = widened(g, p)?;
                 let (lr, wd) = (self.groups.lr(i, c.lr), self.groups.weight_decay(i));
                 if mom.is_none() {
-                    *mom = Some((Tensor::zeros(p.shape().clone(), p.device())?, Tensor::zeros(p.shape().clone(), p.device())?));
+                    *mom = Some((home.zeros(p)?, home.zeros(p)?));
                 }
                 let (m, v) = mom.as_ref().expect("set above");
-                let step = OptimStep::Adam { lr, beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: wd, decoupled: c.decoupled, step: t };
-                if p.backend().optim_step(step, p.buffer(), g.buffer(), &[m.buffer(), v.buffer()])? {
-                    continue;
-                }
-                let mut g = g.clone();
-                let mut pv = p.clone();
-                if wd != 0.0 {
-                    if c.decoupled {
-                        pv = p.mul_scalar(1.0 - lr * wd)?;
-                    } else {
-                        g = g.add(&p.mul_scalar(wd)?)?;
-                    }
-                }
-                m.assign(&m.mul_scalar(c.beta1)?.add(&g.mul_scalar(1.0 - c.beta1)?)?)?;
-                v.assign(&v.mul_scalar(c.beta2)?.add(&g.square()?.mul_scalar(1.0 - c.beta2)?)?)?;
-                let bc1 = 1.0 - c.beta1.powi(t as i32);
-                let bc2 = 1.0 - c.beta2.powi(t as i32);
-                let denom = v.sqrt()?.mul_scalar(1.0 / bc2.sqrt())?.add_scalar(c.eps)?;
-                p.assign(&pv.sub(&m.div(&denom)?.mul_scalar(lr / bc1)?)?)?;
+                let (dm, dv) = (home.fetch(m, p)?, home.fetch(v, p)?);
+                adam_update(&c, (lr, wd, t), p, &g, &dm, &dv)?;
+                home.put_back(m, &dm)?;
+                home.put_back(v, &dv)?;
             }
             Ok(())
         })
@@ -261,8 +298,8 @@ impl Optimizer for Adam {
     }
     fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         for ((n, p), mom) in self.params.iter().zip(self.moments.iter_mut()) {
-            let m = find_state(state, &format!("{n}.exp_avg"), p)?;
-            let v = find_state(state, &format!("{n}.exp_avg_sq"), p)?;
+            let m = find_state(state, &format!("{n}.exp_avg"), p, self.home)?;
+            let v = find_state(state, &format!("{n}.exp_avg_sq"), p, self.home)?;
             *mom = m.zip(v);
         }
         self.steps = steps;
