@@ -251,13 +251,14 @@ fn bench_reports_the_gpt_train_step() {
 }
 
 /// `bench --bench memory` reports each device's held state under every sharding mode: ZeRO-1,
-/// -2 and -3 each hold less between steps than the one before, and the analytic split says why;
-/// in bf16 ZeRO-2/3's gradient shards are half the bytes.
+/// -2 and -3 each hold less between steps than the one before, and ZeRO-3 with the optimizer
+/// state offloaded less again; the analytic split says why; in bf16 ZeRO-2/3's gradient shards
+/// are half the bytes.
 #[test]
 fn memory_bench_shows_sharding_shrink_what_each_device_holds() {
     let out = ok(&["bench", "--bench", "memory", "--model", "gpt", "--devices", "cpu,cpu", "--quick", "--log-format", "json", "--precision", "f32,bf16"]);
     let all = json_lines(&out);
-    assert_eq!(all.len(), 16, "four modes on two devices in two precisions: {all:?}");
+    assert_eq!(all.len(), 20, "five modes on two devices in two precisions: {all:?}");
     let grads = |precision: &str, mode: &str| all.iter().find(|l| l["precision"] == precision && l["shard"] == mode).map(|l| l["gradient_bytes"].as_u64().unwrap()).unwrap();
     for mode in ["grads", "full"] {
         assert_eq!(grads("bf16", mode) * 2, grads("f32", mode), "{mode}: bf16 gradient shards");
@@ -265,15 +266,15 @@ fn memory_bench_shows_sharding_shrink_what_each_device_holds() {
     assert_eq!(grads("bf16", "none"), grads("f32", "none"), "unsharded gradients stay f32");
     let lines: Vec<_> = all.into_iter().filter(|l| l["precision"] == "f32").collect();
     let held = |mode: &str| lines.iter().filter(|l| l["shard"] == mode).map(|l| l["held_bytes"].as_u64().unwrap()).max().unwrap();
-    let (none, opt, grads, full) = (held("none"), held("optimizer"), held("grads"), held("full"));
-    assert!(full < grads && grads < opt && opt < none, "held bytes none {none}, optimizer {opt}, grads {grads}, full {full}");
+    let (none, opt, grads, full, offload) = (held("none"), held("optimizer"), held("grads"), held("full"), held("full+offload"));
+    assert!(offload < full && full < grads && grads < opt && opt < none, "held bytes none {none}, optimizer {opt}, grads {grads}, full {full}, full+offload {offload}");
     let first = &lines[0];
     let p = first["parameter_bytes"].as_u64().unwrap();
     assert_eq!(first["optimizer_bytes"].as_u64(), Some(2 * p), "Adam keeps two moments per parameter: {first}");
     // Unsharded, a device holds at least its parameters, gradients and Adam's moments.
     assert!(none >= 4 * p, "held {none} < 4 x {p} parameter bytes");
     let last = lines.last().unwrap();
-    assert_eq!((last["shard"].as_str(), last["parameter_bytes"].as_u64()), (Some("full"), Some(p / 2)));
+    assert_eq!((last["shard"].as_str(), last["parameter_bytes"].as_u64(), last["optimizer_bytes"].as_u64()), (Some("full+offload"), Some(p / 2), Some(0)));
     fails(&["bench", "--bench", "memory", "--model", "gpt", "--devices", "cpu"], "at least two");
 }
 

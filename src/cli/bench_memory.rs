@@ -2,7 +2,8 @@
 //! mode (plain, ZeRO-1, ZeRO-2, ZeRO-3) and each `--precision` for a GPT, measured by the
 //! allocators, with the state's split into parameters, gradients and optimizer state, what a
 //! step allocates beyond it (activations and transients), and the step time. In bf16 and f16
-//! ZeRO-2/3 keep their gradient shards in the half type (`--grad-dtype`).
+//! ZeRO-2/3 keep their gradient shards in the half type (`--grad-dtype`). A last mode,
+//! `full+offload`, is ZeRO-3 with the optimizer state in host memory (`--offload-optimizer`).
 use super::devices::print_table;
 use super::{BenchArgs, LogFormat};
 use tandem::backend::format_bytes;
@@ -68,10 +69,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let optim = OptimConfig::adam(AdamConfig { lr: 1e-4, ..AdamConfig::adamw() });
     let p = cfg.parameter_bytes().ok_or_else(|| Error::invalid("--model", "too many parameters to count"))?;
     let k = optim.states_per_parameter();
+    // Every sharding mode, then ZeRO-3 with the optimizer state offloaded.
+    let modes = Shard::ALL.map(|s| (s, false)).into_iter().chain([(Shard::Full, true)]);
     let steps = if args.quick { 1 } else { 2 };
     let mut rows = Vec::new();
-    for (precision, shard) in args.precision.iter().flat_map(|&p| Shard::ALL.map(|s| (p, s))) {
-        let shard_name = shard.name();
+    for (precision, (shard, offload)) in args.precision.iter().flat_map(|&p| modes.clone().map(move |m| (p, m))) {
+        let shard_name = if offload { "full+offload" } else { shard.name() };
         // In a half precision the sharded gradients are kept in it too (--grad-dtype).
         let grad_dtype = match (shard, precision.autocast()) {
             (Shard::Grads | Shard::Full, Some(half)) => half,
@@ -84,7 +87,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 g.set_recompute(recompute);
                 Ok(g)
             },
-            &devices, &optim, Loss::CrossEntropy, DataParallelConfig { shard, grad_dtype, ..Default::default() })?;
+            &devices, &optim.clone().offloaded(offload), Loss::CrossEntropy, DataParallelConfig { shard, grad_dtype, ..Default::default() })?;
         dp.set_precision(precision, None)?;
         let setup_peaks: Vec<u64> = devices.iter().map(|d| d.memory().peak).collect();
         devices.iter().for_each(Device::reset_peak_memory);
@@ -97,6 +100,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let (comm_s, hidden) = report.map_or((0.0, 0.0), |r| (r.comm_s, r.overlap));
         let nn = n as u64;
         let (params, grads, opt) = match shard {
+            _ if offload => (p / nn, p / nn / 4 * grad_dtype.size() as u64, 0),
             Shard::None => (p, p, k * p),
             Shard::Optimizer => (p, p, k * p / nn),
             Shard::Grads => (p, p / nn / 4 * grad_dtype.size() as u64, k * p / nn),
