@@ -13,6 +13,8 @@ fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
         backward_s: 2.0 * f_ms * 1e-3,
         fixed_s: 0.0,
         param_bytes: params_mib << 20,
+        // Four tensors of equal size, as an MLP's two matrices and attention's two.
+        largest_param_bytes: params_mib << 18,
         activation_bytes: act_mib << 20,
         output_bytes: out_mib << 20,
         tensor_parallel: true,
@@ -27,7 +29,7 @@ fn single_layout() -> Layout {
 
 #[test]
 fn one_device_costs_forward_and_backward_of_the_batch() {
-    let work = Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
+    let work = Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let e = estimate(&work, &Cluster::dual_m60(1), &single_layout());
     // 4 layers x (1 + 2) ms x 8 samples.
     assert!((e.step_s - 0.096).abs() < 1e-9, "{}", e.step_s);
@@ -39,7 +41,7 @@ fn one_device_costs_forward_and_backward_of_the_batch() {
 
 #[test]
 fn a_small_model_on_equal_devices_is_data_parallel_over_all_of_them() {
-    let work = Workload { layers: vec![block(4, 8, 1, 1.0); 8], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
+    let work = Workload { layers: vec![block(4, 8, 1, 1.0); 8], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &Cluster::dual_m60(1)).unwrap();
     assert_eq!((p.best.layout.data, p.best.layout.tensor, p.best.layout.pipeline), (4, 1, 1), "{p}");
     let alone = estimate(&work, &Cluster::dual_m60(1), &single_layout());
@@ -49,7 +51,7 @@ fn a_small_model_on_equal_devices_is_data_parallel_over_all_of_them() {
 #[test]
 fn a_model_too_big_for_one_device_is_split_and_never_over_memory() {
     // 24 blocks of 220 MiB: 5.2 GiB of weights, 21 GiB with gradients and Adam's state.
-    let work = Workload { layers: vec![block(220, 24, 2, 2.0); 24], batch: 32, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
+    let work = Workload { layers: vec![block(220, 24, 2, 2.0); 24], batch: 32, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let cluster = Cluster::dual_m60(2);
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
@@ -72,7 +74,7 @@ fn on_nvlink_servers_tensor_parallelism_stays_inside_and_pipelines_go_across() {
     let mut gpt_block = block(1800, 2900, 48, 400.0);
     gpt_block.fixed_s = 20e-6;
     let layers = vec![gpt_block; 32];
-    let work = Workload { layers, batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
+    let work = Workload { layers, batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let cluster = Cluster::h100_nvlink(4);
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
@@ -95,7 +97,7 @@ fn a_slow_device_gets_less_work_or_none() {
     let cpu = DeviceSpec { name: "cpu".into(), speed: 1.0, memory: 16 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
     let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link, contention: 1.0 };
-    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
+    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
     let alone = estimate(&work, &cluster, &single_layout());
@@ -117,7 +119,7 @@ fn the_fastest_devices_are_planned_first_whatever_their_order() {
     let fast = DeviceSpec { name: "fast".into(), speed: 20.0, memory: 8 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
     let cluster = Cluster { devices: vec![slow, fast], within: link, across: link, contention: 1.5 };
-    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
+    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &cluster).unwrap();
     assert_eq!(p.devices, ["fast", "slow"]);
     assert_eq!(p.best.layout.devices(), 1, "{p}");
@@ -163,7 +165,7 @@ fn state_bound(memory: u64) -> (Workload, Cluster) {
     let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };
     let mut layer = block(64, 1, 1, 1.0);
     layer.tensor_parallel = false;
-    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0 })
+    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0 })
 }
 
 #[test]
@@ -214,6 +216,35 @@ fn memory_too_small_for_plain_data_parallelism_makes_the_search_shard() {
         assert!(e.memory.iter().all(|m| (*m as f64) <= 0.85 * (2200u64 << 20) as f64), "{} is over memory", e.layout);
     }
     assert!(p.to_string().contains("shard"), "{p}");
+}
+
+/// Optimizer state offloaded to host memory (`offloaded_states`, with `state_per_param_byte`
+/// counting weights and gradients only) takes its bytes off every device and puts them on the
+/// host link twice a step, each layer's share around its update: sharded by the modes that
+/// shard optimizer state, whole otherwise; the device holds one tensor's state while updating.
+#[test]
+fn offloaded_state_is_counted_as_transfers_not_memory() {
+    let (work, cluster) = state_bound(64 << 30);
+    let offloaded = Workload { state_per_param_byte: 2, offloaded_states: 2, ..work.clone() };
+    let p = 8 * (64u64 << 20);
+    let data = |shard| Layout { data: 2, shard, ..single_layout() };
+    for (shard, share) in [(Shard::None, 1), (Shard::Full, 2)] {
+        let (kept, off) = (estimate(&work, &cluster, &data(shard)), estimate(&offloaded, &cluster, &data(shard)));
+        // Adam's two moments (the device's share) leave it, but for the largest tensor's (16
+        // MiB of a layer's 64) while it is updated.
+        assert_eq!(kept.memory[0] - off.memory[0], 2 * p / share - 2 * (16 << 20) / share, "{shard:?}");
+        // Each of the 8 layers' moments (2 x 64 MiB over the share) once over the link: to
+        // the device for the update and back are one host-staged transfer.
+        let link = 8.0 * cluster.within.send_s((2 * (64u64 << 20) / share) as f64);
+        assert!((off.step_s - kept.step_s - link).abs() < 1e-12, "{shard:?}: {} against {} + {link}", off.step_s, kept.step_s);
+    }
+    // 85% of 1.1 GiB is under half the state (1 GiB a device on two, however split), so
+    // nothing fits without the offload; with it a layout does, within the memory.
+    let (_, tight) = state_bound(1100 << 20);
+    assert!(plan(&work, &tight).is_err(), "nothing fits without the offload");
+    let p = plan(&offloaded, &tight).unwrap();
+    println!("{p}");
+    assert!(p.best.memory.iter().all(|m| (*m as f64) <= 0.85 * (1100u64 << 20) as f64), "{p}");
 }
 
 /// A layout on more devices is chosen only when predicted at least `MORE_DEVICES_MARGIN`
@@ -286,7 +317,7 @@ fn a_tied_head_counts_once_where_a_stage_holds_its_embedding() {
     let mut layers = vec![block(64, 1, 1, 1.0); 3];
     layers.iter_mut().for_each(|l| l.tensor_parallel = false);
     layers[2].tied = Some((0, 64 << 20));
-    let work = Workload { layers, batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
+    let work = Workload { layers, batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let big = 64u64 << 30;
     let dev = |i: usize| DeviceSpec { name: format!("gpu{i}"), speed: 1.0, memory: big, server: 0 };
     let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };

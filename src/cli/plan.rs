@@ -94,7 +94,7 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
             let cpu = Device::cpu();
             let probe = gpt_probe(&data, cfg, &cpu)?;
             let (work, _, how) = tandem::autocast(t.precision.autocast(), || plan::measure_gpt_reusing(&gpt, &probe, std::slice::from_ref(&cpu), t.batch, optimizer_states(&optim), reuse(t)?))?;
-            let work = Workload { grad_dtype: t.grad_dtype, ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
+            let work = Workload { grad_dtype: t.grad_dtype, offloaded_states: offloaded_states(&optim), ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
             let mut p = plan::plan_cut_within(&work, &cluster, &|_, _| None, &gpt_cuttable(cfg.n_layer))?;
             p.model = gpt.describe();
             out!("{p}");
@@ -120,7 +120,7 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
 pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType) -> Result<(Plan, plan::Calibration)> {
     let probe = gpt_probe(data, gpt.config, &devices[0])?;
     let (work, cluster, how) = tandem::autocast(precision.autocast(), || plan::measure_gpt_reusing(gpt, &probe, devices, batch, optimizer_states(optim), reuse))?;
-    let work = Workload { grad_dtype, ..work };
+    let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work };
     let cfg = gpt.config;
     let mut p = plan::plan_cut_within(&work, &cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer))?;
     p.model = gpt.describe();
@@ -185,7 +185,7 @@ pub fn compared(p: &Plan, train_s: f64, steps: u64) -> String {
 pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType) -> Result<(Plan, plan::Calibration)> {
     let probe = probe(train, &devices[0])?;
     let (work, cluster, how) = tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, devices, batch, optimizer_states(optim), reuse))?;
-    let work = Workload { grad_dtype, ..work };
+    let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work };
     let mut p = plan::plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, model))?;
     p.model = model.describe();
     Ok((p, how))
@@ -199,7 +199,7 @@ fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimCo
     let cpu = Device::cpu();
     let probe = probe(train, &cpu)?;
     let (work, _, how) = tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, std::slice::from_ref(&cpu), batch, optimizer_states(optim), reuse))?;
-    let work = Workload { grad_dtype, ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
+    let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
     let mut p = plan::plan(&work, cluster)?;
     p.model = model.describe();
     Ok((p, how))
@@ -223,6 +223,9 @@ pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], fresh: im
     if args.grad_dtype != DType::F32 && args.grad_dtype != p.grad_dtype {
         let dtype = |d: DType| format!("{d:?}").to_lowercase();
         return Err(Error::invalid("--grad-dtype", format!("the plan was made for {} gradient shards, not {}: plan again with --grad-dtype {}", dtype(p.grad_dtype), dtype(args.grad_dtype), dtype(args.grad_dtype))));
+    }
+    if p.offloaded_states > 0 && !args.offload_optimizer {
+        return Err(Error::invalid("--plan", "the plan keeps the optimizer state in host memory: train with --offload-optimizer, or plan again without it"));
     }
     if args.balance == Some(Balance::Even) && p.shares.len() > 1 {
         let n = p.shares.len();
@@ -279,6 +282,11 @@ fn probe(train: &Dataset, device: &Device) -> Result<Tensor> {
 /// none when offloaded to host memory.
 fn optimizer_states(optim: &OptimConfig) -> usize {
     optim.device_states_per_parameter() as usize
+}
+
+/// Optimizer state tensors per parameter kept in host memory (`--offload-optimizer`).
+fn offloaded_states(optim: &OptimConfig) -> u64 {
+    optim.states_per_parameter() - optim.device_states_per_parameter()
 }
 
 /// The device's f32 matmul throughput, best of three 256³ products.

@@ -16,6 +16,11 @@ pub struct LayerCost {
     pub fixed_s: f64,
     /// Bytes of its parameters (f32).
     pub param_bytes: u64,
+    /// Bytes of its largest parameter tensor (f32): what an offloaded optimizer's update holds
+    /// on the device at once, times the state tensors. Calibrations from before it read 0,
+    /// which counts the whole layer.
+    #[serde(default)]
+    pub largest_param_bytes: u64,
     /// Bytes per sample its forward keeps for the backward.
     pub activation_bytes: u64,
     /// Bytes per sample of its output: what a pipeline cut after it sends each way, and what a
@@ -49,6 +54,12 @@ pub struct Workload {
     /// from before it read as F32.
     #[serde(default = "f32_grads")]
     pub grad_dtype: DType,
+    /// Optimizer state tensors per parameter kept in host memory
+    /// ([`OptimConfig::offload`](crate::optim::OptimConfig::offload)), not counted in
+    /// `state_per_param_byte`: each step moves them to their devices and back, which the
+    /// estimate adds to the update as host-staged transfers. Files from before it read 0.
+    #[serde(default)]
+    pub offloaded_states: u64,
 }
 
 fn f32_grads() -> DType {

@@ -119,6 +119,7 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
         let (forward_s, backward_s) = (slope(f1, f2), slope(b1, b2));
         let fixed_s = ((f1 - forward_s * k as f64).max(0.0) + (b1 - backward_s * k as f64).max(0.0)) / 2.0;
         let param_bytes = here.parameters().iter().map(|(_, p)| (p.numel() * 4) as u64).sum();
+        let largest_param_bytes = here.parameters().iter().map(|(_, p)| (p.numel() * 4) as u64).max().unwrap_or(0);
         // A copy of an earlier layer's parameter (GPT's head of its embedding): its bytes and
         // that layer (one layer ties to one other in the models tandem plans).
         let tied = here
@@ -136,6 +137,7 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
             backward_s,
             fixed_s,
             param_bytes,
+            largest_param_bytes,
             activation_bytes: act1 / k as u64,
             output_bytes: (y1.numel() * y1.dtype().size() / k) as u64,
             tensor_parallel: tensor_parallel(i, name, here),
@@ -166,7 +168,7 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
         None => Link { latency_s: 0.0, bytes_per_s: f64::INFINITY },
     };
     let state_per_param_byte = 2 + optimizer_states as u64;
-    Ok((Workload { layers, batch, state_per_param_byte, grad_dtype: crate::DType::F32 }, Cluster { devices: specs, within: link, across: link, contention }))
+    Ok((Workload { layers, batch, state_per_param_byte, grad_dtype: crate::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention }))
 }
 
 /// A layer's forward and backward seconds on `x` (best of [`Runs`]), its output, and the bytes

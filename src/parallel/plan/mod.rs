@@ -17,7 +17,9 @@
 //! micro-batches in flight under 1F1B (`min(m, p - s)` at stage `s`), or with recomputation
 //! only the stage inputs plus one layer's activations; a layout fits when that is within
 //! [`MEMORY_USABLE`] of each device's memory (its budget where one is set); ZeRO-2/3's
-//! gradient shards count in [`Workload::grad_dtype`]'s bytes. Sharding's reduce-scatters and
+//! gradient shards count in [`Workload::grad_dtype`]'s bytes. Optimizer state offloaded to host
+//! memory ([`Workload::offloaded_states`]) counts only as its largest tensor's while updated,
+//! and adds its bytes over the host link to the update's time. Sharding's reduce-scatters and
 //! all-gathers replace or add to the all-reduce in the step time. Of the layouts that fit, the
 //! fastest is chosen, unless one on fewer devices is predicted within [`MORE_DEVICES_MARGIN`]
 //! of it: a near tie is calibration noise, and more devices cost more than their prediction.
@@ -39,8 +41,8 @@
 //! // A 24-block model of 1.3 GB of f32 parameters per 6 blocks: too big for one 8 GB M60 with
 //! // Adam's state, so it must be split.
 //! let block = LayerCost { name: "block".into(), forward_s: 2e-3, backward_s: 4e-3, fixed_s: 50e-6, param_bytes: 220 << 20,
-//!     activation_bytes: 24 << 20, output_bytes: 2 << 20, tensor_parallel: true, tied: None, update_s: 1e-3 };
-//! let work = Workload { layers: vec![block; 24], batch: 32, state_per_param_byte: 4, grad_dtype: tandem::DType::F32 };
+//!     largest_param_bytes: 55 << 20, activation_bytes: 24 << 20, output_bytes: 2 << 20, tensor_parallel: true, tied: None, update_s: 1e-3 };
+//! let work = Workload { layers: vec![block; 24], batch: 32, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
 //! let p = plan(&work, &Cluster::dual_m60(2))?;
 //! // Megatron's rule holds: a tensor-parallel group never spans servers.
 //! assert!(p.best.layout.tensor <= 4);
@@ -155,6 +157,11 @@ pub struct Plan {
     /// [`Plan::build`] gives it to ZeRO-2/3 layouts. Plan files from before it read as F32.
     #[serde(default = "f32_grads")]
     pub grad_dtype: crate::DType,
+    /// Optimizer state tensors per parameter planned in host memory
+    /// ([`Workload::offloaded_states`]): the layouts' memory leaves them out, so a run must
+    /// offload them too. Plan files from before it read 0.
+    #[serde(default)]
+    pub offloaded_states: u64,
 }
 
 fn f32_grads() -> crate::DType {
@@ -248,7 +255,7 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
     let best = fits.remove(fewest_devices_within_margin(&fits));
     let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
     let shares = shares_of(work.batch, cluster, &best.layout)?;
-    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype })
+    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states: work.offloaded_states })
 }
 
 /// How much faster than the fastest layout on fewer devices a layout on more must be predicted
@@ -419,9 +426,21 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             let updated = if l.shard == Shard::None { 1.0 } else { l.data as f64 };
             let slowest_speed = (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min);
             let update: f64 = range.clone().map(|i| work.layers[i].update_s / split(i) as f64).sum::<f64>() / updated / slowest_speed;
+            // Offloaded state: each layer's share goes to the device and back around its update.
+            let offload: f64 = range.clone().filter(|_| work.offloaded_states > 0).map(|i| cluster.within.send_s((work.layers[i].param_bytes / split(i) * work.offloaded_states) as f64 / updated)).sum();
+            let update = update + offload;
             update_s = update_s.max(update);
             let states = work.state_per_param_byte.saturating_sub(2);
-            let bytes = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, l.data) + activations.ceil() as u64;
+            // An offloaded update holds one parameter's state on the device at a time.
+            let largest = |i: usize| match work.layers[i].largest_param_bytes {
+                0 => work.layers[i].param_bytes,
+                b => b,
+            };
+            let visiting = range.clone().map(|i| largest(i) / split(i) * work.offloaded_states).max().unwrap_or(0);
+            let visiting = (visiting as f64 / updated).ceil() as u64;
+            // One device accumulating micro-batches runs as data parallelism of one replica.
+            let accumulates = l.micro_batches > 1 && l.tensor == 1 && l.pipeline == 1;
+            let bytes = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, l.data, accumulates) + activations.ceil() as u64 + visiting;
             for t in 0..l.tensor {
                 memory[l.device(r, s, t)] = bytes;
             }

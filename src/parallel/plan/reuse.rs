@@ -103,7 +103,10 @@ struct CalibrationFile {
 pub(super) fn key(model: &str, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize) -> String {
     let threads = std::thread::available_parallelism().map_or(0, usize::from);
     let mut lines = vec![
+        // The second line changes when what a calibration measures does (2: each layer's
+        // largest parameter), so that an older file is measured over, not read with a gap.
         format!("tandem {}", env!("CARGO_PKG_VERSION")),
+        "calibration 2".to_string(),
         format!("model {model}"),
         format!("probe {:?} {:?}", probe.dims(), probe.dtype()),
         format!("batch {batch}, {optimizer_states} optimizer states, {threads} host threads, autocast {:?}", crate::tensor::autocast_dtype()),

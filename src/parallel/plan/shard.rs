@@ -35,15 +35,16 @@ const BUCKET_BYTES: u64 = 25 << 20;
 /// `g` is the gradient shards' share of f32's bytes (`grad_bytes / 4`: 1, or 1/2 for bf16 and
 /// f16 shards, `DataParallelConfig::grad_dtype`).
 ///
-/// With replicas (`d > 1`) every mode also holds the flat buffer of the bucket being reduced
-/// (one bucket, or the whole model's gradients when smaller). On a small GPT over two CPU
+/// `DataParallel` holds the flat buffer of the bucket being reduced (one bucket, or the whole
+/// model's gradients when smaller) in every mode: with replicas (`d > 1`), and on one device
+/// accumulating micro-batches (`accumulates`), which it runs too. On a small GPT over two CPU
 /// devices (`tandem bench --bench memory --model gpt`) the allocators' peaks are about `5P`
 /// in every mode, activations included: sharding lowers what is held between steps far more
 /// than the peak at this size.
-pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shard, data: usize) -> u64 {
+pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shard, data: usize, accumulates: bool) -> u64 {
     let d = data.max(1) as u64;
     let grads = params / 4 * grad_bytes;
-    let bucket = if d > 1 { params.min(BUCKET_BYTES) } else { 0 };
+    let bucket = if d > 1 || accumulates { params.min(BUCKET_BYTES) } else { 0 };
     let in_flight = params.min(2 * BUCKET_BYTES);
     bucket
         + match shard {

@@ -29,6 +29,9 @@ impl fmt::Display for Plan {
         if self.grad_dtype_of(l) != crate::DType::F32 {
             writeln!(f, "  gradient shards in {}", format!("{:?}", self.grad_dtype).to_lowercase())?;
         }
+        if self.offloaded_states > 0 {
+            writeln!(f, "  optimizer state in host memory ({} tensors a parameter, to the devices and back each step)", self.offloaded_states)?;
+        }
         if l.data > 1 {
             writeln!(f, "  batch shares: {:?}", self.shares)?;
         }
