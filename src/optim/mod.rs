@@ -121,7 +121,7 @@ impl Optimizer for Sgd {
                 }
                 let state = buf.as_ref().map(|b| home.fetch(b, p)).transpose()?;
                 sgd_update(&c, (lr, wd, first), p, &g, state.as_ref())?;
-                if let (Some(b), Some(s)) = (buf.as_ref(), state.as_ref()) {
+                if let (Some(b), Some(s)) = (buf.as_mut(), state.as_ref()) {
                     home.put_back(b, s)?;
                 }
             }
@@ -274,7 +274,7 @@ impl Optimizer for Adam {
                 if mom.is_none() {
                     *mom = Some((home.zeros(p)?, home.zeros(p)?));
                 }
-                let (m, v) = mom.as_ref().expect("set above");
+                let (m, v) = mom.as_mut().expect("set above");
                 let (dm, dv) = (home.fetch(m, p)?, home.fetch(v, p)?);
                 adam_update(&c, (lr, wd, t), p, &g, &dm, &dv)?;
                 home.put_back(m, &dm)?;

@@ -54,12 +54,12 @@ impl StateHome {
             StateHome::Host => state.to(p.device()),
         }
     }
-    /// After the update: the device copy's new values back into the host tensor (the copy is
+    /// After the update: `state` becomes the device copy's new values, downloaded (the copy is
     /// dropped by the caller, which frees its device memory).
-    pub(crate) fn put_back(self, state: &Tensor, updated: &Tensor) -> Result<()> {
-        match self {
-            StateHome::Device => Ok(()),
-            StateHome::Host => state.assign(updated),
+    pub(crate) fn put_back(self, state: &mut Tensor, updated: &Tensor) -> Result<()> {
+        if self == StateHome::Host {
+            *state = updated.to(&host())?;
         }
+        Ok(())
     }
 }

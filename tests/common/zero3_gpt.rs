@@ -59,3 +59,16 @@ pub fn train(s: &mut DataParallel, batches: &[Batch]) -> tandem::Result<(Vec<f32
     let weights = s.state_dict()?.iter().map(|(_, t)| t.to_vec()).collect::<tandem::Result<Vec<_>>>()?.concat();
     Ok((losses, weights))
 }
+
+/// The error of a run that must not fit its budget: out of memory on a CPU device, saying what
+/// it asked, what was free and the budget, and every one of `also`; `what` names the case.
+pub fn out_of_memory<T>(run: tandem::Result<T>, what: &str, also: &[&str]) -> String {
+    let err = match run {
+        Ok(_) => panic!("{what} trained under a budget it cannot fit"),
+        Err(e) => e,
+    };
+    assert!(matches!(err.root_cause(), tandem::Error::OutOfMemory { .. }), "{what}: {err}");
+    let text = err.to_string();
+    assert!(["out of memory on cpu", "bytes free", "memory budget is"].iter().chain(also).all(|w| text.contains(w)), "{what}: {text}");
+    text
+}
