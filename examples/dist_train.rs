@@ -10,7 +10,8 @@
 //! ```
 //! Options: `--devices SPEC` (the machine's devices, shared out by local rank; default `cpu`),
 //! `--steps N`, `--batch B`, `--deterministic`, `--shard none|optimizer|grads|full` (ZeRO-1,
-//! 2, 3 over every rank's devices), `--order mpi|ranks`, `--weights-out PATH`
+//! 2, 3 over every rank's devices), `--split W,W,..` (the batch cut in these proportions, one
+//! weight per device of the job in rank order), `--order mpi|ranks`, `--weights-out PATH`
 //! (rank 0 writes the final weights as little-endian f32), `--panic-at STEP`, `--hang-at STEP`,
 //! `--kill-at STEP` (on rank `--fault-rank R`, default the last), `--mismatched-collectives`
 //! (no training: each collective called with another length, root or kind on each rank, one
@@ -33,6 +34,7 @@ struct Args {
     shard: Shard,
     order: Option<Order>,
     weights_out: Option<String>,
+    split: Option<Vec<f64>>,
     fault: Option<(Fault, u64)>,
     fault_rank: Option<usize>,
     mismatched: bool,
@@ -60,7 +62,7 @@ fn main() {
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, shard: Shard::None, order: None, weights_out: None, fault: None, fault_rank: None, mismatched: false };
+    let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, shard: Shard::None, order: None, weights_out: None, split: None, fault: None, fault_rank: None, mismatched: false };
     let mut it = std::env::args().skip(1);
     let usage = |m: String| Error::invalid("dist_train", m);
     while let Some(flag) = it.next() {
@@ -80,6 +82,10 @@ fn parse_args() -> Result<Args> {
                 })
             }
             "--weights-out" => a.weights_out = Some(value()?),
+            "--split" => {
+                let w = value()?;
+                a.split = Some(w.split(',').map(|v| v.trim().parse::<f64>().map_err(|e| usage(format!("--split {w}: {e}")))).collect::<Result<_>>()?);
+            }
             "--panic-at" => a.fault = Some((Fault::Panic, num(value()?)?)),
             "--hang-at" => a.fault = Some((Fault::Hang, num(value()?)?)),
             "--kill-at" => a.fault = Some((Fault::Kill, num(value()?)?)),
@@ -100,7 +106,7 @@ fn train(group: &Group, args: &Args) -> Result<()> {
     let comm = Hierarchical::new(&devices, group.clone(), order)?;
     let (_, world_devices) = comm.device_span();
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
-    let cfg = DataParallelConfig { deterministic: args.deterministic, shard: args.shard, ..Default::default() };
+    let cfg = DataParallelConfig { deterministic: args.deterministic, shard: args.shard, weights: args.split.clone(), ..Default::default() };
     let dp = Parallel::data(|d| SeedModel::Cnn.build(0, d), &devices, &opt, Loss::CrossEntropy).config(cfg).communicator(Box::new(comm)).build()?;
     // Every rank draws the same global batches; the strategy gives each its share.
     let (train, _) = digits::load(1024, 0, 0)?;

@@ -3,7 +3,7 @@
 //! and device layouts, and a rank that panics, is killed or stops answering ends the whole
 //! job within 30 s with a non-zero exit and a message naming a rank; collectives called with
 //! other lengths on each rank return an error on every rank; sharded data parallelism (ZeRO-1,
-//! 2, 3) across processes trains as one process does.
+//! 2, 3) across processes trains as one process does, with equal or unequal batch shares.
 #[path = "common/jobs.rs"]
 mod jobs;
 
@@ -106,6 +106,22 @@ fn sharded_data_parallelism_across_processes_trains_as_one() {
         let what = format!("--shard {shard} --deterministic, {np} processes, devices {devices}");
         assert_eq!(many.bits, one.bits, "{what}: losses {:?} against {:?}", many.losses, one.losses);
         assert!(many.weights.iter().zip(&one.weights).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: the weights differ");
+    }
+}
+
+/// Batch weights for every device of the job cut the whole batch unequally across processes
+/// (3:1, as a planned job gives a slower process fewer samples), and still train as one
+/// process does; so do ZeRO-2 and the same weights over four devices.
+#[test]
+fn unequal_shares_across_processes_train_as_one() {
+    let base = ["--devices", "cpu", "--steps", "6"];
+    let one = train(alone, &base);
+    for (devices, split, shard) in [("cpu", "3,1", "none"), ("cpu", "3,1", "grads"), ("cpu,cpu,cpu,cpu", "1,2,3,4", "none")] {
+        let args = ["--devices", devices, "--steps", "6", "--split", split, "--shard", shard];
+        let many = train(|a| mpirun(2, false, a), &args);
+        let what = format!("--split {split} --shard {shard}, 2 processes, devices {devices}");
+        tandem::tolerance::assert_close(&format!("losses, {what}"), &many.losses, &one.losses, 1e-5, 1e-4);
+        tandem::tolerance::assert_close(&format!("weights, {what}"), &many.weights, &one.weights, 1e-5, 1e-4);
     }
 }
 

@@ -264,3 +264,50 @@ fn ranks_that_chunk_an_all_reduce_differently_end_the_job() {
     assert!(!job.ok && job.took < Duration::from_secs(30), "the job succeeded or took {:?}:\n{output}", job.took);
     assert!(output.contains("rank 0 all_reduce of 4096 f32 values in chunks of 1025, rank 1 all_reduce of 4096 f32 values in chunks of 2050"), "{output}");
 }
+
+/// `--strategy auto` under a launcher plans every rank's devices together: `tandem plan`
+/// prints one plan of data parallelism over both processes (rank 0 alone prints and saves),
+/// training with it (fresh, or from the saved file) gives one process's losses, and a plan
+/// of one process is refused by the job, as the job's is by one process.
+#[test]
+fn a_job_of_two_processes_is_planned_as_one_cluster() {
+    let dir = TempDir::new();
+    let saved = dir.0.join("job.json");
+    let single = dir.0.join("single.json");
+    let plan = ["plan", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32"];
+    let job = run(uncached(mpirun(2, &[&plan[..], &["--save-plan", saved.to_str().unwrap()]].concat())), Duration::from_secs(120));
+    assert!(job.ok, "{}\n{}", job.stdout, job.stderr);
+    assert_eq!(job.stdout.matches("plan for r0:cpu,r1:cpu (batch 32)").count(), 1, "{}", job.stdout);
+    assert!(job.stdout.contains("data 2 x tensor 1 x pipeline 1"), "{}", job.stdout);
+    assert!(job.stdout.contains("a job of several processes runs on all its 2 devices, not 1"), "{}", job.stdout);
+    let file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    assert_eq!(file["plan"]["processes"], serde_json::json!([[0, 0], [1, 0]]), "{file}");
+
+    let train = |np: usize, extra: &[&str]| {
+        let args = [&["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "6", "--log-format", "json"][..], extra].concat();
+        let what = format!("{np} processes, {extra:?}");
+        let job = run(uncached(tandem(np, &args)), Duration::from_secs(120));
+        assert!(job.ok, "{what}:\n{}\n{}", job.stdout, job.stderr);
+        let lines: Vec<serde_json::Value> = job.stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        (losses(&lines), job.stderr)
+    };
+    let (one, _) = train(1, &[]);
+    let (auto, err) = train(2, &["--strategy", "auto"]);
+    assert_eq!(err.matches("calibration measured").count(), 1, "the job did not plan, or more than rank 0 said so:\n{err}");
+    assert_curve("planned job", &auto, &one, false);
+    let (from_file, _) = train(2, &["--plan", saved.to_str().unwrap()]);
+    assert_curve("the job's saved plan", &from_file, &one, false);
+
+    let alone = run(uncached(tandem(1, &["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "1", "--plan", saved.to_str().unwrap()])), Duration::from_secs(60));
+    assert!(!alone.ok && alone.stderr.contains("the plan is for cpu,cpu"), "{}", alone.stderr);
+    let made = run(uncached(tandem(1, &["plan", "--model", "seed-cnn", "--devices", "cpu,cpu", "--batch", "32", "--save-plan", single.to_str().unwrap()])), Duration::from_secs(60));
+    assert!(made.ok, "{}", made.stderr);
+    let refused = run(uncached(mpirun(2, &["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "1", "--plan", single.to_str().unwrap()])), Duration::from_secs(60));
+    assert!(!refused.ok && refused.stderr.contains("plan again under the launcher"), "{}", refused.stderr);
+}
+
+/// `cmd` measuring afresh and keeping no calibration on disk.
+fn uncached(mut cmd: Command) -> Command {
+    cmd.env("TANDEM_CALIBRATION", "off");
+    cmd
+}

@@ -43,8 +43,9 @@ fn plan_prints_and_saves_a_plan_train_runs_with() {
 fn the_rejected_layouts_say_what_excluded_them() {
     let printed = out(&["plan", "--devices", "cpu,cpu,cpu,cpu", "--batch", "18"]);
     let rejected = printed.split("rejected (").nth(1).expect("a rejected section");
-    // 18 samples do not split into 4 equal replicas; tensor parallelism does not combine.
-    assert!(rejected.contains("data 4 x tensor 1 x pipeline 1") && rejected.contains("does not split into 4 replicas"), "{printed}");
+    // 18 samples do not split into 2 equal pipelines of equal micro-batches (data parallelism
+    // alone cuts them 5, 5, 4, 4); tensor parallelism does not combine.
+    assert!(rejected.contains("data 2 x tensor 1 x pipeline 2: the batch of 18 does not split into 2 replicas"), "{printed}");
     assert!(rejected.contains("does not combine with data or pipeline parallelism"), "{printed}");
 }
 

@@ -240,10 +240,13 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     };
     let schedule = lr_schedule(g.warmup_steps, optim.lr(), total)?;
 
-    let planned = if ranks.many() { None } else { super::plan::gpt_planned(args, cfg, &data, &optim, &devices)? };
+    let planned = super::plan::gpt_planned(args, cfg, &data, &optim, &devices, ranks)?;
     let mut strategy = if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
-        let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() };
+        let dp = match &planned {
+            Some(p) => super::plan::job_config(p, args),
+            None => DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() },
+        };
         ranks.data_parallel(gpt_on(args, cfg), &devices, &optim, Loss::CrossEntropy, dp)?
     } else if let Some(p) = &planned {
         p.build_gpt(&gpt_on(args, cfg), &devices, &optim)?
@@ -258,9 +261,8 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let mut config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
     setup::record_precision(&mut config, args);
     // A resumed run repeats the plan rather than measuring again.
-    if let Some(p) = &planned {
-        let kept = tandem::parallel::plan::Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() };
-        config["plan"] = serde_json::to_value(&kept).map_err(|e| Error::Msg(format!("recording the plan: {e}")))?;
+    if let Some(entry) = super::plan::config_entry(args, planned.as_ref())? {
+        config["plan"] = entry;
     }
 
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);

@@ -6,14 +6,15 @@
 use super::gpt::Tokens;
 use super::setup::StrategyKind;
 use super::{PlanArgs, TrainArgs};
+use super::ranks::Ranks;
 use super::{Balance, ModelArg, OptimizerKind};
 use tandem::data::text::Split;
 use tandem::data::Dataset;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::{Module, Sequential};
-use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, unbuildable, Cluster, Plan, Workload, REFERENCE_FLOPS};
+use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, job_unbuildable, unbuildable, Cluster, Plan, Workload, REFERENCE_FLOPS};
 use tandem::optim::Precision;
-use tandem::parallel::{inputs_to_device, OptimConfig, Shard};
+use tandem::parallel::{inputs_to_device, DataParallelConfig, OptimConfig, Shard};
 use tandem::{DType, Device, Error, Result, Tensor};
 
 /// Samples of the training data the calibration times each layer on (and twice as many).
@@ -45,8 +46,8 @@ pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
         Ok(devices)
     };
     let ModelArg::Seed(kind) = t.model else {
-        let p = gpt_plan(args, &|| devices(ranks))?;
-        return save(args, &p);
+        let p = gpt_plan(args, ranks, &|| devices(ranks))?;
+        return save(args, &p, ranks);
     };
     let optim = super::setup::optim_config(t, OptimizerKind::Sgd)?;
     let (train, _) = super::setup::DataSource::parse(&t.data)?.load(kind, t.seed)?;
@@ -62,18 +63,20 @@ pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
             p
         }
         None => {
-            let (p, how) = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?, reuse(t)?, t.precision, t.grad_dtype)?;
-            out!("{p}");
-            out!("{how}");
+            let (p, how) = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?, reuse(t)?, t.precision, t.grad_dtype, ranks)?;
+            if ranks.leader() {
+                out!("{p}");
+                out!("{how}");
+            }
             p
         }
     };
-    save(args, &p)
+    save(args, &p, ranks)
 }
 
 /// `--save-plan`.
-fn save(args: &PlanArgs, p: &Plan) -> Result<()> {
-    if let Some(path) = &args.save_plan {
+fn save(args: &PlanArgs, p: &Plan, ranks: &Ranks) -> Result<()> {
+    if let Some(path) = args.save_plan.as_ref().filter(|_| ranks.leader()) {
         p.save(path)?;
         out!("plan written to {}", path.display());
     }
@@ -82,7 +85,7 @@ fn save(args: &PlanArgs, p: &Plan) -> Result<()> {
 
 /// `tandem plan --model gpt`: the GPT of `train`'s shape flags and `--data`, planned on the
 /// devices `devices` opens or on `--cluster`, and printed.
-fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Result<Plan> {
+fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Device>>) -> Result<Plan> {
     let t = &args.train;
     let optim = super::setup::optim_config(t, OptimizerKind::Adamw)?;
     let data = Tokens::load(&t.data)?;
@@ -103,9 +106,11 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
             p
         }
         None => {
-            let (p, how) = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?, reuse(t)?, t.precision, t.grad_dtype)?;
-            out!("{p}");
-            out!("{how}");
+            let (p, how) = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?, reuse(t)?, t.precision, t.grad_dtype, ranks)?;
+            if ranks.leader() {
+                out!("{p}");
+                out!("{how}");
+            }
             p
         }
     };
@@ -117,14 +122,34 @@ fn gpt_plan(args: &PlanArgs, devices: &dyn Fn() -> Result<Vec<Device>>) -> Resul
 /// calibration as an earlier run kept it, as `reuse` allows), among the layouts
 /// [`Plan::build_gpt`] can make; and where the calibration came from.
 #[allow(clippy::too_many_arguments)]
-pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType) -> Result<(Plan, plan::Calibration)> {
+pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType, ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
     let probe = gpt_probe(data, gpt.config, &devices[0])?;
-    let (work, cluster, how) = tandem::autocast(precision.autocast(), || plan::measure_gpt_reusing(gpt, &probe, devices, batch, optimizer_states(optim), reuse))?;
-    let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work };
+    let calibrate = || tandem::autocast(precision.autocast(), || plan::measure_gpt_reusing(gpt, &probe, devices, batch, optimizer_states(optim), reuse));
     let cfg = gpt.config;
-    let mut p = plan::plan_cut_within(&work, &cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer))?;
-    p.model = gpt.describe();
-    Ok((p, how))
+    let search = |work: &Workload, cluster: &Cluster| {
+        let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work.clone() };
+        let n = cluster.devices.len();
+        let mut p = plan::plan_cut_within(&work, cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg).or_else(|| in_job(ranks, l, n)), &gpt_cuttable(cfg.n_layer))?;
+        p.model = gpt.describe();
+        Ok(p)
+    };
+    planned_on(ranks, &devices[0], &calibrate, &search)
+}
+
+/// The plan `search` makes of `calibrate`'s measurements: of this process's devices alone, or
+/// under a launcher of every rank's ([`plan::measure_job`]).
+fn planned_on(ranks: &Ranks, first: &Device, calibrate: &dyn Fn() -> Result<(Workload, Cluster, plan::Calibration)>, search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>) -> Result<(Plan, plan::Calibration)> {
+    if ranks.many() {
+        return plan::measure_job(ranks.group(), first, calibrate, search);
+    }
+    let (work, cluster, how) = calibrate()?;
+    Ok((search(&work, &cluster)?, how))
+}
+
+/// Why a job of several processes cannot run `l` on its `n` devices ([`job_unbuildable`]);
+/// nothing for one process.
+fn in_job(ranks: &Ranks, l: &plan::Layout, n: usize) -> Option<String> {
+    ranks.many().then(|| job_unbuildable(l, n)).flatten()
 }
 
 /// `--recalibrate`, else `TANDEM_CALIBRATION` (reuse a kept calibration by default).
@@ -137,8 +162,13 @@ pub fn reuse(args: &TrainArgs) -> Result<plan::Reuse> {
 }
 
 /// A fresh plan's calibration line, before training with it.
-pub fn announced((p, how): (Plan, plan::Calibration)) -> Plan {
-    out!("{how}");
+/// Under `--log-format json` it goes to standard error, which keeps standard output JSON lines.
+pub fn announced((p, how): (Plan, plan::Calibration), ranks: &Ranks, args: &TrainArgs) -> Plan {
+    match args.log_format {
+        _ if !ranks.leader() => {}
+        super::LogFormat::Json => eprintln!("{how}"),
+        _ => out!("{how}"),
+    }
     p
 }
 
@@ -152,8 +182,8 @@ fn gpt_probe(data: &Tokens, cfg: GptConfig, device: &Device) -> Result<Tensor> {
 /// several devices without `--deterministic` (as for the seed models, [`for_training`]).
 /// The layout's knobs are the plan's: `--micro-batches`, `--shard`, `--recompute` and
 /// `--pipelines` are refused beside it.
-pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &OptimConfig, devices: &[Device]) -> Result<Option<Plan>> {
-    let auto = args.strategy == StrategyKind::Auto && devices.len() > 1 && !args.deterministic;
+pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<Option<Plan>> {
+    let auto = args.strategy == StrategyKind::Auto && (devices.len() > 1 || ranks.many()) && !args.deterministic;
     if args.plan.is_none() && !auto {
         return Ok(None);
     }
@@ -168,7 +198,14 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
         return Err(Error::invalid(flag, format!("needs {strategy}: a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand")));
     }
     let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
-    for_training(args, &gpt.describe(), devices, || Ok(announced(on_gpt_devices(&gpt, data, args.batch, optim, devices, reuse(args)?, args.precision, args.grad_dtype)?))).map(Some)
+    for_training(args, &gpt.describe(), devices, ranks, || Ok(announced(on_gpt_devices(&gpt, data, args.batch, optim, devices, reuse(args)?, args.precision, args.grad_dtype, ranks)?, ranks, args))).map(Some)
+}
+
+/// The data parallelism a job of several processes trains `p` with: its micro-batches,
+/// sharding and gradient shards' type, and its batch shares over every rank's devices.
+pub fn job_config(p: &Plan, args: &TrainArgs) -> DataParallelConfig {
+    let l = &p.best.layout;
+    DataParallelConfig { micro_batches: l.micro_batches, shard: l.shard, grad_dtype: p.grad_dtype_of(l), weights: p.job_weights(), bucket_bytes: args.bucket_size, ..Default::default() }
 }
 
 /// The line a planned run ends with: its layout, predicted and measured step time.
@@ -182,13 +219,17 @@ pub fn compared(p: &Plan, train_s: f64, steps: u64) -> String {
 /// calibration, as `reuse` allows), among the layouts [`Plan::build`] can make; and where the
 /// calibration came from.
 #[allow(clippy::too_many_arguments)]
-pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType) -> Result<(Plan, plan::Calibration)> {
+pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType, ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
     let probe = probe(train, &devices[0])?;
-    let (work, cluster, how) = tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, devices, batch, optimizer_states(optim), reuse))?;
-    let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work };
-    let mut p = plan::plan_within(&work, &cluster, &|l, shares| unbuildable(l, shares, model))?;
-    p.model = model.describe();
-    Ok((p, how))
+    let calibrate = || tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, devices, batch, optimizer_states(optim), reuse));
+    let search = |work: &Workload, cluster: &Cluster| {
+        let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work.clone() };
+        let n = cluster.devices.len();
+        let mut p = plan::plan_within(&work, cluster, &|l, shares| unbuildable(l, shares, model).or_else(|| in_job(ranks, l, n)))?;
+        p.model = model.describe();
+        Ok(p)
+    };
+    planned_on(ranks, &devices[0], &calibrate, &search)
 }
 
 /// The plan on a described cluster: the layers timed on this machine's CPU, scaled by its
@@ -208,12 +249,17 @@ fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimCo
 /// The plan `train` runs with: the one its checkpoint recorded when resuming, `--plan FILE`,
 /// or a `fresh` one (`--strategy auto`); it must be for the `model` trained (as
 /// `Module::describe` names it). `--balance even` makes the data-parallel shares equal.
-pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], fresh: impl FnOnce() -> Result<Plan>) -> Result<Plan> {
-    let mut p = match (recorded(args, devices)?, &args.plan) {
+pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], ranks: &Ranks, fresh: impl FnOnce() -> Result<Plan>) -> Result<Plan> {
+    let rank = ranks.group().rank();
+    let mut p = match (recorded(args, devices, ranks)?, &args.plan) {
         (Some(p), _) => p,
+        (None, Some(path)) if ranks.many() => Plan::load_for_rank(path, rank, devices)?,
         (None, Some(path)) => Plan::load(path, devices)?,
         (None, None) => fresh()?,
     };
+    if ranks.many() && p.processes.is_empty() {
+        return Err(Error::invalid("--plan", "the plan is for one process, this job has several: plan again under the launcher"));
+    }
     if !p.model.is_empty() && p.model != model {
         return Err(Error::invalid("--plan", format!("the plan is for {}, this run trains {model}", p.model)));
     }
@@ -236,17 +282,36 @@ pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], fresh: im
 
 /// The plan a checkpoint of this run recorded (`--resume`), so the resumed run repeats its
 /// layout and batch shares instead of measuring anew.
-fn recorded(args: &TrainArgs, devices: &[Device]) -> Result<Option<Plan>> {
+/// A plan for another number of processes (a job resumed under another rank count, or a run
+/// of one process under a launcher) is not repeated: the run plans again.
+fn recorded(args: &TrainArgs, devices: &[Device], ranks: &Ranks) -> Result<Option<Plan>> {
+    let rank = ranks.group().rank();
     let Some(dir) = args.checkpoint_dir.as_deref().filter(|_| args.resume) else { return Ok(None) };
     let Ok((ckpt, _)) = tandem::train::run_file::load_newest(dir, |_, _| {}) else { return Ok(None) };
     match ckpt.state.config.get("plan") {
         Some(v) => {
             let p: Plan = serde_json::from_value(v.clone()).map_err(|e| Error::format(&ckpt.path, format!("the recorded plan: {e}")))?;
-            p.check_devices(devices).map_err(|e| Error::format(&ckpt.path, format!("the recorded plan: {e}")))?;
+            if p.processes.iter().map(|(r, _)| r + 1).max().unwrap_or(1) != ranks.group().size() {
+                return Ok(None);
+            }
+            p.check_rank_devices(rank, devices).map_err(|e| Error::format(&ckpt.path, format!("the recorded plan: {e}")))?;
             Ok(Some(p))
         }
         None => Ok(None),
     }
+}
+
+/// The `plan` entry of a run's configuration: a resumed run keeps its checkpoint's (present
+/// or not), so that one resumed under another number of processes, which plans again, is still
+/// the same run; a new run records `planned` without its alternatives and rejections, which a
+/// resume does not need.
+pub fn config_entry(args: &TrainArgs, planned: Option<&Plan>) -> Result<Option<serde_json::Value>> {
+    if let Some(dir) = args.checkpoint_dir.as_deref().filter(|_| args.resume) {
+        if let Ok((ckpt, _)) = tandem::train::run_file::load_newest(dir, |_, _| {}) {
+            return Ok(ckpt.state.config.get("plan").cloned());
+        }
+    }
+    planned.map(|p| serde_json::to_value(Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() }).map_err(|e| Error::Msg(format!("recording the plan: {e}")))).transpose()
 }
 
 /// Data-parallel batch weights for `--strategy data`: measured speeds unless `--balance even`,

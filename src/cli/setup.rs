@@ -35,7 +35,7 @@ pub enum StrategyKind {
     #[value(name = "data,pipeline")]
     DataPipeline,
     /// Single on one device; on several, the layout `tandem plan` chooses (data parallelism
-    /// under --deterministic).
+    /// under --deterministic); under mpirun, the plan of every rank's devices together.
     Auto,
 }
 

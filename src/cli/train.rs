@@ -60,8 +60,8 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     // The planner and --balance time the model on a few training samples, before the loader
     // takes the data.
     let model = model_kind.build(args.seed, &Device::cpu())?;
-    // Across processes `auto` is data parallelism over them (the planner plans one process).
-    let planned = if ranks.many() { None } else { planned(args, &model, &train, &optim, &devices)? };
+    // Across processes the planner plans every rank's devices together (data parallelism).
+    let planned = planned(args, &model, &train, &optim, &devices, ranks)?;
     let weights = match (&planned, args.strategy) {
         (None, StrategyKind::Data) if !ranks.many() && !args.deterministic => super::plan::data_weights(args, &model, &train, &devices)?,
         _ => None,
@@ -81,7 +81,10 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
     let strategy = if ranks.many() {
-        let cfg = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() };
+        let cfg = match &planned {
+            Some(p) => super::plan::job_config(p, args),
+            None => DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() },
+        };
         ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
     } else if let Some(p) = &planned {
         p.build(&model, &devices, &optim, loss)?
@@ -110,9 +113,8 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     setup::record_precision(&mut config, args);
     // What a resumed run must repeat rather than measure again: the plan (its alternatives
     // and rejections are not needed for that), or the measured batch weights.
-    if let Some(p) = &planned {
-        let kept = Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() };
-        config["plan"] = serde_json::to_value(&kept).map_err(|e| Error::Msg(format!("recording the plan: {e}")))?;
+    if let Some(entry) = super::plan::config_entry(args, planned.as_ref())? {
+        config["plan"] = entry;
     }
     if let Some(w) = &weights {
         config["batch_weights"] = serde_json::json!(w);
@@ -141,8 +143,8 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
 /// The plan `train` runs with: with `--plan FILE`, or `--strategy auto` on several devices
 /// (one device is `single`; `--deterministic` keeps `auto` data parallel, since a measured plan
 /// differs from run to run). Only within one process.
-fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, optim: &OptimConfig, devices: &[Device]) -> Result<Option<Plan>> {
-    let auto = args.strategy == StrategyKind::Auto && devices.len() > 1 && !args.deterministic;
+fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, optim: &OptimConfig, devices: &[Device], ranks: &super::ranks::Ranks) -> Result<Option<Plan>> {
+    let auto = args.strategy == StrategyKind::Auto && (devices.len() > 1 || ranks.many()) && !args.deterministic;
     if args.plan.is_none() && !auto {
         return Ok(None);
     }
@@ -152,7 +154,7 @@ fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, op
     if args.shard != tandem::parallel::Shard::None {
         return Err(Error::invalid("--shard", "a plan chooses its sharding; give --strategy data to set it by hand"));
     }
-    super::plan::for_training(args, &model.describe(), devices, || Ok(super::plan::announced(super::plan::on_devices(model, train, args.batch, optim, devices, super::plan::reuse(args)?, args.precision, args.grad_dtype)?))).map(Some)
+    super::plan::for_training(args, &model.describe(), devices, ranks, || Ok(super::plan::announced(super::plan::on_devices(model, train, args.batch, optim, devices, super::plan::reuse(args)?, args.precision, args.grad_dtype, ranks)?, ranks, args))).map(Some)
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.

@@ -45,7 +45,11 @@ pub struct DataParallelConfig {
     /// Gradient bytes per all-reduce bucket (DDP's 25 MiB). Smaller buckets start
     /// communicating earlier in backward but pay more per-call overhead.
     pub bucket_bytes: usize,
-    /// Relative speed of each device: the batch is split in these proportions.
+    /// Relative speed of each device: the batch is split in these proportions. Across
+    /// processes, either one weight per device of this process (each process then takes an
+    /// equal share of the batch, which its weights divide) or one per device of the whole job
+    /// in rank order, the same list on every rank (each process's share follows its devices'
+    /// weights: how a planned job gives a slower process fewer samples).
     pub weights: Option<Vec<f64>>,
     /// Measure each device's speed on the first step and split by it (excludes `weights`).
     pub calibrate: bool,

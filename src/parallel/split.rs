@@ -85,7 +85,8 @@ pub(crate) struct ReplicaSplit<'a> {
     pub first: usize,
     pub world: usize,
     pub local: usize,
-    /// This process's devices' share in proportion to these (equal without).
+    /// This process's devices' share in proportion to these (equal without); across processes,
+    /// one weight per device of the job (`world` of them) cuts the whole batch instead.
     pub weights: Option<&'a [f64]>,
     /// Micro-batches per replica shard (overlapped), or the batch cut into this many fixed
     /// micro-shards whatever the devices (deterministic).
@@ -115,12 +116,18 @@ impl ReplicaSplit<'_> {
                 owned.into_iter().map(|ks| ks.map(|k| (k, shards[k].clone())).collect()).collect()
             }
             PartsOf::MicroBatches(micro) => {
-                // Across processes this process takes its devices' equal share of the batch,
-                // which its split weights divide.
-                let share = ranges(n, world, None)?;
-                let mine = share[first].start..share[first + local - 1].end;
-                let shards = ranges(mine.len(), local, self.weights)?;
-                let at = |r: &Range<usize>, m: Range<usize>| mine.start + r.start + m.start..mine.start + r.start + m.end;
+                // Across processes, weights for every device of the job cut the whole batch
+                // (every process the same cut); otherwise this process takes its devices'
+                // equal share of the batch, which its own devices' weights divide.
+                let (offset, shards) = match self.weights {
+                    Some(w) if world != local && w.len() == world => (0, ranges(n, world, Some(w))?[first..first + local].to_vec()),
+                    _ => {
+                        let share = ranges(n, world, None)?;
+                        let mine = share[first].start..share[first + local - 1].end;
+                        (mine.start, ranges(mine.len(), local, self.weights)?)
+                    }
+                };
+                let at = |r: &Range<usize>, m: Range<usize>| offset + r.start + m.start..offset + r.start + m.end;
                 let mut index = 0;
                 shards
                     .iter()

@@ -34,8 +34,10 @@ impl DataParallel {
             return Err(Error::invalid("DataParallel::new", "micro_batches and deterministic_shards must be at least 1"));
         }
         if let Some(w) = &cfg.weights {
-            if w.len() != n {
-                return Err(Error::invalid("DataParallel::new", format!("{} split weights for {n} devices", w.len())));
+            let world = comm.device_span().1;
+            if w.len() != n && w.len() != world {
+                let job = if world > n { format!(" (or the job's {world})") } else { String::new() };
+                return Err(Error::invalid("DataParallel::new", format!("{} split weights for {n} devices{job}", w.len())));
             }
             crate::parallel::split::proportional_split(n, w)?;
             if cfg.calibrate {

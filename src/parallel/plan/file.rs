@@ -30,6 +30,26 @@ impl Plan {
     /// be made for the same devices (names as [`Device::spec`], in any order).
     pub fn load(path: impl AsRef<Path>, devices: &[Device]) -> Result<Plan> {
         let path = path.as_ref();
+        let plan = Plan::read(path)?;
+        plan.placed(devices).map_err(|_| {
+            let given: Vec<String> = devices.iter().map(Device::spec).collect();
+            Error::format(path, format!("field plan.devices: the plan is for {}, the devices given are {}", plan.devices.join(","), given.join(",")))
+        })?;
+        Ok(plan)
+    }
+
+    /// [`Plan::load`] on rank `rank` of a job of several processes: the file must be a plan of
+    /// such a job ([`measure_job`](super::measure_job)) that gives this rank `devices`
+    /// ([`Plan::check_rank_devices`]).
+    pub fn load_for_rank(path: impl AsRef<Path>, rank: usize, devices: &[Device]) -> Result<Plan> {
+        let path = path.as_ref();
+        let plan = Plan::read(path)?;
+        plan.check_rank_devices(rank, devices).map_err(|e| Error::format(path, format!("field plan.processes: {e}")))?;
+        Ok(plan)
+    }
+
+    /// A plan file, checked for consistency but not against any devices.
+    fn read(path: &Path) -> Result<Plan> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("not JSON: {e}")))?;
         match doc.get("version").and_then(serde_json::Value::as_u64) {
@@ -40,10 +60,6 @@ impl Plan {
         let body = doc.get("plan").cloned().ok_or_else(|| Error::format(path, "no \"plan\" field"))?;
         let plan: Plan = serde_json::from_value(body).map_err(|e| Error::format(path, format!("field plan: {e}")))?;
         plan.check().map_err(|why| Error::format(path, why))?;
-        plan.placed(devices).map_err(|_| {
-            let given: Vec<String> = devices.iter().map(Device::spec).collect();
-            Error::format(path, format!("field plan.devices: the plan is for {}, the devices given are {}", plan.devices.join(","), given.join(",")))
-        })?;
         Ok(plan)
     }
 
@@ -58,6 +74,17 @@ impl Plan {
         }
         if self.shares.len() != self.best.layout.data || self.shares.iter().sum::<usize>() != self.batch {
             return Err(format!("field plan.shares: {:?} are not {} replicas' shares of the batch of {}", self.shares, self.best.layout.data, self.batch));
+        }
+        if !self.processes.is_empty() {
+            let mut seen = self.processes.clone();
+            seen.sort();
+            seen.dedup();
+            if self.processes.len() != self.devices.len() || seen.len() != self.devices.len() {
+                return Err(format!("field plan.processes: {} distinct (rank, index) pairs for {} devices", seen.len(), self.devices.len()));
+            }
+            if let Some(why) = super::job_unbuildable(&self.best.layout, self.devices.len()) {
+                return Err(format!("field plan.best.layout: {why}"));
+            }
         }
         Ok(())
     }

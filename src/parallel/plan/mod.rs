@@ -35,6 +35,8 @@
 //! the chosen strategy of a `Sequential` with the [`Parallel`](crate::parallel::Parallel)
 //! builders and [`Plan::build_gpt`] that of the GPT, [`Plan::save`] / [`Plan::load`] keep a
 //! plan as JSON, and [`Plan::megatron`] holds a cluster's plan against Megatron-LM's rule.
+//! [`measure_job`] plans a job of several processes (`mpirun`): every rank's devices
+//! calibrated in turn, the link between processes measured, one plan for all of them.
 //!
 //! ```
 //! use tandem::parallel::plan::{plan, Cluster, LayerCost, Workload};
@@ -53,6 +55,7 @@ mod build;
 mod cost;
 mod file;
 mod gpt;
+mod job;
 mod measure;
 mod reuse;
 mod rules;
@@ -63,6 +66,7 @@ pub use build::unbuildable;
 pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, REFERENCE_FLOPS};
 pub use file::PLAN_VERSION;
 pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt, measure_gpt_reusing};
+pub use job::{combine, job_unbuildable, measure_job, RankCalibration};
 pub use measure::{measure, measure_reusing, measure_speeds};
 pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV};
 
@@ -162,6 +166,11 @@ pub struct Plan {
     /// offload them too. Plan files from before it read 0.
     #[serde(default)]
     pub offloaded_states: u64,
+    /// For a plan of a job of several processes ([`measure_job`]): each of [`Plan::devices`]'
+    /// `(rank, index among that rank's devices)`. Empty for one process (and in plan files
+    /// from before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<(usize, usize)>,
 }
 
 fn f32_grads() -> crate::DType {
@@ -255,7 +264,7 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
     let best = fits.remove(fewest_devices_within_margin(&fits));
     let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
     let shares = shares_of(work.batch, cluster, &best.layout)?;
-    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states: work.offloaded_states })
+    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states: work.offloaded_states, processes: Vec::new() })
 }
 
 /// How much faster than the fastest layout on fewer devices a layout on more must be predicted
@@ -282,14 +291,15 @@ fn shares_of(batch: usize, cluster: &Cluster, l: &Layout) -> Result<Vec<usize>> 
     crate::parallel::proportional_split(batch, &speeds)
 }
 
-/// Why the batch cannot be shared out as `l` asks: equal replicas take equal parts, so the batch
-/// must divide into `data x micro_batches`; unequal ones take shares by speed, each micro-batch
-/// at least one sample.
+/// Why the batch cannot be shared out as `l` asks: equal pipelines take equal parts of equal
+/// micro-batches, so the batch must divide into `data x micro_batches`; unequal ones take
+/// shares by speed, and data parallelism without stages cuts any batch into near-equal parts
+/// (as `DataParallel` does); each micro-batch holds at least one sample.
 fn unsplittable(work: &Workload, cluster: &Cluster, l: &Layout) -> Option<String> {
     let speeds: Vec<f64> = (0..l.data).map(|r| replica_speed(cluster, l, r)).collect();
     let equal = speeds.windows(2).all(|w| w[0] == w[1]);
     let parts = l.data * l.micro_batches;
-    if equal && !work.batch.is_multiple_of(parts) {
+    if equal && l.pipeline > 1 && !work.batch.is_multiple_of(parts) {
         return Some(format!("the batch of {} does not split into {} replicas x {} micro-batches", work.batch, l.data, l.micro_batches));
     }
     (0..l.data).any(|r| micro_batch(work, cluster, l, r) < 1.0).then(|| format!("a replica's share of the batch of {} holds fewer than {} samples", work.batch, l.micro_batches))

@@ -11,6 +11,16 @@ fn names(devices: &[String]) -> String {
     }
 }
 
+impl Plan {
+    /// The devices' names, each with its rank (`r1:cpu`) in a plan of several processes.
+    fn labels(&self) -> Vec<String> {
+        match self.processes.len() == self.devices.len() {
+            true => self.devices.iter().zip(&self.processes).map(|(n, (r, _))| format!("r{r}:{n}")).collect(),
+            false => self.devices.clone(),
+        }
+    }
+}
+
 impl fmt::Display for Plan {
     /// The chosen layout with its predicted step time and each device's memory, the best of
     /// each other degree triple, and each degree triple no variant of which was kept, with the
@@ -21,10 +31,11 @@ impl fmt::Display for Plan {
             writeln!(f, "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%), peak {peak}/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0)
         };
         let degrees = |l: &Layout| (l.data, l.tensor, l.pipeline);
-        writeln!(f, "plan for {} (batch {}):", names(&self.devices), self.batch)?;
+        let labels = self.labels();
+        writeln!(f, "plan for {} (batch {}):", names(&labels), self.batch)?;
         line(f, &self.best)?;
         let l = &self.best.layout;
-        let used: Vec<String> = (0..l.devices().min(8)).map(|i| format!("{} {}", self.devices[i], bytes(self.best.memory[i]))).collect();
+        let used: Vec<String> = (0..l.devices().min(8)).map(|i| format!("{} {}", labels[i], bytes(self.best.memory[i]))).collect();
         writeln!(f, "  memory: {}", used.join(", "))?;
         if self.grad_dtype_of(l) != crate::DType::F32 {
             writeln!(f, "  gradient shards in {}", format!("{:?}", self.grad_dtype).to_lowercase())?;
@@ -36,7 +47,7 @@ impl fmt::Display for Plan {
             writeln!(f, "  batch shares: {:?}", self.shares)?;
         }
         if l.devices() < self.devices.len() {
-            writeln!(f, "  left out: {} (predicted less than {:.0}% faster with them)", names(&self.devices[l.devices()..]), MORE_DEVICES_MARGIN * 100.0)?;
+            writeln!(f, "  left out: {} (predicted less than {:.0}% faster with them)", names(&labels[l.devices()..]), MORE_DEVICES_MARGIN * 100.0)?;
         }
         let mut seen = vec![degrees(l)];
         if !self.alternatives.is_empty() {

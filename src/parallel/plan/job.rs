@@ -1,0 +1,371 @@
+//! Planning a job of several processes (`mpirun`): each rank calibrates its own devices in
+//! turn, the calibrations are exchanged, the link between processes and how much the ranks
+//! slow each other are measured, and one cluster of every rank's devices is planned as one.
+//!
+//! What spans processes is data parallelism (plain or sharded, with micro-batches), so a job's
+//! layouts are data parallelism over every device of the job ([`job_unbuildable`]); the search
+//! still chooses the sharding mode and the micro-batches within each device's memory, and the
+//! batch shares by measured speed, so that a slower process takes fewer samples
+//! ([`Plan::job_weights`], given to `DataParallelConfig::weights` on every rank).
+use super::{Calibration, Cluster, LayerCost, Layout, Link, Plan, Workload};
+use crate::dist::Group;
+use crate::{Device, Error, Result, Tensor};
+use std::time::Instant;
+
+/// One rank's calibration of its own devices, as [`measure_job`] exchanges it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankCalibration {
+    pub work: Workload,
+    pub cluster: Cluster,
+}
+
+/// The per-sample seconds of a model's forward and backward on its reference device, or its
+/// fixed seconds when the slopes are too small to measure: what scales one rank's device
+/// speeds to another's reference.
+fn reference_s(layers: &[LayerCost]) -> f64 {
+    let slope: f64 = layers.iter().map(|l| l.forward_s + l.backward_s).sum();
+    if slope > 0.0 {
+        slope
+    } else {
+        layers.iter().map(|l| 2.0 * l.fixed_s).sum()
+    }
+}
+
+/// One cluster of every rank's devices in rank order, each a server of its own linked by
+/// `across`, with rank 0's layer costs as the reference (speed 1 is rank 0's first device);
+/// within a process the slowest of the ranks' own links; the contention the worst of the
+/// ranks' own and `across_contention` (the ranks computing at once against one at a time).
+/// Also each device's `(rank, index among its rank's devices)`, in the cluster's order.
+#[allow(clippy::type_complexity)]
+pub fn combine(
+    parts: &[RankCalibration],
+    across: Link,
+    across_contention: f64,
+) -> Result<(Workload, Cluster, Vec<(usize, usize)>)> {
+    let first = parts
+        .first()
+        .ok_or_else(|| Error::invalid("plan::combine", "no ranks"))?;
+    let reference = reference_s(&first.work.layers);
+    let mut devices = Vec::new();
+    let mut processes = Vec::new();
+    for (rank, part) in parts.iter().enumerate() {
+        if part.work.layers.len() != first.work.layers.len() {
+            return Err(Error::invalid(
+                "plan::combine",
+                format!(
+                    "rank {rank} calibrated {} layers, rank 0 {}: the ranks plan different models",
+                    part.work.layers.len(),
+                    first.work.layers.len()
+                ),
+            ));
+        }
+        // How much slower this rank's reference device runs the model than rank 0's.
+        let slower = reference_s(&part.work.layers) / reference.max(1e-12);
+        let slower = if slower.is_finite() && slower > 0.0 {
+            slower
+        } else {
+            1.0
+        };
+        for (i, d) in part.cluster.devices.iter().enumerate() {
+            devices.push(super::DeviceSpec {
+                speed: d.speed / slower,
+                server: rank,
+                ..d.clone()
+            });
+            processes.push((rank, i));
+        }
+    }
+    // Devices of one name are one kind of device on every rank, as inside one process: they
+    // share their mean speed, so that timing noise does not give alike devices unequal shares.
+    let mean_of = |name: &str| {
+        let kind: Vec<f64> = devices.iter().filter(|d: &&super::DeviceSpec| d.name == name).map(|d| d.speed).collect();
+        kind.iter().sum::<f64>() / kind.len().max(1) as f64
+    };
+    let means: Vec<f64> = devices.iter().map(|d| mean_of(&d.name)).collect();
+    devices.iter_mut().zip(means).for_each(|(d, m)| d.speed = m);
+    // A rank with one device measured no link inside itself.
+    let within = parts
+        .iter()
+        .filter(|p| p.cluster.devices.len() > 1)
+        .map(|p| p.cluster.within)
+        .min_by(|a, b| a.bytes_per_s.total_cmp(&b.bytes_per_s))
+        .unwrap_or(first.cluster.within);
+    let contention = parts
+        .iter()
+        .map(|p| p.cluster.contention)
+        .fold(across_contention.max(1.0), f64::max);
+    Ok((
+        first.work.clone(),
+        Cluster {
+            devices,
+            within,
+            across,
+            contention,
+        },
+        processes,
+    ))
+}
+
+/// Why a job of several processes cannot run layout `l` on its `devices`: only data
+/// parallelism over every device of the job spans processes. `None` when it can.
+pub fn job_unbuildable(l: &Layout, devices: usize) -> Option<String> {
+    if l.tensor > 1 || l.pipeline > 1 {
+        return Some("across processes only data parallelism runs (tensor and pipeline parallelism stay inside one process)".into());
+    }
+    if l.recompute {
+        return Some("recomputation needs pipeline stages".into());
+    }
+    (l.devices() != devices).then(|| {
+        format!(
+            "a job of several processes runs on all its {devices} devices, not {}",
+            l.devices()
+        )
+    })
+}
+
+/// The plan of a job of several processes: each rank calibrates its own devices with
+/// `calibrate` in turn (so that no rank's timing shares the host with another's), the
+/// calibrations are exchanged, `device` (this rank's first) times a fixed workload alone and
+/// with every rank at once for the contention between processes, the link between processes
+/// is an all-reduce over the group timed at two sizes, and rank 0 plans the combined cluster
+/// with `search` (which should reject what [`job_unbuildable`] names) and sends the plan to
+/// every rank. Every rank returns the same plan, with [`Plan::processes`] set, and its own
+/// calibration's origin.
+pub fn measure_job(
+    group: &Group,
+    device: &Device,
+    calibrate: &dyn Fn() -> Result<(Workload, Cluster, Calibration)>,
+    search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>,
+) -> Result<(Plan, Calibration)> {
+    let mut mine = None;
+    for r in 0..group.size() {
+        if r == group.rank() {
+            mine = Some(calibrate());
+        }
+        group.barrier()?;
+    }
+    // An error is every rank's: each learns whether all calibrated before going on.
+    let (own, how) = match mine.expect("every rank takes its turn") {
+        Ok((work, cluster, how)) => (Some(RankCalibration { work, cluster }), Some(how)),
+        Err(e) => {
+            group.all_gather_u64(&[1])?;
+            return Err(e);
+        }
+    };
+    let failed = group.all_gather_u64(&[0])?;
+    if let Some(r) = failed.iter().position(|f| f.first() == Some(&1)) {
+        return Err(Error::invalid(
+            "plan",
+            format!("rank {r} could not calibrate its devices"),
+        ));
+    }
+    let text = serde_json::to_vec(&own)
+        .map_err(|e| Error::Msg(format!("encoding the calibration: {e}")))?;
+    let parts = exchange(group, &text)?
+        .iter()
+        .enumerate()
+        .map(|(r, bytes)| {
+            serde_json::from_slice::<Option<RankCalibration>>(bytes)
+                .ok()
+                .flatten()
+                .ok_or_else(|| Error::Msg(format!("rank {r}'s calibration did not arrive whole")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let contention = contention(group, device)?;
+    let across = mpi_link(group)?;
+    let (work, cluster, processes) = combine(&parts, across, contention)?;
+    // Rank 0 plans; the others take its plan, so that every rank builds the same layout.
+    let planned = if group.rank() == 0 {
+        search(&work, &cluster).map(|p| Plan {
+            processes: in_plan_order(&cluster, &processes),
+            ..p
+        })
+    } else {
+        Err(Error::Msg(String::new()))
+    };
+    let text = match (&planned, group.rank()) {
+        (Ok(p), 0) => {
+            serde_json::to_vec(p).map_err(|e| Error::Msg(format!("encoding the plan: {e}")))?
+        }
+        (Err(e), 0) => format!("error:{e}").into_bytes(),
+        _ => Vec::new(),
+    };
+    let sent = broadcast(group, &text)?;
+    if group.rank() == 0 {
+        return planned.map(|p| (p, how.expect("calibrated")));
+    }
+    match serde_json::from_slice::<Plan>(&sent) {
+        Ok(p) => Ok((p, how.expect("calibrated"))),
+        Err(_) => Err(Error::invalid(
+            "plan",
+            format!(
+                "rank 0 found no plan: {}",
+                String::from_utf8_lossy(sent.strip_prefix(b"error:").unwrap_or(&sent))
+            ),
+        )),
+    }
+}
+
+/// `(rank, index)` of each device in the order [`plan`](super::plan) places them: by speed,
+/// fastest first, stable among equals (the search's own sort).
+fn in_plan_order(cluster: &Cluster, processes: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut order: Vec<usize> = (0..cluster.devices.len()).collect();
+    order.sort_by(|&a, &b| {
+        cluster.devices[b]
+            .speed
+            .total_cmp(&cluster.devices[a].speed)
+    });
+    order.into_iter().map(|i| processes[i]).collect()
+}
+
+/// Every rank's `bytes`, on every rank, in rank order.
+fn exchange(group: &Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let lengths = group.all_gather_u64(&[bytes.len() as u64])?;
+    let mut out = Vec::with_capacity(lengths.len());
+    for (r, len) in lengths.iter().enumerate() {
+        let len = usize::try_from(len.first().copied().unwrap_or(0))
+            .map_err(|_| Error::Msg(format!("rank {r}'s calibration is too long")))?;
+        let mut buf = if r == group.rank() {
+            bytes.to_vec()
+        } else {
+            vec![0u8; len]
+        };
+        group.broadcast_bytes(&mut buf, r)?;
+        out.push(buf);
+    }
+    Ok(out)
+}
+
+/// Rank 0's `bytes` on every rank.
+fn broadcast(group: &Group, bytes: &[u8]) -> Result<Vec<u8>> {
+    let len = group.all_gather_u64(&[bytes.len() as u64])?[0]
+        .first()
+        .copied()
+        .unwrap_or(0);
+    let mut buf = if group.rank() == 0 {
+        bytes.to_vec()
+    } else {
+        vec![0u8; usize::try_from(len).map_err(|_| Error::Msg("the plan is too long".into()))?]
+    };
+    group.broadcast_bytes(&mut buf, 0)?;
+    Ok(buf)
+}
+
+/// How much slower the ranks' first devices compute a fixed workload all at once than each
+/// alone (their turns one after another): processes on one host share its cores and memory
+/// bus, which no rank's own calibration sees. The worst rank's ratio.
+fn contention(group: &Group, device: &Device) -> Result<f64> {
+    let a = Tensor::ones([256, 256], device)?;
+    let work = || -> Result<f64> {
+        let t0 = Instant::now();
+        let mut runs = 0u32;
+        while runs < 4 || t0.elapsed().as_secs_f64() < 0.05 {
+            let c = a.matmul(&a)?;
+            device.sync()?;
+            drop(c);
+            runs += 1;
+        }
+        Ok(t0.elapsed().as_secs_f64() / f64::from(runs))
+    };
+    work()?;
+    let mut alone = 0.0;
+    for r in 0..group.size() {
+        if r == group.rank() {
+            alone = work()?;
+        }
+        group.barrier()?;
+    }
+    let together = work()?;
+    let ratio = together / f64::max(alone, 1e-12);
+    let all = group.all_gather(&[ratio as f32])?;
+    Ok(all
+        .iter()
+        .filter_map(|v| v.first())
+        .map(|&v| f64::from(v))
+        .fold(1.0, f64::max))
+}
+
+/// The link between processes as a ring: an all-reduce of 4 bytes for the latency and of
+/// 4 MiB for the bandwidth, best of five, on host memory (what the host-staged communicator
+/// sends between processes; NCCL between GPUs is faster, so this is an upper bound there).
+fn mpi_link(group: &Group) -> Result<Link> {
+    let n = group.size().max(2) as f64;
+    let time = |len: usize| -> Result<f64> {
+        let mut v = vec![0f32; len];
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            group.barrier()?;
+            let t0 = Instant::now();
+            group.all_reduce_sum(&mut v)?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        // Every rank uses the slowest rank's figure, so that all plan from the same link.
+        let all = group.all_gather(&[best as f32])?;
+        Ok(all
+            .iter()
+            .filter_map(|v| v.first())
+            .map(|&v| f64::from(v))
+            .fold(0.0, f64::max))
+    };
+    // A ring all-reduce is 2(n-1) messages of bytes/n (see `Link::all_reduce_s`).
+    let messages = 2.0 * (n - 1.0);
+    let latency_s = time(1)? / messages;
+    let len = 1 << 20;
+    let per_message = time(len)? / messages - latency_s;
+    Ok(Link {
+        latency_s,
+        bytes_per_s: (len * 4) as f64 / n / per_message.max(1e-9),
+    })
+}
+
+impl Plan {
+    /// One batch weight per device of the job, in rank order (rank 0's devices first, each
+    /// rank's in its own order): the shares of a plan made by [`measure_job`], for
+    /// `DataParallelConfig::weights` on every rank. `None` for a plan of one process.
+    pub fn job_weights(&self) -> Option<Vec<f64>> {
+        if self.processes.is_empty() {
+            return None;
+        }
+        let mut order: Vec<usize> = (0..self.processes.len()).collect();
+        order.sort_by_key(|&i| self.processes[i]);
+        Some(
+            order
+                .into_iter()
+                .map(|i| self.shares.get(i).copied().unwrap_or(0) as f64)
+                .collect(),
+        )
+    }
+
+    /// Errors unless `devices` are the devices of rank `rank` this plan was made for (names as
+    /// [`Device::spec`], in the rank's order); for a plan of one process, unless they are its
+    /// devices ([`Plan::check_devices`]) and `rank` is 0.
+    pub fn check_rank_devices(&self, rank: usize, devices: &[Device]) -> Result<()> {
+        if self.processes.is_empty() {
+            if rank > 0 {
+                return Err(Error::invalid("Plan::build", "the plan is for one process, the job has several: plan again under the launcher"));
+            }
+            return self.check_devices(devices);
+        }
+        let mut mine: Vec<(usize, &str)> = self
+            .processes
+            .iter()
+            .zip(&self.devices)
+            .filter(|((r, _), _)| *r == rank)
+            .map(|((_, i), n)| (*i, n.as_str()))
+            .collect();
+        mine.sort();
+        let planned: Vec<&str> = mine.into_iter().map(|(_, n)| n).collect();
+        let given: Vec<String> = devices.iter().map(Device::spec).collect();
+        if planned != given {
+            return Err(Error::invalid(
+                "Plan::build",
+                format!(
+                    "the plan gives rank {rank} devices {}, it has {}",
+                    planned.join(","),
+                    given.join(",")
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
