@@ -175,34 +175,20 @@ pub fn measure_job(
     let across = mpi_link(group)?;
     let (work, cluster, processes) = combine(&parts, across, contention)?;
     // Rank 0 plans; the others take its plan, so that every rank builds the same layout.
-    let planned = if group.rank() == 0 {
-        search(&work, &cluster).map(|p| Plan {
-            processes: in_plan_order(&cluster, &processes),
-            ..p
-        })
-    } else {
-        Err(Error::Msg(String::new()))
-    };
-    let text = match (&planned, group.rank()) {
-        (Ok(p), 0) => {
-            serde_json::to_vec(p).map_err(|e| Error::Msg(format!("encoding the plan: {e}")))?
-        }
-        (Err(e), 0) => format!("error:{e}").into_bytes(),
-        _ => Vec::new(),
-    };
-    let sent = broadcast(group, &text)?;
+    let how = how.expect("calibrated");
     if group.rank() == 0 {
-        return planned.map(|p| (p, how.expect("calibrated")));
+        let planned = search(&work, &cluster).map(|p| Plan { processes: in_plan_order(&cluster, &processes), ..p });
+        let text = match &planned {
+            Ok(p) => serde_json::to_vec(p).map_err(|e| Error::Msg(format!("encoding the plan: {e}")))?,
+            Err(e) => format!("error:{e}").into_bytes(),
+        };
+        from_rank(group, &text, 0)?;
+        return planned.map(|p| (p, how));
     }
+    let sent = from_rank(group, &[], 0)?;
     match serde_json::from_slice::<Plan>(&sent) {
-        Ok(p) => Ok((p, how.expect("calibrated"))),
-        Err(_) => Err(Error::invalid(
-            "plan",
-            format!(
-                "rank 0 found no plan: {}",
-                String::from_utf8_lossy(sent.strip_prefix(b"error:").unwrap_or(&sent))
-            ),
-        )),
+        Ok(p) => Ok((p, how)),
+        Err(_) => Err(Error::invalid("plan", format!("rank 0 found no plan: {}", String::from_utf8_lossy(sent.strip_prefix(b"error:").unwrap_or(&sent))))),
     }
 }
 
@@ -220,35 +206,22 @@ fn in_plan_order(cluster: &Cluster, processes: &[(usize, usize)]) -> Vec<(usize,
 
 /// Every rank's `bytes`, on every rank, in rank order.
 fn exchange(group: &Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let lengths = group.all_gather_u64(&[bytes.len() as u64])?;
-    let mut out = Vec::with_capacity(lengths.len());
-    for (r, len) in lengths.iter().enumerate() {
-        let len = usize::try_from(len.first().copied().unwrap_or(0))
-            .map_err(|_| Error::Msg(format!("rank {r}'s calibration is too long")))?;
-        let mut buf = if r == group.rank() {
-            bytes.to_vec()
-        } else {
-            vec![0u8; len]
-        };
-        group.broadcast_bytes(&mut buf, r)?;
-        out.push(buf);
-    }
-    Ok(out)
+    (0..group.size()).map(|r| from_rank(group, bytes, r)).collect()
 }
 
-/// Rank 0's `bytes` on every rank.
-fn broadcast(group: &Group, bytes: &[u8]) -> Result<Vec<u8>> {
-    let len = group.all_gather_u64(&[bytes.len() as u64])?[0]
-        .first()
-        .copied()
-        .unwrap_or(0);
-    let mut buf = if group.rank() == 0 {
-        bytes.to_vec()
-    } else {
-        vec![0u8; usize::try_from(len).map_err(|_| Error::Msg("the plan is too long".into()))?]
-    };
-    group.broadcast_bytes(&mut buf, 0)?;
+/// Rank `root`'s `bytes` (what the other ranks pass is not read) on every rank.
+fn from_rank(group: &Group, bytes: &[u8], root: usize) -> Result<Vec<u8>> {
+    let len = group.all_gather_u64(&[bytes.len() as u64])?[root].first().copied().unwrap_or(0);
+    let len = usize::try_from(len).map_err(|_| Error::Msg(format!("rank {root}'s message of {len} bytes is too long")))?;
+    let mut buf = if group.rank() == root { bytes.to_vec() } else { vec![0u8; len] };
+    group.broadcast_bytes(&mut buf, root)?;
     Ok(buf)
+}
+
+/// The largest of every rank's `value`, on every rank, and at least `floor`.
+fn largest(group: &Group, value: f64, floor: f64) -> Result<f64> {
+    let all = group.all_gather(&[value as f32])?;
+    Ok(all.iter().filter_map(|v| v.first()).map(|&v| f64::from(v)).fold(floor, f64::max))
 }
 
 /// How much slower the ranks' first devices compute a fixed workload all at once than each
@@ -277,12 +250,7 @@ fn contention(group: &Group, device: &Device) -> Result<f64> {
     }
     let together = work()?;
     let ratio = together / f64::max(alone, 1e-12);
-    let all = group.all_gather(&[ratio as f32])?;
-    Ok(all
-        .iter()
-        .filter_map(|v| v.first())
-        .map(|&v| f64::from(v))
-        .fold(1.0, f64::max))
+    largest(group, ratio, 1.0)
 }
 
 /// The link between processes as a ring: an all-reduce of 4 bytes for the latency and of
@@ -300,12 +268,7 @@ fn mpi_link(group: &Group) -> Result<Link> {
             best = best.min(t0.elapsed().as_secs_f64());
         }
         // Every rank uses the slowest rank's figure, so that all plan from the same link.
-        let all = group.all_gather(&[best as f32])?;
-        Ok(all
-            .iter()
-            .filter_map(|v| v.first())
-            .map(|&v| f64::from(v))
-            .fold(0.0, f64::max))
+        largest(group, best, 0.0)
     };
     // A ring all-reduce is 2(n-1) messages of bytes/n (see `Link::all_reduce_s`).
     let messages = 2.0 * (n - 1.0);
