@@ -306,6 +306,42 @@ fn a_job_of_two_processes_is_planned_as_one_cluster() {
     assert!(!refused.ok && refused.stderr.contains("plan again under the launcher"), "{}", refused.stderr);
 }
 
+/// A job whose ranks drive different kinds of device (`--devices cpu,wgpu:0` under two
+/// processes: rank 0 the CPU, rank 1 lavapipe's Vulkan adapter) trains as one process on both
+/// devices does: with batch shares measured across the ranks (`--strategy data`, whose default
+/// balance is by speed when the devices differ), recorded in the checkpoint so that resuming,
+/// under the job or one process, repeats them (another share would be another run, refused);
+/// and with the plan of the job, which names each rank's device.
+#[test]
+fn a_job_of_a_cpu_and_a_vulkan_process_trains_as_one() {
+    let dir = TempDir::new();
+    let base = ["train", "--model", "seed-cnn", "--devices", "cpu,wgpu:0", "--batch", "32", "--log-format", "json"];
+    let train = |np: usize, extra: &[&str]| losses(&json_lines(uncached(tandem(np, &[&base[..], extra].concat()))));
+    let whole = train(1, &["--steps", "6", "--strategy", "data", "--balance", "even"]);
+    for resume_np in [2, 1] {
+        let ckpt = dir.0.join(format!("ckpt-{resume_np}"));
+        let ckpt = ckpt.to_str().unwrap();
+        let head = train(2, &["--steps", "3", "--strategy", "data", "--checkpoint-dir", ckpt]);
+        let weights = recorded_batch_weights(&Path::new(ckpt).join("ckpt-00000003.safetensors"));
+        assert!(weights.len() == 2 && weights.iter().all(|w| *w > 0.0 && w.is_finite()), "one measured weight per device of the job: {weights:?}");
+        let tail = train(resume_np, &["--steps", "6", "--strategy", "data", "--checkpoint-dir", ckpt, "--resume"]);
+        assert_curve(&format!("cpu and wgpu:0 in 2 processes, resumed under {resume_np}"), &[head, tail].concat(), &whole, false);
+    }
+    assert_curve("the plan of a cpu and a wgpu:0 process", &train(2, &["--steps", "6", "--strategy", "auto"]), &whole, false);
+    let plan = run(uncached(mpirun(2, &["plan", "--model", "seed-cnn", "--devices", "cpu,wgpu:0", "--batch", "32"])), Duration::from_secs(120));
+    assert!(plan.ok, "{}\n{}", plan.stdout, plan.stderr);
+    assert!(plan.stdout.contains("plan for r0:cpu,r1:wgpu:0 (batch 32)") || plan.stdout.contains("plan for r1:wgpu:0,r0:cpu (batch 32)"), "{}", plan.stdout);
+    assert!(plan.stdout.contains("data 2 x tensor 1 x pipeline 1"), "{}", plan.stdout);
+}
+
+/// The `batch_weights` of the run configuration a checkpoint recorded.
+fn recorded_batch_weights(path: &Path) -> Vec<f64> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["config"]).unwrap();
+    serde_json::from_value(config["batch_weights"].clone()).unwrap_or_else(|e| panic!("batch_weights in {config}: {e}"))
+}
+
 /// `cmd` measuring afresh and keeping no calibration on disk.
 fn uncached(mut cmd: Command) -> Command {
     cmd.env("TANDEM_CALIBRATION", "off");

@@ -261,7 +261,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let mut config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
     setup::record_precision(&mut config, args);
     // A resumed run repeats the plan rather than measuring again.
-    if let Some(entry) = super::plan::config_entry(args, planned.as_ref())? {
+    if let Some(entry) = super::plan::config_entry(args, ranks, planned.as_ref())? {
         config["plan"] = entry;
     }
 

@@ -16,6 +16,7 @@ use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, job_unbuildabl
 use tandem::optim::Precision;
 use tandem::parallel::{inputs_to_device, DataParallelConfig, OptimConfig, Shard};
 use tandem::{DType, Device, Error, Result, Tensor};
+use std::path::PathBuf;
 
 /// Samples of the training data the calibration times each layer on (and twice as many).
 const PROBE: usize = 16;
@@ -286,55 +287,92 @@ pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], ranks: &R
 /// of one process under a launcher) is not repeated: the run plans again.
 fn recorded(args: &TrainArgs, devices: &[Device], ranks: &Ranks) -> Result<Option<Plan>> {
     let rank = ranks.group().rank();
-    let Some(dir) = args.checkpoint_dir.as_deref().filter(|_| args.resume) else { return Ok(None) };
-    let Ok((ckpt, _)) = tandem::train::run_file::load_newest(dir, |_, _| {}) else { return Ok(None) };
-    match ckpt.state.config.get("plan") {
+    let Some((path, config)) = resumed_config(args, ranks)? else { return Ok(None) };
+    match config.get("plan") {
         Some(v) => {
-            let p: Plan = serde_json::from_value(v.clone()).map_err(|e| Error::format(&ckpt.path, format!("the recorded plan: {e}")))?;
+            let p: Plan = serde_json::from_value(v.clone()).map_err(|e| Error::format(&path, format!("the recorded plan: {e}")))?;
             if p.processes.iter().map(|(r, _)| r + 1).max().unwrap_or(1) != ranks.group().size() {
                 return Ok(None);
             }
-            p.check_rank_devices(rank, devices).map_err(|e| Error::format(&ckpt.path, format!("the recorded plan: {e}")))?;
+            p.check_rank_devices(rank, devices).map_err(|e| Error::format(&path, format!("the recorded plan: {e}")))?;
             Ok(Some(p))
         }
         None => Ok(None),
     }
 }
 
+/// Resuming (`--resume` with a checkpoint directory that holds a checkpoint), the newest
+/// checkpoint's path and run configuration, as rank 0 read them: every rank takes the same
+/// branch of what depends on them, whether or not it sees the directory itself. Collective
+/// under a launcher.
+fn resumed_config(args: &TrainArgs, ranks: &Ranks) -> Result<Option<(PathBuf, serde_json::Value)>> {
+    let read = || {
+        let dir = args.checkpoint_dir.as_deref().filter(|_| args.resume)?;
+        let (ckpt, _) = tandem::train::run_file::load_newest(dir, |_, _| {}).ok()?;
+        Some((ckpt.path, ckpt.state.config))
+    };
+    if !ranks.many() {
+        return Ok(read());
+    }
+    let mine = if ranks.group().rank() == 0 { Some(serde_json::to_vec(&read()).map_err(|e| Error::Msg(format!("encoding the checkpoint's configuration: {e}")))?) } else { None };
+    let shared = tandem::train::ranks::share_bytes(ranks.group(), mine)?;
+    serde_json::from_slice(&shared).map_err(|e| Error::Msg(format!("rank 0's checkpoint configuration did not arrive whole: {e}")))
+}
+
 /// The `plan` entry of a run's configuration: a resumed run keeps its checkpoint's (present
 /// or not), so that one resumed under another number of processes, which plans again, is still
 /// the same run; a new run records `planned` without its alternatives and rejections, which a
-/// resume does not need.
-pub fn config_entry(args: &TrainArgs, planned: Option<&Plan>) -> Result<Option<serde_json::Value>> {
-    if let Some(dir) = args.checkpoint_dir.as_deref().filter(|_| args.resume) {
-        if let Ok((ckpt, _)) = tandem::train::run_file::load_newest(dir, |_, _| {}) {
-            return Ok(ckpt.state.config.get("plan").cloned());
-        }
+/// resume does not need. Collective under a launcher.
+pub fn config_entry(args: &TrainArgs, ranks: &Ranks, planned: Option<&Plan>) -> Result<Option<serde_json::Value>> {
+    if let Some((_, config)) = resumed_config(args, ranks)? {
+        return Ok(config.get("plan").cloned());
     }
     planned.map(|p| serde_json::to_value(Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() }).map_err(|e| Error::Msg(format!("recording the plan: {e}")))).transpose()
 }
 
-/// Data-parallel batch weights for `--strategy data`: measured speeds unless `--balance even`,
-/// or the devices are all alike (same name) and `--balance` is not given; the weights a
-/// checkpoint recorded when resuming.
-pub fn data_weights(args: &TrainArgs, model: &Sequential, train: &Dataset, devices: &[Device]) -> Result<Option<Vec<f64>>> {
-    let differ = devices.windows(2).any(|w| w[0].spec() != w[1].spec());
+/// Data-parallel batch weights for `--strategy data`, and the run configuration's
+/// `batch_weights` entry: measured speeds unless `--balance even`, or the devices (under a
+/// launcher, every rank's) are all alike (same name) and `--balance` is not given. A resumed
+/// run repeats the weights its checkpoint recorded; resumed on another number of devices (or
+/// ranks) it measures again and keeps the recorded entry, so that it is still the same run.
+/// Under a launcher the weights are one per device of the job, in rank order, the same on
+/// every rank ([`plan::measure_job_speeds`]). Collective under a launcher.
+pub fn data_weights(args: &TrainArgs, model: &Sequential, train: &Dataset, devices: &[Device], ranks: &Ranks) -> Result<(Option<Vec<f64>>, Option<serde_json::Value>)> {
+    let names = job_device_names(devices, ranks)?;
+    let differ = names.windows(2).any(|w| w[0] != w[1]);
     let measured = match args.balance {
         Some(Balance::Measured) => true,
         Some(Balance::Even) => false,
         None => differ,
     };
-    if !measured || devices.len() < 2 {
-        return Ok(None);
+    // Resuming, the configuration's entry is the checkpoint's, present or not.
+    let resumed = resumed_config(args, ranks)?.map(|(_, config)| config.get("batch_weights").cloned());
+    let recorded = resumed.clone().flatten();
+    if !measured || names.len() < 2 {
+        return Ok((None, recorded));
     }
-    if let Some(dir) = args.checkpoint_dir.as_deref().filter(|_| args.resume) {
-        if let Ok((ckpt, _)) = tandem::train::run_file::load_newest(dir, |_, _| {}) {
-            if let Some(w) = ckpt.state.config.get("batch_weights").and_then(|v| serde_json::from_value::<Vec<f64>>(v.clone()).ok()) {
-                return Ok(Some(w));
-            }
-        }
+    if let Some(w) = recorded.as_ref().and_then(|v| serde_json::from_value::<Vec<f64>>(v.clone()).ok()).filter(|w| w.len() == names.len()) {
+        return Ok((Some(w), recorded));
     }
-    plan::measure_speeds(model, &probe(train, &devices[0])?, devices).map(Some)
+    let probe = probe(train, &devices[0])?;
+    let weights = if ranks.many() { plan::measure_job_speeds(ranks.group(), model, &probe, devices)? } else { plan::measure_speeds(model, &probe, devices)? };
+    let entry = resumed.unwrap_or_else(|| Some(serde_json::json!(weights)));
+    Ok((Some(weights), entry))
+}
+
+/// The names ([`Device::spec`]) of this process's devices, or under a launcher of every
+/// rank's, in rank order (collective).
+fn job_device_names(devices: &[Device], ranks: &Ranks) -> Result<Vec<String>> {
+    let mine: Vec<String> = devices.iter().map(Device::spec).collect();
+    if !ranks.many() {
+        return Ok(mine);
+    }
+    let text = serde_json::to_vec(&mine).map_err(|e| Error::Msg(format!("encoding the device names: {e}")))?;
+    let mut all = Vec::new();
+    for (r, bytes) in tandem::train::ranks::gather_bytes(ranks.group(), &text)?.iter().enumerate() {
+        all.extend(serde_json::from_slice::<Vec<String>>(bytes).map_err(|e| Error::Msg(format!("rank {r}'s device names did not arrive whole: {e}")))?);
+    }
+    Ok(all)
 }
 
 /// The first [`PROBE`] samples of `train` on `device`.

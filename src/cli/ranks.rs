@@ -61,19 +61,27 @@ impl Ranks {
     }
 
     /// Data parallelism over this rank's `devices` and every other rank's, through NCCL across
-    /// the processes when every device is a CUDA GPU (feature `nccl`, not `deterministic`), else
+    /// the processes when every rank's devices are CUDA GPUs (feature `nccl`, not
+    /// `deterministic`), else
     /// `Hierarchical` (rank order sums with `deterministic`); replica 0 of rank 0 initialises
     /// every replica. Each rank must be given the same global batches: it trains on its share.
     pub fn data_parallel<M: Module>(&self, build: impl Fn(&Device) -> Result<M>, devices: &[Device], optim: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Box<dyn Strategy>> {
-        // Every rank reads the same --devices, so all of them take the same branch.
+        // The ranks may drive different kinds of device: NCCL only when every rank's are CUDA
+        // GPUs, decided together so that all of them take the same branch.
         #[cfg(feature = "nccl")]
-        if !cfg.deterministic && devices.iter().all(|d| d.info().backend == tandem::backend::BackendKind::Cuda) {
+        if !cfg.deterministic && self.all_ranks(devices.iter().all(|d| d.info().backend == tandem::backend::BackendKind::Cuda))? {
             let comm = tandem::parallel::comm::Nccl::across(devices, &self.group)?;
             return Ok(Box::new(DataParallel::from_factory_with(build, Box::new(comm), optim, loss, cfg)?));
         }
         let order = if cfg.deterministic { Order::Ranks } else { Order::Mpi };
         let comm = Hierarchical::new(devices, self.group.clone(), order)?;
         Ok(Box::new(DataParallel::from_factory_with(build, Box::new(comm), optim, loss, cfg)?))
+    }
+
+    /// Whether `mine` holds on every rank (collective).
+    #[cfg(feature = "nccl")]
+    fn all_ranks(&self, mine: bool) -> Result<bool> {
+        Ok(self.group.all_gather_u64(&[u64::from(mine)])?.iter().all(|v| v.first() == Some(&1)))
     }
 
     /// Waits for every rank (a no-op alone).

@@ -1,7 +1,7 @@
 //! Under `mpirun`/`srun`, before a command does anything else, every rank checks that it was
 //! started like every other: the same command, and for `train` the same flags that decide the
 //! run (model and its shape, data and the file's identity, seed, batch, steps, optimizer and
-//! its settings, schedule, strategy, checkpointing, the kind of devices). Ranks started
+//! its settings, schedule, strategy, checkpointing). Ranks started
 //! differently (an MPMD launch `mpirun -np 1 tandem train … : -np 1 tandem train … --seed 2`,
 //! or one machine's copy of the data file that differs) would train apart or wait for each
 //! other forever; instead the job ends at once, on every rank, with a message that names each
@@ -11,8 +11,12 @@
 //! whole file when smaller), so that checking costs milliseconds whatever the file's size; a
 //! directory (`mnist:DIR`) by the same of each of its files. Flags that only rank 0 acts on
 //! (`--save`, `--plot`, `--trace`, `--log-format`, where the checkpoints go) and `--init`
-//! (rank 0's weights start every replica) may differ. Flags compare as given: `--lr 0.01` and
-//! the default 0.01 count as different.
+//! (rank 0's weights start every replica) may differ, and so may the devices a rank trains
+//! on: a job may mix kinds of device (one rank on a CUDA GPU, another on a Vulkan adapter), as
+//! one process may; the ranks then agree on the collectives (NCCL only when every rank's devices
+//! are CUDA GPUs) and the batch shares (by measured speed). `bench` still needs one kind of
+//! device on every rank. Flags compare as given: `--lr 0.01` and the default 0.01 count as
+//! different.
 use super::ranks::Ranks;
 use super::{BenchArgs, Command, ModelArg, TrainArgs};
 use super::Failure;
@@ -96,9 +100,9 @@ fn entries(command: &Command, ranks: &Ranks) -> Vec<Entry> {
         Command::Devices => e.add("command", "devices"),
         Command::Generate(_) => e.add("command", "generate"),
         Command::Bench(args) => bench(&mut e, args, ranks),
-        Command::Train(args) => train(&mut e, args, ranks),
+        Command::Train(args) => train(&mut e, args),
         Command::Plan(args) => {
-            train(&mut e, &args.train, ranks);
+            train(&mut e, &args.train);
             e.add("command", "plan");
         }
     }
@@ -127,7 +131,7 @@ fn bench(e: &mut Entries, args: &BenchArgs, ranks: &Ranks) {
     e.add("--devices", device_kinds(&args.devices, ranks));
 }
 
-fn train(e: &mut Entries, args: &TrainArgs, ranks: &Ranks) {
+fn train(e: &mut Entries, args: &TrainArgs) {
     e.add("command", "train");
     e.add(
         "--model",
@@ -168,11 +172,11 @@ fn train(e: &mut Entries, args: &TrainArgs, ranks: &Ranks) {
     e.add("--checkpoint-dir", if args.checkpoint_dir.is_some() { "given" } else { "not given" });
     e.opt("--checkpoint-every", args.checkpoint_every);
     e.add("--resume", args.resume);
-    e.add("--devices", device_kinds(&args.devices, ranks));
 }
 
-/// The backends of this rank's share of `--devices` (`cuda`, `cpu,wgpu`): ranks may drive
-/// different GPUs, not different kinds of device (the collectives across processes differ).
+/// The backends of this rank's share of `--devices` (`cuda`, `cpu,wgpu`): the ranks of a
+/// benchmark may drive different GPUs, not different kinds of device (its figures would not
+/// be of one kind).
 fn device_kinds(spec: &str, ranks: &Ranks) -> String {
     let g = ranks.group();
     let local = tandem::dist::local_spec(spec, g.local_rank(), g.local_size()).unwrap_or_else(|_| spec.to_string());

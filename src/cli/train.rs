@@ -62,9 +62,9 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let model = model_kind.build(args.seed, &Device::cpu())?;
     // Across processes the planner plans every rank's devices together (data parallelism).
     let planned = planned(args, &model, &train, &optim, &devices, ranks)?;
-    let weights = match (&planned, args.strategy) {
-        (None, StrategyKind::Data) if !ranks.many() && !args.deterministic => super::plan::data_weights(args, &model, &train, &devices)?,
-        _ => None,
+    let (weights, weights_entry) = match (&planned, args.strategy) {
+        (None, StrategyKind::Data) if !args.deterministic => super::plan::data_weights(args, &model, &train, &devices, ranks)?,
+        _ => (None, None),
     };
     let mut loader = DataLoader::new(Arc::new(train), args.batch, true, args.seed)?.drop_last(true)?;
     let (length_flag, total) = match (args.steps, args.epochs) {
@@ -83,7 +83,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let strategy = if ranks.many() {
         let cfg = match &planned {
             Some(p) => super::plan::job_config(p, args),
-            None => DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() },
+            None => DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, weights: weights.clone(), ..Default::default() },
         };
         ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
     } else if let Some(p) = &planned {
@@ -113,11 +113,11 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     setup::record_precision(&mut config, args);
     // What a resumed run must repeat rather than measure again: the plan (its alternatives
     // and rejections are not needed for that), or the measured batch weights.
-    if let Some(entry) = super::plan::config_entry(args, planned.as_ref())? {
+    if let Some(entry) = super::plan::config_entry(args, ranks, planned.as_ref())? {
         config["plan"] = entry;
     }
-    if let Some(w) = &weights {
-        config["batch_weights"] = serde_json::json!(w);
+    if let Some(entry) = weights_entry {
+        config["batch_weights"] = entry;
     }
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
     let (mut trainer, console) = run.trainer(strategy, total, clip, config, every);

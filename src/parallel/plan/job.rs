@@ -9,6 +9,7 @@
 //! ([`Plan::job_weights`], given to `DataParallelConfig::weights` on every rank).
 use super::{Calibration, Cluster, LayerCost, Layout, Link, Plan, Workload};
 use crate::dist::Group;
+use crate::nn::Sequential;
 use crate::{Device, Error, Result, Tensor};
 use std::time::Instant;
 
@@ -137,45 +138,22 @@ pub fn measure_job(
     calibrate: &dyn Fn() -> Result<(Workload, Cluster, Calibration)>,
     search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>,
 ) -> Result<(Plan, Calibration)> {
-    let mut mine = None;
-    for r in 0..group.size() {
-        if r == group.rank() {
-            mine = Some(calibrate());
-        }
-        group.barrier()?;
-    }
-    // An error is every rank's: each learns whether all calibrated before going on.
-    let (own, how) = match mine.expect("every rank takes its turn") {
-        Ok((work, cluster, how)) => (Some(RankCalibration { work, cluster }), Some(how)),
-        Err(e) => {
-            group.all_gather_u64(&[1])?;
-            return Err(e);
-        }
-    };
-    let failed = group.all_gather_u64(&[0])?;
-    if let Some(r) = failed.iter().position(|f| f.first() == Some(&1)) {
-        return Err(Error::invalid(
-            "plan",
-            format!("rank {r} could not calibrate its devices"),
-        ));
-    }
+    let (own, how) = agreed(group, in_turn(group, calibrate)?, "calibrate its devices")
+        .map(|(work, cluster, how)| (RankCalibration { work, cluster }, how))?;
     let text = serde_json::to_vec(&own)
         .map_err(|e| Error::Msg(format!("encoding the calibration: {e}")))?;
     let parts = exchange(group, &text)?
         .iter()
         .enumerate()
         .map(|(r, bytes)| {
-            serde_json::from_slice::<Option<RankCalibration>>(bytes)
-                .ok()
-                .flatten()
-                .ok_or_else(|| Error::Msg(format!("rank {r}'s calibration did not arrive whole")))
+            serde_json::from_slice::<RankCalibration>(bytes)
+                .map_err(|e| Error::Msg(format!("rank {r}'s calibration did not arrive whole: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
     let contention = contention(group, device)?;
     let across = mpi_link(group)?;
     let (work, cluster, processes) = combine(&parts, across, contention)?;
     // Rank 0 plans; the others take its plan, so that every rank builds the same layout.
-    let how = how.expect("calibrated");
     if group.rank() == 0 {
         let planned = search(&work, &cluster).map(|p| Plan { processes: in_plan_order(&cluster, &processes), ..p });
         let text = match &planned {
@@ -189,6 +167,53 @@ pub fn measure_job(
     match serde_json::from_slice::<Plan>(&sent) {
         Ok(p) => Ok((p, how)),
         Err(_) => Err(Error::invalid("plan", format!("rank 0 found no plan: {}", String::from_utf8_lossy(sent.strip_prefix(b"error:").unwrap_or(&sent))))),
+    }
+}
+
+/// Each device's data-parallel batch weight over the whole job, in rank order (rank 0's
+/// devices first): its speed on `model`'s forward and backward on `probe` relative to rank 0's
+/// first device, each rank timing its own `devices` in turn so that no timing shares the host
+/// with another rank's; devices of one name ([`Device::spec`]) share their mean time, as in
+/// [`measure_speeds`](super::measure_speeds) for one process. For `DataParallelConfig::weights`
+/// on every rank. Collective: every rank calls it, with the same model and probe.
+pub fn measure_job_speeds(group: &Group, model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
+    let alone = agreed(group, in_turn(group, || super::measure::alone_s(model, probe, devices))?, "time the model on its devices")?;
+    let names: Vec<String> = devices.iter().map(Device::spec).collect();
+    let text = serde_json::to_vec(&(names, alone)).map_err(|e| Error::Msg(format!("encoding the timings: {e}")))?;
+    let (mut names, mut alone) = (Vec::new(), Vec::new());
+    for (r, bytes) in exchange(group, &text)?.iter().enumerate() {
+        let (n, t): (Vec<String>, Vec<f64>) = serde_json::from_slice(bytes).map_err(|e| Error::Msg(format!("rank {r}'s timings did not arrive whole: {e}")))?;
+        if n.len() != t.len() {
+            return Err(Error::Msg(format!("rank {r} sent {} timings for {} devices", t.len(), n.len())));
+        }
+        names.extend(n);
+        alone.extend(t);
+    }
+    Ok(super::measure::speeds(&names, &alone))
+}
+
+/// `run` on this rank, in its turn: rank 0 first, each rank after the one before has finished
+/// (collective), so that no rank's timings share the host with another's.
+fn in_turn<T>(group: &Group, run: impl FnOnce() -> Result<T>) -> Result<Result<T>> {
+    let mut run = Some(run);
+    let mut mine = None;
+    for r in 0..group.size() {
+        if r == group.rank() {
+            mine = run.take().map(|f| f());
+        }
+        group.barrier()?;
+    }
+    Ok(mine.unwrap_or_else(|| Err(Error::Msg(format!("rank {} of {} had no turn", group.rank(), group.size())))))
+}
+
+/// `mine` once every rank knows that every rank's succeeded: an error is every rank's, the
+/// failed rank's own or one naming it ("rank 1 could not `what`"). Collective.
+fn agreed<T>(group: &Group, mine: Result<T>, what: &str) -> Result<T> {
+    let failed = group.all_gather_u64(&[u64::from(mine.is_err())])?;
+    let value = mine?;
+    match failed.iter().position(|f| f.first() == Some(&1)) {
+        Some(r) => Err(Error::invalid("plan", format!("rank {r} could not {what}"))),
+        None => Ok(value),
     }
 }
 

@@ -152,7 +152,8 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
     let share = repeated(probe, batch.div_ceil(devices.len()).max(k) / k)?;
     let alone = devices.iter().map(|d| whole_model_s(make, &share, d)).collect::<Result<Vec<f64>>>()?;
     let mut specs = Vec::new();
-    for (d, speed) in devices.iter().zip(speeds(devices, &alone)) {
+    let names: Vec<String> = devices.iter().map(Device::spec).collect();
+    for (d, speed) in devices.iter().zip(speeds(&names, &alone)) {
         specs.push(DeviceSpec { name: d.spec(), speed, memory: u64::MAX, server: 0 });
     }
     let contention = if devices.len() > 1 {
@@ -270,21 +271,26 @@ fn repeated(x: &Tensor, times: usize) -> Result<Tensor> {
 /// the first's, timed one at a time: the weights of a data-parallel batch split by speed
 /// (`--balance measured`).
 pub fn measure_speeds(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
-    let make = |d: &Device| model.slice(0..model.len(), d);
-    let alone = devices.iter().map(|d| whole_model_s(&make, probe, d)).collect::<Result<Vec<f64>>>()?;
-    Ok(speeds(devices, &alone))
+    let names: Vec<String> = devices.iter().map(Device::spec).collect();
+    Ok(speeds(&names, &alone_s(model, probe, devices)?))
 }
 
-/// Each device's speed from its time `alone`, relative to the first. Devices of one name are
-/// one kind of device and share their mean time, so that timing noise does not give alike
-/// devices unequal shares.
-fn speeds(devices: &[Device], alone: &[f64]) -> Vec<f64> {
-    let mean = |name: String| {
-        let kind: Vec<f64> = devices.iter().zip(alone).filter(|(d, _)| d.spec() == name).map(|(_, t)| *t).collect();
+/// The seconds of `model`'s forward and backward on `probe` on each of `devices`, one at a time.
+pub(super) fn alone_s(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
+    let make = |d: &Device| model.slice(0..model.len(), d);
+    devices.iter().map(|d| whole_model_s(&make, probe, d)).collect()
+}
+
+/// Each device's speed from its time `alone`, relative to the first, devices named as
+/// [`Device::spec`]. Devices of one name are one kind of device and share their mean time, so
+/// that timing noise does not give alike devices unequal shares.
+pub(super) fn speeds(names: &[String], alone: &[f64]) -> Vec<f64> {
+    let mean = |name: &str| {
+        let kind: Vec<f64> = names.iter().zip(alone).filter(|(n, _)| *n == name).map(|(_, t)| *t).collect();
         kind.iter().sum::<f64>() / kind.len().max(1) as f64
     };
-    let reference = devices.first().map_or(1.0, |d| mean(d.spec()));
-    devices.iter().map(|d| reference / mean(d.spec()).max(1e-9)).collect()
+    let reference = names.first().map_or(1.0, |n| mean(n));
+    names.iter().map(|n| reference / mean(n).max(1e-9)).collect()
 }
 
 /// The mean seconds of the whole model's forward and backward on `probe` on every device at

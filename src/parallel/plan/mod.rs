@@ -66,7 +66,7 @@ pub use build::unbuildable;
 pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, REFERENCE_FLOPS};
 pub use file::PLAN_VERSION;
 pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt, measure_gpt_reusing};
-pub use job::{combine, job_unbuildable, measure_job, RankCalibration};
+pub use job::{combine, job_unbuildable, measure_job, measure_job_speeds, RankCalibration};
 pub use measure::{measure, measure_reusing, measure_speeds};
 pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV};
 
