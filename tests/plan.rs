@@ -24,7 +24,7 @@ fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
 }
 
 fn single_layout() -> Layout {
-    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None }
+    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false }
 }
 
 #[test]
@@ -239,12 +239,26 @@ fn offloaded_state_is_counted_as_transfers_not_memory() {
         assert!((off.step_s - kept.step_s - link).abs() < 1e-12, "{shard:?}: {} against {} + {link}", off.step_s, kept.step_s);
     }
     // 85% of 1.1 GiB is under half the state (1 GiB a device on two, however split), so
-    // nothing fits without the offload; with it a layout does, within the memory.
+    // nothing fits with the optimizer state on the devices; with it in host memory a layout
+    // does, within the memory.
     let (_, tight) = state_bound(1100 << 20);
-    assert!(plan(&work, &tight).is_err(), "nothing fits without the offload");
-    let p = plan(&offloaded, &tight).unwrap();
-    println!("{p}");
-    assert!(p.best.memory.iter().all(|m| (*m as f64) <= 0.85 * (1100u64 << 20) as f64), "{p}");
+    let asked = plan(&offloaded, &tight).unwrap();
+    println!("{asked}");
+    assert!(asked.best.memory.iter().all(|m| (*m as f64) <= 0.85 * (1100u64 << 20) as f64), "{asked}");
+    // Not asked for, the search offloads by itself, and only there: the same layout, memory
+    // and prediction as when asked, each layout's kept-state variant rejected for memory.
+    let searched = plan(&work, &tight).unwrap();
+    println!("{searched}");
+    assert!(searched.best.layout.offload && searched.offloaded_states == 2, "{searched}");
+    assert_eq!(Layout { offload: false, ..searched.best.layout.clone() }, asked.best.layout, "{searched}");
+    assert_eq!(searched.best.memory, asked.best.memory);
+    assert!((searched.best.step_s - asked.best.step_s).abs() < 1e-12);
+    let kept = Layout { offload: false, ..searched.best.layout.clone() };
+    let why = &searched.rejected.iter().find(|r| r.layout == kept).expect("the layout with its state kept is rejected").why;
+    assert!(why.starts_with("memory: needs"), "{why}");
+    assert!(searched.to_string().contains(", offload") && searched.to_string().contains("optimizer state in host memory"), "{searched}");
+    let roomy = plan(&work, &cluster).unwrap();
+    assert!(!roomy.best.layout.offload && roomy.offloaded_states == 0 && roomy.alternatives.iter().all(|e| !e.layout.offload), "{roomy}");
 }
 
 /// A layout on more devices is chosen only when predicted at least `MORE_DEVICES_MARGIN`

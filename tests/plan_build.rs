@@ -39,7 +39,7 @@ fn plan_of(devices: &[Device], layout: Layout, shares: Vec<usize>) -> Plan {
 }
 
 fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>) -> Layout {
-    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts, shard: Shard::None }
+    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts, shard: Shard::None, offload: false }
 }
 
 fn losses(s: &mut dyn Strategy) -> Vec<f32> {

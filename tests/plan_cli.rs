@@ -80,7 +80,7 @@ fn a_resumed_run_repeats_the_plan_its_checkpoint_recorded() {
     let devices = Device::parse("cpu,cpu").unwrap();
     // A layout no fresh plan would choose: a pipeline of 16 micro-batches of one sample.
     let mut p = Plan::load(&path, &devices).unwrap();
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None };
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None, offload: false };
     p.best.memory = vec![0, 0];
     p.shares = vec![16];
     let odd = dir.join("odd.json");
@@ -157,11 +157,12 @@ fn a_memory_limit_too_small_for_plain_data_parallelism_makes_the_gpt_plan_shard(
     assert!(!free.contains("memory: needs"), "{free}");
     // Under 15 MiB budgets the whole model on one device (~16.7 MiB, ~13.5 with gradient
     // accumulation) and plain data parallelism (~17.7 MiB over two devices) are over 85% of a
-    // device; ZeRO over four devices is not (at two, ZeRO-1 saves only what the gradient
-    // bucket costs).
+    // device, and fit only with the optimizer state in host memory, which is slower; ZeRO over
+    // four devices fits as it is (at two, ZeRO-1 saves only what the gradient bucket costs).
     let limited = gpt4_out(&["plan", "--memory-limit", "15MiB"]);
-    assert!(best(&limited).contains("data 4 x tensor 1 x pipeline 1") && best(&limited).contains("shard"), "{limited}");
-    for rejected in ["data 1 x tensor 1 x pipeline 1: memory: needs", "data 2 x tensor 1 x pipeline 1: memory: needs", "over 85% of its 15 MiB"] {
+    assert!(best(&limited).contains("data 4 x tensor 1 x pipeline 1") && best(&limited).contains("shard") && !best(&limited).contains("offload"), "{limited}");
+    assert!(limited.lines().any(|l| l.starts_with("  data 1 x tensor 1 x pipeline 1") && l.contains(", offload")), "{limited}");
+    for rejected in ["of kept layouts: memory: needs", "over 85% of its 15 MiB"] {
         assert!(limited.contains(rejected), "no '{rejected}' in:\n{limited}");
     }
     // Training under the same budgets takes that plan, and it fits them.
@@ -184,18 +185,21 @@ fn a_memory_limit_too_small_for_plain_data_parallelism_makes_the_gpt_plan_shard(
     let tiny = gpt(&["plan", "--memory-limit", "8MiB"]);
     common::fails(&tiny.iter().map(String::as_str).collect::<Vec<_>>(), "no layout fits the devices' memory");
     common::fails(&["plan", "--cluster", "dual-m60:1", "--memory-limit", "1GiB"], "--memory-limit");
-    // Under 13 MiB nothing fits with Adam's moments on the devices, something does with them in
-    // host memory; its plan says so, and a run of it must offload them too.
-    let four = |args: &[&str]| gpt(args).into_iter().map(|a| if a == "cpu,cpu" { "cpu,cpu,cpu,cpu".to_string() } else { a }).collect::<Vec<String>>();
-    let tight = four(&["plan", "--memory-limit", "13MiB"]);
-    common::fails(&tight.iter().map(String::as_str).collect::<Vec<_>>(), "no layout fits the devices' memory");
+    // Under 13 MiB nothing fits with Adam's moments on the devices: the plan keeps them in host
+    // memory by itself (each layout's variant with them on the devices rejected for memory) and
+    // says so; a run of it offloads them too, with the losses of a run that asked for the
+    // offload, bit for bit.
     let path = dir.join("offloaded.json");
-    let offloaded = gpt4_out(&["plan", "--memory-limit", "13MiB", "--offload-optimizer", "--save-plan", s(&path)]);
-    assert!(offloaded.contains("optimizer state in host memory"), "{offloaded}");
-    let trained = gpt4_out(&["train", "--memory-limit", "13MiB", "--offload-optimizer", "--plan", s(&path), "--steps", "2"]);
-    assert!(trained.lines().any(|l| l.starts_with("planned ")), "{trained}");
-    let without = four(&["train", "--memory-limit", "13MiB", "--plan", s(&path), "--steps", "1"]);
-    common::fails(&without.iter().map(String::as_str).collect::<Vec<_>>(), "train with --offload-optimizer");
+    let offloaded = gpt4_out(&["plan", "--memory-limit", "13MiB", "--save-plan", s(&path)]);
+    assert!(best(&offloaded).ends_with(", offload") || best(&offloaded).contains(", offload:"), "{offloaded}");
+    assert!(offloaded.contains("optimizer state in host memory") && offloaded.contains("memory: needs"), "{offloaded}");
+    let asked = gpt4_out(&["plan", "--memory-limit", "13MiB", "--offload-optimizer"]);
+    assert!(asked.contains("optimizer state in host memory"), "{asked}");
+    let final_loss = |printed: &str| printed.lines().find_map(|l| l.split("final loss ").nth(1)).map(str::to_string).unwrap_or_else(|| panic!("no final loss:\n{printed}"));
+    let searched = gpt4_out(&["train", "--memory-limit", "13MiB", "--plan", s(&path), "--steps", "2"]);
+    assert!(searched.lines().any(|l| l.starts_with("planned ") && l.contains(", offload")), "{searched}");
+    let by_hand = gpt4_out(&["train", "--memory-limit", "13MiB", "--offload-optimizer", "--plan", s(&path), "--steps", "2"]);
+    assert_eq!(final_loss(&searched), final_loss(&by_hand), "{searched}\n{by_hand}");
 }
 
 #[test]
@@ -207,7 +211,7 @@ fn a_resumed_gpt_run_repeats_the_plan_its_checkpoint_recorded() {
     // A layout no fresh plan is likely to choose: a pipeline of 4 micro-batches of one window,
     // cut before the second block.
     let mut p = Plan::load(&path, &Device::parse("cpu,cpu").unwrap()).unwrap();
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 4, recompute: false, cuts: vec![2], shard: Shard::None };
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 4, recompute: false, cuts: vec![2], shard: Shard::None, offload: false };
     p.best.memory = vec![0, 0];
     p.shares = vec![4];
     let odd = dir.join("odd.json");

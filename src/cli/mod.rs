@@ -242,7 +242,8 @@ pub struct TrainArgs {
     /// parameter's state visits its device for that parameter's update only, which takes Adam's
     /// 8 of 16 bytes a parameter (with --shard, of each device's shard) off the device and
     /// moves them over the bus both ways every step. Same kernels, so the same results bit for
-    /// bit; a run may resume with or without it.
+    /// bit; a run may resume with or without it. A plan (`--strategy auto`) offloads by
+    /// itself where no layout fits the devices' memory otherwise.
     #[arg(long)]
     pub offload_optimizer: bool,
     /// What the forward computes in: `f32`, or `bf16` / `f16` (PyTorch's autocast: products

@@ -271,9 +271,6 @@ pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], ranks: &R
         let dtype = |d: DType| format!("{d:?}").to_lowercase();
         return Err(Error::invalid("--grad-dtype", format!("the plan was made for {} gradient shards, not {}: plan again with --grad-dtype {}", dtype(p.grad_dtype), dtype(args.grad_dtype), dtype(args.grad_dtype))));
     }
-    if p.offloaded_states > 0 && !args.offload_optimizer {
-        return Err(Error::invalid("--plan", "the plan keeps the optimizer state in host memory: train with --offload-optimizer, or plan again without it"));
-    }
     if args.balance == Some(Balance::Even) && p.shares.len() > 1 {
         let n = p.shares.len();
         p.shares = (0..n).map(|i| p.batch / n + usize::from(i < p.batch % n)).collect();

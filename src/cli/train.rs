@@ -85,6 +85,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
             Some(p) => super::plan::job_config(p, args),
             None => DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, weights: weights.clone(), ..Default::default() },
         };
+        let optim = planned.as_ref().map_or_else(|| optim.clone(), |p| p.optim(&optim));
         ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
     } else if let Some(p) = &planned {
         p.build(&model, &devices, &optim, loss)?

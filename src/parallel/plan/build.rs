@@ -56,7 +56,8 @@ impl Plan {
     /// `Single`, `DataParallel` (batch shares as [`Plan::shares`], micro-batches accumulated,
     /// state sharded as [`Layout::shard`], gradient shards in [`Plan::grad_dtype`]),
     /// `TensorParallel`, a 1F1B `Pipeline` cut at the plan's cuts, or a `PipelineGrid` of
-    /// them. `devices` must be the devices planned for (names as [`Device::spec`], any order);
+    /// them, with `opt`'s state in host memory where the plan keeps it there ([`Plan::optim`]).
+    /// `devices` must be the devices planned for (names as [`Device::spec`], any order);
     /// the layout takes them in [`Plan::devices`]' order and leaves out those it does not use.
     ///
     /// ```
@@ -74,6 +75,7 @@ impl Plan {
     /// # Ok(()) }
     /// ```
     pub fn build(&self, model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Box<dyn Strategy>> {
+        let opt = &self.optim(opt);
         let l = &self.best.layout;
         self.check_model(&model.describe())?;
         if let Some(why) = unbuildable(l, &self.shares, model) {

@@ -87,9 +87,11 @@ impl Plan {
     /// `devices` (those planned for, any order), with the cross-entropy loss: `Single`,
     /// `DataParallel` (shares as [`Plan::shares`], micro-batches accumulated, sharded as
     /// [`Layout::shard`], gradient shards in [`Plan::grad_dtype`]), `TensorParallelGpt`, a 1F1B `Pipeline` of [`Gpt::stages`] cut at
-    /// the plan's cuts (its embedding and head tied), or a `PipelineGrid` of them. Errors,
+    /// the plan's cuts (its embedding and head tied), or a `PipelineGrid` of them; `opt`'s
+    /// state in host memory where the plan keeps it there ([`Plan::optim`]). Errors,
     /// naming the reason, for a plan made for another model or a layout it cannot make.
     pub fn build_gpt(&self, gpt: &dyn Fn(&Device) -> Result<Gpt>, devices: &[Device], opt: &OptimConfig) -> Result<Box<dyn Strategy>> {
+        let opt = &self.optim(opt);
         let l = &self.best.layout;
         let host = gpt(&Device::cpu())?;
         self.check_model(&host.describe())?;

@@ -18,8 +18,10 @@
 //! only the stage inputs plus one layer's activations; a layout fits when that is within
 //! [`MEMORY_USABLE`] of each device's memory (its budget where one is set); ZeRO-2/3's
 //! gradient shards count in [`Workload::grad_dtype`]'s bytes. Optimizer state offloaded to host
-//! memory ([`Workload::offloaded_states`]) counts only as its largest tensor's while updated,
-//! and adds its bytes over the host link to the update's time. Sharding's reduce-scatters and
+//! memory ([`Workload::offloaded_states`], or by a layout that [offloads](Layout::offload),
+//! which the search tries for each layout that does not fit without it) counts only as its
+//! largest tensor's while updated, and adds its bytes over the host link to the update's
+//! time. Sharding's reduce-scatters and
 //! all-gathers replace or add to the all-reduce in the step time. Of the layouts that fit, the
 //! fastest is chosen, unless one on fewer devices is predicted within [`MORE_DEVICES_MARGIN`]
 //! of it: a near tie is calibration noise, and more devices cost more than their prediction.
@@ -70,7 +72,7 @@ pub use job::{combine, job_unbuildable, measure_job, measure_job_speeds, RankCal
 pub use measure::{measure, measure_reusing, measure_speeds};
 pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV};
 
-use crate::parallel::Shard;
+use crate::parallel::{OptimConfig, Shard};
 use crate::{Error, Result};
 use std::fmt;
 
@@ -90,6 +92,12 @@ pub struct Layout {
     /// none.
     #[serde(default)]
     pub shard: Shard,
+    /// Whether the optimizer's state lives in host memory, copied to each device for its update
+    /// and back ([`OptimConfig::offload`](crate::optim::OptimConfig::offload)): the same
+    /// results bit for bit, less device memory, more transfers. The search tries it only for
+    /// a layout that does not fit without it. Plan files from before it read false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub offload: bool,
 }
 
 impl Layout {
@@ -122,6 +130,9 @@ impl fmt::Display for Layout {
         }
         if self.shard != Shard::None {
             write!(f, ", shard {}", self.shard.name())?;
+        }
+        if self.offload {
+            write!(f, ", offload")?;
         }
         Ok(())
     }
@@ -161,9 +172,10 @@ pub struct Plan {
     /// [`Plan::build`] gives it to ZeRO-2/3 layouts. Plan files from before it read as F32.
     #[serde(default = "f32_grads")]
     pub grad_dtype: crate::DType,
-    /// Optimizer state tensors per parameter planned in host memory
-    /// ([`Workload::offloaded_states`]): the layouts' memory leaves them out, so a run must
-    /// offload them too. Plan files from before it read 0.
+    /// Optimizer state tensors per parameter planned in host memory (the workload's
+    /// [`Workload::offloaded_states`], and the devices' states where the best layout
+    /// [offloads](Layout::offload) them): the layouts' memory leaves them out, so a run
+    /// offloads them too ([`Plan::optim`]). Plan files from before it read 0.
     #[serde(default)]
     pub offloaded_states: u64,
     /// For a plan of a job of several processes ([`measure_job`]): each of [`Plan::devices`]'
@@ -178,6 +190,16 @@ fn f32_grads() -> crate::DType {
 }
 
 impl Plan {
+    /// `opt` as a run of this plan needs it: with its state in host memory where the plan keeps
+    /// it there ([`Plan::offloaded_states`]), which changes no result.
+    pub fn optim(&self, opt: &OptimConfig) -> OptimConfig {
+        if self.offloaded_states > 0 {
+            opt.clone().offloaded(true)
+        } else {
+            opt.clone()
+        }
+    }
+
     /// The gradient shards' type of layout `l`: [`Plan::grad_dtype`] where it shards
     /// gradients (ZeRO-2/3), F32 elsewhere, which has no shards.
     pub fn grad_dtype_of(&self, l: &Layout) -> crate::DType {
@@ -234,7 +256,7 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
             }
             for micro_batches in micro_batch_counts(work.batch, data, pipeline) {
                 for (recompute, &shard) in [false, true].into_iter().flat_map(|r| shard::modes(data).iter().map(move |s| (r, s))) {
-                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new(), shard };
+                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new(), shard, offload: false };
                     if let Some(why) = unsplittable(work, cluster, &layout).or_else(|| excluded(&layout, &shares_of(work.batch, cluster, &layout).unwrap_or_default())) {
                         rejected.push(Rejected { layout, why });
                         continue;
@@ -248,9 +270,19 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
                         }
                     }
                     let e = estimate(work, cluster, &layout);
-                    match over_memory(cluster, &e) {
-                        Some(why) => rejected.push(Rejected { layout, why }),
-                        None => fits.push(e),
+                    let Some(why) = over_memory(cluster, &e) else {
+                        fits.push(e);
+                        continue;
+                    };
+                    // Offloading the optimizer state only adds transfers: worth it only to fit.
+                    let offloaded = Layout { offload: true, ..layout.clone() };
+                    rejected.push(Rejected { layout, why });
+                    if device_states(work) > 0 {
+                        let e = estimate(work, cluster, &offloaded);
+                        match over_memory(cluster, &e) {
+                            Some(why) => rejected.push(Rejected { layout: offloaded, why }),
+                            None => fits.push(e),
+                        }
                     }
                 }
             }
@@ -264,7 +296,20 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
     let best = fits.remove(fewest_devices_within_margin(&fits));
     let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
     let shares = shares_of(work.batch, cluster, &best.layout)?;
-    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states: work.offloaded_states, processes: Vec::new() })
+    let offloaded_states = offloaded_states(work, &best.layout);
+    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states, processes: Vec::new() })
+}
+
+/// Optimizer state tensors per parameter that `work` keeps on the devices (the state bytes
+/// per parameter byte beyond the weights and gradients).
+fn device_states(work: &Workload) -> u64 {
+    work.state_per_param_byte.saturating_sub(2)
+}
+
+/// Optimizer state tensors per parameter in host memory under `l`: those the workload already
+/// keeps there, and with [`Layout::offload`] the devices' too.
+fn offloaded_states(work: &Workload, l: &Layout) -> u64 {
+    work.offloaded_states + if l.offload { device_states(work) } else { 0 }
 }
 
 /// How much faster than the fastest layout on fewer devices a layout on more must be predicted
@@ -437,16 +482,17 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             let slowest_speed = (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min);
             let update: f64 = range.clone().map(|i| work.layers[i].update_s / split(i) as f64).sum::<f64>() / updated / slowest_speed;
             // Offloaded state: each layer's share goes to the device and back around its update.
-            let offload: f64 = range.clone().filter(|_| work.offloaded_states > 0).map(|i| cluster.within.send_s((work.layers[i].param_bytes / split(i) * work.offloaded_states) as f64 / updated)).sum();
+            let offloaded = offloaded_states(work, l);
+            let offload: f64 = range.clone().filter(|_| offloaded > 0).map(|i| cluster.within.send_s((work.layers[i].param_bytes / split(i) * offloaded) as f64 / updated)).sum();
             let update = update + offload;
             update_s = update_s.max(update);
-            let states = work.state_per_param_byte.saturating_sub(2);
+            let states = if l.offload { 0 } else { device_states(work) };
             // An offloaded update holds one parameter's state on the device at a time.
             let largest = |i: usize| match work.layers[i].largest_param_bytes {
                 0 => work.layers[i].param_bytes,
                 b => b,
             };
-            let visiting = range.clone().map(|i| largest(i) / split(i) * work.offloaded_states).max().unwrap_or(0);
+            let visiting = range.clone().map(|i| largest(i) / split(i) * offloaded).max().unwrap_or(0);
             let visiting = (visiting as f64 / updated).ceil() as u64;
             // One device accumulating micro-batches runs as data parallelism of one replica.
             let accumulates = l.micro_batches > 1 && l.tensor == 1 && l.pipeline == 1;

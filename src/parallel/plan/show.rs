@@ -85,7 +85,7 @@ impl fmt::Display for Plan {
             }
         }
         for (why, n) in variants {
-            writeln!(f, "  {n} variants (micro-batch counts, recomputation, sharding) of kept layouts: {why}")?;
+            writeln!(f, "  {n} variants (micro-batch counts, recomputation, sharding, offload) of kept layouts: {why}")?;
         }
         Ok(())
     }
