@@ -5,6 +5,7 @@ mod gelu;
 mod gemm_path;
 mod index;
 mod kernels;
+mod pool;
 #[cfg(feature = "openblas")]
 pub mod openblas;
 pub use gemm_path::{GemmChoice, OPENBLAS_FROM};
@@ -343,7 +344,7 @@ impl Backend for CpuBackend {
     fn max_pool2d(&self, x: &Buffer, out: &Buffer, argmax: &Buffer, spec: WindowSpec) -> Result<()> {
         contract::max_pool2d(&self.info, x, out, argmax, spec)?;
         let mut arg = vec![0i32; argmax.len()];
-        with_f32(x, out, |xs| write_with(out, |o| kernels::max_pool2d(xs, spec, o, &mut arg)))??;
+        with_f32(x, out, |xs| write_with(out, |o| pool::max_pool2d(xs, spec, o, &mut arg)))??;
         write_i32(argmax, &arg)
     }
     fn max_pool2d_backward(&self, grad_out: &Buffer, argmax: &Buffer, grad_x: &Buffer, spec: WindowSpec) -> Result<()> {
@@ -354,7 +355,7 @@ impl Backend for CpuBackend {
         if let Some(i) = arg[..spec.n * spec.c * spec.oh * spec.ow].iter().position(|&a| a >= 0 && a as usize >= plane) {
             return Err(Error::invalid("max_pool2d_backward", format!("argmax[{i}] = {} is outside a {}x{} plane", arg[i], spec.h, spec.w)));
         }
-        with_f32(grad_out, grad_x, |g| write_with(grad_x, |gx| kernels::max_pool2d_backward(g, &arg, spec, gx)))?
+        with_f32(grad_out, grad_x, |g| write_with(grad_x, |gx| pool::max_pool2d_backward(g, &arg, spec, gx)))?
     }
     fn index(&self, op: IndexOp, x: &Buffer, idx: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<()> {
         contract::index(&self.info, op, x, idx, out, rows, cols)?;
