@@ -1,6 +1,7 @@
 //! The tanh GELU and its gradient in one pass each, with the f32 operations of their
 //! compositions (`Tensor::gelu_tanh` and its gradient rule) in order, so the same bits. Where the
-//! CPU has AVX2 or AVX-512F the same loops are also compiled for it (chosen at run time),
+//! CPU has AVX2 or AVX-512F the same loops are also compiled for it (chosen at run time; AVX-512
+//! only with the `avx512` feature, as the products),
 //! which vectorises the tanh's f64 arithmetic four or eight lanes wide; Rust never fuses a
 //! multiply and an add, so every build gives the same bits. (With AVX-512 the GELU went from
 //! 18% to 12% of a 4-layer, 128-wide GPT's CPU step, the step about 4% faster.)
@@ -29,7 +30,7 @@ fn by_chunks(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
 
 fn forward_chunk(x: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F, checked just above.
         return unsafe { forward_avx512(x, y) };
     }
@@ -43,7 +44,7 @@ fn forward_chunk(x: &[f32], y: &mut [f32]) {
 
 fn backward_chunk(g: &[f32], x: &[f32], dx: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F, checked just above.
         return unsafe { backward_avx512(g, x, dx) };
     }
