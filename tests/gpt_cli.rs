@@ -148,6 +148,35 @@ fn train_logs_losses_and_validation_losses_and_resumes_exactly() {
     assert!(!err.contains("lr_schedule"), "{err}");
 }
 
+/// `--strategy data` over devices that differ (the CPU and lavapipe's Vulkan adapter) shares
+/// each batch by their measured speeds, as for the seed models: the checkpoint records one
+/// weight per device (none with `--balance even`, nor on alike devices unless `--balance
+/// measured`), and the losses follow one device's within tolerance either way.
+#[test]
+fn gpt_data_parallelism_over_unlike_devices_shares_by_measured_speed() {
+    let dir = scratch("balance");
+    let run = |devices: &str, extra: &[&str]| -> (Vec<f32>, serde_json::Value) {
+        let ckpt = dir.join(format!("{devices}{}", extra.join("")).replace([',', ':', '-'], "_"));
+        let out = ok(&strs(&train(&[&["--steps", "3", "--devices", devices, "--strategy", "data", "--checkpoint-dir", s(&ckpt)], extra].concat())));
+        let losses = json_lines(&out).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap() as f32).collect();
+        let bytes = std::fs::read(ckpt.join("ckpt-00000003.safetensors")).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["config"]).unwrap();
+        (losses, config["batch_weights"].clone())
+    };
+    let one = ok(&strs(&train(&["--steps", "3"])));
+    let one: Vec<f32> = json_lines(&one).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap() as f32).collect();
+    for (devices, extra, measured) in [("cpu,wgpu:0", &[][..], true), ("cpu,wgpu:0", &["--balance", "even"][..], false), ("cpu,cpu", &[][..], false), ("cpu,cpu", &["--balance", "measured"][..], true)] {
+        let (losses, weights) = run(devices, extra);
+        let what = format!("{devices} {extra:?}");
+        tandem::tolerance::assert_close(&what, &losses, &one, 1e-5, 1e-4);
+        match weights.as_array() {
+            Some(w) => assert!(measured && w.len() == 2 && w.iter().all(|v| v.as_f64().is_some_and(|v| v > 0.0)), "{what}: {weights}"),
+            None => assert!(!measured && weights.is_null(), "{what}: {weights}"),
+        }
+    }
+}
+
 #[test]
 fn generate_continues_a_prompt_from_the_checkpoint_alone() {
     let dir = scratch("generate");

@@ -22,6 +22,7 @@ use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData}
 use tandem::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
 use tandem::data::{Batch, WindowLoader};
 use tandem::nn::models::{Gpt, GptConfig, StateShards};
+use tandem::nn::Module;
 use tandem::optim::LrSchedule;
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Shard, Single, Stages, Strategy, TensorParallelGpt};
 use tandem::train::MeanLoss;
@@ -241,18 +242,26 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let schedule = lr_schedule(g.warmup_steps, optim.lr(), total)?;
 
     let planned = super::plan::gpt_planned(args, cfg, &data, &optim, &devices, ranks)?;
+    // --strategy data shares the batch by measured speed where the devices differ (--balance).
+    let (weights, weights_entry) = match (&planned, args.strategy) {
+        (None, StrategyKind::Data) if !args.deterministic => {
+            let make = |d: &Device| -> Result<Box<dyn Module>> { Ok(Box::new(gpt_on(args, cfg)(d)?)) };
+            super::plan::data_weights(args, &make, || super::plan::gpt_probe(&data, cfg, &devices[0]), &devices, ranks)?
+        }
+        _ => (None, None),
+    };
     let mut strategy = if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
         let dp = match &planned {
             Some(p) => super::plan::job_config(p, args),
-            None => DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() },
+            None => DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, weights: weights.clone(), ..Default::default() },
         };
         let optim = planned.as_ref().map_or_else(|| optim.clone(), |p| p.optim(&optim));
         ranks.data_parallel(gpt_on(args, cfg), &devices, &optim, Loss::CrossEntropy, dp)?
     } else if let Some(p) = &planned {
         p.build_gpt(&gpt_on(args, cfg), &devices, &optim)?
     } else {
-        build(args, cfg, &optim, &devices)?
+        build(args, cfg, &optim, &devices, weights)?
     };
     setup::set_precision(&mut *strategy, args)?;
     let clip = setup::grad_clip(args)?;
@@ -264,6 +273,9 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     // A resumed run repeats the plan rather than measuring again.
     if let Some(entry) = super::plan::config_entry(args, ranks, planned.as_ref())? {
         config["plan"] = entry;
+    }
+    if let Some(entry) = weights_entry {
+        config["batch_weights"] = entry;
     }
 
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
@@ -347,7 +359,7 @@ pub(super) fn gpt_on(args: &TrainArgs, cfg: GptConfig) -> impl Fn(&Device) -> Re
 /// `single` or `data` (what `auto` becomes), `tensor`, `pipeline` and `data,pipeline`; with
 /// `--recompute` each block (single, data, tensor) or each stage (the pipelines) recomputes its
 /// activations in the backward.
-fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device]) -> Result<Box<dyn Strategy>> {
+fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], weights: Option<Vec<f64>>) -> Result<Box<dyn Strategy>> {
     let micro_batches = args.micro_batches.unwrap_or(1);
     let gpt = gpt_on(args, cfg);
     let kind = match args.strategy {
@@ -380,7 +392,7 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             Ok(Box::new(Single::new(gpt(&devices[0])?, optim, Loss::CrossEntropy, &devices[0])?))
         }
         StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data => {
-            let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, ..Default::default() };
+            let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, weights, ..Default::default() };
             Ok(Box::new(DataParallel::from_factory(gpt, devices, optim, Loss::CrossEntropy, dp)?))
         }
         StrategyKind::Tensor => {

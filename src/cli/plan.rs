@@ -174,7 +174,7 @@ pub fn announced((p, how): (Plan, plan::Calibration), ranks: &Ranks, args: &Trai
 }
 
 /// [`GPT_PROBE`] training windows of `data` on `device`, always the same ones.
-fn gpt_probe(data: &Tokens, cfg: GptConfig, device: &Device) -> Result<Tensor> {
+pub fn gpt_probe(data: &Tokens, cfg: GptConfig, device: &Device) -> Result<Tensor> {
     let batch = data.batch(Split::Train, GPT_PROBE, cfg.block_size, &mut super::gpt::batch_rng(0, PROBE_STREAM))?;
     inputs_to_device(&batch, device)
 }
@@ -327,14 +327,15 @@ pub fn config_entry(args: &TrainArgs, ranks: &Ranks, planned: Option<&Plan>) -> 
     planned.map(|p| serde_json::to_value(Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() }).map_err(|e| Error::Msg(format!("recording the plan: {e}")))).transpose()
 }
 
-/// Data-parallel batch weights for `--strategy data`, and the run configuration's
+/// Data-parallel batch weights for `--strategy data` of the model `make` builds on a device,
+/// timed on `probe`'s samples, and the run configuration's
 /// `batch_weights` entry: measured speeds unless `--balance even`, or the devices (under a
 /// launcher, every rank's) are all alike (same name) and `--balance` is not given. A resumed
 /// run repeats the weights its checkpoint recorded; resumed on another number of devices (or
 /// ranks) it measures again and keeps the recorded entry, so that it is still the same run.
 /// Under a launcher the weights are one per device of the job, in rank order, the same on
 /// every rank ([`plan::measure_job_speeds`]). Collective under a launcher.
-pub fn data_weights(args: &TrainArgs, model: &Sequential, train: &Dataset, devices: &[Device], ranks: &Ranks) -> Result<(Option<Vec<f64>>, Option<serde_json::Value>)> {
+pub fn data_weights(args: &TrainArgs, make: &dyn Fn(&Device) -> Result<Box<dyn Module>>, probe: impl FnOnce() -> Result<Tensor>, devices: &[Device], ranks: &Ranks) -> Result<(Option<Vec<f64>>, Option<serde_json::Value>)> {
     let names = job_device_names(devices, ranks)?;
     let differ = names.windows(2).any(|w| w[0] != w[1]);
     let measured = match args.balance {
@@ -351,8 +352,8 @@ pub fn data_weights(args: &TrainArgs, model: &Sequential, train: &Dataset, devic
     if let Some(w) = recorded.as_ref().and_then(|v| serde_json::from_value::<Vec<f64>>(v.clone()).ok()).filter(|w| w.len() == names.len()) {
         return Ok((Some(w), recorded));
     }
-    let probe = probe(train, &devices[0])?;
-    let weights = if ranks.many() { plan::measure_job_speeds(ranks.group(), model, &probe, devices)? } else { plan::measure_speeds(model, &probe, devices)? };
+    let probe = probe()?;
+    let weights = if ranks.many() { plan::measure_job_speeds(ranks.group(), make, &probe, devices)? } else { plan::measure_speeds_of(make, &probe, devices)? };
     let entry = resumed.unwrap_or_else(|| Some(serde_json::json!(weights)));
     Ok((Some(weights), entry))
 }
@@ -373,7 +374,7 @@ fn job_device_names(devices: &[Device], ranks: &Ranks) -> Result<Vec<String>> {
 }
 
 /// The first [`PROBE`] samples of `train` on `device`.
-fn probe(train: &Dataset, device: &Device) -> Result<Tensor> {
+pub fn probe(train: &Dataset, device: &Device) -> Result<Tensor> {
     let n = PROBE.min(train.len()).max(1);
     inputs_to_device(&train.batch(&(0..n).collect::<Vec<_>>())?, device)
 }

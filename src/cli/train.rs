@@ -63,7 +63,10 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     // Across processes the planner plans every rank's devices together (data parallelism).
     let planned = planned(args, &model, &train, &optim, &devices, ranks)?;
     let (weights, weights_entry) = match (&planned, args.strategy) {
-        (None, StrategyKind::Data) if !args.deterministic => super::plan::data_weights(args, &model, &train, &devices, ranks)?,
+        (None, StrategyKind::Data) if !args.deterministic => {
+            let make = |d: &Device| -> Result<Box<dyn Module>> { Ok(Box::new(model.slice(0..model.len(), d)?)) };
+            super::plan::data_weights(args, &make, || super::plan::probe(&train, &devices[0]), &devices, ranks)?
+        }
         _ => (None, None),
     };
     let mut loader = DataLoader::new(Arc::new(train), args.batch, true, args.seed)?.drop_last(true)?;

@@ -271,14 +271,20 @@ fn repeated(x: &Tensor, times: usize) -> Result<Tensor> {
 /// the first's, timed one at a time: the weights of a data-parallel batch split by speed
 /// (`--balance measured`).
 pub fn measure_speeds(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
-    let names: Vec<String> = devices.iter().map(Device::spec).collect();
-    Ok(speeds(&names, &alone_s(model, probe, devices)?))
+    measure_speeds_of(&|d| Ok(Box::new(model.slice(0..model.len(), d)?)), probe, devices)
 }
 
-/// The seconds of `model`'s forward and backward on `probe` on each of `devices`, one at a time.
-pub(super) fn alone_s(model: &Sequential, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
-    let make = |d: &Device| model.slice(0..model.len(), d);
-    devices.iter().map(|d| whole_model_s(&make, probe, d)).collect()
+/// [`measure_speeds`] of any model `make` builds on a device (a [`Gpt`](crate::nn::models::Gpt)
+/// on token windows, say), timed on `probe`.
+pub fn measure_speeds_of(make: &dyn Fn(&Device) -> Result<Box<dyn Module>>, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
+    let names: Vec<String> = devices.iter().map(Device::spec).collect();
+    Ok(speeds(&names, &alone_s(make, probe, devices)?))
+}
+
+/// The seconds of forward and backward on `probe` of the model `make` builds, on each of
+/// `devices`, one at a time.
+pub(super) fn alone_s(make: &dyn Fn(&Device) -> Result<Box<dyn Module>>, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
+    devices.iter().map(|d| timed_runs(&*make(d)?, &probe.to(d)?, d)).collect()
 }
 
 /// Each device's speed from its time `alone`, relative to the first, devices named as

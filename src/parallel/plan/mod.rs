@@ -69,7 +69,7 @@ pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, REFEREN
 pub use file::PLAN_VERSION;
 pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt, measure_gpt_reusing};
 pub use job::{combine, job_unbuildable, measure_job, measure_job_speeds, RankCalibration};
-pub use measure::{measure, measure_reusing, measure_speeds};
+pub use measure::{measure, measure_reusing, measure_speeds, measure_speeds_of};
 pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV};
 
 use crate::parallel::{OptimConfig, Shard};
