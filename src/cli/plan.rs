@@ -327,10 +327,10 @@ pub fn config_entry(args: &TrainArgs, ranks: &Ranks, planned: Option<&Plan>) -> 
     planned.map(|p| serde_json::to_value(Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() }).map_err(|e| Error::Msg(format!("recording the plan: {e}")))).transpose()
 }
 
-/// Data-parallel batch weights for `--strategy data` of the model `make` builds on a device,
-/// timed on `probe`'s samples, and the run configuration's
-/// `batch_weights` entry: measured speeds unless `--balance even`, or the devices (under a
-/// launcher, every rank's) are all alike (same name) and `--balance` is not given. A resumed
+/// Data-parallel batch weights for `--strategy data`, and the run configuration's
+/// `batch_weights` entry: the speeds of the model `make` builds on each device, timed on
+/// `probe`'s samples, unless `--balance even`, or the devices (under a launcher, every
+/// rank's) are all alike (same name) and `--balance` is not given. A resumed
 /// run repeats the weights its checkpoint recorded; resumed on another number of devices (or
 /// ranks) it measures again and keeps the recorded entry, so that it is still the same run.
 /// Under a launcher the weights are one per device of the job, in rank order, the same on
