@@ -303,6 +303,23 @@ fn recorded(args: &TrainArgs, devices: &[Device], ranks: &Ranks) -> Result<Optio
 /// branch of what depends on them, whether or not it sees the directory itself. Collective
 /// under a launcher.
 fn resumed_config(args: &TrainArgs, ranks: &Ranks) -> Result<Option<(PathBuf, serde_json::Value)>> {
+    // The plan, its configuration entry and the batch shares each ask; the checkpoint, which
+    // may be large, is read once per run (every rank asks in the same order, so the
+    // collective below runs once on each).
+    type Read = ((Option<PathBuf>, bool), Option<(PathBuf, serde_json::Value)>);
+    static READ: std::sync::Mutex<Option<Read>> = std::sync::Mutex::new(None);
+    let key = (args.checkpoint_dir.clone(), args.resume);
+    let mut cache = READ.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, v)) = cache.as_ref().filter(|(k, _)| *k == key) {
+        return Ok(v.clone());
+    }
+    let v = read_resumed_config(args, ranks)?;
+    *cache = Some((key, v.clone()));
+    Ok(v)
+}
+
+/// [`resumed_config`], read (by rank 0) and shared.
+fn read_resumed_config(args: &TrainArgs, ranks: &Ranks) -> Result<Option<(PathBuf, serde_json::Value)>> {
     let read = || {
         let dir = args.checkpoint_dir.as_deref().filter(|_| args.resume)?;
         let (ckpt, _) = tandem::train::run_file::load_newest(dir, |_, _| {}).ok()?;
