@@ -62,9 +62,8 @@ impl Ranks {
 
     /// Data parallelism over this rank's `devices` and every other rank's, through NCCL across
     /// the processes when every rank's devices are CUDA GPUs (feature `nccl`, not
-    /// `deterministic`), else
-    /// `Hierarchical` (rank order sums with `deterministic`); replica 0 of rank 0 initialises
-    /// every replica. Each rank must be given the same global batches: it trains on its share.
+    /// `deterministic`), else `Hierarchical` (rank order sums with `deterministic`); replica 0
+    /// of rank 0 initialises every replica. Each rank must be given the same global batches: it trains on its share.
     pub fn data_parallel<M: Module>(&self, build: impl Fn(&Device) -> Result<M>, devices: &[Device], optim: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Box<dyn Strategy>> {
         // The ranks may drive different kinds of device: NCCL only when every rank's are CUDA
         // GPUs, decided together so that all of them take the same branch.

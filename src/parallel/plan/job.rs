@@ -173,9 +173,10 @@ pub fn measure_job(
 /// Each device's data-parallel batch weight over the whole job, in rank order (rank 0's
 /// devices first): its speed on the forward and backward on `probe` of the model `make` builds
 /// on a device, relative to rank 0's first device, each rank timing its own `devices` in turn
-/// so that no timing shares the host with another rank's; devices of one name ([`Device::spec`]) share their mean time, as in
-/// [`measure_speeds`](super::measure_speeds) for one process. For `DataParallelConfig::weights`
-/// on every rank. Collective: every rank calls it, with the same model and probe.
+/// so that no timing shares the host with another rank's; devices of one name
+/// ([`Device::spec`]) share their mean time, as in [`measure_speeds`](super::measure_speeds)
+/// for one process. For `DataParallelConfig::weights` on every rank. Collective: every rank
+/// calls it, with the same model and probe.
 pub fn measure_job_speeds(group: &Group, make: &dyn Fn(&Device) -> Result<Box<dyn Module>>, probe: &Tensor, devices: &[Device]) -> Result<Vec<f64>> {
     let alone = agreed(group, in_turn(group, || super::measure::alone_s(make, probe, devices))?, "time the model on its devices")?;
     let names: Vec<String> = devices.iter().map(Device::spec).collect();

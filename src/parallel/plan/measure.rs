@@ -150,7 +150,7 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
     // it keeps the host's cores busy (the CPU's threaded passes start only on large inputs),
     // depend on it.
     let share = repeated(probe, batch.div_ceil(devices.len()).max(k) / k)?;
-    let alone = devices.iter().map(|d| whole_model_s(make, &share, d)).collect::<Result<Vec<f64>>>()?;
+    let alone = alone_s(&|d| Ok(Box::new(make(d)?)), &share, devices)?;
     let mut specs = Vec::new();
     let names: Vec<String> = devices.iter().map(Device::spec).collect();
     for (d, speed) in devices.iter().zip(speeds(&names, &alone)) {
@@ -230,13 +230,6 @@ fn update_s(layer: &dyn Module, optimizer_states: usize, dev: &Device) -> Result
     }
     opt.zero_grad();
     Ok(best)
-}
-
-/// The whole model's forward and backward on `probe` on `dev`, best of [`Runs`].
-fn whole_model_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, dev: &Device) -> Result<f64> {
-    let copy = make(dev)?;
-    let x = probe.to(dev)?;
-    timed_runs(&copy, &x, dev)
 }
 
 /// Forward and backward of `model` on `x` (both on `dev`), best of [`Runs`].

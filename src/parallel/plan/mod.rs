@@ -21,8 +21,8 @@
 //! memory ([`Workload::offloaded_states`], or by a layout that [offloads](Layout::offload),
 //! which the search tries for each layout that does not fit without it) counts only as its
 //! largest tensor's while updated, and adds its bytes over the host link to the update's
-//! time. Sharding's reduce-scatters and
-//! all-gathers replace or add to the all-reduce in the step time. Of the layouts that fit, the
+//! time. Sharding's reduce-scatters and all-gathers replace or add to the all-reduce in the
+//! step time. Of the layouts that fit, the
 //! fastest is chosen, unless one on fewer devices is predicted within [`MORE_DEVICES_MARGIN`]
 //! of it: a near tie is calibration noise, and more devices cost more than their prediction.
 //!
@@ -193,11 +193,7 @@ impl Plan {
     /// `opt` as a run of this plan needs it: with its state in host memory where the plan keeps
     /// it there ([`Plan::offloaded_states`]), which changes no result.
     pub fn optim(&self, opt: &OptimConfig) -> OptimConfig {
-        if self.offloaded_states > 0 {
-            opt.clone().offloaded(true)
-        } else {
-            opt.clone()
-        }
+        opt.clone().offloaded(opt.offload || self.offloaded_states > 0)
     }
 
     /// The gradient shards' type of layout `l`: [`Plan::grad_dtype`] where it shards
@@ -451,6 +447,9 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
     let rounds = (l.micro_batches + l.pipeline - 1) as f64;
     let mut memory = vec![0u64; l.devices()];
     let (mut pipeline_s, mut compute_s, mut grad_sync, mut update_s) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    // Optimizer state tensors per parameter in host memory, and those left on the devices.
+    let offloaded = offloaded_states(work, l);
+    let states = if l.offload { 0 } else { device_states(work) };
     for r in 0..l.data {
         let mb = micro_batch(work, cluster, l, r);
         let (mut slowest, mut slowest_compute) = (0.0f64, 0.0f64);
@@ -482,11 +481,9 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             let slowest_speed = (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min);
             let update: f64 = range.clone().map(|i| work.layers[i].update_s / split(i) as f64).sum::<f64>() / updated / slowest_speed;
             // Offloaded state: each layer's share goes to the device and back around its update.
-            let offloaded = offloaded_states(work, l);
             let offload: f64 = range.clone().filter(|_| offloaded > 0).map(|i| cluster.within.send_s((work.layers[i].param_bytes / split(i) * offloaded) as f64 / updated)).sum();
             let update = update + offload;
             update_s = update_s.max(update);
-            let states = if l.offload { 0 } else { device_states(work) };
             // An offloaded update holds one parameter's state on the device at a time.
             let largest = |i: usize| match work.layers[i].largest_param_bytes {
                 0 => work.layers[i].param_bytes,
