@@ -96,7 +96,7 @@ fn a_slow_device_gets_less_work_or_none() {
     let gpu = DeviceSpec { name: "gpu".into(), speed: 10.0, memory: 8 << 30, server: 0 };
     let cpu = DeviceSpec { name: "cpu".into(), speed: 1.0, memory: 16 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
-    let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link, contention: 1.0 };
+    let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link, contention: 1.0, step_overheads: vec![] };
     let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
@@ -118,7 +118,7 @@ fn the_fastest_devices_are_planned_first_whatever_their_order() {
     let slow = DeviceSpec { name: "slow".into(), speed: 1.0, memory: 8 << 30, server: 0 };
     let fast = DeviceSpec { name: "fast".into(), speed: 20.0, memory: 8 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
-    let cluster = Cluster { devices: vec![slow, fast], within: link, across: link, contention: 1.5 };
+    let cluster = Cluster { devices: vec![slow, fast], within: link, across: link, contention: 1.5, step_overheads: vec![] };
     let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &cluster).unwrap();
     assert_eq!(p.devices, ["fast", "slow"]);
@@ -165,7 +165,7 @@ fn state_bound(memory: u64) -> (Workload, Cluster) {
     let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };
     let mut layer = block(64, 1, 1, 1.0);
     layer.tensor_parallel = false;
-    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0 })
+    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0, step_overheads: vec![] })
 }
 
 #[test]
@@ -335,7 +335,7 @@ fn a_tied_head_counts_once_where_a_stage_holds_its_embedding() {
     let big = 64u64 << 30;
     let dev = |i: usize| DeviceSpec { name: format!("gpu{i}"), speed: 1.0, memory: big, server: 0 };
     let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };
-    let cluster = Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0 };
+    let cluster = Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0, step_overheads: vec![] };
     let one = estimate(&work, &cluster, &single_layout());
     let act = 3 * 8 * (1u64 << 20);
     assert_eq!(one.memory[0], 4 * 2 * (64 << 20) + act, "two tensors' state on one device, not three");

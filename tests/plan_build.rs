@@ -27,7 +27,7 @@ fn described(devices: &[Device], layers: usize) -> (Workload, Cluster) {
     layers[n - 2..].iter_mut().for_each(|l| l.tensor_parallel = true);
     let specs = devices.iter().map(|d| DeviceSpec { name: d.spec(), speed: 1.0, memory: 1 << 30, server: 0 }).collect();
     let link = Link { latency_s: 1e-5, bytes_per_s: 1e9 };
-    (Workload { layers, batch: BATCH, state_per_param_byte: 3, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention: 1.0 })
+    (Workload { layers, batch: BATCH, state_per_param_byte: 3, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention: 1.0, step_overheads: vec![] })
 }
 
 /// A plan whose best layout is `layout`, with batch `shares`.
@@ -35,7 +35,7 @@ fn plan_of(devices: &[Device], layout: Layout, shares: Vec<usize>) -> Plan {
     let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
     let (work, cluster) = described(devices, model.len());
     let best = estimate(&work, &cluster, &layout);
-    Plan { model: String::new(), devices: devices.iter().map(Device::spec).collect(), batch: BATCH, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![] }
+    Plan { model: String::new(), devices: devices.iter().map(Device::spec).collect(), batch: BATCH, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![] }
 }
 
 fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>) -> Layout {
@@ -234,7 +234,7 @@ fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
     let plan_for = |l: Layout, shares: Vec<usize>| {
         let (work, cluster) = described(&devices, cfg.n_layer + 3);
         let best = estimate(&work, &cluster, &l);
-        Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: devices.iter().map(Device::spec).collect(), batch: 4, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![] }
+        Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: devices.iter().map(Device::spec).collect(), batch: 4, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![] }
     };
     let run = |s: &mut dyn Strategy| token_batches().iter().map(|b| s.step(b).unwrap().loss).collect::<Vec<f32>>();
     // ZeRO-2 data parallelism, as built by hand.

@@ -159,20 +159,24 @@ fn a_memory_limit_too_small_for_plain_data_parallelism_makes_the_gpt_plan_shard(
     // accumulation) and plain data parallelism (~17.7 MiB over two devices) are over 85% of a
     // device, and fit only with the optimizer state in host memory, which is slower; ZeRO over
     // four devices fits as it is (at two, ZeRO-1 saves only what the gradient bucket costs).
-    let limited = gpt4_out(&["plan", "--memory-limit", "15MiB"]);
+    // The layer model's choice (trials would time four CPU devices on two cores).
+    let limited = gpt4_out(&["plan", "--memory-limit", "15MiB", "--no-trials"]);
     assert!(best(&limited).contains("data 4 x tensor 1 x pipeline 1") && best(&limited).contains("shard") && !best(&limited).contains("offload"), "{limited}");
     assert!(limited.lines().any(|l| l.starts_with("  data 1 x tensor 1 x pipeline 1") && l.contains(", offload")), "{limited}");
     for rejected in ["of kept layouts: memory: needs", "over 85% of its 15 MiB"] {
         assert!(limited.contains(rejected), "no '{rejected}' in:\n{limited}");
     }
-    // Training under the same budgets takes that plan, and it fits them.
-    let trained = gpt4_out(&["train", "--memory-limit", "15MiB", "--steps", "2"]);
+    // Training under the same budgets takes that plan, and it fits them; so does the plan
+    // its trials choose, a trial out of memory rejecting its layout.
+    let trained = gpt4_out(&["train", "--memory-limit", "15MiB", "--steps", "2", "--no-trials"]);
     assert!(trained.lines().any(|l| l.starts_with("planned data 4 x tensor 1 x pipeline 1") && l.contains("shard")), "{trained}");
+    let tried = gpt4_out(&["train", "--memory-limit", "15MiB", "--steps", "2"]);
+    assert!(tried.contains("for a few steps before choosing") && tried.lines().any(|l| l.starts_with("planned ")), "{tried}");
     // Gradient shards in bf16 are planned for, saved with the plan and kept by the run that
     // trains it; a run asking for another type is refused.
     let dir = common::scratch("plan_cli", "grad-dtype");
     let path = dir.join("bf16.json");
-    let halves = gpt4_out(&["plan", "--memory-limit", "15MiB", "--grad-dtype", "bf16", "--save-plan", s(&path)]);
+    let halves = gpt4_out(&["plan", "--memory-limit", "15MiB", "--grad-dtype", "bf16", "--no-trials", "--save-plan", s(&path)]);
     assert!(best(&halves).contains("shard") && halves.contains("gradient shards in bf16"), "{halves}");
     let p = Plan::load(&path, &Device::parse("cpu,cpu,cpu,cpu").unwrap()).unwrap();
     assert_eq!(p.grad_dtype, tandem::DType::Bf16);
@@ -240,7 +244,8 @@ fn a_calibration_is_kept_reused_and_measured_over_when_it_cannot_be() {
         let o = cmd.args(args).output().unwrap();
         (o.status.success(), text(&o.stdout) + &text(&o.stderr))
     };
-    let plan = ["plan", "--devices", "cpu,cpu", "--batch", "16"];
+    // Trials are timings of this moment, not part of the kept calibration.
+    let plan = ["plan", "--devices", "cpu,cpu", "--batch", "16", "--no-trials"];
     let files = || std::fs::read_dir(dir.join("plan")).map_or(0, |d| d.count());
     let calibration = |printed: &str| printed.lines().find(|l| l.starts_with("calibration ")).unwrap_or_else(|| panic!("no calibration line in:\n{printed}")).to_string();
     let without = |printed: &str| printed.lines().filter(|l| !l.starts_with("calibration ")).collect::<Vec<_>>().join("\n");

@@ -28,7 +28,7 @@ fn rank(ms: f64, devices: &[(&str, f64)]) -> RankCalibration {
     let devices = devices.iter().map(|&(name, speed)| DeviceSpec { name: name.into(), speed, memory: 1 << 30, server: 0 }).collect();
     RankCalibration {
         work: Workload { layers: vec![layer(ms); 3], batch: 60, state_per_param_byte: 3, grad_dtype: tandem::DType::F32, offloaded_states: 0 },
-        cluster: Cluster { devices, within: link, across: link, contention: 1.2 },
+        cluster: Cluster { devices, within: link, across: link, contention: 1.2, step_overheads: vec![] },
     }
 }
 

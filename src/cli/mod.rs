@@ -256,6 +256,11 @@ pub struct TrainArgs {
     /// $TANDEM_CACHE_DIR/plan; TANDEM_CALIBRATION=off keeps none).
     #[arg(long)]
     pub recalibrate: bool,
+    /// Choose the layout from the cost model alone. By default the planner first runs the
+    /// layout it would choose for a few steps and adds what the step cost beyond the model to
+    /// its estimate, until its choice is a layout that ran (`plan::tried`).
+    #[arg(long)]
+    pub no_trials: bool,
     /// Write resumable checkpoints into this directory.
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,

@@ -14,7 +14,7 @@ use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::{Module, Sequential};
 use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, job_unbuildable, unbuildable, Cluster, Plan, Workload, REFERENCE_FLOPS};
 use tandem::optim::Precision;
-use tandem::parallel::{inputs_to_device, DataParallelConfig, OptimConfig, Shard};
+use tandem::parallel::{inputs_to_device, DataParallelConfig, Loss, OptimConfig, Shard};
 use tandem::{DType, Device, Error, Result, Tensor};
 use std::path::PathBuf;
 
@@ -64,7 +64,7 @@ pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
             p
         }
         None => {
-            let (p, how) = on_devices(&model, &train, t.batch, &optim, &devices(ranks)?, reuse(t)?, t.precision, t.grad_dtype, ranks)?;
+            let (p, how) = on_devices(&model, &train, t, &optim, &devices(ranks)?, ranks)?;
             if ranks.leader() {
                 out!("{p}");
                 out!("{how}");
@@ -107,7 +107,8 @@ fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Dev
             p
         }
         None => {
-            let (p, how) = on_gpt_devices(&gpt, &data, t.batch, &optim, &devices()?, reuse(t)?, t.precision, t.grad_dtype, ranks)?;
+            drop(gpt);
+            let (p, how) = on_gpt_devices(cfg, &data, t, &optim, &devices()?, ranks)?;
             if ranks.leader() {
                 out!("{p}");
                 out!("{how}");
@@ -118,33 +119,49 @@ fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Dev
     Ok(p)
 }
 
-/// The plan for training `gpt` on `devices` at `batch` in `precision`, gradient shards in
-/// `grad_dtype` where a layout shards them, calibrated here on windows of `data` (or that
-/// calibration as an earlier run kept it, as `reuse` allows), among the layouts
-/// [`Plan::build_gpt`] can make; and where the calibration came from.
-#[allow(clippy::too_many_arguments)]
-pub fn on_gpt_devices(gpt: &Gpt, data: &Tokens, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType, ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
-    let probe = gpt_probe(data, gpt.config, &devices[0])?;
-    let calibrate = || tandem::autocast(precision.autocast(), || plan::measure_gpt_reusing(gpt, &probe, devices, batch, optimizer_states(optim), reuse));
-    let cfg = gpt.config;
+/// The plan for training `gpt` on `devices` at `--batch` in `--precision`, gradient shards in
+/// `--grad-dtype` where a layout shards them, calibrated here on windows of `data` (or that
+/// calibration as an earlier run kept it), among the layouts [`Plan::build_gpt`] can make,
+/// the chosen one tried first ([`plan::tried`]); and where the calibration came from.
+pub fn on_gpt_devices(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
+    let probe = gpt_probe(data, cfg, &devices[0])?;
+    let reuse = reuse(args)?;
+    // The host copy the calibration times from lives only while it does: a trial's memory
+    // is the run's, with no other copy beside it.
+    let described = Gpt::new(cfg, args.seed, &Device::cpu())?.describe();
+    let calibrate = || {
+        let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
+        tandem::autocast(args.precision.autocast(), || plan::measure_gpt_reusing(&gpt, &probe, devices, args.batch, optimizer_states(optim), reuse))
+    };
     let search = |work: &Workload, cluster: &Cluster| {
-        let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work.clone() };
+        let work = Workload { grad_dtype: args.grad_dtype, offloaded_states: offloaded_states(optim), ..work.clone() };
         let n = cluster.devices.len();
         let mut p = plan::plan_cut_within(&work, cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg).or_else(|| in_job(ranks, l, n)), &gpt_cuttable(cfg.n_layer))?;
-        p.model = gpt.describe();
+        p.model = described.clone();
         Ok(p)
     };
-    planned_on(ranks, &devices[0], &calibrate, &search)
+    let batch = data.batch(Split::Train, args.batch, cfg.block_size, &mut super::gpt::batch_rng(0, PROBE_STREAM))?;
+    let mut run = |p: &Plan| {
+        let mut strategy = p.build_gpt(&super::gpt::gpt_on(args, cfg), devices, optim)?;
+        super::setup::set_precision(&mut *strategy, args)?;
+        plan::step_seconds(&mut *strategy, &batch)
+    };
+    planned_on(ranks, &devices[0], &calibrate, &search, (!args.no_trials).then_some(&mut run))
 }
 
-/// The plan `search` makes of `calibrate`'s measurements: of this process's devices alone, or
-/// under a launcher of every rank's ([`plan::measure_job`]).
-fn planned_on(ranks: &Ranks, first: &Device, calibrate: &dyn Fn() -> Result<(Workload, Cluster, plan::Calibration)>, search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>) -> Result<(Plan, plan::Calibration)> {
+/// The plan `search` makes of `calibrate`'s measurements: of this process's devices alone,
+/// the layout it chooses tried with `run` where given (not `--no-trials`, [`plan::tried`]),
+/// or under a launcher of every rank's ([`plan::measure_job`]), untried.
+fn planned_on(ranks: &Ranks, first: &Device, calibrate: &dyn Fn() -> Result<(Workload, Cluster, plan::Calibration)>, search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>, run: Option<&mut plan::Trial>) -> Result<(Plan, plan::Calibration)> {
     if ranks.many() {
         return plan::measure_job(ranks.group(), first, calibrate, search);
     }
     let (work, cluster, how) = calibrate()?;
-    Ok((search(&work, &cluster)?, how))
+    let p = match run {
+        Some(run) => plan::tried(&work, &cluster, search, run)?,
+        None => search(&work, &cluster)?,
+    };
+    Ok((p, how))
 }
 
 /// Why a job of several processes cannot run `l` on its `n` devices ([`job_unbuildable`]);
@@ -165,10 +182,14 @@ pub fn reuse(args: &TrainArgs) -> Result<plan::Reuse> {
 /// A fresh plan's calibration line, before training with it.
 /// Under `--log-format json` it goes to standard error, which keeps standard output JSON lines.
 pub fn announced((p, how): (Plan, plan::Calibration), ranks: &Ranks, args: &TrainArgs) -> Plan {
+    let tried = match p.tried.len() {
+        0 => String::new(),
+        n => format!("; tried {n} layout{} for a few steps before choosing (`tandem plan` lists them)", if n == 1 { "" } else { "s" }),
+    };
     match args.log_format {
         _ if !ranks.leader() => {}
-        super::LogFormat::Json => eprintln!("{how}"),
-        _ => out!("{how}"),
+        super::LogFormat::Json => eprintln!("{how}{tried}"),
+        _ => out!("{how}{tried}"),
     }
     p
 }
@@ -198,8 +219,8 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
     if let Some((flag, _, strategy)) = by_hand.iter().find(|(_, given, _)| *given) {
         return Err(Error::invalid(flag, format!("needs {strategy}: a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand")));
     }
-    let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
-    for_training(args, &gpt.describe(), devices, ranks, || Ok(announced(on_gpt_devices(&gpt, data, args.batch, optim, devices, reuse(args)?, args.precision, args.grad_dtype, ranks)?, ranks, args))).map(Some)
+    let described = Gpt::new(cfg, args.seed, &Device::cpu())?.describe();
+    for_training(args, &described, devices, ranks, || Ok(announced(on_gpt_devices(cfg, data, args, optim, devices, ranks)?, ranks, args))).map(Some)
 }
 
 /// The data parallelism a job of several processes trains `p` with: its micro-batches,
@@ -215,22 +236,29 @@ pub fn compared(p: &Plan, train_s: f64, steps: u64) -> String {
     format!("planned {}: predicted {:.2} ms/step, measured {:.2} ms/step (x{:.2})", p.best.layout, p.best.step_s * 1e3, measured * 1e3, p.best.step_s / measured.max(1e-12))
 }
 
-/// The plan for training `model` on `devices` at `batch` in `precision`, gradient shards in
-/// `grad_dtype` where a layout shards them, calibrated here (or as an earlier run kept the
-/// calibration, as `reuse` allows), among the layouts [`Plan::build`] can make; and where the
-/// calibration came from.
-#[allow(clippy::too_many_arguments)]
-pub fn on_devices(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, devices: &[Device], reuse: plan::Reuse, precision: Precision, grad_dtype: DType, ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
+/// The plan for training `model` on `devices` at `--batch` in `--precision`, gradient shards
+/// in `--grad-dtype` where a layout shards them, calibrated here (or as an earlier run kept the
+/// calibration), among the layouts [`Plan::build`] can make, the chosen one tried first on
+/// `train`'s first samples ([`plan::tried`]); and where the calibration came from.
+pub fn on_devices(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
     let probe = probe(train, &devices[0])?;
-    let calibrate = || tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, devices, batch, optimizer_states(optim), reuse));
+    let reuse = reuse(args)?;
+    let calibrate = || tandem::autocast(args.precision.autocast(), || plan::measure_reusing(model, &probe, devices, args.batch, optimizer_states(optim), reuse));
     let search = |work: &Workload, cluster: &Cluster| {
-        let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work.clone() };
+        let work = Workload { grad_dtype: args.grad_dtype, offloaded_states: offloaded_states(optim), ..work.clone() };
         let n = cluster.devices.len();
         let mut p = plan::plan_within(&work, cluster, &|l, shares| unbuildable(l, shares, model).or_else(|| in_job(ranks, l, n)))?;
         p.model = model.describe();
         Ok(p)
     };
-    planned_on(ranks, &devices[0], &calibrate, &search)
+    let batch = train.batch(&(0..args.batch).map(|i| i % train.len().max(1)).collect::<Vec<_>>())?;
+    let loss = Loss::for_targets(&train.y);
+    let mut run = |p: &Plan| {
+        let mut strategy = p.build(model, devices, optim, loss.clone())?;
+        super::setup::set_precision(&mut *strategy, args)?;
+        plan::step_seconds(&mut *strategy, &batch)
+    };
+    planned_on(ranks, &devices[0], &calibrate, &search, (!args.no_trials).then_some(&mut run))
 }
 
 /// The plan on a described cluster: the layers timed on this machine's CPU, scaled by its
@@ -341,7 +369,7 @@ pub fn config_entry(args: &TrainArgs, ranks: &Ranks, planned: Option<&Plan>) -> 
     if let Some((_, config)) = resumed_config(args, ranks)? {
         return Ok(config.get("plan").cloned());
     }
-    planned.map(|p| serde_json::to_value(Plan { alternatives: Vec::new(), rejected: Vec::new(), ..p.clone() }).map_err(|e| Error::Msg(format!("recording the plan: {e}")))).transpose()
+    planned.map(|p| serde_json::to_value(Plan { alternatives: Vec::new(), rejected: Vec::new(), tried: Vec::new(), ..p.clone() }).map_err(|e| Error::Msg(format!("recording the plan: {e}")))).transpose()
 }
 
 /// Data-parallel batch weights for `--strategy data`, and the run configuration's

@@ -158,7 +158,7 @@ fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, op
     if args.shard != tandem::parallel::Shard::None {
         return Err(Error::invalid("--shard", "a plan chooses its sharding; give --strategy data to set it by hand"));
     }
-    super::plan::for_training(args, &model.describe(), devices, ranks, || Ok(super::plan::announced(super::plan::on_devices(model, train, args.batch, optim, devices, super::plan::reuse(args)?, args.precision, args.grad_dtype, ranks)?, ranks, args))).map(Some)
+    super::plan::for_training(args, &model.describe(), devices, ranks, || Ok(super::plan::announced(super::plan::on_devices(model, train, args, optim, devices, ranks)?, ranks, args))).map(Some)
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.

@@ -164,6 +164,11 @@ pub struct Cluster {
     /// software adapters such as lavapipe), which one-at-a-time calibration cannot see. A layout
     /// on `k` of the `n` devices pays `1 + (contention - 1)(k - 1)/(n - 1)`.
     pub contention: f64,
+    /// Layouts tried on these devices ([`tried`](super::tried)): what each cost per step
+    /// beyond the layer model, added to its estimate. Empty for a described cluster and in
+    /// files from before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_overheads: Vec<super::StepOverhead>,
 }
 
 /// The fp32 throughput of speed 1 in the described clusters ([`Cluster::dual_m60`],
@@ -186,7 +191,7 @@ impl Cluster {
     /// `servers` servers of `per_server` devices like `device` each.
     pub fn servers(servers: usize, per_server: usize, device: DeviceSpec, within: Link, across: Link) -> Cluster {
         let devices = (0..servers * per_server).map(|i| DeviceSpec { server: i / per_server, name: format!("{}#{i}", device.name), ..device.clone() }).collect();
-        Cluster { devices, within, across, contention: 1.0 }
+        Cluster { devices, within, across, contention: 1.0, step_overheads: Vec::new() }
     }
     /// Servers of two Tesla M60 boards (4 GM204 GPUs of 8 GB, ~4.8 TFLOP/s each at speed 1)
     /// on PCIe 3.0 (~12 GB/s, no NVLink, no peer-to-peer assumed), 10 GbE between servers.
@@ -239,6 +244,11 @@ pub struct Estimate {
     pub comm_s: f64,
     /// The pipeline's idle fraction, `(p - 1) / (m + p - 1)`.
     pub bubble: f64,
+    /// Seconds of the step outside the layer model, measured by trying the layout or a
+    /// variant of it ([`Cluster::overhead_for`]); 0 where none was tried, and in files from
+    /// before it.
+    #[serde(default)]
+    pub overhead_s: f64,
     /// Peak bytes per device, in device order of the layout's placement.
     pub memory: Vec<u64>,
 }

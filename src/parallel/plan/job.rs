@@ -102,6 +102,7 @@ pub fn combine(
             within,
             across,
             contention,
+            step_overheads: Vec::new(),
         },
         processes,
     ))

@@ -169,7 +169,7 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
         None => Link { latency_s: 0.0, bytes_per_s: f64::INFINITY },
     };
     let state_per_param_byte = 2 + optimizer_states as u64;
-    Ok((Workload { layers, batch, state_per_param_byte, grad_dtype: crate::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention }))
+    Ok((Workload { layers, batch, state_per_param_byte, grad_dtype: crate::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention, step_overheads: Vec::new() }))
 }
 
 /// A layer's forward and backward seconds on `x` (best of [`Runs`]), its output, and the bytes

@@ -39,6 +39,11 @@
 //! plan as JSON, and [`Plan::megatron`] holds a cluster's plan against Megatron-LM's rule.
 //! [`measure_job`] plans a job of several processes (`mpirun`): every rank's devices
 //! calibrated in turn, the link between processes measured, one plan for all of them.
+//! [`tried`] runs the layout the search chooses for a few real steps ([`step_seconds`]), adds
+//! what it cost beyond the layer model to its estimate (and to its untried variants'), and
+//! searches again until the choice is a layout that ran: the per-step costs no layer timing
+//! sees (thread hand-offs, host staging, the loss, the optimizer's launches) decide small
+//! steps, and a layout that fails its trial is rejected with the error.
 //!
 //! ```
 //! use tandem::parallel::plan::{plan, Cluster, LayerCost, Workload};
@@ -55,6 +60,7 @@
 //! ```
 mod build;
 mod cost;
+mod estimate;
 mod file;
 mod gpt;
 mod job;
@@ -63,14 +69,18 @@ mod reuse;
 mod rules;
 mod shard;
 mod show;
+mod tried;
 
 pub use build::unbuildable;
+pub use estimate::estimate;
+use estimate::{best_cuts, micro_batch, replica_speed};
 pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, REFERENCE_FLOPS};
 pub use file::PLAN_VERSION;
 pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt, measure_gpt_reusing};
 pub use job::{combine, job_unbuildable, measure_job, measure_job_speeds, RankCalibration};
 pub use measure::{measure, measure_reusing, measure_speeds, measure_speeds_of};
 pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV};
+pub use tried::{step_seconds, tried, StepOverhead, Trial, MAX_TRIALS, TRIALS_BUDGET_S};
 
 use crate::parallel::{OptimConfig, Shard};
 use crate::{Error, Result};
@@ -183,6 +193,10 @@ pub struct Plan {
     /// from before it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<(usize, usize)>,
+    /// The layouts tried before this one was chosen ([`tried`]), in the order tried; empty
+    /// where none was (a described cluster, a job of several processes, older files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tried: Vec<StepOverhead>,
 }
 
 fn f32_grads() -> crate::DType {
@@ -265,6 +279,10 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
                             continue;
                         }
                     }
+                    if let Some(why) = cluster.overhead_of(&layout).and_then(|o| o.failed.clone()) {
+                        rejected.push(Rejected { layout, why });
+                        continue;
+                    }
                     let e = estimate(work, cluster, &layout);
                     let Some(why) = over_memory(cluster, &e) else {
                         fits.push(e);
@@ -273,7 +291,9 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
                     // Offloading the optimizer state only adds transfers: worth it only to fit.
                     let offloaded = Layout { offload: true, ..layout.clone() };
                     rejected.push(Rejected { layout, why });
-                    if device_states(work) > 0 {
+                    if let Some(why) = cluster.overhead_of(&offloaded).and_then(|o| o.failed.clone()) {
+                        rejected.push(Rejected { layout: offloaded, why });
+                    } else if device_states(work) > 0 {
                         let e = estimate(work, cluster, &offloaded);
                         match over_memory(cluster, &e) {
                             Some(why) => rejected.push(Rejected { layout: offloaded, why }),
@@ -293,7 +313,7 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
     let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
     let shares = shares_of(work.batch, cluster, &best.layout)?;
     let offloaded_states = offloaded_states(work, &best.layout);
-    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states, processes: Vec::new() })
+    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states, processes: Vec::new(), tried: Vec::new() })
 }
 
 /// Optimizer state tensors per parameter that `work` keeps on the devices (the state bytes
@@ -366,149 +386,6 @@ fn micro_batch_counts(batch: usize, data: usize, pipeline: usize) -> Vec<usize> 
         out.retain(|m| *m >= pipeline.min(per_replica));
     }
     out
-}
-
-/// The slowest device of replica `r`: its pace, and its weight in the batch shares.
-fn replica_speed(cluster: &Cluster, l: &Layout, r: usize) -> f64 {
-    (0..l.pipeline).flat_map(|s| (0..l.tensor).map(move |t| (s, t))).map(|(s, t)| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min)
-}
-
-/// Replica `r`'s samples per micro-batch: data-parallel shares are proportional to the
-/// replicas' speeds, so unequal devices finish together.
-fn micro_batch(work: &Workload, cluster: &Cluster, l: &Layout, r: usize) -> f64 {
-    let total: f64 = (0..l.data).map(|q| replica_speed(cluster, l, q)).sum();
-    work.batch as f64 * replica_speed(cluster, l, r) / total / l.micro_batches as f64
-}
-
-/// The slowest device of stage `s` of replica `r` (its tensor group).
-fn stage_speed(cluster: &Cluster, l: &Layout, r: usize, s: usize) -> f64 {
-    (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min)
-}
-
-/// Seconds of layer `i` per micro-batch on stage `s` of replica `r`, its tensor all-reduces
-/// included.
-fn layer_s(work: &Workload, cluster: &Cluster, l: &Layout, r: usize, s: usize, i: usize) -> f64 {
-    let layer = &work.layers[i];
-    let mb = micro_batch(work, cluster, l, r);
-    let split = if layer.tensor_parallel { l.tensor as f64 } else { 1.0 };
-    let forwards = if l.recompute { 2.0 } else { 1.0 };
-    let passes = layer.forward_s * forwards + layer.backward_s;
-    let mut t = passes * mb * cluster.contention_of(l.devices()) / stage_speed(cluster, l, r, s) / split + (forwards + 1.0) * layer.fixed_s;
-    if layer.tensor_parallel && l.tensor > 1 {
-        let group: Vec<usize> = (0..l.tensor).map(|k| l.device(r, s, k)).collect();
-        t += 4.0 * cluster.group_link(&group).all_reduce_s(layer.output_bytes as f64 * mb, l.tensor);
-    }
-    t
-}
-
-/// The layer cut minimising the slowest stage, by dynamic programming over (stage, first
-/// layer): each stage at its own devices' speed, the slowest replica's; stages start only
-/// where `cuttable` allows. `None` when no cut is allowed.
-fn best_cuts(work: &Workload, cluster: &Cluster, l: &Layout, cuttable: &dyn Fn(usize) -> bool) -> Option<Vec<usize>> {
-    let (n, p) = (work.layers.len(), l.pipeline);
-    if p == 1 {
-        return Some(Vec::new());
-    }
-    // Each layer's seconds on each (replica, stage), computed once: the search reads them for
-    // every candidate range.
-    let cost: Vec<Vec<Vec<f64>>> = (0..l.data).map(|r| (0..p).map(|s| (0..n).map(|i| layer_s(work, cluster, l, r, s, i)).collect()).collect()).collect();
-    let stage_s = |s: usize, a: usize, b: usize| cost.iter().map(|rep| rep[s][a..b].iter().sum::<f64>()).fold(0.0, f64::max);
-    // best[s][a]: the slowest stage of stages s.. over layers a..n; choice[s][a]: stage s's end.
-    let mut best = vec![vec![f64::INFINITY; n + 1]; p + 1];
-    let mut choice = vec![vec![n; n + 1]; p + 1];
-    best[p][n] = 0.0;
-    for s in (0..p).rev() {
-        for a in 0..n {
-            let left = p - s - 1;
-            for b in (a + 1..=n - left).filter(|&b| b == n || cuttable(b)) {
-                let v = stage_s(s, a, b).max(best[s + 1][b]);
-                if v < best[s][a] {
-                    best[s][a] = v;
-                    choice[s][a] = b;
-                }
-            }
-        }
-    }
-    if !best[0][0].is_finite() {
-        return None;
-    }
-    let mut cuts = Vec::new();
-    let mut a = 0;
-    for stage_choice in &choice[..p - 1] {
-        a = stage_choice[a];
-        cuts.push(a);
-    }
-    Some(cuts)
-}
-
-/// The predicted step time and memory of `l`.
-pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
-    let n = work.layers.len();
-    let rounds = (l.micro_batches + l.pipeline - 1) as f64;
-    let mut memory = vec![0u64; l.devices()];
-    let (mut pipeline_s, mut compute_s, mut grad_sync, mut update_s) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    // Optimizer state tensors per parameter in host memory, and those left on the devices.
-    let offloaded = offloaded_states(work, l);
-    let states = if l.offload { 0 } else { device_states(work) };
-    for r in 0..l.data {
-        let mb = micro_batch(work, cluster, l, r);
-        let (mut slowest, mut slowest_compute) = (0.0f64, 0.0f64);
-        for s in 0..l.pipeline {
-            let range = l.stage_layers(s, n);
-            let compute: f64 = range.clone().map(|i| layer_s(work, cluster, l, r, s, i)).sum();
-            let sends = if s + 1 < l.pipeline {
-                let bytes = work.layers[range.end - 1].output_bytes as f64 * mb;
-                2.0 * cluster.link(l.device(r, s, 0), l.device(r, s + 1, 0)).send_s(bytes)
-            } else {
-                0.0
-            };
-            slowest = slowest.max(compute + sends);
-            slowest_compute = slowest_compute.max(compute);
-            let split = |i: usize| if work.layers[i].tensor_parallel { l.tensor as u64 } else { 1 };
-            // A tied copy inside the stage is the same tensor as its primary: counted once.
-            let tied_here = |i: usize| work.layers[i].tied.filter(|(j, _)| range.contains(j)).map_or(0, |(_, b)| b);
-            let params: u64 = range.clone().map(|i| work.layers[i].param_bytes.saturating_sub(tied_here(i)) / split(i)).sum();
-            let in_flight = l.micro_batches.min(l.pipeline - s) as f64;
-            let activations = if l.recompute {
-                let input = if range.start == 0 { 0 } else { work.layers[range.start - 1].output_bytes };
-                let one_layer = range.clone().map(|i| work.layers[i].activation_bytes / split(i)).max().unwrap_or(0);
-                in_flight * mb * input as f64 + mb * one_layer as f64
-            } else {
-                in_flight * mb * range.clone().map(|i| (work.layers[i].activation_bytes / split(i)) as f64).sum::<f64>()
-            };
-            // The optimizer's update after the step, on the stage's slowest device.
-            let updated = if l.shard == Shard::None { 1.0 } else { l.data as f64 };
-            let slowest_speed = (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min);
-            let update: f64 = range.clone().map(|i| work.layers[i].update_s / split(i) as f64).sum::<f64>() / updated / slowest_speed;
-            // Offloaded state: each layer's share goes to the device and back around its update.
-            let offload: f64 = range.clone().filter(|_| offloaded > 0).map(|i| cluster.within.send_s((work.layers[i].param_bytes / split(i) * offloaded) as f64 / updated)).sum();
-            let update = update + offload;
-            update_s = update_s.max(update);
-            // An offloaded update holds one parameter's state on the device at a time.
-            let largest = |i: usize| match work.layers[i].largest_param_bytes {
-                0 => work.layers[i].param_bytes,
-                b => b,
-            };
-            let visiting = range.clone().map(|i| largest(i) / split(i) * offloaded).max().unwrap_or(0);
-            let visiting = (visiting as f64 / updated).ceil() as u64;
-            // One device accumulating micro-batches runs as data parallelism of one replica.
-            let accumulates = l.micro_batches > 1 && l.tensor == 1 && l.pipeline == 1;
-            let bytes = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, l.data, accumulates) + activations.ceil() as u64 + visiting;
-            for t in 0..l.tensor {
-                memory[l.device(r, s, t)] = bytes;
-            }
-            if r == 0 {
-                let replicas: Vec<usize> = (0..l.data).map(|q| l.device(q, s, 0)).collect();
-                grad_sync = grad_sync.max(shard::sync_s(&cluster.group_link(&replicas), params as f64, l.shard, l.data));
-            }
-        }
-        pipeline_s = pipeline_s.max(rounds * slowest);
-        compute_s = compute_s.max(rounds * slowest_compute);
-    }
-    let step_s = pipeline_s + grad_sync + update_s;
-    let bubble = (l.pipeline - 1) as f64 / rounds;
-    let compute_s = compute_s + update_s;
-    Estimate { layout: l.clone(), step_s, compute_s, comm_s: step_s - compute_s, bubble, memory }
 }
 
 /// The share of each device's memory a layout may plan to use: the rest is headroom for what

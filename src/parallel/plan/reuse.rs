@@ -1,7 +1,7 @@
 //! Calibrations kept on disk: the measured [`Workload`] and [`Cluster`] of a model on a set of
 //! devices, keyed by everything that decides them, and reused instead of measured again.
 //!
-//! The key names tandem's version, the model (as `Module::describe` names it), the probe's
+//! The key names tandem's version and build (debug or release), the model (as `Module::describe` names it), the probe's
 //! shape, the batch, the optimizer's state count, the host's threads, the autocast type and,
 //! for each device, its spec, backend, kind, name, driver, matmul path and libraries. The file, one per key under
 //! `$TANDEM_CACHE_DIR/plan` (else the user's cache directory), holds that key, the time of the
@@ -107,6 +107,9 @@ pub(super) fn key(model: &str, probe: &Tensor, devices: &[Device], batch: usize,
         // largest parameter), so that an older file is measured over, not read with a gap.
         format!("tandem {}", env!("CARGO_PKG_VERSION")),
         "calibration 2".to_string(),
+        // A debug build's layers run several times slower than a release build's: neither
+        // may plan from the other's times.
+        format!("build {}", if cfg!(debug_assertions) { "debug" } else { "release" }),
         format!("model {model}"),
         format!("probe {:?} {:?}", probe.dims(), probe.dtype()),
         format!("batch {batch}, {optimizer_states} optimizer states, {threads} host threads, autocast {:?}", crate::tensor::autocast_dtype()),

@@ -28,7 +28,12 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let line = |f: &mut fmt::Formatter<'_>, e: &Estimate| {
             let peak = bytes(e.memory.iter().copied().max().unwrap_or(0));
-            writeln!(f, "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%), peak {peak}/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0)
+            // Shown where it shows at the figures' precision.
+            let tried = match e.overhead_s {
+                o if o.abs() < 5e-6 => String::new(),
+                o => format!(", {:+.2} ms measured overhead", o * 1e3),
+            };
+            writeln!(f, "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%{tried}), peak {peak}/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0)
         };
         let degrees = |l: &Layout| (l.data, l.tensor, l.pipeline);
         let labels = self.labels();
@@ -57,6 +62,15 @@ impl fmt::Display for Plan {
                 if seen.len() < 6 && !seen.contains(&degrees(&e.layout)) {
                     seen.push(degrees(&e.layout));
                     line(f, e)?;
+                }
+            }
+        }
+        if !self.tried.is_empty() {
+            writeln!(f, "tried before choosing (a few steps each; the difference is added to the layout's estimate):")?;
+            for t in &self.tried {
+                match &t.failed {
+                    None => writeln!(f, "  {}: measured {:.2} ms/step, layer model {:.2}", t.layout, t.measured_s * 1e3, t.modelled_s * 1e3)?,
+                    Some(why) => writeln!(f, "  {}: {why}", t.layout)?,
                 }
             }
         }
