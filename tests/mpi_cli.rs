@@ -282,6 +282,10 @@ fn a_job_of_two_processes_is_planned_as_one_cluster() {
     assert!(job.stdout.contains("a job of several processes runs on all its 2 devices, not 1"), "{}", job.stdout);
     let file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
     assert_eq!(file["plan"]["processes"], serde_json::json!([[0, 0], [1, 0]]), "{file}");
+    // The job tried its choice, both ranks running each trial, rank 0 alone saying so.
+    assert_eq!(job.stdout.matches("tried before choosing").count(), 1, "{}", job.stdout);
+    let tried = file["plan"]["tried"].as_array().unwrap_or_else(|| panic!("no trials in {file}"));
+    assert!(tried.iter().any(|t| t["layout"] == file["plan"]["best"]["layout"] && t["measured_s"].as_f64().is_some_and(|s| s > 0.0)), "{file}");
 
     let train = |np: usize, extra: &[&str]| {
         let args = [&["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "6", "--log-format", "json"][..], extra].concat();
@@ -294,6 +298,7 @@ fn a_job_of_two_processes_is_planned_as_one_cluster() {
     let (one, _) = train(1, &[]);
     let (auto, err) = train(2, &["--strategy", "auto"]);
     assert_eq!(err.matches("calibration measured").count(), 1, "the job did not plan, or more than rank 0 said so:\n{err}");
+    assert_eq!(err.matches("for a few steps before choosing").count(), 1, "{err}");
     assert_curve("planned job", &auto, &one, false);
     let (from_file, _) = train(2, &["--plan", saved.to_str().unwrap()]);
     assert_curve("the job's saved plan", &from_file, &one, false);

@@ -142,19 +142,22 @@ pub fn on_gpt_devices(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &O
     };
     let batch = data.batch(Split::Train, args.batch, cfg.block_size, &mut super::gpt::batch_rng(0, PROBE_STREAM))?;
     let mut run = |p: &Plan| {
-        let mut strategy = p.build_gpt(&super::gpt::gpt_on(args, cfg), devices, optim)?;
+        let mut strategy = match ranks.many() {
+            true => ranks.data_parallel(super::gpt::gpt_on(args, cfg), devices, &p.optim(optim), Loss::CrossEntropy, job_config(p, args))?,
+            false => p.build_gpt(&super::gpt::gpt_on(args, cfg), devices, optim)?,
+        };
         super::setup::set_precision(&mut *strategy, args)?;
         plan::step_seconds(&mut *strategy, &batch)
     };
     planned_on(ranks, &devices[0], &calibrate, &search, (!args.no_trials).then_some(&mut run))
 }
 
-/// The plan `search` makes of `calibrate`'s measurements: of this process's devices alone,
-/// the layout it chooses tried with `run` where given (not `--no-trials`, [`plan::tried`]),
-/// or under a launcher of every rank's ([`plan::measure_job`]), untried.
+/// The plan `search` makes of `calibrate`'s measurements, of this process's devices alone or
+/// under a launcher of every rank's ([`plan::measure_job`]), the layout it chooses tried with
+/// `run` where given (not `--no-trials`, [`plan::tried`]).
 fn planned_on(ranks: &Ranks, first: &Device, calibrate: &dyn Fn() -> Result<(Workload, Cluster, plan::Calibration)>, search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>, run: Option<&mut plan::Trial>) -> Result<(Plan, plan::Calibration)> {
     if ranks.many() {
-        return plan::measure_job(ranks.group(), first, calibrate, search);
+        return plan::measure_job(ranks.group(), first, calibrate, search, run);
     }
     let (work, cluster, how) = calibrate()?;
     let p = match run {
@@ -254,7 +257,10 @@ pub fn on_devices(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: 
     let batch = train.batch(&(0..args.batch).map(|i| i % train.len().max(1)).collect::<Vec<_>>())?;
     let loss = Loss::for_targets(&train.y);
     let mut run = |p: &Plan| {
-        let mut strategy = p.build(model, devices, optim, loss.clone())?;
+        let mut strategy = match ranks.many() {
+            true => ranks.data_parallel(|d| model.slice(0..model.len(), d), devices, &p.optim(optim), loss.clone(), job_config(p, args))?,
+            false => p.build(model, devices, optim, loss.clone())?,
+        };
         super::setup::set_precision(&mut *strategy, args)?;
         plan::step_seconds(&mut *strategy, &batch)
     };

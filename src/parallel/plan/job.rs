@@ -131,6 +131,9 @@ pub fn job_unbuildable(l: &Layout, devices: usize) -> Option<String> {
 /// with every rank at once for the contention between processes, the link between processes
 /// is an all-reduce over the group timed at two sizes, and rank 0 plans the combined cluster
 /// with `search` (which should reject what [`job_unbuildable`] names) and sends the plan to
+/// every rank. With `run`, the layouts it would choose are tried as in [`tried`](super::tried),
+/// every rank running its part of each trial (`run` builds the job's strategy and times its
+/// steps) and the slowest rank's time counting; a trial that fails on any rank is an error on
 /// every rank. Every rank returns the same plan, with [`Plan::processes`] set, and its own
 /// calibration's origin.
 pub fn measure_job(
@@ -138,6 +141,7 @@ pub fn measure_job(
     device: &Device,
     calibrate: &dyn Fn() -> Result<(Workload, Cluster, Calibration)>,
     search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>,
+    run: Option<&mut super::Trial>,
 ) -> Result<(Plan, Calibration)> {
     let (own, how) = agreed(group, in_turn(group, calibrate)?, "calibrate its devices")
         .map(|(work, cluster, how)| (RankCalibration { work, cluster }, how))?;
@@ -153,21 +157,41 @@ pub fn measure_job(
         .collect::<Result<Vec<_>>>()?;
     let contention = contention(group, device)?;
     let across = mpi_link(group)?;
-    let (work, cluster, processes) = combine(&parts, across, contention)?;
-    // Rank 0 plans; the others take its plan, so that every rank builds the same layout.
-    if group.rank() == 0 {
-        let planned = search(&work, &cluster).map(|p| Plan { processes: in_plan_order(&cluster, &processes), ..p });
-        let text = match &planned {
-            Ok(p) => serde_json::to_vec(p).map_err(|e| Error::Msg(format!("encoding the plan: {e}")))?,
-            Err(e) => format!("error:{e}").into_bytes(),
+    let (work, mut cluster, processes) = combine(&parts, across, contention)?;
+    let order = in_plan_order(&cluster, &processes);
+    let started = std::time::Instant::now();
+    let mut run = run;
+    loop {
+        // Rank 0 plans and says whether the trials are over; the others take its plan, so
+        // that every rank builds the same layout.
+        let (p, done) = if group.rank() == 0 {
+            let answer = search(&work, &cluster).and_then(|p| {
+                let mut p = Plan { processes: order.clone(), ..p };
+                let done = run.is_none() || super::tried::settle(&mut p, &work, &cluster, started)?;
+                Ok((p, done))
+            });
+            let text = match &answer {
+                Ok((p, done)) => [if *done { &b"done:"[..] } else { b"try:" }, &serde_json::to_vec(p).map_err(|e| Error::Msg(format!("encoding the plan: {e}")))?].concat(),
+                Err(e) => format!("error:{e}").into_bytes(),
+            };
+            from_rank(group, &text, 0)?;
+            answer?
+        } else {
+            let sent = from_rank(group, &[], 0)?;
+            let (done, json) = match (sent.strip_prefix(b"done:"), sent.strip_prefix(b"try:")) {
+                (Some(json), _) => (true, json),
+                (_, Some(json)) => (false, json),
+                _ => return Err(Error::invalid("plan", format!("rank 0 found no plan: {}", String::from_utf8_lossy(sent.strip_prefix(b"error:").unwrap_or(&sent))))),
+            };
+            let p = serde_json::from_slice::<Plan>(json).map_err(|e| Error::Msg(format!("rank 0's plan did not arrive whole: {e}")))?;
+            (p, done)
         };
-        from_rank(group, &text, 0)?;
-        return planned.map(|p| (p, how));
-    }
-    let sent = from_rank(group, &[], 0)?;
-    match serde_json::from_slice::<Plan>(&sent) {
-        Ok(p) => Ok((p, how)),
-        Err(_) => Err(Error::invalid("plan", format!("rank 0 found no plan: {}", String::from_utf8_lossy(sent.strip_prefix(b"error:").unwrap_or(&sent))))),
+        let Some(trial) = run.as_deref_mut().filter(|_| !done) else { return Ok((p, how)) };
+        // Every rank runs the trial, a collective; a rank's failure is every rank's error (a
+        // failure inside a collective leaves the job to its launcher, as in training).
+        let seconds = agreed(group, trial(&p), "run its part of a trial of the plan")?;
+        let slowest = group.all_gather_u64(&[seconds.to_bits()])?.iter().filter_map(|v| v.first()).map(|&b| f64::from_bits(b)).fold(0.0, f64::max);
+        super::tried::record(&mut cluster, &p, Ok(slowest));
     }
 }
 

@@ -193,8 +193,8 @@ pub struct Plan {
     /// from before it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<(usize, usize)>,
-    /// The layouts tried before this one was chosen ([`tried`]), in the order tried; empty
-    /// where none was (a described cluster, a job of several processes, older files).
+    /// The layouts tried before this one was chosen ([`tried`], [`measure_job`]), in the
+    /// order tried; empty where none was (a described cluster, `--no-trials`, older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tried: Vec<StepOverhead>,
 }

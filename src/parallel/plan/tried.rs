@@ -89,24 +89,38 @@ pub fn tried(work: &Workload, cluster: &Cluster, search: &dyn Fn(&Workload, &Clu
     let started = Instant::now();
     loop {
         let mut p = search(work, &cluster)?;
-        let settled = cluster.overhead_of(&p.best.layout).is_some();
-        let failed = cluster.step_overheads.iter().filter(|o| o.failed.is_some()).count();
-        let ran = cluster.step_overheads.len() - failed;
-        let spent = ran >= MAX_TRIALS || failed >= 2 * MAX_TRIALS || started.elapsed().as_secs_f64() > TRIALS_BUDGET_S;
-        if settled || spent {
-            if !settled {
-                fastest_tried(&mut p, work, &cluster)?;
-            }
-            p.tried = cluster.step_overheads;
+        if settle(&mut p, work, &cluster, started)? {
             return Ok(p);
         }
-        let modelled_s = p.best.step_s;
-        let (measured_s, failed) = match run(&p) {
-            Ok(s) => (s, None),
-            Err(e) => (0.0, Some(format!("tried, and failed: {e}"))),
-        };
-        cluster.step_overheads.push(StepOverhead { layout: p.best.layout.clone(), measured_s, modelled_s, failed });
+        record(&mut cluster, &p, run(&p));
     }
+}
+
+/// Whether the trials end with `p` (the search's answer on `cluster`): its choice ran, or the
+/// trials are spent ([`MAX_TRIALS`], [`TRIALS_BUDGET_S`] since `started`), the fastest layout
+/// that ran then chosen; `p` then lists the trials.
+pub(super) fn settle(p: &mut Plan, work: &Workload, cluster: &Cluster, started: Instant) -> Result<bool> {
+    let settled = cluster.overhead_of(&p.best.layout).is_some();
+    let failed = cluster.step_overheads.iter().filter(|o| o.failed.is_some()).count();
+    let ran = cluster.step_overheads.len() - failed;
+    let spent = ran >= MAX_TRIALS || failed >= 2 * MAX_TRIALS || started.elapsed().as_secs_f64() > TRIALS_BUDGET_S;
+    if !(settled || spent) {
+        return Ok(false);
+    }
+    if !settled {
+        fastest_tried(p, work, cluster)?;
+    }
+    p.tried = cluster.step_overheads.clone();
+    Ok(true)
+}
+
+/// The trial of `p.best` and its outcome, on `cluster`.
+pub(super) fn record(cluster: &mut Cluster, p: &Plan, outcome: Result<f64>) {
+    let (measured_s, failed) = match outcome {
+        Ok(s) => (s, None),
+        Err(e) => (0.0, Some(format!("tried, and failed: {e}"))),
+    };
+    cluster.step_overheads.push(StepOverhead { layout: p.best.layout.clone(), measured_s, modelled_s: p.best.step_s, failed });
 }
 
 /// Makes the fastest layout of `p` that ran its choice, where the trials ran out before the
