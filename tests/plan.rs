@@ -96,7 +96,7 @@ fn a_slow_device_gets_less_work_or_none() {
     let gpu = DeviceSpec { name: "gpu".into(), speed: 10.0, memory: 8 << 30, server: 0 };
     let cpu = DeviceSpec { name: "cpu".into(), speed: 1.0, memory: 16 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
-    let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link, contention: 1.0, step_overheads: vec![] };
+    let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] };
     let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
@@ -118,12 +118,38 @@ fn the_fastest_devices_are_planned_first_whatever_their_order() {
     let slow = DeviceSpec { name: "slow".into(), speed: 1.0, memory: 8 << 30, server: 0 };
     let fast = DeviceSpec { name: "fast".into(), speed: 20.0, memory: 8 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
-    let cluster = Cluster { devices: vec![slow, fast], within: link, across: link, contention: 1.5, step_overheads: vec![] };
+    let cluster = Cluster { devices: vec![slow, fast], within: link, across: link, contention: 1.5, step_overheads: vec![], links: vec![] };
     let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &cluster).unwrap();
     assert_eq!(p.devices, ["fast", "slow"]);
     assert_eq!(p.best.layout.devices(), 1, "{p}");
     assert!(p.to_string().contains("left out: slow"), "{p}");
+}
+
+#[test]
+fn each_pair_of_devices_is_costed_over_its_own_link() {
+    // Three equal GPUs listed slow-linked first: the second and third share a fast link, the
+    // first reaches them over a slow one (no peer-to-peer between those boards, say).
+    let gpu = |i: usize, speed: f64| DeviceSpec { name: format!("gpu{i}"), speed, memory: 8 << 30, server: 0 };
+    let (fast, slow) = (Link { latency_s: 10e-6, bytes_per_s: 50e9 }, Link { latency_s: 1e-3, bytes_per_s: 10e6 });
+    let inf = Link { latency_s: 0.0, bytes_per_s: f64::INFINITY };
+    let links = vec![vec![inf, slow, slow], vec![slow, inf, fast], vec![slow, fast, inf]];
+    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let paired = Cluster { devices: vec![gpu(0, 1.0), gpu(1, 1.0), gpu(2, 1.0)], within: slow, across: slow, contention: 1.0, step_overheads: vec![], links: links.clone() };
+    assert_eq!(paired.link(1, 2), fast);
+    assert_eq!(paired.group_link(&[0, 1, 2]), slow, "a ring through the first device is as slow as its link");
+    assert_eq!(paired.group_link(&[1, 2]), fast);
+    // The slightly slower first device is placed last, and its links move with it: the plan
+    // over the two fast-linked GPUs costs their fast link, not the slow one of the first pair
+    // in listed order.
+    let cluster = Cluster { devices: vec![gpu(0, 0.99), gpu(1, 1.0), gpu(2, 1.0)], ..paired };
+    let p = plan(&work, &cluster).unwrap();
+    println!("{p}");
+    assert_eq!(p.devices, ["gpu1", "gpu2", "gpu0"]);
+    assert_eq!(p.best.layout.devices(), 2, "{p}");
+    let only_slow = Cluster { links: vec![], ..cluster.clone() };
+    let p_slow = plan(&work, &only_slow).unwrap();
+    assert_eq!(p_slow.best.layout.devices(), 1, "every pair slow: one device: {p_slow}");
 }
 
 /// Calibration on this machine: the seed CNN's layers on two CPU devices, then the plan for
@@ -148,6 +174,11 @@ fn measured_inputs_describe_the_model_and_the_devices() {
     assert!(work.layers.iter().map(|l| l.forward_s + l.backward_s + l.fixed_s).sum::<f64>() > 0.0);
     assert_eq!(cluster.devices.len(), 2);
     assert!(cluster.devices.iter().all(|d| d.speed > 0.0 && d.memory > 0));
+    // The pair's link, both ways, and the within link is the first pair's.
+    assert_eq!(cluster.links.len(), 2);
+    assert_eq!(cluster.links[0][1], cluster.links[1][0]);
+    assert_eq!(cluster.links[0][1], cluster.within);
+    assert!(cluster.links[0][1].bytes_per_s > 0.0 && cluster.links[0][1].latency_s >= 0.0);
     assert!(cluster.within.bytes_per_s > 0.0);
     assert!(cluster.contention >= 1.0 && cluster.contention.is_finite(), "{}", cluster.contention);
     // Two devices of one name are one kind: equal speeds, whatever the timing noise.
@@ -165,7 +196,7 @@ fn state_bound(memory: u64) -> (Workload, Cluster) {
     let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };
     let mut layer = block(64, 1, 1, 1.0);
     layer.tensor_parallel = false;
-    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0, step_overheads: vec![] })
+    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] })
 }
 
 #[test]
@@ -335,7 +366,7 @@ fn a_tied_head_counts_once_where_a_stage_holds_its_embedding() {
     let big = 64u64 << 30;
     let dev = |i: usize| DeviceSpec { name: format!("gpu{i}"), speed: 1.0, memory: big, server: 0 };
     let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };
-    let cluster = Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0, step_overheads: vec![] };
+    let cluster = Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] };
     let one = estimate(&work, &cluster, &single_layout());
     let act = 3 * 8 * (1u64 << 20);
     assert_eq!(one.memory[0], 4 * 2 * (64 << 20) + act, "two tensors' state on one device, not three");

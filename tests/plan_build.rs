@@ -27,7 +27,7 @@ fn described(devices: &[Device], layers: usize) -> (Workload, Cluster) {
     layers[n - 2..].iter_mut().for_each(|l| l.tensor_parallel = true);
     let specs = devices.iter().map(|d| DeviceSpec { name: d.spec(), speed: 1.0, memory: 1 << 30, server: 0 }).collect();
     let link = Link { latency_s: 1e-5, bytes_per_s: 1e9 };
-    (Workload { layers, batch: BATCH, state_per_param_byte: 3, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention: 1.0, step_overheads: vec![] })
+    (Workload { layers, batch: BATCH, state_per_param_byte: 3, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] })
 }
 
 /// A plan whose best layout is `layout`, with batch `shares`.

@@ -28,7 +28,7 @@ fn rank(ms: f64, devices: &[(&str, f64)]) -> RankCalibration {
     let devices = devices.iter().map(|&(name, speed)| DeviceSpec { name: name.into(), speed, memory: 1 << 30, server: 0 }).collect();
     RankCalibration {
         work: Workload { layers: vec![layer(ms); 3], batch: 60, state_per_param_byte: 3, grad_dtype: tandem::DType::F32, offloaded_states: 0 },
-        cluster: Cluster { devices, within: link, across: link, contention: 1.2, step_overheads: vec![] },
+        cluster: Cluster { devices, within: link, across: link, contention: 1.2, step_overheads: vec![], links: vec![] },
     }
 }
 
@@ -47,6 +47,14 @@ fn ranks_combine_on_rank_zeros_reference() {
     assert_eq!(processes, vec![(0, 0), (1, 0), (1, 1)]);
     assert_eq!(cluster.across, across);
     assert_eq!(cluster.contention, 1.5);
+    assert!(cluster.links.is_empty(), "no rank measured its pairs");
+    // A rank's measured pair keeps its link in the job; pairs across ranks take `across`.
+    let mut measured = rank(2.0, &[("b", 1.0), ("c", 0.5)]);
+    let (inf, pair) = (Link { latency_s: 0.0, bytes_per_s: f64::INFINITY }, Link { latency_s: 5e-6, bytes_per_s: 3e9 });
+    measured.cluster.links = vec![vec![inf, pair], vec![pair, inf]];
+    let (_, cluster, _) = combine(&[rank(1.0, &[("a", 1.0)]), measured], across, 1.0).unwrap();
+    assert_eq!((cluster.link(1, 2), cluster.link(2, 1)), (pair, pair));
+    assert_eq!((cluster.link(0, 1), cluster.link(2, 0)), (across, across));
     // One kind of device timed a little apart on two ranks runs at its mean speed on both.
     let (_, cluster, _) = combine(&[rank(1.0, &[("cpu", 1.0)]), rank(1.1, &[("cpu", 1.0)])], across, 1.0).unwrap();
     let s = speeds(&cluster);

@@ -169,6 +169,13 @@ pub struct Cluster {
     /// files from before it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub step_overheads: Vec<super::StepOverhead>,
+    /// The link of each pair of devices (`links[a][b]`, devices in [`Cluster::devices`]'
+    /// order) where each pair was measured: a CPU and a GPU talk over host staging, two GPUs
+    /// over peer-to-peer where the driver allows it, so pairs differ. Empty: [`Cluster::within`]
+    /// inside a server and [`Cluster::across`] between servers, as for described clusters and
+    /// files from before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<Vec<Link>>,
 }
 
 /// The fp32 throughput of speed 1 in the described clusters ([`Cluster::dual_m60`],
@@ -191,7 +198,7 @@ impl Cluster {
     /// `servers` servers of `per_server` devices like `device` each.
     pub fn servers(servers: usize, per_server: usize, device: DeviceSpec, within: Link, across: Link) -> Cluster {
         let devices = (0..servers * per_server).map(|i| DeviceSpec { server: i / per_server, name: format!("{}#{i}", device.name), ..device.clone() }).collect();
-        Cluster { devices, within, across, contention: 1.0, step_overheads: Vec::new() }
+        Cluster { devices, within, across, contention: 1.0, step_overheads: Vec::new(), links: Vec::new() }
     }
     /// Servers of two Tesla M60 boards (4 GM204 GPUs of 8 GB, ~4.8 TFLOP/s each at speed 1)
     /// on PCIe 3.0 (~12 GB/s, no NVLink, no peer-to-peer assumed), 10 GbE between servers.
@@ -206,13 +213,35 @@ impl Cluster {
         let gpu = DeviceSpec { name: "H100".into(), speed: 60.0, memory: 80 << 30, server: 0 };
         Cluster::servers(servers, 8, gpu, Link { latency_s: 3e-6, bytes_per_s: 450e9 }, Link { latency_s: 5e-6, bytes_per_s: 50e9 })
     }
-    /// The link between devices `a` and `b`.
+    /// The link between devices `a` and `b`: measured for the pair where [`Cluster::links`]
+    /// has it, else by server.
     pub fn link(&self, a: usize, b: usize) -> Link {
+        if let Some(l) = self.links.get(a).and_then(|row| row.get(b)).filter(|_| a != b) {
+            return *l;
+        }
         if self.devices[a].server == self.devices[b].server {
             self.within
         } else {
             self.across
         }
+    }
+
+    /// The same cluster with its devices (and their links) in the order `order` gives, as
+    /// indices into this one's devices.
+    pub fn reordered(&self, order: &[usize]) -> Cluster {
+        let devices = order.iter().map(|&i| self.devices[i].clone()).collect();
+        let links = match self.links.len() == self.devices.len() {
+            true => order.iter().map(|&a| order.iter().map(|&b| self.links[a][b]).collect()).collect(),
+            false => Vec::new(),
+        };
+        Cluster { devices, links, ..self.clone() }
+    }
+
+    /// Device indices fastest first, stable among equals: the order the search places them in.
+    pub fn by_speed(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.devices.len()).collect();
+        order.sort_by(|&a, &b| self.devices[b].speed.total_cmp(&self.devices[a].speed));
+        order
     }
     /// The slowdown of each device's compute when `k` of the devices run at once (see
     /// [`Cluster::contention`]).
@@ -223,8 +252,13 @@ impl Cluster {
         }
         1.0 + (self.contention - 1.0).max(0.0) * (k - 1) as f64 / (n - 1) as f64
     }
-    /// The slowest link among `members`.
+    /// The slowest link among `members`: of the hops of their ring (each member to the next)
+    /// where pairs were measured, else by server.
     pub fn group_link(&self, members: &[usize]) -> Link {
+        if !self.links.is_empty() && members.len() > 1 {
+            let hops = (0..members.len()).map(|i| self.link(members[i], members[(i + 1) % members.len()]));
+            return hops.reduce(|a, b| Link { latency_s: a.latency_s.max(b.latency_s), bytes_per_s: a.bytes_per_s.min(b.bytes_per_s) }).unwrap_or(self.within);
+        }
         let one_server = members.windows(2).all(|w| self.devices[w[0]].server == self.devices[w[1]].server);
         if one_server {
             self.within

@@ -103,9 +103,20 @@ pub fn combine(
             across,
             contention,
             step_overheads: Vec::new(),
+            links: job_links(parts, &processes, across),
         },
         processes,
     ))
+}
+
+/// The link of each pair of the job's devices (`processes` their (rank, index)): a rank's
+/// own pair as it measured it, `across` between ranks; none where no rank measured its pairs.
+fn job_links(parts: &[RankCalibration], processes: &[(usize, usize)], across: Link) -> Vec<Vec<Link>> {
+    if parts.iter().all(|p| p.cluster.links.is_empty()) {
+        return Vec::new();
+    }
+    let pair = |&(ra, a): &(usize, usize), &(rb, b): &(usize, usize)| if ra == rb { parts[ra].cluster.link(a, b) } else { across };
+    processes.iter().map(|p| processes.iter().map(|q| pair(p, q)).collect()).collect()
 }
 
 /// Why a job of several processes cannot run layout `l` on its `devices`: only data
@@ -246,13 +257,7 @@ fn agreed<T>(group: &Group, mine: Result<T>, what: &str) -> Result<T> {
 /// `(rank, index)` of each device in the order [`plan`](super::plan) places them: by speed,
 /// fastest first, stable among equals (the search's own sort).
 fn in_plan_order(cluster: &Cluster, processes: &[(usize, usize)]) -> Vec<(usize, usize)> {
-    let mut order: Vec<usize> = (0..cluster.devices.len()).collect();
-    order.sort_by(|&a, &b| {
-        cluster.devices[b]
-            .speed
-            .total_cmp(&cluster.devices[a].speed)
-    });
-    order.into_iter().map(|i| processes[i]).collect()
+    cluster.by_speed().into_iter().map(|i| processes[i]).collect()
 }
 
 /// Every rank's `bytes`, on every rank, in rank order.

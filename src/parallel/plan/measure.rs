@@ -39,7 +39,8 @@ impl Runs {
 /// (the intercept: launches and idle); its parameter, activation (what autograd keeps for the
 /// backward) and output bytes per sample; each other device's speed as the ratio of the whole
 /// model's time there at its share of `batch` (devices of one [`Device::spec`] name share
-/// their mean time); the link as a copy of a few MiB between the first two devices. All
+/// their mean time); each pair's link as a copy of one value and of 4 MiB
+/// ([`Cluster::links`], up to 8 devices; [`Cluster::within`] is the first pair's). All
 /// devices are taken to sit in one server. Devices timed one at a time look independent even
 /// where they share the host's cores (CPU devices, software adapters), so the whole model is
 /// also run on all of them at once, and the worst slowdown is [`Cluster::contention`].
@@ -164,12 +165,13 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
     } else {
         1.0
     };
-    let link = match devices.get(1) {
-        Some(second) => measure_link(first, second)?,
-        None => Link { latency_s: 0.0, bytes_per_s: f64::INFINITY },
+    let links = measure_links(devices)?;
+    let link = match devices.len() {
+        0 | 1 => Link { latency_s: 0.0, bytes_per_s: f64::INFINITY },
+        _ => links.first().and_then(|row| row.get(1)).copied().map_or_else(|| measure_link(first, &devices[1]), Ok)?,
     };
     let state_per_param_byte = 2 + optimizer_states as u64;
-    Ok((Workload { layers, batch, state_per_param_byte, grad_dtype: crate::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention, step_overheads: Vec::new() }))
+    Ok((Workload { layers, batch, state_per_param_byte, grad_dtype: crate::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention, step_overheads: Vec::new(), links }))
 }
 
 /// A layer's forward and backward seconds on `x` (best of [`Runs`]), its output, and the bytes
@@ -327,6 +329,27 @@ fn all_at_once_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, d
 }
 
 /// Latency (a 4-byte copy) and bandwidth (a 4 MiB copy) from `a` to `b`, best of [`RUNS`].
+/// At most this many devices have every pair's link timed (28 pairs); more share the first
+/// pair's as [`Cluster::within`].
+const PAIRS_UP_TO: usize = 8;
+
+/// The link of every pair of `devices`, each timed one way (copies cost alike both ways over
+/// PCIe and host staging); empty for one device or more than [`PAIRS_UP_TO`].
+fn measure_links(devices: &[Device]) -> Result<Vec<Vec<Link>>> {
+    let n = devices.len();
+    if !(2..=PAIRS_UP_TO).contains(&n) {
+        return Ok(Vec::new());
+    }
+    let mut links = vec![vec![Link { latency_s: 0.0, bytes_per_s: f64::INFINITY }; n]; n];
+    for a in 0..n {
+        for b in a + 1..n {
+            let l = measure_link(&devices[a], &devices[b])?;
+            (links[a][b], links[b][a]) = (l, l);
+        }
+    }
+    Ok(links)
+}
+
 fn measure_link(a: &Device, b: &Device) -> Result<Link> {
     let time = |n: usize| -> Result<f64> {
         let t = Tensor::zeros([n], a)?;

@@ -251,8 +251,7 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
     if let Some(d) = cluster.devices.iter().find(|d| !(d.speed.is_finite() && d.speed > 0.0)) {
         return Err(Error::invalid("plan", format!("device {} has speed {}; speeds must be finite and positive", d.name, d.speed)));
     }
-    let mut sorted = cluster.clone();
-    sorted.devices.sort_by(|a, b| b.speed.total_cmp(&a.speed));
+    let sorted = cluster.reordered(&cluster.by_speed());
     let cluster = &sorted;
     let mut fits = Vec::new();
     let mut rejected = Vec::new();

@@ -104,9 +104,10 @@ pub(super) fn key(model: &str, probe: &Tensor, devices: &[Device], batch: usize,
     let threads = std::thread::available_parallelism().map_or(0, usize::from);
     let mut lines = vec![
         // The second line changes when what a calibration measures does (2: each layer's
-        // largest parameter), so that an older file is measured over, not read with a gap.
+        // largest parameter; 3: each pair's link), so that an older file is measured over, not
+        // read with a gap.
         format!("tandem {}", env!("CARGO_PKG_VERSION")),
-        "calibration 2".to_string(),
+        "calibration 3".to_string(),
         // A debug build's layers run several times slower than a release build's: neither
         // may plan from the other's times.
         format!("build {}", if cfg!(debug_assertions) { "debug" } else { "release" }),
