@@ -400,3 +400,30 @@ fn the_optimizer_update_is_part_of_the_step() {
     let after: Vec<f32> = model.state_dict().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect();
     assert_eq!(after, weights, "measuring the update leaves the model's weights");
 }
+
+#[test]
+fn the_fastest_precision_is_chosen_and_the_others_reported() {
+    use tandem::optim::Precision;
+    use tandem::parallel::plan::fastest_precision;
+    let work = Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let cluster = Cluster::dual_m60(1);
+    // Halves run the layers at half the time here; f16 has no layout.
+    let plan_in = |scale: f64| plan(&work.scaled(scale), &cluster);
+    let all = [Precision::F32, Precision::Bf16, Precision::F16];
+    let p = fastest_precision(&all, &mut |c| match c {
+        Precision::F32 => plan_in(1.0),
+        Precision::Bf16 => plan_in(0.5),
+        Precision::F16 => Err(tandem::Error::invalid("plan", "no layout fits the devices' memory")),
+    })
+    .unwrap();
+    assert_eq!(p.precision, Some(Precision::Bf16));
+    assert_eq!(p.precisions.len(), 2);
+    assert!(p.precisions[0].0 == Precision::F32 && p.precisions[0].1.contains("ms/step"), "{:?}", p.precisions);
+    assert!(p.precisions[1].1.contains("no layout fits"), "{:?}", p.precisions);
+    assert!(p.to_string().contains("precision bf16 (searched; f32: "), "{p}");
+    // A tie keeps the earlier candidate; no plan in any precision is an error naming each.
+    let tie = fastest_precision(&all[..2], &mut |_| plan_in(1.0)).unwrap();
+    assert_eq!(tie.precision, Some(Precision::F32));
+    let none = fastest_precision(&all, &mut |_| Err(tandem::Error::invalid("plan", "too small"))).unwrap_err().to_string();
+    assert!(none.contains("no precision has a plan") && none.contains("bf16: ") && none.contains("too small"), "{none}");
+}

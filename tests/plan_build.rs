@@ -35,7 +35,7 @@ fn plan_of(devices: &[Device], layout: Layout, shares: Vec<usize>) -> Plan {
     let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
     let (work, cluster) = described(devices, model.len());
     let best = estimate(&work, &cluster, &layout);
-    Plan { model: String::new(), devices: devices.iter().map(Device::spec).collect(), batch: BATCH, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![] }
+    Plan { model: String::new(), devices: devices.iter().map(Device::spec).collect(), batch: BATCH, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![], precision: None, precisions: vec![] }
 }
 
 fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>) -> Layout {
@@ -234,7 +234,7 @@ fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
     let plan_for = |l: Layout, shares: Vec<usize>| {
         let (work, cluster) = described(&devices, cfg.n_layer + 3);
         let best = estimate(&work, &cluster, &l);
-        Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: devices.iter().map(Device::spec).collect(), batch: 4, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![] }
+        Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: devices.iter().map(Device::spec).collect(), batch: 4, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![], precision: None, precisions: vec![] }
     };
     let run = |s: &mut dyn Strategy| token_batches().iter().map(|b| s.step(b).unwrap().loss).collect::<Vec<f32>>();
     // ZeRO-2 data parallelism, as built by hand.

@@ -288,3 +288,30 @@ fn a_calibration_is_kept_reused_and_measured_over_when_it_cannot_be() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+
+/// `--search-precision`: the plan says which precision it chose over which, a plan that chose
+/// bf16 trains in bf16 (the losses of `--precision bf16` with the same layout), and the flag
+/// is refused where no plan is made here or beside `--precision`.
+#[test]
+fn a_plan_may_choose_the_precision_and_its_run_trains_in_it() {
+    let dir = common::scratch("plan_cli", "precision");
+    let base = ["--devices", "cpu,cpu", "--batch", "16", "--no-trials"];
+    let printed = out(&[&["plan", "--search-precision"][..], &base].concat());
+    assert!(printed.contains("(searched; ") && printed.contains("bf16: ") && printed.contains("f16: "), "{printed}");
+    // The same layout, saved once as it is and once as if bf16 had won.
+    let path = dir.join("plain.json");
+    out(&[&["plan", "--save-plan", s(&path)][..], &base].concat());
+    let mut file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    file["plan"]["precision"] = "Bf16".into();
+    let chose = dir.join("bf16.json");
+    std::fs::write(&chose, serde_json::to_string(&file).unwrap()).unwrap();
+    let final_loss = |printed: &str| printed.lines().find_map(|l| l.split("final loss ").nth(1)).map(str::to_string).unwrap_or_else(|| panic!("no final loss:\n{printed}"));
+    let train = |plan: &std::path::Path, extra: &[&str]| final_loss(&out(&[&["train", "--plan", s(plan), "--steps", "3"][..], &base, extra].concat()));
+    let by_plan = train(&chose, &[]);
+    assert_eq!(by_plan, train(&path, &["--precision", "bf16"]), "the plan's bf16 is --precision bf16");
+    assert_ne!(by_plan, train(&path, &[]), "bf16 is not f32");
+    common::fails(&[&["train", "--plan", s(&chose), "--steps", "1", "--precision", "f16"][..], &base].concat(), "the plan trains in bf16");
+    common::fails(&["train", "--devices", "cpu,cpu", "--strategy", "data", "--search-precision", "--steps", "1"], "needs a plan made here");
+    common::fails(&["plan", "--devices", "cpu,cpu", "--search-precision", "--precision", "bf16"], "give one");
+    common::fails(&["plan", "--cluster", "dual-m60:1", "--search-precision"], "--search-precision");
+}

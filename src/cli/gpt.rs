@@ -242,6 +242,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let schedule = lr_schedule(g.warmup_steps, optim.lr(), total)?;
 
     let planned = super::plan::gpt_planned(args, cfg, &data, &optim, &devices, ranks)?;
+    let args = &super::plan::in_plan_precision(args, planned.as_ref())?;
     // --strategy data shares the batch by measured speed where the devices differ (--balance).
     let (weights, weights_entry) = match (&planned, args.strategy) {
         (None, StrategyKind::Data) if !args.deterministic => {

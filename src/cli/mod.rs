@@ -261,6 +261,12 @@ pub struct TrainArgs {
     /// its estimate, until its choice is a layout that ran (`plan::tried`).
     #[arg(long)]
     pub no_trials: bool,
+    /// Let the plan choose the precision too (f32, bf16 or f16, each calibrated and planned;
+    /// the fastest wins, f32 on a tie): halves change the numerics and halve activations, so
+    /// a layout that does not fit in f32 may in bf16. `--strategy auto` on several devices,
+    /// or `tandem plan`; the run trains in the chosen precision, and a resume repeats it.
+    #[arg(long)]
+    pub search_precision: bool,
     /// Write resumable checkpoints into this directory.
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,

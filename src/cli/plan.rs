@@ -46,6 +46,7 @@ pub fn run(args: &PlanArgs, ranks: &super::ranks::Ranks) -> Result<()> {
         }
         Ok(devices)
     };
+    check_search_precision(t, args.cluster.is_none())?;
     let ModelArg::Seed(kind) = t.model else {
         let p = gpt_plan(args, ranks, &|| devices(ranks))?;
         return save(args, &p, ranks);
@@ -124,6 +125,11 @@ fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Dev
 /// calibration as an earlier run kept it), among the layouts [`Plan::build_gpt`] can make,
 /// the chosen one tried first ([`plan::tried`]); and where the calibration came from.
 pub fn on_gpt_devices(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
+    searched(args, &|args| on_gpt_devices_in(cfg, data, args, optim, devices, ranks))
+}
+
+/// [`on_gpt_devices`] in `--precision`.
+fn on_gpt_devices_in(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
     let probe = gpt_probe(data, cfg, &devices[0])?;
     let reuse = reuse(args)?;
     // The host copy the calibration times from lives only while it does: a trial's memory
@@ -209,6 +215,7 @@ pub fn gpt_probe(data: &Tokens, cfg: GptConfig, device: &Device) -> Result<Tenso
 /// `--pipelines` are refused beside it.
 pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<Option<Plan>> {
     let auto = args.strategy == StrategyKind::Auto && (devices.len() > 1 || ranks.many()) && !args.deterministic;
+    check_search_precision(args, auto && args.plan.is_none())?;
     if args.plan.is_none() && !auto {
         return Ok(None);
     }
@@ -244,6 +251,11 @@ pub fn compared(p: &Plan, train_s: f64, steps: u64) -> String {
 /// calibration), among the layouts [`Plan::build`] can make, the chosen one tried first on
 /// `train`'s first samples ([`plan::tried`]); and where the calibration came from.
 pub fn on_devices(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
+    searched(args, &|args| on_devices_in(model, train, args, optim, devices, ranks))
+}
+
+/// [`on_devices`] in `--precision`.
+fn on_devices_in(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
     let probe = probe(train, &devices[0])?;
     let reuse = reuse(args)?;
     let calibrate = || tandem::autocast(args.precision.autocast(), || plan::measure_reusing(model, &probe, devices, args.batch, optimizer_states(optim), reuse));
@@ -265,6 +277,47 @@ pub fn on_devices(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: 
         plan::step_seconds(&mut *strategy, &batch)
     };
     planned_on(ranks, &devices[0], &calibrate, &search, (!args.no_trials).then_some(&mut run))
+}
+
+/// `plan_in(args)`'s plan, or with `--search-precision` the fastest of its plans in each
+/// precision ([`plan::fastest_precision`]), with the first calibration's origin.
+fn searched(args: &TrainArgs, plan_in: &dyn Fn(&TrainArgs) -> Result<(Plan, plan::Calibration)>) -> Result<(Plan, plan::Calibration)> {
+    if !args.search_precision {
+        return plan_in(args);
+    }
+    let mut how = None;
+    let p = plan::fastest_precision(&[Precision::F32, Precision::Bf16, Precision::F16], &mut |precision| {
+        let (p, h) = plan_in(&TrainArgs { precision, ..args.clone() })?;
+        how.get_or_insert(h);
+        Ok(p)
+    })?;
+    Ok((p, how.ok_or_else(|| Error::Msg("a plan without a calibration".into()))?))
+}
+
+/// `args` as a run of `planned` trains: in the precision the plan chose, where it searched
+/// one (`--search-precision`, recorded in plan files and checkpoints). Errors where the run
+/// asks for another half precision than the plan's.
+pub fn in_plan_precision(args: &TrainArgs, planned: Option<&Plan>) -> Result<TrainArgs> {
+    let Some(chosen) = planned.and_then(|p| p.precision) else { return Ok(args.clone()) };
+    if args.precision != Precision::F32 && args.precision != chosen {
+        return Err(Error::invalid("--precision", format!("the plan trains in {}, which it chose; not {}", chosen.name(), args.precision.name())));
+    }
+    Ok(TrainArgs { precision: chosen, ..args.clone() })
+}
+
+/// Why `--search-precision` cannot be given with the rest of `args`: it needs a plan made
+/// here, and the precision to be the plan's.
+pub fn check_search_precision(args: &TrainArgs, planning: bool) -> Result<()> {
+    if !args.search_precision {
+        return Ok(());
+    }
+    if args.precision != Precision::F32 {
+        return Err(Error::invalid("--search-precision", format!("the plan chooses the precision; --precision {} chooses it by hand: give one", args.precision.name())));
+    }
+    if !planning {
+        return Err(Error::invalid("--search-precision", "needs a plan made here: --strategy auto on several devices, or tandem plan (not --plan FILE or --cluster)"));
+    }
+    Ok(())
 }
 
 /// The plan on a described cluster: the layers timed on this machine's CPU, scaled by its

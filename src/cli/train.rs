@@ -62,6 +62,8 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let model = model_kind.build(args.seed, &Device::cpu())?;
     // Across processes the planner plans every rank's devices together (data parallelism).
     let planned = planned(args, &model, &train, &optim, &devices, ranks)?;
+    // A plan that chose the precision trains in it (and records it for a resume).
+    let args = &super::plan::in_plan_precision(args, planned.as_ref())?;
     let (weights, weights_entry) = match (&planned, args.strategy) {
         (None, StrategyKind::Data) if !args.deterministic => {
             let make = |d: &Device| -> Result<Box<dyn Module>> { Ok(Box::new(model.slice(0..model.len(), d)?)) };
@@ -149,6 +151,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
 /// differs from run to run). Only within one process.
 fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, optim: &OptimConfig, devices: &[Device], ranks: &super::ranks::Ranks) -> Result<Option<Plan>> {
     let auto = args.strategy == StrategyKind::Auto && (devices.len() > 1 || ranks.many()) && !args.deterministic;
+    super::plan::check_search_precision(args, auto && args.plan.is_none())?;
     if args.plan.is_none() && !auto {
         return Ok(None);
     }

@@ -197,6 +197,14 @@ pub struct Plan {
     /// order tried; empty where none was (a described cluster, `--no-trials`, older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tried: Vec<StepOverhead>,
+    /// The precision the plan chose where precision was searched ([`fastest_precision`]): a
+    /// run of the plan trains in it. `None`: the run's own, as in plans from before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<crate::optim::Precision>,
+    /// The precisions searched beside the chosen one, each with its best layout and time or
+    /// why none fits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub precisions: Vec<(crate::optim::Precision, String)>,
 }
 
 fn f32_grads() -> crate::DType {
@@ -312,7 +320,43 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
     let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
     let shares = shares_of(work.batch, cluster, &best.layout)?;
     let offloaded_states = offloaded_states(work, &best.layout);
-    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states, processes: Vec::new(), tried: Vec::new() })
+    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states, processes: Vec::new(), tried: Vec::new(), precision: None, precisions: Vec::new() })
+}
+
+/// The fastest of the plans `plan_for` makes in each of `candidates` (a calibration per
+/// precision: halves change the layers' times and halve activations, so a layout that does
+/// not fit in f32 may in bf16), with [`Plan::precision`] set and the others' best (or why none
+/// fits) in [`Plan::precisions`]; the earlier candidate on a tie. Precision changes the
+/// numerics, so this search is the caller's choice (`--search-precision`). Errors only when
+/// no candidate has a plan, with each one's reason.
+pub fn fastest_precision(candidates: &[crate::optim::Precision], plan_for: &mut dyn FnMut(crate::optim::Precision) -> Result<Plan>) -> Result<Plan> {
+    let mut planned: Vec<(crate::optim::Precision, Result<Plan>)> = candidates.iter().map(|&c| (c, plan_for(c))).collect();
+    let best = planned
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (_, p))| p.as_ref().ok().map(|p| (i, p.best.step_s)))
+        .fold(None, |acc: Option<(usize, f64)>, (i, s)| match acc {
+            Some((_, b)) if b <= s => acc,
+            _ => Some((i, s)),
+        });
+    let Some((i, _)) = best else {
+        let why: Vec<String> = planned.iter().map(|(c, p)| format!("{}: {}", c.name(), p.as_ref().err().map_or(String::new(), |e| e.to_string()))).collect();
+        return Err(Error::invalid("plan", format!("no precision has a plan ({})", why.join("; "))));
+    };
+    let (chosen, p) = planned.remove(i);
+    let mut p = p?;
+    p.precision = Some(chosen);
+    p.precisions = planned
+        .into_iter()
+        .map(|(c, other)| {
+            let said = match other {
+                Ok(o) => format!("{:.2} ms/step ({})", o.best.step_s * 1e3, o.best.layout),
+                Err(e) => e.to_string(),
+            };
+            (c, said)
+        })
+        .collect();
+    Ok(p)
 }
 
 /// Optimizer state tensors per parameter that `work` keeps on the devices (the state bytes

@@ -45,6 +45,10 @@ impl fmt::Display for Plan {
         if self.grad_dtype_of(l) != crate::DType::F32 {
             writeln!(f, "  gradient shards in {}", format!("{:?}", self.grad_dtype).to_lowercase())?;
         }
+        if let Some(chosen) = self.precision {
+            let others: Vec<String> = self.precisions.iter().map(|(c, said)| format!("{}: {said}", c.name())).collect();
+            writeln!(f, "  precision {} (searched; {})", chosen.name(), others.join("; "))?;
+        }
         if self.offloaded_states > 0 {
             writeln!(f, "  optimizer state in host memory ({} tensors a parameter, to the devices and back each step)", self.offloaded_states)?;
         }
