@@ -6,9 +6,10 @@
 //! does not scale with the batch and is invisible to a per-layer calibration. It decides small
 //! steps: a 1-block, 16-wide GPT at batch 8 on `cpu,cpu` was predicted 0.24 ms/step on two
 //! devices (data 2) and ran 0.87; one device ran 0.46. So [`tried`] times the layout the
-//! search chooses, records the difference as that layout's [`StepOverhead`], and searches
-//! again, until the choice is a layout that was tried: every layout predicted faster than
-//! the chosen one has then been tried too, and the chosen one's prediction is its trial's.
+//! search chooses, records the difference as that layout's [`StepOverhead`] (which untried
+//! layouts on as many devices borrow), and searches again, until the choice is a layout that
+//! was tried: its prediction is then its trial's measurement, and no layout is predicted
+//! faster with the corrections in.
 use super::{Cluster, Layout, Plan, Workload};
 use crate::parallel::{Batch, Strategy};
 use crate::Result;
@@ -44,8 +45,8 @@ impl StepOverhead {
 /// trials (quick: an allocation refused) count apart, up to twice as many.
 pub const MAX_TRIALS: usize = 8;
 
-/// Trials stop being started once they have taken this long in all; the plan then keeps the
-/// search's choice, tried or not.
+/// Trials stop being started once they have taken this long in all; the plan then chooses
+/// the fastest layout that ran (the search's choice where none did).
 pub const TRIALS_BUDGET_S: f64 = 20.0;
 
 /// What [`tried`] runs a layout with: builds `plan.best` as training would and returns its
