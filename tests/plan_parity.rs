@@ -86,7 +86,8 @@ fn the_searched_plans_match_pytorch() {
     let probe = fx.batch(0);
     let probe = tandem::parallel::inputs_to_device(&probe, &devs[0]).unwrap();
     let (work, cluster) = plan::measure_gpt(&gpt, &probe, &devs, 4, 2).unwrap();
-    let chosen = plan::plan_cut_within(&work, &cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer)).unwrap();
+    let search = |w: &Workload, c: &Cluster| plan::plan_cut_within(w, c, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer)).unwrap();
+    let chosen = search(&work, &cluster);
     eprintln!("{chosen}");
     parity(&format!("the searched plan ({})", chosen.best.layout), &chosen, &devs, &fx);
     // At this size one device is fastest. The same search with each layer's compute made a
@@ -98,7 +99,7 @@ fn the_searched_plans_match_pytorch() {
     let mut slow = cluster.clone();
     slow.devices[1].speed /= 3.0;
     slow.contention = 1.0;
-    let chosen = plan::plan_cut_within(&heavy, &slow, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer)).unwrap();
+    let chosen = search(&heavy, &slow);
     eprintln!("{chosen}");
     assert!(chosen.best.layout.data == 2 && chosen.shares.len() == 2 && chosen.shares[0] != chosen.shares[1], "expected uneven data parallelism: {chosen}");
     parity(&format!("the searched plan with one slow device ({})", chosen.best.layout), &chosen, &devs, &fx);
