@@ -4,7 +4,7 @@
 //! against measured step time, a resumed run repeating its recorded plan, and clear errors for
 //! bad plan files, plans for other devices and unknown clusters; the GPT planned, trained with
 //! its plan and resumed with it, and `--memory-limit` budgets too small for plain data
-//! parallelism making the plan shard (and the run fitting them).
+//! parallelism leaving only sharded or offloaded layouts (and the run fitting them).
 mod common;
 use common::{ok, s, text};
 use tandem::parallel::plan::{Layout, Plan};
@@ -151,37 +151,57 @@ fn gpt4_out(args: &[&str]) -> String {
 }
 
 #[test]
-fn a_memory_limit_too_small_for_plain_data_parallelism_makes_the_gpt_plan_shard() {
+fn a_memory_limit_too_small_for_plain_data_parallelism_keeps_only_sharded_or_offloaded_gpt_layouts() {
     // Without budgets memory excludes nothing (sharding may still win on its smaller update).
     let free = gpt4_out(&["plan"]);
     assert!(!free.contains("memory: needs"), "{free}");
     // Under 15 MiB budgets the whole model on one device (~16.7 MiB, ~13.5 with gradient
     // accumulation) and plain data parallelism (~17.7 MiB over two devices) are over 85% of a
-    // device, and fit only with the optimizer state in host memory, which is slower; ZeRO over
-    // four devices fits as it is (at two, ZeRO-1 saves only what the gradient bucket costs).
-    // The layer model's choice (trials would time four CPU devices on two cores).
-    let limited = gpt4_out(&["plan", "--memory-limit", "15MiB", "--no-trials"]);
-    assert!(best(&limited).contains("data 4 x tensor 1 x pipeline 1") && best(&limited).contains("shard") && !best(&limited).contains("offload"), "{limited}");
-    assert!(limited.lines().any(|l| l.starts_with("  data 1 x tensor 1 x pipeline 1") && l.contains(", offload")), "{limited}");
+    // device, and fit only with the optimizer state in host memory; ZeRO over four devices fits
+    // as it is (at two, ZeRO-1 saves only what the gradient bucket costs). Which of those kept
+    // layouts is fastest is the calibration's to say (on CI's machine the offload has won), so
+    // the memory rules are what is held here, not the choice.
+    let dir = common::scratch("plan_cli", "grad-dtype");
+    let limited_path = dir.join("f32.json");
+    let limited = gpt4_out(&["plan", "--memory-limit", "15MiB", "--no-trials", "--save-plan", s(&limited_path)]);
+    let p = Plan::load(&limited_path, &Device::parse("cpu,cpu,cpu,cpu").unwrap()).unwrap();
+    let budget = 0.85 * 15.0 * 1024.0 * 1024.0;
+    for e in std::iter::once(&p.best).chain(&p.alternatives) {
+        assert!(e.layout.shard != Shard::None || e.layout.offload, "{} kept, neither sharded nor offloaded:\n{limited}", e.layout);
+        assert!(e.memory.iter().all(|&m| m as f64 <= budget), "{} kept over the budget:\n{limited}", e.layout);
+    }
+    let zero4 = |e: &&tandem::parallel::plan::Estimate| e.layout.data == 4 && e.layout.shard != Shard::None && !e.layout.offload;
+    assert!(std::iter::once(&p.best).chain(&p.alternatives).any(|e| zero4(&e)), "ZeRO over four devices not kept:\n{limited}");
+    assert!(std::iter::once(&p.best).chain(&p.alternatives).any(|e| e.layout.data == 1 && e.layout.offload), "one device with the offload not kept:\n{limited}");
     for rejected in ["of kept layouts: memory: needs", "over 85% of its 15 MiB"] {
         assert!(limited.contains(rejected), "no '{rejected}' in:\n{limited}");
     }
-    // Training under the same budgets takes that plan, and it fits them; so does the plan
-    // its trials choose, a trial out of memory rejecting its layout.
+    // Training under the same budgets (and the same kept calibration) takes that plan, and fits
+    // them; so does the plan its trials choose, a trial out of memory rejecting its layout.
     let trained = gpt4_out(&["train", "--memory-limit", "15MiB", "--steps", "2", "--no-trials"]);
-    assert!(trained.lines().any(|l| l.starts_with("planned data 4 x tensor 1 x pipeline 1") && l.contains("shard")), "{trained}");
+    let planned = p.best.layout.to_string();
+    assert!(trained.lines().any(|l| l.starts_with("planned ") && l.contains(&planned)), "no 'planned {planned}' in:\n{trained}");
     let tried = gpt4_out(&["train", "--memory-limit", "15MiB", "--steps", "2"]);
     assert!(tried.contains("for a few steps before choosing") && tried.lines().any(|l| l.starts_with("planned ")), "{tried}");
     // Gradient shards in bf16 are planned for, saved with the plan and kept by the run that
-    // trains it; a run asking for another type is refused.
-    let dir = common::scratch("plan_cli", "grad-dtype");
+    // trains it (the plan's ZeRO layout made its choice by hand, as above the calibration may
+    // prefer the offload); a run asking for another type is refused.
     let path = dir.join("bf16.json");
-    let halves = gpt4_out(&["plan", "--memory-limit", "15MiB", "--grad-dtype", "bf16", "--no-trials", "--save-plan", s(&path)]);
-    assert!(best(&halves).contains("shard") && halves.contains("gradient shards in bf16"), "{halves}");
-    let p = Plan::load(&path, &Device::parse("cpu,cpu,cpu,cpu").unwrap()).unwrap();
+    gpt4_out(&["plan", "--memory-limit", "15MiB", "--grad-dtype", "bf16", "--no-trials", "--save-plan", s(&path)]);
+    let mut p = Plan::load(&path, &Device::parse("cpu,cpu,cpu,cpu").unwrap()).unwrap();
     assert_eq!(p.grad_dtype, tandem::DType::Bf16);
+    // ZeRO-2 or 3: ZeRO-1 keeps whole gradients.
+    let halves = |p: &Plan, e: &tandem::parallel::plan::Estimate| zero4(&e) && p.grad_dtype_of(&e.layout) == tandem::DType::Bf16;
+    if !halves(&p, &p.best) {
+        let i = p.alternatives.iter().position(|e| halves(&p, e)).unwrap_or_else(|| panic!("ZeRO-2/3 over four devices not kept in bf16:\n{p}"));
+        p.best = p.alternatives.remove(i);
+        p.shares = vec![1; 4];
+        p.offloaded_states = 0;
+        p.save(&path).unwrap();
+    }
+    assert!(p.to_string().contains("gradient shards in bf16"), "{p}");
     let trained = gpt4_out(&["train", "--memory-limit", "15MiB", "--plan", s(&path), "--steps", "2"]);
-    assert!(trained.lines().any(|l| l.starts_with("planned data 4")), "{trained}");
+    assert!(trained.lines().any(|l| l.starts_with("planned data 4") && l.contains("shard")), "{trained}");
     let other = gpt(&["train", "--plan", s(&path), "--grad-dtype", "f16", "--steps", "1"]);
     let other: Vec<&str> = other.iter().map(|a| if a == "cpu,cpu" { "cpu,cpu,cpu,cpu" } else { a.as_str() }).collect();
     common::fails(&other, "the plan was made for bf16 gradient shards, not f16");
