@@ -36,21 +36,11 @@ fn pipeline(fx: &Fixture, devs: &[Device], micro: usize, schedule: Schedule) -> 
         .unwrap()
 }
 
-/// The fixture's 10 steps under `s`: losses within 1e-4 relative and final weights within
-/// 1e-3 of PyTorch's; the checkpoint's lm_head.weight equal to the embedding bit for bit.
+/// [`Fixture::check_steps`] under `s`, and the checkpoint's lm_head.weight equal to the
+/// embedding bit for bit.
 fn parity(what: &str, s: &mut dyn Strategy, fx: &Fixture) {
-    s.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
-    let losses: Vec<f32> = (0..10).map(|i| s.step(&fx.batch(i)).unwrap().loss).collect();
-    eprintln!("{what}: losses {losses:?}");
-    assert_close(&format!("{what}: losses"), &losses, fx.f32s("losses"), 0.0, 1e-4);
-    let state: HashMap<String, Tensor> = s.state_dict().unwrap().into_iter().collect();
-    for (name, t) in &state {
-        if name != Gpt::LM_HEAD {
-            assert_close(&format!("{what}: {name} after 10 steps"), &t.to_vec().unwrap(), fx.f32s(&format!("final.{name}")), 1e-3, 0.0);
-        }
-    }
+    let state = fx.check_steps(s, what);
     assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "{what}: the tied lm_head.weight differs from the embedding");
-    fx.check_val_and_save(s, what);
     // The optimizer trains the tied parameter once: state for the embedding, none for the head.
     let names: Vec<String> = s.optimizer_state().unwrap().0.into_iter().map(|p| p.0).collect();
     assert!(names.contains(&format!("{}.exp_avg", Gpt::WTE)) && !names.iter().any(|n| n.starts_with(Gpt::LM_HEAD)), "{what}: optimizer state {names:?}");

@@ -37,22 +37,7 @@ fn tensor_parallel_matches_pytorch() {
     let fx = Fixture::load();
     for (_, devs) in common::device_families(2) {
         let mut tp = tensor_parallel(&fx, fx.config(), &devs).expect("tensor-parallel model");
-        tp.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
-        let (mut losses, mut norms) = (Vec::new(), Vec::new());
-        for step in 0..fx.json("train")["steps"].as_u64().unwrap() as usize {
-            let rep = tp.step(&fx.batch(step)).expect("step");
-            losses.push(rep.loss);
-            norms.push(rep.grad_norm.expect("clipping is on"));
-        }
-        let on = format!("{} + {}", devs[0], devs[1]);
-        eprintln!("{on}: losses {losses:?}");
-        assert_close(&format!("losses on {on}"), &losses, fx.f32s("losses"), 0.0, 1e-4);
-        assert_close(&format!("gradient norms on {on}"), &norms, fx.f32s("grad_norms"), 0.0, 1e-3);
-        // lm_head.weight is transformer.wte.weight, compared under that name.
-        for (name, t) in tp.state_dict().unwrap().into_iter().filter(|p| p.0 != "lm_head.weight") {
-            assert_close(&format!("{name} after 10 steps on {on}"), &t.to_vec().unwrap(), fx.f32s(&format!("final.{name}")), 1e-3, 0.0);
-        }
-        fx.check_val_and_save(&mut tp, &format!("tensor on {on}"));
+        fx.check_steps(&mut tp, &format!("tensor on {} + {}", devs[0], devs[1]));
     }
 }
 

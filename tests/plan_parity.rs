@@ -6,13 +6,11 @@
 mod common;
 #[path = "common/gpt_fixture.rs"]
 mod gpt_fixture;
-use common::assert_close;
 use gpt_fixture::Fixture;
-use std::collections::HashMap;
 use tandem::nn::models::Gpt;
 use tandem::parallel::plan::{self, estimate, gpt_cuttable, gpt_unbuildable, Cluster, DeviceSpec, LayerCost, Layout, Link, Plan, Workload};
 use tandem::parallel::Shard;
-use tandem::{Device, Tensor};
+use tandem::Device;
 
 /// A plan on `devices` whose best layout is `layout` with batch `shares`, costed on described
 /// devices (the costs do not matter to what the plan builds).
@@ -39,22 +37,7 @@ fn parity(what: &str, plan: &Plan, devices: &[Device], fx: &Fixture) {
     let cfg = fx.config();
     let mut s = plan.build_gpt(&|d: &Device| Gpt::new(cfg, 0, d), devices, &fx.adamw()).unwrap_or_else(|e| panic!("{what}: {e}"));
     s.load_state_dict(&fx.init(&Device::cpu())).unwrap();
-    s.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
-    let (mut losses, mut norms) = (Vec::new(), Vec::new());
-    for i in 0..10 {
-        let rep = s.step(&fx.batch(i)).unwrap();
-        losses.push(rep.loss);
-        norms.push(rep.grad_norm.expect("clipping is on"));
-    }
-    eprintln!("{what}: losses {losses:?}");
-    assert_close(&format!("{what}: losses"), &losses, fx.f32s("losses"), 0.0, 1e-4);
-    assert_close(&format!("{what}: gradient norms"), &norms, fx.f32s("grad_norms"), 0.0, 1e-3);
-    let state: HashMap<String, Tensor> = s.state_dict().unwrap().into_iter().collect();
-    assert!(state.len() > 3, "{what}: {} tensors in the state", state.len());
-    for (name, t) in state.iter().filter(|(n, _)| n.as_str() != Gpt::LM_HEAD) {
-        assert_close(&format!("{what}: {name} after 10 steps"), &t.to_vec().unwrap(), fx.f32s(&format!("final.{name}")), 1e-3, 0.0);
-    }
-    fx.check_val_and_save(&mut *s, what);
+    fx.check_steps(&mut *s, what);
 }
 
 #[test]

@@ -81,6 +81,30 @@ impl Fixture {
         let c = AdamConfig { lr: self.hp("lr"), beta1: self.hp("beta1"), beta2: self.hp("beta2"), eps: self.hp("eps"), weight_decay: self.hp("weight_decay"), decoupled: true };
         OptimConfig::adam(c).with_groups(ParamGroups::no_decay_for_biases_and_norms())
     }
+    /// The fixture's steps under `s`, clipped as nanoGPT clips: PyTorch's losses within 1e-4
+    /// relative, its gradient norms within 1e-3 and its final weights within 1e-3 (the tied
+    /// `lm_head.weight` is the embedding, compared under that name), then
+    /// [`check_val_and_save`](Self::check_val_and_save). Returns the final state.
+    pub fn check_steps(&self, s: &mut dyn Strategy, what: &str) -> HashMap<String, Tensor> {
+        s.set_grad_clip(Some(self.hp("grad_clip"))).unwrap();
+        let (mut losses, mut norms) = (Vec::new(), Vec::new());
+        for i in 0..self.json("train")["steps"].as_u64().unwrap() as usize {
+            let rep = s.step(&self.batch(i)).unwrap_or_else(|e| panic!("{what}: step {i}: {e}"));
+            losses.push(rep.loss);
+            norms.push(rep.grad_norm.expect("clipping is on"));
+        }
+        eprintln!("{what}: losses {losses:?}");
+        let close = tandem::tolerance::assert_close;
+        close(&format!("{what}: losses"), &losses, self.f32s("losses"), 0.0, 1e-4);
+        close(&format!("{what}: gradient norms"), &norms, self.f32s("grad_norms"), 0.0, 1e-3);
+        let state: HashMap<String, Tensor> = s.state_dict().unwrap().into_iter().collect();
+        assert!(state.len() > 3, "{what}: {} tensors in the state", state.len());
+        for (name, t) in state.iter().filter(|(n, _)| n.as_str() != tandem::nn::models::Gpt::LM_HEAD) {
+            close(&format!("{what}: {name} after the steps"), &t.to_vec().unwrap(), self.f32s(&format!("final.{name}")), 1e-3, 0.0);
+        }
+        self.check_val_and_save(s, what);
+        state
+    }
     /// The validation loss of a trained strategy, checked against nanoGPT's within 1e-3, and
     /// its checkpoint written under target/tmp for `python scripts/gpt_parity.py check` (a
     /// strict load into nanoGPT's GPT), named for `what`.
