@@ -43,34 +43,39 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
     }
 }
 
-/// `tanh(|x|) = (1 - e) / (1 + e)` with `e = exp(-2|x|)` in f64, the sign restored. `e` is
-/// `2^-k · exp(-r)`, `r` reduced by a two-part ln 2 (Cody-Waite) to |r| <= 0.35 and `exp(-r)`
-/// a Taylor polynomial of degree 13 (truncation below 1e-17), `2^-k` built from the bits of a
-/// rounding through 1.5·2^52: no call and no branch, so a loop of it vectorises. Within 2^-40
-/// relative of tanh for |x| >= 2^-13, so the f32 result is the correctly rounded one but for
-/// rare double-rounding ties (all of 70 million sampled inputs; glibc's `tanhf` was off by up to
-/// 2 ulp in 5% of them, and was 30% of the GPT training step). Below 2^-13 tanh(x) = x - x³/3
-/// rounds to x (which keeps -0); |x| is capped at 10, where tanh rounds to ±1; NaN stays NaN.
+/// tanh in f32 arithmetic, no call and no branch (both halves computed and one selected), so
+/// a loop of it vectorises eight lanes wide with AVX2 and sixteen with AVX-512. Below |x| =
+/// 0.625 an odd polynomial, `a + a·z·P(z)` with `z = a²` and `P` of degree 4 fitted to
+/// `(tanh a - a) / a³` (within 0.08 ulp of tanh before rounding); above, `1 - 2e / (1 + e)` with
+/// `e = exp(-2a) = 2^-k · exp(-r)`, `r` reduced by a two-part ln 2 (Cody-Waite) to |r| <= 0.35,
+/// `exp(-r)` a Taylor polynomial of degree 7 and `2^-k` built from the bits of a rounding
+/// through 1.5·2^23. Checked over every f32 from 0 to 10: within 1 ulp of f64's tanh rounded to
+/// f32 everywhere (the correctly rounded value for 99.65% of them; PyTorch's vectorised tanh is
+/// a 1-ulp one too, glibc's `tanhf` is off by 2). The f64 version it replaced, correctly
+/// rounded but for rare ties, took 2.1 times as long (AVX2), and the GELU passes of a 4-layer,
+/// 128-wide GPT's CPU step went from 13% of it to 7%. |x| is capped at 10, where tanh rounds to
+/// ±1; -0 stays -0 and NaN stays NaN.
 #[inline(always)]
 pub fn tanh(x: f32) -> f32 {
-    const ROUND: f64 = 6_755_399_441_055_744.0;
-    // ln 2 to 32 bits (its low 20 bits zero, so k · LN2_HI is exact), and the rest.
-    const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
-    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-    const INV_FACT: [f64; 14] = [
-        1.0 / 6_227_020_800.0, 1.0 / 479_001_600.0, 1.0 / 39_916_800.0, 1.0 / 3_628_800.0, 1.0 / 362_880.0, 1.0 / 40_320.0, 1.0 / 5_040.0,
-        1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0,
-    ];
-    let a = f64::from(x.abs());
+    // Fitted on Chebyshev nodes of [0, 0.625²], weighted to tanh's relative error.
+    const ODD: [f32; 5] = [-0.333_332_8, 0.133_313_82, -0.053_735_32, 0.020_626_292, -0.005_691_985_6];
+    const ROUND: f32 = 12_582_912.0;
+    // ln 2 to 12 bits (so k · LN2_HI is exact for k < 2^12), and the rest.
+    const LN2_HI: f32 = f32::from_bits(0x3F31_7200);
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const INV_FACT: [f32; 8] = [1.0 / 5_040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0];
+    let a = x.abs();
+    let z = a * a;
+    let small = a + a * z * ODD[..4].iter().rev().fold(ODD[4], |p, &c| p * z + c);
     let y = 2.0 * if a < 10.0 { a } else { 10.0 };
-    let kb = y * std::f64::consts::LOG2_E + ROUND;
+    let kb = y * std::f32::consts::LOG2_E + ROUND;
     let k = kb - ROUND;
     let m = -((y - k * LN2_HI) - k * LN2_LO);
-    let p = INV_FACT[1..].iter().fold(INV_FACT[0], |p, &c| p * m + c);
     // k is in 0..=29, the low bits of kb.
-    let e = p * f64::from_bits((1023 - (kb.to_bits() & 0xff)) << 52);
-    let t = ((1.0 - e) / (1.0 + e)) as f32;
-    if x.abs() < 1.0 / 8192.0 || x.is_nan() {
+    let e = INV_FACT[1..].iter().fold(INV_FACT[0], |p, &c| p * m + c) * f32::from_bits((127 - (kb.to_bits() & 0xff)) << 23);
+    let large = 1.0 - (e + e) / (1.0 + e);
+    let t = if a < 0.625 { small } else { large };
+    if x.is_nan() {
         x
     } else {
         t.copysign(x)
