@@ -82,6 +82,44 @@ pub fn tanh(x: f32) -> f32 {
     }
 }
 
+/// `exp(z)` in f64 with no call and no branch, so that a loop of it vectorises (the softmax's
+/// exponentials were a libm call each, 3% of a GPT step): `2^k · exp(r)`, `r` reduced by a
+/// two-part ln 2 (Cody-Waite) to |r| <= 0.35, `exp(r)` a Taylor polynomial of degree 13
+/// (truncation below 1e-17), `2^k` built from the bits of a rounding through 1.5·2^52. Within
+/// 2 ulp of the correctly rounded f64 where that is normal (z >= -708); 0 below (an f32
+/// after any division by a sum of at least 1, as in a softmax, is 0 there too), and +inf above
+/// ln(f64::MAX); NaN stays NaN.
+#[inline(always)]
+pub fn exp_f64(z: f64) -> f64 {
+    const ROUND: f64 = 6_755_399_441_055_744.0;
+    // ln 2 to 32 bits (its low 20 bits zero, so k · LN2_HI is exact), and the rest.
+    const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+    const INV_FACT: [f64; 14] = [
+        1.0 / 6_227_020_800.0, 1.0 / 479_001_600.0, 1.0 / 39_916_800.0, 1.0 / 3_628_800.0, 1.0 / 362_880.0, 1.0 / 40_320.0, 1.0 / 5_040.0,
+        1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0,
+    ];
+    // ln(f64::MAX): above it exp overflows.
+    const MAX: f64 = 709.782_712_893_384;
+    // Clamped into the range where 2^(k-1) is a normal f64; NaN passes (comparisons are false).
+    let y = if z < -708.0 { -708.0 } else if z > MAX { MAX } else { z };
+    let kb = y * std::f64::consts::LOG2_E + ROUND;
+    let k = kb - ROUND;
+    let r = (y - k * LN2_HI) - k * LN2_LO;
+    let p = INV_FACT[1..].iter().fold(INV_FACT[0], |p, &c| p * r + c);
+    // k is in -1021..=1024, kb's low bits as a two's complement offset from ROUND's; 2^k is
+    // 2^(k-1)·2 so that both ends have a normal power.
+    let k_bits = kb.to_bits().wrapping_sub(ROUND.to_bits());
+    let e = p * f64::from_bits((1022u64.wrapping_add(k_bits) & 0x7ff) << 52) * 2.0;
+    if z < -708.0 {
+        0.0
+    } else if z > MAX {
+        f64::INFINITY
+    } else {
+        e
+    }
+}
+
 /// PyTorch's `pow(x, p)` for a scalar exponent: C's `pow` (p = 0 gives 1 even for NaN; a
 /// negative base needs an integer p, odd p keeps its sign; 0 to a negative p is an infinity),
 /// except that p = ±0.5 is `sqrt` / `1/sqrt`, so -0 keeps its sign and -inf gives NaN there,
@@ -357,3 +395,26 @@ pub fn col2im(cols: &[f32], s: WindowSpec, x: &mut [f32]) {
     x[..s.n * plane].par_chunks_mut(plane).enumerate().for_each(image);
 }
 
+#[cfg(test)]
+mod tests {
+    use super::exp_f64;
+
+    /// Within 2 ulp of libm's (correctly rounded or nearly) exp over the range a softmax uses
+    /// and past it, exact at 0, and the edges.
+    #[test]
+    fn exp_f64_is_within_two_ulp_of_libm() {
+        let mut z = -708.0f64;
+        while z < 709.78 {
+            let (got, want) = (exp_f64(z), z.exp());
+            let ulps = (got.to_bits() as i64 - want.to_bits() as i64).abs();
+            assert!(ulps <= 2, "exp({z:e}) = {got:e}, want {want:e}");
+            z += 0.000_731;
+        }
+        assert_eq!(exp_f64(0.0), 1.0);
+        assert_eq!(exp_f64(-0.0), 1.0);
+        for (z, want) in [(-709.0, 0.0), (f64::NEG_INFINITY, 0.0), (710.0, f64::INFINITY), (f64::INFINITY, f64::INFINITY)] {
+            assert_eq!(exp_f64(z), want, "exp({z:e})");
+        }
+        assert!(exp_f64(f64::NAN).is_nan());
+    }
+}
