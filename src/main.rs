@@ -37,7 +37,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match cli::run(cli) {
+    // On the CPU backend's pool, so that CPU ops start their parallel passes without a hand-off.
+    match tandem::backend::cpu::on_pool(|| cli::run(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");

@@ -6,6 +6,8 @@ mod gemm_path;
 mod index;
 mod kernels;
 mod pool;
+mod threads;
+pub use threads::on_pool;
 #[cfg(feature = "openblas")]
 pub mod openblas;
 pub use gemm_path::{GemmChoice, OPENBLAS_FROM};
