@@ -2,7 +2,7 @@
 //! in f64, in the order the kernels use. Rows (LayerNorm, softmax) and matrices (attention)
 //! are independent, so they are split over threads; each is computed by the same operations
 //! whatever the split, so the bits do not depend on the thread count.
-use super::kernels::exp_f64;
+use super::kernels::{by_isa, exp_f64};
 use crate::backend::{FusedOp, LN_ROW_BLOCK};
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -126,35 +126,11 @@ fn causal_softmax(x: &[f32], n: usize, t: usize, scale: f32, y: &mut [f32]) {
     });
 }
 
-/// `e[j] = exp(x[j]·scale - m)` in f64 ([`exp_f64`]: a libm call each was 3% of a GPT step),
-/// the same loop also compiled for AVX2 or AVX-512F where the CPU has them (chosen at run time,
-/// AVX-512 only with the `avx512` feature, as the GELU's), so that it vectorises; the same
-/// operations in every build, so the same bits.
-fn exps(x: &[f32], scale: f32, m: f32, e: &mut [f64]) {
-    #[cfg(target_arch = "x86_64")]
-    if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F, checked just above.
-        return unsafe { exps_avx512(x, scale, m, e) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { exps_avx2(x, scale, m, e) };
-    }
-    exps_plain(x, scale, m, e)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn exps_avx2(x: &[f32], scale: f32, m: f32, e: &mut [f64]) {
-    exps_plain(x, scale, m, e)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn exps_avx512(x: &[f32], scale: f32, m: f32, e: &mut [f64]) {
-    exps_plain(x, scale, m, e)
-}
+by_isa!(
+    /// `e[j] = exp(x[j]·scale - m)` in f64 ([`exp_f64`]: a libm call each was 3% of a GPT
+    /// step), vectorised as the GELU's loops are.
+    fn exps(x: &[f32], scale: f32, m: f32, e: &mut [f64]) => exps_plain
+);
 
 #[inline(always)]
 fn exps_plain(x: &[f32], scale: f32, m: f32, e: &mut [f64]) {

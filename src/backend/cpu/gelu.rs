@@ -6,7 +6,7 @@
 //! build gives the same bits. (With AVX-512 the GELU went from 18% to 12% of a 4-layer,
 //! 128-wide GPT's CPU step when the tanh was still f64, and the step ran 7% faster; the f32
 //! tanh took it from 13% to 7% with AVX2.)
-use super::kernels::{unary, CHUNK};
+use super::kernels::{by_isa, unary, CHUNK};
 use crate::backend::{UnaryOp, GELU_BETA, GELU_KAPPA};
 use rayon::prelude::*;
 
@@ -29,57 +29,8 @@ fn by_chunks(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
     }
 }
 
-fn forward_chunk(x: &[f32], y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F, checked just above.
-        return unsafe { forward_avx512(x, y) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { forward_avx2(x, y) };
-    }
-    forward_plain(x, y)
-}
-
-fn backward_chunk(g: &[f32], x: &[f32], dx: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F, checked just above.
-        return unsafe { backward_avx512(g, x, dx) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { backward_avx2(g, x, dx) };
-    }
-    backward_plain(g, x, dx)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn forward_avx2(x: &[f32], y: &mut [f32]) {
-    forward_plain(x, y)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn backward_avx2(g: &[f32], x: &[f32], dx: &mut [f32]) {
-    backward_plain(g, x, dx)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn forward_avx512(x: &[f32], y: &mut [f32]) {
-    forward_plain(x, y)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn backward_avx512(g: &[f32], x: &[f32], dx: &mut [f32]) {
-    backward_plain(g, x, dx)
-}
+by_isa!(fn forward_chunk(x: &[f32], y: &mut [f32]) => forward_plain);
+by_isa!(fn backward_chunk(g: &[f32], x: &[f32], dx: &mut [f32]) => backward_plain);
 
 #[inline(always)]
 fn forward_plain(x: &[f32], y: &mut [f32]) {

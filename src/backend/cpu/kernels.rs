@@ -6,6 +6,39 @@ use super::gemm_path::GemmPath;
 use crate::backend::{BinaryOp, MatmulSpec, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
 use rayon::prelude::*;
 
+/// `fn $name(args)` running `$plain`, an `#[inline(always)]` loop, compiled also for AVX-512F
+/// (with the `avx512` feature) and AVX2 and chosen at run time from the CPU's features, so that
+/// the loop vectorises as wide as the CPU allows; Rust never fuses a multiply and an add, so
+/// every version gives the same bits.
+macro_rules! by_isa {
+    ($(#[$attr:meta])* fn $name:ident($($arg:ident: $ty:ty),*) => $plain:path) => {
+        $(#[$attr])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) {
+                    $plain($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) {
+                    $plain($($arg),*)
+                }
+                if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F, checked just above.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2, checked just above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $plain($($arg),*)
+        }
+    };
+}
+pub(super) use by_isa;
+
 /// Elements per task of an elementwise pass; below two chunks a pass stays on the calling
 /// thread, where handing work to the pool costs more than it saves.
 pub(super) const CHUNK: usize = 1 << 15;
