@@ -129,7 +129,7 @@ pub use backend::{Backend, BackendKind, DeviceInfo, DeviceKind, MemoryStats};
 pub use device::{Device, BACKENDS_ENV};
 pub use error::{Error, Result};
 pub use shape::{DType, Layout, Shape, MAX_RANK};
-pub use tensor::{autocast, autocast_dtype, CrossEntropy, Tensor};
+pub use tensor::{autocast, autocast_dtype, on_cpu_pool, CrossEntropy, Tensor};
 
 /// The `rand` crate of tandem's signatures (`Tensor::randn`, the layers' `new`), so that a
 /// program's RNG is of the same version without a dependency of its own:

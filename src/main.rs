@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         }
     };
     // On the CPU backend's pool, so that CPU ops start their parallel passes without a hand-off.
-    match tandem::backend::cpu::on_pool(|| cli::run(cli)) {
+    match tandem::on_cpu_pool(|| cli::run(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");

@@ -286,3 +286,49 @@ fn an_opened_run_directory_stays_locked_through_training() {
     RunDir::open(&dir, Claim::Resume).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A model that notes the thread and the history mode of each forward.
+struct Watched {
+    inner: Sequential,
+    seen: Arc<std::sync::Mutex<Vec<(Option<String>, bool)>>>,
+}
+
+impl tandem::nn::Module for Watched {
+    fn forward(&self, x: &Tensor) -> tandem::Result<Tensor> {
+        self.seen.lock().unwrap().push((std::thread::current().name().map(str::to_string), tandem::autograd::is_enabled()));
+        self.inner.forward(x)
+    }
+    fn describe(&self) -> String {
+        "Watched".into()
+    }
+    fn children(&self) -> Vec<(String, &dyn tandem::nn::Module)> {
+        vec![("inner".into(), &self.inner)]
+    }
+}
+
+/// Steps and validation of a strategy on the CPU run on the CPU pool's threads (no hand-off
+/// per op), with the settings they would have had on the caller's; on a GPU alone they stay
+/// on the caller's thread.
+#[test]
+fn a_cpu_strategy_steps_and_validates_on_the_cpu_pool() {
+    let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, ..Default::default() });
+    let caller = std::thread::current().name().map(str::to_string);
+    let wgpu = Device::open(tandem::BackendKind::Wgpu, 0).expect("a wgpu adapter (lavapipe in CI)");
+    for dev in [Device::cpu(), wgpu] {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1);
+        let inner = Sequential::new().push("0", Linear::new(3, 8, &mut rng, &dev).unwrap()).push("1", ReLU).push("2", Linear::new(8, 1, &mut rng, &dev).unwrap());
+        let model = Watched { inner, seen: seen.clone() };
+        let val = DataLoader::new(Arc::new(synthetic::regression(6, 3, 5).unwrap()), 3, false, 0).unwrap();
+        let mut t = Trainer::new(Single::new(model, &opt, Loss::Mse, &dev).unwrap()).steps(3).validate(3, val, vec![Box::new(Mse::new())]);
+        t.fit(&mut loader(12, 4)).unwrap();
+        let seen = seen.lock().unwrap().clone();
+        // Three steps with history, then the two validation batches without.
+        assert_eq!(seen.iter().map(|s| s.1).collect::<Vec<_>>(), [true, true, true, false, false], "on {}", dev.spec());
+        let on_cpu = dev.info().backend == tandem::BackendKind::Cpu;
+        for (thread, _) in &seen {
+            let pool = thread.as_deref().is_some_and(|n| n.starts_with("tandem-cpu-"));
+            assert!(if on_cpu { pool } else { *thread == caller }, "a forward on {} ran on {thread:?}", dev.spec());
+        }
+    }
+}

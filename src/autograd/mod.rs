@@ -7,6 +7,7 @@ mod samples;
 pub use checkpoint::{checkpoint, BlockFn, Recompute};
 pub(crate) use samples::samples_in_progress;
 pub use samples::{current_samples, with_samples, SampleContext};
+pub(crate) use samples::replace_samples;
 
 use crate::backend::{BinaryOp, Buffer, UnaryOp, WindowSpec};
 use crate::{Error, Result, Tensor};
@@ -108,6 +109,12 @@ thread_local! {
 /// Whether ops on this thread record history.
 pub fn is_enabled() -> bool {
     GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Sets whether ops on this thread record history, returning the previous mode (for
+/// [`on_cpu_pool`](crate::on_cpu_pool), which carries it to another thread).
+pub(crate) fn replace_enabled(enabled: bool) -> bool {
+    GRAD_ENABLED.with(|g| g.replace(enabled))
 }
 
 /// Runs `f` without recording history on this thread (evaluation, optimizer updates).

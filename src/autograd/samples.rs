@@ -40,6 +40,12 @@ pub fn with_samples<T>(ctx: SampleContext, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// Sets this thread's sample context and generation as they are, returning the previous ones
+/// (for [`on_cpu_pool`](crate::on_cpu_pool)).
+pub(crate) fn replace_samples(samples: Option<(SampleContext, u64)>) -> Option<(SampleContext, u64)> {
+    CONTEXT.with(|c| c.replace(samples))
+}
+
 /// This thread's sample context, if a forward under [`with_samples`] is running: what a
 /// recomputed forward ([`checkpoint`](super::checkpoint)) runs under again to replay its Dropout masks.
 pub fn current_samples() -> Option<SampleContext> {

@@ -254,6 +254,9 @@ impl Strategy for DataParallel {
     fn autocasts(&self) -> bool {
         true
     }
+    fn computes_on_caller(&self) -> bool {
+        false
+    }
     fn check_batch_size(&self, n: usize) -> Result<()> {
         super::split::check_samples(n, self.comm.device_span().1)
     }

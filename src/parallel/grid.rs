@@ -174,6 +174,9 @@ impl Strategy for PipelineGrid {
     fn autocasts(&self) -> bool {
         true
     }
+    fn computes_on_caller(&self) -> bool {
+        false
+    }
     fn check_batch_size(&self, n: usize) -> Result<()> {
         for (share, pipe) in self.shares(n)?.into_iter().zip(&self.replicas) {
             pipe.check_batch_size(share.len())?;

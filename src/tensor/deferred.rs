@@ -33,6 +33,11 @@ pub fn build_deferred<T>(device: &Device, build: impl FnOnce() -> T) -> T {
     build()
 }
 
+/// Sets the device whose host-made tensors this thread defers, returning the previous one.
+pub(crate) fn replace_deferred(device: Option<Device>) -> Option<Device> {
+    DEFERRED.with(|d| std::mem::replace(&mut *d.borrow_mut(), device))
+}
+
 /// What a deferred tensor's values are, on the host.
 pub(super) enum HostValues {
     F32(Vec<f32>),

@@ -22,6 +22,11 @@ pub fn composed<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Turns the fused kernels on or off on this thread, returning the previous setting.
+pub(crate) fn replace_fused(on: bool) -> bool {
+    FUSED.with(|c| c.replace(on))
+}
+
 /// `bufs` through the device's fused kernel, if it has one and they are not turned off.
 fn try_fused(dev: &Device, op: FusedOp, bufs: &[&crate::backend::Buffer]) -> Result<bool> {
     if !FUSED.with(|c| c.get()) {

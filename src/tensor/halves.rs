@@ -26,6 +26,11 @@ pub fn autocast_dtype() -> Option<DType> {
     AUTOCAST.with(Cell::get)
 }
 
+/// Sets this thread's autocast type as it is, returning the previous one.
+pub(crate) fn replace_autocast(dtype: Option<DType>) -> Option<DType> {
+    AUTOCAST.with(|a| a.replace(dtype))
+}
+
 /// Runs `f` with products computing from `dtype` operands (`Bf16` or `F16`; `None` or `F32`
 /// turns autocast off inside `f`), as PyTorch's `with torch.autocast(device, dtype)`. The
 /// previous state comes back when `f` returns or panics. Recomputed blocks

@@ -12,6 +12,7 @@ mod nn_ops;
 mod ops;
 pub mod random;
 mod shape_ops;
+mod thread_settings;
 
 pub(crate) use compose::gelu_tanh_inner;
 pub use deferred::build_deferred;
@@ -20,6 +21,7 @@ pub use fused::composed;
 pub use losses::CrossEntropy;
 pub use halves::{autocast, autocast_dtype};
 pub(crate) use halves::backward_in_f32;
+pub use thread_settings::on_cpu_pool;
 
 use crate::autograd::{self, GradOp, Node};
 use crate::backend::{host, Backend, Buffer, IndexOp, ReduceOp, ReduceSpec};
@@ -39,6 +41,12 @@ thread_local! {
 /// parameters a gather made unneeded there, never inside the op that asked for the gather).
 pub(crate) fn between_ops(f: std::rc::Rc<dyn Fn()>) -> BetweenOps {
     BetweenOps(BETWEEN_OPS.with(|h| h.replace(Some(f))))
+}
+
+/// Whether this thread runs work between ops ([`between_ops`]): work that cannot move to
+/// another thread.
+pub(crate) fn runs_between_ops() -> bool {
+    BETWEEN_OPS.with(|h| h.borrow().is_some())
 }
 
 /// Puts back what ran between ops before [`between_ops`].

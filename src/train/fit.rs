@@ -65,7 +65,7 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
             let position = data.state();
             fit.step += 1;
             let step = fit.step;
-            let report = self.strategy.step(&batch).map_err(|e| e.at_step(step, fit.checkpoint.as_deref()))?;
+            let report = crate::parallel::on_step_threads(&mut *self.strategy, |s| s.step(&batch)).map_err(|e| e.at_step(step, fit.checkpoint.as_deref()))?;
             if !report.loss.is_finite() {
                 return Err(Error::NonFinite { step, what: format!("loss is {} at step {step}", report.loss), kept: fit.checkpoint });
             }

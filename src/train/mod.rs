@@ -312,7 +312,7 @@ fn evaluate<S: Strategy + ?Sized>(s: &mut S, source: &mut dyn BatchSource, metri
         for _ in 0..source.batches_per_epoch() {
             let batch = source.next_batch()?;
             let x = crate::parallel::inputs_to_device(&batch, &s.devices()[0])?;
-            let out = s.predict(&x)?;
+            let out = crate::parallel::on_step_threads(s, |s| s.predict(&x))?;
             for m in metrics.iter_mut() {
                 m.update(&out, &batch)?;
             }

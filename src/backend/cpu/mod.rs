@@ -7,7 +7,7 @@ mod index;
 mod kernels;
 mod pool;
 mod threads;
-pub use threads::on_pool;
+pub(crate) use threads::on_pool;
 #[cfg(feature = "openblas")]
 pub mod openblas;
 pub use gemm_path::{GemmChoice, OPENBLAS_FROM};

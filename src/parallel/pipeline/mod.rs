@@ -424,6 +424,9 @@ impl Strategy for Pipeline {
     fn autocasts(&self) -> bool {
         true
     }
+    fn computes_on_caller(&self) -> bool {
+        false
+    }
     fn check_batch_size(&self, n: usize) -> Result<()> {
         check_micro_batches(n, self.micro_batches)
     }

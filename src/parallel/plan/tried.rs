@@ -143,8 +143,13 @@ const WARMUP_STEPS: usize = 2;
 
 /// The median wall seconds of one `strategy.step(batch)`, after two untimed steps: at least
 /// three steps, more until 0.05 s have passed (at most 20), so that a short step is not timed
-/// inside one busy moment of a shared machine.
+/// inside one busy moment of a shared machine. The steps run where a `Trainer` runs them
+/// ([`on_step_threads`](crate::parallel::on_step_threads)).
 pub fn step_seconds(strategy: &mut dyn Strategy, batch: &Batch) -> Result<f64> {
+    crate::parallel::on_step_threads(strategy, |s| timed_steps(s, batch))
+}
+
+fn timed_steps(strategy: &mut dyn Strategy, batch: &Batch) -> Result<f64> {
     for _ in 0..WARMUP_STEPS {
         strategy.step(batch)?;
     }
