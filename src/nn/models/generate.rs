@@ -27,7 +27,19 @@ impl Gpt {
     /// assert_eq!(out.dims(), [1, 6]);
     /// # Ok(()) }
     /// ```
+    ///
+    /// On the CPU it runs on the CPU backend's pool ([`on_cpu_pool`](crate::on_cpu_pool)), as
+    /// the `Trainer`'s steps do: its many small forwards then hand no work over op by op.
     pub fn generate(&self, ids: &Tensor, tokens: usize, temperature: f32, top_k: Option<usize>, seed: u64) -> Result<Tensor> {
+        if ids.device().info().backend == crate::BackendKind::Cpu {
+            crate::on_cpu_pool(|| self.generate_here(ids, tokens, temperature, top_k, seed))
+        } else {
+            self.generate_here(ids, tokens, temperature, top_k, seed)
+        }
+    }
+
+    /// [`generate`](Gpt::generate) on this thread.
+    fn generate_here(&self, ids: &Tensor, tokens: usize, temperature: f32, top_k: Option<usize>, seed: u64) -> Result<Tensor> {
         if !(temperature > 0.0 && temperature.is_finite()) {
             return Err(Error::invalid("Gpt::generate", format!("temperature {temperature} must be a finite number > 0")));
         }
