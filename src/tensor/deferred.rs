@@ -33,6 +33,11 @@ pub fn build_deferred<T>(device: &Device, build: impl FnOnce() -> T) -> T {
     build()
 }
 
+/// The device whose host-made tensors this thread defers, inside [`build_deferred`].
+pub(crate) fn deferring() -> Option<Device> {
+    DEFERRED.with(|d| d.borrow().clone())
+}
+
 /// Sets the device whose host-made tensors this thread defers, returning the previous one.
 pub(crate) fn replace_deferred(device: Option<Device>) -> Option<Device> {
     DEFERRED.with(|d| std::mem::replace(&mut *d.borrow_mut(), device))

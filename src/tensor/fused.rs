@@ -22,6 +22,11 @@ pub fn composed<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Whether the fused kernels are on on this thread (they are unless inside [`composed`]).
+pub(crate) fn fused_on() -> bool {
+    FUSED.with(Cell::get)
+}
+
 /// Turns the fused kernels on or off on this thread, returning the previous setting.
 pub(crate) fn replace_fused(on: bool) -> bool {
     FUSED.with(|c| c.replace(on))

@@ -4,7 +4,7 @@ use crate::autograd::{self, SampleContext};
 use crate::{DType, Device};
 
 /// Every setting an op reads from its thread, as it stood on one thread, to be set on another.
-pub(crate) struct ThreadSettings {
+struct ThreadSettings {
     grad: bool,
     fused: bool,
     autocast: Option<DType>,
@@ -15,20 +15,17 @@ pub(crate) struct ThreadSettings {
 impl ThreadSettings {
     /// This thread's settings; `None` while it runs work between ops (ZeRO-3's releases),
     /// which holds thread-bound state and so cannot move.
-    pub(crate) fn here() -> Option<ThreadSettings> {
+    fn here() -> Option<ThreadSettings> {
         if super::runs_between_ops() {
             return None;
         }
-        let grad = autograd::replace_enabled(true);
-        autograd::replace_enabled(grad);
-        let fused = super::fused::replace_fused(true);
-        super::fused::replace_fused(fused);
-        let autocast = super::halves::autocast_dtype();
-        let samples = autograd::replace_samples(None);
-        autograd::replace_samples(samples);
-        let deferred = super::deferred::replace_deferred(None);
-        super::deferred::replace_deferred(deferred.clone());
-        Some(ThreadSettings { grad, fused, autocast, samples, deferred })
+        Some(ThreadSettings {
+            grad: autograd::is_enabled(),
+            fused: super::fused::fused_on(),
+            autocast: super::halves::autocast_dtype(),
+            samples: autograd::samples_in_progress(),
+            deferred: super::deferred::deferring(),
+        })
     }
 
     /// Sets these settings on this thread until the returned guard drops, which puts back the
@@ -103,11 +100,7 @@ mod tests {
     /// Every setting as this thread has it, and the name of the thread.
     fn seen() -> (Option<String>, bool, bool, Option<DType>, Option<SampleContext>, bool) {
         let name = std::thread::current().name().map(str::to_string);
-        let fused = crate::tensor::fused::replace_fused(true);
-        crate::tensor::fused::replace_fused(fused);
-        let deferred = crate::tensor::deferred::replace_deferred(None);
-        let defers = deferred.is_some();
-        crate::tensor::deferred::replace_deferred(deferred);
+        let (fused, defers) = (crate::tensor::fused::fused_on(), crate::tensor::deferred::deferring().is_some());
         (name, autograd::is_enabled(), fused, crate::autocast_dtype(), autograd::current_samples(), defers)
     }
 
