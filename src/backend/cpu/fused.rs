@@ -1,5 +1,5 @@
-//! The CPU reference of the fused transformer kernels (`FusedOp`): plain loops over rows, sums
-//! in f64, in the order the kernels use. Rows (LayerNorm, softmax) and matrices (attention)
+//! The CPU reference of the fused transformer kernels (`FusedOp`): loops over rows, sums in f64
+//! (a LayerNorm row's in eight partial sums, the same on every CPU). Rows (LayerNorm, softmax) and matrices (attention)
 //! are independent, so they are split over threads; each is computed by the same operations
 //! whatever the split, so the bits do not depend on the thread count.
 use super::kernels::{by_isa, exp_f64};
@@ -46,14 +46,9 @@ fn layer_norm(ins: &[&[f32]], rows: usize, cols: usize, eps: f32, y: &mut [f32],
     let (x, w, b) = (ins[0], ins[1], ins[2]);
     let task = |r0: usize, ((y, mean), rstd): ((&mut [f32], &mut [f32]), &mut [f32])| {
         for (i, (y, (mean, rstd))) in y.chunks_mut(cols).zip(mean.iter_mut().zip(rstd)).enumerate() {
-            let row = &x[(r0 + i) * cols..][..cols];
-            let m = (row.iter().map(|&v| v as f64).sum::<f64>() / cols as f64) as f32;
-            let var = row.iter().map(|&v| ((v - m) as f64).powi(2)).sum::<f64>() / cols as f64;
-            let s = (1.0 / (var + eps as f64).sqrt()) as f32;
-            for (j, (y, &v)) in y.iter_mut().zip(row).enumerate() {
-                *y = (v - m) * s * w[j] + b[j];
-            }
-            (*mean, *rstd) = (m, s);
+            let mut stats = (0.0, 0.0);
+            layer_norm_row(&x[(r0 + i) * cols..][..cols], &w[..cols], &b[..cols], eps, y, &mut stats);
+            (*mean, *rstd) = stats;
         }
     };
     let (y, mean, rstd) = (&mut y[..rows * cols], &mut mean[..rows], &mut rstd[..rows]);
@@ -66,22 +61,52 @@ fn layer_norm(ins: &[&[f32]], rows: usize, cols: usize, eps: f32, y: &mut [f32],
     }
 }
 
+/// Partial sums of a row's f64 sums: eight on every CPU, so that AVX-512 (one vector), AVX2
+/// (two) and plain code add the same numbers in the same order and give the same bits. A
+/// single running sum was a chain of dependent adds that no CPU could overlap.
+const LANES: usize = 8;
+
+/// `Σ f(v)` over `x` in f64: element `j` into partial sum `j % LANES`, the partial sums then
+/// added in order.
+#[inline(always)]
+fn lane_sum(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(rest) {
+        *a += f(v);
+    }
+    acc.iter().sum()
+}
+
+by_isa!(
+    /// One row of LayerNorm: `y`, and its mean and reciprocal standard deviation in `stats`.
+    fn layer_norm_row(row: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32], stats: &mut (f32, f32)) => layer_norm_row_plain
+);
+
+#[inline(always)]
+fn layer_norm_row_plain(row: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32], stats: &mut (f32, f32)) {
+    let n = row.len() as f64;
+    let m = (lane_sum(row, |v| v as f64) / n) as f32;
+    let var = lane_sum(row, |v| ((v - m) as f64) * ((v - m) as f64)) / n;
+    let s = (1.0 / (var + eps as f64).sqrt()) as f32;
+    for (((y, &v), &w), &b) in y.iter_mut().zip(row).zip(w).zip(b) {
+        *y = (v - m) * s * w + b;
+    }
+    *stats = (m, s);
+}
+
 fn layer_norm_backward(ins: &[&[f32]], rows: usize, cols: usize, dx: &mut [f32], dw: &mut [f32], db: &mut [f32]) {
     let (g, x, w, mean, rstd) = (ins[0], ins[1], ins[2], ins[3], ins[4]);
     by_rows(&mut dx[..rows * cols], cols, 2 * cols, |r0, dx| {
         for (i, dx) in dx.chunks_mut(cols).enumerate() {
             let (r, at) = (r0 + i, (r0 + i) * cols);
-            let xhat = |j: usize| (x[at + j] - mean[r]) * rstd[r];
-            let (mut a, mut c) = (0.0f64, 0.0f64);
-            for j in 0..cols {
-                let gw = g[at + j] * w[j];
-                a += gw as f64;
-                c += (gw * xhat(j)) as f64;
-            }
-            let (a, c) = ((a / cols as f64) as f32, (c / cols as f64) as f32);
-            for (j, dx) in dx.iter_mut().enumerate() {
-                *dx = rstd[r] * (g[at + j] * w[j] - a - xhat(j) * c);
-            }
+            layer_norm_grad_row(&g[at..][..cols], &x[at..][..cols], &w[..cols], (mean[r], rstd[r]), dx);
         }
     });
     // Each block's rows in order, as the kernels' one column of partials per thread; a block
@@ -103,6 +128,34 @@ fn layer_norm_backward(ins: &[&[f32]], rows: usize, cols: usize, dx: &mut [f32],
         parts.for_each(block);
     } else if cols > 0 {
         dw[..blocks * cols].chunks_mut(cols).zip(db[..blocks * cols].chunks_mut(cols)).enumerate().for_each(block);
+    }
+}
+
+by_isa!(
+    /// One row of LayerNorm's input gradient from the output gradient `g`, the input `x` and
+    /// the row's mean and reciprocal standard deviation.
+    fn layer_norm_grad_row(g: &[f32], x: &[f32], w: &[f32], stats: (f32, f32), dx: &mut [f32]) => layer_norm_grad_row_plain
+);
+
+#[inline(always)]
+fn layer_norm_grad_row_plain(g: &[f32], x: &[f32], w: &[f32], (mean, rstd): (f32, f32), dx: &mut [f32]) {
+    let (mut a, mut c) = ([0.0f64; LANES], [0.0f64; LANES]);
+    let lanes = |g: &[f32], x: &[f32], w: &[f32], a: &mut [f64; LANES], c: &mut [f64; LANES]| {
+        for (((&g, &x), &w), (a, c)) in g.iter().zip(x).zip(w).zip(a.iter_mut().zip(c.iter_mut())) {
+            let gw = g * w;
+            *a += gw as f64;
+            *c += (gw * ((x - mean) * rstd)) as f64;
+        }
+    };
+    let full = g.len() / LANES * LANES;
+    for at in (0..full).step_by(LANES) {
+        lanes(&g[at..at + LANES], &x[at..at + LANES], &w[at..at + LANES], &mut a, &mut c);
+    }
+    lanes(&g[full..], &x[full..], &w[full..], &mut a, &mut c);
+    let n = g.len() as f64;
+    let (a, c) = ((a.iter().sum::<f64>() / n) as f32, (c.iter().sum::<f64>() / n) as f32);
+    for (((dx, &g), &x), &w) in dx.iter_mut().zip(g).zip(x).zip(w) {
+        *dx = rstd * (g * w - a - ((x - mean) * rstd) * c);
     }
 }
 
@@ -262,5 +315,49 @@ fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32, 
         tasks.into_par_iter().for_each(one);
     } else {
         tasks.into_iter().for_each(one);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values in [-3, 3) from a simple generator, and a few large ones so that the sums carry
+    /// rounding a different order would change.
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                let v = (s >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0;
+                if i % 17 == 3 { v * 1e4 } else { v }
+            })
+            .collect()
+    }
+
+    /// The row functions this CPU runs (AVX2 or AVX-512 where it has them) give the plain
+    /// code's bits, and both agree with an f64 computation.
+    #[test]
+    fn layer_norm_rows_give_the_plain_bits_on_this_cpu() {
+        for (k, n) in [1usize, 7, 8, 9, 16, 127, 128, 1000].into_iter().enumerate() {
+            let (x, w, b, g) = (values(n, 4 * k as u32 + 1), values(n, 4 * k as u32 + 2), values(n, 4 * k as u32 + 3), values(n, 4 * k as u32 + 4));
+            let (mut y, mut y_plain, mut stats, mut stats_plain) = (vec![0.0; n], vec![0.0; n], (0.0, 0.0), (0.0, 0.0));
+            layer_norm_row(&x, &w, &b, 1e-5, &mut y, &mut stats);
+            layer_norm_row_plain(&x, &w, &b, 1e-5, &mut y_plain, &mut stats_plain);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!((bits(&y), stats.0.to_bits(), stats.1.to_bits()), (bits(&y_plain), stats_plain.0.to_bits(), stats_plain.1.to_bits()), "forward, {n} columns");
+            let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+            let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+            assert!((stats.0 as f64 - mean).abs() <= 1e-6 * (1.0 + mean.abs()), "mean {} of {n}: want {mean}", stats.0);
+            let rstd = 1.0 / (var + 1e-5).sqrt();
+            assert!((stats.1 as f64 - rstd).abs() <= 1e-5 * rstd, "rstd {} of {n}: want {rstd}", stats.1);
+
+            let (mut dx, mut dx_plain) = (vec![0.0; n], vec![0.0; n]);
+            layer_norm_grad_row(&g, &x, &w, stats, &mut dx);
+            layer_norm_grad_row_plain(&g, &x, &w, stats, &mut dx_plain);
+            assert_eq!(bits(&dx), bits(&dx_plain), "gradient, {n} columns");
+        }
     }
 }

@@ -248,6 +248,16 @@ fn reduce_columns(op: ReduceOp, x: &[f32], s: ReduceSpec, o: usize, j0: usize, v
         ReduceOp::Min => f64::INFINITY,
     };
     let mut acc = vec![init; vals.len()];
+    if op == ReduceOp::Sum {
+        // The same adds in the same order as the loop below, without its per-element match,
+        // so that they vectorise across the columns.
+        for j in 0..s.len {
+            add_row(&mut acc, &x[(o * s.len + j) * s.inner + j0..][..vals.len()]);
+        }
+        vals.iter_mut().zip(&acc).for_each(|(d, &a)| *d = a as f32);
+        idx.fill(0);
+        return;
+    }
     let mut best = vec![-1i64; vals.len()];
     for j in 0..s.len {
         let row = &x[(o * s.len + j) * s.inner + j0..][..vals.len()];
@@ -271,6 +281,18 @@ fn reduce_columns(op: ReduceOp, x: &[f32], s: ReduceSpec, o: usize, j0: usize, v
     }
     vals.iter_mut().zip(&acc).for_each(|(d, &a)| *d = a as f32);
     idx.iter_mut().zip(&best).for_each(|(d, &b)| *d = b.max(0) as i32);
+}
+
+by_isa!(
+    /// `acc[c] += row[c]` in f64 for every column `c`.
+    fn add_row(acc: &mut [f64], row: &[f32]) => add_row_plain
+);
+
+#[inline(always)]
+fn add_row_plain(acc: &mut [f64], row: &[f32]) {
+    for (a, &v) in acc.iter_mut().zip(row) {
+        *a += f64::from(v);
+    }
 }
 
 /// The `gemm` kernels this CPU runs: `gemm` picks them at its first product from the features
