@@ -108,6 +108,10 @@ struct Validation {
 ///
 /// A non-finite loss, or a non-finite weight or optimizer value about to be checkpointed,
 /// ends the run with [`Error::NonFinite`] naming the newest checkpoint whose state is finite.
+///
+/// The steps and predictions of a strategy that computes on a CPU device from its caller's
+/// thread run on the CPU backend's pool, under the caller's thread settings; observers are
+/// called on the caller's thread (the guide's "Which thread steps").
 pub struct Trainer<S: Strategy + ?Sized = dyn Strategy> {
     strategy: Box<S>,
     length: Length,
