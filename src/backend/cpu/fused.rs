@@ -1,7 +1,7 @@
 //! The CPU reference of the fused transformer kernels (`FusedOp`): loops over rows, sums in f64
-//! (a LayerNorm row's in eight partial sums, the same on every CPU). Rows (LayerNorm, softmax) and matrices (attention)
-//! are independent, so they are split over threads; each is computed by the same operations
-//! whatever the split, so the bits do not depend on the thread count.
+//! (a LayerNorm row's in eight partial sums, the same on every CPU). Rows (LayerNorm, softmax)
+//! and matrices (attention) are independent, so they are split over threads; each is computed
+//! by the same operations whatever the split, so the bits do not depend on the thread count.
 use super::kernels::{by_isa, exp_f64};
 use crate::backend::{FusedOp, LN_ROW_BLOCK};
 use crate::{Error, Result};
@@ -66,22 +66,19 @@ fn layer_norm(ins: &[&[f32]], rows: usize, cols: usize, eps: f32, y: &mut [f32],
 /// single running sum was a chain of dependent adds that no CPU could overlap.
 const LANES: usize = 8;
 
-/// `Σ f(v)` over `x` in f64: element `j` into partial sum `j % LANES`, the partial sums then
-/// added in order.
+/// `N` sums over `j` in `0..n` of `f(j)` in f64: term `j` into partial sum `j % LANES`, each
+/// sum's partial sums then added in order.
 #[inline(always)]
-fn lane_sum(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
-    let mut acc = [0.0f64; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a += f(v);
-        }
+fn lane_sums<const N: usize>(n: usize, f: impl Fn(usize) -> [f64; N]) -> [f64; N] {
+    let mut acc = [[0.0f64; N]; LANES];
+    let mut add = |lane: usize, j: usize| acc[lane].iter_mut().zip(f(j)).for_each(|(a, v)| *a += v);
+    // Whole groups of LANES first, a fixed-length loop that vectorises; then the rest.
+    let whole = n / LANES * LANES;
+    for at in (0..whole).step_by(LANES) {
+        (0..LANES).for_each(|lane| add(lane, at + lane));
     }
-    for (a, &v) in acc.iter_mut().zip(rest) {
-        *a += f(v);
-    }
-    acc.iter().sum()
+    (whole..n).for_each(|j| add(j - whole, j));
+    std::array::from_fn(|k| acc.iter().map(|lane| lane[k]).sum())
 }
 
 by_isa!(
@@ -92,8 +89,10 @@ by_isa!(
 #[inline(always)]
 fn layer_norm_row_plain(row: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32], stats: &mut (f32, f32)) {
     let n = row.len() as f64;
-    let m = (lane_sum(row, |v| v as f64) / n) as f32;
-    let var = lane_sum(row, |v| ((v - m) as f64) * ((v - m) as f64)) / n;
+    let [sum] = lane_sums(row.len(), |j| [row[j] as f64]);
+    let m = (sum / n) as f32;
+    let [squares] = lane_sums(row.len(), |j| [((row[j] - m) as f64) * ((row[j] - m) as f64)]);
+    let var = squares / n;
     let s = (1.0 / (var + eps as f64).sqrt()) as f32;
     for (((y, &v), &w), &b) in y.iter_mut().zip(row).zip(w).zip(b) {
         *y = (v - m) * s * w + b;
@@ -139,21 +138,13 @@ by_isa!(
 
 #[inline(always)]
 fn layer_norm_grad_row_plain(g: &[f32], x: &[f32], w: &[f32], (mean, rstd): (f32, f32), dx: &mut [f32]) {
-    let (mut a, mut c) = ([0.0f64; LANES], [0.0f64; LANES]);
-    let lanes = |g: &[f32], x: &[f32], w: &[f32], a: &mut [f64; LANES], c: &mut [f64; LANES]| {
-        for (((&g, &x), &w), (a, c)) in g.iter().zip(x).zip(w).zip(a.iter_mut().zip(c.iter_mut())) {
-            let gw = g * w;
-            *a += gw as f64;
-            *c += (gw * ((x - mean) * rstd)) as f64;
-        }
-    };
-    let full = g.len() / LANES * LANES;
-    for at in (0..full).step_by(LANES) {
-        lanes(&g[at..at + LANES], &x[at..at + LANES], &w[at..at + LANES], &mut a, &mut c);
-    }
-    lanes(&g[full..], &x[full..], &w[full..], &mut a, &mut c);
+    let (x, w) = (&x[..g.len()], &w[..g.len()]);
+    let [a, c] = lane_sums(g.len(), |j| {
+        let gw = g[j] * w[j];
+        [gw as f64, (gw * ((x[j] - mean) * rstd)) as f64]
+    });
     let n = g.len() as f64;
-    let (a, c) = ((a.iter().sum::<f64>() / n) as f32, (c.iter().sum::<f64>() / n) as f32);
+    let (a, c) = ((a / n) as f32, (c / n) as f32);
     for (((dx, &g), &x), &w) in dx.iter_mut().zip(g).zip(x).zip(w) {
         *dx = rstd * (g * w - a - ((x - mean) * rstd) * c);
     }
@@ -322,19 +313,12 @@ fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32, 
 mod tests {
     use super::*;
 
-    /// Values in [-3, 3) from a simple generator, and a few large ones so that the sums carry
-    /// rounding a different order would change.
+    /// Values in [-3, 3), and a few large ones so that the sums carry rounding a different
+    /// order would change.
     fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                let v = (s >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0;
-                if i % 17 == 3 { v * 1e4 } else { v }
-            })
-            .collect()
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.into());
+        (0..n).map(|i| rng.random_range(-3.0f32..3.0) * if i % 17 == 3 { 1e4 } else { 1.0 }).collect()
     }
 
     /// The row functions this CPU runs (AVX2 or AVX-512 where it has them) give the plain
