@@ -104,6 +104,12 @@ pub fn write_safetensors(
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
     let path = path.as_ref();
+    write_atomic(path, &safetensors_bytes(path, tensors, metadata)?)
+}
+
+/// The bytes of a safetensors file of `tensors` and `metadata` (`path` names it in errors): what
+/// [`write_safetensors`] writes, for a writer with rules of its own (a run's checkpoints).
+pub(crate) fn safetensors_bytes(path: &Path, tensors: &[(String, HostTensor)], metadata: &BTreeMap<String, String>) -> Result<Vec<u8>> {
     let mut encoded = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         check_numel(&t.shape, t.numel()).map_err(|e| Error::invalid("write_safetensors", format!("{name}: {e}")))?;
@@ -123,8 +129,7 @@ pub fn write_safetensors(
         .collect::<Result<Vec<_>>>()?;
     let info: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let info = if info.is_empty() { None } else { Some(info) };
-    let bytes = safetensors::serialize(views, info).map_err(|e| Error::format(path, e.to_string()))?;
-    write_atomic(path, &bytes)
+    safetensors::serialize(views, info).map_err(|e| Error::format(path, e.to_string()))
 }
 
 /// What `read_safetensors` returns: the tensors sorted by name, and the string metadata.

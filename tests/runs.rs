@@ -87,8 +87,9 @@ fn a_fresh_run_refuses_a_directory_with_checkpoints() {
     assert!(meta["config"].contains("\"seed\":7"), "{meta:?}");
 }
 
-/// Item 3: damaged files never count toward the kept ones, and a directory named like a
-/// checkpoint neither stops a run nor is touched.
+/// Item 3: damaged files never count toward the kept ones; a directory named like a
+/// checkpoint stops a run before its first step (nothing in a checkpoint directory is
+/// followed or replaced but a regular file) and is not touched.
 #[test]
 fn damaged_files_and_directories_do_not_count() {
     let ck = scratch("damaged");
@@ -99,10 +100,13 @@ fn damaged_files_and_directories_do_not_count() {
     bytes[last] ^= 0x10;
     std::fs::write(ckpt(&ck, 20), &bytes).unwrap();
     std::fs::create_dir(ckpt(&ck, 1)).unwrap();
-    let out = ok(&strs(&with(&strs(&base), &["--steps", "18", "--checkpoint-every", "1", "--resume"])));
-    assert!(text(&out.stderr).contains("(step 15)"), "{}", text(&out.stderr));
-    assert_eq!(names(&ck), ckpt_names(&[1, 16, 17, 18, 20]));
+    let resume = with(&strs(&base), &["--steps", "18", "--checkpoint-every", "1", "--resume"]);
+    fails_with(1, &strs(&resume), &format!("{}: is a directory, not a regular file", ckpt(&ck, 1).display()));
     assert!(ckpt(&ck, 1).is_dir());
+    std::fs::remove_dir(ckpt(&ck, 1)).unwrap();
+    let out = ok(&strs(&resume));
+    assert!(text(&out.stderr).contains("(step 15)"), "{}", text(&out.stderr));
+    assert_eq!(names(&ck), ckpt_names(&[16, 17, 18, 20]));
     assert_eq!(std::fs::read(ckpt(&ck, 20)).unwrap(), bytes, "the damaged file was replaced");
 }
 

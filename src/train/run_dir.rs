@@ -5,6 +5,11 @@
 //! regular checkpoint file is ever deleted by it. Telling the run's files from the others
 //! reads only a file's header, and each file of the run is read whole and hashed once per
 //! process, so a save costs the same however many or large the other files in the directory.
+//!
+//! Inside the directory nothing is followed: a symbolic link, a FIFO, a directory or any other
+//! file that is not a regular file where a checkpoint, a checkpoint's temp file or the lock
+//! goes makes [`RunDir::open`] fail naming it, before any step; writes create their temp files
+//! new and rename over nothing but a regular file, and retention deletes regular files only.
 use super::run_file::{self as checkpoints, RunState};
 use crate::checkpoint::HostTensor;
 use crate::{Error, Result};
@@ -50,26 +55,88 @@ impl std::fmt::Debug for RunDir {
 }
 
 /// Whether a file named `name` in a checkpoint directory is the run's to write or delete: a
-/// checkpoint's name, or the lock.
+/// checkpoint's name, a checkpoint's temp file, or the lock.
 pub fn is_reserved(name: &str) -> bool {
-    name == LOCK || checkpoints::is_checkpoint_name(name)
+    name == LOCK || checkpoints::is_checkpoint_name(name) || checkpoints::is_temp_name(name)
+}
+
+/// Refuses `dir` when anything but a regular file holds a name the run may write, read or
+/// delete there ([`is_reserved`]): a link would be followed out of the directory, and a FIFO,
+/// a directory or a device could only fail the run later, after steps were spent.
+fn check_entries(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        if !entry.file_name().to_str().is_some_and(is_reserved) {
+            continue;
+        }
+        // The entry's own type: a link is not followed.
+        let kind = entry.file_type().map_err(|e| Error::io(entry.path(), e))?;
+        if !kind.is_file() {
+            let what = checkpoints::kind_name(&kind);
+            if entry.file_name() == LOCK {
+                let detail = format!("is {what}, not a regular file; the lock must be a regular file (the run creates it): remove it");
+                return Err(Error::io(entry.path(), std::io::Error::new(std::io::ErrorKind::InvalidInput, detail)));
+            }
+            return Err(checkpoints::not_regular(&entry.path(), what));
+        }
+    }
+    Ok(())
+}
+
+/// Opens (creating it) the lock file without following a link or waiting on a FIFO, and
+/// checks that what it opened is a regular file.
+fn open_lock(lock_path: &Path, cannot: impl Fn(&str, std::io::Error) -> Error) -> Result<File> {
+    let mut open = OpenOptions::new();
+    open.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        open.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let lock = match open.open(lock_path) {
+        Ok(f) => f,
+        #[cfg(unix)]
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(checkpoints::not_regular(lock_path, "a symbolic link")),
+        Err(e) => return Err(cannot("write there", e)),
+    };
+    let kind = lock.metadata().map_err(|e| Error::io(lock_path, e))?.file_type();
+    if !kind.is_file() {
+        return Err(checkpoints::not_regular(lock_path, checkpoints::kind_name(&kind)));
+    }
+    Ok(lock)
 }
 
 impl RunDir {
-    /// Creates `path` if needed, takes its lock, removes temp files a killed run left, and
-    /// applies `claim`. Runs before any data is loaded, so an unusable directory (read-only,
-    /// under /proc, in use) fails the command up front.
+    /// Creates `path` if needed, checks that every file the run may write, read or delete
+    /// there is a regular file (or not there yet), takes its lock, removes temp files a killed
+    /// run left, and applies `claim`. Runs before any data is loaded, so an unusable directory
+    /// (read-only, under /proc, in use, a link or a FIFO at a checkpoint's name) fails the
+    /// command up front.
+    ///
+    /// ```
+    /// use tandem::train::{Claim, RunDir};
+    /// let dir = std::env::temp_dir().join(format!("tandem-doc-run-dir-{}", std::process::id()));
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// std::fs::create_dir_all(&dir).unwrap();
+    /// # #[cfg(unix)] {
+    /// // A link where a checkpoint would go is refused, naming it: nothing is written through it.
+    /// std::os::unix::fs::symlink(dir.join("elsewhere"), dir.join("ckpt-00000002.safetensors")).unwrap();
+    /// let refused = RunDir::open(&dir, Claim::Fresh).unwrap_err().to_string();
+    /// assert!(refused.contains("ckpt-00000002.safetensors: is a symbolic link"), "{refused}");
+    /// std::fs::remove_file(dir.join("ckpt-00000002.safetensors")).unwrap();
+    /// # }
+    /// let run = RunDir::open(&dir, Claim::Fresh)?;
+    /// assert_eq!(run.claim(), Claim::Fresh);
+    /// # drop(run);
+    /// # std::fs::remove_dir_all(&dir).unwrap();
+    /// # Ok::<(), tandem::Error>(())
+    /// ```
     pub fn open(path: &Path, claim: Claim) -> Result<RunDir> {
         let cannot = |what: &str, e: std::io::Error| Error::io(path, std::io::Error::new(e.kind(), format!("checkpoint directory: cannot {what}: {e}")));
         std::fs::create_dir_all(path).map_err(|e| cannot("create it", e))?;
+        check_entries(path)?;
         let lock_path = path.join(LOCK);
-        let mut lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(|e| cannot("write there", e))?;
+        let mut lock = open_lock(&lock_path, &cannot)?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -161,7 +228,7 @@ impl RunDir {
         let mut ours = Vec::new();
         for (_, p) in checkpoints::list(&self.path)? {
             let whole = known.contains(&p)
-                || (checkpoints::claimed_run(&p).as_deref() == Some(run) && checkpoints::verify(&p).is_ok_and(|s| s.run == run));
+                || (checkpoints::claimed_run(&p).as_deref() == Some(run) && checkpoints::verify_in_dir(&p).is_ok_and(|s| s.run == run));
             if whole {
                 known.insert(p.clone());
                 ours.push(p);
@@ -198,6 +265,89 @@ mod tests {
 
     fn weights(n: usize) -> Vec<(String, HostTensor)> {
         vec![("model.w".to_string(), HostTensor::f32(vec![n], vec![0.5; n]).unwrap())]
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tandem-run-dir-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[cfg(unix)]
+    fn mkfifo(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+    }
+
+    /// Every kind of file that is not a regular file, at each name the run writes, reads or
+    /// deletes (a checkpoint, a checkpoint's temp file, the lock), makes `open` fail naming it,
+    /// and nothing outside the directory is written or created.
+    #[cfg(unix)]
+    #[test]
+    fn open_refuses_what_is_not_a_regular_file_at_the_runs_names() {
+        let names = [checkpoints::file_name(2), ".ckpt-00000001.safetensors.tmp-1-0".to_string(), LOCK.to_string()];
+        let kinds = ["link to a file outside", "dangling link", "FIFO", "directory"];
+        for (i, name) in names.iter().enumerate() {
+            for (j, kind) in kinds.iter().enumerate() {
+                let dir = scratch(&format!("refuse-{i}-{j}"));
+                let outside = scratch(&format!("outside-{i}-{j}"));
+                std::fs::write(outside.join("file"), b"precious").unwrap();
+                let at = dir.join(name);
+                match *kind {
+                    "link to a file outside" => std::os::unix::fs::symlink(outside.join("file"), &at).unwrap(),
+                    "dangling link" => std::os::unix::fs::symlink(outside.join("new"), &at).unwrap(),
+                    "FIFO" => mkfifo(&at),
+                    _ => std::fs::create_dir(&at).unwrap(),
+                }
+                for claim in [Claim::Fresh, Claim::Resume, Claim::Overwrite] {
+                    let e = RunDir::open(&dir, claim).expect_err(&format!("{kind} at {name} was accepted")).to_string();
+                    assert!(e.contains(&at.display().to_string()) && e.contains("not a regular file"), "{kind} at {name}: {e}");
+                }
+                assert_eq!(std::fs::read(outside.join("file")).unwrap(), b"precious", "{kind} at {name}: the outside file changed");
+                assert!(!outside.join("new").exists(), "{kind} at {name}: a file was created through the link");
+                let left = std::fs::symlink_metadata(&at).unwrap().file_type();
+                assert!(!left.is_file(), "{kind} at {name} was replaced");
+                if name == LOCK && *kind == "FIFO" {
+                    let e = RunDir::open(&dir, Claim::Fresh).unwrap_err().to_string();
+                    assert!(e.contains("is a FIFO, not a regular file; the lock must be a regular file"), "{e}");
+                }
+                std::fs::remove_dir_all(&dir).unwrap();
+                std::fs::remove_dir_all(&outside).unwrap();
+            }
+        }
+    }
+
+    /// A link planted at a checkpoint's name after the directory was opened is neither followed
+    /// nor replaced by a save (the save fails naming it), and retention never deletes one.
+    #[cfg(unix)]
+    #[test]
+    fn saves_refuse_a_link_planted_after_open_and_retention_keeps_links() {
+        let dir = scratch("planted");
+        let outside = scratch("planted-outside");
+        std::fs::write(outside.join("file"), b"precious").unwrap();
+        let run = RunDir::open(&dir, Claim::Fresh).unwrap().keep(1).unwrap();
+        run.save(&weights(4), &state("ours", 1)).unwrap();
+        let planted = dir.join(checkpoints::file_name(2));
+        std::os::unix::fs::symlink(outside.join("file"), &planted).unwrap();
+        let e = run.save(&weights(4), &state("ours", 2)).unwrap_err().to_string();
+        assert!(e.contains(&planted.display().to_string()) && e.contains("is a symbolic link"), "{e}");
+        assert_eq!(std::fs::read(outside.join("file")).unwrap(), b"precious", "the save wrote through the link");
+        assert!(std::fs::symlink_metadata(&planted).unwrap().file_type().is_symlink(), "the link was replaced");
+        // Retention past it: the link named like an older checkpoint stays, and so does its target.
+        let old = dir.join(checkpoints::file_name(0));
+        std::os::unix::fs::symlink(outside.join("file"), &old).unwrap();
+        run.save(&weights(4), &state("ours", 3)).unwrap();
+        assert!(std::fs::symlink_metadata(&old).unwrap().file_type().is_symlink(), "retention deleted a link");
+        assert!(!dir.join(checkpoints::file_name(1)).exists(), "retention kept an old checkpoint of the run");
+        assert_eq!(std::fs::read(outside.join("file")).unwrap(), b"precious");
+        // No temp file is left behind by the refused save.
+        let temps = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_str().is_some_and(checkpoints::is_temp_name)).count();
+        assert_eq!(temps, 0, "a refused save left its temp file");
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&outside).unwrap();
     }
 
     /// Files read whole and hashed by `f`.

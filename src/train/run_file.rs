@@ -4,16 +4,22 @@
 //! by a SHA-256 over all of it.
 //!
 //! Each file is written atomically (temp file, fsync, rename, fsync of the directory), so a
-//! crash leaves whole checkpoints only; the checksum also catches later damage. Resuming takes
+//! crash leaves whole checkpoints only; the checksum also catches later damage. Inside the
+//! directory nothing is followed: a checkpoint or temp file is created new (never opened
+//! through a link), only a regular file is ever replaced or read, and anything else at a
+//! checkpoint's name is an error naming it. Resuming takes
 //! the newest file that parses and whose checksum matches, and reports the ones it skipped.
 //! Who may write into a directory, and which files a run may prune, is [`run_dir`](super::run_dir)'s business.
-use crate::checkpoint::{read_safetensors, safetensors_from_bytes, sha256_hex, to_host, write_safetensors, HostData, HostTensor, SafetensorsContents};
+use crate::checkpoint::{safetensors_bytes, safetensors_from_bytes, sha256_hex, to_host, HostData, HostTensor, SafetensorsContents};
 use crate::data::LoaderState;
 use crate::parallel::Strategy;
 use crate::{Device, Error, Result, Tensor};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::fs::{self, File, FileType, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const FORMAT: &str = "tandem-checkpoint-1";
 const MODEL: &str = "model.";
@@ -63,6 +69,124 @@ fn step_of(name: &str) -> Option<u64> {
     name.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok()
 }
 
+/// Whether `name` is a checkpoint's temp file (`.ckpt-00000100.safetensors.tmp-<pid>-<n>`),
+/// which a write renames into place and a run removes when a killed one left it.
+pub fn is_temp_name(name: &str) -> bool {
+    name.starts_with(".ckpt-") && name.contains(".safetensors.tmp-")
+}
+
+/// Distinguishes the temp files of concurrent writes within one process.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// What a file type is, for a message: "a symbolic link", "a FIFO", ...
+pub(crate) fn kind_name(kind: &FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+        if kind.is_block_device() {
+            return "a block device";
+        }
+        if kind.is_char_device() {
+            return "a character device";
+        }
+    }
+    if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The error for `what` (a [`kind_name`]) found at `path` in a checkpoint directory, where only
+/// regular files are read, replaced or deleted.
+pub(crate) fn not_regular(path: &Path, what: &str) -> Error {
+    let detail = format!("is {what}, not a regular file; a checkpoint directory's files are never followed or replaced unless they are regular files: remove it, or use another directory");
+    Error::io(path, std::io::Error::new(ErrorKind::InvalidInput, detail))
+}
+
+/// Nothing, or a regular file, at `path`, seen without following a link: what a checkpoint
+/// may be written over.
+fn absent_or_regular(path: &Path) -> Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => Ok(()),
+        Ok(m) => Err(not_regular(path, kind_name(&m.file_type()))),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Opens `opts` at `path` without following a link at its last component or waiting on a FIFO.
+fn open_no_follow(opts: &mut OpenOptions, path: &Path) -> std::io::Result<File> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    #[cfg(not(unix))]
+    if fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_file()) {
+        return Err(std::io::Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    opts.open(path)
+}
+
+/// The bytes of the regular file at `path` in a checkpoint directory: a link is not followed
+/// and a FIFO not waited on; either is an error naming the path.
+pub(crate) fn read_regular(path: &Path) -> Result<Vec<u8>> {
+    let mut f = match open_no_follow(OpenOptions::new().read(true), path) {
+        Ok(f) => f,
+        #[cfg(unix)]
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(not_regular(path, "a symbolic link")),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let meta = f.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(not_regular(path, kind_name(&meta.file_type())));
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+    Ok(bytes)
+}
+
+/// Writes `bytes` as `dir/name` atomically without following anything: a new temp file
+/// (`O_EXCL`, `O_NOFOLLOW`), fsync, a rename over `name` only when nothing or a regular file is
+/// there (checked before the write and again before the rename), and an fsync of `dir`.
+fn write_in_dir(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    let path = dir.join(name);
+    absent_or_regular(&path)?;
+    let temp = dir.join(format!(".{name}.tmp-{}-{}", std::process::id(), TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)));
+    let written = open_no_follow(OpenOptions::new().write(true).create_new(true), &temp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        // Best effort: the temp file may not exist (create_new refused what was there, which
+        // is left alone: remove_file deletes only a name it created or a stale name).
+        if !matches!(e.kind(), ErrorKind::AlreadyExists) {
+            let _ = fs::remove_file(&temp);
+        }
+        return Err(Error::io(&temp, e));
+    }
+    let renamed = absent_or_regular(&path).and_then(|()| fs::rename(&temp, &path).map_err(|e| Error::io(&path, e)));
+    if let Err(e) = renamed {
+        let _ = fs::remove_file(&temp);
+        return Err(e);
+    }
+    // Windows cannot open a directory as a File to fsync it; its rename is already journaled.
+    #[cfg(unix)]
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))?;
+    Ok(path)
+}
+
 /// The weights and optimizer state of `strategy` on the host, in the checkpoint's naming, and
 /// the optimizer's step count.
 pub fn snapshot<S: Strategy + ?Sized>(strategy: &S) -> Result<(Vec<(String, HostTensor)>, u64)> {
@@ -102,9 +226,9 @@ pub fn write(dir: &Path, tensors: &[(String, HostTensor)], state: &RunState) -> 
     meta.insert("shuffle_seed".to_string(), state.shuffle_seed.to_string());
     meta.insert("config".to_string(), state.config.to_string());
     meta.insert("sha256".to_string(), digest(&meta, tensors));
-    let path = dir.join(file_name(state.step));
-    write_safetensors(&path, tensors, &meta)?;
-    Ok(path)
+    let name = file_name(state.step);
+    let bytes = safetensors_bytes(&dir.join(&name), tensors, &meta)?;
+    write_in_dir(dir, &name, &bytes)
 }
 
 /// SHA-256 over the metadata (except the checksum itself) and every tensor's name, dtype,
@@ -154,13 +278,16 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
-/// Removes temp files of checkpoint writes that a killed run left behind.
+/// Removes temp files of checkpoint writes that a killed run left behind: regular files only
+/// (anything else at a temp file's name is an error naming it, and is left as it is).
 pub fn remove_stale_temps(dir: &Path) -> Result<()> {
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with(".ckpt-") && name.contains(".safetensors.tmp-") {
+        if entry.file_name().to_str().is_some_and(is_temp_name) {
+            let kind = entry.file_type().map_err(|e| Error::io(entry.path(), e))?;
+            if !kind.is_file() {
+                return Err(not_regular(&entry.path(), kind_name(&kind)));
+            }
             std::fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
         }
     }
@@ -176,7 +303,7 @@ pub fn load_newest(dir: &Path, mut skip: impl FnMut(&Path, &Error)) -> Result<(R
         return Err(Error::NoCheckpoint { dir: dir.to_path_buf(), found: 0 });
     }
     for (_, path) in all.iter().rev() {
-        let read = std::fs::read(path).map_err(|e| Error::io(path, e)).and_then(|bytes| Ok((from_bytes(path, &bytes)?, bytes)));
+        let read = read_regular(path).and_then(|bytes| Ok((from_bytes(path, &bytes)?, bytes)));
         match read {
             Ok(c) => return Ok(c),
             Err(e) => skip(path, &e),
@@ -192,13 +319,36 @@ const HEADER_MAX: u64 = 100_000_000;
 /// its tensors are neither read nor hashed, so a large file of anything else costs one small
 /// read. `None` for a file that is not one (whether it is whole is [`verify`]'s question).
 pub fn claimed_run(path: &Path) -> Option<String> {
-    use std::io::Read;
+    let mut meta = header_meta(path)?;
+    (meta.get("format").map(String::as_str) == Some(FORMAT)).then(|| meta.remove("run").unwrap_or_default())
+}
+
+/// The run configuration recorded by the newest file in `dir` whose header says it is a
+/// tandem checkpoint, and that file, read from headers alone (whether the file is whole is
+/// [`load_newest`]'s question): what a program checks its flags against before resuming.
+/// `None` when no file in `dir` claims to be one.
+pub fn recorded_config(dir: &Path) -> Option<(PathBuf, serde_json::Value)> {
+    let all = list(dir).ok()?;
+    all.into_iter().rev().find_map(|(_, path)| {
+        let meta = header_meta(&path).filter(|m| m.get("format").map(String::as_str) == Some(FORMAT))?;
+        let config = serde_json::from_str(meta.get("config")?).ok()?;
+        Some((path, config))
+    })
+}
+
+/// The string metadata of the safetensors file at `path`, read from its header alone, without
+/// following a link; `None` for anything unreadable.
+fn header_meta(path: &Path) -> Option<BTreeMap<String, String>> {
     #[derive(serde::Deserialize)]
     struct Header {
         #[serde(rename = "__metadata__", default)]
         meta: BTreeMap<String, String>,
     }
-    let mut f = std::fs::File::open(path).ok()?;
+    let f = open_no_follow(OpenOptions::new().read(true), path).ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut f = f;
     let mut len = [0u8; 8];
     f.read_exact(&mut len).ok()?;
     let len = u64::from_le_bytes(len);
@@ -208,8 +358,8 @@ pub fn claimed_run(path: &Path) -> Option<String> {
     let mut header = Vec::new();
     // `take` grows the buffer with what is there, not with what the length field claims.
     f.take(len).read_to_end(&mut header).ok()?;
-    let Header { mut meta } = serde_json::from_slice(&header).ok()?;
-    (meta.get("format").map(String::as_str) == Some(FORMAT)).then(|| meta.remove("run").unwrap_or_default())
+    let Header { meta } = serde_json::from_slice(&header).ok()?;
+    Some(meta)
 }
 
 #[cfg(test)]
@@ -219,10 +369,22 @@ thread_local! {
 }
 
 /// The run state of a checkpoint file whose checksum matches, without building its tensors.
+/// `path` is a file the caller names, so a link is followed (a run's own files are read
+/// without, see [`run_dir`](super::run_dir)).
 pub fn verify(path: &Path) -> Result<RunState> {
+    let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
+    verify_bytes(path, &bytes)
+}
+
+/// [`verify`] of a file in a checkpoint directory: only a regular file is read.
+pub(crate) fn verify_in_dir(path: &Path) -> Result<RunState> {
+    verify_bytes(path, &read_regular(path)?)
+}
+
+fn verify_bytes(path: &Path, bytes: &[u8]) -> Result<RunState> {
     #[cfg(test)]
     VERIFIED.with(|n| n.set(n.get() + 1));
-    let (_, meta) = checked(path, read_safetensors(path)?)?;
+    let (_, meta) = checked(path, safetensors_from_bytes(path, bytes)?)?;
     state_of(path, &meta)
 }
 
