@@ -1,6 +1,7 @@
 //! tandem's on-disk caches (the CUDA kernels' PTX, autotuning's choices, the planner's
 //! calibrations): where they live, and the one way to read and write their files, so that a
 //! cache can never block, follow a link into another file, or leave a torn entry.
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -9,12 +10,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const CACHE_DIR_ENV: &str = "TANDEM_CACHE_DIR";
 
 /// `$TANDEM_CACHE_DIR/<sub>`, else `$XDG_CACHE_HOME/tandem/<sub>`, else
-/// `~/.cache/tandem/<sub>`; `None` without any of these variables.
+/// `~/.cache/tandem/<sub>`; `None` without any of these variables. A variable set to the empty
+/// string counts as unset (`TANDEM_CACHE_DIR=` does not mean the working directory), and so
+/// does a relative `XDG_CACHE_HOME` or `HOME`, which the XDG base directory specification says
+/// to ignore.
 pub fn cache_dir(sub: &str) -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os(CACHE_DIR_ENV) {
-        return Some(PathBuf::from(d).join(sub));
+    let var = |name: &str| std::env::var_os(name);
+    cache_dir_from(var(CACHE_DIR_ENV), var("XDG_CACHE_HOME"), var("HOME"), sub)
+}
+
+/// [`cache_dir`] from the values of `TANDEM_CACHE_DIR`, `XDG_CACHE_HOME` and `HOME`.
+fn cache_dir_from(tandem: Option<OsString>, xdg: Option<OsString>, home: Option<OsString>, sub: &str) -> Option<PathBuf> {
+    let set = |v: Option<OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(d) = set(tandem) {
+        return Some(d.join(sub));
     }
-    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let absolute = |v: Option<OsString>| set(v).filter(|p| p.is_absolute());
+    let base = absolute(xdg).or_else(|| absolute(home).map(|h| h.join(".cache")))?;
     Some(base.join("tandem").join(sub))
 }
 
@@ -77,4 +89,29 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
         return Err(e.to_string());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cache_dir_from;
+    use std::path::PathBuf;
+
+    fn dir(tandem: Option<&str>, xdg: Option<&str>, home: Option<&str>) -> Option<PathBuf> {
+        cache_dir_from(tandem.map(Into::into), xdg.map(Into::into), home.map(Into::into), "plan")
+    }
+
+    /// An empty variable is an unset one: `TANDEM_CACHE_DIR=` must not put the cache in the
+    /// working directory (`./plan`), nor an empty or relative `XDG_CACHE_HOME` or `HOME` under it.
+    #[test]
+    fn empty_and_relative_variables_count_as_unset() {
+        assert_eq!(dir(Some("/c"), Some("/x"), Some("/h")), Some("/c/plan".into()));
+        // A relative TANDEM_CACHE_DIR is the user's own choice, kept.
+        assert_eq!(dir(Some("rel"), None, None), Some("rel/plan".into()));
+        assert_eq!(dir(Some(""), Some("/x"), Some("/h")), Some("/x/tandem/plan".into()));
+        assert_eq!(dir(Some(""), Some(""), Some("/h")), Some("/h/.cache/tandem/plan".into()));
+        assert_eq!(dir(None, Some("cache"), Some("/h")), Some("/h/.cache/tandem/plan".into()));
+        assert_eq!(dir(Some(""), Some(""), Some("")), None);
+        assert_eq!(dir(None, None, Some("home")), None);
+        assert_eq!(dir(None, None, None), None);
+    }
 }

@@ -49,7 +49,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// `$TANDEM_CACHE_DIR/autotune`, else `$XDG_CACHE_HOME/tandem/autotune`, else
-/// `~/.cache/tandem/autotune`; `None` without any of these variables.
+/// `~/.cache/tandem/autotune`; `None` without any of these variables (an empty one counts as
+/// unset, see [`crate::backend::cache::cache_dir`]).
 pub fn cache_dir() -> Option<PathBuf> {
     crate::backend::cache::cache_dir("autotune")
 }
