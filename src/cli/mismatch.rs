@@ -28,6 +28,7 @@ pub(super) fn changed(now: &Value, then: &Value) -> Vec<String> {
                 out.push("--data (the text's characters differ from the checkpoint's)".to_string());
             }
             "vocab" => {}
+            "init" => out.push(format!("--init {} (checkpoint: {})", init_typed(v), init_typed(old))),
             k => push(&mut out, &format!("--{}", k.replace('_', "-")), v, old),
         }
     }
@@ -35,6 +36,14 @@ pub(super) fn changed(now: &Value, then: &Value) -> Vec<String> {
         out.push("the run configuration (written by another version of tandem?)".to_string());
     }
     out
+}
+
+/// An `--init` record (`{"path": .., "sha256": ..}`) as the message shows it: `PATH (sha256 HEX)`.
+pub(super) fn init_typed(v: &Value) -> String {
+    match (v.get("path").and_then(Value::as_str), v.get("sha256").and_then(Value::as_str)) {
+        (Some(path), Some(sha256)) => format!("{path} (sha256 {sha256})"),
+        _ => typed(v),
+    }
 }
 
 fn push(out: &mut Vec<String>, flag: &str, now: &Value, then: &Value) {
@@ -147,5 +156,8 @@ mod tests {
         assert_eq!(changed(&sgd("0.5"), &sgd("0.9")), ["--momentum 0.5 (checkpoint: 0.9)"]);
         let adam = json!({ "optimizer": "Adam(AdamConfig { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, decoupled: false })" });
         assert_eq!(changed(&adam, &sgd("0.9")), ["--optimizer adam (checkpoint: sgd)"]);
+        let init = |p: &str, h: &str| json!({ "init": { "path": p, "sha256": h } });
+        assert_eq!(changed(&init("b.safetensors", "bb"), &init("a.safetensors", "aa")), ["--init b.safetensors (sha256 bb) (checkpoint: a.safetensors (sha256 aa))"]);
+        assert_eq!(changed(&init("b.safetensors", "bb"), &json!({})), ["--init b.safetensors (sha256 bb) (checkpoint: not given)"]);
     }
 }

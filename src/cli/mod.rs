@@ -148,9 +148,11 @@ pub struct TrainArgs {
     /// token ids `x`, `y` [N, T].
     #[arg(long, default_value = "digits")]
     pub data: String,
-    /// Initial weights (safetensors with PyTorch state_dict names); not with --resume, which
-    /// takes the weights from the checkpoint.
-    #[arg(long, value_name = "PATH", conflicts_with = "resume")]
+    /// Initial weights (safetensors with PyTorch state_dict names); their SHA-256 is recorded
+    /// in the checkpoints. With --resume the weights come from the checkpoint, and --init may
+    /// be given again (as a scheduler restarting the same command does) only for the file the
+    /// run started from.
+    #[arg(long, value_name = "PATH")]
     pub init: Option<PathBuf>,
     /// Write the final weights here (safetensors, PyTorch state_dict names).
     #[arg(long, value_name = "PATH")]

@@ -10,7 +10,8 @@ use super::{mismatch, plot, setup, TrainArgs};
 use std::time::Instant;
 use tandem::data::BatchSource;
 use tandem::parallel::{trace::Trace, Strategy};
-use tandem::train::{Checkpoints, Claim, Fit, RunDir, Trainer};
+use serde_json::Value;
+use tandem::train::{run_file, Checkpoints, Claim, Fit, RunDir, Trainer};
 use tandem::{Error, Result};
 
 /// One `tandem train` command: its flags, its place in the job, and what lives for the whole
@@ -24,6 +25,9 @@ pub(super) struct Run<'a> {
     t0: Instant,
     /// `--checkpoint-dir` as rank 0 opened it to check it, until the trainer takes it over.
     run_dir: std::cell::RefCell<Option<RunDir>>,
+    /// What the run configuration records of `--init` (see [`Run::init_record`]), the same on
+    /// every rank: rank 0's.
+    init: std::cell::RefCell<Option<Value>>,
 }
 
 /// How [`Run::fit`] ended.
@@ -55,24 +59,78 @@ impl<'a> Run<'a> {
         let t0 = Instant::now();
         let stop = StopSignal::install()?;
         let trace = args.trace.as_ref().map(|_| Trace::new());
-        Ok(Run { args, ranks, stop, trace, t0, run_dir: std::cell::RefCell::new(None) })
+        Ok(Run { args, ranks, stop, trace, t0, run_dir: std::cell::RefCell::new(None), init: std::cell::RefCell::new(None) })
     }
 
     /// Checks the output flags and opens `--checkpoint-dir` as the run will claim it (rank 0
     /// alone: the outputs and the checkpoints are its to write), so that an unusable directory
     /// (under /proc, in use, holding another run's checkpoints) fails the command before any
     /// data is read. The trainer takes the open directory over, so the lock is held throughout.
+    /// `--init` is checked against the checkpoint a resumed run continues (see
+    /// [`Run::init_record`]). Collective: every rank calls it, and learns rank 0's `--init`.
     pub(super) fn check_outputs(&self) -> Result<()> {
         let args = self.args;
-        if !self.ranks.leader() {
-            return Ok(());
+        if self.ranks.leader() {
+            let outputs = [("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())];
+            setup::check_outputs(&outputs, args.checkpoint_dir.as_deref())?;
+            if let Some(dir) = &args.checkpoint_dir {
+                *self.run_dir.borrow_mut() = Some(RunDir::open(dir, claim(args))?);
+            }
+            *self.init.borrow_mut() = self.init_record()?;
         }
-        let outputs = [("--save", args.save.as_deref()), ("--trace", args.trace.as_deref()), ("--plot", args.plot.as_deref())];
-        setup::check_outputs(&outputs, args.checkpoint_dir.as_deref())?;
-        if let Some(dir) = &args.checkpoint_dir {
-            *self.run_dir.borrow_mut() = Some(RunDir::open(dir, claim(args))?);
+        if self.ranks.many() {
+            let encode = || serde_json::to_vec(&*self.init.borrow()).map_err(|e| Error::Msg(format!("encoding --init's record: {e}")));
+            let mine = if self.ranks.leader() { Some(encode()?) } else { None };
+            let shared = tandem::train::ranks::share_bytes(self.ranks.group(), mine)?;
+            let record = serde_json::from_slice(&shared).map_err(|e| Error::Msg(format!("rank 0's --init record did not arrive whole: {e}")))?;
+            *self.init.borrow_mut() = record;
         }
         Ok(())
+    }
+
+    /// What the run configuration records of `--init`: the path given and the file's SHA-256
+    /// (`{"path": .., "sha256": ..}`), or nothing for a run that did not start from a file.
+    ///
+    /// A resumed run takes its weights from the checkpoint, and records what the checkpoint
+    /// does, so that a scheduler may restart a job with its own command and `--resume` added:
+    /// an `--init` given again must be the file the run started from (by its contents: the
+    /// path may differ), and is refused, naming both files, when it is another, or when the run
+    /// did not start from a file. The checkpoint's record is read from the newest file's
+    /// header; the trainer then checks the whole configuration against the file it resumes.
+    fn init_record(&self) -> Result<Option<Value>> {
+        let args = self.args;
+        // The record is for checkpoints only.
+        if args.checkpoint_dir.is_none() {
+            return Ok(None);
+        }
+        let given = match &args.init {
+            Some(path) => Some((path, file_sha256(path)?)),
+            None => None,
+        };
+        let entry = |path: &std::path::Path, sha256: &str| serde_json::json!({ "path": path.display().to_string(), "sha256": sha256 });
+        let dir = args.checkpoint_dir.as_deref().filter(|_| args.resume);
+        // No checkpoint to resume: the trainer says so.
+        let Some((ckpt, config)) = dir.and_then(run_file::recorded_config) else {
+            return Ok(given.filter(|_| !args.resume).map(|(p, h)| entry(p, &h)));
+        };
+        let recorded = config.get("init").filter(|v| !v.is_null()).cloned();
+        match (recorded, given) {
+            (recorded, None) => Ok(recorded),
+            (None, Some((path, _))) => Err(Error::invalid(
+                "--init",
+                format!("{}: the run being resumed did not start from a file ({} records no --init); resume it without --init", path.display(), ckpt.display()),
+            )),
+            (Some(r), Some((_, sha256))) if r.get("sha256").and_then(Value::as_str) == Some(sha256.as_str()) => Ok(Some(r)),
+            (Some(r), Some((path, sha256))) => Err(Error::invalid(
+                "--init",
+                format!(
+                    "{} (sha256 {sha256}) is not the file the run being resumed started from: {} records {}; give that file, or resume without --init",
+                    path.display(),
+                    ckpt.display(),
+                    mismatch::init_typed(&r)
+                ),
+            )),
+        }
     }
 
     /// The trainer of `strategy` for `total` steps as the common flags say: clipped to `clip`,
@@ -82,6 +140,10 @@ impl<'a> Run<'a> {
     pub(super) fn trainer(&self, strategy: Box<dyn Strategy>, total: u64, clip: Option<f32>, settings: serde_json::Value, every: u64) -> (Trainer, Console) {
         let args = self.args;
         let console = Console::new(args.log_format, total, !self.ranks.leader());
+        let mut settings = settings;
+        if let Some(init) = &*self.init.borrow() {
+            settings["init"] = init.clone();
+        }
         let mut trainer = Trainer::boxed(strategy)
             .steps(total)
             .grad_clip(clip)
@@ -184,6 +246,16 @@ impl<'a> Run<'a> {
         console.finish(&summary);
         sig.exit_code()
     }
+}
+
+/// The SHA-256 of the file at `path` in lowercase hex, as `sha256sum` prints it, read in
+/// pieces (weights may be large).
+fn file_sha256(path: &std::path::Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(|e| Error::io(path, e))?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// What the run claims of `--checkpoint-dir`.
