@@ -2,7 +2,7 @@
 //! `data`, `tensor`, `pipeline` or `data,pipeline` parallelism, with AdamW, clipping, warmup +
 //! cosine decay, periodic validation loss, trained through the library's
 //! [`Trainer`](tandem::train::Trainer) with the same run directory, resume and stop handling as
-//! the seed models (the sources it draws from are in `windows.rs`). Training windows are drawn at random or served in epochs (`--order`),
+//! the seed models. Training windows are drawn at random ([`RandomWindows`]) or served in epochs ([`WindowLoader`], `--order`),
 //! validated on the data's last 10% or on `--val-data`.
 //!
 //! The checkpoint's run configuration carries the model's shape and the character vocabulary,
@@ -10,17 +10,15 @@
 use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
 use super::training::{Ended, Run};
-use super::windows::{RandomWindows, ValWindows, WindowStep};
+use super::windows::ValWindows;
 use super::{GptArgs, OptimizerKind, TrainArgs, WindowOrder};
-use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
 use tandem::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
-use tandem::data::{Batch, WindowLoader};
+use tandem::data::{Batch, RandomWindows, WindowLoader, WindowPool};
 use tandem::nn::models::{Gpt, GptConfig, StateShards};
 use tandem::nn::Module;
 use tandem::optim::LrSchedule;
@@ -44,18 +42,18 @@ const VAL_STREAM: u64 = u64::MAX;
 
 /// Where a GPT's tokens come from (`--data`).
 pub(super) enum Tokens {
-    Text(TextCorpus),
+    Text(Arc<TextCorpus>),
     Windows(Arc<TokenWindows>),
 }
 
 impl Tokens {
     pub(super) fn load(data: &str) -> Result<Tokens> {
         if data == "text" {
-            return Ok(Tokens::Text(TextCorpus::builtin(BUILTIN_CORPUS_SEED)));
+            return Ok(Tokens::Text(Arc::new(TextCorpus::builtin(BUILTIN_CORPUS_SEED))));
         }
         match data.strip_prefix("text:") {
             Some("") => Err(Error::invalid("--data", "text: needs a file, as in text:input.txt")),
-            Some(path) => Ok(Tokens::Text(TextCorpus::from_file(path)?)),
+            Some(path) => Ok(Tokens::Text(Arc::new(TextCorpus::from_file(path)?))),
             None if data.ends_with(".safetensors") => Ok(Tokens::Windows(Arc::new(TokenWindows::load(data)?))),
             None => Err(Error::invalid("--data", format!("'{data}' is not text, text:PATH or a PATH.safetensors of token ids (for --model gpt)"))),
         }
@@ -102,11 +100,15 @@ impl Tokens {
 pub(super) struct Draws {
     /// Every validation window, evaluated at each --eval-every.
     val: Batch,
-    /// The training windows in epochs (`--order shuffle` or `sequential`).
-    loader: Option<WindowLoader>,
-    /// The rows of a token file that training windows come from (all with --val-data, else the
-    /// first 90%); a text's random windows come from its training tokens instead.
-    rows: std::ops::Range<usize>,
+    training: Training,
+}
+
+/// The training windows: in epochs (`--order shuffle` or `sequential`), or at random (`--order
+/// random`) from the rows of a token file (all with --val-data, else the first 90%) or from
+/// anywhere in a text's training tokens.
+enum Training {
+    Epochs(WindowLoader),
+    Random(RandomWindows),
 }
 
 impl Draws {
@@ -123,6 +125,7 @@ impl Draws {
         let (windows, rows) = match data {
             Tokens::Text(c) => {
                 if whole {
+                    let c = Arc::make_mut(c);
                     c.train.append(&mut c.val);
                 }
                 if order == WindowOrder::Random {
@@ -135,31 +138,23 @@ impl Draws {
             }
             Tokens::Windows(w) => (Some(w.clone()), if whole { 0..w.rows } else { w.rows_of(Split::Train) }),
         };
-        let loader = match windows.filter(|_| order != WindowOrder::Random) {
+        let training = match windows.filter(|_| order != WindowOrder::Random) {
             None => {
-                Draws::random(data, &rows, 1, block, &mut batch_rng(args.seed, 0))?;
-                None
+                let pool = match data {
+                    Tokens::Windows(w) => WindowPool::Rows(w.clone(), rows),
+                    Tokens::Text(c) => WindowPool::Text(c.clone(), block),
+                };
+                Training::Random(RandomWindows::new(pool, args.batch, args.seed)?)
             }
             Some(w) => {
                 if args.batch > rows.len() {
                     let what = format!("{} exceeds the {} training windows: --order shuffle and sequential serve full batches of distinct windows", args.batch, rows.len());
                     return Err(Error::invalid("--batch", what));
                 }
-                Some(WindowLoader::new(w, rows.clone(), args.batch, order == WindowOrder::Shuffle, args.seed)?.drop_last(true)?)
+                Training::Epochs(WindowLoader::new(w, rows.clone(), args.batch, order == WindowOrder::Shuffle, args.seed)?.drop_last(true)?)
             }
         };
-        Ok(Draws { val, loader, rows })
-    }
-
-    /// `batch` random training windows (`--order random`), drawn from `rng`.
-    pub(super) fn random(data: &Tokens, rows: &std::ops::Range<usize>, batch: usize, block: usize, rng: &mut ChaCha8Rng) -> Result<Batch> {
-        match data {
-            Tokens::Windows(w) => {
-                let TokenBatch { x, y, block, .. } = w.batch_from(rows.clone(), batch, rng)?;
-                Batch::tokens(x, y, block, w.vocab_size)
-            }
-            Tokens::Text(_) => data.batch(Split::Train, batch, block, rng),
-        }
+        Ok(Draws { val, training })
     }
 }
 
@@ -192,12 +187,11 @@ fn val_windows(val: &str, data: &Tokens, block: usize) -> Result<Batch> {
     Ok(WindowLoader::new(Arc::new(windows), 0..rows, rows, false, 0)?.next_batch())
 }
 
-/// The generator of training batch `step` (0-based): a function of the seed and the step
-/// alone, so a resumed run draws the windows the uninterrupted one would have.
+/// The generator of stream `stream` of `seed` ([`tandem::data::window_rng`]): training batch `s`
+/// (0-based) is drawn from stream `s`, the validation windows and the planner's probes from
+/// streams no run reaches.
 pub(super) fn batch_rng(seed: u64, stream: u64) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(stream);
-    rng
+    tandem::data::window_rng(seed, stream)
 }
 
 pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
@@ -231,9 +225,9 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let mut data = Tokens::load(&args.data)?;
     let cfg = config_of(args, &data)?;
     let block = cfg.block_size;
-    let Draws { val, mut loader, rows } = Draws::new(args, order, &mut data, block)?;
-    let (length_flag, total) = match (args.epochs, &loader) {
-        (Some(e), Some(l)) => {
+    let Draws { val, mut training } = Draws::new(args, order, &mut data, block)?;
+    let (length_flag, total) = match (args.epochs, &training) {
+        (Some(e), Training::Epochs(l)) => {
             let steps = e.checked_mul(l.batches_per_epoch() as u64).ok_or_else(|| Error::invalid("--epochs", format!("{e} epochs is more steps than can be counted")))?;
             ("--epochs", steps)
         }
@@ -288,13 +282,12 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if let (Some(e), true) = (g.eval_every, ranks.leader()) {
         trainer = trainer.validate(e, ValWindows::new(val, args.batch), vec![Box::new(MeanLoss::new(Loss::CrossEntropy))]);
     }
-    let trained = match &mut loader {
-        Some(l) => run.fit(&mut trainer, l, console, length_flag)?,
-        None => {
-            let step = Arc::new(AtomicU64::new(0));
-            trainer = trainer.observe(WindowStep(Arc::clone(&step)));
-            let mut windows = RandomWindows { data: &data, rows, seed: args.seed, batch: args.batch, block, step };
-            run.fit(&mut trainer, &mut windows, console, length_flag)?
+    let trained = match &mut training {
+        Training::Epochs(l) => run.fit(&mut trainer, l, console, length_flag)?,
+        Training::Random(windows) => {
+            // The windows of a step are drawn from (--seed, the step): told where the run starts.
+            trainer = trainer.observe(windows.observer());
+            run.fit(&mut trainer, windows, console, length_flag)?
         }
     };
     let trained = match trained {

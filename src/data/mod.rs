@@ -13,6 +13,7 @@ mod epochs;
 mod loader;
 mod source;
 pub mod mnist;
+mod random_windows;
 mod split;
 mod standardize;
 pub mod synthetic;
@@ -22,6 +23,7 @@ mod windows;
 
 pub use epochs::Epoch;
 pub use loader::{DataLoader, LoaderState};
+pub use random_windows::{window_rng, RandomWindows, StartStep, WindowPool};
 pub use source::BatchSource;
 pub use split::TestSize;
 pub use standardize::Standardizer;

@@ -83,6 +83,7 @@ impl CharVocab {
 }
 
 /// A character-level corpus: its vocabulary and its tokens, split 90/10 by position.
+#[derive(Clone)]
 pub struct TextCorpus {
     pub vocab: CharVocab,
     pub train: Vec<i32>,
@@ -296,6 +297,13 @@ impl TokenWindows {
             y.extend_from_slice(&self.y[r * t..(r + 1) * t]);
         }
         Ok(TokenBatch { x, y, batch, block: t })
+    }
+}
+
+/// The source, the token counts and the vocabulary; not the ids.
+impl std::fmt::Debug for TextCorpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TextCorpus({}: {} training and {} validation tokens, vocabulary {})", self.source, self.train.len(), self.val.len(), self.vocab.len())
     }
 }
 
