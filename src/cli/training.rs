@@ -103,7 +103,15 @@ impl<'a> Run<'a> {
         if args.checkpoint_dir.is_none() {
             return Ok(None);
         }
+        // A FIFO or a device is read once, by the run: it is not hashed beforehand, and what
+        // it held cannot be compared with a later --init, so a resume refuses one.
+        let regular = |p: &std::path::Path| std::fs::metadata(p).map_or(true, |m| m.is_file());
         let given = match &args.init {
+            Some(path) if !regular(path) && args.resume => {
+                let what = format!("{}: not a regular file; with --resume, --init must be the file the run started from, whose contents are compared", path.display());
+                return Err(Error::invalid("--init", what));
+            }
+            Some(path) if !regular(path) => None,
             Some(path) => Some((path, file_sha256(path)?)),
             None => None,
         };
