@@ -353,7 +353,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 200)]
     pub tokens: usize,
     /// Divides the logits: below 1 sharper, above 1 more random; a finite number above 0.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = temperature)]
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true, value_parser = temperature)]
     pub temperature: f32,
     /// Sample among the K likeliest tokens only (K >= 1).
     #[arg(long, value_name = "K", allow_negative_numbers = true, value_parser = at_least_one)]
