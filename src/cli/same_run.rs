@@ -15,10 +15,10 @@
 //! (rank 0's weights start every replica) may differ, and so may the devices a rank trains
 //! on, their `--memory-limit` and `--recalibrate` (each rank's calibration is gathered before
 //! rank 0 plans); `RANK_LOCAL` lists them with the reasons. A job may mix kinds of device
-//! (one rank on a CUDA GPU, another on a Vulkan adapter), as one process may; the ranks then agree on the collectives (NCCL only when every rank's devices
-//! are CUDA GPUs) and the batch shares (by measured speed). `bench` still needs one kind of
-//! device on every rank. Flags compare as given: `--lr 0.01` and the default 0.01 count as
-//! different.
+//! (one rank on a CUDA GPU, another on a Vulkan adapter), as one process may; the ranks then
+//! agree on the collectives (NCCL only when every rank's devices are CUDA GPUs) and the batch
+//! shares (by measured speed). `bench` still needs one kind of device on every rank. Flags
+//! compare as given: `--lr 0.01` and the default 0.01 count as different.
 use super::ranks::Ranks;
 use super::{BenchArgs, Command, ModelArg, TrainArgs};
 use super::Failure;
@@ -304,7 +304,7 @@ mod tests {
         assert!(d[1].starts_with("--seed: rank 0 = 1, rank 1 = (not checked)"), "{d:?}");
     }
 
-    /// Every long flag of `command`'s subcommand `name`.
+    /// Every long flag of `tandem`'s subcommand `name`.
     fn long_flags(name: &str) -> Vec<String> {
         use clap::CommandFactory;
         let cli = super::super::Cli::command();

@@ -172,7 +172,8 @@ pub(super) fn micro_batches_refused(n: usize, batch: usize) -> Error {
     if n == 0 {
         return Error::invalid("--micro-batches", "must be at least 1");
     }
-    Error::invalid("--micro-batches", format!("--micro-batches {n} does not divide --batch {batch} into equal micro-batches; give a divisor of --batch"))
+    let detail = format!("--micro-batches {n} does not divide --batch {batch} into equal micro-batches; give a divisor of --batch");
+    Error::invalid("--micro-batches", detail)
 }
 
 fn run_config(args: &TrainArgs, model: SeedModel, optim: &OptimConfig) -> serde_json::Value {
