@@ -142,3 +142,84 @@ fn cuda_13_wheels_load_when_given() {
     let text = in_child("cuda_13_wheels_load_when_given", Path::new(&dir));
     println!("{}", text.lines().find(|l| l.starts_with("NVRTC")).unwrap_or(&text));
 }
+
+/// A fake driver that reports one GPU and answers the device queries, and nothing more.
+const FAKE_DRIVER: &str = r#"
+#include <string.h>
+#include <stddef.h>
+int cuInit(unsigned int flags) { (void)flags; return 0; }
+int cuDriverGetVersion(int *v) { *v = 12080; return 0; }
+int cuDeviceGetCount(int *n) { *n = 1; return 0; }
+int cuDeviceGet(int *d, int ordinal) { *d = ordinal; return 0; }
+int cuDeviceGetName(char *name, int len, int d) { (void)d; strncpy(name, "Tandem Fake GPU", (size_t)len); return 0; }
+int cuDeviceTotalMem_v2(size_t *bytes, int d) { (void)d; *bytes = (size_t)1 << 30; return 0; }
+int cuDeviceGetAttribute(int *v, int attr, int d) { (void)attr; (void)d; *v = 8; return 0; }
+"#;
+
+/// Compiles `source` into the shared library `dir/name` (soname `name`); `false` without a C
+/// compiler.
+fn shared_library(dir: &Path, name: &str, source: &str) -> bool {
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, source).unwrap();
+    let built = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(dir.join(name)).arg(&c).arg(format!("-Wl,-soname,{name}")).output();
+    match built {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => panic!("cc failed on {name}: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => {
+            eprintln!("skipped: no C compiler to build a fake {name}: {e}");
+            false
+        }
+    }
+}
+
+/// `tandem devices` beside a GPU whose cuBLAS and NVRTC are damaged (files under the right
+/// names that lack the entry points tandem calls), so that it cannot be opened: the table
+/// still lists the CPU, wgpu and the CUDA device, each CUDA library with the reason it is not
+/// used, a line says why `--devices auto` fails, the command succeeds, and no panic is printed.
+#[cfg(feature = "cli")]
+#[test]
+fn devices_lists_everything_beside_broken_cuda_libraries_without_a_panic() {
+    if is_child() {
+        return;
+    }
+    let dir = scratch("broken");
+    let empty = "int tandem_fake_library_marker(void) { return 0; }\n";
+    let nvrtc_version_only = "int nvrtcVersion(int *major, int *minor) { *major = 12; *minor = 8; return 0; }\n";
+    if !shared_library(&dir, "libcuda.so.1", FAKE_DRIVER) {
+        return;
+    }
+    std::fs::copy(dir.join("libcuda.so.1"), dir.join("libcuda.so")).unwrap();
+    assert!(shared_library(&dir, "libcublas.so.12", empty) && shared_library(&dir, "libcublasLt.so.12", empty));
+    assert!(shared_library(&dir, "libnvrtc.so.12", nvrtc_version_only));
+    let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .arg("devices")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("TANDEM_CUDA_LIBS", &dir)
+        .env("HOME", &dir)
+        .env("PATH", "/usr/bin:/bin")
+        .env("TANDEM_CACHE_DIR", dir.join("cache"))
+        .env("RUST_BACKTRACE", "1")
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("CONDA_PREFIX")
+        .env_remove("CUDA_HOME")
+        .env_remove("CUDA_PATH")
+        .env_remove("CUDA_ROOT")
+        .env_remove("TANDEM_BACKENDS")
+        .output()
+        .expect("tandem runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let both = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(out.status.success(), "{both}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("Missing symbol") && !stderr.contains("backtrace"), "{both}");
+    let row = |start: &str| stdout.lines().find(|l| l.trim_start_matches('*').trim_start().starts_with(start)).map(str::to_string);
+    assert!(row("cpu").is_some(), "no CPU row:\n{both}");
+    assert!(stdout.contains("wgpu"), "no word of wgpu:\n{both}");
+    let cuda = row("cuda:0").unwrap_or_else(|| panic!("no CUDA row:\n{both}"));
+    assert!(cuda.contains("Tandem Fake GPU"), "{cuda}");
+    assert!(cuda.contains("not cuBLAS") && cuda.contains("cublasCreate_v2"), "the MATMUL column names what cuBLAS lacks: {cuda}");
+    assert!(cuda.contains("no NVRTC") && cuda.contains("nvrtcCreateProgram"), "the LIBRARIES column names what NVRTC lacks: {cuda}");
+    // Opening the device needs NVRTC; auto picks the CUDA device and says why it cannot.
+    let auto = stdout.lines().find(|l| l.starts_with("--devices auto fails here:")).unwrap_or_else(|| panic!("no word of auto:\n{both}"));
+    assert!(auto.contains("nvrtcCreateProgram"), "{auto}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

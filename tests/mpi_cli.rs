@@ -197,9 +197,10 @@ fn devices_and_the_allreduce_bench_under_two_processes() {
     assert_eq!(json_lines(chunked).len(), 10);
 }
 
-/// Two ranks started with different flags or data (an MPMD launch, `mpirun -np 1 tandem A :
-/// -np 1 tandem B`, each rank in a directory of its own) end within 30 s, failing, with a
-/// message that names the flag and both ranks' values, and nothing corrupts memory.
+/// Two ranks started with different flags (shape, seed, precision, gradient type) or data (an
+/// MPMD launch, `mpirun -np 1 tandem A : -np 1 tandem B`, each rank in a directory of its own)
+/// end within 30 s, failing, with a message that names the flag and both ranks' values, and
+/// nothing corrupts memory.
 #[test]
 fn ranks_started_differently_end_the_job_naming_the_flag() {
     let dir = TempDir::new();
@@ -218,13 +219,15 @@ fn ranks_started_differently_end_the_job_naming_the_flag() {
     .map(String::from)
     .to_vec();
     // (what, rank 1's extra flags (a repeated flag overrides), rank 1's directory, the message)
-    let cases: [(&str, &[&str], &Path, &[&str]); 6] = [
+    let cases: [(&str, &[&str], &Path, &[&str]); 8] = [
         ("model shape", &["--n-embd", "32"], &a, &["--n-embd: rank 0 = 16, rank 1 = 32"]),
         ("data file", &["--data", "text:other.txt"], &a, &["--data: rank 0 = text:corpus.txt (4000 bytes", "rank 1 = text:other.txt (4000 bytes"]),
         ("data content", &[], &b, &["--data: rank 0 = text:corpus.txt (4000 bytes, sha256 of its ends ", "rank 1 = text:corpus.txt (4000 bytes, sha256 of its ends "]),
         ("seed", &["--seed", "2"], &a, &["--seed: rank 0 = 1, rank 1 = 2"]),
         ("batch", &["--batch", "8"], &a, &["--batch: rank 0 = 4, rank 1 = 8"]),
         ("steps", &["--steps", "5"], &a, &["--steps: rank 0 = 3, rank 1 = 5"]),
+        ("precision", &["--precision", "bf16"], &a, &["--precision: rank 0 = f32, rank 1 = bf16"]),
+        ("gradient type", &["--grad-dtype", "bf16"], &a, &["--grad-dtype: rank 0 = f32, rank 1 = bf16"]),
     ];
     for (what, extra, rank1_dir, expect) in cases {
         let mut other = base.clone();

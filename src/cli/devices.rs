@@ -1,6 +1,8 @@
 //! `tandem devices`: every device of every compiled backend as a table (with the matmul path
-//! each takes and the libraries behind its kernels), the one `auto` picks marked, adapters refused for want of compute with the reason, and a plain word about
-//! backends that are compiled in but found nothing or lack the platform's usual driver.
+//! each takes and the libraries behind its kernels, or why a library is not used), the one
+//! `auto` picks marked (or why `auto` fails), adapters refused for want of compute with the
+//! reason, and a plain word about backends that are compiled in but found nothing (with the
+//! driver's reason) or lack the platform's usual driver.
 use super::ranks::Ranks;
 use tandem::{BackendKind, Device, DeviceInfo, Result};
 
@@ -9,11 +11,13 @@ pub fn run(ranks: &Ranks) -> Result<()> {
         return per_rank(ranks);
     }
     let list = Device::list();
-    let auto = Device::auto()?.spec();
+    // A device that is listed but cannot open (a CUDA GPU whose libraries are broken) fails
+    // `auto`; the table still shows every device, and the line below it says why.
+    let auto = Device::auto().map(|d| d.spec());
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|i| {
-            let mark = if spec(i) == auto { "*" } else { "" };
+            let mark = if auto.as_ref().is_ok_and(|a| spec(i) == *a) { "*" } else { "" };
             let libraries = if i.libraries.is_empty() { "-".to_string() } else { i.libraries.clone() };
             vec![
                 mark.to_string(),
@@ -30,7 +34,10 @@ pub fn run(ranks: &Ranks) -> Result<()> {
         .collect();
     let header = ["", "SPEC", "BACKEND", "NAME", "KIND", "MEMORY", "DRIVER", "MATMUL", "LIBRARIES"];
     print_table(&header, &rows);
-    out!("* = what --devices auto picks");
+    match &auto {
+        Ok(_) => out!("* = what --devices auto picks"),
+        Err(e) => out!("--devices auto fails here: {e}"),
+    }
     #[cfg(feature = "wgpu")]
     for r in tandem::backend::wgpu::refused() {
         out!("refused: {} ({}): {}", r.name, r.driver, r.reason);
@@ -54,7 +61,7 @@ fn per_rank(ranks: &Ranks) -> Result<()> {
         g.size(),
         g.local_rank(),
         g.local_size(),
-        Device::auto()?.spec(),
+        Device::auto().map_or_else(|e| format!("none ({e})"), |d| d.spec()),
         seen.join(", ")
     );
     for bytes in tandem::train::ranks::gather_bytes(ranks.group(), line.as_bytes())? {
@@ -113,7 +120,7 @@ fn notes(list: &[DeviceInfo]) -> Vec<String> {
     let found = |b: BackendKind| list.iter().any(|i| i.backend == b);
     let mut out = Vec::new();
     match (cfg!(feature = "cuda"), found(BackendKind::Cuda)) {
-        (true, false) => out.push("CUDA support is compiled in, but no CUDA driver or device was found.".to_string()),
+        (true, false) => out.push(format!("CUDA support is compiled in, but no CUDA device was found: {}.", cuda_absent())),
         (false, _) => out.push("CUDA support is not compiled in (build with --features cuda).".to_string()),
         (true, true) => {}
     }
@@ -134,6 +141,19 @@ fn notes(list: &[DeviceInfo]) -> Vec<String> {
         out.extend(missing_backend(expected, &found));
     }
     out
+}
+
+/// Why the CUDA backend lists no device: the driver's answer, or its absence.
+fn cuda_absent() -> String {
+    #[cfg(feature = "cuda")]
+    return match tandem::backend::cuda::probe() {
+        Ok(0) => "the driver reports none".into(),
+        Ok(n) => format!("the driver reports {n}, and none could be described"),
+        Err(tandem::Error::Unavailable { reason, .. }) => reason,
+        Err(e) => e.to_string(),
+    };
+    #[cfg(not(feature = "cuda"))]
+    String::new()
 }
 
 /// Left-aligned columns two spaces apart.

@@ -2,16 +2,20 @@
 //! model's shape and its character vocabulary in the run configuration (see `gpt::run_config`).
 //! The configuration only names the shape: every parameter's name and shape is checked
 //! against the tensors the file holds before anything is built, so a small file cannot ask
-//! for a large model.
+//! for a large model. The text is streamed as it is drawn (see [`run`]).
 use super::GenerateArgs;
 use tandem::train::run_file as checkpoints;
 use tandem::checkpoint::read_safetensors;
 use tandem::nn::models::{Gpt, GptCheckpoint};
 use tandem::{Device, Error, Result, Tensor};
+use std::io::Write;
+use std::ops::ControlFlow;
 
 /// The metadata key of a `tandem-checkpoint-1` file's format, checked before its checksum.
 const CHECKPOINT_FORMAT: &str = "tandem-checkpoint-1";
 
+/// Reads the checkpoint and the prompt, then writes the prompt and each drawn character to
+/// standard output as it comes.
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let path = &args.init;
     if args.prompt.is_empty() {
@@ -34,10 +38,28 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let model = Gpt::from_state_dict(cfg, &weights, &dev).map_err(|e| disagrees(path, e))?;
     let n = prompt.len();
     let ids = Tensor::from_labels(prompt, [1, n], &dev)?;
-    let out = model.generate(&ids, args.tokens, args.temperature, args.top_k, args.seed)?.to_vec_i32()?;
-    let text = vocab.decode(&out)?;
-    out!("{text}");
-    Ok(())
+    // The prompt, then each character as it is drawn, then a newline: a reader sees the text
+    // grow, and nothing but the model's context is kept however many --tokens are asked.
+    let mut stdout = std::io::stdout();
+    write(&mut stdout, args.prompt.as_bytes())?;
+    let mut utf8 = [0u8; 4];
+    model.generate_with(&ids, args.tokens, args.temperature, args.top_k, args.seed, |tokens| {
+        for c in vocab.decode(tokens)?.chars() {
+            write(&mut stdout, c.encode_utf8(&mut utf8).as_bytes())?;
+        }
+        Ok(ControlFlow::Continue(()))
+    })?;
+    write(&mut stdout, b"\n")
+}
+
+/// Writes and flushes `bytes` to standard output; a reader that has gone ends the process
+/// quietly with status 141, as `out!` does (see `cli::write_out`).
+fn write(stdout: &mut impl Write, bytes: &[u8]) -> Result<()> {
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(super::BROKEN_PIPE_STATUS),
+        Err(e) => Err(Error::io("standard output", e)),
+    }
 }
 
 /// A model the file's configuration cannot take its weights into: the file's error, as

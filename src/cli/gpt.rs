@@ -202,7 +202,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         return Err(Error::invalid("--epochs", "--order random draws windows with replacement and has no epochs; use --steps, or --order shuffle or sequential"));
     }
     if args.micro_batches.is_some_and(|m| m == 0 || !args.batch.is_multiple_of(m)) {
-        return Err(Error::invalid("--micro-batches", format!("{:?} does not divide --batch {}", args.micro_batches, args.batch)));
+        return Err(super::train::micro_batches_refused(args.micro_batches.unwrap_or(1), args.batch));
     }
     for (flag, n) in [("--steps", args.steps), ("--epochs", args.epochs), ("--checkpoint-every", args.checkpoint_every), ("--eval-every", g.eval_every)] {
         if n == Some(0) {

@@ -354,11 +354,11 @@ pub struct GenerateArgs {
     /// Tokens (characters) to sample.
     #[arg(long, default_value_t = 200)]
     pub tokens: usize,
-    /// Divides the logits: below 1 sharper, above 1 more random.
-    #[arg(long, default_value_t = 1.0)]
+    /// Divides the logits: below 1 sharper, above 1 more random; a finite number above 0.
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true, value_parser = temperature)]
     pub temperature: f32,
-    /// Sample among the K likeliest tokens only.
-    #[arg(long, value_name = "K")]
+    /// Sample among the K likeliest tokens only (K >= 1).
+    #[arg(long, value_name = "K", allow_negative_numbers = true, value_parser = at_least_one)]
     pub top_k: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -456,6 +456,25 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
 fn bucket_size(text: &str) -> std::result::Result<usize, String> {
     let bytes = tandem::backend::parse_bytes(text)?;
     usize::try_from(bytes).map_err(|_| format!("{bytes} bytes do not fit this machine's address space"))
+}
+
+/// `generate --temperature`: a finite number above 0 (the logits are divided by it).
+fn temperature(text: &str) -> std::result::Result<f32, String> {
+    let t: f32 = text.trim().parse().map_err(|_| format!("{text:?} is not a number"))?;
+    if t > 0.0 && t.is_finite() {
+        Ok(t)
+    } else {
+        Err(format!("{text} cannot divide the logits: give a finite number above 0 (1 samples the model's own distribution)"))
+    }
+}
+
+/// A count that must be at least 1 (`generate --top-k`).
+fn at_least_one(text: &str) -> std::result::Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{text:?} is not a whole number: {e}")),
+    }
 }
 
 fn grad_dtype(text: &str) -> std::result::Result<tandem::DType, String> {

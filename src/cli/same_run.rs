@@ -1,7 +1,8 @@
 //! Under `mpirun`/`srun`, before a command does anything else, every rank checks that it was
 //! started like every other: the same command, and for `train` the same flags that decide the
 //! run (model and its shape, data and the file's identity, seed, batch, steps, optimizer and
-//! its settings, schedule, strategy, checkpointing). Ranks started
+//! its settings, precision, schedule, strategy, `--shard`, `--bucket-size`, `--grad-dtype`,
+//! `--offload-optimizer`, the `--plan` file by its content, checkpointing). Ranks started
 //! differently (an MPMD launch `mpirun -np 1 tandem train … : -np 1 tandem train … --seed 2`,
 //! or one machine's copy of the data file that differs) would train apart or wait for each
 //! other forever; instead the job ends at once, on every rank, with a message that names each
@@ -12,11 +13,12 @@
 //! directory (`mnist:DIR`) by the same of each of its files. Flags that only rank 0 acts on
 //! (`--save`, `--plot`, `--trace`, `--log-format`, where the checkpoints go) and `--init`
 //! (rank 0's weights start every replica) may differ, and so may the devices a rank trains
-//! on: a job may mix kinds of device (one rank on a CUDA GPU, another on a Vulkan adapter), as
-//! one process may; the ranks then agree on the collectives (NCCL only when every rank's devices
-//! are CUDA GPUs) and the batch shares (by measured speed). `bench` still needs one kind of
-//! device on every rank. Flags compare as given: `--lr 0.01` and the default 0.01 count as
-//! different.
+//! on, their `--memory-limit` and `--recalibrate` (each rank's calibration is gathered before
+//! rank 0 plans); `RANK_LOCAL` lists them with the reasons. A job may mix kinds of device
+//! (one rank on a CUDA GPU, another on a Vulkan adapter), as one process may; the ranks then
+//! agree on the collectives (NCCL only when every rank's devices are CUDA GPUs) and the batch
+//! shares (by measured speed). `bench` still needs one kind of device on every rank. Flags
+//! compare as given: `--lr 0.01` and the default 0.01 count as different.
 use super::ranks::Ranks;
 use super::{BenchArgs, Command, ModelArg, TrainArgs};
 use super::Failure;
@@ -97,16 +99,28 @@ fn differences(all: &[Vec<Entry>]) -> Vec<String> {
 fn entries(command: &Command, ranks: &Ranks) -> Vec<Entry> {
     let mut e = Entries(Vec::new());
     match command {
-        Command::Devices => e.add("command", "devices"),
-        Command::Generate(_) => e.add("command", "generate"),
         Command::Bench(args) => bench(&mut e, args, ranks),
-        Command::Train(args) => train(&mut e, args),
-        Command::Plan(args) => {
-            train(&mut e, &args.train);
-            e.add("command", "plan");
-        }
+        other => command_flags(&mut e, other),
     }
     e.0
+}
+
+/// What a command other than `bench` (whose devices need the ranks) was asked to do.
+fn command_flags(e: &mut Entries, command: &Command) {
+    match command {
+        Command::Devices => e.add("command", "devices"),
+        Command::Generate(_) => e.add("command", "generate"),
+        Command::Bench(_) => {}
+        Command::Train(args) => {
+            e.add("command", "train");
+            train(e, args);
+        }
+        Command::Plan(args) => {
+            e.add("command", "plan");
+            train(e, &args.train);
+            e.opt("--cluster", args.cluster.as_ref());
+        }
+    }
 }
 
 struct Entries(Vec<Entry>);
@@ -131,8 +145,9 @@ fn bench(e: &mut Entries, args: &BenchArgs, ranks: &Ranks) {
     e.add("--devices", device_kinds(&args.devices, ranks));
 }
 
+/// The flags of `train` (and `plan`) that decide the run's trajectory or the shapes of its
+/// collectives; every other flag is in [`RANK_LOCAL`].
 fn train(e: &mut Entries, args: &TrainArgs) {
-    e.add("command", "train");
     e.add(
         "--model",
         match args.model {
@@ -161,18 +176,44 @@ fn train(e: &mut Entries, args: &TrainArgs) {
     e.opt("--val-data", g.val_data.as_deref().map(data_identity));
     e.add("--seed", args.seed);
     e.debug("--strategy", args.strategy);
-    e.opt("--plan", args.plan.as_ref().map(|p| p.display().to_string()));
+    // By content: one plan copied to each machine may sit under different paths.
+    e.opt("--plan", args.plan.as_deref().map(path_identity));
     e.opt("--balance", args.balance.map(|b| format!("{b:?}").to_lowercase()));
     e.opt("--micro-batches", args.micro_batches);
     e.debug("--schedule", args.schedule);
     e.opt("--pipelines", args.pipelines);
     e.add("--recompute", args.recompute);
     e.add("--deterministic", args.deterministic);
-    // Where the checkpoints go is rank 0's; whether there are any decides when all ranks wait.
+    e.debug("--precision", args.precision);
+    e.add("--search-precision", args.search_precision);
+    e.debug("--shard", args.shard);
+    e.add("--bucket-size", args.bucket_size);
+    e.debug("--grad-dtype", args.grad_dtype);
+    e.add("--offload-optimizer", args.offload_optimizer);
+    // Trials are collective steps: a rank that skips them would leave the others waiting.
+    e.add("--no-trials", args.no_trials);
+    // Where the checkpoints go is rank 0's (rank-local); whether there are any decides when
+    // all ranks wait.
     e.add("--checkpoint-dir", if args.checkpoint_dir.is_some() { "given" } else { "not given" });
     e.opt("--checkpoint-every", args.checkpoint_every);
     e.add("--resume", args.resume);
 }
+
+/// The flags of `train` and `plan` that may differ between ranks, each with the reason. A flag
+/// added to the command line must be agreed in [`train`] or listed here (a test checks it).
+#[cfg_attr(not(test), allow(dead_code))]
+const RANK_LOCAL: &[(&str, &str)] = &[
+    ("--init", "rank 0's weights start every replica; the others receive them"),
+    ("--save", "only rank 0 writes the final weights"),
+    ("--overwrite-checkpoints", "only rank 0 opens the checkpoint directory"),
+    ("--log-format", "only rank 0 prints the log"),
+    ("--trace", "only rank 0 writes the trace"),
+    ("--plot", "only rank 0 writes the plot"),
+    ("--devices", "each rank trains on its own devices, of any kind"),
+    ("--memory-limit", "a budget of this rank's devices, gathered with its calibration before rank 0 plans"),
+    ("--recalibrate", "whether this rank measures its own devices again; rank 0 plans on every rank's measurements"),
+    ("--save-plan", "only rank 0 writes the plan"),
+];
 
 /// The backends of this rank's share of `--devices` (`cuda`, `cpu,wgpu`): the ranks of a
 /// benchmark may drive different GPUs, not different kinds of device (its figures would not
@@ -261,6 +302,54 @@ mod tests {
         let d = differences(&[a, c]);
         assert_eq!(d[0], "command: rank 0 = train, rank 1 = devices");
         assert!(d[1].starts_with("--seed: rank 0 = 1, rank 1 = (not checked)"), "{d:?}");
+    }
+
+    /// Every long flag of `tandem`'s subcommand `name`.
+    fn long_flags(name: &str) -> Vec<String> {
+        use clap::CommandFactory;
+        let cli = super::super::Cli::command();
+        let sub = cli.find_subcommand(name).unwrap_or_else(|| panic!("no subcommand {name}"));
+        sub.get_arguments().filter_map(|a| a.get_long()).filter(|l| !["help", "version"].contains(l)).map(|l| format!("--{l}")).collect()
+    }
+
+    /// The flags a command line is checked by.
+    fn of(args: &[&str]) -> Vec<Entry> {
+        use clap::Parser;
+        let mut e = Entries(Vec::new());
+        command_flags(&mut e, &super::super::Cli::try_parse_from(args).unwrap().command);
+        e.0
+    }
+
+    #[test]
+    fn every_flag_of_train_and_plan_is_agreed_or_rank_local() {
+        for name in ["train", "plan"] {
+            let agreed: Vec<String> = of(&["tandem", name]).into_iter().map(|(flag, _)| flag).collect();
+            let local: Vec<&str> = RANK_LOCAL.iter().map(|(flag, _)| *flag).collect();
+            let flags = long_flags(name);
+            for flag in &flags {
+                assert!(
+                    agreed.contains(flag) || local.contains(&flag.as_str()),
+                    "{name} {flag} is neither agreed by the ranks (same_run::train) nor listed in RANK_LOCAL with a reason"
+                );
+                assert!(!(agreed.contains(flag) && local.contains(&flag.as_str())), "{name} {flag} is both agreed and rank-local");
+            }
+            for flag in agreed.iter().filter(|f| f.starts_with("--")) {
+                assert!(flags.contains(flag), "{name} has no flag {flag}, yet it is agreed");
+            }
+        }
+        let all: Vec<String> = ["train", "plan"].iter().flat_map(|n| long_flags(n)).collect();
+        for (flag, reason) in RANK_LOCAL {
+            assert!(all.contains(&flag.to_string()), "RANK_LOCAL lists {flag}, which train and plan lack");
+            assert!(!reason.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_plan_and_a_train_differ_by_command() {
+        let d = differences(&[of(&["tandem", "train"]), of(&["tandem", "plan"])]);
+        assert_eq!(d[0], "command: rank 0 = train, rank 1 = plan", "{d:?}");
+        let d = differences(&[of(&["tandem", "train"]), of(&["tandem", "train", "--precision", "bf16", "--shard", "grads"])]);
+        assert_eq!(d, vec!["--precision: rank 0 = f32, rank 1 = bf16".to_string(), "--shard: rank 0 = none, rank 1 = grads".to_string()]);
     }
 
     #[test]

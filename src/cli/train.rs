@@ -33,7 +33,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     }
     let micro_batches = args.micro_batches.unwrap_or(1);
     if micro_batches == 0 || !args.batch.is_multiple_of(micro_batches) {
-        return Err(Error::invalid("--micro-batches", format!("{micro_batches} does not divide --batch {}", args.batch)));
+        return Err(micro_batches_refused(micro_batches, args.batch));
     }
     for (flag, n) in [("--steps", args.steps), ("--epochs", args.epochs), ("--checkpoint-every", args.checkpoint_every)] {
         if n == Some(0) {
@@ -167,6 +167,15 @@ fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, op
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.
 /// The optimizer is recorded with every setting in effect (defaults included), so that `--lr
 /// 0.01` and the default 0.01 agree.
+/// The usage error for `--micro-batches n` beside `--batch`, which it must divide.
+pub(super) fn micro_batches_refused(n: usize, batch: usize) -> Error {
+    if n == 0 {
+        return Error::invalid("--micro-batches", "must be at least 1");
+    }
+    let detail = format!("--micro-batches {n} does not divide --batch {batch} into equal micro-batches; give a divisor of --batch");
+    Error::invalid("--micro-batches", detail)
+}
+
 fn run_config(args: &TrainArgs, model: SeedModel, optim: &OptimConfig) -> serde_json::Value {
     serde_json::json!({
         "model": setup::model_name(model),

@@ -8,7 +8,6 @@ use super::libs;
 use crate::backend::MatmulSpec;
 use cudarc::cublas::{result, sys};
 use cudarc::driver::{sys::CUdeviceptr, CudaStream};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 /// A library handle destroyed when dropped. The destroy status is logged, never unwrapped:
@@ -54,14 +53,14 @@ impl Blas {
     /// A handle on `stream`, or why there is none (libcublas missing or unusable).
     pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Self, String> {
         libs::load(&libs::CUBLAS)?;
-        let made = catch_unwind(AssertUnwindSafe(|| -> Result<Self, String> {
+        let made = super::quietly(|| -> Result<Self, String> {
             stream.context().bind_to_thread().map_err(|e| format!("binding the context: {e:?}"))?;
             let raw = result::create_handle().map_err(|e| format!("cublasCreate: {e:?}"))?;
             let handle = Owned::new(RawHandle(raw), destroy);
             // SAFETY: `raw` is live; the stream belongs to the bound context.
             unsafe { result::set_stream(raw, stream.cu_stream() as _) }.map_err(|e| format!("cublasSetStream: {e:?}"))?;
             Ok(Blas { handle: Mutex::new(handle) })
-        }));
+        });
         made.unwrap_or_else(|_| Err("libcublas lacks a symbol cudarc needs".into()))
     }
 
@@ -114,7 +113,7 @@ pub(crate) fn version() -> Result<String, String> {
         let status = unsafe { sys::cublasGetProperty(t, &mut v) };
         (status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(v).ok_or(format!("cublasGetProperty: {status:?}"))
     };
-    catch_unwind(|| -> Result<String, String> {
+    super::quietly(|| -> Result<String, String> {
         use sys::libraryPropertyType_t as P;
         Ok(format!("cuBLAS {}.{}.{} ({})", part(P::MAJOR_VERSION)?, part(P::MINOR_VERSION)?, part(P::PATCH_LEVEL)?, loaded.file_name()))
     })

@@ -40,6 +40,9 @@ pub(crate) struct Lib {
     wheel_dirs: &'static [&'static str],
     /// What to install when it is missing.
     advice: &'static str,
+    /// The entry points tandem calls through cudarc, which panics on a missing one: a file
+    /// that lacks any is refused before cudarc sees it.
+    symbols: &'static [&'static str],
 }
 
 pub(crate) const NVRTC: Lib = Lib {
@@ -48,6 +51,18 @@ pub(crate) const NVRTC: Lib = Lib {
     companions: &[],
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"],
     advice: "pip install nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12 (CUDA 12)",
+    symbols: &[
+        "nvrtcVersion",
+        "nvrtcCreateProgram",
+        "nvrtcCompileProgram",
+        "nvrtcDestroyProgram",
+        "nvrtcGetProgramLogSize",
+        "nvrtcGetProgramLog",
+        "nvrtcGetPTXSize",
+        "nvrtcGetPTX",
+        "nvrtcGetCUBINSize",
+        "nvrtcGetCUBIN",
+    ],
 };
 
 pub(crate) const CUBLAS: Lib = Lib {
@@ -56,6 +71,7 @@ pub(crate) const CUBLAS: Lib = Lib {
     companions: &["libcublasLt"],
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/cublas/lib"],
     advice: "pip install nvidia-cublas (CUDA 13) or nvidia-cublas-cu12 (CUDA 12)",
+    symbols: &["cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSgemmStridedBatched", "cublasGetProperty"],
 };
 
 #[cfg(feature = "nccl")]
@@ -65,6 +81,7 @@ pub(crate) const NCCL: Lib = Lib {
     companions: &[],
     wheel_dirs: &["nvidia/nccl/lib", "nvidia/cu13/lib"],
     advice: "pip install nvidia-nccl-cu13 or nvidia-nccl-cu12, or the libnccl2 package",
+    symbols: &["ncclGetVersion"],
 };
 
 /// A library found and loaded: the file, as the error messages and `tandem devices` name it.
@@ -197,7 +214,7 @@ fn site_packages(prefix: &Path) -> Vec<PathBuf> {
 
 /// The CUDA major version of the installed driver, when there is one.
 fn driver_major() -> Option<u32> {
-    std::panic::catch_unwind(|| {
+    super::quietly(|| {
         // SAFETY: is_culib_present only dlopens candidate names; cuDriverGetVersion needs no
         // cuInit and writes one integer.
         unsafe {
@@ -221,9 +238,9 @@ fn open(lib: &Lib, file: &Path) -> Result<(), String> {
         let dir = file.parent().filter(|d| !d.as_os_str().is_empty());
         let beside = dir.and_then(|d| names.iter().map(|n| d.join(n)).find(|p| p.is_file()));
         let target = beside.unwrap_or_else(|| PathBuf::from(&names[1]));
-        keep(&target).map_err(|e| format!("{}, which it needs: {e}", names[1]))?;
+        keep(&target, &[]).map_err(|e| format!("{}, which it needs: {e}", names[1]))?;
     }
-    keep(file)?;
+    keep(file, lib.symbols)?;
     super::stub::install(&format!("lib{}.so", lib.stem), file)
 }
 
@@ -235,13 +252,24 @@ fn companion_names(companion: &str, name: &str) -> [String; 2] {
     [format!("{companion}.so{version}"), format!("{companion}.so{major}")]
 }
 
-/// `dlopen`s `file` for the rest of the process.
-fn keep(file: &Path) -> Result<(), String> {
+/// `dlopen`s `file` for the rest of the process, when it holds every one of `symbols`;
+/// otherwise closes it again and says which it lacks.
+fn keep(file: &Path, symbols: &[&str]) -> Result<(), String> {
     // SAFETY: loading a library runs its initialisers; these are NVIDIA's CUDA libraries, which
     // cudarc would load the same way.
     let lib = unsafe { libloading::Library::new(file) }.map_err(|e| e.to_string())?;
+    let missing = missing_symbols(&lib, symbols);
+    if !missing.is_empty() {
+        return Err(format!("it lacks {} of the entry points tandem calls ({}): a damaged or other library", missing.len(), missing.join(", ")));
+    }
     std::mem::forget(lib);
     Ok(())
+}
+
+/// The names of `symbols` that `lib` does not define.
+fn missing_symbols<'a>(lib: &libloading::Library, symbols: &[&'a str]) -> Vec<&'a str> {
+    // SAFETY: the symbols are only looked up, never called or read.
+    symbols.iter().copied().filter(|name| unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err()).collect()
 }
 
 #[cfg(test)]
@@ -289,6 +317,15 @@ mod tests {
             assert!(text.contains(part), "{part:?} missing from: {text}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_library_without_the_entry_points_tandem_calls_is_refused_naming_them() {
+        // The C library stands in for a damaged libcublas: it loads, and lacks every symbol.
+        let libc = Path::new("libc.so.6");
+        let err = keep(libc, CUBLAS.symbols).expect_err("libc is no cuBLAS");
+        assert!(err.contains("lacks 5 of the entry points") && err.contains("cublasCreate_v2, cublasDestroy_v2"), "{err}");
+        keep(libc, &["malloc"]).expect("libc has malloc");
     }
 
     #[test]

@@ -49,9 +49,35 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
 /// Runs `f`, turning a panic inside cudarc (it panics when a library or symbol is missing) into
-/// `Error::Unavailable`, so no panic reaches the caller.
+/// `Error::Unavailable`, so no panic reaches the caller, nor its message the terminal.
 pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| Err(Error::Unavailable { backend: "cuda", reason: format!("{what}: {}", panic_message(payload)) }))
+    quietly(f).unwrap_or_else(|payload| Err(Error::Unavailable { backend: "cuda", reason: format!("{what}: {}", panic_message(payload)) }))
+}
+
+thread_local! {
+    /// How many [`quietly`] calls this thread is inside.
+    static QUIET: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// `catch_unwind` that prints nothing for the panic it catches: cudarc panics on a library or
+/// symbol that is missing (a damaged or foreign `libcublas`), which tandem reports as an error
+/// of its own, so the panic hook's message and backtrace would only alarm. The first call
+/// installs a hook that stays silent on a thread inside `quietly` and otherwise runs the hook
+/// that was set before it; panics on other threads print as ever.
+pub(crate) fn quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if QUIET.with(std::cell::Cell::get) == 0 {
+                previous(info);
+            }
+        }));
+    });
+    QUIET.with(|q| q.set(q.get() + 1));
+    let caught = catch_unwind(AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(q.get() - 1));
+    caught
 }
 
 /// The panic message of a caught panic.
@@ -74,7 +100,7 @@ pub fn probe() -> Result<usize> {
     static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
     let probed = PROBE.get_or_init(|| {
         // SAFETY: is_culib_present only dlopens candidate names and closes them again.
-        let present = catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+        let present = quietly(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
         if !present {
             return Err("no NVIDIA driver library (libcuda.so.1) found".into());
         }
@@ -209,11 +235,11 @@ pub fn nccl_version() -> Result<String> {
     let probed = PROBE.get_or_init(|| {
         let loaded = libs::load(&libs::NCCL)?;
         // SAFETY: is_culib_present only dlopens the candidate names and closes them again.
-        let present = catch_unwind(|| unsafe { cudarc::nccl::sys::is_culib_present() }).unwrap_or(false);
+        let present = quietly(|| unsafe { cudarc::nccl::sys::is_culib_present() }).unwrap_or(false);
         if !present {
             return Err(format!("{} was loaded but cudarc cannot open it", loaded.path.display()));
         }
-        match catch_unwind(cudarc::nccl::result::get_nccl_version) {
+        match quietly(cudarc::nccl::result::get_nccl_version) {
             Ok(Ok(code)) => {
                 // NCCL >= 2.9 encodes major*10000 + minor*100 + patch, older ones major*1000 + ...
                 let (major, rest) = if code >= 10000 { (code / 10000, code % 10000) } else { (code / 1000, code % 1000) };

@@ -33,7 +33,7 @@ pub(crate) fn unavailable() -> Option<String> {
         return Some(why);
     }
     // SAFETY: is_culib_present only dlopens candidate names and closes them again.
-    let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+    let present = super::quietly(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
     (!present).then(|| "libnvrtc was found but cudarc cannot open it".to_string())
 }
 

@@ -5,7 +5,8 @@
 //! `DT_SONAME` = the name cudarc asks for and `DT_NEEDED` = the file found, an empty symbol and
 //! hash table, and `PT_GNU_STACK` (no executable stack). Once it is loaded, the dynamic loader
 //! answers `dlopen("libnvrtc.so")` with it, and `dlsym` on that handle searches its dependency,
-//! the real library. It is written to a private temporary file, loaded, and the file removed.
+//! the real library. It is written to a temporary file only this user may read or write (mode
+//! 0600), loaded, and the file removed.
 use std::path::Path;
 
 const EHDR: usize = 64;
@@ -104,12 +105,7 @@ pub(crate) fn install(soname: &str, needed: &Path) -> Result<(), String> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     for dir in dirs {
         let path = dir.join(format!(".tandem-{}-{nanos}-{soname}", std::process::id()));
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes));
-        if let Err(e) = written {
+        if let Err(e) = write_private(&path, &bytes) {
             errors.push(format!("writing {}: {e}", path.display()));
             continue;
         }
@@ -128,9 +124,33 @@ pub(crate) fn install(soname: &str, needed: &Path) -> Result<(), String> {
     Err(errors.join("; "))
 }
 
+/// Creates `path` (which must not exist) readable and writable by this user alone, whatever
+/// the umask, and writes `bytes` to it: no other user can replace the stub between its writing
+/// and its loading, nor read which library this process loads.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    std::io::Write::write_all(&mut options.open(path)?, bytes)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::elf;
+    use super::{elf, write_private};
+
+    #[cfg(unix)]
+    #[test]
+    fn the_stub_file_is_the_user_s_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!(".tandem-stub-mode-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        write_private(&path, b"stub").unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert!(write_private(&path, b"again").is_err(), "an existing file is never reused");
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(mode, 0o600, "mode {mode:o}");
+    }
 
     #[test]
     fn the_stub_names_its_soname_and_dependency_in_a_well_formed_header() {
