@@ -150,6 +150,25 @@ fn plan_in(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
     (o.status.success(), text(&o.stdout) + &text(&o.stderr))
 }
 
+/// Whether `plan_in(dir, args)` reuses the kept calibration, `prepare` run before each try:
+/// on a loaded host the speed probe may find the device's pace moved (and measure again for
+/// that reason), so up to four tries.
+fn reused(dir: &std::path::Path, args: &[&str], prepare: &dyn Fn()) -> Result<(), Vec<String>> {
+    let mut lines = Vec::new();
+    for _ in 0..4 {
+        prepare();
+        let (ok, printed) = plan_in(dir, args);
+        assert!(ok, "{printed}");
+        let line = calibration(&printed);
+        if line.contains("reused from") {
+            return Ok(());
+        }
+        assert!(line.contains("speed moved"), "measured again for another reason: {line}");
+        lines.push(line);
+    }
+    Err(lines)
+}
+
 fn calibration(printed: &str) -> String {
     printed.lines().find(|l| l.starts_with("calibration ")).unwrap_or_else(|| panic!("no calibration line in:\n{printed}")).to_string()
 }
@@ -171,9 +190,8 @@ fn a_damaged_or_outdated_calibration_is_measured_again_with_a_note() {
     let (ok, first) = plan_in(&dir, &args);
     assert!(ok && calibration(&first).contains("measured in"), "{first}");
     let path = kept(&dir);
+    reused(&dir, &args, &|| {}).expect("an intact file is reused");
     let original: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let (ok, again) = plan_in(&dir, &args);
-    assert!(ok && calibration(&again).contains("reused from"), "an intact file is reused:\n{again}");
     let future = original["measured_unix"].as_u64().unwrap() + 10 * 24 * 3600;
     let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
         ("no layers", Box::new(|f| f["workload"]["layers"] = serde_json::json!([])), "0 layers"),
@@ -206,19 +224,32 @@ fn a_negative_measured_overhead_measures_a_kept_calibration_again() {
     let (ok, first) = plan_in(&dir, &args);
     assert!(ok && calibration(&first).contains("measured in"), "{first}");
     let path = kept(&dir);
-    let mut file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    for layer in file["workload"]["layers"].as_array_mut().unwrap() {
-        for t in ["forward_s", "backward_s", "fixed_s"] {
-            layer[t] = (layer[t].as_f64().unwrap() * 50.0 + 1e-3).into();
+    let slowed = || {
+        let mut file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for layer in file["workload"]["layers"].as_array_mut().unwrap() {
+            for t in ["forward_s", "backward_s", "fixed_s"] {
+                layer[t] = (layer[t].as_f64().unwrap() * 50.0 + 1e-3).into();
+            }
         }
+        file
+    };
+    // On a loaded host the speed probe may also find the device's pace moved (and measure
+    // again for that reason, rewriting the file): slow the new file's layers and try again.
+    let mut lines = Vec::new();
+    for _ in 0..4 {
+        std::fs::write(&path, serde_json::to_vec(&slowed()).unwrap()).unwrap();
+        let (ok, printed) = plan_in(&dir, &args);
+        let line = calibration(&printed);
+        assert!(ok && line.contains("measured in") && line.contains("not reused"), "{line}\n{printed}");
+        if line.contains("negative overhead") {
+            lines.clear();
+            break;
+        }
+        lines.push(line);
     }
-    std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();
-    let (ok, printed) = plan_in(&dir, &args);
-    let line = calibration(&printed);
-    assert!(ok && line.contains("measured in") && line.contains("not reused") && line.contains("negative overhead"), "{line}\n{printed}");
+    assert!(lines.is_empty(), "no negative overhead named: {lines:?}");
     // With --no-trials nothing contradicts the file: it is reused as it is.
-    std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();
-    let (ok, untried) = plan_in(&dir, &[&args[..], &["--no-trials"]].concat());
-    assert!(ok && calibration(&untried).contains("reused from"), "{untried}");
+    let untried = [&args[..], &["--no-trials"]].concat();
+    reused(&dir, &untried, &|| std::fs::write(&path, serde_json::to_vec(&slowed()).unwrap()).unwrap()).expect("reused without trials");
     let _ = std::fs::remove_dir_all(&dir);
 }

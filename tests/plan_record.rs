@@ -62,7 +62,8 @@ fn a_plan_is_recorded_and_read_back_through_the_library() {
     assert!(err.contains(s(ckpt)) && err.contains("plan.shares"), "{err}");
     let mut ranks = settings.clone();
     ranks[PLAN_SETTING]["processes"] = serde_json::json!([[usize::MAX, 0], [0, 0]]);
-    assert!(recorded_plan(&ranks, ckpt, 0, 1, &devices).is_err(), "a rank past any job is no panic");
+    let err = recorded_plan(&ranks, ckpt, 0, 1, &devices).expect_err("a rank past any job").to_string();
+    assert!(err.contains(s(ckpt)) && err.contains("plan.processes"), "{err}");
     // The same plan given again is accepted (alternatives aside); another is named with the recorded one.
     let given = Path::new("/somewhere/given.json");
     check_given_plan(&back, ckpt, &p, given).unwrap();
@@ -111,7 +112,8 @@ fn strategy_auto_says_its_layout_before_the_first_step_and_in_the_json_summary()
     let first = lines.iter().position(|l| l.starts_with("step 1/2")).unwrap_or_else(|| panic!("no step 1:\n{stdout}"));
     assert!(said < first, "the layout is said before step 1:\n{stdout}");
     let layout = lines[said].trim_start_matches("training with the planned layout ").split(':').next().unwrap().to_string();
-    assert!(stdout.contains(&format!("planned {layout}: predicted")), "the same layout at the end:\n{stdout}");
+    let all = stdout.clone() + &text(&o.stderr);
+    assert!(all.contains(&format!("planned {layout}: predicted")), "the same layout at the end:\n{all}");
 
     let o = ok(&[&args[..], &["--log-format", "json"]].concat());
     let stdout = text(&o.stdout);

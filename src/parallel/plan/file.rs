@@ -99,6 +99,10 @@ impl Plan {
             if self.processes.len() != self.devices.len() || seen.len() != self.devices.len() {
                 return Err(format!("field plan.processes: {} distinct (rank, index) pairs for {} devices", seen.len(), self.devices.len()));
             }
+            // Each rank holds a device: no rank or index reaches the device count.
+            if let Some((r, i)) = self.processes.iter().find(|(r, i)| *r >= self.devices.len() || *i >= self.devices.len()) {
+                return Err(format!("field plan.processes: rank {r}, device {i} of a job of {} devices", self.devices.len()));
+            }
             if let Some(why) = super::job_unbuildable(&self.best.layout, self.devices.len()) {
                 return Err(format!("field plan.best.layout: {why}"));
             }
