@@ -275,6 +275,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
 
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
     let (mut trainer, console) = run.trainer(strategy, total, clip, config.clone(), every);
+    let console = console.with_plan(planned.as_ref());
     if let Some(sch) = schedule {
         trainer = trainer.schedule(sch);
     }

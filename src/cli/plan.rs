@@ -14,6 +14,7 @@ use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::{Module, Sequential};
 use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, job_unbuildable, unbuildable, Cluster, Plan, Workload, REFERENCE_FLOPS};
 use tandem::optim::Precision;
+use tandem::train::plan_record;
 use tandem::parallel::{inputs_to_device, DataParallelConfig, Loss, OptimConfig, Shard};
 use tandem::{DType, Device, Error, Result, Tensor};
 use std::path::PathBuf;
@@ -135,7 +136,7 @@ fn on_gpt_devices_in(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &Op
     // The host copy the calibration times from lives only while it does: a trial's memory
     // is the run's, with no other copy beside it.
     let described = Gpt::new(cfg, args.seed, &Device::cpu())?.describe();
-    let calibrate = || {
+    let calibrate = |reuse: plan::Reuse| {
         let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
         tandem::autocast(args.precision.autocast(), || plan::measure_gpt_reusing(&gpt, &probe, devices, args.batch, optimizer_states(optim), reuse))
     };
@@ -155,22 +156,34 @@ fn on_gpt_devices_in(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &Op
         super::setup::set_precision(&mut *strategy, args)?;
         plan::step_seconds(&mut *strategy, &batch)
     };
-    planned_on(ranks, &devices[0], &calibrate, &search, (!args.no_trials).then_some(&mut run))
+    planned_on(ranks, &devices[0], (&calibrate, reuse), &search, (!args.no_trials).then_some(&mut run))
 }
+
+/// How a calibration is made: measured or read as the [`plan::Reuse`] it is given says, and
+/// the reuse `--recalibrate` or `TANDEM_CALIBRATION` chose.
+type Calibrate<'a> = (&'a dyn Fn(plan::Reuse) -> Result<(Workload, Cluster, plan::Calibration)>, plan::Reuse);
 
 /// The plan `search` makes of `calibrate`'s measurements, of this process's devices alone or
 /// under a launcher of every rank's ([`plan::measure_job`]), the layout it chooses tried with
-/// `run` where given (not `--no-trials`, [`plan::tried`]).
-fn planned_on(ranks: &Ranks, first: &Device, calibrate: &dyn Fn() -> Result<(Workload, Cluster, plan::Calibration)>, search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>, run: Option<&mut plan::Trial>) -> Result<(Plan, plan::Calibration)> {
+/// `run` where given (not `--no-trials`, [`plan::tried`]). A kept calibration that a trial
+/// contradicts ([`plan::faster_than_modelled`]) is measured again and the search redone.
+fn planned_on(ranks: &Ranks, first: &Device, (calibrate, reuse): Calibrate, search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>, mut run: Option<&mut plan::Trial>) -> Result<(Plan, plan::Calibration)> {
     if ranks.many() {
-        return plan::measure_job(ranks.group(), first, calibrate, search, run);
+        return plan::measure_job(ranks.group(), first, &|| calibrate(reuse), search, run);
     }
-    let (work, cluster, how) = calibrate()?;
-    let p = match run {
-        Some(run) => plan::tried(&work, &cluster, search, run)?,
-        None => search(&work, &cluster)?,
+    let mut planned = |reuse| -> Result<(Plan, plan::Calibration)> {
+        let (work, cluster, how) = calibrate(reuse)?;
+        let p = match run.as_deref_mut() {
+            Some(run) => plan::tried(&work, &cluster, search, run)?,
+            None => search(&work, &cluster)?,
+        };
+        Ok((p, how))
     };
-    Ok((p, how))
+    let (p, how) = planned(reuse)?;
+    let (plan::Calibration::Reused { path, .. }, Some(why)) = (&how, plan::faster_than_modelled(&p)) else { return Ok((p, how)) };
+    let note = format!("{} not reused: {why}", path.display());
+    let (p, how) = planned(plan::Reuse::Fresh)?;
+    Ok((p, how.noted(note)))
 }
 
 /// Why a job of several processes cannot run `l` on its `n` devices ([`job_unbuildable`]);
@@ -258,7 +271,7 @@ pub fn on_devices(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: 
 fn on_devices_in(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
     let probe = probe(train, &devices[0])?;
     let reuse = reuse(args)?;
-    let calibrate = || tandem::autocast(args.precision.autocast(), || plan::measure_reusing(model, &probe, devices, args.batch, optimizer_states(optim), reuse));
+    let calibrate = |reuse| tandem::autocast(args.precision.autocast(), || plan::measure_reusing(model, &probe, devices, args.batch, optimizer_states(optim), reuse));
     let search = |work: &Workload, cluster: &Cluster| {
         let work = Workload { grad_dtype: args.grad_dtype, offloaded_states: offloaded_states(optim), ..work.clone() };
         let n = cluster.devices.len();
@@ -276,7 +289,7 @@ fn on_devices_in(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: &
         super::setup::set_precision(&mut *strategy, args)?;
         plan::step_seconds(&mut *strategy, &batch)
     };
-    planned_on(ranks, &devices[0], &calibrate, &search, (!args.no_trials).then_some(&mut run))
+    planned_on(ranks, &devices[0], (&calibrate, reuse), &search, (!args.no_trials).then_some(&mut run))
 }
 
 /// `plan_in(args)`'s plan, or with `--search-precision` the fastest of its plans in each
@@ -336,13 +349,40 @@ fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimCo
 
 /// The plan `train` runs with: the one its checkpoint recorded when resuming, `--plan FILE`,
 /// or a `fresh` one (`--strategy auto`); it must be for the `model` trained (as
-/// `Module::describe` names it). `--balance even` makes the data-parallel shares equal.
+/// `Module::describe` names it). A `--plan` given to a resumed run must be the recorded plan.
+/// `--balance even` makes the data-parallel shares equal. Says the layout the run trains with
+/// before its first step (rank 0; on standard error under `--log-format json`, which keeps
+/// standard output JSON lines).
 pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], ranks: &Ranks, fresh: impl FnOnce() -> Result<Plan>) -> Result<Plan> {
+    let p = chosen(args, model, devices, ranks, fresh)?;
+    match args.log_format {
+        _ if !ranks.leader() => {}
+        super::LogFormat::Json => eprintln!("{}", starting(&p)),
+        _ => out!("{}", starting(&p)),
+    }
+    Ok(p)
+}
+
+/// The line a planned run starts with: the layout it trains with and its predicted step time.
+pub fn starting(p: &Plan) -> String {
+    format!("training with the planned layout {}: predicted {:.2} ms/step", p.best.layout, p.best.step_s * 1e3)
+}
+
+/// [`for_training`]'s plan.
+fn chosen(args: &TrainArgs, model: &str, devices: &[Device], ranks: &Ranks, fresh: impl FnOnce() -> Result<Plan>) -> Result<Plan> {
     let rank = ranks.group().rank();
+    let given = |path: &PathBuf| if ranks.many() { Plan::load_for_rank(path, rank, devices) } else { Plan::load(path, devices) };
     let mut p = match (recorded(args, devices, ranks)?, &args.plan) {
-        (Some(p), _) => p,
-        (None, Some(path)) if ranks.many() => Plan::load_for_rank(path, rank, devices)?,
-        (None, Some(path)) => Plan::load(path, devices)?,
+        (Some((p, checkpoint)), Some(path)) => {
+            let usage = |e: Error| match e {
+                Error::Invalid { detail, .. } => Error::invalid("--plan", detail),
+                e => e,
+            };
+            plan_record::check_given_plan(&p, &checkpoint, &even(args, given(path)?), path).map_err(usage)?;
+            p
+        }
+        (Some((p, _)), None) => p,
+        (None, Some(path)) => given(path)?,
         (None, None) => fresh()?,
     };
     if ranks.many() && p.processes.is_empty() {
@@ -358,31 +398,26 @@ pub fn for_training(args: &TrainArgs, model: &str, devices: &[Device], ranks: &R
         let dtype = |d: DType| format!("{d:?}").to_lowercase();
         return Err(Error::invalid("--grad-dtype", format!("the plan was made for {} gradient shards, not {}: plan again with --grad-dtype {}", dtype(p.grad_dtype), dtype(args.grad_dtype), dtype(args.grad_dtype))));
     }
+    p = even(args, p);
+    Ok(p)
+}
+
+/// `p` with equal data-parallel shares under `--balance even`.
+fn even(args: &TrainArgs, mut p: Plan) -> Plan {
     if args.balance == Some(Balance::Even) && p.shares.len() > 1 {
         let n = p.shares.len();
         p.shares = (0..n).map(|i| p.batch / n + usize::from(i < p.batch % n)).collect();
     }
-    Ok(p)
+    p
 }
 
-/// The plan a checkpoint of this run recorded (`--resume`), so the resumed run repeats its
-/// layout and batch shares instead of measuring anew.
-/// A plan for another number of processes (a job resumed under another rank count, or a run
-/// of one process under a launcher) is not repeated: the run plans again.
-fn recorded(args: &TrainArgs, devices: &[Device], ranks: &Ranks) -> Result<Option<Plan>> {
-    let rank = ranks.group().rank();
+/// The plan a checkpoint of this run recorded (`--resume`), and that checkpoint's path, so the
+/// resumed run repeats its layout and batch shares instead of measuring anew
+/// ([`plan_record::recorded_plan`]: not one for another number of processes).
+fn recorded(args: &TrainArgs, devices: &[Device], ranks: &Ranks) -> Result<Option<(Plan, PathBuf)>> {
     let Some((path, config)) = resumed_config(args, ranks)? else { return Ok(None) };
-    match config.get("plan") {
-        Some(v) => {
-            let p: Plan = serde_json::from_value(v.clone()).map_err(|e| Error::format(&path, format!("the recorded plan: {e}")))?;
-            if p.processes.iter().map(|(r, _)| r + 1).max().unwrap_or(1) != ranks.group().size() {
-                return Ok(None);
-            }
-            p.check_rank_devices(rank, devices).map_err(|e| Error::format(&path, format!("the recorded plan: {e}")))?;
-            Ok(Some(p))
-        }
-        None => Ok(None),
-    }
+    let p = plan_record::recorded_plan(&config, &path, ranks.group().rank(), ranks.group().size(), devices)?;
+    Ok(p.map(|p| (p, path)))
 }
 
 /// Resuming (`--resume` with a checkpoint directory that holds a checkpoint), the newest
@@ -407,11 +442,7 @@ fn resumed_config(args: &TrainArgs, ranks: &Ranks) -> Result<Option<(PathBuf, se
 
 /// [`resumed_config`], read (by rank 0) and shared.
 fn read_resumed_config(args: &TrainArgs, ranks: &Ranks) -> Result<Option<(PathBuf, serde_json::Value)>> {
-    let read = || {
-        let dir = args.checkpoint_dir.as_deref().filter(|_| args.resume)?;
-        let (ckpt, _) = tandem::train::run_file::load_newest(dir, |_, _| {}).ok()?;
-        Some((ckpt.path, ckpt.state.config))
-    };
+    let read = || plan_record::resumed_settings(args.checkpoint_dir.as_deref().filter(|_| args.resume)?);
     if !ranks.many() {
         return Ok(read());
     }
@@ -420,15 +451,11 @@ fn read_resumed_config(args: &TrainArgs, ranks: &Ranks) -> Result<Option<(PathBu
     serde_json::from_slice(&shared).map_err(|e| Error::Msg(format!("rank 0's checkpoint configuration did not arrive whole: {e}")))
 }
 
-/// The `plan` entry of a run's configuration: a resumed run keeps its checkpoint's (present
-/// or not), so that one resumed under another number of processes, which plans again, is still
-/// the same run; a new run records `planned` without its alternatives and rejections, which a
-/// resume does not need. Collective under a launcher.
+/// The `plan` entry of a run's configuration ([`plan_record::plan_setting`]): a resumed run
+/// keeps its checkpoint's, a new run records `planned`. Collective under a launcher.
 pub fn config_entry(args: &TrainArgs, ranks: &Ranks, planned: Option<&Plan>) -> Result<Option<serde_json::Value>> {
-    if let Some((_, config)) = resumed_config(args, ranks)? {
-        return Ok(config.get("plan").cloned());
-    }
-    planned.map(|p| serde_json::to_value(Plan { alternatives: Vec::new(), rejected: Vec::new(), tried: Vec::new(), ..p.clone() }).map_err(|e| Error::Msg(format!("recording the plan: {e}")))).transpose()
+    let resumed = resumed_config(args, ranks)?;
+    plan_record::plan_setting(resumed.as_ref().map(|(_, config)| config), planned)
 }
 
 /// Data-parallel batch weights for `--strategy data`, and the run configuration's

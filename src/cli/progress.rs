@@ -90,6 +90,9 @@ pub struct Console {
     format: LogFormat,
     bar: Option<ProgressBar>,
     quiet: bool,
+    /// The planned layout the run trains with and its predicted seconds per step, for the
+    /// JSON summary's `plan` entry.
+    plan: Option<(String, f64)>,
 }
 
 impl Console {
@@ -102,7 +105,7 @@ impl Console {
             bar.set_style(style);
             bar
         });
-        Console { format, bar, quiet }
+        Console { format, bar, quiet, plan: None }
     }
 
     /// `trainer` with this console and the observer that prints the steps ([`TextProgress`]
@@ -116,6 +119,13 @@ impl Console {
             LogFormat::Text => trainer.observe(TextProgress { bar: self.bar.clone(), every: 1, rate: Rate::new(batch) }),
             LogFormat::Json => trainer.observe(JsonLines { rate: Rate::new(batch) }),
         }
+    }
+
+    /// This console with the plan the run trains with (`--strategy auto`, `--plan`): the JSON
+    /// summary then has a `plan` entry, its layout, predicted and measured seconds per step.
+    pub fn with_plan(mut self, p: Option<&tandem::parallel::plan::Plan>) -> Console {
+        self.plan = p.map(|p| (p.best.layout.to_string(), p.best.step_s));
+        self
     }
 
     /// Info for a human (checkpoints written, evaluation): stderr, above the bar if any.
@@ -136,7 +146,14 @@ impl Console {
             bar.finish_and_clear();
         }
         match self.format {
-            LogFormat::Json => out!("{}", serde_json::to_string(s).unwrap_or_default()),
+            LogFormat::Json => {
+                let mut line = serde_json::to_value(s).unwrap_or_default();
+                if let (Some((layout, predicted)), Some(fields)) = (&self.plan, line.as_object_mut()) {
+                    let measured = s.train_s / s.steps_run.max(1) as f64;
+                    fields.insert("plan".into(), serde_json::json!({ "layout": layout, "predicted_step_s": predicted, "measured_step_s": measured }));
+                }
+                out!("{line}")
+            }
             LogFormat::Text => {
                 let loss = s.final_loss.map_or_else(|| "-".to_string(), |l| format!("{l:.4}"));
                 let stopped = s.stopped_by.map_or_else(String::new, |sig| format!(", stopped by {sig}"));

@@ -127,6 +127,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     }
     let every = args.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
     let (mut trainer, console) = run.trainer(strategy, total, clip, config, every);
+    let console = console.with_plan(planned.as_ref());
     let trained = match run.fit(&mut trainer, &mut loader, console, length_flag)? {
         Ended::Trained(t) => t,
         Ended::Exit(code) => return Ok(code),

@@ -4,6 +4,7 @@
 mod fit;
 pub mod metric;
 mod observer;
+pub mod plan_record;
 pub mod ranks;
 pub mod run_dir;
 pub mod run_file;

@@ -178,6 +178,13 @@ pub struct Cluster {
     pub links: Vec<Vec<Link>>,
 }
 
+/// The most devices a plan searches (a described cluster's, or a calibrated one's): every
+/// count of the fastest devices up to it, each with its factorisations, micro-batch counts and
+/// cuts, is a search that grows faster than the devices (256 devices plan in a few seconds
+/// in a release build; eight thousand ran for minutes), and one device's description each
+/// is allocated before the search.
+pub const MAX_CLUSTER_DEVICES: usize = 256;
+
 /// The fp32 throughput of speed 1 in the described clusters ([`Cluster::dual_m60`],
 /// [`Cluster::h100_nvlink`]): one M60 GPU, ~4.8 TFLOP/s.
 pub const REFERENCE_FLOPS: f64 = 4.8e12;
@@ -185,15 +192,23 @@ pub const REFERENCE_FLOPS: f64 = 4.8e12;
 impl Cluster {
     /// A described cluster by name: `dual-m60:N` ([`Cluster::dual_m60`]) or `h100:N`
     /// ([`Cluster::h100_nvlink`]), `N` servers.
+    /// At most [`MAX_CLUSTER_DEVICES`] devices in all, checked before any is described.
     pub fn parse(spec: &str) -> crate::Result<Cluster> {
         let bad = |why: &str| crate::Error::invalid("--cluster", format!("'{spec}': {why}; give dual-m60:N or h100:N (N servers)"));
         let (name, n) = spec.split_once(':').ok_or_else(|| bad("no server count"))?;
-        let servers: usize = n.parse().ok().filter(|n| *n >= 1).ok_or_else(|| bad("the server count must be a whole number of at least 1"))?;
-        match name {
-            "dual-m60" => Ok(Cluster::dual_m60(servers)),
-            "h100" => Ok(Cluster::h100_nvlink(servers)),
-            _ => Err(bad("unknown cluster name")),
+        let per_server = match name {
+            "dual-m60" => 4,
+            "h100" => 8,
+            _ => return Err(bad("unknown cluster name")),
+        };
+        let servers: u64 = n.parse().ok().filter(|n| *n >= 1).ok_or_else(|| bad("the server count must be a whole number of at least 1"))?;
+        let max = MAX_CLUSTER_DEVICES / per_server;
+        if servers > max as u64 {
+            let why = format!("{servers} servers of {per_server} devices each is more than the {MAX_CLUSTER_DEVICES} devices a plan searches; at most {max} servers");
+            return Err(bad(&why));
         }
+        let servers = servers as usize;
+        Ok(if per_server == 4 { Cluster::dual_m60(servers) } else { Cluster::h100_nvlink(servers) })
     }
     /// `servers` servers of `per_server` devices like `device` each.
     pub fn servers(servers: usize, per_server: usize, device: DeviceSpec, within: Link, across: Link) -> Cluster {

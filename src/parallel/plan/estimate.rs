@@ -101,7 +101,8 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             let split = |i: usize| if work.layers[i].tensor_parallel { l.tensor as u64 } else { 1 };
             // A tied copy inside the stage is the same tensor as its primary: counted once.
             let tied_here = |i: usize| work.layers[i].tied.filter(|(j, _)| range.contains(j)).map_or(0, |(_, b)| b);
-            let params: u64 = range.clone().map(|i| work.layers[i].param_bytes.saturating_sub(tied_here(i)) / split(i)).sum();
+            // Sizes saturate (and a saturated peak fits no device) rather than wrap into a small one.
+            let params: u64 = range.clone().map(|i| work.layers[i].param_bytes.saturating_sub(tied_here(i)) / split(i)).fold(0, u64::saturating_add);
             let in_flight = l.micro_batches.min(l.pipeline - s) as f64;
             let activations = if l.recompute {
                 let input = if range.start == 0 { 0 } else { work.layers[range.start - 1].output_bytes };
@@ -115,7 +116,7 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             let slowest_speed = (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min);
             let update: f64 = range.clone().map(|i| work.layers[i].update_s / split(i) as f64).sum::<f64>() / updated / slowest_speed;
             // Offloaded state: each layer's share goes to the device and back around its update.
-            let offload: f64 = range.clone().filter(|_| offloaded > 0).map(|i| cluster.within.send_s((work.layers[i].param_bytes / split(i) * offloaded) as f64 / updated)).sum();
+            let offload: f64 = range.clone().filter(|_| offloaded > 0).map(|i| cluster.within.send_s((work.layers[i].param_bytes / split(i)).saturating_mul(offloaded) as f64 / updated)).sum();
             let update = update + offload;
             update_s = update_s.max(update);
             // An offloaded update holds one parameter's state on the device at a time.
@@ -123,11 +124,12 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
                 0 => work.layers[i].param_bytes,
                 b => b,
             };
-            let visiting = range.clone().map(|i| largest(i) / split(i) * offloaded).max().unwrap_or(0);
+            let visiting = range.clone().map(|i| (largest(i) / split(i)).saturating_mul(offloaded)).max().unwrap_or(0);
             let visiting = (visiting as f64 / updated).ceil() as u64;
             // One device accumulating micro-batches runs as data parallelism of one replica.
             let accumulates = l.micro_batches > 1 && l.tensor == 1 && l.pipeline == 1;
-            let bytes = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, l.data, accumulates) + activations.ceil() as u64 + visiting;
+            let state = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, l.data, accumulates);
+            let bytes = state.saturating_add(activations.ceil() as u64).saturating_add(visiting);
             for t in 0..l.tensor {
                 memory[l.device(r, s, t)] = bytes;
             }

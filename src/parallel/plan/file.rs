@@ -1,7 +1,7 @@
 //! Plans as JSON files: [`Plan::save`] writes one atomically, [`Plan::load`] reads one back
 //! and refuses, naming the file and the field, one that is malformed, of another version, or
 //! made for other devices.
-use super::{Estimate, Layout, Plan};
+use super::{Estimate, Layout, Plan, MAX_CLUSTER_DEVICES};
 use crate::{Device, Error, Result};
 use std::path::Path;
 
@@ -63,17 +63,34 @@ impl Plan {
         Ok(plan)
     }
 
-    /// What a plan must satisfy to be built, as the field at fault and why.
-    fn check(&self) -> std::result::Result<(), String> {
+    /// What a plan must satisfy to be built, as the field at fault and why: every count
+    /// bounded (devices by [`MAX_CLUSTER_DEVICES`], micro-batches by the batch) before it sizes
+    /// anything, sums checked, each replica's share at least one sample per micro-batch.
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
         if self.batch == 0 {
             return Err("field plan.batch: must be at least 1".into());
         }
-        check_estimate("plan.best", &self.best, self.devices.len())?;
-        for (i, e) in self.alternatives.iter().enumerate() {
-            check_estimate(&format!("plan.alternatives[{i}]"), e, self.devices.len())?;
+        if self.devices.is_empty() || self.devices.len() > MAX_CLUSTER_DEVICES {
+            return Err(format!("field plan.devices: {} devices; a plan has 1 to {MAX_CLUSTER_DEVICES}", self.devices.len()));
         }
-        if self.shares.len() != self.best.layout.data || self.shares.iter().sum::<usize>() != self.batch {
-            return Err(format!("field plan.shares: {:?} are not {} replicas' shares of the batch of {}", self.shares, self.best.layout.data, self.batch));
+        check_estimate("plan.best", &self.best, self.devices.len(), self.batch)?;
+        for (i, e) in self.alternatives.iter().enumerate() {
+            check_estimate(&format!("plan.alternatives[{i}]"), e, self.devices.len(), self.batch)?;
+        }
+        let l = &self.best.layout;
+        let sum = self.shares.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if self.shares.len() != l.data || sum != Some(self.batch) {
+            return Err(format!("field plan.shares: {:?} are not {} replicas' shares of the batch of {}", self.shares, l.data, self.batch));
+        }
+        if let Some((r, s)) = self.shares.iter().enumerate().find(|(_, s)| **s < l.micro_batches) {
+            let why = format!("replica {r}'s share of {s} samples does not fill {} micro-batches of at least one sample", l.micro_batches);
+            return Err(format!("field plan.shares: {why}"));
+        }
+        // As the planner has it: equal pipelines take equal micro-batches of the batch.
+        let equal = self.shares.windows(2).all(|w| w[0] == w[1]);
+        if equal && l.pipeline > 1 && l.data.checked_mul(l.micro_batches).is_none_or(|n| !self.batch.is_multiple_of(n)) {
+            let why = format!("{} micro-batches of {} replicas do not divide the batch of {}", l.micro_batches, l.data, self.batch);
+            return Err(format!("field plan.best.layout.micro_batches: {why}"));
         }
         if !self.processes.is_empty() {
             let mut seen = self.processes.clone();
@@ -81,6 +98,10 @@ impl Plan {
             seen.dedup();
             if self.processes.len() != self.devices.len() || seen.len() != self.devices.len() {
                 return Err(format!("field plan.processes: {} distinct (rank, index) pairs for {} devices", seen.len(), self.devices.len()));
+            }
+            // Each rank holds a device: no rank or index reaches the device count.
+            if let Some((r, i)) = self.processes.iter().find(|(r, i)| *r >= self.devices.len() || *i >= self.devices.len()) {
+                return Err(format!("field plan.processes: rank {r}, device {i} of a job of {} devices", self.devices.len()));
             }
             if let Some(why) = super::job_unbuildable(&self.best.layout, self.devices.len()) {
                 return Err(format!("field plan.best.layout: {why}"));
@@ -90,13 +111,18 @@ impl Plan {
     }
 }
 
-fn check_estimate(field: &str, e: &Estimate, devices: usize) -> std::result::Result<(), String> {
+fn check_estimate(field: &str, e: &Estimate, devices: usize, batch: usize) -> std::result::Result<(), String> {
     let l: &Layout = &e.layout;
     if [l.data, l.tensor, l.pipeline, l.micro_batches].contains(&0) {
         return Err(format!("field {field}.layout: degrees and micro-batches must be at least 1 ({l})"));
     }
-    if l.devices() > devices {
-        return Err(format!("field {field}.layout: {l} needs {} devices, the plan names {devices}", l.devices()));
+    let needs = l.data.checked_mul(l.tensor).and_then(|n| n.checked_mul(l.pipeline)).filter(|&n| n <= devices);
+    if needs.is_none() {
+        let (d, t, p) = (l.data, l.tensor, l.pipeline);
+        return Err(format!("field {field}.layout: data {d} x tensor {t} x pipeline {p} needs more devices than the {devices} the plan names"));
+    }
+    if l.micro_batches > batch {
+        return Err(format!("field {field}.layout.micro_batches: {} micro-batches of a batch of {batch}; at most one per sample", l.micro_batches));
     }
     let increasing = l.cuts.first().is_none_or(|&c| c > 0) && l.cuts.windows(2).all(|w| w[0] < w[1]);
     if l.cuts.len() + 1 != l.pipeline || !increasing {

@@ -87,12 +87,12 @@ pub(super) fn measure_built(
     cached: (&str, Reuse),
 ) -> Result<(Workload, Cluster, Calibration)> {
     let budgets: Vec<Option<u64>> = devices.iter().map(|d| d.memory().budget).collect();
-    let (work, mut cluster, how) = reuse::calibrated(cached.0, cached.1, || {
-        devices.iter().for_each(|d| d.set_memory_budget(None));
-        let measured = calibrate(make, probe, devices, batch, optimizer_states, tensor_parallel);
-        devices.iter().zip(&budgets).for_each(|(d, b)| d.set_memory_budget(*b));
-        measured
-    })?;
+    let (work, mut cluster, how) = reuse::calibrated(
+        cached.0,
+        cached.1,
+        || lifted(devices, || calibrate(make, probe, devices, batch, optimizer_states, tensor_parallel)),
+        || lifted(devices, || probe_s(make, probe, devices, batch)),
+    )?;
     for ((spec, d), budget) in cluster.devices.iter_mut().zip(devices).zip(budgets) {
         let reported = d.info().memory.or_else(crate::backend::host::available).unwrap_or(u64::MAX);
         spec.memory = budget.map_or(reported, |b| b.min(reported));
@@ -100,8 +100,28 @@ pub(super) fn measure_built(
     Ok((work, cluster, how))
 }
 
-/// The calibration of [`measure_built`], the devices' memory left to it.
-fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, tensor_parallel: &dyn Fn(usize, &str, &dyn Module) -> bool) -> Result<(Workload, Cluster)> {
+/// `run()` with the devices' memory budgets lifted, put back after it, failed or not.
+fn lifted<T>(devices: &[Device], run: impl FnOnce() -> Result<T>) -> Result<T> {
+    let budgets: Vec<Option<u64>> = devices.iter().map(|d| d.memory().budget).collect();
+    devices.iter().for_each(|d| d.set_memory_budget(None));
+    let done = run();
+    devices.iter().zip(&budgets).for_each(|(d, b)| d.set_memory_budget(*b));
+    done
+}
+
+/// The speed probe: each device's seconds on the whole model at its share of `batch`, one
+/// at a time ([`alone_s`]), which a calibration's speeds are the ratios of.
+fn probe_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], batch: usize) -> Result<Vec<f64>> {
+    // A device's pace, and whether it keeps the host's cores busy (the CPU's threaded passes
+    // start only on large inputs), depend on its share.
+    let k = probe.dims().first().copied().unwrap_or(1).max(1);
+    let share = repeated(probe, batch.div_ceil(devices.len()).max(k) / k)?;
+    alone_s(&|d| Ok(Box::new(make(d)?)), &share, devices)
+}
+
+/// The calibration of [`measure_built`], the devices' memory left to it, and each device's
+/// seconds on the speed probe ([`probe_s`]).
+fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, tensor_parallel: &dyn Fn(usize, &str, &dyn Module) -> bool) -> Result<(Workload, Cluster, Vec<f64>)> {
     let first = devices.first().ok_or_else(|| crate::Error::invalid("plan::measure", "no devices"))?;
     let k = probe.dims().first().copied().unwrap_or(1).max(1);
     let small = probe.to(first)?;
@@ -147,11 +167,9 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
         });
         (x1, x2) = (y1, y2);
     }
-    // Speeds and contention at each device's share of the batch: a device's pace, and whether
-    // it keeps the host's cores busy (the CPU's threaded passes start only on large inputs),
-    // depend on it.
+    // Speeds and contention at each device's share of the batch.
     let share = repeated(probe, batch.div_ceil(devices.len()).max(k) / k)?;
-    let alone = alone_s(&|d| Ok(Box::new(make(d)?)), &share, devices)?;
+    let alone = probe_s(make, probe, devices, batch)?;
     let mut specs = Vec::new();
     let names: Vec<String> = devices.iter().map(Device::spec).collect();
     for (d, speed) in devices.iter().zip(speeds(&names, &alone)) {
@@ -171,7 +189,8 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
         _ => links.first().and_then(|row| row.get(1)).copied().map_or_else(|| measure_link(first, &devices[1]), Ok)?,
     };
     let state_per_param_byte = 2 + optimizer_states as u64;
-    Ok((Workload { layers, batch, state_per_param_byte, grad_dtype: crate::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention, step_overheads: Vec::new(), links }))
+    let work = Workload { layers, batch, state_per_param_byte, grad_dtype: crate::DType::F32, offloaded_states: 0 };
+    Ok((work, Cluster { devices: specs, within: link, across: link, contention, step_overheads: Vec::new(), links }, alone))
 }
 
 /// A layer's forward and backward seconds on `x` (best of [`Runs`]), its output, and the bytes

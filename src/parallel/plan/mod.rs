@@ -58,6 +58,7 @@
 //! println!("{p}");
 //! # Ok::<(), tandem::Error>(())
 //! ```
+mod bounds;
 mod build;
 mod cost;
 mod estimate;
@@ -71,16 +72,17 @@ mod shard;
 mod show;
 mod tried;
 
+pub use bounds::{MAX_BYTES, MAX_LAYERS, MAX_LAYER_S};
 pub use build::unbuildable;
 pub use estimate::estimate;
 use estimate::{best_cuts, micro_batch, replica_speed};
-pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, REFERENCE_FLOPS};
+pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, MAX_CLUSTER_DEVICES, REFERENCE_FLOPS};
 pub use file::PLAN_VERSION;
 pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt, measure_gpt_reusing};
 pub use job::{combine, job_unbuildable, measure_job, measure_job_speeds, RankCalibration};
 pub use measure::{measure, measure_reusing, measure_speeds, measure_speeds_of};
-pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV};
-pub use tried::{step_seconds, tried, StepOverhead, Trial, MAX_TRIALS, TRIALS_BUDGET_S};
+pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV, SPEED_DRIFT};
+pub use tried::{faster_than_modelled, step_seconds, tried, StepOverhead, Trial, MAX_TRIALS, TRIALS_BUDGET_S};
 
 use crate::parallel::{OptimConfig, Shard};
 use crate::{Error, Result};
@@ -235,7 +237,8 @@ impl Plan {
 /// where there are replicas, and for each the layer cut that minimises the slowest stage
 /// (dynamic programming over the stages' speeds). Each device's memory
 /// ([`DeviceSpec::memory`]: its budget where one is set) bounds its peak. Errors when no
-/// layout fits.
+/// layout fits, and on inputs out of bounds (more than [`MAX_CLUSTER_DEVICES`] devices or
+/// [`MAX_LAYERS`] layers, times not finite or over [`MAX_LAYER_S`], sizes over [`MAX_BYTES`]).
 pub fn plan(work: &Workload, cluster: &Cluster) -> Result<Plan> {
     plan_within(work, cluster, &|_, _| None)
 }
@@ -256,8 +259,8 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
     if work.layers.is_empty() || work.batch == 0 || cluster.devices.is_empty() {
         return Err(Error::invalid("plan", "a plan needs layers, a batch of at least 1 and at least one device"));
     }
-    if let Some(d) = cluster.devices.iter().find(|d| !(d.speed.is_finite() && d.speed > 0.0)) {
-        return Err(Error::invalid("plan", format!("device {} has speed {}; speeds must be finite and positive", d.name, d.speed)));
+    if let Some(why) = bounds::out_of_bounds(work, cluster) {
+        return Err(Error::invalid("plan", why));
     }
     let sorted = cluster.reordered(&cluster.by_speed());
     let cluster = &sorted;

@@ -6,7 +6,9 @@
 //! for each device, its spec, backend, kind, name, driver, matmul path and libraries. The file, one per key under
 //! `$TANDEM_CACHE_DIR/plan` (else the user's cache directory), holds that key, the time of the
 //! measurement and its results. One that is not a regular file, not of this layout, for another
-//! key, or older than [`MAX_AGE_S`] is measured over ([`Calibration::Measured`] says why), and
+//! key, older than [`MAX_AGE_S`], stamped in the future, or damaged (a figure out of the
+//! planner's bounds: no layers, a speed of 0, a time that is not finite or over an hour, a
+//! size over a pebibyte) is measured over ([`Calibration::Measured`] says why), and
 //! a path held by anything but a regular file is never replaced; files are written atomically.
 //! The devices' memory is never taken from the file: it is read from their budgets and
 //! reports each time, as after a measurement.
@@ -25,6 +27,10 @@ pub const REUSE_ENV: &str = "TANDEM_CALIBRATION";
 /// A calibration older than a week is measured again: drivers, clocks and what else runs on a
 /// machine change.
 pub const MAX_AGE_S: u64 = 7 * 24 * 3600;
+
+/// A calibration stamped later than this past the clock was not measured on it: the file
+/// (or the clock) is wrong, and its age unknowable.
+const FUTURE_SLACK_S: u64 = 300;
 
 /// A calibration file larger than this is not one (a few hundred bytes per layer).
 const MAX_BYTES: u64 = 16 << 20;
@@ -80,6 +86,20 @@ impl fmt::Display for Calibration {
     }
 }
 
+impl Calibration {
+    /// This calibration with `note` added to its notes (a measured one's; a reused one has
+    /// none and is returned as it is).
+    pub fn noted(self, note: String) -> Calibration {
+        match self {
+            Calibration::Measured { seconds, saved, note: before } => {
+                let note = Some(before.map_or(note.clone(), |b| format!("{b}; {note}")));
+                Calibration::Measured { seconds, saved, note }
+            }
+            reused => reused,
+        }
+    }
+}
+
 fn age(s: u64) -> String {
     match s {
         0..120 => format!("{s} s"),
@@ -96,6 +116,23 @@ struct CalibrationFile {
     measured_unix: u64,
     workload: Workload,
     cluster: Cluster,
+    /// Each device's seconds on the speed probe (the whole model at its share of the batch)
+    /// when measured.
+    probe_s: Vec<f64>,
+}
+
+/// A kept calibration is measured over where a device now runs the speed probe more than
+/// this many times faster or slower than when it was measured: its speeds, and the layer
+/// times measured beside them, are another machine's (another load, clock or driver).
+pub const SPEED_DRIFT: f64 = 1.5;
+
+/// Why `file`'s speeds no longer hold, given each device's seconds on the probe `now`.
+fn moved(file: &CalibrationFile, now: &[f64]) -> Option<String> {
+    let apart = |(then, now): (&f64, &f64)| !(1.0 / SPEED_DRIFT..=SPEED_DRIFT).contains(&(now / then));
+    let i = file.probe_s.iter().zip(now).position(apart)?;
+    let name = file.cluster.devices.get(i).map_or("?", |d| d.name.as_str());
+    let (then, now) = (file.probe_s[i] * 1e3, now[i] * 1e3);
+    Some(format!("device {i} ({name}) runs the speed probe in {now:.2} ms, {then:.2} ms when calibrated: its speed moved more than {SPEED_DRIFT}x"))
 }
 
 /// Everything that decides a calibration of `model` (its description) at `probe` on `devices`,
@@ -104,10 +141,10 @@ pub(super) fn key(model: &str, probe: &Tensor, devices: &[Device], batch: usize,
     let threads = std::thread::available_parallelism().map_or(0, usize::from);
     let mut lines = vec![
         // The second line changes when what a calibration measures does (2: each layer's
-        // largest parameter; 3: each pair's link), so that an older file is measured over, not
-        // read with a gap.
+        // largest parameter; 3: each pair's link; 4: each device's speed-probe time), so that
+        // an older file is measured over, not read with a gap.
         format!("tandem {}", env!("CARGO_PKG_VERSION")),
-        "calibration 3".to_string(),
+        "calibration 4".to_string(),
         // A debug build's layers run several times slower than a release build's: neither
         // may plan from the other's times.
         format!("build {}", if cfg!(debug_assertions) { "debug" } else { "release" }),
@@ -124,7 +161,10 @@ pub(super) fn key(model: &str, probe: &Tensor, devices: &[Device], batch: usize,
 
 /// The calibration of `key` from its file where `reuse` allows and one is valid, else
 /// `measure()`'s, saved where `reuse` allows (a file that cannot be written is a warning).
-pub(super) fn calibrated(key: &str, reuse: Reuse, measure: impl FnOnce() -> Result<(Workload, Cluster)>) -> Result<(Workload, Cluster, Calibration)> {
+/// `measure` also returns each device's seconds on the speed probe, and `probe` times them
+/// again: a file whose devices now run the probe more than [`SPEED_DRIFT`] times faster or
+/// slower than when it was measured is measured over.
+pub(super) fn calibrated(key: &str, reuse: Reuse, measure: impl FnOnce() -> Result<(Workload, Cluster, Vec<f64>)>, probe: impl FnOnce() -> Result<Vec<f64>>) -> Result<(Workload, Cluster, Calibration)> {
     let path = (reuse != Reuse::Off).then(|| cache_dir("plan")).flatten().map(|dir| {
         let hex: String = Sha256::digest(key.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
         dir.join(format!("{hex}.json"))
@@ -132,16 +172,19 @@ pub(super) fn calibrated(key: &str, reuse: Reuse, measure: impl FnOnce() -> Resu
     let mut notes = Vec::new();
     if let (Some(p), Reuse::Cached) = (&path, reuse) {
         match read(p, key) {
-            Ok(Some((work, cluster, age_s))) => return Ok((work, cluster, Calibration::Reused { path: p.clone(), age_s })),
+            Ok(Some((file, age_s))) => match moved(&file, &probe()?) {
+                None => return Ok((file.workload, file.cluster, Calibration::Reused { path: p.clone(), age_s })),
+                Some(why) => notes.push(format!("{} not reused: {why}", p.display())),
+            },
             Ok(None) => {}
             Err(why) => notes.push(format!("{} not reused: {why}", p.display())),
         }
     }
     let t0 = std::time::Instant::now();
-    let (work, cluster) = measure()?;
+    let (work, cluster, probe_s) = measure()?;
     let seconds = t0.elapsed().as_secs_f64();
     let saved = path.filter(|p| {
-        let file = CalibrationFile { key: key.to_string(), measured_unix: now(), workload: work.clone(), cluster: cluster.clone() };
+        let file = CalibrationFile { key: key.to_string(), measured_unix: now(), workload: work.clone(), cluster: cluster.clone(), probe_s };
         let written = serde_json::to_vec_pretty(&file).map_err(|e| e.to_string()).and_then(|bytes| write_atomic(p, &bytes));
         written.map_err(|e| notes.push(format!("not kept in {}: {e}", p.display()))).is_ok()
     });
@@ -158,7 +201,7 @@ fn now() -> u64 {
 
 /// The calibration in the file at `path` and its age, if it is a valid one of `key`; `Ok(None)`
 /// where there is none, the reason where there is one that is not valid.
-fn read(path: &std::path::Path, key: &str) -> std::result::Result<Option<(Workload, Cluster, u64)>, String> {
+fn read(path: &std::path::Path, key: &str) -> std::result::Result<Option<(CalibrationFile, u64)>, String> {
     let Some(bytes) = read_regular(path, MAX_BYTES)? else { return Ok(None) };
     let file: CalibrationFile = serde_json::from_slice(&bytes).map_err(|e| format!("not a calibration file ({e})"))?;
     if file.key != key {
@@ -168,9 +211,19 @@ fn read(path: &std::path::Path, key: &str) -> std::result::Result<Option<(Worklo
     if file.cluster.devices.len() != devices {
         return Err(format!("{} devices in it for {devices} devices", file.cluster.devices.len()));
     }
-    let age_s = now().saturating_sub(file.measured_unix);
+    if let Some(why) = super::bounds::out_of_bounds(&file.workload, &file.cluster) {
+        return Err(format!("damaged: {why}"));
+    }
+    let now = now();
+    if file.measured_unix > now.saturating_add(FUTURE_SLACK_S) {
+        return Err(format!("damaged: measured at unix time {}, {} from now", file.measured_unix, age(file.measured_unix - now)));
+    }
+    let age_s = now.saturating_sub(file.measured_unix);
     if age_s > MAX_AGE_S {
         return Err(format!("measured {} ago, more than a week", age(age_s)));
     }
-    Ok(Some((file.workload, file.cluster, age_s)))
+    if file.probe_s.len() != devices || file.probe_s.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+        return Err(format!("damaged: speed probe times {:?} for {devices} devices", file.probe_s));
+    }
+    Ok(Some((file, age_s)))
 }

@@ -42,17 +42,22 @@ const BUCKET_BYTES: u64 = 25 << 20;
 /// in every mode, activations included: sharding lowers what is held between steps far more
 /// than the peak at this size.
 pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shard, data: usize, accumulates: bool) -> u64 {
+    // Saturating: a size past a u64 is no device's, never a wrapped small one.
+    let (add, mul) = (u64::saturating_add, u64::saturating_mul);
     let d = data.max(1) as u64;
-    let grads = params / 4 * grad_bytes;
+    let grads = mul(params / 4, grad_bytes);
     let bucket = if d > 1 || accumulates { params.min(BUCKET_BYTES) } else { 0 };
     let in_flight = params.min(2 * BUCKET_BYTES);
-    bucket
-        + match shard {
-            Shard::None => params * (2 + states),
-            Shard::Optimizer => 2 * params + (states * params).div_ceil(d),
-            Shard::Grads => params + (grads + states * params).div_ceil(d) + in_flight,
-            Shard::Full => (params + grads + states * params).div_ceil(d) + params.min(3 * BUCKET_BYTES) + in_flight,
-        }
+    let state = mul(states, params);
+    add(
+        bucket,
+        match shard {
+            Shard::None => mul(params, add(2, states)),
+            Shard::Optimizer => add(mul(2, params), state.div_ceil(d)),
+            Shard::Grads => add(add(params, add(grads, state).div_ceil(d)), in_flight),
+            Shard::Full => add(add(add(params, add(grads, state)).div_ceil(d), params.min(3 * BUCKET_BYTES)), in_flight),
+        },
+    )
 }
 
 /// Seconds of one step's gradient synchronisation of `params` bytes over `data` replicas

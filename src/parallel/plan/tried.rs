@@ -138,6 +138,22 @@ fn fastest_tried(p: &mut Plan, work: &Workload, cluster: &Cluster) -> Result<()>
     Ok(())
 }
 
+/// Why the calibration `p` was searched on is contradicted by its trials: a layout ran faster
+/// than the layer model predicted (a negative overhead), so the calibrated layer times are
+/// slower than this machine now is, as those of a calibration made under load are. A kept
+/// calibration so contradicted is measured again (`tandem plan`, `train --strategy auto`);
+/// one just measured stands, its trials' corrections in.
+pub fn faster_than_modelled(p: &Plan) -> Option<String> {
+    let o = p.tried.iter().find(|o| o.failed.is_none() && o.seconds() < 0.0)?;
+    Some(format!(
+        "{} ran in {:.2} ms/step, {:.2} ms faster than the calibration's {:.2} ms: a negative overhead, so its layer times are no longer this machine's",
+        o.layout,
+        o.measured_s * 1e3,
+        -o.seconds() * 1e3,
+        o.modelled_s * 1e3
+    ))
+}
+
 /// Steps before timing: the first allocates, tunes kernels and starts a pipeline's threads.
 const WARMUP_STEPS: usize = 2;
 
