@@ -280,7 +280,7 @@ impl<S: Strategy + ?Sized> Trainer<S> {
     }
     /// What decides the trajectory besides the checkpoint's own state and what the trainer
     /// records itself (the model, the data, the batch size, the optimizer's settings, ...), as
-    /// JSON ([`serde_json`](crate::serde_json)), and the run's seed: recorded in every
+    /// JSON ([`tandem::serde_json`](crate::serde_json)), and the run's seed: recorded in every
     /// checkpoint, and a resume refuses a checkpoint written with other ones
     /// ([`Error::ResumeMismatch`] naming each).
     ///
