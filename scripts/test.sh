@@ -49,9 +49,13 @@ if cargo tree -q --no-default-features --features wgpu -e normal | grep -Eq '^[^
 fi
 
 # The documentation: the crate docs and the guides (markdown beside their modules) must build
-# without a warning (broken intra-doc links, unclosed HTML tags, bare URLs). Their examples are
-# doc tests, which the `cargo test` below runs.
+# without a warning (broken intra-doc links, unclosed HTML tags, bare URLs), with the default
+# features (as docs.rs builds them) and with every backend. Their examples are doc tests, which
+# the `cargo test` below runs.
+RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc -q --no-deps
 RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc -q --no-deps --features cuda,nccl,mpi
+# README.md's library example builds in a new crate with README.md's dependency line.
+bash scripts/readme-crate.sh
 
 # The mpi feature adds tests/mpi.rs (mpirun -np 2 and 3, shared memory and TCP) and the
 # dist_train example it launches.

@@ -5,7 +5,19 @@ use std::path::PathBuf;
 /// needs to fix it: the op, the shapes, the device, the path. A cause a caller can act on has
 /// a variant of its own; match on variants, never on the message text. New variants may come,
 /// so matches need a wildcard arm.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the same sentence as `Display` (as `anyhow::Error` does), so that a
+/// `fn main() -> tandem::Result<()>` that returns an error, and an `unwrap`, show the sentence
+/// rather than the variant's fields; the alternate form `{:#?}` puts the variant's name before
+/// it (`ResumeMismatch: resume: ...`), and matching on the variant gives its fields.
+///
+/// ```
+/// let e = tandem::Tensor::from_vec(vec![1.0; 5], [2, 3], &tandem::Device::cpu()).unwrap_err();
+/// assert_eq!(format!("{e:?}"), "from_vec: shape mismatch: 5 values for shape [2, 3]");
+/// assert_eq!(format!("{e:#?}"), "Shape: from_vec: shape mismatch: 5 values for shape [2, 3]");
+/// assert!(matches!(e, tandem::Error::Shape { op: "from_vec", .. }));
+/// ```
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     // --- user input: shapes, dtypes, devices ---
@@ -76,6 +88,16 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The sentence, as `Display` writes it; `{:#?}` puts the variant's name first.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if f.alternate() {
+            write!(f, "{}: ", self.variant())?;
+        }
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 /// Items listed in an error message: at most this many, then how many more there are.
 pub(crate) const LISTED: usize = 8;
 /// Characters of one listed item shown (a hostile file's tensor name may be megabytes long).
@@ -118,6 +140,31 @@ fn no_checkpoint(dir: &std::path::Path, found: usize) -> String {
 }
 
 impl Error {
+    /// The variant's name (`"ResumeMismatch"`), what `{:#?}` prints before the sentence.
+    pub fn variant(&self) -> &'static str {
+        match self {
+            Error::Shape { .. } => "Shape",
+            Error::DType { .. } => "DType",
+            Error::DeviceMismatch { .. } => "DeviceMismatch",
+            Error::NoSuchDevice { .. } => "NoSuchDevice",
+            Error::Invalid { .. } => "Invalid",
+            Error::Label { .. } => "Label",
+            Error::OutOfMemory { .. } => "OutOfMemory",
+            Error::Backend { .. } => "Backend",
+            Error::Unavailable { .. } => "Unavailable",
+            Error::Io { .. } => "Io",
+            Error::Format { .. } => "Format",
+            Error::InUse { .. } => "InUse",
+            Error::NoCheckpoint { .. } => "NoCheckpoint",
+            Error::ResumeMismatch { .. } => "ResumeMismatch",
+            Error::CheckpointsPresent { .. } => "CheckpointsPresent",
+            Error::Worker { .. } => "Worker",
+            Error::Panicked(_) => "Panicked",
+            Error::ChannelClosed { .. } => "ChannelClosed",
+            Error::NonFinite { .. } => "NonFinite",
+            Error::Msg(_) => "Msg",
+        }
+    }
     /// `items` listed for an error message, comma-separated: the first 8, each cut to 80
     /// characters, then "and N more", so that a file of a million tensor names makes a
     /// one-line message.

@@ -34,11 +34,11 @@
 //!     let run_dir = std::env::temp_dir().join("tandem-example-run");
 //!     let mut trainer = Trainer::new(Parallel::single(|_| Ok(model), &dev, &opt, Loss::CrossEntropy).build()?)
 //!         .epochs(2)
-//!         .validate(16, test, metrics) // every 16 steps and after the last
+//!         .validate_named("test", 16, test, metrics) // test_loss, test_accuracy: every 16 steps and after the last
 //!         .checkpoints(Checkpoints::new(&run_dir).every(16).overwrite()) // .resume() continues a run
 //!         .observe(PrintEvery(8));
 //!     let fit = trainer.fit(&mut DataLoader::new(Arc::new(train), 64, true, 0)?)?;
-//!     println!("test accuracy {:.3} after {} steps", fit.metric("accuracy").unwrap_or(0.0), fit.step);
+//!     println!("test accuracy {:.3} after {} steps", fit.metric("test_accuracy").unwrap_or(0.0), fit.step);
 //!     let weights = trainer.state_dict()?;
 //!     tandem::checkpoint::save_weights(run_dir.join("seed_cnn.safetensors"), &weights)?; // loads in PyTorch, strictly
 //!     Ok(())
@@ -100,7 +100,9 @@
 //!
 //! Every fallible function returns [`Result`], whose error is the one enum [`Error`]: a shape
 //! mismatch names the op and the shapes, a missing file names the path, out of memory names the
-//! device, the bytes asked and what is free. [`Error`] is `#[non_exhaustive]`; match it with a
+//! device, the bytes asked and what is free. Its `Debug` is that sentence too, so a
+//! `fn main() -> tandem::Result<()>` that fails prints `Error: ` and the sentence (`{:#?}` adds
+//! the variant's name). [`Error`] is `#[non_exhaustive]`; match it with a
 //! wildcard arm. Causes a caller can act on have variants of their own, never to be recognised by
 //! their message: `Label` (a class label or token id out of range), `ResumeMismatch` (a
 //! checkpoint written with other settings), `Worker` (the thread of a pipeline
@@ -143,3 +145,31 @@ pub use tensor::{autocast, autocast_dtype, on_cpu_pool, CrossEntropy, Tensor};
 /// # Ok(()) }
 /// ```
 pub use rand;
+
+/// The JSON crate of [`Trainer::settings`](train::Trainer::settings) and of the run
+/// configuration checkpoints record, so that a program needs no dependency of its own:
+///
+/// ```
+/// let settings = tandem::serde_json::json!({ "model": "mlp-4-16-1", "batch": 8 });
+/// assert_eq!(settings["batch"], 8);
+/// ```
+pub use serde_json;
+
+/// The seeded random number generator [`rng`] makes: ChaCha8, whose stream is the same on
+/// every platform.
+pub type SeededRng = rand_chacha::ChaCha8Rng;
+
+/// A random number generator seeded with `seed`, for what takes one (the layers' `new`,
+/// `Tensor::randn`, `nn::init`): the same seed draws the same weights everywhere.
+///
+/// ```
+/// # fn main() -> tandem::Result<()> {
+/// let dev = tandem::Device::cpu();
+/// let a = tandem::nn::Linear::new(4, 3, &mut tandem::rng(0), &dev)?;
+/// let b = tandem::nn::Linear::new(4, 3, &mut tandem::rng(0), &dev)?;
+/// assert_eq!(a.weight.to_vec()?, b.weight.to_vec()?);
+/// # Ok(()) }
+/// ```
+pub fn rng(seed: u64) -> SeededRng {
+    <SeededRng as rand::SeedableRng>::seed_from_u64(seed)
+}

@@ -158,3 +158,49 @@ fn out_of_range_labels_are_errors() {
         assert_eq!(label_err(&labels), (11, 2));
     }
 }
+
+/// An error's `Debug` is its sentence, as `Display` writes it (what `unwrap` and a `main` that
+/// returns `Err` print); `{:#?}` puts the variant's name first.
+#[test]
+fn debug_prints_the_sentence() {
+    let errors = [
+        Error::ResumeMismatch { path: "ck/ckpt-00000004.safetensors".into(), changed: vec!["precision bf16 (checkpoint: f32)".into()] },
+        Error::invalid("Trainer::epochs", "3 epochs is too many"),
+        Error::NonFinite { step: 7, what: "loss is NaN at step 7".into(), kept: None },
+        Error::io("/no/such/file", std::io::Error::from(std::io::ErrorKind::NotFound)),
+        t(&[2, 3]).matmul(&t(&[4, 5])).unwrap_err(),
+    ];
+    for e in &errors {
+        let debug = format!("{e:?}");
+        assert_eq!(debug, e.to_string());
+        assert!(!debug.contains(" { ") && !debug.contains("path:"), "{debug}");
+        assert_eq!(format!("{e:#?}"), format!("{}: {e}", e.variant()));
+    }
+    assert_eq!(format!("{:?}", errors[0]), "resume: ck/ckpt-00000004.safetensors was written with other settings: precision bf16 (checkpoint: f32)");
+    assert!(format!("{:#?}", errors[0]).starts_with("ResumeMismatch: resume: "));
+}
+
+const MAIN_CHILD: &str = "TANDEM_ERRORS_MAIN_CHILD";
+
+/// What a program's `fn main() -> tandem::Result<()>` does with an error, as this binary's
+/// child (a test that returns `Err` is reported the same way: `Error: {err:?}`).
+#[test]
+fn main_child() -> tandem::Result<()> {
+    if std::env::var(MAIN_CHILD).is_ok() {
+        Tensor::from_vec(vec![1.0; 5], [2, 3], &Device::cpu())?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_main_returning_an_error_prints_the_sentence() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "main_child", "--nocapture", "--test-threads", "1"])
+        .env(MAIN_CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("Error: from_vec: shape mismatch: 5 values for shape [2, 3]"), "{text}");
+    assert!(!text.contains("Shape {"), "{text}");
+}

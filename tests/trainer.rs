@@ -78,6 +78,43 @@ fn the_schedule_sets_each_steps_learning_rate() {
     assert_eq!(lrs, want);
 }
 
+#[test]
+fn a_schedule_over_the_run_is_given_the_runs_total_steps() {
+    let log = Log::default();
+    // 10 samples in batches of 4: 3 batches per epoch, 4 epochs.
+    let t = regression_trainer(0.1).epochs(4);
+    assert_eq!(t.total_steps(&loader(10, 4)).unwrap(), 12);
+    let mut t = t.schedule_over_run(|total| LrSchedule::one_cycle(0.1, total)).observe(log.clone());
+    t.fit(&mut loader(10, 4)).unwrap();
+    let want: Vec<String> = (0..12).map(|s| format!("step {} lr {:?}", s + 1, Some(LrSchedule::one_cycle(0.1, 12).lr_at(s)))).collect();
+    assert_eq!(*log.0.borrow(), want);
+}
+
+/// Metrics are named after the source measured when it is named (`test_loss`, not `val_loss`);
+/// each epoch's mean training loss weighs its batches by their samples.
+#[test]
+fn metrics_carry_the_sources_name_and_epochs_their_mean_loss() {
+    let test = || DataLoader::new(Arc::new(synthetic::regression(7, 3, 5).unwrap()), 3, false, 0).unwrap();
+    let metrics = || -> Vec<Box<dyn Metric>> { vec![Box::new(MeanLoss::new(Loss::Mse)), Box::new(Mse::new())] };
+    let mut t = regression_trainer(0.01).epochs(2).validate_named("test", 100, test(), metrics());
+    let fit = t.fit(&mut loader(10, 4)).unwrap();
+    let names: Vec<&str> = fit.validations[0].1.iter().map(|m| m.0.as_str()).collect();
+    assert_eq!(names, ["test_loss", "test_mse"]);
+    assert!(fit.metric("val_loss").is_none() && fit.metric("test_loss").is_some());
+    let named = t.evaluate_named("test", &mut test(), &mut metrics()).unwrap();
+    assert_eq!(named.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(), ["test_loss", "test_mse"]);
+    let own = t.evaluate(&mut test(), &mut metrics()).unwrap();
+    assert_eq!(own.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(), ["val_loss", "mse"]);
+    assert_eq!(own.iter().map(|m| m.1).collect::<Vec<_>>(), named.iter().map(|m| m.1).collect::<Vec<_>>());
+
+    // Batches of 4, 4 and 2 samples per epoch; the final loss is the 2-sample batch's.
+    let l: Vec<f64> = fit.losses.iter().map(|s| s.1 as f64).collect();
+    let want = [(0, (4.0 * l[0] + 4.0 * l[1] + 2.0 * l[2]) / 10.0), (1, (4.0 * l[3] + 4.0 * l[4] + 2.0 * l[5]) / 10.0)];
+    assert_eq!(fit.epoch_losses, want);
+    assert_eq!(fit.mean_loss_last_epoch(), Some(want[1].1));
+    assert_eq!(fit.final_loss(), Some(l[5] as f32));
+}
+
 fn batch_of(x: Vec<f32>, shape: Vec<usize>, y: Targets) -> Batch {
     let ds = Dataset { x, sample_shape: shape, y };
     let n = ds.len();

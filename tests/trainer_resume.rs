@@ -5,6 +5,9 @@
 //!
 //! Every run is a child process: this test binary started again with `TANDEM_TRAINER_CHILD`
 //! naming the device, the strategy, the phase and the directory (see `child`).
+//!
+//! What the trainer records by itself (the strategy's kind, the precision, the clipping bound,
+//! the LR schedule) decides a resume too: another one is refused, naming it.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -12,10 +15,10 @@ use std::time::{Duration, Instant};
 use tandem::backend::cpu::CpuBackend;
 use tandem::data::{synthetic, DataLoader};
 use tandem::nn::{Dropout, Linear, ReLU, Sequential};
-use tandem::optim::{AdamConfig, LrSchedule};
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, Single, Split, Stages, Strategy};
-use tandem::train::{Checkpoints, Observer, StepInfo, StopToken, Trainer};
-use tandem::{Device, Result};
+use tandem::optim::{AdamConfig, LrSchedule, Precision};
+use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Parallel, Pipeline, Shard, Single, Split, Stages, Strategy};
+use tandem::train::{Checkpoints, Fit, Observer, StepInfo, StopToken, Trainer};
+use tandem::{Device, Error, Result};
 
 const STEPS: u64 = 200;
 const STOP_AT: u64 = 100;
@@ -240,4 +243,61 @@ fn pipeline_resumes_exactly_on_wgpu() {
     if wgpu() {
         check("wgpu:0", "pipeline");
     }
+}
+
+/// A run of `strategy` to `steps` in `dir`, every 2 steps checkpointed, resumed from there
+/// when `resume`; what it did and its weights' bits.
+fn recorded_run(strategy: Box<dyn Strategy>, dir: &Path, steps: u64, resume: bool, schedule: LrSchedule, clip: Option<f32>) -> Result<(Fit, Vec<u32>)> {
+    let mut loader = DataLoader::new(Arc::new(synthetic::regression(96, 6, 2)?), 16, true, 9)?;
+    let plan = Checkpoints::new(dir).every(2);
+    let plan = if resume { plan.resume() } else { plan };
+    let mut t = Trainer::boxed(strategy).steps(steps).schedule(schedule).grad_clip(clip).checkpoints(plan).settings(tandem::serde_json::json!({ "kind": "any" }), 9);
+    let fit = t.fit(&mut loader)?;
+    let bits = t.state_dict()?.iter().flat_map(|(_, w)| w.to_vec().unwrap()).map(f32::to_bits).collect();
+    Ok((fit, bits))
+}
+
+fn changed(r: Result<(Fit, Vec<u32>)>) -> Vec<String> {
+    match r {
+        Err(Error::ResumeMismatch { changed, .. }) => changed,
+        Err(e) => panic!("expected ResumeMismatch, got {e}"),
+        Ok(_) => panic!("expected ResumeMismatch, the run resumed"),
+    }
+}
+
+#[test]
+fn a_resume_repeats_the_precision_the_strategy_the_clipping_and_the_schedule() {
+    let dir = fresh_dir("recorded");
+    let opt = OptimConfig::adam(AdamConfig { lr: 3e-3, ..Default::default() });
+    let single = |p: Precision| Parallel::single(|_| model(), &Device::cpu(), &opt, Loss::Mse).precision(p).boxed().unwrap();
+    let data = |shard: Shard| -> Box<dyn Strategy> {
+        let cfg = DataParallelConfig { shard, ..Default::default() };
+        Box::new(DataParallel::new(&model().unwrap(), &devices("cpu", 2).unwrap(), &opt, Loss::Mse, cfg).unwrap())
+    };
+    let sched = LrSchedule::Constant { lr: 3e-3 };
+    let ck = dir.join("ckpt");
+    recorded_run(single(Precision::F32), &ck, 4, false, sched, None).unwrap();
+
+    assert_eq!(changed(recorded_run(single(Precision::Bf16), &ck, 6, true, sched, None)), ["precision bf16 (checkpoint: f32)"]);
+    let mut by_hand = single(Precision::F32);
+    by_hand.set_precision(Precision::F16, None).unwrap();
+    assert_eq!(changed(recorded_run(by_hand, &ck, 6, true, sched, None)), ["precision f16 (checkpoint: f32)"]);
+    assert_eq!(changed(recorded_run(data(Shard::None), &ck, 6, true, sched, None)), ["strategy DataParallel (checkpoint: Single)"]);
+    assert_eq!(changed(recorded_run(single(Precision::F32), &ck, 6, true, sched, Some(0.5))), ["grad_clip 0.5 (checkpoint: none)"]);
+    let other = changed(recorded_run(single(Precision::F32), &ck, 6, true, LrSchedule::Constant { lr: 1e-3 }, None));
+    assert_eq!(other, ["lr_schedule {kind: constant, lr: 0.001} (checkpoint: {kind: constant, lr: 0.003})"]);
+
+    // The same settings resume, and end as the run that never stopped.
+    let (fit, resumed) = recorded_run(single(Precision::F32), &ck, 6, true, sched, None).unwrap();
+    assert_eq!((fit.first_step, fit.step), (4, 6));
+    let (_, whole) = recorded_run(single(Precision::F32), &dir.join("whole"), 6, false, sched, None).unwrap();
+    assert!(resumed == whole, "the resumed weights differ from the uninterrupted run's");
+
+    // Data parallelism's sharding shards memory, not the arithmetic: a plain checkpoint resumes
+    // under ZeRO-1.
+    let dp = dir.join("dp");
+    recorded_run(data(Shard::None), &dp, 4, false, sched, None).unwrap();
+    let (fit, _) = recorded_run(data(Shard::Optimizer), &dp, 6, true, sched, None).unwrap();
+    assert_eq!((fit.first_step, fit.step), (4, 6));
+    let _ = std::fs::remove_dir_all(dir);
 }

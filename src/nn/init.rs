@@ -7,7 +7,7 @@
 //! use tandem::nn::init::{self, FanMode, Nonlinearity};
 //! use tandem::nn::Linear;
 //! use tandem::Device;
-//! let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+//! let mut rng = tandem::rng(0);
 //! let fc = Linear::new(256, 128, &mut rng, &Device::cpu())?;
 //! init::kaiming_normal_(&fc.weight, FanMode::FanIn, Nonlinearity::Relu, &mut rng)?;
 //! init::zeros_(fc.bias.as_ref().unwrap())?;

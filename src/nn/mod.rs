@@ -38,7 +38,7 @@ use std::collections::{HashMap, HashSet};
 ///     fn describe(&self) -> String { "Residual".into() }
 /// }
 /// let dev = Device::cpu();
-/// let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+/// let mut rng = tandem::rng(0);
 /// let m = Residual { fc: Linear::new(4, 4, &mut rng, &dev)?, bn: BatchNorm1d::new(4, &dev)? };
 /// let names: Vec<String> = m.state_dict().into_iter().map(|p| p.0).collect();
 /// assert_eq!(names, ["fc.weight", "fc.bias", "bn.weight", "bn.bias",

@@ -12,7 +12,7 @@ use std::sync::Arc;
 /// use tandem::nn::{Linear, Module};
 /// use tandem::optim::{AdamConfig, OptimConfig, ParamGroups};
 /// use tandem::Device;
-/// let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+/// let mut rng = tandem::rng(0);
 /// let fc = Linear::new(4, 2, &mut rng, &Device::cpu())?;
 /// // nanoGPT's AdamW: weight decay on matrices only, none on biases and norm weights.
 /// let cfg = OptimConfig::adam(AdamConfig { lr: 6e-4, weight_decay: 0.1, ..AdamConfig::adamw() })

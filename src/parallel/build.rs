@@ -6,6 +6,7 @@ use super::{DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig,
 use super::{TensorParallel, TensorParallelGpt};
 use crate::nn::models::Gpt;
 use crate::nn::{Module, Sequential};
+use crate::optim::{GradScaler, Precision};
 use crate::{Device, Error, Result};
 
 /// Builds every strategy the same way: `Parallel::<kind>(model, devices, optimizer, loss)`,
@@ -89,25 +90,46 @@ struct Common {
     opt: OptimConfig,
     loss: Loss,
     clip: Option<f32>,
+    /// The precision and F16's loss scaler (`None`: PyTorch's defaults).
+    precision: (Precision, Option<GradScaler>),
 }
 
 impl Common {
     fn new(opt: &OptimConfig, loss: Loss) -> Self {
-        Common { opt: opt.clone(), loss, clip: None }
+        Common { opt: opt.clone(), loss, clip: None, precision: (Precision::F32, None) }
     }
-    /// `s` with the clipping bound set.
+    /// `s` with the clipping bound and the precision set.
     fn finish<S: Strategy>(&self, mut s: S) -> Result<S> {
         s.set_grad_clip(self.clip)?;
+        s.set_precision(self.precision.0, self.precision.1)?;
         Ok(s)
     }
 }
 
-/// The settings every builder has, and `boxed`.
+/// The settings every builder has, and `boxed`; `$precision` is the path of the builder's
+/// `(Precision, Option<GradScaler>)`.
 macro_rules! common_settings {
     () => {
+        common_settings!(common.precision);
         /// Global-norm gradient clipping (as [`Strategy::set_grad_clip`]); off by default.
         pub fn grad_clip(mut self, max_norm: Option<f32>) -> Self {
             self.common.clip = max_norm;
+            self
+        }
+    };
+    ($($precision:ident).+) => {
+        /// Trains in `precision` (as [`Strategy::set_precision`]: forwards under autocast in
+        /// the half types, F16 with PyTorch's default loss scaler); F32 by default. The
+        /// [`Trainer`](crate::train::Trainer) records it in every checkpoint, and a resume
+        /// must repeat it.
+        pub fn precision(mut self, precision: Precision) -> Self {
+            self.$($precision).+ = (precision, None);
+            self
+        }
+        /// Trains in F16 with this loss scaler instead of PyTorch's defaults (the last of
+        /// `precision` and `grad_scaler` called decides).
+        pub fn grad_scaler(mut self, scaler: GradScaler) -> Self {
+            self.$($precision).+ = (Precision::F16, Some(scaler));
             self
         }
         /// [`build`](Self::build) as a `Box<dyn Strategy>`.
@@ -223,10 +245,7 @@ impl LayersBuilder<'_> {
 }
 
 impl PipelineBuilder<'_> {
-    /// [`build`](Self::build) as a `Box<dyn Strategy>`.
-    pub fn boxed(self) -> Result<Box<dyn Strategy>> {
-        Ok(Box::new(self.build()?))
-    }
+    common_settings!(precision);
 }
 
 /// A model that [`Parallel::tensor`] shards: a `&Sequential` ending in two Linears, or a

@@ -128,6 +128,16 @@ pub trait Strategy: Send {
         self.core_mut().set_precision(precision, scaler);
         Ok(())
     }
+    /// What kind of strategy this is, as the [`Trainer`](crate::train::Trainer) records it in
+    /// every checkpoint and a resume must repeat it: by default the type's name (`Single`,
+    /// `DataParallel`, `Pipeline`, ...). The devices and data parallelism's sharding are not
+    /// part of it: a checkpoint resumes on other devices and under another ZeRO stage (the
+    /// stages shard memory, not the arithmetic).
+    fn describe(&self) -> String {
+        let name = std::any::type_name::<Self>();
+        let name = name.split('<').next().unwrap_or(name);
+        name.rsplit("::").next().unwrap_or(name).to_string()
+    }
     /// Whether this strategy computes on the thread that calls `step` and `predict` (one
     /// device, layers placed over devices, tensor parallelism's shards in turn), as opposed to
     /// threads of its own per device or stage, which its caller waits for. [`on_step_threads`]
@@ -196,7 +206,7 @@ pub fn on_step_threads<S: Strategy + ?Sized, R: Send>(s: &mut S, work: impl FnOn
 ///     fn describe(&self) -> String { "Res".into() }
 /// }
 /// let dev = Device::cpu();
-/// let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+/// let mut rng = tandem::rng(0);
 /// let model = Res { fc: Linear::new(3, 3, &mut rng, &dev)? };
 /// let l1 = Loss::custom(|out, y| out.l1_loss(y));
 /// let mut single = Single::new(model, &OptimConfig::sgd(Default::default()), l1, &dev)?;

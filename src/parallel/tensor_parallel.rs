@@ -75,7 +75,7 @@ fn scatter(full: &Tensor, parts: &[Tensor], dim: usize, ranges: &[(usize, usize)
 /// use tandem::nn::{Linear, Module};
 /// use tandem::parallel::ColumnParallelLinear;
 /// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
-/// let mut rng = rand::rng();
+/// let mut rng = tandem::rng(0);
 /// let lin = Linear::new(3, 5, &mut rng, &dev())?;
 /// let col = ColumnParallelLinear::from_linear(&lin, &[dev(), dev()])?;
 /// let x = tandem::Tensor::ones([2, 3], lin.weight.device())?;

@@ -1,7 +1,7 @@
 //! [`Trainer::fit`]: where a run starts (fresh, or resumed from its newest checkpoint) and its
 //! step loop with validation, checkpoints, the non-finite check and the stop token.
 use super::observer::{RunStart, StepInfo};
-use super::{default_changes, evaluate, ranks, Checkpoints, Fit, Trainer};
+use super::{default_changes, evaluate, ranks, record, Checkpoints, Fit, Schedule, Trainer};
 use super::run_dir::{self, Claim, RunDir};
 use super::run_file::{self as runfile, RunCheckpoint, RunState};
 use crate::data::BatchSource;
@@ -24,16 +24,25 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
     /// Calling `fit` again continues from where the strategy and `data` stand (the steps count
     /// from 0 again unless the run resumes from checkpoints).
     pub fn fit(&mut self, data: &mut dyn BatchSource) -> Result<Fit> {
-        let total = self.total(data)?;
+        let total = self.total_steps(data)?;
         // Every batch the source can serve (a short last one too) must suit the strategy: refused
         // here, not at the step that first draws it.
         self.strategy.check_batches(data)?;
-        if let Some(s) = &self.schedule {
+        let schedule = match &self.schedule {
+            Some(Schedule::Fixed(s)) => Some(*s),
+            Some(Schedule::OverRun(make)) => Some(make(total)),
+            None => None,
+        };
+        if let Some(s) = &schedule {
             s.check()?;
         }
         if let Some(clip) = self.clip {
             self.strategy.set_grad_clip(clip)?;
         }
+        // What the trajectory depends on besides the caller's settings, recorded in every
+        // checkpoint and checked on resume.
+        let record = record::record(&*self.strategy, schedule.as_ref());
+        let config = record::stored(&self.settings, &record);
         if let Some(t) = &self.trace {
             self.strategy.set_trace(t.clone());
         }
@@ -45,7 +54,7 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
             }),
             _ => None,
         };
-        let start = self.start(run_dir.as_deref(), data, total)?;
+        let start = self.start(run_dir.as_deref(), data, total, &config)?;
         for o in &mut self.observers {
             o.started(&RunStart { step: start.step, total, resumed_from: start.resumed.as_deref() });
         }
@@ -56,8 +65,10 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
         let t0 = Instant::now();
         // A stop asked during setup ends the run before its first step.
         let mut stopped = ranks::agree_stop(&self.group, self.stop.reason())?;
+        // This epoch's loss summed over its samples, and the samples.
+        let (mut epoch, mut epoch_sum, mut epoch_samples) = (data.state().epoch, 0.0f64, 0u64);
         while fit.step < total && stopped.is_none() {
-            let lr = self.schedule.map(|s| s.lr_at(fit.step));
+            let lr = schedule.map(|s| s.lr_at(fit.step));
             if let Some(lr) = lr {
                 self.strategy.set_lr(lr);
             }
@@ -71,11 +82,17 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
             }
             fit.losses.push((step, report.loss));
             fit.samples += batch.len() as u64;
+            epoch_sum += report.loss as f64 * batch.len() as f64;
+            epoch_samples += batch.len() as u64;
+            if position.epoch != epoch {
+                fit.epoch_losses.push((epoch, epoch_sum / epoch_samples as f64));
+                (epoch, epoch_sum, epoch_samples) = (position.epoch, 0.0, 0);
+            }
             let info = StepInfo { step, total, lr, samples: batch.len(), report: &report };
             self.observers.iter_mut().for_each(|o| o.step(&info));
             stopped = ranks::agree_stop(&self.group, self.stop.reason())?;
             if let Some(v) = self.validation.as_mut().filter(|v| step.is_multiple_of(v.every) || step == total) {
-                let values = evaluate(&mut *self.strategy, &mut *v.source, &mut v.metrics)?;
+                let values = evaluate(&mut *self.strategy, &mut *v.source, &mut v.metrics, v.name.as_deref())?;
                 self.observers.iter_mut().for_each(|o| o.validated(step, &values));
                 fit.validations.push((step, values));
             }
@@ -88,7 +105,7 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
                             optim_steps,
                             loader: position,
                             shuffle_seed: self.seed,
-                            config: self.settings.clone(),
+                            config: config.clone(),
                         };
                         let path = save(dir, &*self.strategy, step, fit.checkpoint.take(), state)?;
                         self.observers.iter_mut().for_each(|o| o.checkpointed(step, &path));
@@ -111,7 +128,8 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
     /// Step 0 under a new run id, or with [`Claim::Resume`] the newest valid checkpoint's state
     /// loaded into the strategy and `data` on every rank. A fresh run told to overwrite clears the
     /// directory's earlier files first.
-    fn start(&mut self, run_dir: Option<&RunDir>, data: &mut dyn BatchSource, total: u64) -> Result<Start> {
+    /// `config` is what this run stores: the settings with the trainer's record.
+    fn start(&mut self, run_dir: Option<&RunDir>, data: &mut dyn BatchSource, total: u64, config: &serde_json::Value) -> Result<Start> {
         let fresh = Start { step: 0, run: run_dir::new_run_id(), resumed: None };
         let Some(plan) = &self.checkpoints else { return Ok(fresh) };
         if plan.claim != Claim::Resume {
@@ -123,12 +141,22 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
         let dir = plan.dir.clone();
         let ckpt = self.read_newest(&dir)?;
         let st = &ckpt.state;
-        if st.config != self.settings || st.shuffle_seed != self.seed {
+        let (settings, recorded) = record::split(&st.config, &self.settings);
+        // A checkpoint written before the trainer recorded anything holds the settings alone.
+        let same = match &recorded {
+            Some(_) => st.config == *config,
+            None => st.config == self.settings,
+        };
+        if !same || st.shuffle_seed != self.seed {
             let mut changed = match &self.describe {
-                Some(f) => f(&self.settings, &st.config),
-                None => default_changes(&self.settings, &st.config),
+                Some(f) => f(&self.settings, &settings),
+                None => default_changes(&self.settings, &settings),
             };
-            if st.shuffle_seed != self.seed && (self.describe.is_none() || changed.is_empty()) {
+            let own_too = self.describe.is_none() || changed.is_empty();
+            if let (Some(then), true) = (&recorded, own_too) {
+                changed.extend(record::changes(config.get("trainer").unwrap_or(&serde_json::Value::Null), then));
+            }
+            if st.shuffle_seed != self.seed && own_too {
                 changed.push(format!("seed {} (checkpoint: {})", self.seed, st.shuffle_seed));
             }
             return Err(Error::ResumeMismatch { path: ckpt.path.clone(), changed });

@@ -34,8 +34,11 @@ pub trait Metric: Send {
     fn finish(&mut self) -> f64;
 }
 
-/// The mean training loss over the validation samples (each batch weighted by its samples),
-/// reported as `val_loss`.
+/// The mean training loss over the samples of the source measured (each batch weighted by its
+/// samples), reported as `val_loss` by [`Trainer::validate`](super::Trainer::validate) and
+/// [`Trainer::evaluate`](super::Trainer::evaluate), and as `test_loss` (the source's name and
+/// `_loss`) by [`validate_named`](super::Trainer::validate_named) and
+/// [`evaluate_named`](super::Trainer::evaluate_named) with the name `test`.
 pub struct MeanLoss {
     loss: Loss,
     sum: f64,
@@ -63,6 +66,23 @@ impl Metric for MeanLoss {
         let v = self.sum / self.samples.max(1) as f64;
         (self.sum, self.samples) = (0.0, 0);
         v
+    }
+}
+
+/// What a metric named `metric` is reported as when measured on a source named `source`:
+/// `source_metric`, without the `val_` of a name that has one (`val_loss` on `test` is
+/// `test_loss`, `accuracy` is `test_accuracy`); the metric's own name for a source without one.
+///
+/// ```
+/// use tandem::train::metric::metric_name;
+/// assert_eq!(metric_name(Some("test"), "val_loss"), "test_loss");
+/// assert_eq!(metric_name(Some("test"), "accuracy"), "test_accuracy");
+/// assert_eq!(metric_name(None, "val_loss"), "val_loss");
+/// ```
+pub fn metric_name(source: Option<&str>, metric: &str) -> String {
+    match source {
+        Some(source) => format!("{source}_{}", metric.strip_prefix("val_").unwrap_or(metric)),
+        None => metric.to_string(),
     }
 }
 

@@ -6,6 +6,7 @@ pub mod metric;
 mod observer;
 pub mod plan_record;
 pub mod ranks;
+mod record;
 pub mod run_dir;
 pub mod run_file;
 mod stop;
@@ -95,6 +96,8 @@ impl Checkpoints {
 pub type DescribeChanges = Box<dyn Fn(&serde_json::Value, &serde_json::Value) -> Vec<String>>;
 
 struct Validation {
+    /// What the metrics are reported as: `None` their own names, `Some(name)` `name_metric`.
+    name: Option<String>,
     every: u64,
     source: Box<dyn BatchSource>,
     metrics: Vec<Box<dyn Metric>>,
@@ -116,7 +119,7 @@ struct Validation {
 pub struct Trainer<S: Strategy + ?Sized = dyn Strategy> {
     strategy: Box<S>,
     length: Length,
-    schedule: Option<LrSchedule>,
+    schedule: Option<Schedule>,
     clip: Option<Option<f32>>,
     validation: Option<Validation>,
     checkpoints: Option<Checkpoints>,
@@ -129,6 +132,12 @@ pub struct Trainer<S: Strategy + ?Sized = dyn Strategy> {
     trace: Option<Trace>,
 }
 
+/// The LR schedule as given: fixed, or made from the run's total steps once `fit` knows them.
+enum Schedule {
+    Fixed(LrSchedule),
+    OverRun(Box<dyn Fn(u64) -> LrSchedule>),
+}
+
 /// What a [`Trainer::fit`] did.
 #[derive(Clone, Debug, Default)]
 pub struct Fit {
@@ -138,8 +147,13 @@ pub struct Fit {
     pub step: u64,
     /// The step the run was to end after.
     pub total: u64,
-    /// `(step, loss)` of every step this call ran.
+    /// `(step, loss)` of every step this call ran: each the mean loss over that step's batch.
     pub losses: Vec<(u64, f32)>,
+    /// `(epoch, mean loss)` of each epoch of the training source that ended during this call
+    /// (epochs count from 0): the mean over the samples of its steps that this call ran, each
+    /// batch weighted by its samples (a resumed run's first epoch counts only the steps after
+    /// the checkpoint). What Keras and most training logs report as an epoch's loss.
+    pub epoch_losses: Vec<(u64, f64)>,
     /// Every validation pass: its step and each metric's name and value.
     pub validations: Vec<(u64, Vec<(String, f64)>)>,
     /// The stop token's reason code when a stop ended the run before `total`.
@@ -157,8 +171,16 @@ impl Fit {
     pub fn steps_run(&self) -> u64 {
         self.step - self.first_step
     }
+    /// The loss of the last step this call ran: the mean over that one batch, which may be an
+    /// epoch's short last batch of a few samples, so it is noisy. For a figure over the data
+    /// see [`mean_loss_last_epoch`](Fit::mean_loss_last_epoch), or validate.
     pub fn final_loss(&self) -> Option<f32> {
         self.losses.last().map(|l| l.1)
+    }
+    /// The mean training loss over the samples of the last epoch that ended during this call
+    /// (see [`epoch_losses`](Fit::epoch_losses)); `None` when no epoch ended.
+    pub fn mean_loss_last_epoch(&self) -> Option<f64> {
+        self.epoch_losses.last().map(|e| e.1)
     }
     /// The newest value of the metric named `name`.
     pub fn metric(&self, name: &str) -> Option<f64> {
@@ -211,9 +233,24 @@ impl<S: Strategy + ?Sized> Trainer<S> {
         self.length = Length::Epochs(n);
         self
     }
-    /// The learning rate of step `s` (from 0) is `schedule.lr_at(s)`.
+    /// The learning rate of step `s` (from 0) is `schedule.lr_at(s)`. The schedule is recorded
+    /// in every checkpoint, and a resume must repeat it.
     pub fn schedule(mut self, schedule: LrSchedule) -> Self {
-        self.schedule = Some(schedule);
+        self.schedule = Some(Schedule::Fixed(schedule));
+        self
+    }
+    /// The schedule `make(total)` of the run's total steps, which `fit` works out from the
+    /// run's length and the training source ([`total_steps`](Trainer::total_steps)), so that
+    /// a schedule over the whole run needs no epochs × batches by hand:
+    ///
+    /// ```
+    /// # use tandem::optim::LrSchedule;
+    /// # fn with(t: tandem::train::Trainer) -> tandem::train::Trainer {
+    /// t.epochs(10).schedule_over_run(|total| LrSchedule::one_cycle(0.1, total))
+    /// # }
+    /// ```
+    pub fn schedule_over_run(mut self, make: impl Fn(u64) -> LrSchedule + 'static) -> Self {
+        self.schedule = Some(Schedule::OverRun(Box::new(make)));
         self
     }
     /// Clips the global gradient norm to `max_norm` before each update (PyTorch's
@@ -224,9 +261,17 @@ impl<S: Strategy + ?Sized> Trainer<S> {
     }
     /// After every `every` steps and after the last, measures `metrics` over one pass of
     /// `source` in eval mode ([`Strategy::set_training`] false), from the start of its epoch 0
-    /// each time.
+    /// each time. The values are reported under the metrics' own names (`val_loss`,
+    /// `accuracy`, ...); [`validate_named`](Trainer::validate_named) names the source.
     pub fn validate(mut self, every: u64, source: impl BatchSource + 'static, metrics: Vec<Box<dyn Metric>>) -> Self {
-        self.validation = Some(Validation { every: every.max(1), source: Box::new(source), metrics });
+        self.validation = Some(Validation { name: None, every: every.max(1), source: Box::new(source), metrics });
+        self
+    }
+    /// [`validate`](Trainer::validate) with the values reported under the source's `name`:
+    /// `name_loss` for [`MeanLoss`], `name_accuracy`, `name_mse`, ... (see
+    /// [`metric_name`](metric::metric_name)), so that a test set's loss is not called `val_loss`.
+    pub fn validate_named(mut self, name: &str, every: u64, source: impl BatchSource + 'static, metrics: Vec<Box<dyn Metric>>) -> Self {
+        self.validation = Some(Validation { name: Some(name.to_string()), every: every.max(1), source: Box::new(source), metrics });
         self
     }
     /// Writes checkpoints (and resumes from them) as `plan` says.
@@ -234,19 +279,29 @@ impl<S: Strategy + ?Sized> Trainer<S> {
         self.checkpoints = Some(plan);
         self
     }
-    /// What decides the trajectory besides the checkpoint's own state (the model, the data, the
-    /// batch size, the optimizer's settings, ...), as JSON, and the run's seed: recorded in every
+    /// What decides the trajectory besides the checkpoint's own state and what the trainer
+    /// records itself (the model, the data, the batch size, the optimizer's settings, ...), as
+    /// JSON ([`tandem::serde_json`](crate::serde_json)), and the run's seed: recorded in every
     /// checkpoint, and a resume refuses a checkpoint written with other ones
     /// ([`Error::ResumeMismatch`] naming each).
+    ///
+    /// The trainer records by itself, under the key `"trainer"` beside these settings'
+    /// keys, the strategy's kind ([`Strategy::describe`]), its precision, its clipping bound
+    /// and the LR schedule; a resume refuses other ones too, named `precision bf16
+    /// (checkpoint: f32)`. The devices and data parallelism's sharding may change on resume.
+    /// Checkpoints written before the trainer recorded anything are checked against the
+    /// settings alone.
     pub fn settings(mut self, settings: serde_json::Value, seed: u64) -> Self {
         self.settings = settings;
         self.seed = seed;
         self
     }
     /// How a resume mismatch names what changed (the command line names its flags); by default
-    /// `key value (checkpoint: value)` for each top-level key of the settings. A different seed
-    /// is named `seed N (checkpoint: M)` after the default description, and after a custom one
-    /// only when that names nothing (settings that hold the seed name it themselves).
+    /// `key value (checkpoint: value)` for each top-level key of the settings. `describe` is given
+    /// the settings alone (without the trainer's record). What the trainer records (see
+    /// [`settings`](Trainer::settings)) and a different seed (`seed N (checkpoint: M)`) are
+    /// named after the default description, and after a custom one only when that names nothing
+    /// (settings that hold the seed or the precision name them themselves).
     pub fn describe_changes(mut self, describe: DescribeChanges) -> Self {
         self.describe = Some(describe);
         self
@@ -293,13 +348,20 @@ impl<S: Strategy + ?Sized> Trainer<S> {
     }
 
     /// `metrics` over one pass of `source` (from the start of its epoch 0), in eval mode; the
-    /// strategy goes back to training mode after.
+    /// strategy goes back to training mode after. The values carry the metrics' own names;
+    /// [`evaluate_named`](Trainer::evaluate_named) names the source.
     pub fn evaluate(&mut self, source: &mut dyn BatchSource, metrics: &mut [Box<dyn Metric>]) -> Result<Vec<(String, f64)>> {
-        evaluate(&mut *self.strategy, source, metrics)
+        evaluate(&mut *self.strategy, source, metrics, None)
+    }
+    /// [`evaluate`](Trainer::evaluate) with the values named after the source: `test_loss`,
+    /// `test_accuracy`, ... for `name` `"test"` (see [`metric_name`](metric::metric_name)).
+    pub fn evaluate_named(&mut self, name: &str, source: &mut dyn BatchSource, metrics: &mut [Box<dyn Metric>]) -> Result<Vec<(String, f64)>> {
+        evaluate(&mut *self.strategy, source, metrics, Some(name))
     }
 
-    /// The run's total steps on `data`.
-    fn total(&self, data: &dyn BatchSource) -> Result<u64> {
+    /// The run's total steps on `data`: the steps asked for, or the epochs times `data`'s
+    /// batches per epoch (what [`schedule_over_run`](Trainer::schedule_over_run) is given).
+    pub fn total_steps(&self, data: &dyn BatchSource) -> Result<u64> {
         match self.length {
             Length::Steps(n) => Ok(n),
             Length::Epochs(e) => e
@@ -309,8 +371,9 @@ impl<S: Strategy + ?Sized> Trainer<S> {
     }
 }
 
-/// One validation pass: `metrics` over `source`'s epoch 0, in eval mode.
-fn evaluate<S: Strategy + ?Sized>(s: &mut S, source: &mut dyn BatchSource, metrics: &mut [Box<dyn Metric>]) -> Result<Vec<(String, f64)>> {
+/// One validation pass: `metrics` over `source`'s epoch 0, in eval mode, named after the
+/// source when it has a `name`.
+fn evaluate<S: Strategy + ?Sized>(s: &mut S, source: &mut dyn BatchSource, metrics: &mut [Box<dyn Metric>], name: Option<&str>) -> Result<Vec<(String, f64)>> {
     source.set_state(crate::data::LoaderState { epoch: 0, position: 0 })?;
     s.set_training(false);
     let pass = (|| {
@@ -325,7 +388,7 @@ fn evaluate<S: Strategy + ?Sized>(s: &mut S, source: &mut dyn BatchSource, metri
         Ok(())
     })();
     s.set_training(true);
-    let values: Vec<(String, f64)> = metrics.iter_mut().map(|m| (m.name(), m.finish())).collect();
+    let values: Vec<(String, f64)> = metrics.iter_mut().map(|m| (metric::metric_name(name, &m.name()), m.finish())).collect();
     pass.map(|()| values)
 }
 

@@ -8,7 +8,9 @@
 //! - [`PeerRing`]: ring algorithms built on [`Tensor::to`], which copies device to device where
 //!   the backend has a peer path (CUDA) and stages through the host elsewhere.
 //!
-//! - [`Nccl`] (cargo feature `nccl`): NVIDIA's NCCL on the devices' own streams, for groups of
+// `Nccl` exists only with the feature: linked there, named without it (docs.rs's build).
+#![cfg_attr(feature = "nccl", doc = "- [`Nccl`] (cargo feature `nccl`): NVIDIA's NCCL on the devices' own streams, for groups of")]
+#![cfg_attr(not(feature = "nccl"), doc = "- `Nccl` (cargo feature `nccl`): NVIDIA's NCCL on the devices' own streams, for groups of")]
 //!   distinct CUDA GPUs; preferred by [`for_devices`] whenever it can be created.
 //! - [`Hierarchical`]: this process's devices and those of the other processes of a
 //!   [`crate::dist::Group`] (`mpirun`): host staging inside the process, MPI between processes.

@@ -101,6 +101,8 @@ pub struct PipelineBuilder<'a> {
     clip: Option<f32>,
     group: Option<Group>,
     ties: Vec<(StageParam, StageParam)>,
+    /// What `Strategy::set_precision` is given at build (set by `build.rs`'s `precision`).
+    pub(in crate::parallel) precision: (crate::optim::Precision, Option<crate::optim::GradScaler>),
 }
 
 impl PipelineBuilder<'_> {
@@ -180,6 +182,7 @@ impl PipelineBuilder<'_> {
         let devices: Vec<Device> = stages.iter().map(|s| s.device.clone()).collect();
         let mut run = StepCore::new(self.loss, &devices);
         run.set_clip(self.clip)?;
+        run.set_precision(self.precision.0, self.precision.1);
         Ok(Pipeline {
             stages,
             micro_batches: self.micro_batches,
@@ -211,6 +214,7 @@ impl Pipeline {
             clip: None,
             group: None,
             ties: Vec::new(),
+            precision: Default::default(),
         }
     }
     /// Each stage's action list.

@@ -16,7 +16,7 @@ use crate::{Device, Error, Result, Tensor};
 /// use tandem::nn::{Linear, Module, GELU};
 /// use tandem::parallel::ParallelMlp;
 /// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
-/// let (home, mut rng) = (dev(), rand::rng());
+/// let (home, mut rng) = (dev(), tandem::rng(0));
 /// let (fc, proj) = (Linear::new(4, 16, &mut rng, &home)?, Linear::new(16, 4, &mut rng, &home)?);
 /// let mlp = ParallelMlp::from_linears(&fc, &proj, GELU::default(), &[home.clone(), dev()])?;
 /// let x = tandem::Tensor::ones([2, 4], &home)?;
