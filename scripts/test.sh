@@ -76,6 +76,32 @@ if ! grep -q "AVX2+FMA" <<<"$haswell"; then
   echo "$haswell" >&2
   exit 1
 fi
+# The AVX-512 kernels belong to the library whatever its features: a build with README's
+# dependency line (no default features) has the gemm crate's x86-v4 kernels, and reports the
+# AVX-512 path on a CPU with AVX-512F and AVX2+FMA on one without. qemu 7.2's user mode emulates
+# no AVX-512 (`-cpu Skylake-Server` reports none), so the host's own CPU decides which to expect.
+if ! cargo tree -q --no-default-features --features wgpu -e features -i gemm | grep -q 'gemm feature "x86-v4"'; then
+  echo "test.sh: without default features the gemm crate's AVX-512 (x86-v4) kernels are not compiled in" >&2
+  exit 1
+fi
+if [ "$(uname -m)" = x86_64 ]; then
+  # Reuses every dependency (the same features); only tandem itself builds again. The build
+  # replaces target/debug/tandem, which later cargo runs build back.
+  cargo build -q --no-default-features --features wgpu,cli --bin tandem
+  mkdir -p target/tmp && cp target/debug/tandem target/tmp/tandem-lean
+  lean_reports() { # CPU (words), expected path, how to run the binary ...
+    local cpu=$1 expect=$2 out
+    shift 2
+    out=$(TANDEM_BACKENDS=cpu "$@" target/tmp/tandem-lean devices 2>/dev/null || true)
+    if ! grep -q "gemm crate, $expect kernels" <<<"$out"; then
+      echo "test.sh: built without default features, 'tandem devices' on $cpu does not report the $expect GEMM path:" >&2
+      echo "$out" >&2
+      exit 1
+    fi
+  }
+  if grep -qw avx512f /proc/cpuinfo; then lean_reports "this host (AVX-512F)" AVX-512 env; else lean_reports "this host (no AVX-512F)" AVX2+FMA env; fi
+  lean_reports "an emulated Haswell" AVX2+FMA qemu-x86_64 -cpu Haswell
+fi
 
 # The optional OpenBLAS path of the CPU backend (feature `openblas`, loaded at run time): its
 # products against an f64 oracle, forced and by rule, and pinned kernels on the gemm crate.

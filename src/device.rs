@@ -187,9 +187,21 @@ impl Device {
         }
     }
 
-    /// Opens a new logical device on the given backend's `ordinal`-th device.
+    /// Opens a new logical device on the given backend's `ordinal`-th device. Only that backend
+    /// is probed: opening `cpu` loads no GPU driver (and so prints no driver's warnings), and
+    /// `cuda:0` enumerates no wgpu adapter.
     pub fn open(backend: BackendKind, ordinal: usize) -> Result<Device> {
-        let exists = Device::list().iter().any(|i| i.backend == backend && i.ordinal == ordinal);
+        let wanted = backends().unwrap_or(None);
+        let probed = wanted.as_ref().is_none_or(|w| w.contains(&backend));
+        let exists = match backend {
+            BackendKind::Cpu => ordinal == 0,
+            #[cfg(feature = "wgpu")]
+            BackendKind::Wgpu if probed => ordinal < crate::backend::wgpu::adapters().len(),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda if probed => crate::backend::cuda::devices().iter().any(|i| i.ordinal == ordinal),
+            _ => false,
+        };
+        let _ = probed;
         if !exists {
             return Err(no_such(&format!("{}:{ordinal}", backend.name())));
         }

@@ -1,6 +1,6 @@
 //! Batch-size constraints checked before training, against every batch a source can draw
 //! (`Strategy::check_batches`): pipeline micro-batches that must divide the batch (and the
-//! short last one), data-parallel shards of at least one sample per device; and the GPT's
+//! short last one), data-parallel batches with fewer samples than devices; and the GPT's
 //! stages declaring their tied head, so that a pipeline ties it without being told.
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
@@ -34,13 +34,15 @@ fn a_pipeline_refuses_a_short_last_batch_its_micro_batches_do_not_divide() -> Re
     Ok(())
 }
 
+/// A device left without samples joins the collectives with zero gradients (tests/short_batch.rs
+/// checks the results), so any batch of at least one sample passes.
 #[test]
-fn data_parallel_refuses_a_batch_that_leaves_a_device_without_samples() -> Result<()> {
+fn data_parallel_accepts_a_short_last_batch_that_leaves_a_device_without_samples() -> Result<()> {
     let devs = cpus(3);
     let dp = DataParallel::from_factory(|d| SeedModel::TwoLayer.build(0, d), &devs, &OptimConfig::sgd(Default::default()), Loss::Mse, DataParallelConfig::default())?;
     dp.check_batches(&loader(15, 5)?)?;
-    let err = dp.check_batches(&loader(10, 4)?).expect_err("a last batch of 2 for 3 devices").to_string();
-    assert!(err.contains("short last batch of 2") && err.contains("each of the 3 devices at least one"), "{err}");
+    dp.check_batches(&loader(10, 4)?)?;
+    dp.check_batches(&loader(2, 2)?)?;
     Ok(())
 }
 

@@ -275,9 +275,6 @@ fn bad_input_is_an_error() {
     assert!(matches!(no_devices, Err(Error::Invalid { .. })));
 
     let mut dp = data_parallel(3, DataParallelConfig::default(), &sgd());
-    let small = synthetic::seed_images(2, 1).unwrap().batch(&[0, 1]).unwrap();
-    let err = dp.step(&small).expect_err("2 samples on 3 devices");
-    assert!(err.to_string().contains("at least 3"), "{err}");
 
     // Regression rows of 10 features into a CNN that wants [1, 28, 28]: the op's error, as
     // the failure of the replica that met it.

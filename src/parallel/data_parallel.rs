@@ -4,6 +4,9 @@
 //! Each device's shard loss is scaled by its share `n_i / N` of the global batch, so the SUM of
 //! the devices' gradients is exactly the gradient of the global mean loss, whatever the split
 //! (uneven, user-weighted, calibrated) and however many micro-batches accumulate on a device.
+//! A batch may hold fewer samples than there are devices (an epoch's short last batch): the
+//! devices left without samples run no forward, and join every collective (all-reduce,
+//! reduce-scatter, ZeRO's gathers) with zero gradients, so the step equals one device's.
 //! See [`DataParallelConfig`] for the options: bucket size, split weights, calibration,
 //! deterministic mode and sharding ([`Shard`]: ZeRO-1, ZeRO-2 and ZeRO-3, see `shard.rs`).
 //!

@@ -5,18 +5,16 @@ use crate::shape::even_ranges;
 use crate::{Error, Result};
 use std::ops::Range;
 
-/// A data-parallel batch gives each of `devices` at least one sample.
+/// A data-parallel batch needs one sample; it may have fewer than the devices, which then
+/// take none (they still take part in every collective, with zero gradients).
 pub(crate) fn check_samples(n: usize, devices: usize) -> Result<()> {
-    if n < devices {
-        return Err(Error::invalid(
-            "DataParallel::step",
-            format!("a batch of {n} samples cannot give each of the {devices} devices at least one; use a batch of at least {devices}"),
-        ));
+    if n == 0 {
+        return Err(Error::invalid("DataParallel::step", format!("an empty batch (0 samples) for {devices} devices; a batch needs at least one sample")));
     }
     Ok(())
 }
 
-/// Checks that `batch` is well formed and has at least one sample per device.
+/// Checks that `batch` is well formed and has at least one sample.
 pub(crate) fn check_batch(batch: &Batch, devices: usize) -> Result<()> {
     let n = batch.len();
     check_samples(n, devices)?;

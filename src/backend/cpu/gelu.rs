@@ -1,7 +1,7 @@
 //! The tanh GELU and its gradient in one pass each, with the f32 operations of their
 //! compositions (`Tensor::gelu_tanh` and its gradient rule) in order, so the same bits. Where the
-//! CPU has AVX2 or AVX-512F the same loops are also compiled for it (chosen at run time;
-//! AVX-512 only with the `avx512` feature, as the products), which vectorises the tanh's f32
+//! CPU has AVX2 or AVX-512F the same loops are also compiled for it (chosen at run time,
+//! whatever the cargo features, as the products), which vectorises the tanh's f32
 //! arithmetic eight or sixteen lanes wide; Rust never fuses a multiply and an add, so every
 //! build gives the same bits. (With AVX-512 the GELU went from 18% to 12% of a 4-layer,
 //! 128-wide GPT's CPU step when the tanh was still f64, and the step ran 7% faster; the f32

@@ -7,7 +7,7 @@ use crate::backend::{BinaryOp, MatmulSpec, ReduceOp, ReduceSpec, UnaryOp, Window
 use rayon::prelude::*;
 
 /// `fn $name(args)` running `$plain`, an `#[inline(always)]` loop, compiled also for AVX-512F
-/// (with the `avx512` feature) and AVX2 and chosen at run time from the CPU's features, so that
+/// and AVX2 (whatever the cargo features) and chosen at run time from the CPU's features, so that
 /// the loop vectorises as wide as the CPU allows; Rust never fuses a multiply and an add, so
 /// every version gives the same bits.
 macro_rules! by_isa {
@@ -24,7 +24,7 @@ macro_rules! by_isa {
                 fn avx2($($arg: $ty),*) {
                     $plain($($arg),*)
                 }
-                if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
+                if std::arch::is_x86_feature_detected!("avx512f") {
                     // SAFETY: the CPU has AVX-512F, checked just above.
                     return unsafe { avx512($($arg),*) };
                 }
@@ -296,12 +296,12 @@ fn add_row_plain(acc: &mut [f64], row: &[f32]) {
 }
 
 /// The `gemm` kernels this CPU runs: `gemm` picks them at its first product from the features
-/// the CPU reports (never from the build), AVX-512 only where tandem's `avx512` feature compiled
-/// them in. The same test here names them in `DeviceInfo::matmul` and in benchmarks.
+/// the CPU reports (never from the build: its AVX-512 kernels are always compiled in on x86-64).
+/// The same test here names them in `DeviceInfo::matmul` and in benchmarks.
 pub fn gemm_kernels() -> &'static str {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     {
-        if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
+        if std::arch::is_x86_feature_detected!("avx512f") {
             return "AVX-512";
         }
         if std::arch::is_x86_feature_detected!("fma") {
