@@ -247,11 +247,19 @@ fn pipeline_resumes_exactly_on_wgpu() {
 
 /// A run of `strategy` to `steps` in `dir`, every 2 steps checkpointed, resumed from there
 /// when `resume`; what it did and its weights' bits.
-fn recorded_run(strategy: Box<dyn Strategy>, dir: &Path, steps: u64, resume: bool, schedule: LrSchedule, clip: Option<f32>) -> Result<(Fit, Vec<u32>)> {
+fn recorded_run(
+    strategy: Box<dyn Strategy>,
+    dir: &Path,
+    steps: u64,
+    resume: bool,
+    schedule: LrSchedule,
+    clip: Option<f32>,
+) -> Result<(Fit, Vec<u32>)> {
     let mut loader = DataLoader::new(Arc::new(synthetic::regression(96, 6, 2)?), 16, true, 9)?;
     let plan = Checkpoints::new(dir).every(2);
     let plan = if resume { plan.resume() } else { plan };
-    let mut t = Trainer::boxed(strategy).steps(steps).schedule(schedule).grad_clip(clip).checkpoints(plan).settings(tandem::serde_json::json!({ "kind": "any" }), 9);
+    let settings = tandem::serde_json::json!({ "kind": "any" });
+    let mut t = Trainer::boxed(strategy).steps(steps).schedule(schedule).grad_clip(clip).checkpoints(plan).settings(settings, 9);
     let fit = t.fit(&mut loader)?;
     let bits = t.state_dict()?.iter().flat_map(|(_, w)| w.to_vec().unwrap()).map(f32::to_bits).collect();
     Ok((fit, bits))
