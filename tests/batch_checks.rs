@@ -28,6 +28,7 @@ fn a_pipeline_refuses_a_short_last_batch_its_micro_batches_do_not_divide() -> Re
     pipe.check_batches(&loader(12, 4)?)?;
     let err = pipe.check_batches(&loader(11, 4)?).expect_err("a last batch of 3").to_string();
     assert!(err.contains("short last batch of 3") && err.contains("2 micro-batches do not divide"), "{err}");
+    assert_eq!(err.matches("invalid argument to").count(), 1, "the prefix is said once: {err}");
     pipe.check_batches(&loader(11, 4)?.drop_last(true)?)?;
     let err = pipe.check_batches(&loader(12, 3)?).expect_err("a batch of 3").to_string();
     assert!(err.contains("2 micro-batches do not divide a batch of 3"), "{err}");

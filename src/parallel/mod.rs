@@ -155,8 +155,8 @@ pub trait Strategy: Send {
     fn set_training(&mut self, training: bool) {
         self.modules().into_iter().for_each(|m| m.set_training(training));
     }
-    /// Whether a batch of `n` samples meets this strategy's constraints (at least one sample
-    /// per data-parallel device, micro-batches that divide it): the check `step` makes, without
+    /// Whether a batch of `n` samples meets this strategy's constraints (not empty,
+    /// micro-batches that divide it): the check `step` makes, without
     /// any work. The default accepts any batch.
     fn check_batch_size(&self, _n: usize) -> Result<()> {
         Ok(())
@@ -169,7 +169,12 @@ pub trait Strategy: Send {
         self.check_batch_size(full)?;
         if smallest != full {
             self.check_batch_size(smallest).map_err(|e| {
-                Error::invalid("Strategy::check_batches", format!("the source's short last batch of {smallest} samples (of {full}): {e}; drop it (DataLoader::drop_last) or choose a batch size that divides the data"))
+                // The inner error's own "invalid argument to ..." prefix would repeat this one's.
+                let why = match e {
+                    Error::Invalid { detail, .. } => detail,
+                    other => other.to_string(),
+                };
+                Error::invalid("Strategy::check_batches", format!("the source's short last batch of {smallest} samples (of {full}): {why}; drop it (DataLoader::drop_last) or choose a batch size that divides the data"))
             })?;
         }
         Ok(())
