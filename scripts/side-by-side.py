@@ -11,11 +11,10 @@ dp-overlap figures (tandem only). Run from the repository root with a release bu
     cargo build --release
     /tmp/tandem-torch-venv/bin/python scripts/side-by-side.py [--rounds 3] [--threads 2]
 
-The AVX2 paths on an AVX-512 CPU: build tandem without its `avx512` feature
-(`cargo build --release --no-default-features --features wgpu,cli`, copied aside) and pass
-`--avx2 --tandem THAT_BINARY`, which also keeps PyTorch's kernels to AVX2. A tandem built with
-`--features openblas` (OpenBLAS for the larger products) is measured the same way; with `--avx2`
-OpenBLAS is held to its Haswell (AVX2) kernels.
+tandem's AVX-512 kernels are always compiled in and chosen from the CPU's features at run time
+(the `avx512` feature is a no-op kept for old manifests), so a tandem binary cannot be held to
+AVX2 on an AVX-512 CPU: compare the AVX2 paths on a CPU without AVX-512. `--avx2` keeps PyTorch's
+kernels (and a tandem built with `--features openblas`, OpenBLAS's) to AVX2.
 """
 import argparse
 import json
@@ -68,8 +67,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tandem", default=os.path.join(ROOT, "target", "release", "tandem"))
     ap.add_argument("--avx2", action="store_true",
-                    help="PyTorch limited to AVX2 (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS); pair it with "
-                         "--tandem naming a build without the avx512 feature, to compare the AVX2 paths on an AVX-512 CPU")
+                    help="PyTorch (and OpenBLAS) limited to AVX2 (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS); "
+                         "tandem's own kernels follow the CPU's features")
     args = ap.parse_args()
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
     if args.avx2:
