@@ -211,6 +211,10 @@ fn a_damaged_or_outdated_calibration_is_measured_again_with_a_note() {
         assert!(ok && line.contains("measured in") && line.contains("not reused") && line.contains(why), "{what}: {line}\n{printed}");
         assert!(printed.contains("plan for cpu (batch 16)"), "{what}: planned from the new measurement:\n{printed}");
     }
+    // A device slower now than when calibrated is this moment's load: the file is reused.
+    let mut faster_then = original.clone();
+    faster_then["probe_s"][0] = (original["probe_s"][0].as_f64().unwrap() / 10.0).into();
+    reused(&dir, &args, &|| std::fs::write(&path, serde_json::to_vec(&faster_then).unwrap()).unwrap()).expect("reused while slower");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -147,10 +147,13 @@ impl Console {
         }
         match self.format {
             LogFormat::Json => {
-                let mut line = serde_json::to_value(s).unwrap_or_default();
-                if let (Some((layout, predicted)), Some(fields)) = (&self.plan, line.as_object_mut()) {
+                // The summary's own fields as serialized (their order, f32 losses as f32), the
+                // plan appended as the last field.
+                let mut line = serde_json::to_string(s).unwrap_or_default();
+                if let (Some((layout, predicted)), Some(open)) = (&self.plan, line.strip_suffix('}')) {
                     let measured = s.train_s / s.steps_run.max(1) as f64;
-                    fields.insert("plan".into(), serde_json::json!({ "layout": layout, "predicted_step_s": predicted, "measured_step_s": measured }));
+                    let plan = serde_json::json!({ "layout": layout, "predicted_step_s": predicted, "measured_step_s": measured });
+                    line = format!("{open},\"plan\":{plan}}}");
                 }
                 out!("{line}")
             }

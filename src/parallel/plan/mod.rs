@@ -82,7 +82,7 @@ pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt, measure_gpt_reusing};
 pub use job::{combine, job_unbuildable, measure_job, measure_job_speeds, RankCalibration};
 pub use measure::{measure, measure_reusing, measure_speeds, measure_speeds_of};
 pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV, SPEED_DRIFT};
-pub use tried::{faster_than_modelled, step_seconds, tried, StepOverhead, Trial, MAX_TRIALS, TRIALS_BUDGET_S};
+pub use tried::{faster_than_modelled, step_seconds, tried, StepOverhead, Trial, MAX_TRIALS, NEGATIVE_OVERHEAD_SHARE, TRIALS_BUDGET_S};
 
 use crate::parallel::{OptimConfig, Shard};
 use crate::{Error, Result};

@@ -122,17 +122,19 @@ struct CalibrationFile {
 }
 
 /// A kept calibration is measured over where a device now runs the speed probe more than
-/// this many times faster or slower than when it was measured: its speeds, and the layer
-/// times measured beside them, are another machine's (another load, clock or driver).
+/// this many times faster than when it was measured: it was measured under load (or another
+/// clock or driver), and its layer times are too slow for the machine now. A device slower
+/// now is not measured again: a calibration made under this moment's load would be the one
+/// too slow.
 pub const SPEED_DRIFT: f64 = 1.5;
 
 /// Why `file`'s speeds no longer hold, given each device's seconds on the probe `now`.
 fn moved(file: &CalibrationFile, now: &[f64]) -> Option<String> {
-    let apart = |(then, now): (&f64, &f64)| !(1.0 / SPEED_DRIFT..=SPEED_DRIFT).contains(&(now / then));
+    let apart = |(then, now): (&f64, &f64)| now * SPEED_DRIFT < *then;
     let i = file.probe_s.iter().zip(now).position(apart)?;
     let name = file.cluster.devices.get(i).map_or("?", |d| d.name.as_str());
     let (then, now) = (file.probe_s[i] * 1e3, now[i] * 1e3);
-    Some(format!("device {i} ({name}) runs the speed probe in {now:.2} ms, {then:.2} ms when calibrated: its speed moved more than {SPEED_DRIFT}x"))
+    Some(format!("device {i} ({name}) runs the speed probe in {now:.2} ms, {then:.2} ms when calibrated: its speed moved more than {SPEED_DRIFT}x (the calibration was made under load)"))
 }
 
 /// Everything that decides a calibration of `model` (its description) at `probe` on `devices`,
@@ -162,8 +164,8 @@ pub(super) fn key(model: &str, probe: &Tensor, devices: &[Device], batch: usize,
 /// The calibration of `key` from its file where `reuse` allows and one is valid, else
 /// `measure()`'s, saved where `reuse` allows (a file that cannot be written is a warning).
 /// `measure` also returns each device's seconds on the speed probe, and `probe` times them
-/// again: a file whose devices now run the probe more than [`SPEED_DRIFT`] times faster or
-/// slower than when it was measured is measured over.
+/// again: a file whose devices now run the probe more than [`SPEED_DRIFT`] times faster than
+/// when it was measured is measured over.
 pub(super) fn calibrated(key: &str, reuse: Reuse, measure: impl FnOnce() -> Result<(Workload, Cluster, Vec<f64>)>, probe: impl FnOnce() -> Result<Vec<f64>>) -> Result<(Workload, Cluster, Calibration)> {
     let path = (reuse != Reuse::Off).then(|| cache_dir("plan")).flatten().map(|dir| {
         let hex: String = Sha256::digest(key.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();

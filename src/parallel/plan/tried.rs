@@ -138,13 +138,18 @@ fn fastest_tried(p: &mut Plan, work: &Workload, cluster: &Cluster) -> Result<()>
     Ok(())
 }
 
+/// A trial that ran faster than its layer model by more than this share of the model's
+/// prediction (a negative overhead beyond timing noise) contradicts its calibration.
+pub const NEGATIVE_OVERHEAD_SHARE: f64 = 0.2;
+
 /// Why the calibration `p` was searched on is contradicted by its trials: a layout ran faster
-/// than the layer model predicted (a negative overhead), so the calibrated layer times are
-/// slower than this machine now is, as those of a calibration made under load are. A kept
-/// calibration so contradicted is measured again (`tandem plan`, `train --strategy auto`);
-/// one just measured stands, its trials' corrections in.
+/// than the layer model predicted by more than [`NEGATIVE_OVERHEAD_SHARE`] of it (a negative
+/// overhead), so the calibrated layer times are slower than this machine now is, as those of
+/// a calibration made under load are. A kept calibration so contradicted is measured again
+/// (`tandem plan`, `train --strategy auto`); one just measured stands, its trials'
+/// corrections in.
 pub fn faster_than_modelled(p: &Plan) -> Option<String> {
-    let o = p.tried.iter().find(|o| o.failed.is_none() && o.seconds() < 0.0)?;
+    let o = p.tried.iter().find(|o| o.failed.is_none() && o.seconds() < -NEGATIVE_OVERHEAD_SHARE * o.modelled_s)?;
     Some(format!(
         "{} ran in {:.2} ms/step, {:.2} ms faster than the calibration's {:.2} ms: a negative overhead, so its layer times are no longer this machine's",
         o.layout,
