@@ -85,7 +85,15 @@ impl Gpt {
     }
 
     /// [`generate_with`](Gpt::generate_with) on this thread.
-    fn generate_here(&self, ids: &Tensor, tokens: usize, temperature: f32, top_k: Option<usize>, seed: u64, mut each: impl FnMut(&[i32]) -> Result<ControlFlow<()>>) -> Result<()> {
+    fn generate_here(
+        &self,
+        ids: &Tensor,
+        tokens: usize,
+        temperature: f32,
+        top_k: Option<usize>,
+        seed: u64,
+        mut each: impl FnMut(&[i32]) -> Result<ControlFlow<()>>,
+    ) -> Result<()> {
         if !(temperature > 0.0 && temperature.is_finite()) {
             return Err(Error::invalid("Gpt::generate", format!("temperature {temperature} must be a finite number > 0")));
         }
@@ -96,7 +104,8 @@ impl Gpt {
         let dev = ids.device();
         let block = self.config.block_size;
         // Each row's last `block` tokens: all the next forward reads.
-        let mut context: Vec<VecDeque<i32>> = ids.to_vec_i32()?.chunks(t0).map(|row| row[row.len().saturating_sub(block)..].iter().copied().collect()).collect();
+        let keep = |row: &[i32]| row[row.len().saturating_sub(block)..].iter().copied().collect();
+        let mut context: Vec<VecDeque<i32>> = ids.to_vec_i32()?.chunks(t0).map(keep).collect();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let vocab = self.config.vocab_size;
         let mut drawn = vec![0i32; b];
