@@ -30,7 +30,11 @@ $dependency
 
 # Not a member of any workspace above it.
 [workspace]
+
 EOF
+# This checkout's profiles, so that the dependencies built for the tests are reused rather than
+# built again at another optimisation level.
+awk '/^\[/ { keep = /^\[profile\./ } keep' "$repo/Cargo.toml" >>"$crate/Cargo.toml"
 # The first block opened with exactly ```rust, without its fences (as tests/readme.rs reads it).
 awk '/^```rust[[:space:]]*$/ && !seen { inside = 1; seen = 1; next } inside && /^```[[:space:]]*$/ { exit } inside { print }' \
   "$repo/README.md" >"$crate/src/main.rs"
