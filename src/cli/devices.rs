@@ -14,6 +14,11 @@ pub fn run(ranks: &Ranks) -> Result<()> {
     // A device that is listed but cannot open (a CUDA GPU whose libraries are broken) fails
     // `auto`; the table still shows every device, and the line below it says why.
     let auto = Device::auto().map(|d| d.spec());
+    // A TANDEM_BACKENDS that names no backend is the caller's mistake, not a device's: it ends
+    // the command rather than being shown as why `auto` fails.
+    if let Err(e @ tandem::Error::Invalid { .. }) = auto {
+        return Err(e);
+    }
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|i| {
