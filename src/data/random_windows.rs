@@ -3,7 +3,6 @@
 //! alone, with no position of its own to save.
 use super::text::{Split, TextCorpus, TokenBatch, TokenWindows};
 use super::{Batch, BatchSource, LoaderState};
-use crate::train::{Observer, RunStart};
 use crate::{Error, Result};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -182,8 +181,10 @@ impl BatchSource for RandomWindows {
 #[derive(Clone, Debug)]
 pub struct StartStep(Arc<AtomicU64>);
 
-impl Observer for StartStep {
-    fn started(&mut self, start: &RunStart<'_>) {
-        self.0.store(start.step, Ordering::SeqCst);
+impl StartStep {
+    /// Sets the step the next run starts after; the `Trainer` calls it through this type's
+    /// `Observer` implementation (in `train`, which `data` does not import).
+    pub(crate) fn start_after(&self, step: u64) {
+        self.0.store(step, Ordering::SeqCst);
     }
 }

@@ -64,3 +64,10 @@ impl Observer for PrintEvery {
         }
     }
 }
+
+/// A [`RandomWindows`](crate::data::RandomWindows) sampler learns the step each run starts after.
+impl Observer for crate::data::StartStep {
+    fn started(&mut self, start: &RunStart<'_>) {
+        self.start_after(start.step);
+    }
+}
