@@ -290,7 +290,7 @@ fn a_resume_repeats_the_precision_the_strategy_the_clipping_and_the_schedule() {
     let mut by_hand = single(Precision::F32);
     by_hand.set_precision(Precision::F16, None).unwrap();
     assert_eq!(changed(recorded_run(by_hand, &ck, 6, true, sched, None)), ["precision f16 (checkpoint: f32)"]);
-    assert_eq!(changed(recorded_run(data(Shard::None), &ck, 6, true, sched, None)), ["strategy DataParallel (checkpoint: Single)"]);
+    // Another strategy is not refused: a checkpoint of any layout resumes under any other.
     assert_eq!(changed(recorded_run(single(Precision::F32), &ck, 6, true, sched, Some(0.5))), ["grad_clip 0.5 (checkpoint: none)"]);
     let other = changed(recorded_run(single(Precision::F32), &ck, 6, true, LrSchedule::Constant { lr: 1e-3 }, None));
     assert_eq!(other, ["lr_schedule {kind: constant, lr: 0.001} (checkpoint: {kind: constant, lr: 0.003})"]);

@@ -57,7 +57,9 @@ pub(super) fn split(config: &Value, now: &Value) -> (Value, Option<Value>) {
 /// `key value (checkpoint: value)` for each recorded item that differs.
 pub(super) fn changes(now: &Value, then: &Value) -> Vec<String> {
     let null = Value::Null;
-    let keys = ["strategy", "precision", "grad_clip", "lr_schedule"];
+    // The strategy is recorded but not compared: a checkpoint of any layout resumes under any
+    // other (ZeRO shard modes, device and process counts).
+    let keys = ["precision", "grad_clip", "lr_schedule"];
     keys.iter()
         .filter(|k| now.get(**k).unwrap_or(&null) != then.get(**k).unwrap_or(&null))
         .map(|k| format!("{k} {} (checkpoint: {})", shown(now.get(*k).unwrap_or(&null)), shown(then.get(*k).unwrap_or(&null))))
@@ -94,7 +96,7 @@ mod tests {
     fn changes_name_each_item_as_typed() {
         let now = json!({ "strategy": "Single", "precision": "bf16", "grad_clip": 0.1f32, "lr_schedule": null });
         let then = json!({ "strategy": "DataParallel", "precision": "f32", "grad_clip": null, "lr_schedule": null });
-        let want = ["strategy Single (checkpoint: DataParallel)", "precision bf16 (checkpoint: f32)", "grad_clip 0.1 (checkpoint: none)"];
+        let want = ["precision bf16 (checkpoint: f32)", "grad_clip 0.1 (checkpoint: none)"];
         assert_eq!(changes(&now, &then), want);
         let sched = |lr: f32| json!({ "lr_schedule": crate::optim::LrSchedule::Constant { lr } });
         assert_eq!(changes(&sched(1e-3), &sched(3e-3)), ["lr_schedule {kind: constant, lr: 0.001} (checkpoint: {kind: constant, lr: 0.003})"]);
