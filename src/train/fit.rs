@@ -143,8 +143,9 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
         let st = &ckpt.state;
         let (settings, recorded) = record::split(&st.config, &self.settings);
         // A checkpoint written before the trainer recorded anything holds the settings alone.
+        // The strategy is recorded, not compared: a checkpoint of any layout resumes under any other.
         let same = match &recorded {
-            Some(_) => st.config == *config,
+            Some(then) => settings == self.settings && record::changes(config.get("trainer").unwrap_or(&serde_json::Value::Null), then).is_empty(),
             None => st.config == self.settings,
         };
         if !same || st.shuffle_seed != self.seed {
