@@ -3,7 +3,8 @@
 //! under 1 and under 3 on the uninterrupted run's curve, a failing rank ends the job naming
 //! it, `devices` speaks per rank and `bench --bench allreduce` prints its JSON figures; ranks
 //! started with other flags, data or chunk sizes end the job within 30 s naming what differs;
-//! sharded (`--shard`) checkpoints resume under another rank count and sharding mode.
+//! sharded (`--shard`) checkpoints resume under another rank count and sharding mode;
+//! `--strategy data,tensor` puts a tensor group in each process and data parallelism across.
 #[path = "common/jobs.rs"]
 mod jobs;
 
@@ -150,6 +151,32 @@ fn sharded_checkpoints_resume_under_another_rank_count_and_mode() {
         rest.extend([ckpt.to_string(), "--shard".into(), then.into()]);
         let tail = losses(&json_lines(tandem(np, &strs(&rest))));
         assert_curve(&format!("--shard {first} on 2 processes, then --shard {then} on {np}"), &[head, tail].concat(), &whole, false);
+    }
+}
+
+/// `--strategy data,tensor` under 2 processes (a tensor group of 2 inside each, data
+/// parallelism across them through host memory) trains the one-process, one-device losses; its
+/// checkpoint resumes alone under `--strategy single` and a one-device checkpoint under the
+/// mesh, both on the uninterrupted curve.
+#[test]
+fn tensor_groups_inside_processes_with_data_across() {
+    let gpt = |steps: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = ["train", "--model", "gpt", "--data", "text", "--steps", steps, "--batch", "8", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--log-format", "json"].map(String::from).to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let mesh: &[&str] = &["--strategy", "data,tensor", "--tensor", "2", "--devices", "cpu,cpu,cpu,cpu"];
+    let alone: &[&str] = &["--devices", "cpu"];
+    let whole = losses(&json_lines(tandem(1, &strs(&gpt("6", alone)))));
+    assert_eq!(whole.len(), 6);
+    assert_curve("GPT, data 2 x tensor 2 over 2 processes", &losses(&json_lines(tandem(2, &strs(&gpt("6", mesh))))), &whole, false);
+    for (first, np_first, then, np_then) in [(mesh, 2, alone, 1), (alone, 1, mesh, 2)] {
+        let dir = TempDir::new();
+        let ckpt = dir.0.join("ckpt");
+        let ckpt = ckpt.to_str().unwrap();
+        let head = losses(&json_lines(tandem(np_first, &strs(&gpt("3", &[first, &["--checkpoint-dir", ckpt]].concat())))));
+        let tail = losses(&json_lines(tandem(np_then, &strs(&gpt("6", &[then, &["--checkpoint-dir", ckpt, "--resume"]].concat())))));
+        assert_curve(&format!("{first:?} on {np_first} processes, then {then:?} on {np_then}"), &[head, tail].concat(), &whole, false);
     }
 }
 

@@ -103,16 +103,26 @@ fn a_planned_grid_is_data_parallel_pipelines() {
 }
 
 #[test]
+fn a_planned_data_tensor_mesh_is_data_parallel_tensor_groups() {
+    let devices = common::cpu_devices(4);
+    let p = plan_of(&devices, layout(2, 2, 1, 1, vec![]), vec![10, 6]);
+    let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
+    assert_eq!(unbuildable(&p.best.layout, &p.shares, &model), None);
+    let by_hand = Parallel::data_tensor(|_| Ok(&model), &devices, 2, &opt(), Loss::CrossEntropy).split_weights(vec![10.0, 6.0]).boxed().unwrap();
+    same_as(&p, &devices, by_hand);
+}
+
+#[test]
 fn layouts_no_strategy_makes_are_refused_with_the_reason() {
     let devices = common::cpu_devices(4);
     let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
-    let why = unbuildable(&layout(2, 2, 1, 1, vec![]), &[8, 8], &model).expect("tensor x data is refused");
-    assert!(why.contains("tensor parallelism"), "{why}");
+    let why = unbuildable(&layout(1, 2, 2, 1, vec![4]), &[16], &model).expect("tensor x pipeline is refused");
+    assert!(why.contains("does not combine with pipeline parallelism"), "{why}");
     let recompute = Layout { recompute: true, ..layout(1, 1, 1, 1, vec![]) };
     assert!(unbuildable(&recompute, &[BATCH], &model).unwrap().contains("recomputation"));
     assert!(unbuildable(&layout(1, 1, 2, 3, vec![4]), &[BATCH], &model).unwrap().contains("do not divide"));
     assert_eq!(unbuildable(&layout(1, 1, 2, 4, vec![4]), &[BATCH], &model), None);
-    let p = plan_of(&devices, layout(2, 2, 1, 1, vec![]), vec![8, 8]);
+    let p = plan_of(&devices, layout(1, 2, 2, 1, vec![4]), vec![16]);
     let err = p.build(&model, &devices, &opt(), Loss::CrossEntropy).err().expect("refused");
     assert!(matches!(&err, Error::Invalid { op: "Plan::build", .. }), "{err}");
     // The search keeps to what can be built, and says so of the rest.
@@ -231,11 +241,12 @@ fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
     let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, block_size: 8, vocab_size: 11, dropout: 0.0, bias: true };
     let gpt = |d: &Device| Gpt::new(cfg, 0, d);
     let adam = OptimConfig::adam(tandem::optim::AdamConfig::adamw());
-    let plan_for = |l: Layout, shares: Vec<usize>| {
-        let (work, cluster) = described(&devices, cfg.n_layer + 3);
+    let plan_on = |devices: &[Device], l: Layout, shares: Vec<usize>| {
+        let (work, cluster) = described(devices, cfg.n_layer + 3);
         let best = estimate(&work, &cluster, &l);
         Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: devices.iter().map(Device::spec).collect(), batch: 4, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![], precision: None, precisions: vec![] }
     };
+    let plan_for = |l: Layout, shares: Vec<usize>| plan_on(&devices, l, shares);
     let run = |s: &mut dyn Strategy| token_batches().iter().map(|b| s.step(b).unwrap().loss).collect::<Vec<f32>>();
     // ZeRO-2 data parallelism, as built by hand.
     let zero2 = plan_for(Layout { shard: Shard::Grads, ..layout(2, 1, 1, 1, vec![]) }, vec![2, 2]);
@@ -249,6 +260,13 @@ fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
     let stages = Stages::Built(gpt(&Device::cpu()).unwrap().stages(&devices, Some(&[1])).unwrap());
     let mut by_hand = Pipeline::builder(stages, &devices, &adam, Loss::CrossEntropy).micro_batches(2).schedule(Schedule::OneFOneB).tie((0, Gpt::WTE), (1, Gpt::LM_HEAD)).build().unwrap();
     assert_eq!(run(&mut *planned), run(&mut by_hand), "a pipeline plan differs from the pipeline built by hand");
+    // Data 2 x tensor 2 on four devices: two TensorParallelGpt groups, as built by hand.
+    let four = common::cpu_devices(4);
+    let mesh = plan_on(&four, layout(2, 2, 1, 1, vec![]), vec![2, 2]);
+    let mut planned = mesh.build_gpt(&gpt, &four, &adam).unwrap();
+    let mut by_hand = Parallel::data_tensor(gpt, &four, 2, &adam, Loss::CrossEntropy).build().unwrap();
+    assert_eq!(planned.describe(), by_hand.describe());
+    assert_eq!(run(&mut *planned), run(&mut by_hand), "a data x tensor plan differs from the grid built by hand");
     // What the GPT's strategies cannot make is refused with the reason.
     let odd_heads = GptConfig { n_head: 1, ..cfg };
     assert!(gpt_unbuildable(&layout(1, 2, 1, 1, vec![]), &[4], &odd_heads).unwrap().contains("n_head 1"));

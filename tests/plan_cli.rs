@@ -44,9 +44,10 @@ fn the_rejected_layouts_say_what_excluded_them() {
     let printed = out(&["plan", "--devices", "cpu,cpu,cpu,cpu", "--batch", "18"]);
     let rejected = printed.split("rejected (").nth(1).expect("a rejected section");
     // 18 samples do not split into 2 equal pipelines of equal micro-batches (data parallelism
-    // alone cuts them 5, 5, 4, 4); tensor parallelism does not combine.
+    // alone cuts them 5, 5, 4, 4); tensor parallelism combines with data, not pipelines.
     assert!(rejected.contains("data 2 x tensor 1 x pipeline 2: the batch of 18 does not split into 2 replicas"), "{printed}");
-    assert!(rejected.contains("does not combine with data or pipeline parallelism"), "{printed}");
+    assert!(rejected.contains("does not combine with pipeline parallelism"), "{printed}");
+    assert!(!rejected.contains("data 2 x tensor 2 x pipeline 1:"), "data over tensor groups builds now: {printed}");
 }
 
 #[test]
@@ -145,9 +146,14 @@ fn the_gpt_is_planned_with_its_exclusions_and_trains_with_its_plan() {
 }
 
 /// [`gpt`] on four CPU devices.
+/// Its runs reuse one calibration on purpose (a `plan`, then a `train` that must take the same
+/// plan): speeds measured on this shared machine drift past the default factor under load, so
+/// the reuse is not refused for that here.
 fn gpt4_out(args: &[&str]) -> String {
     let all: Vec<String> = gpt(args).into_iter().map(|a| if a == "cpu,cpu" { "cpu,cpu,cpu,cpu".into() } else { a }).collect();
-    out(&all.iter().map(String::as_str).collect::<Vec<_>>())
+    let o = common::tandem().env("TANDEM_CALIBRATION_DRIFT", "1000").args(&all).output().expect("the tandem binary runs");
+    assert!(o.status.success(), "tandem {all:?} failed:\n{}", text(&o.stderr));
+    text(&o.stdout) + &text(&o.stderr)
 }
 
 #[test]

@@ -22,7 +22,7 @@ use tandem::data::{Batch, RandomWindows, WindowLoader, WindowPool};
 use tandem::nn::models::{Gpt, GptConfig, StateShards};
 use tandem::nn::Module;
 use tandem::optim::LrSchedule;
-use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Shard, Single, Stages, Strategy, TensorParallelGpt};
+use tandem::parallel::{DataGrid, DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Shard, Single, Stages, Strategy, TensorParallelGpt};
 use tandem::train::MeanLoss;
 use tandem::{Device, Error, Result, Tensor};
 
@@ -245,7 +245,11 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         }
         _ => (None, None),
     };
-    let mut strategy = if ranks.many() {
+    let mut strategy = if ranks.many() && args.strategy == StrategyKind::DataTensor {
+        let tensor = setup::tensor_groups(args.tensor, args.strategy, &devices, true)?;
+        let groups = devices.chunks(tensor).map(|row| TensorParallelGpt::new(gpt_on(args, cfg)(&row[0])?, row, &optim, Loss::CrossEntropy)).collect::<Result<Vec<_>>>()?;
+        ranks.grid(groups)?
+    } else if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
         let dp = match &planned {
             Some(p) => super::plan::job_config(p, args),
@@ -351,7 +355,8 @@ pub(super) fn gpt_on(args: &TrainArgs, cfg: GptConfig) -> impl Fn(&Device) -> Re
     }
 }
 
-/// `single` or `data` (what `auto` becomes), `tensor`, `pipeline` and `data,pipeline`; with
+/// `single` or `data` (what `auto` becomes), `tensor`, `pipeline`, `data,pipeline` and
+/// `data,tensor`; with
 /// `--recompute` each block (single, data, tensor) or each stage (the pipelines) recomputes its
 /// activations in the backward.
 fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], weights: Option<Vec<f64>>) -> Result<Box<dyn Strategy>> {
@@ -365,6 +370,7 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
     if args.pipelines.is_some() && kind != StrategyKind::DataPipeline {
         return Err(Error::invalid("--pipelines", "needs --strategy data,pipeline"));
     }
+    let tensor = setup::tensor_groups(args.tensor, kind, devices, false)?;
     if args.shard != Shard::None && kind != StrategyKind::Data {
         return Err(Error::invalid("--shard", format!("shards data parallelism's state; --strategy {kind:?} has none to shard (use --strategy data)")));
     }
@@ -409,7 +415,17 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             }
             Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches))?))
         }
-        StrategyKind::Model => Err(Error::invalid("--strategy", "model is not supported for --model gpt yet; use single, data, tensor, pipeline or data,pipeline")),
+        StrategyKind::DataTensor => {
+            if micro_batches != 1 || args.deterministic {
+                return Err(Error::invalid("--strategy data,tensor", "runs each group's share at once: --micro-batches and --deterministic do not apply"));
+            }
+            let mesh = DataGrid::from_factory(devices, devices.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, optim, Loss::CrossEntropy))?;
+            Ok(Box::new(match weights {
+                Some(w) => mesh.split_weights(setup::group_weights(&w, tensor))?,
+                None => mesh,
+            }))
+        }
+        StrategyKind::Model => Err(Error::invalid("--strategy", "model is not supported for --model gpt yet; use single, data, tensor, pipeline, data,pipeline or data,tensor")),
     }
 }
 

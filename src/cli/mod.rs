@@ -208,6 +208,11 @@ pub struct TrainArgs {
     /// one pipeline each [default: 2].
     #[arg(long, value_name = "N")]
     pub pipelines: Option<usize>,
+    /// Tensor-parallel group size of --strategy data,tensor: the devices are cut into groups of
+    /// N consecutive devices, each holding one replica's shards, with data parallelism over the
+    /// groups (Megatron-LM's layout: tensor inside a server, data across) [default: 2].
+    #[arg(long, value_name = "N")]
+    pub tensor: Option<usize>,
     /// Recompute activations in the backward instead of keeping them (--model gpt): each
     /// block under single, data and tensor, each stage under the pipelines (less memory, one
     /// more forward per step; the same gradients).

@@ -225,7 +225,7 @@ pub fn gpt_probe(data: &Tokens, cfg: GptConfig, device: &Device) -> Result<Tenso
 /// The plan a GPT run trains with, or `None`: with `--plan FILE`, or `--strategy auto` on
 /// several devices without `--deterministic` (as for the seed models, [`for_training`]).
 /// The layout's knobs are the plan's: `--micro-batches`, `--shard`, `--recompute` and
-/// `--pipelines` are refused beside it.
+/// `--pipelines` and `--tensor` are refused beside it.
 pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<Option<Plan>> {
     let auto = args.strategy == StrategyKind::Auto && (devices.len() > 1 || ranks.many()) && !args.deterministic;
     check_search_precision(args, auto && args.plan.is_none())?;
@@ -238,6 +238,7 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
         ("--shard", args.shard != Shard::None, "--strategy data"),
         ("--recompute", args.recompute, "--strategy"),
         ("--pipelines", args.pipelines.is_some(), "--strategy data,pipeline"),
+        ("--tensor", args.tensor.is_some(), "--strategy data,tensor"),
     ];
     if let Some((flag, _, strategy)) = by_hand.iter().find(|(_, given, _)| *given) {
         return Err(Error::invalid(flag, format!("needs {strategy}: a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand")));

@@ -47,17 +47,25 @@ impl Ranks {
     }
 
     /// Refuses a strategy other than data parallelism when the job has several processes:
-    /// only data parallelism spans processes from the command line.
+    /// from the command line, data parallelism spans processes, over one-device replicas
+    /// (`data`, `auto`) or over tensor-parallel groups inside each process (`data,tensor`).
     pub fn check_strategy(&self, kind: super::StrategyKind) -> Result<()> {
-        use super::StrategyKind::{Auto, Data};
-        if !self.many() || matches!(kind, Data | Auto) {
+        use super::StrategyKind::{Auto, Data, DataTensor};
+        if !self.many() || matches!(kind, Data | Auto | DataTensor) {
             return Ok(());
         }
         let name = format!("{kind:?}").to_lowercase();
         Err(Error::invalid(
             "--strategy",
-            format!("{name} runs inside one process; under {} processes use --strategy data (or auto)", self.group.size()),
+            format!("{name} runs inside one process; under {} processes use --strategy data, data,tensor or auto", self.group.size()),
         ))
+    }
+
+    /// Data parallelism across the processes over this rank's `replicas` (tensor-parallel
+    /// groups inside the process), each rank training its replicas' shares of every global
+    /// batch (`DataGrid::across`).
+    pub fn grid<R: tandem::parallel::Replica + 'static>(&self, replicas: Vec<R>) -> Result<Box<dyn Strategy>> {
+        Ok(Box::new(tandem::parallel::DataGrid::across(replicas, &self.group)?))
     }
 
     /// Data parallelism over this rank's `devices` and every other rank's, through NCCL across

@@ -182,6 +182,7 @@ fn train(e: &mut Entries, args: &TrainArgs) {
     e.opt("--micro-batches", args.micro_batches);
     e.debug("--schedule", args.schedule);
     e.opt("--pipelines", args.pipelines);
+    e.opt("--tensor", args.tensor);
     e.add("--recompute", args.recompute);
     e.add("--deterministic", args.deterministic);
     e.debug("--precision", args.precision);

@@ -6,7 +6,7 @@ use tandem::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
 use tandem::nn::models::SeedModel;
 use tandem::nn::{Module, Sequential};
 use tandem::optim::{AdamConfig, ParamGroups, SgdConfig};
-use tandem::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, Shard, Single, Split, Stages, Strategy, TensorParallel};
+use tandem::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Parallel, Pipeline, Shard, Single, Split, Stages, Strategy, TensorParallel};
 use tandem::{Device, Error, Result, Tensor};
 use clap::ValueEnum;
 use std::path::{Path, PathBuf};
@@ -34,6 +34,9 @@ pub enum StrategyKind {
     /// Data parallelism over pipelines on a grid of devices (--pipelines rows; --model gpt).
     #[value(name = "data,pipeline")]
     DataPipeline,
+    /// Data parallelism over tensor-parallel groups (--tensor devices each).
+    #[value(name = "data,tensor")]
+    DataTensor,
     /// Single on one device; on several, the layout `tandem plan` chooses (data parallelism
     /// under --deterministic); under mpirun, the plan of every rank's devices together.
     Auto,
@@ -57,6 +60,8 @@ pub struct StrategyPlan {
     pub grad_dtype: tandem::DType,
     /// Data-parallel batch weights, one per device (`--balance`); equal shares without.
     pub weights: Option<Vec<f64>>,
+    /// `--tensor`: the group size of data,tensor.
+    pub tensor: Option<usize>,
 }
 
 /// The one place where `--strategy` becomes a constructor.
@@ -74,6 +79,7 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
     if plan.shard != Shard::None && kind != StrategyKind::Data {
         return Err(Error::invalid("--shard", format!("shards data parallelism's state; --strategy {kind:?} has none to shard (use --strategy data)")));
     }
+    let tensor = tensor_groups(plan.tensor, kind, &plan.devices, false)?;
     match kind {
         // `Auto` was resolved to Single or Data above.
         StrategyKind::Single | StrategyKind::Auto => {
@@ -104,7 +110,44 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
             Ok(Box::new(pipe.build()?))
         }
         StrategyKind::DataPipeline => Err(Error::invalid("--strategy", "data,pipeline is written for --model gpt; use data or pipeline for the seed models")),
+        StrategyKind::DataTensor => {
+            no_micro_batches(&plan, "data,tensor")?;
+            let mesh = Parallel::data_tensor(|_| Ok(&plan.model), &plan.devices, tensor, &plan.optim, plan.loss.clone());
+            Ok(match plan.weights.clone() {
+                Some(w) => mesh.split_weights(group_weights(&w, tensor)).boxed()?,
+                None => mesh.boxed()?,
+            })
+        }
     }
+}
+
+/// The group size of `--strategy data,tensor` (`--tensor`, 2 by default), checked against the
+/// devices; `--tensor` with another strategy is refused.
+/// Under `mpirun` (`across`) one group per process is enough: the data axis spans the processes.
+pub(super) fn tensor_groups(tensor: Option<usize>, kind: StrategyKind, devices: &[Device], across: bool) -> Result<usize> {
+    if kind != StrategyKind::DataTensor {
+        return match tensor {
+            Some(_) => Err(Error::invalid("--tensor", "needs --strategy data,tensor")),
+            None => Ok(1),
+        };
+    }
+    let t = tensor.unwrap_or(2);
+    if across {
+        if t < 2 || !devices.len().is_multiple_of(t) {
+            return Err(Error::invalid("--tensor", format!("groups of {t} over this process's {} devices: give each process a multiple of {t} devices, at least 2", devices.len())));
+        }
+        return Ok(t);
+    }
+    if t < 2 || !devices.len().is_multiple_of(t) || devices.len() == t {
+        let what = format!("groups of {t} over {} devices: give at least 2 groups of at least 2 devices each (a multiple of {t} devices)", devices.len());
+        return Err(Error::invalid("--tensor", what));
+    }
+    Ok(t)
+}
+
+/// Per-device batch weights summed over each group of `tensor` devices: one per replica.
+pub(super) fn group_weights(weights: &[f64], tensor: usize) -> Vec<f64> {
+    weights.chunks(tensor).map(|g| g.iter().sum()).collect()
 }
 
 /// The pipeline's schedule for `--schedule`.

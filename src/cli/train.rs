@@ -11,7 +11,7 @@ use tandem::data::{DataLoader, Dataset, Targets};
 use tandem::nn::models::SeedModel;
 use tandem::nn::Module;
 use tandem::parallel::plan::Plan;
-use tandem::parallel::{DataParallelConfig, Loss, OptimConfig};
+use tandem::parallel::{DataParallelConfig, Loss, OptimConfig, TensorParallel};
 use tandem::train::{Accuracy, Metric, Trainer};
 use tandem::{Device, Error, Result};
 
@@ -85,7 +85,11 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if let Some(path) = &args.init {
         model.load_state_dict(&setup::read_init(path, &model)?)?;
     }
-    let strategy = if ranks.many() {
+    let strategy = if ranks.many() && args.strategy == StrategyKind::DataTensor {
+        let tensor = setup::tensor_groups(args.tensor, args.strategy, &devices, true)?;
+        let groups = devices.chunks(tensor).map(|row| TensorParallel::new(&model, row, &optim, loss.clone())).collect::<Result<Vec<_>>>()?;
+        ranks.grid(groups)?
+    } else if ranks.many() {
         let cfg = match &planned {
             Some(p) => super::plan::job_config(p, args),
             None => DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, weights: weights.clone(), ..Default::default() },
@@ -108,6 +112,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
             bucket_bytes: args.bucket_size,
             grad_dtype: setup::grad_dtype(args)?,
             weights: weights.clone(),
+            tensor: args.tensor,
         };
         build_strategy(plan)?
     };

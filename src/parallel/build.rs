@@ -3,7 +3,7 @@
 //! the loss, with each strategy's options as chained settings.
 use super::comm::Communicator;
 use super::{DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, PipelineBuilder, PipelineGrid, Schedule, Single, Stages, Strategy};
-use super::{TensorParallel, TensorParallelGpt};
+use super::{DataGrid, Replica, TensorParallel, TensorParallelGpt};
 use crate::nn::models::Gpt;
 use crate::nn::{Module, Sequential};
 use crate::optim::{GradScaler, Precision};
@@ -75,6 +75,30 @@ impl Parallel {
     /// two Linears ([`TensorParallel`]) or a [`Gpt`] ([`TensorParallelGpt`]).
     pub fn tensor<M: TensorModel>(model: M, devices: &[Device], opt: &OptimConfig, loss: Loss) -> TensorBuilder<M> {
         TensorBuilder { model, devices: devices.to_vec(), common: Common::new(opt, loss) }
+    }
+
+    /// Data parallelism over tensor-parallel groups ([`DataGrid`] of [`TensorParallel`] or
+    /// [`TensorParallelGpt`], Megatron-LM's layout: tensor inside a group of fast-linked
+    /// devices, data across the groups): `devices.len() / tensor` replicas, replica `r`'s
+    /// shards on `devices[r·tensor .. (r+1)·tensor]`; `model(first)` gives the model to shard
+    /// for the replica whose first device is `first` (a `&Sequential` ending in two Linears,
+    /// or a [`Gpt`] built there). Replica 0's weights are copied to the others.
+    ///
+    /// ```
+    /// # fn main() -> tandem::Result<()> {
+    /// use tandem::nn::models::{Gpt, GptConfig};
+    /// use tandem::parallel::{Loss, OptimConfig, Parallel, Strategy};
+    /// let devices = tandem::Device::parse("cpu,cpu,cpu,cpu")?;
+    /// let cfg = GptConfig { vocab_size: 16, block_size: 8, n_layer: 1, n_head: 2, n_embd: 8, dropout: 0.0, bias: true };
+    /// let mut mesh = Parallel::data_tensor(|d: &tandem::Device| Gpt::new(cfg, 0, d), &devices, 2, &OptimConfig::sgd(Default::default()), Loss::CrossEntropy).build()?;
+    /// assert_eq!(mesh.replicas().len(), 2);
+    /// let ids: Vec<i32> = (0..4 * 8).map(|i| i % 16).collect();
+    /// let batch = tandem::data::Batch::tokens(ids.clone(), ids, 8, 16)?;
+    /// assert!(mesh.step(&batch)?.loss.is_finite());
+    /// # Ok(()) }
+    /// ```
+    pub fn data_tensor<M: TensorModel, F: FnMut(&Device) -> Result<M>>(model: F, devices: &[Device], tensor: usize, opt: &OptimConfig, loss: Loss) -> DataTensorBuilder<F> {
+        DataTensorBuilder { model, devices: devices.to_vec(), tensor, weights: None, common: Common::new(opt, loss) }
     }
 
     /// Data parallelism over pipelines ([`PipelineGrid`]): `pipelines` replicas of one
@@ -268,6 +292,40 @@ impl TensorModel for Gpt {
     type Strategy = TensorParallelGpt;
     fn shard(self, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<TensorParallelGpt> {
         TensorParallelGpt::new(self, devices, opt, loss)
+    }
+}
+
+/// [`Parallel::data_tensor`]'s options: the common ones and the split of the batch over the
+/// replicas.
+pub struct DataTensorBuilder<F> {
+    model: F,
+    devices: Vec<Device>,
+    tensor: usize,
+    weights: Option<Vec<f64>>,
+    common: Common,
+}
+
+impl<M: TensorModel, F: FnMut(&Device) -> Result<M>> DataTensorBuilder<F>
+where
+    M::Strategy: Replica,
+{
+    common_settings!();
+    /// Shares of the batch in proportion to `weights`, one per replica (equal without).
+    pub fn split_weights(mut self, weights: Vec<f64>) -> Self {
+        self.weights = Some(weights);
+        self
+    }
+    pub fn build(self) -> Result<DataGrid<M::Strategy>> {
+        let DataTensorBuilder { mut model, devices, tensor, weights, common } = self;
+        if tensor == 0 || devices.is_empty() || !devices.len().is_multiple_of(tensor) {
+            return Err(Error::invalid("Parallel::data_tensor", format!("{} devices do not make groups of {tensor} tensor-parallel shards", devices.len())));
+        }
+        let grid = DataGrid::from_factory(&devices, devices.len() / tensor, |row| model(&row[0])?.shard(row, &common.opt, common.loss.clone()))?;
+        let grid = match weights {
+            Some(w) => grid.split_weights(w)?,
+            None => grid,
+        };
+        common.finish(grid)
     }
 }
 

@@ -1,26 +1,33 @@
-//! Data parallelism over pipelines on a device grid (`--strategy data,pipeline`): R pipelines
-//! of P stages each, replica r's stage s on device `r·P + s`. Each pipeline runs its share of
-//! the batch; stage s's gradients are all-reduced over the R devices that hold stage s (one
-//! [`Communicator`] per stage); then one global-norm clip over the whole model and one update
+//! Data parallelism over replicas that span several devices (`--strategy data,pipeline`,
+//! `data,tensor`): R copies of one [`Replica`] (a pipeline of P stages, a tensor-parallel group
+//! of T shards), replica r on the row of devices `r·W .. (r+1)·W`. Each replica runs its share
+//! of the batch; slot s's gradients are all-reduced over the R devices that hold slot s (one
+//! [`Communicator`] per slot); then one global-norm clip over the whole model and one update
 //! per replica, so the replicas stay identical.
 use super::comm::{self, Communicator, ReduceKind};
-use super::pipeline::{PartRun, Pipeline};
+use super::replica::Replica;
 use super::split;
-use super::step::{NormOver, StepCore};
-use crate::nn::Module;
-use super::{StepReport, Strategy};
+use super::step::{NormOver, Part, StepCore};
+use super::{Pipeline, StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;
+use crate::nn::Module;
 use crate::{Device, Error, Result, Tensor};
 use std::ops::Range;
 use std::time::Instant;
 
-/// R replicas of one pipeline, trained as data parallelism: the global batch is cut by sample
-/// (equally, or by [`PipelineGrid::split_weights`]) and each share's loss weighted by its size,
+/// The grid of pipelines (`--strategy data,pipeline`), the form large clusters use.
+pub type PipelineGrid = DataGrid<Pipeline>;
+
+/// R replicas of one multi-device model (pipelines, tensor-parallel groups), trained as data
+/// parallelism: the global batch is cut by sample
+/// (equally, or by [`DataGrid::split_weights`]) and each share's loss weighted by its size,
 /// so a step equals the step of one pipeline on the whole batch. Replica 0's weights are
 /// copied to the others when the grid is built. Clipping is the grid's
 /// ([`Strategy::set_grad_clip`]); the replicas' own is not used. Tied parameters
-/// (`PipelineBuilder::tie`) are summed inside each replica before the all-reduce.
+/// (`PipelineBuilder::tie`) are summed inside each replica before the all-reduce. Slot `s` of
+/// every replica (stage `s`, tensor rank `s`) holds the same parameters, and the data axis
+/// reduces them slot by slot.
 ///
 /// ```
 /// # fn main() -> tandem::Result<()> {
@@ -35,9 +42,9 @@ use std::time::Instant;
 /// assert!(grid.step(&data.batch(&[0, 1, 2, 3, 4, 5, 6, 7])?)?.loss.is_finite());
 /// # Ok(()) }
 /// ```
-pub struct PipelineGrid {
-    replicas: Vec<Pipeline>,
-    /// `comms[s]` spans stage s's device in every replica, in replica order.
+pub struct DataGrid<R: Replica> {
+    replicas: Vec<R>,
+    /// `comms[s]` spans slot s's device in every replica, in replica order.
     comms: Vec<Box<dyn Communicator>>,
     weights: Option<Vec<f64>>,
     /// The grid's clipping bound, learning rate, trace and step count; the replicas take the
@@ -45,99 +52,139 @@ pub struct PipelineGrid {
     run: StepCore,
 }
 
-impl PipelineGrid {
-    /// What [`Parallel::grid`](super::Parallel::grid) calls, public for pipelines built with
-    /// options the grid builder does not pass on (`tie`, `across`).
-    /// `pipelines` replicas over `devices` (`pipelines` × stages of them, replica-major: the
-    /// first replica's stages first), each built by `build` on its row of devices.
-    pub fn from_factory(devices: &[Device], pipelines: usize, mut build: impl FnMut(&[Device]) -> Result<Pipeline>) -> Result<Self> {
-        if pipelines == 0 || devices.is_empty() || !devices.len().is_multiple_of(pipelines) {
-            return Err(Error::invalid("PipelineGrid", format!("{} devices do not make {pipelines} pipelines of equal length", devices.len())));
+impl<R: Replica> DataGrid<R> {
+    /// What [`Parallel::grid`](super::Parallel::grid) and
+    /// [`Parallel::data_tensor`](super::Parallel::data_tensor) call, public for replicas built
+    /// with options the builders do not pass on (`tie`, `across`).
+    /// `replicas` copies over `devices` (`replicas` × a replica's devices, replica-major: the
+    /// first replica's devices first), each built by `build` on its row of devices.
+    pub fn from_factory(devices: &[Device], replicas: usize, mut build: impl FnMut(&[Device]) -> Result<R>) -> Result<Self> {
+        if replicas == 0 || devices.is_empty() || !devices.len().is_multiple_of(replicas) {
+            return Err(Error::invalid("DataGrid", format!("{} devices do not make {replicas} replicas of equal size", devices.len())));
         }
-        let replicas = devices.chunks(devices.len() / pipelines).map(&mut build).collect::<Result<Vec<_>>>()?;
+        let replicas = devices.chunks(devices.len() / replicas).map(&mut build).collect::<Result<Vec<_>>>()?;
         Self::new(replicas)
     }
 
-    /// The grid of `replicas` (all with the same stages), with the best communicator for each
-    /// stage's devices (`comm::for_devices`).
-    pub fn new(replicas: Vec<Pipeline>) -> Result<Self> {
-        let stages = replicas.first().map_or(0, |r| r.devices().len());
-        let comms = (0..stages).map(|s| comm::for_devices(&column(&replicas, s))).collect::<Result<Vec<_>>>()?;
+    /// The grid of `replicas` (all of the same model), with the best communicator for each
+    /// slot's devices (`comm::for_devices`).
+    pub fn new(replicas: Vec<R>) -> Result<Self> {
+        let slots = replicas.first().map_or(0, |r| r.devices().len());
+        let comms = (0..slots).map(|s| comm::for_devices(&column(&replicas, s))).collect::<Result<Vec<_>>>()?;
         Self::with_communicators(replicas, comms)
     }
 
-    /// As `new`, with `comms[s]` over stage s's devices in replica order.
-    pub fn with_communicators(replicas: Vec<Pipeline>, comms: Vec<Box<dyn Communicator>>) -> Result<Self> {
+    /// The grid of this process's `replicas` and every other rank's of `group` (collective:
+    /// every rank calls it with the same number of replicas of the same model): slot `s`'s
+    /// gradients are summed over every process through host memory
+    /// ([`Hierarchical`](super::comm::Hierarchical), rank order), rank 0's replica 0
+    /// initialises every replica, and each rank trains its replicas' shares of every global
+    /// batch (every rank must be given the same batches). Megatron-LM's layout across servers:
+    /// tensor groups or pipelines inside a process, data parallelism across.
+    pub fn across(replicas: Vec<R>, group: &crate::dist::Group) -> Result<Self> {
+        let slots = replicas.first().map_or(0, |r| r.devices().len());
+        let counts = group.all_gather_u64(&[replicas.len() as u64, slots as u64])?;
+        if counts.iter().any(|c| c.as_slice() != counts[0].as_slice()) {
+            let per: Vec<String> = counts.iter().enumerate().map(|(r, c)| format!("rank {r}: {c:?}")).collect();
+            return Err(Error::invalid("DataGrid::across", format!("every rank must hold as many replicas of as many devices ([replicas, devices]: {})", per.join(", "))));
+        }
+        let comms = (0..slots)
+            .map(|s| Ok(Box::new(super::comm::Hierarchical::new(&column(&replicas, s), group.clone(), crate::dist::Order::Mpi)?) as Box<dyn Communicator>))
+            .collect::<Result<Vec<_>>>()?;
+        Self::with_communicators(replicas, comms)
+    }
+
+    /// As `new`, with `comms[s]` over slot s's devices in replica order.
+    pub fn with_communicators(mut replicas: Vec<R>, comms: Vec<Box<dyn Communicator>>) -> Result<Self> {
         let Some(first) = replicas.first() else {
-            return Err(Error::invalid("PipelineGrid", "no pipelines given"));
+            return Err(Error::invalid("DataGrid", "no replicas given"));
         };
-        let names = |p: &Pipeline| -> Result<Vec<(String, Vec<usize>)>> { Ok(p.state_dict()?.into_iter().map(|(n, t)| (n, t.dims().to_vec())).collect()) };
+        let kind = first.kind();
+        let names = |p: &R| -> Result<Vec<(String, Vec<usize>)>> { Ok(p.state_dict()?.into_iter().map(|(n, t)| (n, t.dims().to_vec())).collect()) };
         let want = names(first)?;
         for (r, p) in replicas.iter().enumerate() {
             if p.devices().len() != first.devices().len() || names(p)? != want {
-                return Err(Error::invalid("PipelineGrid", format!("pipeline {r} has other stages or parameters than pipeline 0; every replica must be the same pipeline")));
+                return Err(Error::invalid("DataGrid", format!("{kind} {r} has other devices or parameters than {kind} 0; every replica must be the same model")));
             }
         }
-        let cut = first.ranges();
-        let mut replicas = replicas;
-        for (r, p) in replicas.iter_mut().enumerate().skip(1) {
-            if p.ranges() == cut {
-                continue;
-            }
-            // A split still to be measured takes replica 0's cut at the first step anyway.
-            if !p.split_pending() {
-                return Err(Error::invalid("PipelineGrid", format!("pipeline {r} cuts the layers {:?}, pipeline 0 {cut:?}; every replica must be cut alike", p.ranges())));
-            }
-            p.fix_split(&cut)?;
+        align_cuts(&mut replicas, None)?;
+        let slots = |p: &R| -> Vec<Vec<(String, Vec<usize>)>> { p.slot_params().iter().map(|s| s.iter().map(|(n, t)| (n.clone(), t.dims().to_vec())).collect()).collect() };
+        let want = slots(&replicas[0]);
+        if let Some(r) = replicas.iter().position(|p| slots(p) != want) {
+            return Err(Error::invalid("DataGrid", format!("{kind} {r} lays its parameters over its devices unlike {kind} 0; every replica must be split alike")));
         }
         if comms.len() != replicas[0].devices().len() {
-            return Err(Error::invalid("PipelineGrid", format!("{} communicators for {} stages", comms.len(), replicas[0].devices().len())));
+            return Err(Error::invalid("DataGrid", format!("{} communicators for {} devices per {kind}", comms.len(), replicas[0].devices().len())));
         }
         for (s, c) in comms.iter().enumerate() {
             let col = column(&replicas, s);
             if c.devices().len() != col.len() || c.devices().iter().zip(&col).any(|(a, b)| !a.same(b)) {
-                return Err(Error::invalid("PipelineGrid", format!("communicator {s} spans {:?}, stage {s} is on {col:?}", c.devices())));
+                return Err(Error::invalid("DataGrid", format!("communicator {s} spans {:?}, slot {s} of the replicas is on {col:?}", c.devices())));
             }
         }
         let state = replicas[0].state_dict()?;
         for r in replicas.iter_mut().skip(1) {
             r.load_state_dict(&state)?;
         }
+        if comms[0].device_span().1 > replicas.len() {
+            // Across processes: rank 0's replica 0 is every replica's start.
+            no_grad(|| {
+                let params: Vec<Vec<Vec<(String, Tensor)>>> = replicas.iter().map(|r| r.slot_params()).collect();
+                for (s, comm) in comms.iter().enumerate() {
+                    for p in 0..params[0][s].len() {
+                        let group: Vec<Tensor> = params.iter().map(|r| r[s][p].1.clone()).collect();
+                        comm.broadcast(&group, 0)?;
+                    }
+                }
+                Ok(())
+            })?;
+            replicas.iter_mut().try_for_each(|r| r.updated(0))?;
+        }
         let devices: Vec<Device> = replicas.iter().flat_map(|r| r.devices()).collect();
         let run = StepCore::new(replicas[0].core().loss.clone(), &devices);
-        Ok(PipelineGrid { replicas, comms, weights: None, run })
+        Ok(DataGrid { replicas, comms, weights: None, run })
     }
 
-    /// Shares of the batch in proportion to `weights`, one per pipeline (equal without).
+    /// Shares of the batch in proportion to `weights`, one per replica (of every process,
+    /// across processes); equal without.
     pub fn split_weights(mut self, weights: Vec<f64>) -> Result<Self> {
-        if weights.len() != self.replicas.len() {
-            return Err(Error::invalid("PipelineGrid::split_weights", format!("{} weights for {} pipelines", weights.len(), self.replicas.len())));
+        let world = self.world().1;
+        if weights.len() != world {
+            return Err(Error::invalid("DataGrid::split_weights", format!("{} weights for {world} replicas", weights.len())));
         }
         self.weights = Some(weights);
         Ok(self)
     }
 
-    /// The pipelines, in replica order.
-    pub fn replicas(&self) -> &[Pipeline] {
+    /// The replicas, in order.
+    pub fn replicas(&self) -> &[R] {
         &self.replicas
     }
 
-    /// Each replica's samples of a batch of `n`.
-    fn shares(&self, n: usize) -> Result<Vec<Range<usize>>> {
-        let r = self.replicas.len();
-        let shares = split::ranges(n, r, self.weights.as_deref())?;
-        if n < r || shares.iter().any(Range::is_empty) {
-            let sizes: Vec<usize> = shares.iter().map(Range::len).collect();
-            return Err(Error::invalid("PipelineGrid::step", format!("a batch of {n} samples split {sizes:?} leaves a pipeline of the {r} without samples")));
-        }
-        Ok(shares)
+    /// The global index of this process's first replica, and the replicas of every process.
+    fn world(&self) -> (usize, usize) {
+        self.comms.first().map_or((0, self.replicas.len()), |c| c.device_span())
     }
 
-    /// Sums each stage's gradients over the replicas: one flat tensor per replica and stage.
+    /// This process's replicas' samples of a global batch of `n`.
+    fn shares(&self, n: usize) -> Result<Vec<Range<usize>>> {
+        let (first, world) = self.world();
+        let shares = split::ranges(n, world, self.weights.as_deref())?;
+        if n < world || shares.iter().any(Range::is_empty) {
+            let sizes: Vec<usize> = shares.iter().map(Range::len).collect();
+            return Err(Error::invalid("DataGrid::step", format!("a batch of {n} samples split {sizes:?} leaves a {} of the {world} without samples", self.replicas[0].kind())));
+        }
+        Ok(shares[first..first + self.replicas.len()].to_vec())
+    }
+
+    /// Sums each slot's gradients over the replicas: one flat tensor per replica and slot.
     fn all_reduce_grads(&self) -> Result<()> {
         no_grad(|| {
             for (s, comm) in self.comms.iter().enumerate() {
-                let params: Vec<Vec<(String, Tensor)>> = self.replicas.iter().map(|r| r.trained_params().swap_remove(s)).collect();
+                let params: Vec<Vec<(String, Tensor)>> = self.replicas.iter().map(|r| r.slot_params().swap_remove(s)).collect();
+                if params[0].is_empty() {
+                    continue;
+                }
                 let flats = params
                     .iter()
                     .map(|ps| {
@@ -165,21 +212,51 @@ impl PipelineGrid {
     }
 }
 
-/// Stage `s`'s device in every replica.
-fn column(replicas: &[Pipeline], s: usize) -> Vec<Device> {
+/// Gives every pipeline replica the first one's layer cuts. A replica whose split is still to
+/// be measured takes them (the first is measured on `first_part` when given); one cut
+/// otherwise is refused.
+fn align_cuts<R: Replica>(replicas: &mut [R], first_part: Option<&Batch>) -> Result<()> {
+    let Some((head, rest)) = replicas.split_first_mut() else { return Ok(()) };
+    let Some(p0) = head.as_pipeline_mut() else { return Ok(()) };
+    if let Some(part) = first_part {
+        if p0.split_pending() {
+            p0.measure_split(part)?;
+        }
+    }
+    let cut = p0.ranges();
+    for (r, rep) in rest.iter_mut().enumerate() {
+        let p = rep.as_pipeline_mut().expect("every replica of a grid is of one type");
+        if p.ranges() == cut {
+            continue;
+        }
+        // A split still to be measured takes replica 0's cut at the first step anyway.
+        if !p.split_pending() && first_part.is_none() {
+            return Err(Error::invalid("DataGrid", format!("pipeline {} cuts the layers {:?}, pipeline 0 {cut:?}; every replica must be cut alike", r + 1, p.ranges())));
+        }
+        p.fix_split(&cut)?;
+    }
+    Ok(())
+}
+
+/// Slot `s`'s device in every replica.
+fn column<R: Replica>(replicas: &[R], s: usize) -> Vec<Device> {
     replicas.iter().map(|r| r.devices()[s].clone()).collect()
 }
 
-impl Strategy for PipelineGrid {
+impl<R: Replica + 'static> Strategy for DataGrid<R> {
     fn autocasts(&self) -> bool {
         true
     }
     fn computes_on_caller(&self) -> bool {
         false
     }
+    /// `DataGrid<Pipeline>` (which `PipelineGrid` names), `DataGrid<TensorParallelGpt>`, ...
+    fn describe(&self) -> String {
+        format!("DataGrid<{}>", self.replicas[0].describe())
+    }
     fn check_batch_size(&self, n: usize) -> Result<()> {
-        for (share, pipe) in self.shares(n)?.into_iter().zip(&self.replicas) {
-            pipe.check_batch_size(share.len())?;
+        for (share, rep) in self.shares(n)?.into_iter().zip(&self.replicas) {
+            rep.check_batch_size(share.len())?;
         }
         Ok(())
     }
@@ -189,11 +266,7 @@ impl Strategy for PipelineGrid {
         let parts = shares.iter().map(|r| batch.slice(r.clone())).collect::<Result<Vec<_>>>()?;
         // Every replica must cut the model where replica 0 does, or stage s's gradients differ
         // in length across the replicas; timed apart (and on a loaded machine) they can disagree.
-        if self.replicas[0].split_pending() {
-            self.replicas[0].measure_split(&parts[0])?;
-            let cut = self.replicas[0].ranges();
-            self.replicas.iter_mut().skip(1).try_for_each(|r| r.fix_split(&cut))?;
-        }
+        align_cuts(&mut self.replicas, Some(&parts[0]))?;
         for r in &mut self.replicas {
             let core = r.core_mut();
             core.trace = self.run.trace.clone();
@@ -203,33 +276,35 @@ impl Strategy for PipelineGrid {
             core.precision = self.run.precision;
             core.scaler = self.run.scaler;
         }
-        let results: Vec<Result<PartRun>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self.replicas.iter_mut().zip(&parts).zip(&shares).map(|((rep, part), r)| scope.spawn(move || rep.backward_part(part, r.start, n))).collect();
+        let results: Vec<Result<f32>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self.replicas.iter_mut().zip(&parts).zip(&shares).map(|((rep, part), r)| scope.spawn(move || rep.backward_share(part, r.start, n))).collect();
             handles.into_iter().map(|h| h.join().unwrap_or_else(|p| Err(Error::panicked(p)))).collect()
         });
-        let mut runs = Vec::with_capacity(results.len());
+        let mut losses = Vec::with_capacity(results.len());
         for (i, r) in results.into_iter().enumerate() {
-            runs.push(r.map_err(|e| e.in_worker("pipeline replica", i, &self.replicas[i].devices()[0]))?);
+            let kind = self.replicas[i].kind();
+            losses.push(r.map_err(|e| e.in_worker(kind, i, &self.replicas[i].devices()[0]))?);
         }
         let tc = Instant::now();
         self.all_reduce_grads()?;
         let comm_s = tc.elapsed().as_secs_f64();
         // After the all-reduce every replica holds the same gradients: replica 0's norm is the
         // whole model's, each parameter counted once, and every replica takes the same scale.
-        let counted = self.replicas[0].trained_params().concat();
-        let parts = self.replicas.iter_mut().flat_map(|r| r.parts()).collect();
+        let counted = self.replicas[0].slot_params().concat();
+        let parts = self.replicas.iter_mut().flat_map(|r| r.optimizers()).map(|(opt, device, track)| Part { opt, device, track }).collect();
         let (grad_norm, _) = self.run.update(NormOver::Params(&counted), None, parts, None)?;
         for r in &mut self.replicas {
             r.updated(self.run.step)?;
         }
-        let mut reports: Vec<StepReport> = self.replicas.iter_mut().zip(&runs).map(|(r, run)| r.report(run, grad_norm)).collect();
+        let mut reports: Vec<StepReport> = self.replicas.iter_mut().zip(&losses).map(|(r, &loss)| r.share_report(loss, grad_norm, t0)).collect();
         let mut report = reports.swap_remove(0);
         for r in &reports {
             report.compute_s = report.compute_s.max(r.compute_s);
             report.comm_s += r.comm_s;
             report.peak_memory.extend(&r.peak_memory);
         }
-        report.loss = runs.iter().map(PartRun::loss).sum();
+        let (first, world) = self.world();
+        report.loss = if world > self.replicas.len() { self.comms[0].sum_by_index(vec![(first, vec![losses.iter().sum()])])?[0] } else { losses.iter().sum() };
         report.comm_s += comm_s;
         report.wall_s = t0.elapsed().as_secs_f64();
         Ok(report)

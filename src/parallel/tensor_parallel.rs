@@ -349,15 +349,41 @@ impl TensorParallel {
     }
 
     /// The whole model's forward, under the batch's sample context.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, first: usize) -> Result<Tensor> {
         let h = match &self.trunk {
-            Some(t) => self.run.forward(t, x, 0)?,
+            Some(t) => self.run.forward(t, x, first)?,
             None => x.clone(),
         };
         self.run.autocast(|| {
-            let shards = self.col.forward_shards(&h)?.iter().map(|s| self.run.forward(&self.between, s, 0)).collect::<Result<Vec<_>>>()?;
+            let shards = self.col.forward_shards(&h)?.iter().map(|s| self.run.forward(&self.between, s, first)).collect::<Result<Vec<_>>>()?;
             self.row.forward_shards(&shards)
         })
+    }
+}
+
+impl TensorParallel {
+    /// The loss of `part`, samples `first..` of a global batch of `total`, weighted by its share.
+    fn share_loss(&self, part: &Batch, first: usize, total: usize) -> Result<Tensor> {
+        let (x, y) = batch_to_device(part, &self.run.devices[0])?;
+        self.run.loss_share(&self.forward(&x, first)?, &y, part.len(), total)
+    }
+}
+
+impl super::Replica for TensorParallel {
+    fn kind(&self) -> &'static str {
+        "tensor group"
+    }
+    fn backward_share(&mut self, part: &Batch, first: usize, total: usize) -> Result<f32> {
+        let loss = self.share_loss(part, first, total)?;
+        self.opts.iter().for_each(|o| o.zero_grad());
+        loss.backward()?;
+        loss.to_scalar()
+    }
+    fn slot_params(&self) -> Vec<Vec<(String, Tensor)>> {
+        (0..self.run.devices.len()).map(|i| self.device_params(i)).collect()
+    }
+    fn optimizers(&mut self) -> Vec<(&mut Box<dyn Optimizer>, &Device, Option<String>)> {
+        self.opts.iter_mut().zip(&self.run.devices).enumerate().map(|(i, (o, d))| (o, d, Some(format!("{} #{i}", d.spec())))).collect()
     }
 }
 
@@ -367,15 +393,14 @@ impl Strategy for TensorParallel {
     }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
-        let (x, y) = batch_to_device(batch, &self.run.devices[0])?;
-        let loss = self.run.loss_share(&self.forward(&x)?, &y, batch.len(), batch.len())?;
+        let loss = self.share_loss(batch, 0, batch.len())?;
         // Every parameter sits in exactly one device's optimizer (each shard once, the trunk
         // and the row bias on the first device), so the norm over all of them is the model's.
         backward_and_update(loss, t0, &mut self.run, &mut self.opts)
     }
     fn predict(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.to(&self.run.devices[0])?;
-        no_grad(|| self.forward(&x))
+        no_grad(|| self.forward(&x, 0))
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = self.trunk.as_ref().map(|t| t.state_dict()).unwrap_or_default();

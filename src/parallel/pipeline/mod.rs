@@ -86,6 +86,8 @@ pub struct Pipeline {
     /// Where this rank's stages sit when the pipeline spans processes.
     across: Option<Across>,
     ties: Vec<tied::Tied>,
+    /// The last share a data-parallel grid ran (`Replica::backward_share`), until its report.
+    pub(in crate::parallel) share_run: Option<PartRun>,
 }
 
 /// The options of a [`Pipeline`] before it is built; defaults: 1 micro-batch, 1F1B, no
@@ -195,6 +197,7 @@ impl PipelineBuilder<'_> {
             stats: None,
             across,
             ties,
+            share_run: None,
         })
     }
 }

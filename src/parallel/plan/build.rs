@@ -7,16 +7,16 @@ use crate::parallel::{DataParallelConfig, Loss, OptimConfig, Parallel, Schedule,
 use crate::{Device, Error, Result};
 
 /// Why [`Plan::build`] cannot make layout `l` of `model` with the replicas' batch `shares`, or
-/// `None` when it can. Tensor parallelism shards a `Sequential`'s last two Linears over the
-/// whole group and combines with nothing else; recomputation exists in pipeline stages only;
+/// `None` when it can. Tensor parallelism shards a `Sequential`'s last two Linears over each
+/// group and combines with data parallelism over the groups, not with pipelines; recomputation exists in pipeline stages only;
 /// a pipeline's micro-batches divide each replica's share; sharding is `DataParallel`'s alone.
 pub fn unbuildable(l: &Layout, shares: &[usize], model: &Sequential) -> Option<String> {
     if let Some(why) = shard_unbuildable(l) {
         return Some(why);
     }
     if l.tensor > 1 {
-        if l.data > 1 || l.pipeline > 1 {
-            return Some("tensor parallelism of a Sequential does not combine with data or pipeline parallelism".into());
+        if l.pipeline > 1 {
+            return Some("tensor parallelism of a Sequential does not combine with pipeline parallelism".into());
         }
         if l.micro_batches > 1 || l.recompute {
             return Some("tensor parallelism of a Sequential takes whole batches, without recomputation".into());
@@ -55,8 +55,8 @@ impl Plan {
     /// The strategy of [`Plan::best`] for `model` on `devices`, built with the usual builders:
     /// `Single`, `DataParallel` (batch shares as [`Plan::shares`], micro-batches accumulated,
     /// state sharded as [`Layout::shard`], gradient shards in [`Plan::grad_dtype`]),
-    /// `TensorParallel`, a 1F1B `Pipeline` cut at the plan's cuts, or a `PipelineGrid` of
-    /// them, with `opt`'s state in host memory where the plan keeps it there ([`Plan::optim`]).
+    /// `TensorParallel` (alone or replicated in a [`DataGrid`](crate::parallel::DataGrid)), a
+    /// 1F1B `Pipeline` cut at the plan's cuts, or a `PipelineGrid` of them, with `opt`'s state in host memory where the plan keeps it there ([`Plan::optim`]).
     /// `devices` must be the devices planned for (names as [`Device::spec`], any order);
     /// the layout takes them in [`Plan::devices`]' order and leaves out those it does not use.
     ///
@@ -93,6 +93,13 @@ impl Plan {
                 Parallel::data(copy, used, opt, loss).config(cfg).boxed()
             }
             (1, _, 1) => Parallel::tensor(model, used, opt, loss).boxed(),
+            (_, tensor, 1) => {
+                let mesh = Parallel::data_tensor(|_| Ok(model), used, tensor, opt, loss);
+                match weights {
+                    Some(w) => mesh.split_weights(w).boxed(),
+                    None => mesh.boxed(),
+                }
+            }
             (1, 1, _) => Parallel::pipeline(Stages::Split(model, Split::At(l.cuts.clone())), used, opt, loss)
                 .micro_batches(l.micro_batches)
                 .recompute(l.recompute)

@@ -1,7 +1,8 @@
 //! The planner for the GPT ([`Gpt`]): its embeddings, blocks and head calibrated one by one
 //! ([`measure_gpt`]), the layouts tandem's GPT strategies can make ([`gpt_unbuildable`], with
 //! stage cuts only between blocks, [`gpt_cuttable`]) and [`Plan::build_gpt`], which makes the
-//! chosen one: `Single`, `DataParallel` (sharded or not), `TensorParallelGpt`, a 1F1B
+//! chosen one: `Single`, `DataParallel` (sharded or not), `TensorParallelGpt` (alone or in a
+//! `DataGrid` of replicas), a 1F1B
 //! `Pipeline` of [`Gpt::stages`] or a `PipelineGrid` of them.
 //!
 //! The planner's layers of a GPT of `n` blocks are `transformer` (the embeddings, layer 0),
@@ -17,7 +18,7 @@ use super::reuse::{Calibration, Reuse};
 use super::{Cluster, Layout, Plan, Workload};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::nn::Module;
-use crate::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Schedule, Single, Stages, Strategy, TensorParallelGpt};
+use crate::parallel::{DataGrid, DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Schedule, Single, Stages, Strategy, TensorParallelGpt};
 use crate::{Device, Error, Result, Tensor};
 
 /// [`measure`](super::measure) of `gpt` on `devices`: each of its layers (embeddings, every
@@ -50,17 +51,17 @@ pub fn gpt_cuttable(n_layer: usize) -> impl Fn(usize) -> bool {
 }
 
 /// Why [`Plan::build_gpt`] cannot make layout `l` of a GPT of `cfg` with the replicas' batch
-/// `shares`, or `None` when it can: `TensorParallelGpt` takes whole batches on all the
-/// layout's devices, with no data or pipeline parallelism, and equal numbers of heads per
-/// device; a pipeline needs a block per stage and micro-batches dividing each replica's share;
+/// `shares`, or `None` when it can: `TensorParallelGpt` takes whole batches (of each data
+/// replica's share, in a `DataGrid`), with no pipeline parallelism, and equal numbers of heads
+/// per device; a pipeline needs a block per stage and micro-batches dividing each replica's share;
 /// recomputation is planned per pipeline stage only; sharding is `DataParallel`'s alone.
 pub fn gpt_unbuildable(l: &Layout, shares: &[usize], cfg: &GptConfig) -> Option<String> {
     if let Some(why) = shard_unbuildable(l) {
         return Some(why);
     }
     if l.tensor > 1 {
-        if l.data > 1 || l.pipeline > 1 {
-            return Some("the GPT's tensor parallelism (TensorParallelGpt) does not combine with data or pipeline parallelism".into());
+        if l.pipeline > 1 {
+            return Some("the GPT's tensor parallelism (TensorParallelGpt) does not combine with pipeline parallelism".into());
         }
         if l.micro_batches > 1 || l.recompute {
             return Some("the GPT's tensor parallelism takes whole batches, without recomputation".into());
@@ -115,6 +116,14 @@ impl Plan {
             (1, _, 1) => {
                 drop(host);
                 Ok(Box::new(TensorParallelGpt::new(gpt(&used[0])?, used, opt, loss)?))
+            }
+            (_, tensor, 1) => {
+                drop(host);
+                let mesh = DataGrid::from_factory(used, used.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, opt, loss.clone()))?;
+                Ok(Box::new(match weights {
+                    Some(w) => mesh.split_weights(w)?,
+                    None => mesh,
+                }))
             }
             (1, 1, _) => Ok(Box::new(gpt_pipeline(&host, used, opt, l)?)),
             (data, 1, _) => {

@@ -11,7 +11,7 @@ use crate::nn::models::{Gpt, Transformer};
 use crate::nn::{Dropout, Module};
 use crate::optim::Optimizer;
 use crate::parallel::step::StepCore;
-use crate::parallel::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
+use crate::parallel::{batch_to_device, Loss, OptimConfig, Replica, StepReport, Strategy};
 use crate::{Device, Error, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -221,6 +221,35 @@ impl TensorParallelGpt {
     }
 }
 
+impl TensorParallelGpt {
+    /// The loss of `part`, samples `first..` of a global batch of `total`, weighted by its share.
+    fn share_loss(&self, part: &Batch, first: usize, total: usize) -> Result<Tensor> {
+        let (x, y) = batch_to_device(part, &self.run.devices[0])?;
+        let (model, run) = (&self.model, &self.run);
+        let ctx = crate::nn::SampleContext { step: run.step, first_sample: first as u64, samples: part.len() };
+        let out = crate::nn::with_samples(ctx, || run.autocast(|| model.forward(&x)))?;
+        self.run.loss_share(&out, &y, part.len(), total)
+    }
+}
+
+impl Replica for TensorParallelGpt {
+    fn kind(&self) -> &'static str {
+        "tensor group"
+    }
+    fn backward_share(&mut self, part: &Batch, first: usize, total: usize) -> Result<f32> {
+        let loss = self.share_loss(part, first, total)?;
+        self.opts.iter().for_each(|o| o.zero_grad());
+        loss.backward()?;
+        loss.to_scalar()
+    }
+    fn slot_params(&self) -> Vec<Vec<(String, Tensor)>> {
+        (0..self.run.devices.len()).map(|i| device_params(&self.logical, i)).collect()
+    }
+    fn optimizers(&mut self) -> Vec<(&mut Box<dyn Optimizer>, &Device, Option<String>)> {
+        self.opts.iter_mut().zip(&self.run.devices).enumerate().map(|(i, (o, d))| (o, d, Some(format!("{} #{i}", d.spec())))).collect()
+    }
+}
+
 /// Device `i`'s tensors under their parameters' names.
 fn device_params(logical: &[Logical], i: usize) -> Vec<(String, Tensor)> {
     logical.iter().filter_map(|l| l.parts.get(i).map(|t| (l.name.clone(), t.clone()))).collect()
@@ -232,11 +261,7 @@ impl Strategy for TensorParallelGpt {
     }
     fn step(&mut self, batch: &Batch) -> Result<StepReport> {
         let t0 = Instant::now();
-        let (x, y) = batch_to_device(batch, &self.run.devices[0])?;
-        let model = &self.model;
-        let run = &self.run;
-        let out = with_context(run, &x, || run.autocast(|| model.forward(&x)))?;
-        let loss = self.run.loss_share(&out, &y, batch.len(), batch.len())?;
+        let loss = self.share_loss(batch, 0, batch.len())?;
         backward_and_update(loss, t0, &mut self.run, &mut self.opts)
     }
     fn predict(&self, x: &Tensor) -> Result<Tensor> {
@@ -315,10 +340,4 @@ impl Strategy for TensorParallelGpt {
     fn core_mut(&mut self) -> &mut StepCore {
         &mut self.run
     }
-}
-
-/// `f` (the whole batch's forward) under the step's sample context, as every strategy's.
-fn with_context<T>(run: &StepCore, x: &Tensor, f: impl FnOnce() -> T) -> T {
-    let ctx = crate::nn::SampleContext { step: run.step, first_sample: 0, samples: x.dims().first().copied().unwrap_or(1) };
-    crate::nn::with_samples(ctx, f)
 }
