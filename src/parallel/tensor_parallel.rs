@@ -7,6 +7,7 @@
 mod attention;
 mod gpt;
 mod mlp;
+mod placed;
 
 pub use gpt::TensorParallelGpt;
 pub use mlp::ParallelMlp;
@@ -221,13 +222,6 @@ impl RowParallelLinear {
             _ => Err(Error::invalid("RowParallelLinear::load", "bias given for a layer without one, or missing")),
         }
     }
-    fn device_params(&self, i: usize) -> Vec<(String, Tensor)> {
-        let mut p = vec![("weight".to_string(), self.weights[i].clone())];
-        if let (0, Some(b)) = (i, &self.bias) {
-            p.push(("bias".to_string(), b.clone()));
-        }
-        p
-    }
 }
 
 impl Module for RowParallelLinear {
@@ -263,18 +257,6 @@ fn as_linear(name: &str, layer: &dyn Module) -> Result<Linear> {
     }
 }
 
-/// For a sharded parameter name of the (column, row) layers `names`: the dimension its
-/// shards split.
-fn split_dim(names: &(String, String), name: &str) -> Option<usize> {
-    let (a, b) = names;
-    if name == format!("{a}.weight") || name == format!("{a}.bias") {
-        Some(0)
-    } else if name == format!("{b}.weight") {
-        Some(1)
-    } else {
-        None
-    }
-}
 
 /// The rest of a tensor-parallel step after the whole batch's forward, begun at `t0`, gave
 /// `loss`: its backward (both cross every device from the first device's thread), then each
@@ -307,9 +289,10 @@ fn backward_and_update(loss: Tensor, t0: Instant, run: &mut StepCore, opts: &mut
 pub struct TensorParallel {
     trunk: Option<Sequential>,
     between: Sequential,
-    names: (String, String),
     col: ColumnParallelLinear,
     row: RowParallelLinear,
+    /// The trunk's state whole on the first device, the two Linears split.
+    placed: placed::Placed,
     opts: Vec<Box<dyn Optimizer>>,
     run: StepCore,
 }
@@ -334,18 +317,20 @@ impl TensorParallel {
         }
         let col = ColumnParallelLinear::from_linear(&fc1, devices)?;
         let row = RowParallelLinear::from_linear(&fc2, devices)?;
-        let names = (layers[i1].0.clone(), layers[i2].0.clone());
-        let mut tp = TensorParallel { trunk, between, names, col, row, opts: Vec::new(), run: StepCore::new(loss, devices) };
-        tp.opts = (0..devices.len()).map(|i| opt.build(tp.device_params(i))).collect::<Result<_>>()?;
-        Ok(tp)
-    }
-
-    /// Device `i`'s parameters with the unsplit model's names (shards share their layer's names).
-    fn device_params(&self, i: usize) -> Vec<(String, Tensor)> {
-        let mut p = if i == 0 { self.trunk.as_ref().map(|t| t.parameters()).unwrap_or_default() } else { Vec::new() };
-        p.extend(self.col.device_params(i).into_iter().map(|(n, t)| (format!("{}.{n}", self.names.0), t)));
-        p.extend(self.row.device_params(i).into_iter().map(|(n, t)| (format!("{}.{n}", self.names.1), t)));
-        p
+        let (a, b) = (&layers[i1].0, &layers[i2].0);
+        use placed::{Logical, Placement};
+        let mut logical = Vec::new();
+        if let Some(t) = &trunk {
+            let params: Vec<String> = t.parameters().into_iter().map(|p| p.0).collect();
+            logical.extend(t.state_dict().into_iter().map(|(n, v)| Logical { trained: params.contains(&n), ..Logical::whole(n, v) }));
+        }
+        logical.push(Logical::param(format!("{a}.weight"), Placement::Split(0), col.weights.clone()));
+        logical.extend(col.biases.clone().map(|parts| Logical::param(format!("{a}.bias"), Placement::Split(0), parts)));
+        logical.push(Logical::param(format!("{b}.weight"), Placement::Split(1), row.weights.clone()));
+        logical.extend(row.bias.clone().map(|t| Logical::whole(format!("{b}.bias"), t)));
+        let placed = placed::Placed { logical, first: first.clone() };
+        let opts = (0..devices.len()).map(|i| opt.build(placed.device_params(i))).collect::<Result<_>>()?;
+        Ok(TensorParallel { trunk, between, col, row, placed, opts, run: StepCore::new(loss, devices) })
     }
 
     /// The whole model's forward, under the batch's sample context.
@@ -380,7 +365,7 @@ impl super::Replica for TensorParallel {
         loss.to_scalar()
     }
     fn slot_params(&self) -> Vec<Vec<(String, Tensor)>> {
-        (0..self.run.devices.len()).map(|i| self.device_params(i)).collect()
+        (0..self.run.devices.len()).map(|i| self.placed.device_params(i)).collect()
     }
     fn optimizers(&mut self) -> Vec<(&mut Box<dyn Optimizer>, &Device, Option<String>)> {
         self.opts.iter_mut().zip(&self.run.devices).enumerate().map(|(i, (o, d))| (o, d, Some(format!("{} #{i}", d.spec())))).collect()
@@ -402,69 +387,20 @@ impl Strategy for TensorParallel {
         let x = x.to(&self.run.devices[0])?;
         no_grad(|| self.forward(&x, 0))
     }
+    /// The unsplit model's names and shapes.
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = self.trunk.as_ref().map(|t| t.state_dict()).unwrap_or_default();
-        let (a, b) = &self.names;
-        out.push((format!("{a}.weight"), self.col.weight()?));
-        if let Some(bias) = self.col.bias()? {
-            out.push((format!("{a}.bias"), bias));
-        }
-        out.push((format!("{b}.weight"), self.row.weight()?));
-        if let Some(bias) = self.row.bias() {
-            out.push((format!("{b}.bias"), bias));
-        }
-        Ok(out)
+        self.placed.state_dict()
     }
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        let names: Vec<String> = self.state_dict()?.into_iter().map(|p| p.0).collect();
-        let missing: Vec<&String> = names.iter().filter(|n| !state.iter().any(|s| &s.0 == *n)).collect();
-        let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !names.iter().any(|m| m == n)).collect();
-        if !missing.is_empty() || !unexpected.is_empty() {
-            return Err(Error::invalid("load_state_dict", format!("missing [{}], unexpected [{}]", crate::error::capped_list(missing), crate::error::capped_list(unexpected))));
-        }
-        let get = |n: String| state.iter().find(|s| s.0 == n).map(|s| &s.1);
-        if let Some(t) = &self.trunk {
-            let names: Vec<String> = t.state_dict().into_iter().map(|p| p.0).collect();
-            t.load_state_dict(&state.iter().filter(|s| names.contains(&s.0)).cloned().collect::<Vec<_>>())?;
-        }
-        let (a, b) = &self.names;
-        let wa = get(format!("{a}.weight")).ok_or_else(|| Error::invalid("load_state_dict", format!("missing {a}.weight")))?;
-        self.col.load(wa, get(format!("{a}.bias")))?;
-        let wb = get(format!("{b}.weight")).ok_or_else(|| Error::invalid("load_state_dict", format!("missing {b}.weight")))?;
-        self.row.load(wb, get(format!("{b}.bias")))
+        self.placed.load_state_dict("load_state_dict", state, &|_, _| false)
     }
-    /// Device 0's state, with the sharded parameters' state reassembled from every device.
+    /// The sharded parameters' state reassembled from every device.
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        let per: Vec<_> = self.opts.iter().map(|o| o.state()).collect();
-        let mut out = Vec::new();
-        for (name, t) in &per[0].0 {
-            let dim = split_dim(&self.names, name.rsplit_once('.').map_or("", |(p, _)| p));
-            match dim {
-                Some(d) => {
-                    let parts = per.iter().map(|(s, _)| s.iter().find(|x| &x.0 == name).map(|x| x.1.clone())).collect::<Option<Vec<_>>>();
-                    let parts = parts.ok_or_else(|| Error::Msg(format!("optimizer state {name} is missing on some device")))?;
-                    out.push((name.clone(), gather(&parts, d, &self.run.devices[0])?));
-                }
-                None => out.push((name.clone(), t.clone())),
-            }
-        }
-        Ok((out, per[0].1))
+        self.placed.optimizer_state(&self.opts)
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.run.step = steps;
-        let ranges = self.col.ranges.clone();
-        let names = self.names.clone();
-        for (opt, &(start, len)) in self.opts.iter_mut().zip(&ranges) {
-            let mine = state
-                .iter()
-                .map(|(n, t)| match split_dim(&names, n.rsplit_once('.').map_or("", |(p, _)| p)) {
-                    Some(d) => Ok((n.clone(), no_grad(|| t.narrow(d, start, len))?)),
-                    None => Ok((n.clone(), t.clone())),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            opt.load_state(&mine, steps)?;
-        }
-        Ok(())
+        self.placed.load_optimizer_state(&mut self.opts, state, steps)
     }
     fn modules(&self) -> Vec<&dyn Module> {
         self.trunk.iter().map(|t| t as &dyn Module).chain([&self.between as &dyn Module]).collect()

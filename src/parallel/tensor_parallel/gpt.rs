@@ -2,7 +2,8 @@
 //! split over the devices; the embeddings, LayerNorms, `ln_f` and the tied `lm_head` on the
 //! first device. Checkpoints are the single-device model's: `state_dict` gathers each sharded
 //! parameter (and its optimizer state) to nanoGPT's name and shape, `load_state_dict` scatters.
-use super::attention::{qkv_order, ParallelAttention};
+use super::attention::ParallelAttention;
+use super::placed::{Logical, Placed, Placement};
 use super::{backward_and_update, ColumnParallelLinear, ParallelMlp};
 use crate::autograd::no_grad;
 use crate::data::Batch;
@@ -16,56 +17,6 @@ use crate::{Device, Error, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// How a logical (nanoGPT) parameter lies on the devices.
-#[derive(Clone, Copy, Debug)]
-enum Layout {
-    /// Whole, on the first device.
-    Whole,
-    /// Split along this dimension, slice `i` on device `i`.
-    Split(usize),
-    /// `c_attn`'s rows, split by heads: device `i` holds its heads' q, k and v rows.
-    Qkv,
-}
-
-/// One nanoGPT parameter: its name, layout and the tensors that hold it (device order).
-struct Logical {
-    name: String,
-    layout: Layout,
-    parts: Vec<Tensor>,
-}
-
-/// The whole tensor from per-device `parts` (a parameter, a gradient or optimizer state) laid
-/// out as `layout`, on `first`, without history.
-fn gather(parts: &[Tensor], layout: Layout, first: &Device) -> Result<Tensor> {
-    no_grad(|| match layout {
-        Layout::Whole => parts[0].to(first),
-        Layout::Split(d) => Tensor::cat(&parts.iter().map(|p| p.to(first)).collect::<Result<Vec<_>>>()?, d),
-        Layout::Qkv => qkv_order(&Tensor::cat(&parts.iter().map(|p| p.to(first)).collect::<Result<Vec<_>>>()?, 0)?, parts.len(), false),
-    })
-}
-
-/// The whole shape of a parameter held as `parts`.
-fn whole_dims(parts: &[Tensor], layout: Layout) -> Vec<usize> {
-    let mut dims = parts[0].dims().to_vec();
-    match layout {
-        Layout::Whole => {}
-        Layout::Split(d) => dims[d] = parts.iter().map(|p| p.dims()[d]).sum(),
-        Layout::Qkv => dims[0] = parts.iter().map(|p| p.dims()[0]).sum(),
-    }
-    dims
-}
-
-/// Device `i`'s slice of `full` for a parameter whose slices have the shapes of `parts`.
-fn slice(full: &Tensor, parts: &[Tensor], layout: Layout, i: usize) -> Result<Tensor> {
-    let (dim, full) = match layout {
-        Layout::Whole => return Ok(full.clone()),
-        Layout::Split(d) => (d, full.clone()),
-        Layout::Qkv => (0, qkv_order(full, parts.len(), true)?),
-    };
-    let start = parts[..i].iter().map(|p| p.dims()[dim]).sum();
-    no_grad(|| full.narrow(dim, start, parts[i].dims()[dim]))
-}
 
 /// One block with its attention and MLP split over the devices.
 struct ParallelLayers {
@@ -117,30 +68,29 @@ impl ParallelGpt {
     }
     /// Every nanoGPT parameter in state_dict order (without the tied `lm_head.weight`).
     fn logical(&self) -> Vec<Logical> {
-        let whole = |name: String, t: Tensor| Logical { name, layout: Layout::Whole, parts: vec![t] };
-        let col = |name: &str, c: &ColumnParallelLinear, layout: Layout| {
-            let mut v = vec![Logical { name: format!("{name}.weight"), layout, parts: c.weights.clone() }];
+        let col = |name: &str, c: &ColumnParallelLinear, placement: Placement| {
+            let mut v = vec![Logical::param(format!("{name}.weight"), placement, c.weights.clone())];
             if let Some(b) = &c.biases {
                 // Qkv and Split(0) split a bias along its only dimension as the weight's rows.
-                v.push(Logical { name: format!("{name}.bias"), layout, parts: b.clone() });
+                v.push(Logical::param(format!("{name}.bias"), placement, b.clone()));
             }
             v
         };
         let row = |name: &str, r: &super::RowParallelLinear| {
-            let mut v = vec![Logical { name: format!("{name}.weight"), layout: Layout::Split(1), parts: r.weights.clone() }];
-            v.extend(r.bias.clone().map(|b| whole(format!("{name}.bias"), b)));
+            let mut v = vec![Logical::param(format!("{name}.weight"), Placement::Split(1), r.weights.clone())];
+            v.extend(r.bias.clone().map(|b| Logical::whole(format!("{name}.bias"), b)));
             v
         };
-        let norm = |name: &str, n: &Norm| n.parameters().into_iter().map(|(k, t)| whole(format!("{name}.{k}"), t)).collect::<Vec<_>>();
+        let norm = |name: &str, n: &Norm| n.parameters().into_iter().map(|(k, t)| Logical::whole(format!("{name}.{k}"), t)).collect::<Vec<_>>();
         let t = &self.transformer;
-        let mut out = vec![whole("transformer.wte.weight".into(), t.wte.weight.clone()), whole("transformer.wpe.weight".into(), t.wpe.weight.clone())];
+        let mut out = vec![Logical::whole("transformer.wte.weight", t.wte.weight.clone()), Logical::whole("transformer.wpe.weight", t.wpe.weight.clone())];
         for (i, b) in self.blocks.iter().enumerate() {
             let (l, p) = (&*b.layers, format!("transformer.h.{i}"));
             out.extend(norm(&format!("{p}.ln_1"), &l.ln_1));
-            out.extend(col(&format!("{p}.attn.c_attn"), &l.attn.c_attn, Layout::Qkv));
+            out.extend(col(&format!("{p}.attn.c_attn"), &l.attn.c_attn, Placement::Qkv));
             out.extend(row(&format!("{p}.attn.c_proj"), &l.attn.c_proj));
             out.extend(norm(&format!("{p}.ln_2"), &l.ln_2));
-            out.extend(col(&format!("{p}.mlp.c_fc"), l.mlp.c_fc(), Layout::Split(0)));
+            out.extend(col(&format!("{p}.mlp.c_fc"), l.mlp.c_fc(), Placement::Split(0)));
             out.extend(row(&format!("{p}.mlp.c_proj"), l.mlp.c_proj()));
         }
         out.extend(norm("transformer.ln_f", &t.ln_f));
@@ -163,7 +113,7 @@ impl ParallelGpt {
 /// since a GPT's split needs the heads' layout of `c_attn` and its own gather.
 pub struct TensorParallelGpt {
     model: ParallelGpt,
-    logical: Vec<Logical>,
+    placed: Placed,
     opts: Vec<Box<dyn Optimizer>>,
     run: StepCore,
 }
@@ -198,9 +148,9 @@ impl TensorParallelGpt {
             blocks.push(ParallelBlock { layers: Arc::new(layers), recompute: AtomicBool::new(recompute) });
         }
         let model = ParallelGpt { transformer, blocks };
-        let logical = model.logical();
-        let opts = (0..devices.len()).map(|i| opt.build(device_params(&logical, i))).collect::<Result<_>>()?;
-        Ok(TensorParallelGpt { model, logical, opts, run: StepCore::new(loss, devices) })
+        let placed = Placed { logical: model.logical(), first: first.clone() };
+        let opts = (0..devices.len()).map(|i| opt.build(placed.device_params(i))).collect::<Result<_>>()?;
+        Ok(TensorParallelGpt { model, placed, opts, run: StepCore::new(loss, devices) })
     }
 
     /// Per-block activation recomputation, as [`Gpt::set_recompute`].
@@ -211,13 +161,7 @@ impl TensorParallelGpt {
     /// Each nanoGPT parameter's gradient gathered to its whole shape on the first device, in
     /// state_dict order (`None` where backward has not reached it).
     pub fn gathered_grads(&self) -> Result<Vec<(String, Option<Tensor>)>> {
-        self.logical
-            .iter()
-            .map(|l| {
-                let grads: Option<Vec<Tensor>> = l.parts.iter().map(Tensor::grad).collect();
-                Ok((l.name.clone(), grads.map(|g| gather(&g, l.layout, &self.run.devices[0])).transpose()?))
-            })
-            .collect()
+        self.placed.gathered_grads()
     }
 }
 
@@ -243,17 +187,13 @@ impl Replica for TensorParallelGpt {
         loss.to_scalar()
     }
     fn slot_params(&self) -> Vec<Vec<(String, Tensor)>> {
-        (0..self.run.devices.len()).map(|i| device_params(&self.logical, i)).collect()
+        (0..self.run.devices.len()).map(|i| self.placed.device_params(i)).collect()
     }
     fn optimizers(&mut self) -> Vec<(&mut Box<dyn Optimizer>, &Device, Option<String>)> {
         self.opts.iter_mut().zip(&self.run.devices).enumerate().map(|(i, (o, d))| (o, d, Some(format!("{} #{i}", d.spec())))).collect()
     }
 }
 
-/// Device `i`'s tensors under their parameters' names.
-fn device_params(logical: &[Logical], i: usize) -> Vec<(String, Tensor)> {
-    logical.iter().filter_map(|l| l.parts.get(i).map(|t| (l.name.clone(), t.clone()))).collect()
-}
 
 impl Strategy for TensorParallelGpt {
     fn autocasts(&self) -> bool {
@@ -270,7 +210,7 @@ impl Strategy for TensorParallelGpt {
     }
     /// nanoGPT's names and shapes, `lm_head.weight` last: a single-device [`Gpt`]'s file.
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = self.logical.iter().map(|l| Ok((l.name.clone(), gather(&l.parts, l.layout, &self.run.devices[0])?))).collect::<Result<Vec<_>>>()?;
+        let mut out = self.placed.state_dict()?;
         out.push(("lm_head.weight".into(), self.model.transformer.wte.weight.clone()));
         Ok(out)
     }
@@ -278,21 +218,7 @@ impl Strategy for TensorParallelGpt {
     /// left out and, if given, must be the embedding; nanoGPT's mask buffers are skipped).
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
         let skipped = |n: &str, t: &Tensor| n == "lm_head.weight" || (n.ends_with(".attn.bias") && t.rank() == 4);
-        let unexpected: Vec<&str> = state.iter().filter(|(n, t)| !skipped(n, t) && !self.logical.iter().any(|l| &l.name == n)).map(|p| p.0.as_str()).collect();
-        let missing: Vec<&str> = self.logical.iter().filter(|l| !state.iter().any(|s| s.0 == l.name)).map(|l| l.name.as_str()).collect();
-        if !missing.is_empty() || !unexpected.is_empty() {
-            return Err(Error::invalid("TensorParallelGpt::load_state_dict", format!("missing [{}], unexpected [{}]", crate::error::capped_list(missing), crate::error::capped_list(unexpected))));
-        }
-        for l in &self.logical {
-            let full = &state.iter().find(|s| s.0 == l.name).expect("checked above").1;
-            let want = whole_dims(&l.parts, l.layout);
-            if full.dims() != want {
-                return Err(Error::shape("TensorParallelGpt::load_state_dict", format!("{} is {:?}, the model's is {want:?}", l.name, full.shape())));
-            }
-            for (i, p) in l.parts.iter().enumerate() {
-                p.assign(&slice(full, &l.parts, l.layout, i)?)?;
-            }
-        }
+        self.placed.load_state_dict("TensorParallelGpt::load_state_dict", state, &skipped)?;
         if let Some((_, head)) = state.iter().find(|s| s.0 == "lm_head.weight") {
             let wte = &self.model.transformer.wte.weight;
             if head.shape() != wte.shape() || head.to_vec()?.iter().zip(wte.to_vec()?).any(|(a, b)| a.to_bits() != b.to_bits()) {
@@ -303,32 +229,11 @@ impl Strategy for TensorParallelGpt {
     }
     /// Each parameter's state (`exp_avg`, ..) gathered like the parameter itself.
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        let per: Vec<_> = self.opts.iter().map(|o| o.state()).collect();
-        let mut out = Vec::new();
-        for (name, _) in &per[0].0 {
-            let param = name.rsplit_once('.').map_or("", |(p, _)| p);
-            let l = self.logical.iter().find(|l| l.name == param).ok_or_else(|| Error::Msg(format!("optimizer state {name} names no parameter")))?;
-            let parts = per.iter().take(l.parts.len()).map(|(s, _)| s.iter().find(|x| &x.0 == name).map(|x| x.1.clone())).collect::<Option<Vec<_>>>();
-            let parts = parts.ok_or_else(|| Error::Msg(format!("optimizer state {name} is missing on some device")))?;
-            out.push((name.clone(), gather(&parts, l.layout, &self.run.devices[0])?));
-        }
-        Ok((out, per[0].1))
+        self.placed.optimizer_state(&self.opts)
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.run.step = steps;
-        for (i, opt) in self.opts.iter_mut().enumerate() {
-            let mut mine = Vec::new();
-            for (name, t) in state {
-                let param = name.rsplit_once('.').map_or("", |(p, _)| p);
-                match self.logical.iter().find(|l| l.name == param) {
-                    Some(l) if i < l.parts.len() => mine.push((name.clone(), slice(t, &l.parts, l.layout, i)?)),
-                    Some(_) => {}
-                    None => return Err(Error::invalid("load_optimizer_state", format!("{name} names no parameter of the model"))),
-                }
-            }
-            opt.load_state(&mine, steps)?;
-        }
-        Ok(())
+        self.placed.load_optimizer_state(&mut self.opts, state, steps)
     }
     fn modules(&self) -> Vec<&dyn Module> {
         let blocks = self.model.blocks.iter().map(|b| b as &dyn Module);
