@@ -57,6 +57,11 @@ RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc -q --no-deps --features c
 # README.md's library example builds in a new crate with README.md's dependency line.
 bash scripts/readme-crate.sh
 
+# The crate as `cargo package` packs it (what crates.io and docs.rs get) builds on its own:
+# every shader, kernel and guide it includes is in the package. The build shares this
+# checkout's target folder, so only tandem itself is compiled again.
+bash scripts/package-check.sh
+
 # The mpi feature adds tests/mpi.rs (mpirun -np 2 and 3, shared memory and TCP) and the
 # dist_train example it launches.
 cargo test --features cuda,nccl,mpi "$@"
