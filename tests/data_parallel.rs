@@ -290,35 +290,3 @@ fn bad_input_is_an_error() {
     let zero_micro = DataParallelConfig { micro_batches: 0, ..Default::default() };
     assert!(DataParallel::new(&model(), &devices(2), &sgd(), Loss::CrossEntropy, zero_micro).is_err());
 }
-
-/// Step time, communication time and overlap of the seed CNN at batch 64 on 1 and 2 CPU
-/// devices. Timing, not correctness: run with
-/// `cargo test --test data_parallel -- --ignored --nocapture measure`.
-#[test]
-#[ignore = "timing, not correctness: run by hand with --ignored --nocapture"]
-fn measure_step_and_comm_time() {
-    let b = batches(64);
-    let configs = [
-        ("default buckets (25 MiB)", DataParallelConfig::default()),
-        ("16 KiB buckets", DataParallelConfig { bucket_bytes: 16 << 10, ..Default::default() }),
-        ("deterministic, 4 shards", DataParallelConfig { deterministic: true, ..Default::default() }),
-    ];
-    let mut single = Single::new(model(), &sgd(), Loss::CrossEntropy, &cpu_devices(1)[0]).unwrap();
-    let walls: Vec<f64> = b.iter().map(|x| single.step(x).unwrap().wall_s).skip(1).collect();
-    println!("Single: step {:.1} ms", 1e3 * walls.iter().sum::<f64>() / walls.len() as f64);
-    for n in [1, 2] {
-        for (name, cfg) in &configs {
-            let mut dp = DataParallel::new(&model(), &cpu_devices(n), &sgd(), Loss::CrossEntropy, cfg.clone()).unwrap();
-            let reports: Vec<_> = b.iter().map(|x| dp.step(x).unwrap()).skip(1).collect();
-            let mean = |f: &dyn Fn(&tandem::parallel::StepReport) -> f64| reports.iter().map(f).sum::<f64>() / reports.len() as f64;
-            println!(
-                "{n} device(s), {name}: step {:.1} ms, compute {:.1} ms, comm {:.2} ms, overlap {:.2}, {} bytes moved",
-                1e3 * mean(&|r| r.wall_s),
-                1e3 * mean(&|r| r.compute_s),
-                1e3 * mean(&|r| r.comm_s),
-                mean(&|r| r.overlap),
-                dp.communicator().bytes_moved()
-            );
-        }
-    }
-}

@@ -97,9 +97,20 @@ fn a_resumed_run_repeats_the_plan_its_checkpoint_recorded() {
 
 #[test]
 fn data_parallel_shares_follow_balance() {
-    for balance in ["measured", "even"] {
-        out(&["train", "--strategy", "data", "--devices", "cpu,cpu", "--balance", balance, "--batch", "16", "--steps", "2"]);
-    }
+    // The shares a run trains with are recorded in its checkpoints' configuration
+    // (`batch_weights`), which a resume repeats: measured speeds, one per device, or none.
+    let recorded = |balance: &str| -> serde_json::Value {
+        let dir = common::scratch("plan_cli", &format!("balance-{balance}"));
+        let ckpt = dir.join("ckpt");
+        out(&["train", "--strategy", "data", "--devices", "cpu,cpu", "--balance", balance, "--batch", "16", "--steps", "2", "--checkpoint-dir", s(&ckpt)]);
+        let bytes = std::fs::read(ckpt.join("ckpt-00000002.safetensors")).expect("a checkpoint at the last step");
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["config"]).unwrap();
+        config["batch_weights"].clone()
+    };
+    let measured: Vec<f64> = serde_json::from_value(recorded("measured")).expect("--balance measured records one weight per device");
+    assert!(measured.len() == 2 && measured.iter().all(|w| w.is_finite() && *w > 0.0), "{measured:?}");
+    assert!(recorded("even").is_null(), "--balance even splits equally and records no weights");
 }
 
 /// A GPT whose state, more than its activations, decides what fits: one block 256 wide with

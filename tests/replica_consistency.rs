@@ -222,41 +222,6 @@ fn a_failing_or_panicking_replica_is_an_error_naming_it() {
     }
 }
 
-/// Median step and communication time of the seed CNN (Adam, batch 64) on cpu,wgpu:0,wgpu:1
-/// with one owner (the default on a mix) and with ZeRO-1's balanced owners, interleaved.
-/// Timing, not correctness: `cargo test --test replica_consistency -- --ignored --nocapture`.
-#[test]
-#[ignore = "timing, not correctness: run by hand with --ignored --nocapture"]
-fn measure_one_owner_against_balanced_owners() {
-    let Some(devs) = common::mixed_devices() else { return };
-    let _only = common::exclusive();
-    let ds = synthetic::seed_images(64 * 30, 5).unwrap();
-    let data: Vec<Batch> = (0..30).map(|s| ds.batch(&(s * 64..(s + 1) * 64).collect::<Vec<_>>()).unwrap()).collect();
-    let model = SeedModel::Cnn.build(3, &Device::cpu()).unwrap();
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        1e3 * v[v.len() / 2]
-    };
-    let mut times = std::collections::BTreeMap::<(bool, &str), (Vec<f64>, Vec<f64>)>::new();
-    for _round in 0..3 {
-        for det in [false, true] {
-            for (owners, shard) in [("one owner", false), ("balanced owners", true)] {
-                let cfg = DataParallelConfig { shard: if shard { tandem::parallel::Shard::Optimizer } else { tandem::parallel::Shard::None }, ..config(det) };
-                let mut dp = DataParallel::new(&model, &devs, &optimizers()[0].1, Loss::CrossEntropy, cfg).unwrap();
-                let entry = times.entry((det, owners)).or_default();
-                for r in data.iter().map(|b| dp.step(b).unwrap()).skip(3) {
-                    entry.0.push(r.wall_s);
-                    entry.1.push(r.comm_s);
-                }
-            }
-        }
-    }
-    for ((det, owners), (wall, comm)) in times {
-        let n = wall.len();
-        println!("deterministic {det}, {owners}: step {:.1} ms, comm {:.1} ms (medians of {n})", median(wall), median(comm));
-    }
-}
-
 /// Per-step losses from `tandem train --log-format json` output.
 fn logged_losses(stdout: &[u8]) -> Vec<(u64, u32)> {
     String::from_utf8_lossy(stdout)
