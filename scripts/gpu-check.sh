@@ -85,7 +85,8 @@ rehearsal=0
 if [ "${1:-}" = --rehearse ]; then
   # Checked before the build, which takes minutes: the pack is made with xz.
   if ! command -v xz >/dev/null 2>&1; then
-    echo "gpu-check: xz is not installed here, and --rehearse packs the binaries with it into $pack/bin.tar.xz; install xz-utils (apt-get install xz-utils) and run again" >&2
+    echo "gpu-check: xz is not installed here, and --rehearse packs the binaries with it into" \
+      "$pack/bin.tar.xz; install xz-utils (apt-get install xz-utils) and run again" >&2
     exit 1
   fi
   set -e
@@ -188,7 +189,8 @@ fi
 bin=$pack/bin
 if [ -f "$pack/bin.tar.xz" ]; then
   if ! command -v xz >/dev/null 2>&1; then
-    echo "gpu-check: xz is not installed on this machine, and the binaries travel packed with it ($pack/bin.tar.xz); install xz-utils here, or unpack the archive where xz is and carry $pack/bin instead" >&2
+    echo "gpu-check: xz is not installed on this machine, and the binaries travel packed with it" \
+      "($pack/bin.tar.xz); install xz-utils here, or unpack the archive where xz is and carry $pack/bin instead" >&2
     exit 2
   fi
   bin=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-bin.XXXXXX")/bin

@@ -283,8 +283,8 @@ fn libraries_of_the_wanted_cuda_version_load() {
         let loaded = tandem::backend::cuda::library_file(name);
         if want == "none" {
             let err = loaded.expect_err("no CUDA 12 library to load").to_string();
-            let parts = ["cuda:0 (Tandem Fake GPU)", "compute capability 5.2", "below the 7.5 CUDA 13 supports", &format!("lib{name}.so.13"), &format!("lib{name}.so.12"), wheel];
-            for part in parts {
+            let (newer, older) = (format!("lib{name}.so.13"), format!("lib{name}.so.12"));
+            for part in ["cuda:0 (Tandem Fake GPU)", "compute capability 5.2", "below the 7.5 CUDA 13 supports", &newer, &older, wheel] {
                 assert!(err.contains(part), "{part:?} missing from: {err}");
             }
             println!("{name}: {err}");
@@ -310,7 +310,8 @@ fn the_lowest_compute_capability_chooses_the_cuda_libraries() {
             return;
         }
         fake_cuda_libraries(&dir, &[13, 12]);
-        let text = in_child_with("libraries_of_the_wanted_cuda_version_load", &dir, &[("LD_LIBRARY_PATH", &dir), ("TANDEM_TEST_WANT", Path::new(want))]);
+        let vars = [("LD_LIBRARY_PATH", dir.as_path()), ("TANDEM_TEST_WANT", Path::new(want))];
+        let text = in_child_with("libraries_of_the_wanted_cuda_version_load", &dir, &vars);
         let nvrtc = std::fs::canonicalize(&dir).unwrap().join(format!("libnvrtc.so.{want}"));
         assert!(text.contains(&format!("nvrtc: loaded {}", nvrtc.display())), "{cc:?}: {text}");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -329,7 +330,8 @@ fn a_maxwell_gpu_beside_only_cuda_13_libraries_is_told_what_to_install() {
         return;
     }
     fake_cuda_libraries(&dir, &[13]);
-    let text = in_child_with("libraries_of_the_wanted_cuda_version_load", &dir, &[("LD_LIBRARY_PATH", &dir), ("TANDEM_TEST_WANT", Path::new("none"))]);
+    let vars = [("LD_LIBRARY_PATH", dir.as_path()), ("TANDEM_TEST_WANT", Path::new("none"))];
+    let text = in_child_with("libraries_of_the_wanted_cuda_version_load", &dir, &vars);
     assert!(text.contains("nvrtc: ") && text.contains("cublas: "), "{text}");
     #[cfg(feature = "cli")]
     {

@@ -117,8 +117,10 @@ exit 0
     // The re-run takes the suite's own arguments, its thread count replaced by one.
     let calls = std::fs::read_to_string(&calls).unwrap();
     let runs = |name: &str| calls.lines().filter(|l| l.split_whitespace().next() == Some(name)).map(str::to_string).collect::<Vec<_>>();
-    assert_eq!(runs("halves"), ["halves CUDA_LAUNCH_BLOCKING= --test-threads 4 --nocapture", "halves CUDA_LAUNCH_BLOCKING=1 --nocapture --test-threads 1"]);
-    assert_eq!(runs("cuda_smoke"), ["cuda_smoke CUDA_LAUNCH_BLOCKING= --nocapture", "cuda_smoke CUDA_LAUNCH_BLOCKING=1 --nocapture --test-threads 1"]);
+    let halves = ["halves CUDA_LAUNCH_BLOCKING= --test-threads 4 --nocapture", "halves CUDA_LAUNCH_BLOCKING=1 --nocapture --test-threads 1"];
+    assert_eq!(runs("halves"), halves);
+    let smoke = ["cuda_smoke CUDA_LAUNCH_BLOCKING= --nocapture", "cuda_smoke CUDA_LAUNCH_BLOCKING=1 --nocapture --test-threads 1"];
+    assert_eq!(runs("cuda_smoke"), smoke);
     assert_eq!(runs("nvrtc").len(), 1, "{calls}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -381,7 +381,8 @@ mod tests {
         {
             std::fs::write(dir.join("libnccl.so.2"), b"not an ELF").unwrap();
             assert_eq!(find(&NCCL, &dirs, &wanted_majors(None, Some(12)))[0], std::fs::canonicalize(dir.join("libnccl.so.2")).unwrap());
-            assert_eq!(find(&NCCL, &dirs, &wanted_majors(Some((5, 2)), Some(13)))[0].file_name().unwrap(), "libnccl.so.2", "NCCL's name is no CUDA version");
+            let m60 = find(&NCCL, &dirs, &wanted_majors(Some((5, 2)), Some(13)));
+            assert_eq!(m60[0].file_name().unwrap(), "libnccl.so.2", "NCCL's name is no CUDA version");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -415,7 +416,8 @@ mod tests {
         let canonical = |n: &str| std::fs::canonicalize(dir.join(n)).unwrap();
         assert_eq!(find(&NVRTC, &dirs, &m60), [canonical("libnvrtc.so.12"), PathBuf::from("libnvrtc.so.12")]);
         assert_eq!(find(&CUBLAS, &dirs, &m60), [canonical("libcublas.so.12"), PathBuf::from("libcublas.so.12")]);
-        assert_eq!(find(&NVRTC, &dirs, &h100).iter().map(file).collect::<Vec<_>>(), ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so.12"]);
+        let h100_files: Vec<String> = find(&NVRTC, &dirs, &h100).iter().map(file).collect();
+        assert_eq!(h100_files, ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so.12"]);
         // Only CUDA 13's: nothing of it is tried for the M60, and the error says why.
         std::fs::remove_file(dir.join("libnvrtc.so.12")).unwrap();
         assert_eq!(find(&NVRTC, &dirs, &m60), [PathBuf::from("libnvrtc.so.12")], "only the bare CUDA 12 name is left");

@@ -260,7 +260,7 @@ mod tests {
         let ptx = text(compile("optim", source, "compute_90").unwrap().image);
         assert!(ptx.contains("adam_f32") && ptx.contains("mul.rn.f32"), "PTX of optim.cu:\n{ptx}");
         assert!(!ptx.contains("fma.rn"), "optim.cu fused a multiply-add:\n{ptx}");
-        let fused: Vec<String> = options("optim", "compute_90").into_iter().map(|o| if o == "--fmad=false" { "--fmad=true".into() } else { o }).collect();
+        let fused: Vec<String> = options("optim", "compute_90").into_iter().map(|o| o.replace("--fmad=false", "--fmad=true")).collect();
         let ptx = text(compile_with("optim", source, "compute_90", &fused).unwrap().image);
         assert!(ptx.contains("fma.rn.f32"), "with --fmad=true NVRTC fuses optim.cu's multiply-adds:\n{ptx}");
     }
