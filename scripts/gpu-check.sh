@@ -8,14 +8,21 @@
 #                                     .gpu/ (ignored by git) and prints what a run would carry,
 #                                     run, and how large it is. Touches no GPU.
 #                                     The binaries travel as .gpu/bin.tar.xz (stripped, they are
-#                                     over 64 MiB); the run unpacks them under /tmp.
+#                                     over 64 MiB); the run unpacks them under $TMPDIR (/tmp).
+#                                     Both need `xz`: without it either stops at once, saying so.
 #   scripts/gpu-check.sh              on the GPU machine, from the repository root that carries
 #                                     .gpu/: runs the NVRTC and CUDA smoke tests, the
 #                                     conformance tests on CUDA alone (TANDEM_BACKENDS=cuda: no
 #                                     wgpu adapter in that process), `tandem devices` (which
 #                                     must show cuBLAS as cuda:0's matmul), single-process NCCL
 #                                     (NCCL_DEBUG=WARN; once more with NCCL_CUMEM_ENABLE=0 when
-#                                     it fails), the conformance tests on every device (CUDA and
+#                                     it fails), the suites of each op family, halves, autocast,
+#                                     offload and the GPT on cuda:0 (TANDEM_BACKENDS=cuda), those
+#                                     of mixed precision with the GradScaler and ZeRO-3 in halves
+#                                     on four logical devices of cuda:0 (TANDEM_TEST_DEVICES), a
+#                                     failing test suite once more with CUDA_LAUNCH_BLOCKING=1
+#                                     and one test thread (both rows in the table), the
+#                                     conformance tests on every device (CUDA and
 #                                     every wgpu adapter such as the GPU's Vulkan one, also under
 #                                     the forced hardware profile), `tandem bench` (WGSL vs cuBLAS matmul up to 2048:
 #                                     GFLOP/s of each and their ratio per size, and "WGSL matmul
@@ -38,8 +45,10 @@
 # `.12`, `libcublas.so.13` or `.12`, `libnccl.so.2`; see src/backend/cuda/libs.rs), in
 # TANDEM_CUDA_LIBS, LD_LIBRARY_PATH, the pip wheels' folders and the system's. The run only adds
 # the wheel folders this machine's Python knows to TANDEM_CUDA_LIBS, links nothing, and shows
-# what was loaded in `tandem devices` (MATMUL, LIBRARIES). CUDA 13 no longer compiles for sm_52
-# (tests/nvrtc.rs skips it there) but does for the H200's sm_90.
+# what was loaded in `tandem devices` (MATMUL, LIBRARIES). CUDA 13 no longer serves devices below
+# compute capability 7.5 (tests/nvrtc.rs skips sm_52 under NVRTC 13): on the M60 tandem takes
+# only CUDA 12's NVRTC and cuBLAS, and says so when only CUDA 13's are there; the H200's sm_90
+# takes the driver's CUDA 13.
 #
 # Vulkan and EGL: wgpu loads `libvulkan.so.1` and `libEGL.so.1`; the GPU machine's image may lack
 # these loaders (the driver only brings its ICD), so --rehearse packs Debian's libvulkan1,
@@ -58,14 +67,28 @@ cd "$(dirname "$0")/.." || exit 2
 pack=.gpu
 bins=(nvrtc cuda_smoke nccl conformance)
 # The suites that also run every op family on cuda:0 against the CPU reference (halves and the
-# ops on them, fused passes, transformer kernels, long axes, gathers, batched products, budgets,
-# the GPT): run once with TANDEM_BACKENDS=cuda, so that only CUDA is under test.
-cuda_suites=(halves half_ops fused transformer_kernels tensor_ops long_axes gather batched_matmul losses layers memory_budget gpt)
+# ops on them with autocast, fused passes, transformer kernels, long axes, gathers, batched
+# products, budgets, the GPT) and the optimizer state offloaded to host memory (optim): run once
+# with TANDEM_BACKENDS=cuda, so that only CUDA is under test.
+cuda_suites=(halves half_ops fused transformer_kernels tensor_ops long_axes gather batched_matmul losses layers memory_budget gpt optim)
 bins+=("${cuda_suites[@]}")
+# The suites whose strategies take their devices from TANDEM_TEST_DEVICES (tests/common's
+# cycled_devices), run on four logical devices of cuda:0: bf16 and f16 with the GradScaler,
+# data parallelism and ZeRO-3 in halves, the strategies that split the model (precision), and
+# every builder's precision (builder_precision). The ZeRO-3 suites zero3_units and
+# zero3_offload build CPU devices only; ZeRO-3 on CUDA is cuda_smoke's case.
+device_suites=(precision builder_precision)
+bins+=("${device_suites[@]}")
 rehearsal=0
 
 # --- --rehearse: build and pack here ----------------------------------------------------------
 if [ "${1:-}" = --rehearse ]; then
+  # Checked before the build, which takes minutes: the pack is made with xz.
+  if ! command -v xz >/dev/null 2>&1; then
+    echo "gpu-check: xz is not installed here, and --rehearse packs the binaries with it into" \
+      "$pack/bin.tar.xz; install xz-utils (apt-get install xz-utils) and run again" >&2
+    exit 1
+  fi
   set -e
   export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
   # Symbols are most of a test binary's size; the 64 MiB a run may carry holds the stripped ones.
@@ -135,7 +158,9 @@ EOF
   echo "    4. $pack/bin/conformance  with TANDEM_BACKENDS=cuda: every op on cuda:0 alone, no wgpu adapter opened"
   echo "    5. $pack/bin/tandem devices: each device's matmul path and libraries; cuda:0 must use cuBLAS"
   echo "    6. $pack/bin/nccl         NCCL in one process (NCCL_DEBUG=WARN; retried with NCCL_CUMEM_ENABLE=0)"
-  echo "   6b. with TANDEM_BACKENDS=cuda: ${cuda_suites[*]} (each op family, halves, budgets, the GPT on cuda:0)"
+  echo "   6b. with TANDEM_BACKENDS=cuda: ${cuda_suites[*]} (each op family, halves, budgets, the GPT, offload on cuda:0)"
+  echo "   6c. with TANDEM_TEST_DEVICES=cuda:0 four times: ${device_suites[*]} (autocast, GradScaler, ZeRO-3 in halves)"
+  echo "       each failing suite once more with CUDA_LAUNCH_BLOCKING=1 --test-threads 1"
   echo "    7. $pack/bin/conformance  every op on cuda:0 and every wgpu adapter; again with TANDEM_WGPU_KERNELS=hardware"
   echo "    8. $pack/bin/tandem bench, once on cuda:0 and once on each hardware wgpu adapter: matmul 256-2048 (cuBLAS vs WGSL), seed-CNN steps"
   echo "    9. python3 + torch: the seed-CNN step at batch 64 and 1000 on that GPU"
@@ -163,14 +188,19 @@ fi
 # The binaries are unpacked outside the tree, so that nothing unpacked is carried by a later run.
 bin=$pack/bin
 if [ -f "$pack/bin.tar.xz" ]; then
-  bin=$(mktemp -d /tmp/gpu-check-bin.XXXXXX)/bin
+  if ! command -v xz >/dev/null 2>&1; then
+    echo "gpu-check: xz is not installed on this machine, and the binaries travel packed with it" \
+      "($pack/bin.tar.xz); install xz-utils here, or unpack the archive where xz is and carry $pack/bin instead" >&2
+    exit 2
+  fi
+  bin=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-bin.XXXXXX")/bin
   tar xJf "$pack/bin.tar.xz" -C "${bin%/bin}" || { echo "gpu-check: could not unpack $pack/bin.tar.xz" >&2; exit 2; }
 fi
 if [ ! -x "$bin/conformance" ]; then
   echo "gpu-check: no packed binaries in $pack/; run scripts/gpu-check.sh --rehearse where cargo is, then carry $pack" >&2
   exit 2
 fi
-log_dir=$(mktemp -d /tmp/gpu-check.XXXXXX)
+log_dir=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
 # The test binaries name this build's CLI and target/tmp, which do not exist on the GPU machine.
 mkdir -p "$log_dir/tmp"
 export TANDEM_TEST_BIN=$bin/tandem TANDEM_TEST_TMPDIR=$log_dir/tmp
@@ -234,6 +264,34 @@ skips() {
     required_failed=1
     printf '== %-28s FAIL  its CUDA/NCCL tests skipped although nvidia-smi lists %s GPU(s)\n' "$1" "$gpus"
   fi
+}
+
+# suite NAME REQUIRED TIMEOUT_S BINARY ARGS...: a test binary as step NAME, its skip lines added;
+# when it fails, once more as NAME-blocking with CUDA_LAUNCH_BLOCKING=1 and one test thread (any
+# --test-threads of ARGS dropped), so that an asynchronous CUDA error is reported by the launch
+# that caused it and no two tests overlap. Both rows stay in the table; the re-run is a
+# diagnosis, so the first failure counts whatever it gives. Returns the first run's status.
+suite() {
+  local name=$1 required=$2 limit=$3 rc a drop=0 last
+  shift 3
+  step "$name" "$required" "$limit" "$@"
+  rc=$?
+  skips "$name"
+  last=$((${#names[@]} - 1))
+  [ "$rc" -eq 0 ] || [ "${results[last]}" != FAIL ] && return "$rc"
+  local args=()
+  for a in "$@"; do
+    if [ "$drop" -eq 1 ]; then drop=0; continue; fi
+    case $a in
+      --test-threads) drop=1 ;;
+      --test-threads=*) ;;
+      *) args+=("$a") ;;
+    esac
+  done
+  CUDA_LAUNCH_BLOCKING=1 step "$name-blocking" 0 $((limit * 2)) "${args[@]}" --test-threads 1
+  last=$((${#names[@]} - 1))
+  notes[last]="re-run of $name with CUDA_LAUNCH_BLOCKING=1 --test-threads 1: ${notes[last]}"
+  return "$rc"
 }
 
 # --- the table ---------------------------------------------------------------------------------
@@ -383,11 +441,11 @@ nccl_step() {
   NCCL_DEBUG=WARN NCCL_CUMEM_ENABLE=0 step "$name-nocumem" 1 "$limit" "$@"
 }
 
-step nvrtc 1 90 "$bin/nvrtc" --nocapture; skips nvrtc
-step cuda-smoke 1 120 "$bin/cuda_smoke" --nocapture; skips cuda-smoke
+suite nvrtc 1 90 "$bin/nvrtc" --nocapture
+suite cuda-smoke 1 120 "$bin/cuda_smoke" --nocapture
 grep -hE "skipped|peer matrix" "$log_dir/cuda-smoke.log" | head -10 | sed 's/^/    /'
 # CUDA alone first: no Vulkan or GL driver is loaded in this process, so what fails here is CUDA's.
-TANDEM_BACKENDS=cuda step conformance-cuda 1 90 "$bin/conformance" --nocapture; skips conformance-cuda
+TANDEM_BACKENDS=cuda suite conformance-cuda 1 90 "$bin/conformance" --nocapture
 step devices 1 60 "$bin/tandem" devices
 sed 's/^/    /' "$log_dir/devices.log"
 # cuBLAS is required: matmul on the tiled kernel instead would pass every test and mislabel the
@@ -410,16 +468,23 @@ fi
 nccl_step nccl 60 "$bin/nccl" --nocapture; skips "${names[-1]}"
 grep -hE "^NCCL|skipped|NCCL WARN" "$log_dir/${names[-1]}.log" | head -10 | sed 's/^/    /'
 for suite in "${cuda_suites[@]}"; do
-  TANDEM_BACKENDS=cuda step "cuda-$suite" 1 60 "$bin/$suite" --test-threads 4 --nocapture; skips "cuda-$suite"
+  TANDEM_BACKENDS=cuda suite "cuda-$suite" 1 60 "$bin/$suite" --test-threads 4 --nocapture
 done
-step conformance 1 150 "$bin/conformance" --nocapture; skips conformance
+for suite in "${device_suites[@]}"; do
+  if [ -n "$cuda0" ]; then
+    TANDEM_TEST_DEVICES=cuda:0,cuda:0,cuda:0,cuda:0 suite "cuda-$suite" 1 120 "$bin/$suite" --test-threads 4 --nocapture
+  else
+    record "cuda-$suite" SKIP "no cuda:0 in tandem devices (its devices come from TANDEM_TEST_DEVICES)"
+  fi
+done
+suite conformance 1 150 "$bin/conformance" --nocapture
 grep -hE "^running on|skipping" "$log_dir/conformance.log" | sort -u | sed 's/^/    /'
 # The GPU's own wgpu adapters (Vulkan, GL): what `tandem devices` calls discrete, integrated or
 # other (software adapters are lavapipe and llvmpipe, tested where the code is built).
 hw=$(awk '/ wgpu / && / (discrete|integrated|virtualgpu|other) / { for (i = 1; i <= NF; i++) if ($i ~ /^wgpu:[0-9]+$/) { print $i; break } }' \
   "$log_dir/devices.log" | paste -sd, -)
 if [ -n "$hw" ]; then
-  TANDEM_WGPU_KERNELS=hardware step conformance-hardware-profile 1 120 "$bin/conformance"
+  TANDEM_WGPU_KERNELS=hardware suite conformance-hardware-profile 1 120 "$bin/conformance"
 else
   record conformance-hardware-profile SKIP "no hardware wgpu adapter (tandem devices above)"
 fi

@@ -250,13 +250,19 @@ fn pytorch_default_init_ranges() {
 }
 
 /// Optimizer state offloaded to host memory: the same updates bit for bit (SGD with momentum
-/// and AdamW with groups, on the CPU and on lavapipe), none of the state on the device between
-/// steps, and a checkpoint of it loads into an optimizer that keeps its state on the device.
+/// and AdamW with groups, on the CPU, on lavapipe and on cuda:0 where there is one), none of
+/// the state on the device between steps, and a checkpoint of it loads into an optimizer that
+/// keeps its state on the device.
 #[test]
 fn offloaded_state_updates_the_same_and_leaves_the_device() {
     use tandem::optim::{OptimConfig, ParamGroups};
     let mut devices = vec![Device::cpu_independent()];
-    devices.extend(Device::parse("wgpu:0").unwrap_or_default());
+    for spec in ["wgpu:0", "cuda:0"] {
+        match Device::parse(spec) {
+            Ok(d) => devices.extend(d),
+            Err(e) => eprintln!("skipping {spec}: {e}"),
+        }
+    }
     let configs = [
         OptimConfig::sgd(SgdConfig { lr: 0.1, momentum: 0.9, nesterov: true, ..Default::default() }),
         OptimConfig::adam(AdamConfig { lr: 1e-2, weight_decay: 0.1, ..AdamConfig::adamw() }).with_groups(ParamGroups::no_decay_for_biases_and_norms()),

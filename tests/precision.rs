@@ -7,8 +7,6 @@ mod common;
 #[path = "common/gpt_fixture.rs"]
 mod gpt_fixture;
 use common::*;
-use std::sync::Arc;
-use tandem::backend::cpu::CpuBackend;
 use tandem::data::text::{Split, TextCorpus};
 use tandem::data::{Batch, Inputs, Targets};
 use tandem::nn::models::{Gpt, GptConfig};
@@ -17,8 +15,10 @@ use tandem::optim::{AdamConfig, GradScaler, Precision};
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Shard, Single, Strategy};
 use tandem::Device;
 
-fn cpus(n: usize) -> Vec<Device> {
-    (0..n).map(|_| Device::from_backend(Arc::new(CpuBackend::new()))).collect()
+/// `n` independent CPU devices, or `TANDEM_TEST_DEVICES` cycled to `n` (scripts/gpu-check.sh
+/// runs these tests on logical devices of cuda:0 so).
+fn devices(n: usize) -> Vec<Device> {
+    cycled_devices(n)
 }
 
 fn gpt_batches(steps: usize) -> (GptConfig, Vec<Batch>) {
@@ -90,7 +90,7 @@ fn half_precision_gpt_follows_pytorch_autocast() {
 #[test]
 fn half_precision_gpt_losses_follow_f32_within_the_rounding_bound() {
     let (cfg, batches) = gpt_batches(12);
-    let dev = cpus(1).remove(0);
+    let dev = devices(1).remove(0);
     let mut f32_run = Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &adamw(), Loss::CrossEntropy, &dev).unwrap();
     let want = losses(&mut f32_run, &batches);
     for (precision, u) in [(Precision::Bf16, 2f32.powi(-8)), (Precision::F16, 2f32.powi(-11))] {
@@ -111,12 +111,12 @@ fn half_precision_gpt_losses_follow_f32_within_the_rounding_bound() {
 fn half_precision_data_parallelism_and_zero3_equal_one_device() {
     let (cfg, batches) = gpt_batches(5);
     for precision in [Precision::Bf16, Precision::F16] {
-        let dev = cpus(1).remove(0);
+        let dev = devices(1).remove(0);
         let mut one = Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &adamw(), Loss::CrossEntropy, &dev).unwrap();
         one.set_precision(precision, None).unwrap();
         let want = losses(&mut one, &batches);
         for shard in [Shard::None, Shard::Full] {
-            let mut dp = DataParallel::from_factory(|d| Gpt::new(cfg, 1, d), &cpus(2), &adamw(), Loss::CrossEntropy, DataParallelConfig { shard, ..Default::default() }).unwrap();
+            let mut dp = DataParallel::from_factory(|d| Gpt::new(cfg, 1, d), &devices(2), &adamw(), Loss::CrossEntropy, DataParallelConfig { shard, ..Default::default() }).unwrap();
             dp.set_precision(precision, None).unwrap();
             let got = losses(&mut dp, &batches);
             // Halves of the batch round their products alike; only the order of the weight
@@ -177,13 +177,13 @@ fn f16_skips_overflowing_steps_and_backs_off_its_scale() {
 fn half_precision_model_splitting_strategies_equal_one_device() {
     use tandem::parallel::{Pipeline, PipelineGrid, Stages, TensorParallelGpt};
     let (cfg, batches) = gpt_batches(4);
-    let dev = cpus(1).remove(0);
+    let dev = devices(1).remove(0);
     let in_f32 = losses(&mut Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &adamw(), Loss::CrossEntropy, &dev).unwrap(), &batches);
     for (precision, u) in [(Precision::Bf16, 2f32.powi(-8)), (Precision::F16, 2f32.powi(-11))] {
         let mut one = Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &adamw(), Loss::CrossEntropy, &dev).unwrap();
         one.set_precision(precision, None).unwrap();
         let want = losses(&mut one, &batches);
-        let devs = cpus(4);
+        let devs = devices(4);
         let pipeline = |d: &[Device], micro: usize| {
             let gpt = Gpt::new(cfg, 1, &Device::cpu()).unwrap();
             Pipeline::builder(Stages::Built(gpt.stages(d, None).unwrap()), d, &adamw(), Loss::CrossEntropy).micro_batches(micro).build().unwrap()

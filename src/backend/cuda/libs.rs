@@ -12,8 +12,15 @@
 //! 4. `/usr/local/cuda/lib64` and the system library directories;
 //! 5. the bare names, through the dynamic loader (`ld.so.cache`).
 //!
-//! Of the names, the one of the driver's CUDA major version comes first (an NVRTC newer than
-//! the driver makes PTX it rejects; cuBLAS 13 needs a CUDA 13 driver), then the newest. The file
+//! Which CUDA versions of NVRTC and cuBLAS may serve is decided by the lowest compute capability
+//! among the visible devices (queried from the driver before any library loads, no context
+//! made; see [`wanted_majors`]). CUDA 13 dropped every architecture below 7.5 (its NVRTC cannot
+//! compile `compute_52`, its cuBLAS has no Maxwell kernels), so with a device such as the Tesla
+//! M60 (5.2) only CUDA 12's files are taken, and when only CUDA 13's are found the error names
+//! the device, its capability and the CUDA 12 files and wheels to install. Otherwise the names
+//! of the driver's CUDA major version come first (an NVRTC newer than the driver makes PTX it
+//! rejects; cuBLAS 13 needs a CUDA 13 driver), then the newest. NCCL's one name
+//! (`libnccl.so.2`) carries no CUDA version and is taken wherever it is found. The file
 //! found is loaded with its companions (cuBLAS needs `libcublasLt` of the same version, which
 //! the CUDA 13 wheel does not point to), then a stub of a few hundred bytes whose soname is the
 //! name cudarc asks for first (`libnvrtc.so`) and which depends on that file: cudarc's
@@ -34,12 +41,17 @@ pub(crate) struct Lib {
     pub stem: &'static str,
     /// The versioned file names, newest first.
     pub names: &'static [&'static str],
+    /// Whether the names end in the CUDA major version (`.so.13`, `.so.12`), which then follows
+    /// [`wanted_majors`]; NCCL's (`.so.2`) is NCCL's own.
+    by_cuda_major: bool,
     /// Libraries loaded first from the same directory, with the found name's version suffix.
     companions: &'static [&'static str],
     /// Where the pip wheels put it, below `site-packages`.
     wheel_dirs: &'static [&'static str],
     /// What to install when it is missing.
     advice: &'static str,
+    /// What to install for a device CUDA 13 no longer supports.
+    advice_12: &'static str,
     /// The entry points tandem calls through cudarc, which panics on a missing one: a file
     /// that lacks any is refused before cudarc sees it.
     symbols: &'static [&'static str],
@@ -48,9 +60,11 @@ pub(crate) struct Lib {
 pub(crate) const NVRTC: Lib = Lib {
     stem: "nvrtc",
     names: &["libnvrtc.so.13", "libnvrtc.so.12"],
+    by_cuda_major: true,
     companions: &[],
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"],
     advice: "pip install nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12 (CUDA 12)",
+    advice_12: "pip install nvidia-cuda-nvrtc-cu12, or a CUDA 12 toolkit",
     symbols: &[
         "nvrtcVersion",
         "nvrtcCreateProgram",
@@ -68,9 +82,11 @@ pub(crate) const NVRTC: Lib = Lib {
 pub(crate) const CUBLAS: Lib = Lib {
     stem: "cublas",
     names: &["libcublas.so.13", "libcublas.so.12"],
+    by_cuda_major: true,
     companions: &["libcublasLt"],
     wheel_dirs: &["nvidia/cu13/lib", "nvidia/cublas/lib"],
     advice: "pip install nvidia-cublas (CUDA 13) or nvidia-cublas-cu12 (CUDA 12)",
+    advice_12: "pip install nvidia-cublas-cu12, or a CUDA 12 toolkit",
     symbols: &["cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSgemmStridedBatched", "cublasGetProperty"],
 };
 
@@ -78,9 +94,11 @@ pub(crate) const CUBLAS: Lib = Lib {
 pub(crate) const NCCL: Lib = Lib {
     stem: "nccl",
     names: &["libnccl.so.2"],
+    by_cuda_major: false,
     companions: &[],
     wheel_dirs: &["nvidia/nccl/lib", "nvidia/cu13/lib"],
     advice: "pip install nvidia-nccl-cu13 or nvidia-nccl-cu12, or the libnccl2 package",
+    advice_12: "pip install nvidia-nccl-cu12",
     symbols: &["ncclGetVersion"],
 };
 
@@ -112,7 +130,9 @@ pub(crate) fn load(lib: &'static Lib) -> Result<Loaded, String> {
     };
     cell.get_or_init(|| {
         let dirs = search_dirs(lib);
-        let files = find(lib, &dirs, driver_major());
+        let lowest = super::lowest_capability();
+        let majors = wanted_majors(lowest.as_ref().map(|l| l.cc), driver_major());
+        let files = find(lib, &dirs, &majors);
         let mut failures = Vec::new();
         for file in &files {
             match open(lib, file) {
@@ -120,17 +140,59 @@ pub(crate) fn load(lib: &'static Lib) -> Result<Loaded, String> {
                 Err(e) => failures.push(format!("{}: {e}", file.display())),
             }
         }
+        if let Some(device) = lowest.filter(|_| lib.by_cuda_major && !majors.contains(&13)) {
+            let newer = existing(lib, &dirs, &[13]);
+            if !newer.is_empty() {
+                return Err(only_too_new(lib, &device, &newer, &failures));
+            }
+        }
         Err(not_found(lib, &dirs, &failures))
     })
     .clone()
 }
 
-/// The candidate files of `lib` that exist in `dirs`, preferred first, then its bare names for
-/// the dynamic loader to search.
-pub(crate) fn find(lib: &Lib, dirs: &[PathBuf], driver_major: Option<u32>) -> Vec<PathBuf> {
-    let names = ordered(lib.names, driver_major);
+/// The device of the lowest compute capability among those visible (the first of them on a
+/// tie), which decides the CUDA version of NVRTC and cuBLAS.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Lowest {
+    /// `cuda:N (name)`, as errors name it.
+    pub device: String,
+    /// The compute capability, `(5, 2)` for the Tesla M60.
+    pub cc: (u32, u32),
+}
+
+/// The oldest compute capability CUDA 13's libraries support: it dropped Maxwell (5.x),
+/// Pascal (6.x) and Volta (7.0, 7.2).
+pub(crate) const CUDA_13_OLDEST: (u32, u32) = (7, 5);
+
+/// The CUDA major versions whose NVRTC and cuBLAS may serve devices whose lowest compute
+/// capability is `lowest_cc`, under a driver of CUDA major version `driver`, preferred first:
+/// below 7.5 only CUDA 12 (CUDA 13 cannot compile for those devices nor run cuBLAS on them);
+/// otherwise the driver's version first, then the newest. Without a device or a driver, the
+/// newest first.
+pub(crate) fn wanted_majors(lowest_cc: Option<(u32, u32)>, driver: Option<u32>) -> Vec<u32> {
+    if lowest_cc.is_some_and(|cc| cc < CUDA_13_OLDEST) {
+        return vec![12];
+    }
+    let mut majors = vec![13, 12];
+    if let Some(driver) = driver {
+        majors.sort_by_key(|&m| m != driver);
+    }
+    majors
+}
+
+/// The candidate files of `lib` that exist in `dirs`, of the CUDA versions `majors` in that
+/// order, then its bare names of those versions for the dynamic loader to search.
+pub(crate) fn find(lib: &Lib, dirs: &[PathBuf], majors: &[u32]) -> Vec<PathBuf> {
+    let mut out = existing(lib, dirs, majors);
+    out.extend(names(lib, majors).iter().map(PathBuf::from));
+    out
+}
+
+/// The files of `lib` of the CUDA versions `majors` that exist in `dirs`, each once.
+fn existing(lib: &Lib, dirs: &[PathBuf], majors: &[u32]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
-    for name in &names {
+    for name in names(lib, majors) {
         for dir in dirs {
             let p = dir.join(name);
             if p.is_file() {
@@ -141,8 +203,35 @@ pub(crate) fn find(lib: &Lib, dirs: &[PathBuf], driver_major: Option<u32>) -> Ve
             }
         }
     }
-    out.extend(names.iter().map(PathBuf::from));
     out
+}
+
+/// The names of `lib` of the CUDA versions `majors`, in their order (all of NCCL's).
+fn names(lib: &Lib, majors: &[u32]) -> Vec<&'static str> {
+    if !lib.by_cuda_major {
+        return lib.names.to_vec();
+    }
+    majors.iter().flat_map(|m| lib.names.iter().copied().filter(move |n| n.ends_with(&format!(".so.{m}")))).collect()
+}
+
+/// The error for a device CUDA 13 no longer supports where only CUDA 13's `lib` was found
+/// (`newer`): the device, its capability, the files passed over and what to install.
+fn only_too_new(lib: &Lib, lowest: &Lowest, newer: &[PathBuf], failures: &[String]) -> String {
+    let (major, minor) = lowest.cc;
+    let newer: Vec<String> = newer.iter().map(|p| p.display().to_string()).collect();
+    let wanted = names(lib, &[12]).join(", ");
+    format!(
+        "lib{} of CUDA 12 not found, and {} has compute capability {major}.{minor}, below the {}.{} CUDA 13 supports, so \
+         CUDA 13's {} cannot serve it; {}. Install CUDA 12's {wanted} ({}), or put the directory holding it on \
+         TANDEM_CUDA_LIBS or LD_LIBRARY_PATH",
+        lib.stem,
+        lowest.device,
+        CUDA_13_OLDEST.0,
+        CUDA_13_OLDEST.1,
+        newer.join(", "),
+        failures.join("; "),
+        lib.advice_12
+    )
 }
 
 /// The error for a library not found: every name, every directory and every load failure.
@@ -157,16 +246,6 @@ pub(crate) fn not_found(lib: &Lib, dirs: &[PathBuf], failures: &[String]) -> Str
         failures.join("; "),
         lib.advice
     )
-}
-
-/// `names` with those of the driver's major version first, otherwise as given.
-fn ordered(names: &[&'static str], driver_major: Option<u32>) -> Vec<&'static str> {
-    let mut v = names.to_vec();
-    if let Some(major) = driver_major {
-        let suffix = format!(".so.{major}");
-        v.sort_by_key(|n| !n.ends_with(&suffix));
-    }
-    v
 }
 
 /// The directories searched, in order, each once.
@@ -290,19 +369,76 @@ mod tests {
             std::fs::write(dir.join(name), b"not an ELF").unwrap();
         }
         let dirs = vec![PathBuf::from("/nonexistent/tandem"), dir.clone()];
-        let nvrtc = find(&NVRTC, &dirs, None);
+        let nvrtc = find(&NVRTC, &dirs, &wanted_majors(None, None));
         assert_eq!(nvrtc[0], std::fs::canonicalize(dir.join("libnvrtc.so.13")).unwrap());
-        assert_eq!(find(&CUBLAS, &dirs, Some(13))[0], std::fs::canonicalize(dir.join("libcublas.so.13")).unwrap());
+        assert_eq!(find(&CUBLAS, &dirs, &wanted_majors(None, Some(13)))[0], std::fs::canonicalize(dir.join("libcublas.so.13")).unwrap());
         // Both present: the driver's major version decides.
         std::fs::write(dir.join("libnvrtc.so.12"), b"not an ELF").unwrap();
-        assert_eq!(find(&NVRTC, &dirs, Some(12))[0].file_name().unwrap(), "libnvrtc.so.12");
-        assert_eq!(find(&NVRTC, &dirs, Some(13))[0].file_name().unwrap(), "libnvrtc.so.13");
-        assert_eq!(find(&NVRTC, &dirs, None)[0].file_name().unwrap(), "libnvrtc.so.13", "newest first without a driver");
+        assert_eq!(find(&NVRTC, &dirs, &wanted_majors(None, Some(12)))[0].file_name().unwrap(), "libnvrtc.so.12");
+        assert_eq!(find(&NVRTC, &dirs, &wanted_majors(None, Some(13)))[0].file_name().unwrap(), "libnvrtc.so.13");
+        assert_eq!(find(&NVRTC, &dirs, &wanted_majors(None, None))[0].file_name().unwrap(), "libnvrtc.so.13", "newest first without a driver");
         #[cfg(feature = "nccl")]
         {
             std::fs::write(dir.join("libnccl.so.2"), b"not an ELF").unwrap();
-            assert_eq!(find(&NCCL, &dirs, Some(12))[0], std::fs::canonicalize(dir.join("libnccl.so.2")).unwrap());
+            assert_eq!(find(&NCCL, &dirs, &wanted_majors(None, Some(12)))[0], std::fs::canonicalize(dir.join("libnccl.so.2")).unwrap());
+            let m60 = find(&NCCL, &dirs, &wanted_majors(Some((5, 2)), Some(13)));
+            assert_eq!(m60[0].file_name().unwrap(), "libnccl.so.2", "NCCL's name is no CUDA version");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_lowest_compute_capability_decides_the_cuda_version() {
+        // Below 7.5 CUDA 13 can serve no device, whatever the driver.
+        assert_eq!(wanted_majors(Some((5, 2)), Some(13)), [12], "an M60 under a CUDA 13 driver");
+        assert_eq!(wanted_majors(Some((5, 2)), Some(12)), [12]);
+        assert_eq!(wanted_majors(Some((5, 2)), None), [12]);
+        assert_eq!(wanted_majors(Some((7, 0)), Some(13)), [12], "Volta");
+        // From 7.5 on: the driver's version first, then the newest; as without a device.
+        assert_eq!(wanted_majors(Some((7, 5)), Some(13)), [13, 12], "Turing");
+        assert_eq!(wanted_majors(Some((9, 0)), Some(13)), [13, 12], "an H100 under a CUDA 13 driver");
+        assert_eq!(wanted_majors(Some((9, 0)), Some(12)), [12, 13], "an H100 under a CUDA 12 driver");
+        assert_eq!(wanted_majors(None, Some(13)), [13, 12]);
+        assert_eq!(wanted_majors(None, Some(12)), [12, 13]);
+        assert_eq!(wanted_majors(None, None), [13, 12]);
+    }
+
+    #[test]
+    fn a_device_below_7_5_takes_only_cuda_12_files_and_names_what_to_install_without_them() {
+        let dir = temp("maxwell");
+        let dirs = vec![dir.clone()];
+        for name in ["libnvrtc.so.13", "libnvrtc.so.12", "libcublas.so.13", "libcublas.so.12"] {
+            std::fs::write(dir.join(name), b"not an ELF").unwrap();
+        }
+        let m60 = wanted_majors(Some((5, 2)), Some(13));
+        let h100 = wanted_majors(Some((9, 0)), Some(13));
+        let file = |p: &PathBuf| p.file_name().unwrap().to_string_lossy().into_owned();
+        let canonical = |n: &str| std::fs::canonicalize(dir.join(n)).unwrap();
+        assert_eq!(find(&NVRTC, &dirs, &m60), [canonical("libnvrtc.so.12"), PathBuf::from("libnvrtc.so.12")]);
+        assert_eq!(find(&CUBLAS, &dirs, &m60), [canonical("libcublas.so.12"), PathBuf::from("libcublas.so.12")]);
+        let h100_files: Vec<String> = find(&NVRTC, &dirs, &h100).iter().map(file).collect();
+        assert_eq!(h100_files, ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so.12"]);
+        // Only CUDA 13's: nothing of it is tried for the M60, and the error says why.
+        std::fs::remove_file(dir.join("libnvrtc.so.12")).unwrap();
+        assert_eq!(find(&NVRTC, &dirs, &m60), [PathBuf::from("libnvrtc.so.12")], "only the bare CUDA 12 name is left");
+        let newer = existing(&NVRTC, &dirs, &[13]);
+        assert_eq!(newer, [canonical("libnvrtc.so.13")]);
+        let m60_device = Lowest { device: "cuda:1 (Tesla M60)".into(), cc: (5, 2) };
+        let text = only_too_new(&NVRTC, &m60_device, &newer, &["libnvrtc.so.12: cannot open shared object file".into()]);
+        for part in [
+            "cuda:1 (Tesla M60)",
+            "compute capability 5.2",
+            "below the 7.5 CUDA 13 supports",
+            &canonical("libnvrtc.so.13").display().to_string(),
+            "libnvrtc.so.12: cannot open",
+            "Install CUDA 12's libnvrtc.so.12",
+            "nvidia-cuda-nvrtc-cu12",
+            "TANDEM_CUDA_LIBS",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from: {text}");
+        }
+        let text = only_too_new(&CUBLAS, &m60_device, &existing(&CUBLAS, &dirs, &[13]), &[]);
+        assert!(text.contains("libcublas.so.12") && text.contains("nvidia-cublas-cu12") && !text.contains("nvrtc"), "{text}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -310,7 +446,7 @@ mod tests {
     fn without_a_file_only_the_bare_names_remain_and_the_error_names_everything_tried() {
         let dir = temp("empty");
         let dirs = vec![dir.clone()];
-        let files = find(&CUBLAS, &dirs, None);
+        let files = find(&CUBLAS, &dirs, &wanted_majors(None, None));
         assert_eq!(files, vec![PathBuf::from("libcublas.so.13"), PathBuf::from("libcublas.so.12")]);
         let text = not_found(&CUBLAS, &dirs, &["libcublas.so.13: cannot open shared object file".into()]);
         for part in ["libcublas.so.13", "libcublas.so.12", &dir.display().to_string(), "dynamic loader", "TANDEM_CUDA_LIBS", "nvidia-cublas-cu12"] {

@@ -9,8 +9,12 @@
 //! (`nvidia/cu13/lib`, `nvidia/cuda_nvrtc/lib`, `nvidia/cublas/lib`, `nvidia/nccl/lib`) of the
 //! `site-packages` of `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `~/.local`, `/usr/local`, `/usr` and of
 //! every `python3` on `PATH`, in `/usr/local/cuda/lib64` and the system's library folders, then
-//! through the dynamic loader. The version of the driver's CUDA major comes first. A failed
-//! search names every file and directory tried ([`library_file`] shows what was loaded).
+//! through the dynamic loader. The lowest compute capability among the visible devices decides
+//! the CUDA version: below 7.5 (Maxwell such as the Tesla M60, Pascal, Volta) only CUDA 12's
+//! NVRTC and cuBLAS are taken, since CUDA 13's cannot compile for those devices nor run on them,
+//! and finding only CUDA 13's is an error naming the device and what to install; from 7.5 on
+//! the version of the driver's CUDA major comes first, then the newest. A failed search names
+//! every file and directory tried ([`library_file`] shows what was loaded).
 //! Without cuBLAS, matmul runs the tiled kernel in `kernels/matmul.cu`, and the device's
 //! [`DeviceInfo::matmul`] says so and why; [`DeviceInfo::libraries`] names NVRTC's and NCCL's
 //! versions and whether the kernels loaded as PTX or cubin.
@@ -112,6 +116,32 @@ pub fn probe() -> Result<usize> {
         .map_err(|e| e.to_string())
     });
     probed.clone().map_err(|reason| Error::Unavailable { backend: "cuda", reason })
+}
+
+/// The visible device of the lowest compute capability, which decides the CUDA version of the
+/// NVRTC and cuBLAS loaded (see `libs::wanted_majors`); `None` without a driver or a device.
+/// Queried once, from the driver alone: no context is made and no library loaded.
+pub(crate) fn lowest_capability() -> Option<libs::Lowest> {
+    static LOWEST: OnceLock<Option<libs::Lowest>> = OnceLock::new();
+    LOWEST
+        .get_or_init(|| {
+            let n = probe().ok()?;
+            let each = (0..n).filter_map(|i| guarded("device query", || capability(i)).ok());
+            each.min_by_key(|l| l.cc)
+        })
+        .clone()
+}
+
+/// Device `ordinal`'s name and compute capability.
+fn capability(ordinal: usize) -> Result<libs::Lowest> {
+    let label = format!("cuda:{ordinal}");
+    let dev = result::device::get(ordinal as i32).map_err(|e| backend_error(&label, "cuDeviceGet", e))?;
+    let name = result::device::get_name(dev).map_err(|e| backend_error(&label, "cuDeviceGetName", e))?;
+    // SAFETY: `dev` is a valid device handle from cuDeviceGet; the attributes are plain integers.
+    let attr = |a| unsafe { result::device::get_attribute(dev, a) }.map_err(|e| backend_error(&label, "cuDeviceGetAttribute", e));
+    let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    Ok(libs::Lowest { device: format!("{label} ({})", name.trim()), cc: (major.max(0) as u32, minor.max(0) as u32) })
 }
 
 /// Every CUDA device the driver reports; empty when there is no driver or no device.

@@ -16,9 +16,32 @@ use sha2::{Digest, Sha256};
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
 
-/// Options every family is compiled with: IEEE division and square root, so results track the
-/// CPU reference; `-default-device` would hide a missing `__global__`, so it is not used.
+/// Options every family is compiled with: IEEE division and square root and no flushing of
+/// subnormals, so results track the CPU reference; `-default-device` would hide a missing
+/// `__global__`, so it is not used.
 const OPTIONS: &[&str] = &["--prec-div=true", "--prec-sqrt=true", "--ftz=false", "--std=c++14"];
+
+/// Keeps `a * b + c` a rounded product then a rounded sum, as the CPU reference computes it
+/// (Rust never contracts the two into a fused multiply-add): NVRTC fuses them by default, which
+/// changes the last bits of an Adam update, a layer norm or an attention row against the CPU.
+/// The elementwise and reduction families are memory-bound, so the extra instruction hardly
+/// costs there; the attention kernels pay it for agreeing with the CPU's attention.
+const NO_FMAD: &str = "--fmad=false";
+
+/// The families that keep NVRTC's fused multiply-adds: the tiled matmul, whose reference (the
+/// `gemm` crate's kernels, and cuBLAS, which it stands in for) fuses its multiply-adds too, and
+/// whose sums run in another order anyway.
+const FUSED_FAMILIES: &[&str] = &["matmul"];
+
+/// The options `family` is compiled with for `target` (`compute_XY` or `sm_XY`).
+pub(crate) fn options(family: &str, target: &str) -> Vec<String> {
+    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    if !FUSED_FAMILIES.contains(&family) {
+        options.push(NO_FMAD.to_string());
+    }
+    options.push(format!("--gpu-architecture={target}"));
+    options
+}
 
 /// The product of one compilation: the image to load and NVRTC's log (warnings live there).
 pub(crate) struct Compiled {
@@ -47,14 +70,17 @@ pub(crate) fn version() -> Result<(i32, i32), String> {
 
 /// Compiles one family's source for `target` (`compute_XY` or `sm_XY`), without the cache.
 pub(crate) fn compile(family: &str, source: &str, target: &str) -> Result<Compiled, String> {
+    compile_with(family, source, target, &options(family, target))
+}
+
+/// Compiles with exactly `options`, which name the target too.
+fn compile_with(family: &str, source: &str, target: &str, options: &[String]) -> Result<Compiled, String> {
     let unit = CString::new(translation_unit(source)).map_err(|_| format!("{family}.cu contains a NUL byte"))?;
     let name = CString::new(format!("{family}.cu")).map_err(|_| "bad family name".to_string())?;
-    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
-    options.push(format!("--gpu-architecture={target}"));
     let prog = result::create_program(&unit, Some(&name)).map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
     let guard = Program(prog);
     // SAFETY: `prog` is live until `guard` drops; `unit` and `name` outlive it.
-    let compiled = unsafe { result::compile_program(guard.0, &options) };
+    let compiled = unsafe { result::compile_program(guard.0, options) };
     // SAFETY: as above.
     let log = unsafe { result::get_program_log(guard.0) }.map(|l| c_text(&l)).unwrap_or_default();
     let log = without_arch_notice(&log);
@@ -175,7 +201,7 @@ fn cache_path(family: &str, source: &str, target: &str) -> Result<Option<PathBuf
     let (major, minor) = version()?;
     let mut h = Sha256::new();
     h.update(translation_unit(source).as_bytes());
-    h.update(OPTIONS.join(" ").as_bytes());
+    h.update(options(family, target).join(" ").as_bytes());
     h.update(format!("nvrtc {major}.{minor} {target}").as_bytes());
     let hex: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
     Ok(Some(dir.join(format!("{family}-{target}-{hex}.bin"))))
@@ -204,7 +230,40 @@ fn write_entry(path: &std::path::Path, image: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{marker, ordered_targets, read_entry, write_entry};
+    use super::{compile, compile_with, marker, options, ordered_targets, read_entry, unavailable, write_entry};
+    use crate::backend::cuda::kernels::KERNELS;
+
+    #[test]
+    fn every_family_but_matmul_is_compiled_without_fused_multiply_adds() {
+        for (family, _) in KERNELS {
+            let opts = options(family, "compute_90");
+            assert_eq!(opts.iter().any(|o| o == "--fmad=false"), *family != "matmul", "{family}: {opts:?}");
+            assert_eq!(opts.last().map(String::as_str), Some("--gpu-architecture=compute_90"), "{family}: {opts:?}");
+            for ieee in ["--prec-div=true", "--prec-sqrt=true", "--ftz=false"] {
+                assert!(opts.iter().any(|o| o == ieee), "{family}: {opts:?}");
+            }
+        }
+    }
+
+    /// Adam's moments are `beta * m + (1 - beta) * g`: NVRTC fuses those into `fma.rn.f32`
+    /// unless told not to, which the same source compiled with `--fmad=true` shows. Needs
+    /// NVRTC (skipped without it, failed without it when `CI=true`).
+    #[test]
+    fn the_optimizer_ptx_has_no_fused_multiply_add() {
+        if let Some(why) = unavailable() {
+            assert!(std::env::var("CI").map_or(true, |v| v != "true"), "CI=true but NVRTC is unavailable: {why}");
+            println!("skipped: {why}");
+            return;
+        }
+        let (_, source) = KERNELS.iter().find(|(f, _)| *f == "optim").unwrap();
+        let text = |image: Vec<u8>| String::from_utf8_lossy(&image).into_owned();
+        let ptx = text(compile("optim", source, "compute_90").unwrap().image);
+        assert!(ptx.contains("adam_f32") && ptx.contains("mul.rn.f32"), "PTX of optim.cu:\n{ptx}");
+        assert!(!ptx.contains("fma.rn"), "optim.cu fused a multiply-add:\n{ptx}");
+        let fused: Vec<String> = options("optim", "compute_90").into_iter().map(|o| o.replace("--fmad=false", "--fmad=true")).collect();
+        let ptx = text(compile_with("optim", source, "compute_90", &fused).unwrap().image);
+        assert!(ptx.contains("fma.rn.f32"), "with --fmad=true NVRTC fuses optim.cu's multiply-adds:\n{ptx}");
+    }
 
     #[test]
     fn a_ptx_rejection_is_remembered_per_nvrtc_driver_and_architecture() {
