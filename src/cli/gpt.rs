@@ -5,20 +5,21 @@
 //! the seed models. Training windows are drawn at random ([`RandomWindows`]) or served in epochs ([`WindowLoader`], `--order`),
 //! validated on the data's last 10% or on `--val-data`.
 //!
-//! The checkpoint's run configuration carries the model's shape and the character vocabulary,
-//! so `tandem generate` needs nothing but the checkpoint file.
+//! The checkpoint's run configuration carries the model's shape and the tokenizer (the
+//! character vocabulary, or `gpt2` for GPT-2's BPE with `--tokenizer gpt2`), so `tandem
+//! generate` needs nothing but the checkpoint file.
 use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
 use super::training::{Ended, Run};
 use super::windows::ValWindows;
-use super::{GptArgs, OptimizerKind, TrainArgs, WindowOrder};
+use super::{GptArgs, OptimizerKind, TokenizerArg, TrainArgs, WindowOrder};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
-use tandem::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
-use tandem::data::{Batch, RandomWindows, WindowLoader, WindowPool};
+use tandem::data::text::{builtin_text, Split, TextCorpus, TokenBatch, TokenWindows, BUILTIN_CHARS};
+use tandem::data::{Batch, Gpt2Tokenizer, RandomWindows, Tokenizer, WindowLoader, WindowPool};
 use tandem::nn::models::{Gpt, GptConfig, StateShards};
 use tandem::nn::Module;
 use tandem::optim::LrSchedule;
@@ -40,21 +41,50 @@ const BUILTIN_CORPUS_SEED: u64 = 0;
 /// Stream of the validation windows' generator; training batch `s` uses stream `s`.
 const VAL_STREAM: u64 = u64::MAX;
 
-/// Where a GPT's tokens come from (`--data`).
+/// Where a GPT's tokens come from (`--data`, read with `--tokenizer`).
 pub(super) enum Tokens {
     Text(Arc<TextCorpus>),
-    Windows(Arc<TokenWindows>),
+    /// Token ids, and the tokenizer they are ids of where `--tokenizer` names one.
+    Windows(Arc<TokenWindows>, Option<Tokenizer>),
 }
 
 impl Tokens {
-    pub(super) fn load(data: &str) -> Result<Tokens> {
+    /// The tokens of `--data` in `--tokenizer`'s ids.
+    pub(super) fn of(args: &TrainArgs) -> Result<Tokens> {
+        Tokens::load(&args.data, args.gpt.tokenizer)
+    }
+
+    fn load(data: &str, tokenizer: Option<TokenizerArg>) -> Result<Tokens> {
+        let text = |text: &str, source: String| match tokenizer {
+            Some(TokenizerArg::Gpt2) => TextCorpus::tokenized(text, Tokenizer::gpt2(), source),
+            None | Some(TokenizerArg::Chars) => TextCorpus::from_text(text, source),
+        };
         if data == "text" {
-            return Ok(Tokens::Text(Arc::new(TextCorpus::builtin(BUILTIN_CORPUS_SEED))));
+            let source = format!("the built-in corpus (seed {BUILTIN_CORPUS_SEED})");
+            return Ok(Tokens::Text(Arc::new(text(&builtin_text(BUILTIN_CORPUS_SEED, BUILTIN_CHARS), source)?)));
         }
         match data.strip_prefix("text:") {
             Some("") => Err(Error::invalid("--data", "text: needs a file, as in text:input.txt")),
-            Some(path) => Ok(Tokens::Text(Arc::new(TextCorpus::from_file(path)?))),
-            None if data.ends_with(".safetensors") => Ok(Tokens::Windows(Arc::new(TokenWindows::load(data)?))),
+            Some(path) => Ok(Tokens::Text(Arc::new(text(&read_text(path)?, path.to_string())?))),
+            None if data.ends_with(".safetensors") => {
+                let mut w = TokenWindows::load(data)?;
+                let tokenizer = match tokenizer {
+                    None => None,
+                    Some(TokenizerArg::Chars) => {
+                        return Err(Error::invalid("--tokenizer", format!("chars reads a text --data; {data} holds token ids (give gpt2 if they are GPT-2's)")))
+                    }
+                    // The ids are GPT-2's: the model has its whole vocabulary, which `generate` decodes.
+                    Some(TokenizerArg::Gpt2) if w.vocab_size > Gpt2Tokenizer::VOCAB_SIZE => {
+                        let what = format!("gpt2 has {} tokens, but {data} has a vocabulary of {}", Gpt2Tokenizer::VOCAB_SIZE, w.vocab_size);
+                        return Err(Error::invalid("--tokenizer", what));
+                    }
+                    Some(TokenizerArg::Gpt2) => {
+                        w.vocab_size = Gpt2Tokenizer::VOCAB_SIZE;
+                        Some(Tokenizer::gpt2())
+                    }
+                };
+                Ok(Tokens::Windows(Arc::new(w), tokenizer))
+            }
             None => Err(Error::invalid("--data", format!("'{data}' is not text, text:PATH or a PATH.safetensors of token ids (for --model gpt)"))),
         }
     }
@@ -62,27 +92,27 @@ impl Tokens {
     pub(super) fn vocab_size(&self) -> usize {
         match self {
             Tokens::Text(c) => c.vocab.len(),
-            Tokens::Windows(w) => w.vocab_size,
+            Tokens::Windows(w, _) => w.vocab_size,
         }
     }
 
-    /// The vocabulary's characters as one string (sorted, unique); `None` for token ids.
-    fn chars(&self) -> Option<String> {
+    /// The tokenizer of the ids, where they come from text or `--tokenizer` names it.
+    fn tokenizer(&self) -> Option<&Tokenizer> {
         match self {
-            Tokens::Text(c) => Some(c.vocab.chars().iter().collect()),
-            Tokens::Windows(_) => None,
+            Tokens::Text(c) => Some(&c.vocab),
+            Tokens::Windows(_, t) => t.as_ref(),
         }
     }
 
     /// The window length: --block-size for text (64 by default); a file's `T`, which
     /// --block-size must then agree with.
-    fn block(&self, asked: Option<usize>) -> Result<usize> {
+    pub(super) fn block(&self, asked: Option<usize>) -> Result<usize> {
         match (self, asked) {
             (Tokens::Text(_), b) => Ok(b.unwrap_or(64)),
-            (Tokens::Windows(w), Some(b)) if b != w.block => {
+            (Tokens::Windows(w, _), Some(b)) if b != w.block => {
                 Err(Error::invalid("--block-size", format!("{b}, but the token windows in --data are {} long", w.block)))
             }
-            (Tokens::Windows(w), _) => Ok(w.block),
+            (Tokens::Windows(w, _), _) => Ok(w.block),
         }
     }
 
@@ -90,7 +120,7 @@ impl Tokens {
     pub(super) fn batch(&self, split: Split, batch: usize, block: usize, rng: &mut ChaCha8Rng) -> Result<Batch> {
         let TokenBatch { x, y, block, .. } = match self {
             Tokens::Text(c) => c.batch(split, batch, block, rng)?,
-            Tokens::Windows(w) => w.batch(split, batch, rng)?,
+            Tokens::Windows(w, _) => w.batch(split, batch, rng)?,
         };
         Batch::tokens(x, y, block, self.vocab_size())
     }
@@ -136,12 +166,12 @@ impl Draws {
                     (Some(Arc::new(w)), rows)
                 }
             }
-            Tokens::Windows(w) => (Some(w.clone()), if whole { 0..w.rows } else { w.rows_of(Split::Train) }),
+            Tokens::Windows(w, _) => (Some(w.clone()), if whole { 0..w.rows } else { w.rows_of(Split::Train) }),
         };
         let training = match windows.filter(|_| order != WindowOrder::Random) {
             None => {
                 let pool = match data {
-                    Tokens::Windows(w) => WindowPool::Rows(w.clone(), rows),
+                    Tokens::Windows(w, _) => WindowPool::Rows(w.clone(), rows),
                     Tokens::Text(c) => WindowPool::Text(c.clone(), block),
                 };
                 Training::Random(RandomWindows::new(pool, args.batch, args.seed)?)
@@ -158,17 +188,21 @@ impl Draws {
     }
 }
 
+/// The text of a UTF-8 file; other bytes are an error naming the file.
+fn read_text(path: &str) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    String::from_utf8(bytes).map_err(|e| Error::format(path, format!("not UTF-8 text: {e}")))
+}
+
 /// Every window of `--val-data`: token ids beside token ids (of the same length, in the
-/// vocabulary of --data), or a text in the characters of the training text.
+/// vocabulary of --data), or a text in the tokenizer of the training text.
 fn val_windows(val: &str, data: &Tokens, block: usize) -> Result<Batch> {
     let windows = match (data, val.strip_prefix("text:")) {
         (Tokens::Text(c), Some(path)) => {
-            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-            let text = String::from_utf8(bytes).map_err(|e| Error::format(path, format!("not UTF-8 text: {e}")))?;
-            let ids = c.vocab.encode(&text).map_err(|e| Error::format(path, format!("--val-data: {e} (the characters of --data)")))?;
+            let ids = c.vocab.encode(&read_text(path)?).map_err(|e| Error::format(path, format!("--val-data: {e} (the characters of --data)")))?;
             TokenWindows::from_tokens(&ids, block, c.vocab.len(), path).map_err(|e| Error::format(path, format!("--val-data: {e}")))?
         }
-        (Tokens::Windows(w), None) if val.ends_with(".safetensors") => {
+        (Tokens::Windows(w, _), None) if val.ends_with(".safetensors") => {
             let mut v = TokenWindows::load(val)?;
             if v.block != w.block {
                 return Err(Error::format(val, format!("--val-data: windows of {} tokens, but those of --data are {} long", v.block, w.block)));
@@ -181,7 +215,7 @@ fn val_windows(val: &str, data: &Tokens, block: usize) -> Result<Batch> {
             v
         }
         (Tokens::Text(_), None) => return Err(Error::invalid("--val-data", format!("'{val}' is not text:PATH, as a text --data needs"))),
-        (Tokens::Windows(_), _) => return Err(Error::invalid("--val-data", format!("'{val}' is not a PATH.safetensors of token ids, as --data is"))),
+        (Tokens::Windows(..), _) => return Err(Error::invalid("--val-data", format!("'{val}' is not a PATH.safetensors of token ids, as --data is"))),
     };
     let rows = windows.rows;
     Ok(WindowLoader::new(Arc::new(windows), 0..rows, rows, false, 0)?.next_batch())
@@ -222,7 +256,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     run.check_outputs()?;
 
     check_shape(g)?;
-    let mut data = Tokens::load(&args.data)?;
+    let mut data = Tokens::of(args)?;
     let cfg = config_of(args, &data)?;
     let block = cfg.block_size;
     let Draws { val, mut training } = Draws::new(args, order, &mut data, block)?;
@@ -261,9 +295,13 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     setup::set_precision(&mut *strategy, args)?;
     let clip = setup::grad_clip(args)?;
     if let Some(path) = &args.init {
-        strategy.load_state_dict(&read_weights(path)?).map_err(|e| Error::format(path, format!("--init: {e}")))?;
+        let weights = match super::hf_init::folder(args) {
+            Some(dir) => super::hf_init::weights(dir, &cfg)?,
+            None => read_weights(path)?,
+        };
+        strategy.load_state_dict(&weights).map_err(|e| Error::format(path, format!("--init: {e}")))?;
     }
-    let mut config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
+    let mut config = run_config(args, cfg, &optim, schedule.as_ref(), data.tokenizer());
     setup::record_precision(&mut config, args);
     // A resumed run repeats the plan rather than measuring again.
     if let Some(entry) = super::plan::config_entry(args, ranks, planned.as_ref())? {
@@ -307,10 +345,13 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
 }
 
 /// The model of the shape flags (their defaults where not given) over `data`'s vocabulary and
-/// window length.
+/// window length; or of the Hugging Face folder `--init` names (see `hf_init`).
 pub(super) fn config_of(args: &TrainArgs, data: &Tokens) -> Result<GptConfig> {
     let g = &args.gpt;
     check_shape(g)?;
+    if let Some(dir) = super::hf_init::folder(args) {
+        return super::hf_init::config(args, data, dir);
+    }
     Ok(GptConfig {
         n_layer: g.n_layer.unwrap_or(DEFAULT_N_LAYER),
         n_head: g.n_head.unwrap_or(DEFAULT_N_HEAD),
@@ -442,10 +483,15 @@ fn lr_schedule(warmup: Option<u64>, lr: f32, total: u64) -> Result<Option<LrSche
     Ok(Some(s))
 }
 
-/// The flags that decide the trajectory of weights (a resume must repeat them: the data and
-/// the order its windows are drawn in among them), the model's shape and the vocabulary
-/// (which `generate` reads back).
-fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: Option<&LrSchedule>, vocab: Option<String>) -> serde_json::Value {
+/// The flags that decide the trajectory of weights (a resume must repeat them: the data, its
+/// tokenizer and the order its windows are drawn in among them), the model's shape and the
+/// tokenizer (which `generate` reads back): `vocab` holds a character vocabulary, `tokenizer`
+/// names any other.
+fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: Option<&LrSchedule>, tokenizer: Option<&Tokenizer>) -> serde_json::Value {
+    let vocab = match tokenizer {
+        Some(Tokenizer::Chars(v)) => Some(v.chars().iter().collect::<String>()),
+        _ => None,
+    };
     let g = &args.gpt;
     let mut config = serde_json::json!({
         "model": "gpt",
@@ -468,6 +514,9 @@ fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: O
     }
     if let Some(val) = &g.val_data {
         config["val_data"] = val.as_str().into();
+    }
+    if let Some(t) = tokenizer.filter(|t| !matches!(t, Tokenizer::Chars(_))) {
+        config["tokenizer"] = t.name().into();
     }
     config
 }
