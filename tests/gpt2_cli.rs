@@ -53,7 +53,12 @@ fn a_gpt2_tokenized_run_records_its_tokenizer_and_generate_uses_it() {
     let out = ok(&["generate", "--init", s(&save), "--prompt", "Καλημέρα 👋", "--tokens", "12", "--seed", "1"]);
     let said = text(&out.stdout);
     assert!(said.starts_with("Καλημέρα 👋") && said.len() > "Καλημέρα 👋\n".len(), "{said:?}");
-    // A resume under another tokenizer is refused, naming the flag.
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_resume_under_another_tokenizer_is_refused_naming_the_flag() {
+    let (dir, data) = with_text("resume");
     let ckpt = dir.join("ckpt");
     let base = ["train", "--model", "gpt", "--data", &format!("text:{}", s(&data)), "--devices", "cpu", "--steps", "1", "--batch", "2", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--checkpoint-dir", s(&ckpt)];
     ok(&[&base[..], &["--tokenizer", "gpt2"]].concat());
@@ -106,3 +111,25 @@ fn export_hf_writes_a_folder_that_train_init_fine_tunes_and_exports_again() {
     usage_error(&[&base[..], &["--tokenizer", "gpt2", "--block-size", "25"]].concat(), &["--block-size", "at most 24"]);
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn a_run_from_a_hugging_face_folder_records_its_weights_and_resumes_with_it() {
+    let (dir, data) = with_text("hf-resume");
+    let save = dir.join("w.safetensors");
+    train_gpt2(&data, &save, &["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8"]);
+    let hf = dir.join("hf");
+    ok(&["export-hf", "--init", s(&save), "--out", s(&hf)]);
+    let ckpt = dir.join("ckpt");
+    let text_data = format!("text:{}", s(&data));
+    let base = ["train", "--model", "gpt", "--data", &text_data, "--tokenizer", "gpt2", "--devices", "cpu", "--batch", "2", "--init", s(&hf), "--checkpoint-dir", s(&ckpt)];
+    ok(&[&base[..], &["--steps", "1"]].concat());
+    // The folder given again (as a scheduler restarts the same command) is the run's: accepted.
+    ok(&[&base[..], &["--steps", "2", "--resume"]].concat());
+    // Another folder is refused, naming both.
+    let other = dir.join("other");
+    ok(&["export-hf", "--init", s(&ckpt.join("ckpt-00000002.safetensors")), "--out", s(&other)]);
+    let moved = [&base[..11], &["--init", s(&other), "--checkpoint-dir", s(&ckpt), "--steps", "3", "--resume"]].concat();
+    usage_error(&moved, &["--init", "is not the file the run being resumed started from"]);
+    std::fs::remove_dir_all(dir).ok();
+}
+
