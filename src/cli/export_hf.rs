@@ -2,9 +2,22 @@
 //! file) written as a Hugging Face GPT-2 folder, `config.json` and `model.safetensors`, which
 //! `transformers`' `GPT2LMHeadModel.from_pretrained(DIR)` loads (see
 //! [`tandem::nn::models::hf_gpt2`]). `tandem train --init DIR` reads such a folder back.
-use super::ExportHfArgs;
+use clap::Args;
+use std::path::PathBuf;
 use tandem::nn::models::hf_gpt2;
 use tandem::{Device, Result, Tensor};
+
+/// Flags of `tandem export-hf`.
+#[derive(Clone, Debug, Args)]
+pub struct ExportHfArgs {
+    /// A checkpoint of `tandem train --model gpt` (from --checkpoint-dir, or its --save file).
+    #[arg(long, value_name = "CKPT")]
+    pub init: PathBuf,
+    /// The folder to write (created if missing; its config.json and model.safetensors are
+    /// replaced).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
 
 /// Reads and checks the checkpoint as `generate` does, then writes the folder.
 pub fn run(args: &ExportHfArgs) -> Result<()> {

@@ -1,4 +1,5 @@
-//! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`,
+//! `tandem train --model gpt`: a GPT on text (its characters or GPT-2's BPE, see `tokens`) or
+//! token windows, from scratch or from a Hugging Face GPT-2 folder (see `hf_init`), under `single`,
 //! `data`, `tensor`, `pipeline` or `data,pipeline` parallelism, with AdamW, clipping, warmup +
 //! cosine decay, periodic validation loss, trained through the library's
 //! [`Trainer`](tandem::train::Trainer) with the same run directory, resume and stop handling as
@@ -12,14 +13,15 @@ use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
 use super::training::{Ended, Run};
 use super::windows::ValWindows;
-use super::{GptArgs, OptimizerKind, TokenizerArg, TrainArgs, WindowOrder};
+use super::{GptArgs, OptimizerKind, TrainArgs, WindowOrder};
+pub(super) use super::tokens::Tokens;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
-use tandem::data::text::{builtin_text, Split, TextCorpus, TokenBatch, TokenWindows, BUILTIN_CHARS};
-use tandem::data::{Batch, Gpt2Tokenizer, RandomWindows, Tokenizer, WindowLoader, WindowPool};
+use tandem::data::text::{read_text, Split, TokenWindows};
+use tandem::data::{Batch, RandomWindows, Tokenizer, WindowLoader, WindowPool};
 use tandem::nn::models::{Gpt, GptConfig, StateShards};
 use tandem::nn::Module;
 use tandem::optim::LrSchedule;
@@ -36,95 +38,8 @@ const DEFAULT_STEPS: u64 = 2000;
 const DEFAULT_CHECKPOINT_EVERY: u64 = 500;
 /// Validation windows in every evaluation: always the same ones, so losses compare across steps.
 pub(super) const VAL_WINDOWS: usize = 64;
-/// The seed of `--data text`'s corpus: fixed, so that `--seed` changes the model, not the data.
-const BUILTIN_CORPUS_SEED: u64 = 0;
 /// Stream of the validation windows' generator; training batch `s` uses stream `s`.
 const VAL_STREAM: u64 = u64::MAX;
-
-/// Where a GPT's tokens come from (`--data`, read with `--tokenizer`).
-pub(super) enum Tokens {
-    Text(Arc<TextCorpus>),
-    /// Token ids, and the tokenizer they are ids of where `--tokenizer` names one.
-    Windows(Arc<TokenWindows>, Option<Tokenizer>),
-}
-
-impl Tokens {
-    /// The tokens of `--data` in `--tokenizer`'s ids.
-    pub(super) fn of(args: &TrainArgs) -> Result<Tokens> {
-        Tokens::load(&args.data, args.gpt.tokenizer)
-    }
-
-    fn load(data: &str, tokenizer: Option<TokenizerArg>) -> Result<Tokens> {
-        let text = |text: &str, source: String| match tokenizer {
-            Some(TokenizerArg::Gpt2) => TextCorpus::tokenized(text, Tokenizer::gpt2(), source),
-            None | Some(TokenizerArg::Chars) => TextCorpus::from_text(text, source),
-        };
-        if data == "text" {
-            let source = format!("the built-in corpus (seed {BUILTIN_CORPUS_SEED})");
-            return Ok(Tokens::Text(Arc::new(text(&builtin_text(BUILTIN_CORPUS_SEED, BUILTIN_CHARS), source)?)));
-        }
-        match data.strip_prefix("text:") {
-            Some("") => Err(Error::invalid("--data", "text: needs a file, as in text:input.txt")),
-            Some(path) => Ok(Tokens::Text(Arc::new(text(&read_text(path)?, path.to_string())?))),
-            None if data.ends_with(".safetensors") => {
-                let mut w = TokenWindows::load(data)?;
-                let tokenizer = match tokenizer {
-                    None => None,
-                    Some(TokenizerArg::Chars) => {
-                        return Err(Error::invalid("--tokenizer", format!("chars reads a text --data; {data} holds token ids (give gpt2 if they are GPT-2's)")))
-                    }
-                    // The ids are GPT-2's: the model has its whole vocabulary, which `generate` decodes.
-                    Some(TokenizerArg::Gpt2) if w.vocab_size > Gpt2Tokenizer::VOCAB_SIZE => {
-                        let what = format!("gpt2 has {} tokens, but {data} has a vocabulary of {}", Gpt2Tokenizer::VOCAB_SIZE, w.vocab_size);
-                        return Err(Error::invalid("--tokenizer", what));
-                    }
-                    Some(TokenizerArg::Gpt2) => {
-                        w.vocab_size = Gpt2Tokenizer::VOCAB_SIZE;
-                        Some(Tokenizer::gpt2())
-                    }
-                };
-                Ok(Tokens::Windows(Arc::new(w), tokenizer))
-            }
-            None => Err(Error::invalid("--data", format!("'{data}' is not text, text:PATH or a PATH.safetensors of token ids (for --model gpt)"))),
-        }
-    }
-
-    pub(super) fn vocab_size(&self) -> usize {
-        match self {
-            Tokens::Text(c) => c.vocab.len(),
-            Tokens::Windows(w, _) => w.vocab_size,
-        }
-    }
-
-    /// The tokenizer of the ids, where they come from text or `--tokenizer` names it.
-    fn tokenizer(&self) -> Option<&Tokenizer> {
-        match self {
-            Tokens::Text(c) => Some(&c.vocab),
-            Tokens::Windows(_, t) => t.as_ref(),
-        }
-    }
-
-    /// The window length: --block-size for text (64 by default); a file's `T`, which
-    /// --block-size must then agree with.
-    pub(super) fn block(&self, asked: Option<usize>) -> Result<usize> {
-        match (self, asked) {
-            (Tokens::Text(_), b) => Ok(b.unwrap_or(64)),
-            (Tokens::Windows(w, _), Some(b)) if b != w.block => {
-                Err(Error::invalid("--block-size", format!("{b}, but the token windows in --data are {} long", w.block)))
-            }
-            (Tokens::Windows(w, _), _) => Ok(w.block),
-        }
-    }
-
-    /// `batch` random windows of `split` drawn from `rng`.
-    pub(super) fn batch(&self, split: Split, batch: usize, block: usize, rng: &mut ChaCha8Rng) -> Result<Batch> {
-        let TokenBatch { x, y, block, .. } = match self {
-            Tokens::Text(c) => c.batch(split, batch, block, rng)?,
-            Tokens::Windows(w, _) => w.batch(split, batch, rng)?,
-        };
-        Batch::tokens(x, y, block, self.vocab_size())
-    }
-}
 
 /// Where a run's batches come from: `--order`, `--val-data`.
 pub(super) struct Draws {
@@ -186,12 +101,6 @@ impl Draws {
         };
         Ok(Draws { val, training })
     }
-}
-
-/// The text of a UTF-8 file; other bytes are an error naming the file.
-fn read_text(path: &str) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    String::from_utf8(bytes).map_err(|e| Error::format(path, format!("not UTF-8 text: {e}")))
 }
 
 /// Every window of `--val-data`: token ids beside token ids (of the same length, in the

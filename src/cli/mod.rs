@@ -30,13 +30,16 @@ mod ranks;
 mod same_run;
 mod setup;
 mod stop;
+mod tokens;
 mod train;
 mod training;
 mod windows;
 
 use tandem::nn::models::SeedModel;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use export_hf::ExportHfArgs;
 use std::path::PathBuf;
+use tokens::TokenizerArg;
 
 pub use setup::StrategyKind;
 
@@ -352,25 +355,6 @@ pub struct GptArgs {
     /// resume [default: chars].
     #[arg(long, value_enum)]
     pub tokenizer: Option<TokenizerArg>,
-}
-
-/// `--tokenizer`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum TokenizerArg {
-    Chars,
-    Gpt2,
-}
-
-/// Flags of `tandem export-hf`.
-#[derive(Clone, Debug, Args)]
-pub struct ExportHfArgs {
-    /// A checkpoint of `tandem train --model gpt` (from --checkpoint-dir, or its --save file).
-    #[arg(long, value_name = "CKPT")]
-    pub init: PathBuf,
-    /// The folder to write (created if missing; its config.json and model.safetensors are
-    /// replaced).
-    #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
 }
 
 /// Flags of `tandem generate`.

@@ -172,7 +172,8 @@ impl TextCorpus {
 }
 
 /// The text of a UTF-8 file; other bytes are an error naming the file.
-fn read_text(path: &Path) -> Result<String> {
+pub fn read_text(path: impl AsRef<Path>) -> Result<String> {
+    let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     String::from_utf8(bytes).map_err(|e| Error::format(path, format!("not UTF-8 text: {e}")))
 }

@@ -240,7 +240,11 @@ impl HfGpt2 {
             wanted.push((ours, name, shape));
         }
         if let Some(extra) = stored.values().min() {
-            return Err(bad(format!("{extra} is not a tensor of GPT-2 ({} more unknown)", stored.len() - 1)));
+            let more = match stored.len() - 1 {
+                0 => String::new(),
+                n => format!(" ({n} more unknown)"),
+            };
+            return Err(bad(format!("{extra} is not a tensor of GPT-2{more}")));
         }
         let wte_shape = [config.vocab_size, config.n_embd];
         if let Some(h) = &head {
