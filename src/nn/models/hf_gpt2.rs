@@ -336,7 +336,7 @@ impl Gpt {
     }
 
     /// Writes the model to `dir` in the Hugging Face layout, for
-    /// `GPT2LMHeadModel.from_pretrained(dir)` (see [`write`]).
+    /// `GPT2LMHeadModel.from_pretrained(dir)` (see [`write()`]).
     pub fn save_hf(&self, dir: impl AsRef<Path>) -> Result<()> {
         write(dir, &self.config, &self.state_dict())
     }
