@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need on a fresh machine (Mesa's lavapipe Vulkan
-# driver and llvmpipe GL, and NVRTC from the PyPI wheel), checks the library without the command
-# line and the documentation, then runs the whole suite (doc tests included) with the CUDA
+# driver and llvmpipe GL, NVRTC from the PyPI wheel, the GPT-2 tests' Python references),
+# checks the library without the command line and the documentation, then runs the whole suite (doc tests included) with the CUDA
 # backend and its NCCL communicator compiled in, then the device suites again under the forced
 # hardware profile. Extra arguments go to both `cargo test` runs.
 set -euo pipefail
@@ -40,6 +40,14 @@ if [ -z "$dir" ]; then
   dir=$(nvrtc_dir)
 fi
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# The references of the GPT-2 tests: OpenAI's tiktoken for the BPE (tests/gpt2_tokenizer.rs),
+# transformers' GPT2Config, safetensors and NumPy for the Hugging Face layout (tests/hf_gpt2.rs;
+# no PyTorch). Under CI=true those tests fail without them.
+if ! python3 -c "import tiktoken, transformers, safetensors, numpy" 2>/dev/null; then
+  echo "test.sh: installing the GPT-2 references from PyPI (tiktoken, transformers, safetensors, numpy)"
+  python3 -m pip install -q tiktoken transformers safetensors numpy
+fi
 
 # The library without the command line: it must build, and pull in none of the CLI's crates.
 cargo check -q --lib --no-default-features --features wgpu

@@ -226,7 +226,7 @@ impl Error {
 }
 
 /// Ops whose "labels" are token ids looked up in a table of `vocab_size` rows.
-const TOKEN_LOOKUPS: [&str; 4] = ["Embedding", "Gpt", "index_select", "CharVocab::decode"];
+const TOKEN_LOOKUPS: [&str; 5] = ["Embedding", "Gpt", "index_select", "CharVocab::decode", "Gpt2Tokenizer::decode"];
 
 fn label_message(op: &str, label: i32, index: usize, classes: usize) -> String {
     if TOKEN_LOOKUPS.contains(&op) {

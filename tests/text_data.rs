@@ -137,7 +137,7 @@ fn a_text_file_loads_and_its_errors_name_the_path() -> Result<()> {
     let path = scratch("ok.txt");
     std::fs::write(&path, "first line\nsecond line\n").unwrap();
     let c = TextCorpus::from_file(&path)?;
-    assert_eq!(c.vocab, CharVocab::from_text("first line\nsecond line\n"));
+    assert_eq!(c.vocab, CharVocab::from_text("first line\nsecond line\n").into());
     assert_eq!(c.train.len() + c.val.len(), 23);
     let missing = scratch("missing.txt");
     assert!(matches!(TextCorpus::from_file(&missing), Err(Error::Io { path, .. }) if path == missing));

@@ -1,24 +1,27 @@
-//! `tandem train --model gpt`: a GPT on character-level text or token windows, under `single`,
+//! `tandem train --model gpt`: a GPT on text (its characters or GPT-2's BPE, see `tokens`) or
+//! token windows, from scratch or from a Hugging Face GPT-2 folder (see `hf_init`), under `single`,
 //! `data`, `tensor`, `pipeline` or `data,pipeline` parallelism, with AdamW, clipping, warmup +
 //! cosine decay, periodic validation loss, trained through the library's
 //! [`Trainer`](tandem::train::Trainer) with the same run directory, resume and stop handling as
 //! the seed models. Training windows are drawn at random ([`RandomWindows`]) or served in epochs ([`WindowLoader`], `--order`),
 //! validated on the data's last 10% or on `--val-data`.
 //!
-//! The checkpoint's run configuration carries the model's shape and the character vocabulary,
-//! so `tandem generate` needs nothing but the checkpoint file.
+//! The checkpoint's run configuration carries the model's shape and the tokenizer (the
+//! character vocabulary, or `gpt2` for GPT-2's BPE with `--tokenizer gpt2`), so `tandem
+//! generate` needs nothing but the checkpoint file.
 use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
 use super::training::{Ended, Run};
 use super::windows::ValWindows;
 use super::{GptArgs, OptimizerKind, TrainArgs, WindowOrder};
+pub(super) use super::tokens::Tokens;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
-use tandem::data::text::{Split, TextCorpus, TokenBatch, TokenWindows};
-use tandem::data::{Batch, RandomWindows, WindowLoader, WindowPool};
+use tandem::data::text::{read_text, Split, TokenWindows};
+use tandem::data::{Batch, RandomWindows, Tokenizer, WindowLoader, WindowPool};
 use tandem::nn::models::{Gpt, GptConfig, StateShards};
 use tandem::nn::Module;
 use tandem::optim::LrSchedule;
@@ -35,66 +38,8 @@ const DEFAULT_STEPS: u64 = 2000;
 const DEFAULT_CHECKPOINT_EVERY: u64 = 500;
 /// Validation windows in every evaluation: always the same ones, so losses compare across steps.
 pub(super) const VAL_WINDOWS: usize = 64;
-/// The seed of `--data text`'s corpus: fixed, so that `--seed` changes the model, not the data.
-const BUILTIN_CORPUS_SEED: u64 = 0;
 /// Stream of the validation windows' generator; training batch `s` uses stream `s`.
 const VAL_STREAM: u64 = u64::MAX;
-
-/// Where a GPT's tokens come from (`--data`).
-pub(super) enum Tokens {
-    Text(Arc<TextCorpus>),
-    Windows(Arc<TokenWindows>),
-}
-
-impl Tokens {
-    pub(super) fn load(data: &str) -> Result<Tokens> {
-        if data == "text" {
-            return Ok(Tokens::Text(Arc::new(TextCorpus::builtin(BUILTIN_CORPUS_SEED))));
-        }
-        match data.strip_prefix("text:") {
-            Some("") => Err(Error::invalid("--data", "text: needs a file, as in text:input.txt")),
-            Some(path) => Ok(Tokens::Text(Arc::new(TextCorpus::from_file(path)?))),
-            None if data.ends_with(".safetensors") => Ok(Tokens::Windows(Arc::new(TokenWindows::load(data)?))),
-            None => Err(Error::invalid("--data", format!("'{data}' is not text, text:PATH or a PATH.safetensors of token ids (for --model gpt)"))),
-        }
-    }
-
-    pub(super) fn vocab_size(&self) -> usize {
-        match self {
-            Tokens::Text(c) => c.vocab.len(),
-            Tokens::Windows(w) => w.vocab_size,
-        }
-    }
-
-    /// The vocabulary's characters as one string (sorted, unique); `None` for token ids.
-    fn chars(&self) -> Option<String> {
-        match self {
-            Tokens::Text(c) => Some(c.vocab.chars().iter().collect()),
-            Tokens::Windows(_) => None,
-        }
-    }
-
-    /// The window length: --block-size for text (64 by default); a file's `T`, which
-    /// --block-size must then agree with.
-    fn block(&self, asked: Option<usize>) -> Result<usize> {
-        match (self, asked) {
-            (Tokens::Text(_), b) => Ok(b.unwrap_or(64)),
-            (Tokens::Windows(w), Some(b)) if b != w.block => {
-                Err(Error::invalid("--block-size", format!("{b}, but the token windows in --data are {} long", w.block)))
-            }
-            (Tokens::Windows(w), _) => Ok(w.block),
-        }
-    }
-
-    /// `batch` random windows of `split` drawn from `rng`.
-    pub(super) fn batch(&self, split: Split, batch: usize, block: usize, rng: &mut ChaCha8Rng) -> Result<Batch> {
-        let TokenBatch { x, y, block, .. } = match self {
-            Tokens::Text(c) => c.batch(split, batch, block, rng)?,
-            Tokens::Windows(w) => w.batch(split, batch, rng)?,
-        };
-        Batch::tokens(x, y, block, self.vocab_size())
-    }
-}
 
 /// Where a run's batches come from: `--order`, `--val-data`.
 pub(super) struct Draws {
@@ -136,12 +81,12 @@ impl Draws {
                     (Some(Arc::new(w)), rows)
                 }
             }
-            Tokens::Windows(w) => (Some(w.clone()), if whole { 0..w.rows } else { w.rows_of(Split::Train) }),
+            Tokens::Windows(w, _) => (Some(w.clone()), if whole { 0..w.rows } else { w.rows_of(Split::Train) }),
         };
         let training = match windows.filter(|_| order != WindowOrder::Random) {
             None => {
                 let pool = match data {
-                    Tokens::Windows(w) => WindowPool::Rows(w.clone(), rows),
+                    Tokens::Windows(w, _) => WindowPool::Rows(w.clone(), rows),
                     Tokens::Text(c) => WindowPool::Text(c.clone(), block),
                 };
                 Training::Random(RandomWindows::new(pool, args.batch, args.seed)?)
@@ -159,16 +104,14 @@ impl Draws {
 }
 
 /// Every window of `--val-data`: token ids beside token ids (of the same length, in the
-/// vocabulary of --data), or a text in the characters of the training text.
+/// vocabulary of --data), or a text in the tokenizer of the training text.
 fn val_windows(val: &str, data: &Tokens, block: usize) -> Result<Batch> {
     let windows = match (data, val.strip_prefix("text:")) {
         (Tokens::Text(c), Some(path)) => {
-            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-            let text = String::from_utf8(bytes).map_err(|e| Error::format(path, format!("not UTF-8 text: {e}")))?;
-            let ids = c.vocab.encode(&text).map_err(|e| Error::format(path, format!("--val-data: {e} (the characters of --data)")))?;
+            let ids = c.vocab.encode(&read_text(path)?).map_err(|e| Error::format(path, format!("--val-data: {e} (the characters of --data)")))?;
             TokenWindows::from_tokens(&ids, block, c.vocab.len(), path).map_err(|e| Error::format(path, format!("--val-data: {e}")))?
         }
-        (Tokens::Windows(w), None) if val.ends_with(".safetensors") => {
+        (Tokens::Windows(w, _), None) if val.ends_with(".safetensors") => {
             let mut v = TokenWindows::load(val)?;
             if v.block != w.block {
                 return Err(Error::format(val, format!("--val-data: windows of {} tokens, but those of --data are {} long", v.block, w.block)));
@@ -181,7 +124,7 @@ fn val_windows(val: &str, data: &Tokens, block: usize) -> Result<Batch> {
             v
         }
         (Tokens::Text(_), None) => return Err(Error::invalid("--val-data", format!("'{val}' is not text:PATH, as a text --data needs"))),
-        (Tokens::Windows(_), _) => return Err(Error::invalid("--val-data", format!("'{val}' is not a PATH.safetensors of token ids, as --data is"))),
+        (Tokens::Windows(..), _) => return Err(Error::invalid("--val-data", format!("'{val}' is not a PATH.safetensors of token ids, as --data is"))),
     };
     let rows = windows.rows;
     Ok(WindowLoader::new(Arc::new(windows), 0..rows, rows, false, 0)?.next_batch())
@@ -222,7 +165,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     run.check_outputs()?;
 
     check_shape(g)?;
-    let mut data = Tokens::load(&args.data)?;
+    let mut data = Tokens::of(args)?;
     let cfg = config_of(args, &data)?;
     let block = cfg.block_size;
     let Draws { val, mut training } = Draws::new(args, order, &mut data, block)?;
@@ -265,9 +208,13 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     setup::set_precision(&mut *strategy, args)?;
     let clip = setup::grad_clip(args)?;
     if let Some(path) = &args.init {
-        strategy.load_state_dict(&read_weights(path)?).map_err(|e| Error::format(path, format!("--init: {e}")))?;
+        let weights = match super::hf_init::folder(args) {
+            Some(dir) => super::hf_init::weights(dir, &cfg)?,
+            None => read_weights(path)?,
+        };
+        strategy.load_state_dict(&weights).map_err(|e| Error::format(path, format!("--init: {e}")))?;
     }
-    let mut config = run_config(args, cfg, &optim, schedule.as_ref(), data.chars());
+    let mut config = run_config(args, cfg, &optim, schedule.as_ref(), data.tokenizer());
     setup::record_precision(&mut config, args);
     // A resumed run repeats the plan rather than measuring again.
     if let Some(entry) = super::plan::config_entry(args, ranks, planned.as_ref())? {
@@ -311,10 +258,13 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
 }
 
 /// The model of the shape flags (their defaults where not given) over `data`'s vocabulary and
-/// window length.
+/// window length; or of the Hugging Face folder `--init` names (see `hf_init`).
 pub(super) fn config_of(args: &TrainArgs, data: &Tokens) -> Result<GptConfig> {
     let g = &args.gpt;
     check_shape(g)?;
+    if let Some(dir) = super::hf_init::folder(args) {
+        return super::hf_init::config(args, data, dir);
+    }
     Ok(GptConfig {
         n_layer: g.n_layer.unwrap_or(DEFAULT_N_LAYER),
         n_head: g.n_head.unwrap_or(DEFAULT_N_HEAD),
@@ -458,10 +408,15 @@ fn lr_schedule(warmup: Option<u64>, lr: f32, total: u64) -> Result<Option<LrSche
     Ok(Some(s))
 }
 
-/// The flags that decide the trajectory of weights (a resume must repeat them: the data and
-/// the order its windows are drawn in among them), the model's shape and the vocabulary
-/// (which `generate` reads back).
-fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: Option<&LrSchedule>, vocab: Option<String>) -> serde_json::Value {
+/// The flags that decide the trajectory of weights (a resume must repeat them: the data, its
+/// tokenizer and the order its windows are drawn in among them), the model's shape and the
+/// tokenizer (which `generate` reads back): `vocab` holds a character vocabulary, `tokenizer`
+/// names any other.
+fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: Option<&LrSchedule>, tokenizer: Option<&Tokenizer>) -> serde_json::Value {
+    let vocab = match tokenizer {
+        Some(Tokenizer::Chars(v)) => Some(v.chars().iter().collect::<String>()),
+        _ => None,
+    };
     let g = &args.gpt;
     let mut config = serde_json::json!({
         "model": "gpt",
@@ -484,6 +439,9 @@ fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: O
     }
     if let Some(val) = &g.val_data {
         config["val_data"] = val.as_str().into();
+    }
+    if let Some(t) = tokenizer.filter(|t| !matches!(t, Tokenizer::Chars(_))) {
+        config["tokenizer"] = t.name().into();
     }
     config
 }

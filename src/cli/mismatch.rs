@@ -7,6 +7,12 @@ use serde_json::Value;
 /// differ, in the order of `now`'s keys.
 pub(super) fn changed(now: &Value, then: &Value) -> Vec<String> {
     let mut out = Vec::new();
+    // A run of characters records none (and its vocabulary); other tokenizers by name.
+    let tokenizer = |c: &Value| c.get("tokenizer").and_then(Value::as_str).unwrap_or("chars").to_string();
+    let (tok_now, tok_then) = (tokenizer(now), tokenizer(then));
+    if tok_now != tok_then {
+        out.push(format!("--tokenizer {tok_now} (checkpoint: {tok_then})"));
+    }
     for (key, v) in now.as_object().into_iter().flatten() {
         let old = then.get(key.as_str()).unwrap_or(&Value::Null);
         if v == old {
@@ -24,10 +30,10 @@ pub(super) fn changed(now: &Value, then: &Value) -> Vec<String> {
                 }
             }
             // The characters of the training text: only --data changes them.
-            "vocab" if !out.iter().any(|c| c.starts_with("--data ")) => {
+            "vocab" if tok_now == tok_then && !out.iter().any(|c| c.starts_with("--data ")) => {
                 out.push("--data (the text's characters differ from the checkpoint's)".to_string());
             }
-            "vocab" => {}
+            "vocab" | "tokenizer" => {}
             "init" => out.push(format!("--init {} (checkpoint: {})", init_typed(v), init_typed(old))),
             k => push(&mut out, &format!("--{}", k.replace('_', "-")), v, old),
         }
@@ -159,5 +165,14 @@ mod tests {
         let init = |p: &str, h: &str| json!({ "init": { "path": p, "sha256": h } });
         assert_eq!(changed(&init("b.safetensors", "bb"), &init("a.safetensors", "aa")), ["--init b.safetensors (sha256 bb) (checkpoint: a.safetensors (sha256 aa))"]);
         assert_eq!(changed(&init("b.safetensors", "bb"), &json!({})), ["--init b.safetensors (sha256 bb) (checkpoint: not given)"]);
+    }
+
+    #[test]
+    fn a_changed_tokenizer_is_named_either_way_and_not_as_changed_characters() {
+        let chars = json!({ "data": "text:a.txt", "vocab": "abc" });
+        let gpt2 = json!({ "data": "text:a.txt", "vocab": null, "tokenizer": "gpt2" });
+        assert_eq!(changed(&gpt2, &chars), ["--tokenizer gpt2 (checkpoint: chars)"]);
+        assert_eq!(changed(&chars, &gpt2), ["--tokenizer chars (checkpoint: gpt2)"]);
+        assert_eq!(changed(&json!({ "vocab": "abd" }), &chars), ["--data (the text's characters differ from the checkpoint's)"]);
     }
 }

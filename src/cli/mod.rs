@@ -17,8 +17,10 @@ mod allreduce;
 mod bench;
 mod bench_memory;
 mod devices;
+mod export_hf;
 mod generate;
 mod gpt;
+mod hf_init;
 mod memory;
 mod mismatch;
 mod plan;
@@ -28,13 +30,16 @@ mod ranks;
 mod same_run;
 mod setup;
 mod stop;
+mod tokens;
 mod train;
 mod training;
 mod windows;
 
 use tandem::nn::models::SeedModel;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use export_hf::ExportHfArgs;
 use std::path::PathBuf;
+use tokens::TokenizerArg;
 
 pub use setup::StrategyKind;
 
@@ -76,6 +81,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Continue a prompt with a GPT trained by `tandem train --model gpt`.
     Generate(GenerateArgs),
+    /// Write a GPT trained by `tandem train --model gpt` as a Hugging Face GPT-2 folder
+    /// (config.json, model.safetensors) for transformers' `GPT2LMHeadModel.from_pretrained`.
+    ExportHf(ExportHfArgs),
 }
 
 /// `--model`: one of the seed models, or a GPT.
@@ -148,8 +156,9 @@ pub struct TrainArgs {
     /// token ids `x`, `y` [N, T].
     #[arg(long, default_value = "digits")]
     pub data: String,
-    /// Initial weights (safetensors with PyTorch state_dict names); their SHA-256 is recorded
-    /// in the checkpoints. With --resume the weights come from the checkpoint, and --init may
+    /// Initial weights (safetensors with PyTorch state_dict names), or for --model gpt a
+    /// Hugging Face GPT-2 folder (config.json, model.safetensors), whose shape the model takes;
+    /// their SHA-256 (a folder's model.safetensors') is recorded in the checkpoints. With --resume the weights come from the checkpoint, and --init may
     /// be given again (as a scheduler restarting the same command does) only for the file the
     /// run started from.
     #[arg(long, value_name = "PATH")]
@@ -345,6 +354,12 @@ pub struct GptArgs {
     /// All of --data then trains, instead of its first 90%.
     #[arg(long, value_name = "PATH")]
     pub val_data: Option<String>,
+    /// How a text --data (and --val-data) becomes tokens: `chars`, the text's own characters
+    /// (nanoGPT's shakespeare_char), or `gpt2`, GPT-2's byte-level BPE of 50,257 tokens. With
+    /// a token file, `gpt2` says its ids are GPT-2's. The run records it for `generate` and
+    /// resume [default: chars].
+    #[arg(long, value_enum)]
+    pub tokenizer: Option<TokenizerArg>,
 }
 
 /// Flags of `tandem generate`.
@@ -353,10 +368,11 @@ pub struct GenerateArgs {
     /// A checkpoint of `tandem train --model gpt` (from --checkpoint-dir, or its --save file).
     #[arg(long, value_name = "CKPT")]
     pub init: PathBuf,
-    /// The text to continue; every character must be in the training text's vocabulary.
+    /// The text to continue, in the run's tokenizer (with `chars`, every character must be in
+    /// the training text's vocabulary).
     #[arg(long)]
     pub prompt: String,
-    /// Tokens (characters) to sample.
+    /// Tokens (characters, or GPT-2's BPE tokens) to sample.
     #[arg(long, default_value_t = 200)]
     pub tokens: usize,
     /// Divides the logits: below 1 sharper, above 1 more random; a finite number above 0.
@@ -415,6 +431,7 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
             Command::Plan(args) => plan::run(&args, &ranks).map(|()| 0),
             Command::Bench(args) => bench::run(&args, &ranks).map(|()| 0),
             Command::Generate(args) => generate::run(&args).map(|()| 0),
+            Command::ExportHf(args) => export_hf::run(&args).map(|()| 0),
         };
         Ok(code.and_then(output_written)?)
     });

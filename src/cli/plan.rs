@@ -91,7 +91,7 @@ fn save(args: &PlanArgs, p: &Plan, ranks: &Ranks) -> Result<()> {
 fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Device>>) -> Result<Plan> {
     let t = &args.train;
     let optim = super::setup::optim_config(t, OptimizerKind::Adamw)?;
-    let data = Tokens::load(&t.data)?;
+    let data = Tokens::of(t)?;
     let cfg = super::gpt::config_of(t, &data)?;
     let gpt = Gpt::new(cfg, t.seed, &Device::cpu())?;
     let p = match &args.cluster {

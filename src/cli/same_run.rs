@@ -110,6 +110,7 @@ fn command_flags(e: &mut Entries, command: &Command) {
     match command {
         Command::Devices => e.add("command", "devices"),
         Command::Generate(_) => e.add("command", "generate"),
+        Command::ExportHf(_) => e.add("command", "export-hf"),
         Command::Bench(_) => {}
         Command::Train(args) => {
             e.add("command", "train");
@@ -174,6 +175,7 @@ fn train(e: &mut Entries, args: &TrainArgs) {
     e.opt("--eval-every", g.eval_every);
     e.opt("--order", g.order.map(|o| format!("{o:?}").to_lowercase()));
     e.opt("--val-data", g.val_data.as_deref().map(data_identity));
+    e.opt("--tokenizer", g.tokenizer.map(|t| format!("{t:?}").to_lowercase()));
     e.add("--seed", args.seed);
     e.debug("--strategy", args.strategy);
     // By content: one plan copied to each machine may sit under different paths.

@@ -318,6 +318,7 @@ pub fn no_gpt_flags(args: &TrainArgs) -> Result<()> {
         ("--dropout", g.dropout.is_some()),
         ("--order", g.order.is_some()),
         ("--val-data", g.val_data.is_some()),
+        ("--tokenizer", g.tokenizer.is_some()),
         ("--pipelines", args.pipelines.is_some()),
         ("--recompute", args.recompute),
     ];

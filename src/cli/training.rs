@@ -89,6 +89,7 @@ impl<'a> Run<'a> {
     }
 
     /// What the run configuration records of `--init`: the path given and the file's SHA-256
+    /// (a Hugging Face folder's: its model.safetensors')
     /// (`{"path": .., "sha256": ..}`), or nothing for a run that did not start from a file.
     ///
     /// A resumed run takes its weights from the checkpoint, and records what the checkpoint
@@ -107,12 +108,12 @@ impl<'a> Run<'a> {
         // it held cannot be compared with a later --init, so a resume refuses one.
         let regular = |p: &std::path::Path| std::fs::metadata(p).map_or(true, |m| m.is_file());
         let given = match &args.init {
-            Some(path) if !regular(path) && args.resume => {
+            Some(path) if !regular(&init_file(path)) && args.resume => {
                 let what = format!("{}: not a regular file; with --resume, --init must be the file the run started from, whose contents are compared", path.display());
                 return Err(Error::invalid("--init", what));
             }
-            Some(path) if !regular(path) => None,
-            Some(path) => Some((path, file_sha256(path)?)),
+            Some(path) if !regular(&init_file(path)) => None,
+            Some(path) => Some((path, file_sha256(&init_file(path))?)),
             None => None,
         };
         let entry = |path: &std::path::Path, sha256: &str| serde_json::json!({ "path": path.display().to_string(), "sha256": sha256 });
@@ -272,5 +273,15 @@ fn claim(args: &TrainArgs) -> Claim {
         (true, _) => Claim::Resume,
         (false, true) => Claim::Overwrite,
         (false, false) => Claim::Fresh,
+    }
+}
+
+/// The file of `--init` whose contents a run records: the file itself, or a Hugging Face
+/// folder's model.safetensors.
+fn init_file(path: &std::path::Path) -> std::path::PathBuf {
+    if path.is_dir() {
+        path.join(tandem::nn::models::hf_gpt2::WEIGHTS_FILE)
+    } else {
+        path.to_path_buf()
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! Everything here lives in host memory; turning a [`Batch`] into device tensors is the
 //! caller's job. Sources: [`synthetic`] (random data), [`digits`] (rendered digit glyphs, no
-//! download), [`mnist`] (IDX files), [`tensor_file`] (safetensors) and [`text`] (characters
-//! and token ids for language models).
+//! download), [`mnist`] (IDX files), [`tensor_file`] (safetensors) and [`text`] (characters,
+//! GPT-2's BPE ([`Tokenizer`]) and token ids for language models).
 #![doc = include_str!("data.md")]
 use crate::{Error, Result};
 use std::ops::Range;
@@ -19,6 +19,7 @@ mod standardize;
 pub mod synthetic;
 pub mod tensor_file;
 pub mod text;
+mod tokenizer;
 mod windows;
 
 pub use epochs::Epoch;
@@ -27,6 +28,7 @@ pub use random_windows::{window_rng, RandomWindows, StartStep, WindowPool};
 pub use source::BatchSource;
 pub use split::TestSize;
 pub use standardize::Standardizer;
+pub use tokenizer::{Gpt2Tokenizer, Tokenizer};
 pub use windows::WindowLoader;
 
 /// MNIST's pixel mean and standard deviation, used to normalize [`digits`] and [`mnist`] alike.

@@ -1,8 +1,10 @@
-//! Token data for language models: character-level text as nanoGPT's shakespeare_char (a
-//! vocabulary of the sorted unique characters, a 90/10 train/validation split, random windows
-//! with the next tokens as targets), a built-in corpus generated from a seed, and windows of
+//! Token data for language models: text as nanoGPT's shakespeare_char (a vocabulary of the
+//! sorted unique characters) or as GPT-2's byte-level BPE ([`Tokenizer`]), a 90/10
+//! train/validation split, random windows with the next tokens as targets, a built-in corpus
+//! generated from a seed, and windows of
 //! token ids from a safetensors file or cut from a token stream, which a
 //! [`WindowLoader`](super::WindowLoader) serves in epochs.
+use super::Tokenizer;
 use crate::checkpoint::{host_from_view, parse, HostData};
 use crate::{Error, Result};
 use rand::{Rng, SeedableRng};
@@ -82,10 +84,12 @@ impl CharVocab {
     }
 }
 
-/// A character-level corpus: its vocabulary and its tokens, split 90/10 by position.
+/// A text corpus: its tokenizer and its tokens, split 90/10 by position.
 #[derive(Clone)]
 pub struct TextCorpus {
-    pub vocab: CharVocab,
+    /// The text's characters ([`TextCorpus::from_text`]) or another [`Tokenizer`]
+    /// ([`TextCorpus::tokenized`]).
+    pub vocab: Tokenizer,
     pub train: Vec<i32>,
     pub val: Vec<i32>,
     /// Where the text came from (a path, or the built-in corpus and its seed), for errors.
@@ -93,23 +97,41 @@ pub struct TextCorpus {
 }
 
 impl TextCorpus {
-    /// The corpus of `text`; `source` names it in errors.
+    /// The corpus of `text` over its own characters; `source` names it in errors.
     pub fn from_text(text: &str, source: impl Into<String>) -> Result<TextCorpus> {
+        TextCorpus::tokenized(text, CharVocab::from_text(text).into(), source)
+    }
+    /// The corpus of `text` in the ids of `tokenizer` (GPT-2's BPE, or a character vocabulary
+    /// that holds every character of `text`); `source` names it in errors.
+    ///
+    /// ```
+    /// use tandem::data::{text::TextCorpus, Tokenizer};
+    /// let c = TextCorpus::tokenized(&"Hello world. ".repeat(10), Tokenizer::gpt2(), "greetings")?;
+    /// assert_eq!((c.vocab.len(), c.train.len() + c.val.len()), (50_257, 31));
+    /// assert_eq!(&c.train[..3], [15496, 995, 13]);
+    /// # Ok::<(), tandem::Error>(())
+    /// ```
+    pub fn tokenized(text: &str, tokenizer: Tokenizer, source: impl Into<String>) -> Result<TextCorpus> {
         let source = source.into();
-        let vocab = CharVocab::from_text(text);
-        let tokens = vocab.encode(text)?;
+        let tokens = tokenizer.encode(text)?;
         if tokens.len() < 2 {
-            return Err(Error::invalid("text data", format!("{source}: {} characters; a corpus needs at least 2", tokens.len())));
+            let unit = if matches!(tokenizer, Tokenizer::Chars(_)) { "characters" } else { "tokens" };
+            return Err(Error::invalid("text data", format!("{source}: {} {unit}; a corpus needs at least 2", tokens.len())));
         }
         let n = (tokens.len() as f64 * TRAIN_FRACTION) as usize;
-        Ok(TextCorpus { vocab, val: tokens[n..].to_vec(), train: tokens[..n].to_vec(), source })
+        Ok(TextCorpus { vocab: tokenizer, val: tokens[n..].to_vec(), train: tokens[..n].to_vec(), source })
     }
-    /// The corpus of a UTF-8 text file.
+    /// The corpus of a UTF-8 text file over its own characters.
     pub fn from_file(path: impl AsRef<Path>) -> Result<TextCorpus> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let text = String::from_utf8(bytes).map_err(|e| Error::format(path, format!("not UTF-8 text: {e}")))?;
+        let text = read_text(path)?;
         TextCorpus::from_text(&text, path.display().to_string())
+    }
+    /// The corpus of a UTF-8 text file in the ids of `tokenizer`, as [`TextCorpus::tokenized`].
+    pub fn from_file_tokenized(path: impl AsRef<Path>, tokenizer: Tokenizer) -> Result<TextCorpus> {
+        let path = path.as_ref();
+        let text = read_text(path)?;
+        TextCorpus::tokenized(&text, tokenizer, path.display().to_string())
     }
     /// The built-in corpus ([`builtin_text`] of `seed`, [`BUILTIN_CHARS`] long): no download.
     pub fn builtin(seed: u64) -> TextCorpus {
@@ -147,6 +169,13 @@ impl TextCorpus {
     pub fn unigram_entropy(&self) -> f64 {
         unigram_entropy(&[self.train.as_slice(), self.val.as_slice()].concat())
     }
+}
+
+/// The text of a UTF-8 file; other bytes are an error naming the file.
+pub fn read_text(path: impl AsRef<Path>) -> Result<String> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    String::from_utf8(bytes).map_err(|e| Error::format(path, format!("not UTF-8 text: {e}")))
 }
 
 /// `-Σ p ln p` over the frequencies `p` of the distinct values in `tokens`, in nats (0 when empty).

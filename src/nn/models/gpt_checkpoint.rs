@@ -1,11 +1,12 @@
 //! A [`Gpt`](super::Gpt)'s configuration and weights read back from a file of `tandem train
 //! --model gpt` (a run checkpoint or a `--save` file), whose `config` metadata names the shape
-//! and, for text, the character vocabulary. The metadata is only a claim: every parameter's
+//! and, for text, the tokenizer (a character vocabulary, or GPT-2's BPE). The metadata is only a claim: every parameter's
 //! name and shape is checked against the file's tensors before anything is built, so a small
 //! file cannot ask for a large model.
 use super::GptConfig;
 use crate::checkpoint::{read_safetensors, HostData, HostTensor};
 use crate::data::text::CharVocab;
+use crate::data::Tokenizer;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,8 +14,9 @@ use std::path::Path;
 /// A GPT file's contents, checked: the configuration agrees with the weights.
 pub struct GptCheckpoint {
     pub config: GptConfig,
-    /// The character vocabulary of a model trained on text; `None` for token ids.
-    pub vocab: Option<CharVocab>,
+    /// The tokenizer of a model trained on text (or on token ids `--tokenizer` named);
+    /// `None` for other token ids.
+    pub vocab: Option<Tokenizer>,
     /// The model's state dict by name (a run checkpoint's `model.` prefix removed, its
     /// `optim.*` state left out): shapes and F32 values on the host.
     pub weights: Vec<(String, Vec<usize>, Vec<f32>)>,
@@ -63,18 +65,19 @@ impl GptConfig {
     /// ```no_run
     /// # fn main() -> tandem::Result<()> {
     /// let (cfg, vocab) = tandem::nn::models::GptConfig::from_checkpoint("runs/gpt/model.safetensors")?;
-    /// println!("{} layers, {} characters", cfg.n_layer, vocab.map_or(0, |v| v.len()));
+    /// println!("{} layers, {} tokens", cfg.n_layer, vocab.map_or(0, |v| v.len()));
     /// # Ok(()) }
     /// ```
-    pub fn from_checkpoint(path: impl AsRef<Path>) -> Result<(GptConfig, Option<CharVocab>)> {
+    pub fn from_checkpoint(path: impl AsRef<Path>) -> Result<(GptConfig, Option<Tokenizer>)> {
         let c = GptCheckpoint::read(path)?;
         Ok((c.config, c.vocab))
     }
 
-    /// The configuration and vocabulary that a file's `config` metadata entry claims, not yet
-    /// checked against any tensor (see [`GptConfig::check_shapes`]). A missing or malformed
-    /// entry is an [`Error::Format`] of `path`.
-    pub fn from_metadata(meta: &BTreeMap<String, String>, path: &Path) -> Result<(GptConfig, Option<CharVocab>)> {
+    /// The configuration and tokenizer that a file's `config` metadata entry claims (`vocab`,
+    /// a character vocabulary, or `tokenizer: "gpt2"`), not yet checked against any tensor
+    /// (see [`GptConfig::check_shapes`]). A missing or malformed entry, an unknown tokenizer
+    /// or one with more ids than the model's `vocab_size` is an [`Error::Format`] of `path`.
+    pub fn from_metadata(meta: &BTreeMap<String, String>, path: &Path) -> Result<(GptConfig, Option<Tokenizer>)> {
         let config: serde_json::Value = match meta.get("config") {
             Some(c) => serde_json::from_str(c).map_err(|e| Error::format(path, format!("metadata 'config' is not JSON: {e}")))?,
             None => return Err(Error::format(path, "no run configuration in its metadata; give a checkpoint or --save file of tandem train --model gpt")),
@@ -94,9 +97,20 @@ impl GptConfig {
             dropout: g.get("dropout").and_then(serde_json::Value::as_f64).unwrap_or(0.0) as f32,
             bias: g.get("bias").and_then(serde_json::Value::as_bool).unwrap_or(true),
         };
-        let vocab = config.get("vocab").and_then(|v| v.as_str()).map(CharVocab::from_text);
-        if let Some(v) = vocab.as_ref().filter(|v| v.len() != cfg.vocab_size) {
-            return Err(bad(&format!("its vocabulary has {} characters but vocab_size is {}", v.len(), cfg.vocab_size)));
+        let vocab = match (config.get("tokenizer"), config.get("vocab").and_then(|v| v.as_str())) {
+            (None | Some(serde_json::Value::Null), chars) => chars.map(|c| Tokenizer::Chars(CharVocab::from_text(c))),
+            (Some(t), _) if t.as_str() == Some("gpt2") => Some(Tokenizer::gpt2()),
+            (Some(t), _) => return Err(bad(&format!("its tokenizer {t} is not one of {}", Tokenizer::NAMES.join(", ")))),
+        };
+        match &vocab {
+            Some(v @ Tokenizer::Chars(_)) if v.len() != cfg.vocab_size => {
+                return Err(bad(&format!("its vocabulary has {} characters but vocab_size is {}", v.len(), cfg.vocab_size)));
+            }
+            // A padded vocabulary (nanoGPT's 50304) holds every id of the tokenizer.
+            Some(v) if v.len() > cfg.vocab_size => {
+                return Err(bad(&format!("its tokenizer {} has {} tokens but vocab_size is {}", v.name(), v.len(), cfg.vocab_size)));
+            }
+            _ => {}
         }
         Ok((cfg, vocab))
     }

@@ -5,9 +5,11 @@ pub(crate) mod gpt;
 pub(crate) mod gpt_checkpoint;
 mod gpt_config;
 mod gpt_stages;
+pub mod hf_gpt2;
 
 pub use gpt::{Block, Blocks, Gpt, GptConfig, StateShards, Transformer};
 pub use gpt_checkpoint::GptCheckpoint;
+pub use hf_gpt2::HfGpt2;
 
 use super::{Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential};
 use crate::{Device, Error, Result};
