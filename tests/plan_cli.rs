@@ -80,7 +80,7 @@ fn a_resumed_run_repeats_the_plan_its_checkpoint_recorded() {
     let devices = Device::parse("cpu,cpu").unwrap();
     // A layout no fresh plan would choose: a pipeline of 16 micro-batches of one sample.
     let mut p = Plan::load(&path, &devices).unwrap();
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None, offload: false };
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None, offload: false, bucket: None };
     p.best.memory = vec![0, 0];
     p.shares = vec![16];
     let odd = dir.join("odd.json");
@@ -236,7 +236,7 @@ fn a_resumed_gpt_run_repeats_the_plan_its_checkpoint_recorded() {
     // A layout no fresh plan is likely to choose: a pipeline of 4 micro-batches of one window,
     // cut before the second block.
     let mut p = Plan::load(&path, &Device::parse("cpu,cpu").unwrap()).unwrap();
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 4, recompute: false, cuts: vec![2], shard: Shard::None, offload: false };
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 4, recompute: false, cuts: vec![2], shard: Shard::None, offload: false, bucket: None };
     p.best.memory = vec![0, 0];
     p.shares = vec![4];
     let odd = dir.join("odd.json");
@@ -338,4 +338,20 @@ fn a_plan_may_choose_the_precision_and_its_run_trains_in_it() {
     common::fails(&["train", "--devices", "cpu,cpu", "--strategy", "data", "--search-precision", "--steps", "1"], "needs a plan made here");
     common::fails(&["plan", "--devices", "cpu,cpu", "--search-precision", "--precision", "bf16"], "give one");
     common::fails(&["plan", "--cluster", "dual-m60:1", "--search-precision"], "--search-precision");
+}
+
+/// Issue 50's case: a 16-block, 128-wide GPT (51 MB of f32 training state) on four CPU devices
+/// of 13 MiB each, whose default layouts (plain data parallelism, ZeRO with its default
+/// buckets, the whole model offloaded) do not fit. `--strategy auto`, with no flag beyond the
+/// budgets, plans a layout that does (of smaller ZeRO-3 units, recomputation, the optimizer
+/// state in host memory) and trains with it under them.
+#[test]
+fn a_gpt_over_four_small_budgets_trains_with_strategy_auto() {
+    let shape = ["--model", "gpt", "--data", "text", "--devices", "cpu,cpu,cpu,cpu", "--n-layer", "16", "--n-embd", "128", "--n-head", "4", "--block-size", "64", "--batch", "8", "--memory-limit", "13MiB"];
+    let planned = out(&[&["plan", "--no-trials"][..], &shape].concat());
+    assert!(!planned.contains("no layout fits"), "{planned}");
+    let trained = out(&[&["train", "--steps", "2"][..], &shape].concat());
+    let line = trained.lines().find(|l| l.starts_with("planned ")).unwrap_or_else(|| panic!("no planned layout in:\n{trained}"));
+    assert!(line.contains("recompute") || line.contains("buckets of") || line.contains("offload"), "{line}");
+    assert!(trained.lines().any(|l| l.contains("final loss ")), "{trained}");
 }
