@@ -15,6 +15,15 @@ fn windows(k: usize, t: usize, vocab: usize) -> Tensor {
 }
 
 #[test]
+fn a_reduction_keeps_the_head_size_and_caps_width_and_window() {
+    let xl = GptConfig { n_layer: 48, n_head: 25, n_embd: 1600, block_size: 1024, vocab_size: 65, dropout: 0.0, bias: true };
+    let r = Reduction::default().of(&xl);
+    assert_eq!((r.n_layer, r.n_head, r.n_embd, r.block_size, r.vocab_size), (1, 4, 256, 64, 65));
+    let small = GptConfig { n_layer: 2, n_head: 2, n_embd: 32, block_size: 8, ..xl };
+    assert_eq!(Reduction::default().of(&small), GptConfig { n_layer: 1, ..small });
+}
+
+#[test]
 fn a_scaled_calibration_has_the_full_ones_bytes_and_near_its_times() {
     let full = GptConfig { n_layer: 3, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 50, dropout: 0.0, bias: true };
     let reduction = Reduction { n_embd: 64, block_size: 32 };

@@ -21,7 +21,7 @@ pub const DEFAULT_BUCKET_BYTES: u64 = 25 << 20;
 
 /// The smaller buckets the search tries for a layout that does not fit with the default:
 /// less held at once (gradients in flight, ZeRO-3's gathered units), more messages.
-pub const SMALL_BUCKETS: [u64; 2] = [4 << 20, 1 << 20];
+pub const SMALL_BUCKETS: [u64; 3] = [4 << 20, 1 << 20, 256 << 10];
 
 /// Peak bytes of training state on one device holding `params` bytes of f32 parameters
 /// (its stage's, split by the tensor degree) with `states` optimizer state tensors per
