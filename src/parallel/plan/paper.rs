@@ -14,7 +14,9 @@ use crate::{Device, Error, Result, Tensor};
 /// `block_size` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reduction {
+    /// The widest reduced model.
     pub n_embd: usize,
+    /// The longest reduced window.
     pub block_size: usize,
 }
 
@@ -51,7 +53,7 @@ pub fn measure_gpt_scaled(cfg: GptConfig, seed: u64, probe: &Tensor, device: &De
     Ok((scaled_gpt(&measured, &small, &cfg, windows, device)?, how))
 }
 
-/// The planner's four kinds of GPT layer (see [`gpt`](super::gpt)'s layer names).
+/// The planner's four kinds of GPT layer (the embeddings, a block, `ln_f`, the head).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Embeddings,
@@ -107,7 +109,7 @@ impl Kind {
 /// The calibration `measured` of the reduced GPT `small` (its four layers: embeddings, one
 /// block, `ln_f`, head) as the full GPT `full`'s, had it been measured on `windows` windows of
 /// its own block: each layer's forward and backward times scaled by the ratio of its kind's
-/// forward FLOPs ([`Kind::flops`]), its update by the ratio of its parameters, the fixed
+/// forward FLOPs (a block's `24·T·C² + 4·T²·C`, the head's `2·T·C·V`), its update by the ratio of its parameters, the fixed
 /// cost per pass kept; parameter bytes counted from `full`; activation and output bytes
 /// counted by [`ByteModel`], which `device` fits. `measured`'s devices' and batch's figures
 /// are kept.
@@ -151,7 +153,7 @@ pub fn scaled_gpt(measured: &Workload, small: &GptConfig, full: &GptConfig, wind
 /// Byte counts of a GPT's layers as exact polynomials of the batch `B`, window `T`, width `C`
 /// and heads `H` (the vocabulary, bias, dropout and autocast type fixed): the tensors
 /// backward keeps, the layer's input and its output. Each is a sum of tensor sizes, products
-/// of those dimensions times a type's bytes, so whole coefficients of [`monomials`] fit them
+/// of those dimensions times a type's bytes, so whole coefficients of the terms below fit them
 /// exactly; they are fitted to tiny models' counts and checked on every one of them.
 pub struct ByteModel {
     /// Per [`Kind`], the coefficients of the kept bytes, the input's and the output's.
