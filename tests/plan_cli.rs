@@ -220,7 +220,8 @@ fn a_memory_limit_too_small_for_plain_data_parallelism_keeps_only_sharded_or_off
     assert!(offloaded.contains("memory: needs"), "{offloaded}");
     let mut p = Plan::load(&path, &Device::parse("cpu,cpu,cpu,cpu").unwrap()).unwrap();
     for e in std::iter::once(&p.best).chain(&p.alternatives) {
-        assert!(e.layout.offload || e.layout.bucket.is_some(), "{} kept with Adam's moments on the devices in default buckets:\n{offloaded}", e.layout);
+        let why = "kept with Adam's moments on the devices in default buckets";
+        assert!(e.layout.offload || e.layout.bucket.is_some(), "{} {why}:\n{offloaded}", e.layout);
     }
     if !p.best.layout.offload {
         let i = p.alternatives.iter().position(|e| e.layout.offload).unwrap_or_else(|| panic!("no offloaded layout kept:\n{offloaded}"));
@@ -360,10 +361,11 @@ fn a_plan_may_choose_the_precision_and_its_run_trains_in_it() {
 /// state in host memory) and trains with it under them.
 #[test]
 fn a_gpt_over_four_small_budgets_trains_with_strategy_auto() {
-    let shape = ["--model", "gpt", "--data", "text", "--devices", "cpu,cpu,cpu,cpu", "--n-layer", "16", "--n-embd", "128", "--n-head", "4", "--block-size", "64", "--batch", "8", "--memory-limit", "13MiB"];
-    let planned = out(&[&["plan", "--no-trials"][..], &shape].concat());
+    let shape = ["--model", "gpt", "--data", "text", "--devices", "cpu,cpu,cpu,cpu", "--n-layer", "16", "--n-embd", "128"];
+    let shape = [&shape[..], &["--n-head", "4", "--block-size", "64", "--batch", "8", "--memory-limit", "13MiB"]].concat();
+    let planned = out(&[&["plan", "--no-trials"][..], &shape[..]].concat());
     assert!(!planned.contains("no layout fits"), "{planned}");
-    let trained = out(&[&["train", "--steps", "2"][..], &shape].concat());
+    let trained = out(&[&["train", "--steps", "2"][..], &shape[..]].concat());
     let line = trained.lines().find(|l| l.starts_with("planned ")).unwrap_or_else(|| panic!("no planned layout in:\n{trained}"));
     assert!(line.contains("recompute") || line.contains("buckets of") || line.contains("offload"), "{line}");
     assert!(trained.lines().any(|l| l.contains("final loss ")), "{trained}");

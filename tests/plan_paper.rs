@@ -31,12 +31,16 @@ fn a_scaled_calibration_has_the_full_ones_bytes_and_near_its_times() {
     assert_eq!((small.n_layer, small.n_head, small.n_embd, small.block_size), (1, 2, 64, 32), "a reduced model, of the same head size");
     let cpu = Device::cpu();
     for precision in [tandem::optim::Precision::F32, tandem::optim::Precision::Bf16] {
-        let (measured, _) = tandem::autocast(precision.autocast(), || measure_gpt(&Gpt::new(full, 0, &cpu)?, &windows(4, 64, 50), std::slice::from_ref(&cpu), 8, 2)).unwrap();
-        let (scaled, _) = tandem::autocast(precision.autocast(), || measure_gpt_scaled(full, 0, &windows(4, 32, 50), &cpu, 8, 2, Reuse::Off, reduction)).unwrap();
+        let cast = precision.autocast();
+        let whole = || measure_gpt(&Gpt::new(full, 0, &cpu)?, &windows(4, 64, 50), std::slice::from_ref(&cpu), 8, 2);
+        let (measured, _) = tandem::autocast(cast, whole).unwrap();
+        let (scaled, _) = tandem::autocast(cast, || measure_gpt_scaled(full, 0, &windows(4, 32, 50), &cpu, 8, 2, Reuse::Off, reduction)).unwrap();
         assert_eq!(scaled.layers.len(), measured.layers.len());
         assert_eq!((scaled.batch, scaled.state_per_param_byte), (measured.batch, measured.state_per_param_byte));
         for (a, b) in scaled.layers.iter().zip(&measured.layers) {
-            let bytes = |l: &tandem::parallel::plan::LayerCost| (l.name.clone(), l.param_bytes, l.largest_param_bytes, l.activation_bytes, l.output_bytes, l.tensor_parallel, l.tied);
+            let bytes = |l: &tandem::parallel::plan::LayerCost| {
+                (l.name.clone(), l.param_bytes, l.largest_param_bytes, l.activation_bytes, l.output_bytes, l.tensor_parallel, l.tied)
+            };
             assert_eq!(bytes(a), bytes(b), "{precision:?}: the counted bytes are the measured ones");
         }
         // Times: the blocks' compute, per sample, within a factor of 3 of the full model's
@@ -52,7 +56,8 @@ fn run_with_peak(args: &[&str]) -> (std::process::ExitStatus, String, u64) {
     use std::os::unix::process::ExitStatusExt;
     let dir = common::scratch("plan_paper", "out");
     let (out, err) = (dir.join("stdout"), dir.join("stderr"));
-    let child = common::tandem().args(args).stdout(std::fs::File::create(&out).unwrap()).stderr(std::fs::File::create(&err).unwrap()).spawn().unwrap();
+    let (stdout, stderr) = (std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap());
+    let child = common::tandem().args(args).stdout(stdout).stderr(stderr).spawn().unwrap();
     let (mut status, mut usage) = (0i32, unsafe { std::mem::zeroed::<libc::rusage>() });
     // SAFETY: waits for this test's own child, writing into the two locals.
     let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };

@@ -101,7 +101,9 @@ fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Dev
             let reduction = plan::Reduction::default();
             let probe = gpt_probe(&data, reduction.of(&cfg), &cpu)?;
             let states = optimizer_states(&optim);
-            let (work, how) = tandem::autocast(t.precision.autocast(), || plan::measure_gpt_scaled(cfg, t.seed, &probe, &cpu, t.batch, states, reuse(t)?, reduction))?;
+            let (work, how) = tandem::autocast(t.precision.autocast(), || {
+                plan::measure_gpt_scaled(cfg, t.seed, &probe, &cpu, t.batch, states, reuse(t)?, reduction)
+            })?;
             let work = Workload { grad_dtype: t.grad_dtype, offloaded_states: offloaded_states(&optim), ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
             let mut p = plan::plan_cut_within(&work, &cluster, &|_, _| None, &gpt_cuttable(cfg.n_layer))?;
             p.model = cfg.describe();
@@ -253,7 +255,8 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
 pub fn job_config(p: &Plan, args: &TrainArgs) -> DataParallelConfig {
     let l = &p.best.layout;
     let bucket_bytes = l.bucket.map_or(args.bucket_size, |b| b as usize);
-    DataParallelConfig { micro_batches: l.micro_batches, shard: l.shard, grad_dtype: p.grad_dtype_of(l), weights: p.job_weights(), bucket_bytes, ..Default::default() }
+    let grad_dtype = p.grad_dtype_of(l);
+    DataParallelConfig { micro_batches: l.micro_batches, shard: l.shard, grad_dtype, weights: p.job_weights(), bucket_bytes, ..Default::default() }
 }
 
 /// The GPT a job of several processes builds on each device: `--recompute`'s, recomputing

@@ -110,8 +110,10 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
                 // layers tensor parallelism splits) keeps only its input, one block's
                 // intermediates live again in the backward, the other layers keep theirs.
                 let input = |i: usize| if i == 0 { 0 } else { work.layers[i - 1].output_bytes };
-                let kept: f64 = range.clone().map(|i| if work.layers[i].tensor_parallel { input(i) as f64 } else { (work.layers[i].activation_bytes / split(i)) as f64 }).sum();
-                let one_block = range.clone().filter(|&i| work.layers[i].tensor_parallel).map(|i| work.layers[i].activation_bytes / split(i)).max().unwrap_or(0);
+                let own = |i: usize| work.layers[i].activation_bytes / split(i);
+                let block = |i: &usize| work.layers[*i].tensor_parallel;
+                let kept: f64 = range.clone().map(|i| (if block(&i) { input(i) } else { own(i) }) as f64).sum();
+                let one_block = range.clone().filter(block).map(own).max().unwrap_or(0);
                 in_flight * mb * kept + mb * one_block as f64
             } else if l.recompute {
                 let input = if range.start == 0 { 0 } else { work.layers[range.start - 1].output_bytes };

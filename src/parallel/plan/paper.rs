@@ -44,7 +44,16 @@ impl Reduction {
 /// `device` at `probe`'s token ids (`[k, T]`, `T` the reduced window), scaled to `cfg` by
 /// [`scaled_gpt`]. The reduced calibration is kept and reused as `reuse` says.
 #[allow(clippy::too_many_arguments)]
-pub fn measure_gpt_scaled(cfg: GptConfig, seed: u64, probe: &Tensor, device: &Device, batch: usize, optimizer_states: usize, reuse: Reuse, reduction: Reduction) -> Result<(Workload, Calibration)> {
+pub fn measure_gpt_scaled(
+    cfg: GptConfig,
+    seed: u64,
+    probe: &Tensor,
+    device: &Device,
+    batch: usize,
+    optimizer_states: usize,
+    reuse: Reuse,
+    reduction: Reduction,
+) -> Result<(Workload, Calibration)> {
     let small = reduction.of(&cfg);
     let gpt = Gpt::new(small, seed, device)?;
     let (measured, _, how) = super::measure_gpt_reusing(&gpt, probe, std::slice::from_ref(device), batch, optimizer_states, reuse)?;
@@ -282,7 +291,8 @@ mod tests {
 
     #[test]
     fn whole_coefficients_are_recovered_and_anything_else_refused() {
-        let rows: Vec<[i128; MONOMIALS]> = (1..=3).flat_map(|b| [(4, 1, 2), (4, 2, 3), (8, 2, 5), (12, 3, 2), (12, 3, 5)].map(|(c, h, t)| monomials(b, t, c, h))).collect();
+        let shapes = [(4, 1, 2), (4, 2, 3), (8, 2, 5), (12, 3, 2), (12, 3, 5)];
+        let rows: Vec<[i128; MONOMIALS]> = (1..=3).flat_map(|b| shapes.map(|(c, h, t)| monomials(b, t, c, h))).collect();
         let truth = [4, 8, 8, 4, 0, 4, 2, 8, 4, 0];
         let y: Vec<i128> = rows.iter().map(|r| r.iter().zip(&truth).map(|(x, a)| x * a).sum()).collect();
         assert_eq!(fit_whole(&rows, &y), Some(truth));
