@@ -24,7 +24,7 @@ fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
 }
 
 fn single_layout() -> Layout {
-    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false }
+    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None }
 }
 
 #[test]
@@ -223,7 +223,8 @@ fn sharding_modes_keep_what_zero_keeps_and_send_what_it_sends() {
     // Reduce-scatter + all-gather move what an all-reduce moves; ZeRO-1 adds the owners'
     // broadcast of the updated parameters, ZeRO-3 a second all-gather (forward and backward).
     assert_eq!(zero2.step_s, none.step_s);
-    let gather = cluster.within.all_gather_s(p as f64, 2);
+    // Each of the 21 buckets of 25 MiB is a collective of its own.
+    let gather = 21.0 * cluster.within.all_gather_s(p as f64 / 21.0, 2);
     assert!((zero1.step_s - none.step_s - gather).abs() < 1e-12, "{} {} {gather}", zero1.step_s, none.step_s);
     assert!((zero3.step_s - none.step_s - gather).abs() < 1e-12, "{} {} {gather}", zero3.step_s, none.step_s);
 }
@@ -426,4 +427,55 @@ fn the_fastest_precision_is_chosen_and_the_others_reported() {
     assert_eq!(tie.precision, Some(Precision::F32));
     let none = fastest_precision(&all, &mut |_| Err(tandem::Error::invalid("plan", "too small"))).unwrap_err().to_string();
     assert!(none.contains("no precision has a plan") && none.contains("bf16: ") && none.contains("too small"), "{none}");
+}
+
+/// ZeRO-3's unit (the gradient bucket) is searched: a layout that fits only with smaller
+/// buckets is kept with them and the default rejected for memory; a bucket holds at least
+/// the largest parameter; each bucket pays its messages' latency. Where nothing fits, the
+/// error sums the rejections up by reason.
+#[test]
+fn smaller_buckets_are_searched_where_the_default_does_not_fit() {
+    let (mut work, _) = state_bound(64 << 30);
+    work.layers.iter_mut().for_each(|l| l.largest_param_bytes = 1 << 20);
+    let (_, cluster) = state_bound(1294 << 20);
+    let (p, act) = (8 * (64u64 << 20), 8 * 4 * (1u64 << 20));
+    let zero3 = |bucket| Layout { data: 2, shard: Shard::Full, bucket, ..single_layout() };
+    // Shards of all four, three units gathered, two buckets of gradients in flight, one reduced.
+    assert_eq!(estimate(&work, &cluster, &zero3(None)).memory[0], 2 * p + 6 * (25 << 20) + act);
+    assert_eq!(estimate(&work, &cluster, &zero3(Some(1 << 20))).memory[0], 2 * p + 6 * (1 << 20) + act);
+    // A bucket below the largest parameter holds that parameter.
+    work.layers[0].largest_param_bytes = 8 << 20;
+    assert_eq!(estimate(&work, &cluster, &zero3(Some(1 << 20))).memory[0], 2 * p + 6 * (8 << 20) + act);
+    work.layers[0].largest_param_bytes = 1 << 20;
+    let sync = |bucket| estimate(&work, &cluster, &zero3(bucket)).comm_s;
+    assert!(sync(Some(1 << 20)) > sync(None), "512 buckets pay more latency than 21");
+    let planned = plan(&work, &cluster).unwrap();
+    let kept: Vec<&Layout> = std::iter::once(&planned.best).chain(&planned.alternatives).map(|e| &e.layout).collect();
+    assert!(kept.iter().any(|l| l.shard == Shard::Full && !l.offload && l.bucket.is_some()), "{planned}");
+    assert!(!kept.iter().any(|l| l.shard == Shard::Full && l.bucket.is_none() && !l.offload), "{planned}");
+    assert!(planned.rejected.iter().any(|r| r.layout == zero3(None) && r.why.starts_with("memory:")), "{planned}");
+    assert!(zero3(Some(1 << 20)).to_string().ends_with("shard full, buckets of 1 MiB"), "{}", zero3(Some(1 << 20)));
+    let err = plan(&work, &state_bound(256 << 20).1).unwrap_err().to_string();
+    assert!(err.contains("no layout fits") && err.contains("layouts rejected: ") && err.contains(" over memory, the closest "), "{err}");
+}
+
+/// Recomputation without pipeline stages is the GPT's per block: the blocks (the layers tensor
+/// parallelism splits) keep their inputs and one block's intermediates, the other layers all
+/// of theirs, and only the blocks run their forward twice.
+#[test]
+fn per_block_recomputation_keeps_the_blocks_inputs() {
+    let mut ends = block(1, 3, 2, 1.0);
+    ends.tensor_parallel = false;
+    let mut layers = vec![ends.clone()];
+    layers.extend(vec![block(1, 5, 1, 1.0); 4]);
+    layers.push(ends);
+    let work = Workload { layers, batch: 2, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let cluster = Cluster::dual_m60(1);
+    let (plain, again) = (estimate(&work, &cluster, &single_layout()), estimate(&work, &cluster, &Layout { recompute: true, ..single_layout() }));
+    let (state, mib) = (6 * 4 * (1u64 << 20), 1u64 << 20);
+    assert_eq!(plain.memory[0], state + 2 * (3 + 4 * 5 + 3) * mib);
+    // Inputs: the first block's is the opening layer's 2 MiB output, the others' 1 MiB each.
+    assert_eq!(again.memory[0], state + 2 * (3 + (2 + 1 + 1 + 1) + 3) * mib + 2 * 5 * mib);
+    // Four blocks of 1 ms forward a sample, twice a batch of 2.
+    assert!((again.step_s - plain.step_s - 4.0 * 2.0 * 1e-3).abs() < 1e-9, "{} {}", again.step_s, plain.step_s);
 }

@@ -39,7 +39,7 @@ fn plan_of(devices: &[Device], layout: Layout, shares: Vec<usize>) -> Plan {
 }
 
 fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>) -> Layout {
-    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts, shard: Shard::None, offload: false }
+    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts, shard: Shard::None, offload: false, bucket: None }
 }
 
 fn losses(s: &mut dyn Strategy) -> Vec<f32> {
@@ -169,9 +169,10 @@ fn bad_plan_files_name_the_file_and_the_field() {
     let text = std::fs::read_to_string(&good).unwrap();
     let cases = [
         ("not-json", "{ nope".to_string(), "not JSON"),
-        ("no-version", text.replace("\"version\": 2,", ""), "no \"version\""),
-        ("version", text.replace("\"version\": 2,", "\"version\": 9,"), "plan version 9"),
+        ("no-version", text.replace("\"version\": 3,", ""), "no \"version\""),
+        ("version", text.replace("\"version\": 3,", "\"version\": 9,"), "plan version 9"),
         ("shard", text.replacen("\"shard\": \"none\"", "\"shard\": \"full\"", 1), "field plan.best.layout.shard"),
+        ("bucket", text.replacen("\"shard\": \"none\"", "\"shard\": \"none\", \"bucket\": 0", 1), "field plan.best.layout.bucket: 0 bytes"),
         ("shard-word", text.replacen("\"shard\": \"none\"", "\"shard\": \"half\"", 1), "field plan"),
         ("cuts", text.replace("\"cuts\": [\n          3\n        ]", "\"cuts\": [3, 2]"), "field plan.best.layout.cuts"),
         ("shares", text.replace("\"shares\": [\n      16\n    ]", "\"shares\": [15]"), "field plan.shares"),

@@ -199,7 +199,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
             None => DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, weights: weights.clone(), ..Default::default() },
         };
         let optim = planned.as_ref().map_or_else(|| optim.clone(), |p| p.optim(&optim));
-        ranks.data_parallel(gpt_on(args, cfg), &devices, &optim, Loss::CrossEntropy, dp)?
+        ranks.data_parallel(super::plan::job_gpt(args, cfg, planned.as_ref()), &devices, &optim, Loss::CrossEntropy, dp)?
     } else if let Some(p) = &planned {
         p.build_gpt(&gpt_on(args, cfg), &devices, &optim)?
     } else {

@@ -93,23 +93,26 @@ fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Dev
     let optim = super::setup::optim_config(t, OptimizerKind::Adamw)?;
     let data = Tokens::of(t)?;
     let cfg = super::gpt::config_of(t, &data)?;
-    let gpt = Gpt::new(cfg, t.seed, &Device::cpu())?;
     let p = match &args.cluster {
         Some(name) => {
             let cluster = Cluster::parse(name)?;
+            // Timed as a reduced model and scaled: the full one may not fit this host at all.
             let cpu = Device::cpu();
-            let probe = gpt_probe(&data, cfg, &cpu)?;
-            let (work, _, how) = tandem::autocast(t.precision.autocast(), || plan::measure_gpt_reusing(&gpt, &probe, std::slice::from_ref(&cpu), t.batch, optimizer_states(&optim), reuse(t)?))?;
+            let reduction = plan::Reduction::default();
+            let probe = gpt_probe(&data, reduction.of(&cfg), &cpu)?;
+            let states = optimizer_states(&optim);
+            let (work, how) = tandem::autocast(t.precision.autocast(), || {
+                plan::measure_gpt_scaled(cfg, t.seed, &probe, &cpu, t.batch, states, reuse(t)?, reduction)
+            })?;
             let work = Workload { grad_dtype: t.grad_dtype, offloaded_states: offloaded_states(&optim), ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
             let mut p = plan::plan_cut_within(&work, &cluster, &|_, _| None, &gpt_cuttable(cfg.n_layer))?;
-            p.model = gpt.describe();
+            p.model = cfg.describe();
             out!("{p}");
             out!("{}", p.megatron(&cluster));
             out!("{how}");
             p
         }
         None => {
-            drop(gpt);
             let (p, how) = on_gpt_devices(cfg, &data, t, &optim, &devices()?, ranks)?;
             if ranks.leader() {
                 out!("{p}");
@@ -150,7 +153,7 @@ fn on_gpt_devices_in(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &Op
     let batch = data.batch(Split::Train, args.batch, cfg.block_size, &mut super::gpt::batch_rng(0, PROBE_STREAM))?;
     let mut run = |p: &Plan| {
         let mut strategy = match ranks.many() {
-            true => ranks.data_parallel(super::gpt::gpt_on(args, cfg), devices, &p.optim(optim), Loss::CrossEntropy, job_config(p, args))?,
+            true => ranks.data_parallel(job_gpt(args, cfg, Some(p)), devices, &p.optim(optim), Loss::CrossEntropy, job_config(p, args))?,
             false => p.build_gpt(&super::gpt::gpt_on(args, cfg), devices, optim)?,
         };
         super::setup::set_precision(&mut *strategy, args)?;
@@ -248,10 +251,27 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
 }
 
 /// The data parallelism a job of several processes trains `p` with: its micro-batches,
-/// sharding and gradient shards' type, and its batch shares over every rank's devices.
+/// sharding, gradient shards' type and buckets (`--bucket-size` where the plan keeps the
+/// default), and its batch shares over every rank's devices.
 pub fn job_config(p: &Plan, args: &TrainArgs) -> DataParallelConfig {
     let l = &p.best.layout;
-    DataParallelConfig { micro_batches: l.micro_batches, shard: l.shard, grad_dtype: p.grad_dtype_of(l), weights: p.job_weights(), bucket_bytes: args.bucket_size, ..Default::default() }
+    let bucket_bytes = l.bucket.map_or(args.bucket_size, |b| b as usize);
+    let grad_dtype = p.grad_dtype_of(l);
+    DataParallelConfig { micro_batches: l.micro_batches, shard: l.shard, grad_dtype, weights: p.job_weights(), bucket_bytes, ..Default::default() }
+}
+
+/// The GPT a job of several processes builds on each device: `--recompute`'s, recomputing
+/// per block where the plan `p` recomputes without pipeline stages.
+pub fn job_gpt<'a>(args: &'a TrainArgs, cfg: GptConfig, p: Option<&Plan>) -> impl Fn(&Device) -> Result<Gpt> + 'a {
+    let per_block = p.is_some_and(|p| p.best.layout.recompute && p.best.layout.pipeline == 1);
+    let make = super::gpt::gpt_on(args, cfg);
+    move |d| {
+        let g = make(d)?;
+        if per_block {
+            g.set_recompute(true);
+        }
+        Ok(g)
+    }
 }
 
 /// The line a planned run ends with: its layout, predicted and measured step time.

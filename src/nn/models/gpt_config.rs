@@ -252,7 +252,7 @@ impl GptConfig {
     }
 
     /// `Gpt(n_layer=.., ..)`, as `Module::describe` of the model.
-    pub(super) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         format!("Gpt(n_layer={}, n_head={}, n_embd={}, block_size={}, vocab_size={})", self.n_layer, self.n_head, self.n_embd, self.block_size, self.vocab_size)
     }
 }

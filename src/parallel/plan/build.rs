@@ -89,7 +89,7 @@ impl Plan {
         match (l.data, l.tensor, l.pipeline) {
             (1, 1, 1) if l.micro_batches == 1 => Parallel::single(copy, &used[0], opt, loss).boxed(),
             (_, 1, 1) => {
-                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, grad_dtype: self.grad_dtype_of(l), ..Default::default() };
+                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, grad_dtype: self.grad_dtype_of(l), bucket_bytes: l.bucket_bytes() as usize, ..Default::default() };
                 Parallel::data(copy, used, opt, loss).config(cfg).boxed()
             }
             (1, _, 1) => Parallel::tensor(model, used, opt, loss).boxed(),

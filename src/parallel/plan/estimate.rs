@@ -25,7 +25,8 @@ fn layer_s(work: &Workload, cluster: &Cluster, l: &Layout, r: usize, s: usize, i
     let layer = &work.layers[i];
     let mb = micro_batch(work, cluster, l, r);
     let split = if layer.tensor_parallel { l.tensor as f64 } else { 1.0 };
-    let forwards = if l.recompute { 2.0 } else { 1.0 };
+    // Without stages, recomputation is the GPT's per block: only the blocks run twice.
+    let forwards = if l.recompute && (l.pipeline > 1 || layer.tensor_parallel) { 2.0 } else { 1.0 };
     let passes = layer.forward_s * forwards + layer.backward_s;
     let mut t = passes * mb * cluster.contention_of(l.devices()) / stage_speed(cluster, l, r, s) / split + (forwards + 1.0) * layer.fixed_s;
     if layer.tensor_parallel && l.tensor > 1 {
@@ -104,7 +105,17 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             // Sizes saturate (and a saturated peak fits no device) rather than wrap into a small one.
             let params: u64 = range.clone().map(|i| work.layers[i].param_bytes.saturating_sub(tied_here(i)) / split(i)).fold(0, u64::saturating_add);
             let in_flight = l.micro_batches.min(l.pipeline - s) as f64;
-            let activations = if l.recompute {
+            let activations = if l.recompute && l.pipeline == 1 {
+                // The GPT's per-block recomputation (`Gpt::set_recompute`): each block (the
+                // layers tensor parallelism splits) keeps only its input, one block's
+                // intermediates live again in the backward, the other layers keep theirs.
+                let input = |i: usize| if i == 0 { 0 } else { work.layers[i - 1].output_bytes };
+                let own = |i: usize| work.layers[i].activation_bytes / split(i);
+                let block = |i: &usize| work.layers[*i].tensor_parallel;
+                let kept: f64 = range.clone().map(|i| (if block(&i) { input(i) } else { own(i) }) as f64).sum();
+                let one_block = range.clone().filter(block).map(own).max().unwrap_or(0);
+                in_flight * mb * kept + mb * one_block as f64
+            } else if l.recompute {
                 let input = if range.start == 0 { 0 } else { work.layers[range.start - 1].output_bytes };
                 let one_layer = range.clone().map(|i| work.layers[i].activation_bytes / split(i)).max().unwrap_or(0);
                 in_flight * mb * input as f64 + mb * one_layer as f64
@@ -128,14 +139,15 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             let visiting = (visiting as f64 / updated).ceil() as u64;
             // One device accumulating micro-batches runs as data parallelism of one replica.
             let accumulates = l.micro_batches > 1 && l.tensor == 1 && l.pipeline == 1;
-            let state = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, l.data, accumulates);
+            let bucket = range.clone().map(largest).max().unwrap_or(0).max(l.bucket_bytes());
+            let state = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, (l.data, accumulates), bucket);
             let bytes = state.saturating_add(activations.ceil() as u64).saturating_add(visiting);
             for t in 0..l.tensor {
                 memory[l.device(r, s, t)] = bytes;
             }
             if r == 0 {
                 let replicas: Vec<usize> = (0..l.data).map(|q| l.device(q, s, 0)).collect();
-                grad_sync = grad_sync.max(shard::sync_s(&cluster.group_link(&replicas), params as f64, l.shard, l.data));
+                grad_sync = grad_sync.max(shard::sync_s(&cluster.group_link(&replicas), params as f64, l.shard, l.data, bucket));
             }
         }
         pipeline_s = pipeline_s.max(rounds * slowest);

@@ -6,9 +6,11 @@ use crate::{Device, Error, Result};
 use std::path::Path;
 
 /// The plan file format's version, its `"version"` field. Version 2 added each layout's
-/// `shard` and the plan's `model`; [`Plan::load`] reads version 2 and version 1 (whose layouts
-/// are unsharded and whose model is unrecorded).
-pub const PLAN_VERSION: u64 = 2;
+/// `shard` and the plan's `model`, version 3 each layout's `bucket` (a tandem that ignored it
+/// could build a layout planned with small buckets with the default ones, which may not fit);
+/// [`Plan::load`] reads versions 1 (whose layouts are unsharded and whose model is
+/// unrecorded) to 3.
+pub const PLAN_VERSION: u64 = 3;
 
 impl Plan {
     /// Writes the plan as JSON to `path` (temp file and rename, as checkpoints are). Costs are
@@ -53,7 +55,7 @@ impl Plan {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("not JSON: {e}")))?;
         match doc.get("version").and_then(serde_json::Value::as_u64) {
-            Some(1 | PLAN_VERSION) => {}
+            Some(1..=PLAN_VERSION) => {}
             Some(v) => return Err(Error::format(path, format!("plan version {v}; this tandem reads versions 1 to {PLAN_VERSION}"))),
             None => return Err(Error::format(path, "no \"version\" field: not a tandem plan")),
         }
@@ -130,6 +132,9 @@ fn check_estimate(field: &str, e: &Estimate, devices: usize, batch: usize) -> st
     }
     if l.shard != crate::parallel::Shard::None && l.data < 2 {
         return Err(format!("field {field}.layout.shard: sharding needs data-parallel replicas, the layout has {}", l.data));
+    }
+    if let Some(b) = l.bucket.filter(|b| !(1..=super::MAX_BYTES).contains(b)) {
+        return Err(format!("field {field}.layout.bucket: {b} bytes; a bucket holds 1 byte to {}", super::bytes(super::MAX_BYTES)));
     }
     if !(e.step_s.is_finite() && e.step_s >= 0.0) || e.memory.len() != l.devices() {
         return Err(format!("field {field}: a step time of {} s and {} memory figures for {} devices", e.step_s, e.memory.len(), l.devices()));

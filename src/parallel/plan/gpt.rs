@@ -54,7 +54,8 @@ pub fn gpt_cuttable(n_layer: usize) -> impl Fn(usize) -> bool {
 /// `shares`, or `None` when it can: `TensorParallelGpt` takes whole batches (of each data
 /// replica's share, in a `DataGrid`), with no pipeline parallelism, and equal numbers of heads
 /// per device; a pipeline needs a block per stage and micro-batches dividing each replica's share;
-/// recomputation is planned per pipeline stage only; sharding is `DataParallel`'s alone.
+/// recomputation is per stage in a pipeline and per block ([`Gpt::set_recompute`]) without
+/// one; sharding is `DataParallel`'s alone.
 pub fn gpt_unbuildable(l: &Layout, shares: &[usize], cfg: &GptConfig) -> Option<String> {
     if let Some(why) = shard_unbuildable(l) {
         return Some(why);
@@ -69,9 +70,6 @@ pub fn gpt_unbuildable(l: &Layout, shares: &[usize], cfg: &GptConfig) -> Option<
         if !cfg.n_head.is_multiple_of(l.tensor) {
             return Some(format!("n_head {} does not split into {} equal groups of heads", cfg.n_head, l.tensor));
         }
-    }
-    if l.pipeline == 1 && l.recompute {
-        return Some("recomputation is planned per pipeline stage (the GPT's per-block --recompute is not planned)".into());
     }
     if l.pipeline > cfg.n_layer {
         return Some(format!("{} stages for {} blocks: every stage needs a block", l.pipeline, cfg.n_layer));
@@ -94,6 +92,15 @@ impl Plan {
     pub fn build_gpt(&self, gpt: &dyn Fn(&Device) -> Result<Gpt>, devices: &[Device], opt: &OptimConfig) -> Result<Box<dyn Strategy>> {
         let opt = &self.optim(opt);
         let l = &self.best.layout;
+        // Without stages the layout's recomputation is the GPT's own, per block.
+        let per_block = |d: &Device| {
+            let g = gpt(d)?;
+            if l.recompute && l.pipeline == 1 {
+                g.set_recompute(true);
+            }
+            Ok(g)
+        };
+        let gpt: &dyn Fn(&Device) -> Result<Gpt> = &per_block;
         let host = gpt(&Device::cpu())?;
         self.check_model(&host.describe())?;
         if let Some(why) = gpt_unbuildable(l, &self.shares, &host.config) {
@@ -110,7 +117,7 @@ impl Plan {
             }
             (_, 1, 1) => {
                 drop(host);
-                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, grad_dtype: self.grad_dtype_of(l), ..Default::default() };
+                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, grad_dtype: self.grad_dtype_of(l), bucket_bytes: l.bucket_bytes() as usize, ..Default::default() };
                 Ok(Box::new(DataParallel::from_factory(gpt, used, opt, loss, cfg)?))
             }
             (1, _, 1) => {

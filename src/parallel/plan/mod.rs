@@ -15,13 +15,19 @@
 //! data degree as the sharding mode has it, see [`Shard`]; a tied head counted once where its
 //! stage holds the embedding) plus the activations of the
 //! micro-batches in flight under 1F1B (`min(m, p - s)` at stage `s`), or with recomputation
-//! only the stage inputs plus one layer's activations; a layout fits when that is within
+//! only the stage inputs plus one layer's activations (without stages, recomputation is the
+//! GPT's per block: each block, a layer tensor parallelism splits, keeps only its input, and
+//! only the blocks run forward twice); a layout fits when that is within
 //! [`MEMORY_USABLE`] of each device's memory (its budget where one is set); ZeRO-2/3's
 //! gradient shards count in [`Workload::grad_dtype`]'s bytes. Optimizer state offloaded to host
 //! memory ([`Workload::offloaded_states`], or by a layout that [offloads](Layout::offload),
 //! which the search tries for each layout that does not fit without it) counts only as its
 //! largest tensor's while updated, and adds its bytes over the host link to the update's
-//! time. Sharding's reduce-scatters and all-gathers replace or add to the all-reduce in the
+//! time. Data parallelism's gradient buckets (ZeRO-3's units of gathered parameters) count
+//! at [`Layout::bucket`]'s size, at least the largest parameter's, and each bucket pays its
+//! messages' latency; a layout that does not fit with the default buckets is tried with
+//! [`SMALL_BUCKETS`], then with the optimizer state offloaded, with each size.
+//! Sharding's reduce-scatters and all-gathers replace or add to the all-reduce in the
 //! step time. Of the layouts that fit, the
 //! fastest is chosen, unless one on fewer devices is predicted within [`MORE_DEVICES_MARGIN`]
 //! of it: a near tie is calibration noise, and more devices cost more than their prediction.
@@ -31,7 +37,10 @@
 //! and [`measure_reusing`] keeps the calibration on disk for later runs on the same devices
 //! ([`Reuse`]); [`Cluster::dual_m60`] and
 //! [`Cluster::h100_nvlink`] describe published clusters; [`measure_gpt`] calibrates the GPT
-//! block by block. [`plan`] searches every layout, [`plan_within`] only those a filter allows
+//! block by block, and [`measure_gpt_scaled`] a GPT too large to time here, from a
+//! [`Reduction`] of it (one block, narrower, shorter windows) scaled by counted FLOPs, with
+//! the full shape's bytes counted ([`ByteModel`]): GPT-2 XL's shape for a described cluster
+//! in seconds and a few hundred megabytes. [`plan`] searches every layout, [`plan_within`] only those a filter allows
 //! ([`unbuildable`] for a `Sequential`), [`plan_cut_within`] with stage cuts only where a model
 //! allows them ([`gpt_unbuildable`] and [`gpt_cuttable`] for the GPT); [`Plan::build`] makes
 //! the chosen strategy of a `Sequential` with the [`Parallel`](crate::parallel::Parallel)
@@ -66,6 +75,7 @@ mod file;
 mod gpt;
 mod job;
 mod measure;
+mod paper;
 mod reuse;
 mod rules;
 mod shard;
@@ -81,6 +91,8 @@ pub use file::PLAN_VERSION;
 pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt, measure_gpt_reusing};
 pub use job::{combine, job_unbuildable, measure_job, measure_job_speeds, RankCalibration};
 pub use measure::{measure, measure_reusing, measure_speeds, measure_speeds_of};
+pub use paper::{measure_gpt_scaled, scaled_gpt, ByteModel, Reduction};
+pub use shard::{DEFAULT_BUCKET_BYTES, SMALL_BUCKETS};
 pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV, SPEED_DRIFT};
 pub use tried::{faster_than_modelled, step_seconds, tried, StepOverhead, Trial, MAX_TRIALS, NEGATIVE_OVERHEAD_SHARE, TRIALS_BUDGET_S};
 
@@ -110,6 +122,14 @@ pub struct Layout {
     /// a layout that does not fit without it. Plan files from before it read false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub offload: bool,
+    /// The gradient bucket of the layout's data parallelism in bytes, which is also ZeRO-3's
+    /// unit of parameters gathered at once
+    /// ([`DataParallelConfig::bucket_bytes`](crate::parallel::DataParallelConfig::bucket_bytes));
+    /// `None`: its default, [`DEFAULT_BUCKET_BYTES`]. Smaller buckets hold less and send more
+    /// messages: the search tries [`SMALL_BUCKETS`] only for a layout that does not fit
+    /// without. Plan files from before it read `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u64>,
 }
 
 impl Layout {
@@ -119,6 +139,10 @@ impl Layout {
     /// The device index (into the cluster) of replica `r`, stage `s`, tensor rank `t`.
     pub fn device(&self, r: usize, s: usize, t: usize) -> usize {
         (r * self.pipeline + s) * self.tensor + t
+    }
+    /// [`Layout::bucket`], or the default where it is `None`.
+    pub fn bucket_bytes(&self) -> u64 {
+        self.bucket.unwrap_or(DEFAULT_BUCKET_BYTES)
     }
     /// The layer range of stage `s` of a model of `layers` layers.
     pub fn stage_layers(&self, s: usize, layers: usize) -> std::ops::Range<usize> {
@@ -145,6 +169,9 @@ impl fmt::Display for Layout {
         }
         if self.offload {
             write!(f, ", offload")?;
+        }
+        if let Some(b) = self.bucket {
+            write!(f, ", buckets of {}", bytes(b))?;
         }
         Ok(())
     }
@@ -238,7 +265,8 @@ impl Plan {
 /// (dynamic programming over the stages' speeds). Each device's memory
 /// ([`DeviceSpec::memory`]: its budget where one is set) bounds its peak. Errors when no
 /// layout fits, and on inputs out of bounds (more than [`MAX_CLUSTER_DEVICES`] devices or
-/// [`MAX_LAYERS`] layers, times not finite or over [`MAX_LAYER_S`], sizes over [`MAX_BYTES`]).
+/// [`MAX_LAYERS`] layers, times not finite or over [`MAX_LAYER_S`], sizes over [`MAX_BYTES`]);
+/// the error for no fit sums the rejections of every layout up by reason.
 pub fn plan(work: &Workload, cluster: &Cluster) -> Result<Plan> {
     plan_within(work, cluster, &|_, _| None)
 }
@@ -276,7 +304,7 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
             }
             for micro_batches in micro_batch_counts(work.batch, data, pipeline) {
                 for (recompute, &shard) in [false, true].into_iter().flat_map(|r| shard::modes(data).iter().map(move |s| (r, s))) {
-                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new(), shard, offload: false };
+                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new(), shard, offload: false, bucket: None };
                     if let Some(why) = unsplittable(work, cluster, &layout).or_else(|| excluded(&layout, &shares_of(work.batch, cluster, &layout).unwrap_or_default())) {
                         rejected.push(Rejected { layout, why });
                         continue;
@@ -298,15 +326,17 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
                         fits.push(e);
                         continue;
                     };
-                    // Offloading the optimizer state only adds transfers: worth it only to fit.
-                    let offloaded = Layout { offload: true, ..layout.clone() };
-                    rejected.push(Rejected { layout, why });
-                    if let Some(why) = cluster.overhead_of(&offloaded).and_then(|o| o.failed.clone()) {
-                        rejected.push(Rejected { layout: offloaded, why });
-                    } else if device_states(work) > 0 {
-                        let e = estimate(work, cluster, &offloaded);
+                    rejected.push(Rejected { layout: layout.clone(), why });
+                    // Smaller buckets only add messages, offloading the optimizer state only
+                    // transfers: each is worth it only to fit.
+                    for variant in fitting_variants(work, &layout) {
+                        if let Some(why) = cluster.overhead_of(&variant).and_then(|o| o.failed.clone()) {
+                            rejected.push(Rejected { layout: variant, why });
+                            continue;
+                        }
+                        let e = estimate(work, cluster, &variant);
                         match over_memory(cluster, &e) {
-                            Some(why) => rejected.push(Rejected { layout: offloaded, why }),
+                            Some(why) => rejected.push(Rejected { layout: variant, why }),
                             None => fits.push(e),
                         }
                     }
@@ -316,8 +346,7 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
     }
     fits.sort_by(|a, b| a.step_s.total_cmp(&b.step_s));
     if fits.is_empty() {
-        let why = rejected.iter().take(3).map(|r| format!("{}: {}", r.layout, r.why)).collect::<Vec<_>>().join("; ");
-        return Err(Error::invalid("plan", format!("no layout fits the devices' memory ({why})")));
+        return Err(Error::invalid("plan", format!("no layout fits the devices' memory ({})", show::by_reason(&rejected))));
     }
     let best = fits.remove(fewest_devices_within_margin(&fits));
     let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
@@ -360,6 +389,17 @@ pub fn fastest_precision(candidates: &[crate::optim::Precision], plan_for: &mut 
         })
         .collect();
     Ok(p)
+}
+
+/// The variants of `l` (which does not fit) that hold less on each device: with
+/// [`SMALL_BUCKETS`] where it has buckets (data parallelism, or one device accumulating
+/// micro-batches), then with the optimizer state offloaded where `work` keeps any on the
+/// devices, with each bucket size.
+fn fitting_variants(work: &Workload, l: &Layout) -> Vec<Layout> {
+    let buckets = l.data > 1 || (l.micro_batches > 1 && l.tensor == 1 && l.pipeline == 1);
+    let sizes: Vec<Option<u64>> = std::iter::once(None).chain(SMALL_BUCKETS.iter().copied().map(Some).filter(|_| buckets)).collect();
+    let offloads: &[bool] = if device_states(work) > 0 { &[false, true] } else { &[false] };
+    offloads.iter().flat_map(|&offload| sizes.iter().map(move |&bucket| Layout { offload, bucket, ..l.clone() })).filter(|v| v != l).collect()
 }
 
 /// Optimizer state tensors per parameter that `work` keeps on the devices (the state bytes

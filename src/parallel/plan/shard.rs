@@ -15,8 +15,13 @@ pub(super) fn modes(data: usize) -> &'static [Shard] {
     }
 }
 
-/// The gradient bucket `DataParallel` reduces at once (its default, DDP's 25 MiB).
-const BUCKET_BYTES: u64 = 25 << 20;
+/// The gradient bucket `DataParallel` reduces at once by default (DDP's 25 MiB), and
+/// ZeRO-3's unit of parameters gathered at once.
+pub const DEFAULT_BUCKET_BYTES: u64 = 25 << 20;
+
+/// The smaller buckets the search tries for a layout that does not fit with the default:
+/// less held at once (gradients in flight, ZeRO-3's gathered units), more messages.
+pub const SMALL_BUCKETS: [u64; 3] = [4 << 20, 1 << 20, 256 << 10];
 
 /// Peak bytes of training state on one device holding `params` bytes of f32 parameters
 /// (its stage's, split by the tensor degree) with `states` optimizer state tensors per
@@ -32,6 +37,9 @@ const BUCKET_BYTES: u64 = 25 << 20;
 ///   gathered at a time (the one computing, the one prefetched and the gathered flat values:
 ///   three buckets, or the whole model when smaller) and the gradients in flight.
 ///
+/// A bucket is `bucket` bytes, or the largest parameter where that is larger (a parameter
+/// is never split between buckets).
+///
 /// `g` is the gradient shards' share of f32's bytes (`grad_bytes / 4`: 1, or 1/2 for bf16 and
 /// f16 shards, `DataParallelConfig::grad_dtype`).
 ///
@@ -41,13 +49,14 @@ const BUCKET_BYTES: u64 = 25 << 20;
 /// devices (`tandem bench --bench memory --model gpt`) the allocators' peaks are about `5P`
 /// in every mode, activations included: sharding lowers what is held between steps far more
 /// than the peak at this size.
-pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shard, data: usize, accumulates: bool) -> u64 {
+pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shard, (data, accumulates): (usize, bool), bucket: u64) -> u64 {
     // Saturating: a size past a u64 is no device's, never a wrapped small one.
     let (add, mul) = (u64::saturating_add, u64::saturating_mul);
     let d = data.max(1) as u64;
     let grads = mul(params / 4, grad_bytes);
-    let bucket = if d > 1 || accumulates { params.min(BUCKET_BYTES) } else { 0 };
-    let in_flight = params.min(2 * BUCKET_BYTES);
+    let unit = bucket;
+    let bucket = if d > 1 || accumulates { params.min(unit) } else { 0 };
+    let in_flight = params.min(mul(2, unit));
     let state = mul(states, params);
     add(
         bucket,
@@ -55,7 +64,7 @@ pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shar
             Shard::None => mul(params, add(2, states)),
             Shard::Optimizer => add(mul(2, params), state.div_ceil(d)),
             Shard::Grads => add(add(params, add(grads, state).div_ceil(d)), in_flight),
-            Shard::Full => add(add(add(params, add(grads, state)).div_ceil(d), params.min(3 * BUCKET_BYTES)), in_flight),
+            Shard::Full => add(add(add(params, add(grads, state)).div_ceil(d), params.min(mul(3, unit))), in_flight),
         },
     )
 }
@@ -66,7 +75,16 @@ pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shar
 /// parameters it updated (an all-gather's volume); grads, a reduce-scatter of the gradients
 /// and an all-gather of the updated pieces (what an all-reduce moves); full, every unit's
 /// all-gather in forward and again in backward, and the reduce-scatter of the gradients.
-pub(super) fn sync_s(link: &Link, params: f64, shard: Shard, data: usize) -> f64 {
+///
+/// Each of the `ceil(params / bucket)` buckets is its own collective: the bandwidth term is the
+/// whole model's, the latency is paid per bucket.
+pub(super) fn sync_s(link: &Link, params: f64, shard: Shard, data: usize, bucket: u64) -> f64 {
+    let buckets = (params / bucket.max(1) as f64).ceil().max(1.0);
+    buckets * sync_one(link, params / buckets, shard, data)
+}
+
+/// [`sync_s`] of one bucket of `params` bytes.
+fn sync_one(link: &Link, params: f64, shard: Shard, data: usize) -> f64 {
     match shard {
         Shard::None => link.all_reduce_s(params, data),
         Shard::Optimizer => link.all_reduce_s(params, data) + link.all_gather_s(params, data),

@@ -108,3 +108,49 @@ impl fmt::Display for Plan {
         Ok(())
     }
 }
+
+/// The rejections summarised by reason, most frequent first: how many layouts each reason
+/// excluded and the first of them. Memory rejections, whose figures differ, count as one
+/// reason, shown with the variant that came closest to fitting.
+pub(super) fn by_reason(rejected: &[super::Rejected]) -> String {
+    // (key, count, the example shown, its need in bytes for memory rejections)
+    let mut reasons: Vec<(String, usize, &super::Rejected, u64)> = Vec::new();
+    for r in rejected {
+        let need = r.why.strip_prefix("memory: needs ").map(need_bytes);
+        let key = if need.is_some() { "memory".to_string() } else { r.why.clone() };
+        match reasons.iter_mut().find(|(k, ..)| *k == key) {
+            Some((_, n, shown, least)) => {
+                *n += 1;
+                if need.is_some_and(|b| b < *least) {
+                    (*shown, *least) = (r, need.unwrap_or(u64::MAX));
+                }
+            }
+            None => reasons.push((key, 1, r, need.unwrap_or(u64::MAX))),
+        }
+    }
+    reasons.sort_by(|a, b| b.1.cmp(&a.1));
+    let parts: Vec<String> = reasons
+        .iter()
+        .map(|(key, n, r, _)| match key.as_str() {
+            "memory" => format!("{n} over memory, the closest {}: {}", r.layout, r.why),
+            _ => format!("{n} because {} (as {})", r.why, r.layout),
+        })
+        .collect();
+    format!("{} layouts rejected: {}", rejected.len(), parts.join("; "))
+}
+
+/// The bytes of a memory rejection's "12.50 MiB on cpu, ..." text (as
+/// [`format_bytes`](crate::backend::format_bytes) writes them), for ordering; the largest
+/// where it does not read.
+fn need_bytes(text: &str) -> u64 {
+    let mut words = text.split_whitespace();
+    let (Some(n), Some(unit)) = (words.next().and_then(|n| n.parse::<f64>().ok()), words.next()) else { return u64::MAX };
+    let scale = match unit {
+        "bytes" => 1.0,
+        _ => match ["KiB", "MiB", "GiB", "TiB", "PiB"].iter().position(|u| *u == unit) {
+            Some(i) => 1024f64.powi(i as i32 + 1),
+            None => return u64::MAX,
+        },
+    };
+    (n * scale) as u64
+}

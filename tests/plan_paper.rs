@@ -1,0 +1,90 @@
+//! A GPT planned for a described cluster from a reduced model: the scaled calibration of a
+//! small GPT counts the bytes of the GPT's own calibration exactly and its times closely, and
+//! `tandem plan --cluster dual-m60:2` plans GPT-2 XL's shape without building it, in bounded
+//! memory, choosing a layout that combines axes.
+mod common;
+use common::{s, text};
+use tandem::nn::models::{Gpt, GptConfig};
+use tandem::parallel::plan::{measure_gpt, measure_gpt_scaled, Plan, Reduction, Reuse};
+use tandem::{Device, Tensor};
+
+/// Token ids `[k, t]` below `vocab`, the same for every call.
+fn windows(k: usize, t: usize, vocab: usize) -> Tensor {
+    let ids = (0..k * t).map(|i| ((i * 7 + 3) % vocab) as i32).collect();
+    Tensor::from_labels(ids, [k, t], &Device::cpu()).unwrap()
+}
+
+#[test]
+fn a_reduction_keeps_the_head_size_and_caps_width_and_window() {
+    let xl = GptConfig { n_layer: 48, n_head: 25, n_embd: 1600, block_size: 1024, vocab_size: 65, dropout: 0.0, bias: true };
+    let r = Reduction::default().of(&xl);
+    assert_eq!((r.n_layer, r.n_head, r.n_embd, r.block_size, r.vocab_size), (1, 4, 256, 64, 65));
+    let small = GptConfig { n_layer: 2, n_head: 2, n_embd: 32, block_size: 8, ..xl };
+    assert_eq!(Reduction::default().of(&small), GptConfig { n_layer: 1, ..small });
+}
+
+#[test]
+fn a_scaled_calibration_has_the_full_ones_bytes_and_near_its_times() {
+    let full = GptConfig { n_layer: 3, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 50, dropout: 0.0, bias: true };
+    let reduction = Reduction { n_embd: 64, block_size: 32 };
+    let small = reduction.of(&full);
+    assert_eq!((small.n_layer, small.n_head, small.n_embd, small.block_size), (1, 2, 64, 32), "a reduced model, of the same head size");
+    let cpu = Device::cpu();
+    for precision in [tandem::optim::Precision::F32, tandem::optim::Precision::Bf16] {
+        let cast = precision.autocast();
+        let whole = || measure_gpt(&Gpt::new(full, 0, &cpu)?, &windows(4, 64, 50), std::slice::from_ref(&cpu), 8, 2);
+        let (measured, _) = tandem::autocast(cast, whole).unwrap();
+        let (scaled, _) = tandem::autocast(cast, || measure_gpt_scaled(full, 0, &windows(4, 32, 50), &cpu, 8, 2, Reuse::Off, reduction)).unwrap();
+        assert_eq!(scaled.layers.len(), measured.layers.len());
+        assert_eq!((scaled.batch, scaled.state_per_param_byte), (measured.batch, measured.state_per_param_byte));
+        for (a, b) in scaled.layers.iter().zip(&measured.layers) {
+            let bytes = |l: &tandem::parallel::plan::LayerCost| {
+                (l.name.clone(), l.param_bytes, l.largest_param_bytes, l.activation_bytes, l.output_bytes, l.tensor_parallel, l.tied)
+            };
+            assert_eq!(bytes(a), bytes(b), "{precision:?}: the counted bytes are the measured ones");
+        }
+        // Times: the blocks' compute, per sample, within a factor of 3 of the full model's
+        // (timings on a shared machine, of products of another size).
+        let block_s = |w: &tandem::parallel::plan::Workload| w.layers[1..=full.n_layer].iter().map(|l| l.forward_s + l.backward_s).sum::<f64>();
+        let ratio = block_s(&scaled) / block_s(&measured);
+        assert!((1.0 / 3.0..3.0).contains(&ratio), "{precision:?}: scaled {:.3e} s against measured {:.3e} s", block_s(&scaled), block_s(&measured));
+    }
+}
+
+/// Runs `tandem` with `args` to its end, with its peak resident memory (KiB) from `wait4`.
+fn run_with_peak(args: &[&str]) -> (std::process::ExitStatus, String, u64) {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = common::scratch("plan_paper", "out");
+    let (out, err) = (dir.join("stdout"), dir.join("stderr"));
+    let (stdout, stderr) = (std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap());
+    let child = common::tandem().args(args).stdout(stdout).stderr(stderr).spawn().unwrap();
+    let (mut status, mut usage) = (0i32, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // SAFETY: waits for this test's own child, writing into the two locals.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4: {}", std::io::Error::last_os_error());
+    let printed = text(&std::fs::read(&out).unwrap()) + &text(&std::fs::read(&err).unwrap());
+    (std::process::ExitStatus::from_raw(status), printed, usage.ru_maxrss as u64)
+}
+
+#[test]
+fn gpt2_xl_on_a_paper_cluster_is_planned_from_a_reduced_measurement() {
+    let dir = common::scratch("plan_paper", "xl");
+    let path = dir.join("xl.json");
+    let shape = ["--model", "gpt", "--data", "text", "--n-layer", "48", "--n-embd", "1600", "--n-head", "25", "--block-size", "1024", "--batch", "8"];
+    let (status, printed, peak_kib) = run_with_peak(&[&["plan", "--cluster", "dual-m60:2", "--save-plan", s(&path)][..], &shape].concat());
+    assert!(status.success(), "{printed}");
+    // The whole model's f32 parameters alone are 6 GB: a process that built it would hold that.
+    assert!(peak_kib < 1 << 20, "peak resident memory {peak_kib} KiB, over 1 GiB:\n{printed}");
+    let file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let plan: Plan = serde_json::from_value(file["plan"].clone()).unwrap();
+    assert!(plan.model.starts_with("Gpt(n_layer=48, n_head=25, n_embd=1600, block_size=1024"), "{}", plan.model);
+    let l = &plan.best.layout;
+    // 1.5 billion parameters with Adam's state (24 GB in f32) do not fit one 8 GB M60: the
+    // plan splits the model (tensor or pipeline) or shards its state, over more than one axis.
+    let axes = [l.data > 1, l.tensor > 1, l.pipeline > 1].iter().filter(|a| **a).count();
+    assert!(axes >= 2 || (l.data > 1 && l.shard != tandem::parallel::Shard::None), "{l} combines no axes:\n{printed}");
+    assert!(l.tensor <= 4, "a tensor group inside one server of four: {l}");
+    assert!(printed.contains("Megatron-LM's rule"), "{printed}");
+    let params: u64 = plan.best.memory.iter().copied().max().unwrap_or(0);
+    assert!(params > 1 << 30 && params as f64 <= 0.85 * (8u64 << 30) as f64, "peak {params} B per M60:\n{printed}");
+}
