@@ -360,16 +360,27 @@ impl super::Replica for TensorParallel {
     }
     fn backward_share(&mut self, part: &Batch, first: usize, total: usize) -> Result<f32> {
         let loss = self.share_loss(part, first, total)?;
-        self.opts.iter().for_each(|o| o.zero_grad());
-        loss.backward()?;
-        loss.to_scalar()
+        backward_share(&loss, &self.opts)
     }
     fn slot_params(&self) -> Vec<Vec<(String, Tensor)>> {
-        (0..self.run.devices.len()).map(|i| self.placed.device_params(i)).collect()
+        self.placed.slot_params(self.run.devices.len())
     }
     fn optimizers(&mut self) -> Vec<(&mut Box<dyn Optimizer>, &Device, Option<String>)> {
-        self.opts.iter_mut().zip(&self.run.devices).enumerate().map(|(i, (o, d))| (o, d, Some(format!("{} #{i}", d.spec())))).collect()
+        optimizers(&mut self.opts, &self.run.devices)
     }
+}
+
+/// A tensor-parallel replica's backward of its share's `loss`, its optimizers' (`opts`)
+/// gradients from zero; the loss's value.
+fn backward_share(loss: &Tensor, opts: &[Box<dyn Optimizer>]) -> Result<f32> {
+    opts.iter().for_each(|o| o.zero_grad());
+    loss.backward()?;
+    loss.to_scalar()
+}
+
+/// Each device's optimizer (`opts[i]` on `devices[i]`) with its trace track.
+fn optimizers<'a>(opts: &'a mut [Box<dyn Optimizer>], devices: &'a [Device]) -> Vec<(&'a mut Box<dyn Optimizer>, &'a Device, Option<String>)> {
+    opts.iter_mut().zip(devices).enumerate().map(|(i, (o, d))| (o, d, Some(format!("{} #{i}", d.spec())))).collect()
 }
 
 impl Strategy for TensorParallel {

@@ -182,15 +182,13 @@ impl Replica for TensorParallelGpt {
     }
     fn backward_share(&mut self, part: &Batch, first: usize, total: usize) -> Result<f32> {
         let loss = self.share_loss(part, first, total)?;
-        self.opts.iter().for_each(|o| o.zero_grad());
-        loss.backward()?;
-        loss.to_scalar()
+        super::backward_share(&loss, &self.opts)
     }
     fn slot_params(&self) -> Vec<Vec<(String, Tensor)>> {
-        (0..self.run.devices.len()).map(|i| self.placed.device_params(i)).collect()
+        self.placed.slot_params(self.run.devices.len())
     }
     fn optimizers(&mut self) -> Vec<(&mut Box<dyn Optimizer>, &Device, Option<String>)> {
-        self.opts.iter_mut().zip(&self.run.devices).enumerate().map(|(i, (o, d))| (o, d, Some(format!("{} #{i}", d.spec())))).collect()
+        super::optimizers(&mut self.opts, &self.run.devices)
     }
 }
 

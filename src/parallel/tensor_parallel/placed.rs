@@ -82,6 +82,12 @@ impl Placed {
         self.logical.iter().filter(|l| l.trained).filter_map(|l| l.parts.get(i).map(|t| (l.name.clone(), t.clone()))).collect()
     }
 
+    /// Each of the group's `devices` devices' parameters, in device order: a data-parallel
+    /// grid's slots.
+    pub fn slot_params(&self, devices: usize) -> Vec<Vec<(String, Tensor)>> {
+        (0..devices).map(|i| self.device_params(i)).collect()
+    }
+
     /// Every logical tensor gathered whole, in order.
     pub fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
         self.logical.iter().map(|l| Ok((l.name.clone(), l.gather(&l.parts, &self.first)?))).collect()
