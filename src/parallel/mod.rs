@@ -29,7 +29,7 @@ pub use loss::{batch_to_device, inputs_to_device, Loss, LossFn};
 pub use placement::LayerPlacement;
 pub use split::proportional_split;
 pub use stages::{plan_stages, Split, Stages};
-pub use tensor_parallel::{ColumnParallelLinear, ParallelMlp, RowParallelLinear, TensorParallel, TensorParallelGpt};
+pub use tensor_parallel::{ColumnParallelLinear, ParallelMlp, RowParallelLinear, ShardedStage, TensorParallel, TensorParallelGpt};
 
 use crate::data::Batch;
 use crate::nn::Module;

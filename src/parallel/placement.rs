@@ -1,7 +1,7 @@
 //! Layer placement (model parallelism): consecutive layers of a `Sequential` (or the user's
 //! stage modules) on different devices, activations crossing with the differentiable `Tensor::to`.
 use super::stages::{build_stages, load_stage_opt_state, load_stage_params, probe_input, rebalance, stage_opt_state, stage_params, track_name, Stage, Split, Stages};
-use super::step::{NormOver, Part, StepCore};
+use super::step::{NormOver, StepCore};
 use super::trace::Phase;
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::data::Batch;
@@ -88,7 +88,7 @@ impl Strategy for LayerPlacement {
         })?;
         let loss = self.run.loss_share(&out, &y, batch.len(), batch.len())?;
         for s in &self.stages {
-            s.opt.zero_grad();
+            s.zero_grad();
         }
         let tb = Instant::now();
         loss.backward()?;
@@ -96,7 +96,7 @@ impl Strategy for LayerPlacement {
             // One backward crosses every device; it is drawn on the last stage, where it starts.
             tr.span(&tracks[tracks.len() - 1], "backward (all stages)", Phase::Backward, tb, tb.elapsed().as_secs_f64());
         }
-        let parts = self.stages.iter_mut().zip(tracks).map(|(s, track)| Part { opt: &mut s.opt, device: &s.device, track: Some(track) }).collect();
+        let parts = self.stages.iter_mut().enumerate().flat_map(|(i, s)| s.parts(i)).collect();
         let (grad_norm, _) = self.run.update(NormOver::Parts, None, parts, None)?;
         let value = loss.to_scalar()?;
         let wall = t0.elapsed().as_secs_f64();
@@ -116,13 +116,13 @@ impl Strategy for LayerPlacement {
         out.to(&self.stages[0].device)
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(stage_params(&self.stages))
+        stage_params(&self.stages)
     }
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
         load_stage_params(&self.stages, state)
     }
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        Ok(stage_opt_state(&self.stages))
+        stage_opt_state(&self.stages)
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.run.step = steps;

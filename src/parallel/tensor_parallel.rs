@@ -7,10 +7,12 @@
 mod attention;
 mod gpt;
 mod mlp;
-mod placed;
+pub(crate) mod placed;
+mod stages;
 
 pub use gpt::TensorParallelGpt;
 pub use mlp::ParallelMlp;
+pub use stages::ShardedStage;
 use super::step::{NormOver, Part, StepCore};
 use super::trace::Phase;
 use super::split;

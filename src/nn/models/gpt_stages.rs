@@ -79,13 +79,7 @@ impl Gpt {
                 stage.push_boxed("transformer".into(), Box::new(e));
             }
             for i in r {
-                let b = Block::build(&cfg, self.seed(), i, dev, &mut |shape, _| Tensor::zeros(shape, dev))?;
-                let from = &t.h.0[i];
-                b.load_state_dict(&from.state_dict())?;
-                b.set_fused_attention(from.fused_attention());
-                b.set_recompute(from.recompute());
-                training(&b);
-                stage.push_boxed(format!("transformer.h.{i}"), Box::new(b));
+                stage.push_boxed(format!("transformer.h.{i}"), Box::new(self.block_copy(i, dev)?));
             }
             if s == last {
                 let ln_f = Norm::new(cfg.n_embd, cfg.bias, dev)?;
@@ -98,8 +92,20 @@ impl Gpt {
         Ok(out)
     }
 
-    /// The blocks of each of `p` stages.
-    fn block_ranges(&self, p: usize, starts: Option<&[usize]>) -> Result<Vec<Range<usize>>> {
+    /// A copy of block `i` on `dev`: its weights, dropout seeds, training mode, attention
+    /// kernel and recomputation.
+    pub(crate) fn block_copy(&self, i: usize, dev: &Device) -> Result<Block> {
+        let b = Block::build(&self.config, self.seed(), i, dev, &mut |shape, _| Tensor::zeros(shape, dev))?;
+        let from = &self.transformer.h.0[i];
+        b.load_state_dict(&from.state_dict())?;
+        b.set_fused_attention(from.fused_attention());
+        b.set_recompute(from.recompute());
+        b.set_training(self.training());
+        Ok(b)
+    }
+
+    /// The blocks of each of `p` stages (`starts` as [`Gpt::stages`] takes them).
+    pub(crate) fn block_ranges(&self, p: usize, starts: Option<&[usize]>) -> Result<Vec<Range<usize>>> {
         let n = self.config.n_layer;
         if p == 0 || p > n {
             return Err(Error::invalid("Gpt::stages", format!("{p} stages for {n} blocks: give 1 to {n} devices (every stage holds a block)")));

@@ -181,7 +181,7 @@ impl PipelineBuilder<'_> {
             Some(a) => schedule::schedule(self.schedule, a.total, self.micro_batches)[a.first..a.first + stages.len()].to_vec(),
             None => schedule::schedule(self.schedule, stages.len(), self.micro_batches),
         };
-        let devices: Vec<Device> = stages.iter().map(|s| s.device.clone()).collect();
+        let devices: Vec<Device> = stages.iter().flat_map(|s| s.devices()).collect();
         let mut run = StepCore::new(self.loss, &devices);
         run.set_clip(self.clip)?;
         run.set_precision(self.precision.0, self.precision.1);
@@ -313,7 +313,7 @@ impl Pipeline {
         self.balance.first_split(&mut self.stages, part, self.micro_batches, &self.opt)?;
         let firsts: Vec<usize> = micro.iter().scan(first, |at, b| Some(std::mem::replace(at, *at + b.len()))).collect();
         for s in &self.stages {
-            s.opt.zero_grad();
+            s.zero_grad();
         }
         tied::clear_copy_grads(&self.ties);
         let p = self.stages.len();
@@ -371,14 +371,16 @@ impl Pipeline {
         Ok(PartRun { outcomes, start })
     }
 
-    /// The parameters each stage's optimizer trains (tied copies left out), in stage order.
+    /// The parameters each device's optimizer trains (tied copies left out), in device order
+    /// (stage by stage, a tensor-parallel stage's group in order).
     pub(crate) fn trained_params(&self) -> Vec<Vec<(String, Tensor)>> {
-        self.stages.iter().map(|s| s.opt.params().iter().filter(|(_, t)| !tied::is_copy(&self.ties, t)).cloned().collect()).collect()
+        let trained = |slot: Vec<(String, Tensor)>| slot.into_iter().filter(|(_, t)| !tied::is_copy(&self.ties, t)).collect();
+        self.stages.iter().flat_map(|s| s.slot_params()).map(trained).collect()
     }
 
-    /// Every stage's optimizer, for the update, with its trace track.
+    /// Every device's optimizer, for the update, with its trace track.
     pub(crate) fn parts(&mut self) -> Vec<Part<'_>> {
-        self.stages.iter_mut().enumerate().map(|(i, s)| Part { track: Some(stages::track_name(i, &s.device)), opt: &mut s.opt, device: &s.device }).collect()
+        self.stages.iter_mut().enumerate().flat_map(|(i, s)| s.parts(i)).collect()
     }
 
     /// After an update by a grid around this pipeline: the tied copies take their primaries'
@@ -421,7 +423,7 @@ impl Pipeline {
             compute_s: outcomes.iter().map(|o| o.compute_s).fold(0.0, f64::max),
             comm_s: outcomes.iter().map(|o| o.comm_s).sum(),
             overlap: 0.0,
-            peak_memory: self.stages.iter().map(|s| s.device.memory().peak).collect(),
+            peak_memory: self.run.devices.iter().map(|d| d.memory().peak).collect(),
             grad_norm,
         }
     }
@@ -444,7 +446,7 @@ impl Strategy for Pipeline {
         // Across processes the norm spans every rank's stages.
         let across = self.across.as_ref().map(|a| a.group.clone());
         let reduce = |sq: f64| remote::sum_over_ranks(across.as_ref().expect("only across processes"), sq);
-        let parts = self.stages.iter_mut().enumerate().map(|(i, s)| Part { track: Some(stages::track_name(i, &s.device)), opt: &mut s.opt, device: &s.device }).collect();
+        let parts = self.stages.iter_mut().enumerate().flat_map(|(i, s)| s.parts(i)).collect();
         let (grad_norm, _) = self.run.update(NormOver::Parts, across.as_ref().map(|_| &reduce as &dyn Fn(f64) -> Result<f64>), parts, None)?;
         tied::sync(&self.ties)?;
         let mut report = self.report(&run, grad_norm);
@@ -470,7 +472,7 @@ impl Strategy for Pipeline {
     /// Across processes, every rank's stages gathered on every rank (collective), the other
     /// ranks' tensors on the CPU.
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        let mine = stages::stage_params(&self.stages);
+        let mine = stages::stage_params(&self.stages)?;
         match &self.across {
             Some(a) => a.group.all_gather_named(&mine),
             None => Ok(mine),
@@ -481,14 +483,14 @@ impl Strategy for Pipeline {
         let state = tied::complete_state(&self.ties, state)?;
         match &self.across {
             Some(a) => {
-                let names: Vec<String> = stages::stage_params(&self.stages).into_iter().map(|p| p.0).collect();
+                let names: Vec<String> = stages::stage_params(&self.stages)?.into_iter().map(|p| p.0).collect();
                 a.load(&names, &state, |own| stages::load_stage_params(&self.stages, own))
             }
             None => stages::load_stage_params(&self.stages, &state),
         }
     }
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        let (mine, steps) = stages::stage_opt_state(&self.stages);
+        let (mine, steps) = stages::stage_opt_state(&self.stages)?;
         match &self.across {
             Some(a) => Ok((a.group.all_gather_named(&mine)?, steps)),
             None => Ok((mine, steps)),

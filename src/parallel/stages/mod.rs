@@ -2,7 +2,9 @@
 //! split points or balanced by measured layer times within each device's memory (or stages the
 //! user built), each stage built on its device with its own optimizer, then rebalanced from
 //! measured times; and the stages' weights and optimizer state gathered under their names.
-use super::OptimConfig;
+use super::step::Part;
+use super::tensor_parallel::placed::Placed;
+use super::{OptimConfig, ShardedStage};
 use crate::data::Batch;
 use crate::nn::{Module, Sequential};
 use crate::optim::Optimizer;
@@ -31,14 +33,83 @@ pub enum Stages<'a> {
     /// The user's stages, `stages[s]` already built on `devices[s]`. Their layer names are
     /// the state_dict prefixes, so they should be distinct across stages. No rebalancing.
     Built(Vec<Sequential>),
+    /// Stages that are tensor-parallel groups ([`Gpt::tensor_stages`](crate::nn::models::Gpt::tensor_stages)):
+    /// stage `s` on its group of devices, the groups in order making up the pipeline's
+    /// devices. Pipelines only; no rebalancing.
+    Sharded(Vec<ShardedStage>),
 }
 
-/// Consecutive layers on one device with their own optimizer.
+/// Consecutive layers on one device, or on a tensor-parallel group, with one optimizer per
+/// device.
 pub(crate) struct Stage {
     pub range: Range<usize>,
+    /// Where the stage's input and output are: its only device, or its group's first.
     pub device: Device,
     pub model: Sequential,
-    pub opt: Box<dyn Optimizer>,
+    /// `opts[i]` trains what the stage holds on its `i`-th device (`opts[0]` on `device`).
+    pub opts: Vec<Box<dyn Optimizer>>,
+    /// A tensor-parallel stage's group: its tensors as they lie on its devices.
+    pub group: Option<(Placed, Vec<Device>)>,
+}
+
+impl Stage {
+    /// A stage of one device.
+    fn whole(range: Range<usize>, device: &Device, model: Sequential, opt: Box<dyn Optimizer>) -> Stage {
+        Stage { range, device: device.clone(), model, opts: vec![opt], group: None }
+    }
+    /// The stage's devices, `device` first.
+    pub fn devices(&self) -> Vec<Device> {
+        self.group.as_ref().map_or_else(|| vec![self.device.clone()], |(_, d)| d.clone())
+    }
+    pub fn zero_grad(&self) {
+        self.opts.iter().for_each(|o| o.zero_grad());
+    }
+    /// What each of the stage's devices trains, in device order.
+    pub fn slot_params(&self) -> Vec<Vec<(String, Tensor)>> {
+        self.opts.iter().map(|o| o.params().to_vec()).collect()
+    }
+    /// Each device's optimizer for the update, with its trace track (stage `index`).
+    pub fn parts(&mut self, index: usize) -> Vec<Part<'_>> {
+        let devices: Vec<&Device> = match &self.group {
+            Some((_, group)) => group.iter().collect(),
+            None => vec![&self.device],
+        };
+        let many = devices.len() > 1;
+        let track = |i: usize, d: &Device| if many { format!("stage {index}.{i} ({})", d.spec()) } else { track_name(index, d) };
+        self.opts.iter_mut().zip(devices).enumerate().map(|(i, (opt, device))| Part { track: Some(track(i, device)), opt, device }).collect()
+    }
+    /// Weights and buffers under the unsplit model's names and shapes.
+    pub fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        match &self.group {
+            Some((placed, _)) => placed.state_dict(),
+            None => Ok(self.model.state_dict()),
+        }
+    }
+    /// Loads this stage's tensors of `state` (whole shapes), strictly.
+    fn load(&self, state: &[(String, Tensor)]) -> Result<()> {
+        match &self.group {
+            Some((placed, _)) => placed.load_state_dict("load_state_dict", state, &|_, _| false),
+            None => self.model.load_state_dict(state),
+        }
+    }
+    /// The optimizers' state under the parameters' names and whole shapes, and the step count.
+    fn opt_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
+        match &self.group {
+            Some((placed, _)) => placed.optimizer_state(&self.opts),
+            None => Ok(self.opts[0].state()),
+        }
+    }
+    /// Restores this stage's part of a whole model's optimizer state (other stages' names are
+    /// left for them).
+    fn load_opt_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        match &self.group {
+            Some((placed, _)) => {
+                let mine: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| placed.owner(n).is_some()).cloned().collect();
+                placed.load_optimizer_state(&mut self.opts, &mine, steps)
+            }
+            None => self.opts[0].load_state(state, steps),
+        }
+    }
 }
 
 /// Bytes of each layer's parameters.
@@ -180,7 +251,7 @@ fn build(layers: &[&(String, Box<dyn Module>)], ranges: &[Range<usize>], devices
                 model.push_boxed(name.clone(), layer.to_device(dev)?);
             }
             let opt = opt.build(model.parameters())?;
-            Ok(Stage { range: r.clone(), device: dev.clone(), model, opt })
+            Ok(Stage::whole(r.clone(), dev, model, opt))
         })
         .collect()
 }
@@ -209,7 +280,23 @@ pub(crate) fn build_stages(stages: Stages, devices: &[Device], opt: &OptimConfig
                 let opt = opt.build(model.parameters())?;
                 let range = start..start + model.len();
                 start = range.end;
-                out.push(Stage { range, device: dev.clone(), model, opt });
+                out.push(Stage::whole(range, dev, model, opt));
+            }
+            Ok((out, false))
+        }
+        Stages::Sharded(stages) => {
+            let given: Vec<Device> = stages.iter().flat_map(|s| s.devices.clone()).collect();
+            if given.len() != devices.len() || given.iter().zip(devices).any(|(a, b)| !a.same(b)) {
+                let per: Vec<usize> = stages.iter().map(|s| s.devices.len()).collect();
+                return Err(Error::invalid("stages", format!("stages over groups of {per:?} devices for {} devices; give the devices the stages were made on, in order", devices.len())));
+            }
+            let mut start = 0;
+            let mut out = Vec::with_capacity(stages.len());
+            for ShardedStage { model, placed, devices } in stages {
+                let opts = (0..devices.len()).map(|i| opt.build(placed.device_params(i))).collect::<Result<Vec<_>>>()?;
+                let range = start..start + model.len();
+                start = range.end;
+                out.push(Stage { range, device: devices[0].clone(), model, opts, group: Some((placed, devices)) });
             }
             Ok((out, false))
         }
@@ -302,16 +389,16 @@ pub(crate) fn resplit_to(stages: &mut Vec<Stage>, ranges: &[Range<usize>], opt: 
     let mut state = Vec::new();
     let mut steps = 0;
     for s in stages.iter() {
-        let (st, n) = s.opt.state();
+        let (st, n) = s.opts[0].state();
         state.extend(st);
         steps = n;
     }
     // The fresh optimizers start from the config's learning rate; keep the one set since.
-    let lr = stages.first().map(|s| s.opt.lr());
+    let lr = stages.first().map(|s| s.opts[0].lr());
     for s in &mut fresh {
-        s.opt.load_state(&state, steps)?;
+        s.opts[0].load_state(&state, steps)?;
         if let Some(lr) = lr {
-            s.opt.set_lr(lr);
+            s.opts[0].set_lr(lr);
         }
     }
     *stages = fresh;
@@ -329,41 +416,45 @@ pub(crate) fn probe_input(batch: &Batch, k: usize, device: &Device) -> Result<Te
 }
 
 /// Gathers every stage's parameters and buffers, named as in the unsplit model.
-pub(crate) fn stage_params(stages: &[Stage]) -> Vec<(String, Tensor)> {
-    stages.iter().flat_map(|s| s.model.state_dict()).collect()
+pub(crate) fn stage_params(stages: &[Stage]) -> Result<Vec<(String, Tensor)>> {
+    let mut all = Vec::new();
+    for s in stages {
+        all.extend(s.state_dict()?);
+    }
+    Ok(all)
 }
 
 /// Loads weights into whichever stage owns each name (strict over the whole model).
 pub(crate) fn load_stage_params(stages: &[Stage], state: &[(String, Tensor)]) -> Result<()> {
-    let all = stage_params(stages);
+    let all = stage_params(stages)?;
     let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !all.iter().any(|p| p.0 == *n)).collect();
     if !unexpected.is_empty() {
         return Err(Error::invalid("load_state_dict", format!("unexpected [{}]", crate::error::capped_list(unexpected))));
     }
     for s in stages {
-        let names: Vec<String> = s.model.state_dict().into_iter().map(|p| p.0).collect();
+        let names: Vec<String> = s.state_dict()?.into_iter().map(|p| p.0).collect();
         let mine: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| names.contains(n)).cloned().collect();
-        s.model.load_state_dict(&mine)?;
+        s.load(&mine)?;
     }
     Ok(())
 }
 
 /// Every stage optimizer's state in stage order, and the step count.
-pub(crate) fn stage_opt_state(stages: &[Stage]) -> (Vec<(String, Tensor)>, u64) {
+pub(crate) fn stage_opt_state(stages: &[Stage]) -> Result<(Vec<(String, Tensor)>, u64)> {
     let mut all = Vec::new();
     let mut steps = 0;
     for s in stages {
-        let (st, n) = s.opt.state();
+        let (st, n) = s.opt_state()?;
         all.extend(st);
         steps = n;
     }
-    (all, steps)
+    Ok((all, steps))
 }
 
-/// Restores what `stage_opt_state` gathered: each stage's optimizer picks its own names.
+/// Restores what `stage_opt_state` gathered: each stage's optimizers pick their own names.
 pub(crate) fn load_stage_opt_state(stages: &mut [Stage], state: &[(String, Tensor)], steps: u64) -> Result<()> {
     for s in stages {
-        s.opt.load_state(state, steps)?;
+        s.load_opt_state(state, steps)?;
     }
     Ok(())
 }

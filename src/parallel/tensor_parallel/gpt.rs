@@ -34,9 +34,56 @@ impl ParallelLayers {
     }
 }
 
-struct ParallelBlock {
+pub(super) struct ParallelBlock {
     layers: Arc<ParallelLayers>,
     recompute: AtomicBool,
+}
+
+impl ParallelBlock {
+    /// `block` (on the group's first device, used by no graph) split over `devices`: its
+    /// Linears copied to their devices, the LayerNorms and dropout kept on the first.
+    pub(super) fn split(block: crate::nn::models::Block, devices: &[Device]) -> Result<Self> {
+        let (recompute, fused) = (block.recompute(), block.layers.attn.fused());
+        let BlockLayers { ln_1, attn, ln_2, mlp } = Arc::try_unwrap(block.layers).map_err(|_| Error::invalid("TensorParallelGpt", "a block of the model is still in use by a graph"))?;
+        let layers = ParallelLayers {
+            ln_1,
+            attn: ParallelAttention::new(attn, fused, devices)?,
+            ln_2,
+            mlp: ParallelMlp::from_linears(&mlp.c_fc, &mlp.c_proj, mlp.gelu, devices)?,
+            dropout: mlp.dropout,
+        };
+        Ok(ParallelBlock { layers: Arc::new(layers), recompute: AtomicBool::new(recompute) })
+    }
+
+    /// The block's nanoGPT tensors under `prefix` (`transformer.h.{i}`), as they lie on the group.
+    pub(super) fn logical(&self, prefix: &str) -> Vec<Logical> {
+        let col = |name: &str, c: &ColumnParallelLinear, placement: Placement| {
+            let mut v = vec![Logical::param(format!("{name}.weight"), placement, c.weights.clone())];
+            if let Some(b) = &c.biases {
+                // Qkv and Split(0) split a bias along its only dimension as the weight's rows.
+                v.push(Logical::param(format!("{name}.bias"), placement, b.clone()));
+            }
+            v
+        };
+        let row = |name: &str, r: &super::RowParallelLinear| {
+            let mut v = vec![Logical::param(format!("{name}.weight"), Placement::Split(1), r.weights.clone())];
+            v.extend(r.bias.clone().map(|b| Logical::whole(format!("{name}.bias"), b)));
+            v
+        };
+        let (l, p) = (&*self.layers, prefix);
+        let mut out = norm_logical(&format!("{p}.ln_1"), &l.ln_1);
+        out.extend(col(&format!("{p}.attn.c_attn"), &l.attn.c_attn, Placement::Qkv));
+        out.extend(row(&format!("{p}.attn.c_proj"), &l.attn.c_proj));
+        out.extend(norm_logical(&format!("{p}.ln_2"), &l.ln_2));
+        out.extend(col(&format!("{p}.mlp.c_fc"), l.mlp.c_fc(), Placement::Split(0)));
+        out.extend(row(&format!("{p}.mlp.c_proj"), l.mlp.c_proj()));
+        out
+    }
+}
+
+/// A whole LayerNorm's tensors under `name`.
+fn norm_logical(name: &str, n: &Norm) -> Vec<Logical> {
+    n.parameters().into_iter().map(|(k, t)| Logical::whole(format!("{name}.{k}"), t)).collect()
 }
 
 impl Module for ParallelBlock {
@@ -68,32 +115,12 @@ impl ParallelGpt {
     }
     /// Every nanoGPT parameter in state_dict order (without the tied `lm_head.weight`).
     fn logical(&self) -> Vec<Logical> {
-        let col = |name: &str, c: &ColumnParallelLinear, placement: Placement| {
-            let mut v = vec![Logical::param(format!("{name}.weight"), placement, c.weights.clone())];
-            if let Some(b) = &c.biases {
-                // Qkv and Split(0) split a bias along its only dimension as the weight's rows.
-                v.push(Logical::param(format!("{name}.bias"), placement, b.clone()));
-            }
-            v
-        };
-        let row = |name: &str, r: &super::RowParallelLinear| {
-            let mut v = vec![Logical::param(format!("{name}.weight"), Placement::Split(1), r.weights.clone())];
-            v.extend(r.bias.clone().map(|b| Logical::whole(format!("{name}.bias"), b)));
-            v
-        };
-        let norm = |name: &str, n: &Norm| n.parameters().into_iter().map(|(k, t)| Logical::whole(format!("{name}.{k}"), t)).collect::<Vec<_>>();
         let t = &self.transformer;
         let mut out = vec![Logical::whole("transformer.wte.weight", t.wte.weight.clone()), Logical::whole("transformer.wpe.weight", t.wpe.weight.clone())];
         for (i, b) in self.blocks.iter().enumerate() {
-            let (l, p) = (&*b.layers, format!("transformer.h.{i}"));
-            out.extend(norm(&format!("{p}.ln_1"), &l.ln_1));
-            out.extend(col(&format!("{p}.attn.c_attn"), &l.attn.c_attn, Placement::Qkv));
-            out.extend(row(&format!("{p}.attn.c_proj"), &l.attn.c_proj));
-            out.extend(norm(&format!("{p}.ln_2"), &l.ln_2));
-            out.extend(col(&format!("{p}.mlp.c_fc"), l.mlp.c_fc(), Placement::Split(0)));
-            out.extend(row(&format!("{p}.mlp.c_proj"), l.mlp.c_proj()));
+            out.extend(b.logical(&format!("transformer.h.{i}")));
         }
-        out.extend(norm("transformer.ln_f", &t.ln_f));
+        out.extend(norm_logical("transformer.ln_f", &t.ln_f));
         out
     }
 }
@@ -132,21 +159,8 @@ impl TensorParallelGpt {
         if let Some((n, t)) = gpt.state_dict().into_iter().find(|(_, t)| !t.device().same(first)) {
             return Err(Error::invalid("TensorParallelGpt", format!("{n} is on {}, not on the first device {first}", t.device())));
         }
-        let recompute = gpt.transformer.h.0.first().is_some_and(|b| b.recompute());
-        let fused = gpt.transformer.h.0.first().is_some_and(|b| b.layers.attn.fused());
-        let Gpt { config, mut transformer, .. } = gpt;
-        let mut blocks = Vec::with_capacity(config.n_layer);
-        for block in std::mem::take(&mut transformer.h.0) {
-            let BlockLayers { ln_1, attn, ln_2, mlp } = Arc::try_unwrap(block.layers).map_err(|_| Error::invalid("TensorParallelGpt", "a block of the model is still in use by a graph"))?;
-            let layers = ParallelLayers {
-                ln_1,
-                attn: ParallelAttention::new(attn, fused, devices)?,
-                ln_2,
-                mlp: ParallelMlp::from_linears(&mlp.c_fc, &mlp.c_proj, mlp.gelu, devices)?,
-                dropout: mlp.dropout,
-            };
-            blocks.push(ParallelBlock { layers: Arc::new(layers), recompute: AtomicBool::new(recompute) });
-        }
+        let Gpt { mut transformer, .. } = gpt;
+        let blocks = std::mem::take(&mut transformer.h.0).into_iter().map(|b| ParallelBlock::split(b, devices)).collect::<Result<Vec<_>>>()?;
         let model = ParallelGpt { transformer, blocks };
         let placed = Placed { logical: model.logical(), first: first.clone() };
         let opts = (0..devices.len()).map(|i| opt.build(placed.device_params(i))).collect::<Result<_>>()?;

@@ -9,7 +9,7 @@ use crate::{Device, Error, Result, Tensor};
 
 /// How a logical (unsplit) parameter lies on the group's devices.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Placement {
+pub(crate) enum Placement {
     /// Whole, on the first device.
     Whole,
     /// Split along this dimension, slice `i` on device `i`.
@@ -19,7 +19,7 @@ pub(super) enum Placement {
 }
 
 /// One logical tensor: its name, placement and the tensors that hold it (device order).
-pub(super) struct Logical {
+pub(crate) struct Logical {
     pub name: String,
     pub placement: Placement,
     pub parts: Vec<Tensor>,
@@ -70,7 +70,7 @@ impl Logical {
 }
 
 /// A model's logical tensors over a tensor-parallel group, in state_dict order.
-pub(super) struct Placed {
+pub(crate) struct Placed {
     pub logical: Vec<Logical>,
     /// The group's first device, where gathered tensors are put.
     pub first: Device,
@@ -129,7 +129,7 @@ impl Placed {
     }
 
     /// The logical parameter optimizer state `name` (`param.moment`) belongs to.
-    fn owner(&self, name: &str) -> Option<&Logical> {
+    pub fn owner(&self, name: &str) -> Option<&Logical> {
         let param = name.rsplit_once('.').map_or("", |(p, _)| p);
         self.logical.iter().find(|l| l.trained && l.name == param)
     }
