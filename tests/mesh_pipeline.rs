@@ -156,3 +156,27 @@ fn bad_groups_are_errors() {
     let e = Parallel::pipeline(stages, &other, &OptimConfig::sgd(Default::default()), Loss::CrossEntropy).build().err().expect("other devices");
     assert!(e.to_string().contains("the devices the stages were made on"), "{e}");
 }
+
+/// `--strategy pipeline --tensor 2` and `--strategy data,pipeline --tensor 2` train the GPT
+/// to single-device losses (dropout on); a `--tensor` that does not divide the devices, and
+/// tensor-parallel stages of a seed model, are usage errors naming the flag.
+#[test]
+fn the_command_line_trains_pipelines_of_tensor_groups() {
+    let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "3", "--dropout", "0.1"];
+    let losses = |extra: &[&str]| -> Vec<f32> {
+        let out = common::ok(&[&args[..], extra, &["--log-format", "json"]].concat());
+        let lines = common::text(&out.stdout);
+        lines.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["step"].is_u64()).filter_map(|v| v["loss"].as_f64()).map(|v| v as f32).collect()
+    };
+    let single = losses(&["--devices", "cpu"]);
+    assert_eq!(single.len(), 3, "{single:?}");
+    let tp_pp = losses(&["--strategy", "pipeline", "--tensor", "2", "--micro-batches", "2", "--devices", "cpu,cpu,cpu,cpu"]);
+    assert_close("--strategy pipeline --tensor 2 against single", &tp_pp, &single, 0.0, 1e-5);
+    let cube = losses(&["--strategy", "data,pipeline", "--pipelines", "2", "--tensor", "2", "--devices", "cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu"]);
+    assert_close("--strategy data,pipeline --tensor 2 against single", &cube, &single, 0.0, 1e-5);
+    let o = common::run(&[&args[..], &["--strategy", "pipeline", "--tensor", "3", "--devices", "cpu,cpu,cpu,cpu"]].concat());
+    assert_eq!(o.status.code(), Some(2), "a bad --tensor is a usage error");
+    assert!(common::text(&o.stderr).contains("--tensor"), "{}", common::text(&o.stderr));
+    let seed = ["train", "--model", "seed-cnn", "--data", "synthetic", "--batch", "8", "--steps", "2", "--devices", "cpu,cpu,cpu,cpu"];
+    common::fails(&[&seed[..], &["--strategy", "pipeline", "--tensor", "2"]].concat(), "written for --model gpt");
+}

@@ -268,6 +268,21 @@ fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
     let mut by_hand = Parallel::data_tensor(gpt, &four, 2, &adam, Loss::CrossEntropy).build().unwrap();
     assert_eq!(planned.describe(), by_hand.describe());
     assert_eq!(run(&mut *planned), run(&mut by_hand), "a data x tensor plan differs from the grid built by hand");
+    // Tensor 2 x pipeline 2, and data 2 x tensor 2 x pipeline 2 on eight devices: pipelines of
+    // tensor-parallel stages, as built by hand.
+    let host = gpt(&Device::cpu()).unwrap();
+    assert_eq!(gpt_unbuildable(&layout(1, 2, 2, 2, vec![2]), &[4], &cfg), None);
+    let tp_pp = plan_on(&four, layout(1, 2, 2, 2, vec![2]), vec![4]);
+    let mut planned = tp_pp.build_gpt(&gpt, &four, &adam).unwrap();
+    let stages = Stages::Sharded(host.tensor_stages(&four, 2, Some(&[1])).unwrap());
+    let mut by_hand = Pipeline::builder(stages, &four, &adam, Loss::CrossEntropy).micro_batches(2).build().unwrap();
+    assert_eq!(planned.devices().len(), 4);
+    assert_eq!(run(&mut *planned), run(&mut by_hand), "a tensor x pipeline plan differs from the pipeline built by hand");
+    let eight = common::cpu_devices(8);
+    let cube = plan_on(&eight, layout(2, 2, 2, 1, vec![2]), vec![2, 2]);
+    let mut planned = cube.build_gpt(&gpt, &eight, &adam).unwrap();
+    let mut by_hand = Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, 2, Some(&[1]))?)), &eight, 2, &adam, Loss::CrossEntropy).build().unwrap();
+    assert_eq!(run(&mut *planned), run(&mut by_hand), "a data x tensor x pipeline plan differs from the grid built by hand");
     // What the GPT's strategies cannot make is refused with the reason.
     let odd_heads = GptConfig { n_head: 1, ..cfg };
     assert!(gpt_unbuildable(&layout(1, 2, 1, 1, vec![]), &[4], &odd_heads).unwrap().contains("n_head 1"));

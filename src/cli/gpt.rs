@@ -352,18 +352,18 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             }
             Ok(Box::new(TensorParallelGpt::new(gpt(&devices[0])?, devices, optim, Loss::CrossEntropy)?))
         }
-        StrategyKind::Pipeline => Ok(Box::new(pipeline(args, cfg, optim, devices, micro_batches)?)),
+        StrategyKind::Pipeline => Ok(Box::new(pipeline(args, cfg, optim, devices, micro_batches, tensor)?)),
         StrategyKind::DataPipeline => {
             let rows = args.pipelines.unwrap_or(2);
-            if rows == 0 || !devices.len().is_multiple_of(rows) || devices.len() == rows {
-                let what = format!("{rows} pipelines over {} devices: give a multiple of {rows} devices, at least 2 per pipeline", devices.len());
+            if rows == 0 || !devices.len().is_multiple_of(rows * tensor) || devices.len() == rows * tensor {
+                let what = format!("{rows} pipelines of stages of {tensor} devices over {} devices: give a multiple of {} devices, at least 2 stages per pipeline", devices.len(), rows * tensor);
                 return Err(Error::invalid("--pipelines", what));
             }
             if !args.batch.is_multiple_of(rows * micro_batches) {
                 let what = format!("--batch {} does not split into {rows} pipelines of {micro_batches} equal micro-batches", args.batch);
                 return Err(Error::invalid("--micro-batches", what));
             }
-            Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches))?))
+            Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches, tensor))?))
         }
         StrategyKind::DataTensor => {
             if micro_batches != 1 || args.deterministic {
@@ -379,20 +379,26 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
     }
 }
 
-/// A GPT pipeline over `devices`, one stage each: the blocks split evenly, the embeddings on
-/// the first stage, ln_f and the output projection (a copy of `wte`, tied) on the last.
-fn pipeline(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], micro_batches: usize) -> Result<Pipeline> {
-    if devices.len() > cfg.n_layer {
-        return Err(Error::invalid("--devices", format!("{} pipeline stages for {} blocks (--n-layer): every stage needs a block", devices.len(), cfg.n_layer)));
+/// A GPT pipeline over `devices`, one stage per device or per group of `tensor` consecutive
+/// devices (the blocks' heads and MLP features split over the group): the blocks split
+/// evenly, the embeddings on the first stage, ln_f and the output projection (a copy of `wte`,
+/// tied) on the last.
+fn pipeline(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], micro_batches: usize, tensor: usize) -> Result<Pipeline> {
+    let stages = devices.len() / tensor;
+    if stages > cfg.n_layer {
+        return Err(Error::invalid("--devices", format!("{stages} pipeline stages for {} blocks (--n-layer): every stage needs a block", cfg.n_layer)));
     }
     // Initialised on the host, so that no device holds the whole model.
     let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
-    let stages = Stages::Built(gpt.stages(devices, None)?);
-    Pipeline::builder(stages, devices, optim, Loss::CrossEntropy)
+    let built = match tensor {
+        1 => Stages::Built(gpt.stages(devices, None)?),
+        t => Stages::Sharded(gpt.tensor_stages(devices, t, None)?),
+    };
+    Pipeline::builder(built, devices, optim, Loss::CrossEntropy)
         .micro_batches(micro_batches)
         .schedule(setup::pipeline_schedule(args.schedule))
         .recompute(args.recompute)
-        .tie((0, Gpt::WTE), (devices.len() - 1, Gpt::LM_HEAD))
+        .tie((0, Gpt::WTE), (stages - 1, Gpt::LM_HEAD))
         .build()
 }
 

@@ -217,9 +217,10 @@ pub struct TrainArgs {
     /// one pipeline each [default: 2].
     #[arg(long, value_name = "N")]
     pub pipelines: Option<usize>,
-    /// Tensor-parallel group size of --strategy data,tensor: the devices are cut into groups of
-    /// N consecutive devices, each holding one replica's shards, with data parallelism over the
-    /// groups (Megatron-LM's layout: tensor inside a server, data across) [default: 2].
+    /// Tensor-parallel group size: under --strategy data,tensor the devices are cut into groups
+    /// of N consecutive devices, each holding one replica's shards, with data parallelism over
+    /// the groups (Megatron-LM's layout: tensor inside a server, data across) [default: 2];
+    /// under pipeline and data,pipeline (--model gpt) each stage is a group of N [default: 1].
     #[arg(long, value_name = "N")]
     pub tensor: Option<usize>,
     /// Recompute activations in the backward instead of keeping them (--model gpt): each

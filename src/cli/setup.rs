@@ -104,6 +104,7 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
             no_micro_batches(&plan, "tensor")?;
             Ok(Box::new(TensorParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone())?))
         }
+        StrategyKind::Pipeline if tensor > 1 => Err(Error::invalid("--tensor", "pipeline stages of tensor-parallel groups are written for --model gpt; use data,tensor for the seed models")),
         StrategyKind::Pipeline => {
             let stages = Stages::Split(&plan.model, layer_split(&plan)?);
             let pipe = Pipeline::builder(stages, &plan.devices, &plan.optim, plan.loss.clone()).micro_batches(plan.micro_batches).schedule(pipeline_schedule(plan.schedule));
@@ -121,13 +122,21 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
     }
 }
 
-/// The group size of `--strategy data,tensor` (`--tensor`, 2 by default), checked against the
+/// The group size of `--strategy data,tensor` (`--tensor`, 2 by default), or of the pipelines'
+/// stages (`--strategy pipeline` or `data,pipeline`, 1 by default), checked against the
 /// devices; `--tensor` with another strategy is refused.
 /// Under `mpirun` (`across`) one group per process is enough: the data axis spans the processes.
 pub(super) fn tensor_groups(tensor: Option<usize>, kind: StrategyKind, devices: &[Device], across: bool) -> Result<usize> {
+    if matches!(kind, StrategyKind::Pipeline | StrategyKind::DataPipeline) {
+        let t = tensor.unwrap_or(1);
+        if t == 0 || !devices.len().is_multiple_of(t) {
+            return Err(Error::invalid("--tensor", format!("stages of {t} devices over {} devices: give a multiple of {t} devices", devices.len())));
+        }
+        return Ok(t);
+    }
     if kind != StrategyKind::DataTensor {
         return match tensor {
-            Some(_) => Err(Error::invalid("--tensor", "needs --strategy data,tensor")),
+            Some(_) => Err(Error::invalid("--tensor", "needs --strategy data,tensor, pipeline or data,pipeline")),
             None => Ok(1),
         };
     }

@@ -2,8 +2,8 @@
 //! ([`measure_gpt`]), the layouts tandem's GPT strategies can make ([`gpt_unbuildable`], with
 //! stage cuts only between blocks, [`gpt_cuttable`]) and [`Plan::build_gpt`], which makes the
 //! chosen one: `Single`, `DataParallel` (sharded or not), `TensorParallelGpt` (alone or in a
-//! `DataGrid` of replicas), a 1F1B
-//! `Pipeline` of [`Gpt::stages`] or a `PipelineGrid` of them.
+//! `DataGrid` of replicas), a 1F1B `Pipeline` of [`Gpt::stages`] or of
+//! [`Gpt::tensor_stages`] (tensor × pipeline), or a `PipelineGrid` of either.
 //!
 //! The planner's layers of a GPT of `n` blocks are `transformer` (the embeddings, layer 0),
 //! `transformer.h.{i}` (layer `i + 1`), `transformer.ln_f` and `lm_head` (layers `n + 1` and
@@ -51,9 +51,9 @@ pub fn gpt_cuttable(n_layer: usize) -> impl Fn(usize) -> bool {
 }
 
 /// Why [`Plan::build_gpt`] cannot make layout `l` of a GPT of `cfg` with the replicas' batch
-/// `shares`, or `None` when it can: `TensorParallelGpt` takes whole batches (of each data
-/// replica's share, in a `DataGrid`), with no pipeline parallelism, and equal numbers of heads
-/// per device; a pipeline needs a block per stage and micro-batches dividing each replica's share;
+/// `shares`, or `None` when it can: tensor parallelism splits whole heads evenly; alone
+/// (`TensorParallelGpt`, in a `DataGrid` or not) it takes whole batches without
+/// recomputation, inside a pipeline ([`Gpt::tensor_stages`]) the pipeline's micro-batches; a pipeline needs a block per stage and micro-batches dividing each replica's share;
 /// recomputation is per stage in a pipeline and per block ([`Gpt::set_recompute`]) without
 /// one; sharding is `DataParallel`'s alone.
 pub fn gpt_unbuildable(l: &Layout, shares: &[usize], cfg: &GptConfig) -> Option<String> {
@@ -61,10 +61,7 @@ pub fn gpt_unbuildable(l: &Layout, shares: &[usize], cfg: &GptConfig) -> Option<
         return Some(why);
     }
     if l.tensor > 1 {
-        if l.pipeline > 1 {
-            return Some("the GPT's tensor parallelism (TensorParallelGpt) does not combine with pipeline parallelism".into());
-        }
-        if l.micro_batches > 1 || l.recompute {
+        if l.pipeline == 1 && (l.micro_batches > 1 || l.recompute) {
             return Some("the GPT's tensor parallelism takes whole batches, without recomputation".into());
         }
         if !cfg.n_head.is_multiple_of(l.tensor) {
@@ -85,7 +82,7 @@ impl Plan {
     /// device that holds the whole model, and once on the host for a pipeline's stages), on
     /// `devices` (those planned for, any order), with the cross-entropy loss: `Single`,
     /// `DataParallel` (shares as [`Plan::shares`], micro-batches accumulated, sharded as
-    /// [`Layout::shard`], gradient shards in [`Plan::grad_dtype`]), `TensorParallelGpt`, a 1F1B `Pipeline` of [`Gpt::stages`] cut at
+    /// [`Layout::shard`], gradient shards in [`Plan::grad_dtype`]), `TensorParallelGpt`, a 1F1B `Pipeline` of [`Gpt::stages`] (of [`Gpt::tensor_stages`] where the layout has tensor parallelism too) cut at
     /// the plan's cuts (its embedding and head tied), or a `PipelineGrid` of them; `opt`'s
     /// state in host memory where the plan keeps it there ([`Plan::optim`]). Errors,
     /// naming the reason, for a plan made for another model or a layout it cannot make.
@@ -132,27 +129,30 @@ impl Plan {
                     None => mesh,
                 }))
             }
-            (1, 1, _) => Ok(Box::new(gpt_pipeline(&host, used, opt, l)?)),
-            (data, 1, _) => {
+            (1, _, _) => Ok(Box::new(gpt_pipeline(&host, used, opt, l)?)),
+            (data, _, _) => {
                 let grid = PipelineGrid::from_factory(used, data, |row| gpt_pipeline(&host, row, opt, l))?;
                 Ok(Box::new(match weights {
                     Some(w) => grid.split_weights(w)?,
                     None => grid,
                 }))
             }
-            _ => Err(Error::invalid("Plan::build_gpt", format!("{l}: no strategy combines these degrees"))),
         }
     }
 }
 
-/// The GPT `host` as a 1F1B pipeline over `devices`, one stage each, cut at `l`'s cuts.
+/// The GPT `host` as a 1F1B pipeline over `devices`, cut at `l`'s cuts: one stage per device,
+/// or per group of `l.tensor` consecutive devices with the blocks split over the group.
 fn gpt_pipeline(host: &Gpt, devices: &[Device], opt: &OptimConfig, l: &Layout) -> Result<Pipeline> {
     let starts: Vec<usize> = l.cuts.iter().map(|c| c.saturating_sub(1)).collect();
-    let stages = Stages::Built(host.stages(devices, Some(&starts))?);
+    let stages = match l.tensor {
+        1 => Stages::Built(host.stages(devices, Some(&starts))?),
+        t => Stages::Sharded(host.tensor_stages(devices, t, Some(&starts))?),
+    };
     Pipeline::builder(stages, devices, opt, Loss::CrossEntropy)
         .micro_batches(l.micro_batches)
         .schedule(Schedule::OneFOneB)
         .recompute(l.recompute)
-        .tie((0, Gpt::WTE), (devices.len() - 1, Gpt::LM_HEAD))
+        .tie((0, Gpt::WTE), (devices.len() / l.tensor - 1, Gpt::LM_HEAD))
         .build()
 }
