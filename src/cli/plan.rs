@@ -105,7 +105,8 @@ fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Dev
                 plan::measure_gpt_scaled(cfg, t.seed, &probe, &cpu, t.batch, states, reuse(t)?, reduction)
             })?;
             let work = Workload { grad_dtype: t.grad_dtype, offloaded_states: offloaded_states(&optim), ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
-            let mut p = plan::plan_cut_within(&work, &cluster, &|_, _| None, &gpt_cuttable(cfg.n_layer))?;
+            // Only what tandem builds for this GPT, so that the plan can be trained as printed.
+            let mut p = plan::plan_cut_within(&work, &cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer))?;
             p.model = cfg.describe();
             out!("{p}");
             out!("{}", p.megatron(&cluster));
