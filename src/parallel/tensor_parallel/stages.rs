@@ -46,7 +46,7 @@ impl Gpt {
     /// let ids: Vec<i32> = (0..4 * 8).map(|i| i % 16).collect();
     /// let batch = tandem::data::Batch::tokens(ids.clone(), ids, 8, 16)?;
     /// assert!(pipe.step(&batch)?.loss.is_finite());
-    /// assert_eq!(pipe.state_dict()?.len(), gpt.state_dict().len());
+    /// assert_eq!(pipe.state_dict()?.len(), tandem::nn::Module::state_dict(&gpt).len());
     /// # Ok(()) }
     /// ```
     pub fn tensor_stages(&self, devices: &[Device], tensor: usize, starts: Option<&[usize]>) -> Result<Vec<ShardedStage>> {
