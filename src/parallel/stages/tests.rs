@@ -58,11 +58,11 @@ fn moved_layers_keep_weights_and_optimizer_state() {
     for s in &mut st {
         s.opts[0].step().unwrap();
     }
-    let before: Vec<(String, Vec<f32>)> = stage_params(&st).into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect();
+    let before: Vec<(String, Vec<f32>)> = stage_params(&st).unwrap().into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect();
     let state_before = st[1].opts[0].state().0.into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect::<Vec<_>>();
     let mut cost = vec![vec![0.0, 1.0, 1.0, 1.0, 1.0]; 2];
     assert!(refine(&mut st, &mut cost, &[2.0, 10.0], &opt).unwrap());
-    let after: Vec<(String, Vec<f32>)> = stage_params(&st).into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect();
+    let after: Vec<(String, Vec<f32>)> = stage_params(&st).unwrap().into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect();
     assert_eq!(before, after);
     let state_after: Vec<(String, Vec<f32>)> = st.iter().flat_map(|s| s.opts[0].state().0).map(|(n, t)| (n, t.to_vec().unwrap())).collect();
     for (name, v) in &state_before {
