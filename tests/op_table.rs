@@ -23,7 +23,7 @@ fn codes_round_trip_and_constant_names_are_distinct() {
     }
     assert!(wgsl_constants().contains("\nconst UNARY_TANH: u32 = 10u;\n"), "{}", wgsl_constants());
     assert!(wgsl_constants().contains("\nconst UNARY_SOFTPLUS: u32 = 17u;\n"));
-    assert!(cuda_constants().contains("\nconstexpr u32 BINARY_RELU_BACKWARD = 8;\n"), "{}", cuda_constants());
+    assert!(cuda_constants().contains("\n    BINARY_RELU_BACKWARD = 8,\n"), "{}", cuda_constants());
 }
 
 /// Codes just past each table, and far past it.
