@@ -4,7 +4,7 @@
 //!
 //! An entry gives, in order: the doc (the variant's, and the method's if it has one); the
 //! variant, with its `f32` parameters and the representative values `ALL` gives them; its code,
-//! the number the kernels switch on; its name (in errors and the edge tests); for a unary op
+//! the number the kernels switch on; its short name (errors use it); for a unary op
 //! optionally `fn name`, a `Tensor` method applying it; the CPU expression of the inputs (and
 //! parameters); the gradient rule, an expression giving the input's gradient (a unary op) or
 //! both inputs' optional gradients before broadcasting is undone (a binary op) from the inputs,
@@ -16,9 +16,10 @@
 //! one strided loop per op with the op constant, so that the CPU expression is inlined; `grad`
 //! in `autograd::rules`; `methods` in `tensor::ops`. An expression's names resolve where its
 //! mode expands (`tanh` is the CPU kernels', `g.mul` a `Tensor` method). The kernels get the codes
-//! from [`wgsl_constants`] and [`cuda_constants`], prepended to every shader and kernel file
-//! (`const UNARY_TANH: u32 = 10u;`), so a kernel's `switch` names the ops; a code without a case
-//! gives NaN on every backend, as [`UnaryOp::reference`] does on the host.
+//! from [`wgsl_constants`] and [`cuda_constants`], appended to every shader module and prepended
+//! to every kernel file (`const UNARY_TANH: u32 = 10u;` in WGSL, an enumerator in CUDA), so a
+//! kernel's `switch` names the ops; a code without a case gives NaN on every backend, as
+//! [`UnaryOp::reference`] does on the host.
 
 /// The unary ops: expands `unary_expand!` in the given mode over the table.
 macro_rules! unary_ops {
@@ -190,7 +191,7 @@ macro_rules! unary_expand {
                     _ => None,
                 }
             }
-            /// The op's name, as errors and the edge tests write it (`"tanh"`).
+            /// The op's short name (`"tanh"`).
             pub fn name(self) -> &'static str {
                 match self { $( UnaryOp::$V $(($tn))? $({ $($fname),* })? => $name, )* }
             }
@@ -282,7 +283,7 @@ macro_rules! binary_expand {
             pub fn from_code(code: u32) -> Option<BinaryOp> {
                 match code { $( $code => Some(BinaryOp::$V), )* _ => None }
             }
-            /// The op's name, as errors and the edge tests write it (`"maximum"`).
+            /// The op's short name, as errors write it (`"maximum"`).
             pub fn name(self) -> &'static str {
                 match self { $( BinaryOp::$V => $name, )* }
             }
