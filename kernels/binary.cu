@@ -1,7 +1,8 @@
 // Elementwise ops of two inputs: out[i] = op(a[la(i)], b[lb(i)]), broadcast through layouts.
 //
-// op:      `BinaryOp::code()`: 0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min, 6 gt, 7 eq,
-//          8 relu_backward (0 where b <= 0, else a: a NaN b passes a, as PyTorch's).
+// op:      `BinaryOp::code()`, named by the `BINARY_*` constants generated from
+//          backend/op_table.rs and prepended to the file; relu_backward is 0 where b <= 0,
+//          else a (a NaN b passes a, as PyTorch's).
 // a, la:   left operand and its strided layout (stride 0 broadcasts); shape = output shape.
 // b, lb:   right operand and its layout, same shape.
 // out:     contiguous output of `n` elements.
@@ -30,15 +31,16 @@ __device__ __forceinline__ float minimum(float a, float b) {
 
 __device__ __forceinline__ float binary_op(u32 op, float a, float b) {
     switch (op) {
-        case 0: return a + b;
-        case 1: return a - b;
-        case 2: return a * b;
-        case 3: return a / b;
-        case 4: return maximum(a, b);
-        case 5: return minimum(a, b);
-        case 6: return a > b ? 1.0f : 0.0f;
-        case 7: return a == b ? 1.0f : 0.0f;
-        case 8: return b <= 0.0f ? 0.0f : a;
+        case BINARY_ADD: return a + b;
+        case BINARY_SUB: return a - b;
+        case BINARY_MUL: return a * b;
+        case BINARY_DIV: return a / b;
+        case BINARY_MAX: return maximum(a, b);
+        case BINARY_MIN: return minimum(a, b);
+        case BINARY_GT: return a > b ? 1.0f : 0.0f;
+        case BINARY_EQ: return a == b ? 1.0f : 0.0f;
+        case BINARY_RELU_BACKWARD: return b <= 0.0f ? 0.0f : a;
+        // a code no case names: NaN, as on every backend
         default: return __int_as_float(0x7fffffff);
     }
 }

@@ -1,6 +1,7 @@
 // Elementwise ops of one input: out[i] = op(x[layout(i)]).
 //
-// op:     `UnaryOp::code()` (0 identity .. 13 powf, 14 sin, 15 cos, 16 erf); p0, p1: `UnaryOp::params()`
+// op:     `UnaryOp::code()`, named by the `UNARY_*` constants generated from
+//         backend/op_table.rs and prepended to the file; p0, p1: `UnaryOp::params()`
 //         (affine: x * p0 + p1; powf: x ^ p0).
 // x, lx:  input buffer and the strided layout it is read through (shape = output shape).
 // out:    contiguous output of `n` elements, n = product of lx.shape.
@@ -21,23 +22,25 @@ __device__ __forceinline__ float pow_torch(float x, float p) {
 
 __device__ __forceinline__ float unary_op(u32 op, float x, float p0, float p1) {
     switch (op) {
-        case 0: return x;
-        case 1: return -x;
-        case 2: return expf(x);
-        case 3: return logf(x);
-        case 4: return x < 0.0f ? 0.0f : x;
-        case 5: return x > 0.0f ? 1.0f : 0.0f;
-        case 6: return sqrtf(x);
-        case 7: return 1.0f / x;
-        case 8: return x * x;
-        case 9: return fabsf(x);
-        case 10: return tanhf(x);
-        case 11: return 1.0f / (1.0f + expf(-x));
-        case 12: return x * p0 + p1;
-        case 13: return pow_torch(x, p0);
-        case 14: return sinf(x);
-        case 15: return cosf(x);
-        case 16: return erff(x);
+        case UNARY_IDENTITY: return x;
+        case UNARY_NEG: return -x;
+        case UNARY_EXP: return expf(x);
+        case UNARY_LOG: return logf(x);
+        case UNARY_RELU: return x < 0.0f ? 0.0f : x;
+        case UNARY_STEP: return x > 0.0f ? 1.0f : 0.0f;
+        case UNARY_SQRT: return sqrtf(x);
+        case UNARY_RECIP: return 1.0f / x;
+        case UNARY_SQUARE: return x * x;
+        case UNARY_ABS: return fabsf(x);
+        case UNARY_TANH: return tanhf(x);
+        case UNARY_SIGMOID: return 1.0f / (1.0f + expf(-x));
+        case UNARY_AFFINE: return x * p0 + p1;
+        case UNARY_POWF: return pow_torch(x, p0);
+        case UNARY_SIN: return sinf(x);
+        case UNARY_COS: return cosf(x);
+        case UNARY_ERF: return erff(x);
+        case UNARY_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
+        // a code no case names: NaN, as on every backend
         default: return __int_as_float(0x7fffffff);
     }
 }

@@ -68,9 +68,10 @@ pack=.gpu
 bins=(nvrtc cuda_smoke nccl conformance)
 # The suites that also run every op family on cuda:0 against the CPU reference (halves and the
 # ops on them with autocast, fused passes, transformer kernels, long axes, gathers, batched
-# products, budgets, the GPT) and the optimizer state offloaded to host memory (optim): run once
-# with TANDEM_BACKENDS=cuda, so that only CUDA is under test.
-cuda_suites=(halves half_ops fused transformer_kernels tensor_ops long_axes gather batched_matmul losses layers memory_budget gpt optim)
+# products, budgets, the GPT, every elementwise code and NaN past them, softplus) and the
+# optimizer state offloaded to host memory (optim): run once with TANDEM_BACKENDS=cuda, so that
+# only CUDA is under test.
+cuda_suites=(halves half_ops fused transformer_kernels tensor_ops long_axes gather batched_matmul losses layers memory_budget gpt optim op_table)
 bins+=("${cuda_suites[@]}")
 # The suites whose strategies take their devices from TANDEM_TEST_DEVICES (tests/common's
 # cycled_devices), run on four logical devices of cuda:0: bf16 and f16 with the GradScaler,

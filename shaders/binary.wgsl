@@ -2,7 +2,8 @@
 //
 // One invocation per output element of this dispatch's chunk; `a` and `b` are read through
 // strided layouts that share the output's shape (stride 0 broadcasts). The op is the override
-// constant `OP`, the numbering of `BinaryOp::code()`, fixed per pipeline.
+// constant `OP`, `BinaryOp::code()`, fixed per pipeline; the cases name the codes by the
+// `BINARY_*` constants generated from backend/op_table.rs and appended to the module.
 // Bindings: 0 `p` parameters; 1 `a` input (f32); 2 `b` input (f32); 3 `out` output (f32,
 // contiguous); `a4`, `b4`, `out4` are the same bindings as vec4 arrays.
 // Shape letters: N elements in the chunk, D0..D5 the shared shape padded to rank 6 (after
@@ -46,19 +47,21 @@ fn max_or_min(x: f32, y: f32, is_max: bool) -> f32 {
 fn apply(x: f32, y: f32) -> f32 {
     let ordered = !is_nan(x) && !is_nan(y);
     switch OP {
-        case 0u: { return x + y; }
-        case 1u: { return x - y; }
-        case 2u: { return x * y; }
-        case 3u: { return x / y; }
-        case 4u: { return max_or_min(x, y, true); }
-        case 5u: { return max_or_min(x, y, false); }
-        case 6u: { return select(0.0, 1.0, ordered && x > y); }
-        case 7u: { return select(0.0, 1.0, ordered && x == y); }
+        case BINARY_ADD: { return x + y; }
+        case BINARY_SUB: { return x - y; }
+        case BINARY_MUL: { return x * y; }
+        case BINARY_DIV: { return x / y; }
+        case BINARY_MAX: { return max_or_min(x, y, true); }
+        case BINARY_MIN: { return max_or_min(x, y, false); }
+        case BINARY_GT: { return select(0.0, 1.0, ordered && x > y); }
+        case BINARY_EQ: { return select(0.0, 1.0, ordered && x == y); }
         // PyTorch's threshold_backward: x unless y <= 0 (+0, -0 and below; not NaN)
-        default: {
+        case BINARY_RELU_BACKWARD: {
             let b = bitcast<u32>(y);
             return select(x, 0.0, b == 0u || (b >= 0x80000000u && b <= 0xff800000u));
         }
+        // a code no case names: NaN, as on every backend
+        default: { return bitcast<f32>(0x7fc00000u); }
     }
 }
 

@@ -1,7 +1,9 @@
 // unary.wgsl: elementwise ops of one input, out[i] = op(x[pos(i)]).
 //
 // One invocation per output element of this dispatch's chunk. The op is the override
-// constant `OP`, the numbering of `UnaryOp::code()`, fixed per pipeline; `p.p0`/`p.p1` are its parameters (Affine: mul, add; Powf: p); 14 sin, 15 cos, 16 erf.
+// constant `OP`, `UnaryOp::code()`, fixed per pipeline; the cases name the codes by the
+// `UNARY_*` constants generated from backend/op_table.rs and appended to the module. `p.p0`
+// and `p.p1` are the op's parameters (Affine: mul, add; Powf: p).
 // sin and cos reduce their argument themselves (Payne-Hanek), exact for every finite f32.
 // Bindings: 0 `p` parameters; 1 `x` input (f32; `x4` the same as vec4); 2 `out` output (f32,
 // contiguous; `out4` the same as vec4).
@@ -236,27 +238,44 @@ fn sin_accurate(v: f32) -> f32 {
     return select(y, -y, bitcast<u32>(v) >= 0x80000000u);
 }
 
+// PyTorch's softplus (beta 1, threshold 20): v above 20, else max(v, 0) + ln(1 + u) with
+// u = e^-|v| in (0, 1], as 2 atanh(s), s = u / (2 + u) <= 1/3, by its series to s^17 (the next
+// term is below 2e-10 relative). No cancellation: the shader compilers reassociate, so Kahan's
+// log1p (which divides by (1 + u) - 1) would not survive them.
+fn softplus(v: f32) -> f32 {
+    if v > 20.0 { return v; }
+    let u = exp(-abs(v));
+    let s = u / (2.0 + u);
+    let z = s * s;
+    let series = 1.0 + z * (1.0 / 3.0 + z * (0.2 + z * (1.0 / 7.0 + z * (1.0 / 9.0 + z * (1.0 / 11.0
+        + z * (1.0 / 13.0 + z * (1.0 / 15.0 + z * (1.0 / 17.0))))))));
+    return max(v, 0.0) + 2.0 * s * series;
+}
+
 fn apply(v: f32) -> f32 {
     // NaN in, NaN out, whatever the driver's builtins do with it; but step(NaN) = 0, NaN^0 = 1.
-    if is_nan(v) && OP != 5u && OP != 13u { return v; }
+    if is_nan(v) && OP != UNARY_STEP && OP != UNARY_POWF { return v; }
     switch OP {
-        case 0u: { return v; }
-        case 1u: { return -v; }
-        case 2u: { return exp(v); }
-        case 3u: { return ln(v); }
-        case 4u: { return select(v, 0.0, is_negative(v)); }
-        case 5u: { let b = bitcast<u32>(v); return select(0.0, 1.0, b >= 1u && b <= 0x7f800000u); }
-        case 6u: { return sqrt(v); }
-        case 7u: { return 1.0 / v; }
-        case 8u: { return v * v; }
-        case 9u: { return abs(v); }
-        case 10u: { return tanh_accurate(v); }
-        case 11u: { return 1.0 / (1.0 + exp(-v)); }
-        case 12u: { return v * p.p0 + p.p1; }
-        case 14u: { return sin_accurate(v); }
-        case 15u: { return sin_quadrant(v, 1u); }
-        case 16u: { return erf(v); }
-        default: { return powf(v, p.p0); }
+        case UNARY_IDENTITY: { return v; }
+        case UNARY_NEG: { return -v; }
+        case UNARY_EXP: { return exp(v); }
+        case UNARY_LOG: { return ln(v); }
+        case UNARY_RELU: { return select(v, 0.0, is_negative(v)); }
+        case UNARY_STEP: { let b = bitcast<u32>(v); return select(0.0, 1.0, b >= 1u && b <= 0x7f800000u); }
+        case UNARY_SQRT: { return sqrt(v); }
+        case UNARY_RECIP: { return 1.0 / v; }
+        case UNARY_SQUARE: { return v * v; }
+        case UNARY_ABS: { return abs(v); }
+        case UNARY_TANH: { return tanh_accurate(v); }
+        case UNARY_SIGMOID: { return 1.0 / (1.0 + exp(-v)); }
+        case UNARY_AFFINE: { return v * p.p0 + p.p1; }
+        case UNARY_SIN: { return sin_accurate(v); }
+        case UNARY_COS: { return sin_quadrant(v, 1u); }
+        case UNARY_ERF: { return erf(v); }
+        case UNARY_POWF: { return powf(v, p.p0); }
+        case UNARY_SOFTPLUS: { return softplus(v); }
+        // a code no case names: NaN, as on every backend
+        default: { return bitcast<f32>(0x7fc00000u); }
     }
 }
 

@@ -32,6 +32,8 @@ fn elementwise_by_hand() {
     close("powf", &p.powf(1.5).unwrap(), &[1.0, 8.0, 27.0]);
     close("sigmoid", &t(&[0.0], &[1]).sigmoid().unwrap(), &[0.5]);
     close("tanh", &t(&[0.5], &[1]).tanh().unwrap(), &[0.5f32.tanh()]);
+    // PyTorch's threshold: x itself above 20
+    close("softplus", &t(&[0.0, -1.0, 25.0], &[3]).softplus().unwrap(), &[2f32.ln(), (-1f32).exp().ln_1p(), 25.0]);
 }
 
 #[test]

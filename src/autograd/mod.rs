@@ -79,8 +79,8 @@ impl GradOp {
     /// be given a tensor's place in the graph without its values (`Tensor::graph_handle`).
     pub(crate) fn reads_output(&self) -> bool {
         match self {
-            GradOp::Unary(u) => matches!(u, UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Recip | UnaryOp::Tanh | UnaryOp::Sigmoid),
-            GradOp::Binary(b) => *b == BinaryOp::Div,
+            GradOp::Unary(u) => u.grad_reads_output(),
+            GradOp::Binary(b) => b.grad_reads_output(),
             GradOp::Max { .. } | GradOp::Softmax { .. } | GradOp::CausalSoftmax { .. } | GradOp::Attention { .. } => true,
             GradOp::Var { std, .. } => *std,
             GradOp::InF32(inner) => inner.reads_output(),
@@ -92,8 +92,8 @@ impl GradOp {
     /// views, copies, casts, `a ± b`), whose nodes then keep `graph_handle`s, not the values.
     pub(crate) fn reads_inputs(&self) -> bool {
         match self {
-            GradOp::Binary(b) => !matches!(b, BinaryOp::Add | BinaryOp::Sub),
-            GradOp::Unary(u) => !matches!(u, UnaryOp::Identity | UnaryOp::Neg | UnaryOp::Affine { .. }),
+            GradOp::Binary(b) => b.grad_reads_inputs(),
+            GradOp::Unary(u) => u.grad_reads_input(),
             GradOp::Reshape | GradOp::Permute(_) | GradOp::Expand | GradOp::Narrow { .. } | GradOp::Cat | GradOp::Sum { .. } => false,
             GradOp::ToDevice | GradOp::Cast { .. } | GradOp::ScaleGrad(_) => false,
             GradOp::InF32(inner) => inner.reads_inputs(),

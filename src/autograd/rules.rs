@@ -12,25 +12,7 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
         GradOp::Unary(u) => vec![Some(unary(*u, x, out, g)?)],
         GradOp::Binary(b) => {
             let (a, bb) = (&inputs[0], &inputs[1]);
-            let (ga, gb) = match b {
-                BinaryOp::Add => (Some(g.clone()), Some(g.clone())),
-                BinaryOp::Sub => (Some(g.clone()), Some(g.neg()?)),
-                BinaryOp::Mul => (Some(g.mul(bb)?), Some(g.mul(a)?)),
-                // d(a/b)/db = -a/b² = -(out/b), in that order (PyTorch's), so that it does not
-                // overflow where the result does not
-                BinaryOp::Div => (Some(g.div(bb)?), Some(out.div(bb)?.mul(g)?.neg()?)),
-                // as torch.maximum/minimum: ties share evenly, the loser gets +0 (selected, not
-                // multiplied by 0), and where either is NaN (no comparison holds) both get all
-                BinaryOp::Max | BinaryOp::Min => {
-                    let (lose_a, lose_b) = if *b == BinaryOp::Max { (bb.gt(a)?, a.gt(bb)?) } else { (a.gt(bb)?, bb.gt(a)?) };
-                    let shared = g.mul(&a.eq_elem(bb)?.affine(-0.5, 1.0)?)?;
-                    let unless = |lose: Tensor| shared.binary(BinaryOp::ReluBackward, &lose.affine(-1.0, 1.0)?);
-                    (Some(unless(lose_a)?), Some(unless(lose_b)?))
-                }
-                BinaryOp::Gt | BinaryOp::Eq => (None, None),
-                // piecewise constant in b: zero wherever defined
-                BinaryOp::ReluBackward => (Some(g.binary(BinaryOp::ReluBackward, bb)?), Some(Tensor::zeros(bb.dims().to_vec(), g.device())?)),
-            };
+            let (ga, gb) = binary(*b, a, bb, out, g)?;
             vec![ga.map(|t| t.sum_to(a.shape())).transpose()?, gb.map(|t| t.sum_to(bb.shape())).transpose()?]
         }
         GradOp::Cast { from } => vec![Some(g.to_dtype(*from)?)],
@@ -230,33 +212,25 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
     })
 }
 
+/// The gradient rule of unary op `op` from the table in `backend/op_table.rs`.
 fn unary(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Tensor> {
-    match op {
-        UnaryOp::Identity => Ok(g.clone()),
-        UnaryOp::Neg => g.neg(),
-        UnaryOp::Exp => g.mul(out),
-        UnaryOp::Log => g.div(x),
-        UnaryOp::Relu => g.binary(BinaryOp::ReluBackward, x),
-        UnaryOp::Step => g.mul_scalar(0.0),
-        // d sqrt(x) = 1 / (2 sqrt(x))
-        UnaryOp::Sqrt => g.div(out)?.mul_scalar(0.5),
-        // d (1/x) = -1/x² = -out²
-        UnaryOp::Recip => g.mul(&out.square()?)?.neg(),
-        UnaryOp::Square => g.mul(x)?.mul_scalar(2.0),
-        // sign(x) = step(x) - step(-x)
-        UnaryOp::Abs => g.mul(&x.unary(UnaryOp::Step)?.sub(&x.neg()?.unary(UnaryOp::Step)?)?),
-        UnaryOp::Tanh => g.mul(&out.square()?.affine(-1.0, 1.0)?),
-        UnaryOp::Sigmoid => g.mul(&out.mul(&out.affine(-1.0, 1.0)?)?),
-        UnaryOp::Affine { mul, .. } => g.mul_scalar(mul),
-        // p·x^(p-1), in PyTorch's order and with its special case: zeros for p = 0 (not 0·x^-1,
-        // which is NaN at x = 0)
-        UnaryOp::Powf(0.0) => Tensor::zeros(x.dims().to_vec(), g.device()),
-        UnaryOp::Powf(p) => g.mul(&x.powf(p - 1.0)?.mul_scalar(p)?),
-        UnaryOp::Sin => g.mul(&x.cos()?),
-        UnaryOp::Cos => g.mul(&x.sin()?.neg()?),
-        // d erf(x) = 2/√π · e^(-x²)
-        UnaryOp::Erf => g.mul(&x.square()?.neg()?.exp()?.mul_scalar(std::f32::consts::FRAC_2_SQRT_PI)?),
-    }
+    crate::backend::op_table::unary_ops!(grad op, x, out, g)
+}
+
+/// The gradients of binary op `op`'s two inputs (before broadcasting is undone; `None` where
+/// there is none), by the rule in `backend/op_table.rs`.
+fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    Ok(crate::backend::op_table::binary_ops!(grad op, a, b, out, g))
+}
+
+/// The gradients of `torch.maximum` (`is_max`) or `torch.minimum`: ties share evenly, the loser
+/// gets +0 (selected, not multiplied by 0), and where either is NaN (no comparison holds) both
+/// get all of `g`.
+fn max_min(is_max: bool, a: &Tensor, b: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let (lose_a, lose_b) = if is_max { (b.gt(a)?, a.gt(b)?) } else { (a.gt(b)?, b.gt(a)?) };
+    let shared = g.mul(&a.eq_elem(b)?.affine(-0.5, 1.0)?)?;
+    let unless = |lose: Tensor| shared.binary(BinaryOp::ReluBackward, &lose.affine(-1.0, 1.0)?);
+    Ok((Some(unless(lose_a)?), Some(unless(lose_b)?)))
 }
 
 fn keepdim(shape: &Shape, axis: usize) -> Shape {

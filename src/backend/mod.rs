@@ -2,7 +2,7 @@
 //!
 //! Tensors are always contiguous in their own buffer; strided reads (broadcast, narrow, permute)
 //! are expressed by the `Layout` an op reads its inputs through. Outputs are contiguous.
-//! Adding an elementwise op: see CONTRIBUTING.md.
+//! Adding an elementwise op: one entry in `op_table.rs` and its kernel cases (CONTRIBUTING.md).
 #![doc = include_str!("devices.md")]
 pub(crate) mod budget;
 mod buffer;
@@ -12,6 +12,7 @@ pub mod cpu;
 mod fused;
 pub(crate) mod host;
 mod index;
+pub mod op_table;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "wgpu")]
@@ -23,125 +24,10 @@ pub(crate) use buffer::Refill;
 pub use fused::{ln_blocks, FusedOp, LN_ROW_BLOCK};
 pub(crate) use fused::{GELU_BETA, GELU_KAPPA};
 pub use index::{row_plan, CastOp, IndexOp};
+pub use op_table::{BinaryOp, UnaryOp};
 
 use crate::{DType, Layout, Result};
 use std::any::Any;
-
-/// Elementwise ops of one input. Parameters travel in the variant.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum UnaryOp {
-    Identity,
-    Neg,
-    Exp,
-    Log,
-    Relu,
-    /// 1 where x > 0, else 0 (the derivative of relu).
-    Step,
-    Sqrt,
-    Recip,
-    Square,
-    Abs,
-    Tanh,
-    Sigmoid,
-    /// x * mul + add
-    Affine { mul: f32, add: f32 },
-    /// x ^ p
-    Powf(f32),
-    Sin,
-    Cos,
-    /// The error function, `2/√π ∫₀ˣ e^(-t²) dt`.
-    Erf,
-}
-
-impl UnaryOp {
-    /// Every op, with representative parameters: conformance tests iterate over this list.
-    pub const ALL: [UnaryOp; 17] = [
-        UnaryOp::Identity,
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Relu,
-        UnaryOp::Step,
-        UnaryOp::Sqrt,
-        UnaryOp::Recip,
-        UnaryOp::Square,
-        UnaryOp::Abs,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Affine { mul: 0.5, add: -1.25 },
-        UnaryOp::Powf(1.5),
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Erf,
-    ];
-
-    /// Stable small integer passed to kernels; the WGSL and CUDA `switch` use the same codes.
-    pub fn code(self) -> u32 {
-        match self {
-            UnaryOp::Identity => 0,
-            UnaryOp::Neg => 1,
-            UnaryOp::Exp => 2,
-            UnaryOp::Log => 3,
-            UnaryOp::Relu => 4,
-            UnaryOp::Step => 5,
-            UnaryOp::Sqrt => 6,
-            UnaryOp::Recip => 7,
-            UnaryOp::Square => 8,
-            UnaryOp::Abs => 9,
-            UnaryOp::Tanh => 10,
-            UnaryOp::Sigmoid => 11,
-            UnaryOp::Affine { .. } => 12,
-            UnaryOp::Powf(_) => 13,
-            UnaryOp::Sin => 14,
-            UnaryOp::Cos => 15,
-            UnaryOp::Erf => 16,
-        }
-    }
-    /// The two f32 parameters passed to kernels beside the code.
-    pub fn params(self) -> [f32; 2] {
-        match self {
-            UnaryOp::Affine { mul, add } => [mul, add],
-            UnaryOp::Powf(p) => [p, 0.0],
-            _ => [0.0, 0.0],
-        }
-    }
-}
-
-/// Elementwise ops of two inputs, broadcast through their layouts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Max,
-    Min,
-    /// 1.0 where a > b, else 0.0
-    Gt,
-    /// 1.0 where a == b, else 0.0
-    Eq,
-    /// 0.0 where b <= 0, else a: ReLU's gradient in one pass (a = grad_out, b = the ReLU's
-    /// input), 0 even where a is NaN or infinite and a where b is NaN, as PyTorch's
-    /// threshold_backward.
-    ReluBackward,
-}
-
-impl BinaryOp {
-    pub const ALL: [BinaryOp; 9] = [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Max,
-        BinaryOp::Min,
-        BinaryOp::Gt,
-        BinaryOp::Eq,
-        BinaryOp::ReluBackward,
-    ];
-    pub fn code(self) -> u32 {
-        self as u32
-    }
-}
 
 /// Reductions along one axis. `ArgMax` writes I32 indices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

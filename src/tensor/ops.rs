@@ -15,45 +15,8 @@ impl Tensor {
         self.backend().unary(op, &self.0.buffer, &self.layout(), &out)?;
         Ok(Tensor::result(out, self.shape().clone(), self.device(), GradOp::Unary(op), &[self]))
     }
-    pub fn neg(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Neg)
-    }
-    pub fn exp(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Exp)
-    }
-    pub fn log(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Log)
-    }
-    pub fn relu(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Relu)
-    }
-    pub fn sqrt(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Sqrt)
-    }
-    pub fn square(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Square)
-    }
-    pub fn tanh(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Tanh)
-    }
-    pub fn sigmoid(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Sigmoid)
-    }
-    pub fn recip(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Recip)
-    }
-    pub fn abs(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Abs)
-    }
-    pub fn sin(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Sin)
-    }
-    pub fn cos(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Cos)
-    }
-    pub fn erf(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Erf)
-    }
+    crate::backend::op_table::unary_ops!(methods);
+    /// `self ^ p`, PyTorch's `pow` with a scalar exponent.
     pub fn powf(&self, p: f32) -> Result<Tensor> {
         self.unary(UnaryOp::Powf(p))
     }
@@ -71,7 +34,7 @@ impl Tensor {
 
     /// Broadcasting elementwise op of two tensors (recorded for autograd).
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
-        let name = binary_name(op);
+        let name = op.name();
         self.same_device(name, other)?;
         if let Some(y) = Tensor::in_f32(&[self, other], |t| t[0].binary(op, &t[1]))? {
             return Ok(y);
@@ -134,7 +97,7 @@ impl Tensor {
     /// 16-bit halves (`a > b` iff `hi(a) > hi(b)`, or equal high halves and `lo(a) > lo(b)`).
     /// One I32 with one F32 compares in F32, as PyTorch promotes int32 with float32.
     fn compare(&self, op: BinaryOp, o: &Tensor) -> Result<Tensor> {
-        let name = binary_name(op);
+        let name = op.name();
         self.same_device(name, o)?;
         if self.dtype() == DType::F32 && o.dtype() == DType::F32 {
             return self.binary(op, o);
@@ -335,16 +298,3 @@ impl Tensor {
     }
 }
 
-fn binary_name(op: BinaryOp) -> &'static str {
-    match op {
-        BinaryOp::Add => "add",
-        BinaryOp::Sub => "sub",
-        BinaryOp::Mul => "mul",
-        BinaryOp::Div => "div",
-        BinaryOp::Max => "maximum",
-        BinaryOp::Min => "minimum",
-        BinaryOp::Gt => "gt",
-        BinaryOp::Eq => "eq",
-        BinaryOp::ReluBackward => "relu_backward",
-    }
-}

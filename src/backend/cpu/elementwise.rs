@@ -9,44 +9,12 @@ use rayon::prelude::*;
 
 /// `out = op(x)` with `x` read through `layout`, in row-major order of its shape.
 pub fn unary_pass(op: UnaryOp, layout: &Layout, x: &[f32], out: &mut [f32]) {
-    use UnaryOp::*;
-    let l = layout;
-    // Each arm names the op as a constant, so `unary` folds to that op's expression.
-    match op {
-        Identity => strided_map(l, x, out, |a| unary(Identity, a)),
-        Neg => strided_map(l, x, out, |a| unary(Neg, a)),
-        Exp => strided_map(l, x, out, |a| unary(Exp, a)),
-        Log => strided_map(l, x, out, |a| unary(Log, a)),
-        Relu => strided_map(l, x, out, |a| unary(Relu, a)),
-        Step => strided_map(l, x, out, |a| unary(Step, a)),
-        Sqrt => strided_map(l, x, out, |a| unary(Sqrt, a)),
-        Recip => strided_map(l, x, out, |a| unary(Recip, a)),
-        Square => strided_map(l, x, out, |a| unary(Square, a)),
-        Abs => strided_map(l, x, out, |a| unary(Abs, a)),
-        Tanh => strided_map(l, x, out, |a| unary(Tanh, a)),
-        Sigmoid => strided_map(l, x, out, |a| unary(Sigmoid, a)),
-        Affine { mul, add } => strided_map(l, x, out, |a| unary(Affine { mul, add }, a)),
-        Powf(p) => strided_map(l, x, out, |a| unary(Powf(p), a)),
-        Sin => strided_map(l, x, out, |a| unary(Sin, a)),
-        Cos => strided_map(l, x, out, |a| unary(Cos, a)),
-        Erf => strided_map(l, x, out, |a| unary(Erf, a)),
-    }
+    crate::backend::op_table::unary_ops!(pass op, layout, x, out)
 }
 
 /// `out = op(a, b)` with `a` and `b` read through layouts of the output's shape.
 pub fn binary_pass(op: BinaryOp, la: &Layout, a: &[f32], lb: &Layout, b: &[f32], out: &mut [f32]) {
-    use BinaryOp::*;
-    match op {
-        Add => strided_zip(la, a, lb, b, out, |x, y| binary(Add, x, y)),
-        Sub => strided_zip(la, a, lb, b, out, |x, y| binary(Sub, x, y)),
-        Mul => strided_zip(la, a, lb, b, out, |x, y| binary(Mul, x, y)),
-        Div => strided_zip(la, a, lb, b, out, |x, y| binary(Div, x, y)),
-        Max => strided_zip(la, a, lb, b, out, |x, y| binary(Max, x, y)),
-        Min => strided_zip(la, a, lb, b, out, |x, y| binary(Min, x, y)),
-        Gt => strided_zip(la, a, lb, b, out, |x, y| binary(Gt, x, y)),
-        Eq => strided_zip(la, a, lb, b, out, |x, y| binary(Eq, x, y)),
-        ReluBackward => strided_zip(la, a, lb, b, out, |x, y| binary(ReluBackward, x, y)),
-    }
+    crate::backend::op_table::binary_ops!(pass op, la, a, lb, b, out)
 }
 
 /// The buffer position of the first element of each row (all but the last dimension), row

@@ -45,35 +45,10 @@ pub(super) const CHUNK: usize = 1 << 15;
 
 // Always inlined: called with a constant op (each elementwise pass, the fused GELU), the
 // match folds away; a call per element cost a quarter of the GPT step.
+/// The CPU reference of every unary op, from the table in `backend/op_table.rs`.
 #[inline(always)]
 pub fn unary(op: UnaryOp, x: f32) -> f32 {
-    match op {
-        UnaryOp::Identity => x,
-        UnaryOp::Neg => -x,
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        // NaN and -0 pass through, as in PyTorch (`x < 0` is false for both).
-        UnaryOp::Relu => {
-            if x < 0.0 {
-                0.0
-            } else {
-                x
-            }
-        }
-        UnaryOp::Step => (x > 0.0) as i32 as f32,
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Recip => 1.0 / x,
-        UnaryOp::Square => x * x,
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Tanh => tanh(x),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::Affine { mul, add } => x * mul + add,
-        UnaryOp::Powf(p) => powf(x, p),
-        UnaryOp::Sin => x.sin(),
-        UnaryOp::Cos => x.cos(),
-        // odd, so the sign is x's: erf(-0) = -0
-        UnaryOp::Erf => (crate::backend::erf(x as f64) as f32).copysign(x),
-    }
+    crate::backend::op_table::unary_ops!(cpu op, x)
 }
 
 /// tanh in f32 arithmetic, no call and no branch (both halves computed and one selected), so
@@ -172,26 +147,10 @@ pub fn powf(x: f32, p: f32) -> f32 {
     }
 }
 
+/// The CPU reference of every binary op, from the table in `backend/op_table.rs`.
 #[inline(always)]
 pub fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
-    match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Max => maximum(a, b),
-        BinaryOp::Min => -maximum(-a, -b),
-        BinaryOp::Gt => (a > b) as i32 as f32,
-        BinaryOp::Eq => (a == b) as i32 as f32,
-        // PyTorch's threshold_backward: the gradient passes unless b <= 0, so a NaN b passes it.
-        BinaryOp::ReluBackward => {
-            if b <= 0.0 {
-                0.0
-            } else {
-                a
-            }
-        }
-    }
+    crate::backend::op_table::binary_ops!(cpu op, a, b)
 }
 
 /// `torch.maximum`: NaN if either is NaN; +0 above -0 (IEEE 754-2019 maximum; PyTorch itself

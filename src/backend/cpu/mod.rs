@@ -12,6 +12,7 @@ pub(crate) use threads::on_pool;
 pub mod openblas;
 pub use gemm_path::{GemmChoice, OPENBLAS_FROM};
 pub use kernels::gemm_kernels;
+pub(crate) use kernels::{binary, unary};
 mod update;
 
 use crate::backend::*;

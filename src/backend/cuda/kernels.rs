@@ -50,9 +50,10 @@ pub fn functions(family: &str) -> &'static [&'static str] {
     FUNCTIONS.iter().find(|(f, _)| *f == family).map_or(&[], |(_, names)| names)
 }
 
-/// The full translation unit NVRTC compiles for `family`'s source.
+/// The full translation unit NVRTC compiles for `family`'s source: `COMMON`, the elementwise
+/// ops' codes (`op_table::cuda_constants`), then the source.
 pub fn translation_unit(source: &str) -> String {
-    format!("{COMMON}\n{source}")
+    format!("{COMMON}\n{}\n{source}", crate::backend::op_table::cuda_constants())
 }
 
 #[cfg(test)]

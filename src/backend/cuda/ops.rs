@@ -85,29 +85,11 @@ impl Backend for CudaBackend {
     }
 
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
-        contract::unary(self.info_ref(), x, layout, out)?;
-        let n = layout.numel() as u64;
-        let (x, lx) = self.layout("unary", x, layout)?;
-        let out = self.ptr("unary", out, 0, DType::F32)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let code = op.code();
-        let [p0, p1] = op.params();
-        launch!(self, "unary_f32", grid(n), code, p0, p1, x, lx, out, n)
+        self.unary_code(op.code(), op.params(), x, layout, out)
     }
 
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
-        contract::binary(self.info_ref(), a, la, b, lb, out)?;
-        let n = la.numel() as u64;
-        let (a, la) = self.layout("binary", a, la)?;
-        let (b, lb) = self.layout("binary", b, lb)?;
-        let out = self.ptr("binary", out, 0, DType::F32)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let code = op.code();
-        launch!(self, "binary_f32", grid(n), code, a, la, b, lb, out, n)
+        self.binary_code(op.code(), a, la, b, lb, out)
     }
 
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
@@ -416,5 +398,34 @@ impl Backend for CudaBackend {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl CudaBackend {
+    /// [`Backend::unary`] by kernel code and parameters (`UnaryOp::code`, `UnaryOp::params`): a
+    /// code outside the op table writes NaN, as on every backend (`UnaryOp::reference`).
+    pub fn unary_code(&self, code: u32, [p0, p1]: [f32; 2], x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
+        contract::unary(self.info_ref(), x, layout, out)?;
+        let n = layout.numel() as u64;
+        let (x, lx) = self.layout("unary", x, layout)?;
+        let out = self.ptr("unary", out, 0, DType::F32)?;
+        if n == 0 {
+            return Ok(());
+        }
+        launch!(self, "unary_f32", grid(n), code, p0, p1, x, lx, out, n)
+    }
+
+    /// [`Backend::binary`] by kernel code (`BinaryOp::code`): a code outside the op table writes
+    /// NaN, as on every backend (`BinaryOp::reference`).
+    pub fn binary_code(&self, code: u32, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
+        contract::binary(self.info_ref(), a, la, b, lb, out)?;
+        let n = la.numel() as u64;
+        let (a, la) = self.layout("binary", a, la)?;
+        let (b, lb) = self.layout("binary", b, lb)?;
+        let out = self.ptr("binary", out, 0, DType::F32)?;
+        if n == 0 {
+            return Ok(());
+        }
+        launch!(self, "binary_f32", grid(n), code, a, la, b, lb, out, n)
     }
 }

@@ -215,6 +215,23 @@ impl WgpuBackend {
         };
         run(self.tuner.choose(&self.ctx, &s, bias.is_some(), self.matmul, &run)?)
     }
+    /// [`Backend::unary`] by kernel code and parameters (`UnaryOp::code`, `UnaryOp::params`): a
+    /// code outside the op table writes NaN, as on every backend (`UnaryOp::reference`).
+    pub fn unary_code(&self, code: u32, params: [f32; 2], x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
+        super::contract::unary(&self.info, x, layout, out)?;
+        let xr = self.raw("unary", x, 0)?;
+        let or = self.raw("unary", out, 0)?;
+        ops::unary(&self.ctx, code, params, &xr, layout, &or)
+    }
+    /// [`Backend::binary`] by kernel code (`BinaryOp::code`): a code outside the op table writes
+    /// NaN, as on every backend (`BinaryOp::reference`).
+    pub fn binary_code(&self, code: u32, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
+        super::contract::binary(&self.info, a, la, b, lb, out)?;
+        let ar = self.raw("binary", a, 0)?;
+        let br = self.raw("binary", b, 0)?;
+        let or = self.raw("binary", out, 0)?;
+        ops::binary(&self.ctx, code, &ar, la, &br, lb, &or)
+    }
     /// This device's buffer behind `b`, holding at least `need` elements: a handle to its
     /// memory for the op's duration.
     fn raw(&self, op: &'static str, b: &Buffer, need: usize) -> Result<wgpu::Buffer> {
@@ -330,17 +347,10 @@ impl Backend for WgpuBackend {
         Ok(())
     }
     fn unary(&self, op: UnaryOp, x: &Buffer, layout: &Layout, out: &Buffer) -> Result<()> {
-        super::contract::unary(&self.info, x, layout, out)?;
-        let xr = self.raw("unary", x, 0)?;
-        let or = self.raw("unary", out, 0)?;
-        ops::unary(&self.ctx, op, &xr, layout, &or)
+        self.unary_code(op.code(), op.params(), x, layout, out)
     }
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
-        super::contract::binary(&self.info, a, la, b, lb, out)?;
-        let ar = self.raw("binary", a, 0)?;
-        let br = self.raw("binary", b, 0)?;
-        let or = self.raw("binary", out, 0)?;
-        ops::binary(&self.ctx, op, &ar, la, &br, lb, &or)
+        self.binary_code(op.code(), a, la, b, lb, out)
     }
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
         super::contract::reduce(&self.info, op, x, spec, out)?;

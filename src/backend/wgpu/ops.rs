@@ -3,7 +3,7 @@
 use super::context::{Bind, Ctx};
 use super::tiled::{self, Tile};
 use super::MatmulKernel;
-use crate::backend::{BinaryOp, MatmulSpec, UnaryOp};
+use crate::backend::MatmulSpec;
 use crate::{Error, Layout, Result};
 
 /// Elements of the buffer a layout reaches: one past its furthest element (0 when empty).
@@ -103,28 +103,29 @@ pub(crate) fn fill(ctx: &Ctx, buf: &wgpu::Buffer, len: usize, bits: u32) -> Resu
     Ok(())
 }
 
-pub(crate) fn unary(ctx: &Ctx, op: UnaryOp, x: &wgpu::Buffer, l: &Layout, out: &wgpu::Buffer) -> Result<()> {
+/// The unary kernel of op code `code` (`UnaryOp::code`) with parameters `[p0, p1]`.
+pub(crate) fn unary(ctx: &Ctx, code: u32, [p0, p1]: [f32; 2], x: &wgpu::Buffer, l: &Layout, out: &wgpu::Buffer) -> Result<()> {
     let n = l.numel();
     let (shape, strides) = l.padded("unary")?;
     let (shape, [strides], rank) = coalesce(shape, [strides]);
     let entry = if l.is_contiguous() { "contig" } else { "strided" };
-    let [p0, p1] = op.params();
     for (s, e) in ctx.chunks("unary", n, &[1, 1])? {
         let (xb, xo) = operand(ctx, "unary", x, l, s, e)?;
         let (ob, oo) = ctx.span("unary", out, s, e - s)?;
         let w = Words::default().dims(shape).dims(strides).u(e - s).u(s).u(xo).u(oo).f(p0).f(p1).u(rank);
         if entry == "contig" && vec4_chunk(e - s, &[xo.wrapping_add(s as u32), oo]) {
-            ctx.dispatch_op("unary", "contig4", Some(op.code()), &w.0, &[xb, ob], ctx.grid((e - s) / 4, 256))?;
+            ctx.dispatch_op("unary", "contig4", Some(code), &w.0, &[xb, ob], ctx.grid((e - s) / 4, 256))?;
             continue;
         }
-        ctx.dispatch_op("unary", entry, Some(op.code()), &w.0, &[xb, ob], ctx.grid(e - s, 256))?;
+        ctx.dispatch_op("unary", entry, Some(code), &w.0, &[xb, ob], ctx.grid(e - s, 256))?;
     }
     Ok(())
 }
 
+/// The binary kernel of op code `code` (`BinaryOp::code`).
 pub(crate) fn binary(
     ctx: &Ctx,
-    op: BinaryOp,
+    code: u32,
     a: &wgpu::Buffer,
     la: &Layout,
     b: &wgpu::Buffer,
@@ -153,10 +154,10 @@ pub(crate) fn binary(
             _ => None,
         };
         if let Some(wide) = wide {
-            ctx.dispatch_op("binary", wide, Some(op.code()), &w.0, &[ab, bb, ob], ctx.grid((e - s) / 4, 256))?;
+            ctx.dispatch_op("binary", wide, Some(code), &w.0, &[ab, bb, ob], ctx.grid((e - s) / 4, 256))?;
             continue;
         }
-        ctx.dispatch_op("binary", entry, Some(op.code()), &w.0, &[ab, bb, ob], ctx.grid(e - s, 256))?;
+        ctx.dispatch_op("binary", entry, Some(code), &w.0, &[ab, bb, ob], ctx.grid(e - s, 256))?;
     }
     Ok(())
 }

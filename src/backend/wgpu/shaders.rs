@@ -51,7 +51,7 @@ pub const SHARED_LAYOUTS: &[(&str, &str)] = &[
 ];
 
 /// The source of shader `name` as it is compiled: its file, then its `SHARED_LAYOUTS` entry if
-/// any and `COMMON`, and for `matmul` the generated `regs16x4`,
+/// any, `COMMON` and the elementwise ops' codes (`op_table::wgsl_constants`), and for `matmul` the generated `regs16x4`,
 /// `regs_k1_ua{8x2,8x4,16x2,24x2}`, `tb8x8` and every `TILED` and `TILED_WIDE` kernel appended;
 /// `matmul_sg` is all of `matmul` plus the generated `regs_sg32x2` and `tb_sg{R}x4` for each R
 /// of `TB_SG_ROWS`.
@@ -75,7 +75,8 @@ pub fn source(name: &str) -> Option<&'static str> {
     static WITH_COMMON: OnceLock<Vec<String>> = OnceLock::new();
     let file = &WITH_COMMON.get_or_init(|| {
         let layout = |name: &str| SHARED_LAYOUTS.iter().find(|(n, _)| *n == name).map_or("", |(_, l)| *l);
-        SHADERS.iter().map(|(name, s)| format!("{s}\n{}{COMMON}", layout(name))).collect()
+        let ops = crate::backend::op_table::wgsl_constants();
+        SHADERS.iter().map(|(name, s)| format!("{s}\n{}{COMMON}\n{ops}", layout(name))).collect()
     })[at];
     if name == "matmul" {
         return Some(MATMUL.get_or_init(|| {
