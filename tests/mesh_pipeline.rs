@@ -8,9 +8,9 @@ mod gpt_fixture;
 use common::assert_close;
 use gpt_fixture::Fixture;
 use tandem::data::Batch;
-use tandem::nn::models::{Gpt, GptConfig};
+use tandem::nn::models::{Gpt, GptConfig, SeedModel};
 use tandem::nn::Module;
-use tandem::parallel::{Loss, OptimConfig, Parallel, Pipeline, PipelineGrid, Single, Stages, Strategy};
+use tandem::parallel::{Loss, OptimConfig, Parallel, Pipeline, PipelineGrid, Single, Split, Stages, Strategy};
 use tandem::{Device, Result};
 
 /// `data` pipelines of `devs.len() / data` devices, each stage a group of `tensor`, the
@@ -73,6 +73,30 @@ fn every_layout_with_tensor_and_pipeline_of_8_equals_single() {
         assert_eq!(grid.devices().len(), 8, "{what}");
         same_as_single(&what, &train(&mut grid, &batches), &want);
     }
+}
+
+/// The seed CNN (a `Sequential` of 10 layers ending in fc1, relu3, fc2) under every (data,
+/// tensor, pipeline) of 8 CPU devices with tensor and pipeline above 1: the stages cut before
+/// fc1 at the latest, the last stage's fc1 and fc2 split over its group, SGD with momentum,
+/// 2 micro-batches; the same losses and weights as `Single`.
+#[test]
+fn every_layout_of_a_sequential_with_tensor_and_pipeline_of_8_equals_single() {
+    let _guard = common::shared();
+    let batches = common::seed_image_batches(12, 3, 5);
+    let cpu = Device::cpu();
+    let model = SeedModel::Cnn.build(0, &cpu).unwrap();
+    let opt = OptimConfig::sgd(tandem::optim::SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
+    let want = train(&mut Single::new(SeedModel::Cnn.build(0, &cpu).unwrap(), &opt, Loss::CrossEntropy, &cpu).unwrap(), &batches);
+    for (data, tensor, cuts) in [(1, 2, vec![2, 4, 7]), (1, 4, vec![4]), (2, 2, vec![7])] {
+        let what = format!("seed CNN, data {data} x tensor {tensor} x pipeline {}", cuts.len() + 1);
+        let stages = |row: &[Device]| Ok(Stages::Sharded(model.tensor_stages(row, tensor, Split::At(cuts.clone()))?));
+        let mut grid = Parallel::grid(stages, &common::cpu_devices(8), data, &opt, Loss::CrossEntropy).micro_batches(2).build().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(grid.replicas()[0].ranges().len(), cuts.len() + 1, "{what}");
+        same_as_single(&what, &train(&mut grid, &batches), &want);
+    }
+    // The last stage must hold both Linears it splits.
+    let e = model.tensor_stages(&common::cpu_devices(4), 2, Split::At(vec![8])).err().expect("a cut between fc1 and fc2");
+    assert!(e.to_string().contains("cut later"), "{e}");
 }
 
 /// data 2 × tensor 2 × pipeline 2 of the PyTorch GPT fixture: its 10 AdamW steps with

@@ -284,6 +284,70 @@ fn backward_and_update(loss: Tensor, t0: Instant, run: &mut StepCore, opts: &mut
     Ok(StepReport { loss: loss.to_scalar()?, wall_s: wall, compute_s: wall, peak_memory, grad_norm, ..Default::default() })
 }
 
+/// A model's last `Linear → parameterless elementwise layers → Linear`, the first Linear
+/// column-parallel and the second row-parallel over a group of devices: one module whose input
+/// and output are on the group's first device.
+pub(crate) struct SplitPair {
+    /// The index of the first Linear in the model.
+    pub at: usize,
+    names: (String, String),
+    between: Sequential,
+    col: ColumnParallelLinear,
+    row: RowParallelLinear,
+}
+
+impl SplitPair {
+    /// `model`'s last two Linears (with the parameterless layers between) split over `devices`.
+    pub fn of(model: &Sequential, devices: &[Device]) -> Result<Self> {
+        let first = devices.first().ok_or_else(|| Error::invalid("TensorParallel", "no devices given"))?;
+        let layers = model.layers();
+        let with_params: Vec<usize> = (0..layers.len()).filter(|&i| !layers[i].1.parameters().is_empty()).collect();
+        let (i1, i2) = match with_params[..] {
+            [.., a, b] if b + 1 == layers.len() => (a, b),
+            _ => return Err(Error::invalid("TensorParallel", "the model must end in two Linear layers with only parameterless layers between")),
+        };
+        let between = if i1 + 1 < i2 { model.slice(i1 + 1..i2, first)? } else { Sequential::new() };
+        let fc1 = as_linear(&layers[i1].0, &*layers[i1].1)?;
+        let fc2 = as_linear(&layers[i2].0, &*layers[i2].1)?;
+        if fc1.weight.dims()[0] != fc2.weight.dims()[1] {
+            return Err(Error::shape("TensorParallel", format!("{} outputs {:?} but {} takes {:?}", layers[i1].0, fc1.weight.shape(), layers[i2].0, fc2.weight.shape())));
+        }
+        let col = ColumnParallelLinear::from_linear(&fc1, devices)?;
+        let row = RowParallelLinear::from_linear(&fc2, devices)?;
+        Ok(SplitPair { at: i1, names: (layers[i1].0.clone(), layers[i2].0.clone()), between, col, row })
+    }
+
+    /// Its name as one layer of a stage: the two Linears' names.
+    pub fn layer_name(&self) -> String {
+        format!("{}..{}", self.names.0, self.names.1)
+    }
+
+    /// The two Linears' tensors under the model's names, as they lie on the group.
+    pub fn logical(&self) -> Vec<placed::Logical> {
+        use placed::{Logical, Placement};
+        let (a, b) = &self.names;
+        let mut out = vec![Logical::param(format!("{a}.weight"), Placement::Split(0), self.col.weights.clone())];
+        out.extend(self.col.biases.clone().map(|parts| Logical::param(format!("{a}.bias"), Placement::Split(0), parts)));
+        out.push(Logical::param(format!("{b}.weight"), Placement::Split(1), self.row.weights.clone()));
+        out.extend(self.row.bias.clone().map(|t| Logical::whole(format!("{b}.bias"), t)));
+        out
+    }
+}
+
+impl Module for SplitPair {
+    /// The column-parallel Linear's shards, the layers between on each, summed by the row.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let shards = self.col.forward_shards(x)?.iter().map(|s| self.between.forward(s)).collect::<Result<Vec<_>>>()?;
+        self.row.forward_shards(&shards)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![(self.names.0.clone(), &self.col), ("between".into(), &self.between), (self.names.1.clone(), &self.row)]
+    }
+    fn describe(&self) -> String {
+        format!("SplitPair({}, {})", self.names.0, self.names.1)
+    }
+}
+
 /// Tensor parallelism for a model ending in `Linear → parameterless elementwise layers →
 /// Linear` (the seed CNN's fc1, relu3, fc2): everything before runs on the first device, the
 /// first Linear is column-parallel, the second row-parallel, each device with its own
@@ -304,32 +368,14 @@ impl TensorParallel {
     /// [`Parallel::tensor`](super::Parallel::tensor) calls for a `&Sequential`.
     pub fn new(model: &Sequential, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Self> {
         let first = devices.first().ok_or_else(|| Error::invalid("TensorParallel", "no devices given"))?;
-        let layers = model.layers();
-        let with_params: Vec<usize> = (0..layers.len()).filter(|&i| !layers[i].1.parameters().is_empty()).collect();
-        let (i1, i2) = match with_params[..] {
-            [.., a, b] if b + 1 == layers.len() => (a, b),
-            _ => return Err(Error::invalid("TensorParallel", "the model must end in two Linear layers with only parameterless layers between")),
-        };
-        let trunk = if i1 > 0 { Some(model.slice(0..i1, first)?) } else { None };
-        let between = if i1 + 1 < i2 { model.slice(i1 + 1..i2, first)? } else { Sequential::new() };
-        let fc1 = as_linear(&layers[i1].0, &*layers[i1].1)?;
-        let fc2 = as_linear(&layers[i2].0, &*layers[i2].1)?;
-        if fc1.weight.dims()[0] != fc2.weight.dims()[1] {
-            return Err(Error::shape("TensorParallel", format!("{} outputs {:?} but {} takes {:?}", layers[i1].0, fc1.weight.shape(), layers[i2].0, fc2.weight.shape())));
-        }
-        let col = ColumnParallelLinear::from_linear(&fc1, devices)?;
-        let row = RowParallelLinear::from_linear(&fc2, devices)?;
-        let (a, b) = (&layers[i1].0, &layers[i2].0);
-        use placed::{Logical, Placement};
+        let pair = SplitPair::of(model, devices)?;
+        let trunk = if pair.at > 0 { Some(model.slice(0..pair.at, first)?) } else { None };
         let mut logical = Vec::new();
         if let Some(t) = &trunk {
-            let params: Vec<String> = t.parameters().into_iter().map(|p| p.0).collect();
-            logical.extend(t.state_dict().into_iter().map(|(n, v)| Logical { trained: params.contains(&n), ..Logical::whole(n, v) }));
+            logical.extend(placed::Logical::all_of(t));
         }
-        logical.push(Logical::param(format!("{a}.weight"), Placement::Split(0), col.weights.clone()));
-        logical.extend(col.biases.clone().map(|parts| Logical::param(format!("{a}.bias"), Placement::Split(0), parts)));
-        logical.push(Logical::param(format!("{b}.weight"), Placement::Split(1), row.weights.clone()));
-        logical.extend(row.bias.clone().map(|t| Logical::whole(format!("{b}.bias"), t)));
+        logical.extend(pair.logical());
+        let SplitPair { between, col, row, .. } = pair;
         let placed = placed::Placed { logical, first: first.clone() };
         let opts = (0..devices.len()).map(|i| opt.build(placed.device_params(i))).collect::<Result<_>>()?;
         Ok(TensorParallel { trunk, between, col, row, placed, opts, run: StepCore::new(loss, devices) })

@@ -35,6 +35,11 @@ impl Logical {
     pub fn whole(name: impl Into<String>, t: Tensor) -> Self {
         Logical::param(name, Placement::Whole, vec![t])
     }
+    /// Every tensor of `model`'s state_dict, whole (its parameters trained, its buffers not).
+    pub fn all_of(model: &dyn crate::nn::Module) -> Vec<Logical> {
+        let params: Vec<u64> = model.parameters().iter().map(|(_, t)| t.id()).collect();
+        model.state_dict().into_iter().map(|(n, t)| Logical { trained: params.contains(&t.id()), ..Logical::whole(n, t) }).collect()
+    }
     /// The whole tensor from per-device `parts` of this logical tensor (its values, a gradient
     /// or optimizer state), on `first`, without history.
     fn gather(&self, parts: &[Tensor], first: &Device) -> Result<Tensor> {

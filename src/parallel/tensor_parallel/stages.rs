@@ -1,9 +1,12 @@
 //! Pipeline stages that are tensor-parallel groups (tensor × pipeline, Megatron-LM's layout
-//! across servers): a [`Gpt`]'s stages, each with its blocks split over a group of devices.
+//! across servers): a [`Gpt`]'s stages, each with its blocks split over a group of devices,
+//! and a `Sequential`'s, its last two Linears split over the last group.
 use super::gpt::ParallelBlock;
 use super::placed::{Logical, Placed};
+use super::SplitPair;
 use crate::nn::models::Gpt;
 use crate::nn::Sequential;
+use crate::parallel::{plan_stages, Split};
 use crate::{Device, Error, Result};
 
 /// One pipeline stage over a tensor-parallel group of devices: its layers (those that are
@@ -50,13 +53,10 @@ impl Gpt {
     /// # Ok(()) }
     /// ```
     pub fn tensor_stages(&self, devices: &[Device], tensor: usize, starts: Option<&[usize]>) -> Result<Vec<ShardedStage>> {
-        if tensor == 0 || devices.is_empty() || !devices.len().is_multiple_of(tensor) {
-            return Err(Error::invalid("Gpt::tensor_stages", format!("{} devices do not make groups of {tensor} tensor-parallel shards", devices.len())));
-        }
+        let groups = groups("Gpt::tensor_stages", devices, tensor)?;
         if !self.config.n_head.is_multiple_of(tensor) {
             return Err(Error::invalid("Gpt::tensor_stages", format!("n_head {} does not split evenly over {tensor} devices of a group", self.config.n_head)));
         }
-        let groups: Vec<&[Device]> = devices.chunks(tensor).collect();
         let firsts: Vec<Device> = groups.iter().map(|g| g[0].clone()).collect();
         let whole = self.stages(&firsts, starts)?;
         groups
@@ -75,12 +75,7 @@ impl Gpt {
                             model.push_boxed(name, Box::new(split));
                         }
                         None => {
-                            let params: Vec<u64> = layer.parameters().iter().map(|(_, t)| t.id()).collect();
-                            for (k, t) in layer.state_dict() {
-                                let mut l = Logical::whole(format!("{name}.{k}"), t.clone());
-                                l.trained = params.contains(&t.id());
-                                logical.push(l);
-                            }
+                            logical.extend(Logical::all_of(&*layer).into_iter().map(|l| Logical { name: format!("{name}.{}", l.name), ..l }));
                             model.push_boxed(name, layer);
                         }
                     }
@@ -88,5 +83,48 @@ impl Gpt {
                 Ok(ShardedStage { model, placed: Placed { logical, first: group[0].clone() }, devices: group.to_vec() })
             })
             .collect()
+    }
+}
+
+/// Consecutive groups of `tensor` of `devices`, checked for `op`.
+fn groups<'a>(op: &'static str, devices: &'a [Device], tensor: usize) -> Result<Vec<&'a [Device]>> {
+    if tensor == 0 || devices.is_empty() || !devices.len().is_multiple_of(tensor) {
+        return Err(Error::invalid(op, format!("{} devices do not make groups of {tensor} tensor-parallel shards", devices.len())));
+    }
+    Ok(devices.chunks(tensor).collect())
+}
+
+impl Sequential {
+    /// The model as pipeline stages of tensor-parallel groups: `devices` in consecutive groups
+    /// of `tensor`, the layers cut at `split` ([`plan_stages`] over the groups' first devices:
+    /// `Split::Auto` balances parameter bytes, with no later rebalancing), each stage on its
+    /// group's first device but the last stage's final `Linear → parameterless layers → Linear`,
+    /// column- then row-parallel over the last group as [`TensorParallel`](crate::parallel::TensorParallel)
+    /// splits them. The last stage must hold both of those Linears. Checkpoints keep the model's
+    /// names and whole shapes.
+    pub fn tensor_stages(&self, devices: &[Device], tensor: usize, split: Split) -> Result<Vec<ShardedStage>> {
+        let groups = groups("Sequential::tensor_stages", devices, tensor)?;
+        let firsts: Vec<Device> = groups.iter().map(|g| g[0].clone()).collect();
+        let ranges = plan_stages(self, &firsts, &split)?;
+        let last = groups.len() - 1;
+        let pair = SplitPair::of(self, groups[last])?;
+        if pair.at < ranges[last].start {
+            let what = format!("the last stage starts at layer {}, after the first of the two Linears tensor parallelism splits (layer {}): cut later", ranges[last].start, pair.at);
+            return Err(Error::invalid("Sequential::tensor_stages", what));
+        }
+        let mut out = Vec::with_capacity(groups.len());
+        let mut pair = Some(pair);
+        for (s, (group, range)) in groups.into_iter().zip(ranges).enumerate() {
+            let whole = if s == last { range.start..pair.as_ref().map_or(range.end, |p| p.at) } else { range };
+            let mut model = if whole.is_empty() { Sequential::new() } else { self.slice(whole, &group[0])? };
+            let mut logical = Logical::all_of(&model);
+            if s == last {
+                let p = pair.take().expect("one pair, for the last stage");
+                logical.extend(p.logical());
+                model.push_boxed(p.layer_name(), Box::new(p));
+            }
+            out.push(ShardedStage { model, placed: Placed { logical, first: group[0].clone() }, devices: group.to_vec() });
+        }
+        Ok(out)
     }
 }
