@@ -2,7 +2,13 @@
 values and special shapes, written as tests/fixtures/torch_edge_cases.json for
 tests/edge_numerics.rs. Regenerate after adding an op (here and in that test's table):
 
-    /tmp/tandem-torch-venv/bin/python scripts/torch_edge_cases.py > tests/fixtures/torch_edge_cases.json
+    python scripts/torch_edge_cases.py --keep tests/fixtures/torch_edge_cases.json > new.json
+    mv new.json tests/fixtures/torch_edge_cases.json
+
+`--keep FILE` writes the cases FILE already has as they are there, bit for bit (and says on
+stderr how many of them this host answers differently): PyTorch's vector paths answer some elements differently with other CPU instructions (the
+fixture was first written on an AVX-512 host), so the diff shows the new op alone. Without it
+every case is recomputed on this host.
 
 Values are stored as the hex of their f32 bits, so NaN and -0 survive JSON. Each case is run in
 float32 on the CPU. A gradient is that of sum_k sum(out_k * w_k) with fixed weights w_k (the
@@ -123,6 +129,7 @@ OPS = {
     "gelu": (lambda x, a: [F.gelu(x[0])], True),
     "gelu_tanh": (lambda x, a: [F.gelu(x[0], approximate="tanh")], True),
     "silu": (lambda x, a: [F.silu(x[0])], True),
+    "softplus": (lambda x, a: [F.softplus(x[0])], True),
     "mul_scalar": (lambda x, a: [x[0] * a["s"]], True),
     "add_scalar": (lambda x, a: [x[0] + a["s"]], True),
     "clamp": (lambda x, a: [torch.clamp(x[0], a["min"], a["max"])], True),
@@ -153,7 +160,7 @@ OPS = {
 }
 
 UNARY = ["identity", "step", "neg", "exp", "log", "relu", "sqrt", "square", "tanh", "sigmoid", "recip", "abs",
-         "sin", "cos", "erf", "gelu", "gelu_tanh", "silu"]
+         "sin", "cos", "erf", "gelu", "gelu_tanh", "silu", "softplus"]
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "gt", "lt", "ge", "le", "ne", "eq_elem", "relu_backward"]
 POWERS = [0.0, 1.0, 2.0, 3.0, 4.0, -1.0, -2.0, -3.0, 0.5, -0.5, 1.5, 2.5, -1.5, 1e-7]
 # length one in every broadcast position, both ways round
@@ -284,6 +291,9 @@ def composed_cases(v, rows, sm, img, z):
     for op in ["sin", "cos"]:
         yield f"{op} large arguments", op, {}, [f32(LARGE + [-x for x in LARGE[:5]])]
     yield "erf subnormals and near 0.5", "erf", {}, [f32([1e-40, -1e-40, 1e-38, 0.49999997, 0.5, 0.50000006, 3.9, 4.0, 10.0, -0.5])]
+    # softplus is x itself above its threshold 20 (PyTorch's default), log1p(exp(x)) at and below
+    yield "softplus across the threshold", "softplus", {}, [f32([19.999998, 20.0, 20.000002, 15.0, 25.0, -15.0, -20.0, -87.0,
+                                                                 -103.0, -104.0, -110.0, 1e-3, -1e-3, 0.6931472])]
     for s in [2.0, -1.0, 0.0, 1e30, -0.0]:
         yield f"mul_scalar({s}) special", "mul_scalar", {"s": s}, [v]
     for s in [0.0, -0.0, 1.0, -1e30]:
@@ -446,10 +456,22 @@ def plain(v):
     return v
 
 
+def kept_cases():
+    """The cases of the fixture named by `--keep FILE`, by name: PyTorch's vector paths answer
+    some elements differently with other CPU instructions (AVX-512 or AVX2), so a fixture
+    regenerated on another host to add an op keeps the cases it already has as they are."""
+    if "--keep" not in sys.argv:
+        return {}
+    with open(sys.argv[sys.argv.index("--keep") + 1]) as f:
+        return {c["name"]: c for c in json.load(f)["cases"]}
+
+
 def main():
     torch.set_num_threads(1)
     out = []
     names = set()
+    keep = kept_cases()
+    changed = 0
     for name, op, args, inputs in cases():
         assert name not in names, name
         names.add(name)
@@ -475,7 +497,13 @@ def main():
             alt = alternatives(op, args, inputs, outs, grads)
             if alt:
                 case["alternatives"] = alt
+        if name in keep:
+            changed += keep[name] != json.loads(json.dumps(case))
+            case = keep[name]
         out.append(case)
+    if keep:
+        print(f"kept {sum(n in keep for n in names)} cases of the old fixture ({changed} of them differ on this host), "
+              f"added {sum(n not in keep for n in names)}", file=sys.stderr)
     # one case per line, so that regenerating gives a readable diff
     head = {"generator": "scripts/torch_edge_cases.py", "torch": torch.__version__, "weights": WEIGHTS}
     sys.stdout.write(json.dumps(head, separators=(",", ":"))[:-1] + ',"cases":[\n')

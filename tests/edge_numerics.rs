@@ -188,6 +188,8 @@ const OPS: &[Op] = &[
     op("gelu", 1e-5, 2e-5, |x, _| one(x[0].gelu())).atol(1e-6),
     op("gelu_tanh", 1e-5, 2e-5, |x, _| one(x[0].gelu_tanh())).atol(1e-6),
     op("silu", 4e-6, 1e-5, |x, _| one(x[0].silu())),
+    // ln(1 + e^x) and its gradient sigmoid(x): e^x's bound where the result is e^x (x below -15)
+    op("softplus", 2e-5, 2e-5, |x, _| one(x[0].softplus())),
     op("mul_scalar", 0.0, 0.0, |x, a| one(x[0].mul_scalar(f(a, "s")))),
     op("add_scalar", 0.0, 0.0, |x, a| one(x[0].add_scalar(f(a, "s")))),
     op("clamp", 0.0, 0.0, |x, a| one(x[0].clamp(opt(a, "min"), opt(a, "max")))),

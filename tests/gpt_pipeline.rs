@@ -103,12 +103,13 @@ fn tied_copies_stay_identical_across_backends() {
     let devs = [Device::from_backend(Arc::new(CpuBackend::new())), wgpu];
     let mut pipe = pipeline(&fx, &devs, 2, Schedule::OneFOneB);
     pipe.set_grad_clip(Some(fx.hp("grad_clip"))).unwrap();
+    // after every step, not only the last
     for i in 0..3 {
         pipe.step(&fx.batch(i)).unwrap();
+        let state: HashMap<String, Tensor> = pipe.state_dict().unwrap().into_iter().collect();
+        assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "cpu + wgpu:0, step {i}: the head differs from the embedding");
+        assert!(state[Gpt::LM_HEAD].device().same(&devs[1]), "the head lives on the last stage");
     }
-    let state: HashMap<String, Tensor> = pipe.state_dict().unwrap().into_iter().collect();
-    assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "cpu + wgpu:0: the head differs from the embedding");
-    assert!(state[Gpt::LM_HEAD].device().same(&devs[1]), "the head lives on the last stage");
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //!
 //! MPI has no timeouts: a blocking `MPI_Allreduce` whose peer stopped answering waits forever.
 //! Each operation here is the library's blocking call (its fastest algorithms: Open MPI's
-//! nonblocking collectives, polled against a deadline, measured up to 18x slower at 1 MiB),
+//! nonblocking collectives, polled against a deadline, are much slower; see benches/README.md),
 //! registered with a watchdog thread for its duration; past the deadline the watchdog ends
 //! the job with `MPI_Abort`, naming this rank and the operation, as PyTorch's NCCL watchdog
 //! does. Calling MPI_Abort while another thread waits inside MPI needs

@@ -186,7 +186,8 @@ pub trait Strategy: Send {
 /// Runs `work` on `s` on the threads that suit it: on the CPU backend's pool
 /// ([`on_cpu_pool`](crate::on_cpu_pool), under this thread's settings) when `s` computes on a
 /// CPU device from its caller's thread, so that the hundreds of ops of a step need no hand-off
-/// each (a small GPT trains 1.3 times as fast on a 2-core host); right here otherwise:
+/// each (a hand-off per op costs a small model a large share of its step; benches/README.md);
+/// right here otherwise:
 /// on GPUs alone, and for strategies that run their devices on threads of their own, where a
 /// waiting caller would only hold one of the pool's threads. The [`Trainer`](crate::train::Trainer)
 /// runs every step and prediction this way, and the planner's trials time steps this way.

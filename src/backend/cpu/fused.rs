@@ -171,8 +171,8 @@ fn causal_softmax(x: &[f32], n: usize, t: usize, scale: f32, y: &mut [f32]) {
 }
 
 by_isa!(
-    /// `e[j] = exp(x[j]·scale - m)` in f64 ([`exp_f64`]: a libm call each was 3% of a GPT
-    /// step), vectorised as the GELU's loops are.
+    /// `e[j] = exp(x[j]·scale - m)` in f64 ([`exp_f64`], no libm call per element), vectorised
+    /// as the GELU's loops are.
     fn exps(x: &[f32], scale: f32, m: f32, e: &mut [f64]) => exps_plain
 );
 

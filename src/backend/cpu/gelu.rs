@@ -3,9 +3,8 @@
 //! CPU has AVX2 or AVX-512F the same loops are also compiled for it (chosen at run time,
 //! whatever the cargo features, as the products), which vectorises the tanh's f32
 //! arithmetic eight or sixteen lanes wide; Rust never fuses a multiply and an add, so every
-//! build gives the same bits. (With AVX-512 the GELU went from 18% to 12% of a 4-layer,
-//! 128-wide GPT's CPU step when the tanh was still f64, and the step ran 7% faster; the f32
-//! tanh took it from 13% to 7% with AVX2.)
+//! build gives the same bits. The GELU is a large share of a small GPT's CPU step, so its
+//! vector form matters (figures in benches/README.md, "Figures behind choices in the code").
 use super::kernels::{by_isa, unary, CHUNK};
 use crate::backend::{UnaryOp, GELU_BETA, GELU_KAPPA};
 use rayon::prelude::*;

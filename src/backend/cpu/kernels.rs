@@ -59,9 +59,9 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
 /// `exp(-r)` a Taylor polynomial of degree 7 and `2^-k` built from the bits of a rounding
 /// through 1.5·2^23. Checked over every f32 from 0 to 10: within 1 ulp of f64's tanh rounded to
 /// f32 everywhere (the correctly rounded value for 99.65% of them; PyTorch's vectorised tanh is
-/// a 1-ulp one too, glibc's `tanhf` is off by 2). The f64 version it replaced, correctly
-/// rounded but for rare ties, took 2.1 times as long (AVX2), and the GELU passes of a 4-layer,
-/// 128-wide GPT's CPU step went from 13% of it to 7%. |x| is capped at 10, where tanh rounds to
+/// a 1-ulp one too, glibc's `tanhf` is off by 2). f32 rather than an f64 tanh, which would be
+/// correctly rounded but for rare ties: the f32 one vectorises twice as wide and is the
+/// cheaper one (benches/README.md). |x| is capped at 10, where tanh rounds to
 /// ±1; -0 stays -0 and NaN stays NaN.
 #[inline(always)]
 pub fn tanh(x: f32) -> f32 {
@@ -90,8 +90,8 @@ pub fn tanh(x: f32) -> f32 {
     }
 }
 
-/// `exp(z)` in f64 with no call and no branch, so that a loop of it vectorises (the softmax's
-/// exponentials were a libm call each, 3% of a GPT step): `2^k · exp(r)`, `r` reduced by a
+/// `exp(z)` in f64 with no call and no branch, so that a loop of it vectorises (a libm call
+/// per element does not; the softmax's exponentials are many): `2^k · exp(r)`, `r` reduced by a
 /// two-part ln 2 (Cody-Waite) to |r| <= 0.35, `exp(r)` a Taylor polynomial of degree 13
 /// (truncation below 1e-17), `2^k` built from the bits of a rounding through 1.5·2^52. Within
 /// 2 ulp of the correctly rounded f64 where that is normal (z >= -708); 0 below (an f32

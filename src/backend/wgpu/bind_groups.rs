@@ -11,9 +11,9 @@ const KEPT: usize = 4096;
 /// uniform ring, so they are not part of it.
 type Key = (wgpu::BindGroupLayout, Vec<(wgpu::Buffer, u64, u64)>);
 
-/// Creating a group was about 2 of the 4 µs a dispatch costs the host on lavapipe, and chains of
-/// ops bind the same pooled buffers again and again: a chain of 1000 small adds took 7-13% less
-/// time per op with this cache (alternating runs in one process). A cached group keeps its
+/// Creating a group is a large part of what a dispatch costs the host on lavapipe, and chains
+/// of ops bind the same pooled buffers again and again, so groups are cached (the figures are
+/// in benches/README.md). A cached group keeps its
 /// buffers alive, so the pool empties the cache whenever it frees memory.
 #[derive(Default)]
 pub(crate) struct BindGroups(Mutex<HashMap<Key, wgpu::BindGroup>>);

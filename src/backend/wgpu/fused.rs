@@ -21,8 +21,8 @@ const ATT_DMAX: usize = 64;
 /// Runs `op` on `bufs` (its buffers in `FusedOp`'s order); `Ok(false)` where a buffer is larger
 /// than one binding, a loop would pass `MAX_LOOP`, or an index 32 bits. With `software`, rows
 /// shorter than `MAX_LOOP` take one invocation each instead of a workgroup: CPU rasterizers
-/// run a workgroup barrier by switching through every invocation, which made the workgroup
-/// forms 10-30× slower on lavapipe (61 ms against 2-5 ms for a LayerNorm of 1024 × 128).
+/// run a workgroup barrier by switching through every invocation, which makes the workgroup
+/// forms many times slower there (benches/README.md).
 pub(crate) fn fused(ctx: &Ctx, op: FusedOp, bufs: &[&wgpu::Buffer], software: bool) -> Result<bool> {
     let Some((sizes, _)) = op.operands() else { return Ok(false) };
     if sizes.iter().any(|&s| s >= ctx.max_elems() || s >= u32::MAX as usize) {

@@ -235,15 +235,14 @@ pub(crate) fn matmul(
     let room = if bias.is_some() { bias_at + m } else { m * k };
     let stageable = m * k > 0 && ctx.stage_floats() >= room && (bias.is_none() || a_bs == 0);
     let (entry, cols, rows) = match (vec4, kernel) {
-        // Subgroup-shared A rows where the device has 8-wide subgroups (about 2x `regs16x4`),
+        // Subgroup-shared A rows where the device has 8-wide subgroups (the fastest there),
         // else the generated 16×4 block where it is not mostly edge, else 8×8.
         (true, MatmulKernel::Registers) if ctx.subgroup8 && m >= 32 && n >= 64 => ("regs_sg32x2", 64, 32),
         (true, MatmulKernel::Registers) if m >= 16 && n >= 128 => ("regs16x4", 128, 16),
         (true, MatmulKernel::Registers) => ("regs", 64, 8),
         // Generated blocks of as few rows as cover a small M (a convolution's output channels;
-        // less waste at the edge): on the seed CNN's GEMMs 16×2 ran 1.15× 8×4 at M = 10 and
-        // 24×2 1.35× 16×2 at M = 20. 16×4 and 32×2 were 4-7% faster still at M = 10 and 250,
-        // but each cost ~0.5 s more of llvmpipe compiling in a fresh process's first step.
+        // less waste at the edge). No 16×4 or 32×2: the little they gain costs more llvmpipe
+        // compiling in a fresh process's first step than it saves (benches/README.md).
         (false, MatmulKernel::Registers) if b_vec_n && stageable => match (m, n >= 128) {
             (0..=8, true) => ("regs_k1_ua8x4", 128, 8),
             (0..=8, false) => ("regs_k1_ua8x2", 64, 8),

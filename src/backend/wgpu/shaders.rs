@@ -34,9 +34,8 @@ pub const SUBGROUP_MODULES: &[(&str, &str)] = &[("reduce_sg", "reduce")];
 
 /// Row counts of the generated `tb_sg{R}x4` kernels (C = A·Bᵀ, subgroup-shared rows of A): the
 /// product takes the smallest that covers M, else the largest, because one block over all of
-/// a small M (a convolution's output channels) wasted least: on the seed CNN's weight gradients
-/// (M = 10 and 20) the covering block ran 1.3-1.5× faster than the next smaller or larger one.
-/// A 32-row kernel was no faster for larger M and took ~0.4 s more to compile.
+/// a small M (a convolution's output channels) wastes least at the edge. There is no 32-row
+/// kernel: it is no faster for larger M and takes longer to compile (benches/README.md).
 pub const TB_SG_ROWS: [usize; 3] = [8, 16, 24];
 
 /// The helpers several shader files share (NaN by the bits, the grid's linear index, ...): WGSL
@@ -111,12 +110,12 @@ pub enum Regs {
 /// WGSL of a `regs`-family kernel with `rows` rows of C and `groups` vec4 column groups, 8
 /// apart, per invocation, written out in full: CPU rasterizers keep values in registers only
 /// when every accumulator is its own variable; loops over arrays this large are not unrolled by
-/// their compilers and run twice as slow. On lavapipe 16×4 outputs per lane (each B load feeds
-/// 16 rows, each A load 16 columns) ran 1.5–1.8× faster than `regs`' 8×8, and the uniform-A
-/// kernel's 16×2 and 8×4 blocks 1.2–1.5× faster than its 8×2 (itself 1.5× `regs_k1`).
+/// their compilers and run much slower. More outputs per lane mean fewer loads per product:
+/// 16×4 (each B load feeds 16 rows, each A load 16 columns) rather than `regs`' 8×8, and the
+/// uniform-A kernel's 16×2 and 8×4 blocks rather than its 8×2.
 /// Every lane of `Vec4` loads the same A values, lane by lane; `SubgroupA` loads each once and
-/// broadcasts it (a register extract on lavapipe), which left so few A loads that 32 rows × 2
-/// groups (each B load feeds 32 rows) beat 16×4: about 2× `regs16x4` at n = 1024. Operand
+/// broadcasts it (a register extract on lavapipe), which leaves so few A loads that 32 rows × 2
+/// groups (each B load feeds 32 rows) beat 16×4 (the figures are in benches/README.md). Operand
 /// conditions, clamping and grid are the hand-written kernel's; `SubgroupA` needs `rows` a
 /// multiple of 8 and a subgroup of 8 whose invocation ids are the workgroup's.
 pub fn regs_unrolled(kind: Regs, rows: usize, groups: usize) -> String {
@@ -193,12 +192,12 @@ pub fn regs_unrolled(kind: Regs, rows: usize, groups: usize) -> String {
 /// consecutive columns (a multiple of 4), written out in full as `regs_unrolled`. A's rows are
 /// the same for all 8 lanes of a workgroup; each lane reads its own rows of B. Serves
 /// convolution weight gradients (grad_out · colsᵀ per image), whose N = C·kh·kw is rarely a
-/// multiple of 4; 8×8 per lane does 16 dot products per vec4 load where `generic_tb` does 8,
-/// which made the seed CNN's larger weight gradient 25% faster (8×4 was slower than `generic_tb`).
+/// multiple of 4; 8×8 per lane does 16 dot products per vec4 load where `generic_tb` does 8
+/// (8×4 is not enough to gain on `generic_tb`).
 /// With `subgroup` (entry `tb_sg{rows}x{cols}`, module `matmul_sg`; `rows` a multiple of 8) each
 /// lane loads `rows / 8` of the rows of A and `subgroupBroadcast` shares them, as
-/// `Regs::SubgroupA`: with A's loads gone, 16×4 and 24×4 ran the seed CNN's two weight gradients
-/// 2-2.5× faster than `generic_tb` and `tb8x8`.
+/// `Regs::SubgroupA`: with A's loads gone, 16×4 and 24×4 are the fastest on the seed CNN's two
+/// weight gradients (benches/README.md).
 pub fn tb_unrolled(rows: usize, cols: usize, subgroup: bool) -> String {
     use std::fmt::Write;
     let mut s = String::new();

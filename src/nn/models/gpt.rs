@@ -95,7 +95,8 @@ impl Gpt {
     /// the two batched products around a fused causal softmax (the `T × T` weights kept). Both
     /// compute the same function; while training with attention dropout the products are used
     /// either way (the dropout acts on the weights). The default is `TANDEM_ATTENTION=fused`,
-    /// else composed, which was faster on the CPU and lavapipe at GPT-tiny sizes (see README).
+    /// else composed, the faster of the two on the CPU and lavapipe at GPT-tiny sizes
+    /// (benches/README.md).
     pub fn set_fused_attention(&self, fused: bool) {
         for b in &self.transformer.h.0 {
             b.layers.attn.fused.store(fused, Ordering::Relaxed);

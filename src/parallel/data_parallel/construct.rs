@@ -68,7 +68,7 @@ impl DataParallel {
             Some(update::assign_owners(&sizes, world))
         } else if !update::one_kernel_family(devices) {
             // One owner rather than ZeRO-1's balanced ones: one broadcast a step instead of one
-            // per device (measured cheaper on the seed CNN; see update.rs).
+            // per device, which waits on one download per device (see update.rs).
             Some(vec![0; sizes.len()])
         } else {
             None

@@ -13,7 +13,7 @@
 //! the previous step (prefetch: its all-gather runs while this unit computes), and marks every
 //! other held unit for release, done between two ops ([`crate::tensor::between_ops`]), since
 //! the op that ran the hook may be reading one of them. Backward releases a unit the moment its
-//! gradients are complete, as before.
+//! gradients are complete.
 //!
 //! Every device asks for the same gathers in the same order, because each runs the same
 //! program with the same rules; the communication thread runs a gather once every device has

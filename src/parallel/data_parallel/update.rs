@@ -10,11 +10,10 @@
 //!
 //! The owner is replica 0 for every parameter unless ZeRO-1 balances them. Owners are global
 //! device indices: across processes ZeRO-1 balances the state over every rank's devices, and
-//! [`gather_owned`] all-gathers the updated parameters in one collective. Measured on the seed
-//! CNN (Adam, batch 64, deterministic mode, cpu,wgpu:0,wgpu:1, medians of 81 steps), a step
-//! communicates for 1.0 ms with local updates, 1.5 ms with one owner and 6.0-6.4 ms with
-//! balanced owners: the bytes are the same, but one owner's broadcast waits on one download
-//! where balanced owners wait on one per device.
+//! [`gather_owned`] all-gathers the updated parameters in one collective. On devices of
+//! different kernel families one owner communicates less time than balanced owners though the
+//! bytes are the same: one owner's broadcast waits on one download where balanced owners wait
+//! on one per device (figures in benches/README.md).
 use super::{buckets, joined, Replica};
 use crate::autograd::no_grad;
 use crate::parallel::comm::Communicator;

@@ -11,8 +11,8 @@ const RUNS: usize = 5;
 
 /// Timings run at least this long in all (up to [`MAX_RUNS`] runs): five runs of a layer
 /// that takes a fraction of a millisecond fall inside one busy moment of a shared machine,
-/// which then skews the whole calibration (a seed CNN's step was predicted 1.13-1.40x its
-/// measured time from calibrations of 0.2 s).
+/// which then skews the whole calibration (calibrations of 0.2 s predicted a seed CNN's step
+/// too slow; benches/README.md).
 const MIN_TIMED_S: f64 = 0.03;
 const MAX_RUNS: usize = 200;
 

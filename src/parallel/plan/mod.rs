@@ -417,8 +417,8 @@ fn offloaded_states(work: &Workload, l: &Layout) -> u64 {
 /// How much faster than the fastest layout on fewer devices a layout on more must be predicted
 /// to be chosen: a calibration of a few seconds on a shared machine varies by about this much,
 /// and more devices bring communication and run-to-run variance that a near-tie does not pay
-/// for (a seed CNN on `cpu,cpu` was planned as ZeRO-2 over both from a calibration that
-/// predicted it 4% faster than one device, and ran 18% slower).
+/// for: a near-tie predicted on two devices can run slower than one (an example in
+/// benches/README.md).
 pub const MORE_DEVICES_MARGIN: f64 = 0.05;
 
 /// The index in `fits` (fastest first) of the layout to choose: among those predicted within
@@ -475,8 +475,8 @@ fn micro_batch_counts(batch: usize, data: usize, pipeline: usize) -> Vec<usize> 
 }
 
 /// The share of each device's memory a layout may plan to use: the rest is headroom for what
-/// the estimate does not count (the allocator's rounding, backward's temporaries). On a small
-/// GPT over two budgeted CPU devices the estimate fell up to 12% short of the allocator's peak.
+/// the estimate does not count (the allocator's rounding, backward's temporaries); it covers
+/// how far the allocator's peak exceeded the estimate on a small GPT (benches/README.md).
 pub const MEMORY_USABLE: f64 = 0.85;
 
 /// Why `e` does not fit, naming the first device over its usable memory and the memory it has.

@@ -4,8 +4,8 @@
 //!
 //! The layer model predicts a step from its layers' times; what a strategy spends around them
 //! does not scale with the batch and is invisible to a per-layer calibration. It decides small
-//! steps: a 1-block, 16-wide GPT at batch 8 on `cpu,cpu` was predicted 0.24 ms/step on two
-//! devices (data 2) and ran 0.87; one device ran 0.46. So [`tried`] times the layout the
+//! steps, where it can make a layout on two devices slower than one device though the layer
+//! model predicts it faster (an example in benches/README.md). So [`tried`] times the layout the
 //! search chooses, records the difference as that layout's [`StepOverhead`] (which untried
 //! layouts on as many devices borrow), and searches again, until the choice is a layout that
 //! was tried: its prediction is then its trial's measurement, and no layout is predicted
