@@ -16,7 +16,9 @@ pub fn unbuildable(l: &Layout, shares: &[usize], model: &Sequential) -> Option<S
     }
     if l.tensor > 1 {
         if l.pipeline > 1 {
-            return Some("tensor parallelism of a Sequential does not combine with pipeline parallelism".into());
+            // The split pair must sit in the last stage, a constraint on cuts the search does not
+            // carry: `Sequential::tensor_stages` builds this layout by hand.
+            return Some("tensor parallelism of a Sequential does not combine with pipeline parallelism in a plan (build it with Sequential::tensor_stages)".into());
         }
         if l.micro_batches > 1 || l.recompute {
             return Some("tensor parallelism of a Sequential takes whole batches, without recomputation".into());
