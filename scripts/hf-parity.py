@@ -6,12 +6,14 @@
     python scripts/hf-parity.py load DIR        # DIR/tuned, a folder tandem wrote, into transformers
 
 `make` builds `GPT2LMHeadModel(GPT2Config(...))` from `torch.manual_seed(0)` (dropout 0, f32),
-writes it with `save_pretrained` to DIR (config.json, model.safetensors), and writes DIR/reference.safetensors: the token windows `x`, `y` ([10, B, T]), the initial
-model's `logits` of `x[0]` ([B, T, V]) and the `losses` of 10 AdamW steps, one batch each,
-with the settings of tandem's `--optimizer adamw` (betas 0.9, 0.999, eps 1e-8, decoupled
-weight decay on parameters of rank >= 2 and none on biases and LayerNorms), no clipping. The
-tokens are DIR/ids.json's where the caller wrote them (tests/hf_parity.rs writes GPT-2's BPE
-tokens of a text), else the UTF-8 bytes of the text below (the tiny shape's vocabulary is 256).
+writes it with `save_pretrained` to DIR (config.json, model.safetensors), and writes
+DIR/reference.safetensors: the token windows `x`, `y` ([10, B, T]), the initial model's
+`logits` of `x[0]` ([B, T, V]), the `losses` of 10 AdamW steps, one batch each, and
+`final.NAME`, a few parameters after them, with the settings of tandem's `--optimizer adamw`
+(betas 0.9, 0.999, eps 1e-8, decoupled weight decay, here 0.1, on parameters of rank >= 2 and
+none on biases and LayerNorms), no clipping. The tokens are DIR/ids.json's where the caller
+wrote them (tests/hf_parity.rs writes GPT-2's BPE tokens of a text), else the UTF-8 bytes of
+the text below (the tiny shape's vocabulary is 256).
 
 `load` reads DIR/tuned with `GPT2LMHeadModel.from_pretrained(..., output_loading_info=True)`,
 fails on any missing, unexpected or mismatched key or warning, and compares transformers' logits
@@ -27,7 +29,9 @@ import numpy as np
 
 TOL = 1e-4
 STEPS = 10
-TRAIN = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+TRAIN = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)
+# Parameters whose values after the steps are kept: decayed (wpe) and not (the rest).
+FINAL = ["transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias", "transformer.h.0.attn.c_attn.bias"]
 SHAPES = {
     "small": (dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257), 2, 64),
     "tiny": (dict(n_layer=2, n_head=4, n_embd=64, n_positions=32, vocab_size=256), 4, 32),
@@ -100,6 +104,8 @@ def make(root, shape):
         losses.append(loss.item())
     meta = {"train": json.dumps(dict(TRAIN, steps=STEPS)), "config": json.dumps(sizes), "made_by": "scripts/hf-parity.py make"}
     tensors = {"x": x, "y": y, "logits": logits.astype(np.float32), "losses": np.array(losses, dtype=np.float32)}
+    state = model.state_dict()
+    tensors.update({f"final.{n}": state[n].detach().numpy().copy() for n in FINAL})
     save_file(tensors, os.path.join(root, "reference.safetensors"), metadata=meta)
     print(f"made {root} ({shape}); losses {losses}", file=sys.stderr)
 

@@ -18,6 +18,8 @@ struct Reference {
     /// The initial model's logits of `x[0]`.
     logits: Vec<f32>,
     losses: Vec<f32>,
+    /// `final.NAME`: parameter NAME after the steps.
+    finals: Vec<(String, Vec<f32>)>,
     train: serde_json::Value,
 }
 
@@ -32,7 +34,11 @@ fn reference(dir: &Path) -> Reference {
         HostData::F32(v) => v,
         HostData::I32(_) => panic!("values stored as integers"),
     };
-    Reference { x: ints(get("x")), y: ints(get("y")).0, logits: floats(get("logits")), losses: floats(get("losses")), train: serde_json::from_str(&meta["train"]).unwrap() }
+    let finals: Vec<(String, Vec<f32>)> =
+        tensors.iter().filter_map(|(n, t)| n.strip_prefix("final.").map(|name| (name.to_string(), floats(t.clone())))).collect();
+    assert!(finals.len() >= 2, "the reference keeps parameters after the steps");
+    let train = serde_json::from_str(&meta["train"]).unwrap();
+    Reference { x: ints(get("x")), y: ints(get("y")).0, logits: floats(get("logits")), losses: floats(get("losses")), finals, train }
 }
 
 impl Reference {
@@ -51,8 +57,9 @@ fn max_diff(got: &[f32], want: &[f32]) -> f32 {
 }
 
 /// The folder `dir` (config.json, model.safetensors, reference.safetensors) in tandem on the
-/// CPU: the logits of `x[0]` and the reference's AdamW steps, each within 1e-4 of transformers'
-/// (the measured differences are printed). Returns the trained model.
+/// CPU: the logits of `x[0]`, and the losses of the reference's AdamW steps and the parameters
+/// it kept after them, each within 1e-4 of transformers' (the measured differences are
+/// printed). Returns the trained model.
 fn check_against_reference(dir: &Path, what: &str) -> Gpt {
     let cpu = Device::cpu();
     let r = reference(dir);
@@ -71,10 +78,18 @@ fn check_against_reference(dir: &Path, what: &str) -> Gpt {
         opt.zero_grad();
     }
     let loss_diff = max_diff(&losses, &r.losses);
-    eprintln!("{what}: max |tandem - transformers| logits {logits_diff:.3e}, losses over {} AdamW steps {loss_diff:.3e}", losses.len());
+    let state = gpt.state_dict();
+    let weights_diff = r.finals.iter().map(|(name, want)| {
+        let got = state.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("tandem's GPT has no {name}")).1.to_vec().unwrap();
+        max_diff(&got, want)
+    });
+    let weights_diff = weights_diff.fold(0f32, f32::max);
+    let names: Vec<&str> = r.finals.iter().map(|(n, _)| n.as_str()).collect();
+    eprintln!("{what}: max |tandem - transformers| logits {logits_diff:.3e}, losses over {} AdamW steps {loss_diff:.3e}, {names:?} after them {weights_diff:.3e}", losses.len());
     eprintln!("{what}: losses {losses:?}\n{what}: transformers' {:?}", r.losses);
     assert!(logits_diff <= 1e-4, "{what}: the logits differ from transformers' by {logits_diff}");
     assert!(loss_diff <= 1e-4, "{what}: the AdamW losses {losses:?} differ from transformers' {:?} by {loss_diff}", r.losses);
+    assert!(weights_diff <= 1e-4, "{what}: {names:?} after the steps differ from transformers' by {weights_diff}");
     // The steps moved the model: a run that stood still would not match the falling losses.
     assert!(r.losses[r.losses.len() - 1] < r.losses[0] - 0.1, "{:?}", r.losses);
     gpt
@@ -98,7 +113,8 @@ fn script(python: &Path, args: &[&Path]) {
     let out = std::process::Command::new(python).arg(path).args(args).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "hf-parity.py {args:?}: {err}");
-    eprintln!("{}", err.lines().filter(|l| !l.contains("Writing model shards")).collect::<Vec<_>>().join("\n"));
+    let progress = |l: &&str| l.contains("Writing model shards") || l.contains("Loading weights");
+    eprintln!("{}", err.lines().filter(|l| !progress(l)).collect::<Vec<_>>().join("\n"));
 }
 
 /// GPT-2 small's shape (12 layers, 768 wide, 12 heads, 1024 positions, 50,257 tokens) on GPT-2's
