@@ -57,16 +57,17 @@ fn max_diff(got: &[f32], want: &[f32]) -> f32 {
 }
 
 /// The folder `dir` (config.json, model.safetensors, reference.safetensors) in tandem on the
-/// CPU: the logits of `x[0]`, and the losses of the reference's AdamW steps and the parameters
-/// it kept after them, each within 1e-4 of transformers' (the measured differences are
-/// printed). Returns the trained model.
+/// CPU: the logits of `x[0]` and the losses of the reference's AdamW steps within 1e-4 of
+/// transformers', and the parameters it kept after them within 5e-4 (the measured differences
+/// are printed). Returns the trained model.
 fn check_against_reference(dir: &Path, what: &str) -> Gpt {
     let cpu = Device::cpu();
     let r = reference(dir);
     let gpt = Gpt::from_hf(dir, &cpu).unwrap();
     let logits = gpt.forward(&r.batch(&r.x.0, 0, &cpu)).unwrap().to_vec().unwrap();
     let logits_diff = max_diff(&logits, &r.logits);
-    let adamw = AdamConfig { lr: r.hp("lr"), beta1: r.hp("beta1"), beta2: r.hp("beta2"), eps: r.hp("eps"), weight_decay: r.hp("weight_decay"), decoupled: true };
+    let (lr, beta1, beta2, eps, weight_decay) = (r.hp("lr"), r.hp("beta1"), r.hp("beta2"), r.hp("eps"), r.hp("weight_decay"));
+    let adamw = AdamConfig { lr, beta1, beta2, eps, weight_decay, decoupled: true };
     let params = gpt.parameters();
     let mut opt = OptimConfig::adam(adamw).with_groups(ParamGroups::no_decay_for_biases_and_norms()).build(params).unwrap();
     let mut losses = Vec::new();
@@ -85,11 +86,16 @@ fn check_against_reference(dir: &Path, what: &str) -> Gpt {
     });
     let weights_diff = weights_diff.fold(0f32, f32::max);
     let names: Vec<&str> = r.finals.iter().map(|(n, _)| n.as_str()).collect();
-    eprintln!("{what}: max |tandem - transformers| logits {logits_diff:.3e}, losses over {} AdamW steps {loss_diff:.3e}, {names:?} after them {weights_diff:.3e}", losses.len());
+    let steps = losses.len();
+    eprintln!("{what}: max |tandem - transformers| logits {logits_diff:.3e}, losses over {steps} AdamW steps {loss_diff:.3e}");
+    eprintln!("{what}: {names:?} after them {weights_diff:.3e}");
     eprintln!("{what}: losses {losses:?}\n{what}: transformers' {:?}", r.losses);
     assert!(logits_diff <= 1e-4, "{what}: the logits differ from transformers' by {logits_diff}");
     assert!(loss_diff <= 1e-4, "{what}: the AdamW losses {losses:?} differ from transformers' {:?} by {loss_diff}", r.losses);
-    assert!(weights_diff <= 1e-4, "{what}: {names:?} after the steps differ from transformers' by {weights_diff}");
+    // An Adam step moves a weight by up to lr (1e-3), and where a gradient is near zero its sign
+    // is rounding's: GPT-2 small's shape measured 1.4e-4 here. Decay on the wrong parameters
+    // moves a LayerNorm weight by lr * weight_decay * 10 steps = 1e-3.
+    assert!(weights_diff <= 5e-4, "{what}: {names:?} after the steps differ from transformers' by {weights_diff}");
     // The steps moved the model: a run that stood still would not match the falling losses.
     assert!(r.losses[r.losses.len() - 1] < r.losses[0] - 0.1, "{:?}", r.losses);
     gpt
