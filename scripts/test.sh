@@ -144,6 +144,11 @@ else
   if [ ${#gpt[@]} -gt 0 ]; then "$torch_py" scripts/gpt_parity.py check "${gpt[@]}"; fi
   for ckpt in "${custom[@]}"; do "$torch_py" scripts/custom_model_parity.py check "$ckpt" tests/fixtures/custom_model; done
   shopt -u nullglob
+  # GPT-2 small's shape against transformers (logits, 10 AdamW steps, the folder loaded back):
+  # tests/hf_parity.rs, about 7 minutes on 2 cores.
+  if "$torch_py" -c 'import transformers' >/dev/null 2>&1; then
+    TANDEM_TORCH_PYTHON="$torch_py" cargo test --features cuda,nccl,mpi --test hf_parity "$@"
+  fi
 fi
 
 # Second pass: the suites that run kernels on every device, with every wgpu adapter forced to

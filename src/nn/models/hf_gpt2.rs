@@ -11,6 +11,7 @@
 //! files are skipped by name; any other tensor, a missing one or a shape that is not the
 //! configuration's is an error naming it, found from the file's header before any weight is
 //! converted. The configuration's sizes are bounded before anything is sized by them.
+#![doc = include_str!("finetune.md")]
 use super::{Gpt, GptConfig};
 use crate::checkpoint::{host_from_view, parse, write_atomic, write_safetensors, HostData, HostTensor};
 use crate::nn::Module;
