@@ -66,7 +66,24 @@ fn result_dtype(inputs: &[&Tensor]) -> Option<DType> {
     floats.all(|d| d == first).then_some(first).filter(|d| d.is_half())
 }
 
+/// The dtype of a product of `a` and `b`: their shared half type, or F32.
+pub(crate) fn product_dtype(a: &Tensor, b: &Tensor) -> DType {
+    result_dtype(&[a, b]).unwrap_or(DType::F32)
+}
+
 impl Tensor {
+    /// The CPU device that runs `op(self) · op(other)` reading its halves directly
+    /// (`CpuBackend::matmul_halves`), or `None` where the product runs on f32 copies: on other
+    /// backends, and where an operand's batch would be broadcast (its gradient would then be a
+    /// sum of rounded products). Batch dimensions equal on both sides, two matrices, or a batch
+    /// times one matrix (which `matmul_t` flattens into two matrices) qualify.
+    pub(crate) fn half_product_here(&self, other: &Tensor, trans_a: bool) -> Option<&crate::backend::cpu::CpuBackend> {
+        let cpu = self.backend().as_any().downcast_ref::<crate::backend::cpu::CpuBackend>()?;
+        let (ra, rb) = (self.rank(), other.rank());
+        let shapes = ra >= 2 && rb >= 2 && (self.dims()[..ra - 2] == other.dims()[..rb - 2] || (rb == 2 && !trans_a));
+        shapes.then_some(cpu)
+    }
+
     /// This tensor as F32 (a differentiable cast from a half type; itself otherwise).
     pub(crate) fn upcast(&self) -> Result<Tensor> {
         if self.dtype().is_half() {
@@ -160,6 +177,16 @@ pub(crate) fn backward_in_f32(
     g: &Tensor,
     rule: impl FnOnce(&GradOp, &[Tensor], &Tensor, &Tensor) -> Result<Vec<Option<Tensor>>>,
 ) -> Result<Vec<Option<Tensor>>> {
+    // A product the CPU backend computes from halves directly takes its halves and gradient
+    // as they are: its products sum in f32 and round once, to the gradient's dtype or, mixed
+    // with an F32, into F32 that the last line rounds once to the input's. Autocast is off in
+    // there, or an F32 gradient would be rounded to a half before its product.
+    if let (GradOp::Matmul { trans_a, .. }, [a, b]) = (inner, inputs) {
+        if a.half_product_here(b, *trans_a).is_some() && a.dims()[..a.rank() - 2] == b.dims()[..b.rank() - 2] {
+            let grads = autocast(None, || rule(inner, inputs, out, g))?;
+            return grads.into_iter().zip(inputs).map(|(gr, x)| gr.map(|gr| gr.to_dtype(x.dtype())).transpose()).collect();
+        }
+    }
     // The rules ask their inputs whether they need a gradient: the copies answer as the halves.
     let reads = inner.reads_inputs();
     let wide = |t: &Tensor| -> Result<Tensor> {

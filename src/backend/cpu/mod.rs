@@ -3,6 +3,7 @@ mod elementwise;
 mod fused;
 mod gelu;
 mod gemm_path;
+mod halves;
 mod index;
 mod kernels;
 mod pool;
@@ -115,6 +116,27 @@ impl CpuBackend {
     /// without the `openblas` feature, the library, or products big enough for it.
     pub fn openblas_products(&self) -> u64 {
         self.gemm.openblas_products()
+    }
+
+    /// `Backend::matmul` whose operands and output may each be Bf16 or F16 as well as F32: the
+    /// half operands are widened to f32 tile by tile as the product is packed, the sums run in
+    /// f32, and a half output is rounded once per element (see `halves::matmul`). Autocast's
+    /// products on a CPU device run here instead of casting their operands in passes of their own.
+    pub(crate) fn matmul_halves(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
+        contract::matmul_halves(&self.info, a, b, out, spec)?;
+        let (ga, gb) = (read(raw(a)?), read(raw(b)?));
+        fn operand(words: &[u32], dtype: DType) -> halves::Operand<'_> {
+            match dtype {
+                DType::F32 => halves::Operand::F32(bytemuck::cast_slice(words)),
+                half => halves::Operand::Half(bytemuck::cast_slice(words), half),
+            }
+        }
+        let mut go = write(raw(out)?);
+        let c = match out.dtype() {
+            DType::F32 => halves::Output::F32(bytemuck::cast_slice_mut(&mut go)),
+            half => halves::Output::Half(bytemuck::cast_slice_mut(&mut go), half),
+        };
+        halves::matmul(operand(&ga, a.dtype()), operand(&gb, b.dtype()), c, spec)
     }
 
     /// A buffer of `len` elements of `dtype` over `data` (`dtype.words(len)` words).

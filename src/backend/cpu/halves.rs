@@ -1,0 +1,179 @@
+//! Products that read and write Bf16 and F16 buffers without cast passes: the output is cut
+//! into fixed tiles, each tile's rows of the left operand are widened to f32 into a scratch
+//! panel just before the `gemm` crate packs them, the right operand is widened once per
+//! product, the sums run in f32, and each output is rounded once to its half type on its way
+//! out of the tile. The result is the f32 product of the exactly widened operands, rounded once,
+//! as the composition (cast, f32 product, cast) gives, without its three passes and tensors.
+use crate::backend::{host, MatmulSpec};
+use crate::{DType, Result};
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Rows and columns of the output tile one task computes: fixed by the shape alone, never by
+/// the thread count, so that every output's sum runs in the same order on any number of
+/// threads. 64 × 128 outputs with k = 128 keep the widened panel and the tile (32 KiB each)
+/// in a core's L2; a 128-wide product's weight gradient (m = 128) still splits into tasks.
+const TILE_ROWS: usize = 64;
+const TILE_COLS: usize = 128;
+
+/// Below this many multiply-adds in all a product stays on the calling thread.
+const PARALLEL_FROM: usize = 1 << 18;
+
+/// A product's operand as its buffer stores it.
+#[derive(Clone, Copy)]
+pub enum Operand<'a> {
+    F32(&'a [f32]),
+    /// Half bits of this dtype (`Bf16` or `F16`).
+    Half(&'a [u16], DType),
+}
+
+/// A product's output as its buffer stores it.
+pub enum Output<'a> {
+    F32(&'a mut [f32]),
+    Half(&'a mut [u16], DType),
+}
+
+/// `dst[i] = src[i]` widened exactly to f32, as `CastOp::from_half` does.
+pub fn widen(src: &[u16], dtype: DType, dst: &mut [f32]) {
+    match dtype {
+        DType::F16 => src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst),
+        // bfloat16 is the high half of an f32: a shift, which vectorises.
+        _ => dst.iter_mut().zip(src).for_each(|(d, &h)| *d = f32::from_bits(u32::from(h) << 16)),
+    }
+}
+
+/// `dst[i] = src[i]` rounded to the nearest even `dtype` value, as `CastOp::to_half` does.
+pub fn narrow(src: &[f32], dtype: DType, dst: &mut [u16]) {
+    match dtype {
+        DType::F16 => dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src),
+        _ => dst.reinterpret_cast_mut::<half::bf16>().convert_from_f32_slice(src),
+    }
+}
+
+thread_local! {
+    /// Each thread's widened panel and output tile, kept between products so that a training
+    /// step does not map and fault in fresh pages for every tile.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// A pointer that tasks share; each task writes only its own tile through it.
+#[derive(Clone, Copy)]
+struct Shared<T>(*mut T);
+// SAFETY: tasks write disjoint tiles (see `matmul`), and the slice it points into outlives them.
+unsafe impl<T> Send for Shared<T> {}
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// The element `i` past the start (a method, so that closures capture the whole `Shared`).
+    ///
+    /// # Safety
+    /// `i` lies inside the slice the pointer came from.
+    unsafe fn at(self, i: usize) -> *mut T {
+        self.0.add(i)
+    }
+}
+
+/// `c = op(a) · op(b)` for every batch entry of `s`, with `a`, `b` and `c` in whatever float
+/// dtype their buffers hold. `contract::matmul_halves` has checked that the spec's matrices lie
+/// inside `a`, `b` and `c`, and that `c` aliases neither.
+pub fn matmul(a: Operand, b: Operand, c: Output, s: MatmulSpec) -> Result<()> {
+    let (m, n, k, batch) = (s.m, s.n, s.k, s.batch);
+    let total = batch * m * n;
+    if total == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        match c {
+            Output::F32(c) => c[..total].fill(0.0),
+            Output::Half(c, _) => c[..total].fill(0),
+        }
+        return Ok(());
+    }
+    // The right operand (a layer's weight, or every batch entry's keys) widened once: each of
+    // its columns meets every tile of a column of tiles.
+    let b_end = s.b_offset + (batch - 1) * s.b_batch_stride + k * n;
+    let wide_b;
+    let (b, b_base) = match b {
+        Operand::F32(b) => (b, 0),
+        Operand::Half(h, dtype) => {
+            let mut w = host::try_filled(b_end - s.b_offset, 0.0f32, "cpu", "a widened matmul operand")?;
+            widen(&h[s.b_offset..b_end], dtype, &mut w);
+            wide_b = w;
+            (&wide_b[..], s.b_offset)
+        }
+    };
+    let (rsa, csa) = if s.trans_a { (1, m) } else { (k, 1) };
+    let (rsb, csb) = if s.trans_b { (1, k) } else { (n, 1) };
+    let (row_tiles, col_tiles) = (m.div_ceil(TILE_ROWS), n.div_ceil(TILE_COLS));
+    let (c_f32, c_half, c_dtype) = match c {
+        Output::F32(c) => (Shared(c.as_mut_ptr()), Shared(std::ptr::null_mut()), DType::F32),
+        Output::Half(c, dtype) => (Shared(std::ptr::null_mut()), Shared(c.as_mut_ptr()), dtype),
+    };
+    let task = |t: usize| {
+        let (bi, rest) = (t / (row_tiles * col_tiles), t % (row_tiles * col_tiles));
+        let (r0, c0) = ((rest / col_tiles) * TILE_ROWS, (rest % col_tiles) * TILE_COLS);
+        let (rows, cols) = (TILE_ROWS.min(m - r0), TILE_COLS.min(n - c0));
+        let ao = s.a_offset + bi * s.a_batch_stride;
+        let bo = s.b_offset + bi * s.b_batch_stride - b_base + c0 * csb;
+        let co = bi * m * n + r0 * n + c0;
+        SCRATCH.with_borrow_mut(|(panel, tile)| {
+            // Rows r0.. of op(A): as stored when A is F32, else widened into `panel` in A's own
+            // order (k rows of `rows` values when A is stored transposed), so reads stay in order.
+            let (lhs, lrs, lcs) = match a {
+                Operand::F32(a) => (a[ao + r0 * rsa..].as_ptr(), rsa, csa),
+                Operand::Half(h, dtype) => {
+                    grow(panel, rows * k);
+                    if s.trans_a {
+                        for p in 0..k {
+                            widen(&h[ao + p * m + r0..][..rows], dtype, &mut panel[p * rows..][..rows]);
+                        }
+                        (panel.as_ptr(), 1, rows)
+                    } else {
+                        widen(&h[ao + r0 * k..][..rows * k], dtype, &mut panel[..rows * k]);
+                        (panel.as_ptr(), k, 1)
+                    }
+                }
+            };
+            let (dst, drs) = if c_dtype == DType::F32 {
+                // SAFETY: `co` is the tile's first output inside `c` (total outputs).
+                (unsafe { c_f32.at(co) }, n)
+            } else {
+                grow(tile, rows * cols);
+                (tile.as_mut_ptr(), cols)
+            };
+            // SAFETY: the strides address op(A)'s rows r0..r0+rows (in `a` as the contract
+            // checked, or in `panel`, rows·k long), op(B)'s columns c0..c0+cols (in `b` or its
+            // widened copy) and a rows×cols tile written without being read, which is either
+            // `tile` or this task's own outputs of `c`: no two tasks share an output.
+            unsafe {
+                gemm::gemm(
+                    rows, cols, k, dst, 1, drs as isize, false,
+                    lhs, lcs as isize, lrs as isize, b[bo..].as_ptr(), csb as isize, rsb as isize,
+                    0.0, 1.0, false, false, false, gemm::Parallelism::None,
+                );
+            }
+            if c_dtype != DType::F32 {
+                for (i, row) in tile[..rows * cols].chunks(cols).enumerate() {
+                    // SAFETY: row r0+i, columns c0..c0+cols of this task's tile, inside `c`.
+                    let out = unsafe { std::slice::from_raw_parts_mut(c_half.at(co + i * n), cols) };
+                    narrow(row, c_dtype, out);
+                }
+            }
+        });
+    };
+    let tasks = batch * row_tiles * col_tiles;
+    if total.saturating_mul(k) >= PARALLEL_FROM && tasks > 1 {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+    Ok(())
+}
+
+/// `v` at least `len` long.
+fn grow(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+}

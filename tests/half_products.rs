@@ -1,0 +1,107 @@
+//! Products of Bf16 and F16 tensors on the CPU read their halves directly: on shapes past the
+//! kernel's output tiles and the `gemm` crate's blocking, in every transposition and with a
+//! batch, the product and its gradients are the f32 product of the widened operands rounded
+//! once (within a half ulp where f32 sums in another order round the other way); a NaN reaches
+//! every output it takes part in; and the product allocates only its half output (no f32
+//! copies of its operands, as the cast composition made).
+mod common;
+use common::*;
+use tandem::{DType, Device, Result, Tensor};
+
+/// `(dtype, relative tolerance)`: one ulp of each half type's 8 and 11 significant bits.
+const HALVES: [(DType, f32); 2] = [(DType::Bf16, 1.0 / 128.0), (DType::F16, 1.0 / 1024.0)];
+
+/// `[batch.., rows, cols]` of random values in [-2, 2], rounded to `dtype`, needing a gradient.
+fn operand(dev: &Device, dims: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
+    let v = uniform(&mut rng(seed), dims.iter().product(), -2.0, 2.0);
+    Ok(Tensor::from_vec(v, dims.to_vec(), dev)?.to_dtype(dtype)?.detach().requires_grad())
+}
+
+/// The product, and the gradients of both operands for the upstream gradient `g`, as f32.
+fn product(a: &Tensor, b: &Tensor, ta: bool, tb: bool, g: &[f32]) -> Result<(DType, Vec<f32>, Vec<(DType, Vec<f32>)>)> {
+    let y = a.matmul_t(b, ta, tb)?;
+    let gt = Tensor::from_vec(g.to_vec(), y.dims().to_vec(), y.device())?;
+    y.to_dtype(DType::F32)?.mul(&gt)?.sum_all()?.backward()?;
+    let grads = [a, b].iter().map(|t| t.grad().map(|g| (g.dtype(), g.to_vec().unwrap())).expect("a gradient")).collect();
+    Ok((y.dtype(), y.to_vec()?, grads))
+}
+
+fn round(v: &[f32], dtype: DType, dev: &Device) -> Result<Vec<f32>> {
+    Tensor::from_vec(v.to_vec(), [v.len()], dev)?.to_dtype(dtype)?.to_vec()
+}
+
+/// 131 × 301 · 301 × 259 (and a batch of 2 with m = 67): past the 64 × 128 output tiles, the
+/// `gemm` crate's register blocks and its k blocking, none a multiple of either.
+#[test]
+fn half_products_past_the_blocking_are_the_f32_product_rounded_once() -> Result<()> {
+    let dev = Device::cpu();
+    let cases: [(&[usize], usize, usize, usize); 2] = [(&[], 131, 259, 301), (&[2], 67, 259, 301)];
+    for (seed, (&(batch, m, n, k), (dtype, ulp))) in cases.iter().flat_map(|c| HALVES.iter().map(move |h| (c, *h))).enumerate() {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let dims = |r: usize, c: usize, t: bool| [batch, &if t { [c, r] } else { [r, c] }].concat();
+            let (a_dims, b_dims) = (dims(m, k, ta), dims(k, n, tb));
+            let outputs = batch.iter().product::<usize>() * m * n;
+            let g: Vec<f32> = (0..outputs).map(|i| ((i % 7) as f32 - 3.0) * 0.25).collect();
+            let seed = seed as u64 * 8;
+            let (a, b) = (operand(&dev, &a_dims, dtype, seed)?, operand(&dev, &b_dims, dtype, seed + 1)?);
+            let (ydt, y, grads) = product(&a, &b, ta, tb, &g)?;
+            let wide = |t: &Tensor| t.to_dtype(DType::F32).map(|t| t.detach().requires_grad());
+            let (_, want_y, want_grads) = product(&wide(&a)?, &wide(&b)?, ta, tb, &g)?;
+            let name = format!("{dtype:?} {batch:?}{m}x{k}{} · {k}x{n}{}", if ta { "ᵀ" } else { "" }, if tb { "ᵀ" } else { "" });
+            assert_eq!(ydt, dtype, "{name}: the product's dtype");
+            // f32 sums of up to 301 terms of at most 4 differ by a few of their ulps with the
+            // order: 1e-3 absolute covers that next to a near-zero output.
+            assert_close(&name, &y, &round(&want_y, dtype, &dev)?, 1e-3, ulp);
+            for (i, ((gdt, got), want)) in grads.iter().zip(&want_grads).enumerate() {
+                assert_eq!(*gdt, dtype, "{name}: gradient {i}'s dtype");
+                assert_close(&format!("{name} gradient {i}"), got, &round(&want.1, dtype, &dev)?, 1e-3, ulp);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A NaN in row 3 of A gives NaN in all of output row 3 and nowhere else; an infinity in a
+/// column of B gives ±inf or NaN in that column only.
+#[test]
+fn a_nan_in_a_half_operand_reaches_every_output_it_takes_part_in() {
+    let dev = Device::cpu();
+    let (m, n, k) = (70, 130, 33);
+    for (dtype, _) in HALVES {
+        let mut av = uniform(&mut rng(1), m * k, -1.0, 1.0);
+        av[3 * k + 5] = f32::NAN;
+        let mut bv = uniform(&mut rng(2), k * n, -1.0, 1.0);
+        bv[7 * n + 129] = f32::INFINITY;
+        let a = Tensor::from_vec(av, [m, k], &dev).unwrap().to_dtype(dtype).unwrap();
+        let b = Tensor::from_vec(bv, [k, n], &dev).unwrap().to_dtype(dtype).unwrap();
+        let y = a.matmul(&b).unwrap().to_vec().unwrap();
+        for (i, row) in y.chunks(n).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                match (i, j) {
+                    (3, _) => assert!(v.is_nan(), "{dtype:?} output ({i}, {j}) = {v}, want NaN"),
+                    (_, 129) => assert!(!v.is_finite(), "{dtype:?} output ({i}, {j}) = {v}, want ±inf or NaN"),
+                    _ => assert!(v.is_finite(), "{dtype:?} output ({i}, {j}) = {v}, want a number"),
+                }
+            }
+        }
+    }
+}
+
+/// The product of two halves allocates its half output and nothing else on the device; the
+/// composition (cast both operands to F32, multiply, cast back) also allocated 4 bytes per
+/// element of each operand and of the output.
+#[test]
+fn a_half_product_allocates_only_its_half_output() {
+    let dev = Device::cpu();
+    let (m, n, k) = (96, 200, 150);
+    for (dtype, _) in HALVES {
+        let a = Tensor::from_vec(uniform(&mut rng(3), m * k, -1.0, 1.0), [m, k], &dev).unwrap().to_dtype(dtype).unwrap();
+        let b = Tensor::from_vec(uniform(&mut rng(4), k * n, -1.0, 1.0), [n, k], &dev).unwrap().to_dtype(dtype).unwrap();
+        dev.reset_peak_memory();
+        let before = dev.memory();
+        let y = a.matmul_t(&b, false, true).unwrap();
+        let grew = dev.memory().peak - before.in_use;
+        assert_eq!(y.dtype(), dtype);
+        assert_eq!(grew, (m * n * 2) as u64, "{dtype:?}: the product allocated {grew} bytes at its peak, its output is {}", m * n * 2);
+    }
+}
