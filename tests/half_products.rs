@@ -92,7 +92,8 @@ fn a_nan_in_a_half_operand_reaches_every_output_it_takes_part_in() {
 /// element of each operand and of the output.
 #[test]
 fn a_half_product_allocates_only_its_half_output() {
-    let dev = Device::cpu();
+    // A device of its own: the other tests allocate on the shared one meanwhile.
+    let dev = Device::cpu_independent();
     let (m, n, k) = (96, 200, 150);
     for (dtype, _) in HALVES {
         let a = Tensor::from_vec(uniform(&mut rng(3), m * k, -1.0, 1.0), [m, k], &dev).unwrap().to_dtype(dtype).unwrap();
@@ -103,5 +104,52 @@ fn a_half_product_allocates_only_its_half_output() {
         let grew = dev.memory().peak - before.in_use;
         assert_eq!(y.dtype(), dtype);
         assert_eq!(grew, (m * n * 2) as u64, "{dtype:?}: the product allocated {grew} bytes at its peak, its output is {}", m * n * 2);
+    }
+}
+
+/// The exact bits of `op` on f32 copies of `inputs`, rounded to `dtype` (or left F32).
+fn widened_then_rounded(op: impl Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor], dtype: DType) -> Result<Vec<u32>> {
+    let wide: Vec<Tensor> = inputs.iter().map(|t| t.to_dtype(DType::F32)).collect::<Result<_>>()?;
+    Ok(op(&wide)?.to_dtype(dtype)?.to_dtype(DType::F32)?.to_vec()?.iter().map(|v| v.to_bits()).collect())
+}
+
+/// Elementwise ops of halves on the CPU (a sum with a bias row, a product, a difference with
+/// one value, a sum with an F32 tensor, tanh) over 300 rows of 257, long enough to split over
+/// threads: the f32 op's bits rounded once, and only the output allocated (the composition
+/// also made an F32 copy of each half operand and an F32 result).
+#[test]
+fn elementwise_ops_on_halves_read_them_directly() {
+    let dev = Device::cpu_independent();
+    let (rows, width) = (300, 257);
+    type Op = fn(&[Tensor]) -> Result<Tensor>;
+    let ops: [(&str, Op); 5] = [
+        ("x + bias", |t| t[0].add(&t[1])),
+        ("x * y", |t| t[0].mul(&t[2])),
+        ("x - scalar", |t| t[0].sub(&t[3])),
+        ("x + f32", |t| t[0].add(&t[4])),
+        ("tanh x", |t| t[0].tanh()),
+    ];
+    for (dtype, _) in HALVES {
+        let half = |n: usize, dims: Vec<usize>, seed: u64| Tensor::from_vec(uniform(&mut rng(seed), n, -3.0, 3.0), dims, &dev)?.to_dtype(dtype);
+        let inputs = vec![
+            half(rows * width, vec![rows, width], 1).unwrap(),
+            half(width, vec![width], 2).unwrap(),
+            half(rows * width, vec![rows, width], 3).unwrap(),
+            half(1, vec![1], 4).unwrap(),
+            Tensor::from_vec(uniform(&mut rng(5), rows * width, -3.0, 3.0), [rows, width], &dev).unwrap(),
+        ];
+        for (name, op) in ops {
+            let out_dtype = if name == "x + f32" { DType::F32 } else { dtype };
+            let want = widened_then_rounded(op, &inputs, out_dtype).unwrap();
+            dev.reset_peak_memory();
+            let before = dev.memory();
+            let y = op(&inputs).unwrap();
+            let grew = dev.memory().peak - before.in_use;
+            assert_eq!(y.dtype(), out_dtype, "{dtype:?} {name}: the result's dtype");
+            let got: Vec<u32> = y.to_dtype(DType::F32).unwrap().to_vec().unwrap().iter().map(|v| v.to_bits()).collect();
+            assert!(got == want, "{dtype:?} {name}: not the f32 op's bits rounded once");
+            let bytes = (rows * width * out_dtype.size()) as u64;
+            assert_eq!(grew, bytes, "{dtype:?} {name}: allocated {grew} bytes at its peak, its output is {bytes}");
+        }
     }
 }

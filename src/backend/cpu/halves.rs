@@ -4,7 +4,7 @@
 //! product, the sums run in f32, and each output is rounded once to its half type on its way
 //! out of the tile. The result is the f32 product of the exactly widened operands, rounded once,
 //! as the composition (cast, f32 product, cast) gives, without its three passes and tensors.
-use crate::backend::{host, MatmulSpec};
+use crate::backend::{host, BinaryOp, MatmulSpec, UnaryOp};
 use crate::{DType, Result};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
@@ -175,5 +175,120 @@ pub fn matmul(a: Operand, b: Operand, c: Output, s: MatmulSpec) -> Result<()> {
 fn grow(v: &mut Vec<f32>, len: usize) {
     if v.len() < len {
         v.resize(len, 0.0);
+    }
+}
+
+/// How an input of an elementwise op on halves covers the output, seen as rows of its last
+/// dimension: element for element, one row repeated (a bias), or one value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spread {
+    Full,
+    Row,
+    Scalar,
+}
+
+impl Spread {
+    /// Elements of the input this reads, for an output of `len` values in rows of `width`.
+    pub fn len(self, len: usize, width: usize) -> usize {
+        match self {
+            Spread::Full => len,
+            Spread::Row => width,
+            Spread::Scalar => 1,
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's widened inputs and output of one group of rows of an elementwise op.
+    static ROWS: RefCell<[Vec<f32>; 3]> = const { RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+/// Output rows per task of an elementwise op: about `CHUNK` values, whole rows.
+fn row_group(width: usize) -> usize {
+    (super::kernels::CHUNK / width.max(1)).max(1)
+}
+
+/// The f32 values `spread` reads for rows `r0..r0 + rows` of `width`: `x` itself where it is
+/// F32, else widened into `scratch` (a `Row` or `Scalar` input is widened whole each time: it
+/// is one row at most).
+fn rows_of<'s>(x: Operand<'s>, spread: Spread, r0: usize, rows: usize, width: usize, scratch: &'s mut Vec<f32>) -> &'s [f32] {
+    let range = match spread {
+        Spread::Full => r0 * width..(r0 + rows) * width,
+        Spread::Row => 0..width,
+        Spread::Scalar => 0..1,
+    };
+    match x {
+        Operand::F32(v) => &v[range],
+        Operand::Half(h, dtype) => {
+            grow(scratch, range.len());
+            widen(&h[range.clone()], dtype, &mut scratch[..range.len()]);
+            &scratch[..range.len()]
+        }
+    }
+}
+
+/// The layout of a group of `rows` rows of `width` that `spread` reads.
+fn rows_layout(spread: Spread, rows: usize, width: usize) -> crate::Layout {
+    let strides = match spread {
+        Spread::Full => vec![width, 1],
+        Spread::Row => vec![0, 1],
+        Spread::Scalar => vec![0, 0],
+    };
+    crate::Layout { shape: vec![rows, width], strides, offset: 0 }
+}
+
+/// What an elementwise op on halves computes from its first input (and second).
+#[derive(Clone, Copy)]
+pub enum Pass<'a> {
+    Unary(UnaryOp),
+    Binary(BinaryOp, Operand<'a>, Spread),
+}
+
+/// `out = op(a)` or `op(a, b)` over `len` outputs in rows of `width`, each input read as its
+/// `Spread` says, in whatever float dtype each buffer holds: every group of rows is widened,
+/// computed by the f32 pass (`elementwise`, so the same scalar function as on F32 tensors) and
+/// rounded once into a half output, group by group while it is in cache.
+pub fn elementwise(pass: Pass, a: Operand, spread: Spread, len: usize, width: usize, out: Output) {
+    if len == 0 || width == 0 {
+        return;
+    }
+    let (rows_total, group) = (len / width, row_group(width));
+    let (out_f32, out_half, out_dtype) = match out {
+        Output::F32(c) => (Shared(c.as_mut_ptr()), Shared(std::ptr::null_mut()), DType::F32),
+        Output::Half(c, dtype) => (Shared(std::ptr::null_mut()), Shared(c.as_mut_ptr()), dtype),
+    };
+    let task = |g: usize| {
+        let (r0, rows) = (g * group, group.min(rows_total - g * group));
+        // Taken out of the cell, not borrowed: a long row's pass may run on several threads,
+        // and this thread may meanwhile run another op's group, which then finds it empty.
+        let [mut sa, mut sb, mut so] = ROWS.with_borrow_mut(std::mem::take);
+        let av = rows_of(a, spread, r0, rows, width, &mut sa);
+        let o: &mut [f32] = if out_dtype == DType::F32 {
+            // SAFETY: rows r0..r0+rows of the output, this task's alone.
+            unsafe { std::slice::from_raw_parts_mut(out_f32.at(r0 * width), rows * width) }
+        } else {
+            grow(&mut so, rows * width);
+            &mut so[..rows * width]
+        };
+        let la = rows_layout(spread, rows, width);
+        match pass {
+            Pass::Unary(op) => super::elementwise::unary_pass(op, &la, av, o),
+            Pass::Binary(op, b, bs) => {
+                let bv = rows_of(b, bs, r0, rows, width, &mut sb);
+                super::elementwise::binary_pass(op, &la, av, &rows_layout(bs, rows, width), bv, o);
+            }
+        }
+        if out_dtype != DType::F32 {
+            // SAFETY: as above, the half output's rows r0..r0+rows.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out_half.at(r0 * width), rows * width) };
+            narrow(&so[..rows * width], out_dtype, dst);
+        }
+        ROWS.with_borrow_mut(|r| *r = [sa, sb, so]);
+    };
+    let groups = rows_total.div_ceil(group);
+    if len >= 2 * super::kernels::CHUNK {
+        (0..groups).into_par_iter().for_each(task);
+    } else {
+        (0..groups).for_each(task);
     }
 }

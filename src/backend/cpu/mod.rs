@@ -13,6 +13,7 @@ pub(crate) use threads::on_pool;
 pub mod openblas;
 pub use gemm_path::{GemmChoice, OPENBLAS_FROM};
 pub use kernels::gemm_kernels;
+pub(crate) use halves::Spread;
 mod update;
 
 use crate::backend::*;
@@ -137,6 +138,58 @@ impl CpuBackend {
             half => halves::Output::Half(bytemuck::cast_slice_mut(&mut go), half),
         };
         halves::matmul(operand(&ga, a.dtype()), operand(&gb, b.dtype()), c, spec)
+    }
+
+    /// `Backend::unary` on a contiguous input whose buffers may hold halves: `out = op(x)`,
+    /// computed in f32 and rounded once into a half `out` (see `halves::elementwise`).
+    pub(crate) fn unary_halves(&self, op: UnaryOp, x: &Buffer, out: &Buffer) -> Result<()> {
+        let width = out.len().max(1);
+        self.elementwise_halves("unary", halves::Pass::Unary(op), (x, Spread::Full), None, width, out)
+    }
+
+    /// `Backend::binary` whose buffers may hold halves, each input covering the output (rows
+    /// of `width`) as its `Spread` says: `out = op(a, b)` in f32, rounded once into a half `out`.
+    pub(crate) fn binary_halves(&self, op: BinaryOp, a: (&Buffer, Spread), b: (&Buffer, Spread), width: usize, out: &Buffer) -> Result<()> {
+        self.elementwise_halves("binary", halves::Pass::Unary(UnaryOp::Identity), a, Some((op, b)), width, out)
+    }
+
+    fn elementwise_halves(&self, name: &'static str, unary: halves::Pass, a: (&Buffer, Spread), b: Option<(BinaryOp, (&Buffer, Spread))>, width: usize, out: &Buffer) -> Result<()> {
+        let len = out.len();
+        if width == 0 || len % width != 0 {
+            return Err(Error::invalid(name, format!("an output of {len} elements is no whole number of rows of {width}")));
+        }
+        let inputs = std::iter::once(("a", a)).chain(b.map(|(_, b)| ("b", b)));
+        for (operand, (buf, spread)) in inputs.clone() {
+            if buf.dtype() == DType::I32 || out.dtype() == DType::I32 {
+                return Err(Error::DType { op: name, expected: DType::F32, got: DType::I32 });
+            }
+            let need = spread.len(len, width);
+            if buf.len() < need {
+                return Err(Error::invalid(name, format!("{operand} is a buffer of {} elements but the op reads {need}", buf.len())));
+            }
+            if same(buf, out)? {
+                return Err(Error::invalid(name, format!("the output must not alias input {operand}")));
+            }
+        }
+        fn operand(words: &[u32], dtype: DType) -> halves::Operand<'_> {
+            match dtype {
+                DType::F32 => halves::Operand::F32(bytemuck::cast_slice(words)),
+                half => halves::Operand::Half(bytemuck::cast_slice(words), half),
+            }
+        }
+        let ga = read(raw(a.0)?);
+        let gb = b.map(|(_, (buf, _))| Ok::<_, Error>(read(raw(buf)?))).transpose()?;
+        let pass = match (b, &gb) {
+            (Some((op, (buf, spread))), Some(g)) => halves::Pass::Binary(op, operand(g, buf.dtype()), spread),
+            _ => unary,
+        };
+        let mut go = write(raw(out)?);
+        let c = match out.dtype() {
+            DType::F32 => halves::Output::F32(bytemuck::cast_slice_mut(&mut go)),
+            half => halves::Output::Half(bytemuck::cast_slice_mut(&mut go), half),
+        };
+        halves::elementwise(pass, operand(&ga, a.0.dtype()), a.1, len, width, c);
+        Ok(())
     }
 
     /// A buffer of `len` elements of `dtype` over `data` (`dtype.words(len)` words).
