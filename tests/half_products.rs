@@ -153,3 +153,26 @@ fn elementwise_ops_on_halves_read_them_directly() {
         }
     }
 }
+
+/// The gradients of a half product are products of halves too: the backward allocates the
+/// half gradients of both operands and the upstream gradient (F32 ones and their half copy),
+/// no F32 copies of the operands (4 bytes per element each, and their F32 gradients), as the
+/// cast composition did. 32 × 300 · 300 × 16: the operands dominate.
+#[test]
+fn the_backward_of_a_half_product_reads_its_halves_directly() {
+    let dev = Device::cpu_independent();
+    let (m, n, k) = (32, 16, 300);
+    for (dtype, _) in HALVES {
+        let a = operand(&dev, &[m, k], dtype, 1).unwrap();
+        let b = operand(&dev, &[k, n], dtype, 2).unwrap();
+        let y = a.matmul(&b).unwrap().to_dtype(DType::F32).unwrap().sum_all().unwrap();
+        dev.reset_peak_memory();
+        let before = dev.memory();
+        y.backward().unwrap();
+        let grew = dev.memory().peak - before.in_use;
+        assert_eq!((a.grad().unwrap().dtype(), b.grad().unwrap().dtype()), (dtype, dtype));
+        // Upstream 4mn + 2mn, gradients 2mk + 2kn; one more byte per operand element of slack.
+        let bound = (6 * m * n + 3 * (m * k + k * n)) as u64;
+        assert!(grew <= bound, "{dtype:?}: the backward allocated {grew} bytes at its peak, over {bound}");
+    }
+}
