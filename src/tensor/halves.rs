@@ -7,6 +7,11 @@
 //! same holds for gradients, so half gradients accumulate in f32 and round once. Mixed inputs (a half and an F32, or both halves)
 //! promote to F32, as PyTorch's type promotion does; losses compute in F32 from any input.
 //!
+//! On a CPU device, products (forward and backward) and elementwise ops whose operands are
+//! whole, a bias row or one value skip the copies: the backend reads the halves, widening them
+//! tile by tile in its kernels, and rounds each output once (`CpuBackend::matmul_halves`,
+//! `unary_halves`, `binary_halves`), with the same result as the composition's.
+//!
 //! [`autocast`] is PyTorch's `torch.autocast`: inside it, products (matmul, Linear, Conv2d)
 //! cast their F32 operands to the half type first, so their outputs and everything computed
 //! from them until a promotion are halves, while parameters stay F32 master weights whose

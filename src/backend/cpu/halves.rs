@@ -4,8 +4,10 @@
 //! product, the sums run in f32, and each output is rounded once to its half type on its way
 //! out of the tile. The result is the f32 product of the exactly widened operands, rounded once,
 //! as the composition (cast, f32 product, cast) gives, without its three passes and tensors.
-use crate::backend::{host, BinaryOp, MatmulSpec, UnaryOp};
-use crate::{DType, Result};
+//! Elementwise ops on halves widen, compute and round the same way one group of rows at a time.
+use super::{contract, raw, read, same, write, CpuBackend};
+use crate::backend::{host, BinaryOp, Buffer, MatmulSpec, UnaryOp};
+use crate::{DType, Error, Result};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -55,6 +57,86 @@ thread_local! {
     /// Each thread's widened panel and output tile, kept between products so that a training
     /// step does not map and fault in fresh pages for every tile.
     static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+impl CpuBackend {
+    /// `Backend::matmul` whose operands and output may each be Bf16 or F16 as well as F32: the
+    /// half operands are widened to f32 tile by tile as the product is packed, the sums run in
+    /// f32, and a half output is rounded once per element (see `matmul`). Autocast's
+    /// products on a CPU device run here instead of casting their operands in passes of their own.
+    pub(crate) fn matmul_halves(&self, a: &Buffer, b: &Buffer, out: &Buffer, spec: MatmulSpec) -> Result<()> {
+        contract::matmul_halves(&self.info, a, b, out, spec)?;
+        let (ga, gb) = (read(raw(a)?), read(raw(b)?));
+        let mut go = write(raw(out)?);
+        let c = match out.dtype() {
+            DType::F32 => Output::F32(bytemuck::cast_slice_mut(&mut go)),
+            half => Output::Half(bytemuck::cast_slice_mut(&mut go), half),
+        };
+        matmul(operand(&ga, a.dtype()), operand(&gb, b.dtype()), c, spec)
+    }
+
+    /// `Backend::unary` on a contiguous input whose buffers may hold halves: `out = op(x)`,
+    /// computed in f32 and rounded once into a half `out` (see `elementwise`).
+    pub(crate) fn unary_halves(&self, op: UnaryOp, x: &Buffer, out: &Buffer) -> Result<()> {
+        let width = out.len().max(1);
+        self.elementwise_halves("unary", Pass::Unary(op), (x, Spread::Full), None, width, out)
+    }
+
+    /// `Backend::binary` whose buffers may hold halves, each input covering the output (rows
+    /// of `width`) as its `Spread` says: `out = op(a, b)` in f32, rounded once into a half `out`.
+    pub(crate) fn binary_halves(&self, op: BinaryOp, a: (&Buffer, Spread), b: (&Buffer, Spread), width: usize, out: &Buffer) -> Result<()> {
+        self.elementwise_halves("binary", Pass::Unary(UnaryOp::Identity), a, Some((op, b)), width, out)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn elementwise_halves(
+        &self,
+        name: &'static str,
+        unary: Pass,
+        a: (&Buffer, Spread),
+        b: Option<(BinaryOp, (&Buffer, Spread))>,
+        width: usize,
+        out: &Buffer,
+    ) -> Result<()> {
+        let len = out.len();
+        if width == 0 || len % width != 0 {
+            return Err(Error::invalid(name, format!("an output of {len} elements is no whole number of rows of {width}")));
+        }
+        let inputs = std::iter::once(("a", a)).chain(b.map(|(_, b)| ("b", b)));
+        for (operand, (buf, spread)) in inputs.clone() {
+            if buf.dtype() == DType::I32 || out.dtype() == DType::I32 {
+                return Err(Error::DType { op: name, expected: DType::F32, got: DType::I32 });
+            }
+            let need = spread.len(len, width);
+            if buf.len() < need {
+                return Err(Error::invalid(name, format!("{operand} is a buffer of {} elements but the op reads {need}", buf.len())));
+            }
+            if same(buf, out)? {
+                return Err(Error::invalid(name, format!("the output must not alias input {operand}")));
+            }
+        }
+        let ga = read(raw(a.0)?);
+        let gb = b.map(|(_, (buf, _))| Ok::<_, Error>(read(raw(buf)?))).transpose()?;
+        let pass = match (b, &gb) {
+            (Some((op, (buf, spread))), Some(g)) => Pass::Binary(op, operand(g, buf.dtype()), spread),
+            _ => unary,
+        };
+        let mut go = write(raw(out)?);
+        let c = match out.dtype() {
+            DType::F32 => Output::F32(bytemuck::cast_slice_mut(&mut go)),
+            half => Output::Half(bytemuck::cast_slice_mut(&mut go), half),
+        };
+        elementwise(pass, operand(&ga, a.0.dtype()), a.1, len, width, c);
+        Ok(())
+    }
+}
+
+/// The view of a buffer's words as a product's or an elementwise op's input.
+fn operand(words: &[u32], dtype: DType) -> Operand<'_> {
+    match dtype {
+        DType::F32 => Operand::F32(bytemuck::cast_slice(words)),
+        half => Operand::Half(bytemuck::cast_slice(words), half),
+    }
 }
 
 /// A pointer that tasks share; each task writes only its own tile through it.
