@@ -145,6 +145,18 @@ pub fn reduce(dev: &DeviceInfo, rop: ReduceOp, x: &Buffer, spec: ReduceSpec, out
 
 /// `bias` is the `m` row biases of `matmul_row_bias`.
 pub fn matmul(dev: &DeviceInfo, a: &Buffer, b: &Buffer, bias: Option<&Buffer>, out: &Buffer, s: MatmulSpec) -> Result<()> {
+    matmul_of(dev, [DType::F32; 3], a, b, bias, out, s)
+}
+
+/// `matmul` whose operands and output may each be F32, Bf16 or F16 (the CPU backend's product
+/// that reads and writes halves); the bias, if any, is F32.
+pub fn matmul_halves(dev: &DeviceInfo, a: &Buffer, b: &Buffer, out: &Buffer, s: MatmulSpec) -> Result<()> {
+    let float = |t: &Buffer| if t.dtype() == DType::I32 { DType::F32 } else { t.dtype() };
+    matmul_of(dev, [float(a), float(b), float(out)], a, b, None, out, s)
+}
+
+/// The matmul check with the dtypes `[a, b, out]` must hold.
+fn matmul_of(dev: &DeviceInfo, dtypes: [DType; 3], a: &Buffer, b: &Buffer, bias: Option<&Buffer>, out: &Buffer, s: MatmulSpec) -> Result<()> {
     let o = op("matmul", dev);
     // The last batch entry's matrix ends furthest into the buffer (strides are non-negative).
     let extent = |name: &str, off: usize, stride: usize, size: usize| -> Result<usize> {
@@ -156,9 +168,9 @@ pub fn matmul(dev: &DeviceInfo, a: &Buffer, b: &Buffer, bias: Option<&Buffer>, o
     };
     let a_need = extent("a", s.a_offset, s.a_batch_stride, o.product("a", &[s.m, s.k])?)?;
     let b_need = extent("b", s.b_offset, s.b_batch_stride, o.product("b", &[s.k, s.n])?)?;
-    o.buffer("a", a, DType::F32, a_need)?;
-    o.buffer("b", b, DType::F32, b_need)?;
-    o.buffer("out", out, DType::F32, o.product("out", &[s.batch, s.m, s.n])?)?;
+    o.buffer("a", a, dtypes[0], a_need)?;
+    o.buffer("b", b, dtypes[1], b_need)?;
+    o.buffer("out", out, dtypes[2], o.product("out", &[s.batch, s.m, s.n])?)?;
     if let Some(bias) = bias {
         o.buffer("bias", bias, DType::F32, s.m)?;
         o.not_aliased(out, &[("bias", bias)])?;

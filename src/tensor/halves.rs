@@ -7,12 +7,19 @@
 //! same holds for gradients, so half gradients accumulate in f32 and round once. Mixed inputs (a half and an F32, or both halves)
 //! promote to F32, as PyTorch's type promotion does; losses compute in F32 from any input.
 //!
+//! On a CPU device, products (forward and backward) and elementwise ops whose operands are
+//! whole, a bias row or one value skip the copies: the backend reads the halves, widening them
+//! tile by tile in its kernels, and rounds each output once (`CpuBackend::matmul_halves`,
+//! `unary_halves`, `binary_halves`), with the same result as the composition's.
+//!
 //! [`autocast`] is PyTorch's `torch.autocast`: inside it, products (matmul, Linear, Conv2d)
 //! cast their F32 operands to the half type first, so their outputs and everything computed
 //! from them until a promotion are halves, while parameters stay F32 master weights whose
 //! gradients come back through the casts in F32.
 use super::Tensor;
 use crate::autograd::{GradOp, Node};
+use crate::backend::cpu::{CpuBackend, Spread};
+use crate::backend::{BinaryOp, UnaryOp};
 use crate::{DType, Error, Result};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -66,7 +73,62 @@ fn result_dtype(inputs: &[&Tensor]) -> Option<DType> {
     floats.all(|d| d == first).then_some(first).filter(|d| d.is_half())
 }
 
+/// The dtype of a product of `a` and `b`: their shared half type, or F32.
+pub(crate) fn product_dtype(a: &Tensor, b: &Tensor) -> DType {
+    result_dtype(&[a, b]).unwrap_or(DType::F32)
+}
+
 impl Tensor {
+    /// The CPU device that runs `op(self) · op(other)` reading its halves directly
+    /// (`CpuBackend::matmul_halves`), or `None` where the product runs on f32 copies: on other
+    /// backends, and where an operand's batch would be broadcast (its gradient would then be a
+    /// sum of rounded products). Batch dimensions equal on both sides, two matrices, or a batch
+    /// times one matrix (which `matmul_t` flattens into two matrices) qualify.
+    pub(crate) fn half_product_here(&self, other: &Tensor, trans_a: bool) -> Option<&CpuBackend> {
+        let cpu = self.backend().as_any().downcast_ref::<CpuBackend>()?;
+        let (ra, rb) = (self.rank(), other.rank());
+        let shapes = ra >= 2 && rb >= 2 && (self.dims()[..ra - 2] == other.dims()[..rb - 2] || (rb == 2 && !trans_a));
+        shapes.then_some(cpu)
+    }
+
+    /// `op(self)` on a half tensor, computed by the CPU backend from the halves directly and
+    /// rounded once (as `in_f32` would, without its F32 copies); `None` on other backends.
+    pub(crate) fn unary_halves(&self, op: UnaryOp) -> Result<Option<Tensor>> {
+        let cpu = self.backend().as_any().downcast_ref::<CpuBackend>();
+        let Some(cpu) = cpu.filter(|_| self.dtype().is_half()) else { return Ok(None) };
+        let out = self.alloc_like(self.numel(), self.dtype())?;
+        cpu.unary_halves(op, &self.0.buffer, &out)?;
+        let node = GradOp::InF32(Box::new(GradOp::Unary(op)));
+        Ok(Some(Tensor::result(out, self.shape().clone(), self.device(), node, &[self])))
+    }
+
+    /// `op(self, other)` with a half operand, computed by the CPU backend from the halves
+    /// directly into the shared half type (or F32 for mixed types), rounded once, where each
+    /// operand is the result's shape, one row of its last dimension (a bias) or one value;
+    /// `None` elsewhere (the caller runs the op on F32 copies).
+    pub(crate) fn binary_halves(&self, op: BinaryOp, other: &Tensor) -> Result<Option<Tensor>> {
+        let (da, db) = (self.dtype(), other.dtype());
+        if !(da.is_half() || db.is_half()) || da == DType::I32 || db == DType::I32 {
+            return Ok(None);
+        }
+        let Some(cpu) = self.backend().as_any().downcast_ref::<CpuBackend>() else { return Ok(None) };
+        let Ok(shape) = crate::Shape::broadcast("binary", self.shape(), other.shape()) else { return Ok(None) };
+        let width = shape.dims().last().copied().unwrap_or(1);
+        let spread = |t: &Tensor| match () {
+            _ if t.shape() == &shape => Some(Spread::Full),
+            _ if t.numel() == 1 => Some(Spread::Scalar),
+            _ if t.dims().last() == Some(&width) && t.numel() == width => Some(Spread::Row),
+            _ => None,
+        };
+        let (Some(sa), Some(sb)) = (spread(self), spread(other)) else { return Ok(None) };
+        if shape.numel() == 0 {
+            return Ok(None);
+        }
+        let out = self.alloc_like(shape.numel(), product_dtype(self, other))?;
+        cpu.binary_halves(op, (&self.0.buffer, sa), (&other.0.buffer, sb), width, &out)?;
+        Ok(Some(Tensor::result(out, shape, self.device(), GradOp::InF32(Box::new(GradOp::Binary(op))), &[self, other])))
+    }
+
     /// This tensor as F32 (a differentiable cast from a half type; itself otherwise).
     pub(crate) fn upcast(&self) -> Result<Tensor> {
         if self.dtype().is_half() {
@@ -160,6 +222,16 @@ pub(crate) fn backward_in_f32(
     g: &Tensor,
     rule: impl FnOnce(&GradOp, &[Tensor], &Tensor, &Tensor) -> Result<Vec<Option<Tensor>>>,
 ) -> Result<Vec<Option<Tensor>>> {
+    // A product the CPU backend computes from halves directly takes its halves and gradient
+    // as they are: its products sum in f32 and round once, to the gradient's dtype or, mixed
+    // with an F32, into F32 that the last line rounds once to the input's. Autocast is off in
+    // there, or an F32 gradient would be rounded to a half before its product.
+    if let (GradOp::Matmul { trans_a, .. }, [a, b]) = (inner, inputs) {
+        if a.half_product_here(b, *trans_a).is_some() && a.dims()[..a.rank() - 2] == b.dims()[..b.rank() - 2] {
+            let grads = autocast(None, || rule(inner, inputs, out, g))?;
+            return grads.into_iter().zip(inputs).map(|(gr, x)| gr.map(|gr| gr.to_dtype(x.dtype())).transpose()).collect();
+        }
+    }
     // The rules ask their inputs whether they need a gradient: the copies answer as the halves.
     let reads = inner.reads_inputs();
     let wide = |t: &Tensor| -> Result<Tensor> {

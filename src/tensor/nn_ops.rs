@@ -40,11 +40,19 @@ impl Tensor {
         if crate::autocast_dtype().is_some() && (self.dtype() == DType::F32 || other.dtype() == DType::F32) {
             return self.autocast_operand()?.matmul_t(&other.autocast_operand()?, trans_a, trans_b);
         }
-        if let Some(y) = Tensor::in_f32(&[self, other], |t| t[0].matmul_t(&t[1], trans_a, trans_b))? {
-            return Ok(y);
+        // Halves are read directly where the backend can (`Tensor::half_product_here`), else
+        // the product runs on f32 copies.
+        let halves = self.dtype().is_half() || other.dtype().is_half();
+        if halves && self.half_product_here(other, trans_a).is_none() {
+            if let Some(y) = Tensor::in_f32(&[self, other], |t| t[0].matmul_t(&t[1], trans_a, trans_b))? {
+                return Ok(y);
+            }
         }
-        self.expect_dtype("matmul", DType::F32)?;
-        other.expect_dtype("matmul", DType::F32)?;
+        for t in [self, other] {
+            if !t.dtype().is_half() {
+                t.expect_dtype("matmul", DType::F32)?;
+            }
+        }
         let err = |why: &str| {
             let t = |f: bool| if f { "ᵀ" } else { "" };
             Error::shape("matmul", format!("{:?}{} · {:?}{}: {why}", self.shape(), t(trans_a), other.shape(), t(trans_b)))
@@ -99,6 +107,13 @@ impl Tensor {
             a_batch_stride: a_stride,
             b_batch_stride: b_stride,
         };
+        if let Some(cpu) = self.half_product_here(other, trans_a).filter(|_| halves) {
+            // One rounding, from the f32 sums; the node's rule runs on the halves as they are.
+            let out = self.alloc_like(out_shape.numel(), super::halves::product_dtype(self, other))?;
+            cpu.matmul_halves(&x.0.buffer, &y.0.buffer, &out, spec)?;
+            let op = GradOp::InF32(Box::new(GradOp::Matmul { trans_a, trans_b }));
+            return Ok(Tensor::result(out, out_shape, self.device(), op, &[&x, &y]));
+        }
         let out = self.alloc_like(out_shape.numel(), DType::F32)?;
         self.backend().matmul(&x.0.buffer, &y.0.buffer, &out, spec)?;
         Ok(Tensor::result(out, out_shape, self.device(), GradOp::Matmul { trans_a, trans_b }, &[&x, &y]))

@@ -7,6 +7,9 @@ use crate::{DType, Error, Layout, Result, Shape};
 impl Tensor {
     /// Applies an elementwise op (recorded for autograd).
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        if let Some(y) = self.unary_halves(op)? {
+            return Ok(y);
+        }
         if let Some(y) = Tensor::in_f32(&[self], |t| t[0].unary(op))? {
             return Ok(y);
         }
@@ -36,6 +39,9 @@ impl Tensor {
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
         let name = op.name();
         self.same_device(name, other)?;
+        if let Some(y) = self.binary_halves(op, other)? {
+            return Ok(y);
+        }
         if let Some(y) = Tensor::in_f32(&[self, other], |t| t[0].binary(op, &t[1]))? {
             return Ok(y);
         }

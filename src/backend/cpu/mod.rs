@@ -3,6 +3,7 @@ mod elementwise;
 mod fused;
 mod gelu;
 mod gemm_path;
+mod halves;
 mod index;
 mod kernels;
 mod pool;
@@ -12,6 +13,7 @@ pub(crate) use threads::on_pool;
 pub mod openblas;
 pub use gemm_path::{GemmChoice, OPENBLAS_FROM};
 pub use kernels::gemm_kernels;
+pub(crate) use halves::Spread;
 pub(crate) use kernels::{binary, unary};
 mod update;
 
