@@ -133,3 +133,42 @@ fn a_run_from_a_hugging_face_folder_records_its_weights_and_resumes_with_it() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+
+/// The losses a `train` run logs (`--log-format json`), step by step.
+fn logged_losses(args: &[&str]) -> Vec<f32> {
+    let out = ok(&[args, &["--log-format", "json"]].concat());
+    let lines = text(&out.stdout);
+    lines.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["step"].is_u64()).filter_map(|v| v["loss"].as_f64()).map(|v| v as f32).collect()
+}
+
+/// One Hugging Face folder fine-tuned under sharded data parallelism, a pipeline, data ×
+/// tensor, tensor × pipeline and the planner (`--strategy auto`) gives one device's losses
+/// (1e-5 relative; the planner's 1e-4), and under `--precision bf16` the same first loss
+/// within bf16's rounding.
+#[test]
+fn a_hugging_face_folder_fine_tunes_under_every_strategy_and_precision() {
+    let (dir, data) = with_text("hf-strategies");
+    let save = dir.join("w.safetensors");
+    train_gpt2(&data, &save, &["--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "24"]);
+    let hf = dir.join("hf");
+    ok(&["export-hf", "--init", s(&save), "--out", s(&hf)]);
+    let text_data = format!("text:{}", s(&data));
+    let base = ["train", "--model", "gpt", "--data", &text_data, "--tokenizer", "gpt2", "--init", s(&hf), "--block-size", "12", "--batch", "4", "--steps", "2"];
+    let run = |extra: &[&str]| logged_losses(&[&base[..], extra].concat());
+    let single = run(&["--devices", "cpu"]);
+    assert_eq!(single.len(), 2, "{single:?}");
+    let layouts: [&[&str]; 4] = [
+        &["--strategy", "data", "--shard", "full", "--devices", "cpu,cpu"],
+        &["--strategy", "pipeline", "--micro-batches", "2", "--devices", "cpu,cpu"],
+        &["--strategy", "data,tensor", "--tensor", "2", "--devices", "cpu,cpu,cpu,cpu"],
+        &["--strategy", "pipeline", "--tensor", "2", "--micro-batches", "2", "--devices", "cpu,cpu,cpu,cpu"],
+    ];
+    for layout in layouts {
+        common::assert_close(&format!("{layout:?} from the folder"), &run(layout), &single, 0.0, 1e-5);
+    }
+    common::assert_close("--strategy auto from the folder", &run(&["--strategy", "auto", "--devices", "cpu,cpu"]), &single, 0.0, 1e-4);
+    let bf16 = run(&["--devices", "cpu", "--precision", "bf16"]);
+    assert!(bf16.iter().all(|l| l.is_finite()), "{bf16:?}");
+    common::assert_close("--precision bf16's first loss from the folder", &bf16[..1], &single[..1], 0.0, 2e-2);
+    std::fs::remove_dir_all(dir).ok();
+}
