@@ -21,11 +21,11 @@ of DIR/tuned_ids.json's rows with DIR/tuned_logits.safetensors (max |diff| <= 1e
 Needs torch, transformers, safetensors and numpy (CI has no torch: the tiny fixture is committed).
 """
 import json
-import logging
 import os
 import sys
 
 import numpy as np
+from hf_gpt2_parity import Warnings  # its strict load's warning catcher (this folder is on sys.path)
 
 TOL = 1e-4
 STEPS = 10
@@ -108,15 +108,6 @@ def make(root, shape):
     tensors.update({f"final.{n}": state[n].detach().numpy().copy() for n in FINAL})
     save_file(tensors, os.path.join(root, "reference.safetensors"), metadata=meta)
     print(f"made {root} ({shape}); losses {losses}", file=sys.stderr)
-
-
-class Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.seen = []
-
-    def emit(self, record):
-        self.seen.append(record.getMessage())
 
 
 def load(root):

@@ -134,13 +134,6 @@ fn a_run_from_a_hugging_face_folder_records_its_weights_and_resumes_with_it() {
 }
 
 
-/// The losses a `train` run logs (`--log-format json`), step by step.
-fn logged_losses(args: &[&str]) -> Vec<f32> {
-    let out = ok(&[args, &["--log-format", "json"]].concat());
-    let lines = text(&out.stdout);
-    lines.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["step"].is_u64()).filter_map(|v| v["loss"].as_f64()).map(|v| v as f32).collect()
-}
-
 /// One Hugging Face folder fine-tuned under sharded data parallelism, a pipeline, data ×
 /// tensor, tensor × pipeline and the planner (`--strategy auto`) gives one device's losses
 /// (1e-5 relative; the planner's 1e-4), and under `--precision bf16` the same first loss
@@ -154,7 +147,7 @@ fn a_hugging_face_folder_fine_tunes_under_every_strategy_and_precision() {
     ok(&["export-hf", "--init", s(&save), "--out", s(&hf)]);
     let text_data = format!("text:{}", s(&data));
     let base = ["train", "--model", "gpt", "--data", &text_data, "--tokenizer", "gpt2", "--init", s(&hf), "--block-size", "12", "--batch", "4", "--steps", "2"];
-    let run = |extra: &[&str]| logged_losses(&[&base[..], extra].concat());
+    let run = |extra: &[&str]| common::logged_losses(&[&base[..], extra].concat());
     let single = run(&["--devices", "cpu"]);
     assert_eq!(single.len(), 2, "{single:?}");
     let layouts: [&[&str]; 4] = [

@@ -6,9 +6,11 @@
 mod common;
 #[path = "common/gpt_fixture.rs"]
 mod gpt_fixture;
+#[path = "common/mesh.rs"]
+mod mesh_common;
 use common::assert_close;
+use mesh_common::{same_as_single, token_batches, train};
 use gpt_fixture::Fixture;
-use tandem::data::Batch;
 use tandem::nn::models::{Gpt, GptConfig, SeedModel};
 use tandem::parallel::{DataGrid, Loss, OptimConfig, Parallel, Single, Strategy, TensorParallelGpt};
 use tandem::{Device, Result};
@@ -35,36 +37,6 @@ fn data_over_tensor_groups_matches_pytorch() {
     fx.check_steps(&mut grid, "data 4 x tensor 2 on cpu");
 }
 
-/// Token batches of `b` windows of the config's block, drawn from a seed.
-fn token_batches(cfg: GptConfig, b: usize, steps: usize) -> Vec<Batch> {
-    let mut rng = common::rng(7);
-    (0..steps)
-        .map(|_| {
-            let ids: Vec<i32> = common::uniform(&mut rng, b * (cfg.block_size + 1), 0.0, cfg.vocab_size as f32).iter().map(|&v| (v as i32).min(cfg.vocab_size as i32 - 1)).collect();
-            let (x, y): (Vec<i32>, Vec<i32>) = ids.chunks(cfg.block_size + 1).flat_map(|w| w[..cfg.block_size].iter().copied().zip(w[1..].iter().copied())).unzip();
-            Batch::tokens(x, y, cfg.block_size, cfg.vocab_size).unwrap()
-        })
-        .collect()
-}
-
-/// Losses of `s` over `batches`, clipped at 1.0, and its final state.
-fn train(s: &mut dyn Strategy, batches: &[Batch]) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
-    s.set_grad_clip(Some(1.0)).unwrap();
-    let losses = batches.iter().map(|b| s.step(b).unwrap().loss).collect();
-    let state = s.state_dict().unwrap().into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect();
-    (losses, state)
-}
-
-fn same_as_single(what: &str, got: &(Vec<f32>, Vec<(String, Vec<f32>)>), want: &(Vec<f32>, Vec<(String, Vec<f32>)>)) {
-    assert_close(&format!("{what}: losses"), &got.0, &want.0, 0.0, 1e-5);
-    assert_eq!(got.1.iter().map(|p| &p.0).collect::<Vec<_>>(), want.1.iter().map(|p| &p.0).collect::<Vec<_>>(), "{what}: the single-device names");
-    for ((name, a), (_, b)) in got.1.iter().zip(&want.1) {
-        // AdamW divides by each gradient's running magnitude, so a near-zero gradient summed in
-        // another order moves its weight by a visible fraction of one step (lr 3e-3).
-        assert_close(&format!("{what}: {name}"), a, b, 1e-4, 1e-3);
-    }
-}
-
 /// Every (data, tensor) with data × tensor = 8 over 8 CPU devices trains a GPT of 8 heads with
 /// dropout on (masks keyed by global sample index, so every replica draws Single's) to
 /// `Single`'s losses and weights.
@@ -73,7 +45,7 @@ fn every_data_tensor_factorisation_of_8_equals_single() {
     let _guard = common::shared();
     let cfg = GptConfig { n_layer: 2, n_head: 8, n_embd: 32, block_size: 8, vocab_size: 40, dropout: 0.1, bias: true };
     let fx = Fixture::load();
-    let batches = token_batches(cfg, 8, 3);
+    let batches = token_batches(cfg, 8, 3, 7);
     let cpu = Device::cpu();
     let want = train(&mut Single::new(Gpt::new(cfg, 3, &cpu).unwrap(), &fx.adamw(), Loss::CrossEntropy, &cpu).unwrap(), &batches);
     for tensor in [1, 2, 4, 8] {
@@ -109,7 +81,7 @@ fn a_checkpoint_of_one_layout_resumes_under_another() {
     let _guard = common::shared();
     let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 16, block_size: 8, vocab_size: 30, dropout: 0.0, bias: true };
     let fx = Fixture::load();
-    let batches = token_batches(cfg, 4, 3);
+    let batches = token_batches(cfg, 4, 3, 7);
     let devs = common::cpu_devices(4);
     let mut grid = Parallel::data_tensor(|d: &Device| Gpt::new(cfg, 1, d), &devs, 2, &fx.adamw(), Loss::CrossEntropy).build().unwrap();
     for b in &batches[..2] {
@@ -137,7 +109,7 @@ fn a_checkpoint_of_one_layout_resumes_under_another() {
     again.load_state_dict(&single.state_dict().unwrap()).unwrap();
     let (s_state, s_steps) = single.optimizer_state().unwrap();
     again.load_optimizer_state(&s_state, s_steps).unwrap();
-    let next = token_batches(cfg, 4, 4).pop().unwrap();
+    let next = token_batches(cfg, 4, 4, 7).pop().unwrap();
     assert_close("a grid resumed from Single", &[again.step(&next).unwrap().loss], &[single.step(&next).unwrap().loss], 0.0, 1e-5);
 }
 
@@ -155,11 +127,7 @@ fn groups_that_do_not_divide_the_devices_are_errors() {
 #[test]
 fn the_command_line_trains_data_over_tensor_groups() {
     let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "3", "--dropout", "0.1"];
-    let losses = |extra: &[&str]| -> Vec<f32> {
-        let out = common::ok(&[&args[..], extra, &["--log-format", "json"]].concat());
-        let lines = common::text(&out.stdout);
-        lines.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["step"].is_u64()).filter_map(|v| v["loss"].as_f64()).map(|v| v as f32).collect()
-    };
+    let losses = |extra: &[&str]| common::logged_losses(&[&args[..], extra].concat());
     let single = losses(&["--devices", "cpu"]);
     assert_eq!(single.len(), 3, "{single:?}");
     let mesh = losses(&["--strategy", "data,tensor", "--tensor", "2", "--devices", "cpu,cpu,cpu,cpu"]);

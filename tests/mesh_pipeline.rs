@@ -5,9 +5,11 @@
 mod common;
 #[path = "common/gpt_fixture.rs"]
 mod gpt_fixture;
+#[path = "common/mesh.rs"]
+mod mesh_common;
 use common::assert_close;
+use mesh_common::{same_as_single, token_batches, train};
 use gpt_fixture::Fixture;
-use tandem::data::Batch;
 use tandem::nn::models::{Gpt, GptConfig, SeedModel};
 use tandem::nn::Module;
 use tandem::parallel::{Loss, OptimConfig, Parallel, Pipeline, PipelineGrid, Single, Split, Stages, Strategy};
@@ -19,38 +21,9 @@ fn mesh(host: &Gpt, devs: &[Device], data: usize, tensor: usize, micro: usize, o
     Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, tensor, None)?)), devs, data, opt, Loss::CrossEntropy).micro_batches(micro).build()
 }
 
-fn token_batches(cfg: GptConfig, b: usize, steps: usize) -> Vec<Batch> {
-    let mut rng = common::rng(11);
-    (0..steps)
-        .map(|_| {
-            let ids: Vec<i32> = common::uniform(&mut rng, b * (cfg.block_size + 1), 0.0, cfg.vocab_size as f32).iter().map(|&v| (v as i32).min(cfg.vocab_size as i32 - 1)).collect();
-            let (x, y): (Vec<i32>, Vec<i32>) = ids.chunks(cfg.block_size + 1).flat_map(|w| w[..cfg.block_size].iter().copied().zip(w[1..].iter().copied())).unzip();
-            Batch::tokens(x, y, cfg.block_size, cfg.vocab_size).unwrap()
-        })
-        .collect()
-}
-
 /// Copies of `state`'s tensors on the CPU, apart from the live ones.
 fn snapshot(state: Vec<(String, tandem::Tensor)>) -> Vec<(String, tandem::Tensor)> {
     state.into_iter().map(|(n, t)| (n, tandem::Tensor::from_vec(t.to_vec().unwrap(), t.dims().to_vec(), &Device::cpu()).unwrap())).collect()
-}
-
-type Run = (Vec<f32>, Vec<(String, Vec<f32>)>);
-
-fn train(s: &mut dyn Strategy, batches: &[Batch]) -> Run {
-    s.set_grad_clip(Some(1.0)).unwrap();
-    let losses = batches.iter().map(|b| s.step(b).unwrap().loss).collect();
-    let state = s.state_dict().unwrap().into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect();
-    (losses, state)
-}
-
-fn same_as_single(what: &str, got: &Run, want: &Run) {
-    assert_close(&format!("{what}: losses"), &got.0, &want.0, 0.0, 1e-5);
-    assert_eq!(got.1.iter().map(|p| &p.0).collect::<Vec<_>>(), want.1.iter().map(|p| &p.0).collect::<Vec<_>>(), "{what}: the single-device names");
-    for ((name, a), (_, b)) in got.1.iter().zip(&want.1) {
-        // As tests/mesh.rs: AdamW amplifies another summation order of near-zero gradients.
-        assert_close(&format!("{what}: {name}"), a, b, 1e-4, 1e-3);
-    }
 }
 
 /// Every (data, tensor, pipeline) with product 8, tensor and pipeline both above 1, over 8
@@ -61,7 +34,7 @@ fn every_layout_with_tensor_and_pipeline_of_8_equals_single() {
     let _guard = common::shared();
     let cfg = GptConfig { n_layer: 4, n_head: 8, n_embd: 32, block_size: 8, vocab_size: 40, dropout: 0.1, bias: true };
     let fx = Fixture::load();
-    let batches = token_batches(cfg, 8, 3);
+    let batches = token_batches(cfg, 8, 3, 11);
     let cpu = Device::cpu();
     let want = train(&mut Single::new(Gpt::new(cfg, 3, &cpu).unwrap(), &fx.adamw(), Loss::CrossEntropy, &cpu).unwrap(), &batches);
     let host = Gpt::new(cfg, 3, &cpu).unwrap();
@@ -128,7 +101,7 @@ fn a_checkpoint_of_one_layout_resumes_under_another() {
     let _guard = common::shared();
     let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 16, block_size: 8, vocab_size: 30, dropout: 0.0, bias: true };
     let fx = Fixture::load();
-    let batches = token_batches(cfg, 4, 3);
+    let batches = token_batches(cfg, 4, 3, 11);
     let cpu = Device::cpu();
     let host = Gpt::new(cfg, 5, &cpu).unwrap();
     let mut grid = mesh(&host, &common::cpu_devices(8), 2, 2, 2, &fx.adamw()).unwrap();
@@ -187,11 +160,7 @@ fn bad_groups_are_errors() {
 #[test]
 fn the_command_line_trains_pipelines_of_tensor_groups() {
     let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "3", "--dropout", "0.1"];
-    let losses = |extra: &[&str]| -> Vec<f32> {
-        let out = common::ok(&[&args[..], extra, &["--log-format", "json"]].concat());
-        let lines = common::text(&out.stdout);
-        lines.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["step"].is_u64()).filter_map(|v| v["loss"].as_f64()).map(|v| v as f32).collect()
-    };
+    let losses = |extra: &[&str]| common::logged_losses(&[&args[..], extra].concat());
     let single = losses(&["--devices", "cpu"]);
     assert_eq!(single.len(), 3, "{single:?}");
     let tp_pp = losses(&["--strategy", "pipeline", "--tensor", "2", "--micro-batches", "2", "--devices", "cpu,cpu,cpu,cpu"]);

@@ -173,10 +173,6 @@ impl Sequential {
     pub fn layers(&self) -> &[(String, Box<dyn Module>)] {
         &self.layers
     }
-    /// The named layers, taken out (to rebuild a model from some of them).
-    pub fn into_layers(self) -> Vec<(String, Box<dyn Module>)> {
-        self.layers
-    }
     /// Consecutive layers `range` as their own model, on `device` (pipeline stages, layer placement).
     pub fn slice(&self, range: std::ops::Range<usize>, device: &Device) -> Result<Sequential> {
         if range.start >= range.end || range.end > self.layers.len() {

@@ -319,6 +319,14 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// The losses a `tandem train` run logs with `args` (`--log-format json` added), step by step.
+#[cfg(feature = "cli")]
+pub fn logged_losses(args: &[&str]) -> Vec<f32> {
+    let out = ok(&[args, &["--log-format", "json"]].concat());
+    let lines = text(&out.stdout);
+    lines.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["step"].is_u64()).filter_map(|v| v["loss"].as_f64()).map(|v| v as f32).collect()
+}
+
 /// im2col and col2im of random data through window `s` on `dev`, against the CPU reference
 /// (im2col exactly; col2im sums overlaps, in any order).
 pub fn im2col_and_col2im_against_cpu(dev: &Device, cpu: &Device, s: tandem::backend::WindowSpec, seed: u64) -> Result<()> {

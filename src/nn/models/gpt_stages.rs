@@ -65,6 +65,12 @@ impl Gpt {
     /// [`Gpt::LM_HEAD`] on the last as two tensors; the last stage declares its head a copy of
     /// the embedding ([`Module::tied_parameters`]), so a pipeline of them ties the two itself.
     pub fn stages(&self, devices: &[Device], starts: Option<&[usize]>) -> Result<Vec<Sequential>> {
+        self.stages_with(devices, starts, &mut |_, i, dev| Ok(Box::new(self.block_copy(i, dev)?)))
+    }
+
+    /// [`Gpt::stages`] with each block made by `block(stage, i, device)` (block `i` of stage
+    /// `stage` on its device): tensor-parallel stages put split blocks there.
+    pub(crate) fn stages_with(&self, devices: &[Device], starts: Option<&[usize]>, block: &mut dyn FnMut(usize, usize, &Device) -> Result<Box<dyn Module>>) -> Result<Vec<Sequential>> {
         let ranges = self.block_ranges(devices.len(), starts)?;
         let (cfg, t) = (self.config, &self.transformer);
         let training = |m: &dyn Module| m.set_training(self.training());
@@ -79,7 +85,7 @@ impl Gpt {
                 stage.push_boxed("transformer".into(), Box::new(e));
             }
             for i in r {
-                stage.push_boxed(format!("transformer.h.{i}"), Box::new(self.block_copy(i, dev)?));
+                stage.push_boxed(format!("transformer.h.{i}"), block(s, i, dev)?);
             }
             if s == last {
                 let ln_f = Norm::new(cfg.n_embd, cfg.bias, dev)?;

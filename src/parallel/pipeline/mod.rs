@@ -483,7 +483,7 @@ impl Strategy for Pipeline {
         let state = tied::complete_state(&self.ties, state)?;
         match &self.across {
             Some(a) => {
-                let names: Vec<String> = stages::stage_params(&self.stages)?.into_iter().map(|p| p.0).collect();
+                let names = stages::stage_names(&self.stages);
                 a.load(&names, &state, |own| stages::load_stage_params(&self.stages, own))
             }
             None => stages::load_stage_params(&self.stages, &state),

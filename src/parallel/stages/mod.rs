@@ -85,6 +85,13 @@ impl Stage {
             None => Ok(self.model.state_dict()),
         }
     }
+    /// The names `state_dict` gives, without gathering any tensor.
+    pub fn names(&self) -> Vec<String> {
+        match &self.group {
+            Some((placed, _)) => placed.logical.iter().map(|l| l.name.clone()).collect(),
+            None => self.model.state_dict().into_iter().map(|p| p.0).collect(),
+        }
+    }
     /// Loads this stage's tensors of `state` (whole shapes), strictly.
     fn load(&self, state: &[(String, Tensor)]) -> Result<()> {
         match &self.group {
@@ -424,15 +431,20 @@ pub(crate) fn stage_params(stages: &[Stage]) -> Result<Vec<(String, Tensor)>> {
     Ok(all)
 }
 
+/// The names [`stage_params`] gives, in its order.
+pub(crate) fn stage_names(stages: &[Stage]) -> Vec<String> {
+    stages.iter().flat_map(Stage::names).collect()
+}
+
 /// Loads weights into whichever stage owns each name (strict over the whole model).
 pub(crate) fn load_stage_params(stages: &[Stage], state: &[(String, Tensor)]) -> Result<()> {
-    let all = stage_params(stages)?;
-    let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !all.iter().any(|p| p.0 == *n)).collect();
+    let all = stage_names(stages);
+    let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !all.iter().any(|p| p == n)).collect();
     if !unexpected.is_empty() {
         return Err(Error::invalid("load_state_dict", format!("unexpected [{}]", crate::error::capped_list(unexpected))));
     }
     for s in stages {
-        let names: Vec<String> = s.state_dict()?.into_iter().map(|p| p.0).collect();
+        let names = s.names();
         let mine: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| names.contains(n)).cloned().collect();
         s.load(&mine)?;
     }

@@ -58,26 +58,23 @@ impl Gpt {
             return Err(Error::invalid("Gpt::tensor_stages", format!("n_head {} does not split evenly over {tensor} devices of a group", self.config.n_head)));
         }
         let firsts: Vec<Device> = groups.iter().map(|g| g[0].clone()).collect();
-        let whole = self.stages(&firsts, starts)?;
+        // Each split block's tensors by its name, for the stage's placement below.
+        let mut split = std::collections::HashMap::new();
+        let whole = self.stages_with(&firsts, starts, &mut |s, i, first| {
+            let b = ParallelBlock::split(self.block_copy(i, first)?, groups[s])?;
+            let name = format!("transformer.h.{i}");
+            split.insert(name.clone(), b.logical(&name));
+            Ok(Box::new(b))
+        })?;
         groups
             .into_iter()
             .zip(whole)
-            .map(|(group, stage)| {
-                let mut model = Sequential::new();
+            .map(|(group, model)| {
                 let mut logical = Vec::new();
-                for (name, layer) in stage.into_layers() {
-                    let block = name.strip_prefix("transformer.h.").and_then(|i| i.parse::<usize>().ok());
-                    match block {
-                        Some(i) => {
-                            drop(layer);
-                            let split = ParallelBlock::split(self.block_copy(i, &group[0])?, group)?;
-                            logical.extend(split.logical(&name));
-                            model.push_boxed(name, Box::new(split));
-                        }
-                        None => {
-                            logical.extend(Logical::all_of(&*layer).into_iter().map(|l| Logical { name: format!("{name}.{}", l.name), ..l }));
-                            model.push_boxed(name, layer);
-                        }
+                for (name, layer) in model.layers() {
+                    match split.remove(name) {
+                        Some(block) => logical.extend(block),
+                        None => logical.extend(Logical::all_of(&**layer).into_iter().map(|l| Logical { name: format!("{name}.{}", l.name), ..l })),
                     }
                 }
                 Ok(ShardedStage { model, placed: Placed { logical, first: group[0].clone() }, devices: group.to_vec() })
