@@ -98,14 +98,14 @@ impl Parallel {
     /// # Ok(()) }
     /// ```
     pub fn data_tensor<M: TensorModel, F: FnMut(&Device) -> Result<M>>(model: F, devices: &[Device], tensor: usize, opt: &OptimConfig, loss: Loss) -> DataTensorBuilder<F> {
-        DataTensorBuilder { model, devices: devices.to_vec(), tensor, weights: None, common: Common::new(opt, loss) }
+        DataTensorBuilder { model, devices: devices.to_vec(), tensor, weights: None, data: DataParallelConfig::default(), common: Common::new(opt, loss) }
     }
 
     /// Data parallelism over pipelines ([`PipelineGrid`]): `pipelines` replicas of one
     /// pipeline, replica `r`'s stage `s` on `devices[r·P + s]`; `stages(row)` gives the stages
     /// of the replica on the devices `row`. Options of the pipelines and the grid's split.
     pub fn grid<'a, F: FnMut(&[Device]) -> Result<Stages<'a>>>(stages: F, devices: &[Device], pipelines: usize, opt: &OptimConfig, loss: Loss) -> GridBuilder<F> {
-        GridBuilder { stages, devices: devices.to_vec(), pipelines, micro_batches: 1, schedule: Schedule::OneFOneB, recompute: false, weights: None, common: Common::new(opt, loss) }
+        GridBuilder { stages, devices: devices.to_vec(), pipelines, micro_batches: 1, schedule: Schedule::OneFOneB, recompute: false, weights: None, data: DataParallelConfig::default(), common: Common::new(opt, loss) }
     }
 }
 
@@ -302,6 +302,7 @@ pub struct DataTensorBuilder<F> {
     devices: Vec<Device>,
     tensor: usize,
     weights: Option<Vec<f64>>,
+    data: DataParallelConfig,
     common: Common,
 }
 
@@ -315,8 +316,20 @@ where
         self.weights = Some(weights);
         self
     }
+    /// Shards the data axis's training state (ZeRO-1/2/3, as [`DataGrid::shard`]); none by
+    /// default.
+    pub fn shard(mut self, shard: super::Shard) -> Self {
+        self.data.shard = shard;
+        self
+    }
+    /// The data axis's sharding, bucket size and gradient-shard type at once (as
+    /// [`DataGrid::shard`], which refuses the options of one-device replicas).
+    pub fn data_config(mut self, cfg: DataParallelConfig) -> Self {
+        self.data = cfg;
+        self
+    }
     pub fn build(self) -> Result<DataGrid<M::Strategy>> {
-        let DataTensorBuilder { mut model, devices, tensor, weights, common } = self;
+        let DataTensorBuilder { mut model, devices, tensor, weights, data, common } = self;
         if tensor == 0 || devices.is_empty() || !devices.len().is_multiple_of(tensor) {
             return Err(Error::invalid("Parallel::data_tensor", format!("{} devices do not make groups of {tensor} tensor-parallel shards", devices.len())));
         }
@@ -325,7 +338,7 @@ where
             Some(w) => grid.split_weights(w)?,
             None => grid,
         };
-        common.finish(grid)
+        common.finish(grid.shard(&data, &common.opt)?)
     }
 }
 
@@ -354,6 +367,7 @@ pub struct GridBuilder<F> {
     schedule: Schedule,
     recompute: bool,
     weights: Option<Vec<f64>>,
+    data: DataParallelConfig,
     common: Common,
 }
 
@@ -378,8 +392,20 @@ impl<'a, F: FnMut(&[Device]) -> Result<Stages<'a>>> GridBuilder<F> {
         self.weights = Some(weights);
         self
     }
+    /// Shards the data axis's training state (ZeRO-1/2/3, as [`DataGrid::shard`]); none by
+    /// default.
+    pub fn shard(mut self, shard: super::Shard) -> Self {
+        self.data.shard = shard;
+        self
+    }
+    /// The data axis's sharding, bucket size and gradient-shard type at once (as
+    /// [`DataGrid::shard`], which refuses the options of one-device replicas).
+    pub fn data_config(mut self, cfg: DataParallelConfig) -> Self {
+        self.data = cfg;
+        self
+    }
     pub fn build(self) -> Result<PipelineGrid> {
-        let GridBuilder { mut stages, devices, pipelines, micro_batches, schedule, recompute, weights, common } = self;
+        let GridBuilder { mut stages, devices, pipelines, micro_batches, schedule, recompute, weights, data, common } = self;
         let grid = PipelineGrid::from_factory(&devices, pipelines, |row| {
             Pipeline::builder(stages(row)?, row, &common.opt, common.loss.clone()).micro_batches(micro_batches).schedule(schedule).recompute(recompute).build()
         })?;
@@ -387,6 +413,6 @@ impl<'a, F: FnMut(&[Device]) -> Result<Stages<'a>>> GridBuilder<F> {
             Some(w) => grid.split_weights(w)?,
             None => grid,
         };
-        common.finish(grid)
+        common.finish(grid.shard(&data, &common.opt)?)
     }
 }

@@ -14,13 +14,13 @@
 //! the (identical) reduced gradients itself; on a mix of backends or adapters, whose kernels
 //! round differently, replica 0 alone updates every parameter and broadcasts the new values
 //! (see `update.rs` for why and what it costs).
-mod buckets;
+pub(crate) mod buckets;
 mod construct;
 mod deterministic;
-mod gather;
+pub(crate) mod gather;
 mod inspect;
 mod overlapped;
-mod shard;
+pub(crate) mod shard;
 mod state;
 mod timing;
 mod update;
@@ -129,6 +129,15 @@ struct Replica {
     params: Vec<(String, Tensor)>,
     /// Parameter index of each parameter's tensor id, for the autograd leaf hook.
     index_of: HashMap<u64, usize>,
+}
+
+impl shard::Holder for Replica {
+    fn device(&self) -> &Device {
+        &self.device
+    }
+    fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
 }
 
 impl Replica {

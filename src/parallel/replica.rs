@@ -37,6 +37,15 @@ pub trait Replica: Strategy + sealed::Sealed {
     /// Every optimizer with its device and trace track, for the grid's one update.
     #[doc(hidden)]
     fn optimizers(&mut self) -> Vec<(&mut Box<dyn Optimizer>, &Device, Option<String>)>;
+    /// The whole model's optimizer state, as [`Strategy::optimizer_state`] gives it, from
+    /// `per_slot[s]`, what slot `s`'s optimizer would hold: how a grid whose data axis shards
+    /// the optimizer state (ZeRO) saves it in the unsplit model's names and shapes.
+    #[doc(hidden)]
+    fn state_of_slots(&self, per_slot: Vec<(Vec<(String, Tensor)>, u64)>) -> Result<(Vec<(String, Tensor)>, u64)>;
+    /// Each slot's part of a whole optimizer state (a slot of one whole device may be given
+    /// more: its optimizer picks its own names), slot order.
+    #[doc(hidden)]
+    fn slots_of_state(&self, state: &[(String, Tensor)]) -> Result<Vec<Vec<(String, Tensor)>>>;
     /// After the grid's update: what the replica keeps in step (tied copies), and the step count.
     #[doc(hidden)]
     fn updated(&mut self, step: u64) -> Result<()> {
@@ -76,6 +85,19 @@ impl Replica for Pipeline {
     }
     fn optimizers(&mut self) -> Vec<(&mut Box<dyn Optimizer>, &Device, Option<String>)> {
         self.parts().into_iter().map(|p| (p.opt, p.device, p.track)).collect()
+    }
+    fn state_of_slots(&self, per_slot: Vec<(Vec<(String, Tensor)>, u64)>) -> Result<(Vec<(String, Tensor)>, u64)> {
+        let mut per_slot = per_slot.into_iter();
+        let (mut all, mut steps) = (Vec::new(), 0);
+        for stage in self.stage_list() {
+            let (state, n) = stage.opt_state_of(per_slot.by_ref().take(stage.devices().len()).collect())?;
+            all.extend(state);
+            steps = n;
+        }
+        Ok((all, steps))
+    }
+    fn slots_of_state(&self, state: &[(String, Tensor)]) -> Result<Vec<Vec<(String, Tensor)>>> {
+        Ok(self.stage_list().iter().map(|s| s.opt_state_slices(state)).collect::<Result<Vec<_>>>()?.concat())
     }
     fn updated(&mut self, step: u64) -> Result<()> {
         Pipeline::updated(self, step)

@@ -248,7 +248,7 @@ fn run_collective(comm: &dyn Communicator, parts: Vec<Msg>, scatter: Option<(usi
 }
 
 /// Each flat bucket followed by zeros up to a multiple of `world` elements.
-fn padded(group: Vec<Tensor>, world: usize) -> Result<Vec<Tensor>> {
+pub(crate) fn padded(group: Vec<Tensor>, world: usize) -> Result<Vec<Tensor>> {
     group
         .into_iter()
         .map(|t| {

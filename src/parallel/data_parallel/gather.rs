@@ -21,7 +21,7 @@
 use super::buckets::{self, GatherAsk, Msg};
 use super::shard::Sharded;
 use super::timing::Stamp;
-use super::Replica;
+use super::shard::Holder;
 use crate::parallel::comm::Communicator;
 use crate::autograd::no_grad;
 use crate::backend::Refill;
@@ -282,11 +282,11 @@ pub(super) fn every_device_alike(parts: &[Vec<crate::parallel::split::Part>], mi
 /// 0 when an op needs it and released after, in one process: [`serve`] gathers every local
 /// device's blocks, so the other devices need not run anything, and no device but replica 0's
 /// ever holds a whole unit.
-pub(super) fn on_first_device<T>(sharded: &Sharded, replicas: &[Replica], f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn on_first_device<T, H: Holder + Sync>(sharded: &Sharded, replicas: &[H], f: impl FnOnce() -> Result<T>) -> Result<T> {
     let (tx, rx) = channel::<Msg>();
     std::thread::scope(|s| {
         let server = s.spawn(move || serve(sharded, replicas, rx));
-        let window = Window::new(0, &replicas[0].device, sharded.units_on(0, &replicas[0]), tx, Vec::new());
+        let window = Window::new(0, replicas[0].device(), sharded.units_on(0, &replicas[0]), tx, Vec::new());
         let out = {
             let _hooks = window.install();
             let w = Arc::clone(&window);
@@ -308,7 +308,7 @@ pub(super) fn on_first_device<T>(sharded: &Sharded, replicas: &[Replica], f: imp
 /// pieces, which no step changes while units are gathered), so devices gather on their own
 /// schedules, as many times as each needs, without the others asking. A failed gather is the
 /// asking worker's error. Returns when each gather (unit, start, end) ran.
-pub(super) fn serve(sharded: &Sharded, replicas: &[Replica], rx: Receiver<Msg>) -> Vec<(usize, Instant, Instant)> {
+pub(super) fn serve<H: Holder>(sharded: &Sharded, replicas: &[H], rx: Receiver<Msg>) -> Vec<(usize, Instant, Instant)> {
     let mut spans = Vec::new();
     for msg in rx {
         let Msg::Gather(ask) = msg else { continue };

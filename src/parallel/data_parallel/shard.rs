@@ -21,7 +21,7 @@
 //! same gathers (uneven micro-batch counts), ZeRO-3 gathers every unit before forward instead,
 //! with `Sharded::gather`; so does deterministic mode across processes whose devices compute
 //! different numbers of micro-shards (otherwise it gathers unit by unit: `deterministic.rs`).
-use super::{gather, Replica};
+use super::gather;
 use crate::autograd::no_grad;
 use crate::nn::models::StateShards;
 use crate::parallel::comm::Communicator;
@@ -81,6 +81,14 @@ impl std::str::FromStr for Shard {
     }
 }
 
+/// One device's full copy of the parameters a [`Sharded`] cuts into pieces: a data-parallel
+/// replica's, or one slot of a grid's replica (a pipeline stage's, a tensor shard's), the same
+/// parameters in the same order on every device of the data axis.
+pub(crate) trait Holder {
+    fn device(&self) -> &Device;
+    fn params(&self) -> &[(String, Tensor)];
+}
+
 /// One device's piece of a parameter.
 #[derive(Clone, Debug)]
 struct Piece {
@@ -106,7 +114,7 @@ struct Unit {
 }
 
 /// The sharded state of this process's devices.
-pub(super) struct Sharded {
+pub(crate) struct Sharded {
     pub mode: Shard,
     world: usize,
     units: Vec<Unit>,
@@ -124,8 +132,8 @@ impl Sharded {
     /// parameter once its pieces are cut, so a device never holds more than its pieces and one
     /// whole parameter: with replicas built by [`build_deferred`](crate::tensor::build_deferred)
     /// a model several times a device's memory is sharded onto it.
-    pub fn new(mode: Shard, replicas: &[Replica], buckets: &[Vec<usize>], first: usize, world: usize, comm: &dyn Communicator) -> Result<Sharded> {
-        let params = &replicas[0].params;
+    pub fn new<H: Holder>(mode: Shard, replicas: &[H], buckets: &[Vec<usize>], first: usize, world: usize, comm: &dyn Communicator) -> Result<Sharded> {
+        let params = replicas[0].params();
         let units: Vec<Unit> = buckets
             .iter()
             .map(|members| {
@@ -160,11 +168,11 @@ impl Sharded {
         let mut cuts: Vec<Vec<Option<Tensor>>> = pieces.iter().map(|ps| vec![None; ps.len()]).collect();
         no_grad(|| {
             for p in 0..params.len() {
-                let group: Vec<Tensor> = replicas.iter().map(|r| r.params[p].1.clone()).collect();
+                let group: Vec<Tensor> = replicas.iter().map(|r| r.params()[p].1.clone()).collect();
                 comm.broadcast(&group, 0)?;
                 for ((r, ps), cs) in replicas.iter().zip(&pieces).zip(cuts.iter_mut()) {
                     for (pc, c) in ps.iter().zip(cs.iter_mut()).filter(|(pc, _)| pc.param == p) {
-                        *c = Some(cut(&r.params[pc.param].1, pc)?.requires_grad());
+                        *c = Some(cut(&r.params()[pc.param].1, pc)?.requires_grad());
                     }
                 }
                 if mode == Shard::Full {
@@ -181,7 +189,7 @@ impl Sharded {
             .into_iter()
             .zip(&pieces)
             .zip(replicas)
-            .map(|((cs, ps), r)| cs.into_iter().zip(ps).map(|(c, pc)| Ok((r.params[pc.param].0.clone(), c.ok_or_else(|| Error::Msg(format!("data parallel: no piece of parameter {} was cut", pc.param)))?))).collect::<Result<Vec<_>>>())
+            .map(|((cs, ps), r)| cs.into_iter().zip(ps).map(|(c, pc)| Ok((r.params()[pc.param].0.clone(), c.ok_or_else(|| Error::Msg(format!("data parallel: no piece of parameter {} was cut", pc.param)))?))).collect::<Result<Vec<_>>>())
             .collect::<Result<Vec<_>>>()?;
         Ok(Sharded { mode, world, units, pieces, values })
     }
@@ -192,11 +200,11 @@ impl Sharded {
     }
 
     /// Copies the replicas' parameters into the pieces (after a checkpoint is loaded).
-    pub fn refresh(&self, replicas: &[Replica]) -> Result<()> {
+    pub fn refresh<H: Holder>(&self, replicas: &[H]) -> Result<()> {
         no_grad(|| {
             for ((r, ps), vs) in replicas.iter().zip(&self.pieces).zip(&self.values) {
                 for (pc, (_, v)) in ps.iter().zip(vs) {
-                    v.assign(&cut(&r.params[pc.param].1, pc)?)?;
+                    v.assign(&cut(&r.params()[pc.param].1, pc)?)?;
                 }
             }
             Ok(())
@@ -236,8 +244,8 @@ impl Sharded {
 
     /// Every device's gradient pieces out of the host sum of every parameter's gradient
     /// (`sum`, state_dict order: deterministic mode), in `dtype`.
-    pub fn grads_from_host(&self, sum: &[f32], replicas: &[Replica], dtype: crate::DType) -> Result<()> {
-        let starts = super::deterministic::offsets(&replicas[0].params);
+    pub fn grads_from_host<H: Holder>(&self, sum: &[f32], replicas: &[H], dtype: crate::DType) -> Result<()> {
+        let starts = super::deterministic::offsets(replicas[0].params());
         let at = starts[starts.len() - 1];
         if sum.len() != at {
             return Err(Error::shape("DataParallel::step", format!("the summed gradient has {} values for {at} parameters' values", sum.len())));
@@ -245,7 +253,7 @@ impl Sharded {
         for ((r, ps), vs) in replicas.iter().zip(&self.pieces).zip(&self.values) {
             for (pc, (_, v)) in ps.iter().zip(vs) {
                 let from = starts[pc.param] + pc.from;
-                let piece = Tensor::from_vec(sum[from..from + pc.len].to_vec(), pc.dims.clone(), &r.device)?;
+                let piece = Tensor::from_vec(sum[from..from + pc.len].to_vec(), pc.dims.clone(), r.device())?;
                 v.set_grad(Some(if piece.dtype() == dtype { piece } else { no_grad(|| piece.to_dtype(dtype))? }));
             }
         }
@@ -259,7 +267,7 @@ impl Sharded {
 
     /// All-gathers every unit's blocks into the replicas' full parameters, one collective per
     /// unit; released parameters get their memory back first.
-    pub fn gather(&self, replicas: &[Replica], comm: &dyn Communicator) -> Result<()> {
+    pub fn gather<H: Holder>(&self, replicas: &[H], comm: &dyn Communicator) -> Result<()> {
         no_grad(|| {
             for u in 0..self.units.len() {
                 let blocks = self.blocks(u, replicas)?;
@@ -274,7 +282,7 @@ impl Sharded {
     /// Every parameter's full values on `host`, gathered unit by unit (each device holds one
     /// unit's values at a time, never the whole model: what a sharded model too big for one
     /// device saves through), keyed by replica 0's tensor id. A collective across processes.
-    pub fn gather_to_host(&self, replicas: &[Replica], comm: &dyn Communicator, host: &Device) -> Result<HashMap<u64, Tensor>> {
+    pub fn gather_to_host<H: Holder>(&self, replicas: &[H], comm: &dyn Communicator, host: &Device) -> Result<HashMap<u64, Tensor>> {
         let mut out = HashMap::new();
         no_grad(|| {
             for u in 0..self.units.len() {
@@ -288,7 +296,7 @@ impl Sharded {
     }
 
     /// Every local device's block of unit `u`.
-    fn blocks(&self, u: usize, replicas: &[Replica]) -> Result<Vec<Tensor>> {
+    fn blocks<H: Holder>(&self, u: usize, replicas: &[H]) -> Result<Vec<Tensor>> {
         replicas.iter().enumerate().map(|(i, r)| self.block(i, u, r)).collect()
     }
 
@@ -303,8 +311,8 @@ impl Sharded {
 
     /// Unit `u` whole on local device `d` only, from its own block `own` and the other local
     /// devices' (one process: `world` local devices), its length checked.
-    pub fn unit_onto(&self, d: usize, u: usize, own: Tensor, replicas: &[Replica]) -> Result<Tensor> {
-        let dev = &replicas[d].device;
+    pub fn unit_onto<H: Holder>(&self, d: usize, u: usize, own: Tensor, replicas: &[H]) -> Result<Tensor> {
+        let dev = replicas[d].device();
         let blocks = replicas
             .iter()
             .enumerate()
@@ -324,13 +332,13 @@ impl Sharded {
     }
 
     /// Unit `u`'s parameters on replica `r`, each with its offset in the unit's flat values.
-    fn members(&self, u: usize, r: &Replica) -> Vec<(Tensor, usize)> {
+    fn members<H: Holder>(&self, u: usize, r: &H) -> Vec<(Tensor, usize)> {
         let unit = &self.units[u];
-        unit.members.iter().zip(&unit.offsets).map(|(&p, &off)| (r.params[p].1.clone(), off)).collect()
+        unit.members.iter().zip(&unit.offsets).map(|(&p, &off)| (r.params()[p].1.clone(), off)).collect()
     }
 
     /// Every unit as device `i` (replica `r`) holds it, for gathering unit by unit.
-    pub fn units_on(&self, i: usize, r: &Replica) -> Vec<gather::UnitOnDevice> {
+    pub(super) fn units_on<H: Holder>(&self, i: usize, r: &H) -> Vec<gather::UnitOnDevice> {
         (0..self.units.len())
             .map(|u| gather::UnitOnDevice { members: self.members(u, r), pieces: self.pieces_of(i, u), block: self.units[u].block })
             .collect()
@@ -342,16 +350,16 @@ impl Sharded {
     }
 
     /// Device `i`'s block of unit `u`: its pieces' values, then zeros to the block's length.
-    pub fn block(&self, i: usize, u: usize, r: &Replica) -> Result<Tensor> {
-        gather::block_of(&self.pieces_of(i, u), self.units[u].block, &r.device)
+    pub fn block<H: Holder>(&self, i: usize, u: usize, r: &H) -> Result<Tensor> {
+        gather::block_of(&self.pieces_of(i, u), self.units[u].block, r.device())
     }
 
     /// Frees the replicas' full parameters (ZeRO-3 between steps); a backend that cannot
     /// (`Backend::release` returning `false`: none of tandem's) keeps them allocated, and only
     /// gradients and optimizer state are sharded there.
-    pub fn release(&self, replicas: &[Replica]) -> Result<()> {
+    pub fn release<H: Holder>(&self, replicas: &[H]) -> Result<()> {
         for r in replicas {
-            for (_, t) in &r.params {
+            for (_, t) in r.params() {
                 t.release_storage()?;
             }
         }
@@ -362,10 +370,10 @@ impl Sharded {
     /// assembled on `host` from `all`: every device's pieces' state, in global device order
     /// (across processes, every rank's, gathered). On the host, since the whole of it need not
     /// fit any one device.
-    pub fn full_state(&self, all: &[Vec<(String, Tensor)>], replicas: &[Replica], host: &Device) -> Result<Vec<(String, Tensor)>> {
+    pub fn full_state<H: Holder>(&self, all: &[Vec<(String, Tensor)>], replicas: &[H], host: &Device) -> Result<Vec<(String, Tensor)>> {
         let dev0 = host;
         let mut out = Vec::new();
-        for (name, p) in &replicas[0].params {
+        for (name, p) in replicas[0].params() {
             let prefix = format!("{name}.");
             let mut keys: Vec<&str> = Vec::new();
             for (k, _) in all.iter().flatten().filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('.')) {
@@ -387,10 +395,10 @@ impl Sharded {
 
     /// Device `i`'s part of a full optimizer state: each entry of a parameter it holds a piece
     /// of, cut to that piece, where `state` is.
-    pub fn state_piece(&self, i: usize, state: &[(String, Tensor)], replica: &Replica) -> Result<Vec<(String, Tensor)>> {
+    pub fn state_piece<H: Holder>(&self, i: usize, state: &[(String, Tensor)], replica: &H) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for pc in &self.pieces[i] {
-            let (name, p) = &replica.params[pc.param];
+            let (name, p) = &replica.params()[pc.param];
             let prefix = format!("{name}.");
             for (k, t) in state.iter().filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('.')) {
                 if t.numel() != p.numel() {
@@ -415,7 +423,7 @@ fn cut(t: &Tensor, pc: &Piece) -> Result<Tensor> {
 
 /// A copy of `t` in memory of its own (what `state_dict` returns under ZeRO-3, whose
 /// parameters are released after it).
-pub(super) fn copy_of(t: &Tensor) -> Result<Tensor> {
+pub(crate) fn copy_of(t: &Tensor) -> Result<Tensor> {
     if t.numel() == 0 {
         return Ok(t.clone());
     }

@@ -378,6 +378,11 @@ impl Pipeline {
         self.stages.iter().flat_map(|s| s.slot_params()).map(trained).collect()
     }
 
+    /// The stages this process holds.
+    pub(crate) fn stage_list(&self) -> &[Stage] {
+        &self.stages
+    }
+
     /// Every device's optimizer, for the update, with its trace track.
     pub(crate) fn parts(&mut self) -> Vec<Part<'_>> {
         self.stages.iter_mut().enumerate().flat_map(|(i, s)| s.parts(i)).collect()

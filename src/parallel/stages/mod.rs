@@ -101,21 +101,31 @@ impl Stage {
     }
     /// The optimizers' state under the parameters' names and whole shapes, and the step count.
     fn opt_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
+        self.opt_state_of(self.opts.iter().map(|o| o.state()).collect())
+    }
+    /// As `opt_state`, from `per[i]`, device `i`'s state (one per device of the stage).
+    pub(crate) fn opt_state_of(&self, per: Vec<(Vec<(String, Tensor)>, u64)>) -> Result<(Vec<(String, Tensor)>, u64)> {
         match &self.group {
-            Some((placed, _)) => placed.optimizer_state(&self.opts),
-            None => Ok(self.opts[0].state()),
+            Some((placed, _)) => placed.gather_states(per),
+            None => per.into_iter().next().ok_or_else(|| Error::Msg("a stage without an optimizer".into())),
+        }
+    }
+    /// Each of the stage's devices' part of a whole model's optimizer state (whole, for a
+    /// stage of one device: its optimizer picks its own names).
+    pub(crate) fn opt_state_slices(&self, state: &[(String, Tensor)]) -> Result<Vec<Vec<(String, Tensor)>>> {
+        match &self.group {
+            Some((placed, d)) => {
+                let mine: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| placed.owner(n).is_some()).cloned().collect();
+                placed.slice_states(d.len(), &mine)
+            }
+            None => Ok(vec![state.to_vec()]),
         }
     }
     /// Restores this stage's part of a whole model's optimizer state (other stages' names are
     /// left for them).
     fn load_opt_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
-        match &self.group {
-            Some((placed, _)) => {
-                let mine: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| placed.owner(n).is_some()).cloned().collect();
-                placed.load_optimizer_state(&mut self.opts, &mine, steps)
-            }
-            None => self.opts[0].load_state(state, steps),
-        }
+        let slices = self.opt_state_slices(state)?;
+        self.opts.iter_mut().zip(slices).try_for_each(|(o, s)| o.load_state(&s, steps))
     }
 }
 

@@ -204,6 +204,12 @@ impl Replica for TensorParallelGpt {
     fn optimizers(&mut self) -> Vec<(&mut Box<dyn Optimizer>, &Device, Option<String>)> {
         super::optimizers(&mut self.opts, &self.run.devices)
     }
+    fn state_of_slots(&self, per_slot: Vec<(Vec<(String, Tensor)>, u64)>) -> Result<(Vec<(String, Tensor)>, u64)> {
+        self.placed.gather_states(per_slot)
+    }
+    fn slots_of_state(&self, state: &[(String, Tensor)]) -> Result<Vec<Vec<(String, Tensor)>>> {
+        self.placed.slice_states(self.run.devices.len(), state)
+    }
 }
 
 

@@ -142,7 +142,12 @@ impl Placed {
     /// The optimizers' state (`opts[i]` over device `i`'s parameters), each gathered like its
     /// parameter, and the step count.
     pub fn optimizer_state(&self, opts: &[Box<dyn Optimizer>]) -> Result<(Vec<(String, Tensor)>, u64)> {
-        let per: Vec<_> = opts.iter().map(|o| o.state()).collect();
+        self.gather_states(opts.iter().map(|o| o.state()).collect())
+    }
+
+    /// `per[i]`, device `i`'s optimizer state (its own optimizer's, or assembled from a data
+    /// axis's shards of it), each entry gathered like its parameter; the step count.
+    pub fn gather_states(&self, per: Vec<(Vec<(String, Tensor)>, u64)>) -> Result<(Vec<(String, Tensor)>, u64)> {
         let mut out = Vec::new();
         for (name, _) in &per[0].0 {
             let l = self.owner(name).ok_or_else(|| Error::Msg(format!("optimizer state {name} names no parameter")))?;
@@ -155,17 +160,27 @@ impl Placed {
 
     /// Gives each optimizer its devices' slices of an unsplit optimizer state.
     pub fn load_optimizer_state(&self, opts: &mut [Box<dyn Optimizer>], state: &[(String, Tensor)], steps: u64) -> Result<()> {
-        for (i, opt) in opts.iter_mut().enumerate() {
-            let mut mine = Vec::new();
-            for (name, t) in state {
-                match self.owner(name) {
-                    Some(l) if i < l.parts.len() => mine.push((name.clone(), l.slice(t, i)?)),
-                    Some(_) => {}
-                    None => return Err(Error::invalid("load_optimizer_state", format!("{name} names no parameter of the model"))),
-                }
-            }
+        let slices = self.slice_states(opts.len(), state)?;
+        for (opt, mine) in opts.iter_mut().zip(slices) {
             opt.load_state(&mine, steps)?;
         }
         Ok(())
+    }
+
+    /// Each of `devices` devices' slices of an unsplit optimizer state, in device order.
+    pub fn slice_states(&self, devices: usize, state: &[(String, Tensor)]) -> Result<Vec<Vec<(String, Tensor)>>> {
+        (0..devices)
+            .map(|i| {
+                let mut mine = Vec::new();
+                for (name, t) in state {
+                    match self.owner(name) {
+                        Some(l) if i < l.parts.len() => mine.push((name.clone(), l.slice(t, i)?)),
+                        Some(_) => {}
+                        None => return Err(Error::invalid("load_optimizer_state", format!("{name} names no parameter of the model"))),
+                    }
+                }
+                Ok(mine)
+            })
+            .collect()
     }
 }

@@ -3,12 +3,16 @@
 //! of T shards), replica r on the row of devices `r·W .. (r+1)·W`. Each replica runs its share
 //! of the batch; slot s's gradients are all-reduced over the R devices that hold slot s (one
 //! [`Communicator`] per slot); then one global-norm clip over the whole model and one update
-//! per replica, so the replicas stay identical.
+//! per replica, so the replicas stay identical. With [`DataGrid::shard`] the data axis runs
+//! ZeRO-1/2/3 instead of the all-reduce (`zero.rs`).
+mod zero;
+
 use super::comm::{self, Communicator, ReduceKind};
+use super::data_parallel::shard::copy_of;
 use super::replica::Replica;
 use super::split;
 use super::step::{NormOver, Part, StepCore};
-use super::{Pipeline, StepReport, Strategy};
+use super::{DataParallelConfig, OptimConfig, Pipeline, Shard, StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;
 use crate::nn::Module;
@@ -47,6 +51,8 @@ pub struct DataGrid<R: Replica> {
     /// `comms[s]` spans slot s's device in every replica, in replica order.
     comms: Vec<Box<dyn Communicator>>,
     weights: Option<Vec<f64>>,
+    /// The data axis's sharded state (ZeRO), when it shards.
+    zero: Option<zero::Zero>,
     /// The grid's clipping bound, learning rate, trace and step count; the replicas take the
     /// trace and the step count from it.
     run: StepCore,
@@ -142,7 +148,7 @@ impl<R: Replica> DataGrid<R> {
         }
         let devices: Vec<Device> = replicas.iter().flat_map(|r| r.devices()).collect();
         let run = StepCore::new(replicas[0].core().loss.clone(), &devices);
-        Ok(DataGrid { replicas, comms, weights: None, run })
+        Ok(DataGrid { replicas, comms, weights: None, zero: None, run })
     }
 
     /// Shares of the batch in proportion to `weights`, one per replica (of every process,
@@ -154,6 +160,62 @@ impl<R: Replica> DataGrid<R> {
         }
         self.weights = Some(weights);
         Ok(self)
+    }
+
+    /// Shards the data axis's training state as `cfg.shard` says (ZeRO-1, 2 or 3 over the
+    /// devices that hold each slot; [`Shard::None`] leaves the all-reduce), in buckets of
+    /// `cfg.bucket_bytes`, gradient shards kept in `cfg.grad_dtype`, each device's pieces
+    /// updated by an optimizer of `opt` (the replicas' own optimizers then hold no state). The
+    /// options of one-device replicas (deterministic mode, calibration, micro-batches, split
+    /// weights: use [`DataGrid::split_weights`]) are refused. A collective across processes.
+    ///
+    /// On a grid the reduction runs after backward, so ZeRO-1 and ZeRO-2 do the same work
+    /// (each device keeps its block of the reduced gradients), and ZeRO-3 gathers a slot's
+    /// parameters for a whole step, releasing them between steps.
+    ///
+    /// ```
+    /// # fn main() -> tandem::Result<()> {
+    /// use std::sync::Arc;
+    /// use tandem::parallel::{DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Shard, Split, Stages, Strategy};
+    /// let dev = || tandem::Device::from_backend(Arc::new(tandem::backend::cpu::CpuBackend::new()));
+    /// let model = tandem::nn::models::SeedModel::Cnn.build(0, &dev())?;
+    /// let opt = OptimConfig::adam(Default::default());
+    /// let pipe = |d: &[tandem::Device]| Pipeline::builder(Stages::Split(&model, Split::At(vec![6])), d, &opt, Loss::CrossEntropy).build();
+    /// let cfg = DataParallelConfig { shard: Shard::Grads, ..Default::default() };
+    /// let mut grid = PipelineGrid::from_factory(&[dev(), dev(), dev(), dev()], 2, pipe)?.shard(&cfg, &opt)?;
+    /// let data = tandem::data::synthetic::seed_images(8, 0)?;
+    /// assert!(grid.step(&data.batch(&[0, 1, 2, 3, 4, 5, 6, 7])?)?.loss.is_finite());
+    /// # Ok(()) }
+    /// ```
+    pub fn shard(mut self, cfg: &DataParallelConfig, opt: &OptimConfig) -> Result<Self> {
+        zero::check_config(cfg)?;
+        if self.zero.is_some() {
+            return Err(Error::invalid("DataGrid::shard", "the grid is sharded already"));
+        }
+        if cfg.shard != Shard::None {
+            self.zero = Some(zero::Zero::new(cfg, &self.replicas, &self.comms, opt)?);
+        }
+        Ok(self)
+    }
+
+    /// How the data axis shards the training state ([`Shard::None`]: all-reduced, every
+    /// replica holding it all).
+    pub fn shard_mode(&self) -> Shard {
+        self.zero.as_ref().map_or(Shard::None, |z| z.mode)
+    }
+
+    /// Each local device's optimizer-state bytes, replica-major (a replica's devices in slot
+    /// order): under ZeRO only its pieces' state.
+    pub fn optimizer_state_bytes(&mut self) -> Vec<u64> {
+        let bytes = |o: &dyn crate::optim::Optimizer| o.state().0.iter().map(|(_, t)| t.numel() as u64 * t.dtype().size() as u64).sum::<u64>();
+        match &self.zero {
+            Some(z) => {
+                let per_slot = z.state_bytes();
+                let slots = self.replicas[0].devices().len();
+                (0..self.replicas.len()).flat_map(|r| (0..slots).map(move |s| (r, s))).map(|(r, s)| per_slot[s].get(r).copied().unwrap_or(0)).collect()
+            }
+            None => self.replicas.iter_mut().flat_map(|r| r.optimizers().into_iter().map(|(o, _, _)| bytes(&**o)).collect::<Vec<_>>()).collect(),
+        }
     }
 
     /// The replicas, in order.
@@ -267,6 +329,11 @@ impl<R: Replica + 'static> Strategy for DataGrid<R> {
         // Every replica must cut the model where replica 0 does, or stage s's gradients differ
         // in length across the replicas; timed apart (and on a loaded machine) they can disagree.
         align_cuts(&mut self.replicas, Some(&parts[0]))?;
+        let tg = Instant::now();
+        if let Some(z) = self.zero.as_ref().filter(|z| z.mode == Shard::Full) {
+            z.gather(&self.comms)?;
+        }
+        let mut comm_s = tg.elapsed().as_secs_f64();
         for r in &mut self.replicas {
             let core = r.core_mut();
             core.trace = self.run.trace.clone();
@@ -286,15 +353,39 @@ impl<R: Replica + 'static> Strategy for DataGrid<R> {
             losses.push(r.map_err(|e| e.in_worker(kind, i, &self.replicas[i].devices()[0]))?);
         }
         let tc = Instant::now();
-        self.all_reduce_grads()?;
-        let comm_s = tc.elapsed().as_secs_f64();
-        // After the all-reduce every replica holds the same gradients: replica 0's norm is the
-        // whole model's, each parameter counted once, and every replica takes the same scale.
-        let counted = self.replicas[0].slot_params().concat();
-        let parts = self.replicas.iter_mut().flat_map(|r| r.optimizers()).map(|(opt, device, track)| Part { opt, device, track }).collect();
-        let (grad_norm, _) = self.run.update(NormOver::Params(&counted), None, parts, None)?;
+        let (first, world) = self.world();
+        let grad_norm = match &mut self.zero {
+            Some(z) => {
+                z.reduce(&self.comms)?;
+                comm_s += tc.elapsed().as_secs_f64();
+                // Every element of the model's gradient is in exactly one piece: the norm sums
+                // the pieces, over every process.
+                let comm = &*self.comms[0];
+                let across = |sq: f64| Ok(f64::from(comm.sum_by_index(vec![(first, vec![sq as f32])])?[0]));
+                let reduce = (world > self.replicas.len()).then_some(&across as &dyn Fn(f64) -> Result<f64>);
+                let (norm, _) = self.run.update(NormOver::Parts, reduce, z.parts(), None)?;
+                let tu = Instant::now();
+                z.updated(&self.comms)?;
+                comm_s += tu.elapsed().as_secs_f64();
+                norm
+            }
+            None => {
+                self.all_reduce_grads()?;
+                comm_s += tc.elapsed().as_secs_f64();
+                // After the all-reduce every replica holds the same gradients: replica 0's norm
+                // is the whole model's, each parameter counted once, and every replica takes
+                // the same scale.
+                let counted = self.replicas[0].slot_params().concat();
+                let parts = self.replicas.iter_mut().flat_map(|r| r.optimizers()).map(|(opt, device, track)| Part { opt, device, track }).collect();
+                self.run.update(NormOver::Params(&counted), None, parts, None)?.0
+            }
+        };
         for r in &mut self.replicas {
             r.updated(self.run.step)?;
+        }
+        if let Some(z) = &self.zero {
+            // After the tied copies took their primaries' values.
+            z.release()?;
         }
         let mut reports: Vec<StepReport> = self.replicas.iter_mut().zip(&losses).map(|(r, &loss)| r.share_report(loss, grad_norm, t0)).collect();
         let mut report = reports.swap_remove(0);
@@ -303,27 +394,56 @@ impl<R: Replica + 'static> Strategy for DataGrid<R> {
             report.comm_s += r.comm_s;
             report.peak_memory.extend(&r.peak_memory);
         }
-        let (first, world) = self.world();
         report.loss = if world > self.replicas.len() { self.comms[0].sum_by_index(vec![(first, vec![losses.iter().sum()])])?[0] } else { losses.iter().sum() };
         report.comm_s += comm_s;
         report.wall_s = t0.elapsed().as_secs_f64();
         Ok(report)
     }
     fn predict(&self, x: &Tensor) -> Result<Tensor> {
-        self.replicas[0].predict(x)
+        match &self.zero {
+            Some(z) => z.with_full(&self.comms, || self.replicas[0].predict(x)),
+            None => self.replicas[0].predict(x),
+        }
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        self.replicas[0].state_dict()
+        match &self.zero {
+            // Copies: the live parameters are released again after.
+            Some(z) if z.mode == Shard::Full => z.with_full(&self.comms, || self.replicas[0].state_dict()?.into_iter().map(|(n, t)| Ok((n, copy_of(&t)?))).collect()),
+            Some(_) | None => self.replicas[0].state_dict(),
+        }
     }
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.replicas.iter_mut().try_for_each(|r| r.load_state_dict(state))
+        if let Some(z) = &self.zero {
+            z.restore()?;
+        }
+        self.replicas.iter_mut().try_for_each(|r| r.load_state_dict(state))?;
+        match &self.zero {
+            Some(z) => {
+                z.refresh()?;
+                z.release()
+            }
+            None => Ok(()),
+        }
     }
     fn optimizer_state(&self) -> Result<(Vec<(String, Tensor)>, u64)> {
-        self.replicas[0].optimizer_state()
+        match &self.zero {
+            Some(z) => z.optimizer_state(&self.replicas[0], &self.comms),
+            None => self.replicas[0].optimizer_state(),
+        }
     }
     fn load_optimizer_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
         self.run.step = steps;
-        self.replicas.iter_mut().try_for_each(|r| r.load_optimizer_state(state, steps))
+        match &mut self.zero {
+            Some(z) => {
+                z.load_optimizer_state(&self.replicas[0], state, steps)?;
+                self.replicas.iter_mut().for_each(|r| r.core_mut().step = steps);
+                Ok(())
+            }
+            None => self.replicas.iter_mut().try_for_each(|r| r.load_optimizer_state(state, steps)),
+        }
+    }
+    fn state_is_collective(&self) -> bool {
+        self.zero.is_some() && self.world().1 > self.replicas.len()
     }
     fn modules(&self) -> Vec<&dyn Module> {
         self.replicas.iter().flat_map(|r| r.modules()).collect()
