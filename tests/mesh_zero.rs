@@ -186,3 +186,31 @@ fn what_a_grid_does_not_shard_is_an_error() {
         assert!(e.to_string().contains(want) && e.to_string().contains("DataGrid::shard"), "{e}");
     }
 }
+
+/// `--shard` on the data axis of `data,pipeline --tensor 2` and `data,tensor` (GPT, dropout
+/// on; ZeRO-3 with bf16 gradient shards too) and of a seed model's `data,tensor` trains to one
+/// device's losses; `--shard` with a layout that has no data axis is a usage error naming it.
+#[test]
+fn the_command_line_shards_the_data_axis_of_every_layout() {
+    let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "3", "--dropout", "0.1"];
+    let losses = |extra: &[&str]| common::logged_losses(&[&args[..], extra].concat());
+    let single = losses(&["--devices", "cpu"]);
+    assert_eq!(single.len(), 3, "{single:?}");
+    let eight = ["--devices", "cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu"];
+    for (what, extra) in [
+        ("data 2 x tensor 2 x pipeline 2, ZeRO-2", vec!["--strategy", "data,pipeline", "--pipelines", "2", "--tensor", "2", "--shard", "grads"]),
+        ("data 2 x tensor 2 x pipeline 2, ZeRO-3", vec!["--strategy", "data,pipeline", "--pipelines", "2", "--tensor", "2", "--shard", "full"]),
+        ("data 4 x tensor 2, ZeRO-1", vec!["--strategy", "data,tensor", "--tensor", "2", "--shard", "optimizer"]),
+    ] {
+        assert_close(what, &losses(&[&extra[..], &eight[..]].concat()), &single, 0.0, 1e-5);
+    }
+    // bf16 gradient shards round each reduced gradient once: close, not equal.
+    let half = losses(&["--strategy", "data,tensor", "--tensor", "2", "--shard", "full", "--grad-dtype", "bf16", "--devices", "cpu,cpu,cpu,cpu"]);
+    assert_close("data 2 x tensor 2, ZeRO-3, bf16 gradient shards", &half, &single, 0.0, 2e-2);
+    let seed = ["train", "--model", "seed-two-layer", "--data", "synthetic", "--batch", "8", "--steps", "2"];
+    let seed_losses = |extra: &[&str]| common::logged_losses(&[&seed[..], extra].concat());
+    let alone = seed_losses(&["--devices", "cpu"]);
+    let sharded = seed_losses(&["--strategy", "data,tensor", "--tensor", "2", "--shard", "grads", "--devices", "cpu,cpu,cpu,cpu"]);
+    assert_close("seed two-layer, data 2 x tensor 2, ZeRO-2", &sharded, &alone, 0.0, 1e-5);
+    common::fails(&[&args[..], &["--strategy", "pipeline", "--shard", "grads", "--devices", "cpu,cpu"]].concat(), "--strategy pipeline has none");
+}

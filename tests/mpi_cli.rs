@@ -155,9 +155,9 @@ fn sharded_checkpoints_resume_under_another_rank_count_and_mode() {
 }
 
 /// `--strategy data,tensor` under 2 processes (a tensor group of 2 inside each, data
-/// parallelism across them through host memory) trains the one-process, one-device losses; its
-/// checkpoint resumes alone under `--strategy single` and a one-device checkpoint under the
-/// mesh, both on the uninterrupted curve.
+/// parallelism across them through host memory), plain and with ZeRO-3 on the data axis,
+/// trains the one-process, one-device losses; its checkpoint resumes alone under `--strategy
+/// single` and a one-device checkpoint under the mesh, all on the uninterrupted curve.
 #[test]
 fn tensor_groups_inside_processes_with_data_across() {
     let gpt = |steps: &str, extra: &[&str]| -> Vec<String> {
@@ -170,7 +170,11 @@ fn tensor_groups_inside_processes_with_data_across() {
     let whole = losses(&json_lines(tandem(1, &strs(&gpt("6", alone)))));
     assert_eq!(whole.len(), 6);
     assert_curve("GPT, data 2 x tensor 2 over 2 processes", &losses(&json_lines(tandem(2, &strs(&gpt("6", mesh))))), &whole, false);
-    for (first, np_first, then, np_then) in [(mesh, 2, alone, 1), (alone, 1, mesh, 2)] {
+    // ZeRO-3 on the data axis across the processes: each tensor shard's state sharded over the
+    // two ranks that hold it.
+    let zero3: &[&str] = &["--strategy", "data,tensor", "--tensor", "2", "--shard", "full", "--devices", "cpu,cpu,cpu,cpu"];
+    assert_curve("GPT, data 2 (ZeRO-3) x tensor 2 over 2 processes", &losses(&json_lines(tandem(2, &strs(&gpt("6", zero3))))), &whole, false);
+    for (first, np_first, then, np_then) in [(mesh, 2, alone, 1), (alone, 1, mesh, 2), (zero3, 2, alone, 1), (alone, 1, zero3, 2)] {
         let dir = TempDir::new();
         let ckpt = dir.0.join("ckpt");
         let ckpt = ckpt.to_str().unwrap();

@@ -25,7 +25,7 @@ use tandem::data::{Batch, RandomWindows, Tokenizer, WindowLoader, WindowPool};
 use tandem::nn::models::{Gpt, GptConfig, StateShards};
 use tandem::nn::Module;
 use tandem::optim::LrSchedule;
-use tandem::parallel::{DataGrid, DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Shard, Single, Stages, Strategy, TensorParallelGpt};
+use tandem::parallel::{DataGrid, DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
 use tandem::train::MeanLoss;
 use tandem::{Device, Error, Result, Tensor};
 
@@ -191,7 +191,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let mut strategy = if ranks.many() && args.strategy == StrategyKind::DataTensor {
         let tensor = setup::tensor_groups(args.tensor, args.strategy, &devices, true)?;
         let groups = devices.chunks(tensor).map(|row| TensorParallelGpt::new(gpt_on(args, cfg)(&row[0])?, row, &optim, Loss::CrossEntropy)).collect::<Result<Vec<_>>>()?;
-        ranks.grid(groups)?
+        ranks.grid(groups, &setup::grid_config(args.shard, args.bucket_size, setup::grad_dtype(args)?), &optim)?
     } else if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
         let dp = match &planned {
@@ -321,9 +321,8 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
         return Err(Error::invalid("--pipelines", "needs --strategy data,pipeline"));
     }
     let tensor = setup::tensor_groups(args.tensor, kind, devices, false)?;
-    if args.shard != Shard::None && kind != StrategyKind::Data {
-        return Err(Error::invalid("--shard", format!("shards data parallelism's state; --strategy {kind:?} has none to shard (use --strategy data)")));
-    }
+    setup::check_shard(args.shard, kind)?;
+    let grid_cfg = setup::grid_config(args.shard, args.bucket_size, setup::grad_dtype(args)?);
     if matches!(kind, StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data) {
         // The whole model trains on each device: refuse before drawing a weight what cannot fit.
         let shards = match kind {
@@ -363,13 +362,13 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
                 let what = format!("--batch {} does not split into {rows} pipelines of {micro_batches} equal micro-batches", args.batch);
                 return Err(Error::invalid("--micro-batches", what));
             }
-            Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches, tensor))?))
+            Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches, tensor))?.shard(&grid_cfg, optim)?))
         }
         StrategyKind::DataTensor => {
             if micro_batches != 1 || args.deterministic {
                 return Err(Error::invalid("--strategy data,tensor", "runs each group's share at once: --micro-batches and --deterministic do not apply"));
             }
-            let mesh = DataGrid::from_factory(devices, devices.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, optim, Loss::CrossEntropy))?;
+            let mesh = DataGrid::from_factory(devices, devices.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, optim, Loss::CrossEntropy))?.shard(&grid_cfg, optim)?;
             Ok(Box::new(match weights {
                 Some(w) => mesh.split_weights(setup::group_weights(&w, tensor))?,
                 None => mesh,

@@ -238,9 +238,10 @@ pub struct TrainArgs {
     /// cost in speed; layer splits (model, pipeline) fixed by parameter bytes, not timings.
     #[arg(long)]
     pub deterministic: bool,
-    /// Shard data parallelism's training state over the devices: `optimizer` (ZeRO-1),
-    /// `grads` (ZeRO-2: gradients and optimizer state), `full` (ZeRO-3: parameters too).
-    /// Needs --strategy data (or auto on several devices).
+    /// Shard the training state over the data axis: `optimizer` (ZeRO-1), `grads` (ZeRO-2:
+    /// gradients and optimizer state), `full` (ZeRO-3: parameters too). Needs a data axis:
+    /// --strategy data (or auto on several devices), data,tensor or data,pipeline, where each
+    /// stage's or shard's state is sharded over the replicas that hold it.
     #[arg(long, value_name = "MODE", default_value = "none")]
     pub shard: tandem::parallel::Shard,
     /// Gradient bytes per data-parallel bucket (PyTorch DDP's `bucket_cap_mb`): smaller ones

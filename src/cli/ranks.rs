@@ -63,9 +63,9 @@ impl Ranks {
 
     /// Data parallelism across the processes over this rank's `replicas` (tensor-parallel
     /// groups inside the process), each rank training its replicas' shares of every global
-    /// batch (`DataGrid::across`).
-    pub fn grid<R: tandem::parallel::Replica + 'static>(&self, replicas: Vec<R>) -> Result<Box<dyn Strategy>> {
-        Ok(Box::new(tandem::parallel::DataGrid::across(replicas, &self.group)?))
+    /// batch (`DataGrid::across`), its data axis sharded as `cfg` says (`DataGrid::shard`).
+    pub fn grid<R: tandem::parallel::Replica + 'static>(&self, replicas: Vec<R>, cfg: &DataParallelConfig, optim: &OptimConfig) -> Result<Box<dyn Strategy>> {
+        Ok(Box::new(tandem::parallel::DataGrid::across(replicas, &self.group)?.shard(cfg, optim)?))
     }
 
     /// Data parallelism over this rank's `devices` and every other rank's, through NCCL across

@@ -76,9 +76,7 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
         StrategyKind::Auto => StrategyKind::Data,
         k => k,
     };
-    if plan.shard != Shard::None && kind != StrategyKind::Data {
-        return Err(Error::invalid("--shard", format!("shards data parallelism's state; --strategy {kind:?} has none to shard (use --strategy data)")));
-    }
+    check_shard(plan.shard, kind)?;
     let tensor = tensor_groups(plan.tensor, kind, &plan.devices, false)?;
     match kind {
         // `Auto` was resolved to Single or Data above.
@@ -113,13 +111,28 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
         StrategyKind::DataPipeline => Err(Error::invalid("--strategy", "data,pipeline is written for --model gpt; use data or pipeline for the seed models")),
         StrategyKind::DataTensor => {
             no_micro_batches(&plan, "data,tensor")?;
-            let mesh = Parallel::data_tensor(|_| Ok(&plan.model), &plan.devices, tensor, &plan.optim, plan.loss.clone());
+            let mesh = Parallel::data_tensor(|_| Ok(&plan.model), &plan.devices, tensor, &plan.optim, plan.loss.clone()).data_config(grid_config(plan.shard, plan.bucket_bytes, plan.grad_dtype));
             Ok(match plan.weights.clone() {
                 Some(w) => mesh.split_weights(group_weights(&w, tensor)).boxed()?,
                 None => mesh.boxed()?,
             })
         }
     }
+}
+
+/// `--shard` shards the state of a data axis: `data`, `data,tensor` and `data,pipeline` have one.
+pub(super) fn check_shard(shard: Shard, kind: StrategyKind) -> Result<()> {
+    if shard != Shard::None && !matches!(kind, StrategyKind::Data | StrategyKind::DataTensor | StrategyKind::DataPipeline) {
+        let name = format!("{kind:?}").to_lowercase();
+        return Err(Error::invalid("--shard", format!("shards the state of a data axis; --strategy {name} has none (use data, data,tensor or data,pipeline)")));
+    }
+    Ok(())
+}
+
+/// What a grid's data axis (`data,tensor`, `data,pipeline`) takes of the data-parallel flags:
+/// `--shard`, `--bucket-size` and `--grad-dtype`.
+pub(super) fn grid_config(shard: Shard, bucket_bytes: usize, grad_dtype: tandem::DType) -> DataParallelConfig {
+    DataParallelConfig { shard, bucket_bytes, grad_dtype, ..Default::default() }
 }
 
 /// The group size of `--strategy data,tensor` (`--tensor`, 2 by default), or of the pipelines'

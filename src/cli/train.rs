@@ -88,7 +88,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let strategy = if ranks.many() && args.strategy == StrategyKind::DataTensor {
         let tensor = setup::tensor_groups(args.tensor, args.strategy, &devices, true)?;
         let groups = devices.chunks(tensor).map(|row| TensorParallel::new(&model, row, &optim, loss.clone())).collect::<Result<Vec<_>>>()?;
-        ranks.grid(groups)?
+        ranks.grid(groups, &setup::grid_config(args.shard, args.bucket_size, setup::grad_dtype(args)?), &optim)?
     } else if ranks.many() {
         let cfg = match &planned {
             Some(p) => super::plan::job_config(p, args),
