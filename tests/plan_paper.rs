@@ -83,8 +83,10 @@ fn plan_paper(name: &str, shape: &[&str]) -> (Plan, String) {
 const XL: [&str; 14] = ["--model", "gpt", "--data", "text", "--n-layer", "48", "--n-embd", "1600", "--n-head", "25", "--block-size", "1024", "--batch", "8"];
 
 /// GPT-2 XL's shape: 1.5 billion parameters with Adam's state (24 GB in f32) do not fit one
-/// 8 GB M60, so the plan splits the model or shards its state, with a layout tandem builds for
-/// this GPT (25 heads split over no group of 2 or 4 devices), within 85% of each M60.
+/// 8 GB M60, so the plan splits the model within 85% of each M60 (25 heads split over no
+/// group of 2 or 4 devices); a layout that combines axes (data over pipelines, ZeRO on the data
+/// axis) is within 5% of the best, and builds at a scaled-down width (48 blocks of 50
+/// features, 25 heads) on 8 CPU devices and trains as one.
 #[test]
 fn gpt2_xl_on_a_paper_cluster_is_planned_from_a_reduced_measurement() {
     let (plan, printed) = plan_paper("xl", &XL);
@@ -96,6 +98,35 @@ fn gpt2_xl_on_a_paper_cluster_is_planned_from_a_reduced_measurement() {
     assert!(printed.contains("Megatron-LM's rule"), "{printed}");
     let peak: u64 = plan.best.memory.iter().copied().max().unwrap_or(0);
     assert!(peak > 1 << 30 && peak as f64 <= 0.85 * (8u64 << 30) as f64, "peak {peak} B per M60:\n{printed}");
+    // Pipeline 8 and data 2 x pipeline 4 with ZeRO on the data axis are predicted within about
+    // 1% of each other, so which comes first follows this host's timings: the best layout
+    // that combines axes must be within 5% of the best, and build.
+    let combines = |e: &tandem::parallel::plan::Estimate| [e.layout.data > 1, e.layout.tensor > 1, e.layout.pipeline > 1].iter().filter(|a| **a).count() >= 2;
+    let combined = std::iter::once(&plan.best).chain(&plan.alternatives).find(|e| combines(e)).unwrap_or_else(|| panic!("no layout that combines axes among the best:\n{printed}")).clone();
+    assert!(combined.step_s <= 1.05 * plan.best.step_s, "{} at {} s against the best {} s:\n{printed}", combined.layout, combined.step_s, plan.best.step_s);
+    let shares = vec![plan.batch / combined.layout.data; combined.layout.data];
+    let small = GptConfig { n_layer: 48, n_head: 25, n_embd: 50, block_size: 16, vocab_size: 65, dropout: 0.0, bias: true };
+    trains_scaled_down(Plan { best: combined, shares, ..plan }, small);
+}
+
+/// `plan`'s layout, planned for the M60s, built through `Plan::build_gpt` for the GPT `small`
+/// on as many CPU devices, trains two AdamW steps as `Single` does (1e-5).
+fn trains_scaled_down(plan: Plan, small: GptConfig) {
+    let l = plan.best.layout.clone();
+    let gpt = |d: &Device| Gpt::new(small, 1, d);
+    let cpus = common::cpu_devices(l.devices());
+    let scaled = Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: cpus.iter().map(Device::spec).collect(), ..plan };
+    let adam = tandem::parallel::OptimConfig::adam(tandem::optim::AdamConfig::adamw());
+    let mut built = scaled.build_gpt(&gpt, &cpus, &adam).unwrap_or_else(|e| panic!("{l} at {} wide: {e}", small.n_embd));
+    assert_eq!(built.devices().len(), l.devices());
+    let mut single = tandem::parallel::Single::new(gpt(&Device::cpu()).unwrap(), &scaled.optim(&adam), tandem::parallel::Loss::CrossEntropy, &Device::cpu()).unwrap();
+    let mut rng = common::rng(3);
+    for step in 0..2 {
+        let ids: Vec<i32> = common::uniform(&mut rng, 2 * 8 * 16, 0.0, 64.0).iter().map(|&v| v as i32).collect();
+        let batch = tandem::data::Batch::tokens(ids[..128].to_vec(), ids[128..].to_vec(), 16, 65).unwrap();
+        let (a, b) = (built.step(&batch).unwrap().loss, single.step(&batch).unwrap().loss);
+        common::assert_close(&format!("{l} at {} wide, step {step}", small.n_embd), &[a], &[b], 0.0, 1e-5);
+    }
 }
 
 /// XL's size with 32 heads (which split over a server's four M60s): the plan puts tensor
@@ -111,18 +142,5 @@ fn a_combined_paper_layout_builds_and_trains_scaled_down_on_8_devices() {
     let axes = [l.data > 1, l.tensor > 1, l.pipeline > 1].iter().filter(|a| **a).count();
     assert!(axes >= 2 && l.tensor > 1 && l.tensor <= 4, "{l}: tensor parallelism inside a server of four, combined with another axis:\n{printed}");
     let small = GptConfig { n_layer: 48, n_head: 32, n_embd: 64, block_size: 16, vocab_size: 65, dropout: 0.0, bias: true };
-    let gpt = |d: &Device| Gpt::new(small, 1, d);
-    let cpus = common::cpu_devices(l.devices());
-    let scaled = Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: cpus.iter().map(Device::spec).collect(), ..plan };
-    let adam = tandem::parallel::OptimConfig::adam(tandem::optim::AdamConfig::adamw());
-    let mut built = scaled.build_gpt(&gpt, &cpus, &adam).unwrap_or_else(|e| panic!("{l} at 64 wide: {e}"));
-    assert_eq!(built.devices().len(), l.devices());
-    let mut single = tandem::parallel::Single::new(gpt(&Device::cpu()).unwrap(), &scaled.optim(&adam), tandem::parallel::Loss::CrossEntropy, &Device::cpu()).unwrap();
-    let mut rng = common::rng(3);
-    for step in 0..2 {
-        let ids: Vec<i32> = common::uniform(&mut rng, 2 * 8 * 16, 0.0, 64.0).iter().map(|&v| v as i32).collect();
-        let batch = tandem::data::Batch::tokens(ids[..128].to_vec(), ids[128..].to_vec(), 16, 65).unwrap();
-        let (a, b) = (built.step(&batch).unwrap().loss, single.step(&batch).unwrap().loss);
-        common::assert_close(&format!("{l} at 64 wide, step {step}"), &[a], &[b], 0.0, 1e-5);
-    }
+    trains_scaled_down(plan, small);
 }

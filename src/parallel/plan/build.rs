@@ -9,7 +9,7 @@ use crate::{Device, Error, Result};
 /// Why [`Plan::build`] cannot make layout `l` of `model` with the replicas' batch `shares`, or
 /// `None` when it can. Tensor parallelism shards a `Sequential`'s last two Linears over each
 /// group and combines with data parallelism over the groups, not with pipelines; recomputation exists in pipeline stages only;
-/// a pipeline's micro-batches divide each replica's share; sharding is `DataParallel`'s alone.
+/// a pipeline's micro-batches divide each replica's share; sharding needs a data axis.
 pub fn unbuildable(l: &Layout, shares: &[usize], model: &Sequential) -> Option<String> {
     if let Some(why) = shard_unbuildable(l) {
         return Some(why);
@@ -36,10 +36,17 @@ pub fn unbuildable(l: &Layout, shares: &[usize], model: &Sequential) -> Option<S
     None
 }
 
-/// Why the sharding of `l` cannot be built: `DataParallel` shards (ZeRO), a grid of pipelines
-/// does not.
+/// Why the sharding of `l` cannot be built: ZeRO shards over a data axis (`DataParallel`'s,
+/// or a grid's, [`DataGrid::shard`](crate::parallel::DataGrid::shard)), which a layout of
+/// one replica does not have.
 pub(super) fn shard_unbuildable(l: &Layout) -> Option<String> {
-    (l.shard != Shard::None && (l.tensor > 1 || l.pipeline > 1)).then(|| "sharding (--shard) is data parallelism's alone; it does not combine with tensor or pipeline parallelism".to_string())
+    (l.shard != Shard::None && l.data == 1).then(|| "sharding (--shard) needs a data axis of at least 2 replicas".to_string())
+}
+
+/// What a grid's data axis takes of layout `l` of plan `p`: its sharding, bucket size and
+/// gradient-shard type.
+pub(super) fn grid_config(p: &Plan, l: &Layout) -> DataParallelConfig {
+    DataParallelConfig { shard: l.shard, grad_dtype: p.grad_dtype_of(l), bucket_bytes: l.bucket_bytes() as usize, ..Default::default() }
 }
 
 /// What `TensorParallel::new` asks of a model: its last two layers with parameters are
@@ -96,7 +103,7 @@ impl Plan {
             }
             (1, _, 1) => Parallel::tensor(model, used, opt, loss).boxed(),
             (_, tensor, 1) => {
-                let mesh = Parallel::data_tensor(|_| Ok(model), used, tensor, opt, loss);
+                let mesh = Parallel::data_tensor(|_| Ok(model), used, tensor, opt, loss).data_config(grid_config(self, l));
                 match weights {
                     Some(w) => mesh.split_weights(w).boxed(),
                     None => mesh.boxed(),
@@ -111,7 +118,8 @@ impl Plan {
                 let grid = Parallel::grid(|_| Ok(Stages::Split(model, Split::At(l.cuts.clone()))), used, data, opt, loss)
                     .micro_batches(l.micro_batches)
                     .recompute(l.recompute)
-                    .schedule(Schedule::OneFOneB);
+                    .schedule(Schedule::OneFOneB)
+                    .data_config(grid_config(self, l));
                 match weights {
                     Some(w) => grid.split_weights(w).boxed(),
                     None => grid.boxed(),

@@ -140,14 +140,15 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             // One device accumulating micro-batches runs as data parallelism of one replica.
             let accumulates = l.micro_batches > 1 && l.tensor == 1 && l.pipeline == 1;
             let bucket = range.clone().map(largest).max().unwrap_or(0).max(l.bucket_bytes());
-            let state = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, (l.data, accumulates), bucket);
+            let grid = l.tensor > 1 || l.pipeline > 1;
+            let state = shard::state_bytes(params, states, work.grad_dtype.size() as u64, l.shard, (l.data, accumulates), bucket, grid);
             let bytes = state.saturating_add(activations.ceil() as u64).saturating_add(visiting);
             for t in 0..l.tensor {
                 memory[l.device(r, s, t)] = bytes;
             }
             if r == 0 {
                 let replicas: Vec<usize> = (0..l.data).map(|q| l.device(q, s, 0)).collect();
-                grad_sync = grad_sync.max(shard::sync_s(&cluster.group_link(&replicas), params as f64, l.shard, l.data, bucket));
+                grad_sync = grad_sync.max(shard::sync_s(&cluster.group_link(&replicas), params as f64, l.shard, l.data, bucket, grid));
             }
         }
         pipeline_s = pipeline_s.max(rounds * slowest);

@@ -12,7 +12,7 @@
 //! matrix twice also where one device holds both (an overestimate of `vocab x n_embd` floats).
 //! Tensor parallelism splits the blocks; the embeddings and the head, which
 //! `TensorParallelGpt` keeps on its first device, are costed as if every rank held them.
-use super::build::shard_unbuildable;
+use super::build::{grid_config, shard_unbuildable};
 use super::measure::measure_built;
 use super::reuse::{Calibration, Reuse};
 use super::{Cluster, Layout, Plan, Workload};
@@ -55,7 +55,7 @@ pub fn gpt_cuttable(n_layer: usize) -> impl Fn(usize) -> bool {
 /// (`TensorParallelGpt`, in a `DataGrid` or not) it takes whole batches without
 /// recomputation, inside a pipeline ([`Gpt::tensor_stages`]) the pipeline's micro-batches; a pipeline needs a block per stage and micro-batches dividing each replica's share;
 /// recomputation is per stage in a pipeline and per block ([`Gpt::set_recompute`]) without
-/// one; sharding is `DataParallel`'s alone.
+/// one; sharding needs a data axis.
 pub fn gpt_unbuildable(l: &Layout, shares: &[usize], cfg: &GptConfig) -> Option<String> {
     if let Some(why) = shard_unbuildable(l) {
         return Some(why);
@@ -123,7 +123,7 @@ impl Plan {
             }
             (_, tensor, 1) => {
                 drop(host);
-                let mesh = DataGrid::from_factory(used, used.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, opt, loss.clone()))?;
+                let mesh = DataGrid::from_factory(used, used.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, opt, loss.clone()))?.shard(&grid_config(self, l), opt)?;
                 Ok(Box::new(match weights {
                     Some(w) => mesh.split_weights(w)?,
                     None => mesh,
@@ -131,7 +131,7 @@ impl Plan {
             }
             (1, _, _) => Ok(Box::new(gpt_pipeline(&host, used, opt, l)?)),
             (data, _, _) => {
-                let grid = PipelineGrid::from_factory(used, data, |row| gpt_pipeline(&host, row, opt, l))?;
+                let grid = PipelineGrid::from_factory(used, data, |row| gpt_pipeline(&host, row, opt, l))?.shard(&grid_config(self, l), opt)?;
                 Ok(Box::new(match weights {
                     Some(w) => grid.split_weights(w)?,
                     None => grid,

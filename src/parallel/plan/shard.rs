@@ -49,7 +49,13 @@ pub const SMALL_BUCKETS: [u64; 3] = [4 << 20, 1 << 20, 256 << 10];
 /// devices (`tandem bench --bench memory --model gpt`) the allocators' peaks are about `5P`
 /// in every mode, activations included: sharding lowers what is held between steps far more
 /// than the peak at this size.
-pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shard, (data, accumulates): (usize, bool), bucket: u64) -> u64 {
+///
+/// On a grid (tensor or pipeline degree above 1) the data axis reduces after backward
+/// ([`DataGrid::shard`](crate::parallel::DataGrid::shard)): every sharding mode holds the full
+/// parameters and gradients through the step, and only the optimizer state (with the pieces
+/// it updates) is divided, ZeRO-1's `2P + states P / d`.
+pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shard, (data, accumulates): (usize, bool), bucket: u64, grid: bool) -> u64 {
+    let shard = if grid && shard != Shard::None { Shard::Optimizer } else { shard };
     // Saturating: a size past a u64 is no device's, never a wrapped small one.
     let (add, mul) = (u64::saturating_add, u64::saturating_mul);
     let d = data.max(1) as u64;
@@ -78,7 +84,11 @@ pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shar
 ///
 /// Each of the `ceil(params / bucket)` buckets is its own collective: the bandwidth term is the
 /// whole model's, the latency is paid per bucket.
-pub(super) fn sync_s(link: &Link, params: f64, shard: Shard, data: usize, bucket: u64) -> f64 {
+///
+/// On a grid every mode reduce-scatters and all-gathers (ZeRO-1 as ZeRO-2), ZeRO-3 gathering
+/// once more before forward.
+pub(super) fn sync_s(link: &Link, params: f64, shard: Shard, data: usize, bucket: u64, grid: bool) -> f64 {
+    let shard = if grid && shard == Shard::Optimizer { Shard::Grads } else { shard };
     let buckets = (params / bucket.max(1) as f64).ceil().max(1.0);
     buckets * sync_one(link, params / buckets, shard, data)
 }
