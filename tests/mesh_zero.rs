@@ -89,8 +89,8 @@ fn a_sequential_in_every_shard_mode_equals_single() {
 }
 
 /// data 2 × tensor 2 × pipeline 2 with ZeRO-2 on the data axis: the PyTorch GPT fixture's 10
-/// AdamW steps give PyTorch's losses, gradient norms and weights on CPU devices and on 8
-/// logical lavapipe devices.
+/// AdamW steps give PyTorch's losses, gradient norms and weights on CPU devices, on 8 logical
+/// lavapipe devices, and with one replica on CPU devices and the other on lavapipe.
 #[test]
 fn zero_2_on_data_tensor_pipeline_2x2x2_matches_pytorch() {
     let _guard = common::shared();
@@ -100,6 +100,16 @@ fn zero_2_on_data_tensor_pipeline_2x2x2_matches_pytorch() {
         host.load_state_dict(&fx.init(&devs[0])).unwrap();
         let mut grid = mesh(&host, &devs, 2, 2, 1, Shard::Grads, &fx.adamw()).unwrap();
         fx.check_steps(&mut grid, &format!("data 2 (ZeRO-2) x tensor 2 x pipeline 2 on {family}"));
+    }
+    // One replica on CPU devices, the other on lavapipe: the data axis spans two kernel
+    // families, whose replicas stay one model because every piece is all-gathered.
+    let families = common::device_families(4);
+    if let [(_, cpus), (gpu, wgpus)] = &families[..] {
+        let devs = [cpus.clone(), wgpus.clone()].concat();
+        let host = Gpt::new(fx.config(), 0, &devs[0]).unwrap();
+        host.load_state_dict(&fx.init(&devs[0])).unwrap();
+        let mut grid = mesh(&host, &devs, 2, 2, 1, Shard::Grads, &fx.adamw()).unwrap();
+        fx.check_steps(&mut grid, &format!("data 2 (ZeRO-2) over cpu and {gpu} x tensor 2 x pipeline 2"));
     }
 }
 
