@@ -86,13 +86,25 @@ impl<R: Replica> DataGrid<R> {
     /// ([`Hierarchical`](super::comm::Hierarchical), rank order), rank 0's replica 0
     /// initialises every replica, and each rank trains its replicas' shares of every global
     /// batch (every rank must be given the same batches). Megatron-LM's layout across servers:
-    /// tensor groups or pipelines inside a process, data parallelism across.
+    /// tensor groups or pipelines inside a process, data parallelism across. With the `nccl`
+    /// feature, where every rank's devices are CUDA GPUs, each slot's collectives go through
+    /// NCCL across the processes instead.
     pub fn across(replicas: Vec<R>, group: &crate::dist::Group) -> Result<Self> {
         let slots = replicas.first().map_or(0, |r| r.devices().len());
         let counts = group.all_gather_u64(&[replicas.len() as u64, slots as u64])?;
         if counts.iter().any(|c| c.as_slice() != counts[0].as_slice()) {
             let per: Vec<String> = counts.iter().enumerate().map(|(r, c)| format!("rank {r}: {c:?}")).collect();
             return Err(Error::invalid("DataGrid::across", format!("every rank must hold as many replicas of as many devices ([replicas, devices]: {})", per.join(", "))));
+        }
+        // NCCL only where every rank's devices are CUDA GPUs, decided together so that every
+        // rank takes the same branch; one communicator per slot.
+        #[cfg(feature = "nccl")]
+        {
+            let cuda = replicas.iter().flat_map(|r| r.devices()).all(|d| d.info().backend == crate::backend::BackendKind::Cuda);
+            if group.all_gather_u64(&[u64::from(cuda)])?.iter().all(|v| v.first() == Some(&1)) {
+                let comms = (0..slots).map(|s| Ok(Box::new(super::comm::Nccl::across(&column(&replicas, s), group)?) as Box<dyn Communicator>)).collect::<Result<Vec<_>>>()?;
+                return Self::with_communicators(replicas, comms);
+            }
         }
         let comms = (0..slots)
             .map(|s| Ok(Box::new(super::comm::Hierarchical::new(&column(&replicas, s), group.clone(), crate::dist::Order::Mpi)?) as Box<dyn Communicator>))
@@ -314,7 +326,10 @@ impl<R: Replica + 'static> Strategy for DataGrid<R> {
     }
     /// `DataGrid<Pipeline>` (which `PipelineGrid` names), `DataGrid<TensorParallelGpt>`, ...
     fn describe(&self) -> String {
-        format!("DataGrid<{}>", self.replicas[0].describe())
+        match self.shard_mode() {
+            Shard::None => format!("DataGrid<{}>", self.replicas[0].describe()),
+            mode => format!("DataGrid<{}>, shard {}", self.replicas[0].describe(), mode.name()),
+        }
     }
     fn check_batch_size(&self, n: usize) -> Result<()> {
         for (share, rep) in self.shares(n)?.into_iter().zip(&self.replicas) {
