@@ -24,7 +24,7 @@ fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
 }
 
 fn single_layout() -> Layout {
-    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None }
+    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None, data_inner: false }
 }
 
 #[test]

@@ -39,7 +39,7 @@ fn plan_of(devices: &[Device], layout: Layout, shares: Vec<usize>) -> Plan {
 }
 
 fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>) -> Layout {
-    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts, shard: Shard::None, offload: false, bucket: None }
+    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts, shard: Shard::None, offload: false, bucket: None, data_inner: false }
 }
 
 fn losses(s: &mut dyn Strategy) -> Vec<f32> {
@@ -283,6 +283,20 @@ fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
     let mut planned = cube.build_gpt(&gpt, &eight, &adam).unwrap();
     let mut by_hand = Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, 2, Some(&[1]))?)), &eight, 2, &adam, Loss::CrossEntropy).build().unwrap();
     assert_eq!(run(&mut *planned), run(&mut by_hand), "a data x tensor x pipeline plan differs from the grid built by hand");
+    // The same cube with ZeRO-2 on its data axis and the data axis inside the stages: each
+    // pipeline takes devices [0, 1, 4, 5] and [2, 3, 6, 7] (stage by stage, two replicas of
+    // a stage side by side), as the grid built by hand over those rows.
+    let inner = Layout { shard: Shard::Grads, data_inner: true, ..layout(2, 2, 2, 1, vec![2]) };
+    assert_eq!((0..2).flat_map(|s| (0..2).map(move |t| (s, t))).map(|(s, t)| inner.device(1, s, t)).collect::<Vec<_>>(), [2, 3, 6, 7]);
+    let cube = plan_on(&eight, inner.clone(), vec![2, 2]);
+    let mut planned = cube.build_gpt(&gpt, &eight, &adam).unwrap();
+    let rows: Vec<Device> = [0, 1, 4, 5, 2, 3, 6, 7].iter().map(|&i| eight[i].clone()).collect();
+    let placed: Vec<bool> = planned.devices().iter().zip(&rows).map(|(a, b)| a.same(b)).collect();
+    assert!(placed.iter().all(|&p| p), "{inner}: the grid's devices replica by replica are not [0, 1, 4, 5, 2, 3, 6, 7]: {placed:?}");
+    let stages = |row: &[Device]| Ok(Stages::Sharded(host.tensor_stages(row, 2, Some(&[1]))?));
+    let mut by_hand = Parallel::grid(stages, &rows, 2, &adam, Loss::CrossEntropy).shard(Shard::Grads).build().unwrap();
+    assert_eq!(planned.describe(), by_hand.describe());
+    assert_eq!(run(&mut *planned), run(&mut by_hand), "{inner}: the plan differs from the sharded grid built by hand");
     // What the GPT's strategies cannot make is refused with the reason.
     let odd_heads = GptConfig { n_head: 1, ..cfg };
     assert!(gpt_unbuildable(&layout(1, 2, 1, 1, vec![]), &[4], &odd_heads).unwrap().contains("n_head 1"));

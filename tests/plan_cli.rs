@@ -81,7 +81,7 @@ fn a_resumed_run_repeats_the_plan_its_checkpoint_recorded() {
     let devices = Device::parse("cpu,cpu").unwrap();
     // A layout no fresh plan would choose: a pipeline of 16 micro-batches of one sample.
     let mut p = Plan::load(&path, &devices).unwrap();
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None, offload: false, bucket: None };
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None, offload: false, bucket: None, data_inner: false };
     p.best.memory = vec![0, 0];
     p.shares = vec![16];
     let odd = dir.join("odd.json");
@@ -267,7 +267,7 @@ fn a_resumed_gpt_run_repeats_the_plan_its_checkpoint_recorded() {
     // A layout no fresh plan is likely to choose: a pipeline of 4 micro-batches of one window,
     // cut before the second block.
     let mut p = Plan::load(&path, &Device::parse("cpu,cpu").unwrap()).unwrap();
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 4, recompute: false, cuts: vec![2], shard: Shard::None, offload: false, bucket: None };
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 4, recompute: false, cuts: vec![2], shard: Shard::None, offload: false, bucket: None, data_inner: false };
     p.best.memory = vec![0, 0];
     p.shares = vec![4];
     let odd = dir.join("odd.json");

@@ -52,7 +52,7 @@ fn the_planner_refuses_figures_out_of_bounds_and_sizes_saturate() {
     let err = plan(&work(huge.clone()), &cluster).unwrap_err().to_string();
     assert!(err.contains("param_bytes") && err.contains(&u64::MAX.to_string()) && err.contains(&MAX_BYTES.to_string()), "{err}");
     // Called directly, the estimate's sizes saturate: no wrap into a small peak that fits.
-    let one = Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None };
+    let one = Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None, data_inner: false };
     assert_eq!(estimate(&work(huge.clone()), &cluster, &one).memory, vec![u64::MAX]);
     let sharded = Layout { data: 2, shard: Shard::Full, ..one };
     assert!(estimate(&work(huge), &cluster, &sharded).memory.iter().all(|m| *m > MAX_BYTES), "a sharded peak saturates too");
@@ -68,7 +68,7 @@ fn the_planner_refuses_figures_out_of_bounds_and_sizes_saturate() {
 /// A consistent plan of data parallelism over `cpu,cpu` at batch 16, as `tandem plan` would
 /// write it.
 fn cpu_plan() -> Plan {
-    let layout = Layout { data: 2, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None };
+    let layout = Layout { data: 2, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None, data_inner: false };
     let best = Estimate { layout, step_s: 1e-3, compute_s: 1e-3, comm_s: 0.0, bubble: 0.0, overhead_s: 0.0, memory: vec![1 << 20, 1 << 20] };
     Plan {
         model: String::new(),

@@ -98,9 +98,9 @@ fn gpt2_xl_on_a_paper_cluster_is_planned_from_a_reduced_measurement() {
     assert!(printed.contains("Megatron-LM's rule"), "{printed}");
     let peak: u64 = plan.best.memory.iter().copied().max().unwrap_or(0);
     assert!(peak > 1 << 30 && peak as f64 <= 0.85 * (8u64 << 30) as f64, "peak {peak} B per M60:\n{printed}");
-    // Pipeline 8 and data 2 x pipeline 4 with ZeRO on the data axis are predicted within about
-    // 1% of each other, so which comes first follows this host's timings: the best layout
-    // that combines axes must be within 5% of the best, and build.
+    // The layouts are costed from this host's timings, so their order can change with its
+    // load: the best layout that combines axes (data over pipelines, ZeRO on the data axis,
+    // the data axis inside the servers) must be within 5% of the best, and build.
     let combines = |e: &tandem::parallel::plan::Estimate| [e.layout.data > 1, e.layout.tensor > 1, e.layout.pipeline > 1].iter().filter(|a| **a).count() >= 2;
     let combined = std::iter::once(&plan.best).chain(&plan.alternatives).find(|e| combines(e)).unwrap_or_else(|| panic!("no layout that combines axes among the best:\n{printed}")).clone();
     assert!(combined.step_s <= 1.05 * plan.best.step_s, "{} at {} s against the best {} s:\n{printed}", combined.layout, combined.step_s, plan.best.step_s);

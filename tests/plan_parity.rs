@@ -28,7 +28,7 @@ fn plan_of(fx: &Fixture, devices: &[Device], layout: Layout, shares: Vec<usize>)
 }
 
 fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>, shard: Shard) -> Layout {
-    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts, shard, offload: false, bucket: None }
+    Layout { data, tensor, pipeline, micro_batches, recompute: false, cuts, shard, offload: false, bucket: None, data_inner: false }
 }
 
 /// `plan`'s strategy on `devices`, holding the fixture's initial weights, trained for the

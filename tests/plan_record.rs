@@ -12,7 +12,7 @@ use tandem::train::plan_record::{check_given_plan, plan_setting, recorded_form, 
 use tandem::Device;
 
 fn data2() -> Layout {
-    Layout { data: 2, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None }
+    Layout { data: 2, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None, data_inner: false }
 }
 
 fn cpu_plan(layout: Layout, shares: Vec<usize>) -> Plan {
@@ -83,7 +83,7 @@ fn a_plan_given_to_a_resumed_run_must_be_the_recorded_one() {
     out(&["plan", "--devices", "cpu,cpu", "--batch", "16", "--no-trials", "--save-plan", s(&saved)]);
     let mut p = Plan::load(&saved, &Device::parse("cpu,cpu").unwrap()).unwrap();
     // A layout no fresh plan would choose: a pipeline of 16 micro-batches of one sample.
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None, offload: false, bucket: None };
+    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None, offload: false, bucket: None, data_inner: false };
     p.best.memory = vec![0, 0];
     p.shares = vec![16];
     let odd = dir.join("odd.json");

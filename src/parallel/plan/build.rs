@@ -115,7 +115,7 @@ impl Plan {
                 .schedule(Schedule::OneFOneB)
                 .boxed(),
             (data, 1, _) => {
-                let grid = Parallel::grid(|_| Ok(Stages::Split(model, Split::At(l.cuts.clone()))), used, data, opt, loss)
+                let grid = Parallel::grid(|_| Ok(Stages::Split(model, Split::At(l.cuts.clone()))), &l.replica_major(used), data, opt, loss)
                     .micro_batches(l.micro_batches)
                     .recompute(l.recompute)
                     .schedule(Schedule::OneFOneB)

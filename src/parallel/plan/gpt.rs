@@ -131,7 +131,7 @@ impl Plan {
             }
             (1, _, _) => Ok(Box::new(gpt_pipeline(&host, used, opt, l)?)),
             (data, _, _) => {
-                let grid = PipelineGrid::from_factory(used, data, |row| gpt_pipeline(&host, row, opt, l))?.shard(&grid_config(self, l), opt)?;
+                let grid = PipelineGrid::from_factory(&l.replica_major(used), data, |row| gpt_pipeline(&host, row, opt, l))?.shard(&grid_config(self, l), opt)?;
                 Ok(Box::new(match weights {
                     Some(w) => grid.split_weights(w)?,
                     None => grid,

@@ -130,6 +130,13 @@ pub struct Layout {
     /// without. Plan files from before it read `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket: Option<u64>,
+    /// With data and pipeline degrees above 1: the data axis inside the pipeline's stages
+    /// (Megatron-LM's rank order, pipeline outermost), so that the replicas of a stage sit on
+    /// neighbouring devices, in one server, and each pipeline spans the servers; otherwise each
+    /// replica is a row of consecutive devices and the data axis is the outermost. Plan files
+    /// from before it read false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub data_inner: bool,
 }
 
 impl Layout {
@@ -138,7 +145,16 @@ impl Layout {
     }
     /// The device index (into the cluster) of replica `r`, stage `s`, tensor rank `t`.
     pub fn device(&self, r: usize, s: usize, t: usize) -> usize {
-        (r * self.pipeline + s) * self.tensor + t
+        if self.data_inner {
+            (s * self.data + r) * self.tensor + t
+        } else {
+            (r * self.pipeline + s) * self.tensor + t
+        }
+    }
+    /// `devices` (in the layout's cluster order) replica by replica, each replica's stage by
+    /// stage and tensor rank by rank: the rows a grid takes.
+    pub fn replica_major<T: Clone>(&self, devices: &[T]) -> Vec<T> {
+        (0..self.data).flat_map(|r| (0..self.pipeline).flat_map(move |s| (0..self.tensor).map(move |t| (r, s, t)))).map(|(r, s, t)| devices[self.device(r, s, t)].clone()).collect()
     }
     /// [`Layout::bucket`], or the default where it is `None`.
     pub fn bucket_bytes(&self) -> u64 {
@@ -166,6 +182,9 @@ impl fmt::Display for Layout {
         }
         if self.shard != Shard::None {
             write!(f, ", shard {}", self.shard.name())?;
+        }
+        if self.data_inner {
+            write!(f, ", data inside stages")?;
         }
         if self.offload {
             write!(f, ", offload")?;
@@ -303,8 +322,12 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
                 continue;
             }
             for micro_batches in micro_batch_counts(work.batch, data, pipeline) {
-                for (recompute, &shard) in [false, true].into_iter().flat_map(|r| shard::modes(data).iter().map(move |s| (r, s))) {
-                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new(), shard, offload: false, bucket: None };
+                // Data inside the stages only changes which devices a layout takes where both
+                // the data and the pipeline axes exist.
+                let orders: &[bool] = if data > 1 && pipeline > 1 { &[false, true] } else { &[false] };
+                let variants = [false, true].into_iter().flat_map(|r| shard::modes(data).iter().flat_map(move |s| orders.iter().map(move |&o| (r, *s, o))));
+                for (recompute, shard, data_inner) in variants {
+                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new(), shard, offload: false, bucket: None, data_inner };
                     if let Some(why) = unsplittable(work, cluster, &layout).or_else(|| excluded(&layout, &shares_of(work.batch, cluster, &layout).unwrap_or_default())) {
                         rejected.push(Rejected { layout, why });
                         continue;
