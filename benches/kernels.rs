@@ -164,6 +164,7 @@ fn gpt_step(c: &mut Criterion) {
 /// (`tn`, `nt`: the layouts backward uses).
 fn cpu_gemm(c: &mut Criterion) {
     use tandem::backend::cpu::{CpuBackend, GemmChoice};
+    #[allow(unused_mut)] // pushed to only with the `openblas` feature
     let mut paths = vec![(format!("gemm {}", tandem::backend::cpu::gemm_kernels()), GemmChoice::Gemm)];
     #[cfg(feature = "openblas")]
     if let Ok(lib) = tandem::backend::cpu::openblas::library() {

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need on a fresh machine (Mesa's lavapipe Vulkan
 # driver and llvmpipe GL, NVRTC from the PyPI wheel, the GPT-2 tests' Python references),
-# checks the library without the command line and the documentation, then runs the whole suite (doc tests included) with the CUDA
-# backend and its NCCL communicator compiled in, then the device suites again under the forced
-# hardware profile. Extra arguments go to both `cargo test` runs.
+# checks formatting and lints, the library without the command line and the documentation,
+# then runs the whole suite (doc tests included) with the CUDA backend and its NCCL
+# communicator compiled in, then the device suites again under the forced hardware profile. Extra arguments go to both `cargo test` runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -48,6 +48,10 @@ if ! python3 -c "import tiktoken, transformers, safetensors, numpy" 2>/dev/null;
   echo "test.sh: installing the GPT-2 references from PyPI (tiktoken, transformers, safetensors, numpy)"
   python3 -m pip install -q tiktoken transformers safetensors numpy
 fi
+
+# Formatting (rustfmt.toml) and lints, before the long runs, so that a slip fails in a minute.
+cargo fmt --check
+cargo clippy -q --features cuda,nccl,mpi --all-targets -- -D warnings
 
 # The library without the command line: it must build, and pull in none of the CLI's crates.
 cargo check -q --lib --no-default-features --features wgpu

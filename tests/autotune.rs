@@ -1,5 +1,5 @@
 //! Self-tuning matmul kernels (`backend::wgpu::autotune`) on every wgpu adapter (lavapipe and
-//! llvmpipe here), one test per adapter: every candidate kernel agrees with the CPU reference
+//! llvmpipe here), each test on every adapter under test: every candidate kernel agrees with the CPU reference
 //! on odd shapes and on a K past Mesa's 65,535 loop iterations; a tuned choice is the fastest
 //! candidate and round-trips through the cache file; a poisoned cache file (garbage, another
 //! version, an unknown kernel, a symbolic link, a directory, a FIFO) is ignored and left as it
@@ -65,8 +65,7 @@ fn run_tuned(dev: &Device, s: MatmulSpec) -> Vec<Tuning> {
 }
 
 /// Every family, forced, on every odd shape, and each one that fuses a bias with it.
-fn every_kernel_agrees(_: BackendKind, ordinal: usize) {
-    let _guard = shared();
+fn every_kernel_agrees(ordinal: usize) {
     let cpu = Device::cpu();
     for kernel in MatmulKernel::ALL {
         let Some(dev) = open(ordinal, Options { matmul: Some(kernel), hardware_profile: kernel != MatmulKernel::Registers, ..Options::default() }) else { return };
@@ -85,8 +84,7 @@ fn every_kernel_agrees(_: BackendKind, ordinal: usize) {
 
 /// The choice is the fastest candidate timed, every candidate of the software profile is
 /// timed, the file holds it, and a device reading a copy of the file takes it without tuning.
-fn choice_round_trips(_: BackendKind, ordinal: usize) {
-    let _guard = shared();
+fn choice_round_trips(ordinal: usize) {
     let dir = temp_dir("round-trip");
     let Some(dev) = open(ordinal, tuned(&dir, Autotune::On, false)) else { return };
     let tuning = run_tuned(&dev, tuned_spec());
@@ -135,8 +133,7 @@ fn hardware_spec() -> MatmulSpec {
 
 /// Each poisoned file in turn: the device opens, the product is right, the class is tuned
 /// afresh, and a path that is not a regular file is left as it was.
-fn poisoned_cache_is_ignored(_: BackendKind, ordinal: usize) {
-    let _guard = shared();
+fn poisoned_cache_is_ignored(ordinal: usize) {
     let Some((class, valid)) = valid_file(ordinal) else { return };
     let info = adapters()[ordinal].clone();
     let mut stale = valid.clone();
@@ -185,8 +182,7 @@ fn poisoned_cache_is_ignored(_: BackendKind, ordinal: usize) {
 
 /// `off` neither tunes nor writes nor takes a cached choice, and `auto` does not tune on a
 /// software adapter.
-fn off_never_tunes(_: BackendKind, ordinal: usize) {
-    let _guard = shared();
+fn off_never_tunes(ordinal: usize) {
     let Some((_, valid)) = valid_file(ordinal) else { return };
     let dir = temp_dir("off");
     let file = cache_file(&dir, &adapters()[ordinal]);
@@ -207,8 +203,7 @@ fn off_never_tunes(_: BackendKind, ordinal: usize) {
 
 /// A cached choice with made-up times is taken by `on` as it is, and measured again by `force`,
 /// which rewrites the file with real times.
-fn force_tunes_again(_: BackendKind, ordinal: usize) {
-    let _guard = shared();
+fn force_tunes_again(ordinal: usize) {
     let Some((class, mut file_json)) = valid_file(ordinal) else { return };
     let made_up = serde_json::json!({ "kernel": "tiled128", "times_us": [["tiled64", 2.0], ["tiled128", 1.0]], "clock": "wall" });
     file_json["choices"][&class] = made_up;
@@ -227,8 +222,7 @@ fn force_tunes_again(_: BackendKind, ordinal: usize) {
 }
 
 /// A pinned device runs the untuned kernel: no tuning, and bit for bit what `off` computes.
-fn pinned_device_never_tunes(_: BackendKind, ordinal: usize) {
-    let _guard = shared();
+fn pinned_device_never_tunes(ordinal: usize) {
     let dir = temp_dir("pinned");
     let (Some(pinned), Some(off)) = (open(ordinal, tuned(&dir, Autotune::Force, true)), open(ordinal, tuned(&dir, Autotune::Off, true))) else { return };
     pinned.backend().pin_kernels();
@@ -249,11 +243,10 @@ fn pinned_device_never_tunes(_: BackendKind, ordinal: usize) {
 /// Deterministic data parallelism pins its devices (`Backend::pin_kernels`): a seed-CNN step
 /// on a device set to tune every class runs no tuning, where the same step without
 /// `deterministic` tunes its products.
-fn deterministic_data_parallel_pins(_: BackendKind, ordinal: usize) {
+fn deterministic_data_parallel_pins(ordinal: usize) {
     use tandem::nn::models::SeedModel;
     use tandem::optim::SgdConfig;
     use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Strategy};
-    let _guard = shared();
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
     let data = tandem::data::synthetic::seed_images(4, 0).unwrap();
     let batch = data.batch(&[0, 1, 2, 3]).unwrap();
@@ -295,10 +288,47 @@ fn one_cache_file_per_adapter_and_driver() {
     assert!(name.ends_with(".json") && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.'), "{name}");
 }
 
-device_tests! { every_kernel_agrees: every_kernel_agrees_wgpu_0 => (Wgpu, 0), every_kernel_agrees_wgpu_1 => (Wgpu, 1) }
-device_tests! { choice_round_trips: choice_round_trips_wgpu_0 => (Wgpu, 0), choice_round_trips_wgpu_1 => (Wgpu, 1) }
-device_tests! { poisoned_cache_is_ignored: poisoned_cache_is_ignored_wgpu_0 => (Wgpu, 0), poisoned_cache_is_ignored_wgpu_1 => (Wgpu, 1) }
-device_tests! { off_never_tunes: off_never_tunes_wgpu_0 => (Wgpu, 0), off_never_tunes_wgpu_1 => (Wgpu, 1) }
-device_tests! { force_tunes_again: force_tunes_again_wgpu_0 => (Wgpu, 0), force_tunes_again_wgpu_1 => (Wgpu, 1) }
-device_tests! { pinned_device_never_tunes: pinned_device_never_tunes_wgpu_0 => (Wgpu, 0), pinned_device_never_tunes_wgpu_1 => (Wgpu, 1) }
-device_tests! { deterministic_data_parallel_pins: deterministic_data_parallel_pins_wgpu_0 => (Wgpu, 0), deterministic_data_parallel_pins_wgpu_1 => (Wgpu, 1) }
+/// Runs `check(ordinal)` for every wgpu adapter among the devices under test.
+fn on_each_adapter(check: fn(usize)) {
+    on_each_device(|dev, _| {
+        if dev.info().backend == BackendKind::Wgpu {
+            check(dev.info().ordinal);
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn every_kernel_agrees_on_each_adapter() {
+    on_each_adapter(every_kernel_agrees);
+}
+
+#[test]
+fn choice_round_trips_on_each_adapter() {
+    on_each_adapter(choice_round_trips);
+}
+
+#[test]
+fn poisoned_cache_is_ignored_on_each_adapter() {
+    on_each_adapter(poisoned_cache_is_ignored);
+}
+
+#[test]
+fn off_never_tunes_on_each_adapter() {
+    on_each_adapter(off_never_tunes);
+}
+
+#[test]
+fn force_tunes_again_on_each_adapter() {
+    on_each_adapter(force_tunes_again);
+}
+
+#[test]
+fn pinned_device_never_tunes_on_each_adapter() {
+    on_each_adapter(pinned_device_never_tunes);
+}
+
+#[test]
+fn deterministic_data_parallel_pins_on_each_adapter() {
+    on_each_adapter(deterministic_data_parallel_pins);
+}

@@ -2,7 +2,7 @@
 //! it applies (and when), NaN and infinite norms, gradients shared between parameters, and the
 //! squared norm summed over devices; every strategy's refusal of a bad bound.
 mod common;
-use common::{assert_close, devices_under_test};
+use common::assert_close;
 use tandem::nn::models::SeedModel;
 use tandem::optim::{clip_grad_norm, grad_norm_sq, scale_grads, SgdConfig};
 use tandem::parallel::{Loss, OptimConfig, Pipeline, PipelineGrid, Single, Split, Stages, Strategy, TensorParallel};
@@ -24,30 +24,25 @@ fn grads(params: &[(String, Tensor)]) -> Vec<Vec<f32>> {
     params.iter().filter_map(|(_, p)| p.grad()).map(|g| g.to_vec().unwrap()).collect()
 }
 
-fn all_devices() -> Vec<Device> {
-    let mut d = vec![Device::cpu()];
-    d.extend(devices_under_test());
-    d
-}
-
 /// torch 2.15: grads [3, 4], max_norm 1 -> norm 5, grads [0.5999999, 0.79999983]
 /// (the scale is 1 / (5 + 1e-6) in f32).
 #[test]
 fn clips_to_max_norm_as_pytorch() {
-    for dev in all_devices() {
-        let p = with_grads(&[&[3.0], &[4.0]], &dev);
+    common::on_every_device(|dev| {
+        let p = with_grads(&[&[3.0], &[4.0]], dev);
         let norm = clip_grad_norm(&p, 1.0).unwrap();
         assert_eq!(norm, 5.0, "on {dev}");
         let g = grads(&p).concat();
         assert_close(&format!("clipped on {dev}"), &g, &[0.5999999, 0.79999983], 0.0, 1e-7);
         // Three tensors, 3^2 + 4^2 + 12^2 = 13^2, with a parameter that has no gradient.
-        let mut p = with_grads(&[&[3.0, 4.0], &[12.0]], &dev);
-        p.push(("frozen".into(), Tensor::zeros([3], &dev).unwrap()));
+        let mut p = with_grads(&[&[3.0, 4.0], &[12.0]], dev);
+        p.push(("frozen".into(), Tensor::zeros([3], dev).unwrap()));
         assert_eq!(grad_norm_sq(&p).unwrap(), 169.0);
         assert_eq!(clip_grad_norm(&p, 6.5).unwrap(), 13.0);
         let scale = 6.5f32 / (13.0 + 1e-6);
         assert_close(&format!("three on {dev}"), &grads(&p).concat(), &[3.0 * scale, 4.0 * scale, 12.0 * scale], 0.0, 1e-6);
-    }
+        Ok(())
+    });
 }
 
 #[test]
@@ -65,15 +60,16 @@ fn under_max_norm_leaves_gradients_alone() {
 /// norm inf, grads [nan, 0] (scale 0, and inf * 0 = nan).
 #[test]
 fn nan_and_infinite_norms_as_pytorch() {
-    for dev in all_devices() {
-        let p = with_grads(&[&[f32::NAN, 1.0]], &dev);
+    common::on_every_device(|dev| {
+        let p = with_grads(&[&[f32::NAN, 1.0]], dev);
         assert!(clip_grad_norm(&p, 1.0).unwrap().is_nan(), "on {dev}");
         assert!(grads(&p)[0].iter().all(|g| g.is_nan()), "on {dev}: {:?}", grads(&p));
-        let p = with_grads(&[&[f32::INFINITY, 1.0]], &dev);
+        let p = with_grads(&[&[f32::INFINITY, 1.0]], dev);
         assert_eq!(clip_grad_norm(&p, 1.0).unwrap(), f32::INFINITY, "on {dev}");
         let g = grads(&p).concat();
         assert!(g[0].is_nan() && g[1] == 0.0, "on {dev}: {g:?}");
-    }
+        Ok(())
+    });
 }
 
 /// Autograd hands one gradient tensor to both inputs of an add: each parameter is scaled once.
@@ -95,7 +91,7 @@ fn a_gradient_shared_by_two_parameters_is_scaled_once() {
 fn squared_norm_sums_over_devices() {
     let mut p = Vec::new();
     let mut want = 0.0;
-    for (i, dev) in all_devices().into_iter().enumerate() {
+    for (i, dev) in common::every_device().into_iter().enumerate() {
         let v = (i + 1) as f32;
         p.extend(with_grads(&[&[v, -v], &[2.0 * v]], &dev));
         want += 6.0 * (v * v) as f64;

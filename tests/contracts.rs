@@ -162,11 +162,10 @@ fn bad_pool_positions(dev: &Device) {
 }
 
 fn every_device(check: impl Fn(&Device)) {
-    let _guard = common::shared();
-    check(&Device::cpu());
-    for dev in common::devices_under_test() {
-        check(&dev);
-    }
+    common::on_every_device(|dev| {
+        check(dev);
+        Ok(())
+    });
 }
 
 #[test]

@@ -53,9 +53,8 @@ fn fixture_batch() -> Batch {
 /// The reference's 10 steps on `dev` through `Single`: the schedule's lrs, the losses, the
 /// gradient norms, the final weights and running statistics and the eval-mode logits; then the
 /// checkpoint for `custom_model_parity.py check`, tandem's eval loss in its metadata.
-fn parity(backend: BackendKind, ordinal: usize) {
-    let _guard = common::shared();
-    let Some((info, dev)) = common::open_listed(backend, ordinal) else { return };
+fn parity(dev: &Device) -> tandem::Result<()> {
+    let (info, dev) = (dev.info().clone(), dev.clone());
     let want = expected_json();
     let model = net::build(FIXTURE, &dev).expect("model");
     let init: Vec<(String, Tensor)> = fixture("init.safetensors").iter().map(|(n, t)| (n.clone(), Tensor::from_vec(f32s(t).to_vec(), t.shape.clone(), &dev).unwrap())).collect();
@@ -90,18 +89,16 @@ fn parity(backend: BackendKind, ordinal: usize) {
     let eval_loss = logits.cross_entropy(&y).unwrap().to_scalar().unwrap();
     assert_close(&format!("eval loss on {dev}"), &[eval_loss], &[want["eval_loss"].as_f64().expect("a number") as f32], 0.0, 1e-4);
 
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("custom_model_tandem_{}_{ordinal}.safetensors", backend.name()));
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("custom_model_tandem_{}_{}.safetensors", info.backend.name(), info.ordinal));
     let meta = BTreeMap::from([("eval_loss".to_string(), format!("{eval_loss:.9}"))]);
     write_safetensors(&path, &to_host(&state).unwrap(), &meta).unwrap();
     eprintln!("checkpoint for `python scripts/custom_model_parity.py check`: {}", path.display());
+    Ok(())
 }
 
-common::device_tests! {
-    parity:
-    parity_with_pytorch_cpu => (Cpu, 0),
-    parity_with_pytorch_wgpu_0 => (Wgpu, 0),
-    parity_with_pytorch_wgpu_1 => (Wgpu, 1),
-    parity_with_pytorch_cuda_0 => (Cuda, 0),
+#[test]
+fn parity_with_pytorch() {
+    common::on_every_device(parity);
 }
 
 /// Ten digits batches of 16 for the equality runs.

@@ -128,16 +128,15 @@ fn wgpu_devices_opened_without_timestamps_fall_back_to_the_host_clock() {
 
 #[test]
 fn marks_follow_the_device_timeline_and_number_from_zero_after_each_read() {
-    let _guard = common::shared();
     let cpu = Device::cpu();
     assert_eq!(cpu.backend().mark().unwrap(), None, "the CPU has no clock of its own");
     assert!(cpu.backend().read_marks().unwrap().is_empty());
-    for dev in common::devices_under_test() {
-        if !has_clock(&dev) {
+    common::on_each_device(|dev, _| {
+        if !has_clock(dev) {
             eprintln!("skipping {dev}: no timestamp queries");
-            continue;
+            return Ok(());
         }
-        let a = Tensor::ones([256, 256], &dev).unwrap();
+        let a = Tensor::ones([256, 256], dev).unwrap();
         let b = dev.backend().mark().unwrap();
         let product = tandem::autograd::no_grad(|| (0..4).try_fold(a.clone(), |x, _| x.matmul(&a))).unwrap();
         let c = dev.backend().mark().unwrap();
@@ -152,5 +151,6 @@ fn marks_follow_the_device_timeline_and_number_from_zero_after_each_read() {
         assert_eq!(dev.backend().mark().unwrap(), Some(0), "{dev}: numbering starts again after a read");
         dev.backend().read_marks().unwrap();
         drop(product);
-    }
+        Ok(())
+    });
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tandem::backend::{BinaryOp, UnaryOp};
 use tandem::nn::{BatchNorm1d, BatchNorm2d, LayerNorm, Module};
 use tandem::tolerance::check_close;
-use tandem::{BackendKind, CrossEntropy, DType, Device, Result, Shape, Tensor};
+use tandem::{CrossEntropy, DType, Device, Result, Shape, Tensor};
 
 /// Subnormal results may be flushed to zero on GPUs (Mesa's drivers do): every output allows an
 /// absolute error of the smallest normal, every gradient that times the largest loss weight.
@@ -361,23 +361,20 @@ fn check_case(case: &Value, dev: &Device, weights: &[f32]) -> std::result::Resul
 }
 
 /// Every case on one device; panics listing every mismatch.
-fn check_device(backend: BackendKind, ordinal: usize) {
-    let _guard = common::shared();
-    let Some((info, dev)) = common::open_listed(backend, ordinal) else { return };
+fn check_device(dev: &Device) -> Result<()> {
+    let info = dev.info();
     let fx = fixture();
     let weights: Vec<f32> = fx["weights"].as_array().expect("weights").iter().map(|w| w.as_f64().expect("weight") as f32).collect();
     let cases = fx["cases"].as_array().expect("cases");
-    let failures: Vec<String> = cases.iter().filter_map(|c| check_case(c, &dev, &weights).err()).collect();
+    let failures: Vec<String> = cases.iter().filter_map(|c| check_case(c, dev, &weights).err()).collect();
     let covered: Vec<&str> = cases.iter().map(|c| c["op"].as_str().expect("op")).collect();
     let missing: Vec<&str> = OPS.iter().map(|o| o.name).filter(|n| !covered.contains(n)).collect();
     assert!(missing.is_empty(), "ops without a fixture case (rerun scripts/torch_edge_cases.py): {missing:?}");
     assert!(failures.is_empty(), "{} of {} cases differ from PyTorch on {dev} ({}):\n{}", failures.len(), cases.len(), info.name, failures.join("\n"));
+    Ok(())
 }
 
-common::device_tests! {
-    check_device:
-    edge_cases_cpu => (Cpu, 0),
-    edge_cases_wgpu_0 => (Wgpu, 0),
-    edge_cases_wgpu_1 => (Wgpu, 1),
-    edge_cases_cuda_0 => (Cuda, 0),
+#[test]
+fn edge_cases() {
+    common::on_every_device(check_device);
 }

@@ -119,10 +119,7 @@ fn backward_and_loading_errors() {
 /// the device (checked there), and labels overwritten since their bounds were noted.
 #[test]
 fn out_of_range_labels_are_errors() {
-    let _guard = common::shared();
-    let mut devices = vec![Device::cpu()];
-    devices.extend(common::devices_under_test());
-    for dev in &devices {
+    common::on_every_device(|dev| {
         let logits = Tensor::zeros([4, 10], dev).unwrap();
         let label_err = |labels: &Tensor| match logits.cross_entropy(labels) {
             Ok(l) => panic!("on {dev}: a loss of {:?} from bad labels", l.to_vec()),
@@ -156,7 +153,8 @@ fn out_of_range_labels_are_errors() {
         let labels = host(vec![0, 1, 2, 3]);
         labels.assign(&one_hot([0, 1, 11, 2])).unwrap();
         assert_eq!(label_err(&labels), (11, 2));
-    }
+        Ok(())
+    });
 }
 
 /// An error's `Debug` is its sentence, as `Display` writes it (what `unwrap` and a `main` that

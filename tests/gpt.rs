@@ -11,7 +11,7 @@ use tandem::checkpoint::{to_host, write_safetensors};
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::Module;
 use tandem::optim::{clip_grad_norm, AdamConfig, OptimConfig, ParamGroups};
-use tandem::{BackendKind, Device, Error, Result, Tensor};
+use tandem::{Device, Error, Result, Tensor};
 
 /// `[B, T]` token ids: batch `step` of `name` (`[S, B, T]`), or the whole of a `[B, T]` one.
 fn batch(fx: &Fixture, name: &str, step: Option<usize>, dev: &Device) -> Result<Tensor> {
@@ -23,9 +23,8 @@ fn batch(fx: &Fixture, name: &str, step: Option<usize>, dev: &Device) -> Result<
 
 /// The reference's 10 steps on `dev`: losses within 1e-4 relative, final weights within 1e-3;
 /// then the checkpoint for `gpt_parity.py check`, with tandem's validation loss in its metadata.
-fn parity(backend: BackendKind, ordinal: usize) {
-    let _guard = common::shared();
-    let Some((info, dev)) = common::open_listed(backend, ordinal) else { return };
+fn parity(dev: &Device) -> Result<()> {
+    let (info, dev) = (dev.info().clone(), dev.clone());
     let fx = Fixture::load();
     let train = fx.json("train");
     let hp = |k: &str| train[k].as_f64().expect("a number") as f32;
@@ -56,18 +55,16 @@ fn parity(backend: BackendKind, ordinal: usize) {
     let val = Gpt::loss(&gpt.forward(&batch(&fx, "val_x", None, &dev).unwrap()).unwrap(), &batch(&fx, "val_y", None, &dev).unwrap()).unwrap();
     let val = val.to_scalar().unwrap();
     assert_close(&format!("validation loss on {dev}"), &[val], fx.f32s("val_loss"), 0.0, 1e-3);
-    let path = common::target_tmp().join(format!("gpt_tiny_tandem_{}_{ordinal}.safetensors", backend.name()));
+    let path = common::target_tmp().join(format!("gpt_tiny_tandem_{}_{}.safetensors", info.backend.name(), info.ordinal));
     let meta = BTreeMap::from([("val_loss".to_string(), format!("{val:.9}"))]);
     write_safetensors(&path, &to_host(&gpt.state_dict()).unwrap(), &meta).unwrap();
     eprintln!("checkpoint for `python scripts/gpt_parity.py check`: {}", path.display());
+    Ok(())
 }
 
-common::device_tests! {
-    parity:
-    parity_with_pytorch_cpu => (Cpu, 0),
-    parity_with_pytorch_wgpu_0 => (Wgpu, 0),
-    parity_with_pytorch_wgpu_1 => (Wgpu, 1),
-    parity_with_pytorch_cuda_0 => (Cuda, 0),
+#[test]
+fn parity_with_pytorch() {
+    common::on_every_device(parity);
 }
 
 fn tiny(bias: bool) -> GptConfig {

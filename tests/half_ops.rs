@@ -50,8 +50,11 @@ fn inputs(d: &Device, shapes: &[Vec<usize>], dtype: DType, seed: u64) -> Result<
         .collect()
 }
 
+/// An output's type and values (as f32), and each input's gradient's.
+type Outputs = (DType, Vec<f32>, Vec<(DType, Vec<f32>)>);
+
 /// The op's output and each input's gradient (for a fixed upstream gradient), as f32 values.
-fn run(op: Op, x: &[Tensor]) -> Result<(DType, Vec<f32>, Vec<(DType, Vec<f32>)>)> {
+fn run(op: Op, x: &[Tensor]) -> Result<Outputs> {
     let y = op(x)?;
     let g = Tensor::from_vec((0..y.numel()).map(|i| ((i % 7) as f32 - 3.0) * 0.25).collect(), y.dims().to_vec(), y.device())?;
     y.to_dtype(DType::F32)?.mul(&g)?.sum_all()?.backward()?;

@@ -17,8 +17,11 @@ fn operand(dev: &Device, dims: &[usize], dtype: DType, seed: u64) -> Result<Tens
     Ok(Tensor::from_vec(v, dims.to_vec(), dev)?.to_dtype(dtype)?.detach().requires_grad())
 }
 
+/// A product's type and values (as f32), and each operand's gradient's.
+type Outputs = (DType, Vec<f32>, Vec<(DType, Vec<f32>)>);
+
 /// The product, and the gradients of both operands for the upstream gradient `g`, as f32.
-fn product(a: &Tensor, b: &Tensor, ta: bool, tb: bool, g: &[f32]) -> Result<(DType, Vec<f32>, Vec<(DType, Vec<f32>)>)> {
+fn product(a: &Tensor, b: &Tensor, ta: bool, tb: bool, g: &[f32]) -> Result<Outputs> {
     let y = a.matmul_t(b, ta, tb)?;
     let gt = Tensor::from_vec(g.to_vec(), y.dims().to_vec(), y.device())?;
     y.to_dtype(DType::F32)?.mul(&gt)?.sum_all()?.backward()?;

@@ -1,7 +1,7 @@
 //! `nn::init`: PyTorch's gains and fans, the distributions' bounds and their mean and standard
 //! deviation within sampling error at fixed seeds, the same values on every device, and errors.
 mod common;
-use common::{devices_under_test, rng};
+use common::{on_each_device, rng};
 use tandem::nn::init::{self, calculate_gain, fan_in_and_fan_out, FanMode, Nonlinearity};
 use tandem::tolerance::assert_close;
 use tandem::{Device, Tensor};
@@ -107,11 +107,12 @@ fn normal_uniform_constant_and_truncated() {
 fn same_seed_same_values_on_every_device() {
     let cpu = Tensor::zeros([33, 7], &Device::cpu()).unwrap();
     init::kaiming_uniform_(&cpu, FanMode::FanIn, Nonlinearity::LeakyRelu(0.0), &mut rng(3)).unwrap();
-    for dev in devices_under_test() {
-        let t = Tensor::zeros([33, 7], &dev).unwrap();
+    on_each_device(|dev, _| {
+        let t = Tensor::zeros([33, 7], dev).unwrap();
         init::kaiming_uniform_(&t, FanMode::FanIn, Nonlinearity::LeakyRelu(0.0), &mut rng(3)).unwrap();
         assert_eq!(t.to_vec().unwrap(), cpu.to_vec().unwrap(), "on {dev}");
-    }
+        Ok(())
+    });
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Parameter groups: each group's lr and weight decay reach the fused updates on every device,
 //! `set_lr` scales every group with the base, and the rules put each parameter where they say.
 mod common;
-use common::{assert_close, devices_under_test, on_each_device, rng};
+use common::{assert_close, on_each_device, rng};
 use std::sync::Arc;
 use tandem::nn::{LayerNorm, Linear, Module};
 use tandem::optim::{AdamConfig, GroupRule, OptimConfig, ParamGroup, ParamGroups, SgdConfig};
@@ -68,19 +68,16 @@ fn groups_match_pytorch_on_every_device() {
 /// the Linear's bias and the LayerNorm's weight and bias (rank 1) do not.
 #[test]
 fn no_decay_for_biases_and_norms_spares_rank_one() {
-    let dev = Device::cpu();
-    let mut devices = vec![dev.clone()];
-    devices.extend(devices_under_test());
-    for dev in devices {
-        let fc = Linear::new(3, 4, &mut rng(1), &dev).unwrap();
-        let ln = LayerNorm::new(&[4], &dev).unwrap();
+    common::on_every_device(|dev| {
+        let fc = Linear::new(3, 4, &mut rng(1), dev).unwrap();
+        let ln = LayerNorm::new(&[4], dev).unwrap();
         let mut params: Vec<(String, Tensor)> = fc.parameters().into_iter().map(|(n, t)| (format!("fc.{n}"), t)).collect();
         params.extend(ln.parameters().into_iter().map(|(n, t)| (format!("ln.{n}"), t)));
         let before: Vec<Vec<f32>> = params.iter().map(|(_, t)| t.to_vec().unwrap()).collect();
         let cfg = OptimConfig::adam(AdamConfig { lr: 0.1, weight_decay: 0.5, ..AdamConfig::adamw() }).with_groups(ParamGroups::no_decay_for_biases_and_norms());
         let mut opt = cfg.build(params.clone()).unwrap();
         for (_, t) in &params {
-            t.set_grad(Some(Tensor::zeros(t.shape().clone(), &dev).unwrap()));
+            t.set_grad(Some(Tensor::zeros(t.shape().clone(), dev).unwrap()));
         }
         opt.step().unwrap();
         for ((name, t), old) in params.iter().zip(&before) {
@@ -88,7 +85,8 @@ fn no_decay_for_biases_and_norms_spares_rank_one() {
             let want: Vec<f32> = old.iter().map(|v| v * factor).collect();
             assert_close(&format!("{name} on {dev}"), &t.to_vec().unwrap(), &want, 1e-7, 1e-6);
         }
-    }
+        Ok(())
+    });
 }
 
 /// Plain SGD with lr 1 and gradient 1: each parameter moves by its group's lr.

@@ -454,7 +454,7 @@ fn grid_replicas_share_replica_zeros_auto_split() {
         let mut model = tandem::nn::Sequential::new().push("flat", tandem::nn::Flatten);
         for (i, (fan_in, fan_out)) in [(784, 16), (16, 16), (16, 16), (16, 10)].into_iter().enumerate() {
             let inner = Box::new(tandem::nn::Linear::new(fan_in, fan_out, &mut rng, &cpu).unwrap());
-            model = model.push(&format!("l{i}"), SlowOn { inner, slow: slow.clone(), here: None });
+            model = model.push(format!("l{i}"), SlowOn { inner, slow: slow.clone(), here: None });
         }
         model
     };

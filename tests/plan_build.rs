@@ -187,7 +187,7 @@ fn bad_plan_files_name_the_file_and_the_field() {
         let msg = err.to_string();
         assert!(msg.contains(needle) && msg.contains(&format!("{name}.json")), "{name}: {msg}");
     }
-    let err = Plan::load(&good, &devices[..1]).err().expect("other devices");
+    let err = Plan::load(&good, &devices[..1]).expect_err("other devices");
     assert!(err.to_string().contains("field plan.devices"), "{err}");
 }
 

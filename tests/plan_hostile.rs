@@ -103,7 +103,8 @@ fn a_plan_files_counts_and_shares_are_checked_naming_the_file_and_field() {
     let devices = Device::parse("cpu,cpu").unwrap();
     let fine = edited(&dir, "fine", |_| {});
     Plan::load(&fine, &devices).expect("the unedited plan loads");
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Value)>, &str)> = vec![
+    type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         ("mb_trillion", Box::new(|p| p["best"]["layout"]["micro_batches"] = 1_000_000_000_000u64.into()), "plan.best.layout.micro_batches"),
         ("mb_max", Box::new(|p| p["best"]["layout"]["micro_batches"] = u64::MAX.into()), "plan.best.layout.micro_batches"),
         // 3 micro-batches do not fill a share of 2 samples each.
@@ -193,7 +194,8 @@ fn a_damaged_or_outdated_calibration_is_measured_again_with_a_note() {
     reused(&dir, &args, &|| {}).expect("an intact file is reused");
     let original: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let future = original["measured_unix"].as_u64().unwrap() + 10 * 24 * 3600;
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         ("no layers", Box::new(|f| f["workload"]["layers"] = serde_json::json!([])), "0 layers"),
         ("speed 0", Box::new(|f| f["cluster"]["devices"][0]["speed"] = 0.into()), "speed 0"),
         ("param_bytes 2^64-1", Box::new(|f| f["workload"]["layers"][0]["param_bytes"] = u64::MAX.into()), "param_bytes is 18446744073709551615"),

@@ -58,6 +58,7 @@ fn run_with_peak(args: &[&str]) -> (std::process::ExitStatus, String, u64) {
     let dir = common::scratch("plan_paper", "out");
     let (out, err) = (dir.join("stdout"), dir.join("stderr"));
     let (stdout, stderr) = (std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap());
+    #[allow(clippy::zombie_processes)] // reaped by the wait4 below, which also returns its resource usage
     let child = common::tandem().args(args).stdout(stdout).stderr(stderr).spawn().unwrap();
     let (mut status, mut usage) = (0i32, unsafe { std::mem::zeroed::<libc::rusage>() });
     // SAFETY: waits for this test's own child, writing into the two locals.

@@ -246,7 +246,7 @@ fn bf16_autocast_keeps_a_third_fewer_activation_bytes_than_f32() {
     let dev = Device::cpu();
     let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 128, block_size: 256, vocab_size: 65, dropout: 0.0, bias: true };
     let gpt = Gpt::new(cfg, 0, &dev).unwrap();
-    let ids: Vec<i32> = (0..4 * 256).map(|i| (i * 7 % 65) as i32).collect();
+    let ids: Vec<i32> = (0..4 * 256).map(|i| i * 7 % 65).collect();
     let x = Tensor::from_labels(ids.clone(), [4, 256], &dev).unwrap();
     let kept = |dtype: Option<DType>| {
         let logits = autocast(dtype, || tandem::nn::Module::forward(&gpt, &x)).unwrap();

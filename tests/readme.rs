@@ -1,8 +1,11 @@
-//! README.md stays a short front page: at most 300 lines, the two commands CI and users run, and
-//! a library example identical to the crate documentation's doc-tested one, so it cannot rot.
+//! README.md stays a short front page: at most 300 lines of at most 200 columns, the two
+//! commands CI and users run, and a library example identical to the crate documentation's
+//! doc-tested one, so it cannot rot.
 use std::path::Path;
 
 const MAX_LINES: usize = 300;
+/// Columns a README line may take: a reader's terminal or diff shows it whole.
+const MAX_COLUMNS: usize = 200;
 
 fn read(rel: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
@@ -31,6 +34,17 @@ fn crate_docs() -> String {
 fn readme_is_short() {
     let n = read("README.md").lines().count();
     assert!(n <= MAX_LINES, "README.md has {n} lines; at most {MAX_LINES} (the rest belongs in the rustdoc guides)");
+}
+
+#[test]
+fn readme_lines_are_at_most_200_columns() {
+    let long: Vec<String> = read("README.md")
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.chars().count() > MAX_COLUMNS)
+        .map(|(i, l)| format!("line {}: {} columns", i + 1, l.chars().count()))
+        .collect();
+    assert!(long.is_empty(), "README.md lines over {MAX_COLUMNS} columns (wrap them, or shorten a table cell):\n{}", long.join("\n"));
 }
 
 #[test]

@@ -264,9 +264,8 @@ fn exactly(what: &str, got: &[f32], want: &[f32]) {
 #[test]
 fn powf_and_nan_propagation_on_every_device() {
     let (nan, inf) = (f32::NAN, f32::INFINITY);
-    let _guard = common::shared();
-    for dev in std::iter::once(Device::cpu()).chain(common::devices_under_test()) {
-        let on = |v: &[f32]| Tensor::from_vec(v.to_vec(), [v.len()], &dev).unwrap();
+    common::on_every_device(|dev| {
+        let on = |v: &[f32]| Tensor::from_vec(v.to_vec(), [v.len()], dev).unwrap();
         let run = |what: &str, y: Tensor, want: &[f32]| exactly(&format!("{what} on {dev}"), &y.to_vec().unwrap(), want);
         let x = on(&[-2.0, 2.0, -0.0, 0.0, nan, -inf, inf, -1.0]);
         run("powf(3)", x.powf(3.0).unwrap(), &[-8.0, 8.0, -0.0, 0.0, nan, -inf, inf, -1.0]);
@@ -286,22 +285,22 @@ fn powf_and_nan_propagation_on_every_device() {
         run("gt", a.gt(&b).unwrap(), &[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
         run("eq", a.eq_elem(&b).unwrap(), &[0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]);
         // one 2×2 window [1, NaN; 3, 4] and one [5, 6; 7, NaN]: NaN wins and takes the gradient
-        let img = Tensor::from_vec(vec![1.0, nan, 5.0, 6.0, 3.0, 4.0, 7.0, nan], [1, 1, 2, 4], &dev).unwrap().requires_grad();
+        let img = Tensor::from_vec(vec![1.0, nan, 5.0, 6.0, 3.0, 4.0, 7.0, nan], [1, 1, 2, 4], dev).unwrap().requires_grad();
         let pooled = img.max_pool2d((2, 2), (2, 2), (0, 0)).unwrap();
         run("max_pool2d", pooled.clone(), &[nan, nan]);
         pooled.sum_all().unwrap().backward().unwrap();
         run("max_pool2d grad", img.grad().unwrap(), &[0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
-    }
+        Ok(())
+    });
 }
 
 /// PyTorch's gradients at the edges: relu passes the gradient at NaN, powf's at 0.
 #[test]
 fn relu_and_powf_gradients_at_the_edges_on_every_device() {
     let (nan, inf) = (f32::NAN, f32::INFINITY);
-    let _guard = common::shared();
-    for dev in std::iter::once(Device::cpu()).chain(common::devices_under_test()) {
+    common::on_every_device(|dev| {
         let grad = |v: &[f32], f: &dyn Fn(&Tensor) -> Tensor| {
-            let x = Tensor::from_vec(v.to_vec(), [v.len()], &dev).unwrap().requires_grad();
+            let x = Tensor::from_vec(v.to_vec(), [v.len()], dev).unwrap().requires_grad();
             f(&x).sum_all().unwrap().backward().unwrap();
             x.grad().unwrap().to_vec().unwrap()
         };
@@ -311,10 +310,11 @@ fn relu_and_powf_gradients_at_the_edges_on_every_device() {
         exactly(&w("powf(0.5)'"), &grad(&[0.0, 4.0], &|x| x.powf(0.5).unwrap()), &[inf, 0.25]);
         exactly(&w("powf(0)'"), &grad(&[0.0, nan, 3.0], &|x| x.powf(0.0).unwrap()), &[0.0, 0.0, 0.0]);
         exactly(&w("powf(3)'"), &grad(&[-2.0, 0.0], &|x| x.powf(3.0).unwrap()), &[12.0, 0.0]);
-        let a = Tensor::from_vec(vec![1.0, nan, 2.0, 0.0], [4], &dev).unwrap().requires_grad();
-        let b = Tensor::from_vec(vec![0.0, 1.0, 2.0, 5.0], [4], &dev).unwrap().requires_grad();
+        let a = Tensor::from_vec(vec![1.0, nan, 2.0, 0.0], [4], dev).unwrap().requires_grad();
+        let b = Tensor::from_vec(vec![0.0, 1.0, 2.0, 5.0], [4], dev).unwrap().requires_grad();
         a.maximum(&b).unwrap().sum_all().unwrap().backward().unwrap();
         exactly(&w("maximum' a"), &a.grad().unwrap().to_vec().unwrap(), &[1.0, 1.0, 0.5, 0.0]);
         exactly(&w("maximum' b"), &b.grad().unwrap().to_vec().unwrap(), &[0.0, 1.0, 0.5, 1.0]);
-    }
+        Ok(())
+    });
 }

@@ -146,7 +146,7 @@ fn a_text_file_loads_and_its_errors_name_the_path() -> Result<()> {
     assert!(matches!(TextCorpus::from_file(&latin1), Err(Error::Format { path, .. }) if path == latin1));
     let tiny = scratch("tiny.txt");
     std::fs::write(&tiny, "x").unwrap();
-    let err = TextCorpus::from_file(&tiny).err().expect("one character");
+    let err = TextCorpus::from_file(&tiny).expect_err("one character");
     assert!(err.to_string().contains("tiny.txt"), "{err}");
     Ok(())
 }

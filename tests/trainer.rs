@@ -324,10 +324,13 @@ fn an_opened_run_directory_stays_locked_through_training() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Each forward's thread name and whether it recorded history.
+type Seen = Arc<std::sync::Mutex<Vec<(Option<String>, bool)>>>;
+
 /// A model that notes the thread and the history mode of each forward.
 struct Watched {
     inner: Sequential,
-    seen: Arc<std::sync::Mutex<Vec<(Option<String>, bool)>>>,
+    seen: Seen,
 }
 
 impl tandem::nn::Module for Watched {

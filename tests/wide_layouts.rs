@@ -4,18 +4,15 @@
 //! reaches past 2^32 - 1 elements needs a buffer of 16 GiB, which tests do not allocate (the
 //! conversion itself is unit-tested in src/shape.rs).
 mod common;
-use common::{devices_under_test, down, layout, up};
+use common::{down, layout, up};
 use tandem::backend::{BinaryOp, UnaryOp};
-use tandem::{DType, Device};
+use tandem::DType;
 
 #[test]
 fn a_size_one_dimension_with_a_stride_past_32_bits_reads_right_on_every_device() {
-    let _g = common::shared();
     let huge = (u32::MAX as usize + 1) * 3 + 5; // truncated to 32 bits it would be 5
     let x: Vec<f32> = (0..6).map(|i| i as f32).collect();
-    let mut devices = vec![Device::cpu()];
-    devices.extend(devices_under_test());
-    for dev in &devices {
+    common::on_every_device(|dev| {
         let b = dev.backend();
         let xb = up(dev, &x);
         // [1, 2, 3] read with strides [huge, 3, 1]: the first dimension is never stepped.
@@ -26,5 +23,6 @@ fn a_size_one_dimension_with_a_stride_past_32_bits_reads_right_on_every_device()
         let out = b.alloc(6, DType::F32).unwrap();
         b.binary(BinaryOp::Add, &xb, &l, &xb, &layout(&[1, 2, 3], &[huge * 2, 3, 1], 0), &out).unwrap_or_else(|e| panic!("{}: {e}", dev.spec()));
         assert_eq!(down(dev, &out), vec![0.0, 3.0, 6.0, 4.0, 7.0, 10.0], "{}", dev.spec());
-    }
+        Ok(())
+    });
 }

@@ -136,7 +136,7 @@ impl RunDir {
         std::fs::create_dir_all(path).map_err(|e| cannot("create it", e))?;
         check_entries(path)?;
         let lock_path = path.join(LOCK);
-        let mut lock = open_lock(&lock_path, &cannot)?;
+        let mut lock = open_lock(&lock_path, cannot)?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {

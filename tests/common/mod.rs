@@ -53,16 +53,45 @@ pub fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
     HEAVY.write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs `check(device, cpu)` on every device under test, naming the device on failure.
+/// Runs `check(device, cpu)` on every device under test, the CPU reference beside it. Every
+/// device runs even when one fails; the test then panics naming each failing device and why.
+/// The one way a suite reaches the devices: a new backend listed by `Device::list` is under
+/// every suite without a change here.
 pub fn on_each_device(check: impl Fn(&Device, &Device) -> tandem::Result<()>) {
-    let _guard = shared();
     let cpu = Device::cpu();
-    for dev in devices_under_test() {
-        eprintln!("running on {dev} ({})", dev.info().name);
-        if let Err(e) = check(&dev, &cpu) {
-            panic!("on {dev} ({}): {e}", dev.info().name);
+    run_each(devices_under_test(), |dev| check(dev, &cpu));
+}
+
+/// Runs `check(device)` on the CPU reference and then on every device under test, as
+/// [`on_each_device`] does: for suites comparing every device, the reference included, with an
+/// outside reference such as PyTorch's.
+pub fn on_every_device(check: impl Fn(&Device) -> tandem::Result<()>) {
+    run_each(every_device(), check);
+}
+
+/// The CPU reference and then every device under test, for a test that needs them all at once.
+pub fn every_device() -> Vec<Device> {
+    std::iter::once(Device::cpu()).chain(devices_under_test()).collect()
+}
+
+/// Runs `check` on each of `devices` under the shared adapter lock, catching errors and panics,
+/// and panics listing the devices that failed.
+fn run_each(devices: Vec<Device>, check: impl Fn(&Device) -> tandem::Result<()>) {
+    let _guard = shared();
+    let mut failures = Vec::new();
+    for dev in devices {
+        let name = format!("{dev} ({})", dev.info().name);
+        eprintln!("running on {name}");
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&dev))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failures.push(format!("on {name}: {e}")),
+            Err(panic) => {
+                let msg = panic.downcast_ref::<String>().map(String::as_str).or_else(|| panic.downcast_ref::<&str>().copied());
+                failures.push(format!("on {name}: panicked: {}", msg.unwrap_or("(no message)")));
+            }
         }
     }
+    assert!(failures.is_empty(), "{} device(s) failed:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// Passes when `|got - want| <= atol + rtol * |want|` everywhere (NaN matches NaN); otherwise
@@ -116,42 +145,23 @@ pub fn mixed_devices() -> Option<Vec<Device>> {
 }
 
 /// `n` fresh logical devices of each family under test, named: independent CPU reference
-/// devices, and `wgpu:0` opened `n` times when it is there.
+/// devices, then, for each other backend among [`devices_under_test`], its first device opened
+/// `n` times.
 pub fn device_families(n: usize) -> Vec<(String, Vec<Device>)> {
     let mut out = vec![("cpu".to_string(), cpu_devices(n))];
-    if devices_under_test().iter().any(|d| d.info().backend == BackendKind::Wgpu && d.info().ordinal == 0) {
-        out.push(("wgpu:0".to_string(), (0..n).map(|_| Device::open(BackendKind::Wgpu, 0).unwrap()).collect()));
-    } else {
-        eprintln!("skipping wgpu:0: no adapter");
+    let mut seen = vec![BackendKind::Cpu];
+    for dev in devices_under_test() {
+        let info = dev.info().clone();
+        if seen.contains(&info.backend) {
+            continue;
+        }
+        seen.push(info.backend);
+        let mut devs = vec![dev.clone()];
+        devs.extend((1..n).map(|_| Device::open(info.backend, info.ordinal).expect("a device under test opens again")));
+        out.push((format!("{}:{}", info.backend.name(), info.ordinal), devs));
     }
     out
 }
-
-/// `backend:ordinal` opened, with its listing; `None`, saying so, where this machine has no
-/// such device.
-pub fn open_listed(backend: BackendKind, ordinal: usize) -> Option<(tandem::DeviceInfo, Device)> {
-    let Some(info) = Device::list().into_iter().find(|i| i.backend == backend && i.ordinal == ordinal) else {
-        eprintln!("skipping {}:{ordinal}: no such device here", backend.name());
-        return None;
-    };
-    Some((info, Device::open(backend, ordinal).expect("listed device opens")))
-}
-
-/// One `#[test]` per listed device, each calling `check(BackendKind::Kind, ordinal)`, so that
-/// each device fails on its own; `check` skips a device this machine lacks (see [`open_listed`]).
-#[allow(unused_macros)]
-macro_rules! device_tests {
-    ($check:ident: $($name:ident => ($kind:ident, $ordinal:expr)),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                $check(tandem::BackendKind::$kind, $ordinal);
-            }
-        )*
-    };
-}
-#[allow(unused_imports)]
-pub(crate) use device_tests;
 
 /// `n` independent CPU reference devices.
 pub fn cpu_devices(n: usize) -> Vec<Device> {

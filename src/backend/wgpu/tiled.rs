@@ -80,6 +80,7 @@ pub(crate) fn matmul(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option
 /// Records product `t` on the 64×64 (or with `wide` the 128×128) kernels, with epilogue `epi`
 /// (matmul.wgsl's `tile_store`; `bias` is read for 1, 2, 4 and 5), as many batch entries per
 /// dispatch as every operand's range fits one binding.
+#[allow(clippy::too_many_arguments)] // one launch's buffers and settings, named as matmul.wgsl binds them
 fn pass(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option<&wgpu::Buffer>, c: &wgpu::Buffer, t: Strided, wide: bool, epi: u32) -> Result<()> {
     let (m, n, kc) = (t.m, t.n, t.k);
     let (table, tile) = if wide { (&shaders::TILED_WIDE, 128) } else { (&shaders::TILED, 64) };

@@ -198,7 +198,7 @@ mod tests {
         // Two rows, a prompt longer than the block, more tokens than the block holds.
         let ids = Tensor::from_labels(vec![1, 2, 3, 4, 5, 0, 1, 2], [2, 4], &dev).unwrap();
         let all = gpt.generate(&ids, 9, 0.9, Some(4), 3).unwrap().to_vec_i32().unwrap();
-        let mut rows = vec![Vec::new(), Vec::new()];
+        let mut rows = [Vec::new(), Vec::new()];
         gpt.generate_with(&ids, 9, 0.9, Some(4), 3, |step| {
             assert_eq!(step.len(), 2);
             rows[0].push(step[0]);

@@ -69,7 +69,9 @@ impl Cache {
     /// The cache of `info`'s adapter in `dir` (no file without one), shared by every device
     /// opened with the same file (or, without a file, on the same adapter) in this process.
     pub(crate) fn shared(dir: Option<&Path>, info: &DeviceInfo) -> Arc<Cache> {
-        static ALL: OnceLock<Mutex<HashMap<(Option<PathBuf>, String, String), Arc<Cache>>>> = OnceLock::new();
+        /// Open caches by file (or none), adapter name and driver.
+        type Caches = HashMap<(Option<PathBuf>, String, String), Arc<Cache>>;
+        static ALL: OnceLock<Mutex<Caches>> = OnceLock::new();
         let path = dir.map(|d| cache_file(d, info));
         let key = (path.clone(), info.name.clone(), info.driver.clone());
         let mut all = lock(ALL.get_or_init(Mutex::default));
