@@ -99,7 +99,7 @@ impl CpuBackend {
         out: &Buffer,
     ) -> Result<()> {
         let len = out.len();
-        if width == 0 || len % width != 0 {
+        if width == 0 || !len.is_multiple_of(width) {
             return Err(Error::invalid(name, format!("an output of {len} elements is no whole number of rows of {width}")));
         }
         let inputs = std::iter::once(("a", a)).chain(b.map(|(_, b)| ("b", b)));

@@ -109,8 +109,8 @@ pub fn exp_f64(z: f64) -> f64 {
     ];
     // ln(f64::MAX): above it exp overflows.
     const MAX: f64 = 709.782_712_893_384;
-    // Clamped into the range where 2^(k-1) is a normal f64; NaN passes (comparisons are false).
-    let y = if z < -708.0 { -708.0 } else if z > MAX { MAX } else { z };
+    // Clamped into the range where 2^(k-1) is a normal f64; NaN passes through `clamp`.
+    let y = z.clamp(-708.0, MAX);
     let kb = y * std::f64::consts::LOG2_E + ROUND;
     let k = kb - ROUND;
     let r = (y - k * LN2_HI) - k * LN2_LO;

@@ -50,6 +50,9 @@ impl Module for Head {
     }
 }
 
+/// What makes block `i` of stage `stage` on its device, for [`Gpt::stages_with`].
+pub(crate) type BlockMaker<'a> = dyn FnMut(usize, usize, &Device) -> Result<Box<dyn Module>> + 'a;
+
 impl Gpt {
     /// The token embedding's name on the first of [`Gpt::stages`], tied to [`Gpt::LM_HEAD`].
     pub const WTE: &'static str = "transformer.wte.weight";
@@ -70,7 +73,7 @@ impl Gpt {
 
     /// [`Gpt::stages`] with each block made by `block(stage, i, device)` (block `i` of stage
     /// `stage` on its device): tensor-parallel stages put split blocks there.
-    pub(crate) fn stages_with(&self, devices: &[Device], starts: Option<&[usize]>, block: &mut dyn FnMut(usize, usize, &Device) -> Result<Box<dyn Module>>) -> Result<Vec<Sequential>> {
+    pub(crate) fn stages_with(&self, devices: &[Device], starts: Option<&[usize]>, block: &mut BlockMaker<'_>) -> Result<Vec<Sequential>> {
         let ranges = self.block_ranges(devices.len(), starts)?;
         let (cfg, t) = (self.config, &self.transformer);
         let training = |m: &dyn Module| m.set_training(self.training());

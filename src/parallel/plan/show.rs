@@ -128,7 +128,7 @@ pub(super) fn by_reason(rejected: &[super::Rejected]) -> String {
             None => reasons.push((key, 1, r, need.unwrap_or(u64::MAX))),
         }
     }
-    reasons.sort_by(|a, b| b.1.cmp(&a.1));
+    reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
     let parts: Vec<String> = reasons
         .iter()
         .map(|(key, n, r, _)| match key.as_str() {

@@ -402,7 +402,7 @@ pub(crate) fn resplit_to(stages: &mut Vec<Stage>, ranges: &[Range<usize>], opt: 
     }
     let devices: Vec<Device> = stages.iter().map(|s| s.device.clone()).collect();
     let layers: Vec<_> = stages.iter().flat_map(|s| s.model.layers()).collect();
-    let mut fresh = build(&layers, &ranges, &devices, opt)?;
+    let mut fresh = build(&layers, ranges, &devices, opt)?;
     let mut state = Vec::new();
     let mut steps = 0;
     for s in stages.iter() {
