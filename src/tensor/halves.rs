@@ -10,7 +10,8 @@
 //! On a CPU device, products (forward and backward) and elementwise ops whose operands are
 //! whole, a bias row or one value skip the copies: the backend reads the halves, widening them
 //! tile by tile in its kernels, and rounds each output once (`CpuBackend::matmul_halves`,
-//! `unary_halves`, `binary_halves`), with the same result as the composition's.
+//! `unary_halves`, `binary_halves`), with the same result as the composition's; so do the causal
+//! softmax and the tanh GELU, forward and backward (`CpuBackend::fused_halves`).
 //!
 //! [`autocast`] is PyTorch's `torch.autocast`: inside it, products (matmul, Linear, Conv2d)
 //! cast their F32 operands to the half type first, so their outputs and everything computed
