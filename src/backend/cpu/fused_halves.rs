@@ -41,13 +41,17 @@ impl CpuBackend {
             return Ok(());
         }
         let (ins, outs) = bufs.split_at(bufs.len() - 1);
-        let guards: Vec<_> = ins.iter().map(|b| Ok(read(raw(b)?))).collect::<Result<_>>()?;
-        let inputs: Vec<Input> = guards
-            .iter()
-            .zip(ins)
-            .map(|(g, b)| match b.dtype() {
-                DType::F32 => Input::F32(bytemuck::cast_slice(&g[..])),
-                half => Input::Half(bytemuck::cast_slice(&g[..]), half),
+        // One read lock per distinct input (a gradient may be the very buffer it multiplies).
+        let raws: Vec<_> = ins.iter().map(|b| raw(b)).collect::<Result<_>>()?;
+        let first = |i: usize| raws.iter().position(|r| std::ptr::eq(*r, raws[i])).unwrap_or(i);
+        let guards: Vec<_> = (0..raws.len()).map(|i| (first(i) == i).then(|| read(raws[i]))).collect();
+        let inputs: Vec<Input> = (0..raws.len())
+            .map(|i| {
+                let words = &guards[first(i)].as_ref().expect("the first of equal inputs is read")[..];
+                match ins[i].dtype() {
+                    DType::F32 => Input::F32(bytemuck::cast_slice(words)),
+                    half => Input::Half(bytemuck::cast_slice(words), half),
+                }
             })
             .collect();
         let out = outs[0];
