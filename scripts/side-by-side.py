@@ -6,7 +6,10 @@ side (scripts/torch-bench.py, scripts/torch_gpt_bench.py) `--rounds` times, so t
 the same machine load, and prints one markdown table: per figure the median over rounds of
 each side's median, every round's value, and the ratio (time: tandem / PyTorch, so < 1 is
 faster; throughput: tandem / PyTorch, so > 1 is faster). Also prints the pipeline-bubble and
-dp-overlap figures (tandem only). Run from the repository root with a release build:
+dp-overlap figures (tandem only). The GPT step also runs in f32 and in bf16 on both sides
+(`train-step gpt 16 f32|bf16` rows): tandem's as `tandem train --precision f32|bf16`, the median
+`step_s` of steps 6-30, PyTorch's under `torch.autocast("cpu", torch.bfloat16)` for bf16; a line
+after the table gives each side's bf16 / f32. Run from the repository root with a release build:
 
     cargo build --release
     /tmp/tandem-torch-venv/bin/python scripts/side-by-side.py [--rounds 3] [--threads 2]
@@ -32,10 +35,21 @@ def run_json(cmd, env=None):
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def train_steps(cmd, env, precision):
+    """tandem's GPT step in `precision` as `tandem train` runs it: a figure in `bench`'s form whose
+    time is the median `step_s` of steps 6-30 (the first steps warm the allocator and caches)."""
+    lines = run_json(cmd + ["--precision", precision], env)
+    steps = [f["step_s"] for f in lines if "step" in f and f["step"] >= 6]
+    ms = statistics.median(steps) * 1e3
+    return [{"bench": "train-step", "model": "gpt", "batch": 16, "precision": precision, "median_ms": ms}]
+
+
 def key(fig):
     """What a figure measures, without the device: matched across the two sides."""
     if fig["bench"] == "matmul":
         return ("matmul", fig["n"])
+    if fig["bench"] == "train-step" and "precision" in fig:
+        return ("train-step", fig["model"], fig["batch"], fig["precision"])
     if fig["bench"] == "train-step":
         return ("train-step", fig["model"], fig["batch"])
     if fig["bench"] == "pipeline-bubble":
@@ -69,6 +83,7 @@ def main():
     ap.add_argument("--avx2", action="store_true",
                     help="PyTorch (and OpenBLAS) limited to AVX2 (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS); "
                          "tandem's own kernels follow the CPU's features")
+    ap.add_argument("--only-gpt-precision", action="store_true", help="only the GPT step's f32 and bf16 rows")
     args = ap.parse_args()
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
     if args.avx2:
@@ -78,17 +93,26 @@ def main():
     tandem, torch, extra = {}, {}, {}
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        train = [args.tandem, "train", "--model", "gpt", "--data", "text", "--batch", "16", "--steps", "30", "--devices", "cpu",
+                 "--log-format", "json"]
+        gpt = [py, os.path.join(HERE, "torch_gpt_bench.py"), "--threads", str(args.threads)]
         sides = [
-            (tandem, [args.tandem, "bench", "--devices", "cpu", "--log-format", "json"]),
-            (torch, [py, os.path.join(HERE, "torch-bench.py"), "--threads", str(args.threads)]),
-            (tandem, [args.tandem, "bench", "--devices", "cpu", "--model", "gpt", "--log-format", "json"]),
-            (torch, [py, os.path.join(HERE, "torch_gpt_bench.py"), "--threads", str(args.threads)]),
+            (tandem, lambda: run_json([args.tandem, "bench", "--devices", "cpu", "--log-format", "json"], env)),
+            (torch, lambda: run_json([py, os.path.join(HERE, "torch-bench.py"), "--threads", str(args.threads)], env)),
+            (tandem, lambda: run_json([args.tandem, "bench", "--devices", "cpu", "--model", "gpt", "--log-format", "json"], env)),
+            (torch, lambda: run_json(gpt, env)),
+            (tandem, lambda: train_steps(train, env, "f32")),
+            (torch, lambda: run_json(gpt + ["--reps", "25", "--precision", "f32"], env)),
+            (tandem, lambda: train_steps(train, env, "bf16")),
+            (torch, lambda: run_json(gpt + ["--reps", "25", "--precision", "bf16"], env)),
         ]
         # Alternate which side goes first, so neither always runs on a warmer machine.
         if r % 2 == 1:
-            sides = [sides[1], sides[0], sides[3], sides[2]]
-        for store, cmd in sides:
-            for fig in run_json(cmd, env):
+            sides = [sides[i ^ 1] for i in range(len(sides))]
+        if args.only_gpt_precision:
+            sides = sides[4:]
+        for store, run in sides:
+            for fig in run():
                 k = key(fig)
                 if k[0] in ("pipeline-bubble", "dp-overlap"):
                     extra.setdefault(k, []).append(fig)
@@ -107,6 +131,11 @@ def main():
         what = "throughput" if higher else "time"
         cell = lambda xs, m: f"{m:.4g} {unit} ({', '.join(f'{x:.4g}' for x in xs)})"
         print(f"| {' '.join(map(str, k))} | {cell(t, tm)} | {cell(p, pm)} | {ratio:.2f} ({what}) |")
+    for name, side in (("tandem", tandem), ("PyTorch", torch)):
+        f32, bf16 = side.get(("train-step", "gpt", 16, "f32")), side.get(("train-step", "gpt", 16, "bf16"))
+        if f32 and bf16:
+            ratio = statistics.median(v for v, _, _ in bf16) / statistics.median(v for v, _, _ in f32)
+            print(f"{name}: GPT step bf16 / f32 = {ratio:.2f}")
     for k in sorted(extra, key=order):
         figs = extra[k]
         if k[0] == "pipeline-bubble":

@@ -4,9 +4,12 @@ A nanoGPT-shaped model (pre-LN blocks, causal self-attention composed as matmul 
 softmax + matmul, tanh GELU, tied lm_head), AdamW (betas 0.9/0.999, eps 1e-8, weight decay
 0.01 on parameters of rank >= 2), batch 16 of block 64 over the built-in corpus's 44
 characters, 2 threads. Prints one JSON object in `tandem bench`'s form, the activation bytes
-counted as the bytes of every distinct tensor autograd saves for backward.
+counted as the bytes of every distinct tensor autograd saves for backward. With `--precision
+bf16` the forward and the loss run under `torch.autocast("cpu", torch.bfloat16)` (the step of
+`tandem train --precision bf16`: F32 master weights, bf16 products), and the figure names its
+precision (as it does with `--precision f32`).
 
-    /tmp/tandem-torch-venv/bin/python scripts/torch_gpt_bench.py [--threads 2] [--reps 10]
+    /tmp/tandem-torch-venv/bin/python scripts/torch_gpt_bench.py [--threads 2] [--reps 10] [--precision f32|bf16]
 """
 import argparse
 import json
@@ -92,7 +95,9 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--block", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=44)
+    ap.add_argument("--precision", choices=["f32", "bf16"], default=None)
     a = ap.parse_args()
+    half = a.precision == "bf16"
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = Gpt(4, 4, 128, a.block, a.vocab)
@@ -105,7 +110,8 @@ def main():
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
         opt.step()
         return loss.item()
@@ -117,10 +123,13 @@ def main():
         step()
         times.append(time.perf_counter() - t)
     med = statistics.median(times)
-    print(json.dumps({
+    fig = {
         "bench": "train-step", "model": "gpt", "device": f"torch-cpu-{a.threads}t", "batch": a.batch, "block_size": a.block,
         "median_ms": med * 1e3, "tokens_per_sec": a.batch * a.block / med, "activation_bytes": act,
-    }))
+    }
+    if a.precision:
+        fig["precision"] = a.precision
+    print(json.dumps(fig))
 
 
 if __name__ == "__main__":

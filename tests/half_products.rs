@@ -179,3 +179,53 @@ fn the_backward_of_a_half_product_reads_its_halves_directly() {
         assert!(grew <= bound, "{dtype:?}: the backward allocated {grew} bytes at its peak, over {bound}");
     }
 }
+
+/// The causal softmax over 12 matrices of 40 × 40 and the tanh GELU over 300 rows of 257 on
+/// halves, each longer than one task of the kernels that read halves: the forward is the f32
+/// kernel's bits rounded once and allocates only its half output; the gradient is the f32 op's
+/// within a few half ulps and the backward allocates the upstream gradient (F32 and its half
+/// copy) and the half gradient, no F32 copies of the output, the input or the gradients (the
+/// composition also made two of 4 bytes per element and an F32 gradient).
+#[test]
+fn the_causal_softmax_and_gelu_read_halves_directly() {
+    let dev = Device::cpu_independent();
+    type Op = fn(&Tensor) -> Result<Tensor>;
+    let ops: [(&str, Op, Vec<usize>); 2] =
+        [("causal_softmax", |x| x.causal_softmax(0.3), vec![12, 40, 40]), ("gelu_tanh", |x| x.gelu_tanh(), vec![300, 257])];
+    for (dtype, tol) in HALVES {
+        for (name, op, dims) in &ops {
+            let n: usize = dims.iter().product();
+            let x = Tensor::from_vec(uniform(&mut rng(7), n, -4.0, 4.0), dims.clone(), &dev).unwrap().to_dtype(dtype).unwrap();
+            let want = widened_then_rounded(|t| op(&t[0]), std::slice::from_ref(&x), dtype).unwrap();
+            let x = x.detach().requires_grad();
+            dev.reset_peak_memory();
+            let before = dev.memory();
+            let y = op(&x).unwrap();
+            let grew = dev.memory().peak - before.in_use;
+            assert_eq!(y.dtype(), dtype, "{dtype:?} {name}: the result's dtype");
+            let got: Vec<u32> = y.to_dtype(DType::F32).unwrap().to_vec().unwrap().iter().map(|v| v.to_bits()).collect();
+            assert!(got == want, "{dtype:?} {name}: not the f32 kernel's bits rounded once");
+            assert_eq!(grew, (n * 2) as u64, "{dtype:?} {name}: allocated {grew} bytes at its peak, its output is {}", n * 2);
+
+            let g = Tensor::from_vec(uniform(&mut rng(8), n, -1.0, 1.0), dims.clone(), &dev).unwrap();
+            let loss = y.to_dtype(DType::F32).unwrap().mul(&g).unwrap().sum_all().unwrap();
+            dev.reset_peak_memory();
+            let before = dev.memory();
+            loss.backward().unwrap();
+            let grew = dev.memory().peak - before.in_use;
+            let dx = x.grad().expect("a gradient");
+            assert_eq!(dx.dtype(), dtype, "{dtype:?} {name}: the gradient's dtype");
+            // Upstream 8n (the F32 ones of the sum and their product with g) + 2n (its half
+            // copy), the gradient 2n, one byte per element of slack; the composition also
+            // widened the output or input and the gradient and computed an F32 gradient (12n).
+            let bound = (13 * n) as u64;
+            assert!(grew <= bound, "{dtype:?} {name}: the backward allocated {grew} bytes at its peak, over {bound}");
+
+            let x32 = x.to_dtype(DType::F32).unwrap().detach().requires_grad();
+            op(&x32).unwrap().mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+            let want = x32.grad().unwrap().to_vec().unwrap();
+            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert_close(&format!("{dtype:?} {name} gradient"), &dx.to_vec().unwrap(), &want, 4.0 * tol * scale, 4.0 * tol);
+        }
+    }
+}

@@ -287,6 +287,17 @@ pub fn optim_step(dev: &DeviceInfo, step: OptimStep, param: &Buffer, grad: &Buff
 /// `bufs` are the op's buffers in its order (see `FusedOp`), each F32 and long enough, and no
 /// output is the same buffer as another operand.
 pub fn fused(dev: &DeviceInfo, fop: FusedOp, bufs: &[&Buffer]) -> Result<()> {
+    fused_of(dev, fop, bufs, |_| DType::F32)
+}
+
+/// As [`fused`], with each buffer holding F32, Bf16 or F16 values (the CPU's kernels that read
+/// halves: `CpuBackend::fused_halves`).
+pub fn fused_halves(dev: &DeviceInfo, fop: FusedOp, bufs: &[&Buffer]) -> Result<()> {
+    fused_of(dev, fop, bufs, |b| if b.dtype() == DType::I32 { DType::F32 } else { b.dtype() })
+}
+
+/// The fused check with each buffer's dtype as `dtype` gives it.
+fn fused_of(dev: &DeviceInfo, fop: FusedOp, bufs: &[&Buffer], dtype: impl Fn(&Buffer) -> DType) -> Result<()> {
     let o = op(fop.name(), dev);
     let (sizes, inputs) = fop.operands().ok_or_else(|| o.overflow("a buffer size"))?;
     if bufs.len() != sizes.len() {
@@ -298,7 +309,7 @@ pub fn fused(dev: &DeviceInfo, fop: FusedOp, bufs: &[&Buffer]) -> Result<()> {
         }
     }
     for (i, (b, &need)) in bufs.iter().zip(&sizes).enumerate() {
-        o.buffer(&format!("buffer {i}"), b, DType::F32, need)?;
+        o.buffer(&format!("buffer {i}"), b, dtype(b), need)?;
     }
     for (i, out) in bufs.iter().enumerate().skip(inputs) {
         let others: Vec<(&str, &Buffer)> = bufs.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, b)| ("another operand", *b)).collect();

@@ -24,6 +24,9 @@ impl Tensor {
     /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, GELU with `approximate='tanh'` (and
     /// PyTorch's gradient).
     pub fn gelu_tanh(&self) -> Result<Tensor> {
+        if let Some(y) = self.fused_halves(crate::backend::FusedOp::GeluTanh { len: self.numel() }, GradOp::GeluTanh)? {
+            return Ok(y);
+        }
         if let Some(y) = Tensor::in_f32(&[self], |t| t[0].gelu_tanh())? {
             return Ok(y);
         }

@@ -85,11 +85,14 @@ impl Tensor {
         if d.len() < 2 || d[d.len() - 1] != d[d.len() - 2] {
             return Err(Error::shape("causal_softmax", format!("input {:?}: need [.., T, T]", self.shape())));
         }
+        let t = d[d.len() - 1];
+        let n = self.numel() / (t * t).max(1);
+        if let Some(y) = self.fused_halves(FusedOp::CausalSoftmax { n, t, scale }, GradOp::CausalSoftmax { scale })? {
+            return Ok(y);
+        }
         if let Some(y) = Tensor::in_f32(&[self], |x| x[0].causal_softmax(scale))? {
             return Ok(y);
         }
-        let t = d[d.len() - 1];
-        let n = self.numel() / (t * t).max(1);
         let y = self.alloc_like(self.numel(), DType::F32)?;
         if t > 0 && try_fused(self.device(), FusedOp::CausalSoftmax { n, t, scale }, &[self.buffer(), &y])? {
             return Ok(Tensor::result(y, self.shape().clone(), self.device(), GradOp::CausalSoftmax { scale }, &[self]));

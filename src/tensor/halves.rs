@@ -10,7 +10,8 @@
 //! On a CPU device, products (forward and backward) and elementwise ops whose operands are
 //! whole, a bias row or one value skip the copies: the backend reads the halves, widening them
 //! tile by tile in its kernels, and rounds each output once (`CpuBackend::matmul_halves`,
-//! `unary_halves`, `binary_halves`), with the same result as the composition's.
+//! `unary_halves`, `binary_halves`), with the same result as the composition's; so do the causal
+//! softmax and the tanh GELU, forward and backward (`CpuBackend::fused_halves`).
 //!
 //! [`autocast`] is PyTorch's `torch.autocast`: inside it, products (matmul, Linear, Conv2d)
 //! cast their F32 operands to the half type first, so their outputs and everything computed
@@ -19,7 +20,7 @@
 use super::Tensor;
 use crate::autograd::{GradOp, Node};
 use crate::backend::cpu::{CpuBackend, Spread};
-use crate::backend::{BinaryOp, UnaryOp};
+use crate::backend::{BinaryOp, FusedOp, UnaryOp};
 use crate::{DType, Error, Result};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -129,6 +130,23 @@ impl Tensor {
         Ok(Some(Tensor::result(out, shape, self.device(), GradOp::InF32(Box::new(GradOp::Binary(op))), &[self, other])))
     }
 
+    /// `op`, a causal softmax or tanh GELU whose gradient rule is `inner`, on this half tensor:
+    /// computed by the CPU backend from the halves directly and rounded once, as `in_f32`
+    /// would, without its F32 copies (`CpuBackend::fused_halves`); `None` elsewhere.
+    pub(crate) fn fused_halves(&self, op: FusedOp, inner: GradOp) -> Result<Option<Tensor>> {
+        let Some(cpu) = self.fused_halves_here() else { return Ok(None) };
+        let out = self.alloc_like(self.numel(), self.dtype())?;
+        cpu.fused_halves(op, &[&self.0.buffer, &out])?;
+        Ok(Some(Tensor::result(out, self.shape().clone(), self.device(), GradOp::InF32(Box::new(inner)), &[self])))
+    }
+
+    /// The CPU device that runs a fused kernel reading this half tensor directly, while fused
+    /// kernels are on (see `tensor::composed`).
+    fn fused_halves_here(&self) -> Option<&CpuBackend> {
+        let cpu = self.backend().as_any().downcast_ref::<CpuBackend>()?;
+        (self.dtype().is_half() && self.numel() > 0 && super::fused::fused_on()).then_some(cpu)
+    }
+
     /// This tensor as F32 (a differentiable cast from a half type; itself otherwise).
     pub(crate) fn upcast(&self) -> Result<Tensor> {
         if self.dtype().is_half() {
@@ -232,6 +250,9 @@ pub(crate) fn backward_in_f32(
             return grads.into_iter().zip(inputs).map(|(gr, x)| gr.map(|gr| gr.to_dtype(x.dtype())).transpose()).collect();
         }
     }
+    if let Some(dx) = fused_grad_halves(inner, inputs, out, g)? {
+        return Ok(vec![Some(dx)]);
+    }
     // The rules ask their inputs whether they need a gradient: the copies answer as the halves.
     let reads = inner.reads_inputs();
     let wide = |t: &Tensor| -> Result<Tensor> {
@@ -249,4 +270,26 @@ pub(crate) fn backward_in_f32(
         return Err(Error::invalid("backward", format!("{} gradients for {} inputs of an op run in f32", grads.len(), inputs.len())));
     }
     grads.into_iter().zip(inputs).map(|(gr, x)| gr.map(|gr| gr.to_dtype(x.dtype())).transpose()).collect()
+}
+
+/// The gradient of a causal softmax or tanh GELU that ran on a half input (`Tensor::fused_halves`),
+/// computed by the CPU backend from the half output or input and the gradient as they are and
+/// rounded once to the input's type; `None` for other ops and devices.
+fn fused_grad_halves(inner: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+    let [x] = inputs else { return Ok(None) };
+    let (op, read) = match inner {
+        GradOp::CausalSoftmax { scale } => {
+            let t = x.dims().last().copied().unwrap_or(0);
+            (FusedOp::CausalSoftmaxBackward { n: x.numel() / (t * t).max(1), t, scale: *scale }, out)
+        }
+        GradOp::GeluTanh => (FusedOp::GeluTanhBackward { len: x.numel() }, x),
+        _ => return Ok(None),
+    };
+    let Some(cpu) = read.fused_halves_here() else { return Ok(None) };
+    if g.numel() != x.numel() || read.numel() != x.numel() || read.dtype() != x.dtype() {
+        return Ok(None);
+    }
+    let dx = x.alloc_like(x.numel(), x.dtype())?;
+    cpu.fused_halves(op, &[g.buffer(), read.buffer(), &dx])?;
+    Ok(Some(Tensor::from_parts(dx, x.shape().clone(), x.device().clone(), None)))
 }

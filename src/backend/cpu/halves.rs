@@ -5,6 +5,7 @@
 //! out of the tile. The result is the f32 product of the exactly widened operands, rounded once,
 //! as the composition (cast, f32 product, cast) gives, without its three passes and tensors.
 //! Elementwise ops on halves widen, compute and round the same way one group of rows at a time.
+use super::kernels::by_isa;
 use super::{contract, raw, read, same, write, CpuBackend};
 use crate::backend::{host, BinaryOp, Buffer, MatmulSpec, UnaryOp};
 use crate::{DType, Error, Result};
@@ -40,16 +41,55 @@ pub enum Output<'a> {
 pub fn widen(src: &[u16], dtype: DType, dst: &mut [f32]) {
     match dtype {
         DType::F16 => src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst),
-        // bfloat16 is the high half of an f32: a shift, which vectorises.
-        _ => dst.iter_mut().zip(src).for_each(|(d, &h)| *d = f32::from_bits(u32::from(h) << 16)),
+        _ => widen_bf16(src, dst),
     }
+}
+
+by_isa!(
+    /// bfloat16 is the high half of an f32: a shift, eight or sixteen lanes wide where the CPU
+    /// has AVX2 or AVX-512F.
+    fn widen_bf16(src: &[u16], dst: &mut [f32]) => widen_bf16_plain
+);
+
+#[inline(always)]
+fn widen_bf16_plain(src: &[u16], dst: &mut [f32]) {
+    dst.iter_mut().zip(src).for_each(|(d, &h)| *d = f32::from_bits(u32::from(h) << 16));
 }
 
 /// `dst[i] = src[i]` rounded to the nearest even `dtype` value, as `CastOp::to_half` does.
 pub fn narrow(src: &[f32], dtype: DType, dst: &mut [u16]) {
     match dtype {
         DType::F16 => dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src),
-        _ => dst.reinterpret_cast_mut::<half::bf16>().convert_from_f32_slice(src),
+        _ => narrow_bf16(src, dst),
+    }
+}
+
+by_isa!(
+    /// `dst[i]` = bfloat16 bits of `src[i]` (`bf16_bits`), eight or sixteen lanes wide where
+    /// the CPU has AVX2 or AVX-512F: the `half` crate's conversion branches per value.
+    fn narrow_bf16(src: &[f32], dst: &mut [u16]) => narrow_bf16_plain
+);
+
+#[inline(always)]
+fn narrow_bf16_plain(src: &[f32], dst: &mut [u16]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = bf16_bits(x);
+    }
+}
+
+/// `half::bf16::from_f32(x)`'s bits without a branch: rounded to nearest even by adding
+/// `0x7FFF` plus the kept part's lowest bit (which carries into the kept part exactly when the
+/// dropped half is over a tie, or a tie with an odd kept part), and a NaN kept a NaN with its
+/// sign and top payload bits, quieted.
+#[inline(always)]
+pub(crate) fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = (b >> 16) as u16 | 0x0040;
+    if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        rounded
     }
 }
 
@@ -372,5 +412,23 @@ pub fn elementwise(pass: Pass, a: Operand, spread: Spread, len: usize, width: us
         (0..groups).into_par_iter().for_each(task);
     } else {
         (0..groups).for_each(task);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The branchless bfloat16 rounding gives the `half` crate's bits for every high half with
+    /// the low halves around a tie, zero, all ones, infinities and NaNs of both signs included.
+    #[test]
+    fn narrow_rounds_as_the_half_crate() {
+        let lows = [0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF];
+        let xs: Vec<f32> = (0..=0xFFFFu32).flat_map(|hi| lows.map(|lo| f32::from_bits(hi << 16 | lo))).collect();
+        let mut got = vec![0u16; xs.len()];
+        narrow(&xs, DType::Bf16, &mut got);
+        for (x, g) in xs.iter().zip(&got) {
+            assert_eq!(*g, half::bf16::from_f32(*x).to_bits(), "{:#010x}", x.to_bits());
+        }
     }
 }

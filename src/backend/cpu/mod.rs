@@ -1,6 +1,7 @@
 //! The CPU reference backend: plain, obviously correct Rust; the oracle for every other backend.
 mod elementwise;
 mod fused;
+mod fused_halves;
 mod gelu;
 mod gemm_path;
 mod halves;
@@ -389,14 +390,19 @@ impl Backend for CpuBackend {
         contract::cast(&self.info, op, x, out, len)?;
         let xs = read(raw(x)?);
         let mut o = write(raw(out)?);
+        // Half casts go through the vectorised `halves::narrow` and `widen` (the same bits as
+        // `CastOp::to_half` and `from_half`), in chunks over threads: autocast casts every
+        // product's F32 operands and their gradients back, a large share of a bf16 step.
         match op.dtypes() {
             (_, to) if to.is_half() => {
-                let o: &mut [u16] = bytemuck::cast_slice_mut(&mut o);
-                o[..len].iter_mut().zip(&xs[..len]).for_each(|(o, &w)| *o = op.to_half(f32::from_bits(w)));
+                let o: &mut [u16] = &mut bytemuck::cast_slice_mut(&mut o)[..len];
+                let xs: &[f32] = &bytemuck::cast_slice(&xs)[..len];
+                by_chunks(o, xs, |o, x| halves::narrow(x, to, o));
             }
             (from, _) if from.is_half() => {
-                let xs: &[u16] = bytemuck::cast_slice(&xs);
-                o[..len].iter_mut().zip(&xs[..len]).for_each(|(o, &h)| *o = op.from_half(h).to_bits());
+                let xs: &[u16] = &bytemuck::cast_slice(&xs)[..len];
+                let o: &mut [f32] = &mut bytemuck::cast_slice_mut(&mut o)[..len];
+                by_chunks(o, xs, |o, x| halves::widen(x, from, o));
             }
             _ => o[..len].iter_mut().zip(&xs[..len]).for_each(|(o, &w)| *o = op.word(w)),
         }
@@ -448,5 +454,17 @@ impl Backend for CpuBackend {
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// `f(out chunk, the matching chunk of xs)` over chunks of `kernels::CHUNK` elements, on several
+/// threads when there are at least two chunks.
+fn by_chunks<O: Send, X: Sync>(out: &mut [O], xs: &[X], f: impl Fn(&mut [O], &[X]) + Sync) {
+    use rayon::prelude::*;
+    let chunk = kernels::CHUNK;
+    if out.len() >= 2 * chunk {
+        out.par_chunks_mut(chunk).zip(xs.par_chunks(chunk)).for_each(|(o, x)| f(o, x));
+    } else {
+        f(out, xs);
     }
 }
