@@ -194,7 +194,11 @@ fn gpt_strategy(group: &Group, args: &Args) -> Result<Box<dyn Strategy>> {
         1 => Stages::Built(model.stages_of(first..first + local, total, &devices, None)?),
         t => Stages::Sharded(model.tensor_stages_of(first..first + local, total, &devices, t, None)?),
     };
-    let mut pipe = Parallel::pipeline(stages, &devices, &opt, loss).micro_batches(args.micro).schedule(args.schedule).recompute(args.recompute).grad_clip(args.clip);
+    let mut pipe = Parallel::pipeline(stages, &devices, &opt, loss)
+        .micro_batches(args.micro)
+        .schedule(args.schedule)
+        .recompute(args.recompute)
+        .grad_clip(args.clip);
     pipe = match args.bad_tie.as_deref() {
         None => pipe,
         Some("one-rank") if group.rank() == 0 => pipe.tie((0, Gpt::WTE), (total - 1, Gpt::LM_HEAD)),

@@ -97,7 +97,9 @@ pub(super) fn agree(a: &Across, stages: &[Stage], given: &[(StageParam, StagePar
     let all: BTreeSet<(StageParam, StageParam)> = p.given.iter().flatten().cloned().collect();
     for (r, set) in p.given.iter().enumerate() {
         if let Some(((ps, pn), (cs, cn))) = all.iter().find(|t| !set.contains(*t)) {
-            let what = format!("rank {r} does not tie stage {cs}'s {cn} to stage {ps}'s {pn}, which another rank ties: give every rank the same ties");
+            let what = format!(
+                "rank {r} does not tie stage {cs}'s {cn} to stage {ps}'s {pn}, which another rank ties: give every rank the same ties"
+            );
             return Err(Error::invalid("Pipeline::tie", what));
         }
     }
@@ -105,10 +107,11 @@ pub(super) fn agree(a: &Across, stages: &[Stage], given: &[(StageParam, StagePar
     let mut ties: BTreeSet<(StageParam, StageParam)> = all.into_iter().filter(|((ps, _), (cs, _))| rank_of(*ps) != rank_of(*cs)).collect();
     for (cs, cn, pn) in &p.declared {
         let holders: Vec<usize> = p.params.keys().filter(|(s, n)| n == pn && s != cs).map(|(s, _)| *s).collect();
+        let declared = format!("stage {cs}'s {cn} is declared a copy of {pn}");
         let ps = match holders[..] {
             [s] => s,
-            [] => return Err(Error::invalid("Pipeline", format!("stage {cs}'s {cn} is declared a copy of {pn}, but no stage of any rank holds {pn}"))),
-            _ => return Err(Error::invalid("Pipeline", format!("stage {cs}'s {cn} is declared a copy of {pn}, which stages {holders:?} hold: tie it explicitly"))),
+            [] => return Err(Error::invalid("Pipeline", format!("{declared}, but no stage of any rank holds {pn}"))),
+            _ => return Err(Error::invalid("Pipeline", format!("{declared}, which stages {holders:?} hold: tie it explicitly"))),
         };
         ties.insert(((ps, pn.clone()), (*cs, cn.clone())));
     }
@@ -117,7 +120,11 @@ pub(super) fn agree(a: &Across, stages: &[Stage], given: &[(StageParam, StagePar
         let shape = |s: usize, n: &str| {
             p.params.get(&(s, n.to_string())).cloned().ok_or_else(|| {
                 let total = a.total;
-                let why = if s < total { format!("stage {s} (on rank {}) has no parameter {n}", rank_of(s)) } else { format!("stage {s} of {n}: the pipeline has {total} stages") };
+                let why = if s < total {
+                    format!("stage {s} (on rank {}) has no parameter {n}", rank_of(s))
+                } else {
+                    format!("stage {s} of {n}: the pipeline has {total} stages")
+                };
                 Error::invalid("Pipeline::tie", why)
             })
         };
@@ -127,7 +134,8 @@ pub(super) fn agree(a: &Across, stages: &[Stage], given: &[(StageParam, StagePar
         }
         for sp in [(*ps, pn), (*cs, cn)] {
             if !used.insert(sp) {
-                return Err(Error::invalid("Pipeline::tie", format!("stage {}'s {} is in two ties across processes; each parameter may be in one", sp.0, sp.1)));
+                let what = format!("stage {}'s {} is in two ties across processes; each parameter may be in one", sp.0, sp.1);
+                return Err(Error::invalid("Pipeline::tie", what));
             }
         }
     }
