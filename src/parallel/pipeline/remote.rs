@@ -251,5 +251,8 @@ mod tests {
         assert!(decode(vec![0.0, 2.0, 3.0], 1, &dev).is_err());
         assert_ne!(tag(3, Dir::Activation), tag(3, Dir::Gradient));
         assert!(tag(MAX_MICRO_BATCHES - 1, Dir::Gradient) < PREDICT_TAG);
+        // Ties across processes send on a tag of their own, between training's and prediction's.
+        let tie = super::super::tied_across::TIE_TAG;
+        assert!(tag(MAX_MICRO_BATCHES - 1, Dir::Gradient) < tie && tie < PREDICT_TAG);
     }
 }
