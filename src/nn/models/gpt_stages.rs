@@ -98,7 +98,7 @@ impl Gpt {
         total: usize,
         devices: &[Device],
         starts: Option<&[usize]>,
-        block: &mut dyn FnMut(usize, usize, &Device) -> Result<Box<dyn Module>>,
+        block: &mut BlockMaker,
     ) -> Result<Vec<Sequential>> {
         let ranges = self.block_ranges(total, starts)?;
         if mine.is_empty() || mine.end > total || devices.len() != mine.len() {
@@ -163,6 +163,9 @@ impl Gpt {
         Ok(bounds.windows(2).map(|w| w[0]..w[1]).collect())
     }
 }
+
+/// Makes block `i` of stage `stage` on its device: `block(stage, i, device)`.
+pub(crate) type BlockMaker<'a> = dyn FnMut(usize, usize, &Device) -> Result<Box<dyn Module>> + 'a;
 
 /// A fresh trainable copy of `t` on `dev`, sharing no storage with it.
 fn leaf(t: &Tensor, dev: &Device) -> Result<Tensor> {

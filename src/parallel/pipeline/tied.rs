@@ -42,7 +42,6 @@ pub(super) type Resolved = (Vec<(StageParam, StageParam)>, Vec<super::tied_acros
 /// needs no tie. A primary that no stage holds is an error, unless the pipeline spans
 /// processes (`spread`: the first stage here is global stage `spread.unwrap()`): then the copy
 /// is returned apart, `(global stage, copy, primary)`, for the ranks to resolve together.
-
 pub(super) fn declared(stages: &[Stage], mut given: Vec<(StageParam, StageParam)>, spread: Option<usize>) -> Result<Resolved> {
     let mut elsewhere = Vec::new();
     for (c, stage) in stages.iter().enumerate() {
