@@ -1,7 +1,7 @@
 //! Pipeline stages on different processes, ZeRO-1 over every rank, and NCCL across processes:
 //! run under `mpirun`, every rank trains the seed CNN on the same global batches of the digits
-//! set; rank 0 prints one JSON line per step. Tests (tests/mpi_pipeline.rs) compare the modes
-//! with one process.
+//! set (a tiny GPT on fixed token batches in the `gpt` modes); rank 0 prints one JSON line per
+//! step. Tests (tests/mpi_pipeline.rs) compare the modes with one process.
 //!
 //! ```text
 //! cargo build --example dist_pipeline --features mpi
@@ -9,8 +9,13 @@
 //! mpirun -np 2 target/debug/examples/dist_pipeline --mode pipeline --split 6 --micro 4
 //! mpirun -np 2 target/debug/examples/dist_pipeline --mode zero --devices cpu
 //! mpirun -np 2 target/debug/examples/dist_pipeline --mode dp --devices cuda:0,cuda:1 --comm nccl
+//! mpirun -np 2 target/debug/examples/dist_pipeline --mode gpt-pipeline --devices cpu,cpu,cpu,cpu --tensor 2
 //! ```
-//! Options: `--mode single|pipeline|dp|zero|zero2|zero3` (ZeRO-1, 2, 3); `--devices SPEC` (the machine's devices, shared
+//! Options: `--mode single|pipeline|dp|zero|zero2|zero3|gpt|gpt-pipeline` (ZeRO-1, 2, 3; `gpt`: the GPT on
+//! one device, `gpt-pipeline`: its stages over the ranks, each a tensor-parallel group of
+//! `--tensor T` of the rank's devices, the embedding on rank 0 tied to the head on the last;
+//! `--bad-tie one-rank|shape` gives rank 0 alone a tie, or every rank a tie of two shapes);
+//! `--devices SPEC` (the machine's devices, shared
 //! out by local rank; default `cpu`); `--steps N`; `--batch B`; pipeline: `--split A,B,..`
 //! (layer indices where ranks 1, 2, .. start; one rank per stage), `--micro M`, `--schedule
 //! gpipe|1f1b`, `--recompute`; `--clip MAX_NORM` (single and pipeline); data parallel: `--comm hierarchical|nccl`; `--state-out PATH`
@@ -19,8 +24,8 @@
 use std::sync::Arc;
 use tandem::data::{digits, DataLoader};
 use tandem::dist::{self, Group, Order};
-use tandem::nn::models::SeedModel;
-use tandem::optim::SgdConfig;
+use tandem::nn::models::{Gpt, GptConfig, SeedModel};
+use tandem::optim::{AdamConfig, SgdConfig};
 use tandem::parallel::comm::{Communicator, Hierarchical};
 use tandem::parallel::pipeline::Schedule;
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Parallel, Shard, Stages, Strategy};
@@ -39,6 +44,8 @@ struct Args {
     clip: Option<f32>,
     comm: String,
     state_out: Option<String>,
+    tensor: usize,
+    bad_tie: Option<String>,
 }
 
 fn main() {
@@ -67,6 +74,8 @@ fn parse_args() -> Result<Args> {
         clip: None,
         comm: "hierarchical".into(),
         state_out: None,
+        tensor: 1,
+        bad_tie: None,
     };
     let mut it = std::env::args().skip(1);
     let usage = |m: String| Error::invalid("dist_pipeline", m);
@@ -91,6 +100,8 @@ fn parse_args() -> Result<Args> {
             "--clip" => a.clip = Some(value()?.parse().map_err(|_| usage("--clip needs a number".into()))?),
             "--comm" => a.comm = value()?,
             "--state-out" => a.state_out = Some(value()?),
+            "--tensor" => a.tensor = num(&value()?)?,
+            "--bad-tie" => a.bad_tie = Some(value()?),
             f => return Err(usage(format!("unknown option {f}"))),
         }
     }
@@ -158,7 +169,63 @@ fn nccl(_: &[tandem::Device], _: &Group) -> Result<Box<dyn Communicator>> {
     Err(Error::Unavailable { backend: "nccl", reason: "built without the `nccl` cargo feature".into() })
 }
 
+/// The GPT of the `gpt` modes on `device`.
+fn gpt(device: &tandem::Device) -> Result<Gpt> {
+    let cfg = GptConfig { vocab_size: 16, block_size: 8, n_layer: 2, n_head: 2, n_embd: 8, dropout: 0.0, bias: true };
+    Gpt::new(cfg, 0, device)
+}
+
+/// `--mode gpt` or `gpt-pipeline`: this rank's strategy.
+fn gpt_strategy(group: &Group, args: &Args) -> Result<Box<dyn Strategy>> {
+    let devices = dist::local_devices(&args.devices, group)?;
+    let opt = OptimConfig::adam(AdamConfig { lr: 0.01, weight_decay: 0.1, ..AdamConfig::adamw() });
+    let loss = Loss::CrossEntropy;
+    if args.mode == "gpt" {
+        return Parallel::single(gpt, &devices[0], &opt, loss).grad_clip(args.clip).boxed();
+    }
+    // This rank's stages: as many as its devices make groups of --tensor, after the lower ranks'.
+    let local = devices.len() / args.tensor.max(1);
+    let counts = group.all_gather_u64(&[local as u64])?;
+    let first: usize = counts[..group.rank()].iter().map(|c| c[0] as usize).sum();
+    let total: usize = counts.iter().map(|c| c[0] as usize).sum();
+    // Drawn on the host by every rank alike; each keeps its own stages.
+    let model = gpt(&tandem::Device::cpu())?;
+    let stages = match args.tensor {
+        1 => Stages::Built(model.stages_of(first..first + local, total, &devices, None)?),
+        t => Stages::Sharded(model.tensor_stages_of(first..first + local, total, &devices, t, None)?),
+    };
+    let mut pipe = Parallel::pipeline(stages, &devices, &opt, loss)
+        .micro_batches(args.micro)
+        .schedule(args.schedule)
+        .recompute(args.recompute)
+        .grad_clip(args.clip);
+    pipe = match args.bad_tie.as_deref() {
+        None => pipe,
+        Some("one-rank") if group.rank() == 0 => pipe.tie((0, Gpt::WTE), (total - 1, Gpt::LM_HEAD)),
+        Some("one-rank") => pipe,
+        Some("shape") => pipe.tie((0, "transformer.wpe.weight"), (total - 1, "transformer.ln_f.weight")),
+        Some(b) => return Err(Error::invalid("dist_pipeline", format!("--bad-tie {b}: expected one-rank or shape"))),
+    };
+    Ok(Box::new(pipe.across(group).build()?))
+}
+
+/// The GPT modes' loop: batch `s` is a fixed function of `s`, 8 windows of 8 tokens.
+fn train_gpt(group: &Group, args: &Args) -> Result<()> {
+    let mut strategy = gpt_strategy(group, args)?;
+    let mut lines = JsonLines { leader: group.rank() == 0 };
+    for step in 0..args.steps {
+        let ids: Vec<i32> = (0..8 * 9).map(|i| ((i * 5 + i / 9 + step as usize * 3) % 16) as i32).collect();
+        let (x, y): (Vec<i32>, Vec<i32>) = ids.chunks(9).flat_map(|w| w[..8].iter().zip(&w[1..]).map(|(a, b)| (*a, *b))).unzip();
+        let report = strategy.step(&tandem::data::Batch::tokens(x, y, 8, 16)?)?;
+        lines.step(&StepInfo { step: step + 1, total: args.steps, lr: None, samples: 8, report: &report });
+    }
+    write_state(group, args, &*strategy)
+}
+
 fn train(group: &Group, args: &Args) -> Result<()> {
+    if args.mode.starts_with("gpt") {
+        return train_gpt(group, args);
+    }
     let (data, _) = digits::load(512, 0, 0)?;
     let mut loader = DataLoader::new(Arc::new(data), args.batch, true, 0)?;
     let lines = JsonLines { leader: group.rank() == 0 };

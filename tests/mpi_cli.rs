@@ -4,7 +4,8 @@
 //! it, `devices` speaks per rank and `bench --bench allreduce` prints its JSON figures; ranks
 //! started with other flags, data or chunk sizes end the job within 30 s naming what differs;
 //! sharded (`--shard`) checkpoints resume under another rank count and sharding mode;
-//! `--strategy data,tensor` puts a tensor group in each process and data parallelism across.
+//! `--strategy data,tensor` puts a tensor group in each process and data parallelism across;
+//! `--strategy pipeline` puts a GPT's stages (tensor groups with `--tensor`) on the processes.
 #[path = "common/jobs.rs"]
 mod jobs;
 
@@ -182,6 +183,38 @@ fn tensor_groups_inside_processes_with_data_across() {
         let tail = losses(&json_lines(tandem(np_then, &strs(&gpt("6", &[then, &["--checkpoint-dir", ckpt, "--resume"]].concat())))));
         assert_curve(&format!("{first:?} on {np_first} processes, then {then:?} on {np_then}"), &[head, tail].concat(), &whole, false);
     }
+}
+
+/// `--strategy pipeline` for the GPT under 2 processes puts one stage on each (a tensor group of
+/// 2 inside each with `--tensor 2`), the embedding on rank 0 tied to the head on rank 1: both
+/// train the one-device losses, and a checkpoint of tensor 2 x pipeline 2 resumes under
+/// `data,tensor` across 2 processes and alone, on the uninterrupted curve.
+#[test]
+fn gpt_pipeline_stages_across_processes() {
+    let gpt = |steps: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = ["train", "--model", "gpt", "--data", "text", "--steps", steps, "--batch", "8", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--log-format", "json"].map(String::from).to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let alone: &[&str] = &["--devices", "cpu"];
+    let pipe: &[&str] = &["--strategy", "pipeline", "--devices", "cpu,cpu", "--micro-batches", "2"];
+    let tensor_pipe: &[&str] = &["--strategy", "pipeline", "--tensor", "2", "--devices", "cpu,cpu,cpu,cpu", "--micro-batches", "2"];
+    let mesh: &[&str] = &["--strategy", "data,tensor", "--tensor", "2", "--devices", "cpu,cpu,cpu,cpu"];
+    let whole = losses(&json_lines(tandem(1, &strs(&gpt("4", alone)))));
+    assert_eq!(whole.len(), 4);
+    assert_curve("GPT, pipeline 2 over 2 processes", &losses(&json_lines(tandem(2, &strs(&gpt("4", pipe))))), &whole, false);
+    assert_curve("GPT, tensor 2 x pipeline 2 over 2 processes", &losses(&json_lines(tandem(2, &strs(&gpt("4", tensor_pipe))))), &whole, false);
+    for (then, np_then) in [(mesh, 2), (alone, 1)] {
+        let dir = TempDir::new();
+        let ckpt = dir.0.join("ckpt");
+        let ckpt = ckpt.to_str().unwrap();
+        let head = losses(&json_lines(tandem(2, &strs(&gpt("2", &[tensor_pipe, &["--checkpoint-dir", ckpt]].concat())))));
+        let tail = losses(&json_lines(tandem(np_then, &strs(&gpt("4", &[then, &["--checkpoint-dir", ckpt, "--resume"]].concat())))));
+        assert_curve(&format!("tensor 2 x pipeline 2 on 2 processes, then {then:?} on {np_then}"), &[head, tail].concat(), &whole, false);
+    }
+    // Rank 0 evaluates alone, which a pipeline spread over the ranks cannot.
+    let job = run(tandem(2, &strs(&gpt("2", &[pipe, &["--eval-every", "1"]].concat()))), Duration::from_secs(60));
+    assert!(!job.ok && job.stderr.contains("--eval-every"), "{}", job.stderr);
 }
 
 #[test]

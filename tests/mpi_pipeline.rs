@@ -1,8 +1,10 @@
 //! Strategies whose parts live on different processes (cargo feature `mpi`), through
 //! examples/dist_pipeline under `mpirun`: pipeline stages on 2 and 3 ranks train as `Single`
-//! does (also clipping by the norm over every rank), ZeRO-1 over 2 ranks trains as plain data
-//! parallelism with the optimizer state split between them, and NCCL across processes refuses
-//! devices it cannot use on every rank without hanging.
+//! does (also clipping by the norm over every rank), a GPT's stages on 2 ranks (whole, or
+//! tensor-parallel groups of 2) with the embedding tied to the head across them train as one
+//! device, ties the ranks do not agree on are an error, ZeRO-1 over 2 ranks trains as plain
+//! data parallelism with the optimizer state split between them, and NCCL across processes
+//! refuses devices it cannot use on every rank without hanging.
 #[path = "common/jobs.rs"]
 mod jobs;
 
@@ -38,9 +40,14 @@ struct Trained {
 }
 
 fn train(np: usize, tcp: bool, args: &[&str]) -> Trained {
+    train_steps(np, tcp, args, 10)
+}
+
+fn train_steps(np: usize, tcp: bool, args: &[&str], steps: usize) -> Trained {
     let path = scratch("state");
     let mut all = args.to_vec();
-    all.extend(["--steps", "10", "--state-out", path.to_str().unwrap()]);
+    let steps = steps.to_string();
+    all.extend(["--steps", &steps, "--state-out", path.to_str().unwrap()]);
     let (ok, output, took) = run(np, tcp, &all, Duration::from_secs(240));
     assert!(ok, "{all:?} on {np} processes failed:\n{output}");
     eprintln!("{args:?} on {np} processes: {took:?}");
@@ -56,7 +63,7 @@ fn train(np: usize, tcp: bool, args: &[&str]) -> Trained {
 }
 
 fn assert_same_run(what: &str, got: &Trained, want: &Trained) {
-    assert_eq!(got.losses.len(), 10, "{what}: {} losses", got.losses.len());
+    assert_eq!(got.losses.len(), want.losses.len(), "{what}: {} losses", got.losses.len());
     tandem::tolerance::assert_close(&format!("losses, {what}"), &got.losses, &want.losses, 1e-5, 1e-4);
     tandem::tolerance::assert_close(&format!("weights and optimizer state, {what}"), &got.state, &want.state, 1e-5, 1e-4);
 }
@@ -69,6 +76,43 @@ fn pipeline_stages_on_two_and_three_processes_train_as_single() {
     assert_same_run("2 processes, 1F1B, 4 micro-batches", &two, &single);
     let three = train(3, true, &["--mode", "pipeline", "--split", "3,7", "--micro", "2", "--schedule", "gpipe", "--recompute"]);
     assert_same_run("3 processes over tcp, GPipe with recomputation", &three, &single);
+}
+
+/// The GPT's embedding (rank 0) and head (rank 1) are one parameter across the processes: its
+/// gradient is summed on rank 0 before the clipped update and the new value sent back, so the
+/// run equals one device's, weights and AdamW state included (the head has none of its own).
+#[test]
+fn gpt_stages_on_two_processes_train_as_one_device() {
+    let single = train_steps(1, false, &["--mode", "gpt", "--clip", "0.5"], 4);
+    assert!(single.losses[3] < single.losses[0], "the reference run does not learn: {:?}", single.losses);
+    assert!(single.norms.iter().any(|&n| n > 0.5), "the bound never clips: norms {:?}", single.norms);
+    let cases: [(&str, &[&str]); 2] = [
+        ("pipeline 2 across", &["--devices", "cpu,cpu"]),
+        ("tensor 2 inside x pipeline 2 across", &["--devices", "cpu,cpu,cpu,cpu", "--tensor", "2"]),
+    ];
+    for (what, flags) in cases {
+        let args = [&["--mode", "gpt-pipeline", "--micro", "2", "--clip", "0.5"][..], flags].concat();
+        let two = train_steps(2, false, &args, 4);
+        assert_same_run(what, &two, &single);
+        tandem::tolerance::assert_close(&format!("gradient norms, {what}"), &two.norms, &single.norms, 1e-5, 1e-4);
+    }
+}
+
+/// Ranks given different ties, or a tie of two shapes, end the job with an error naming the
+/// parameters, every rank agreeing on it.
+#[test]
+fn ties_the_ranks_do_not_agree_on_are_an_error() {
+    let cases = [
+        ("one-rank", "rank 1 does not tie stage 1's lm_head.weight to stage 0's transformer.wte.weight"),
+        ("shape", "stage 0's transformer.wpe.weight is [8, 8] F32, stage 1's transformer.ln_f.weight, tied to it, is [8] F32"),
+    ];
+    for (bad, expect) in cases {
+        let args = ["--mode", "gpt-pipeline", "--devices", "cpu,cpu", "--micro", "2", "--steps", "1", "--bad-tie", bad];
+        let (ok, output, took) = run(2, false, &args, Duration::from_secs(120));
+        assert!(!ok, "--bad-tie {bad}: the job succeeded:\n{output}");
+        assert!(output.contains(expect), "--bad-tie {bad}: the output does not say {expect:?}:\n{output}");
+        assert!(took < Duration::from_secs(60), "--bad-tie {bad}: the job took {took:?} to end");
+    }
 }
 
 #[test]

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
 use tandem::data::text::{read_text, Split, TokenWindows};
+use tandem::dist::Group;
 use tandem::data::{Batch, RandomWindows, Tokenizer, WindowLoader, WindowPool};
 use tandem::nn::models::{Gpt, GptConfig, StateShards};
 use tandem::nn::Module;
@@ -161,7 +162,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if let Some(l) = &limits {
         l.apply(&devices, !ranks.many())?;
     }
-    ranks.check_strategy(args.strategy)?;
+    ranks.check_strategy(args.strategy, true)?;
     run.check_outputs()?;
 
     check_shape(g)?;
@@ -192,6 +193,12 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
         let tensor = setup::tensor_groups(args.tensor, args.strategy, &devices, true)?;
         let groups = devices.chunks(tensor).map(|row| TensorParallelGpt::new(gpt_on(args, cfg)(&row[0])?, row, &optim, Loss::CrossEntropy)).collect::<Result<Vec<_>>>()?;
         ranks.grid(groups, &setup::grid_config(args.shard, args.bucket_size, setup::grad_dtype(args)?), &optim)?
+    } else if ranks.many() && args.strategy == StrategyKind::Pipeline {
+        // One pipeline over the processes: each rank builds and trains its own stages.
+        if g.eval_every.is_some() {
+            return Err(Error::invalid("--eval-every", "rank 0 evaluates alone, and a pipeline across processes needs every rank's stages: leave it out"));
+        }
+        build(args, cfg, &optim, &devices, None, Some(ranks.group()))?
     } else if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
         let dp = match &planned {
@@ -203,7 +210,7 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     } else if let Some(p) = &planned {
         p.build_gpt(&gpt_on(args, cfg), &devices, &optim)?
     } else {
-        build(args, cfg, &optim, &devices, weights)?
+        build(args, cfg, &optim, &devices, weights, None)?
     };
     setup::set_precision(&mut *strategy, args)?;
     let clip = setup::grad_clip(args)?;
@@ -308,8 +315,8 @@ pub(super) fn gpt_on(args: &TrainArgs, cfg: GptConfig) -> impl Fn(&Device) -> Re
 /// `single` or `data` (what `auto` becomes), `tensor`, `pipeline`, `data,pipeline` and
 /// `data,tensor`; with
 /// `--recompute` each block (single, data, tensor) or each stage (the pipelines) recomputes its
-/// activations in the backward.
-fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], weights: Option<Vec<f64>>) -> Result<Box<dyn Strategy>> {
+/// activations in the backward. `across`: the job's processes, over which a pipeline spans.
+fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], weights: Option<Vec<f64>>, across: Option<&Group>) -> Result<Box<dyn Strategy>> {
     let micro_batches = args.micro_batches.unwrap_or(1);
     let gpt = gpt_on(args, cfg);
     let kind = match args.strategy {
@@ -351,7 +358,7 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             }
             Ok(Box::new(TensorParallelGpt::new(gpt(&devices[0])?, devices, optim, Loss::CrossEntropy)?))
         }
-        StrategyKind::Pipeline => Ok(Box::new(pipeline(args, cfg, optim, devices, micro_batches, tensor)?)),
+        StrategyKind::Pipeline => Ok(Box::new(pipeline(args, cfg, optim, devices, micro_batches, tensor, across)?)),
         StrategyKind::DataPipeline => {
             let rows = args.pipelines.unwrap_or(2);
             if rows == 0 || !devices.len().is_multiple_of(rows * tensor) || devices.len() == rows * tensor {
@@ -362,7 +369,7 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
                 let what = format!("--batch {} does not split into {rows} pipelines of {micro_batches} equal micro-batches", args.batch);
                 return Err(Error::invalid("--micro-batches", what));
             }
-            Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches, tensor))?.shard(&grid_cfg, optim)?))
+            Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches, tensor, None))?.shard(&grid_cfg, optim)?))
         }
         StrategyKind::DataTensor => {
             if micro_batches != 1 || args.deterministic {
@@ -381,24 +388,36 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
 /// A GPT pipeline over `devices`, one stage per device or per group of `tensor` consecutive
 /// devices (the blocks' heads and MLP features split over the group): the blocks split
 /// evenly, the embeddings on the first stage, ln_f and the output projection (a copy of `wte`,
-/// tied) on the last.
-fn pipeline(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], micro_batches: usize, tensor: usize) -> Result<Pipeline> {
-    let stages = devices.len() / tensor;
+/// tied) on the last. `across`: the stages of every process in rank order make the pipeline,
+/// this process building its own (collective).
+fn pipeline(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], micro_batches: usize, tensor: usize, across: Option<&Group>) -> Result<Pipeline> {
+    let local = devices.len() / tensor;
+    let (mine, stages) = match across {
+        Some(g) => {
+            let counts: Vec<usize> = g.all_gather_u64(&[local as u64])?.iter().map(|c| c.first().map_or(0, |&n| n as usize)).collect();
+            let first: usize = counts[..g.rank()].iter().sum();
+            (first..first + local, counts.iter().sum())
+        }
+        None => (0..local, local),
+    };
     if stages > cfg.n_layer {
         return Err(Error::invalid("--devices", format!("{stages} pipeline stages for {} blocks (--n-layer): every stage needs a block", cfg.n_layer)));
     }
     // Initialised on the host, so that no device holds the whole model.
     let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
     let built = match tensor {
-        1 => Stages::Built(gpt.stages(devices, None)?),
-        t => Stages::Sharded(gpt.tensor_stages(devices, t, None)?),
+        1 => Stages::Built(gpt.stages_of(mine, stages, devices, None)?),
+        t => Stages::Sharded(gpt.tensor_stages_of(mine, stages, devices, t, None)?),
     };
-    Pipeline::builder(built, devices, optim, Loss::CrossEntropy)
+    let pipe = Pipeline::builder(built, devices, optim, Loss::CrossEntropy)
         .micro_batches(micro_batches)
         .schedule(setup::pipeline_schedule(args.schedule))
         .recompute(args.recompute)
-        .tie((0, Gpt::WTE), (stages - 1, Gpt::LM_HEAD))
-        .build()
+        .tie((0, Gpt::WTE), (stages - 1, Gpt::LM_HEAD));
+    match across {
+        Some(g) => pipe.across(g).build(),
+        None => pipe.build(),
+    }
 }
 
 /// Warmup then cosine decay to a tenth of the rate at the last step, or `None` (a constant rate).

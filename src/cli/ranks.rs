@@ -46,19 +46,20 @@ impl Ranks {
         }
     }
 
-    /// Refuses a strategy other than data parallelism when the job has several processes:
-    /// from the command line, data parallelism spans processes, over one-device replicas
-    /// (`data`, `auto`) or over tensor-parallel groups inside each process (`data,tensor`).
-    pub fn check_strategy(&self, kind: super::StrategyKind) -> Result<()> {
-        use super::StrategyKind::{Auto, Data, DataTensor};
-        if !self.many() || matches!(kind, Data | Auto | DataTensor) {
+    /// Refuses a strategy that does not span processes when the job has several: from the
+    /// command line, data parallelism spans them, over one-device replicas (`data`, `auto`) or
+    /// over tensor-parallel groups inside each process (`data,tensor`); for the GPT
+    /// (`pipeline_across`) a pipeline does too, its stages (tensor-parallel groups with
+    /// `--tensor`) over the processes in rank order.
+    pub fn check_strategy(&self, kind: super::StrategyKind, pipeline_across: bool) -> Result<()> {
+        use super::StrategyKind::{Auto, Data, DataTensor, Pipeline};
+        if !self.many() || matches!(kind, Data | Auto | DataTensor) || (pipeline_across && kind == Pipeline) {
             return Ok(());
         }
         let name = format!("{kind:?}").to_lowercase();
-        Err(Error::invalid(
-            "--strategy",
-            format!("{name} runs inside one process; under {} processes use --strategy data, data,tensor or auto", self.group.size()),
-        ))
+        let also = if pipeline_across { ", pipeline" } else { "" };
+        let what = format!("{name} runs inside one process; under {} processes use --strategy data, data,tensor{also} or auto", self.group.size());
+        Err(Error::invalid("--strategy", what))
     }
 
     /// Data parallelism across the processes over this rank's `replicas` (tensor-parallel

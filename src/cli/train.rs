@@ -45,7 +45,7 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     if let Some(l) = &limits {
         l.apply(&devices, !ranks.many())?;
     }
-    ranks.check_strategy(args.strategy)?;
+    ranks.check_strategy(args.strategy, false)?;
     run.check_outputs()?;
 
     let (train, test) = source.load(model_kind, args.seed)?;

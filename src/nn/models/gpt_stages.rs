@@ -50,9 +50,6 @@ impl Module for Head {
     }
 }
 
-/// What makes block `i` of stage `stage` on its device, for [`Gpt::stages_with`].
-pub(crate) type BlockMaker<'a> = dyn FnMut(usize, usize, &Device) -> Result<Box<dyn Module>> + 'a;
-
 impl Gpt {
     /// The token embedding's name on the first of [`Gpt::stages`], tied to [`Gpt::LM_HEAD`].
     pub const WTE: &'static str = "transformer.wte.weight";
@@ -68,18 +65,51 @@ impl Gpt {
     /// [`Gpt::LM_HEAD`] on the last as two tensors; the last stage declares its head a copy of
     /// the embedding ([`Module::tied_parameters`]), so a pipeline of them ties the two itself.
     pub fn stages(&self, devices: &[Device], starts: Option<&[usize]>) -> Result<Vec<Sequential>> {
-        self.stages_with(devices, starts, &mut |_, i, dev| Ok(Box::new(self.block_copy(i, dev)?)))
+        self.stages_of(0..devices.len(), devices.len(), devices, starts)
     }
 
-    /// [`Gpt::stages`] with each block made by `block(stage, i, device)` (block `i` of stage
+    /// Stages `mine` of the model cut into `total` stages as [`Gpt::stages`] cuts it, stage
+    /// `mine.start + i` on `devices[i]`: one process's part of a pipeline across processes
+    /// ([`PipelineBuilder::across`](crate::parallel::pipeline::PipelineBuilder::across)), which
+    /// builds only the layers it trains. The last stage's head is declared a copy of the first
+    /// stage's embedding wherever they are, so the pipeline ties them across processes too.
+    ///
+    /// ```
+    /// # fn main() -> tandem::Result<()> {
+    /// use tandem::nn::models::{Gpt, GptConfig};
+    /// let dev = tandem::Device::cpu();
+    /// let cfg = GptConfig { vocab_size: 16, block_size: 8, n_layer: 4, n_head: 2, n_embd: 8, dropout: 0.0, bias: true };
+    /// let gpt = Gpt::new(cfg, 0, &dev)?;
+    /// // The second of two stages: blocks 2 and 3, ln_f and the head.
+    /// let last = gpt.stages_of(1..2, 2, &[dev.clone()], None)?;
+    /// let names: Vec<String> = last[0].layers().iter().map(|l| l.0.clone()).collect();
+    /// assert_eq!(names, ["transformer.h.2", "transformer.h.3", "transformer.ln_f", "lm_head"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn stages_of(&self, mine: Range<usize>, total: usize, devices: &[Device], starts: Option<&[usize]>) -> Result<Vec<Sequential>> {
+        self.stages_with(mine, total, devices, starts, &mut |_, i, dev| Ok(Box::new(self.block_copy(i, dev)?)))
+    }
+
+    /// [`Gpt::stages_of`] with each block made by `block(stage, i, device)` (block `i` of stage
     /// `stage` on its device): tensor-parallel stages put split blocks there.
-    pub(crate) fn stages_with(&self, devices: &[Device], starts: Option<&[usize]>, block: &mut BlockMaker<'_>) -> Result<Vec<Sequential>> {
-        let ranges = self.block_ranges(devices.len(), starts)?;
+    pub(crate) fn stages_with(
+        &self,
+        mine: Range<usize>,
+        total: usize,
+        devices: &[Device],
+        starts: Option<&[usize]>,
+        block: &mut BlockMaker,
+    ) -> Result<Vec<Sequential>> {
+        let ranges = self.block_ranges(total, starts)?;
+        if mine.is_empty() || mine.end > total || devices.len() != mine.len() {
+            let what = format!("stages {mine:?} of {total} on {} devices: give a non-empty range within 0..{total} and one device per stage", devices.len());
+            return Err(Error::invalid("Gpt::stages", what));
+        }
         let (cfg, t) = (self.config, &self.transformer);
         let training = |m: &dyn Module| m.set_training(self.training());
-        let last = devices.len() - 1;
+        let last = total - 1;
         let mut out = Vec::with_capacity(devices.len());
-        for (s, (dev, r)) in devices.iter().zip(ranges).enumerate() {
+        for (s, (dev, r)) in mine.clone().zip(devices.iter().zip(ranges[mine].iter().cloned())) {
             let mut stage = Sequential::new();
             if s == 0 {
                 let drop = dropout(&cfg, self.seed(), 3 * cfg.n_layer + 1)?;
@@ -133,6 +163,9 @@ impl Gpt {
         Ok(bounds.windows(2).map(|w| w[0]..w[1]).collect())
     }
 }
+
+/// Makes block `i` of stage `stage` on its device: `block(stage, i, device)`.
+pub(crate) type BlockMaker<'a> = dyn FnMut(usize, usize, &Device) -> Result<Box<dyn Module>> + 'a;
 
 /// A fresh trainable copy of `t` on `dev`, sharing no storage with it.
 fn leaf(t: &Tensor, dev: &Device) -> Result<Tensor> {

@@ -5,6 +5,7 @@ mod balance;
 mod remote;
 mod schedule;
 mod tied;
+mod tied_across;
 mod worker;
 pub use worker::graph_bytes;
 
@@ -85,7 +86,9 @@ pub struct Pipeline {
     stats: Option<PipelineStats>,
     /// Where this rank's stages sit when the pipeline spans processes.
     across: Option<Across>,
-    ties: Vec<tied::Tied>,
+    ties: tied::Ties,
+    /// Every rank's weights, gathered by `gather_full` across processes, until the next step.
+    full: Option<Vec<(String, Tensor)>>,
     /// The last share a data-parallel grid ran (`Replica::backward_share`), until its report.
     pub(in crate::parallel) share_run: Option<PartRun>,
 }
@@ -129,8 +132,11 @@ impl PipelineBuilder<'_> {
     /// Stages on the ranks of `group` (`mpirun`): every rank builds the pipeline with its own
     /// stages (`Stages::Built` of its part, or a `Split::At` of it) and devices; rank 0 holds
     /// the first stages, the last rank the last. Activations and gradients cross processes by
-    /// `Group::send`/`recv`; every rank calls `step` with the same batch. A group of one
-    /// changes nothing.
+    /// `Group::send`/`recv`; every rank calls `step` with the same batch. Parameters tied
+    /// across ranks (a GPT's embedding on the first rank, its head on the last, from
+    /// [`Gpt::stages_of`](crate::nn::models::Gpt::stages_of)) stay one parameter: the copy's
+    /// gradient is summed into the primary's rank before clipping and the update, and the
+    /// new value sent back. A group of one changes nothing.
     pub fn across(mut self, group: &Group) -> Self {
         self.group = Some(group.clone());
         self
@@ -149,7 +155,8 @@ impl PipelineBuilder<'_> {
     /// optimizers, clipping and weight decay see the parameter once, and keep no state for the
     /// copy), and after each update it takes the primary's new value: the two stay
     /// bit-identical. Needs fixed stages
-    /// (`Stages::Built` or `Split::At`).
+    /// (`Stages::Built` or `Split::At`). Across processes ([`across`](Self::across)) the stage
+    /// indices count every rank's stages, and every rank must be given the same ties.
     pub fn tie(mut self, primary: (usize, &str), copy: (usize, &str)) -> Self {
         self.ties.push(((primary.0, primary.1.to_string()), (copy.0, copy.1.to_string())));
         self
@@ -168,15 +175,8 @@ impl PipelineBuilder<'_> {
             remote::check_options(matches!(self.stages, Stages::Split(_, stages::Split::Auto)), self.micro_batches)?;
         }
         let (stages, balance_pending) = stages::build_stages(self.stages, &self.devices, &self.opt)?;
-        let declared = tied::declared(&stages, self.ties, spread.is_some())?;
-        if balance_pending && !declared.is_empty() {
-            return Err(Error::invalid("Pipeline::tie", "tied parameters need fixed stages (Stages::Built or Split::At), not Split::Auto"));
-        }
-        if spread.is_some() && !declared.is_empty() {
-            return Err(Error::invalid("Pipeline::tie", "tied parameters across processes are not supported: tie stages inside one process"));
-        }
-        let ties = tied::resolve(&stages, declared)?;
         let across = spread.map(|g| Across::place(&g, stages.len())).transpose()?;
+        let ties = tied::Ties::new(&stages, self.ties, across.as_ref(), balance_pending)?;
         let plan = match &across {
             Some(a) => schedule::schedule(self.schedule, a.total, self.micro_batches)[a.first..a.first + stages.len()].to_vec(),
             None => schedule::schedule(self.schedule, stages.len(), self.micro_batches),
@@ -197,6 +197,7 @@ impl PipelineBuilder<'_> {
             stats: None,
             across,
             ties,
+            full: None,
             share_run: None,
         })
     }
@@ -310,12 +311,13 @@ impl Pipeline {
     /// update: `step`, or a data-parallel grid around pipelines, does it.
     pub(crate) fn backward_part(&mut self, part: &Batch, first: usize, total: usize) -> Result<PartRun> {
         let micro = split_batch(part, self.micro_batches)?;
+        self.full = None;
         self.balance.first_split(&mut self.stages, part, self.micro_batches, &self.opt)?;
         let firsts: Vec<usize> = micro.iter().scan(first, |at, b| Some(std::mem::replace(at, *at + b.len()))).collect();
         for s in &self.stages {
             s.zero_grad();
         }
-        tied::clear_copy_grads(&self.ties);
+        self.ties.clear_copy_grads();
         let p = self.stages.len();
         let mut links: Vec<Links> = (0..p).map(|_| Links::default()).collect();
         for s in 0..p.saturating_sub(1) {
@@ -367,14 +369,14 @@ impl Pipeline {
                 .collect()
         });
         let outcomes = first_cause(results)?;
-        tied::sum_grads(&self.ties)?;
+        self.ties.sum_grads(self.across.as_ref())?;
         Ok(PartRun { outcomes, start })
     }
 
     /// The parameters each device's optimizer trains (tied copies left out), in device order
     /// (stage by stage, a tensor-parallel stage's group in order).
     pub(crate) fn trained_params(&self) -> Vec<Vec<(String, Tensor)>> {
-        let trained = |slot: Vec<(String, Tensor)>| slot.into_iter().filter(|(_, t)| !tied::is_copy(&self.ties, t)).collect();
+        let trained = |slot: Vec<(String, Tensor)>| slot.into_iter().filter(|(_, t)| !self.ties.is_copy(t)).collect();
         self.stages.iter().flat_map(|s| s.slot_params()).map(trained).collect()
     }
 
@@ -391,7 +393,7 @@ impl Pipeline {
     /// After an update by a grid around this pipeline: the tied copies take their primaries'
     /// new values, and the step count follows the grid's.
     pub(crate) fn updated(&mut self, step: u64) -> Result<()> {
-        tied::sync(&self.ties)?;
+        self.ties.sync(self.across.as_ref())?;
         self.run.step = step;
         Ok(())
     }
@@ -453,7 +455,7 @@ impl Strategy for Pipeline {
         let reduce = |sq: f64| remote::sum_over_ranks(across.as_ref().expect("only across processes"), sq);
         let parts = self.stages.iter_mut().enumerate().flat_map(|(i, s)| s.parts(i)).collect();
         let (grad_norm, _) = self.run.update(NormOver::Parts, across.as_ref().map(|_| &reduce as &dyn Fn(f64) -> Result<f64>), parts, None)?;
-        tied::sync(&self.ties)?;
+        self.ties.sync(self.across.as_ref())?;
         let mut report = self.report(&run, grad_norm);
         if let Some(a) = &self.across {
             report.loss = a.share_loss(report.loss)?;
@@ -477,15 +479,32 @@ impl Strategy for Pipeline {
     /// Across processes, every rank's stages gathered on every rank (collective), the other
     /// ranks' tensors on the CPU.
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        if let Some(full) = &self.full {
+            return Ok(full.clone());
+        }
         let mine = stages::stage_params(&self.stages)?;
         match &self.across {
             Some(a) => a.group.all_gather_named(&mine),
             None => Ok(mine),
         }
     }
+    /// Across processes, every rank's weights gathered here (collective), so that rank 0 alone
+    /// can then take `state_dict` (until the next step).
+    fn gather_full(&mut self) -> Result<()> {
+        if self.across.is_some() {
+            self.full = None;
+            self.full = Some(self.state_dict()?);
+        }
+        Ok(())
+    }
+    /// Across processes the stages' state is gathered from every rank.
+    fn state_is_collective(&self) -> bool {
+        self.across.is_some()
+    }
     /// Strict over every stage; a tied copy may be left out (it is filled from its primary).
     fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        let state = tied::complete_state(&self.ties, state)?;
+        self.full = None;
+        let state = self.ties.complete_state(state)?;
         match &self.across {
             Some(a) => {
                 let names = stages::stage_names(&self.stages);

@@ -168,6 +168,8 @@ pub(super) struct Across {
     pub first: usize,
     /// Stages over all ranks.
     pub total: usize,
+    /// How many stages each rank holds.
+    counts: Vec<usize>,
 }
 
 impl Across {
@@ -178,7 +180,19 @@ impl Across {
             return Err(Error::invalid("Pipeline", format!("rank {r} of {} has no stage; across processes every rank holds at least one", group.size())));
         }
         let first = counts[..group.rank()].iter().sum();
-        Ok(Across { group: group.clone(), first, total: counts.iter().sum() })
+        Ok(Across { group: group.clone(), first, total: counts.iter().sum(), counts })
+    }
+
+    /// The rank that holds global stage `s` (the last rank for a stage past the end).
+    pub fn rank_of(&self, s: usize) -> usize {
+        let mut end = 0;
+        for (r, &c) in self.counts.iter().enumerate() {
+            end += c;
+            if s < end {
+                return r;
+            }
+        }
+        self.counts.len() - 1
     }
 
     /// Links this rank's end stages to the neighbouring ranks': the first stage receives
@@ -237,5 +251,8 @@ mod tests {
         assert!(decode(vec![0.0, 2.0, 3.0], 1, &dev).is_err());
         assert_ne!(tag(3, Dir::Activation), tag(3, Dir::Gradient));
         assert!(tag(MAX_MICRO_BATCHES - 1, Dir::Gradient) < PREDICT_TAG);
+        // Ties across processes send on a tag of their own, between training's and prediction's.
+        let tie = super::super::tied_across::TIE_TAG;
+        assert!(tag(MAX_MICRO_BATCHES - 1, Dir::Gradient) < tie && tie < PREDICT_TAG);
     }
 }

@@ -8,6 +8,8 @@
 //! tied model does, and the optimizers skip the copy (no state for it, as for any parameter
 //! without a gradient). The primary's update is then copied over the copy (one copy of the
 //! weight per step): the two stay bit-identical even on devices of different backends.
+use super::remote::Across;
+use super::tied_across::{self, RemoteTie};
 use crate::autograd::no_grad;
 use crate::nn::Module;
 use crate::parallel::stages::Stage;
@@ -32,17 +34,25 @@ fn find(stages: &[Stage], (s, name): &StageParam) -> Result<Tensor> {
     })
 }
 
+/// The ties inside this process, and the declared copies whose primary is on another rank.
+pub(super) type Resolved = (Vec<(StageParam, StageParam)>, Vec<super::tied_across::Declared>);
+
 /// The ties the stages' modules declare ([`Module::tied_parameters`]) besides `given`: each
 /// declared copy with the stage that holds its primary. A declared pair that is one tensor
-/// needs no tie; a primary that no stage holds is an error (`spread`: the stages of other
-/// processes are not here, and ties across processes are not supported).
-pub(super) fn declared(stages: &[Stage], mut given: Vec<(StageParam, StageParam)>, spread: bool) -> Result<Vec<(StageParam, StageParam)>> {
+/// needs no tie. A primary that no stage holds is an error, unless the pipeline spans
+/// processes (`spread`: the first stage here is global stage `spread.unwrap()`): then the copy
+/// is returned apart, `(global stage, copy, primary)`, for the ranks to resolve together.
+pub(super) fn declared(stages: &[Stage], mut given: Vec<(StageParam, StageParam)>, spread: Option<usize>) -> Result<Resolved> {
+    let mut elsewhere = Vec::new();
     for (c, stage) in stages.iter().enumerate() {
         for (copy, primary) in stage.model.tied_parameters() {
             let holder = stages.iter().enumerate().find_map(|(p, s)| s.model.parameters().into_iter().find(|(n, _)| *n == primary).map(|(_, t)| (p, t)));
             let Some((p, primary_t)) = holder else {
-                let why = if spread { "no stage of this process holds it (tied parameters across processes are not supported)" } else { "no stage holds it" };
-                return Err(Error::invalid("Pipeline", format!("stage {c}'s {copy} is declared a copy of {primary}, but {why}")));
+                if let Some(first) = spread {
+                    elsewhere.push((first + c, copy, primary));
+                    continue;
+                }
+                return Err(Error::invalid("Pipeline", format!("stage {c}'s {copy} is declared a copy of {primary}, but no stage holds it")));
             };
             let copy_is_primary = stage.model.parameters().into_iter().any(|(n, t)| n == copy && t.id() == primary_t.id());
             let pair = ((p, primary), (c, copy));
@@ -51,7 +61,7 @@ pub(super) fn declared(stages: &[Stage], mut given: Vec<(StageParam, StageParam)
             }
         }
     }
-    Ok(given)
+    Ok((given, elsewhere))
 }
 
 /// Checks each `(primary, copy)` pair and makes the copy equal to the primary.
@@ -103,21 +113,96 @@ pub(super) fn clear_copy_grads(ties: &[Tied]) {
     ties.iter().for_each(|t| t.copy_t.set_grad(None));
 }
 
-/// `state` for a load: a copy left out is filled from its primary's entry (a checkpoint of the
-/// untied parameters); a copy given must equal its primary bit for bit.
-pub(super) fn complete_state(ties: &[Tied], state: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+/// The `(primary, copy)` names of each tie.
+pub(super) fn names(ties: &[Tied]) -> Vec<(String, String)> {
+    ties.iter().map(|t| (t.primary.1.clone(), t.copy.1.clone())).collect()
+}
+
+/// `state` for a load, given the `(primary, copy)` names of the ties: a copy left out is
+/// filled from its primary's entry (a checkpoint of the untied parameters); a copy given must
+/// equal its primary bit for bit.
+pub(super) fn complete_state(ties: &[(String, String)], state: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
     let mut out = state.to_vec();
-    for t in ties {
-        let Some(primary) = state.iter().find(|(n, _)| *n == t.primary.1).map(|(_, v)| v.clone()) else { continue };
-        match state.iter().find(|(n, _)| *n == t.copy.1) {
-            None => out.push((t.copy.1.clone(), primary)),
+    for (primary_name, copy_name) in ties {
+        let Some(primary) = state.iter().find(|(n, _)| n == primary_name).map(|(_, v)| v.clone()) else { continue };
+        match state.iter().find(|(n, _)| n == copy_name) {
+            None => out.push((copy_name.clone(), primary)),
             Some((_, given)) => {
                 let same = given.shape() == primary.shape() && given.to_vec()?.iter().zip(primary.to_vec()?).all(|(a, b)| a.to_bits() == b.to_bits());
                 if !same {
-                    return Err(Error::invalid("load_state_dict", format!("{} differs from {}, to which it is tied", t.copy.1, t.primary.1)));
+                    return Err(Error::invalid("load_state_dict", format!("{copy_name} differs from {primary_name}, to which it is tied")));
                 }
             }
         }
     }
     Ok(out)
+}
+
+/// A pipeline's ties: those inside this process and those to stages on other ranks.
+#[derive(Default)]
+pub(super) struct Ties {
+    local: Vec<Tied>,
+    remote: Vec<RemoteTie>,
+}
+
+impl Ties {
+    /// The ties `given` to the builder and those the stages declare, checked, each copy set to
+    /// its primary's value. Across processes (`across`, collective) `given` names global stage
+    /// indices and every rank must be given the same ties; a pair inside this rank is tied
+    /// here, a pair across ranks by [`tied_across`].
+    pub fn new(stages: &[Stage], given: Vec<(StageParam, StageParam)>, across: Option<&Across>, balance_pending: bool) -> Result<Ties> {
+        let (inside, all_given) = match across {
+            Some(a) => {
+                let here = |s: usize| a.rank_of(s) == a.group.rank() && s >= a.first && s - a.first < stages.len();
+                let local = |((ps, pn), (cs, cn)): &(StageParam, StageParam)| ((ps - a.first, pn.clone()), (cs - a.first, cn.clone()));
+                (given.iter().filter(|((ps, _), (cs, _))| here(*ps) && here(*cs)).map(local).collect(), given)
+            }
+            None => (given, Vec::new()),
+        };
+        let (inside, elsewhere) = declared(stages, inside, across.map(|a| a.first))?;
+        if balance_pending && !(inside.is_empty() && elsewhere.is_empty()) {
+            return Err(Error::invalid("Pipeline::tie", "tied parameters need fixed stages (Stages::Built or Split::At), not Split::Auto"));
+        }
+        let local = resolve(stages, inside)?;
+        let remote = match across {
+            Some(a) => tied_across::agree(a, stages, &all_given, &elsewhere)?,
+            None => Vec::new(),
+        };
+        Ok(Ties { local, remote })
+    }
+
+    /// Clears the copies' gradients (before a backward).
+    pub fn clear_copy_grads(&self) {
+        clear_copy_grads(&self.local);
+    }
+
+    /// Adds each copy's gradient into its primary's, across processes too (collective there).
+    pub fn sum_grads(&self, across: Option<&Across>) -> Result<()> {
+        sum_grads(&self.local)?;
+        match across {
+            Some(a) => tied_across::sum_grads(a, &self.remote),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies each primary's value over its copy, across processes too (collective there).
+    pub fn sync(&self, across: Option<&Across>) -> Result<()> {
+        sync(&self.local)?;
+        match across {
+            Some(a) => tied_across::sync(a, &self.remote),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `t` is the copy side of a tie.
+    pub fn is_copy(&self, t: &Tensor) -> bool {
+        is_copy(&self.local, t) || tied_across::is_copy(&self.remote, t)
+    }
+
+    /// `state` with the copies it leaves out filled from their primaries ([`complete_state`]).
+    pub fn complete_state(&self, state: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+        let mut pairs = names(&self.local);
+        pairs.extend(tied_across::names(&self.remote));
+        complete_state(&pairs, state)
+    }
 }

@@ -53,6 +53,15 @@ impl Gpt {
     /// # Ok(()) }
     /// ```
     pub fn tensor_stages(&self, devices: &[Device], tensor: usize, starts: Option<&[usize]>) -> Result<Vec<ShardedStage>> {
+        let stages = groups("Gpt::tensor_stages", devices, tensor)?.len();
+        self.tensor_stages_of(0..stages, stages, devices, tensor, starts)
+    }
+
+    /// Stages `mine` of [`Gpt::tensor_stages`]' `total` (stage `mine.start + i` on the `i`-th
+    /// group of `tensor` of `devices`): one process's part of a pipeline across processes, each
+    /// stage a tensor-parallel group inside the process, as [`Gpt::stages_of`] gives whole
+    /// stages.
+    pub fn tensor_stages_of(&self, mine: std::ops::Range<usize>, total: usize, devices: &[Device], tensor: usize, starts: Option<&[usize]>) -> Result<Vec<ShardedStage>> {
         let groups = groups("Gpt::tensor_stages", devices, tensor)?;
         if !self.config.n_head.is_multiple_of(tensor) {
             return Err(Error::invalid("Gpt::tensor_stages", format!("n_head {} does not split evenly over {tensor} devices of a group", self.config.n_head)));
@@ -60,8 +69,9 @@ impl Gpt {
         let firsts: Vec<Device> = groups.iter().map(|g| g[0].clone()).collect();
         // Each split block's tensors by its name, for the stage's placement below.
         let mut split = std::collections::HashMap::new();
-        let whole = self.stages_with(&firsts, starts, &mut |s, i, first| {
-            let b = ParallelBlock::split(self.block_copy(i, first)?, groups[s])?;
+        let first_stage = mine.start;
+        let whole = self.stages_with(mine, total, &firsts, starts, &mut |s, i, first| {
+            let b = ParallelBlock::split(self.block_copy(i, first)?, groups[s - first_stage])?;
             let name = format!("transformer.h.{i}");
             split.insert(name.clone(), b.logical(&name));
             Ok(Box::new(b))
