@@ -44,8 +44,18 @@ fn buckets_and_determinism() {
             let mut dp = DataParallel::new(&model, &cpu_devices(n), &sgd, Loss::CrossEntropy, cfg.clone()).unwrap();
             let r = run(&mut dp, &data);
             let of = |f: fn(&StepReport) -> f64| median_ms(r.iter().map(f).collect());
-            let overlap = { let mut o: Vec<f64> = r.iter().map(|r| r.overlap).collect(); o.sort_by(f64::total_cmp); o[o.len() / 2] };
-            println!("{n} device(s), {name}: step {:.1} ms, compute {:.1} ms, comm {:.2} ms, overlap {overlap:.2}, {} bytes moved", of(|r| r.wall_s), of(|r| r.compute_s), of(|r| r.comm_s), dp.communicator().bytes_moved());
+            let overlap = {
+                let mut o: Vec<f64> = r.iter().map(|r| r.overlap).collect();
+                o.sort_by(f64::total_cmp);
+                o[o.len() / 2]
+            };
+            println!(
+                "{n} device(s), {name}: step {:.1} ms, compute {:.1} ms, comm {:.2} ms, overlap {overlap:.2}, {} bytes moved",
+                of(|r| r.wall_s),
+                of(|r| r.compute_s),
+                of(|r| r.comm_s),
+                dp.communicator().bytes_moved()
+            );
         }
     }
 }

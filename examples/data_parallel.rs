@@ -18,7 +18,15 @@ struct Timings;
 impl Observer for Timings {
     fn step(&mut self, s: &StepInfo<'_>) {
         let r = s.report;
-        println!("step {:2}  loss {:.4}  step {:.1} ms  compute {:.1} ms  comm {:.1} ms  overlap {:.0}%", s.step, r.loss, r.wall_s * 1e3, r.compute_s * 1e3, r.comm_s * 1e3, r.overlap * 100.0);
+        println!(
+            "step {:2}  loss {:.4}  step {:.1} ms  compute {:.1} ms  comm {:.1} ms  overlap {:.0}%",
+            s.step,
+            r.loss,
+            r.wall_s * 1e3,
+            r.compute_s * 1e3,
+            r.comm_s * 1e3,
+            r.overlap * 100.0
+        );
     }
 }
 

@@ -120,14 +120,15 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
     let loss = Loss::CrossEntropy;
     match args.mode.as_str() {
-        "single" => {
-            Ok(Built::Other(Parallel::single(|_| Ok(model), &devices[0], &opt, loss).grad_clip(args.clip).boxed()?))
-        }
+        "single" => Ok(Built::Other(Parallel::single(|_| Ok(model), &devices[0], &opt, loss).grad_clip(args.clip).boxed()?)),
         "pipeline" => {
             // Rank r builds only layers split[r-1]..split[r] of the model, on its device.
             let (rank, size) = (group.rank(), group.size());
             if args.split.len() + 1 != size {
-                return Err(Error::invalid("dist_pipeline", format!("--split {:?} makes {} stages for {size} ranks", args.split, args.split.len() + 1)));
+                return Err(Error::invalid(
+                    "dist_pipeline",
+                    format!("--split {:?} makes {} stages for {size} ranks", args.split, args.split.len() + 1),
+                ));
             }
             let starts: Vec<usize> = std::iter::once(0).chain(args.split.iter().copied()).chain([model.len()]).collect();
             let part = model.slice(starts[rank]..starts[rank + 1], &devices[0])?;
@@ -153,7 +154,9 @@ fn strategy(group: &Group, args: &Args) -> Result<Built> {
                 _ => Shard::None,
             };
             let cfg = DataParallelConfig { shard, ..Default::default() };
-            Ok(Built::Data(Box::new(Parallel::data(|d| model.slice(0..model.len(), d), &devices, &opt, loss).config(cfg).communicator(comm).build()?)))
+            Ok(Built::Data(Box::new(
+                Parallel::data(|d| model.slice(0..model.len(), d), &devices, &opt, loss).config(cfg).communicator(comm).build()?,
+            )))
         }
         m => Err(Error::invalid("dist_pipeline", format!("--mode {m}: expected single, pipeline, dp, zero, zero2 or zero3"))),
     }

@@ -62,7 +62,19 @@ fn main() {
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { devices: "cpu".into(), steps: 10, batch: 64, deterministic: false, shard: Shard::None, order: None, weights_out: None, split: None, fault: None, fault_rank: None, mismatched: false };
+    let mut a = Args {
+        devices: "cpu".into(),
+        steps: 10,
+        batch: 64,
+        deterministic: false,
+        shard: Shard::None,
+        order: None,
+        weights_out: None,
+        split: None,
+        fault: None,
+        fault_rank: None,
+        mismatched: false,
+    };
     let mut it = std::env::args().skip(1);
     let usage = |m: String| Error::invalid("dist_train", m);
     while let Some(flag) = it.next() {

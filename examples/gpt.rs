@@ -18,7 +18,8 @@ use tandem::{Device, Error, Result};
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str, default: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.into());
+    let flag =
+        |name: &str, default: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.into());
     let devices = Device::parse(&flag("--devices", "cpu,cpu"))?;
     let steps: u64 = flag("--steps", "200").parse().map_err(|e| Error::invalid("--steps", format!("{e}")))?;
 
@@ -39,7 +40,9 @@ fn main() -> Result<()> {
         "single" => Parallel::single(|d| Gpt::new(cfg, 0, d), &devices[0], &opt, Loss::CrossEntropy).boxed()?,
         "tensor" => Parallel::tensor(gpt()?, &devices, &opt, Loss::CrossEntropy).boxed()?,
         "pipeline" => Parallel::pipeline(Stages::Built(gpt()?.stages(stages, None)?), stages, &opt, Loss::CrossEntropy).micro_batches(4).boxed()?,
-        "grid" => Parallel::grid(|row| Ok(Stages::Built(Gpt::new(cfg, 0, &row[0])?.stages(row, None)?)), &devices, 2, &opt, Loss::CrossEntropy).micro_batches(2).boxed()?,
+        "grid" => Parallel::grid(|row| Ok(Stages::Built(Gpt::new(cfg, 0, &row[0])?.stages(row, None)?)), &devices, 2, &opt, Loss::CrossEntropy)
+            .micro_batches(2)
+            .boxed()?,
         other => return Err(Error::invalid("--strategy", format!("{other} is not single, tensor, pipeline or grid"))),
     };
     let dir = std::env::temp_dir().join("tandem-example-gpt");
@@ -53,6 +56,12 @@ fn main() -> Result<()> {
         .settings(serde_json::json!({ "gpt": format!("{cfg:?}"), "strategy": flag("--strategy", "single") }), 0)
         .observe(PrintEvery(20));
     let fit = trainer.fit(&mut train)?;
-    println!("validation perplexity {:.2} after {} steps ({:.1} s); checkpoints in {}", fit.metric("perplexity").unwrap_or(f64::NAN), fit.step, fit.train_s, dir.display());
+    println!(
+        "validation perplexity {:.2} after {} steps ({:.1} s); checkpoints in {}",
+        fit.metric("perplexity").unwrap_or(f64::NAN),
+        fit.step,
+        fit.train_s,
+        dir.display()
+    );
     Ok(())
 }

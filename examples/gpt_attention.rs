@@ -20,7 +20,9 @@ fn main() -> Result<()> {
     let x = Tensor::from_labels((0..b).flat_map(|r| ids[r * (t + 1)..r * (t + 1) + t].to_vec()).collect(), [b, t], &dev)?;
     let y = Tensor::from_labels((0..b).flat_map(|r| ids[r * (t + 1) + 1..(r + 1) * (t + 1)].to_vec()).collect(), [b, t], &dev)?;
     println!("GPT {cfg:?}, batch {b}, on {dev} ({})", dev.info().name);
-    for (name, fused_attention, all_composed) in [("composed (no fused kernels)", false, true), ("fused LayerNorm + causal softmax", false, false), ("fused attention", true, false)] {
+    for (name, fused_attention, all_composed) in
+        [("composed (no fused kernels)", false, true), ("fused LayerNorm + causal softmax", false, false), ("fused attention", true, false)]
+    {
         gpt.set_fused_attention(fused_attention);
         let step = || -> Result<(u64, f32)> {
             let loss = Gpt::loss(&gpt.forward(&x)?, &y)?;

@@ -19,7 +19,10 @@ fn main() -> tandem::Result<()> {
     let opt = OptimConfig::sgd(SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
     let images = Arc::new(synthetic::seed_images(1000, 0)?);
     let mut one_batch = DataLoader::new(images, 1000, false, 0)?;
-    Trainer::new(Parallel::single(|d| SeedModel::Cnn.build(0, d), &device, &opt, Loss::CrossEntropy).build()?).epochs(10).observe(PrintEvery(1)).fit(&mut one_batch)?;
+    Trainer::new(Parallel::single(|d| SeedModel::Cnn.build(0, d), &device, &opt, Loss::CrossEntropy).build()?)
+        .epochs(10)
+        .observe(PrintEvery(1))
+        .fit(&mut one_batch)?;
     Ok(())
 }
 

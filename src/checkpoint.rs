@@ -10,8 +10,8 @@
 #![doc = include_str!("checkpoint.md")]
 mod output;
 
-pub use output::{output_target, write_atomic, OutputTarget};
 use crate::{DType, Error, Result};
+pub use output::{output_target, write_atomic, OutputTarget};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use sha2::{Digest, Sha256};
@@ -66,10 +66,7 @@ impl HostTensor {
 fn check_numel(shape: &[usize], len: usize) -> Result<()> {
     let numel = shape.iter().product::<usize>();
     if numel != len {
-        return Err(Error::shape(
-            "HostTensor",
-            format!("shape {shape:?} holds {numel} elements but {len} were given"),
-        ));
+        return Err(Error::shape("HostTensor", format!("shape {shape:?} holds {numel} elements but {len} were given")));
     }
     Ok(())
 }
@@ -98,11 +95,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// # std::fs::remove_file(&path).unwrap();
 /// # Ok::<(), tandem::Error>(())
 /// ```
-pub fn write_safetensors(
-    path: impl AsRef<Path>,
-    tensors: &[(String, HostTensor)],
-    metadata: &BTreeMap<String, String>,
-) -> Result<()> {
+pub fn write_safetensors(path: impl AsRef<Path>, tensors: &[(String, HostTensor)], metadata: &BTreeMap<String, String>) -> Result<()> {
     let path = path.as_ref();
     write_atomic(path, &safetensors_bytes(path, tensors, metadata)?)
 }
@@ -122,9 +115,7 @@ pub(crate) fn safetensors_bytes(path: &Path, tensors: &[(String, HostTensor)], m
     let views = encoded
         .iter()
         .map(|(name, dtype, shape, bytes)| {
-            TensorView::new(*dtype, shape.clone(), bytes)
-                .map(|v| (*name, v))
-                .map_err(|e| Error::format(path, format!("tensor {name}: {e}")))
+            TensorView::new(*dtype, shape.clone(), bytes).map(|v| (*name, v)).map_err(|e| Error::format(path, format!("tensor {name}: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
     let info: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -162,8 +153,7 @@ pub fn safetensors_from_bytes(path: &Path, bytes: &[u8]) -> Result<SafetensorsCo
 
 /// Parses a safetensors buffer, turning the library's errors into a Format error on `path`.
 pub(crate) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
-    SafeTensors::deserialize(bytes)
-        .map_err(|e| Error::format(path, format!("not a valid safetensors file: {e}")))
+    SafeTensors::deserialize(bytes).map_err(|e| Error::format(path, format!("not a valid safetensors file: {e}")))
 }
 
 /// Converts one stored tensor to host form (see [`read_safetensors`] for the dtype rules).
@@ -175,28 +165,20 @@ pub(crate) fn host_from_view(path: &Path, name: &str, view: &TensorView<'_>) -> 
         Dtype::F32 => HostData::F32(words(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
         Dtype::F16 => HostData::F32(words(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()),
         // bf16 is the top half of an f32, so widening is a shift.
-        Dtype::BF16 => {
-            HostData::F32(words(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect())
-        }
+        Dtype::BF16 => HostData::F32(words(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect()),
         Dtype::I32 => HostData::I32(words(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
         Dtype::U8 => HostData::I32(raw.iter().map(|&b| b as i32).collect()),
         Dtype::I64 => {
             let mut v = Vec::with_capacity(raw.len() / 8);
             for (i, c) in words(8).enumerate() {
                 let x = i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-                let x = i32::try_from(x).map_err(|_| {
-                    Error::format(path, format!("tensor {name}: I64 value {x} at index {i} does not fit in i32"))
-                })?;
+                let x =
+                    i32::try_from(x).map_err(|_| Error::format(path, format!("tensor {name}: I64 value {x} at index {i} does not fit in i32")))?;
                 v.push(x);
             }
             HostData::I32(v)
         }
-        other => {
-            return Err(Error::format(
-                path,
-                format!("tensor {name}: dtype {other:?} is not supported (use F32, F16, BF16, I64, I32 or U8)"),
-            ))
-        }
+        other => return Err(Error::format(path, format!("tensor {name}: dtype {other:?} is not supported (use F32, F16, BF16, I64, I32 or U8)"))),
     };
     let dtype = match data {
         HostData::F32(_) => DType::F32,

@@ -178,9 +178,7 @@ impl Device {
         let pick = list
             .iter()
             .find(|i| i.backend == BackendKind::Cuda)
-            .or_else(|| {
-                list.iter().find(|i| i.backend == BackendKind::Wgpu && !matches!(i.kind, DeviceKind::Software | DeviceKind::Cpu))
-            });
+            .or_else(|| list.iter().find(|i| i.backend == BackendKind::Wgpu && !matches!(i.kind, DeviceKind::Software | DeviceKind::Cpu)));
         match pick {
             Some(i) => Device::open(i.backend, i.ordinal),
             None => Ok(Device::cpu()),

@@ -47,7 +47,11 @@ pub enum Error {
 
     // --- files ---
     #[error("{path}: {source}")]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: {detail}")]
     Format { path: PathBuf, detail: String },
     /// A checkpoint directory another run holds the lock of (`holder`: its pid, when known).
@@ -67,7 +71,13 @@ pub enum Error {
     // --- parallel workers (pipeline stages, per-device threads) ---
     /// The thread driving `role` `index` on `device` stopped with `source`.
     #[error("{role} {index} on {device} failed: {source}")]
-    Worker { role: &'static str, index: usize, device: String, #[source] source: Box<Error> },
+    Worker {
+        role: &'static str,
+        index: usize,
+        device: String,
+        #[source]
+        source: Box<Error>,
+    },
     /// A thread panicked; the message is the panic's.
     #[error("panicked: {0}")]
     Panicked(String),
@@ -210,7 +220,8 @@ impl Error {
         match self {
             Error::Worker { role, index, device, source } => Error::Worker { role, index, device, source: Box::new(source.at_step(step, kept)) },
             Error::OutOfMemory { device, requested, free, detail } => {
-                let kept = kept.map_or_else(|| "no checkpoint was written yet".to_string(), |p| format!("the newest checkpoint, {}, is intact", p.display()));
+                let kept = kept
+                    .map_or_else(|| "no checkpoint was written yet".to_string(), |p| format!("the newest checkpoint, {}, is intact", p.display()));
                 Error::OutOfMemory { device, requested, free, detail: format!("{detail}; at training step {step}; {kept}") }
             }
             e => e,

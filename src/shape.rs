@@ -155,7 +155,12 @@ impl Layout {
         if self.shape.len() > MAX_RANK {
             return Err(Error::shape(op, format!("rank {} exceeds {MAX_RANK}", self.shape.len())));
         }
-        let wide = || Error::shape(op, format!("layout of shape {:?} with strides {:?} exceeds the kernels' 32-bit sizes and strides", self.shape, self.strides));
+        let wide = || {
+            Error::shape(
+                op,
+                format!("layout of shape {:?} with strides {:?} exceeds the kernels' 32-bit sizes and strides", self.shape, self.strides),
+            )
+        };
         let mut shape = [1u32; MAX_RANK];
         let mut strides = [0u32; MAX_RANK];
         let pad = MAX_RANK - self.shape.len();
@@ -201,7 +206,9 @@ mod tests {
     #[test]
     fn padded_refuses_what_32_bits_cannot_hold() {
         let big = u32::MAX as usize + 1;
-        for (l, what) in [(layout(&[big, 1], &[1, 1]), "dimension"), (layout(&[2, 3], &[big, 1]), "stride"), (layout(&[big + 7], &[0]), "broadcast dimension")] {
+        for (l, what) in
+            [(layout(&[big, 1], &[1, 1]), "dimension"), (layout(&[2, 3], &[big, 1]), "stride"), (layout(&[big + 7], &[0]), "broadcast dimension")]
+        {
             let err = l.padded("unary").expect_err(what).to_string();
             assert!(err.contains("unary") && err.contains("32-bit") && err.contains(&format!("{:?}", l.shape)), "{what}: {err}");
         }

@@ -168,7 +168,10 @@ fn every_strategy_trains_a_user_model_like_single() {
         let cases: Vec<(&str, Box<dyn Strategy>)> = vec![
             ("data parallel", Box::new(dp(DataParallelConfig::default()))),
             ("data parallel, deterministic", Box::new(dp(DataParallelConfig { deterministic: true, ..Default::default() }))),
-            ("data parallel, 2 micro-batches, ZeRO-1", Box::new(dp(DataParallelConfig { micro_batches: 2, shard: tandem::parallel::Shard::Optimizer, ..Default::default() }))),
+            (
+                "data parallel, 2 micro-batches, ZeRO-1",
+                Box::new(dp(DataParallelConfig { micro_batches: 2, shard: tandem::parallel::Shard::Optimizer, ..Default::default() })),
+            ),
             ("layer placement", Box::new(LayerPlacement::with_stages(Stages::Split(&full, Split::At(vec![2])), pair, &opt(), smoothed()).unwrap())),
             (
                 "GPipe, recomputing",
@@ -270,7 +273,11 @@ fn token_targets_split_upload_and_score_per_token() {
     let flat = logits.reshape([3 * T, V]).unwrap().cross_entropy(&y.reshape([3 * T]).unwrap()).unwrap().to_scalar().unwrap();
     assert_eq!(got, flat);
 
-    let bad = Dataset { x: vec![0.0; 2 * T * D], sample_shape: vec![T, D], y: Targets::Tokens { ids: vec![0, 1, 2, 3, 4, 5], shape_per_sample: vec![T], classes: 5 } };
+    let bad = Dataset {
+        x: vec![0.0; 2 * T * D],
+        sample_shape: vec![T, D],
+        y: Targets::Tokens { ids: vec![0, 1, 2, 3, 4, 5], shape_per_sample: vec![T], classes: 5 },
+    };
     let err = bad.validate().unwrap_err().to_string();
     assert!(err.contains("label 5 at index 5"), "{err}");
 }

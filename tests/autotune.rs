@@ -50,7 +50,14 @@ fn spec(batch: usize, m: usize, n: usize, k: usize, trans: (bool, bool)) -> Matm
 /// split-K cuts (the last slice shorter), and a K of 70,001: past 65,535, so that every
 /// kernel's K loop is cut somewhere (the host's slices, or split-K's).
 fn odd_shapes() -> Vec<MatmulSpec> {
-    vec![spec(1, 37, 53, 29, (false, false)), spec(1, 130, 67, 301, (true, false)), spec(2, 65, 129, 1030, (false, true)), spec(1, 33, 47, 3001, (true, true)), spec(1, 7, 5, 70_001, (false, false)), spec(1, 3, 9, 70_001, (true, true))]
+    vec![
+        spec(1, 37, 53, 29, (false, false)),
+        spec(1, 130, 67, 301, (true, false)),
+        spec(2, 65, 129, 1030, (false, true)),
+        spec(1, 33, 47, 3001, (true, true)),
+        spec(1, 7, 5, 70_001, (false, false)),
+        spec(1, 3, 9, 70_001, (true, true)),
+    ]
 }
 
 /// The one product the tuning tests run: a single product that split-K applies to.
@@ -68,7 +75,10 @@ fn run_tuned(dev: &Device, s: MatmulSpec) -> Vec<Tuning> {
 fn every_kernel_agrees(ordinal: usize) {
     let cpu = Device::cpu();
     for kernel in MatmulKernel::ALL {
-        let Some(dev) = open(ordinal, Options { matmul: Some(kernel), hardware_profile: kernel != MatmulKernel::Registers, ..Options::default() }) else { return };
+        let Some(dev) = open(ordinal, Options { matmul: Some(kernel), hardware_profile: kernel != MatmulKernel::Registers, ..Options::default() })
+        else {
+            return;
+        };
         for s in odd_shapes() {
             matmul_case(&dev, &cpu, s, 91).unwrap_or_else(|e| panic!("{} on {s:?} on {dev}: {e}", kernel.name()));
         }
@@ -224,7 +234,9 @@ fn force_tunes_again(ordinal: usize) {
 /// A pinned device runs the untuned kernel: no tuning, and bit for bit what `off` computes.
 fn pinned_device_never_tunes(ordinal: usize) {
     let dir = temp_dir("pinned");
-    let (Some(pinned), Some(off)) = (open(ordinal, tuned(&dir, Autotune::Force, true)), open(ordinal, tuned(&dir, Autotune::Off, true))) else { return };
+    let (Some(pinned), Some(off)) = (open(ordinal, tuned(&dir, Autotune::Force, true)), open(ordinal, tuned(&dir, Autotune::Off, true))) else {
+        return;
+    };
     pinned.backend().pin_kernels();
     let s = tuned_spec();
     let mut r = rng(93);

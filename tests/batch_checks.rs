@@ -24,7 +24,9 @@ fn loader(n: usize, batch: usize) -> Result<DataLoader> {
 fn a_pipeline_refuses_a_short_last_batch_its_micro_batches_do_not_divide() -> Result<()> {
     let devs = cpus(2);
     let model = SeedModel::TwoLayer.build(0, &devs[0])?;
-    let pipe = Pipeline::builder(Stages::Split(&model, Split::At(vec![1])), &devs, &OptimConfig::sgd(Default::default()), Loss::Mse).micro_batches(2).build()?;
+    let pipe = Pipeline::builder(Stages::Split(&model, Split::At(vec![1])), &devs, &OptimConfig::sgd(Default::default()), Loss::Mse)
+        .micro_batches(2)
+        .build()?;
     pipe.check_batches(&loader(12, 4)?)?;
     let err = pipe.check_batches(&loader(11, 4)?).expect_err("a last batch of 3").to_string();
     assert!(err.contains("short last batch of 3") && err.contains("2 micro-batches do not divide"), "{err}");
@@ -40,7 +42,13 @@ fn a_pipeline_refuses_a_short_last_batch_its_micro_batches_do_not_divide() -> Re
 #[test]
 fn data_parallel_accepts_a_short_last_batch_that_leaves_a_device_without_samples() -> Result<()> {
     let devs = cpus(3);
-    let dp = DataParallel::from_factory(|d| SeedModel::TwoLayer.build(0, d), &devs, &OptimConfig::sgd(Default::default()), Loss::Mse, DataParallelConfig::default())?;
+    let dp = DataParallel::from_factory(
+        |d| SeedModel::TwoLayer.build(0, d),
+        &devs,
+        &OptimConfig::sgd(Default::default()),
+        Loss::Mse,
+        DataParallelConfig::default(),
+    )?;
     dp.check_batches(&loader(15, 5)?)?;
     dp.check_batches(&loader(10, 4)?)?;
     dp.check_batches(&loader(2, 2)?)?;

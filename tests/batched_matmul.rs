@@ -9,8 +9,8 @@ mod watched;
 use common::*;
 use std::sync::{Arc, Mutex};
 use tandem::backend::*;
-use watched::{watched_cpu, Call};
 use tandem::{Device, Error, Result, Tensor};
+use watched::{watched_cpu, Call};
 
 /// `torch.matmul` on the host, by its definition.
 fn reference(a: &[f32], ad: &[usize], b: &[f32], bd: &[usize]) -> (Vec<f32>, Vec<usize>) {
@@ -167,11 +167,14 @@ fn whole_operand_broadcasts_are_read_in_place() {
     // Every matmul spec, and every strided copy (`unary` Identity).
     let (specs, copies) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(0usize)));
     let (s, c) = (specs.clone(), copies.clone());
-    let dev = watched_cpu(|_| {}, move |call| match call {
-        Call::Matmul(spec) => s.lock().unwrap().push(spec),
-        Call::Unary(op) => *c.lock().unwrap() += usize::from(op == UnaryOp::Identity),
-        Call::Upload(_) => {}
-    });
+    let dev = watched_cpu(
+        |_| {},
+        move |call| match call {
+            Call::Matmul(spec) => s.lock().unwrap().push(spec),
+            Call::Unary(op) => *c.lock().unwrap() += usize::from(op == UnaryOp::Identity),
+            Call::Upload(_) => {}
+        },
+    );
     let run = |ad: &[usize], bd: &[usize]| -> (Vec<(usize, usize, usize, usize)>, usize) {
         specs.lock().unwrap().clear();
         *copies.lock().unwrap() = 0;

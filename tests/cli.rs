@@ -2,12 +2,12 @@
 //! crash-safe resume (SIGKILL, then bit-identical weights), damaged checkpoints, and one clear
 //! error for each kind of bad input.
 mod common;
+use common::{ok, s, tandem, text};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 use tandem::checkpoint::{read_safetensors, write_safetensors, HostTensor};
-use common::{ok, s, tandem, text};
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -57,7 +57,23 @@ fn devices_lists_the_cpu() {
 fn json_log_has_one_object_per_step_then_a_summary() {
     let dir = scratch("json");
     let (plot, trace) = (dir.join("loss.svg"), dir.join("trace.json"));
-    let out = ok(&["train", "--data", "digits", "--steps", "3", "--batch", "8", "--devices", "cpu", "--log-format", "json", "--plot", s(&plot), "--trace", s(&trace)]);
+    let out = ok(&[
+        "train",
+        "--data",
+        "digits",
+        "--steps",
+        "3",
+        "--batch",
+        "8",
+        "--devices",
+        "cpu",
+        "--log-format",
+        "json",
+        "--plot",
+        s(&plot),
+        "--trace",
+        s(&trace),
+    ]);
     let lines: Vec<serde_json::Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("each stdout line is JSON")).collect();
     assert_eq!(lines.len(), 4);
     for (i, l) in lines[..3].iter().enumerate() {
@@ -130,11 +146,26 @@ fn sigkill_then_resume_ends_with_the_uninterrupted_weights() {
 fn damaged_checkpoints_are_skipped_with_a_message() {
     let dir = scratch("corrupt");
     let ck = dir.join("ck");
-    let args = ["train", "--model", "seed-linear", "--data", "synthetic", "--batch", "10", "--devices", "cpu", "--checkpoint-dir", s(&ck), "--checkpoint-every", "5"];
+    let args = [
+        "train",
+        "--model",
+        "seed-linear",
+        "--data",
+        "synthetic",
+        "--batch",
+        "10",
+        "--devices",
+        "cpu",
+        "--checkpoint-dir",
+        s(&ck),
+        "--checkpoint-every",
+        "5",
+    ];
     ok(&[&args[..], &["--steps", "20"]].concat());
     let names: Vec<String> = {
         // Dot files (the directory's lock) are not checkpoints.
-        let mut v: Vec<String> = std::fs::read_dir(&ck).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.starts_with('.')).collect();
+        let mut v: Vec<String> =
+            std::fs::read_dir(&ck).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.starts_with('.')).collect();
         v.sort();
         v
     };
@@ -167,15 +198,27 @@ fn each_bad_input_gets_a_clear_error() {
     std::fs::write(p("text.safetensors"), "this is not a safetensors file").unwrap();
     image_file(&dir.join("labels.safetensors"), 20, |i| if i == 13 { 12 } else { 1 });
     let good = dir.join("good.safetensors");
-    write(&good, vec![("linear.weight", HostTensor::f32(vec![1, 10], vec![0.1; 10]).unwrap()), ("linear.bias", HostTensor::f32(vec![1], vec![0.0]).unwrap())]);
+    write(
+        &good,
+        vec![("linear.weight", HostTensor::f32(vec![1, 10], vec![0.1; 10]).unwrap()), ("linear.bias", HostTensor::f32(vec![1], vec![0.0]).unwrap())],
+    );
     let bytes = std::fs::read(&good).unwrap();
     std::fs::write(p("truncated.safetensors"), &bytes[..bytes.len() - 7]).unwrap();
     write(&dir.join("names.safetensors"), vec![("fc.weight", HostTensor::f32(vec![1, 10], vec![0.1; 10]).unwrap())]);
-    write(&dir.join("shape.safetensors"), vec![("linear.weight", HostTensor::f32(vec![2, 10], vec![0.1; 20]).unwrap()), ("linear.bias", HostTensor::f32(vec![1], vec![0.0]).unwrap())]);
-    write(&dir.join("dtype.safetensors"), vec![("linear.weight", HostTensor::i32(vec![1, 10], vec![1; 10]).unwrap()), ("linear.bias", HostTensor::f32(vec![1], vec![0.0]).unwrap())]);
+    write(
+        &dir.join("shape.safetensors"),
+        vec![("linear.weight", HostTensor::f32(vec![2, 10], vec![0.1; 20]).unwrap()), ("linear.bias", HostTensor::f32(vec![1], vec![0.0]).unwrap())],
+    );
+    write(
+        &dir.join("dtype.safetensors"),
+        vec![("linear.weight", HostTensor::i32(vec![1, 10], vec![1; 10]).unwrap()), ("linear.bias", HostTensor::f32(vec![1], vec![0.0]).unwrap())],
+    );
     let mut x = noise(200, 3);
     x[37] = f32::NAN;
-    write(&dir.join("nan.safetensors"), vec![("x", HostTensor::f32(vec![20, 10], x).unwrap()), ("y", HostTensor::f32(vec![20, 1], noise(20, 4)).unwrap())]);
+    write(
+        &dir.join("nan.safetensors"),
+        vec![("x", HostTensor::f32(vec![20, 10], x).unwrap()), ("y", HostTensor::f32(vec![20, 1], noise(20, 4)).unwrap())],
+    );
     std::fs::create_dir_all(dir.join("empty-ck")).unwrap();
 
     let lin = ["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--steps", "2"];
@@ -197,7 +240,10 @@ fn each_bad_input_gets_a_clear_error() {
         (with(&["--data", &p("missing.safetensors")]), "missing.safetensors"),
         (with(&["--data", &p("truncated.safetensors")]), "not a valid safetensors file"),
         (with(&["--data", &p("text.safetensors")]), "not a valid safetensors file"),
-        (["train", "--model", "seed-linear", "--data", "synthetic", "--epochs", "18446744073709551615"].map(String::from).to_vec(), "more steps than can be counted"),
+        (
+            ["train", "--model", "seed-linear", "--data", "synthetic", "--epochs", "18446744073709551615"].map(String::from).to_vec(),
+            "more steps than can be counted",
+        ),
         (with(&["--data", &p("labels.safetensors")]), "seed-linear takes inputs of shape [10]"),
         (with(&["--model", "seed-cnn", "--data", &p("labels.safetensors")]), "label 12 at index 13, outside 0..10"),
         (with(&["--micro-batches", "3"]), "3 does not divide --batch 64"),
@@ -238,7 +284,13 @@ fn every_strategy_matches_single_device_losses() {
     let base = ["train", "--model", "seed-cnn", "--data", "synthetic", "--steps", "4", "--batch", "32", "--log-format", "json"];
     let want = losses(&ok(&[&base[..], &["--devices", one]].concat()));
     assert_eq!(want.len(), 4);
-    for (strategy, extra) in [("data", &[][..]), ("model", &[]), ("tensor", &[]), ("pipeline", &["--micro-batches", "4", "--schedule", "1f1b"][..]), ("pipeline", &["--micro-batches", "2", "--schedule", "gpipe"])] {
+    for (strategy, extra) in [
+        ("data", &[][..]),
+        ("model", &[]),
+        ("tensor", &[]),
+        ("pipeline", &["--micro-batches", "4", "--schedule", "1f1b"][..]),
+        ("pipeline", &["--micro-batches", "2", "--schedule", "gpipe"]),
+    ] {
         let args = [&base[..], &["--devices", two, "--strategy", strategy], extra].concat();
         let got = losses(&ok(&args));
         if let Err(e) = tandem::tolerance::check_close(&format!("--strategy {strategy} {extra:?} on {two}"), &got, &want, 1e-5, 1e-4) {
@@ -279,7 +331,8 @@ fn bench_prints_every_figure_on_cpu_and_wgpu() {
     }
     for dev in devices {
         let out = ok(&["bench", "--devices", dev, "--quick", "--log-format", "json"]);
-        let figs: Vec<serde_json::Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}"))).collect();
+        let figs: Vec<serde_json::Value> =
+            text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}"))).collect();
         let count = |bench: &str| figs.iter().filter(|f| f["bench"] == bench && f["device"] == dev).count();
         assert_eq!(count("matmul"), 4, "{dev}: matmul at 256..2048");
         assert_eq!(count("train-step"), 2, "{dev}: seed-CNN steps at batch 64 and 1000");
@@ -317,7 +370,21 @@ fn an_unwritable_standard_output_fails_the_command() {
     let Some(full) = common::full_device(&dir) else { return };
     let save = dir.join("w.safetensors");
     let out = tandem()
-        .args(["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--steps", "3", "--log-format", "json", "--save", s(&save)])
+        .args([
+            "train",
+            "--model",
+            "seed-linear",
+            "--data",
+            "synthetic",
+            "--devices",
+            "cpu",
+            "--steps",
+            "3",
+            "--log-format",
+            "json",
+            "--save",
+            s(&save),
+        ])
         .stdout(full)
         .output()
         .unwrap();

@@ -74,7 +74,8 @@ fn all_gather_uneven_parts() {
         let n = devices.len();
         for c in communicators(&devices) {
             // Rank r holds r + 1 rows of 2.
-            let parts: Vec<Tensor> = devices.iter().enumerate().map(|(r, d)| Tensor::from_vec(rank_values(r, 2 * (r + 1)), [r + 1, 2], d).unwrap()).collect();
+            let parts: Vec<Tensor> =
+                devices.iter().enumerate().map(|(r, d)| Tensor::from_vec(rank_values(r, 2 * (r + 1)), [r + 1, 2], d).unwrap()).collect();
             let want: Vec<f32> = (0..n).flat_map(|r| rank_values(r, 2 * (r + 1))).collect();
             let rows = n * (n + 1) / 2;
             let out = c.all_gather(&parts).unwrap();

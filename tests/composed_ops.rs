@@ -116,8 +116,6 @@ fn finite_difference_gradients() {
     fd::gradcheck("std", &[&[3, 4]], 0.1, 2.0, &|x| x[0].std(0, 0, false));
     fd::gradcheck("stack", &[&[2, 3], &[2, 3]], -1.0, 1.0, &|x| Tensor::stack(&[x[0].clone(), x[1].clone()], 2));
     fd::gradcheck("tril", &[&[2, 3, 3]], -1.0, 1.0, &|x| x[0].tril(-1));
-    fd::gradcheck("index_select", &[&[4, 3]], -1.0, 1.0, &|x| {
-        x[0].index_select(&Tensor::from_labels(vec![3, 1, 3, 0], [2, 2], x[0].device())?)
-    });
+    fd::gradcheck("index_select", &[&[4, 3]], -1.0, 1.0, &|x| x[0].index_select(&Tensor::from_labels(vec![3, 1, 3, 0], [2, 2], x[0].device())?));
     fd::gradcheck("sin cos erf", &[&[2, 3]], -2.0, 2.0, &|x| x[0].sin()?.add(&x[0].cos()?)?.add(&x[0].erf()?));
 }

@@ -220,7 +220,7 @@ fn windows() -> Vec<WindowSpec> {
         ([1, 1, 3, 3], (2, 2), (1, 1), (2, 2)),
         ([2, 3, 8, 6], (2, 2), (2, 2), (0, 0)),
         // 2×2 tiles over rows of whole vec4s: wgpu's two-outputs-per-invocation pooling.
-        ([2, 3, 6, 8], (2, 2), (2, 2), (0, 0)),        // Horizontal stride 1 over rows of whole vec4s (wgpu's `im2col_s1`): padding rows and
+        ([2, 3, 6, 8], (2, 2), (2, 2), (0, 0)), // Horizontal stride 1 over rows of whole vec4s (wgpu's `im2col_s1`): padding rows and
         // columns, a window starting left of the row (x0 = -2), vertical stride 2.
         ([2, 3, 6, 8], (3, 3), (1, 1), (1, 1)),
         ([1, 2, 5, 12], (3, 5), (2, 1), (0, 2)),

@@ -71,7 +71,9 @@ fn cases() -> Vec<Case> {
         case("cast", &[(5, I, true, true), (5, F, true, true)], |b, x| b.cast(CastOp::I32ToF32, &x[0], &x[1], 5)),
         case("cast", &[(5, F, true, true), (5, I, true, true)], |b, x| b.cast(CastOp::F32ToI32, &x[0], &x[1], 5)),
         // The parameter's length is the update's length: a shorter one is a smaller update.
-        case("optim_step", &[(5, F, false, true), (5, F, true, true), (5, F, true, true)], move |b, x| b.optim_step(sgd, &x[0], &x[1], &[&x[2]]).map(drop)),
+        case("optim_step", &[(5, F, false, true), (5, F, true, true), (5, F, true, true)], move |b, x| {
+            b.optim_step(sgd, &x[0], &x[1], &[&x[2]]).map(drop)
+        }),
         case("optim_step", &[(5, F, false, true), (5, F, true, true), (5, F, true, true), (5, F, true, true)], move |b, x| {
             b.optim_step(adam, &x[0], &x[1], &[&x[2], &x[3]]).map(drop)
         }),

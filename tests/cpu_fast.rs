@@ -49,7 +49,10 @@ fn fused_conv_epilogue_and_updates_equal_the_composition_bit_for_bit() {
     let adam = |c: AdamConfig| move |p| Box::new(Adam::new(p, c).unwrap()) as Box<dyn Optimizer>;
     let cases: Vec<(&str, MakeOptimizer)> = vec![
         ("sgd", Box::new(sgd(SgdConfig { lr: 0.1, ..Default::default() }))),
-        ("sgd momentum dampening decay", Box::new(sgd(SgdConfig { lr: 0.05, momentum: 0.9, dampening: 0.3, weight_decay: 0.01, ..Default::default() }))),
+        (
+            "sgd momentum dampening decay",
+            Box::new(sgd(SgdConfig { lr: 0.05, momentum: 0.9, dampening: 0.3, weight_decay: 0.01, ..Default::default() })),
+        ),
         ("sgd nesterov", Box::new(sgd(SgdConfig { lr: 0.05, momentum: 0.8, nesterov: true, ..Default::default() }))),
         ("adam decay", Box::new(adam(AdamConfig { lr: 0.01, weight_decay: 0.1, ..Default::default() }))),
         ("adamw", Box::new(adam(AdamConfig { lr: 0.01, ..AdamConfig::adamw() }))),

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
-use tandem::backend::{cuda, Backend, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, UnaryOp, BinaryOp, WindowSpec};
+use tandem::backend::{cuda, Backend, BinaryOp, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
 use tandem::{DType, Error, Layout, Result, Shape};
 
 /// The first CUDA device, or `None` after printing why there is none.
@@ -115,7 +115,8 @@ fn im2col_and_col2im() -> Result<()> {
 fn reductions_rows_and_columns() -> Result<()> {
     let Some(gpu) = device("reduce") else { return Ok(()) };
     let cpu = CpuBackend::new();
-    for spec in [ReduceSpec { outer: 5, len: 1000, inner: 1 }, ReduceSpec { outer: 3, len: 17, inner: 9 }, ReduceSpec { outer: 2, len: 0, inner: 1 }] {
+    for spec in [ReduceSpec { outer: 5, len: 1000, inner: 1 }, ReduceSpec { outer: 3, len: 17, inner: 9 }, ReduceSpec { outer: 2, len: 0, inner: 1 }]
+    {
         let x = data(spec.outer * spec.len * spec.inner, 5);
         for op in ReduceOp::ALL {
             let dtype = if op == ReduceOp::ArgMax { DType::I32 } else { DType::F32 };
@@ -278,7 +279,13 @@ fn zero3_frees_parameters_and_matches_plain() -> Result<()> {
     for (shard, grad_dtype) in [(Shard::None, tandem::DType::F32), (Shard::Full, tandem::DType::F32), (Shard::Full, tandem::DType::Bf16)] {
         let devices = vec![tandem::Device::from_backend(cuda::open(0)?), tandem::Device::from_backend(cuda::open(0)?)];
         // 64 KiB buckets: a unit per layer, each gathered by the CUDA ops that find it released.
-        let mut s = DataParallel::from_factory(mlp, &devices, &opt, Loss::Mse, DataParallelConfig { shard, bucket_bytes: 64 << 10, grad_dtype, ..Default::default() })?;
+        let mut s = DataParallel::from_factory(
+            mlp,
+            &devices,
+            &opt,
+            Loss::Mse,
+            DataParallelConfig { shard, bucket_bytes: 64 << 10, grad_dtype, ..Default::default() },
+        )?;
         let losses: Vec<f32> = batches.iter().map(|b| s.step(b).map(|r| r.loss)).collect::<Result<_>>()?;
         let held = devices.iter().map(|d| d.memory().in_use).max().unwrap_or(0);
         if shard == Shard::Full {

@@ -57,7 +57,8 @@ fn parity(dev: &Device) -> tandem::Result<()> {
     let (info, dev) = (dev.info().clone(), dev.clone());
     let want = expected_json();
     let model = net::build(FIXTURE, &dev).expect("model");
-    let init: Vec<(String, Tensor)> = fixture("init.safetensors").iter().map(|(n, t)| (n.clone(), Tensor::from_vec(f32s(t).to_vec(), t.shape.clone(), &dev).unwrap())).collect();
+    let init: Vec<(String, Tensor)> =
+        fixture("init.safetensors").iter().map(|(n, t)| (n.clone(), Tensor::from_vec(f32s(t).to_vec(), t.shape.clone(), &dev).unwrap())).collect();
     model.load_state_dict(&init).expect("PyTorch's state_dict loads strictly");
     let mut single = Single::new(model, &net::optimizer(), net::loss(), &dev).expect("single");
     single.set_grad_clip(Some(net::CLIP)).unwrap();
@@ -148,14 +149,28 @@ fn every_strategy_trains_the_example_like_single() {
             let full = net::build(cfg, d0).unwrap();
             let cases: Vec<(&str, Box<dyn Strategy>)> = if cfg.freeze_bn {
                 vec![
-                    ("data parallel", Box::new(DataParallel::from_factory(|d| net::build(cfg, d), pair, &opt, loss.clone(), DataParallelConfig::default()).unwrap())),
+                    (
+                        "data parallel",
+                        Box::new(
+                            DataParallel::from_factory(|d| net::build(cfg, d), pair, &opt, loss.clone(), DataParallelConfig::default()).unwrap(),
+                        ),
+                    ),
                     (
                         "1F1B pipeline, 4 micro-batches",
-                        Box::new(Pipeline::builder(Stages::Split(&full, Split::At(vec![4])), pair, &opt, loss.clone()).micro_batches(4).schedule(Schedule::OneFOneB).build().unwrap()),
+                        Box::new(
+                            Pipeline::builder(Stages::Split(&full, Split::At(vec![4])), pair, &opt, loss.clone())
+                                .micro_batches(4)
+                                .schedule(Schedule::OneFOneB)
+                                .build()
+                                .unwrap(),
+                        ),
                     ),
                 ]
             } else {
-                vec![("layer placement", Box::new(LayerPlacement::with_stages(Stages::Split(&full, Split::At(vec![4])), pair, &opt, loss.clone()).unwrap()))]
+                vec![(
+                    "layer placement",
+                    Box::new(LayerPlacement::with_stages(Stages::Split(&full, Split::At(vec![4])), pair, &opt, loss.clone()).unwrap()),
+                )]
             };
             for (name, mut s) in cases {
                 let got = run(&mut *s, &data);

@@ -5,9 +5,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tandem::data::{
-    digits, mnist, synthetic, tensor_file, DataLoader, Dataset, LoaderState, Targets,
-};
+use tandem::data::{digits, mnist, synthetic, tensor_file, DataLoader, Dataset, LoaderState, Targets};
 use tandem::Error;
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -22,10 +20,7 @@ fn numbered(n: usize) -> Dataset {
     Dataset {
         x: (0..n).flat_map(|i| [i as f32, i as f32]).collect(),
         sample_shape: vec![2],
-        y: Targets::Classes {
-            labels: (0..n).map(|i| (i % 3) as i32).collect(),
-            classes: 3,
-        },
+        y: Targets::Classes { labels: (0..n).map(|i| (i % 3) as i32).collect(), classes: 3 },
     }
 }
 
@@ -36,10 +31,7 @@ fn ids(b: &tandem::data::Batch) -> Vec<usize> {
 #[test]
 fn validate_names_first_bad_label() {
     let mut ds = numbered(5);
-    ds.y = Targets::Classes {
-        labels: vec![0, 1, 3, -1, 2],
-        classes: 3,
-    };
+    ds.y = Targets::Classes { labels: vec![0, 1, 3, -1, 2], classes: 3 };
     let msg = ds.validate().unwrap_err().to_string();
     assert!(msg.contains("label 3 at index 2"), "{msg}");
     let mut ds = numbered(5);
@@ -94,13 +86,7 @@ fn loader_drop_last_and_bad_sizes() {
     for _ in 0..5 {
         assert_eq!(l.next_batch().len(), 4);
     }
-    assert_eq!(
-        l.state(),
-        LoaderState {
-            epoch: 2,
-            position: 4
-        }
-    );
+    assert_eq!(l.state(), LoaderState { epoch: 2, position: 4 });
     assert!(DataLoader::new(Arc::new(numbered(10)), 0, true, 1).is_err());
     let big = DataLoader::new(Arc::new(numbered(3)), 4, true, 1).unwrap();
     assert_eq!(big.batches_per_epoch(), 1);
@@ -127,23 +113,12 @@ fn loader_is_deterministic_and_resumes_mid_epoch() {
     }
     let json = serde_json::to_string(&l.state()).unwrap();
     let state: LoaderState = serde_json::from_str(&json).unwrap();
-    assert_eq!(
-        state,
-        LoaderState {
-            epoch: 1,
-            position: 10
-        }
-    );
+    assert_eq!(state, LoaderState { epoch: 1, position: 10 });
     let mut resumed = DataLoader::new(data.clone(), 5, true, 3).unwrap();
     resumed.set_state(state).unwrap();
     let rest: Vec<_> = (0..5).map(|_| resumed.next_batch()).collect();
     assert_eq!(rest, a[7..]);
-    assert!(resumed
-        .set_state(LoaderState {
-            epoch: 0,
-            position: 24
-        })
-        .is_err());
+    assert!(resumed.set_state(LoaderState { epoch: 0, position: 24 }).is_err());
 }
 
 #[test]
@@ -153,15 +128,10 @@ fn synthetic_sets_are_seeded() {
     assert_ne!(a.x, synthetic::seed_images(50, 2).unwrap().x);
     let mean = a.x.iter().sum::<f32>() / a.x.len() as f32;
     let var = a.x.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / a.x.len() as f32;
-    assert!(
-        mean.abs() < 0.02 && (var - 1.0).abs() < 0.03,
-        "mean {mean} var {var}"
-    );
+    assert!(mean.abs() < 0.02 && (var - 1.0).abs() < 0.03, "mean {mean} var {var}");
     let r = synthetic::regression(20, 4, 5).unwrap();
     assert_eq!(r.y, synthetic::regression(20, 4, 5).unwrap().y);
-    assert!(
-        matches!(&r.y, Targets::Values { data, shape_per_sample } if data.len() == 20 && shape_per_sample == &[1])
-    );
+    assert!(matches!(&r.y, Targets::Values { data, shape_per_sample } if data.len() == 20 && shape_per_sample == &[1]));
 }
 
 fn labels(ds: &Dataset) -> &[i32] {
@@ -176,11 +146,7 @@ fn digits_are_deterministic_balanced_and_not_trivial() {
     let (train, test) = digits::load(2000, 1000, 7).unwrap();
     let (train2, _) = digits::load(2000, 10, 7).unwrap();
     assert_eq!(train, train2);
-    assert_ne!(
-        train.x[..784],
-        test.x[..784],
-        "the test split must be a different draw"
-    );
+    assert_ne!(train.x[..784], test.x[..784], "the test split must be a different draw");
     assert_ne!(train.x, digits::load(2000, 0, 8).unwrap().0.x);
     for c in 0..10 {
         assert_eq!(labels(&train).iter().filter(|&&l| l == c).count(), 200);
@@ -204,13 +170,7 @@ fn digits_are_deterministic_balanced_and_not_trivial() {
         .chunks(784)
         .zip(labels(&test))
         .filter(|(img, &l)| {
-            let d = |c: usize| {
-                centroids[c * 784..][..784]
-                    .iter()
-                    .zip(img.iter())
-                    .map(|(a, b)| (a - b).powi(2))
-                    .sum::<f32>()
-            };
+            let d = |c: usize| centroids[c * 784..][..784].iter().zip(img.iter()).map(|(a, b)| (a - b).powi(2)).sum::<f32>();
             (0..10).min_by(|&a, &b| d(a).total_cmp(&d(b))) == Some(l as usize)
         })
         .count();
@@ -237,14 +197,7 @@ fn gz(bytes: &[u8]) -> Vec<u8> {
 /// Writes a tiny MNIST set: `n` 2x3 training images and `n` test images.
 fn write_mnist(dir: &Path, compress: bool) {
     let files = [
-        (
-            "train-images-idx3-ubyte",
-            idx(
-                0x803,
-                &[3, 2, 3],
-                &(0..18).map(|i| i * 10).collect::<Vec<u8>>(),
-            ),
-        ),
+        ("train-images-idx3-ubyte", idx(0x803, &[3, 2, 3], &(0..18).map(|i| i * 10).collect::<Vec<u8>>())),
         ("train-labels-idx1-ubyte", idx(0x801, &[3], &[7, 0, 9])),
         ("t10k-images-idx3-ubyte", idx(0x803, &[1, 2, 3], &[255; 6])),
         ("t10k-labels-idx1-ubyte", idx(0x801, &[1], &[4])),
@@ -286,29 +239,17 @@ fn mnist_errors_name_the_file() {
     std::fs::write(&labels_path, idx(0x801, &[1], &[4])).unwrap();
     std::fs::write(&images, idx(0x802, &[3, 2, 3], &[0; 18])).unwrap();
     let e = mnist::load(&dir).unwrap_err();
-    assert!(
-        matches!(&e, Error::Format { path, detail } if *path == images && detail.contains("magic")),
-        "{e}"
-    );
+    assert!(matches!(&e, Error::Format { path, detail } if *path == images && detail.contains("magic")), "{e}");
     std::fs::write(&images, idx(0x803, &[3, 2, 3], &[0; 17])).unwrap();
     let e = mnist::load(&dir).unwrap_err();
-    assert!(
-        matches!(&e, Error::Format { path, detail } if *path == images && detail.contains("truncated")),
-        "{e}"
-    );
+    assert!(matches!(&e, Error::Format { path, detail } if *path == images && detail.contains("truncated")), "{e}");
     std::fs::write(&images, [0, 0]).unwrap();
-    assert!(matches!(
-        mnist::load(&dir).unwrap_err(),
-        Error::Format { .. }
-    ));
+    assert!(matches!(mnist::load(&dir).unwrap_err(), Error::Format { .. }));
     std::fs::remove_file(&images).unwrap();
     let gz_path = dir.join("train-images-idx3-ubyte.gz");
     std::fs::write(&gz_path, b"not gzip").unwrap();
     let e = mnist::load(&dir).unwrap_err();
-    assert!(
-        matches!(&e, Error::Format { path, .. } if *path == gz_path),
-        "{e}"
-    );
+    assert!(matches!(&e, Error::Format { path, .. } if *path == gz_path), "{e}");
 }
 
 fn le<T: Copy, const N: usize>(v: &[T], f: fn(T) -> [u8; N]) -> Vec<u8> {
@@ -317,79 +258,31 @@ fn le<T: Copy, const N: usize>(v: &[T], f: fn(T) -> [u8; N]) -> Vec<u8> {
 
 /// Writes a safetensors file of `(name, dtype, shape, bytes)` entries.
 fn write_st(path: &Path, entries: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
-    let views: Vec<_> = entries
-        .iter()
-        .map(|(n, d, s, b)| (*n, TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
+    let views: Vec<_> = entries.iter().map(|(n, d, s, b)| (*n, TensorView::new(*d, s.clone(), b).unwrap())).collect();
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
 
 fn x_entry(n: usize) -> (&'static str, Dtype, Vec<usize>, Vec<u8>) {
-    (
-        "x",
-        Dtype::F32,
-        vec![n, 2],
-        le(
-            &(0..2 * n).map(|i| i as f32).collect::<Vec<_>>(),
-            f32::to_le_bytes,
-        ),
-    )
+    ("x", Dtype::F32, vec![n, 2], le(&(0..2 * n).map(|i| i as f32).collect::<Vec<_>>(), f32::to_le_bytes))
 }
 
 #[test]
 fn tensor_file_label_dtypes_and_values() {
     let dir = temp_dir("tf");
     let p = dir.join("d.safetensors");
-    let cases = [
-        (Dtype::I64, le(&[2i64, 0, 1], i64::to_le_bytes)),
-        (Dtype::I32, le(&[2i32, 0, 1], i32::to_le_bytes)),
-        (Dtype::U8, vec![2, 0, 1]),
-    ];
+    let cases = [(Dtype::I64, le(&[2i64, 0, 1], i64::to_le_bytes)), (Dtype::I32, le(&[2i32, 0, 1], i32::to_le_bytes)), (Dtype::U8, vec![2, 0, 1])];
     for (dtype, bytes) in cases {
         write_st(&p, &[x_entry(3), ("y", dtype, vec![3], bytes)]);
         let ds = tensor_file::load(&p, None).unwrap();
         assert_eq!(ds.sample_shape, [2]);
         assert_eq!(ds.x, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
-        assert_eq!(
-            ds.y,
-            Targets::Classes {
-                labels: vec![2, 0, 1],
-                classes: 3
-            },
-            "{dtype:?}"
-        );
-        assert_eq!(
-            tensor_file::load(&p, Some(10)).unwrap().y,
-            Targets::Classes {
-                labels: vec![2, 0, 1],
-                classes: 10
-            }
-        );
-        assert!(matches!(
-            tensor_file::load(&p, Some(2)),
-            Err(Error::Format { .. })
-        ));
+        assert_eq!(ds.y, Targets::Classes { labels: vec![2, 0, 1], classes: 3 }, "{dtype:?}");
+        assert_eq!(tensor_file::load(&p, Some(10)).unwrap().y, Targets::Classes { labels: vec![2, 0, 1], classes: 10 });
+        assert!(matches!(tensor_file::load(&p, Some(2)), Err(Error::Format { .. })));
     }
-    write_st(
-        &p,
-        &[
-            x_entry(3),
-            (
-                "y",
-                Dtype::F32,
-                vec![3, 2],
-                le(&[0.5f32; 6], f32::to_le_bytes),
-            ),
-        ],
-    );
+    write_st(&p, &[x_entry(3), ("y", Dtype::F32, vec![3, 2], le(&[0.5f32; 6], f32::to_le_bytes))]);
     let ds = tensor_file::load(&p, None).unwrap();
-    assert_eq!(
-        ds.y,
-        Targets::Values {
-            data: vec![0.5; 6],
-            shape_per_sample: vec![2]
-        }
-    );
+    assert_eq!(ds.y, Targets::Values { data: vec![0.5; 6], shape_per_sample: vec![2] });
 }
 
 fn format_detail(p: &Path) -> String {
@@ -406,63 +299,19 @@ fn format_detail(p: &Path) -> String {
 fn tensor_file_errors() {
     let dir = temp_dir("tf-bad");
     let p = dir.join("d.safetensors");
-    let y3 = (
-        "y",
-        Dtype::I32,
-        vec![3],
-        le(&[0i32, 1, 2], i32::to_le_bytes),
-    );
-    write_st(
-        &p,
-        &[
-            x_entry(3),
-            (
-                "labels",
-                Dtype::I32,
-                vec![3],
-                le(&[0i32, 1, 2], i32::to_le_bytes),
-            ),
-        ],
-    );
+    let y3 = ("y", Dtype::I32, vec![3], le(&[0i32, 1, 2], i32::to_le_bytes));
+    write_st(&p, &[x_entry(3), ("labels", Dtype::I32, vec![3], le(&[0i32, 1, 2], i32::to_le_bytes))]);
     let d = format_detail(&p);
     assert!(d.contains("'y'") && d.contains("labels, x"), "{d}");
-    write_st(
-        &p,
-        &[
-            ("x", Dtype::I32, vec![3], le(&[0i32; 3], i32::to_le_bytes)),
-            y3.clone(),
-        ],
-    );
+    write_st(&p, &[("x", Dtype::I32, vec![3], le(&[0i32; 3], i32::to_le_bytes)), y3.clone()]);
     assert!(format_detail(&p).contains("x has dtype I32"));
     write_st(&p, &[x_entry(3), ("y", Dtype::F64, vec![3], vec![0; 24])]);
     assert!(format_detail(&p).contains("F64"));
     write_st(&p, &[x_entry(4), y3.clone()]);
     assert!(format_detail(&p).contains("first dimensions differ"));
-    write_st(
-        &p,
-        &[
-            x_entry(3),
-            (
-                "y",
-                Dtype::I32,
-                vec![3],
-                le(&[0i32, -1, 2], i32::to_le_bytes),
-            ),
-        ],
-    );
+    write_st(&p, &[x_entry(3), ("y", Dtype::I32, vec![3], le(&[0i32, -1, 2], i32::to_le_bytes))]);
     assert!(format_detail(&p).contains("-1 at index 1"));
-    write_st(
-        &p,
-        &[
-            x_entry(3),
-            (
-                "y",
-                Dtype::I64,
-                vec![3],
-                le(&[0i64, 1, 1 << 40], i64::to_le_bytes),
-            ),
-        ],
-    );
+    write_st(&p, &[x_entry(3), ("y", Dtype::I64, vec![3], le(&[0i64, 1, 1 << 40], i64::to_le_bytes))]);
     assert!(format_detail(&p).contains("does not fit"));
     write_st(&p, &[x_entry(3), y3]);
     let whole = std::fs::read(&p).unwrap();
@@ -470,10 +319,7 @@ fn tensor_file_errors() {
     assert!(format_detail(&p).contains("safetensors"));
     std::fs::write(&p, b"hello, not a tensor file").unwrap();
     assert!(format_detail(&p).contains("safetensors"));
-    assert!(matches!(
-        tensor_file::load(dir.join("missing"), None),
-        Err(Error::Io { .. })
-    ));
+    assert!(matches!(tensor_file::load(dir.join("missing"), None), Err(Error::Io { .. })));
 }
 
 #[test]

@@ -98,7 +98,9 @@ fn peer_ring_communicator_matches_single() {
     // The CUDA algorithm, staged through the host here; 25 samples over 3 devices.
     let b = batches(25);
     let comm = Box::new(PeerRing::new(&devices(3)).unwrap());
-    let mut dp = DataParallel::with_communicator(&model(), comm, &sgd(), Loss::CrossEntropy, DataParallelConfig { bucket_bytes: 4096, ..Default::default() }).unwrap();
+    let mut dp =
+        DataParallel::with_communicator(&model(), comm, &sgd(), Loss::CrossEntropy, DataParallelConfig { bucket_bytes: 4096, ..Default::default() })
+            .unwrap();
     assert_eq!(dp.communicator().name(), "peer-ring");
     check_against_single("peer ring", &mut dp, &sgd(), &b);
 }

@@ -128,7 +128,8 @@ fn standardizer_is_standard_scaler_with_ddof_0() {
     assert_eq!(s.mean(), [4.0, 7.0, 0.0]);
     assert_eq!(s.scale(), [9.5f64.sqrt(), 1.0, 4.5f64.sqrt()]);
     let z = s.transform(&rows).unwrap();
-    let want: Vec<f32> = rows.chunks(3).flat_map(|r| [((r[0] as f64 - 4.0) / 9.5f64.sqrt()) as f32, 0.0, (r[2] as f64 / 4.5f64.sqrt()) as f32]).collect();
+    let want: Vec<f32> =
+        rows.chunks(3).flat_map(|r| [((r[0] as f64 - 4.0) / 9.5f64.sqrt()) as f32, 0.0, (r[2] as f64 / 4.5f64.sqrt()) as f32]).collect();
     assert_eq!(z, want);
     tandem::tolerance::assert_close("inverse_transform", &s.inverse_transform(&z).unwrap(), &rows, 1e-6, 1e-6);
 
@@ -156,7 +157,11 @@ fn fit_on_train_then_scale_both_and_report_in_target_units() {
     }
     // The test split is scaled with the training statistics, not its own.
     let t = fx.transform_features(&test).unwrap();
-    let by_hand: Vec<f32> = test.x.chunks(2).flat_map(|r| [((r[0] as f64 - fx.mean()[0]) / fx.scale()[0]) as f32, ((r[1] as f64 - fx.mean()[1]) / fx.scale()[1]) as f32]).collect();
+    let by_hand: Vec<f32> = test
+        .x
+        .chunks(2)
+        .flat_map(|r| [((r[0] as f64 - fx.mean()[0]) / fx.scale()[0]) as f32, ((r[1] as f64 - fx.mean()[1]) / fx.scale()[1]) as f32])
+        .collect();
     assert_eq!(t.x, by_hand);
     assert_eq!(t.y, test.y, "transform_features leaves the targets");
     // Predictions of standardised targets come back in the targets' units.
@@ -174,7 +179,9 @@ fn standardizer_round_trips_through_serde_and_refuses_a_bad_one() {
     let s = Standardizer::fit(&[1.0, 5.0, 2.0, 5.0, 6.0, 5.0], 2).unwrap();
     let json = serde_json::to_string(&s).unwrap();
     assert_eq!(serde_json::from_str::<Standardizer>(&json).unwrap(), s);
-    for bad in [r#"{"mean":[0.0],"scale":[0.0]}"#, r#"{"mean":[0.0,1.0],"scale":[1.0]}"#, r#"{"mean":[],"scale":[]}"#, r#"{"mean":[0.0],"scale":[-1.0]}"#] {
+    for bad in
+        [r#"{"mean":[0.0],"scale":[0.0]}"#, r#"{"mean":[0.0,1.0],"scale":[1.0]}"#, r#"{"mean":[],"scale":[]}"#, r#"{"mean":[0.0],"scale":[-1.0]}"#]
+    {
         assert!(serde_json::from_str::<Standardizer>(bad).is_err(), "{bad} should not read back");
     }
 }

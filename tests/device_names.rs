@@ -51,7 +51,11 @@ fn devices_command_shows_both_names() {
 #[test]
 fn every_device_names_its_matmul_path() {
     let run = |kernels: &str| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem")).arg("devices").env("TANDEM_WGPU_KERNELS", kernels).output().expect("run tandem devices");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .arg("devices")
+            .env("TANDEM_WGPU_KERNELS", kernels)
+            .output()
+            .expect("run tandem devices");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -63,14 +67,19 @@ fn every_device_names_its_matmul_path() {
     for info in Device::list() {
         assert!(!info.matmul.is_empty(), "{info:?}");
         if info.backend == BackendKind::Wgpu {
-            let line = text.lines().find(|l| l.contains(&format!("wgpu:{} ", info.ordinal))).unwrap_or_else(|| panic!("no wgpu:{} in:\n{text}", info.ordinal));
+            let line = text
+                .lines()
+                .find(|l| l.contains(&format!("wgpu:{} ", info.ordinal)))
+                .unwrap_or_else(|| panic!("no wgpu:{} in:\n{text}", info.ordinal));
             assert!(line.contains("WGSL") && line.contains("profile"), "{line}");
             let opened = Device::open(BackendKind::Wgpu, info.ordinal).unwrap();
             assert_eq!(opened.info().matmul, info.matmul, "the listed path is the one the device opens with");
         }
     }
     // Software adapters run the register-blocked kernels unless the hardware profile is forced.
-    let software = Device::list().into_iter().find(|i| i.backend == BackendKind::Wgpu && matches!(i.kind, tandem::DeviceKind::Software | tandem::DeviceKind::Cpu));
+    let software = Device::list()
+        .into_iter()
+        .find(|i| i.backend == BackendKind::Wgpu && matches!(i.kind, tandem::DeviceKind::Software | tandem::DeviceKind::Cpu));
     if let Some(i) = software {
         assert!(i.matmul.contains("register-blocked") && i.matmul.contains("software profile"), "{}", i.matmul);
         let forced = run("hardware");
@@ -83,7 +92,13 @@ fn every_device_names_its_matmul_path() {
 /// check's CUDA-only step); a name that is no backend is an error naming it.
 #[test]
 fn the_backend_filter_leaves_out_the_wgpu_adapters() {
-    let run = |filter: &str| std::process::Command::new(env!("CARGO_BIN_EXE_tandem")).arg("devices").env(tandem::BACKENDS_ENV, filter).output().expect("run tandem devices");
+    let run = |filter: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .arg("devices")
+            .env(tandem::BACKENDS_ENV, filter)
+            .output()
+            .expect("run tandem devices")
+    };
     let out = run("cuda");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -73,7 +73,12 @@ fn check(what: &str, report: &tandem::parallel::StepReport, o: &Overlap, buckets
     assert!((0.0..=1.0).contains(&f), "{what}: hidden fraction {f}");
     assert!((0.0..=1.0).contains(&report.overlap), "{what}: step overlap {}", report.overlap);
     assert!(report.comm_s >= o.mean_allreduce_s() - 1e-12, "{what}: comm_s {} below the all-reduce time {}", report.comm_s, o.mean_allreduce_s());
-    eprintln!("{what}: all-reduce {:.3} ms per device, hidden fraction {f:.3} (host clock {:.3}), clocks {:?}", o.mean_allreduce_s() * 1e3, o.host_hidden_fraction(), o.device_clock);
+    eprintln!(
+        "{what}: all-reduce {:.3} ms per device, hidden fraction {f:.3} (host clock {:.3}), clocks {:?}",
+        o.mean_allreduce_s() * 1e3,
+        o.host_hidden_fraction(),
+        o.device_clock
+    );
 }
 
 /// Whether `dev` keeps a clock of its own (its marks read back); leaves no mark behind.

@@ -198,7 +198,9 @@ const OPS: &[Op] = &[
     // a sum of squares of centred values
     op("var", 1e-5, 1e-5, |x, a| one(x[0].var(i(a, "axis"), u(a, "correction"), b(a, "keepdim")))).atol(1e-6),
     op("std", 1e-5, 1e-5, |x, a| one(x[0].std(i(a, "axis"), u(a, "correction"), b(a, "keepdim")))).atol(1e-6),
-    op("mean_axes", 1e-6, 1e-6, |x, a| one(x[0].mean_axes(&a["axes"].as_array().expect("axes").iter().map(|v| v.as_i64().expect("axis") as isize).collect::<Vec<_>>()))),
+    op("mean_axes", 1e-6, 1e-6, |x, a| {
+        one(x[0].mean_axes(&a["axes"].as_array().expect("axes").iter().map(|v| v.as_i64().expect("axis") as isize).collect::<Vec<_>>()))
+    }),
     op("stack", 0.0, 0.0, |x, a| one(Tensor::stack(x, u(a, "dim")))),
     op("unsqueeze", 0.0, 0.0, |x, a| one(x[0].unsqueeze(i(a, "dim")))),
     op("squeeze", 0.0, 0.0, |x, a| one(x[0].squeeze(i(a, "dim")))),
@@ -331,7 +333,15 @@ fn check_case(case: &Value, dev: &Device, weights: &[f32]) -> std::result::Resul
                 return Err(format!("{name}: output {k} is {got:?}, PyTorch's {:?}", ints(w)));
             }
         } else {
-            compare(&format!("{name}: output {k}"), &o.to_vec().map_err(|e| e.to_string())?, &floats(w), &alt["outputs"], op.atol.max(FLUSH), op.rtol, true)?;
+            compare(
+                &format!("{name}: output {k}"),
+                &o.to_vec().map_err(|e| e.to_string())?,
+                &floats(w),
+                &alt["outputs"],
+                op.atol.max(FLUSH),
+                op.rtol,
+                true,
+            )?;
         }
     }
     let Some(grads) = case.get("grads") else {
@@ -340,7 +350,10 @@ fn check_case(case: &Value, dev: &Device, weights: &[f32]) -> std::result::Resul
     let mut loss: Option<Tensor> = None;
     for o in &outs {
         let w: Vec<f32> = (0..o.numel()).map(|j| weights[j % weights.len()]).collect();
-        let term = o.mul(&Tensor::from_vec(w, o.dims().to_vec(), dev).map_err(|e| e.to_string())?).and_then(|t| t.sum_all()).map_err(|e| format!("{name}: loss: {e}"))?;
+        let term = o
+            .mul(&Tensor::from_vec(w, o.dims().to_vec(), dev).map_err(|e| e.to_string())?)
+            .and_then(|t| t.sum_all())
+            .map_err(|e| format!("{name}: loss: {e}"))?;
         loss = Some(match loss {
             None => term,
             Some(l) => l.add(&term).map_err(|e| e.to_string())?,
@@ -355,7 +368,15 @@ fn check_case(case: &Value, dev: &Device, weights: &[f32]) -> std::result::Resul
             Some(t) => t.to_vec().map_err(|e| e.to_string())?,
             None => vec![0.0; x.numel()],
         };
-        compare(&format!("{name}: gradient of input {k}"), &got, &floats(g), &alt["grads"][k], op.atol.max(GRAD_FLUSH), op.grad_rtol, op.grad_zero_sign)?;
+        compare(
+            &format!("{name}: gradient of input {k}"),
+            &got,
+            &floats(g),
+            &alt["grads"][k],
+            op.atol.max(GRAD_FLUSH),
+            op.grad_rtol,
+            op.grad_zero_sign,
+        )?;
     }
     Ok(())
 }
@@ -370,7 +391,14 @@ fn check_device(dev: &Device) -> Result<()> {
     let covered: Vec<&str> = cases.iter().map(|c| c["op"].as_str().expect("op")).collect();
     let missing: Vec<&str> = OPS.iter().map(|o| o.name).filter(|n| !covered.contains(n)).collect();
     assert!(missing.is_empty(), "ops without a fixture case (rerun scripts/torch_edge_cases.py): {missing:?}");
-    assert!(failures.is_empty(), "{} of {} cases differ from PyTorch on {dev} ({}):\n{}", failures.len(), cases.len(), info.name, failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ from PyTorch on {dev} ({}):\n{}",
+        failures.len(),
+        cases.len(),
+        info.name,
+        failures.join("\n")
+    );
     Ok(())
 }
 

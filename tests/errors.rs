@@ -19,15 +19,9 @@ fn msg(r: tandem::Result<Tensor>) -> String {
 #[test]
 fn shape_errors_name_op_and_shapes() {
     let m = msg(t(&[2, 3]).matmul(&t(&[4, 5])));
-    assert!(
-        m.contains("matmul") && m.contains("[2, 3]") && m.contains("[4, 5]"),
-        "{m}"
-    );
+    assert!(m.contains("matmul") && m.contains("[2, 3]") && m.contains("[4, 5]"), "{m}");
     let m = msg(t(&[2, 3]).add(&t(&[4])));
-    assert!(
-        m.contains("add") && m.contains("[2, 3]") && m.contains("[4]"),
-        "{m}"
-    );
+    assert!(m.contains("add") && m.contains("[2, 3]") && m.contains("[4]"), "{m}");
     let m = msg(t(&[1, 2, 8, 8]).conv2d(&t(&[4, 3, 3, 3]), (1, 1), (0, 0)));
     assert!(m.contains("conv2d") && m.contains("[4, 3, 3, 3]"), "{m}");
     let m = msg(t(&[1, 1, 2, 2]).conv2d(&t(&[1, 1, 3, 3]), (1, 1), (0, 0)));
@@ -55,16 +49,7 @@ fn shape_errors_name_op_and_shapes() {
 fn dtype_and_device_errors() {
     let labels = Tensor::from_labels(vec![0, 1], [2], &Device::cpu()).unwrap();
     let e = t(&[2, 3]).cross_entropy(&t(&[2])).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::DType {
-                op: "cross_entropy",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, Error::DType { op: "cross_entropy", .. }), "{e}");
     assert!(matches!(labels.exp().unwrap_err(), Error::DType { .. }));
     let other = Device::from_backend(Arc::new(CpuBackend::new()));
     let b = Tensor::zeros([2, 3], &other).unwrap();
@@ -77,10 +62,7 @@ fn dtype_and_device_errors() {
 fn device_spec_errors_list_what_exists() {
     for spec in ["cuda:7", "wgpu:99", "tpu:0", "cpu:x", ""] {
         let e = Device::parse(spec).unwrap_err().to_string();
-        assert!(
-            e.contains("devices found") && e.contains("cpu"),
-            "{spec}: {e}"
-        );
+        assert!(e.contains("devices found") && e.contains("cpu"), "{spec}: {e}");
     }
     assert_eq!(Device::parse("cpu").unwrap()[0].spec(), "cpu");
 }
@@ -89,28 +71,14 @@ fn device_spec_errors_list_what_exists() {
 fn backward_and_loading_errors() {
     assert!(t(&[2]).sum_all().unwrap().backward().is_err());
     let w = t(&[3]).requires_grad();
-    assert!(w
-        .square()
-        .unwrap()
-        .backward()
-        .unwrap_err()
-        .to_string()
-        .contains("scalar"));
+    assert!(w.square().unwrap().backward().unwrap_err().to_string().contains("scalar"));
     let model = SeedModel::Linear.build(0, &Device::cpu()).unwrap();
-    let bad = vec![
-        ("linear.weight".to_string(), t(&[2, 10])),
-        ("linear.bias".to_string(), t(&[1])),
-    ];
+    let bad = vec![("linear.weight".to_string(), t(&[2, 10])), ("linear.bias".to_string(), t(&[1]))];
     let e = model.load_state_dict(&bad).unwrap_err().to_string();
-    assert!(
-        e.contains("linear.weight") && e.contains("[2, 10]") && e.contains("[1, 10]"),
-        "{e}"
-    );
+    assert!(e.contains("linear.weight") && e.contains("[2, 10]") && e.contains("[1, 10]"), "{e}");
     let e = model.load_state_dict(&bad[1..]).unwrap_err().to_string();
     assert!(e.contains("missing") && e.contains("linear.weight"), "{e}");
-    let e = tandem::checkpoint::load_weights("/nonexistent/w.safetensors", &Device::cpu())
-        .unwrap_err()
-        .to_string();
+    let e = tandem::checkpoint::load_weights("/nonexistent/w.safetensors", &Device::cpu()).unwrap_err().to_string();
     assert!(e.contains("/nonexistent/w.safetensors"), "{e}");
 }
 

@@ -51,8 +51,8 @@ fn conv2d_with_bias_forward_and_backward() {
 /// (wgpu's epilogue); output and every parameter gradient equal running the layers one by one.
 #[test]
 fn sequential_fuses_conv_and_relu_with_the_same_results() {
-    use tandem::nn::{Conv2d, Module, ReLU, Sequential};
     use rand::SeedableRng;
+    use tandem::nn::{Conv2d, Module, ReLU, Sequential};
     use tandem::Tensor;
     on_each_device(|dev, _| {
         let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(3);

@@ -16,8 +16,27 @@ fn tiny_gpt(name: &str) -> (PathBuf, PathBuf) {
     let dir = common::scratch("generate-cli", name);
     let save = dir.join("w.safetensors");
     ok(&[
-        "train", "--model", "gpt", "--data", "text", "--devices", "cpu", "--steps", "1", "--batch", "4", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
-        "--block-size", "8", "--save", s(&save),
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--devices",
+        "cpu",
+        "--steps",
+        "1",
+        "--batch",
+        "4",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "8",
+        "--save",
+        s(&save),
     ]);
     (dir, save)
 }

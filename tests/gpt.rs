@@ -4,8 +4,8 @@
 mod common;
 #[path = "common/gpt_fixture.rs"]
 mod gpt_fixture;
-use gpt_fixture::Fixture;
 use common::{assert_close, on_each_device};
+use gpt_fixture::Fixture;
 use std::collections::BTreeMap;
 use tandem::checkpoint::{to_host, write_safetensors};
 use tandem::nn::models::{Gpt, GptConfig};
@@ -32,7 +32,8 @@ fn parity(dev: &Device) -> Result<()> {
     gpt.load_state_dict(&fx.state("init.", &dev)).expect("nanoGPT's state_dict loads");
     let params = gpt.parameters();
     // nanoGPT's groups: weight decay on rank >= 2 (matrices, embeddings), none on the rest.
-    let adamw = AdamConfig { lr: hp("lr"), beta1: hp("beta1"), beta2: hp("beta2"), eps: hp("eps"), weight_decay: hp("weight_decay"), decoupled: true };
+    let adamw =
+        AdamConfig { lr: hp("lr"), beta1: hp("beta1"), beta2: hp("beta2"), eps: hp("eps"), weight_decay: hp("weight_decay"), decoupled: true };
     let mut opt = OptimConfig::adam(adamw).with_groups(ParamGroups::no_decay_for_biases_and_norms()).build(params.clone()).expect("adamw");
     let (mut losses, mut norms) = (Vec::new(), Vec::new());
     for step in 0..train["steps"].as_u64().expect("steps") as usize {

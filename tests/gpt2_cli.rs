@@ -60,7 +60,29 @@ fn a_gpt2_tokenized_run_records_its_tokenizer_and_generate_uses_it() {
 fn a_resume_under_another_tokenizer_is_refused_naming_the_flag() {
     let (dir, data) = with_text("resume");
     let ckpt = dir.join("ckpt");
-    let base = ["train", "--model", "gpt", "--data", &format!("text:{}", s(&data)), "--devices", "cpu", "--steps", "1", "--batch", "2", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--checkpoint-dir", s(&ckpt)];
+    let base = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        &format!("text:{}", s(&data)),
+        "--devices",
+        "cpu",
+        "--steps",
+        "1",
+        "--batch",
+        "2",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "8",
+        "--checkpoint-dir",
+        s(&ckpt),
+    ];
     ok(&[&base[..], &["--tokenizer", "gpt2"]].concat());
     let out = common::run(&[&base[..], &["--steps", "2", "--resume"]].concat());
     let err = text(&out.stderr);
@@ -72,8 +94,14 @@ fn a_resume_under_another_tokenizer_is_refused_naming_the_flag() {
 fn tokenizer_flags_that_cannot_apply_are_usage_errors() {
     let (dir, data) = with_text("usage");
     let text_data = format!("text:{}", s(&data));
-    usage_error(&["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--steps", "1", "--tokenizer", "gpt2"], &["--tokenizer", "--model gpt only"]);
-    usage_error(&["train", "--model", "gpt", "--data", &text_data, "--devices", "cpu", "--steps", "1", "--tokenizer", "gpt3"], &["--tokenizer", "gpt3"]);
+    usage_error(
+        &["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--steps", "1", "--tokenizer", "gpt2"],
+        &["--tokenizer", "--model gpt only"],
+    );
+    usage_error(
+        &["train", "--model", "gpt", "--data", &text_data, "--devices", "cpu", "--steps", "1", "--tokenizer", "gpt3"],
+        &["--tokenizer", "gpt3"],
+    );
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -121,7 +149,23 @@ fn a_run_from_a_hugging_face_folder_records_its_weights_and_resumes_with_it() {
     ok(&["export-hf", "--init", s(&save), "--out", s(&hf)]);
     let ckpt = dir.join("ckpt");
     let text_data = format!("text:{}", s(&data));
-    let base = ["train", "--model", "gpt", "--data", &text_data, "--tokenizer", "gpt2", "--devices", "cpu", "--batch", "2", "--init", s(&hf), "--checkpoint-dir", s(&ckpt)];
+    let base = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        &text_data,
+        "--tokenizer",
+        "gpt2",
+        "--devices",
+        "cpu",
+        "--batch",
+        "2",
+        "--init",
+        s(&hf),
+        "--checkpoint-dir",
+        s(&ckpt),
+    ];
     ok(&[&base[..], &["--steps", "1"]].concat());
     // The folder given again (as a scheduler restarts the same command) is the run's: accepted.
     ok(&[&base[..], &["--steps", "2", "--resume"]].concat());
@@ -132,7 +176,6 @@ fn a_run_from_a_hugging_face_folder_records_its_weights_and_resumes_with_it() {
     usage_error(&moved, &["--init", "is not the file the run being resumed started from"]);
     std::fs::remove_dir_all(dir).ok();
 }
-
 
 /// One Hugging Face folder fine-tuned under sharded data parallelism, a pipeline, data ×
 /// tensor, tensor × pipeline and the planner (`--strategy auto`) gives one device's losses
@@ -146,7 +189,23 @@ fn a_hugging_face_folder_fine_tunes_under_every_strategy_and_precision() {
     let hf = dir.join("hf");
     ok(&["export-hf", "--init", s(&save), "--out", s(&hf)]);
     let text_data = format!("text:{}", s(&data));
-    let base = ["train", "--model", "gpt", "--data", &text_data, "--tokenizer", "gpt2", "--init", s(&hf), "--block-size", "12", "--batch", "4", "--steps", "2"];
+    let base = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        &text_data,
+        "--tokenizer",
+        "gpt2",
+        "--init",
+        s(&hf),
+        "--block-size",
+        "12",
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+    ];
     let run = |extra: &[&str]| common::logged_losses(&[&base[..], extra].concat());
     let single = run(&["--devices", "cpu"]);
     assert_eq!(single.len(), 2, "{single:?}");

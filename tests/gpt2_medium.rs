@@ -47,9 +47,32 @@ fn gpt2_medium_fine_tunes_on_four_cpu_devices_under_a_budget_it_does_not_fit_uns
     let block = BLOCK.to_string();
     let run = |shard: &str, steps: &str| -> Vec<String> {
         [
-            "train", "--model", "gpt", "--init", s(&folder), "--data", &data, "--tokenizer", "gpt2", "--devices", "cpu,cpu,cpu,cpu",
-            "--strategy", "data", "--shard", shard, "--recompute", "--memory-limit", LIMIT, "--block-size", &block, "--batch", "4", "--lr", "3e-5",
-            "--steps", steps,
+            "train",
+            "--model",
+            "gpt",
+            "--init",
+            s(&folder),
+            "--data",
+            &data,
+            "--tokenizer",
+            "gpt2",
+            "--devices",
+            "cpu,cpu,cpu,cpu",
+            "--strategy",
+            "data",
+            "--shard",
+            shard,
+            "--recompute",
+            "--memory-limit",
+            LIMIT,
+            "--block-size",
+            &block,
+            "--batch",
+            "4",
+            "--lr",
+            "3e-5",
+            "--steps",
+            steps,
         ]
         .map(String::from)
         .to_vec()

@@ -29,7 +29,11 @@ fn the_config_and_vocabulary_come_back_from_the_file() {
     assert_eq!(cfg, CFG);
     assert_eq!(vocab.unwrap().encode("cab").unwrap(), vec![2, 0, 1]);
     let whole = GptCheckpoint::read(&path).unwrap();
-    let model = Gpt::from_state_dict(whole.config, &whole.weights.into_iter().map(|(n, s, v)| (n, tandem::Tensor::from_vec(v, s, &Device::cpu()).unwrap())).collect::<Vec<_>>(), &Device::cpu());
+    let model = Gpt::from_state_dict(
+        whole.config,
+        &whole.weights.into_iter().map(|(n, s, v)| (n, tandem::Tensor::from_vec(v, s, &Device::cpu()).unwrap())).collect::<Vec<_>>(),
+        &Device::cpu(),
+    );
     assert!(model.is_ok());
     std::fs::remove_file(path).ok();
 }

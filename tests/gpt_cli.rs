@@ -115,9 +115,14 @@ fn train_logs_losses_and_validation_losses_and_resumes_exactly() {
     let common = ["--steps", "6", "--eval-every", "3", "--dropout", "0.1", "--grad-clip", "1", "--checkpoint-every", "3"];
     let out = ok(&strs(&train(&[&common[..], &["--checkpoint-dir", s(&whole)]].concat())));
     let lines = json_lines(&out);
-    let steps: Vec<u64> = lines.iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["step"].as_u64().unwrap()).collect();
+    let steps: Vec<u64> =
+        lines.iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["step"].as_u64().unwrap()).collect();
     assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
-    let val: Vec<(u64, f64)> = lines.iter().filter(|l| l.get("val_loss").is_some() && l.get("summary").is_none()).map(|l| (l["step"].as_u64().unwrap(), l["val_loss"].as_f64().unwrap())).collect();
+    let val: Vec<(u64, f64)> = lines
+        .iter()
+        .filter(|l| l.get("val_loss").is_some() && l.get("summary").is_none())
+        .map(|l| (l["step"].as_u64().unwrap(), l["val_loss"].as_f64().unwrap()))
+        .collect();
     assert_eq!(val.iter().map(|v| v.0).collect::<Vec<_>>(), [3, 6], "{val:?}");
     // An untrained model over ~44 characters starts near ln 44 = 3.8.
     assert!(val.iter().all(|v| v.1 > 2.0 && v.1 < 5.0), "{val:?}");
@@ -125,8 +130,10 @@ fn train_logs_losses_and_validation_losses_and_resumes_exactly() {
     // Stopped after 3 steps, then resumed to 6: the same weights, bit for bit.
     ok(&strs(&train(&[&common[..], &["--checkpoint-dir", s(&part), "--steps", "3"]].concat())));
     let out = ok(&strs(&train(&[&common[..], &["--checkpoint-dir", s(&part), "--resume"]].concat())));
-    let resumed: Vec<f64> = json_lines(&out).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap()).collect();
-    let first: Vec<f64> = lines.iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap()).collect();
+    let resumed: Vec<f64> =
+        json_lines(&out).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap()).collect();
+    let first: Vec<f64> =
+        lines.iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap()).collect();
     assert_eq!(resumed, first[3..], "steps 4..6 after the resume");
     let name = "ckpt-00000006.safetensors";
     let (a, b) = (weights(&whole.join(name)), weights(&part.join(name)));
@@ -134,17 +141,25 @@ fn train_logs_losses_and_validation_losses_and_resumes_exactly() {
 
     // Data parallel over two CPU devices follows the single-device run (dropout included).
     let out = ok(&strs(&train(&[&common[..], &["--devices", "cpu,cpu", "--strategy", "data", "--checkpoint-dir", s(&dir.join("dp"))]].concat())));
-    let dp: Vec<f32> = json_lines(&out).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap() as f32).collect();
+    let dp: Vec<f32> = json_lines(&out)
+        .iter()
+        .filter(|l| l.get("loss").is_some() && l.get("summary").is_none())
+        .map(|l| l["loss"].as_f64().unwrap() as f32)
+        .collect();
     let single: Vec<f32> = first.iter().map(|&l| l as f32).collect();
     tandem::tolerance::assert_close("tandem train --strategy data: losses", &dp, &single, 1e-5, 1e-4);
 
     // Warmup scales the first steps' learning rate (1/3 of it at step 1 of a 2-step warmup).
     let warm = dir.join("warm");
     let out = ok(&strs(&train(&[&common[..], &["--checkpoint-dir", s(&warm), "--steps", "3", "--warmup-steps", "2"]].concat())));
-    let warm_losses: Vec<f64> = json_lines(&out).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap()).collect();
+    let warm_losses: Vec<f64> =
+        json_lines(&out).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap()).collect();
     assert_eq!(warm_losses[0], first[0]);
     assert_ne!(warm_losses[1], first[1], "a smaller first step gives another second loss");
-    let err = fails(&strs(&train(&[&common[..], &["--checkpoint-dir", s(&warm), "--warmup-steps", "2", "--resume"]].concat())), "--steps 6 (checkpoint: 3;");
+    let err = fails(
+        &strs(&train(&[&common[..], &["--checkpoint-dir", s(&warm), "--warmup-steps", "2", "--resume"]].concat())),
+        "--steps 6 (checkpoint: 3;",
+    );
     assert!(!err.contains("lr_schedule"), "{err}");
 }
 
@@ -158,15 +173,28 @@ fn gpt_data_parallelism_over_unlike_devices_shares_by_measured_speed() {
     let run = |devices: &str, extra: &[&str]| -> (Vec<f32>, serde_json::Value) {
         let ckpt = dir.join(format!("{devices}{}", extra.join("")).replace([',', ':', '-'], "_"));
         let out = ok(&strs(&train(&[&["--steps", "3", "--devices", devices, "--strategy", "data", "--checkpoint-dir", s(&ckpt)], extra].concat())));
-        let losses = json_lines(&out).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap() as f32).collect();
+        let losses = json_lines(&out)
+            .iter()
+            .filter(|l| l.get("loss").is_some() && l.get("summary").is_none())
+            .map(|l| l["loss"].as_f64().unwrap() as f32)
+            .collect();
         let bytes = std::fs::read(ckpt.join("ckpt-00000003.safetensors")).unwrap();
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
         let config: serde_json::Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["config"]).unwrap();
         (losses, config["batch_weights"].clone())
     };
     let one = ok(&strs(&train(&["--steps", "3"])));
-    let one: Vec<f32> = json_lines(&one).iter().filter(|l| l.get("loss").is_some() && l.get("summary").is_none()).map(|l| l["loss"].as_f64().unwrap() as f32).collect();
-    for (devices, extra, measured) in [("cpu,wgpu:0", &[][..], true), ("cpu,wgpu:0", &["--balance", "even"][..], false), ("cpu,cpu", &[][..], false), ("cpu,cpu", &["--balance", "measured"][..], true)] {
+    let one: Vec<f32> = json_lines(&one)
+        .iter()
+        .filter(|l| l.get("loss").is_some() && l.get("summary").is_none())
+        .map(|l| l["loss"].as_f64().unwrap() as f32)
+        .collect();
+    for (devices, extra, measured) in [
+        ("cpu,wgpu:0", &[][..], true),
+        ("cpu,wgpu:0", &["--balance", "even"][..], false),
+        ("cpu,cpu", &[][..], false),
+        ("cpu,cpu", &["--balance", "measured"][..], true),
+    ] {
         let (losses, weights) = run(devices, extra);
         let what = format!("{devices} {extra:?}");
         tandem::tolerance::assert_close(&what, &losses, &one, 1e-5, 1e-4);
@@ -183,7 +211,9 @@ fn generate_continues_a_prompt_from_the_checkpoint_alone() {
     let save = dir.join("w.safetensors");
     ok(&strs(&train(&["--steps", "3", "--checkpoint-dir", s(&dir.join("ck")), "--save", s(&save)])));
     let ckpt = dir.join("ck").join("ckpt-00000003.safetensors");
-    let gen = |path: &Path, seed: &str| text(&ok(&["generate", "--init", s(path), "--prompt", "The fox", "--tokens", "30", "--seed", seed, "--top-k", "10"]).stdout);
+    let gen = |path: &Path, seed: &str| {
+        text(&ok(&["generate", "--init", s(path), "--prompt", "The fox", "--tokens", "30", "--seed", seed, "--top-k", "10"]).stdout)
+    };
     let a = gen(&ckpt, "7");
     assert!(a.starts_with("The fox") && a.trim_end_matches('\n').chars().count() == 37, "{a:?}");
     assert_eq!(gen(&ckpt, "7"), a, "the same seed gives the same text");
@@ -219,7 +249,18 @@ fn trains_on_a_text_file_and_on_token_id_files() {
     let txt = dir.join("input.txt");
     std::fs::write(&txt, "to be or not to be, that is the question. ".repeat(20)).unwrap();
     let (plot, trace) = (dir.join("loss.svg"), dir.join("trace.json"));
-    ok(&strs(&train(&["--data", &format!("text:{}", s(&txt)), "--steps", "2", "--checkpoint-dir", s(&dir.join("ck")), "--plot", s(&plot), "--trace", s(&trace)])));
+    ok(&strs(&train(&[
+        "--data",
+        &format!("text:{}", s(&txt)),
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        s(&dir.join("ck")),
+        "--plot",
+        s(&plot),
+        "--trace",
+        s(&trace),
+    ])));
     assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
     let events: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     assert!(events.to_string().contains("step"), "the trace records the steps");
@@ -234,7 +275,10 @@ fn trains_on_a_text_file_and_on_token_id_files() {
     let ids = dir.join("ids.safetensors");
     let i64s = |v: &[i32]| v.iter().flat_map(|&id| i64::from(id).to_le_bytes()).collect::<Vec<u8>>();
     let (xb, yb) = (i64s(&x), i64s(&y));
-    let views = [("x", safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![n, t], &xb).unwrap()), ("y", safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![n, t], &yb).unwrap())];
+    let views = [
+        ("x", safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![n, t], &xb).unwrap()),
+        ("y", safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![n, t], &yb).unwrap()),
+    ];
     std::fs::write(&ids, safetensors::serialize(views, None).unwrap()).unwrap();
     let out = ok(&strs(&train(&["--data", s(&ids), "--steps", "2", "--eval-every", "2"])));
     assert!(json_lines(&out).iter().any(|l| l.get("val_loss").is_some()));
@@ -253,7 +297,33 @@ fn trains_on_a_text_file_and_on_token_id_files() {
 fn a_small_gpt_beats_the_unigram_entropy_of_the_builtin_corpus() {
     let h = TextCorpus::builtin(0).unigram_entropy();
     assert!((h - 3.06).abs() < 0.01, "unigram entropy {h}");
-    let args = ["train", "--model", "gpt", "--data", "text", "--devices", "cpu", "--log-format", "json", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch", "16", "--steps", "200", "--lr", "3e-3", "--eval-every", "200"];
+    let args = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--devices",
+        "cpu",
+        "--log-format",
+        "json",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--block-size",
+        "32",
+        "--batch",
+        "16",
+        "--steps",
+        "200",
+        "--lr",
+        "3e-3",
+        "--eval-every",
+        "200",
+    ];
     let out = ok(&args);
     let summary = json_lines(&out).into_iter().find(|l| l.get("summary").is_some()).expect("a summary line");
     let val = summary["val_loss"].as_f64().expect("val_loss in the summary");
@@ -285,10 +355,13 @@ fn bench_reports_the_gpt_train_step() {
 /// are half the bytes.
 #[test]
 fn memory_bench_shows_sharding_shrink_what_each_device_holds() {
-    let out = ok(&["bench", "--bench", "memory", "--model", "gpt", "--devices", "cpu,cpu", "--quick", "--log-format", "json", "--precision", "f32,bf16"]);
+    let out =
+        ok(&["bench", "--bench", "memory", "--model", "gpt", "--devices", "cpu,cpu", "--quick", "--log-format", "json", "--precision", "f32,bf16"]);
     let all = json_lines(&out);
     assert_eq!(all.len(), 20, "five modes on two devices in two precisions: {all:?}");
-    let grads = |precision: &str, mode: &str| all.iter().find(|l| l["precision"] == precision && l["shard"] == mode).map(|l| l["gradient_bytes"].as_u64().unwrap()).unwrap();
+    let grads = |precision: &str, mode: &str| {
+        all.iter().find(|l| l["precision"] == precision && l["shard"] == mode).map(|l| l["gradient_bytes"].as_u64().unwrap()).unwrap()
+    };
     for mode in ["grads", "full"] {
         assert_eq!(grads("bf16", mode) * 2, grads("f32", mode), "{mode}: bf16 gradient shards");
     }
@@ -296,14 +369,20 @@ fn memory_bench_shows_sharding_shrink_what_each_device_holds() {
     let lines: Vec<_> = all.into_iter().filter(|l| l["precision"] == "f32").collect();
     let held = |mode: &str| lines.iter().filter(|l| l["shard"] == mode).map(|l| l["held_bytes"].as_u64().unwrap()).max().unwrap();
     let (none, opt, grads, full, offload) = (held("none"), held("optimizer"), held("grads"), held("full"), held("full+offload"));
-    assert!(offload < full && full < grads && grads < opt && opt < none, "held bytes none {none}, optimizer {opt}, grads {grads}, full {full}, full+offload {offload}");
+    assert!(
+        offload < full && full < grads && grads < opt && opt < none,
+        "held bytes none {none}, optimizer {opt}, grads {grads}, full {full}, full+offload {offload}"
+    );
     let first = &lines[0];
     let p = first["parameter_bytes"].as_u64().unwrap();
     assert_eq!(first["optimizer_bytes"].as_u64(), Some(2 * p), "Adam keeps two moments per parameter: {first}");
     // Unsharded, a device holds at least its parameters, gradients and Adam's moments.
     assert!(none >= 4 * p, "held {none} < 4 x {p} parameter bytes");
     let last = lines.last().unwrap();
-    assert_eq!((last["shard"].as_str(), last["parameter_bytes"].as_u64(), last["optimizer_bytes"].as_u64()), (Some("full+offload"), Some(p / 2), Some(0)));
+    assert_eq!(
+        (last["shard"].as_str(), last["parameter_bytes"].as_u64(), last["optimizer_bytes"].as_u64()),
+        (Some("full+offload"), Some(p / 2), Some(0))
+    );
     fails(&["bench", "--bench", "memory", "--model", "gpt", "--devices", "cpu"], "at least two");
 }
 
@@ -324,7 +403,10 @@ fn shape_and_resume_errors_name_the_flags() {
     fails_with(2, &strs(&train(&["--steps", "1", "--dropout", "1.5"])), "--dropout");
     let ck = dir.join("ck");
     ok(&strs(&train(&["--steps", "2", "--checkpoint-dir", s(&ck)])));
-    let err = fails(&strs(&train(&["--steps", "4", "--checkpoint-dir", s(&ck), "--resume", "--grad-clip", "1", "--n-layer", "2", "--lr", "0.002"])), "--grad-clip 1 (checkpoint: not given)");
+    let err = fails(
+        &strs(&train(&["--steps", "4", "--checkpoint-dir", s(&ck), "--resume", "--grad-clip", "1", "--n-layer", "2", "--lr", "0.002"])),
+        "--grad-clip 1 (checkpoint: not given)",
+    );
     for want in ["--n-layer 2 (checkpoint: 1)", "--lr 0.002 (checkpoint: 0.001)"] {
         assert!(err.contains(want), "lacks '{want}': {err}");
     }

@@ -91,7 +91,11 @@ fn the_same_flags_replay_the_same_batches_and_a_resume_equals_the_uninterrupted_
     assert_eq!(weights(&ck("part").join(last)), weights(&ck("a").join(last)), "the resumed run's weights differ");
 
     // A resume under another order is refused, naming the flag.
-    fail(&data, &["--order", "sequential", "--steps", "9", "--dropout", "0.1", "--checkpoint-dir", s(&ck("a")), "--resume"], "--order sequential (checkpoint: shuffle)");
+    fail(
+        &data,
+        &["--order", "sequential", "--steps", "9", "--dropout", "0.1", "--checkpoint-dir", s(&ck("a")), "--resume"],
+        "--order sequential (checkpoint: shuffle)",
+    );
 }
 
 #[test]

@@ -8,8 +8,8 @@
 mod common;
 #[path = "common/gpt_fixture.rs"]
 mod gpt_fixture;
-use gpt_fixture::Fixture;
 use common::{assert_close, fails, ok, s, text};
+use gpt_fixture::Fixture;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
@@ -29,11 +29,7 @@ fn pipeline(fx: &Fixture, devs: &[Device], micro: usize, schedule: Schedule) -> 
     let gpt = Gpt::new(fx.config(), 0, &Device::cpu()).unwrap();
     gpt.load_state_dict(&fx.init(&Device::cpu())).unwrap();
     let stages = Stages::Built(gpt.stages(devs, None).unwrap());
-    Pipeline::builder(stages, devs, &fx.adamw(), Loss::CrossEntropy)
-        .micro_batches(micro)
-        .schedule(schedule)
-        .build()
-        .unwrap()
+    Pipeline::builder(stages, devs, &fx.adamw(), Loss::CrossEntropy).micro_batches(micro).schedule(schedule).build().unwrap()
 }
 
 /// [`Fixture::check_steps`] under `s`, and the checkpoint's lm_head.weight equal to the
@@ -43,7 +39,10 @@ fn parity(what: &str, s: &mut dyn Strategy, fx: &Fixture) {
     assert_eq!(bits(&state[Gpt::LM_HEAD]), bits(&state[Gpt::WTE]), "{what}: the tied lm_head.weight differs from the embedding");
     // The optimizer trains the tied parameter once: state for the embedding, none for the head.
     let names: Vec<String> = s.optimizer_state().unwrap().0.into_iter().map(|p| p.0).collect();
-    assert!(names.contains(&format!("{}.exp_avg", Gpt::WTE)) && !names.iter().any(|n| n.starts_with(Gpt::LM_HEAD)), "{what}: optimizer state {names:?}");
+    assert!(
+        names.contains(&format!("{}.exp_avg", Gpt::WTE)) && !names.iter().any(|n| n.starts_with(Gpt::LM_HEAD)),
+        "{what}: optimizer state {names:?}"
+    );
 }
 
 #[test]
@@ -51,7 +50,9 @@ fn data_pipeline_and_grid_match_pytorch() {
     let _guard = common::shared();
     let fx = Fixture::load();
     for (family, devs) in common::device_families(4) {
-        let mut dp = DataParallel::from_factory(|d| Gpt::new(fx.config(), 0, d), &devs[..2], &fx.adamw(), Loss::CrossEntropy, DataParallelConfig::default()).unwrap();
+        let mut dp =
+            DataParallel::from_factory(|d| Gpt::new(fx.config(), 0, d), &devs[..2], &fx.adamw(), Loss::CrossEntropy, DataParallelConfig::default())
+                .unwrap();
         dp.load_state_dict(&fx.init(&Device::cpu())).unwrap();
         parity(&format!("data on 2 {family}"), &mut dp, &fx);
 
@@ -60,7 +61,8 @@ fn data_pipeline_and_grid_match_pytorch() {
 
         let mut grid = PipelineGrid::from_factory(&devs, 2, |row| Ok(pipeline(&fx, row, 2, Schedule::OneFOneB))).unwrap();
         parity(&format!("data,pipeline 2 x 2 on {family}"), &mut grid, &fx);
-        let replica = |r: usize| -> Vec<(String, Vec<u32>)> { grid.replicas()[r].state_dict().unwrap().iter().map(|(n, t)| (n.clone(), bits(t))).collect() };
+        let replica =
+            |r: usize| -> Vec<(String, Vec<u32>)> { grid.replicas()[r].state_dict().unwrap().iter().map(|(n, t)| (n.clone(), bits(t))).collect() };
         assert_eq!(replica(0), replica(1), "{family}: the grid's two replicas differ after 10 steps");
     }
 }
@@ -142,7 +144,25 @@ fn ties_and_stage_splits_that_cannot_work_are_errors() {
 // --- the command line ----------------------------------------------------------------------
 
 fn train(dir: &std::path::Path, extra: &[&str]) -> Vec<f64> {
-    let mut a = vec!["train", "--model", "gpt", "--data", "text", "--log-format", "json", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch", "8"];
+    let mut a = vec![
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--log-format",
+        "json",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "16",
+        "--batch",
+        "8",
+    ];
     a.extend(["--grad-clip", "1", "--dropout", "0.1", "--checkpoint-every", "2", "--checkpoint-dir", s(dir)]);
     a.extend(extra);
     let out = ok(&a);
@@ -172,7 +192,13 @@ fn cli_trains_pipeline_and_data_pipeline_and_resumes() {
     for (name, flags) in cases {
         let (whole, part) = (dir.join(format!("{name}-whole")), dir.join(format!("{name}-part")));
         let losses = train(&whole, &[flags, &["--steps", "4"]].concat());
-        assert_close(&format!("tandem train --strategy {name}: losses"), &losses.iter().map(|&l| l as f32).collect::<Vec<_>>(), &single.iter().map(|&l| l as f32).collect::<Vec<_>>(), 1e-5, 1e-4);
+        assert_close(
+            &format!("tandem train --strategy {name}: losses"),
+            &losses.iter().map(|&l| l as f32).collect::<Vec<_>>(),
+            &single.iter().map(|&l| l as f32).collect::<Vec<_>>(),
+            1e-5,
+            1e-4,
+        );
         train(&part, &[flags, &["--steps", "2"]].concat());
         let resumed = train(&part, &[flags, &["--steps", "4", "--resume"]].concat());
         assert_eq!(resumed, losses[2..], "{name}: steps 3..4 after the resume");
@@ -181,11 +207,18 @@ fn cli_trains_pipeline_and_data_pipeline_and_resumes() {
         assert!(!a.is_empty() && a == b, "{name}: the resumed run's weights differ from the uninterrupted run's");
         assert!(a[Gpt::LM_HEAD] == a[Gpt::WTE], "{name}: the checkpoint's lm_head.weight is not the embedding");
     }
-    let base = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--steps", "1"];
+    let base =
+        ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--steps", "1"];
     let with = |extra: &[&'static str]| [&base[..], extra].concat();
     fails(&with(&["--strategy", "data,pipeline", "--devices", "cpu,cpu,cpu", "--batch", "8"]), "--pipelines");
-    fails(&with(&["--strategy", "data,pipeline", "--devices", "cpu,cpu,cpu,cpu", "--batch", "6", "--micro-batches", "2"]), "does not split into 2 pipelines");
+    fails(
+        &with(&["--strategy", "data,pipeline", "--devices", "cpu,cpu,cpu,cpu", "--batch", "6", "--micro-batches", "2"]),
+        "does not split into 2 pipelines",
+    );
     fails(&with(&["--strategy", "pipeline", "--devices", "cpu,cpu,cpu", "--batch", "8"]), "every stage needs a block");
     fails(&with(&["--pipelines", "2", "--devices", "cpu,cpu", "--batch", "8"]), "--pipelines: needs --strategy data,pipeline");
-    fails(&["train", "--model", "seed-linear", "--data", "synthetic", "--strategy", "data,pipeline", "--devices", "cpu,cpu"], "written for --model gpt");
+    fails(
+        &["train", "--model", "seed-linear", "--data", "synthetic", "--strategy", "data,pipeline", "--devices", "cpu,cpu"],
+        "written for --model gpt",
+    );
 }

@@ -6,8 +6,8 @@
 mod common;
 #[path = "common/gpt_fixture.rs"]
 mod gpt_fixture;
-use gpt_fixture::Fixture;
 use common::assert_close;
+use gpt_fixture::Fixture;
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
 use tandem::checkpoint::read_safetensors;
@@ -106,7 +106,10 @@ fn gpt_grads(gpt: &Gpt, fx: &Fixture) -> Result<Vec<(String, Vec<f32>)>> {
     let ctx = SampleContext { step: 3, first_sample: 0, samples: batch.len() };
     let loss = with_samples(ctx, || Gpt::loss(&gpt.forward(&x)?, &y))?;
     loss.backward()?;
-    gpt.parameters().into_iter().map(|(n, p)| Ok((n.clone(), p.grad().ok_or_else(|| Error::Msg(format!("{n} has no gradient")))?.to_vec()?))).collect()
+    gpt.parameters()
+        .into_iter()
+        .map(|(n, p)| Ok((n.clone(), p.grad().ok_or_else(|| Error::Msg(format!("{n} has no gradient")))?.to_vec()?)))
+        .collect()
 }
 
 /// Recomputation gives the plain run's gradients bit for bit on the CPU, dropout included,
@@ -154,7 +157,8 @@ fn recompute_gives_the_plain_gradients() -> Result<()> {
 fn heads_that_do_not_split_are_an_error() -> Result<()> {
     let fx = Fixture::load();
     let devs = [cpu(), cpu(), cpu()];
-    let err = TensorParallelGpt::new(Gpt::new(fx.config(), 0, &devs[0])?, &devs, &fx.adamw(), Loss::CrossEntropy).err().expect("2 heads over 3 devices");
+    let err =
+        TensorParallelGpt::new(Gpt::new(fx.config(), 0, &devs[0])?, &devs, &fx.adamw(), Loss::CrossEntropy).err().expect("2 heads over 3 devices");
     assert!(matches!(err, Error::Invalid { .. }) && err.to_string().contains("n_head 2") && err.to_string().contains("3 devices"), "{err}");
     let elsewhere = Gpt::new(fx.config(), 0, &devs[1])?;
     let err = TensorParallelGpt::new(elsewhere, &devs[..2], &fx.adamw(), Loss::CrossEntropy).err().expect("a model off the first device");
@@ -176,14 +180,39 @@ fn heads_that_do_not_split_are_an_error() -> Result<()> {
 fn cli_losses(args: &[&str]) -> Vec<f64> {
     let out = common::ok(&[args, &["--log-format", "json"]].concat());
     let lines = common::text(&out.stdout);
-    lines.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["step"].is_u64()).filter_map(|v| v["loss"].as_f64()).collect()
+    lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["step"].is_u64())
+        .filter_map(|v| v["loss"].as_f64())
+        .collect()
 }
 
 /// `--recompute` prints the plain run's losses under each strategy, dropout on; the tensor
 /// split prints the single device's within rounding.
 #[test]
 fn cli_recompute_keeps_every_strategys_losses() {
-    let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "3", "--dropout", "0.1"];
+    let args = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "3",
+        "--dropout",
+        "0.1",
+    ];
     let single = cli_losses(&[&args[..], &["--devices", "cpu"]].concat());
     assert_eq!(single.len(), 3, "{single:?}");
     for (strategy, devices) in [("single", "cpu"), ("data", "cpu,cpu"), ("tensor", "cpu,cpu")] {
@@ -199,11 +228,30 @@ fn cli_recompute_keeps_every_strategys_losses() {
 fn cli_trains_tensor_parallel_with_recompute() {
     let dir = common::scratch("gpt_tensor", "cli");
     let save = dir.join("tp.safetensors");
-    let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "2"];
+    let args = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+    ];
     let run = |extra: &[&str]| common::ok(&[&args[..], extra].concat());
     run(&["--strategy", "tensor", "--devices", "cpu,cpu", "--recompute", "--save", common::s(&save)]);
     let (tensors, _) = read_safetensors(&save).expect("the --save file reads");
-    let single = Gpt::new(GptConfig { n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, vocab_size: 1, dropout: 0.0, bias: true }, 0, &Device::cpu()).unwrap();
+    let single =
+        Gpt::new(GptConfig { n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, vocab_size: 1, dropout: 0.0, bias: true }, 0, &Device::cpu()).unwrap();
     let mut want: Vec<String> = single.state_dict().into_iter().map(|p| p.0).collect();
     let mut got: Vec<String> = tensors.into_iter().map(|t| t.0).collect();
     want.sort();

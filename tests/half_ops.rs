@@ -65,7 +65,8 @@ fn run(op: Op, x: &[Tensor]) -> Result<Outputs> {
 /// The f32 op on the widened inputs, its output and gradients rounded to `dtype`.
 fn reference(op: Op, shapes: &[Vec<usize>], dtype: DType, seed: u64) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
     let cpu = Device::cpu();
-    let wide: Vec<Tensor> = inputs(&cpu, shapes, dtype, seed)?.iter().map(|t| t.to_dtype(DType::F32).map(|t| t.detach().requires_grad())).collect::<Result<_>>()?;
+    let wide: Vec<Tensor> =
+        inputs(&cpu, shapes, dtype, seed)?.iter().map(|t| t.to_dtype(DType::F32).map(|t| t.detach().requires_grad())).collect::<Result<_>>()?;
     let (_, y, grads) = run(op, &wide)?;
     let round = |v: Vec<f32>| Tensor::from_vec(v.clone(), [v.len()], &cpu)?.to_dtype(dtype)?.to_vec();
     Ok((round(y)?, grads.into_iter().map(|(_, g)| round(g)).collect::<Result<_>>()?))
@@ -139,7 +140,8 @@ fn autocast_runs_products_in_the_half_type_with_f32_master_weights() {
                 let y = autocast(Some(dtype), || lin.forward(&x)?.relu())?;
                 assert_eq!(y.dtype(), dtype, "{dtype:?} Linear output on {d}");
                 y.to_dtype(DType::F32)?.sum_all()?.backward()?;
-                let grads: Vec<(DType, Vec<f32>)> = lin.parameters().iter().map(|(_, p)| p.grad().map(|g| (g.dtype(), g.to_vec().unwrap())).expect("grad")).collect();
+                let grads: Vec<(DType, Vec<f32>)> =
+                    lin.parameters().iter().map(|(_, p)| p.grad().map(|g| (g.dtype(), g.to_vec().unwrap())).expect("grad")).collect();
                 assert!(grads.iter().all(|(t, _)| *t == DType::F32), "master weights' gradients are F32");
                 assert!(autocast(None, || lin.forward(&x))?.dtype() == DType::F32, "outside autocast: F32");
                 got.push((y.to_vec()?, grads));

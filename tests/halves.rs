@@ -20,14 +20,14 @@ fn special_values() -> Vec<f32> {
         -0.0,
         1.0,
         -1.0,
-        1.0 + p(-8),     // bf16 tie, to even (down)
-        1.0 + 3.0 * p(-8), // bf16 tie, to even (up)
-        1.0 + p(-11),    // f16 tie, to even (down)
-        1.0 + 3.0 * p(-11), // f16 tie, to even (up)
+        1.0 + p(-8),           // bf16 tie, to even (down)
+        1.0 + 3.0 * p(-8),     // bf16 tie, to even (up)
+        1.0 + p(-11),          // f16 tie, to even (down)
+        1.0 + 3.0 * p(-11),    // f16 tie, to even (up)
         1.0 + p(-11) + p(-20), // past the f16 tie: up
         65504.0,
-        65519.0,  // rounds to 65504
-        65520.0,  // rounds to inf in f16
+        65519.0, // rounds to 65504
+        65520.0, // rounds to inf in f16
         -65520.0,
         f32::MAX, // bf16: rounds to inf
         f32::MIN,

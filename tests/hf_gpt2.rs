@@ -99,8 +99,18 @@ fn the_files_are_in_transformers_names_shapes_and_config() {
     assert_eq!(by_name["transformer.wpe.weight"].shape, [6, 8]);
     let c = config(&dir);
     assert_eq!(c["architectures"], serde_json::json!(["GPT2LMHeadModel"]));
-    for (key, want) in [("model_type", serde_json::json!("gpt2")), ("activation_function", "gelu_new".into()), ("n_positions", 6.into()), ("n_ctx", 6.into()),
-        ("n_embd", 8.into()), ("n_layer", 2.into()), ("n_head", 2.into()), ("vocab_size", 11.into()), ("layer_norm_epsilon", 1e-5.into()), ("resid_pdrop", 0.1.into())] {
+    for (key, want) in [
+        ("model_type", serde_json::json!("gpt2")),
+        ("activation_function", "gelu_new".into()),
+        ("n_positions", 6.into()),
+        ("n_ctx", 6.into()),
+        ("n_embd", 8.into()),
+        ("n_layer", 2.into()),
+        ("n_head", 2.into()),
+        ("vocab_size", 11.into()),
+        ("layer_norm_epsilon", 1e-5.into()),
+        ("resid_pdrop", 0.1.into()),
+    ] {
         assert_eq!(c[key], want, "{key}");
     }
     std::fs::remove_dir_all(dir).ok();
@@ -109,7 +119,8 @@ fn the_files_are_in_transformers_names_shapes_and_config() {
 #[test]
 fn gpt2models_bare_names_buffers_and_an_equal_lm_head_load() {
     let (dir, gpt) = saved("bare", 5);
-    let mut files: Vec<(String, HostTensor)> = tensors(&dir).into_iter().map(|(n, t)| (n.trim_start_matches("transformer.").to_string(), t)).collect();
+    let mut files: Vec<(String, HostTensor)> =
+        tensors(&dir).into_iter().map(|(n, t)| (n.trim_start_matches("transformer.").to_string(), t)).collect();
     let wte = files.iter().find(|(n, _)| n == "wte.weight").unwrap().1.clone();
     files.push(("lm_head.weight".into(), wte));
     for i in 0..CFG.n_layer {

@@ -154,14 +154,48 @@ fn a_model_too_big_for_wgpu_is_out_of_memory() {
 /// that aborts, such as the matmul's packing buffers).
 #[test]
 fn training_state_past_the_memory_is_out_of_memory() {
-    let args = ["train", "--model", "gpt", "--data", "text", "--n-embd", "2048", "--n-layer", "2", "--block-size", "8", "--steps", "1", "--batch", "1", "--devices", "cpu"];
+    let args = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--n-embd",
+        "2048",
+        "--n-layer",
+        "2",
+        "--block-size",
+        "8",
+        "--steps",
+        "1",
+        "--batch",
+        "1",
+        "--devices",
+        "cpu",
+    ];
     refused(&args, &["out of memory on cpu", "bytes free", "gradients and 2 optimizer state tensors"]);
 }
 
 /// `--batch 2^40` windows of 64 tokens would be 281 TB of ids on the host.
 #[test]
 fn a_batch_too_big_for_the_host_is_out_of_memory() {
-    let args = ["train", "--model", "gpt", "--data", "text", "--batch", "1099511627776", "--n-layer", "1", "--n-embd", "16", "--steps", "1", "--devices", "cpu"];
+    let args = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--batch",
+        "1099511627776",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "16",
+        "--steps",
+        "1",
+        "--devices",
+        "cpu",
+    ];
     refused(&args, &["out of memory on host", "asked for 281474976710656 bytes", "a batch of 1099511627776 windows"]);
 }
 
@@ -197,7 +231,9 @@ fn host_vectors_of_absurd_sizes_are_out_of_memory() {
     ];
     for (op, r) in results {
         match r {
-            Err(tandem::Error::OutOfMemory { device, requested, .. }) => assert!(device == "host" && requested >= 1 << 40, "{op}: {device} {requested}"),
+            Err(tandem::Error::OutOfMemory { device, requested, .. }) => {
+                assert!(device == "host" && requested >= 1 << 40, "{op}: {device} {requested}")
+            }
             other => panic!("{op}: {other:?}"),
         }
     }

@@ -7,9 +7,9 @@
 mod common;
 
 use common::*;
+use std::sync::OnceLock;
 use tandem::backend::wgpu::{open_with, MatmulKernel, Options};
 use tandem::backend::MatmulSpec;
-use std::sync::OnceLock;
 use tandem::Device;
 
 /// Every wgpu adapter under the hardware profile, with the matmul family `kernel`, opened once
@@ -108,7 +108,11 @@ fn hardware_profile_chooses_by_size() {
     let _guard = shared();
     let cpu = Device::cpu();
     for dev in devices(MatmulKernel::Tiled) {
-        for s in [spec(64, 128, 128, 9, (false, false), (0, 0)), spec(2, 500, 1001, 9, (false, true), (0, 0)), spec(1, 128, 256, 9, (false, false), (0, 0))] {
+        for s in [
+            spec(64, 128, 128, 9, (false, false), (0, 0)),
+            spec(2, 500, 1001, 9, (false, true), (0, 0)),
+            spec(1, 128, 256, 9, (false, false), (0, 0)),
+        ] {
             matmul_case(dev, &cpu, s, 74).unwrap_or_else(|e| panic!("{s:?} on {dev}: {e}"));
         }
     }

@@ -82,7 +82,10 @@ fn an_init_for_a_run_that_did_not_start_from_a_file_is_refused() {
     let (a, ck) = (dir.join("a.safetensors"), dir.join("ck"));
     ok(&strs(&train(&["--steps", "1", "--save", s(&a)])));
     ok(&strs(&train(&["--steps", "2", "--checkpoint-dir", s(&ck)])));
-    let err = refused(&train(&["--init", s(&a), "--steps", "4", "--checkpoint-dir", s(&ck), "--resume"]), &["--init", s(&a), "did not start from a file", "ckpt-00000002.safetensors"]);
+    let err = refused(
+        &train(&["--init", s(&a), "--steps", "4", "--checkpoint-dir", s(&ck), "--resume"]),
+        &["--init", s(&a), "did not start from a file", "ckpt-00000002.safetensors"],
+    );
     assert!(!err.contains("cannot be used with"), "{err}");
     assert!(!ck.join("ckpt-00000004.safetensors").exists(), "the refused run trained");
 }

@@ -5,8 +5,8 @@ mod fd;
 use common::{assert_close, on_each_device};
 use rand::SeedableRng;
 use tandem::nn::{
-    self, AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dropout, Embedding, GeluApproximate, LayerNorm, Linear, Module, ReLU, Sequential,
-    SiLU, GELU,
+    self, AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dropout, Embedding, GeluApproximate, LayerNorm, Linear, Module, ReLU,
+    Sequential, SiLU, GELU,
 };
 use tandem::tensor::random::{philox4x32, uniform};
 use tandem::{Device, Error, Result, Tensor};

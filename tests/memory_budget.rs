@@ -80,7 +80,8 @@ fn checkpoints(dir: &Path) -> Vec<(String, Vec<u8>)> {
 fn the_cli_names_the_step_and_keeps_the_checkpoint() {
     let dir = common::scratch("memory_budget", "resume");
     let ck = dir.join("ck");
-    let args = ["train", "--model", "seed-linear", "--data", "synthetic", "--batch", "200", "--devices", "cpu", "--checkpoint-dir", ck.to_str().unwrap()];
+    let args =
+        ["train", "--model", "seed-linear", "--data", "synthetic", "--batch", "200", "--devices", "cpu", "--checkpoint-dir", ck.to_str().unwrap()];
     common::ok(&[&args[..], &["--steps", "2", "--checkpoint-every", "2"]].concat());
     let before = checkpoints(&ck);
     assert!(!before.is_empty(), "no checkpoint written");
@@ -110,7 +111,33 @@ fn final_loss(out: &std::process::Output) -> f64 {
 /// holds the text corpus, about 4.6 MiB of the 9.
 #[test]
 fn sharding_fits_a_gpt_that_plain_data_parallelism_cannot() {
-    let gpt = ["train", "--model", "gpt", "--data", "text", "--devices", "cpu,cpu,cpu,cpu", "--strategy", "data", "--n-layer", "2", "--n-head", "2", "--n-embd", "128", "--block-size", "32", "--batch", "8", "--steps", "3", "--optimizer", "adamw", "--log-format", "json"];
+    let gpt = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--devices",
+        "cpu,cpu,cpu,cpu",
+        "--strategy",
+        "data",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "128",
+        "--block-size",
+        "32",
+        "--batch",
+        "8",
+        "--steps",
+        "3",
+        "--optimizer",
+        "adamw",
+        "--log-format",
+        "json",
+    ];
     let plain = final_loss(&common::ok(&gpt));
     let budget = ["--memory-limit", "9MiB"];
     let err = common::fails(&[&gpt[..], &budget, &["--shard", "none"]].concat(), "out of memory on cpu");

@@ -9,8 +9,8 @@ mod gpt_fixture;
 #[path = "common/mesh.rs"]
 mod mesh_common;
 use common::assert_close;
-use mesh_common::{same_as_single, token_batches, train};
 use gpt_fixture::Fixture;
+use mesh_common::{same_as_single, token_batches, train};
 use tandem::nn::models::{Gpt, GptConfig, SeedModel};
 use tandem::parallel::{DataGrid, Loss, OptimConfig, Parallel, Single, Strategy, TensorParallelGpt};
 use tandem::{Device, Result};
@@ -105,7 +105,8 @@ fn a_checkpoint_of_one_layout_resumes_under_another() {
         assert_close(&format!("the third step resumed under {what}"), &[s.step(&batches[2]).unwrap().loss], &[want], 0.0, 1e-5);
     }
     // And the other way: Single's checkpoint into a fresh grid.
-    let mut again = Parallel::data_tensor(|d: &Device| Gpt::new(cfg, 5, d), &common::cpu_devices(4), 2, &fx.adamw(), Loss::CrossEntropy).build().unwrap();
+    let mut again =
+        Parallel::data_tensor(|d: &Device| Gpt::new(cfg, 5, d), &common::cpu_devices(4), 2, &fx.adamw(), Loss::CrossEntropy).build().unwrap();
     again.load_state_dict(&single.state_dict().unwrap()).unwrap();
     let (s_state, s_steps) = single.optimizer_state().unwrap();
     again.load_optimizer_state(&s_state, s_steps).unwrap();
@@ -126,7 +127,27 @@ fn groups_that_do_not_divide_the_devices_are_errors() {
 /// belongs to data,tensor alone.
 #[test]
 fn the_command_line_trains_data_over_tensor_groups() {
-    let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "3", "--dropout", "0.1"];
+    let args = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "3",
+        "--dropout",
+        "0.1",
+    ];
     let losses = |extra: &[&str]| common::logged_losses(&[&args[..], extra].concat());
     let single = losses(&["--devices", "cpu"]);
     assert_eq!(single.len(), 3, "{single:?}");

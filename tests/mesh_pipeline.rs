@@ -8,8 +8,8 @@ mod gpt_fixture;
 #[path = "common/mesh.rs"]
 mod mesh_common;
 use common::assert_close;
-use mesh_common::{same_as_single, token_batches, train};
 use gpt_fixture::Fixture;
+use mesh_common::{same_as_single, token_batches, train};
 use tandem::nn::models::{Gpt, GptConfig, SeedModel};
 use tandem::nn::Module;
 use tandem::parallel::{Loss, OptimConfig, Parallel, Pipeline, PipelineGrid, Single, Split, Stages, Strategy};
@@ -18,7 +18,9 @@ use tandem::{Device, Result};
 /// `data` pipelines of `devs.len() / data` devices, each stage a group of `tensor`, the
 /// stages `host`'s (1F1B, `micro` micro-batches).
 fn mesh(host: &Gpt, devs: &[Device], data: usize, tensor: usize, micro: usize, opt: &OptimConfig) -> Result<PipelineGrid> {
-    Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, tensor, None)?)), devs, data, opt, Loss::CrossEntropy).micro_batches(micro).build()
+    Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, tensor, None)?)), devs, data, opt, Loss::CrossEntropy)
+        .micro_batches(micro)
+        .build()
 }
 
 /// Copies of `state`'s tensors on the CPU, apart from the live ones.
@@ -63,7 +65,10 @@ fn every_layout_of_a_sequential_with_tensor_and_pipeline_of_8_equals_single() {
     for (data, tensor, cuts) in [(1, 2, vec![2, 4, 7]), (1, 4, vec![4]), (2, 2, vec![7])] {
         let what = format!("seed CNN, data {data} x tensor {tensor} x pipeline {}", cuts.len() + 1);
         let stages = |row: &[Device]| Ok(Stages::Sharded(model.tensor_stages(row, tensor, Split::At(cuts.clone()))?));
-        let mut grid = Parallel::grid(stages, &common::cpu_devices(8), data, &opt, Loss::CrossEntropy).micro_batches(2).build().unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut grid = Parallel::grid(stages, &common::cpu_devices(8), data, &opt, Loss::CrossEntropy)
+            .micro_batches(2)
+            .build()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(grid.replicas()[0].ranges().len(), cuts.len() + 1, "{what}");
         same_as_single(&what, &train(&mut grid, &batches), &want);
     }
@@ -146,7 +151,11 @@ fn bad_groups_are_errors() {
     let devs = common::cpu_devices(4);
     let host = Gpt::new(cfg, 0, &devs[0]).unwrap();
     let err = |r: Result<Vec<tandem::parallel::ShardedStage>>| r.err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(err(host.tensor_stages(&devs[..3], 2, None)).contains("3 devices do not make groups of 2"), "{}", err(host.tensor_stages(&devs[..3], 2, None)));
+    assert!(
+        err(host.tensor_stages(&devs[..3], 2, None)).contains("3 devices do not make groups of 2"),
+        "{}",
+        err(host.tensor_stages(&devs[..3], 2, None))
+    );
     assert!(err(host.tensor_stages(&devs, 4, None)).contains("n_head 2"), "{}", err(host.tensor_stages(&devs, 4, None)));
     let stages = Stages::Sharded(host.tensor_stages(&devs, 2, None).unwrap());
     let other = common::cpu_devices(4);
@@ -159,7 +168,27 @@ fn bad_groups_are_errors() {
 /// tensor-parallel stages of a seed model, are usage errors naming the flag.
 #[test]
 fn the_command_line_trains_pipelines_of_tensor_groups() {
-    let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "3", "--dropout", "0.1"];
+    let args = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "3",
+        "--dropout",
+        "0.1",
+    ];
     let losses = |extra: &[&str]| common::logged_losses(&[&args[..], extra].concat());
     let single = losses(&["--devices", "cpu"]);
     assert_eq!(single.len(), 3, "{single:?}");

@@ -22,7 +22,10 @@ const MODES: [Shard; 3] = [Shard::Optimizer, Shard::Grads, Shard::Full];
 /// `data` pipelines over `devs`, each stage a group of `tensor` of `host`'s blocks, the data
 /// axis sharded as `shard` (1F1B, `micro` micro-batches).
 fn mesh(host: &Gpt, devs: &[Device], data: usize, tensor: usize, micro: usize, shard: Shard, opt: &OptimConfig) -> Result<PipelineGrid> {
-    Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, tensor, None)?)), devs, data, opt, Loss::CrossEntropy).micro_batches(micro).shard(shard).build()
+    Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, tensor, None)?)), devs, data, opt, Loss::CrossEntropy)
+        .micro_batches(micro)
+        .shard(shard)
+        .build()
 }
 
 /// Copies of `state`'s tensors on the CPU, apart from the live ones.
@@ -63,7 +66,10 @@ fn data_over_tensor_groups_shards_its_data_axis() {
     let want = train(&mut Single::new(Gpt::new(cfg, 2, &cpu).unwrap(), &fx.adamw(), Loss::CrossEntropy, &cpu).unwrap(), &batches);
     for shard in MODES {
         let what = format!("data 2 x tensor 2 (TensorParallelGpt), --shard {}", shard.name());
-        let mut grid = Parallel::data_tensor(|d: &Device| Gpt::new(cfg, 2, d), &common::cpu_devices(4), 2, &fx.adamw(), Loss::CrossEntropy).shard(shard).build().unwrap();
+        let mut grid = Parallel::data_tensor(|d: &Device| Gpt::new(cfg, 2, d), &common::cpu_devices(4), 2, &fx.adamw(), Loss::CrossEntropy)
+            .shard(shard)
+            .build()
+            .unwrap();
         same_as_single(&what, &train(&mut grid, &batches), &want);
     }
 }
@@ -82,7 +88,11 @@ fn a_sequential_in_every_shard_mode_equals_single() {
         for shard in MODES {
             let what = format!("seed CNN, data {data} x tensor {tensor} x pipeline {}, --shard {}", cuts.len() + 1, shard.name());
             let stages = |row: &[Device]| Ok(Stages::Sharded(model.tensor_stages(row, tensor, Split::At(cuts.clone()))?));
-            let mut grid = Parallel::grid(stages, &common::cpu_devices(8), data, &opt, Loss::CrossEntropy).micro_batches(2).shard(shard).build().unwrap_or_else(|e| panic!("{what}: {e}"));
+            let mut grid = Parallel::grid(stages, &common::cpu_devices(8), data, &opt, Loss::CrossEntropy)
+                .micro_batches(2)
+                .shard(shard)
+                .build()
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
             same_as_single(&what, &train(&mut grid, &batches), &want);
         }
     }
@@ -166,7 +176,11 @@ fn each_device_keeps_its_share_of_the_optimizer_state() {
     let full = whole.optimizer_state_bytes();
     // Slot by slot: replica r's stage s is device 2r + s.
     let per_stage: Vec<u64> = full[..2].to_vec();
-    assert_eq!(full, [per_stage.clone(), per_stage.clone(), per_stage.clone(), per_stage.clone()].concat(), "unsharded, every replica holds its stages' whole state");
+    assert_eq!(
+        full,
+        [per_stage.clone(), per_stage.clone(), per_stage.clone(), per_stage.clone()].concat(),
+        "unsharded, every replica holds its stages' whole state"
+    );
     for shard in MODES {
         let mut grid = mesh(&host, &common::cpu_devices(8), 4, 1, 1, shard, &opt).unwrap();
         grid.step(&batches[0]).unwrap();
@@ -192,7 +206,11 @@ fn what_a_grid_does_not_shard_is_an_error() {
         (DataParallelConfig { shard: Shard::Grads, micro_batches: 2, ..Default::default() }, "micro-batches"),
         (DataParallelConfig { shard: Shard::Optimizer, grad_dtype: tandem::DType::Bf16, ..Default::default() }, "needs sharded gradients"),
     ] {
-        let e = Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, 1, None)?)), &common::cpu_devices(4), 2, &opt, Loss::CrossEntropy).data_config(cfg).build().err().expect(want);
+        let e = Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, 1, None)?)), &common::cpu_devices(4), 2, &opt, Loss::CrossEntropy)
+            .data_config(cfg)
+            .build()
+            .err()
+            .expect(want);
         assert!(e.to_string().contains(want) && e.to_string().contains("DataGrid::shard"), "{e}");
     }
 }
@@ -202,7 +220,27 @@ fn what_a_grid_does_not_shard_is_an_error() {
 /// device's losses; `--shard` with a layout that has no data axis is a usage error naming it.
 #[test]
 fn the_command_line_shards_the_data_axis_of_every_layout() {
-    let args = ["train", "--model", "gpt", "--data", "text", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch", "4", "--steps", "3", "--dropout", "0.1"];
+    let args = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "3",
+        "--dropout",
+        "0.1",
+    ];
     let losses = |extra: &[&str]| common::logged_losses(&[&args[..], extra].concat());
     let single = losses(&["--devices", "cpu"]);
     assert_eq!(single.len(), 3, "{single:?}");

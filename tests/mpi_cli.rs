@@ -104,8 +104,29 @@ fn train_under_two_processes_equals_one_with_one_log() {
     assert_curve("seed CNN, 2 processes", &losses(&two), &losses(&one), false);
 
     let gpt: Vec<&str> = vec![
-        "train", "--model", "gpt", "--data", "text", "--strategy", "data", "--devices", "cpu", "--steps", "10", "--batch", "8", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
-        "--block-size", "16", "--log-format", "json",
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--strategy",
+        "data",
+        "--devices",
+        "cpu",
+        "--steps",
+        "10",
+        "--batch",
+        "8",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "16",
+        "--log-format",
+        "json",
     ];
     let one = losses(&json_lines(tandem(1, &gpt)));
     let two = losses(&json_lines(tandem(2, &gpt)));
@@ -162,7 +183,29 @@ fn sharded_checkpoints_resume_under_another_rank_count_and_mode() {
 #[test]
 fn tensor_groups_inside_processes_with_data_across() {
     let gpt = |steps: &str, extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = ["train", "--model", "gpt", "--data", "text", "--steps", steps, "--batch", "8", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--log-format", "json"].map(String::from).to_vec();
+        let mut a: Vec<String> = [
+            "train",
+            "--model",
+            "gpt",
+            "--data",
+            "text",
+            "--steps",
+            steps,
+            "--batch",
+            "8",
+            "--n-layer",
+            "1",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "16",
+            "--block-size",
+            "16",
+            "--log-format",
+            "json",
+        ]
+        .map(String::from)
+        .to_vec();
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
@@ -192,7 +235,29 @@ fn tensor_groups_inside_processes_with_data_across() {
 #[test]
 fn gpt_pipeline_stages_across_processes() {
     let gpt = |steps: &str, extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = ["train", "--model", "gpt", "--data", "text", "--steps", steps, "--batch", "8", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--log-format", "json"].map(String::from).to_vec();
+        let mut a: Vec<String> = [
+            "train",
+            "--model",
+            "gpt",
+            "--data",
+            "text",
+            "--steps",
+            steps,
+            "--batch",
+            "8",
+            "--n-layer",
+            "2",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "16",
+            "--block-size",
+            "16",
+            "--log-format",
+            "json",
+        ]
+        .map(String::from)
+        .to_vec();
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
@@ -277,8 +342,29 @@ fn ranks_started_differently_end_the_job_naming_the_flag() {
         std::fs::write(d.join("other.txt"), &text).unwrap();
     }
     let base: Vec<String> = [
-        "train", "--model", "gpt", "--data", "text:corpus.txt", "--devices", "cpu", "--steps", "3", "--batch", "4", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
-        "--seed", "1", "--log-format", "json",
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text:corpus.txt",
+        "--devices",
+        "cpu",
+        "--steps",
+        "3",
+        "--batch",
+        "4",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "8",
+        "--seed",
+        "1",
+        "--log-format",
+        "json",
     ]
     .map(String::from)
     .to_vec();
@@ -286,7 +372,12 @@ fn ranks_started_differently_end_the_job_naming_the_flag() {
     let cases: [(&str, &[&str], &Path, &[&str]); 8] = [
         ("model shape", &["--n-embd", "32"], &a, &["--n-embd: rank 0 = 16, rank 1 = 32"]),
         ("data file", &["--data", "text:other.txt"], &a, &["--data: rank 0 = text:corpus.txt (4000 bytes", "rank 1 = text:other.txt (4000 bytes"]),
-        ("data content", &[], &b, &["--data: rank 0 = text:corpus.txt (4000 bytes, sha256 of its ends ", "rank 1 = text:corpus.txt (4000 bytes, sha256 of its ends "]),
+        (
+            "data content",
+            &[],
+            &b,
+            &["--data: rank 0 = text:corpus.txt (4000 bytes, sha256 of its ends ", "rank 1 = text:corpus.txt (4000 bytes, sha256 of its ends "],
+        ),
         ("seed", &["--seed", "2"], &a, &["--seed: rank 0 = 1, rank 1 = 2"]),
         ("batch", &["--batch", "8"], &a, &["--batch: rank 0 = 4, rank 1 = 8"]),
         ("steps", &["--steps", "5"], &a, &["--steps: rank 0 = 3, rank 1 = 5"]),
@@ -322,14 +413,31 @@ fn ranks_that_chunk_an_all_reduce_differently_end_the_job() {
         if i > 0 {
             cmd.arg(":");
         }
-        cmd.args(["-np", "1", "-x", &format!("TANDEM_ALLREDUCE_CHUNK_BYTES={bytes}"), exe(), "bench", "--bench", "allreduce", "--quick", "--devices", "wgpu:0", "--log-format", "json"]);
+        cmd.args([
+            "-np",
+            "1",
+            "-x",
+            &format!("TANDEM_ALLREDUCE_CHUNK_BYTES={bytes}"),
+            exe(),
+            "bench",
+            "--bench",
+            "allreduce",
+            "--quick",
+            "--devices",
+            "wgpu:0",
+            "--log-format",
+            "json",
+        ]);
     }
     cmd.env("TANDEM_DIST_TIMEOUT_S", "120");
     let job = run(cmd, Duration::from_secs(60));
     let output = format!("{}\n{}", job.stdout, job.stderr);
     jobs::assert_no_memory_fault(&output);
     assert!(!job.ok && job.took < Duration::from_secs(30), "the job succeeded or took {:?}:\n{output}", job.took);
-    assert!(output.contains("rank 0 all_reduce of 4096 f32 values in chunks of 1025, rank 1 all_reduce of 4096 f32 values in chunks of 2050"), "{output}");
+    assert!(
+        output.contains("rank 0 all_reduce of 4096 f32 values in chunks of 1025, rank 1 all_reduce of 4096 f32 values in chunks of 2050"),
+        "{output}"
+    );
 }
 
 /// `--strategy auto` under a launcher plans every rank's devices together: `tandem plan`
@@ -355,7 +463,8 @@ fn a_job_of_two_processes_is_planned_as_one_cluster() {
     assert!(tried.iter().any(|t| t["layout"] == file["plan"]["best"]["layout"] && t["measured_s"].as_f64().is_some_and(|s| s > 0.0)), "{file}");
 
     let train = |np: usize, extra: &[&str]| {
-        let args = [&["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "6", "--log-format", "json"][..], extra].concat();
+        let args =
+            [&["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "6", "--log-format", "json"][..], extra].concat();
         let what = format!("{np} processes, {extra:?}");
         let job = run(uncached(tandem(np, &args)), Duration::from_secs(120));
         assert!(job.ok, "{what}:\n{}\n{}", job.stdout, job.stderr);
@@ -370,11 +479,26 @@ fn a_job_of_two_processes_is_planned_as_one_cluster() {
     let (from_file, _) = train(2, &["--plan", saved.to_str().unwrap()]);
     assert_curve("the job's saved plan", &from_file, &one, false);
 
-    let alone = run(uncached(tandem(1, &["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "1", "--plan", saved.to_str().unwrap()])), Duration::from_secs(60));
+    let alone = run(
+        uncached(tandem(
+            1,
+            &["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "1", "--plan", saved.to_str().unwrap()],
+        )),
+        Duration::from_secs(60),
+    );
     assert!(!alone.ok && alone.stderr.contains("the plan is for cpu,cpu"), "{}", alone.stderr);
-    let made = run(uncached(tandem(1, &["plan", "--model", "seed-cnn", "--devices", "cpu,cpu", "--batch", "32", "--save-plan", single.to_str().unwrap()])), Duration::from_secs(60));
+    let made = run(
+        uncached(tandem(1, &["plan", "--model", "seed-cnn", "--devices", "cpu,cpu", "--batch", "32", "--save-plan", single.to_str().unwrap()])),
+        Duration::from_secs(60),
+    );
     assert!(made.ok, "{}", made.stderr);
-    let refused = run(uncached(mpirun(2, &["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "1", "--plan", single.to_str().unwrap()])), Duration::from_secs(60));
+    let refused = run(
+        uncached(mpirun(
+            2,
+            &["train", "--model", "seed-cnn", "--devices", "cpu", "--batch", "32", "--steps", "1", "--plan", single.to_str().unwrap()],
+        )),
+        Duration::from_secs(60),
+    );
     assert!(!refused.ok && refused.stderr.contains("plan again under the launcher"), "{}", refused.stderr);
 }
 
@@ -402,7 +526,11 @@ fn a_job_of_a_cpu_and_a_vulkan_process_trains_as_one() {
     assert_curve("the plan of a cpu and a wgpu:0 process", &train(2, &["--steps", "6", "--strategy", "auto"]), &whole, false);
     let plan = run(uncached(mpirun(2, &["plan", "--model", "seed-cnn", "--devices", "cpu,wgpu:0", "--batch", "32"])), Duration::from_secs(120));
     assert!(plan.ok, "{}\n{}", plan.stdout, plan.stderr);
-    assert!(plan.stdout.contains("plan for r0:cpu,r1:wgpu:0 (batch 32)") || plan.stdout.contains("plan for r1:wgpu:0,r0:cpu (batch 32)"), "{}", plan.stdout);
+    assert!(
+        plan.stdout.contains("plan for r0:cpu,r1:wgpu:0 (batch 32)") || plan.stdout.contains("plan for r1:wgpu:0,r0:cpu (batch 32)"),
+        "{}",
+        plan.stdout
+    );
     assert!(plan.stdout.contains("data 2 x tensor 1 x pipeline 1"), "{}", plan.stdout);
 }
 

@@ -58,7 +58,10 @@ fn train_steps(np: usize, tcp: bool, args: &[&str], steps: usize) -> Trained {
         losses: lines.iter().filter_map(|l| l["loss"].as_f64()).map(|l| l as f32).collect(),
         norms: lines.iter().filter_map(|l| l["grad_norm"].as_f64()).map(|l| l as f32).collect(),
         state: bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        state_bytes: lines.iter().find_map(|l| l["optimizer_state_bytes"].as_array().map(|a| a.iter().map(|v| v.as_u64().unwrap()).collect())).unwrap_or_default(),
+        state_bytes: lines
+            .iter()
+            .find_map(|l| l["optimizer_state_bytes"].as_array().map(|a| a.iter().map(|v| v.as_u64().unwrap()).collect()))
+            .unwrap_or_default(),
     }
 }
 
@@ -149,7 +152,11 @@ fn nccl_across_processes_refuses_cpu_devices_without_hanging() {
     let (ok, output, took) = run(2, false, &["--mode", "dp", "--comm", "nccl", "--devices", "cpu", "--steps", "1"], Duration::from_secs(120));
     assert!(!ok, "the job succeeded:\n{output}");
     assert!(took < Duration::from_secs(30), "the job took {took:?} to end:\n{output}");
-    let expect: &[&str] = if cfg!(feature = "nccl") { &["cannot take part in NCCL across processes", "not a CUDA device", " of 2"] } else { &["without the `nccl` cargo feature"] };
+    let expect: &[&str] = if cfg!(feature = "nccl") {
+        &["cannot take part in NCCL across processes", "not a CUDA device", " of 2"]
+    } else {
+        &["without the `nccl` cargo feature"]
+    };
     for e in expect {
         assert!(output.contains(e), "the output does not say {e:?}:\n{output}");
     }

@@ -95,11 +95,8 @@ fn nccl_matches_host_staged() {
 
     // Equal parts (ncclAllGather) and parts with different rows (grouped broadcasts).
     for rows in [vec![2; n], (0..n).map(|r| r + 1).collect()] {
-        let parts: Vec<Tensor> = devices
-            .iter()
-            .enumerate()
-            .map(|(r, d)| Tensor::from_vec(rank_values(r, rows[r] * 3), vec![rows[r], 3], d).unwrap())
-            .collect();
+        let parts: Vec<Tensor> =
+            devices.iter().enumerate().map(|(r, d)| Tensor::from_vec(rank_values(r, rows[r] * 3), vec![rows[r], 3], d).unwrap()).collect();
         let (a, b) = (nccl.all_gather(&parts).unwrap(), staged.all_gather(&parts).unwrap());
         for (r, (x, y)) in a.iter().zip(&b).enumerate() {
             assert_eq!(x.dims(), y.dims());

@@ -127,8 +127,27 @@ fn torch_softplus_grad(x: f32) -> f32 {
 fn softplus_of_special_values_on_every_device() {
     let nan = f32::NAN;
     let special = [
-        nan, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 19.99, 20.0, 20.001, 25.0, -20.0, -80.0, -100.0,
-        88.0, 1e30, -1e30, f32::MAX, f32::MIN,
+        nan,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        1.0,
+        -1.0,
+        19.99,
+        20.0,
+        20.001,
+        25.0,
+        -20.0,
+        -80.0,
+        -100.0,
+        88.0,
+        1e30,
+        -1e30,
+        f32::MAX,
+        f32::MIN,
     ];
     let want: Vec<f32> = special.iter().map(|&x| torch_softplus(x)).collect();
     assert_eq!(want[1], f32::INFINITY);
@@ -168,4 +187,3 @@ fn softplus_large_and_odd_sizes_match_the_cpu_on_every_device() {
         same_f32(dev, cpu, "softplus [7, 13]", f32::MIN_POSITIVE, 1e-5, |d| Tensor::from_vec(x[..91].to_vec(), [7, 13], d)?.softplus()?.to_vec())
     });
 }
-

@@ -33,7 +33,8 @@ fn oracle(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, ta: bool, tb: bool
 /// (m, n, k): single values, odd sizes across OpenBLAS's register and cache blocks, a long K
 /// (past 65,535), skinny products, products split by rows over threads and, with few rows, by
 /// columns (uneven last blocks).
-const SHAPES: &[(usize, usize, usize)] = &[(1, 1, 1), (37, 53, 71), (129, 65, 257), (300, 2, 500), (8, 8, 70_001), (256, 256, 256), (8, 3001, 200), (3, 1001, 1000)];
+const SHAPES: &[(usize, usize, usize)] =
+    &[(1, 1, 1), (37, 53, 71), (129, 65, 257), (300, 2, 500), (8, 8, 70_001), (256, 256, 256), (8, 3001, 200), (3, 1001, 1000)];
 
 #[test]
 fn forced_openblas_matches_the_oracle_on_odd_shapes_and_every_transpose() {
@@ -122,7 +123,8 @@ fn pinned_kernels_are_the_gemm_crates_bit_for_bit() {
     let mut r = common::rng(4);
     let (n, k) = (160, 1000);
     let (a, b) = (common::uniform(&mut r, n * k, -1.0, 1.0), common::uniform(&mut r, k * n, -1.0, 1.0));
-    let product = |dev: &Device| no_grad(|| Tensor::from_vec(a.clone(), [n, k], dev)?.matmul(&Tensor::from_vec(b.clone(), [k, n], dev)?)?.to_vec()).unwrap();
+    let product =
+        |dev: &Device| no_grad(|| Tensor::from_vec(a.clone(), [n, k], dev)?.matmul(&Tensor::from_vec(b.clone(), [k, n], dev)?)?.to_vec()).unwrap();
     common::assert_close("openblas 160x160x1000", &product(&blas), &oracle(&a, &b, n, n, k, false, false), 1e-4, 1e-5);
     assert_eq!(backend.openblas_products(), 1, "the forced device did not use OpenBLAS");
     blas.backend().pin_kernels();

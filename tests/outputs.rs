@@ -93,7 +93,8 @@ fn device_nodes_are_written_in_place_or_refused() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 4, "a temp file was left");
 }
 
-const LINEAR: [&str; 12] = ["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--batch=10", "--steps", "2", "--log-format", "json"];
+const LINEAR: [&str; 12] =
+    ["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--batch=10", "--steps", "2", "--log-format", "json"];
 
 fn train(extra: &[&str]) -> std::process::Output {
     run(&[&LINEAR[..], extra].concat())
@@ -130,7 +131,10 @@ fn train_writes_through_links_and_into_devices() {
     assert!(mknod(&disk, "b", 7, 0));
     let out = train(&["--save", s(&disk)]);
     let err = text(&out.stderr);
-    assert!(!out.status.success() && err.contains("block device") && text(&out.stdout).is_empty(), "a step ran before the block device was refused: {err}");
+    assert!(
+        !out.status.success() && err.contains("block device") && text(&out.stdout).is_empty(),
+        "a step ran before the block device was refused: {err}"
+    );
     assert!(kind(&disk).is_block_device());
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(!names.iter().any(|n| n.starts_with('.')), "temp or probe files left: {names:?}");

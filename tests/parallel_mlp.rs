@@ -47,8 +47,20 @@ fn parallel_mlp_equals_the_unsplit_mlp_values_and_gradients() {
             assert_close(&format!("{what}: input gradient"), &grad(&x), &gx, 1e-6, 1e-5);
             let (c_fc, c_proj) = (mlp.c_fc(), mlp.c_proj());
             assert_close(&format!("{what}: c_fc weight gradient"), &values(&c_fc.weight_grad().unwrap().unwrap()), &grad(&fc.weight), 1e-6, 1e-5);
-            assert_close(&format!("{what}: c_fc bias gradient"), &values(&c_fc.bias_grad().unwrap().unwrap()), &grad(fc.bias.as_ref().unwrap()), 1e-6, 1e-5);
-            assert_close(&format!("{what}: c_proj weight gradient"), &values(&c_proj.weight_grad().unwrap().unwrap()), &grad(&proj.weight), 1e-6, 1e-5);
+            assert_close(
+                &format!("{what}: c_fc bias gradient"),
+                &values(&c_fc.bias_grad().unwrap().unwrap()),
+                &grad(fc.bias.as_ref().unwrap()),
+                1e-6,
+                1e-5,
+            );
+            assert_close(
+                &format!("{what}: c_proj weight gradient"),
+                &values(&c_proj.weight_grad().unwrap().unwrap()),
+                &grad(&proj.weight),
+                1e-6,
+                1e-5,
+            );
             assert_close(&format!("{what}: c_proj bias gradient"), &grad(&c_proj.bias().unwrap()), &grad(proj.bias.as_ref().unwrap()), 1e-6, 1e-5);
             let shard_devices: Vec<bool> = mlp.parameters().iter().map(|(_, t)| t.device().same(&devs[1])).collect();
             assert!(shard_devices.contains(&true) && shard_devices.contains(&false), "{what}: the shards sit on both devices");
@@ -116,7 +128,8 @@ fn parallel_mlp_trains_inside_a_users_model_like_the_unsplit_one() {
         let (fc, proj) = (Linear::new(6, 12, &mut rng, home).unwrap(), Linear::new(12, 6, &mut rng, home).unwrap());
         let x = Tensor::randn([4, 6], &mut rng, home).unwrap();
         let target = Tensor::randn([4, 6], &mut rng, home).unwrap();
-        let parallel = Block { ln: LayerNorm::new(&[6], home).unwrap(), mlp: ParallelMlp::from_linears(&fc, &proj, GELU::default(), &devs[..2]).unwrap() };
+        let parallel =
+            Block { ln: LayerNorm::new(&[6], home).unwrap(), mlp: ParallelMlp::from_linears(&fc, &proj, GELU::default(), &devs[..2]).unwrap() };
         let (got, _) = train(&parallel, &x, &target);
         let plain = Block { ln: LayerNorm::new(&[6], home).unwrap(), mlp: Mlp { c_fc: fc, c_proj: proj } };
         let (want, state) = train(&plain, &x, &target);
@@ -137,7 +150,10 @@ fn mismatched_layers_are_an_error() {
     let mut rng = common::rng(0);
     let (fc, proj) = (Linear::new(4, 8, &mut rng, &dev).unwrap(), Linear::new(6, 4, &mut rng, &dev).unwrap());
     let err = ParallelMlp::from_linears(&fc, &proj, GELU::default(), &[dev.clone(), dev.clone()]).err().expect("8 features into 6");
-    assert!(matches!(err, Error::Shape { op: "ParallelMlp", .. }) && err.to_string().contains("[8, 4]") && err.to_string().contains("[4, 6]"), "{err}");
+    assert!(
+        matches!(err, Error::Shape { op: "ParallelMlp", .. }) && err.to_string().contains("[8, 4]") && err.to_string().contains("[4, 6]"),
+        "{err}"
+    );
     let small = Linear::new(4, 1, &mut rng, &dev).unwrap();
     let back = Linear::new(1, 4, &mut rng, &dev).unwrap();
     assert!(ParallelMlp::from_linears(&small, &back, GELU::default(), &[dev.clone(), dev]).is_err(), "1 hidden feature over 2 devices");

@@ -74,7 +74,8 @@ fn no_decay_for_biases_and_norms_spares_rank_one() {
         let mut params: Vec<(String, Tensor)> = fc.parameters().into_iter().map(|(n, t)| (format!("fc.{n}"), t)).collect();
         params.extend(ln.parameters().into_iter().map(|(n, t)| (format!("ln.{n}"), t)));
         let before: Vec<Vec<f32>> = params.iter().map(|(_, t)| t.to_vec().unwrap()).collect();
-        let cfg = OptimConfig::adam(AdamConfig { lr: 0.1, weight_decay: 0.5, ..AdamConfig::adamw() }).with_groups(ParamGroups::no_decay_for_biases_and_norms());
+        let cfg = OptimConfig::adam(AdamConfig { lr: 0.1, weight_decay: 0.5, ..AdamConfig::adamw() })
+            .with_groups(ParamGroups::no_decay_for_biases_and_norms());
         let mut opt = cfg.build(params.clone()).unwrap();
         for (_, t) in &params {
             t.set_grad(Some(Tensor::zeros(t.shape().clone(), dev).unwrap()));
@@ -135,7 +136,10 @@ fn bad_groups_are_errors_naming_the_parameter() {
 /// it is what the old `OptimConfig` enum printed, so earlier checkpoints still resume.
 #[test]
 fn debug_text_without_groups_is_unchanged() {
-    assert_eq!(format!("{:?}", OptimConfig::sgd(SgdConfig::default())), "Sgd(SgdConfig { lr: 0.01, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0 })");
+    assert_eq!(
+        format!("{:?}", OptimConfig::sgd(SgdConfig::default())),
+        "Sgd(SgdConfig { lr: 0.01, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0 })"
+    );
     let with = OptimConfig::adam(AdamConfig::adamw()).with_groups(ParamGroups::no_decay_for_biases_and_norms());
     assert!(format!("{with:?}").starts_with("Adam(AdamConfig { lr: 0.001,") && format!("{with:?}").contains("RankBelow(2)"), "{with:?}");
 }

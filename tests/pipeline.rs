@@ -45,7 +45,12 @@ fn same_as_reference(what: &str, got: &(Vec<f32>, Vec<(String, Vec<f32>)>), want
 fn pipeline(stages_n: usize, split: Split, m: usize, kind: Schedule, recompute: bool) -> Pipeline {
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
     let stages = Stages::Split(&model, split);
-    Pipeline::builder(stages, &cycled_devices(stages_n), &opt(), Loss::CrossEntropy).micro_batches(m).schedule(kind).recompute(recompute).build().unwrap()
+    Pipeline::builder(stages, &cycled_devices(stages_n), &opt(), Loss::CrossEntropy)
+        .micro_batches(m)
+        .schedule(kind)
+        .recompute(recompute)
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -341,7 +346,11 @@ fn errors_come_before_any_work() {
     assert!(err.contains("no split"), "{err}");
     let model = SeedModel::Cnn.build(7, &Device::cpu()).unwrap();
     let fits = [cycled_devices(1).remove(0), small_device(50_000)];
-    let pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &fits, &opt(), Loss::CrossEntropy).micro_batches(2).schedule(Schedule::GPipe).build().unwrap();
+    let pipe = Pipeline::builder(Stages::Split(&model, Split::Auto), &fits, &opt(), Loss::CrossEntropy)
+        .micro_batches(2)
+        .schedule(Schedule::GPipe)
+        .build()
+        .unwrap();
     assert_eq!(pipe.ranges()[1], 8..10, "only relu3 and fc2 fit in 50 000 bytes");
 }
 
@@ -469,7 +478,8 @@ fn grid_replicas_share_replica_zeros_auto_split() {
     let want = train(&mut Single::new(build(), &opt(), Loss::CrossEntropy, &cpu).unwrap(), &data);
     same_as_reference("grid of Split::Auto pipelines", &got, &want);
 
-    let at = |cut: usize, row: &[Device]| Pipeline::builder(Stages::Split(&model, Split::At(vec![cut])), row, &opt(), Loss::CrossEntropy).build().unwrap();
+    let at =
+        |cut: usize, row: &[Device]| Pipeline::builder(Stages::Split(&model, Split::At(vec![cut])), row, &opt(), Loss::CrossEntropy).build().unwrap();
     let replicas = vec![at(2, &devs[..2]), at(4, &devs[2..])];
     let err = PipelineGrid::new(replicas).err().expect("different cuts are refused").to_string();
     assert!(err.contains("pipeline 1 cuts the layers [0..4, 4..5], pipeline 0 [0..2, 2..5]"), "{err}");

@@ -24,12 +24,24 @@ fn block(params_mib: u64, act_mib: u64, out_mib: u64, f_ms: f64) -> LayerCost {
 }
 
 fn single_layout() -> Layout {
-    Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None, data_inner: false }
+    Layout {
+        data: 1,
+        tensor: 1,
+        pipeline: 1,
+        micro_batches: 1,
+        recompute: false,
+        cuts: vec![],
+        shard: Shard::None,
+        offload: false,
+        bucket: None,
+        data_inner: false,
+    }
 }
 
 #[test]
 fn one_device_costs_forward_and_backward_of_the_batch() {
-    let work = Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let work =
+        Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let e = estimate(&work, &Cluster::dual_m60(1), &single_layout());
     // 4 layers x (1 + 2) ms x 8 samples.
     assert!((e.step_s - 0.096).abs() < 1e-9, "{}", e.step_s);
@@ -41,7 +53,8 @@ fn one_device_costs_forward_and_backward_of_the_batch() {
 
 #[test]
 fn a_small_model_on_equal_devices_is_data_parallel_over_all_of_them() {
-    let work = Workload { layers: vec![block(4, 8, 1, 1.0); 8], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let work =
+        Workload { layers: vec![block(4, 8, 1, 1.0); 8], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &Cluster::dual_m60(1)).unwrap();
     assert_eq!((p.best.layout.data, p.best.layout.tensor, p.best.layout.pipeline), (4, 1, 1), "{p}");
     let alone = estimate(&work, &Cluster::dual_m60(1), &single_layout());
@@ -51,7 +64,13 @@ fn a_small_model_on_equal_devices_is_data_parallel_over_all_of_them() {
 #[test]
 fn a_model_too_big_for_one_device_is_split_and_never_over_memory() {
     // 24 blocks of 220 MiB: 5.2 GiB of weights, 21 GiB with gradients and Adam's state.
-    let work = Workload { layers: vec![block(220, 24, 2, 2.0); 24], batch: 32, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let work = Workload {
+        layers: vec![block(220, 24, 2, 2.0); 24],
+        batch: 32,
+        state_per_param_byte: 4,
+        grad_dtype: tandem::DType::F32,
+        offloaded_states: 0,
+    };
     let cluster = Cluster::dual_m60(2);
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
@@ -97,7 +116,8 @@ fn a_slow_device_gets_less_work_or_none() {
     let cpu = DeviceSpec { name: "cpu".into(), speed: 1.0, memory: 16 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
     let cluster = Cluster { devices: vec![gpu, cpu], within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] };
-    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let work =
+        Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &cluster).unwrap();
     println!("{p}");
     let alone = estimate(&work, &cluster, &single_layout());
@@ -119,7 +139,8 @@ fn the_fastest_devices_are_planned_first_whatever_their_order() {
     let fast = DeviceSpec { name: "fast".into(), speed: 20.0, memory: 8 << 30, server: 0 };
     let link = Link { latency_s: 20e-6, bytes_per_s: 10e9 };
     let cluster = Cluster { devices: vec![slow, fast], within: link, across: link, contention: 1.5, step_overheads: vec![], links: vec![] };
-    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let work =
+        Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let p = plan(&work, &cluster).unwrap();
     assert_eq!(p.devices, ["fast", "slow"]);
     assert_eq!(p.best.layout.devices(), 1, "{p}");
@@ -134,8 +155,16 @@ fn each_pair_of_devices_is_costed_over_its_own_link() {
     let (fast, slow) = (Link { latency_s: 10e-6, bytes_per_s: 50e9 }, Link { latency_s: 1e-3, bytes_per_s: 10e6 });
     let inf = Link { latency_s: 0.0, bytes_per_s: f64::INFINITY };
     let links = vec![vec![inf, slow, slow], vec![slow, inf, fast], vec![slow, fast, inf]];
-    let work = Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
-    let paired = Cluster { devices: vec![gpu(0, 1.0), gpu(1, 1.0), gpu(2, 1.0)], within: slow, across: slow, contention: 1.0, step_overheads: vec![], links: links.clone() };
+    let work =
+        Workload { layers: vec![block(2, 4, 1, 1.0); 10], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let paired = Cluster {
+        devices: vec![gpu(0, 1.0), gpu(1, 1.0), gpu(2, 1.0)],
+        within: slow,
+        across: slow,
+        contention: 1.0,
+        step_overheads: vec![],
+        links: links.clone(),
+    };
     assert_eq!(paired.link(1, 2), fast);
     assert_eq!(paired.group_link(&[0, 1, 2]), slow, "a ring through the first device is as slow as its link");
     assert_eq!(paired.group_link(&[1, 2]), fast);
@@ -196,7 +225,10 @@ fn state_bound(memory: u64) -> (Workload, Cluster) {
     let link = Link { latency_s: 1e-5, bytes_per_s: 100e9 };
     let mut layer = block(64, 1, 1, 1.0);
     layer.tensor_parallel = false;
-    (Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] })
+    (
+        Workload { layers: vec![layer; 8], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 },
+        Cluster { devices: vec![dev(0), dev(1)], within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] },
+    )
 }
 
 #[test]
@@ -210,13 +242,18 @@ fn sharding_modes_keep_what_zero_keeps_and_send_what_it_sends() {
     let bucket = 25u64 << 20;
     assert_eq!(none.memory[0], 4 * p + bucket + act);
     assert_eq!(zero1.memory[0], 2 * p + p + bucket + act, "Adam's two states halved over two replicas");
-    assert_eq!(zero2.memory[0], p + 3 * p / 2 + 2 * bucket + bucket + act, "full parameters, a shard of the rest, two buckets of gradients in flight");
+    assert_eq!(
+        zero2.memory[0],
+        p + 3 * p / 2 + 2 * bucket + bucket + act,
+        "full parameters, a shard of the rest, two buckets of gradients in flight"
+    );
     // ZeRO-3 holds its shards of all four (Adam: 16 bytes a parameter over two replicas) and
     // the units it has gathered: the one computing, the one prefetched and the flat values.
     assert_eq!(zero3.memory[0], 4 * p / 2 + 3 * bucket + 2 * bucket + bucket + act, "shards, three units gathered, gradients in flight");
     // bf16 gradient shards: half of the sharded gradients' bytes, in ZeRO-2 and ZeRO-3 only.
     let halves = Workload { grad_dtype: tandem::DType::Bf16, ..work.clone() };
-    let [none_h, zero1_h, zero2_h, zero3_h] = [Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full].map(|s| estimate(&halves, &cluster, &data(s)));
+    let [none_h, zero1_h, zero2_h, zero3_h] =
+        [Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full].map(|s| estimate(&halves, &cluster, &data(s)));
     assert_eq!((none_h.memory[0], zero1_h.memory[0]), (none.memory[0], zero1.memory[0]), "no gradient shards to halve");
     assert_eq!(zero2.memory[0] - zero2_h.memory[0], p / 4, "half of a half of the gradients");
     assert_eq!(zero3.memory[0] - zero3_h.memory[0], p / 4);
@@ -242,8 +279,16 @@ fn memory_too_small_for_plain_data_parallelism_makes_the_search_shard() {
     println!("{p}");
     assert_eq!(p.best.layout.data, 2, "{p}");
     assert_ne!(p.best.layout.shard, Shard::None, "{p}");
-    let plain = p.rejected.iter().find(|r| r.layout.data == 2 && r.layout.shard == Shard::None && r.layout.micro_batches == 1).expect("plain data parallelism is rejected");
-    assert!(plain.why.starts_with("memory: needs") && plain.why.contains("on gpu") && plain.why.contains("over 85% of its 2.15 GiB"), "{}", plain.why);
+    let plain = p
+        .rejected
+        .iter()
+        .find(|r| r.layout.data == 2 && r.layout.shard == Shard::None && r.layout.micro_batches == 1)
+        .expect("plain data parallelism is rejected");
+    assert!(
+        plain.why.starts_with("memory: needs") && plain.why.contains("on gpu") && plain.why.contains("over 85% of its 2.15 GiB"),
+        "{}",
+        plain.why
+    );
     for e in std::iter::once(&p.best).chain(&p.alternatives) {
         assert!(e.memory.iter().all(|m| (*m as f64) <= 0.85 * (2200u64 << 20) as f64), "{} is over memory", e.layout);
     }
@@ -300,7 +345,8 @@ fn offloaded_state_is_counted_as_transfers_not_memory() {
 #[test]
 fn more_devices_must_win_by_the_margin() {
     let (work, _) = state_bound(64 << 30);
-    let work = Workload { layers: work.layers.iter().map(|l| LayerCost { param_bytes: 1 << 20, tensor_parallel: false, ..l.clone() }).collect(), ..work };
+    let work =
+        Workload { layers: work.layers.iter().map(|l| LayerCost { param_bytes: 1 << 20, tensor_parallel: false, ..l.clone() }).collect(), ..work };
     let on = |bytes_per_s: f64| {
         let (_, mut cluster) = state_bound(64 << 30);
         cluster.within = Link { latency_s: 1e-5, bytes_per_s };
@@ -406,7 +452,8 @@ fn the_optimizer_update_is_part_of_the_step() {
 fn the_fastest_precision_is_chosen_and_the_others_reported() {
     use tandem::optim::Precision;
     use tandem::parallel::plan::fastest_precision;
-    let work = Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
+    let work =
+        Workload { layers: vec![block(1, 1, 1, 1.0); 4], batch: 8, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 };
     let cluster = Cluster::dual_m60(1);
     // Halves run the layers at half the time here; f16 has no layout.
     let plan_in = |scale: f64| plan(&work.scaled(scale), &cluster);

@@ -7,9 +7,9 @@
 //! (sharded data parallelism, a tied pipeline) with the losses of those built by hand.
 mod common;
 use tandem::nn::models::SeedModel;
+use tandem::optim::SgdConfig;
 use tandem::parallel::plan::{estimate, plan_within, unbuildable, Cluster, DeviceSpec, LayerCost, Layout, Link, Plan, Workload};
 use tandem::parallel::{Loss, OptimConfig, Parallel, Schedule, Shard, Split, Stages, Strategy};
-use tandem::optim::SgdConfig;
 use tandem::{Device, Error};
 
 const BATCH: usize = 16;
@@ -20,14 +20,29 @@ fn opt() -> OptimConfig {
 
 /// `n` equal described devices named as `devices` are, and a cost per seed-CNN layer.
 fn described(devices: &[Device], layers: usize) -> (Workload, Cluster) {
-    let layer = LayerCost { name: "layer".into(), forward_s: 1e-4, backward_s: 2e-4, fixed_s: 1e-5, param_bytes: 1 << 16, largest_param_bytes: 1 << 15, activation_bytes: 1 << 12, output_bytes: 1 << 10, tensor_parallel: false, tied: None, update_s: 0.0 };
+    let layer = LayerCost {
+        name: "layer".into(),
+        forward_s: 1e-4,
+        backward_s: 2e-4,
+        fixed_s: 1e-5,
+        param_bytes: 1 << 16,
+        largest_param_bytes: 1 << 15,
+        activation_bytes: 1 << 12,
+        output_bytes: 1 << 10,
+        tensor_parallel: false,
+        tied: None,
+        update_s: 0.0,
+    };
     let mut layers = vec![layer; layers];
     // The CNN's fc1 and fc2, which TensorParallel shards.
     let n = layers.len();
     layers[n - 2..].iter_mut().for_each(|l| l.tensor_parallel = true);
     let specs = devices.iter().map(|d| DeviceSpec { name: d.spec(), speed: 1.0, memory: 1 << 30, server: 0 }).collect();
     let link = Link { latency_s: 1e-5, bytes_per_s: 1e9 };
-    (Workload { layers, batch: BATCH, state_per_param_byte: 3, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster { devices: specs, within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] })
+    (
+        Workload { layers, batch: BATCH, state_per_param_byte: 3, grad_dtype: tandem::DType::F32, offloaded_states: 0 },
+        Cluster { devices: specs, within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] },
+    )
 }
 
 /// A plan whose best layout is `layout`, with batch `shares`.
@@ -35,7 +50,21 @@ fn plan_of(devices: &[Device], layout: Layout, shares: Vec<usize>) -> Plan {
     let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
     let (work, cluster) = described(devices, model.len());
     let best = estimate(&work, &cluster, &layout);
-    Plan { model: String::new(), devices: devices.iter().map(Device::spec).collect(), batch: BATCH, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![], precision: None, precisions: vec![] }
+    Plan {
+        model: String::new(),
+        devices: devices.iter().map(Device::spec).collect(),
+        batch: BATCH,
+        shares,
+        best,
+        alternatives: vec![],
+        rejected: vec![],
+        grad_dtype: tandem::DType::F32,
+        offloaded_states: 0,
+        processes: vec![],
+        tried: vec![],
+        precision: None,
+        precisions: vec![],
+    }
 }
 
 fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>) -> Layout {
@@ -89,7 +118,11 @@ fn a_planned_pipeline_is_the_1f1b_pipeline_cut_where_the_plan_says() {
     let devices = common::cpu_devices(2);
     let p = plan_of(&devices, layout(1, 1, 2, 4, vec![3]), vec![BATCH]);
     let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
-    let by_hand = Parallel::pipeline(Stages::Split(&model, Split::At(vec![3])), &devices, &opt(), Loss::CrossEntropy).micro_batches(4).schedule(Schedule::OneFOneB).boxed().unwrap();
+    let by_hand = Parallel::pipeline(Stages::Split(&model, Split::At(vec![3])), &devices, &opt(), Loss::CrossEntropy)
+        .micro_batches(4)
+        .schedule(Schedule::OneFOneB)
+        .boxed()
+        .unwrap();
     same_as(&p, &devices, by_hand);
 }
 
@@ -98,7 +131,8 @@ fn a_planned_grid_is_data_parallel_pipelines() {
     let devices = common::cpu_devices(4);
     let p = plan_of(&devices, layout(2, 1, 2, 2, vec![4]), vec![8, 8]);
     let model = SeedModel::Cnn.build(0, &devices[0]).unwrap();
-    let by_hand = Parallel::grid(|_| Ok(Stages::Split(&model, Split::At(vec![4]))), &devices, 2, &opt(), Loss::CrossEntropy).micro_batches(2).boxed().unwrap();
+    let by_hand =
+        Parallel::grid(|_| Ok(Stages::Split(&model, Split::At(vec![4]))), &devices, 2, &opt(), Loss::CrossEntropy).micro_batches(2).boxed().unwrap();
     same_as(&p, &devices, by_hand);
 }
 
@@ -226,11 +260,13 @@ fn token_batches() -> Vec<tandem::data::Batch> {
         x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
         ((x >> 16) % 11) as i32
     };
-    (0..3).map(|_| {
-        let ids: Vec<i32> = (0..32).map(|_| next()).collect();
-        let targets: Vec<i32> = (0..32).map(|_| next()).collect();
-        tandem::data::Batch::tokens(ids, targets, 8, 11).unwrap()
-    }).collect()
+    (0..3)
+        .map(|_| {
+            let ids: Vec<i32> = (0..32).map(|_| next()).collect();
+            let targets: Vec<i32> = (0..32).map(|_| next()).collect();
+            tandem::data::Batch::tokens(ids, targets, 8, 11).unwrap()
+        })
+        .collect()
 }
 
 #[test]
@@ -245,7 +281,21 @@ fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
     let plan_on = |devices: &[Device], l: Layout, shares: Vec<usize>| {
         let (work, cluster) = described(devices, cfg.n_layer + 3);
         let best = estimate(&work, &cluster, &l);
-        Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: devices.iter().map(Device::spec).collect(), batch: 4, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![], precision: None, precisions: vec![] }
+        Plan {
+            model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()),
+            devices: devices.iter().map(Device::spec).collect(),
+            batch: 4,
+            shares,
+            best,
+            alternatives: vec![],
+            rejected: vec![],
+            grad_dtype: tandem::DType::F32,
+            offloaded_states: 0,
+            processes: vec![],
+            tried: vec![],
+            precision: None,
+            precisions: vec![],
+        }
     };
     let plan_for = |l: Layout, shares: Vec<usize>| plan_on(&devices, l, shares);
     let run = |s: &mut dyn Strategy| token_batches().iter().map(|b| s.step(b).unwrap().loss).collect::<Vec<f32>>();
@@ -259,7 +309,12 @@ fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
     let pipe = plan_for(layout(1, 1, 2, 2, vec![2]), vec![4]);
     let mut planned = pipe.build_gpt(&gpt, &devices, &adam).unwrap();
     let stages = Stages::Built(gpt(&Device::cpu()).unwrap().stages(&devices, Some(&[1])).unwrap());
-    let mut by_hand = Pipeline::builder(stages, &devices, &adam, Loss::CrossEntropy).micro_batches(2).schedule(Schedule::OneFOneB).tie((0, Gpt::WTE), (1, Gpt::LM_HEAD)).build().unwrap();
+    let mut by_hand = Pipeline::builder(stages, &devices, &adam, Loss::CrossEntropy)
+        .micro_batches(2)
+        .schedule(Schedule::OneFOneB)
+        .tie((0, Gpt::WTE), (1, Gpt::LM_HEAD))
+        .build()
+        .unwrap();
     assert_eq!(run(&mut *planned), run(&mut by_hand), "a pipeline plan differs from the pipeline built by hand");
     // Data 2 x tensor 2 on four devices: two TensorParallelGpt groups, as built by hand.
     let four = common::cpu_devices(4);
@@ -281,7 +336,8 @@ fn a_gpt_plan_builds_the_gpt_strategy_it_names() {
     let eight = common::cpu_devices(8);
     let cube = plan_on(&eight, layout(2, 2, 2, 1, vec![2]), vec![2, 2]);
     let mut planned = cube.build_gpt(&gpt, &eight, &adam).unwrap();
-    let mut by_hand = Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, 2, Some(&[1]))?)), &eight, 2, &adam, Loss::CrossEntropy).build().unwrap();
+    let mut by_hand =
+        Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, 2, Some(&[1]))?)), &eight, 2, &adam, Loss::CrossEntropy).build().unwrap();
     assert_eq!(run(&mut *planned), run(&mut by_hand), "a data x tensor x pipeline plan differs from the grid built by hand");
     // The same cube with ZeRO-2 on its data axis and the data axis inside the stages: each
     // pipeline takes devices [0, 1, 4, 5] and [2, 3, 6, 7] (stage by stage, two replicas of

@@ -7,10 +7,10 @@
 //! parallelism leaving only sharded or offloaded layouts (and the run fitting them).
 mod common;
 use common::{ok, s, text};
+use std::os::unix::fs::FileTypeExt;
 use tandem::parallel::plan::{Layout, Plan};
 use tandem::parallel::Shard;
 use tandem::Device;
-use std::os::unix::fs::FileTypeExt;
 
 fn out(args: &[&str]) -> String {
     let o = ok(args);
@@ -81,7 +81,18 @@ fn a_resumed_run_repeats_the_plan_its_checkpoint_recorded() {
     let devices = Device::parse("cpu,cpu").unwrap();
     // A layout no fresh plan would choose: a pipeline of 16 micro-batches of one sample.
     let mut p = Plan::load(&path, &devices).unwrap();
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None, offload: false, bucket: None, data_inner: false };
+    p.best.layout = Layout {
+        data: 1,
+        tensor: 1,
+        pipeline: 2,
+        micro_batches: 16,
+        recompute: false,
+        cuts: vec![1],
+        shard: Shard::None,
+        offload: false,
+        bucket: None,
+        data_inner: false,
+    };
     p.best.memory = vec![0, 0];
     p.shares = vec![16];
     let odd = dir.join("odd.json");
@@ -102,7 +113,21 @@ fn data_parallel_shares_follow_balance() {
     let recorded = |balance: &str| -> serde_json::Value {
         let dir = common::scratch("plan_cli", &format!("balance-{balance}"));
         let ckpt = dir.join("ckpt");
-        out(&["train", "--strategy", "data", "--devices", "cpu,cpu", "--balance", balance, "--batch", "16", "--steps", "2", "--checkpoint-dir", s(&ckpt)]);
+        out(&[
+            "train",
+            "--strategy",
+            "data",
+            "--devices",
+            "cpu,cpu",
+            "--balance",
+            balance,
+            "--batch",
+            "16",
+            "--steps",
+            "2",
+            "--checkpoint-dir",
+            s(&ckpt),
+        ]);
         let bytes = std::fs::read(ckpt.join("ckpt-00000002.safetensors")).expect("a checkpoint at the last step");
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
         let config: serde_json::Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["config"]).unwrap();
@@ -116,7 +141,24 @@ fn data_parallel_shares_follow_balance() {
 /// A GPT whose state, more than its activations, decides what fits: one block 256 wide with
 /// one head, so that tensor parallelism (whole heads per device) and a pipeline (a block per
 /// stage) are excluded over two devices and data parallelism, sharded or not, is left.
-const GPT: [&str; 16] = ["--model", "gpt", "--data", "text", "--devices", "cpu,cpu", "--batch", "4", "--n-layer", "1", "--n-embd", "256", "--n-head", "1", "--block-size", "8"];
+const GPT: [&str; 16] = [
+    "--model",
+    "gpt",
+    "--data",
+    "text",
+    "--devices",
+    "cpu,cpu",
+    "--batch",
+    "4",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "256",
+    "--n-head",
+    "1",
+    "--block-size",
+    "8",
+];
 
 fn gpt(args: &[&str]) -> Vec<String> {
     let mut all: Vec<String> = args[..1].iter().map(|a| a.to_string()).collect();
@@ -139,7 +181,13 @@ fn the_gpt_is_planned_with_its_exclusions_and_trains_with_its_plan() {
     let dir = common::scratch("plan_cli", "gpt");
     let path = dir.join("gpt.json");
     let printed = gpt_out(&["plan", "--save-plan", s(&path)]);
-    for needle in ["plan for cpu,cpu (batch 4):", "ms/step", "n_head 1 does not split into 2 equal groups of heads", "2 stages for 1 blocks: every stage needs a block", "plan written to"] {
+    for needle in [
+        "plan for cpu,cpu (batch 4):",
+        "ms/step",
+        "n_head 1 does not split into 2 equal groups of heads",
+        "2 stages for 1 blocks: every stage needs a block",
+        "plan written to",
+    ] {
         assert!(printed.contains(needle), "no '{needle}' in:\n{printed}");
     }
     let p = Plan::load(&path, &Device::parse("cpu,cpu").unwrap()).unwrap();
@@ -251,7 +299,9 @@ fn a_memory_limit_too_small_for_plain_data_parallelism_keeps_only_sharded_or_off
     assert!(p.to_string().contains("optimizer state in host memory"), "{p}");
     let asked = gpt4_out(&["plan", "--memory-limit", "13MiB", "--offload-optimizer"]);
     assert!(asked.contains("optimizer state in host memory"), "{asked}");
-    let final_loss = |printed: &str| printed.lines().find_map(|l| l.split("final loss ").nth(1)).map(str::to_string).unwrap_or_else(|| panic!("no final loss:\n{printed}"));
+    let final_loss = |printed: &str| {
+        printed.lines().find_map(|l| l.split("final loss ").nth(1)).map(str::to_string).unwrap_or_else(|| panic!("no final loss:\n{printed}"))
+    };
     let searched = gpt4_out(&["train", "--memory-limit", "13MiB", "--plan", s(&path), "--steps", "2"]);
     assert!(searched.lines().any(|l| l.starts_with("planned ") && l.contains(", offload")), "{searched}");
     let by_hand = gpt4_out(&["train", "--memory-limit", "13MiB", "--offload-optimizer", "--plan", s(&path), "--steps", "2"]);
@@ -261,13 +311,41 @@ fn a_memory_limit_too_small_for_plain_data_parallelism_keeps_only_sharded_or_off
 #[test]
 fn a_resumed_gpt_run_repeats_the_plan_its_checkpoint_recorded() {
     let dir = common::scratch("plan_cli", "gpt_resume");
-    let shape = ["--model", "gpt", "--data", "text", "--devices", "cpu,cpu", "--batch", "4", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "8"];
+    let shape = [
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--devices",
+        "cpu,cpu",
+        "--batch",
+        "4",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--block-size",
+        "8",
+    ];
     let path = dir.join("plan.json");
     out(&[&["plan"][..], &shape, &["--save-plan", s(&path)]].concat());
     // A layout no fresh plan is likely to choose: a pipeline of 4 micro-batches of one window,
     // cut before the second block.
     let mut p = Plan::load(&path, &Device::parse("cpu,cpu").unwrap()).unwrap();
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 4, recompute: false, cuts: vec![2], shard: Shard::None, offload: false, bucket: None, data_inner: false };
+    p.best.layout = Layout {
+        data: 1,
+        tensor: 1,
+        pipeline: 2,
+        micro_batches: 4,
+        recompute: false,
+        cuts: vec![2],
+        shard: Shard::None,
+        offload: false,
+        bucket: None,
+        data_inner: false,
+    };
     p.best.memory = vec![0, 0];
     p.shares = vec![4];
     let odd = dir.join("odd.json");
@@ -302,7 +380,9 @@ fn a_calibration_is_kept_reused_and_measured_over_when_it_cannot_be() {
     // Trials are timings of this moment, not part of the kept calibration.
     let plan = ["plan", "--devices", "cpu,cpu", "--batch", "16", "--no-trials"];
     let files = || std::fs::read_dir(dir.join("plan")).map_or(0, |d| d.count());
-    let calibration = |printed: &str| printed.lines().find(|l| l.starts_with("calibration ")).unwrap_or_else(|| panic!("no calibration line in:\n{printed}")).to_string();
+    let calibration = |printed: &str| {
+        printed.lines().find(|l| l.starts_with("calibration ")).unwrap_or_else(|| panic!("no calibration line in:\n{printed}")).to_string()
+    };
     let without = |printed: &str| printed.lines().filter(|l| !l.starts_with("calibration ")).collect::<Vec<_>>().join("\n");
 
     let (ok1, first) = run(&[], &plan);
@@ -312,7 +392,10 @@ fn a_calibration_is_kept_reused_and_measured_over_when_it_cannot_be() {
     assert!(ok2 && calibration(&second).contains("reused from"), "{second}");
     assert_eq!(without(&second), without(&first), "the reused calibration plans the same");
     let (fits, limited) = run(&[], &[&plan[..], &["--memory-limit", "400KiB"]].concat());
-    assert!(fits && calibration(&limited).contains("reused from") && limited.contains("over 85% of its 400 KiB"), "this run's budgets, not the file's:\n{limited}");
+    assert!(
+        fits && calibration(&limited).contains("reused from") && limited.contains("over 85% of its 400 KiB"),
+        "this run's budgets, not the file's:\n{limited}"
+    );
     assert_ne!(best(&limited), best(&first), "the budgets change the plan");
     let (_, again) = run(&[], &[&plan[..], &["--recalibrate"]].concat());
     assert!(calibration(&again).contains("measured in"), "{again}");
@@ -329,7 +412,11 @@ fn a_calibration_is_kept_reused_and_measured_over_when_it_cannot_be() {
     let (_, off) = run(&[("TANDEM_CALIBRATION", "off")], &["plan", "--devices", "cpu,cpu,cpu", "--batch", "16"]);
     assert!(calibration(&off).contains("measured in") && !off.contains("kept in") && files() == 2, "{off}");
 
-    let kept = std::fs::read_dir(dir.join("plan")).unwrap().map(|e| e.unwrap().path()).find(|p| calibration(&first).contains(p.to_str().unwrap())).expect("the first run's file");
+    let kept = std::fs::read_dir(dir.join("plan"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| calibration(&first).contains(p.to_str().unwrap()))
+        .expect("the first run's file");
     std::fs::write(&kept, b"{ not json").unwrap();
     let (ok3, damaged) = run(&[], &plan);
     assert!(ok3 && calibration(&damaged).contains("not reused: not a calibration file") && calibration(&damaged).contains("kept in"), "{damaged}");
@@ -342,7 +429,6 @@ fn a_calibration_is_kept_reused_and_measured_over_when_it_cannot_be() {
     assert!(!bad_ok && bad.contains("TANDEM_CALIBRATION") && bad.contains("cached, fresh or off"), "{bad}");
     let _ = std::fs::remove_dir_all(&dir);
 }
-
 
 /// `--search-precision`: the plan says which precision it chose over which, a plan that chose
 /// bf16 trains in bf16 (the losses of `--precision bf16` with the same layout), and the flag
@@ -360,8 +446,11 @@ fn a_plan_may_choose_the_precision_and_its_run_trains_in_it() {
     file["plan"]["precision"] = "Bf16".into();
     let chose = dir.join("bf16.json");
     std::fs::write(&chose, serde_json::to_string(&file).unwrap()).unwrap();
-    let final_loss = |printed: &str| printed.lines().find_map(|l| l.split("final loss ").nth(1)).map(str::to_string).unwrap_or_else(|| panic!("no final loss:\n{printed}"));
-    let train = |plan: &std::path::Path, extra: &[&str]| final_loss(&out(&[&["train", "--plan", s(plan), "--steps", "3"][..], &base, extra].concat()));
+    let final_loss = |printed: &str| {
+        printed.lines().find_map(|l| l.split("final loss ").nth(1)).map(str::to_string).unwrap_or_else(|| panic!("no final loss:\n{printed}"))
+    };
+    let train =
+        |plan: &std::path::Path, extra: &[&str]| final_loss(&out(&[&["train", "--plan", s(plan), "--steps", "3"][..], &base, extra].concat()));
     let by_plan = train(&chose, &[]);
     assert_eq!(by_plan, train(&path, &["--precision", "bf16"]), "the plan's bf16 is --precision bf16");
     assert_ne!(by_plan, train(&path, &[]), "bf16 is not f32");

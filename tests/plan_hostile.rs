@@ -10,7 +10,9 @@ use tandem::Device;
 
 #[test]
 fn a_described_cluster_is_bounded_before_it_is_built() {
-    for (spec, servers) in [("dual-m60:99999999999", "99999999999"), ("h100:1000", "1000"), ("h100:33", "33"), ("dual-m60:18446744073709551615", "18446744073709551615")] {
+    for (spec, servers) in
+        [("dual-m60:99999999999", "99999999999"), ("h100:1000", "1000"), ("h100:33", "33"), ("dual-m60:18446744073709551615", "18446744073709551615")]
+    {
         let t0 = std::time::Instant::now();
         let o = common::run(&["plan", "--cluster", spec]);
         let err = text(&o.stderr);
@@ -52,11 +54,26 @@ fn the_planner_refuses_figures_out_of_bounds_and_sizes_saturate() {
     let err = plan(&work(huge.clone()), &cluster).unwrap_err().to_string();
     assert!(err.contains("param_bytes") && err.contains(&u64::MAX.to_string()) && err.contains(&MAX_BYTES.to_string()), "{err}");
     // Called directly, the estimate's sizes saturate: no wrap into a small peak that fits.
-    let one = Layout { data: 1, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None, data_inner: false };
+    let one = Layout {
+        data: 1,
+        tensor: 1,
+        pipeline: 1,
+        micro_batches: 1,
+        recompute: false,
+        cuts: vec![],
+        shard: Shard::None,
+        offload: false,
+        bucket: None,
+        data_inner: false,
+    };
     assert_eq!(estimate(&work(huge.clone()), &cluster, &one).memory, vec![u64::MAX]);
     let sharded = Layout { data: 2, shard: Shard::Full, ..one };
     assert!(estimate(&work(huge), &cluster, &sharded).memory.iter().all(|m| *m > MAX_BYTES), "a sharded peak saturates too");
-    for (bad, field) in [(LayerCost { forward_s: 1e308, ..layer() }, "forward_s"), (LayerCost { backward_s: f64::NAN, ..layer() }, "backward_s"), (LayerCost { update_s: -1.0, ..layer() }, "update_s")] {
+    for (bad, field) in [
+        (LayerCost { forward_s: 1e308, ..layer() }, "forward_s"),
+        (LayerCost { backward_s: f64::NAN, ..layer() }, "backward_s"),
+        (LayerCost { update_s: -1.0, ..layer() }, "update_s"),
+    ] {
         let err = plan(&work(bad), &cluster).unwrap_err().to_string();
         assert!(err.contains(field), "{err}");
     }
@@ -68,7 +85,18 @@ fn the_planner_refuses_figures_out_of_bounds_and_sizes_saturate() {
 /// A consistent plan of data parallelism over `cpu,cpu` at batch 16, as `tandem plan` would
 /// write it.
 fn cpu_plan() -> Plan {
-    let layout = Layout { data: 2, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None, data_inner: false };
+    let layout = Layout {
+        data: 2,
+        tensor: 1,
+        pipeline: 1,
+        micro_batches: 1,
+        recompute: false,
+        cuts: vec![],
+        shard: Shard::None,
+        offload: false,
+        bucket: None,
+        data_inner: false,
+    };
     let best = Estimate { layout, step_s: 1e-3, compute_s: 1e-3, comm_s: 0.0, bubble: 0.0, overhead_s: 0.0, memory: vec![1 << 20, 1 << 20] };
     Plan {
         model: String::new(),
@@ -108,21 +136,33 @@ fn a_plan_files_counts_and_shares_are_checked_naming_the_file_and_field() {
         ("mb_trillion", Box::new(|p| p["best"]["layout"]["micro_batches"] = 1_000_000_000_000u64.into()), "plan.best.layout.micro_batches"),
         ("mb_max", Box::new(|p| p["best"]["layout"]["micro_batches"] = u64::MAX.into()), "plan.best.layout.micro_batches"),
         // 3 micro-batches do not fill a share of 2 samples each.
-        ("mb_share", Box::new(|p| {
-            p["batch"] = 4.into();
-            p["shares"] = serde_json::json!([2, 2]);
-            p["best"]["layout"]["micro_batches"] = 3.into();
-        }), "plan.shares"),
+        (
+            "mb_share",
+            Box::new(|p| {
+                p["batch"] = 4.into();
+                p["shares"] = serde_json::json!([2, 2]);
+                p["best"]["layout"]["micro_batches"] = 3.into();
+            }),
+            "plan.shares",
+        ),
         // Shares whose sum wraps past 2^64 to the batch.
         ("wrapping_shares", Box::new(|p| p["shares"] = serde_json::json!([u64::MAX, 17])), "plan.shares"),
-        ("zero_share", Box::new(|p| {
-            p["batch"] = 4.into();
-            p["shares"] = serde_json::json!([4, 0]);
-        }), "plan.shares"),
-        ("huge_degrees", Box::new(|p| {
-            p["best"]["layout"]["data"] = (1u64 << 63).into();
-            p["best"]["layout"]["tensor"] = 4.into();
-        }), "plan.best.layout"),
+        (
+            "zero_share",
+            Box::new(|p| {
+                p["batch"] = 4.into();
+                p["shares"] = serde_json::json!([4, 0]);
+            }),
+            "plan.shares",
+        ),
+        (
+            "huge_degrees",
+            Box::new(|p| {
+                p["best"]["layout"]["data"] = (1u64 << 63).into();
+                p["best"]["layout"]["tensor"] = 4.into();
+            }),
+            "plan.best.layout",
+        ),
         ("many_devices", Box::new(|p| p["devices"] = serde_json::json!(vec!["cpu"; MAX_CLUSTER_DEVICES + 1])), "plan.devices: 257 devices"),
     ];
     for (name, edit, field) in cases {

@@ -81,7 +81,8 @@ fn plan_paper(name: &str, shape: &[&str]) -> (Plan, String) {
     (serde_json::from_value(file["plan"].clone()).unwrap(), printed)
 }
 
-const XL: [&str; 14] = ["--model", "gpt", "--data", "text", "--n-layer", "48", "--n-embd", "1600", "--n-head", "25", "--block-size", "1024", "--batch", "8"];
+const XL: [&str; 14] =
+    ["--model", "gpt", "--data", "text", "--n-layer", "48", "--n-embd", "1600", "--n-head", "25", "--block-size", "1024", "--batch", "8"];
 
 /// GPT-2 XL's shape: 1.5 billion parameters with Adam's state (24 GB in f32) do not fit one
 /// 8 GB M60, so the plan splits the model within 85% of each M60 (25 heads split over no
@@ -102,9 +103,20 @@ fn gpt2_xl_on_a_paper_cluster_is_planned_from_a_reduced_measurement() {
     // The layouts are costed from this host's timings, so their order can change with its
     // load: the best layout that combines axes (data over pipelines, ZeRO on the data axis,
     // the data axis inside the servers) must be within 5% of the best, and build.
-    let combines = |e: &tandem::parallel::plan::Estimate| [e.layout.data > 1, e.layout.tensor > 1, e.layout.pipeline > 1].iter().filter(|a| **a).count() >= 2;
-    let combined = std::iter::once(&plan.best).chain(&plan.alternatives).find(|e| combines(e)).unwrap_or_else(|| panic!("no layout that combines axes among the best:\n{printed}")).clone();
-    assert!(combined.step_s <= 1.05 * plan.best.step_s, "{} at {} s against the best {} s:\n{printed}", combined.layout, combined.step_s, plan.best.step_s);
+    let combines =
+        |e: &tandem::parallel::plan::Estimate| [e.layout.data > 1, e.layout.tensor > 1, e.layout.pipeline > 1].iter().filter(|a| **a).count() >= 2;
+    let combined = std::iter::once(&plan.best)
+        .chain(&plan.alternatives)
+        .find(|e| combines(e))
+        .unwrap_or_else(|| panic!("no layout that combines axes among the best:\n{printed}"))
+        .clone();
+    assert!(
+        combined.step_s <= 1.05 * plan.best.step_s,
+        "{} at {} s against the best {} s:\n{printed}",
+        combined.layout,
+        combined.step_s,
+        plan.best.step_s
+    );
     let shares = vec![plan.batch / combined.layout.data; combined.layout.data];
     let small = GptConfig { n_layer: 48, n_head: 25, n_embd: 50, block_size: 16, vocab_size: 65, dropout: 0.0, bias: true };
     trains_scaled_down(Plan { best: combined, shares, ..plan }, small);
@@ -116,11 +128,14 @@ fn trains_scaled_down(plan: Plan, small: GptConfig) {
     let l = plan.best.layout.clone();
     let gpt = |d: &Device| Gpt::new(small, 1, d);
     let cpus = common::cpu_devices(l.devices());
-    let scaled = Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: cpus.iter().map(Device::spec).collect(), ..plan };
+    let scaled =
+        Plan { model: tandem::nn::Module::describe(&gpt(&Device::cpu()).unwrap()), devices: cpus.iter().map(Device::spec).collect(), ..plan };
     let adam = tandem::parallel::OptimConfig::adam(tandem::optim::AdamConfig::adamw());
     let mut built = scaled.build_gpt(&gpt, &cpus, &adam).unwrap_or_else(|e| panic!("{l} at {} wide: {e}", small.n_embd));
     assert_eq!(built.devices().len(), l.devices());
-    let mut single = tandem::parallel::Single::new(gpt(&Device::cpu()).unwrap(), &scaled.optim(&adam), tandem::parallel::Loss::CrossEntropy, &Device::cpu()).unwrap();
+    let mut single =
+        tandem::parallel::Single::new(gpt(&Device::cpu()).unwrap(), &scaled.optim(&adam), tandem::parallel::Loss::CrossEntropy, &Device::cpu())
+            .unwrap();
     let mut rng = common::rng(3);
     for step in 0..2 {
         let ids: Vec<i32> = common::uniform(&mut rng, 2 * 8 * 16, 0.0, 64.0).iter().map(|&v| v as i32).collect();

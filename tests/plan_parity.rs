@@ -15,7 +15,19 @@ use tandem::Device;
 /// A plan on `devices` whose best layout is `layout` with batch `shares`, costed on described
 /// devices (the costs do not matter to what the plan builds).
 fn plan_of(fx: &Fixture, devices: &[Device], layout: Layout, shares: Vec<usize>) -> Plan {
-    let layer = LayerCost { name: "layer".into(), forward_s: 1e-4, backward_s: 2e-4, fixed_s: 1e-5, param_bytes: 1 << 14, largest_param_bytes: 1 << 13, activation_bytes: 1 << 12, output_bytes: 1 << 10, tensor_parallel: true, tied: None, update_s: 0.0 };
+    let layer = LayerCost {
+        name: "layer".into(),
+        forward_s: 1e-4,
+        backward_s: 2e-4,
+        fixed_s: 1e-5,
+        param_bytes: 1 << 14,
+        largest_param_bytes: 1 << 13,
+        activation_bytes: 1 << 12,
+        output_bytes: 1 << 10,
+        tensor_parallel: true,
+        tied: None,
+        update_s: 0.0,
+    };
     let layers = vec![layer; fx.config().n_layer + 3];
     let specs = devices.iter().map(|d| DeviceSpec { name: d.spec(), speed: 1.0, memory: 1 << 30, server: 0 }).collect();
     let link = Link { latency_s: 1e-5, bytes_per_s: 1e9 };
@@ -24,7 +36,21 @@ fn plan_of(fx: &Fixture, devices: &[Device], layout: Layout, shares: Vec<usize>)
     let cluster = Cluster { devices: specs, within: link, across: link, contention: 1.0, step_overheads: vec![], links: vec![] };
     let best = estimate(&work, &cluster, &layout);
     let model = tandem::nn::Module::describe(&Gpt::new(fx.config(), 0, &Device::cpu()).unwrap());
-    Plan { model, devices: devices.iter().map(Device::spec).collect(), batch, shares, best, alternatives: vec![], rejected: vec![], grad_dtype: tandem::DType::F32, offloaded_states: 0, processes: vec![], tried: vec![], precision: None, precisions: vec![] }
+    Plan {
+        model,
+        devices: devices.iter().map(Device::spec).collect(),
+        batch,
+        shares,
+        best,
+        alternatives: vec![],
+        rejected: vec![],
+        grad_dtype: tandem::DType::F32,
+        offloaded_states: 0,
+        processes: vec![],
+        tried: vec![],
+        precision: None,
+        precisions: vec![],
+    }
 }
 
 fn layout(data: usize, tensor: usize, pipeline: usize, micro_batches: usize, cuts: Vec<usize>, shard: Shard) -> Layout {
@@ -69,7 +95,8 @@ fn the_searched_plans_match_pytorch() {
     let probe = fx.batch(0);
     let probe = tandem::parallel::inputs_to_device(&probe, &devs[0]).unwrap();
     let (work, cluster) = plan::measure_gpt(&gpt, &probe, &devs, 4, 2).unwrap();
-    let search = |w: &Workload, c: &Cluster| plan::plan_cut_within(w, c, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer)).unwrap();
+    let search =
+        |w: &Workload, c: &Cluster| plan::plan_cut_within(w, c, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer)).unwrap();
     let chosen = search(&work, &cluster);
     eprintln!("{chosen}");
     parity(&format!("the searched plan ({})", chosen.best.layout), &chosen, &devs, &fx);
@@ -84,6 +111,9 @@ fn the_searched_plans_match_pytorch() {
     slow.contention = 1.0;
     let chosen = search(&heavy, &slow);
     eprintln!("{chosen}");
-    assert!(chosen.best.layout.data == 2 && chosen.shares.len() == 2 && chosen.shares[0] != chosen.shares[1], "expected uneven data parallelism: {chosen}");
+    assert!(
+        chosen.best.layout.data == 2 && chosen.shares.len() == 2 && chosen.shares[0] != chosen.shares[1],
+        "expected uneven data parallelism: {chosen}"
+    );
     parity(&format!("the searched plan with one slow device ({})", chosen.best.layout), &chosen, &devs, &fx);
 }

@@ -12,11 +12,23 @@ use tandem::train::plan_record::{check_given_plan, plan_setting, recorded_form, 
 use tandem::Device;
 
 fn data2() -> Layout {
-    Layout { data: 2, tensor: 1, pipeline: 1, micro_batches: 1, recompute: false, cuts: vec![], shard: Shard::None, offload: false, bucket: None, data_inner: false }
+    Layout {
+        data: 2,
+        tensor: 1,
+        pipeline: 1,
+        micro_batches: 1,
+        recompute: false,
+        cuts: vec![],
+        shard: Shard::None,
+        offload: false,
+        bucket: None,
+        data_inner: false,
+    }
 }
 
 fn cpu_plan(layout: Layout, shares: Vec<usize>) -> Plan {
-    let best = Estimate { layout: layout.clone(), step_s: 1e-3, compute_s: 1e-3, comm_s: 0.0, bubble: 0.0, overhead_s: 0.0, memory: vec![1 << 20, 1 << 20] };
+    let best =
+        Estimate { layout: layout.clone(), step_s: 1e-3, compute_s: 1e-3, comm_s: 0.0, bubble: 0.0, overhead_s: 0.0, memory: vec![1 << 20, 1 << 20] };
     Plan {
         model: String::new(),
         devices: vec!["cpu".into(), "cpu".into()],
@@ -83,7 +95,18 @@ fn a_plan_given_to_a_resumed_run_must_be_the_recorded_one() {
     out(&["plan", "--devices", "cpu,cpu", "--batch", "16", "--no-trials", "--save-plan", s(&saved)]);
     let mut p = Plan::load(&saved, &Device::parse("cpu,cpu").unwrap()).unwrap();
     // A layout no fresh plan would choose: a pipeline of 16 micro-batches of one sample.
-    p.best.layout = Layout { data: 1, tensor: 1, pipeline: 2, micro_batches: 16, recompute: false, cuts: vec![1], shard: Shard::None, offload: false, bucket: None, data_inner: false };
+    p.best.layout = Layout {
+        data: 1,
+        tensor: 1,
+        pipeline: 2,
+        micro_batches: 16,
+        recompute: false,
+        cuts: vec![1],
+        shard: Shard::None,
+        offload: false,
+        bucket: None,
+        data_inner: false,
+    };
     p.best.memory = vec![0, 0];
     p.shares = vec![16];
     let odd = dir.join("odd.json");
@@ -108,7 +131,8 @@ fn strategy_auto_says_its_layout_before_the_first_step_and_in_the_json_summary()
     let o = ok(&args);
     let stdout = text(&o.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
-    let said = lines.iter().position(|l| l.starts_with("training with the planned layout data ")).unwrap_or_else(|| panic!("no layout line:\n{stdout}"));
+    let said =
+        lines.iter().position(|l| l.starts_with("training with the planned layout data ")).unwrap_or_else(|| panic!("no layout line:\n{stdout}"));
     let first = lines.iter().position(|l| l.starts_with("step 1/2")).unwrap_or_else(|| panic!("no step 1:\n{stdout}"));
     assert!(said < first, "the layout is said before step 1:\n{stdout}");
     let layout = lines[said].trim_start_matches("training with the planned layout ").split(':').next().unwrap().to_string();

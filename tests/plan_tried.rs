@@ -22,7 +22,10 @@ fn light() -> (Workload, Cluster) {
         tied: None,
         update_s: 0.0,
     };
-    (Workload { layers: vec![layer; 8], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 }, Cluster::dual_m60(1))
+    (
+        Workload { layers: vec![layer; 8], batch: 64, state_per_param_byte: 4, grad_dtype: tandem::DType::F32, offloaded_states: 0 },
+        Cluster::dual_m60(1),
+    )
 }
 
 /// `plan` as the search of [`tried`].
@@ -53,7 +56,8 @@ fn a_slow_trial_moves_the_choice_to_a_layout_that_ran() {
     // Every layout on several devices now carries the overhead its triple measured (the
     // untried variants that of their tried sibling), so none undercuts the choice.
     for e in &p.alternatives {
-        let alike = p.tried.iter().any(|t| (t.layout.data, t.layout.tensor, t.layout.pipeline) == (e.layout.data, e.layout.tensor, e.layout.pipeline));
+        let alike =
+            p.tried.iter().any(|t| (t.layout.data, t.layout.tensor, t.layout.pipeline) == (e.layout.data, e.layout.tensor, e.layout.pipeline));
         if alike {
             assert!((e.overhead_s - 20e-3 * (e.layout.devices() - 1) as f64).abs() < 1e-9, "{}: {}", e.layout, e.overhead_s);
         }
@@ -123,7 +127,8 @@ fn a_plan_on_this_machine_is_tried_with_real_steps() {
     let (work, cluster) = measure(&model, &probe, &devices, 16, 1).unwrap();
     let search = |w: &Workload, c: &Cluster| plan_within(w, c, &|l, shares| unbuildable(l, shares, &model));
     let opt = OptimConfig::sgd(Default::default());
-    let p = tried(&work, &cluster, &search, &mut |p: &Plan| step_seconds(&mut *p.build(&model, &devices, &opt, Loss::CrossEntropy)?, &batch)).unwrap();
+    let p =
+        tried(&work, &cluster, &search, &mut |p: &Plan| step_seconds(&mut *p.build(&model, &devices, &opt, Loss::CrossEntropy)?, &batch)).unwrap();
     println!("{p}");
     let own = p.tried.iter().find(|t| t.layout == p.best.layout).expect("the chosen layout was tried");
     assert!(own.failed.is_none() && own.measured_s > 0.0 && own.measured_s.is_finite(), "{own:?}");

@@ -57,7 +57,9 @@ fn losses(s: &mut dyn Strategy, batches: &[Batch]) -> Vec<f32> {
 fn half_precision_gpt_follows_pytorch_autocast() {
     let (fx, amp) = (gpt_fixture::Fixture::load(), gpt_fixture::Fixture::amp());
     let dev = Device::cpu();
-    for (precision, key, u) in [(Precision::F32, "losses_f32", 0.0), (Precision::Bf16, "losses_bf16", 2f32.powi(-8)), (Precision::F16, "losses_f16", 2f32.powi(-11))] {
+    for (precision, key, u) in
+        [(Precision::F32, "losses_f32", 0.0), (Precision::Bf16, "losses_bf16", 2f32.powi(-8)), (Precision::F16, "losses_f16", 2f32.powi(-11))]
+    {
         let gpt = Gpt::new(fx.config(), 0, &dev).unwrap();
         gpt.load_state_dict(&fx.init(&dev)).unwrap();
         let mut s = Single::new(gpt, &fx.adamw(), Loss::CrossEntropy, &dev).unwrap();
@@ -116,7 +118,14 @@ fn half_precision_data_parallelism_and_zero3_equal_one_device() {
         one.set_precision(precision, None).unwrap();
         let want = losses(&mut one, &batches);
         for shard in [Shard::None, Shard::Full] {
-            let mut dp = DataParallel::from_factory(|d| Gpt::new(cfg, 1, d), &devices(2), &adamw(), Loss::CrossEntropy, DataParallelConfig { shard, ..Default::default() }).unwrap();
+            let mut dp = DataParallel::from_factory(
+                |d| Gpt::new(cfg, 1, d),
+                &devices(2),
+                &adamw(),
+                Loss::CrossEntropy,
+                DataParallelConfig { shard, ..Default::default() },
+            )
+            .unwrap();
             dp.set_precision(precision, None).unwrap();
             let got = losses(&mut dp, &batches);
             // Halves of the batch round their products alike; only the order of the weight
@@ -192,7 +201,11 @@ fn half_precision_model_splitting_strategies_equal_one_device() {
             ("layers on 2 devices", Box::new(pipeline(&devs[..2], 1)), 2e-3),
             ("pipeline of 2, 4 micro-batches", Box::new(pipeline(&devs[..2], 4)), 2e-3),
             ("grid of 2 pipelines of 2", Box::new(PipelineGrid::new(vec![pipeline(&devs[..2], 2), pipeline(&devs[2..], 2)]).unwrap()), 2e-3),
-            ("tensor parallel on 2", Box::new(TensorParallelGpt::new(Gpt::new(cfg, 1, &devs[0]).unwrap(), &devs[..2], &adamw(), Loss::CrossEntropy).unwrap()), 6.0 * u),
+            (
+                "tensor parallel on 2",
+                Box::new(TensorParallelGpt::new(Gpt::new(cfg, 1, &devs[0]).unwrap(), &devs[..2], &adamw(), Loss::CrossEntropy).unwrap()),
+                6.0 * u,
+            ),
         ];
         for (what, s, bound) in &mut runs {
             s.set_precision(precision, None).unwrap();
@@ -210,7 +223,31 @@ fn half_precision_model_splitting_strategies_equal_one_device() {
 fn cli_f16_checkpoints_keep_the_loss_scale_and_a_resume_must_repeat_the_precision() {
     let dir = tempfile_dir("precision-resume");
     let d = dir.to_str().unwrap();
-    let base = ["train", "--model", "gpt", "--data", "text", "--devices", "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch", "8", "--lr", "3e-3", "--checkpoint-dir", d, "--checkpoint-every", "3"];
+    let base = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--devices",
+        "cpu",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "16",
+        "--batch",
+        "8",
+        "--lr",
+        "3e-3",
+        "--checkpoint-dir",
+        d,
+        "--checkpoint-every",
+        "3",
+    ];
     let out = ok(&[&base[..], &["--steps", "3", "--precision", "f16"]].concat());
     let said = text(&out.stdout) + &text(&out.stderr);
     assert!(said.contains("f16 loss scale 65536 at the end; 0 steps skipped"), "{said}");

@@ -22,12 +22,7 @@ fn first_rust_block(text: &str) -> Option<String> {
 
 /// The crate's `//!` documentation as markdown.
 fn crate_docs() -> String {
-    read("src/lib.rs")
-        .lines()
-        .filter_map(|l| l.strip_prefix("//!"))
-        .map(|l| l.strip_prefix(' ').unwrap_or(l))
-        .collect::<Vec<_>>()
-        .join("\n")
+    read("src/lib.rs").lines().filter_map(|l| l.strip_prefix("//!")).map(|l| l.strip_prefix(' ').unwrap_or(l)).collect::<Vec<_>>().join("\n")
 }
 
 #[test]

@@ -8,7 +8,8 @@ use common::{mkfifo, run, s, text};
 use std::path::{Path, PathBuf};
 
 /// The seed linear model on the synthetic rows, a checkpoint after every one of 3 steps.
-const LINEAR: [&str; 12] = ["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--batch=10", "--steps", "3", "--checkpoint-every", "1"];
+const LINEAR: [&str; 12] =
+    ["train", "--model", "seed-linear", "--data", "synthetic", "--devices", "cpu", "--batch=10", "--steps", "3", "--checkpoint-every", "1"];
 
 fn ckpt(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("ckpt-{step:08}.safetensors"))

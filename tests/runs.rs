@@ -3,10 +3,10 @@
 //! after a NaN/inf stop, a graceful stop on SIGTERM, `--deterministic` across device counts
 //! and on a mixed-backend pipeline, outputs checked up front and the documented exit codes.
 mod common;
+use common::{ok, run, s, tandem, text};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use tandem::checkpoint::{read_safetensors, HostData};
-use common::{ok, run, s, tandem, text};
 
 /// Runs `args`, expects exit status `code` and `needle` on stderr; returns stderr.
 fn fails_with(code: i32, args: &[&str], needle: &str) -> String {
@@ -29,7 +29,8 @@ fn ckpt(dir: &Path, step: u64) -> PathBuf {
 
 /// The entries of `dir` other than dot files, sorted.
 fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.starts_with('.')).collect();
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.starts_with('.')).collect();
     v.sort();
     v
 }
@@ -122,7 +123,23 @@ fn all_finite(path: &Path) -> bool {
 #[test]
 fn an_inf_stop_leaves_a_finite_checkpoint() {
     let ck = scratch("inf");
-    let args = ["train", "--data", "synthetic", "--batch", "8", "--devices", "cpu", "--steps", "10", "--lr", "1e38", "--checkpoint-every", "1", "--checkpoint-dir", s(&ck)];
+    let args = [
+        "train",
+        "--data",
+        "synthetic",
+        "--batch",
+        "8",
+        "--devices",
+        "cpu",
+        "--steps",
+        "10",
+        "--lr",
+        "1e38",
+        "--checkpoint-every",
+        "1",
+        "--checkpoint-dir",
+        s(&ck),
+    ];
     let err = fails_with(1, &args, "the newest finite checkpoint is");
     let named = err.split("the newest finite checkpoint is ").nth(1).unwrap().trim();
     assert!(Path::new(named).is_file(), "{err}");
@@ -197,7 +214,8 @@ fn a_second_run_in_a_directory_in_use_is_refused() {
 fn sigterm_then_resume_matches_an_uninterrupted_run() {
     let dir = scratch("sigterm");
     let (full, resumed, ck) = (dir.join("full.safetensors"), dir.join("resumed.safetensors"), dir.join("ck"));
-    let common = ["train", "--model", "seed-two-layer", "--data", "synthetic", "--batch", "8", "--steps", "3000", "--devices", "cpu", "--log-format", "json"];
+    let common =
+        ["train", "--model", "seed-two-layer", "--data", "synthetic", "--batch", "8", "--steps", "3000", "--devices", "cpu", "--log-format", "json"];
     ok(&[&common[..], &["--save", s(&full)]].concat());
     let args = [&common[..], &["--checkpoint-dir", s(&ck), "--checkpoint-every", "100000"]].concat();
     let (mut child, lines) = spawn_until_step(&args, 5);
@@ -241,7 +259,21 @@ fn a_stopped_gpt_run_keeps_its_checkpoint_and_last_validation_loss() {
 fn a_second_signal_stops_at_once() {
     let ck = scratch("twice");
     // Whole-set batches of the CNN: each step takes far longer than sending two signals.
-    let args = ["train", "--data", "synthetic", "--batch", "1000", "--steps", "100000", "--devices", "cpu", "--log-format", "json", "--checkpoint-dir", s(&ck)];
+    let args = [
+        "train",
+        "--data",
+        "synthetic",
+        "--batch",
+        "1000",
+        "--steps",
+        "100000",
+        "--devices",
+        "cpu",
+        "--log-format",
+        "json",
+        "--checkpoint-dir",
+        s(&ck),
+    ];
     let (mut child, _lines) = spawn_until_step(&args, 1);
     // Two different signals from one shell, microseconds apart: the kernel merges two pending
     // SIGTERMs into one, and separate `kill` processes could straddle the end of a step.
@@ -300,7 +332,12 @@ fn outputs_and_exit_codes_keep_the_readme_promises() {
     let lin = |extra: &[&str]| with(&LINEAR, &[&["--steps", "2", "--log-format", "json"][..], extra].concat());
     if cfg!(target_os = "linux") {
         let out = run(&strs(&lin(&["--checkpoint-dir", "/proc/self"])));
-        assert!(!out.status.success() && text(&out.stdout).is_empty(), "a step ran before /proc/self was refused:\n{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            !out.status.success() && text(&out.stdout).is_empty(),
+            "a step ran before /proc/self was refused:\n{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
     }
     let both = dir.join("both.out");
     let err = fails_with(2, &strs(&lin(&["--save", s(&both), "--plot", &format!("{}/./both.out", s(&dir))])), "--save");
@@ -350,7 +387,11 @@ fn init_with_resume_is_refused() {
     let (ck, w) = (dir.join("ck"), dir.join("w.safetensors"));
     ok(&strs(&with(&LINEAR, &["--steps", "2", "--checkpoint-dir", s(&ck), "--save", s(&w)])));
     for model in [&LINEAR[..], &["train", "--model", "gpt", "--data", "text", "--devices", "cpu"]] {
-        let err = fails_with(2, &strs(&with(model, &["--steps", "3", "--resume", "--checkpoint-dir", s(&ck), "--init", s(&w)])), "did not start from a file");
+        let err = fails_with(
+            2,
+            &strs(&with(model, &["--steps", "3", "--resume", "--checkpoint-dir", s(&ck), "--init", s(&w)])),
+            "did not start from a file",
+        );
         assert!(err.contains("--init") && err.contains(s(&w)), "{err}");
     }
 }

@@ -15,10 +15,7 @@ fn every_shader_parses_and_validates() {
         if let Err(e) = v.validate(&module) {
             panic!("{name}.wgsl does not validate: {}", e.emit_to_string(src));
         }
-        assert!(
-            module.entry_points.iter().all(|e| e.stage == naga::ShaderStage::Compute),
-            "{name}.wgsl: every entry point is a compute shader"
-        );
+        assert!(module.entry_points.iter().all(|e| e.stage == naga::ShaderStage::Compute), "{name}.wgsl: every entry point is a compute shader");
         assert!(src.starts_with(&format!("// {name}.wgsl: ")), "{name}.wgsl opens with what it computes");
     }
 }
@@ -72,9 +69,9 @@ fn shared_text_is_appended_once_and_common_is_bindingless() {
 #[test]
 fn a_broken_shader_is_rejected() {
     let src = "@compute @workgroup_size(1) fn f() { let x: u32 = 1.5; }";
-    let ok = naga::front::wgsl::parse_str(src).ok().map(|m| {
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty()).validate(&m).is_ok()
-    });
+    let ok = naga::front::wgsl::parse_str(src)
+        .ok()
+        .map(|m| naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty()).validate(&m).is_ok());
     assert_ne!(ok, Some(true), "the validator accepted a type error");
 }
 
@@ -101,8 +98,16 @@ fn every_kernel_fits_the_limits_adapters_are_checked_for() {
                 .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
                 .sum();
             let invocations = ep.workgroup_size.iter().product::<u32>();
-            assert!(bytes <= NEED_WORKGROUP_BYTES, "{name}::{} uses {bytes} bytes of workgroup memory; adapters are checked for {NEED_WORKGROUP_BYTES}", ep.name);
-            assert!(invocations <= NEED_INVOCATIONS, "{name}::{} has {invocations} invocations; adapters are checked for {NEED_INVOCATIONS}", ep.name);
+            assert!(
+                bytes <= NEED_WORKGROUP_BYTES,
+                "{name}::{} uses {bytes} bytes of workgroup memory; adapters are checked for {NEED_WORKGROUP_BYTES}",
+                ep.name
+            );
+            assert!(
+                invocations <= NEED_INVOCATIONS,
+                "{name}::{} has {invocations} invocations; adapters are checked for {NEED_INVOCATIONS}",
+                ep.name
+            );
             most_bytes = most_bytes.max(bytes);
             most_invocations = most_invocations.max(invocations);
         }

@@ -25,16 +25,29 @@ fn every_strategy(clip: Option<f32>) -> Vec<(&'static str, Box<dyn Strategy>)> {
     vec![
         ("single", Parallel::single(cnn, &d[0], &opt(), loss()).grad_clip(clip).boxed().unwrap()),
         ("data", Parallel::data(cnn, &d[..2], &opt(), loss()).grad_clip(clip).boxed().unwrap()),
-        ("data, 2 micro-batches, ZeRO-1", Parallel::data(cnn, &d[..2], &opt(), loss()).micro_batches(2).shard_optimizer().grad_clip(clip).boxed().unwrap()),
+        (
+            "data, 2 micro-batches, ZeRO-1",
+            Parallel::data(cnn, &d[..2], &opt(), loss()).micro_batches(2).shard_optimizer().grad_clip(clip).boxed().unwrap(),
+        ),
         ("data, deterministic", Parallel::data(cnn, &d[..2], &opt(), loss()).deterministic(4).grad_clip(clip).boxed().unwrap()),
         ("data, ZeRO-2", Parallel::data(cnn, &d[..2], &opt(), loss()).shard(Shard::Grads).grad_clip(clip).boxed().unwrap()),
-        ("data, 2 micro-batches, ZeRO-3", Parallel::data(cnn, &d[..2], &opt(), loss()).micro_batches(2).shard(Shard::Full).grad_clip(clip).boxed().unwrap()),
+        (
+            "data, 2 micro-batches, ZeRO-3",
+            Parallel::data(cnn, &d[..2], &opt(), loss()).micro_batches(2).shard(Shard::Full).grad_clip(clip).boxed().unwrap(),
+        ),
         ("layers", Parallel::layers(Stages::Split(&model, Split::At(vec![6])), &d[..2], &opt(), loss()).grad_clip(clip).boxed().unwrap()),
-        ("pipeline", Parallel::pipeline(Stages::Split(&model, Split::At(vec![6])), &d[..2], &opt(), loss()).micro_batches(2).grad_clip(clip).boxed().unwrap()),
+        (
+            "pipeline",
+            Parallel::pipeline(Stages::Split(&model, Split::At(vec![6])), &d[..2], &opt(), loss()).micro_batches(2).grad_clip(clip).boxed().unwrap(),
+        ),
         ("tensor", Parallel::tensor(&model, &d[..2], &opt(), loss()).grad_clip(clip).boxed().unwrap()),
         (
             "grid",
-            Parallel::grid(|_| Ok(Stages::Split(&model, Split::At(vec![6]))), &d, 2, &opt(), loss()).micro_batches(2).grad_clip(clip).boxed().unwrap(),
+            Parallel::grid(|_| Ok(Stages::Split(&model, Split::At(vec![6]))), &d, 2, &opt(), loss())
+                .micro_batches(2)
+                .grad_clip(clip)
+                .boxed()
+                .unwrap(),
         ),
     ]
 }

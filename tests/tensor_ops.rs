@@ -15,16 +15,8 @@ fn elementwise_by_hand() {
     close("relu", &x.relu().unwrap(), &[0.0, 0.0, 2.0, 4.0]);
     close("neg", &x.neg().unwrap(), &[1.0, -0.0, -2.0, -4.0]);
     close("square", &x.square().unwrap(), &[1.0, 0.0, 4.0, 16.0]);
-    close(
-        "affine",
-        &x.affine(2.0, 1.0).unwrap(),
-        &[-1.0, 1.0, 5.0, 9.0],
-    );
-    close(
-        "exp",
-        &x.exp().unwrap(),
-        &[(-1f32).exp(), 1.0, 2f32.exp(), 4f32.exp()],
-    );
+    close("affine", &x.affine(2.0, 1.0).unwrap(), &[-1.0, 1.0, 5.0, 9.0]);
+    close("exp", &x.exp().unwrap(), &[(-1f32).exp(), 1.0, 2f32.exp(), 4f32.exp()]);
     let p = t(&[1.0, 4.0, 9.0], &[3]);
     close("sqrt", &p.sqrt().unwrap(), &[1.0, 2.0, 3.0]);
     close("log", &p.log().unwrap(), &[0.0, 4f32.ln(), 9f32.ln()]);
@@ -41,36 +33,12 @@ fn broadcasting_binary_by_hand() {
     let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let row = t(&[10.0, 20.0, 30.0], &[3]);
     let col = t(&[100.0, 200.0], &[2, 1]);
-    close(
-        "add row",
-        &a.add(&row).unwrap(),
-        &[11.0, 22.0, 33.0, 14.0, 25.0, 36.0],
-    );
-    close(
-        "sub col",
-        &a.sub(&col).unwrap(),
-        &[-99.0, -98.0, -97.0, -196.0, -195.0, -194.0],
-    );
-    close(
-        "mul",
-        &a.mul(&row).unwrap(),
-        &[10.0, 40.0, 90.0, 40.0, 100.0, 180.0],
-    );
-    close(
-        "div",
-        &a.div(&col).unwrap(),
-        &[0.01, 0.02, 0.03, 0.02, 0.025, 0.03],
-    );
-    close(
-        "outer",
-        &col.add(&row).unwrap(),
-        &[110.0, 120.0, 130.0, 210.0, 220.0, 230.0],
-    );
-    close(
-        "max",
-        &a.maximum(&t(&[3.5], &[1])).unwrap(),
-        &[3.5, 3.5, 3.5, 4.0, 5.0, 6.0],
-    );
+    close("add row", &a.add(&row).unwrap(), &[11.0, 22.0, 33.0, 14.0, 25.0, 36.0]);
+    close("sub col", &a.sub(&col).unwrap(), &[-99.0, -98.0, -97.0, -196.0, -195.0, -194.0]);
+    close("mul", &a.mul(&row).unwrap(), &[10.0, 40.0, 90.0, 40.0, 100.0, 180.0]);
+    close("div", &a.div(&col).unwrap(), &[0.01, 0.02, 0.03, 0.02, 0.025, 0.03]);
+    close("outer", &col.add(&row).unwrap(), &[110.0, 120.0, 130.0, 210.0, 220.0, 230.0]);
+    close("max", &a.maximum(&t(&[3.5], &[1])).unwrap(), &[3.5, 3.5, 3.5, 4.0, 5.0, 6.0]);
 }
 
 #[test]
@@ -83,14 +51,7 @@ fn reductions_by_hand() {
     close("min0", &a.min(0, false).unwrap(), &[1.0, 2.0, 3.0]);
     assert_eq!(a.argmax(1).unwrap().to_vec_i32().unwrap(), vec![1, 2]);
     // first maximum wins on ties, as in PyTorch
-    assert_eq!(
-        t(&[2.0, 7.0, 7.0], &[1, 3])
-            .argmax(1)
-            .unwrap()
-            .to_vec_i32()
-            .unwrap(),
-        vec![1]
-    );
+    assert_eq!(t(&[2.0, 7.0, 7.0], &[1, 3]).argmax(1).unwrap().to_vec_i32().unwrap(), vec![1]);
 }
 
 #[test]
@@ -98,60 +59,22 @@ fn matmul_and_transposes_by_hand() {
     let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let b = t(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2]);
     close("ab", &a.matmul(&b).unwrap(), &[4.0, 5.0, 10.0, 11.0]);
-    close(
-        "a aT",
-        &a.matmul_t(&a, false, true).unwrap(),
-        &[14.0, 32.0, 32.0, 77.0],
-    );
-    close(
-        "aT a",
-        &a.matmul_t(&a, true, false).unwrap(),
-        &[17.0, 22.0, 27.0, 22.0, 29.0, 36.0, 27.0, 36.0, 45.0],
-    );
+    close("a aT", &a.matmul_t(&a, false, true).unwrap(), &[14.0, 32.0, 32.0, 77.0]);
+    close("aT a", &a.matmul_t(&a, true, false).unwrap(), &[17.0, 22.0, 27.0, 22.0, 29.0, 36.0, 27.0, 36.0, 45.0]);
     close("t()", &a.t().unwrap(), &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
-    let batched = Tensor::cat(
-        &[
-            a.reshape([1, 2, 3]).unwrap(),
-            a.affine(2.0, 0.0).unwrap().reshape([1, 2, 3]).unwrap(),
-        ],
-        0,
-    )
-    .unwrap();
-    close(
-        "batch x shared",
-        &batched.matmul(&b).unwrap(),
-        &[4.0, 5.0, 10.0, 11.0, 8.0, 10.0, 20.0, 22.0],
-    );
+    let batched = Tensor::cat(&[a.reshape([1, 2, 3]).unwrap(), a.affine(2.0, 0.0).unwrap().reshape([1, 2, 3]).unwrap()], 0).unwrap();
+    close("batch x shared", &batched.matmul(&b).unwrap(), &[4.0, 5.0, 10.0, 11.0, 8.0, 10.0, 20.0, 22.0]);
 }
 
 #[test]
 fn conv_and_pool_by_hand() {
     // 1x1x3x3 input, 2x2 kernel of ones: each output sums a 2x2 window.
-    let x = t(
-        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
-        &[1, 1, 3, 3],
-    );
+    let x = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], &[1, 1, 3, 3]);
     let w = t(&[1.0, 1.0, 1.0, 1.0], &[1, 1, 2, 2]);
-    close(
-        "conv",
-        &x.conv2d(&w, (1, 1), (0, 0)).unwrap(),
-        &[12.0, 16.0, 24.0, 28.0],
-    );
-    close(
-        "conv pad",
-        &x.conv2d(&w, (2, 2), (1, 1)).unwrap(),
-        &[1.0, 5.0, 11.0, 28.0],
-    );
-    close(
-        "pool",
-        &x.max_pool2d((2, 2), (1, 1), (0, 0)).unwrap(),
-        &[5.0, 6.0, 8.0, 9.0],
-    );
-    close(
-        "pool floor",
-        &x.max_pool2d((2, 2), (2, 2), (0, 0)).unwrap(),
-        &[5.0],
-    );
+    close("conv", &x.conv2d(&w, (1, 1), (0, 0)).unwrap(), &[12.0, 16.0, 24.0, 28.0]);
+    close("conv pad", &x.conv2d(&w, (2, 2), (1, 1)).unwrap(), &[1.0, 5.0, 11.0, 28.0]);
+    close("pool", &x.max_pool2d((2, 2), (1, 1), (0, 0)).unwrap(), &[5.0, 6.0, 8.0, 9.0]);
+    close("pool floor", &x.max_pool2d((2, 2), (2, 2), (0, 0)).unwrap(), &[5.0]);
 }
 
 #[test]
@@ -160,54 +83,26 @@ fn losses_by_hand() {
     let labels = Tensor::from_labels(vec![2, 0], [2], &Device::cpu()).unwrap();
     let lse0 = (1f32.exp() + 2f32.exp() + 3f32.exp()).ln();
     let want = ((lse0 - 3.0) + 3f32.ln()) / 2.0;
-    close(
-        "cross_entropy",
-        &logits.cross_entropy(&labels).unwrap(),
-        &[want],
-    );
+    close("cross_entropy", &logits.cross_entropy(&labels).unwrap(), &[want]);
     let sm = logits.softmax(1).unwrap().to_vec().unwrap();
-    assert_close(
-        "softmax rows sum to 1",
-        &[sm[0] + sm[1] + sm[2], sm[3] + sm[4] + sm[5]],
-        &[1.0, 1.0],
-        1e-6,
-        0.0,
-    );
+    assert_close("softmax rows sum to 1", &[sm[0] + sm[1] + sm[2], sm[3] + sm[4] + sm[5]], &[1.0, 1.0], 1e-6, 0.0);
     let p = t(&[1.0, 2.0, 3.0], &[3, 1]);
     let y = t(&[0.0, 2.0, 5.0], &[3, 1]);
     close("mse", &p.mse_loss(&y).unwrap(), &[5.0 / 3.0]);
     // large logits stay finite
     let big = t(&[1000.0, 0.0], &[1, 2]);
-    let l = big
-        .cross_entropy(&Tensor::from_labels(vec![1], [1], &Device::cpu()).unwrap())
-        .unwrap();
+    let l = big.cross_entropy(&Tensor::from_labels(vec![1], [1], &Device::cpu()).unwrap()).unwrap();
     close("stable", &l, &[1000.0]);
 }
 
 #[test]
 fn shape_ops_by_hand() {
     let a = t(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]);
-    close(
-        "narrow1",
-        &a.narrow(1, 1, 2).unwrap(),
-        &[1.0, 2.0, 4.0, 5.0],
-    );
+    close("narrow1", &a.narrow(1, 1, 2).unwrap(), &[1.0, 2.0, 4.0, 5.0]);
     close("narrow0", &a.narrow(0, 1, 1).unwrap(), &[3.0, 4.0, 5.0]);
-    close(
-        "cat1",
-        &Tensor::cat(&[a.clone(), a.narrow(1, 0, 1).unwrap()], 1).unwrap(),
-        &[0.0, 1.0, 2.0, 0.0, 3.0, 4.0, 5.0, 3.0],
-    );
-    close(
-        "permute",
-        &a.reshape([1, 2, 3]).unwrap().permute(&[2, 0, 1]).unwrap(),
-        &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0],
-    );
-    close(
-        "broadcast",
-        &t(&[1.0, 2.0], &[2, 1]).broadcast_to([2, 2]).unwrap(),
-        &[1.0, 1.0, 2.0, 2.0],
-    );
+    close("cat1", &Tensor::cat(&[a.clone(), a.narrow(1, 0, 1).unwrap()], 1).unwrap(), &[0.0, 1.0, 2.0, 0.0, 3.0, 4.0, 5.0, 3.0]);
+    close("permute", &a.reshape([1, 2, 3]).unwrap().permute(&[2, 0, 1]).unwrap(), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    close("broadcast", &t(&[1.0, 2.0], &[2, 1]).broadcast_to([2, 2]).unwrap(), &[1.0, 1.0, 2.0, 2.0]);
     assert_eq!(a.reshape([3, usize::MAX]).unwrap().dims(), &[3, 2]);
     let parts = a.split(&[1, 1]).unwrap();
     close("split", &parts[1], &[3.0, 4.0, 5.0]);

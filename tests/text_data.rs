@@ -157,8 +157,11 @@ type Named = (&'static str, Vec<i64>, Vec<usize>);
 /// A safetensors file of I64 tensors, written by the safetensors crate (tandem writes F32 and I32).
 fn write_i64(path: &PathBuf, tensors: &[Named]) {
     let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, v, _)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-    let views: Vec<(&str, safetensors::tensor::TensorView)> =
-        tensors.iter().zip(&bytes).map(|((n, _, s), b)| (*n, safetensors::tensor::TensorView::new(safetensors::Dtype::I64, s.clone(), b).unwrap())).collect();
+    let views: Vec<(&str, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((n, _, s), b)| (*n, safetensors::tensor::TensorView::new(safetensors::Dtype::I64, s.clone(), b).unwrap()))
+        .collect();
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
 

@@ -127,7 +127,9 @@ fn windows_cut_end_to_end_from_a_token_stream() {
     let w = TokenWindows::from_tokens(&(0..11).collect::<Vec<i32>>(), 4, 11, "eleven").unwrap();
     assert_eq!((w.rows, w.block, w.vocab_size, w.source()), (2, 4, 11, "eleven"));
     assert_eq!((w.x.clone(), w.y.clone()), ((0..8).collect::<Vec<_>>(), (1..9).collect::<Vec<_>>()), "the last two tokens make no whole window");
-    for (tokens, block, vocab, needle) in [(vec![0, 1, 2], 3, 3, "no window of 3"), (vec![0, 1, 5], 1, 5, "token id 5 at position 2"), (vec![0, 1], 1, 0, "vocabulary size 0")] {
+    for (tokens, block, vocab, needle) in
+        [(vec![0, 1, 2], 3, 3, "no window of 3"), (vec![0, 1, 5], 1, 5, "token id 5 at position 2"), (vec![0, 1], 1, 0, "vocabulary size 0")]
+    {
         let err = TokenWindows::from_tokens(&tokens, block, vocab, "stream").unwrap_err().to_string();
         assert!(err.contains(needle) && err.contains("stream"), "{needle}: {err}");
     }

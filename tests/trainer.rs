@@ -15,7 +15,10 @@ use tandem::{Device, Error, Tensor};
 fn mlp(inputs: usize, outputs: usize) -> Sequential {
     let dev = Device::cpu();
     let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1);
-    Sequential::new().push("0", Linear::new(inputs, 8, &mut rng, &dev).unwrap()).push("1", ReLU).push("2", Linear::new(8, outputs, &mut rng, &dev).unwrap())
+    Sequential::new()
+        .push("0", Linear::new(inputs, 8, &mut rng, &dev).unwrap())
+        .push("1", ReLU)
+        .push("2", Linear::new(8, outputs, &mut rng, &dev).unwrap())
 }
 
 fn regression_trainer(lr: f32) -> Trainer<Single> {
@@ -54,7 +57,8 @@ fn epochs_count_batches_and_validation_runs_every_n_and_at_the_end() {
     let log = Log::default();
     // 10 samples in batches of 4: 3 batches per epoch, the last of 2.
     let val = DataLoader::new(Arc::new(synthetic::regression(7, 3, 5).unwrap()), 3, false, 0).unwrap();
-    let mut t = regression_trainer(0.01).epochs(3).validate(4, val, vec![Box::new(MeanLoss::new(Loss::Mse)), Box::new(Mse::new())]).observe(log.clone());
+    let mut t =
+        regression_trainer(0.01).epochs(3).validate(4, val, vec![Box::new(MeanLoss::new(Loss::Mse)), Box::new(Mse::new())]).observe(log.clone());
     let fit = t.fit(&mut loader(10, 4)).unwrap();
     assert_eq!((fit.first_step, fit.step, fit.total), (0, 9, 9));
     assert_eq!(fit.samples, 30);
@@ -239,7 +243,8 @@ fn retention_keeps_the_newest_files_of_the_run() {
     let dir = temp("keep");
     let mut t = regression_trainer(0.01).steps(6).checkpoints(Checkpoints::new(&dir).every(1).keep(2));
     t.fit(&mut loader(16, 4)).unwrap();
-    let mut names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("ckpt-")).collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("ckpt-")).collect();
     names.sort();
     assert_eq!(names, ["ckpt-00000005.safetensors", "ckpt-00000006.safetensors"]);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -250,11 +255,15 @@ fn retention_keeps_the_newest_files_of_the_run() {
 #[test]
 fn a_hand_written_loop_resumes_exactly() {
     use tandem::nn::{with_samples, Dropout, Module, SampleContext};
-    use tandem::optim::{AdamConfig, Adam, Optimizer};
+    use tandem::optim::{Adam, AdamConfig, Optimizer};
     let dev = Device::cpu();
     let build = || {
         let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(3);
-        Sequential::new().push("0", Linear::new(3, 16, &mut rng, &dev).unwrap()).push("1", ReLU).push("2", Dropout::new(0.5).unwrap().seed(4)).push("3", Linear::new(16, 1, &mut rng, &dev).unwrap())
+        Sequential::new()
+            .push("0", Linear::new(3, 16, &mut rng, &dev).unwrap())
+            .push("1", ReLU)
+            .push("2", Dropout::new(0.5).unwrap().seed(4))
+            .push("3", Linear::new(16, 1, &mut rng, &dev).unwrap())
     };
     let train = |model: &Sequential, opt: &mut Adam, loader: &mut DataLoader, steps: std::ops::Range<u64>| {
         for step in steps {
@@ -357,7 +366,10 @@ fn a_cpu_strategy_steps_and_validates_on_the_cpu_pool() {
     for dev in [Device::cpu(), wgpu] {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1);
-        let inner = Sequential::new().push("0", Linear::new(3, 8, &mut rng, &dev).unwrap()).push("1", ReLU).push("2", Linear::new(8, 1, &mut rng, &dev).unwrap());
+        let inner = Sequential::new()
+            .push("0", Linear::new(3, 8, &mut rng, &dev).unwrap())
+            .push("1", ReLU)
+            .push("2", Linear::new(8, 1, &mut rng, &dev).unwrap());
         let model = Watched { inner, seen: seen.clone() };
         let val = DataLoader::new(Arc::new(synthetic::regression(6, 3, 5).unwrap()), 3, false, 0).unwrap();
         let mut t = Trainer::new(Single::new(model, &opt, Loss::Mse, &dev).unwrap()).steps(3).validate(3, val, vec![Box::new(Mse::new())]);

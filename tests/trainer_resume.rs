@@ -50,7 +50,9 @@ fn strategy(backend: &str, kind: &str) -> Result<Box<dyn Strategy>> {
     Ok(match kind {
         "single" => Box::new(Single::new(model, &opt, Loss::Mse, &devices(backend, 1)?[0])?),
         "data" => Box::new(DataParallel::new(&model, &devices(backend, 2)?, &opt, Loss::Mse, DataParallelConfig::default())?),
-        "pipeline" => Box::new(Pipeline::builder(Stages::Split(&model, Split::At(vec![3])), &devices(backend, 2)?, &opt, Loss::Mse).micro_batches(2).build()?),
+        "pipeline" => {
+            Box::new(Pipeline::builder(Stages::Split(&model, Split::At(vec![3])), &devices(backend, 2)?, &opt, Loss::Mse).micro_batches(2).build()?)
+        }
         other => panic!("unknown strategy {other}"),
     })
 }

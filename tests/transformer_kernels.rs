@@ -17,7 +17,8 @@ fn agree(dev: &Device, cpu: &Device, what: &str, shapes: &[Vec<usize>], seed: u6
     let mut r = rng(seed);
     let vals: Vec<Vec<f32>> = shapes.iter().map(|s| uniform(&mut r, s.iter().product(), -2.0, 2.0)).collect();
     let run = |d: &Device, fused: bool| -> Result<Vec<Vec<f32>>> {
-        let xs: Vec<Tensor> = vals.iter().zip(shapes).map(|(v, s)| Ok(Tensor::from_vec(v.clone(), s.clone(), d)?.requires_grad())).collect::<Result<_>>()?;
+        let xs: Vec<Tensor> =
+            vals.iter().zip(shapes).map(|(v, s)| Ok(Tensor::from_vec(v.clone(), s.clone(), d)?.requires_grad())).collect::<Result<_>>()?;
         let body = || -> Result<Vec<Vec<f32>>> {
             let y = f(&xs)?;
             let up = Tensor::from_vec(uniform(&mut rng(seed + 1), y.numel(), -1.0, 1.0), y.dims().to_vec(), d)?;
@@ -28,7 +29,11 @@ fn agree(dev: &Device, cpu: &Device, what: &str, shapes: &[Vec<usize>], seed: u6
             }
             Ok(out)
         };
-        if fused { body() } else { composed(body) }
+        if fused {
+            body()
+        } else {
+            composed(body)
+        }
     };
     let want = run(cpu, false)?;
     for (d, fused) in [(cpu, true), (dev, true), (dev, false)] {
@@ -44,7 +49,9 @@ fn agree(dev: &Device, cpu: &Device, what: &str, shapes: &[Vec<usize>], seed: u6
 fn layer_norm_matches_composition_at_odd_sizes() {
     on_each_device(|dev, cpu| {
         for (i, (rows, c)) in [(1, 5), (7, 48), (33, 129), (300, 5), (3, 1)].into_iter().enumerate() {
-            agree(dev, cpu, &format!("layer_norm [{rows}, {c}]"), &[vec![rows, c], vec![c], vec![c]], 10 + i as u64, 2e-4, &|x| x[0].layer_norm(&x[1], &x[2], 1e-5))?;
+            agree(dev, cpu, &format!("layer_norm [{rows}, {c}]"), &[vec![rows, c], vec![c], vec![c]], 10 + i as u64, 2e-4, &|x| {
+                x[0].layer_norm(&x[1], &x[2], 1e-5)
+            })?;
         }
         Ok(())
     });
@@ -74,7 +81,9 @@ fn causal_attention_matches_composition() {
         for (i, (t, d)) in TS.into_iter().zip([3, 16, 24, 16]).chain([(7, 3), (33, 24)]).enumerate() {
             let s = vec![2, t, d];
             let scale = 1.0 / (d as f32).sqrt();
-            agree(dev, cpu, &format!("causal_attention T={t} D={d}"), &[s.clone(), s.clone(), s], 30 + i as u64, 1e-4, &|x| Tensor::causal_attention(&x[0], &x[1], &x[2], scale))?;
+            agree(dev, cpu, &format!("causal_attention T={t} D={d}"), &[s.clone(), s.clone(), s], 30 + i as u64, 1e-4, &|x| {
+                Tensor::causal_attention(&x[0], &x[1], &x[2], scale)
+            })?;
         }
         Ok(())
     });
@@ -125,23 +134,23 @@ fn nan_and_inf_rows_as_composition() {
 fn fused_backward_is_bit_identical_across_runs() {
     on_each_device(|dev, cpu| {
         for dev in [cpu, dev] {
-        let grads = || -> Result<Vec<u32>> {
-            let mut r = rng(5);
-            let x = Tensor::from_vec(uniform(&mut r, 600 * 48, -1.0, 1.0), [600, 48], dev)?.requires_grad();
-            let w = Tensor::from_vec(uniform(&mut r, 48, 0.5, 1.5), [48], dev)?.requires_grad();
-            let b = Tensor::zeros([48], dev)?.requires_grad();
-            let qkv = x.reshape([3, 4, 50, 48])?;
-            let part = |i| qkv.narrow(0, i, 1)?.reshape([4, 50, 48]);
-            let y = Tensor::causal_attention(&part(0)?, &part(1)?, &part(2)?, 0.3)?;
-            let y = y.reshape([200, 48])?.layer_norm(&w, &b, 1e-5)?;
-            y.reshape([4, 50, 48])?.matmul_t(&y.reshape([4, 50, 48])?, false, true)?.causal_softmax(0.2)?.square()?.sum_all()?.backward()?;
-            let mut bits = Vec::new();
-            for t in [&x, &w, &b] {
-                bits.extend(t.grad().expect("grad").to_vec()?.iter().map(|v| v.to_bits()));
-            }
-            Ok(bits)
-        };
-        assert!(grads()? == grads()?, "two backward passes differ on {dev}");
+            let grads = || -> Result<Vec<u32>> {
+                let mut r = rng(5);
+                let x = Tensor::from_vec(uniform(&mut r, 600 * 48, -1.0, 1.0), [600, 48], dev)?.requires_grad();
+                let w = Tensor::from_vec(uniform(&mut r, 48, 0.5, 1.5), [48], dev)?.requires_grad();
+                let b = Tensor::zeros([48], dev)?.requires_grad();
+                let qkv = x.reshape([3, 4, 50, 48])?;
+                let part = |i| qkv.narrow(0, i, 1)?.reshape([4, 50, 48]);
+                let y = Tensor::causal_attention(&part(0)?, &part(1)?, &part(2)?, 0.3)?;
+                let y = y.reshape([200, 48])?.layer_norm(&w, &b, 1e-5)?;
+                y.reshape([4, 50, 48])?.matmul_t(&y.reshape([4, 50, 48])?, false, true)?.causal_softmax(0.2)?.square()?.sum_all()?.backward()?;
+                let mut bits = Vec::new();
+                for t in [&x, &w, &b] {
+                    bits.extend(t.grad().expect("grad").to_vec()?.iter().map(|v| v.to_bits()));
+                }
+                Ok(bits)
+            };
+            assert!(grads()? == grads()?, "two backward passes differ on {dev}");
         }
         Ok(())
     });

@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use tandem::backend::{BinaryOp, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
 use tandem::backend::wgpu::{has_subgroups_of_8, open_with, Options};
+use tandem::backend::{BinaryOp, IndexOp, MatmulSpec, OptimStep, ReduceOp, ReduceSpec, UnaryOp, WindowSpec};
 use tandem::{DType, Device, Result};
 
 /// Every wgpu adapter opened with `options`.
@@ -128,7 +128,17 @@ fn tiled_matmul_covers_every_transpose_and_edge() {
     for dev in devices(Options { hardware_profile: true, ..Default::default() }) {
         for (trans_a, trans_b) in [(false, false), (false, true), (true, false), (true, true)] {
             // The last two: one operand aligned for vec4 loads and the other not.
-            let cases = [(1, 64, 64, 64, 0, 0), (2, 68, 132, 36, 4, 8), (3, 5, 7, 13, 3, 6), (2, 67, 33, 19, 1, 2), (1, 1, 1, 1, 0, 0), (1, 130, 4, 260, 8, 16), (2, 3, 70, 17, 0, 0), (1, 36, 44, 20, 2, 4), (1, 36, 44, 20, 4, 3)];
+            let cases = [
+                (1, 64, 64, 64, 0, 0),
+                (2, 68, 132, 36, 4, 8),
+                (3, 5, 7, 13, 3, 6),
+                (2, 67, 33, 19, 1, 2),
+                (1, 1, 1, 1, 0, 0),
+                (1, 130, 4, 260, 8, 16),
+                (2, 3, 70, 17, 0, 0),
+                (1, 36, 44, 20, 2, 4),
+                (1, 36, 44, 20, 4, 3),
+            ];
             for (batch, m, n, k, a_off, b_off) in cases {
                 let mut s = MatmulSpec::new(batch, m, n, k);
                 (s.trans_a, s.trans_b) = (trans_a, trans_b);
@@ -167,7 +177,6 @@ fn memory_budget_is_enforced() {
         dev.backend().alloc(200_000, DType::F32).expect("memory came back");
     }
 }
-
 
 #[test]
 fn register_matmul_kernels_with_and_without_subgroups() {

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use tandem::backend::cpu::CpuBackend;
 use tandem::data::{synthetic, Batch};
-use tandem::nn::{Linear, ReLU};
 use tandem::nn::models::SeedModel;
 use tandem::nn::Sequential;
+use tandem::nn::{Linear, ReLU};
 use tandem::optim::AdamConfig;
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Shard, Single, Strategy};
 use tandem::tolerance::assert_close;
@@ -140,7 +140,8 @@ fn checkpoints_move_between_sharded_and_plain_runs() {
     train(&mut plain, first);
     train(&mut zero3, first);
     let (ps, psteps) = plain.optimizer_state().unwrap();
-    let ps: Vec<(String, Tensor)> = ps.iter().map(|(n, t)| (n.clone(), Tensor::from_vec(t.to_vec().unwrap(), t.dims().to_vec(), &Device::cpu()).unwrap())).collect();
+    let ps: Vec<(String, Tensor)> =
+        ps.iter().map(|(n, t)| (n.clone(), Tensor::from_vec(t.to_vec().unwrap(), t.dims().to_vec(), &Device::cpu()).unwrap())).collect();
     let (zs, zsteps) = zero3.optimizer_state().unwrap();
     assert_eq!(psteps, zsteps);
     let names = |s: &[(String, Tensor)]| s.iter().map(|(n, t)| (n.clone(), t.dims().to_vec())).collect::<Vec<_>>();
@@ -154,8 +155,18 @@ fn checkpoints_move_between_sharded_and_plain_runs() {
     let (w3, o3) = (zero3.state_dict().unwrap(), zero3.optimizer_state().unwrap());
     // The plain optimizer's state tensors are its live buffers, which `rest` has updated since.
     let (wp, op) = (plain_after(first), plain_after_state(first));
-    assert_close("a second plain run's state", &op.iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<_>>(), &ps.iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<_>>(), 0.0, 0.0);
-    for (what, shard, n, (w, o)) in [("ZeRO-3 into plain", Shard::None, 2, (&w3, &o3.0)), ("plain into ZeRO-2", Shard::Grads, 3, (&wp, &op)), ("plain into ZeRO-3", Shard::Full, 3, (&wp, &op))] {
+    assert_close(
+        "a second plain run's state",
+        &op.iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<_>>(),
+        &ps.iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<_>>(),
+        0.0,
+        0.0,
+    );
+    for (what, shard, n, (w, o)) in [
+        ("ZeRO-3 into plain", Shard::None, 2, (&w3, &o3.0)),
+        ("plain into ZeRO-2", Shard::Grads, 3, (&wp, &op)),
+        ("plain into ZeRO-3", Shard::Full, 3, (&wp, &op)),
+    ] {
         let mut resumed = dp(&cpu_devices(n), cfg(shard));
         resumed.load_state_dict(w).unwrap();
         resumed.load_optimizer_state(o, psteps).unwrap();
@@ -188,7 +199,14 @@ fn memory_figures(bucket_bytes: usize) -> Vec<(Shard, u64, u64)> {
     let mut results = Vec::new();
     for shard in [Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full] {
         let devices = cpu_devices(4);
-        let mut s = DataParallel::from_factory(|d| Ok(mlp(d)), &devices, &adam(), Loss::Mse, DataParallelConfig { shard, bucket_bytes, ..Default::default() }).unwrap();
+        let mut s = DataParallel::from_factory(
+            |d| Ok(mlp(d)),
+            &devices,
+            &adam(),
+            Loss::Mse,
+            DataParallelConfig { shard, bucket_bytes, ..Default::default() },
+        )
+        .unwrap();
         let losses: Vec<f32> = b.iter().map(|x| s.step(x).unwrap().loss).collect();
         let peak = devices.iter().map(|d| d.memory().peak).max().unwrap();
         let held = devices.iter().map(|d| d.memory().in_use).max().unwrap();
@@ -197,7 +215,11 @@ fn memory_figures(bucket_bytes: usize) -> Vec<(Shard, u64, u64)> {
     }
     let (plain_peak, plain_held) = (figures[0].1, figures[0].2);
     for &(shard, peak, held) in &figures {
-        println!("buckets of {bucket_bytes} B, {shard:?}: peak {peak} B ({:.2}x), held between steps {held} B ({:.2}x)", peak as f64 / plain_peak as f64, held as f64 / plain_held as f64);
+        println!(
+            "buckets of {bucket_bytes} B, {shard:?}: peak {peak} B ({:.2}x), held between steps {held} B ({:.2}x)",
+            peak as f64 / plain_peak as f64,
+            held as f64 / plain_held as f64
+        );
     }
     for ((shard, _, _), (l, w)) in figures.iter().zip(&results).skip(1) {
         assert_close(&format!("{shard:?} losses"), l, &results[0].0, 1e-5, 1e-4);
@@ -291,8 +313,27 @@ fn cli_checkpoints_resume_under_another_shard_mode() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    let common = ["train", "--data", "digits", "--batch", "16", "--steps", "6", "--devices", "cpu,cpu", "--strategy", "data", "--optimizer", "adam", "--lr", "0.01", "--checkpoint-every", "3"];
-    let load = |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
+    let common = [
+        "train",
+        "--data",
+        "digits",
+        "--batch",
+        "16",
+        "--steps",
+        "6",
+        "--devices",
+        "cpu,cpu",
+        "--strategy",
+        "data",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.01",
+        "--checkpoint-every",
+        "3",
+    ];
+    let load =
+        |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
     for (first, then) in [("full", "none"), ("none", "grads")] {
         let ck = path(&format!("ck-{first}"));
         let whole = path(&format!("whole-{first}.safetensors"));
@@ -317,7 +358,8 @@ fn gpt_with_adamw_groups_matches_one_device() {
     use tandem::optim::ParamGroups;
     let corpus = TextCorpus::builtin(0);
     let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, block_size: 8, vocab_size: corpus.vocab.len(), dropout: 0.2, bias: true };
-    let opt = OptimConfig::adam(AdamConfig { lr: 3e-3, weight_decay: 0.5, ..AdamConfig::adamw() }).with_groups(ParamGroups::no_decay_for_biases_and_norms());
+    let opt = OptimConfig::adam(AdamConfig { lr: 3e-3, weight_decay: 0.5, ..AdamConfig::adamw() })
+        .with_groups(ParamGroups::no_decay_for_biases_and_norms());
     let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
     let batches: Vec<Batch> = (0..5)
         .map(|_| {
@@ -332,7 +374,14 @@ fn gpt_with_adamw_groups_matches_one_device() {
     let dev = cpu_devices(1).remove(0);
     let (want_l, want_w) = run(&mut Single::new(Gpt::new(cfg, 1, &dev).unwrap(), &opt, Loss::CrossEntropy, &dev).unwrap());
     for shard in [Shard::Grads, Shard::Full] {
-        let mut s = DataParallel::from_factory(|d| Gpt::new(cfg, 1, d), &cpu_devices(3), &opt, Loss::CrossEntropy, DataParallelConfig { shard, bucket_bytes: 8192, ..Default::default() }).unwrap();
+        let mut s = DataParallel::from_factory(
+            |d| Gpt::new(cfg, 1, d),
+            &cpu_devices(3),
+            &opt,
+            Loss::CrossEntropy,
+            DataParallelConfig { shard, bucket_bytes: 8192, ..Default::default() },
+        )
+        .unwrap();
         let (l, w) = run(&mut s);
         assert_close(&format!("GPT {shard:?} losses"), &l, &want_l, 1e-5, 1e-4);
         assert_close(&format!("GPT {shard:?} weights"), &w, &want_w, 1e-5, 1e-3);

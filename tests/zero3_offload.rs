@@ -59,7 +59,37 @@ fn cli_offloaded_zero3_four_times_the_limit_saves_the_plain_weights() {
     std::fs::create_dir_all(&dir).unwrap();
     let run = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
     let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    let gpt = ["train", "--model", "gpt", "--data", "text", "--n-layer", "24", "--n-embd", "64", "--n-head", "4", "--block-size", "16", "--batch", "8", "--optimizer", "adamw", "--lr", "0.001", "--grad-clip", "0.5", "--devices", "cpu,cpu,cpu,cpu", "--strategy", "data", "--recompute", "--bucket-size", "32KiB", "--deterministic"];
+    let gpt = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--n-layer",
+        "24",
+        "--n-embd",
+        "64",
+        "--n-head",
+        "4",
+        "--block-size",
+        "16",
+        "--batch",
+        "8",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.001",
+        "--grad-clip",
+        "0.5",
+        "--devices",
+        "cpu,cpu,cpu,cpu",
+        "--strategy",
+        "data",
+        "--recompute",
+        "--bucket-size",
+        "32KiB",
+        "--deterministic",
+    ];
     // 1,203,584 parameters: 19.26 MB of f32 weights, gradients and moments; a quarter is 4.81 MB.
     let limit = ["--memory-limit", "4696KiB"];
     let (plain, zero3, ck) = (path("plain.safetensors"), path("zero3.safetensors"), path("ck"));
@@ -71,7 +101,8 @@ fn cli_offloaded_zero3_four_times_the_limit_saves_the_plain_weights() {
     let zero3_args = ["--shard", "full", limit[0], limit[1]];
     ok([&zero3_args[..], &["--offload-optimizer", "--steps", "2", "--checkpoint-dir", &ck]].concat());
     ok([&zero3_args[..], &["--offload-optimizer", "--steps", "4", "--checkpoint-dir", &ck, "--resume", "--save", &zero3]].concat());
-    let load = |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
+    let load =
+        |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
     assert_close("offloaded ZeRO-3 under the limit, resumed, from the command line", &load(&zero3), &load(&plain), 0.0, 0.0);
     let out = run(&[&gpt[..], &zero3_args[..], &["--steps", "1"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -176,7 +176,10 @@ fn gpt_four_times_the_budget_trains_on_four_devices_in_bf16() {
     let built: Vec<u64> = devs.iter().map(|d| d.memory().peak).collect();
     let (losses, weights) = train(&mut s, &batches).unwrap();
     let peaks: Vec<u64> = devs.iter().map(|d| d.memory().peak).collect();
-    println!("{} parameters, f32 state {state} B, budget {budget} B per device; peak while building {built:?}, in training {peaks:?}", cfg.parameter_count().unwrap());
+    println!(
+        "{} parameters, f32 state {state} B, budget {budget} B per device; peak while building {built:?}, in training {peaks:?}",
+        cfg.parameter_count().unwrap()
+    );
     // The whole model's f32 weights are the budget itself; built deferred, a device holds its
     // pieces (a sixteenth of the state) and a few 64 KiB parameters being cut at a time.
     assert!(built.iter().all(|&p| p <= state / 16 + (256 << 10)), "a deferred build holds the shards and a few parameters: {built:?}");
@@ -235,7 +238,13 @@ fn a_model_built_deferred_holds_no_memory_and_computes_the_same() {
         let x = Tensor::randn([2, 1, 28, 28], &mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1), dev).unwrap();
         plain.train();
         model.train();
-        assert_close(&format!("{dev}: forward"), &model.forward(&x).unwrap().to_vec().unwrap(), &plain.forward(&x).unwrap().to_vec().unwrap(), 0.0, 0.0);
+        assert_close(
+            &format!("{dev}: forward"),
+            &model.forward(&x).unwrap().to_vec().unwrap(),
+            &plain.forward(&x).unwrap().to_vec().unwrap(),
+            0.0,
+            0.0,
+        );
         let state = |m: &dyn Module| m.state_dict().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
         assert_close(&format!("{dev}: state after a training forward"), &state(&model), &state(&plain), 0.0, 0.0);
     }
@@ -262,7 +271,6 @@ fn a_device_that_fails_mid_step_releases_the_others() {
     devs[2].set_memory_budget(None);
     assert!(s.step(&batches[0]).unwrap().loss.is_finite());
 }
-
 
 /// The same on two logical lavapipe devices: wgpu ops find a released parameter and gather
 /// its unit as the CPU's do.
@@ -305,7 +313,36 @@ fn cli_trains_resumes_and_saves_a_model_four_times_the_limit() {
     std::fs::create_dir_all(&dir).unwrap();
     let run = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
     let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    let gpt = ["train", "--model", "gpt", "--data", "text", "--n-layer", "48", "--n-embd", "64", "--n-head", "4", "--block-size", "16", "--batch", "8", "--optimizer", "adamw", "--lr", "0.001", "--precision", "bf16", "--devices", "cpu,cpu,cpu,cpu", "--strategy", "data", "--recompute", "--bucket-size", "16KiB"];
+    let gpt = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--n-layer",
+        "48",
+        "--n-embd",
+        "64",
+        "--n-head",
+        "4",
+        "--block-size",
+        "16",
+        "--batch",
+        "8",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.001",
+        "--precision",
+        "bf16",
+        "--devices",
+        "cpu,cpu,cpu,cpu",
+        "--strategy",
+        "data",
+        "--recompute",
+        "--bucket-size",
+        "16KiB",
+    ];
     // 2,403,200 parameters: 38.45 MB of f32 weights, gradients and moments; a quarter is 9.61 MB.
     let limit = ["--memory-limit", "9387KiB"];
     let zero3 = ["--shard", "full", "--grad-dtype", "bf16"];
@@ -318,7 +355,8 @@ fn cli_trains_resumes_and_saves_a_model_four_times_the_limit() {
     ok([&gpt[..], &["--steps", "4", "--save", &whole]].concat());
     ok([&gpt[..], &limit, &zero3, &["--steps", "2", "--checkpoint-dir", &ck]].concat());
     ok([&gpt[..], &limit, &zero3, &["--steps", "4", "--checkpoint-dir", &ck, "--resume", "--save", &resumed]].concat());
-    let load = |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
+    let load =
+        |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
     let (got, want) = (load(&resumed), load(&whole));
     let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| f64::from(x).powi(2)).sum::<f64>().sqrt();
     let relative = norm(&mut got.iter().zip(&want).map(|(a, b)| a - b)) / norm(&mut want.iter().copied());
@@ -345,7 +383,39 @@ fn cli_deterministic_zero3_under_the_limit_saves_the_plain_weights() {
     std::fs::create_dir_all(&dir).unwrap();
     let run = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
     let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    let gpt = ["train", "--model", "gpt", "--data", "text", "--n-layer", "12", "--n-embd", "64", "--n-head", "4", "--block-size", "16", "--batch", "8", "--optimizer", "adamw", "--lr", "0.001", "--grad-clip", "0.5", "--devices", "cpu,cpu,cpu,cpu", "--strategy", "data", "--recompute", "--bucket-size", "32KiB", "--deterministic", "--steps", "3"];
+    let gpt = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "text",
+        "--n-layer",
+        "12",
+        "--n-embd",
+        "64",
+        "--n-head",
+        "4",
+        "--block-size",
+        "16",
+        "--batch",
+        "8",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.001",
+        "--grad-clip",
+        "0.5",
+        "--devices",
+        "cpu,cpu,cpu,cpu",
+        "--strategy",
+        "data",
+        "--recompute",
+        "--bucket-size",
+        "32KiB",
+        "--deterministic",
+        "--steps",
+        "3",
+    ];
     // 603,776 parameters: 9.66 MB of f32 weights, gradients and moments; a third is 3.22 MB.
     let limit = ["--memory-limit", "3144KiB"];
     let (plain, zero3) = (path("plain.safetensors"), path("zero3.safetensors"));
@@ -353,7 +423,8 @@ fn cli_deterministic_zero3_under_the_limit_saves_the_plain_weights() {
         let out = run(&[&gpt[..], &args].concat());
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let load = |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
+    let load =
+        |p: &str| tandem::checkpoint::load_weights(p, &Device::cpu()).unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>();
     assert_close("deterministic ZeRO-3 under the limit, from the command line", &load(&zero3), &load(&plain), 0.0, 0.0);
     let out = run(&[&gpt[..], &limit].concat());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -385,7 +456,14 @@ fn mlp_units_are_gathered_and_prefetched() {
     let mut runs = Vec::new();
     let mut weights = Vec::new();
     for (shard, grad_dtype) in [(Shard::None, tandem::DType::F32), (Shard::Full, tandem::DType::F32), (Shard::Full, tandem::DType::Bf16)] {
-        let mut s = DataParallel::from_factory(mlp, &devices(2), &opt, Loss::Mse, DataParallelConfig { shard, bucket_bytes: 64 << 10, grad_dtype, ..Default::default() }).unwrap();
+        let mut s = DataParallel::from_factory(
+            mlp,
+            &devices(2),
+            &opt,
+            Loss::Mse,
+            DataParallelConfig { shard, bucket_bytes: 64 << 10, grad_dtype, ..Default::default() },
+        )
+        .unwrap();
         let losses: Vec<f32> = batches.iter().map(|b| s.step(b).unwrap().loss).collect();
         weights.push(s.state_dict().unwrap().iter().flat_map(|(_, t)| t.to_vec().unwrap()).collect::<Vec<f32>>());
         if shard == Shard::Full {

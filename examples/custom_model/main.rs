@@ -20,7 +20,8 @@ use tandem::{Device, Error, Result};
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str, default: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.into());
+    let flag =
+        |name: &str, default: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.into());
     let devices = Device::parse(&flag("--devices", "cpu"))?;
     let steps: u64 = flag("--steps", "400").parse().map_err(|e| Error::invalid("--steps", format!("{e}")))?;
     let cfg = NetConfig::EXAMPLE;

@@ -184,7 +184,11 @@ pub fn loss() -> Loss {
 /// up), clipping at [`CLIP`], and test accuracy measured after the last step.
 pub fn trainer(strategy: Box<dyn Strategy>, steps: u64, test: Arc<Dataset>) -> Result<Trainer> {
     let test = DataLoader::new(test, 256, false, 0)?;
-    Ok(Trainer::boxed(strategy).steps(steps).schedule(schedule(steps, steps / 10)).grad_clip(Some(CLIP)).validate(steps, test, vec![Box::new(Accuracy::new())]))
+    Ok(Trainer::boxed(strategy).steps(steps).schedule(schedule(steps, steps / 10)).grad_clip(Some(CLIP)).validate(
+        steps,
+        test,
+        vec![Box::new(Accuracy::new())],
+    ))
 }
 
 /// The training batches: `batch` samples, reshuffled each epoch, no short last batch.

@@ -61,7 +61,13 @@ pub fn checkpoint(f: BlockFn, x: &Tensor, params: &[Tensor]) -> Result<Tensor> {
     });
     let y = no_grad(|| with_samples(ctx, || f(x)))?;
     let inputs: Vec<&Tensor> = std::iter::once(x).chain(params).collect();
-    Ok(Tensor::result(y.buffer().clone(), y.shape().clone(), y.device(), GradOp::Checkpoint(Recompute { f, ctx, autocast: crate::autocast_dtype() }), &inputs))
+    Ok(Tensor::result(
+        y.buffer().clone(),
+        y.shape().clone(),
+        y.device(),
+        GradOp::Checkpoint(Recompute { f, ctx, autocast: crate::autocast_dtype() }),
+        &inputs,
+    ))
 }
 
 /// The gradients of a `checkpoint` node's inputs (`x`, then the parameters) given `g` =
@@ -71,7 +77,10 @@ pub(super) fn backward(r: &Recompute, inputs: &[Tensor], g: &Tensor) -> Result<V
     let x = if inputs[0].needs_grad() { inputs[0].detach().requires_grad() } else { inputs[0].detach() };
     let y = with_grad(|| with_samples(r.ctx, || crate::autocast(r.autocast, || (r.f)(&x))))?;
     if y.shape() != g.shape() {
-        return Err(Error::shape("checkpoint", format!("the recomputed output {:?} differs from the forward's {:?} on {}", y.shape(), g.shape(), g.device())));
+        return Err(Error::shape(
+            "checkpoint",
+            format!("the recomputed output {:?} differs from the forward's {:?} on {}", y.shape(), g.shape(), g.device()),
+        ));
     }
     let mut got: HashMap<u64, Tensor> = HashMap::new();
     if y.needs_grad() {

@@ -5,9 +5,9 @@ mod rules;
 mod samples;
 
 pub use checkpoint::{checkpoint, BlockFn, Recompute};
+pub(crate) use samples::replace_samples;
 pub(crate) use samples::samples_in_progress;
 pub use samples::{current_samples, with_samples, SampleContext};
-pub(crate) use samples::replace_samples;
 
 use crate::backend::{BinaryOp, Buffer, UnaryOp, WindowSpec};
 use crate::{Error, Result, Tensor};
@@ -24,12 +24,22 @@ pub struct Node {
 pub enum GradOp {
     Unary(UnaryOp),
     Binary(BinaryOp),
-    Sum { axis: usize },
-    Max { axis: usize },
+    Sum {
+        axis: usize,
+    },
+    Max {
+        axis: usize,
+    },
     /// Softmax along `axis`: PyTorch's fused gradient `y (g - sum(g y))`.
-    Softmax { axis: usize },
+    Softmax {
+        axis: usize,
+    },
     /// Variance (or, if `std`, standard deviation) along `axis`, PyTorch's fused gradient.
-    Var { axis: usize, correction: usize, std: bool },
+    Var {
+        axis: usize,
+        correction: usize,
+        std: bool,
+    },
     /// The mean binary cross-entropy of logits (input 0) against targets (input 1).
     BceWithLogits,
     /// `x Φ(x)`, its tanh approximation and `x sigmoid(x)` with PyTorch's fused gradients
@@ -40,29 +50,57 @@ pub enum GradOp {
     Reshape,
     Permute(Vec<usize>),
     Expand,
-    Narrow { dim: usize, start: usize },
+    Narrow {
+        dim: usize,
+        start: usize,
+    },
     /// Concatenation along dimension 0.
     Cat,
-    Matmul { trans_a: bool, trans_b: bool },
+    Matmul {
+        trans_a: bool,
+        trans_b: bool,
+    },
     /// `cols` is the forward pass's im2col, kept for the weight gradient; `bias`: the bias was
     /// added in the same pass (a third input); `relu`: a ReLU was applied in the same pass too,
     /// and this is the output it left, whose positive entries pass the gradient through.
-    Conv2d { spec: WindowSpec, cols: Buffer, bias: bool, relu: Option<Buffer> },
-    MaxPool2d { spec: WindowSpec, argmax: Buffer },
-    Gather { cols: usize },
+    Conv2d {
+        spec: WindowSpec,
+        cols: Buffer,
+        bias: bool,
+        relu: Option<Buffer>,
+    },
+    MaxPool2d {
+        spec: WindowSpec,
+        argmax: Buffer,
+    },
+    Gather {
+        cols: usize,
+    },
     /// LayerNorm over the last dimension of input 0 with weight and bias (inputs 1, 2),
     /// fused: `mean` and `rstd` are each row's, saved by the forward.
-    LayerNorm { mean: Buffer, rstd: Buffer },
+    LayerNorm {
+        mean: Buffer,
+        rstd: Buffer,
+    },
     /// `softmax(x · scale + causal)` over `[.., T, T]`, fused.
-    CausalSoftmax { scale: f32 },
+    CausalSoftmax {
+        scale: f32,
+    },
     /// Fused causal attention of q, k, v (inputs 0-2); `lse` is each query row's logsumexp.
-    Attention { scale: f32, lse: Buffer },
+    Attention {
+        scale: f32,
+        lse: Buffer,
+    },
     /// An embedding lookup of a `[table_rows, D]` table (input 0) by I32 ids (input 1).
-    GatherRows { table_rows: usize },
+    GatherRows {
+        table_rows: usize,
+    },
     ToDevice,
     /// A cast between F32 and a half type; `from` is the input's dtype, which the gradient
     /// is cast back to.
-    Cast { from: crate::DType },
+    Cast {
+        from: crate::DType,
+    },
     /// An op that ran in F32 on half inputs and rounded its output to their type (see
     /// `tensor::halves`): its own rule, on F32 copies.
     InF32(Box<GradOp>),

@@ -109,16 +109,10 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
         // transposed, then summed over the batch dimensions the operand was broadcast along.
         GradOp::Matmul { trans_a, trans_b } => {
             let (a, b, ta, tb) = (&inputs[0], &inputs[1], *trans_a, *trans_b);
-            let ga = if a.needs_grad() {
-                Some(if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(b, false, !tb)? }.sum_to(a.shape())?)
-            } else {
-                None
-            };
-            let gb = if b.needs_grad() {
-                Some(if tb { g.matmul_t(a, true, ta)? } else { a.matmul_t(g, !ta, false)? }.sum_to(b.shape())?)
-            } else {
-                None
-            };
+            let ga =
+                if a.needs_grad() { Some(if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(b, false, !tb)? }.sum_to(a.shape())?) } else { None };
+            let gb =
+                if b.needs_grad() { Some(if tb { g.matmul_t(a, true, ta)? } else { a.matmul_t(g, !ta, false)? }.sum_to(b.shape())?) } else { None };
             vec![ga, gb]
         }
         GradOp::Conv2d { spec, cols, bias, relu } => {
@@ -137,7 +131,18 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             let dev = g.device();
             // dW = Σ_n G[n]·cols[n]ᵀ
             let gw = if w.needs_grad() {
-                let mm = MatmulSpec { batch: spec.n, m: o, n: r, k: p, trans_a: false, trans_b: true, a_offset: 0, b_offset: 0, a_batch_stride: o * p, b_batch_stride: r * p };
+                let mm = MatmulSpec {
+                    batch: spec.n,
+                    m: o,
+                    n: r,
+                    k: p,
+                    trans_a: false,
+                    trans_b: true,
+                    a_offset: 0,
+                    b_offset: 0,
+                    a_batch_stride: o * p,
+                    b_batch_stride: r * p,
+                };
                 let per = dev.backend().alloc(spec.n * o * r, DType::F32)?;
                 dev.backend().matmul(g.buffer(), cols, &per, mm)?;
                 let per = Tensor::from_parts(per, Shape(vec![spec.n, o * r]), dev.clone(), None);
@@ -147,7 +152,18 @@ pub(super) fn backward(op: &GradOp, inputs: &[Tensor], out: &Tensor, g: &Tensor)
             };
             // dcols[n] = Wᵀ·G[n], folded back by col2im
             let gx = if x.needs_grad() {
-                let mm = MatmulSpec { batch: spec.n, m: r, n: p, k: o, trans_a: true, trans_b: false, a_offset: 0, b_offset: 0, a_batch_stride: 0, b_batch_stride: o * p };
+                let mm = MatmulSpec {
+                    batch: spec.n,
+                    m: r,
+                    n: p,
+                    k: o,
+                    trans_a: true,
+                    trans_b: false,
+                    a_offset: 0,
+                    b_offset: 0,
+                    a_batch_stride: 0,
+                    b_batch_stride: o * p,
+                };
                 let dcols = dev.backend().alloc(spec.n * r * p, DType::F32)?;
                 dev.backend().matmul(w.buffer(), g.buffer(), &dcols, mm)?;
                 let gx = dev.backend().alloc(x.numel(), DType::F32)?;

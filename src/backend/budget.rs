@@ -113,7 +113,8 @@ mod tests {
         assert_eq!(format_bytes(512), "512 bytes");
         assert_eq!(format_bytes(8 << 30), "8 GiB");
         assert_eq!(format_bytes(3 << 19), "1.50 MiB");
-        for (text, n) in [("8GiB", 8u64 << 30), ("8 GiB", 8 << 30), ("512mib", 512 << 20), ("1.5G", 3 << 29), ("8GB", 8_000_000_000), ("4096", 4096)] {
+        for (text, n) in [("8GiB", 8u64 << 30), ("8 GiB", 8 << 30), ("512mib", 512 << 20), ("1.5G", 3 << 29), ("8GB", 8_000_000_000), ("4096", 4096)]
+        {
             assert_eq!(parse_bytes(text), Ok(n), "{text}");
         }
         for bad in ["", "GiB", "8 parsecs", "1.3 bytes", "1e30", "-1"] {

@@ -110,7 +110,15 @@ pub fn copy(dev: &DeviceInfo, src: &Buffer, src_off: usize, dst: &Buffer, dst_of
     let (s, d) = (o.sum("the source range", &[src_off, len])?, o.sum("the destination range", &[dst_off, len])?);
     // A copy moves elements whatever they mean: any dtype to any other of the same width.
     if src.dtype().size() != dst.dtype().size() {
-        return Err(Error::invalid("copy", format!("{:?} elements cannot be copied into a {:?} buffer on {}: their widths differ (cast instead)", src.dtype(), dst.dtype(), o.device())));
+        return Err(Error::invalid(
+            "copy",
+            format!(
+                "{:?} elements cannot be copied into a {:?} buffer on {}: their widths differ (cast instead)",
+                src.dtype(),
+                dst.dtype(),
+                o.device()
+            ),
+        ));
     }
     o.buffer("the source", src, src.dtype(), s)?;
     o.buffer("the destination", dst, dst.dtype(), d)?;

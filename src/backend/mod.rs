@@ -9,12 +9,12 @@ mod buffer;
 pub mod cache;
 pub mod contract;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod fused;
 pub(crate) mod host;
 mod index;
 pub mod op_table;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
@@ -74,18 +74,7 @@ pub struct MatmulSpec {
 impl MatmulSpec {
     /// A plain (batched) product of contiguous operands.
     pub fn new(batch: usize, m: usize, n: usize, k: usize) -> Self {
-        MatmulSpec {
-            batch,
-            m,
-            n,
-            k,
-            trans_a: false,
-            trans_b: false,
-            a_offset: 0,
-            b_offset: 0,
-            a_batch_stride: m * k,
-            b_batch_stride: k * n,
-        }
+        MatmulSpec { batch, m, n, k, trans_a: false, trans_b: false, a_offset: 0, b_offset: 0, a_batch_stride: m * k, b_batch_stride: k * n }
     }
 }
 
@@ -107,22 +96,13 @@ pub struct WindowSpec {
 
 impl WindowSpec {
     /// The output size follows PyTorch's floor rule; errors when the window does not fit.
-    pub fn new(
-        op: &'static str,
-        nchw: [usize; 4],
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        pad: (usize, usize),
-    ) -> Result<Self> {
+    pub fn new(op: &'static str, nchw: [usize; 4], kernel: (usize, usize), stride: (usize, usize), pad: (usize, usize)) -> Result<Self> {
         let [n, c, h, w] = nchw;
         if kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
             return Err(crate::Error::invalid(op, "kernel and stride must be positive"));
         }
         if h + 2 * pad.0 < kernel.0 || w + 2 * pad.1 < kernel.1 {
-            return Err(crate::Error::shape(
-                op,
-                format!("window {kernel:?} does not fit input {:?} with padding {pad:?}", [n, c, h, w]),
-            ));
+            return Err(crate::Error::shape(op, format!("window {kernel:?} does not fit input {:?} with padding {pad:?}", [n, c, h, w])));
         }
         let oh = (h + 2 * pad.0 - kernel.0) / stride.0 + 1;
         let ow = (w + 2 * pad.1 - kernel.1) / stride.1 + 1;

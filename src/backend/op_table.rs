@@ -409,9 +409,8 @@ pub fn wgsl_constants() -> String {
 /// 10, .. }`: NVRTC warns of an unused constant variable, not of an unused enumerator),
 /// prepended (after common.cuh) to every kernel file.
 pub fn cuda_constants() -> String {
-    let entries = |codes: &[(&str, u32)], prefix: &str| -> String {
-        codes.iter().map(|(n, c)| format!("    {prefix}_{} = {c},\n", upper_snake(n))).collect()
-    };
+    let entries =
+        |codes: &[(&str, u32)], prefix: &str| -> String { codes.iter().map(|(n, c)| format!("    {prefix}_{} = {c},\n", upper_snake(n))).collect() };
     format!(
         "// Generated from backend/op_table.rs.\nenum UnaryCode : u32 {{\n{}}};\nenum BinaryCode : u32 {{\n{}}};\n",
         entries(&UnaryOp::CODES, "UNARY"),

@@ -149,9 +149,7 @@ pub fn write_atomic(path: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
 
 /// The temp-file-and-rename write of `file`, which `path` (named in errors) leads to.
 fn replace(path: &Path, file: &Path, bytes: &[u8]) -> Result<()> {
-    let name = file
-        .file_name()
-        .ok_or_else(|| Error::invalid("write_atomic", format!("{} has no file name", path.display())))?;
+    let name = file.file_name().ok_or_else(|| Error::invalid("write_atomic", format!("{} has no file name", path.display())))?;
     let dir = match file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

@@ -9,10 +9,10 @@
 use super::devices::print_table;
 use super::ranks::Ranks;
 use super::{BenchArgs, LogFormat};
+use std::time::Instant;
 use tandem::dist::Order;
 use tandem::parallel::comm::{Communicator, Hierarchical, ReduceKind};
 use tandem::{Error, Result, Tensor};
-use std::time::Instant;
 
 /// Buffer sizes: 4 KiB to 64 MiB in powers of 4 (1 MiB at most with `--quick`).
 fn sizes(quick: bool) -> Vec<usize> {
@@ -66,7 +66,9 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
         drop(both);
         check(&comm, &tensors, ranks, group.size())?;
         let names = [backend.clone(), "mpi-raw".to_string()];
-        let figures = names.into_iter().zip(times).filter_map(|(backend, s)| s.map(|s| Figure { bench: "allreduce", backend, processes: group.size(), bytes, gbps: bytes as f64 / s / 1e9 }));
+        let figures = names.into_iter().zip(times).filter_map(|(backend, s)| {
+            s.map(|s| Figure { bench: "allreduce", backend, processes: group.size(), bytes, gbps: bytes as f64 / s / 1e9 })
+        });
         if !ranks.leader() {
             continue;
         }
@@ -98,7 +100,12 @@ fn check(comm: &Hierarchical, tensors: &[Tensor], ranks: &Ranks, size: usize) ->
     for t in tensors {
         let got = t.to_vec()?;
         if let Some(i) = (0..n).find(|&i| got[i] != (copies * (i % 7) + base) as f32) {
-            return Err(Error::Msg(format!("bench allreduce: element {i} of {n} on {} (rank {rank}) is {}, not {}", t.device().spec(), got[i], copies * (i % 7) + base)));
+            return Err(Error::Msg(format!(
+                "bench allreduce: element {i} of {n} on {} (rank {rank}) is {}, not {}",
+                t.device().spec(),
+                got[i],
+                copies * (i % 7) + base
+            )));
         }
     }
     Ok(())

@@ -6,20 +6,20 @@
 use super::devices::print_table;
 use super::ranks::Ranks;
 use super::{BenchArgs, LogFormat};
+use rand::SeedableRng;
+use std::collections::HashSet;
+use std::time::Instant;
 use tandem::autograd::no_grad;
 use tandem::data::synthetic;
-use tandem::nn::models::SeedModel;
 use tandem::data::text::{Split as TextSplit, TextCorpus};
 use tandem::data::Batch;
+use tandem::nn::models::SeedModel;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::Module;
 use tandem::optim::{AdamConfig, SgdConfig};
 use tandem::parallel::pipeline::{graph_bytes, Pipeline, Schedule};
 use tandem::parallel::{batch_to_device, DataParallel, DataParallelConfig, Loss, OptimConfig, Single, Split, Stages, Strategy};
-use std::collections::HashSet;
 use tandem::{Device, Result, Tensor};
-use rand::SeedableRng;
-use std::time::Instant;
 
 const MATMUL_SIZES: [usize; 4] = [256, 512, 1024, 2048];
 const STEP_BATCHES: [usize; 2] = [64, 1000];
@@ -42,16 +42,26 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
         None => {}
         Some("allreduce") => return super::allreduce::run(args, ranks),
         Some("memory") if !ranks.many() => return super::bench_memory::run(args),
-        Some(b) => return Err(tandem::Error::invalid("--bench", format!("'{b}' is not a benchmark; the named benchmarks are allreduce and memory (one process)"))),
+        Some(b) => {
+            return Err(tandem::Error::invalid(
+                "--bench",
+                format!("'{b}' is not a benchmark; the named benchmarks are allreduce and memory (one process)"),
+            ))
+        }
     }
     if ranks.many() {
-        return Err(tandem::Error::invalid("--bench", format!("under {} processes tandem bench measures --bench allreduce only", ranks.group().size())));
+        return Err(tandem::Error::invalid(
+            "--bench",
+            format!("under {} processes tandem bench measures --bench allreduce only", ranks.group().size()),
+        ));
     }
     let devices = Device::parse(&args.devices)?;
     match args.model.as_deref() {
         None => {}
         Some("gpt") => return gpt_figures(args, &devices),
-        Some(m) => return Err(tandem::Error::invalid("--model", format!("'{m}': tandem bench measures gpt, or every default figure without --model"))),
+        Some(m) => {
+            return Err(tandem::Error::invalid("--model", format!("'{m}': tandem bench measures gpt, or every default figure without --model")))
+        }
     }
     // Large matmuls and batch-1000 steps are slow on the CPU: fewer runs keep it under a minute.
     let reps = if args.quick { Reps { matmul: 1, step: 2, dispatch: 2 } } else { Reps { matmul: 5, step: 5, dispatch: 5 } };
@@ -74,12 +84,33 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
             rows.push(vec!["autotune".into(), device.clone(), "-".into(), "none: TANDEM_AUTOTUNE is off, or auto on a software adapter".into()]);
         }
         for t in tuning {
-            emit(args.log_format, &mut rows, Figure::Autotune { device: device.clone(), class: t.class, kernel: t.kernel, times_us: t.times_us, clock: t.clock, from_cache: t.from_cache });
+            emit(
+                args.log_format,
+                &mut rows,
+                Figure::Autotune {
+                    device: device.clone(),
+                    class: t.class,
+                    kernel: t.kernel,
+                    times_us: t.times_us,
+                    clock: t.clock,
+                    from_cache: t.from_cache,
+                },
+            );
         }
         for model in [BubbleModel::SeedCnn, BubbleModel::EvenMlp] {
             for micro_batches in PIPELINE_MICRO_BATCHES {
                 let (bubble_measured, bubble_theoretical, bubble_of_split, step_ms) = pipeline_bubble(dev, model, micro_batches, reps.step)?;
-                let f = Figure::PipelineBubble { model: model.name(), device: device.clone(), stages: 2, micro_batches, batch: PIPELINE_BATCH, bubble_measured, bubble_theoretical, bubble_of_split, step_ms };
+                let f = Figure::PipelineBubble {
+                    model: model.name(),
+                    device: device.clone(),
+                    stages: 2,
+                    micro_batches,
+                    batch: PIPELINE_BATCH,
+                    bubble_measured,
+                    bubble_theoretical,
+                    bubble_of_split,
+                    step_ms,
+                };
                 emit(args.log_format, &mut rows, f);
             }
         }
@@ -95,23 +126,74 @@ pub fn run(args: &BenchArgs, ranks: &Ranks) -> Result<()> {
 #[derive(serde::Serialize)]
 #[serde(tag = "bench", rename_all = "kebab-case")]
 enum Figure {
-    Matmul { device: String, n: usize, gflops: f64 },
-    TrainStep { model: &'static str, device: String, batch: usize, median_ms: f64, first_step_ms: f64 },
+    Matmul {
+        device: String,
+        n: usize,
+        gflops: f64,
+    },
+    TrainStep {
+        model: &'static str,
+        device: String,
+        batch: usize,
+        median_ms: f64,
+        first_step_ms: f64,
+    },
     /// A GPT's training step; `activation_bytes` are the tensors autograd keeps for backward
     /// at the end of forward (weights excluded); `recompute`: with per-block recomputation.
     #[serde(rename = "train-step")]
-    GptStep { model: &'static str, device: String, batch: usize, block_size: usize, median_ms: f64, tokens_per_sec: f64, activation_bytes: u64, recompute: bool },
-    Dispatch { device: String, us_per_op: f64 },
+    GptStep {
+        model: &'static str,
+        device: String,
+        batch: usize,
+        block_size: usize,
+        median_ms: f64,
+        tokens_per_sec: f64,
+        activation_bytes: u64,
+        recompute: bool,
+    },
+    Dispatch {
+        device: String,
+        us_per_op: f64,
+    },
     /// A kernel chosen by measurement for a shape class (`Backend::tuning`): each candidate's
     /// best time per run, on the `clock` named, measured now or read from the cache.
-    Autotune { device: String, class: String, kernel: String, times_us: Vec<(String, f64)>, clock: String, from_cache: bool },
+    Autotune {
+        device: String,
+        class: String,
+        kernel: String,
+        times_us: Vec<(String, f64)>,
+        clock: String,
+        from_cache: bool,
+    },
     /// `bubble_of_split`: what the schedule gives stages as unequal as the measured ones.
-    PipelineBubble { model: &'static str, device: String, stages: usize, micro_batches: usize, batch: usize, bubble_measured: f64, bubble_theoretical: f64, bubble_of_split: f64, step_ms: f64 },
+    PipelineBubble {
+        model: &'static str,
+        device: String,
+        stages: usize,
+        micro_batches: usize,
+        batch: usize,
+        bubble_measured: f64,
+        bubble_theoretical: f64,
+        bubble_of_split: f64,
+        step_ms: f64,
+    },
     /// Data parallelism over logical devices like `device`: the all-reduce time per device and
     /// the fraction of it hidden behind backward (on the device clock where `clock` says so),
     /// the same on the host clock (what a host-timed report says), and the step time on one
     /// device and on `devices`.
-    DpOverlap { device: String, devices: usize, batch: usize, bucket_bytes: usize, clock: &'static str, allreduce_ms: f64, hidden_fraction: f64, host_allreduce_ms: f64, host_hidden_fraction: f64, step_ms_1: f64, step_ms_n: f64 },
+    DpOverlap {
+        device: String,
+        devices: usize,
+        batch: usize,
+        bucket_bytes: usize,
+        clock: &'static str,
+        allreduce_ms: f64,
+        hidden_fraction: f64,
+        host_allreduce_ms: f64,
+        host_hidden_fraction: f64,
+        step_ms_1: f64,
+        step_ms_n: f64,
+    },
 }
 
 /// Prints a JSON figure now, or keeps a table row (bench, device, case, result) for later.
@@ -241,14 +323,18 @@ impl BubbleModel {
     fn build(self) -> Result<(tandem::nn::Sequential, Batch, Loss)> {
         let all: Vec<usize> = (0..PIPELINE_BATCH).collect();
         match self {
-            BubbleModel::SeedCnn => Ok((SeedModel::Cnn.build(0, &Device::cpu())?, synthetic::seed_images(PIPELINE_BATCH, 0)?.batch(&all)?, Loss::CrossEntropy)),
+            BubbleModel::SeedCnn => {
+                Ok((SeedModel::Cnn.build(0, &Device::cpu())?, synthetic::seed_images(PIPELINE_BATCH, 0)?.batch(&all)?, Loss::CrossEntropy))
+            }
             BubbleModel::EvenMlp => {
                 const WIDTH: usize = 512;
                 let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
                 let cpu = Device::cpu();
                 let mut model = tandem::nn::Sequential::new();
                 for i in 0..8 {
-                    model = model.push(format!("fc{i}"), tandem::nn::Linear::new(WIDTH, WIDTH, &mut rng, &cpu)?).push(format!("relu{i}"), tandem::nn::ReLU);
+                    model = model
+                        .push(format!("fc{i}"), tandem::nn::Linear::new(WIDTH, WIDTH, &mut rng, &cpu)?)
+                        .push(format!("relu{i}"), tandem::nn::ReLU);
                 }
                 model = model.push("head", tandem::nn::Linear::new(WIDTH, 1, &mut rng, &cpu)?);
                 Ok((model, synthetic::regression(PIPELINE_BATCH, WIDTH, 0)?.batch(&all)?, Loss::Mse))

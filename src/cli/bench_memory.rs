@@ -6,14 +6,14 @@
 //! `full+offload`, is ZeRO-3 with the optimizer state in host memory (`--offload-optimizer`).
 use super::devices::print_table;
 use super::{BenchArgs, LogFormat};
+use rand::{Rng, SeedableRng};
+use std::time::Instant;
 use tandem::backend::format_bytes;
 use tandem::data::Batch;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::optim::AdamConfig;
 use tandem::parallel::{DataParallel, DataParallelConfig, Loss, OptimConfig, Shard, Strategy};
 use tandem::{BackendKind, Device, Error, Result};
-use rand::{Rng, SeedableRng};
-use std::time::Instant;
 
 /// One device's figures in one mode; `*_bytes` of the state are what the mode keeps on it
 /// between steps by construction, `held` and `peak` what its allocator counted.
@@ -87,7 +87,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 g.set_recompute(recompute);
                 Ok(g)
             },
-            &devices, &optim.clone().offloaded(offload), Loss::CrossEntropy, DataParallelConfig { shard, grad_dtype, ..Default::default() })?;
+            &devices,
+            &optim.clone().offloaded(offload),
+            Loss::CrossEntropy,
+            DataParallelConfig { shard, grad_dtype, ..Default::default() },
+        )?;
         dp.set_precision(precision, None)?;
         let setup_peaks: Vec<u64> = devices.iter().map(|d| d.memory().peak).collect();
         devices.iter().for_each(Device::reset_peak_memory);
@@ -130,7 +134,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             if args.log_format == LogFormat::Json {
                 out!("{}", serde_json::to_string(&f).unwrap_or_default());
             } else {
-                let state = format!("params {} + grads {} + optimizer {}", format_bytes(f.parameter_bytes), format_bytes(f.gradient_bytes), format_bytes(f.optimizer_bytes));
+                let state = format!(
+                    "params {} + grads {} + optimizer {}",
+                    format_bytes(f.parameter_bytes),
+                    format_bytes(f.gradient_bytes),
+                    format_bytes(f.optimizer_bytes)
+                );
                 let result = format!(
                     "peak {} (setup {}), held between steps {} ({state}); step {:.0} ms, communication {:.0} ms ({:.0}% hidden)",
                     format_bytes(f.peak_bytes),

@@ -4,12 +4,12 @@
 //! against the tensors the file holds before anything is built, so a small file cannot ask
 //! for a large model. The text is streamed as it is drawn (see [`run`]).
 use super::GenerateArgs;
-use tandem::train::run_file as checkpoints;
-use tandem::checkpoint::read_safetensors;
-use tandem::nn::models::{Gpt, GptCheckpoint};
-use tandem::{Device, Error, Result, Tensor};
 use std::io::Write;
 use std::ops::ControlFlow;
+use tandem::checkpoint::read_safetensors;
+use tandem::nn::models::{Gpt, GptCheckpoint};
+use tandem::train::run_file as checkpoints;
+use tandem::{Device, Error, Result, Tensor};
 
 /// The metadata key of a `tandem-checkpoint-1` file's format, checked before its checksum.
 const CHECKPOINT_FORMAT: &str = "tandem-checkpoint-1";
@@ -70,7 +70,9 @@ fn write(stdout: &mut impl Write, bytes: &[u8]) -> Result<()> {
 /// `GptCheckpoint::read` reports a disagreement it finds.
 fn disagrees(path: &std::path::Path, e: Error) -> Error {
     match e {
-        Error::Invalid { detail, .. } | Error::Shape { detail, .. } => Error::format(path, format!("its run configuration and its tensors disagree: {detail}")),
+        Error::Invalid { detail, .. } | Error::Shape { detail, .. } => {
+            Error::format(path, format!("its run configuration and its tensors disagree: {detail}"))
+        }
         e => e,
     }
 }

@@ -11,22 +11,24 @@
 //! generate` needs nothing but the checkpoint file.
 use super::ranks::Ranks;
 use super::setup::{self, StrategyKind};
+pub(super) use super::tokens::Tokens;
 use super::training::{Ended, Run};
 use super::windows::ValWindows;
 use super::{GptArgs, OptimizerKind, TrainArgs, WindowOrder};
-pub(super) use super::tokens::Tokens;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use tandem::checkpoint::{read_safetensors, to_host, write_safetensors, HostData};
 use tandem::data::text::{read_text, Split, TokenWindows};
-use tandem::dist::Group;
 use tandem::data::{Batch, RandomWindows, Tokenizer, WindowLoader, WindowPool};
+use tandem::dist::Group;
 use tandem::nn::models::{Gpt, GptConfig, StateShards};
 use tandem::nn::Module;
 use tandem::optim::LrSchedule;
-use tandem::parallel::{DataGrid, DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt};
+use tandem::parallel::{
+    DataGrid, DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Single, Stages, Strategy, TensorParallelGpt,
+};
 use tandem::train::MeanLoss;
 use tandem::{Device, Error, Result, Tensor};
 
@@ -94,7 +96,11 @@ impl Draws {
             }
             Some(w) => {
                 if args.batch > rows.len() {
-                    let what = format!("{} exceeds the {} training windows: --order shuffle and sequential serve full batches of distinct windows", args.batch, rows.len());
+                    let what = format!(
+                        "{} exceeds the {} training windows: --order shuffle and sequential serve full batches of distinct windows",
+                        args.batch,
+                        rows.len()
+                    );
                     return Err(Error::invalid("--batch", what));
                 }
                 Training::Epochs(WindowLoader::new(w, rows.clone(), args.batch, order == WindowOrder::Shuffle, args.seed)?.drop_last(true)?)
@@ -118,14 +124,19 @@ fn val_windows(val: &str, data: &Tokens, block: usize) -> Result<Batch> {
                 return Err(Error::format(val, format!("--val-data: windows of {} tokens, but those of --data are {} long", v.block, w.block)));
             }
             if let Some((i, &id)) = v.x.iter().chain(&v.y).enumerate().find(|&(_, &id)| id as usize >= w.vocab_size) {
-                return Err(Error::format(val, format!("--val-data: token id {id} at flat index {i} (x, then y) is outside the vocabulary of --data, 0..{}", w.vocab_size)));
+                return Err(Error::format(
+                    val,
+                    format!("--val-data: token id {id} at flat index {i} (x, then y) is outside the vocabulary of --data, 0..{}", w.vocab_size),
+                ));
             }
             // Scored over the model's vocabulary, which a file of fewer ids would not know.
             v.vocab_size = w.vocab_size;
             v
         }
         (Tokens::Text(_), None) => return Err(Error::invalid("--val-data", format!("'{val}' is not text:PATH, as a text --data needs"))),
-        (Tokens::Windows(..), _) => return Err(Error::invalid("--val-data", format!("'{val}' is not a PATH.safetensors of token ids, as --data is"))),
+        (Tokens::Windows(..), _) => {
+            return Err(Error::invalid("--val-data", format!("'{val}' is not a PATH.safetensors of token ids, as --data is")))
+        }
     };
     let rows = windows.rows;
     Ok(WindowLoader::new(Arc::new(windows), 0..rows, rows, false, 0)?.next_batch())
@@ -143,12 +154,17 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let g = &args.gpt;
     let order = g.order.unwrap_or(WindowOrder::Random);
     if args.epochs.is_some() && order == WindowOrder::Random {
-        return Err(Error::invalid("--epochs", "--order random draws windows with replacement and has no epochs; use --steps, or --order shuffle or sequential"));
+        return Err(Error::invalid(
+            "--epochs",
+            "--order random draws windows with replacement and has no epochs; use --steps, or --order shuffle or sequential",
+        ));
     }
     if args.micro_batches.is_some_and(|m| m == 0 || !args.batch.is_multiple_of(m)) {
         return Err(super::train::micro_batches_refused(args.micro_batches.unwrap_or(1), args.batch));
     }
-    for (flag, n) in [("--steps", args.steps), ("--epochs", args.epochs), ("--checkpoint-every", args.checkpoint_every), ("--eval-every", g.eval_every)] {
+    for (flag, n) in
+        [("--steps", args.steps), ("--epochs", args.epochs), ("--checkpoint-every", args.checkpoint_every), ("--eval-every", g.eval_every)]
+    {
         if n == Some(0) {
             return Err(Error::invalid(flag, "must be at least 1"));
         }
@@ -172,7 +188,9 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     let Draws { val, mut training } = Draws::new(args, order, &mut data, block)?;
     let (length_flag, total) = match (args.epochs, &training) {
         (Some(e), Training::Epochs(l)) => {
-            let steps = e.checked_mul(l.batches_per_epoch() as u64).ok_or_else(|| Error::invalid("--epochs", format!("{e} epochs is more steps than can be counted")))?;
+            let steps = e
+                .checked_mul(l.batches_per_epoch() as u64)
+                .ok_or_else(|| Error::invalid("--epochs", format!("{e} epochs is more steps than can be counted")))?;
             ("--epochs", steps)
         }
         _ => ("--steps", args.steps.unwrap_or(DEFAULT_STEPS)),
@@ -191,19 +209,33 @@ pub fn train(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     };
     let mut strategy = if ranks.many() && args.strategy == StrategyKind::DataTensor {
         let tensor = setup::tensor_groups(args.tensor, args.strategy, &devices, true)?;
-        let groups = devices.chunks(tensor).map(|row| TensorParallelGpt::new(gpt_on(args, cfg)(&row[0])?, row, &optim, Loss::CrossEntropy)).collect::<Result<Vec<_>>>()?;
+        let groups = devices
+            .chunks(tensor)
+            .map(|row| TensorParallelGpt::new(gpt_on(args, cfg)(&row[0])?, row, &optim, Loss::CrossEntropy))
+            .collect::<Result<Vec<_>>>()?;
         ranks.grid(groups, &setup::grid_config(args.shard, args.bucket_size, setup::grad_dtype(args)?), &optim)?
     } else if ranks.many() && args.strategy == StrategyKind::Pipeline {
         // One pipeline over the processes: each rank builds and trains its own stages.
         if g.eval_every.is_some() {
-            return Err(Error::invalid("--eval-every", "rank 0 evaluates alone, and a pipeline across processes needs every rank's stages: leave it out"));
+            return Err(Error::invalid(
+                "--eval-every",
+                "rank 0 evaluates alone, and a pipeline across processes needs every rank's stages: leave it out",
+            ));
         }
         build(args, cfg, &optim, &devices, None, Some(ranks.group()))?
     } else if ranks.many() {
         // Across processes, data parallelism spans them (check_strategy refused the others).
         let dp = match &planned {
             Some(p) => super::plan::job_config(p, args),
-            None => DataParallelConfig { deterministic: args.deterministic, micro_batches: args.micro_batches.unwrap_or(1), shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, weights: weights.clone(), ..Default::default() },
+            None => DataParallelConfig {
+                deterministic: args.deterministic,
+                micro_batches: args.micro_batches.unwrap_or(1),
+                shard: args.shard,
+                bucket_bytes: args.bucket_size,
+                grad_dtype: setup::grad_dtype(args)?,
+                weights: weights.clone(),
+                ..Default::default()
+            },
         };
         let optim = planned.as_ref().map_or_else(|| optim.clone(), |p| p.optim(&optim));
         ranks.data_parallel(super::plan::job_gpt(args, cfg, planned.as_ref()), &devices, &optim, Loss::CrossEntropy, dp)?
@@ -316,7 +348,14 @@ pub(super) fn gpt_on(args: &TrainArgs, cfg: GptConfig) -> impl Fn(&Device) -> Re
 /// `data,tensor`; with
 /// `--recompute` each block (single, data, tensor) or each stage (the pipelines) recomputes its
 /// activations in the backward. `across`: the job's processes, over which a pipeline spans.
-fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], weights: Option<Vec<f64>>, across: Option<&Group>) -> Result<Box<dyn Strategy>> {
+fn build(
+    args: &TrainArgs,
+    cfg: GptConfig,
+    optim: &OptimConfig,
+    devices: &[Device],
+    weights: Option<Vec<f64>>,
+    across: Option<&Group>,
+) -> Result<Box<dyn Strategy>> {
     let micro_batches = args.micro_batches.unwrap_or(1);
     let gpt = gpt_on(args, cfg);
     let kind = match args.strategy {
@@ -333,7 +372,9 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
     if matches!(kind, StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data) {
         // The whole model trains on each device: refuse before drawing a weight what cannot fit.
         let shards = match kind {
-            StrategyKind::Data => StateShards { gradient_bytes: setup::grad_dtype(args)?.size() as u64, ..args.shard.state_shards(devices.len() as u64) },
+            StrategyKind::Data => {
+                StateShards { gradient_bytes: setup::grad_dtype(args)?.size() as u64, ..args.shard.state_shards(devices.len() as u64) }
+            }
             _ => StateShards::WHOLE,
         };
         for d in devices {
@@ -349,12 +390,23 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
             Ok(Box::new(Single::new(gpt(&devices[0])?, optim, Loss::CrossEntropy, &devices[0])?))
         }
         StrategyKind::Single | StrategyKind::Auto | StrategyKind::Data => {
-            let dp = DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, weights, ..Default::default() };
+            let dp = DataParallelConfig {
+                deterministic: args.deterministic,
+                micro_batches,
+                shard: args.shard,
+                bucket_bytes: args.bucket_size,
+                grad_dtype: setup::grad_dtype(args)?,
+                weights,
+                ..Default::default()
+            };
             Ok(Box::new(DataParallel::from_factory(gpt, devices, optim, Loss::CrossEntropy, dp)?))
         }
         StrategyKind::Tensor => {
             if micro_batches != 1 || args.deterministic {
-                return Err(Error::invalid("--strategy tensor", "runs the whole batch at once, deterministically: --micro-batches and --deterministic do not apply"));
+                return Err(Error::invalid(
+                    "--strategy tensor",
+                    "runs the whole batch at once, deterministically: --micro-batches and --deterministic do not apply",
+                ));
             }
             Ok(Box::new(TensorParallelGpt::new(gpt(&devices[0])?, devices, optim, Loss::CrossEntropy)?))
         }
@@ -362,26 +414,41 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
         StrategyKind::DataPipeline => {
             let rows = args.pipelines.unwrap_or(2);
             if rows == 0 || !devices.len().is_multiple_of(rows * tensor) || devices.len() == rows * tensor {
-                let what = format!("{rows} pipelines of stages of {tensor} devices over {} devices: give a multiple of {} devices, at least 2 stages per pipeline", devices.len(), rows * tensor);
+                let what = format!(
+                    "{rows} pipelines of stages of {tensor} devices over {} devices: give a multiple of {} devices, at least 2 stages per pipeline",
+                    devices.len(),
+                    rows * tensor
+                );
                 return Err(Error::invalid("--pipelines", what));
             }
             if !args.batch.is_multiple_of(rows * micro_batches) {
                 let what = format!("--batch {} does not split into {rows} pipelines of {micro_batches} equal micro-batches", args.batch);
                 return Err(Error::invalid("--micro-batches", what));
             }
-            Ok(Box::new(PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches, tensor, None))?.shard(&grid_cfg, optim)?))
+            Ok(Box::new(
+                PipelineGrid::from_factory(devices, rows, |row| pipeline(args, cfg, optim, row, micro_batches, tensor, None))?
+                    .shard(&grid_cfg, optim)?,
+            ))
         }
         StrategyKind::DataTensor => {
             if micro_batches != 1 || args.deterministic {
-                return Err(Error::invalid("--strategy data,tensor", "runs each group's share at once: --micro-batches and --deterministic do not apply"));
+                return Err(Error::invalid(
+                    "--strategy data,tensor",
+                    "runs each group's share at once: --micro-batches and --deterministic do not apply",
+                ));
             }
-            let mesh = DataGrid::from_factory(devices, devices.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, optim, Loss::CrossEntropy))?.shard(&grid_cfg, optim)?;
+            let mesh =
+                DataGrid::from_factory(devices, devices.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, optim, Loss::CrossEntropy))?
+                    .shard(&grid_cfg, optim)?;
             Ok(Box::new(match weights {
                 Some(w) => mesh.split_weights(setup::group_weights(&w, tensor))?,
                 None => mesh,
             }))
         }
-        StrategyKind::Model => Err(Error::invalid("--strategy", "model is not supported for --model gpt yet; use single, data, tensor, pipeline, data,pipeline or data,tensor")),
+        StrategyKind::Model => Err(Error::invalid(
+            "--strategy",
+            "model is not supported for --model gpt yet; use single, data, tensor, pipeline, data,pipeline or data,tensor",
+        )),
     }
 }
 
@@ -390,7 +457,15 @@ fn build(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Devic
 /// evenly, the embeddings on the first stage, ln_f and the output projection (a copy of `wte`,
 /// tied) on the last. `across`: the stages of every process in rank order make the pipeline,
 /// this process building its own (collective).
-fn pipeline(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[Device], micro_batches: usize, tensor: usize, across: Option<&Group>) -> Result<Pipeline> {
+fn pipeline(
+    args: &TrainArgs,
+    cfg: GptConfig,
+    optim: &OptimConfig,
+    devices: &[Device],
+    micro_batches: usize,
+    tensor: usize,
+    across: Option<&Group>,
+) -> Result<Pipeline> {
     let local = devices.len() / tensor;
     let (mine, stages) = match across {
         Some(g) => {
@@ -401,7 +476,10 @@ fn pipeline(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, devices: &[De
         None => (0..local, local),
     };
     if stages > cfg.n_layer {
-        return Err(Error::invalid("--devices", format!("{stages} pipeline stages for {} blocks (--n-layer): every stage needs a block", cfg.n_layer)));
+        return Err(Error::invalid(
+            "--devices",
+            format!("{stages} pipeline stages for {} blocks (--n-layer): every stage needs a block", cfg.n_layer),
+        ));
     }
     // Initialised on the host, so that no device holds the whole model.
     let gpt = Gpt::new(cfg, args.seed, &Device::cpu())?;
@@ -436,7 +514,13 @@ fn lr_schedule(warmup: Option<u64>, lr: f32, total: u64) -> Result<Option<LrSche
 /// tokenizer and the order its windows are drawn in among them), the model's shape and the
 /// tokenizer (which `generate` reads back): `vocab` holds a character vocabulary, `tokenizer`
 /// names any other.
-fn run_config(args: &TrainArgs, cfg: GptConfig, optim: &OptimConfig, schedule: Option<&LrSchedule>, tokenizer: Option<&Tokenizer>) -> serde_json::Value {
+fn run_config(
+    args: &TrainArgs,
+    cfg: GptConfig,
+    optim: &OptimConfig,
+    schedule: Option<&LrSchedule>,
+    tokenizer: Option<&Tokenizer>,
+) -> serde_json::Value {
     let vocab = match tokenizer {
         Some(Tokenizer::Chars(v)) => Some(v.chars().iter().collect::<String>()),
         _ => None,

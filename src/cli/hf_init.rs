@@ -32,7 +32,10 @@ pub(super) fn config(args: &TrainArgs, data: &Tokens, dir: &Path) -> Result<GptC
     };
     let block = data.block(asked)?;
     if block > hf.block_size {
-        return Err(Error::invalid("--block-size", format!("windows of {block} tokens, but the model of --init {init} reads at most {} (n_positions)", hf.block_size)));
+        return Err(Error::invalid(
+            "--block-size",
+            format!("windows of {block} tokens, but the model of --init {init} reads at most {} (n_positions)", hf.block_size),
+        ));
     }
     if data.vocab_size() != hf.vocab_size {
         let what = format!(

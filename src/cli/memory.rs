@@ -17,7 +17,9 @@ impl MemoryLimits {
         }
         let mut out: Vec<(Option<String>, u64)> = Vec::new();
         for part in text.split(',').map(str::trim) {
-            let (spec, size) = part.split_once('=').ok_or_else(|| bad(format!("{part:?}: give SPEC=SIZE for each device (cpu=2GiB,wgpu:0=8GiB) or one SIZE for all")))?;
+            let (spec, size) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{part:?}: give SPEC=SIZE for each device (cpu=2GiB,wgpu:0=8GiB) or one SIZE for all")))?;
             let spec = spec.trim().to_string();
             if out.iter().any(|(s, _)| s.as_ref() == Some(&spec)) {
                 return Err(bad(format!("{spec} is given twice")));
@@ -53,7 +55,10 @@ mod tests {
     #[test]
     fn one_size_or_one_per_spec() {
         assert_eq!(MemoryLimits::parse("8GiB").unwrap(), MemoryLimits(vec![(None, 8 << 30)]));
-        assert_eq!(MemoryLimits::parse("cpu=1MiB, wgpu:0=2MiB").unwrap(), MemoryLimits(vec![(Some("cpu".into()), 1 << 20), (Some("wgpu:0".into()), 2 << 20)]));
+        assert_eq!(
+            MemoryLimits::parse("cpu=1MiB, wgpu:0=2MiB").unwrap(),
+            MemoryLimits(vec![(Some("cpu".into()), 1 << 20), (Some("wgpu:0".into()), 2 << 20)])
+        );
         for bad in ["", "lots", "cpu=1MiB,8GiB", "cpu=1MiB,cpu=2MiB", "cpu=big"] {
             let e = MemoryLimits::parse(bad).unwrap_err().to_string();
             assert!(e.contains("--memory-limit"), "{bad}: {e}");

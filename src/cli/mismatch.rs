@@ -129,7 +129,9 @@ fn schedule(now: &Value, then: &Value, out: &mut Vec<String>) {
     }
     if steps(now) != steps(then) && !steps(now).is_null() && !steps(then).is_null() {
         let (a, b) = (typed(&steps(now)), typed(&steps(then)));
-        out.push(format!("--steps {a} (checkpoint: {b}; with --warmup-steps the learning rate decays until the last step, so the run's length is fixed)"));
+        out.push(format!(
+            "--steps {a} (checkpoint: {b}; with --warmup-steps the learning rate decays until the last step, so the run's length is fixed)"
+        ));
     }
     // Otherwise only the learning rate differs, which the optimizer's entry names.
 }
@@ -152,7 +154,14 @@ mod tests {
             "gpt": {"n_layer": 4, "n_embd": 64, "dropout": 0.0},
         });
         let got = changed(&now, &then).join(", ");
-        for want in ["--batch 20 (checkpoint: 10)", "--grad-clip 1 (checkpoint: not given)", "--lr 0.002 (checkpoint: 0.001)", "--n-layer 2 (checkpoint: 4)", "--dropout 0.1 (checkpoint: 0)", "--steps 200 (checkpoint: 100"] {
+        for want in [
+            "--batch 20 (checkpoint: 10)",
+            "--grad-clip 1 (checkpoint: not given)",
+            "--lr 0.002 (checkpoint: 0.001)",
+            "--n-layer 2 (checkpoint: 4)",
+            "--dropout 0.1 (checkpoint: 0)",
+            "--steps 200 (checkpoint: 100",
+        ] {
             assert!(got.contains(want), "lacks '{want}': {got}");
         }
         for wrong in ["--gpt", "--grad_clip", "--lr_schedule", "--lr-schedule", "Some(", "\""] {
@@ -163,7 +172,10 @@ mod tests {
         let adam = json!({ "optimizer": "Adam(AdamConfig { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, decoupled: false })" });
         assert_eq!(changed(&adam, &sgd("0.9")), ["--optimizer adam (checkpoint: sgd)"]);
         let init = |p: &str, h: &str| json!({ "init": { "path": p, "sha256": h } });
-        assert_eq!(changed(&init("b.safetensors", "bb"), &init("a.safetensors", "aa")), ["--init b.safetensors (sha256 bb) (checkpoint: a.safetensors (sha256 aa))"]);
+        assert_eq!(
+            changed(&init("b.safetensors", "bb"), &init("a.safetensors", "aa")),
+            ["--init b.safetensors (sha256 bb) (checkpoint: a.safetensors (sha256 aa))"]
+        );
         assert_eq!(changed(&init("b.safetensors", "bb"), &json!({})), ["--init b.safetensors (sha256 bb) (checkpoint: not given)"]);
     }
 

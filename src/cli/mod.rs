@@ -35,10 +35,10 @@ mod train;
 mod training;
 mod windows;
 
-use tandem::nn::models::SeedModel;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use export_hf::ExportHfArgs;
 use std::path::PathBuf;
+use tandem::nn::models::SeedModel;
 use tokens::TokenizerArg;
 
 pub use setup::StrategyKind;
@@ -98,7 +98,10 @@ impl std::str::FromStr for ModelArg {
     fn from_str(s: &str) -> tandem::Result<Self> {
         match s {
             "gpt" => Ok(ModelArg::Gpt),
-            _ => s.parse().map(ModelArg::Seed).map_err(|_| tandem::Error::invalid("--model", format!("'{s}' is not one of seed-cnn, seed-linear, seed-two-layer, gpt"))),
+            _ => s
+                .parse()
+                .map(ModelArg::Seed)
+                .map_err(|_| tandem::Error::invalid("--model", format!("'{s}' is not one of seed-cnn, seed-linear, seed-two-layer, gpt"))),
         }
     }
 }

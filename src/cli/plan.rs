@@ -4,20 +4,20 @@
 //! `--plan FILE`, the plan a run trains with, which a resumed run takes from its checkpoint
 //! instead of planning again.
 use super::gpt::Tokens;
-use super::setup::StrategyKind;
-use super::{PlanArgs, TrainArgs};
 use super::ranks::Ranks;
+use super::setup::StrategyKind;
 use super::{Balance, ModelArg, OptimizerKind};
+use super::{PlanArgs, TrainArgs};
+use std::path::PathBuf;
 use tandem::data::text::Split;
 use tandem::data::Dataset;
 use tandem::nn::models::{Gpt, GptConfig};
 use tandem::nn::{Module, Sequential};
-use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, job_unbuildable, unbuildable, Cluster, Plan, Workload, REFERENCE_FLOPS};
 use tandem::optim::Precision;
-use tandem::train::plan_record;
+use tandem::parallel::plan::{self, gpt_cuttable, gpt_unbuildable, job_unbuildable, unbuildable, Cluster, Plan, Workload, REFERENCE_FLOPS};
 use tandem::parallel::{inputs_to_device, DataParallelConfig, Loss, OptimConfig, Shard};
+use tandem::train::plan_record;
 use tandem::{DType, Device, Error, Result, Tensor};
-use std::path::PathBuf;
 
 /// Samples of the training data the calibration times each layer on (and twice as many).
 const PROBE: usize = 16;
@@ -104,7 +104,11 @@ fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Dev
             let (work, how) = tandem::autocast(t.precision.autocast(), || {
                 plan::measure_gpt_scaled(cfg, t.seed, &probe, &cpu, t.batch, states, reuse(t)?, reduction)
             })?;
-            let work = Workload { grad_dtype: t.grad_dtype, offloaded_states: offloaded_states(&optim), ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
+            let work = Workload {
+                grad_dtype: t.grad_dtype,
+                offloaded_states: offloaded_states(&optim),
+                ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS)
+            };
             // Only what tandem builds for this GPT, so that the plan can be trained as printed.
             let mut p = plan::plan_cut_within(&work, &cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg), &gpt_cuttable(cfg.n_layer))?;
             p.model = cfg.describe();
@@ -129,12 +133,26 @@ fn gpt_plan(args: &PlanArgs, ranks: &Ranks, devices: &dyn Fn() -> Result<Vec<Dev
 /// `--grad-dtype` where a layout shards them, calibrated here on windows of `data` (or that
 /// calibration as an earlier run kept it), among the layouts [`Plan::build_gpt`] can make,
 /// the chosen one tried first ([`plan::tried`]); and where the calibration came from.
-pub fn on_gpt_devices(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
+pub fn on_gpt_devices(
+    cfg: GptConfig,
+    data: &Tokens,
+    args: &TrainArgs,
+    optim: &OptimConfig,
+    devices: &[Device],
+    ranks: &Ranks,
+) -> Result<(Plan, plan::Calibration)> {
     searched(args, &|args| on_gpt_devices_in(cfg, data, args, optim, devices, ranks))
 }
 
 /// [`on_gpt_devices`] in `--precision`.
-fn on_gpt_devices_in(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
+fn on_gpt_devices_in(
+    cfg: GptConfig,
+    data: &Tokens,
+    args: &TrainArgs,
+    optim: &OptimConfig,
+    devices: &[Device],
+    ranks: &Ranks,
+) -> Result<(Plan, plan::Calibration)> {
     let probe = gpt_probe(data, cfg, &devices[0])?;
     let reuse = reuse(args)?;
     // The host copy the calibration times from lives only while it does: a trial's memory
@@ -147,7 +165,12 @@ fn on_gpt_devices_in(cfg: GptConfig, data: &Tokens, args: &TrainArgs, optim: &Op
     let search = |work: &Workload, cluster: &Cluster| {
         let work = Workload { grad_dtype: args.grad_dtype, offloaded_states: offloaded_states(optim), ..work.clone() };
         let n = cluster.devices.len();
-        let mut p = plan::plan_cut_within(&work, cluster, &|l, shares| gpt_unbuildable(l, shares, &cfg).or_else(|| in_job(ranks, l, n)), &gpt_cuttable(cfg.n_layer))?;
+        let mut p = plan::plan_cut_within(
+            &work,
+            cluster,
+            &|l, shares| gpt_unbuildable(l, shares, &cfg).or_else(|| in_job(ranks, l, n)),
+            &gpt_cuttable(cfg.n_layer),
+        )?;
         p.model = described.clone();
         Ok(p)
     };
@@ -171,7 +194,13 @@ type Calibrate<'a> = (&'a dyn Fn(plan::Reuse) -> Result<(Workload, Cluster, plan
 /// under a launcher of every rank's ([`plan::measure_job`]), the layout it chooses tried with
 /// `run` where given (not `--no-trials`, [`plan::tried`]). A kept calibration that a trial
 /// contradicts ([`plan::faster_than_modelled`]) is measured again and the search redone.
-fn planned_on(ranks: &Ranks, first: &Device, (calibrate, reuse): Calibrate, search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>, mut run: Option<&mut plan::Trial>) -> Result<(Plan, plan::Calibration)> {
+fn planned_on(
+    ranks: &Ranks,
+    first: &Device,
+    (calibrate, reuse): Calibrate,
+    search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>,
+    mut run: Option<&mut plan::Trial>,
+) -> Result<(Plan, plan::Calibration)> {
     if ranks.many() {
         return plan::measure_job(ranks.group(), first, &|| calibrate(reuse), search, run);
     }
@@ -245,7 +274,10 @@ pub fn gpt_planned(args: &TrainArgs, cfg: GptConfig, data: &Tokens, optim: &Opti
         ("--tensor", args.tensor.is_some(), "--strategy data,tensor"),
     ];
     if let Some((flag, _, strategy)) = by_hand.iter().find(|(_, given, _)| *given) {
-        return Err(Error::invalid(flag, format!("needs {strategy}: a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand")));
+        return Err(Error::invalid(
+            flag,
+            format!("needs {strategy}: a plan chooses the layout (--strategy auto on several devices, --plan); give --strategy to set it by hand"),
+        ));
     }
     let described = Gpt::new(cfg, args.seed, &Device::cpu())?.describe();
     for_training(args, &described, devices, ranks, || Ok(announced(on_gpt_devices(cfg, data, args, optim, devices, ranks)?, ranks, args))).map(Some)
@@ -278,22 +310,44 @@ pub fn job_gpt<'a>(args: &'a TrainArgs, cfg: GptConfig, p: Option<&Plan>) -> imp
 /// The line a planned run ends with: its layout, predicted and measured step time.
 pub fn compared(p: &Plan, train_s: f64, steps: u64) -> String {
     let measured = train_s / steps.max(1) as f64;
-    format!("planned {}: predicted {:.2} ms/step, measured {:.2} ms/step (x{:.2})", p.best.layout, p.best.step_s * 1e3, measured * 1e3, p.best.step_s / measured.max(1e-12))
+    format!(
+        "planned {}: predicted {:.2} ms/step, measured {:.2} ms/step (x{:.2})",
+        p.best.layout,
+        p.best.step_s * 1e3,
+        measured * 1e3,
+        p.best.step_s / measured.max(1e-12)
+    )
 }
 
 /// The plan for training `model` on `devices` at `--batch` in `--precision`, gradient shards
 /// in `--grad-dtype` where a layout shards them, calibrated here (or as an earlier run kept the
 /// calibration), among the layouts [`Plan::build`] can make, the chosen one tried first on
 /// `train`'s first samples ([`plan::tried`]); and where the calibration came from.
-pub fn on_devices(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
+pub fn on_devices(
+    model: &Sequential,
+    train: &Dataset,
+    args: &TrainArgs,
+    optim: &OptimConfig,
+    devices: &[Device],
+    ranks: &Ranks,
+) -> Result<(Plan, plan::Calibration)> {
     searched(args, &|args| on_devices_in(model, train, args, optim, devices, ranks))
 }
 
 /// [`on_devices`] in `--precision`.
-fn on_devices_in(model: &Sequential, train: &Dataset, args: &TrainArgs, optim: &OptimConfig, devices: &[Device], ranks: &Ranks) -> Result<(Plan, plan::Calibration)> {
+fn on_devices_in(
+    model: &Sequential,
+    train: &Dataset,
+    args: &TrainArgs,
+    optim: &OptimConfig,
+    devices: &[Device],
+    ranks: &Ranks,
+) -> Result<(Plan, plan::Calibration)> {
     let probe = probe(train, &devices[0])?;
     let reuse = reuse(args)?;
-    let calibrate = |reuse| tandem::autocast(args.precision.autocast(), || plan::measure_reusing(model, &probe, devices, args.batch, optimizer_states(optim), reuse));
+    let calibrate = |reuse| {
+        tandem::autocast(args.precision.autocast(), || plan::measure_reusing(model, &probe, devices, args.batch, optimizer_states(optim), reuse))
+    };
     let search = |work: &Workload, cluster: &Cluster| {
         let work = Workload { grad_dtype: args.grad_dtype, offloaded_states: offloaded_states(optim), ..work.clone() };
         let n = cluster.devices.len();
@@ -347,10 +401,16 @@ pub fn check_search_precision(args: &TrainArgs, planning: bool) -> Result<()> {
         return Ok(());
     }
     if args.precision != Precision::F32 {
-        return Err(Error::invalid("--search-precision", format!("the plan chooses the precision; --precision {} chooses it by hand: give one", args.precision.name())));
+        return Err(Error::invalid(
+            "--search-precision",
+            format!("the plan chooses the precision; --precision {} chooses it by hand: give one", args.precision.name()),
+        ));
     }
     if !planning {
-        return Err(Error::invalid("--search-precision", "needs a plan made here: --strategy auto on several devices, or tandem plan (not --plan FILE or --cluster)"));
+        return Err(Error::invalid(
+            "--search-precision",
+            "needs a plan made here: --strategy auto on several devices, or tandem plan (not --plan FILE or --cluster)",
+        ));
     }
     Ok(())
 }
@@ -359,10 +419,21 @@ pub fn check_search_precision(args: &TrainArgs, planning: bool) -> Result<()> {
 /// measured matmul throughput to the cluster's reference GPU. Every layout is searched, as the
 /// paper's strategies would build them, not only those [`Plan::build`] makes of a Sequential.
 #[allow(clippy::too_many_arguments)]
-fn on_cluster(model: &Sequential, train: &Dataset, batch: usize, optim: &OptimConfig, cluster: &Cluster, reuse: plan::Reuse, precision: Precision, grad_dtype: DType) -> Result<(Plan, plan::Calibration)> {
+fn on_cluster(
+    model: &Sequential,
+    train: &Dataset,
+    batch: usize,
+    optim: &OptimConfig,
+    cluster: &Cluster,
+    reuse: plan::Reuse,
+    precision: Precision,
+    grad_dtype: DType,
+) -> Result<(Plan, plan::Calibration)> {
     let cpu = Device::cpu();
     let probe = probe(train, &cpu)?;
-    let (work, _, how) = tandem::autocast(precision.autocast(), || plan::measure_reusing(model, &probe, std::slice::from_ref(&cpu), batch, optimizer_states(optim), reuse))?;
+    let (work, _, how) = tandem::autocast(precision.autocast(), || {
+        plan::measure_reusing(model, &probe, std::slice::from_ref(&cpu), batch, optimizer_states(optim), reuse)
+    })?;
     let work = Workload { grad_dtype, offloaded_states: offloaded_states(optim), ..work.scaled(matmul_flops(&cpu)? / REFERENCE_FLOPS) };
     let mut p = plan::plan(&work, cluster)?;
     p.model = model.describe();
@@ -418,7 +489,15 @@ fn chosen(args: &TrainArgs, model: &str, devices: &[Device], ranks: &Ranks, fres
     }
     if args.grad_dtype != DType::F32 && args.grad_dtype != p.grad_dtype {
         let dtype = |d: DType| format!("{d:?}").to_lowercase();
-        return Err(Error::invalid("--grad-dtype", format!("the plan was made for {} gradient shards, not {}: plan again with --grad-dtype {}", dtype(p.grad_dtype), dtype(args.grad_dtype), dtype(args.grad_dtype))));
+        return Err(Error::invalid(
+            "--grad-dtype",
+            format!(
+                "the plan was made for {} gradient shards, not {}: plan again with --grad-dtype {}",
+                dtype(p.grad_dtype),
+                dtype(args.grad_dtype),
+                dtype(args.grad_dtype)
+            ),
+        ));
     }
     p = even(args, p);
     Ok(p)
@@ -468,7 +547,11 @@ fn read_resumed_config(args: &TrainArgs, ranks: &Ranks) -> Result<Option<(PathBu
     if !ranks.many() {
         return Ok(read());
     }
-    let mine = if ranks.group().rank() == 0 { Some(serde_json::to_vec(&read()).map_err(|e| Error::Msg(format!("encoding the checkpoint's configuration: {e}")))?) } else { None };
+    let mine = if ranks.group().rank() == 0 {
+        Some(serde_json::to_vec(&read()).map_err(|e| Error::Msg(format!("encoding the checkpoint's configuration: {e}")))?)
+    } else {
+        None
+    };
     let shared = tandem::train::ranks::share_bytes(ranks.group(), mine)?;
     serde_json::from_slice(&shared).map_err(|e| Error::Msg(format!("rank 0's checkpoint configuration did not arrive whole: {e}")))
 }
@@ -488,7 +571,13 @@ pub fn config_entry(args: &TrainArgs, ranks: &Ranks, planned: Option<&Plan>) -> 
 /// ranks) it measures again and keeps the recorded entry, so that it is still the same run.
 /// Under a launcher the weights are one per device of the job, in rank order, the same on
 /// every rank ([`plan::measure_job_speeds`]). Collective under a launcher.
-pub fn data_weights(args: &TrainArgs, make: &dyn Fn(&Device) -> Result<Box<dyn Module>>, probe: impl FnOnce() -> Result<Tensor>, devices: &[Device], ranks: &Ranks) -> Result<(Option<Vec<f64>>, Option<serde_json::Value>)> {
+pub fn data_weights(
+    args: &TrainArgs,
+    make: &dyn Fn(&Device) -> Result<Box<dyn Module>>,
+    probe: impl FnOnce() -> Result<Tensor>,
+    devices: &[Device],
+    ranks: &Ranks,
+) -> Result<(Option<Vec<f64>>, Option<serde_json::Value>)> {
     let names = job_device_names(devices, ranks)?;
     let differ = names.windows(2).any(|w| w[0] != w[1]);
     let measured = match args.balance {
@@ -506,7 +595,8 @@ pub fn data_weights(args: &TrainArgs, make: &dyn Fn(&Device) -> Result<Box<dyn M
         return Ok((Some(w), recorded));
     }
     let probe = probe()?;
-    let weights = if ranks.many() { plan::measure_job_speeds(ranks.group(), make, &probe, devices)? } else { plan::measure_speeds_of(make, &probe, devices)? };
+    let weights =
+        if ranks.many() { plan::measure_job_speeds(ranks.group(), make, &probe, devices)? } else { plan::measure_speeds_of(make, &probe, devices)? };
     let entry = resumed.unwrap_or_else(|| Some(serde_json::json!(weights)));
     Ok((Some(weights), entry))
 }
@@ -521,7 +611,9 @@ fn job_device_names(devices: &[Device], ranks: &Ranks) -> Result<Vec<String>> {
     let text = serde_json::to_vec(&mine).map_err(|e| Error::Msg(format!("encoding the device names: {e}")))?;
     let mut all = Vec::new();
     for (r, bytes) in tandem::train::ranks::gather_bytes(ranks.group(), &text)?.iter().enumerate() {
-        all.extend(serde_json::from_slice::<Vec<String>>(bytes).map_err(|e| Error::Msg(format!("rank {r}'s device names did not arrive whole: {e}")))?);
+        all.extend(
+            serde_json::from_slice::<Vec<String>>(bytes).map_err(|e| Error::Msg(format!("rank {r}'s device names did not arrive whole: {e}")))?,
+        );
     }
     Ok(all)
 }

@@ -26,7 +26,10 @@ pub fn svg(losses: &[(u64, f32)], accuracy: Option<(u64, f64)>) -> String {
     let y = |v: f64| T + (1.0 - v / top) * (H - T - B);
 
     let mut o = String::new();
-    let _ = writeln!(o, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#);
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+    );
     let _ = writeln!(o, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
     let _ = writeln!(o, r#"<text x="{}" y="18" text-anchor="middle" font-size="14">training loss</text>"#, W / 2.0);
     for i in 0..=4 {

@@ -162,7 +162,10 @@ impl Console {
                 let stopped = s.stopped_by.map_or_else(String::new, |sig| format!(", stopped by {sig}"));
                 out!(
                     "trained {} steps ({} in this run{stopped}) in {:.1}s, {:.0} samples/s; final loss {loss}",
-                    s.steps, s.steps_run, s.train_s, s.samples_per_sec
+                    s.steps,
+                    s.steps_run,
+                    s.train_s,
+                    s.samples_per_sec
                 );
                 if let Some(v) = s.val_loss {
                     out!("validation loss {v:.4}");

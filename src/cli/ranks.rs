@@ -65,7 +65,12 @@ impl Ranks {
     /// Data parallelism across the processes over this rank's `replicas` (tensor-parallel
     /// groups inside the process), each rank training its replicas' shares of every global
     /// batch (`DataGrid::across`), its data axis sharded as `cfg` says (`DataGrid::shard`).
-    pub fn grid<R: tandem::parallel::Replica + 'static>(&self, replicas: Vec<R>, cfg: &DataParallelConfig, optim: &OptimConfig) -> Result<Box<dyn Strategy>> {
+    pub fn grid<R: tandem::parallel::Replica + 'static>(
+        &self,
+        replicas: Vec<R>,
+        cfg: &DataParallelConfig,
+        optim: &OptimConfig,
+    ) -> Result<Box<dyn Strategy>> {
         Ok(Box::new(tandem::parallel::DataGrid::across(replicas, &self.group)?.shard(cfg, optim)?))
     }
 
@@ -73,7 +78,14 @@ impl Ranks {
     /// the processes when every rank's devices are CUDA GPUs (feature `nccl`, not
     /// `deterministic`), else `Hierarchical` (rank order sums with `deterministic`); replica 0
     /// of rank 0 initialises every replica. Each rank must be given the same global batches: it trains on its share.
-    pub fn data_parallel<M: Module>(&self, build: impl Fn(&Device) -> Result<M>, devices: &[Device], optim: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Box<dyn Strategy>> {
+    pub fn data_parallel<M: Module>(
+        &self,
+        build: impl Fn(&Device) -> Result<M>,
+        devices: &[Device],
+        optim: &OptimConfig,
+        loss: Loss,
+        cfg: DataParallelConfig,
+    ) -> Result<Box<dyn Strategy>> {
         // The ranks may drive different kinds of device: NCCL only when every rank's are CUDA
         // GPUs, decided together so that all of them take the same branch.
         #[cfg(feature = "nccl")]

@@ -20,13 +20,13 @@
 //! shares (by measured speed). `bench` still needs one kind of device on every rank. Flags
 //! compare as given: `--lr 0.01` and the default 0.01 count as different.
 use super::ranks::Ranks;
-use super::{BenchArgs, Command, ModelArg, TrainArgs};
 use super::Failure;
-use tandem::{Error, Result};
+use super::{BenchArgs, Command, ModelArg, TrainArgs};
 use sha2::{Digest, Sha256};
 use std::fmt::Display;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
+use tandem::{Error, Result};
 
 /// One flag and its value on this rank, as the message shows it.
 type Entry = (String, String);
@@ -47,7 +47,10 @@ pub fn check(command: &Command, ranks: &Ranks) -> Result<(), Failure> {
     let all = tandem::train::ranks::gather_bytes(ranks.group(), &mine)?
         .iter()
         .enumerate()
-        .map(|(rank, bytes)| serde_json::from_slice::<Vec<Entry>>(bytes).map_err(|e| Error::Msg(format!("rank {rank} sent a run configuration that does not read back: {e}"))))
+        .map(|(rank, bytes)| {
+            serde_json::from_slice::<Vec<Entry>>(bytes)
+                .map_err(|e| Error::Msg(format!("rank {rank} sent a run configuration that does not read back: {e}")))
+        })
         .collect::<Result<Vec<_>>>()?;
     let differ = differences(&all);
     if differ.is_empty() {

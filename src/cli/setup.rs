@@ -1,15 +1,18 @@
 //! Turning `train` flags into checked inputs before any step runs: the data, the model's fit to
 //! it, output paths, initial weights, and the strategy (one constructor per `--strategy`).
 use super::{OptimizerKind, Schedule, TrainArgs};
+use clap::ValueEnum;
+use std::path::{Path, PathBuf};
 use tandem::checkpoint::{output_target, read_safetensors, HostData, HostTensor, OutputTarget};
 use tandem::data::{digits, mnist, synthetic, tensor_file, Dataset, Targets};
 use tandem::nn::models::SeedModel;
 use tandem::nn::{Module, Sequential};
 use tandem::optim::{AdamConfig, ParamGroups, SgdConfig};
-use tandem::parallel::{pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Parallel, Pipeline, Shard, Single, Split, Stages, Strategy, TensorParallel};
+use tandem::parallel::{
+    pipeline, plan_stages, DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Parallel, Pipeline, Shard, Single, Split, Stages,
+    Strategy, TensorParallel,
+};
 use tandem::{Device, Error, Result, Tensor};
-use clap::ValueEnum;
-use std::path::{Path, PathBuf};
 
 /// Size of the built-in digits set: enough distinct images that 1500 steps of 64 see each
 /// about five times, generated in about a second.
@@ -102,16 +105,27 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
             no_micro_batches(&plan, "tensor")?;
             Ok(Box::new(TensorParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone())?))
         }
-        StrategyKind::Pipeline if tensor > 1 => Err(Error::invalid("--tensor", "pipeline stages of tensor-parallel groups are written for --model gpt; use data,tensor for the seed models")),
+        StrategyKind::Pipeline if tensor > 1 => Err(Error::invalid(
+            "--tensor",
+            "pipeline stages of tensor-parallel groups are written for --model gpt; use data,tensor for the seed models",
+        )),
         StrategyKind::Pipeline => {
             let stages = Stages::Split(&plan.model, layer_split(&plan)?);
-            let pipe = Pipeline::builder(stages, &plan.devices, &plan.optim, plan.loss.clone()).micro_batches(plan.micro_batches).schedule(pipeline_schedule(plan.schedule));
+            let pipe = Pipeline::builder(stages, &plan.devices, &plan.optim, plan.loss.clone())
+                .micro_batches(plan.micro_batches)
+                .schedule(pipeline_schedule(plan.schedule));
             Ok(Box::new(pipe.build()?))
         }
-        StrategyKind::DataPipeline => Err(Error::invalid("--strategy", "data,pipeline is written for --model gpt; use data or pipeline for the seed models")),
+        StrategyKind::DataPipeline => {
+            Err(Error::invalid("--strategy", "data,pipeline is written for --model gpt; use data or pipeline for the seed models"))
+        }
         StrategyKind::DataTensor => {
             no_micro_batches(&plan, "data,tensor")?;
-            let mesh = Parallel::data_tensor(|_| Ok(&plan.model), &plan.devices, tensor, &plan.optim, plan.loss.clone()).data_config(grid_config(plan.shard, plan.bucket_bytes, plan.grad_dtype));
+            let mesh = Parallel::data_tensor(|_| Ok(&plan.model), &plan.devices, tensor, &plan.optim, plan.loss.clone()).data_config(grid_config(
+                plan.shard,
+                plan.bucket_bytes,
+                plan.grad_dtype,
+            ));
             Ok(match plan.weights.clone() {
                 Some(w) => mesh.split_weights(group_weights(&w, tensor)).boxed()?,
                 None => mesh.boxed()?,
@@ -124,7 +138,10 @@ pub fn build_strategy(plan: StrategyPlan) -> Result<Box<dyn Strategy>> {
 pub(super) fn check_shard(shard: Shard, kind: StrategyKind) -> Result<()> {
     if shard != Shard::None && !matches!(kind, StrategyKind::Data | StrategyKind::DataTensor | StrategyKind::DataPipeline) {
         let name = format!("{kind:?}").to_lowercase();
-        return Err(Error::invalid("--shard", format!("shards the state of a data axis; --strategy {name} has none (use data, data,tensor or data,pipeline)")));
+        return Err(Error::invalid(
+            "--shard",
+            format!("shards the state of a data axis; --strategy {name} has none (use data, data,tensor or data,pipeline)"),
+        ));
     }
     Ok(())
 }
@@ -156,12 +173,16 @@ pub(super) fn tensor_groups(tensor: Option<usize>, kind: StrategyKind, devices: 
     let t = tensor.unwrap_or(2);
     if across {
         if t < 2 || !devices.len().is_multiple_of(t) {
-            return Err(Error::invalid("--tensor", format!("groups of {t} over this process's {} devices: give each process a multiple of {t} devices, at least 2", devices.len())));
+            return Err(Error::invalid(
+                "--tensor",
+                format!("groups of {t} over this process's {} devices: give each process a multiple of {t} devices, at least 2", devices.len()),
+            ));
         }
         return Ok(t);
     }
     if t < 2 || !devices.len().is_multiple_of(t) || devices.len() == t {
-        let what = format!("groups of {t} over {} devices: give at least 2 groups of at least 2 devices each (a multiple of {t} devices)", devices.len());
+        let what =
+            format!("groups of {t} over {} devices: give at least 2 groups of at least 2 devices each (a multiple of {t} devices)", devices.len());
         return Err(Error::invalid("--tensor", what));
     }
     Ok(t)
@@ -181,7 +202,15 @@ pub(super) fn pipeline_schedule(s: Schedule) -> pipeline::Schedule {
 }
 
 fn data_parallel(plan: &StrategyPlan) -> Result<Box<dyn Strategy>> {
-    let cfg = DataParallelConfig { deterministic: plan.deterministic, micro_batches: plan.micro_batches, shard: plan.shard, bucket_bytes: plan.bucket_bytes, weights: plan.weights.clone(), grad_dtype: plan.grad_dtype, ..Default::default() };
+    let cfg = DataParallelConfig {
+        deterministic: plan.deterministic,
+        micro_batches: plan.micro_batches,
+        shard: plan.shard,
+        bucket_bytes: plan.bucket_bytes,
+        weights: plan.weights.clone(),
+        grad_dtype: plan.grad_dtype,
+        ..Default::default()
+    };
     Ok(Box::new(DataParallel::new(&plan.model, &plan.devices, &plan.optim, plan.loss.clone(), cfg)?))
 }
 
@@ -221,12 +250,7 @@ impl DataSource {
                 Some("") => return Err(Error::invalid("--data", "mnist: needs a directory, as in mnist:data/mnist")),
                 Some(dir) => DataSource::Mnist(dir.into()),
                 None if s.ends_with(".safetensors") => DataSource::File(s.into()),
-                None => {
-                    return Err(Error::invalid(
-                        "--data",
-                        format!("'{s}' is not digits, synthetic, mnist:DIR or a PATH.safetensors"),
-                    ))
-                }
+                None => return Err(Error::invalid("--data", format!("'{s}' is not digits, synthetic, mnist:DIR or a PATH.safetensors"))),
             },
         })
     }
@@ -262,10 +286,10 @@ pub fn check_fit(model: SeedModel, ds: &Dataset, what: &str) -> Result<()> {
     }
     match (&ds.y, model.is_classifier()) {
         (Targets::Classes { classes, .. }, true) if *classes == CNN_CLASSES => Ok(()),
-        (Targets::Classes { classes, .. }, true) => {
-            Err(Error::Msg(format!("{name} predicts {CNN_CLASSES} classes but the {what} has {classes}")))
+        (Targets::Classes { classes, .. }, true) => Err(Error::Msg(format!("{name} predicts {CNN_CLASSES} classes but the {what} has {classes}"))),
+        (Targets::Values { .. }, true) => {
+            Err(Error::Msg(format!("{name} is a classifier but the {what} has real-valued targets (y must hold integer labels)")))
         }
-        (Targets::Values { .. }, true) => Err(Error::Msg(format!("{name} is a classifier but the {what} has real-valued targets (y must hold integer labels)"))),
         (Targets::Tokens { shape_per_sample, .. }, _) => {
             Err(Error::Msg(format!("{name} takes one target per sample but the {what} has class ids of shape {shape_per_sample:?} per sample")))
         }
@@ -367,7 +391,8 @@ pub fn check_outputs(outputs: &[(&'static str, Option<&Path>)], checkpoint_dir: 
         let key = same_file_key(target.path());
         let name = key.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         if run_dir.is_some() && key.parent() == run_dir.as_deref() && tandem::train::run_dir::is_reserved(name) {
-            let what = format!("{} is {name} of --checkpoint-dir, which the run writes itself; give the output another name or directory", path.display());
+            let what =
+                format!("{} is {name} of --checkpoint-dir, which the run writes itself; give the output another name or directory", path.display());
             return Err(Error::invalid(flag, what));
         }
         if let Some((other, _)) = seen.iter().find(|(_, k)| *k == key) {
@@ -421,7 +446,11 @@ pub fn read_init(path: &Path, model: &Sequential) -> Result<Vec<(String, Tensor)
     if !missing.is_empty() || !unexpected.is_empty() {
         return Err(Error::format(
             path,
-            format!("tensor names do not match the model: missing [{}], unexpected [{}]", Error::capped_list(missing), Error::capped_list(unexpected)),
+            format!(
+                "tensor names do not match the model: missing [{}], unexpected [{}]",
+                Error::capped_list(missing),
+                Error::capped_list(unexpected)
+            ),
         ));
     }
     let mut out = Vec::with_capacity(params.len());

@@ -48,7 +48,10 @@ impl Tokens {
                 let tokenizer = match tokenizer {
                     None => None,
                     Some(TokenizerArg::Chars) => {
-                        return Err(Error::invalid("--tokenizer", format!("chars reads a text --data; {data} holds token ids (give gpt2 if they are GPT-2's)")))
+                        return Err(Error::invalid(
+                            "--tokenizer",
+                            format!("chars reads a text --data; {data} holds token ids (give gpt2 if they are GPT-2's)"),
+                        ))
                     }
                     // The ids are GPT-2's: the model has its whole vocabulary, which `generate` decodes.
                     Some(TokenizerArg::Gpt2) if w.vocab_size > Gpt2Tokenizer::VOCAB_SIZE => {
@@ -102,4 +105,3 @@ impl Tokens {
         Batch::tokens(x, y, block, self.vocab_size())
     }
 }
-

@@ -92,7 +92,15 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
     } else if ranks.many() {
         let cfg = match &planned {
             Some(p) => super::plan::job_config(p, args),
-            None => DataParallelConfig { deterministic: args.deterministic, micro_batches, shard: args.shard, bucket_bytes: args.bucket_size, grad_dtype: setup::grad_dtype(args)?, weights: weights.clone(), ..Default::default() },
+            None => DataParallelConfig {
+                deterministic: args.deterministic,
+                micro_batches,
+                shard: args.shard,
+                bucket_bytes: args.bucket_size,
+                grad_dtype: setup::grad_dtype(args)?,
+                weights: weights.clone(),
+                ..Default::default()
+            },
         };
         let optim = planned.as_ref().map_or_else(|| optim.clone(), |p| p.optim(&optim));
         ranks.data_parallel(|d| model.slice(0..model.len(), d), &devices, &optim, loss, cfg)?
@@ -155,7 +163,14 @@ pub fn run(args: &TrainArgs, ranks: &Ranks) -> Result<u8> {
 /// The plan `train` runs with: with `--plan FILE`, or `--strategy auto` on several devices
 /// (one device is `single`; `--deterministic` keeps `auto` data parallel, since a measured plan
 /// differs from run to run). Only within one process.
-fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, optim: &OptimConfig, devices: &[Device], ranks: &super::ranks::Ranks) -> Result<Option<Plan>> {
+fn planned(
+    args: &TrainArgs,
+    model: &tandem::nn::Sequential,
+    train: &Dataset,
+    optim: &OptimConfig,
+    devices: &[Device],
+    ranks: &super::ranks::Ranks,
+) -> Result<Option<Plan>> {
     let auto = args.strategy == StrategyKind::Auto && (devices.len() > 1 || ranks.many()) && !args.deterministic;
     super::plan::check_search_precision(args, auto && args.plan.is_none())?;
     if args.plan.is_none() && !auto {
@@ -167,7 +182,10 @@ fn planned(args: &TrainArgs, model: &tandem::nn::Sequential, train: &Dataset, op
     if args.shard != tandem::parallel::Shard::None {
         return Err(Error::invalid("--shard", "a plan chooses its sharding; give --strategy data to set it by hand"));
     }
-    super::plan::for_training(args, &model.describe(), devices, ranks, || Ok(super::plan::announced(super::plan::on_devices(model, train, args, optim, devices, ranks)?, ranks, args))).map(Some)
+    super::plan::for_training(args, &model.describe(), devices, ranks, || {
+        Ok(super::plan::announced(super::plan::on_devices(model, train, args, optim, devices, ranks)?, ranks, args))
+    })
+    .map(Some)
 }
 
 /// The flags that decide the trajectory of weights; a resumed run must repeat them exactly.

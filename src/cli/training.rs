@@ -7,10 +7,10 @@ use super::progress::{Console, Summary};
 use super::ranks::Ranks;
 use super::stop::{StopSignal, Stopped};
 use super::{mismatch, plot, setup, TrainArgs};
+use serde_json::Value;
 use std::time::Instant;
 use tandem::data::BatchSource;
 use tandem::parallel::{trace::Trace, Strategy};
-use serde_json::Value;
 use tandem::train::{run_file, Checkpoints, Claim, Fit, RunDir, Trainer};
 use tandem::{Error, Result};
 
@@ -109,7 +109,10 @@ impl<'a> Run<'a> {
         let regular = |p: &std::path::Path| std::fs::metadata(p).map_or(true, |m| m.is_file());
         let given = match &args.init {
             Some(path) if !regular(&init_file(path)) && args.resume => {
-                let what = format!("{}: not a regular file; with --resume, --init must be the file the run started from, whose contents are compared", path.display());
+                let what = format!(
+                    "{}: not a regular file; with --resume, --init must be the file the run started from, whose contents are compared",
+                    path.display()
+                );
                 return Err(Error::invalid("--init", what));
             }
             Some(path) if !regular(&init_file(path)) => None,
@@ -146,7 +149,14 @@ impl<'a> Run<'a> {
     /// checkpointed every `every` steps under `settings` (what a resume must repeat, with
     /// `--seed`), stopped by SIGINT/SIGTERM, one rank of the job, traced with `--trace`, and
     /// observed by the progress output on rank 0. Returns the console of its notes and summary.
-    pub(super) fn trainer(&self, strategy: Box<dyn Strategy>, total: u64, clip: Option<f32>, settings: serde_json::Value, every: u64) -> (Trainer, Console) {
+    pub(super) fn trainer(
+        &self,
+        strategy: Box<dyn Strategy>,
+        total: u64,
+        clip: Option<f32>,
+        settings: serde_json::Value,
+        every: u64,
+    ) -> (Trainer, Console) {
         let args = self.args;
         let console = Console::new(args.log_format, total, !self.ranks.leader());
         let mut settings = settings;

@@ -102,9 +102,7 @@ impl DataLoader {
     /// The next batch; after an epoch's last batch the loader moves on to the next epoch.
     pub fn next_batch(&mut self) -> Batch {
         let indices = self.epochs.next_indices();
-        self.data
-            .batch_of_valid(&indices)
-            .expect("the loader's permutation only holds indices below the dataset length")
+        self.data.batch_of_valid(&indices).expect("the loader's permutation only holds indices below the dataset length")
     }
 
     /// The batches left in the current epoch (all of them at an epoch's start), in order; see

@@ -30,10 +30,7 @@ fn load_split(dir: &Path, prefix: &str) -> Result<Dataset> {
     let (dims, pixels) = parse_idx(&img_path, &img_bytes, IMAGES_MAGIC, 3)?;
     let (ldims, labels) = parse_idx(&lbl_path, &lbl_bytes, LABELS_MAGIC, 1)?;
     if dims[0] != ldims[0] {
-        return Err(Error::format(
-            &lbl_path,
-            format!("holds {} labels but {} holds {} images", ldims[0], img_path.display(), dims[0]),
-        ));
+        return Err(Error::format(&lbl_path, format!("holds {} labels but {} holds {} images", ldims[0], img_path.display(), dims[0])));
     }
     if let Some((i, &l)) = labels.iter().enumerate().find(|&(_, &l)| l > 9) {
         return Err(Error::format(&lbl_path, format!("label {l} at index {i} is not a digit 0-9")));
@@ -84,10 +81,7 @@ fn parse_idx<'a>(path: &Path, bytes: &'a [u8], magic: u32, rank: usize) -> Resul
     let data = &bytes[header..];
     match want {
         Some(w) if w == data.len() => Ok((dims, data)),
-        Some(w) if w > data.len() => Err(Error::format(
-            path,
-            format!("truncated: dimensions {dims:?} need {w} data bytes, found {}", data.len()),
-        )),
+        Some(w) if w > data.len() => Err(Error::format(path, format!("truncated: dimensions {dims:?} need {w} data bytes, found {}", data.len()))),
         Some(w) => Err(Error::format(path, format!("{} trailing bytes after the {w} data bytes", data.len() - w))),
         None => Err(Error::format(path, format!("dimensions {dims:?} overflow"))),
     }

@@ -11,9 +11,9 @@ use std::ops::Range;
 pub mod digits;
 mod epochs;
 mod loader;
-mod source;
 pub mod mnist;
 mod random_windows;
+mod source;
 mod split;
 mod standardize;
 pub mod synthetic;
@@ -87,10 +87,10 @@ impl Targets {
     /// The targets of the samples at `indices`, in that order. Indices must be in range.
     fn gather(&self, indices: &[usize]) -> Targets {
         match self {
-            Targets::Classes { labels, classes } => {
-                Targets::Classes { labels: indices.iter().map(|&i| labels[i]).collect(), classes: *classes }
+            Targets::Classes { labels, classes } => Targets::Classes { labels: indices.iter().map(|&i| labels[i]).collect(), classes: *classes },
+            Targets::Values { data, shape_per_sample } => {
+                Targets::Values { data: rows(data, indices, self.per_sample()), shape_per_sample: shape_per_sample.clone() }
             }
-            Targets::Values { data, shape_per_sample } => Targets::Values { data: rows(data, indices, self.per_sample()), shape_per_sample: shape_per_sample.clone() },
             Targets::Tokens { ids, shape_per_sample, classes } => {
                 Targets::Tokens { ids: rows(ids, indices, self.per_sample()), shape_per_sample: shape_per_sample.clone(), classes: *classes }
             }
@@ -159,19 +159,13 @@ impl Dataset {
             return Err(Error::shape("Dataset", format!("sample shape {:?} has no elements", self.sample_shape)));
         }
         if !self.x.len().is_multiple_of(per) {
-            return Err(Error::shape(
-                "Dataset",
-                format!("x has {} elements, not a multiple of sample shape {:?}", self.x.len(), self.sample_shape),
-            ));
+            return Err(Error::shape("Dataset", format!("x has {} elements, not a multiple of sample shape {:?}", self.x.len(), self.sample_shape)));
         }
         let n_x = self.x.len() / per;
         match &self.y {
             Targets::Classes { labels: ids, classes } | Targets::Tokens { ids, classes, .. } => {
                 if let Some((i, &l)) = ids.iter().enumerate().find(|&(_, &l)| l < 0 || l as usize >= *classes) {
-                    return Err(Error::invalid(
-                        "Dataset",
-                        format!("label {l} at index {i} is outside 0..{classes}"),
-                    ));
+                    return Err(Error::invalid("Dataset", format!("label {l} at index {i} is outside 0..{classes}")));
                 }
             }
             Targets::Values { .. } => {}
@@ -189,10 +183,7 @@ impl Dataset {
             Targets::Classes { .. } => {}
         }
         if n_x != self.y.len() {
-            return Err(Error::shape(
-                "Dataset",
-                format!("x holds {n_x} samples of {:?} but y holds {} targets", self.sample_shape, self.y.len()),
-            ));
+            return Err(Error::shape("Dataset", format!("x holds {n_x} samples of {:?} but y holds {} targets", self.sample_shape, self.y.len())));
         }
         Ok(())
     }
@@ -201,10 +192,7 @@ impl Dataset {
     pub fn subset(&self, range: Range<usize>) -> Result<Dataset> {
         self.validate()?;
         if range.start > range.end || range.end > self.len() {
-            return Err(Error::invalid(
-                "Dataset::subset",
-                format!("range {range:?} is outside the {} samples", self.len()),
-            ));
+            return Err(Error::invalid("Dataset::subset", format!("range {range:?} is outside the {} samples", self.len())));
         }
         let indices: Vec<usize> = range.collect();
         Ok(self.gather(&indices))

@@ -152,7 +152,12 @@ impl RandomWindows {
 
 impl std::fmt::Debug for RandomWindows {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RandomWindows").field("pool", &self.pool).field("seed", &self.seed).field("batch", &self.batch).field("step", &self.step()).finish()
+        f.debug_struct("RandomWindows")
+            .field("pool", &self.pool)
+            .field("seed", &self.seed)
+            .field("batch", &self.batch)
+            .field("step", &self.step())
+            .finish()
     }
 }
 

@@ -23,7 +23,8 @@ impl TestSize {
             TestSize::Count(c) => c,
         };
         if n_test == 0 || n_test >= n {
-            let what = format!("{self:?} of {n} samples gives {n_test} test and {} train samples; each side needs at least one", n.saturating_sub(n_test));
+            let what =
+                format!("{self:?} of {n} samples gives {n_test} test and {} train samples; each side needs at least one", n.saturating_sub(n_test));
             return Err(Error::invalid("Dataset::split", what));
         }
         Ok(n_test)

@@ -36,11 +36,7 @@ pub fn regression(n: usize, features: usize, seed: u64) -> Result<Dataset> {
     fill_normal(&mut rng, &mut x);
     let mut y = vec![0.0; n];
     fill_normal(&mut rng, &mut y);
-    let ds = Dataset {
-        x,
-        sample_shape: vec![features],
-        y: Targets::Values { data: y, shape_per_sample: vec![1] },
-    };
+    let ds = Dataset { x, sample_shape: vec![features], y: Targets::Values { data: y, shape_per_sample: vec![1] } };
     ds.validate()?;
     Ok(ds)
 }

@@ -72,9 +72,7 @@ pub fn load(path: impl AsRef<Path>, classes: Option<usize>) -> Result<Dataset> {
             }
             Targets::Values { data, shape_per_sample: per }
         }
-        other => {
-            return Err(Error::format(path, format!("y has dtype {other:?}; expected I64, I32 or U8 labels or F32 targets")))
-        }
+        other => return Err(Error::format(path, format!("y has dtype {other:?}; expected I64, I32 or U8 labels or F32 targets"))),
     };
     let ds = Dataset { x, sample_shape: sample_shape.to_vec(), y };
     ds.validate().map_err(|e| Error::format(path, e.to_string()))?;

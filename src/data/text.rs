@@ -69,7 +69,10 @@ impl CharVocab {
             .enumerate()
             .map(|(i, c)| match self.chars.binary_search(&c) {
                 Ok(id) => Ok(id as i32),
-                Err(_) => Err(Error::invalid("CharVocab::encode", format!("character {c:?} at position {i} is not in the vocabulary of {} characters", self.len()))),
+                Err(_) => Err(Error::invalid(
+                    "CharVocab::encode",
+                    format!("character {c:?} at position {i} is not in the vocabulary of {} characters", self.len()),
+                )),
             })
             .collect()
     }
@@ -78,7 +81,12 @@ impl CharVocab {
         ids.iter()
             .enumerate()
             .map(|(i, &id)| {
-                usize::try_from(id).ok().and_then(|k| self.chars.get(k).copied()).ok_or(Error::Label { op: "CharVocab::decode", label: id, index: i, classes: self.len() })
+                usize::try_from(id).ok().and_then(|k| self.chars.get(k).copied()).ok_or(Error::Label {
+                    op: "CharVocab::decode",
+                    label: id,
+                    index: i,
+                    classes: self.len(),
+                })
             })
             .collect()
     }
@@ -240,7 +248,9 @@ impl TokenWindows {
             None => (MAX_VOCAB, "the largest vocabulary tandem takes from a token file".to_string()),
         };
         let read = |name: &str| -> Result<(Vec<i32>, Vec<usize>)> {
-            let view = st.tensor(name).map_err(|_| Error::format(path, format!("no tensor named '{name}'; token windows need x and y, I64 or I32 [N, T]")))?;
+            let view = st
+                .tensor(name)
+                .map_err(|_| Error::format(path, format!("no tensor named '{name}'; token windows need x and y, I64 or I32 [N, T]")))?;
             if !matches!(view.dtype(), safetensors::Dtype::I64 | safetensors::Dtype::I32) {
                 return Err(Error::format(path, format!("{name} has dtype {:?}; token ids must be I64 or I32", view.dtype())));
             }
@@ -278,7 +288,10 @@ impl TokenWindows {
     pub fn from_tokens(tokens: &[i32], block: usize, vocab_size: usize, source: impl Into<String>) -> Result<TokenWindows> {
         let path = source.into();
         if block == 0 || tokens.len() <= block {
-            return Err(Error::invalid("TokenWindows::from_tokens", format!("{path}: {} tokens hold no window of {block} and its next token", tokens.len())));
+            return Err(Error::invalid(
+                "TokenWindows::from_tokens",
+                format!("{path}: {} tokens hold no window of {block} and its next token", tokens.len()),
+            ));
         }
         if !(1..=MAX_VOCAB).contains(&vocab_size) {
             return Err(Error::invalid("TokenWindows::from_tokens", format!("{path}: vocabulary size {vocab_size} is outside 1..={MAX_VOCAB}")));
@@ -308,7 +321,10 @@ impl TokenWindows {
     pub fn batch(&self, split: Split, batch: usize, rng: &mut impl Rng) -> Result<TokenBatch> {
         let rows = self.rows_of(split);
         if rows.is_empty() || batch == 0 {
-            return Err(Error::invalid("token windows", format!("{}: a batch of {batch} from the {split:?} split, which has {} of the {} rows", self.path, rows.len(), self.rows)));
+            return Err(Error::invalid(
+                "token windows",
+                format!("{}: a batch of {batch} from the {split:?} split, which has {} of the {} rows", self.path, rows.len(), self.rows),
+            ));
         }
         self.batch_from(rows, batch, rng)
     }
@@ -332,7 +348,14 @@ impl TokenWindows {
 /// The source, the token counts and the vocabulary; not the ids.
 impl std::fmt::Debug for TextCorpus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TextCorpus({}: {} training and {} validation tokens, vocabulary {})", self.source, self.train.len(), self.val.len(), self.vocab.len())
+        write!(
+            f,
+            "TextCorpus({}: {} training and {} validation tokens, vocabulary {})",
+            self.source,
+            self.train.len(),
+            self.val.len(),
+            self.vocab.len()
+        )
     }
 }
 

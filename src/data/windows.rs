@@ -60,7 +60,10 @@ impl WindowLoader {
         }
         let numel = w.rows.checked_mul(w.block);
         if w.block == 0 || numel != Some(w.x.len()) || numel != Some(w.y.len()) {
-            return Err(Error::shape(OP, format!("{}: x holds {} and y {} ids, not {} rows of {}", w.source(), w.x.len(), w.y.len(), w.rows, w.block)));
+            return Err(Error::shape(
+                OP,
+                format!("{}: x holds {} and y {} ids, not {} rows of {}", w.source(), w.x.len(), w.y.len(), w.rows, w.block),
+            ));
         }
         // Checked once here: the loader then builds batches without looking at the ids again.
         let (a, b) = (rows.start * w.block, rows.end * w.block);

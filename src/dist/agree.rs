@@ -28,7 +28,8 @@ pub(super) enum Op {
     Device = 8,
 }
 
-const OPS: [Op; 8] = [Op::Barrier, Op::Broadcast, Op::AllReduce, Op::AllReduceRanks, Op::AllGather, Op::AllReduceChunks, Op::AllReduceRanksChunks, Op::Device];
+const OPS: [Op; 8] =
+    [Op::Barrier, Op::Broadcast, Op::AllReduce, Op::AllReduceRanks, Op::AllGather, Op::AllReduceChunks, Op::AllReduceRanksChunks, Op::Device];
 
 /// A device communicator's collective that the ranks agree on through the group first
 /// ([`super::Group::agree_device`]): in the header's element word.
@@ -159,13 +160,20 @@ mod tests {
         let h = |len| Header::new(Op::Broadcast, Elem::F32, len, 0);
         assert!(check("Group::broadcast", &[h(4), h(4), h(4)], 0, false).is_ok());
         let text = check("Group::broadcast", &[h(4), h(5), h(4)], 2, false).unwrap_err().to_string();
-        assert!(text.contains("Group::broadcast") && text.contains("ranks 0, 2 broadcast of 4 f32 values from rank 0") && text.contains("rank 1 broadcast of 5 f32"), "{text}");
+        assert!(
+            text.contains("Group::broadcast")
+                && text.contains("ranks 0, 2 broadcast of 4 f32 values from rank 0")
+                && text.contains("rank 1 broadcast of 5 f32"),
+            "{text}"
+        );
         assert!(text.contains("rank 1 differs from rank 0") && text.contains("this is rank 2"), "{text}");
         // All-gathers may differ in length, never in operation or element type.
         let g = |elem, len| Header::new(Op::AllGather, elem, len, 0);
         assert!(check("Group::all_gather", &[g(Elem::F32, 1), g(Elem::F32, 9)], 0, true).is_ok());
         assert!(check("Group::all_gather", &[g(Elem::F32, 1), g(Elem::U64, 1)], 0, true).is_err());
-        let mixed = check("Group::barrier", &[Header::new(Op::Barrier, Elem::None, 0, 0), Header::new(Op::AllReduce, Elem::F32, 3, 0)], 0, false).unwrap_err().to_string();
+        let mixed = check("Group::barrier", &[Header::new(Op::Barrier, Elem::None, 0, 0), Header::new(Op::AllReduce, Elem::F32, 3, 0)], 0, false)
+            .unwrap_err()
+            .to_string();
         assert!(mixed.contains("rank 0 barrier, rank 1 all_reduce of 3 f32 values"), "{mixed}");
         assert_eq!(rank_list(&(0..10).collect::<Vec<_>>()), "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 2 more");
     }

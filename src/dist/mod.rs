@@ -199,7 +199,10 @@ impl Group {
     /// [`Group::all_reduce`]'s copy of the input.
     pub fn all_reduce_into(&self, send: &[f32], recv: &mut [f32], order: Order) -> Result<()> {
         if send.len() != recv.len() {
-            return Err(Error::invalid("Group::all_reduce_into", format!("{} values to send, room for {} (rank {})", send.len(), recv.len(), self.rank())));
+            return Err(Error::invalid(
+                "Group::all_reduce_into",
+                format!("{} values to send, room for {} (rank {})", send.len(), recv.len(), self.rank()),
+            ));
         }
         match &self.inner {
             #[cfg(feature = "mpi")]
@@ -238,7 +241,10 @@ impl Group {
     /// [`Group::agree_all_reduce_chunks`] checked: no header of its own.
     pub(crate) fn all_reduce_chunk_into(&self, send: &[f32], recv: &mut [f32], order: Order) -> Result<()> {
         if send.len() != recv.len() {
-            return Err(Error::invalid("Group::all_reduce_into", format!("{} values to send, room for {} (rank {})", send.len(), recv.len(), self.rank())));
+            return Err(Error::invalid(
+                "Group::all_reduce_into",
+                format!("{} values to send, room for {} (rank {})", send.len(), recv.len(), self.rank()),
+            ));
         }
         match &self.inner {
             Inner::Alone => {

@@ -55,7 +55,8 @@ impl Group {
             }
             let mut at = 0usize;
             for (name, dims) in decode(header, rank)? {
-                let short = || Error::shape("Group::all_gather_named", format!("rank {rank} sent fewer values than its shapes need ({name}: {dims:?})"));
+                let short =
+                    || Error::shape("Group::all_gather_named", format!("rank {rank} sent fewer values than its shapes need ({name}: {dims:?})"));
                 let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(short)?;
                 let part = at.checked_add(n).and_then(|end| flat.get(at..end)).ok_or_else(short)?;
                 out.push((name, Tensor::from_vec(part.to_vec(), dims, &cpu)?));

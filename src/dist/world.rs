@@ -12,8 +12,8 @@
 //! process use the group; point-to-point calls do not take it. Under the same mutex each
 //! collective first all-gathers a fixed-size header (see `agree.rs`) and checks it.
 use super::agree::{self, Elem, Header, Op, WORDS};
-use super::Order;
 use super::tree_sum;
+use super::Order;
 use crate::shape::even_ranges;
 use crate::{Error, Result};
 use mpi::datatype::{Equivalence, Partition, PartitionMut};
@@ -64,9 +64,12 @@ impl World {
             return Ok(w);
         }
         if mpi::environment::is_finalized() {
-            return Err(unavailable("MPI was finalized when the last process group was dropped, and cannot be initialised again; keep a Group alive for the whole run"));
+            return Err(unavailable(
+                "MPI was finalized when the last process group was dropped, and cannot be initialised again; keep a Group alive for the whole run",
+            ));
         }
-        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple).ok_or_else(|| unavailable("MPI was initialised by other code; tandem::dist::init must initialise it"))?;
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| unavailable("MPI was initialised by other code; tandem::dist::init must initialise it"))?;
         if threading < Threading::Multiple {
             return Err(unavailable(format!(
                 "the MPI library grants thread level {threading:?}; tandem needs Multiple (its watchdog ends the job from its own thread while another waits inside MPI)"
@@ -79,7 +82,17 @@ impl World {
         drop(shared);
         install_panic_hook(rank, size);
         let watchdog = Watchdog::start(format!("rank {rank} of {size}"), timeout);
-        let w = Arc::new(World { comm: Comm(world), order: Mutex::new(Vec::new()), watchdog, rank, size, local_rank, local_size, threading, _universe: universe });
+        let w = Arc::new(World {
+            comm: Comm(world),
+            order: Mutex::new(Vec::new()),
+            watchdog,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            threading,
+            _universe: universe,
+        });
         *slot = Arc::downgrade(&w);
         Ok(w)
     }
@@ -150,7 +163,10 @@ impl World {
         }
         send.clear();
         send.extend_from_slice(data);
-        self.guarded(|| format!("all_reduce of {} floats", send.len()), |c| c.all_reduce_into(&send[..], data, mpi::collective::SystemOperation::sum()));
+        self.guarded(
+            || format!("all_reduce of {} floats", send.len()),
+            |c| c.all_reduce_into(&send[..], data, mpi::collective::SystemOperation::sum()),
+        );
         Ok(())
     }
 
@@ -225,7 +241,10 @@ impl World {
 
     pub fn send(&self, data: &[f32], dest: usize, tag: u16) -> Result<()> {
         count("Group::send", data.len())?;
-        self.guarded(|| format!("send of {} floats to rank {dest} (tag {tag})", data.len()), |c| c.process_at_rank(dest as i32).send_with_tag(data, i32::from(tag)));
+        self.guarded(
+            || format!("send of {} floats to rank {dest} (tag {tag})", data.len()),
+            |c| c.process_at_rank(dest as i32).send_with_tag(data, i32::from(tag)),
+        );
         Ok(())
     }
 
@@ -242,7 +261,10 @@ impl World {
                     let bytes = status.count(u8::equivalent_datatype()).max(0) as usize;
                     let mut raw = vec![0u8; bytes];
                     msg.matched_receive_into(&mut raw[..]);
-                    return Err(Error::shape("Group::recv", format!("rank {src} sent {bytes} bytes with tag {tag}, not whole f32 values (this is rank {})", self.rank)));
+                    return Err(Error::shape(
+                        "Group::recv",
+                        format!("rank {src} sent {bytes} bytes with tag {tag}, not whole f32 values (this is rank {})", self.rank),
+                    ));
                 }
                 let mut buf = vec![0f32; floats as usize];
                 msg.matched_receive_into(&mut buf[..]);

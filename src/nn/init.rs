@@ -133,7 +133,10 @@ pub fn trunc_normal_(t: &Tensor, mean: f32, std: f32, lo: f32, hi: f32, rng: &mu
     let cdf = |x: f32| 0.5 * (1.0 + crate::backend::erf((x as f64 - mean as f64) / (std as f64 * std::f64::consts::SQRT_2)));
     let mass = if std == 0.0 { f64::from(u8::from((lo..=hi).contains(&mean))) } else { cdf(hi) - cdf(lo) };
     if mass < 1e-3 {
-        return Err(Error::invalid("trunc_normal_", format!("[{lo}, {hi}] holds {mass:.1e} of N({mean}, {std}²): too little to sample by redrawing")));
+        return Err(Error::invalid(
+            "trunc_normal_",
+            format!("[{lo}, {hi}] holds {mass:.1e} of N({mean}, {std}²): too little to sample by redrawing"),
+        ));
     }
     let mut out = host::try_vec(t.numel(), "host", "trunc_normal_")?;
     while out.len() < t.numel() {

@@ -68,7 +68,10 @@ pub trait Module: Any + Send + Sync {
     /// every pair its stages declare, so a model split across stages trains as one. The
     /// default gathers the children's, own names prefixed with the child's name.
     fn tied_parameters(&self) -> Vec<(String, String)> {
-        self.children().into_iter().flat_map(|(name, m)| m.tied_parameters().into_iter().map(move |(own, primary)| (format!("{name}.{own}"), primary))).collect()
+        self.children()
+            .into_iter()
+            .flat_map(|(name, m)| m.tied_parameters().into_iter().map(move |(own, primary)| (format!("{name}.{own}"), primary)))
+            .collect()
     }
     /// Named state that is saved but not trained (BatchNorm's running statistics).
     fn named_buffers(&self) -> Vec<(String, Tensor)> {

@@ -196,7 +196,10 @@ impl Resolved {
         for (name, t) in params {
             let i = g.rule.group_of(name, t);
             if i >= g.groups.len() {
-                return Err(Error::invalid(op, format!("the group rule {:?} put parameter {name} {:?} in group {i}, but there are {} groups", g.rule, t.shape(), g.groups.len())));
+                return Err(Error::invalid(
+                    op,
+                    format!("the group rule {:?} put parameter {name} {:?} in group {i}, but there are {} groups", g.rule, t.shape(), g.groups.len()),
+                ));
             }
             group_of.push(i);
         }
@@ -206,7 +209,10 @@ impl Resolved {
             let glr = pg.lr.unwrap_or(lr);
             check_lr(glr)?;
             if lr == 0.0 && glr != 0.0 {
-                return Err(Error::invalid(op, format!("group {i} has lr {glr} but the base lr is 0: a group keeps its ratio to the base lr, so give the base a nonzero lr")));
+                return Err(Error::invalid(
+                    op,
+                    format!("group {i} has lr {glr} but the base lr is 0: a group keeps its ratio to the base lr, so give the base a nonzero lr"),
+                ));
             }
             lr_ratio.push(if lr == 0.0 { 1.0 } else { glr as f64 / lr as f64 });
             let wd = pg.weight_decay.unwrap_or(weight_decay);

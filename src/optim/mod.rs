@@ -133,7 +133,12 @@ impl Optimizer for Sgd {
         &self.params
     }
     fn state(&self) -> (Vec<(String, Tensor)>, u64) {
-        let s = self.params.iter().zip(&self.momentum).filter_map(|((n, _), b)| b.as_ref().map(|b| (format!("{n}.momentum_buffer"), b.clone()))).collect();
+        let s = self
+            .params
+            .iter()
+            .zip(&self.momentum)
+            .filter_map(|((n, _), b)| b.as_ref().map(|b| (format!("{n}.momentum_buffer"), b.clone())))
+            .collect();
         (s, self.steps)
     }
     fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {

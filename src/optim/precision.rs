@@ -74,7 +74,10 @@ impl GradScaler {
     /// Another starting scale and growth interval (factors as PyTorch's defaults).
     pub fn with(init_scale: f32, growth_interval: u32) -> Result<Self> {
         if !(init_scale.is_finite() && init_scale > 0.0) || growth_interval == 0 {
-            return Err(Error::invalid("GradScaler", format!("scale {init_scale} must be positive and finite and the growth interval ({growth_interval}) at least 1")));
+            return Err(Error::invalid(
+                "GradScaler",
+                format!("scale {init_scale} must be positive and finite and the growth interval ({growth_interval}) at least 1"),
+            ));
         }
         Ok(GradScaler { scale: init_scale, growth_interval, ..Self::default() })
     }
@@ -117,7 +120,13 @@ impl GradScaler {
     /// Restores a checkpoint's `scale` and `growth_tracker`.
     pub fn load(&mut self, scale: f32, growth_tracker: u32) -> Result<()> {
         if !(scale.is_finite() && scale > 0.0) || growth_tracker >= self.growth_interval {
-            return Err(Error::invalid("GradScaler", format!("a checkpoint's loss scale {scale} must be positive and finite, its growth tracker {growth_tracker} below {}", self.growth_interval)));
+            return Err(Error::invalid(
+                "GradScaler",
+                format!(
+                    "a checkpoint's loss scale {scale} must be positive and finite, its growth tracker {growth_tracker} below {}",
+                    self.growth_interval
+                ),
+            ));
         }
         (self.scale, self.growth_tracker) = (scale, growth_tracker);
         Ok(())

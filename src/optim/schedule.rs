@@ -18,19 +18,36 @@ use std::f64::consts::PI;
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum LrSchedule {
-    Constant { lr: f32 },
+    Constant {
+        lr: f32,
+    },
     /// PyTorch's `StepLR`: `lr * gamma^(step / step_size)` (integer division).
-    Step { lr: f32, step_size: u64, gamma: f32 },
+    Step {
+        lr: f32,
+        step_size: u64,
+        gamma: f32,
+    },
     /// nanoGPT's `get_lr`: linear warmup to `lr` over `warmup_steps` (`lr * (step + 1) /
     /// (warmup_steps + 1)`), then cosine decay reaching `min_lr` at step `decay_steps` (counted
     /// from 0, warmup included), `min_lr` after.
-    WarmupCosine { lr: f32, warmup_steps: u64, decay_steps: u64, min_lr: f32 },
+    WarmupCosine {
+        lr: f32,
+        warmup_steps: u64,
+        decay_steps: u64,
+        min_lr: f32,
+    },
     /// PyTorch's `OneCycleLR` with cosine annealing, two phases: from `max_lr / div_factor` up
     /// to `max_lr` at step `pct_start * total_steps - 1`, then down to `max_lr / div_factor /
     /// final_div_factor` at step `total_steps - 1`, held there after (PyTorch raises past
     /// `total_steps`). Only the lr cycles: momentum and Adam's beta1 stay as configured,
     /// unlike PyTorch's default `cycle_momentum=True`.
-    OneCycle { max_lr: f32, total_steps: u64, pct_start: f32, div_factor: f32, final_div_factor: f32 },
+    OneCycle {
+        max_lr: f32,
+        total_steps: u64,
+        pct_start: f32,
+        div_factor: f32,
+        final_div_factor: f32,
+    },
 }
 
 impl LrSchedule {

@@ -2,8 +2,10 @@
 //! needs its own copy, stages or a model to shard otherwise), the devices, the optimizer and
 //! the loss, with each strategy's options as chained settings.
 use super::comm::Communicator;
-use super::{DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, PipelineBuilder, PipelineGrid, Schedule, Single, Stages, Strategy};
 use super::{DataGrid, Replica, TensorParallel, TensorParallelGpt};
+use super::{
+    DataParallel, DataParallelConfig, LayerPlacement, Loss, OptimConfig, Pipeline, PipelineBuilder, PipelineGrid, Schedule, Single, Stages, Strategy,
+};
 use crate::nn::models::Gpt;
 use crate::nn::{Module, Sequential};
 use crate::optim::{GradScaler, Precision};
@@ -97,15 +99,44 @@ impl Parallel {
     /// assert!(mesh.step(&batch)?.loss.is_finite());
     /// # Ok(()) }
     /// ```
-    pub fn data_tensor<M: TensorModel, F: FnMut(&Device) -> Result<M>>(model: F, devices: &[Device], tensor: usize, opt: &OptimConfig, loss: Loss) -> DataTensorBuilder<F> {
-        DataTensorBuilder { model, devices: devices.to_vec(), tensor, weights: None, data: DataParallelConfig::default(), common: Common::new(opt, loss) }
+    pub fn data_tensor<M: TensorModel, F: FnMut(&Device) -> Result<M>>(
+        model: F,
+        devices: &[Device],
+        tensor: usize,
+        opt: &OptimConfig,
+        loss: Loss,
+    ) -> DataTensorBuilder<F> {
+        DataTensorBuilder {
+            model,
+            devices: devices.to_vec(),
+            tensor,
+            weights: None,
+            data: DataParallelConfig::default(),
+            common: Common::new(opt, loss),
+        }
     }
 
     /// Data parallelism over pipelines ([`PipelineGrid`]): `pipelines` replicas of one
     /// pipeline, replica `r`'s stage `s` on `devices[r·P + s]`; `stages(row)` gives the stages
     /// of the replica on the devices `row`. Options of the pipelines and the grid's split.
-    pub fn grid<'a, F: FnMut(&[Device]) -> Result<Stages<'a>>>(stages: F, devices: &[Device], pipelines: usize, opt: &OptimConfig, loss: Loss) -> GridBuilder<F> {
-        GridBuilder { stages, devices: devices.to_vec(), pipelines, micro_batches: 1, schedule: Schedule::OneFOneB, recompute: false, weights: None, data: DataParallelConfig::default(), common: Common::new(opt, loss) }
+    pub fn grid<'a, F: FnMut(&[Device]) -> Result<Stages<'a>>>(
+        stages: F,
+        devices: &[Device],
+        pipelines: usize,
+        opt: &OptimConfig,
+        loss: Loss,
+    ) -> GridBuilder<F> {
+        GridBuilder {
+            stages,
+            devices: devices.to_vec(),
+            pipelines,
+            micro_batches: 1,
+            schedule: Schedule::OneFOneB,
+            recompute: false,
+            weights: None,
+            data: DataParallelConfig::default(),
+            common: Common::new(opt, loss),
+        }
     }
 }
 
@@ -244,7 +275,10 @@ impl<M: Module, F: Fn(&Device) -> Result<M>> DataBuilder<F> {
             None => DataParallel::from_factory(build, &devices, &common.opt, common.loss.clone(), cfg)?,
             Some(comm) => {
                 if comm.devices().len() != devices.len() || comm.devices().iter().zip(&devices).any(|(a, b)| !a.same(b)) {
-                    return Err(Error::invalid("Parallel::data", format!("the communicator spans {:?}, the devices given are {devices:?}", comm.devices())));
+                    return Err(Error::invalid(
+                        "Parallel::data",
+                        format!("the communicator spans {:?}, the devices given are {devices:?}", comm.devices()),
+                    ));
                 }
                 DataParallel::from_factory_with(build, comm, &common.opt, common.loss.clone(), cfg)?
             }
@@ -331,7 +365,10 @@ where
     pub fn build(self) -> Result<DataGrid<M::Strategy>> {
         let DataTensorBuilder { mut model, devices, tensor, weights, data, common } = self;
         if tensor == 0 || devices.is_empty() || !devices.len().is_multiple_of(tensor) {
-            return Err(Error::invalid("Parallel::data_tensor", format!("{} devices do not make groups of {tensor} tensor-parallel shards", devices.len())));
+            return Err(Error::invalid(
+                "Parallel::data_tensor",
+                format!("{} devices do not make groups of {tensor} tensor-parallel shards", devices.len()),
+            ));
         }
         let grid = DataGrid::from_factory(&devices, devices.len() / tensor, |row| model(&row[0])?.shard(row, &common.opt, common.loss.clone()))?;
         let grid = match weights {
@@ -407,7 +444,11 @@ impl<'a, F: FnMut(&[Device]) -> Result<Stages<'a>>> GridBuilder<F> {
     pub fn build(self) -> Result<PipelineGrid> {
         let GridBuilder { mut stages, devices, pipelines, micro_batches, schedule, recompute, weights, data, common } = self;
         let grid = PipelineGrid::from_factory(&devices, pipelines, |row| {
-            Pipeline::builder(stages(row)?, row, &common.opt, common.loss.clone()).micro_batches(micro_batches).schedule(schedule).recompute(recompute).build()
+            Pipeline::builder(stages(row)?, row, &common.opt, common.loss.clone())
+                .micro_batches(micro_batches)
+                .schedule(schedule)
+                .recompute(recompute)
+                .build()
         })?;
         let grid = match weights {
             Some(w) => grid.split_weights(w)?,

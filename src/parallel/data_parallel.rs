@@ -224,7 +224,13 @@ impl DataParallel {
     /// ([`build_deferred`](crate::tensor::build_deferred)): the tensors it makes from host
     /// values reach the device only as the device's shard, parameter by parameter. Buffers are not broadcast: a constructor must make them the same
     /// everywhere (BatchNorm's do).
-    pub fn from_factory<M: Module>(build: impl Fn(&Device) -> Result<M>, devices: &[Device], opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+    pub fn from_factory<M: Module>(
+        build: impl Fn(&Device) -> Result<M>,
+        devices: &[Device],
+        opt: &OptimConfig,
+        loss: Loss,
+        cfg: DataParallelConfig,
+    ) -> Result<Self> {
         if devices.is_empty() {
             return Err(Error::invalid("DataParallel::new", "needs at least one device"));
         }
@@ -235,14 +241,26 @@ impl DataParallel {
 
     /// `new` with a chosen communicator (for example `PeerRing` on devices without a peer
     /// path, to test the CUDA algorithm); the replicas go on `comm.devices()`.
-    pub fn with_communicator(model: &Sequential, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+    pub fn with_communicator(
+        model: &Sequential,
+        comm: Box<dyn Communicator>,
+        opt: &OptimConfig,
+        loss: Loss,
+        cfg: DataParallelConfig,
+    ) -> Result<Self> {
         let models = comm.devices().iter().map(|d| Ok(Box::new(model.slice(0..model.len(), d)?) as Box<dyn Module>)).collect::<Result<Vec<_>>>()?;
         Self::from_models(models, comm, opt, loss, cfg)
     }
 
     /// `from_factory` with a chosen communicator (`Hierarchical` across processes): `build`
     /// makes a replica on each of `comm.devices()`.
-    pub fn from_factory_with<M: Module>(build: impl Fn(&Device) -> Result<M>, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+    pub fn from_factory_with<M: Module>(
+        build: impl Fn(&Device) -> Result<M>,
+        comm: Box<dyn Communicator>,
+        opt: &OptimConfig,
+        loss: Loss,
+        cfg: DataParallelConfig,
+    ) -> Result<Self> {
         let models = construct::built(&build, comm.devices(), cfg.shard)?;
         Self::from_models(models, comm, opt, loss, cfg)
     }
@@ -276,7 +294,8 @@ impl Strategy for DataParallel {
         let t0 = Instant::now();
         let n = self.replicas.len();
         let (first, world) = self.comm.device_span();
-        let mode = if self.cfg.deterministic { PartsOf::FixedShards(self.cfg.deterministic_shards) } else { PartsOf::MicroBatches(self.cfg.micro_batches) };
+        let mode =
+            if self.cfg.deterministic { PartsOf::FixedShards(self.cfg.deterministic_shards) } else { PartsOf::MicroBatches(self.cfg.micro_batches) };
         let full = self.sharded.as_ref().is_some_and(|s| s.mode == Shard::Full);
         if self.cfg.calibrate && self.split_weights.is_none() {
             if full {
@@ -293,7 +312,12 @@ impl Strategy for DataParallel {
         // Deterministic mode gathers unit by unit in one process, each device on its own, and
         // across processes where every device computes as many micro-shards.
         let shards = self.cfg.deterministic_shards.min(batch.len());
-        let by_unit = full && if self.cfg.deterministic { world == n || shards.is_multiple_of(world) } else { gather::every_device_alike(&parts, self.cfg.micro_batches, &*self.comm)? };
+        let by_unit = full
+            && if self.cfg.deterministic {
+                world == n || shards.is_multiple_of(world)
+            } else {
+                gather::every_device_alike(&parts, self.cfg.micro_batches, &*self.comm)?
+            };
         self.gathers = None;
         if let Some(s) = self.sharded.as_ref().filter(|_| full) {
             if by_unit {
@@ -310,12 +334,8 @@ impl Strategy for DataParallel {
         let mut host_sum = None;
         let work = StepWork { buckets: &self.buckets, bucket_of: &self.bucket_of, run: &self.run, total: batch.len(), trace };
         let (computed, mut reduced) = if self.cfg.deterministic {
-            let plan = deterministic::Plan {
-                work,
-                updates: &updates,
-                sharded: self.sharded.as_ref(),
-                units: by_unit.then(|| self.gather_orders.clone()),
-            };
+            let plan =
+                deterministic::Plan { work, updates: &updates, sharded: self.sharded.as_ref(), units: by_unit.then(|| self.gather_orders.clone()) };
             let out = deterministic::run(&self.replicas, &parts, &*self.comm, &plan)?;
             if let Some((orders, g, spans)) = out.gathered {
                 (self.gather_orders, self.gathers) = (orders, Some(g));
@@ -325,13 +345,12 @@ impl Strategy for DataParallel {
             host_sum = out.sum;
             (out.computed, None)
         } else {
-            let plan = overlapped::Plan {
-                work,
-                scatter: self.sharded.as_ref().map(|s| (s.world(), self.cfg.grad_dtype)),
-                release: full,
-            };
+            let plan = overlapped::Plan { work, scatter: self.sharded.as_ref().map(|s| (s.world(), self.cfg.grad_dtype)), release: full };
             let units = match (&self.sharded, by_unit) {
-                (Some(s), true) => Some(overlapped::UnitGathers { units: self.replicas.iter().enumerate().map(|(i, r)| s.units_on(i, r)).collect(), previous: self.gather_orders.first().cloned().unwrap_or_default() }),
+                (Some(s), true) => Some(overlapped::UnitGathers {
+                    units: self.replicas.iter().enumerate().map(|(i, r)| s.units_on(i, r)).collect(),
+                    previous: self.gather_orders.first().cloned().unwrap_or_default(),
+                }),
                 _ => None,
             };
             let (mut c, x) = overlapped::run(&self.replicas, &parts, &*self.comm, &plan, units)?;
@@ -360,7 +379,12 @@ impl Strategy for DataParallel {
                 let comm = &*self.comm;
                 let across = |sq: f64| Ok(f64::from(comm.sum_by_index(vec![(first, vec![sq as f32])])?[0]));
                 let reduce = (host_sum.is_none() && world > n).then_some(&across as &dyn Fn(f64) -> Result<f64>);
-                let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
+                let parts = self
+                    .replicas
+                    .iter()
+                    .zip(self.opts.iter_mut())
+                    .map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) })
+                    .collect();
                 let out = self.run.update(norm_over, reduce, parts, Some("data-parallel replica"))?;
                 self.replicas.iter().for_each(|r| r.model.zero_grad());
                 s.drop_grads();
@@ -373,7 +397,12 @@ impl Strategy for DataParallel {
                 }
                 // Every updating replica now holds the reduced gradient: the norm is one replica's.
                 let counted = updates.iter().position(|&u| u).map(|r| &self.replicas[r].params[..]);
-                let parts = self.replicas.iter().zip(self.opts.iter_mut()).map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) }).collect();
+                let parts = self
+                    .replicas
+                    .iter()
+                    .zip(self.opts.iter_mut())
+                    .map(|(r, opt)| Part { opt, device: &r.device, track: Some(r.track.clone()) })
+                    .collect();
                 self.run.update(NormOver::Params(counted.unwrap_or(&[])), None, parts, Some("data-parallel replica"))?
             }
         };
@@ -416,7 +445,10 @@ impl Strategy for DataParallel {
                 let hidden = match computed.backward_end {
                     // Only the step's own reduction can overlap backward; ZeRO-3's gather
                     // before forward cannot.
-                    Some(end) => comm_spans[hidden_from - computed.comm.len()..].iter().map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64()).sum(),
+                    Some(end) => comm_spans[hidden_from - computed.comm.len()..]
+                        .iter()
+                        .map(|&(s, e)| e.min(end).saturating_duration_since(s).as_secs_f64())
+                        .sum(),
                     None => 0.0,
                 };
                 (host_s(&comm_spans), hidden)

@@ -11,8 +11,8 @@ mod data_parallel;
 mod grid;
 mod loss;
 pub mod pipeline;
-pub mod plan;
 mod placement;
+pub mod plan;
 mod replica;
 mod split;
 mod stages;
@@ -23,18 +23,18 @@ pub mod trace;
 pub use build::{DataBuilder, DataTensorBuilder, GridBuilder, LayersBuilder, Parallel, SingleBuilder, TensorBuilder, TensorModel};
 pub use data_parallel::{assign_buckets, DataParallel, DataParallelConfig, DeviceSpans, GatherStats, Gathers, Overlap, Shard, StepEvent};
 pub use grid::{DataGrid, PipelineGrid};
-pub use replica::Replica;
-pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
 pub use loss::{batch_to_device, inputs_to_device, Loss, LossFn};
+pub use pipeline::{Pipeline, PipelineBuilder, PipelineConfig, Schedule};
 pub use placement::LayerPlacement;
+pub use replica::Replica;
 pub use split::proportional_split;
 pub use stages::{plan_stages, Split, Stages};
 pub use tensor_parallel::{ColumnParallelLinear, ParallelMlp, RowParallelLinear, ShardedStage, TensorParallel, TensorParallelGpt};
 
 use crate::data::Batch;
 use crate::nn::Module;
-use crate::optim::Optimizer;
 pub use crate::optim::OptimConfig;
+use crate::optim::Optimizer;
 use crate::{Device, Error, Result, Tensor};
 use std::time::Instant;
 pub use step::StepCore;
@@ -125,7 +125,10 @@ pub trait Strategy: Send {
     /// [`StepCore`] says so (`Strategy::autocasts`).
     fn set_precision(&mut self, precision: crate::optim::Precision, scaler: Option<crate::optim::GradScaler>) -> Result<()> {
         if precision != crate::optim::Precision::F32 && !self.autocasts() {
-            return Err(Error::invalid("set_precision", format!("{} training needs forwards under StepCore's autocast (Strategy::autocasts); this strategy trains in f32", precision.name())));
+            return Err(Error::invalid(
+                "set_precision",
+                format!("{} training needs forwards under StepCore's autocast (Strategy::autocasts); this strategy trains in f32", precision.name()),
+            ));
         }
         self.core_mut().set_precision(precision, scaler);
         Ok(())

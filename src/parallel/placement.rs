@@ -1,6 +1,8 @@
 //! Layer placement (model parallelism): consecutive layers of a `Sequential` (or the user's
 //! stage modules) on different devices, activations crossing with the differentiable `Tensor::to`.
-use super::stages::{build_stages, load_stage_opt_state, load_stage_params, probe_input, rebalance, stage_opt_state, stage_params, track_name, Stage, Split, Stages};
+use super::stages::{
+    build_stages, load_stage_opt_state, load_stage_params, probe_input, rebalance, stage_opt_state, stage_params, track_name, Split, Stage, Stages,
+};
 use super::step::{NormOver, StepCore};
 use super::trace::Phase;
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};

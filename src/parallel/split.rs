@@ -9,7 +9,10 @@ use std::ops::Range;
 /// take none (they still take part in every collective, with zero gradients).
 pub(crate) fn check_samples(n: usize, devices: usize) -> Result<()> {
     if n == 0 {
-        return Err(Error::invalid("DataParallel::step", format!("an empty batch (0 samples) for {devices} devices; a batch needs at least one sample")));
+        return Err(Error::invalid(
+            "DataParallel::step",
+            format!("an empty batch (0 samples) for {devices} devices; a batch needs at least one sample"),
+        ));
     }
     Ok(())
 }
@@ -110,7 +113,11 @@ impl ReplicaSplit<'_> {
             PartsOf::FixedShards(shards) => {
                 let shards = ranges(n, shards.min(n), None)?;
                 // Across processes, micro-shards go to every process's devices in equal shares.
-                let owned = if world == local { ranges(shards.len(), local, self.weights)? } else { ranges(shards.len(), world, None)?[first..first + local].to_vec() };
+                let owned = if world == local {
+                    ranges(shards.len(), local, self.weights)?
+                } else {
+                    ranges(shards.len(), world, None)?[first..first + local].to_vec()
+                };
                 owned.into_iter().map(|ks| ks.map(|k| (k, shards[k].clone())).collect()).collect()
             }
             PartsOf::MicroBatches(micro) => {
@@ -141,6 +148,9 @@ impl ReplicaSplit<'_> {
                     .collect()
             }
         };
-        per_replica.into_iter().map(|rs| rs.into_iter().map(|(index, r)| Ok(Part { index, first: r.start, batch: batch.slice(r)? })).collect()).collect()
+        per_replica
+            .into_iter()
+            .map(|rs| rs.into_iter().map(|(index, r)| Ok(Part { index, first: r.start, batch: batch.slice(r)? })).collect())
+            .collect()
     }
 }

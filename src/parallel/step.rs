@@ -67,7 +67,12 @@ pub(crate) struct Part<'a> {
 
 impl std::fmt::Debug for StepCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StepCore").field("devices", &self.devices).field("clip", &self.clip).field("lr", &self.lr).field("step", &self.step).finish_non_exhaustive()
+        f.debug_struct("StepCore")
+            .field("devices", &self.devices)
+            .field("clip", &self.clip)
+            .field("lr", &self.lr)
+            .field("step", &self.step)
+            .finish_non_exhaustive()
     }
 }
 
@@ -90,7 +95,9 @@ impl StepCore {
     pub fn load_grad_scaler(&mut self, scale: f32, growth_tracker: u32) -> Result<()> {
         match &mut self.scaler {
             Some(s) => s.load(scale, growth_tracker),
-            None => Err(Error::invalid("load_grad_scaler", format!("a loss scale belongs to f16 training; this run trains in {}", self.precision.name()))),
+            None => {
+                Err(Error::invalid("load_grad_scaler", format!("a loss scale belongs to f16 training; this run trains in {}", self.precision.name())))
+            }
         }
     }
 
@@ -184,7 +191,13 @@ impl StepCore {
     /// learning rate set last (each on its own thread, its device synced, with `threads`;
     /// `worker` names such a thread in its error), and the step is counted. Returns the norm
     /// before clipping (when clipping is on) and each part's seconds.
-    pub(crate) fn update(&mut self, norm_over: NormOver<'_>, reduce: Option<&dyn Fn(f64) -> Result<f64>>, mut parts: Vec<Part<'_>>, threads: Option<&'static str>) -> Result<(Option<f32>, Vec<f64>)> {
+    pub(crate) fn update(
+        &mut self,
+        norm_over: NormOver<'_>,
+        reduce: Option<&dyn Fn(f64) -> Result<f64>>,
+        mut parts: Vec<Part<'_>>,
+        threads: Option<&'static str>,
+    ) -> Result<(Option<f32>, Vec<f64>)> {
         let mut scale = None;
         let mut norm = None;
         // Loss scaling: the gradients divided by the scale again, and the step skipped when any

@@ -10,18 +10,18 @@ mod mlp;
 pub(crate) mod placed;
 mod stages;
 
-pub use gpt::TensorParallelGpt;
-pub use mlp::ParallelMlp;
-pub use stages::ShardedStage;
+use super::split;
 use super::step::{NormOver, Part, StepCore};
 use super::trace::Phase;
-use super::split;
 use super::{batch_to_device, Loss, OptimConfig, StepReport, Strategy};
 use crate::autograd::no_grad;
 use crate::data::Batch;
 use crate::nn::{Linear, Module, Sequential};
 use crate::optim::Optimizer;
 use crate::{Device, Error, Result, Tensor};
+pub use gpt::TensorParallelGpt;
+pub use mlp::ParallelMlp;
+pub use stages::ShardedStage;
 use std::time::Instant;
 
 /// `(start, len)` of each device's share of `n`, as equal as integers allow; every share must
@@ -196,11 +196,8 @@ impl RowParallelLinear {
         if xs.len() != self.devices.len() {
             return Err(Error::invalid("RowParallelLinear", format!("{} input slices for {} devices", xs.len(), self.devices.len())));
         }
-        let partial = xs
-            .iter()
-            .enumerate()
-            .map(|(i, x)| x.to(&self.devices[i])?.matmul_t(&self.weights[i], false, true))
-            .collect::<Result<Vec<_>>>()?;
+        let partial =
+            xs.iter().enumerate().map(|(i, x)| x.to(&self.devices[i])?.matmul_t(&self.weights[i], false, true)).collect::<Result<Vec<_>>>()?;
         let y = sum_on(&partial, &self.devices[0])?;
         match &self.bias {
             Some(b) => y.add(b),
@@ -259,7 +256,6 @@ fn as_linear(name: &str, layer: &dyn Module) -> Result<Linear> {
     }
 }
 
-
 /// The rest of a tensor-parallel step after the whole batch's forward, begun at `t0`, gave
 /// `loss`: its backward (both cross every device from the first device's thread), then each
 /// device's optimizer, `opts[i]` on `devices[i]`, with clipping over all of them.
@@ -277,7 +273,8 @@ fn backward_and_update(loss: Tensor, t0: Instant, run: &mut StepCore, opts: &mut
         tr.span(&track, "forward", Phase::Forward, t0, tf);
         tr.span(&track, "backward", Phase::Backward, tb, dur_b);
     }
-    let parts = opts.iter_mut().zip(&devices).enumerate().map(|(i, (opt, d))| Part { opt, device: d, track: Some(format!("{} #{i}", d.spec())) }).collect();
+    let parts =
+        opts.iter_mut().zip(&devices).enumerate().map(|(i, (opt, d))| Part { opt, device: d, track: Some(format!("{} #{i}", d.spec())) }).collect();
     let (grad_norm, _) = run.update(NormOver::Parts, None, parts, None)?;
     let wall = t0.elapsed().as_secs_f64();
     let peak_memory = devices.iter().map(|d| d.memory().peak).collect();
@@ -310,7 +307,10 @@ impl SplitPair {
         let fc1 = as_linear(&layers[i1].0, &*layers[i1].1)?;
         let fc2 = as_linear(&layers[i2].0, &*layers[i2].1)?;
         if fc1.weight.dims()[0] != fc2.weight.dims()[1] {
-            return Err(Error::shape("TensorParallel", format!("{} outputs {:?} but {} takes {:?}", layers[i1].0, fc1.weight.shape(), layers[i2].0, fc2.weight.shape())));
+            return Err(Error::shape(
+                "TensorParallel",
+                format!("{} outputs {:?} but {} takes {:?}", layers[i1].0, fc1.weight.shape(), layers[i2].0, fc2.weight.shape()),
+            ));
         }
         let col = ColumnParallelLinear::from_linear(&fc1, devices)?;
         let row = RowParallelLinear::from_linear(&fc2, devices)?;

@@ -6,7 +6,6 @@ use crate::autograd::{self, GradOp};
 use crate::backend::{BinaryOp, IndexOp, GELU_BETA, GELU_KAPPA};
 use crate::{DType, Device, Error, Result, Shape};
 
-
 /// `β (x + κ x³)`, the argument of the tanh in `gelu_tanh`, shared with its gradient.
 pub(crate) fn gelu_tanh_inner(x: &Tensor) -> Result<Tensor> {
     autograd::no_grad(|| x.add(&x.powf(3.0)?.mul_scalar(GELU_KAPPA)?)?.mul_scalar(GELU_BETA))
@@ -215,7 +214,8 @@ impl Tensor {
         }
         let (r, c) = (self.dims()[self.rank() - 2], self.dims()[self.rank() - 1]);
         let n = r.saturating_mul(c);
-        let mask = crate::backend::host::try_collect(n, (0..n).map(|k| keep((k / c) as isize, (k % c) as isize, diagonal) as i32 as f32), "host", op)?;
+        let mask =
+            crate::backend::host::try_collect(n, (0..n).map(|k| keep((k / c) as isize, (k % c) as isize, diagonal) as i32 as f32), "host", op)?;
         let mask = Tensor::from_vec(mask, [r, c], self.device())?;
         self.where_(&mask, &Tensor::zeros(Shape(vec![]), self.device())?)
     }
@@ -244,7 +244,10 @@ impl Tensor {
     pub fn avg_pool2d(&self, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
         let x = self.dims();
         if self.rank() != 4 || kernel == 0 || padding * 2 > kernel {
-            return Err(Error::shape("avg_pool2d", format!("input {:?} kernel {kernel} padding {padding} (need [N,C,H,W], padding <= kernel/2)", self.shape())));
+            return Err(Error::shape(
+                "avg_pool2d",
+                format!("input {:?} kernel {kernel} padding {padding} (need [N,C,H,W], padding <= kernel/2)", self.shape()),
+            ));
         }
         let (n, c) = (x[0], x[1]);
         let w = Tensor::full(1.0 / (kernel * kernel) as f32, [1, 1, kernel, kernel], self.device())?;

@@ -58,7 +58,10 @@ impl Tensor {
     pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
         let c = self.dims().last().copied().unwrap_or(0);
         if self.rank() == 0 || weight.dims() != [c] || bias.dims() != [c] {
-            return Err(Error::shape("layer_norm", format!("input {:?} with weight {:?} and bias {:?}: need [.., C] with [C] and [C]", self.shape(), weight.shape(), bias.shape())));
+            return Err(Error::shape(
+                "layer_norm",
+                format!("input {:?} with weight {:?} and bias {:?}: need [.., C] with [C] and [C]", self.shape(), weight.shape(), bias.shape()),
+            ));
         }
         self.same_device("layer_norm", weight)?;
         self.same_device("layer_norm", bias)?;
@@ -105,7 +108,10 @@ impl Tensor {
     /// are kept for the backward, which recomputes the weights (FlashAttention's idea).
     pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
         if q.rank() != 3 || k.shape() != q.shape() || v.shape() != q.shape() {
-            return Err(Error::shape("causal_attention", format!("q {:?}, k {:?}, v {:?}: need three equal [N, T, D]", q.shape(), k.shape(), v.shape())));
+            return Err(Error::shape(
+                "causal_attention",
+                format!("q {:?}, k {:?}, v {:?}: need three equal [N, T, D]", q.shape(), k.shape(), v.shape()),
+            ));
         }
         q.same_device("causal_attention", k)?;
         q.same_device("causal_attention", v)?;
@@ -158,7 +164,8 @@ impl Tensor {
         let rows = self.numel() / c;
         let dev = self.device();
         let blocks = ln_blocks(rows);
-        let (dx, dwp, dbp) = (self.alloc_like(self.numel(), DType::F32)?, self.alloc_like(blocks * c, DType::F32)?, self.alloc_like(blocks * c, DType::F32)?);
+        let (dx, dwp, dbp) =
+            (self.alloc_like(self.numel(), DType::F32)?, self.alloc_like(blocks * c, DType::F32)?, self.alloc_like(blocks * c, DType::F32)?);
         let bufs = [g.buffer(), self.buffer(), w.buffer(), mean.buffer(), rstd.buffer(), &dx, &dwp, &dbp];
         if try_fused(dev, FusedOp::LayerNormBackward { rows, cols: c }, &bufs)? {
             let part = |b| Tensor::from_parts(b, Shape(vec![blocks, c]), dev.clone(), None).sum(0, false);

@@ -18,9 +18,9 @@ pub(crate) use compose::gelu_tanh_inner;
 pub use deferred::build_deferred;
 pub(crate) use deferred::{defers, forget_host_values};
 pub use fused::composed;
-pub use losses::CrossEntropy;
-pub use halves::{autocast, autocast_dtype};
 pub(crate) use halves::backward_in_f32;
+pub use halves::{autocast, autocast_dtype};
+pub use losses::CrossEntropy;
 pub use thread_settings::on_cpu_pool;
 
 use crate::autograd::{self, GradOp, Node};

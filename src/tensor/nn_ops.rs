@@ -15,7 +15,10 @@ impl Tensor {
         }
         let (ka, kb) = (self.dims().last().copied(), other.dims().get(other.rank().saturating_sub(2)).copied());
         if self.rank() == 0 || other.rank() == 0 || ka != kb {
-            return Err(Error::shape("matmul", format!("{:?} · {:?}: inner dimensions differ or an operand is a scalar", self.shape(), other.shape())));
+            return Err(Error::shape(
+                "matmul",
+                format!("{:?} · {:?}: inner dimensions differ or an operand is a scalar", self.shape(), other.shape()),
+            ));
         }
         let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
         let b = if other.rank() == 1 { other.unsqueeze(1)? } else { other.clone() };
@@ -163,7 +166,10 @@ impl Tensor {
         }
         let (x, w) = (self.dims(), weight.dims());
         if x.len() != 4 || w.len() != 4 || x[1] != w[1] {
-            return Err(Error::shape("conv2d", format!("input {:?} with weight {:?} (need [N,C,H,W] and [O,C,KH,KW])", self.shape(), weight.shape())));
+            return Err(Error::shape(
+                "conv2d",
+                format!("input {:?} with weight {:?} (need [N,C,H,W] and [O,C,KH,KW])", self.shape(), weight.shape()),
+            ));
         }
         let spec = WindowSpec::new("conv2d", [x[0], x[1], x[2], x[3]], (w[2], w[3]), stride, pad)?;
         let cols = self.alloc_like(spec.n * spec.col_rows() * spec.col_len(), DType::F32)?;

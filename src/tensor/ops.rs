@@ -148,9 +148,8 @@ impl Tensor {
         if from == dtype {
             return Ok(self.clone());
         }
-        let op = CastOp::between(from, dtype).ok_or_else(|| {
-            Error::invalid("to_dtype", format!("no cast from {from:?} to {dtype:?} (a half type converts to and from F32 only)"))
-        })?;
+        let op = CastOp::between(from, dtype)
+            .ok_or_else(|| Error::invalid("to_dtype", format!("no cast from {from:?} to {dtype:?} (a half type converts to and from F32 only)")))?;
         let out = self.alloc_like(self.numel(), dtype)?;
         self.backend().cast(op, &self.0.buffer, &out, self.numel())?;
         if from == DType::I32 || dtype == DType::I32 {
@@ -254,7 +253,12 @@ impl Tensor {
         if self.rank() != 2 || labels.dims() != [self.dims()[0]] {
             return Err(Error::shape(
                 "gather_rows",
-                format!("input {:?} needs rank 2 and labels [{}], got labels {:?}", self.shape(), self.dims().first().copied().unwrap_or(0), labels.shape()),
+                format!(
+                    "input {:?} needs rank 2 and labels [{}], got labels {:?}",
+                    self.shape(),
+                    self.dims().first().copied().unwrap_or(0),
+                    labels.shape()
+                ),
             ));
         }
         let (rows, cols) = (self.dims()[0], self.dims()[1]);
@@ -303,4 +307,3 @@ impl Tensor {
         self.sub(target)?.square()?.mean_all()
     }
 }
-

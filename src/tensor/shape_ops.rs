@@ -39,11 +39,8 @@ impl Tensor {
             return Err(Error::shape("permute", format!("{perm:?} is not a permutation of the dims of {:?}", self.shape())));
         }
         let src = self.layout();
-        let layout = Layout {
-            shape: perm.iter().map(|&p| src.shape[p]).collect(),
-            strides: perm.iter().map(|&p| src.strides[p]).collect(),
-            offset: 0,
-        };
+        let layout =
+            Layout { shape: perm.iter().map(|&p| src.shape[p]).collect(), strides: perm.iter().map(|&p| src.strides[p]).collect(), offset: 0 };
         let out = self.strided_copy(&layout)?;
         Ok(Tensor::result(out, Shape(layout.shape), self.device(), GradOp::Permute(perm.to_vec()), &[self]))
     }
@@ -76,9 +73,7 @@ impl Tensor {
         if self.shape() == shape {
             return Ok(self.clone());
         }
-        let extra = self.rank().checked_sub(shape.rank()).ok_or_else(|| {
-            Error::shape("sum_to", format!("{:?} to {shape:?}", self.shape()))
-        })?;
+        let extra = self.rank().checked_sub(shape.rank()).ok_or_else(|| Error::shape("sum_to", format!("{:?} to {shape:?}", self.shape())))?;
         let mut t = self.clone();
         for _ in 0..extra {
             t = t.sum(0, false)?;

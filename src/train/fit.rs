@@ -1,9 +1,9 @@
 //! [`Trainer::fit`]: where a run starts (fresh, or resumed from its newest checkpoint) and its
 //! step loop with validation, checkpoints, the non-finite check and the stop token.
 use super::observer::{RunStart, StepInfo};
-use super::{default_changes, evaluate, ranks, record, Checkpoints, Fit, Schedule, Trainer};
 use super::run_dir::{self, Claim, RunDir};
 use super::run_file::{self as runfile, RunCheckpoint, RunState};
+use super::{default_changes, evaluate, ranks, record, Checkpoints, Fit, Schedule, Trainer};
 use crate::data::BatchSource;
 use crate::{Error, Result};
 use std::path::PathBuf;
@@ -76,7 +76,8 @@ impl<S: crate::parallel::Strategy + ?Sized> Trainer<S> {
             let position = data.state();
             fit.step += 1;
             let step = fit.step;
-            let report = crate::parallel::on_step_threads(&mut *self.strategy, |s| s.step(&batch)).map_err(|e| e.at_step(step, fit.checkpoint.as_deref()))?;
+            let report =
+                crate::parallel::on_step_threads(&mut *self.strategy, |s| s.step(&batch)).map_err(|e| e.at_step(step, fit.checkpoint.as_deref()))?;
             if !report.loss.is_finite() {
                 return Err(Error::NonFinite { step, what: format!("loss is {} at step {step}", report.loss), kept: fit.checkpoint });
             }

@@ -11,10 +11,10 @@ pub mod run_dir;
 pub mod run_file;
 mod stop;
 
-pub use run_dir::{Claim, RunDir};
-pub use run_file::{RunCheckpoint, RunState};
 pub use metric::{Accuracy, MeanLoss, Metric, Mse, Perplexity, R2};
 pub use observer::{Observer, PrintEvery, RunStart, StepInfo};
+pub use run_dir::{Claim, RunDir};
+pub use run_file::{RunCheckpoint, RunState};
 pub use stop::StopToken;
 
 use crate::data::BatchSource;
@@ -373,7 +373,12 @@ impl<S: Strategy + ?Sized> Trainer<S> {
 
 /// One validation pass: `metrics` over `source`'s epoch 0, in eval mode, named after the
 /// source when it has a `name`.
-fn evaluate<S: Strategy + ?Sized>(s: &mut S, source: &mut dyn BatchSource, metrics: &mut [Box<dyn Metric>], name: Option<&str>) -> Result<Vec<(String, f64)>> {
+fn evaluate<S: Strategy + ?Sized>(
+    s: &mut S,
+    source: &mut dyn BatchSource,
+    metrics: &mut [Box<dyn Metric>],
+    name: Option<&str>,
+) -> Result<Vec<(String, f64)>> {
     source.set_state(crate::data::LoaderState { epoch: 0, position: 0 })?;
     s.set_training(false);
     let pass = (|| {

@@ -13,9 +13,9 @@
 use super::run_file::{self as checkpoints, RunState};
 use crate::checkpoint::HostTensor;
 use crate::{Error, Result};
+use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -132,7 +132,8 @@ impl RunDir {
     /// # Ok::<(), tandem::Error>(())
     /// ```
     pub fn open(path: &Path, claim: Claim) -> Result<RunDir> {
-        let cannot = |what: &str, e: std::io::Error| Error::io(path, std::io::Error::new(e.kind(), format!("checkpoint directory: cannot {what}: {e}")));
+        let cannot =
+            |what: &str, e: std::io::Error| Error::io(path, std::io::Error::new(e.kind(), format!("checkpoint directory: cannot {what}: {e}")));
         std::fs::create_dir_all(path).map_err(|e| cannot("create it", e))?;
         check_entries(path)?;
         let lock_path = path.join(LOCK);
@@ -344,7 +345,8 @@ mod tests {
         assert!(!dir.join(checkpoints::file_name(1)).exists(), "retention kept an old checkpoint of the run");
         assert_eq!(std::fs::read(outside.join("file")).unwrap(), b"precious");
         // No temp file is left behind by the refused save.
-        let temps = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_str().is_some_and(checkpoints::is_temp_name)).count();
+        let temps =
+            std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_str().is_some_and(checkpoints::is_temp_name)).count();
         assert_eq!(temps, 0, "a refused save left its temp file");
         std::fs::remove_dir_all(&dir).unwrap();
         std::fs::remove_dir_all(&outside).unwrap();

@@ -27,8 +27,10 @@ impl Fixture {
         Fixture::file(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_tiny_amp.safetensors"))
     }
     fn file(path: &str) -> Fixture {
-        let (tensors, meta) = read_safetensors(path).unwrap_or_else(|e| panic!("the fixture reads (scripts/gpt_parity.py, gpt_amp_parity.py make): {e}"));
-        let meta: serde_json::Map<String, serde_json::Value> = meta.into_iter().map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v)))).collect();
+        let (tensors, meta) =
+            read_safetensors(path).unwrap_or_else(|e| panic!("the fixture reads (scripts/gpt_parity.py, gpt_amp_parity.py make): {e}"));
+        let meta: serde_json::Map<String, serde_json::Value> =
+            meta.into_iter().map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v)))).collect();
         Fixture { tensors: tensors.into_iter().collect(), meta: meta.into() }
     }
     pub fn json(&self, key: &str) -> &serde_json::Value {
@@ -36,7 +38,15 @@ impl Fixture {
     }
     pub fn config(&self) -> GptConfig {
         let n = |k: &str| self.meta["config"][k].as_u64().expect("a size") as usize;
-        GptConfig { n_layer: n("n_layer"), n_head: n("n_head"), n_embd: n("n_embd"), block_size: n("block_size"), vocab_size: n("vocab_size"), dropout: 0.0, bias: true }
+        GptConfig {
+            n_layer: n("n_layer"),
+            n_head: n("n_head"),
+            n_embd: n("n_embd"),
+            block_size: n("block_size"),
+            vocab_size: n("vocab_size"),
+            dropout: 0.0,
+            bias: true,
+        }
     }
     /// A training hyper-parameter (`lr`, `beta1`, ..).
     pub fn hp(&self, k: &str) -> f32 {
@@ -60,7 +70,9 @@ impl Fixture {
         let mut out: Vec<(String, Tensor)> = self
             .tensors
             .iter()
-            .filter_map(|(n, t)| n.strip_prefix(prefix).map(|rest| (rest.to_string(), Tensor::from_vec(self.f32s(n).to_vec(), t.shape.clone(), dev).expect("upload"))))
+            .filter_map(|(n, t)| {
+                n.strip_prefix(prefix).map(|rest| (rest.to_string(), Tensor::from_vec(self.f32s(n).to_vec(), t.shape.clone(), dev).expect("upload")))
+            })
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
@@ -78,7 +90,14 @@ impl Fixture {
     }
     /// nanoGPT's AdamW with its weight-decay groups (none on biases and LayerNorms).
     pub fn adamw(&self) -> OptimConfig {
-        let c = AdamConfig { lr: self.hp("lr"), beta1: self.hp("beta1"), beta2: self.hp("beta2"), eps: self.hp("eps"), weight_decay: self.hp("weight_decay"), decoupled: true };
+        let c = AdamConfig {
+            lr: self.hp("lr"),
+            beta1: self.hp("beta1"),
+            beta2: self.hp("beta2"),
+            eps: self.hp("eps"),
+            weight_decay: self.hp("weight_decay"),
+            decoupled: true,
+        };
         OptimConfig::adam(c).with_groups(ParamGroups::no_decay_for_biases_and_norms())
     }
     /// The fixture's steps under `s`, clipped as nanoGPT clips: PyTorch's losses within 1e-4

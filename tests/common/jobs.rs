@@ -48,7 +48,12 @@ pub fn run(mut cmd: Command, limit: Duration) -> Job {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let job = Job { ok: status.success(), stdout: std::fs::read_to_string(&out).unwrap(), stderr: std::fs::read_to_string(&err).unwrap(), took: start.elapsed() };
+    let job = Job {
+        ok: status.success(),
+        stdout: std::fs::read_to_string(&out).unwrap(),
+        stderr: std::fs::read_to_string(&err).unwrap(),
+        took: start.elapsed(),
+    };
     let _ = std::fs::remove_dir_all(&dir);
     job
 }
@@ -90,11 +95,17 @@ pub fn assert_no_memory_fault(output: &str) {
 /// `examples/NAME` built once per test process with this test's features and profile, so the
 /// library is not built a second time.
 pub fn example(name: &str) -> PathBuf {
-    let features: Vec<&str> = [("wgpu", cfg!(feature = "wgpu")), ("cli", cfg!(feature = "cli")), ("cuda", cfg!(feature = "cuda")), ("nccl", cfg!(feature = "nccl")), ("mpi", true)]
-        .iter()
-        .filter(|f| f.1)
-        .map(|f| f.0)
-        .collect();
+    let features: Vec<&str> = [
+        ("wgpu", cfg!(feature = "wgpu")),
+        ("cli", cfg!(feature = "cli")),
+        ("cuda", cfg!(feature = "cuda")),
+        ("nccl", cfg!(feature = "nccl")),
+        ("mpi", true),
+    ]
+    .iter()
+    .filter(|f| f.1)
+    .map(|f| f.0)
+    .collect();
     let profile_dir = std::env::current_exe().unwrap().parent().and_then(Path::parent).unwrap().to_path_buf();
     let status = Command::new(env!("CARGO"))
         .args(["build", "--example", name, "--no-default-features", "--features", &features.join(",")])

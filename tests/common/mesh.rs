@@ -14,8 +14,12 @@ pub fn token_batches(cfg: GptConfig, b: usize, steps: usize, seed: u64) -> Vec<B
     let mut rng = rng(seed);
     (0..steps)
         .map(|_| {
-            let ids: Vec<i32> = uniform(&mut rng, b * (cfg.block_size + 1), 0.0, cfg.vocab_size as f32).iter().map(|&v| (v as i32).min(cfg.vocab_size as i32 - 1)).collect();
-            let (x, y): (Vec<i32>, Vec<i32>) = ids.chunks(cfg.block_size + 1).flat_map(|w| w[..cfg.block_size].iter().copied().zip(w[1..].iter().copied())).unzip();
+            let ids: Vec<i32> = uniform(&mut rng, b * (cfg.block_size + 1), 0.0, cfg.vocab_size as f32)
+                .iter()
+                .map(|&v| (v as i32).min(cfg.vocab_size as i32 - 1))
+                .collect();
+            let (x, y): (Vec<i32>, Vec<i32>) =
+                ids.chunks(cfg.block_size + 1).flat_map(|w| w[..cfg.block_size].iter().copied().zip(w[1..].iter().copied())).unzip();
             Batch::tokens(x, y, cfg.block_size, cfg.vocab_size).unwrap()
         })
         .collect()

@@ -334,7 +334,13 @@ pub fn text(b: &[u8]) -> String {
 pub fn logged_losses(args: &[&str]) -> Vec<f32> {
     let out = ok(&[args, &["--log-format", "json"]].concat());
     let lines = text(&out.stdout);
-    lines.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["step"].is_u64()).filter_map(|v| v["loss"].as_f64()).map(|v| v as f32).collect()
+    lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["step"].is_u64())
+        .filter_map(|v| v["loss"].as_f64())
+        .map(|v| v as f32)
+        .collect()
 }
 
 /// im2col and col2im of random data through window `s` on `dev`, against the CPU reference

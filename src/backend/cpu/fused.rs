@@ -271,7 +271,8 @@ fn attention_backward(ins: &[&[f32]], n: usize, t: usize, d: usize, scale: f32, 
     let [dq, dk, dv, delta] = outs;
     let one = |(b, ((dq, dk), (dv, delta))): (usize, Grads<'_>)| {
         let at = b * t * d;
-        let (q, k, v, o, g, lse) = (&q[at..][..t * d], &k[at..][..t * d], &v[at..][..t * d], &o[at..][..t * d], &g[at..][..t * d], &lse[b * t..][..t]);
+        let (q, k, v, o, g, lse) =
+            (&q[at..][..t * d], &k[at..][..t * d], &v[at..][..t * d], &o[at..][..t * d], &g[at..][..t * d], &lse[b * t..][..t]);
         for (r, dl) in delta.iter_mut().enumerate() {
             *dl = dot(row(g, r, d), row(o, r, d));
         }
@@ -331,7 +332,11 @@ mod tests {
             layer_norm_row(&x, &w, &b, 1e-5, &mut y, &mut stats);
             layer_norm_row_plain(&x, &w, &b, 1e-5, &mut y_plain, &mut stats_plain);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!((bits(&y), stats.0.to_bits(), stats.1.to_bits()), (bits(&y_plain), stats_plain.0.to_bits(), stats_plain.1.to_bits()), "forward, {n} columns");
+            assert_eq!(
+                (bits(&y), stats.0.to_bits(), stats.1.to_bits()),
+                (bits(&y_plain), stats_plain.0.to_bits(), stats_plain.1.to_bits()),
+                "forward, {n} columns"
+            );
             let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
             let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
             assert!((stats.0 as f64 - mean).abs() <= 1e-6 * (1.0 + mean.abs()), "mean {} of {n}: want {mean}", stats.0);

@@ -113,9 +113,18 @@ impl GemmRule {
         match (self.choice, super::openblas::library()) {
             (GemmChoice::Gemm, _) => format!("{gemm} (TANDEM_CPU_GEMM=gemm)"),
             (_, Err(why)) => format!("{gemm} ({why})"),
-            (GemmChoice::Auto, Ok(_)) if gemm_has_avx512() => format!("{gemm} (f32, host threads; faster here than OpenBLAS, which TANDEM_CPU_GEMM=openblas forces)"),
-            (GemmChoice::Auto, Ok(lib)) => format!("OpenBLAS ({} kernels, {}) from 2^{} multiply-adds, {gemm} below (f32, host threads)", lib.core, lib.path, OPENBLAS_FROM.ilog2()),
-            (GemmChoice::OpenBlas, Ok(lib)) => format!("OpenBLAS ({} kernels, {}; TANDEM_CPU_GEMM=openblas), {gemm} for per-image products", lib.core, lib.path),
+            (GemmChoice::Auto, Ok(_)) if gemm_has_avx512() => {
+                format!("{gemm} (f32, host threads; faster here than OpenBLAS, which TANDEM_CPU_GEMM=openblas forces)")
+            }
+            (GemmChoice::Auto, Ok(lib)) => format!(
+                "OpenBLAS ({} kernels, {}) from 2^{} multiply-adds, {gemm} below (f32, host threads)",
+                lib.core,
+                lib.path,
+                OPENBLAS_FROM.ilog2()
+            ),
+            (GemmChoice::OpenBlas, Ok(lib)) => {
+                format!("OpenBLAS ({} kernels, {}; TANDEM_CPU_GEMM=openblas), {gemm} for per-image products", lib.core, lib.path)
+            }
         }
         #[cfg(not(feature = "openblas"))]
         format!("{gemm} (f32, host threads)")

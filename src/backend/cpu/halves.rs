@@ -270,9 +270,25 @@ pub fn matmul(a: Operand, b: Operand, c: Output, s: MatmulSpec) -> Result<()> {
             // `tile` or this task's own outputs of `c`: no two tasks share an output.
             unsafe {
                 gemm::gemm(
-                    rows, cols, k, dst, 1, drs as isize, false,
-                    lhs, lcs as isize, lrs as isize, b[bo..].as_ptr(), csb as isize, rsb as isize,
-                    0.0, 1.0, false, false, false, gemm::Parallelism::None,
+                    rows,
+                    cols,
+                    k,
+                    dst,
+                    1,
+                    drs as isize,
+                    false,
+                    lhs,
+                    lcs as isize,
+                    lrs as isize,
+                    b[bo..].as_ptr(),
+                    csb as isize,
+                    rsb as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
                 );
             }
             if c_dtype != DType::F32 {

@@ -104,8 +104,20 @@ pub fn exp_f64(z: f64) -> f64 {
     const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
     const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     const INV_FACT: [f64; 14] = [
-        1.0 / 6_227_020_800.0, 1.0 / 479_001_600.0, 1.0 / 39_916_800.0, 1.0 / 3_628_800.0, 1.0 / 362_880.0, 1.0 / 40_320.0, 1.0 / 5_040.0,
-        1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0,
+        1.0 / 6_227_020_800.0,
+        1.0 / 479_001_600.0,
+        1.0 / 39_916_800.0,
+        1.0 / 3_628_800.0,
+        1.0 / 362_880.0,
+        1.0 / 40_320.0,
+        1.0 / 5_040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
     ];
     // ln(f64::MAX): above it exp overflows.
     const MAX: f64 = 709.782_712_893_384;
@@ -316,7 +328,27 @@ pub fn matmul_then(a: &[f32], b: &[f32], c: &mut [f32], s: MatmulSpec, path: Gem
             // the offsets, inside `a` and `b` as `contract::matmul` checked before this was
             // called; `cc` is one m×n output, written without being read.
             unsafe {
-                gemm::gemm(m, n, k, cc.as_mut_ptr(), 1, n as isize, false, a[ao..].as_ptr(), csa, rsa, b[bo..].as_ptr(), csb, rsb, 0.0, 1.0, false, false, false, threads);
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    cc.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a[ao..].as_ptr(),
+                    csa,
+                    rsa,
+                    b[bo..].as_ptr(),
+                    csb,
+                    rsb,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    threads,
+                );
             }
         }
         epilogue(cc);

@@ -13,15 +13,15 @@ pub(crate) use threads::on_pool;
 #[cfg(feature = "openblas")]
 pub mod openblas;
 pub use gemm_path::{GemmChoice, OPENBLAS_FROM};
-pub use kernels::gemm_kernels;
 pub(crate) use halves::Spread;
+pub use kernels::gemm_kernels;
 pub(crate) use kernels::{binary, unary};
 mod update;
 
-use crate::backend::*;
-use crate::backend::contract;
 use crate::backend::budget::Budget;
+use crate::backend::contract;
 use crate::backend::host;
+use crate::backend::*;
 use crate::{DType, Error, Layout, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -201,7 +201,8 @@ fn copy_halves(src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: 
     }
     let s = read(raw(src)?);
     let mut d = write(raw(dst)?);
-    bytemuck::cast_slice_mut::<u32, u16>(&mut d)[dst_off..dst_off + len].copy_from_slice(&bytemuck::cast_slice::<u32, u16>(&s)[src_off..src_off + len]);
+    bytemuck::cast_slice_mut::<u32, u16>(&mut d)[dst_off..dst_off + len]
+        .copy_from_slice(&bytemuck::cast_slice::<u32, u16>(&s)[src_off..src_off + len]);
     Ok(())
 }
 
@@ -260,9 +261,7 @@ impl Backend for CpuBackend {
     }
     fn binary(&self, op: BinaryOp, a: &Buffer, la: &Layout, b: &Buffer, lb: &Layout, out: &Buffer) -> Result<()> {
         contract::binary(&self.info, a, la, b, lb, out)?;
-        with_f32(a, out, |av| {
-            with_f32(b, out, |bv| write_with(out, |o| elementwise::binary_pass(op, la, av, lb, bv, o)))
-        })??
+        with_f32(a, out, |av| with_f32(b, out, |bv| write_with(out, |o| elementwise::binary_pass(op, la, av, lb, bv, o))))??
     }
     fn reduce(&self, op: ReduceOp, x: &Buffer, spec: ReduceSpec, out: &Buffer) -> Result<()> {
         contract::reduce(&self.info, op, x, spec, out)?;
@@ -284,7 +283,11 @@ impl Backend for CpuBackend {
         let gb = read(raw(b)?);
         with_f32(bias, out, |bias| {
             let bias = &bias[..spec.m];
-            write_with(out, |c| kernels::matmul_then(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec, self.gemm.path(&spec), |o| kernels::row_bias(o, bias, relu)))
+            write_with(out, |c| {
+                kernels::matmul_then(bytemuck::cast_slice(&ga), bytemuck::cast_slice(&gb), c, spec, self.gemm.path(&spec), |o| {
+                    kernels::row_bias(o, bias, relu)
+                })
+            })
         })??;
         Ok(true)
     }

@@ -59,7 +59,11 @@ fn load() -> Result<OpenBlas, String> {
             match lib.get::<unsafe extern "C" fn() -> *const c_char>(b"openblas_get_corename\0") {
                 Ok(name) => {
                     let p = name();
-                    if p.is_null() { "unknown".to_string() } else { CStr::from_ptr(p).to_string_lossy().into_owned() }
+                    if p.is_null() {
+                        "unknown".to_string()
+                    } else {
+                        CStr::from_ptr(p).to_string_lossy().into_owned()
+                    }
                 }
                 Err(_) => "unknown".to_string(),
             }
@@ -105,7 +109,24 @@ impl OpenBlas {
             // leading dimensions from `a0` and `b0` (rows.len() rows of op(A), cols.len()
             // columns of op(B)), and `c0` addresses this block's corner in `c`, whose rows are
             // `n` apart; blocks of concurrent calls do not overlap; all sizes fit its `int`.
-            unsafe { (self.sgemm)(ROW_MAJOR, t(trans_a), t(trans_b), rows.len() as c_int, cols.len() as c_int, ki, 1.0, a0.as_ptr(), lda, b0.as_ptr(), ldb, 0.0, c0, ni) };
+            unsafe {
+                (self.sgemm)(
+                    ROW_MAJOR,
+                    t(trans_a),
+                    t(trans_b),
+                    rows.len() as c_int,
+                    cols.len() as c_int,
+                    ki,
+                    1.0,
+                    a0.as_ptr(),
+                    lda,
+                    b0.as_ptr(),
+                    ldb,
+                    0.0,
+                    c0,
+                    ni,
+                )
+            };
         };
         if parallel && m >= 16 * threads {
             let rows = m.div_ceil(threads);

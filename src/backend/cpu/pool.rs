@@ -15,7 +15,8 @@ pub fn max_pool2d(x: &[f32], s: WindowSpec, out: &mut [f32], arg: &mut [i32]) {
     if po == 0 {
         return;
     }
-    let pool: fn(&[f32], WindowSpec, &mut [f32], &mut [i32]) = if (s.kh, s.kw, s.stride, s.pad) == (2, 2, (2, 2), (0, 0)) { halving } else { any_window };
+    let pool: fn(&[f32], WindowSpec, &mut [f32], &mut [i32]) =
+        if (s.kh, s.kw, s.stride, s.pad) == (2, 2, (2, 2), (0, 0)) { halving } else { any_window };
     let one = |(p, (out, arg)): (usize, (&mut [f32], &mut [i32]))| pool(&x[p * s.h * s.w..][..s.h * s.w], s, out, arg);
     out[..planes * po].par_chunks_mut(po).zip(arg[..planes * po].par_chunks_mut(po)).enumerate().for_each(one);
 }
@@ -95,7 +96,16 @@ mod tests {
         for (h, w) in [(2, 2), (5, 7), (28, 28), (9, 4), (3, 6)] {
             let spec = WindowSpec::new("test", [3, 2, h, w], (2, 2), (2, 2), (0, 0)).unwrap();
             let specials = [f32::NAN, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0, -1.0];
-            let x: Vec<f32> = (0..3 * 2 * h * w).map(|i: usize| if i % 11 == 3 { specials[(i / 11) % specials.len()] } else { ((i * 7919 % 13) as f32 - 6.0).signum() * ((i * 31 % 3) as f32) }).collect();
+            let x: Vec<f32> =
+                (0..3 * 2 * h * w)
+                    .map(|i: usize| {
+                        if i % 11 == 3 {
+                            specials[(i / 11) % specials.len()]
+                        } else {
+                            ((i * 7919 % 13) as f32 - 6.0).signum() * ((i * 31 % 3) as f32)
+                        }
+                    })
+                    .collect();
             let outs = 3 * 2 * spec.oh * spec.ow;
             let (mut fast, mut fast_arg, mut general, mut general_arg) = (vec![7.0; outs], vec![9; outs], vec![7.0; outs], vec![9; outs]);
             max_pool2d(&x, spec, &mut fast, &mut fast_arg);

@@ -222,7 +222,13 @@ impl CudaBackend {
 /// `sm_XY` (the driver may be older than NVRTC and reject its PTX, which is then remembered in
 /// the cache, see `nvrtc::targets`); a rejected cache entry is evicted so that the next process
 /// recompiles it. Returns the module and what it was loaded from (`PTX compute_90`).
-fn load_family(ctx: &Arc<CudaContext>, family: &str, source: &str, cc: (i32, i32), driver: i32) -> Result<(Arc<cudarc::driver::CudaModule>, String), String> {
+fn load_family(
+    ctx: &Arc<CudaContext>,
+    family: &str,
+    source: &str,
+    cc: (i32, i32),
+    driver: i32,
+) -> Result<(Arc<cudarc::driver::CudaModule>, String), String> {
     let mut failures = Vec::new();
     for target in nvrtc::targets(driver, cc) {
         let image = match nvrtc::compile_cached(family, source, &target) {

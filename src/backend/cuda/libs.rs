@@ -271,9 +271,11 @@ pub(crate) fn search_dirs(lib: &Lib) -> Vec<PathBuf> {
             .map(PathBuf::from),
     );
     let mut seen = Vec::new();
-    dirs.retain(|d| !d.as_os_str().is_empty() && !seen.contains(d) && {
-        seen.push(d.clone());
-        true
+    dirs.retain(|d| {
+        !d.as_os_str().is_empty() && !seen.contains(d) && {
+            seen.push(d.clone());
+            true
+        }
     });
     dirs
 }

@@ -145,9 +145,7 @@ impl Pool {
         // SAFETY: the context is current; the memory is only handed out as uninitialised floats.
         match unsafe { result::malloc_sync(class) } {
             Ok(ptr) => return Ok(ptr),
-            Err(e) if e.0 != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                return Err(backend_error(&self.label, "cuMemAlloc", e))
-            }
+            Err(e) if e.0 != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => return Err(backend_error(&self.label, "cuMemAlloc", e)),
             Err(_) => {}
         }
         let released = self.release_cached()?;
@@ -180,8 +178,7 @@ impl Pool {
     /// Frees every pooled buffer back to the driver; returns the bytes released. Waits for the
     /// stream first, since queued work may still read a buffer that was dropped.
     pub(crate) fn release_cached(&self) -> Result<u64> {
-        let lists: Vec<(usize, Vec<sys::CUdeviceptr>)> =
-            self.free.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
+        let lists: Vec<(usize, Vec<sys::CUdeviceptr>)> = self.free.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
         if lists.is_empty() {
             return Ok(0);
         }

@@ -154,10 +154,7 @@ pub fn devices() -> Vec<DeviceInfo> {
 pub fn open(ordinal: usize) -> Result<Arc<dyn Backend>> {
     let n = probe()?;
     if ordinal >= n {
-        return Err(Error::NoSuchDevice {
-            spec: format!("cuda:{ordinal}"),
-            available: format!("{n} CUDA device(s)"),
-        });
+        return Err(Error::NoSuchDevice { spec: format!("cuda:{ordinal}"), available: format!("{n} CUDA device(s)") });
     }
     let backend = guarded("opening the device", || CudaBackend::new(describe(ordinal)?))?;
     Ok(Arc::new(backend))
@@ -292,7 +289,11 @@ pub(crate) fn matmul_line(blas: &std::result::Result<String, String>) -> String 
 
 /// [`DeviceInfo::libraries`] of a CUDA device: NVRTC, the images its kernels loaded as
 /// (`PTX compute_90`, `cubin sm_52`; none before the device opens) and NCCL.
-pub(crate) fn libraries_line(nvrtc: &std::result::Result<String, String>, images: &[String], nccl: Option<&std::result::Result<String, String>>) -> String {
+pub(crate) fn libraries_line(
+    nvrtc: &std::result::Result<String, String>,
+    images: &[String],
+    nccl: Option<&std::result::Result<String, String>>,
+) -> String {
     let mut parts = vec![match nvrtc {
         Ok(v) => v.clone(),
         Err(why) => format!("no NVRTC ({why})"),

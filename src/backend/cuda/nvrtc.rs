@@ -179,10 +179,7 @@ fn cubin(prog: sys::nvrtcProgram) -> Result<Vec<u8>, String> {
 /// silence it. Maxwell (the M60) is a deliberate target, so that one line is not a warning
 /// about our code; every other line of the log is kept.
 fn without_arch_notice(log: &str) -> String {
-    log.lines()
-        .filter(|l| !(l.contains("Architectures prior to") && l.contains("are deprecated")))
-        .collect::<Vec<_>>()
-        .join("\n")
+    log.lines().filter(|l| !(l.contains("Architectures prior to") && l.contains("are deprecated"))).collect::<Vec<_>>().join("\n")
 }
 
 fn c_text(raw: &[c_char]) -> String {

@@ -3,8 +3,8 @@
 use super::device::{grid, window, CudaBackend, THREADS};
 use super::memory::CudaBuf;
 use super::peer;
-use crate::backend::*;
 use crate::backend::contract;
+use crate::backend::*;
 use crate::{DType, Error, Layout, Result};
 use cudarc::driver::{result, sys, LaunchConfig, PushKernelArg};
 use std::any::Any;
@@ -48,9 +48,7 @@ impl Backend for CudaBackend {
                 .map_err(|e| self.err("cuMemsetD16Async", e));
         }
         // SAFETY: `ptr` holds `buf.len()` 4-byte elements of this context.
-        unsafe { sys::cuMemsetD32Async(ptr, bits, buf.len(), self.stream().cu_stream()) }
-            .result()
-            .map_err(|e| self.err("cuMemsetD32Async", e))
+        unsafe { sys::cuMemsetD32Async(ptr, bits, buf.len(), self.stream().cu_stream()) }.result().map_err(|e| self.err("cuMemsetD32Async", e))
     }
 
     fn copy(&self, src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
@@ -103,19 +101,11 @@ impl Backend for CudaBackend {
         }
         let code = op.code();
         if inner == 1 {
-            let cfg = LaunchConfig {
-                grid_dim: (outer.min(65535) as u32, 1, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig { grid_dim: (outer.min(65535) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
             launch!(self, "reduce_rows_f32", cfg, code, x, out, outer, len)
         } else {
             // Blocks of 32 × 8 threads, one per 32 outputs of an outer row (reduce.cu's COLS_X, COLS_Y).
-            let cfg = LaunchConfig {
-                grid_dim: ((outer * inner.div_ceil(32)).min(65535) as u32, 1, 1),
-                block_dim: (32, 8, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig { grid_dim: ((outer * inner.div_ceil(32)).min(65535) as u32, 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
             launch!(self, "reduce_cols_f32", cfg, code, x, out, outer, len, inner)
         }
     }
@@ -133,9 +123,7 @@ impl Backend for CudaBackend {
         if s.k == 0 {
             self.bind()?;
             // SAFETY: `c` holds `c_len` floats; an empty sum is 0.
-            return unsafe { sys::cuMemsetD32Async(c, 0, c_len, self.stream().cu_stream()) }
-                .result()
-                .map_err(|e| self.err("cuMemsetD32Async", e));
+            return unsafe { sys::cuMemsetD32Async(c, 0, c_len, self.stream().cu_stream()) }.result().map_err(|e| self.err("cuMemsetD32Async", e));
         }
         match self.blas.as_ref() {
             Some(blas) => {
@@ -345,9 +333,7 @@ impl Backend for CudaBackend {
         if !self.has_peer_path(src_device) {
             return Ok(None);
         }
-        let src_mem = src
-            .downcast::<CudaBuf>()
-            .ok_or_else(|| Error::invalid("copy_from_peer", "source buffer is not a CUDA buffer"))?;
+        let src_mem = src.downcast::<CudaBuf>().ok_or_else(|| Error::invalid("copy_from_peer", "source buffer is not a CUDA buffer"))?;
         if src_mem.is_released() {
             src.refill("copy_from_peer", &owner.label)?;
             if src_mem.is_released() {

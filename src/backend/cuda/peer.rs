@@ -42,10 +42,7 @@ pub(crate) fn enable(reader: &CudaBackend, owner: &CudaBackend) -> bool {
     }
     // SAFETY: the reader's context is current and the owner's context is live.
     let status = unsafe { sys::cuCtxEnablePeerAccess(owner.context().cu_ctx(), 0) };
-    let ok = matches!(
-        status,
-        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-    );
+    let ok = matches!(status, sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
     if ok {
         set.insert((r, o));
     }
@@ -63,14 +60,7 @@ pub(crate) fn copy(reader: &CudaBackend, dst: &CudaBuf, owner: &CudaBackend, src
     // SAFETY: both pointers address at least `bytes` bytes in their contexts, kept alive by
     // `dst` and `src`; the stream ordering above covers both sides.
     unsafe {
-        result::memcpy_peer_async(
-            reader.context().cu_ctx(),
-            dst.ptr(),
-            owner.context().cu_ctx(),
-            src.ptr(),
-            bytes,
-            reader.stream().cu_stream(),
-        )
+        result::memcpy_peer_async(reader.context().cu_ctx(), dst.ptr(), owner.context().cu_ctx(), src.ptr(), bytes, reader.stream().cu_stream())
     }
     .map_err(|e| err("cuMemcpyPeerAsync", e))?;
     let after = reader.stream().record_event(None).map_err(|e| err("cuEventRecord", e))?;

@@ -71,14 +71,14 @@ pub(crate) fn elf(soname: &str, needed: &str) -> Vec<u8> {
     phdr(&mut b, 2, dyn_off as u64, (16 * DYN_ENTRIES) as u64, 8); // PT_DYNAMIC
     phdr(&mut b, 0x6474_e551, 0, 0, 16); // PT_GNU_STACK
     for (tag, val) in [
-        (1u64, needed_at as u64), // DT_NEEDED
-        (14, soname_at as u64),   // DT_SONAME
-        (4, hash_off as u64),     // DT_HASH
-        (5, str_off as u64),      // DT_STRTAB
-        (6, sym_off as u64),      // DT_SYMTAB
+        (1u64, needed_at as u64),  // DT_NEEDED
+        (14, soname_at as u64),    // DT_SONAME
+        (4, hash_off as u64),      // DT_HASH
+        (5, str_off as u64),       // DT_STRTAB
+        (6, sym_off as u64),       // DT_SYMTAB
         (10, strtab.len() as u64), // DT_STRSZ
-        (11, 24),                 // DT_SYMENT
-        (0, 0),                   // DT_NULL
+        (11, 24),                  // DT_SYMENT
+        (0, 0),                    // DT_NULL
     ] {
         u64(&mut b, tag);
         u64(&mut b, val);

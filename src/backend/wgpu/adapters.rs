@@ -137,7 +137,16 @@ pub(crate) fn all() -> &'static Adapters {
             }
             let (matmul, hardware) = super::kernels_for(kind(&i), &super::Options::from_env().unwrap_or_default());
             let matmul = super::matmul_label(matmul, hardware);
-            let info = DeviceInfo { backend: BackendKind::Wgpu, ordinal: list.len(), name: i.name.clone(), kind: kind(&i), memory: None, driver, matmul, libraries: String::new() };
+            let info = DeviceInfo {
+                backend: BackendKind::Wgpu,
+                ordinal: list.len(),
+                name: i.name.clone(),
+                kind: kind(&i),
+                memory: None,
+                driver,
+                matmul,
+                libraries: String::new(),
+            };
             // The GL backend shares one context among all devices of an adapter.
             list.push((a, info, Gate::new(i.backend == wgpu::Backend::Gl)));
         }

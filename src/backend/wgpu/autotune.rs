@@ -145,7 +145,14 @@ impl Tuner {
     /// The kernel for product `s` (with a fused bias when `bias`): `default` unless this device
     /// tunes, else the class's cached choice, else the fastest candidate, timed with `run`
     /// (which records the product with a kernel on `ctx`; `Ok(false)` when it declines).
-    pub(crate) fn choose(&self, ctx: &Ctx, s: &MatmulSpec, bias: bool, default: MatmulKernel, run: &dyn Fn(MatmulKernel) -> Result<bool>) -> Result<MatmulKernel> {
+    pub(crate) fn choose(
+        &self,
+        ctx: &Ctx,
+        s: &MatmulSpec,
+        bias: bool,
+        default: MatmulKernel,
+        run: &dyn Fn(MatmulKernel) -> Result<bool>,
+    ) -> Result<MatmulKernel> {
         let Some(cache) = &self.cache else { return Ok(default) };
         if self.pinned.load(Ordering::Relaxed) || s.batch * s.m * s.n * s.k == 0 {
             return Ok(default);
@@ -172,7 +179,11 @@ impl Tuner {
 
     /// Times every candidate for `s` and returns the fastest, or `None` when none ran.
     fn tune(&self, ctx: &Ctx, s: &MatmulSpec, run: &dyn Fn(MatmulKernel) -> Result<bool>) -> Result<Option<Choice>> {
-        let mut candidates = if self.hardware { vec![MatmulKernel::Tiled64, MatmulKernel::Tiled128] } else { vec![MatmulKernel::Registers, MatmulKernel::Tiled64, MatmulKernel::Tiled128] };
+        let mut candidates = if self.hardware {
+            vec![MatmulKernel::Tiled64, MatmulKernel::Tiled128]
+        } else {
+            vec![MatmulKernel::Registers, MatmulKernel::Tiled64, MatmulKernel::Tiled128]
+        };
         if tiled::split_k_slices(ctx, s).is_some() {
             candidates.push(MatmulKernel::SplitK);
         }

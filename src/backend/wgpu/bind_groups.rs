@@ -25,13 +25,7 @@ impl BindGroups {
 
     /// The group binding `uniform` (parameters, dynamic offset) and `binds` under `layout`,
     /// created on first use.
-    pub(crate) fn get(
-        &self,
-        device: &wgpu::Device,
-        layout: &wgpu::BindGroupLayout,
-        uniform: &wgpu::Buffer,
-        binds: &[Bind],
-    ) -> wgpu::BindGroup {
+    pub(crate) fn get(&self, device: &wgpu::Device, layout: &wgpu::BindGroupLayout, uniform: &wgpu::Buffer, binds: &[Bind]) -> wgpu::BindGroup {
         let key: Key = (layout.clone(), binds.iter().map(|b| (b.buf.clone(), b.offset, b.size)).collect());
         let mut groups = self.lock();
         if let Some(g) = groups.get(&key) {
@@ -39,7 +33,8 @@ impl BindGroups {
         }
         let range = |buffer, offset, size| wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size: NonZeroU64::new(size) });
         let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: range(uniform, 0, SLOT) }];
-        entries.extend(binds.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32 + 1, resource: range(b.buf, b.offset, b.size) }));
+        entries
+            .extend(binds.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32 + 1, resource: range(b.buf, b.offset, b.size) }));
         let g = device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries });
         if groups.len() >= KEPT {
             groups.clear();

@@ -94,7 +94,9 @@ pub(crate) struct Ctx {
 /// skip naga's zeroing pass, which is one invocation's loop on some drivers and took llvmpipe's
 /// GL about 0.4-1.1 s to compile per pipeline.
 fn writes_before_reading(entry: &str) -> bool {
-    entry.starts_with("tiled_") || entry.starts_with("tree") || matches!(entry, "layer_norm" | "layer_norm_dx" | "causal_softmax" | "causal_softmax_dx")
+    entry.starts_with("tiled_")
+        || entry.starts_with("tree")
+        || matches!(entry, "layer_norm" | "layer_norm_dx" | "causal_softmax" | "causal_softmax_dx")
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -103,7 +105,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Ctx {
     /// A context for a device just opened; the caller holds `gate`.
-    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, name: String, max_binding: Option<u64>, subgroup8: bool, bind_groups: Arc<BindGroups>, gate: Gate) -> Self {
+    pub(crate) fn new(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        name: String,
+        max_binding: Option<u64>,
+        subgroup8: bool,
+        bind_groups: Arc<BindGroups>,
+        gate: Gate,
+    ) -> Self {
         let l = device.limits();
         // u32 element offsets in kernels stay exact below 2 GiB per binding.
         let mut max = l.max_storage_buffer_binding_size.min(1 << 31);
@@ -199,11 +209,8 @@ impl Ctx {
             // (in-place updates): read-only and writable uses of one buffer may not mix.
             let mut entries = vec![buffer(0, wgpu::BufferBindingType::Uniform)];
             entries.extend((1..=storage as u32).map(|b| {
-                let ty = if b == 1 && uniform_first {
-                    wgpu::BufferBindingType::Uniform
-                } else {
-                    wgpu::BufferBindingType::Storage { read_only: false }
-                };
+                let ty =
+                    if b == 1 && uniform_first { wgpu::BufferBindingType::Uniform } else { wgpu::BufferBindingType::Storage { read_only: false } };
                 buffer(b, ty)
             }));
             let bgl = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
@@ -233,10 +240,9 @@ impl Ctx {
                 Some(m) => m.clone(),
                 None => {
                     let src = shaders::source(shader).ok_or_else(|| self.err(format!("no shader named {shader}")))?;
-                    let m = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(shader),
-                        source: wgpu::ShaderSource::Wgsl(src.into()),
-                    });
+                    let m = self
+                        .device
+                        .create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(shader), source: wgpu::ShaderSource::Wgsl(src.into()) });
                     modules.insert(shader, m.clone());
                     m
                 }
@@ -396,7 +402,11 @@ impl Ctx {
     /// f32 values the uniform stage holds: 0 where the adapter's uniform bindings are smaller
     /// than the 64 KiB array the `*_ua` kernels declare.
     pub(crate) fn stage_floats(&self) -> usize {
-        if self.stage.size() < STAGE_BYTES { 0 } else { (STAGE_BYTES / 4) as usize }
+        if self.stage.size() < STAGE_BYTES {
+            0
+        } else {
+            (STAGE_BYTES / 4) as usize
+        }
     }
 
     /// Copies `len` f32 (at most `stage_floats()`) from `src` at element `first` to the uniform
@@ -510,9 +520,7 @@ impl Ctx {
             let _ = tx.send(r);
         });
         self.wait()?;
-        rx.recv()
-            .map_err(|_| self.err("readback mapping was dropped"))?
-            .map_err(|e| self.err(format!("readback mapping failed: {e}")))?;
+        rx.recv().map_err(|_| self.err("readback mapping was dropped"))?.map_err(|e| self.err(format!("readback mapping failed: {e}")))?;
         let data = {
             let mapped = staging.get_mapped_range(..).map_err(|e| self.err(format!("readback: {e}")))?;
             let mut data = crate::backend::host::try_vec(mapped.len(), "host", &format!("a readback from {}", self.name))?;

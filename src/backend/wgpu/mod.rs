@@ -15,13 +15,15 @@ mod tiled;
 mod timestamps;
 
 use crate::backend::{
-    Backend, BinaryOp, Buffer, CastOp, DeviceInfo, DeviceKind, FusedOp, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp,
-    ReduceSpec, Tuning, UnaryOp, WindowSpec,
+    Backend, BinaryOp, Buffer, CastOp, DeviceInfo, DeviceKind, FusedOp, IndexOp, MatmulSpec, MemoryStats, OptimStep, ReduceOp, ReduceSpec, Tuning,
+    UnaryOp, WindowSpec,
 };
 use crate::{DType, Error, Layout, Result};
 use adapters::all;
+pub use adapters::{
+    adapters, has_subgroups_of_8, ordinal_of, qualified_spec, refusal, refused, Refused, NAMED_BACKENDS, NEED_INVOCATIONS, NEED_WORKGROUP_BYTES,
+};
 pub use autotune::{Autotune, AUTOTUNE_ENV};
-pub use adapters::{adapters, has_subgroups_of_8, ordinal_of, qualified_spec, refusal, refused, Refused, NAMED_BACKENDS, NEED_INVOCATIONS, NEED_WORKGROUP_BYTES};
 use context::Ctx;
 use pool::{Pool, Stored};
 use std::path::PathBuf;
@@ -98,7 +100,8 @@ pub enum MatmulKernel {
 
 impl MatmulKernel {
     /// Every family, in declaration order.
-    pub const ALL: [MatmulKernel; 5] = [MatmulKernel::Registers, MatmulKernel::Tiled, MatmulKernel::Tiled64, MatmulKernel::Tiled128, MatmulKernel::SplitK];
+    pub const ALL: [MatmulKernel; 5] =
+        [MatmulKernel::Registers, MatmulKernel::Tiled, MatmulKernel::Tiled64, MatmulKernel::Tiled128, MatmulKernel::SplitK];
 
     /// The name autotuning's cache and `Tuning` use.
     pub fn name(self) -> &'static str {
@@ -136,7 +139,8 @@ pub fn open_with(ordinal: usize, options: Options) -> Result<Arc<dyn Backend>> {
         label: Some("tandem"),
         // Subgroups where the adapter has them: lavapipe's 8-wide ones serve `matmul_sg`.
         // Timestamp queries where the adapter has them: `Backend::mark` times on the device.
-        required_features: adapter.features() & (wgpu::Features::SUBGROUP | if options.without_timestamps { wgpu::Features::empty() } else { timestamps::FEATURES }),
+        required_features: adapter.features()
+            & (wgpu::Features::SUBGROUP | if options.without_timestamps { wgpu::Features::empty() } else { timestamps::FEATURES }),
         required_limits: limits.clone(),
         experimental_features: wgpu::ExperimentalFeatures::disabled(),
         memory_hints: wgpu::MemoryHints::Performance,

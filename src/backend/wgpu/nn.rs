@@ -51,14 +51,7 @@ pub(crate) fn im2col(ctx: &Ctx, x: &wgpu::Buffer, cols: &wgpu::Buffer, s: Window
 
 /// `forward`: pooling from `x` into `out` and `arg`; otherwise the gradient from `out`
 /// (grad_out) and `arg` into `x` (grad_x).
-pub(crate) fn max_pool(
-    ctx: &Ctx,
-    x: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    arg: &wgpu::Buffer,
-    s: WindowSpec,
-    forward: bool,
-) -> Result<()> {
+pub(crate) fn max_pool(ctx: &Ctx, x: &wgpu::Buffer, out: &wgpu::Buffer, arg: &wgpu::Buffer, s: WindowSpec, forward: bool) -> Result<()> {
     let op = if forward { "max_pool2d" } else { "max_pool2d_backward" };
     let (hw, ohw) = (s.h * s.w, s.oh * s.ow);
     for (p0, p1) in ctx.chunks(op, s.n * s.c, &[hw, ohw, ohw])? {
@@ -82,15 +75,7 @@ pub(crate) fn max_pool(
     Ok(())
 }
 
-pub(crate) fn index(
-    ctx: &Ctx,
-    op: IndexOp,
-    x: &wgpu::Buffer,
-    idx: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
+pub(crate) fn index(ctx: &Ctx, op: IndexOp, x: &wgpu::Buffer, idx: &wgpu::Buffer, out: &wgpu::Buffer, rows: usize, cols: usize) -> Result<()> {
     let (name, x_per, out_per, entry, wg) = match op {
         IndexOp::Gather => ("index gather", cols, 1, "gather", 64),
         IndexOp::Scatter => ("index scatter", 1, cols, "scatter", 256),

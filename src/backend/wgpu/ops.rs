@@ -123,15 +123,7 @@ pub(crate) fn unary(ctx: &Ctx, code: u32, [p0, p1]: [f32; 2], x: &wgpu::Buffer, 
 }
 
 /// The binary kernel of op code `code` (`BinaryOp::code`).
-pub(crate) fn binary(
-    ctx: &Ctx,
-    code: u32,
-    a: &wgpu::Buffer,
-    la: &Layout,
-    b: &wgpu::Buffer,
-    lb: &Layout,
-    out: &wgpu::Buffer,
-) -> Result<()> {
+pub(crate) fn binary(ctx: &Ctx, code: u32, a: &wgpu::Buffer, la: &Layout, b: &wgpu::Buffer, lb: &Layout, out: &wgpu::Buffer) -> Result<()> {
     let n = la.numel();
     let (shape, sa) = la.padded("binary")?;
     let (_, sb) = lb.padded("binary")?;

@@ -17,7 +17,11 @@ const REDUCE_PART: usize = 256;
 
 /// Output parts of one reduce pass over an axis of `len` elements.
 fn reduce_parts(len: usize) -> usize {
-    if len <= REDUCE_WALK { 1 } else { len.div_ceil(REDUCE_PART) }
+    if len <= REDUCE_WALK {
+        1
+    } else {
+        len.div_ceil(REDUCE_PART)
+    }
 }
 
 /// The tree kernels' workgroup size; the most items one lane folds in a pass (which keeps their

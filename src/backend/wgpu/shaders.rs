@@ -1,8 +1,8 @@
 //! The one table of WGSL sources, one file per op family, compiled lazily per device.
 use std::sync::OnceLock;
 mod wide;
-pub use wide::TILED_WIDE;
 use wide::tiled_wide;
+pub use wide::TILED_WIDE;
 
 /// `(name, source)` of every shader file the wgpu backend runs; names are what pipelines refer
 /// to. `source` adds generated kernels to some of them.
@@ -44,10 +44,8 @@ pub const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 
 /// The parameters and bindings of the fused transformer kernels, appended (before `COMMON`) to
 /// the modules that run `FusedOp`s, `(name, layout)`.
-pub const SHARED_LAYOUTS: &[(&str, &str)] = &[
-    ("transformer", include_str!("../../../shaders/fused_layout.wgsl")),
-    ("attention", include_str!("../../../shaders/fused_layout.wgsl")),
-];
+pub const SHARED_LAYOUTS: &[(&str, &str)] =
+    &[("transformer", include_str!("../../../shaders/fused_layout.wgsl")), ("attention", include_str!("../../../shaders/fused_layout.wgsl"))];
 
 /// The source of shader `name` as it is compiled: its file, then its `SHARED_LAYOUTS` entry if
 /// any, `COMMON` and the elementwise ops' codes (`op_table::wgsl_constants`), and for `matmul` the generated `regs16x4`,
@@ -87,7 +85,8 @@ pub fn source(name: &str) -> Option<&'static str> {
                 regs_unrolled(Regs::UniformA, 24, 2),
                 tb_unrolled(8, 8, false),
             ];
-            let tiled: Vec<String> = TILED.iter().flatten().map(|name| tiled(name)).chain(TILED_WIDE.iter().flatten().map(|name| tiled_wide(name))).collect();
+            let tiled: Vec<String> =
+                TILED.iter().flatten().map(|name| tiled(name)).chain(TILED_WIDE.iter().flatten().map(|name| tiled_wide(name))).collect();
             format!("{file}\n{}\n{}", kernels.join("\n"), tiled.join("\n"))
         }));
     }

@@ -4,10 +4,10 @@
 use super::context::Ctx;
 use super::ops::{batches_per_dispatch, matmul_words, K_SLICE};
 use super::pool::Pool;
-use std::sync::Arc;
 use super::shaders;
 use crate::backend::MatmulSpec;
 use crate::{Error, Result};
+use std::sync::Arc;
 
 /// Which tile the tiled kernels take: by size (`wide_tiles`, the untuned rule), or one of them
 /// for every product (a tuned choice, or a test reaching a kernel's edges on small shapes).
@@ -45,7 +45,22 @@ impl Strided {
         let (a_rs, a_cs) = if s.trans_a { (1, m) } else { (k, 1) };
         let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
         let (a_bs, b_bs) = if s.batch == 1 { (0, 0) } else { (s.a_batch_stride, s.b_batch_stride) };
-        Strided { trans: (s.trans_a, s.trans_b), m, n, k, batch: s.batch, a_first: s.a_offset, b_first: s.b_offset, c_first: 0, a_bs, b_bs, a_rs, a_cs, b_rs, b_cs }
+        Strided {
+            trans: (s.trans_a, s.trans_b),
+            m,
+            n,
+            k,
+            batch: s.batch,
+            a_first: s.a_offset,
+            b_first: s.b_offset,
+            c_first: 0,
+            a_bs,
+            b_bs,
+            a_rs,
+            a_cs,
+            b_rs,
+            b_cs,
+        }
     }
 
     /// K values `k0..k0 + kc` of this product.
@@ -60,7 +75,15 @@ impl Strided {
 /// the batch stride multiples of 4). A K past `K_SLICE` is cut into slices, dispatched in
 /// order: the first writes C, each later one adds to it, and the last adds the bias and
 /// applies the ReLU.
-pub(crate) fn matmul(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option<(&wgpu::Buffer, bool)>, c: &wgpu::Buffer, s: MatmulSpec, tile: Tile) -> Result<bool> {
+pub(crate) fn matmul(
+    ctx: &Ctx,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    bias: Option<(&wgpu::Buffer, bool)>,
+    c: &wgpu::Buffer,
+    s: MatmulSpec,
+    tile: Tile,
+) -> Result<bool> {
     let wide = match tile {
         Tile::BySize => wide_tiles(s.m, s.n, s.batch),
         Tile::Small => false,
@@ -81,7 +104,16 @@ pub(crate) fn matmul(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option
 /// (matmul.wgsl's `tile_store`; `bias` is read for 1, 2, 4 and 5), as many batch entries per
 /// dispatch as every operand's range fits one binding.
 #[allow(clippy::too_many_arguments)] // one launch's buffers and settings, named as matmul.wgsl binds them
-fn pass(ctx: &Ctx, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option<&wgpu::Buffer>, c: &wgpu::Buffer, t: Strided, wide: bool, epi: u32) -> Result<()> {
+fn pass(
+    ctx: &Ctx,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    bias: Option<&wgpu::Buffer>,
+    c: &wgpu::Buffer,
+    t: Strided,
+    wide: bool,
+    epi: u32,
+) -> Result<()> {
     let (m, n, kc) = (t.m, t.n, t.k);
     let (table, tile) = if wide { (&shaders::TILED_WIDE, 128) } else { (&shaders::TILED, 64) };
     let (gx, gy) = (n.div_ceil(tile), m.div_ceil(tile));
@@ -159,7 +191,15 @@ pub(crate) fn split_k_slices(ctx: &Ctx, s: &MatmulSpec) -> Option<usize> {
 /// compute side by side (one batch entry per slice) into partial sums, which `splitk_sum` then
 /// adds in slice order (so the result does not depend on timing) with the bias and ReLU. A
 /// product it does not apply to runs on the 64×64 kernels as `Tiled64`.
-pub(crate) fn split_k(ctx: &Ctx, pool: &Arc<Pool>, a: &wgpu::Buffer, b: &wgpu::Buffer, bias: Option<(&wgpu::Buffer, bool)>, c: &wgpu::Buffer, s: MatmulSpec) -> Result<bool> {
+pub(crate) fn split_k(
+    ctx: &Ctx,
+    pool: &Arc<Pool>,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    bias: Option<(&wgpu::Buffer, bool)>,
+    c: &wgpu::Buffer,
+    s: MatmulSpec,
+) -> Result<bool> {
     let Some(slices) = split_k_slices(ctx, &s) else {
         return matmul(ctx, a, b, bias, c, s, Tile::Small);
     };

@@ -117,7 +117,10 @@ impl Gpt {
                 let last = logits.narrow(1, w - 1, 1)?.to_vec()?;
                 for (row, (logits, token)) in last.chunks(vocab).zip(drawn.iter_mut()).enumerate() {
                     *token = sample(logits, temperature, top_k, &mut rng).ok_or_else(|| {
-                        Error::invalid("Gpt::generate", format!("row {row} at step {step}: the logits / temperature hold NaN or +inf, or are all -inf"))
+                        Error::invalid(
+                            "Gpt::generate",
+                            format!("row {row} at step {step}: the logits / temperature hold NaN or +inf, or are all -inf"),
+                        )
                     })?;
                 }
                 for (row, &token) in context.iter_mut().zip(&drawn) {

@@ -2,8 +2,8 @@
 //!
 //! Shape letters: `B` batch, `T` tokens (at most `block_size`), `C` = `n_embd`, `H` = `n_head`,
 //! `D` = `C / H` per head, `V` = `vocab_size`.
-use crate::nn::{Dropout, Embedding, GeluApproximate, LayerNorm, Linear, Module, GELU};
 pub use super::gpt_config::{GptConfig, StateShards};
+use crate::nn::{Dropout, Embedding, GeluApproximate, LayerNorm, Linear, Module, GELU};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -124,7 +124,10 @@ impl Gpt {
     pub fn loss(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let d = logits.dims();
         if d.len() != 3 || targets.dims() != &d[..2] {
-            return Err(Error::shape("Gpt::loss", format!("logits {:?} with targets {:?}: need [B, T, V] and [B, T]", logits.shape(), targets.shape())));
+            return Err(Error::shape(
+                "Gpt::loss",
+                format!("logits {:?} with targets {:?}: need [B, T, V] and [B, T]", logits.shape(), targets.shape()),
+            ));
         }
         logits.reshape([d[0] * d[1], d[2]])?.cross_entropy(&targets.reshape([d[0] * d[1]])?)
     }
@@ -157,7 +160,10 @@ impl Module for Gpt {
         if let Some((_, head)) = head.first() {
             let wte = self.lm_head();
             if head.shape() != wte.shape() || head.dtype() != DType::F32 || !same_bits(&head.to_vec()?, &wte.to_vec()?) {
-                return Err(Error::invalid("Gpt::load_state_dict", format!("lm_head.weight {:?} differs from transformer.wte.weight {:?}; they are tied", head.shape(), wte.shape())));
+                return Err(Error::invalid(
+                    "Gpt::load_state_dict",
+                    format!("lm_head.weight {:?} differs from transformer.wte.weight {:?}; they are tied", head.shape(), wte.shape()),
+                ));
             }
         }
         Ok(())
@@ -273,7 +279,13 @@ pub struct Block {
 impl Block {
     /// Block `i` of a model of `cfg` drawn from `seed`: its weights from `normal(shape, std)`
     /// in nanoGPT's order, its dropouts the `3i+1..=3i+3`-th of the model.
-    pub(super) fn build(cfg: &GptConfig, seed: u64, i: usize, dev: &Device, normal: &mut dyn FnMut(&[usize], f32) -> Result<Tensor>) -> Result<Block> {
+    pub(super) fn build(
+        cfg: &GptConfig,
+        seed: u64,
+        i: usize,
+        dev: &Device,
+        normal: &mut dyn FnMut(&[usize], f32) -> Result<Tensor>,
+    ) -> Result<Block> {
         let c = cfg.n_embd;
         let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
         let mut linear = |inputs: usize, o: usize, std: f32| -> Result<Linear> {
@@ -282,7 +294,15 @@ impl Block {
         };
         let (c_attn, c_proj) = (linear(c, 3 * c, 0.02)?, linear(c, c, proj_std)?);
         let fused = AtomicBool::new(fused_attention_default());
-        let attn = Attention { c_attn, c_proj, attn_dropout: dropout(cfg, seed, 3 * i + 1)?, resid_dropout: dropout(cfg, seed, 3 * i + 2)?, n_head: cfg.n_head, fused, training: AtomicBool::new(true) };
+        let attn = Attention {
+            c_attn,
+            c_proj,
+            attn_dropout: dropout(cfg, seed, 3 * i + 1)?,
+            resid_dropout: dropout(cfg, seed, 3 * i + 2)?,
+            n_head: cfg.n_head,
+            fused,
+            training: AtomicBool::new(true),
+        };
         let (c_fc, c_proj) = (linear(c, 4 * c, 0.02)?, linear(4 * c, c, proj_std)?);
         let mlp = Mlp { c_fc, gelu: GELU { approximate: GeluApproximate::Tanh }, c_proj, dropout: dropout(cfg, seed, 3 * i + 3)? };
         let layers = BlockLayers { ln_1: Norm::new(c, cfg.bias, dev)?, attn, ln_2: Norm::new(c, cfg.bias, dev)?, mlp };
@@ -328,7 +348,13 @@ impl Block {
 /// `forward(layers, x)` of the block `module` whose layers these are; while `recompute` is set,
 /// under `autograd::checkpoint` over the block's parameters (see `Gpt::set_recompute`). The
 /// tensor-parallel blocks' forward too.
-pub(crate) fn block_forward<L: Send + Sync + 'static>(module: &dyn Module, layers: &Arc<L>, recompute: &AtomicBool, forward: fn(&L, &Tensor) -> Result<Tensor>, x: &Tensor) -> Result<Tensor> {
+pub(crate) fn block_forward<L: Send + Sync + 'static>(
+    module: &dyn Module,
+    layers: &Arc<L>,
+    recompute: &AtomicBool,
+    forward: fn(&L, &Tensor) -> Result<Tensor>,
+    x: &Tensor,
+) -> Result<Tensor> {
     if !recompute.load(Ordering::Relaxed) {
         return forward(layers, x);
     }

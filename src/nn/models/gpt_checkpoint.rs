@@ -53,7 +53,9 @@ impl GptCheckpoint {
 /// A check's failure as the file's: its configuration and its tensors disagree.
 pub(crate) fn disagrees(path: &Path, e: Error) -> Error {
     match e {
-        Error::Invalid { detail, .. } | Error::Shape { detail, .. } => Error::format(path, format!("its run configuration and its tensors disagree: {detail}")),
+        Error::Invalid { detail, .. } | Error::Shape { detail, .. } => {
+            Error::format(path, format!("its run configuration and its tensors disagree: {detail}"))
+        }
         e => e,
     }
 }
@@ -80,7 +82,9 @@ impl GptConfig {
     pub fn from_metadata(meta: &BTreeMap<String, String>, path: &Path) -> Result<(GptConfig, Option<Tokenizer>)> {
         let config: serde_json::Value = match meta.get("config") {
             Some(c) => serde_json::from_str(c).map_err(|e| Error::format(path, format!("metadata 'config' is not JSON: {e}")))?,
-            None => return Err(Error::format(path, "no run configuration in its metadata; give a checkpoint or --save file of tandem train --model gpt")),
+            None => {
+                return Err(Error::format(path, "no run configuration in its metadata; give a checkpoint or --save file of tandem train --model gpt"))
+            }
         };
         let bad = |what: &str| Error::format(path, format!("not a GPT checkpoint of tandem train --model gpt: {what}"));
         if config.get("model").and_then(|m| m.as_str()) != Some("gpt") {

@@ -57,7 +57,13 @@ impl GptConfig {
     /// Every size at least 1, `n_embd` a multiple of `n_head`, dropout in [0, 1), and a
     /// parameter count that fits in 64 bits.
     pub(super) fn check(&self) -> Result<()> {
-        let sizes = [("n_layer", self.n_layer), ("n_head", self.n_head), ("n_embd", self.n_embd), ("block_size", self.block_size), ("vocab_size", self.vocab_size)];
+        let sizes = [
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_embd", self.n_embd),
+            ("block_size", self.block_size),
+            ("vocab_size", self.vocab_size),
+        ];
         if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return Err(Error::invalid("Gpt", format!("{name} must be at least 1 in {self:?}")));
         }
@@ -214,15 +220,22 @@ impl GptConfig {
         let ranks = shards.ranks.max(1);
         let part = |bytes: u64, sharded: bool| if sharded { bytes.div_ceil(ranks) } else { bytes };
         let grads = (params / 4).saturating_mul(shards.gradient_bytes);
-        let state = part(params, shards.parameters).saturating_add(part(grads, shards.gradients)).saturating_add(part(params.saturating_mul(optimizer_states), shards.optimizer));
+        let state = part(params, shards.parameters)
+            .saturating_add(part(grads, shards.gradients))
+            .saturating_add(part(params.saturating_mul(optimizer_states), shards.optimizer));
         // ZeRO-3's deferred build: the shard so far and the parameter being cut.
         let (c, v, b) = (self.n_embd as u64, self.vocab_size as u64, self.block_size as u64);
-        let largest = [v.saturating_mul(c), b.saturating_mul(c), c.saturating_mul(c).saturating_mul(4)].into_iter().max().unwrap_or(0).saturating_mul(4);
+        let largest =
+            [v.saturating_mul(c), b.saturating_mul(c), c.saturating_mul(c).saturating_mul(4)].into_iter().max().unwrap_or(0).saturating_mul(4);
         let need = if shards.parameters { state.max(part(params, true).saturating_add(largest)) } else { state };
         let kept = match (shards.parameters, shards.gradients, shards.optimizer) {
             (false, false, false) => String::new(),
             (p, g, o) => {
-                let what = [p.then_some("parameters"), g.then_some("gradients"), o.then_some("optimizer state")].into_iter().flatten().collect::<Vec<_>>().join(" and ");
+                let what = [p.then_some("parameters"), g.then_some("gradients"), o.then_some("optimizer state")]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join(" and ");
                 format!(", the {what} sharded over {ranks} ranks")
             }
         };
@@ -242,7 +255,11 @@ impl GptConfig {
         let budgeted = mem.budget.map(|b| b.saturating_sub(mem.in_use));
         let free = [on_host.then(host::available).flatten(), info.memory, budgeted].into_iter().flatten().min();
         let detail = match mem.budget {
-            Some(b) => format!("{detail}; the device's memory budget is {}, of which live tensors hold {}", crate::backend::format_bytes(b), crate::backend::format_bytes(mem.in_use)),
+            Some(b) => format!(
+                "{detail}; the device's memory budget is {}, of which live tensors hold {}",
+                crate::backend::format_bytes(b),
+                crate::backend::format_bytes(mem.in_use)
+            ),
             None => detail,
         };
         match free {
@@ -253,7 +270,10 @@ impl GptConfig {
 
     /// `Gpt(n_layer=.., ..)`, as `Module::describe` of the model.
     pub fn describe(&self) -> String {
-        format!("Gpt(n_layer={}, n_head={}, n_embd={}, block_size={}, vocab_size={})", self.n_layer, self.n_head, self.n_embd, self.block_size, self.vocab_size)
+        format!(
+            "Gpt(n_layer={}, n_head={}, n_embd={}, block_size={}, vocab_size={})",
+            self.n_layer, self.n_head, self.n_embd, self.block_size, self.vocab_size
+        )
     }
 }
 

@@ -102,7 +102,8 @@ impl Gpt {
     ) -> Result<Vec<Sequential>> {
         let ranges = self.block_ranges(total, starts)?;
         if mine.is_empty() || mine.end > total || devices.len() != mine.len() {
-            let what = format!("stages {mine:?} of {total} on {} devices: give a non-empty range within 0..{total} and one device per stage", devices.len());
+            let what =
+                format!("stages {mine:?} of {total} on {} devices: give a non-empty range within 0..{total} and one device per stage", devices.len());
             return Err(Error::invalid("Gpt::stages", what));
         }
         let (cfg, t) = (self.config, &self.transformer);
@@ -113,7 +114,8 @@ impl Gpt {
             let mut stage = Sequential::new();
             if s == 0 {
                 let drop = dropout(&cfg, self.seed(), 3 * cfg.n_layer + 1)?;
-                let e = Embeddings { wte: Embedding { weight: leaf(&t.wte.weight, dev)? }, wpe: Embedding { weight: leaf(&t.wpe.weight, dev)? }, drop };
+                let e =
+                    Embeddings { wte: Embedding { weight: leaf(&t.wte.weight, dev)? }, wpe: Embedding { weight: leaf(&t.wpe.weight, dev)? }, drop };
                 training(&e);
                 stage.push_boxed("transformer".into(), Box::new(e));
             }
@@ -154,7 +156,10 @@ impl Gpt {
             None => bounds.extend(crate::shape::even_ranges(n, p).iter().skip(1).map(|r| r.start)),
             Some(starts) => {
                 if starts.len() != p - 1 || starts.windows(2).any(|w| w[0] >= w[1]) || starts.iter().any(|&b| b == 0 || b >= n) {
-                    return Err(Error::invalid("Gpt::stages", format!("block starts {starts:?} for {p} stages of {n} blocks: give {} strictly increasing indices in 1..{n}", p - 1)));
+                    return Err(Error::invalid(
+                        "Gpt::stages",
+                        format!("block starts {starts:?} for {p} stages of {n} blocks: give {} strictly increasing indices in 1..{n}", p - 1),
+                    ));
                 }
                 bounds.extend(starts);
             }

@@ -81,7 +81,12 @@ fn config_of_json(path: &Path, json: &Value) -> Result<GptConfig> {
     }
     match json.get("model_type").and_then(Value::as_str) {
         Some("gpt2") => {}
-        other => return Err(bad(format!("model_type is {}, not \"gpt2\": tandem reads GPT-2's layout", other.map_or("missing".to_string(), |m| format!("{m:?}"))))),
+        other => {
+            return Err(bad(format!(
+                "model_type is {}, not \"gpt2\": tandem reads GPT-2's layout",
+                other.map_or("missing".to_string(), |m| format!("{m:?}"))
+            )))
+        }
     }
     let size = |key: &str, max: u64| -> Result<usize> {
         let v = json.get(key).ok_or_else(|| bad(format!("{key} is missing")))?;
@@ -105,7 +110,9 @@ fn config_of_json(path: &Path, json: &Value) -> Result<GptConfig> {
     }
     match json.get("activation_function").and_then(Value::as_str) {
         None | Some("gelu_new" | "gelu_pytorch_tanh") => {}
-        Some(other) => return Err(bad(format!("activation_function {other:?} is not supported: tandem's GPT computes gelu_new (GELU, tanh approximation)"))),
+        Some(other) => {
+            return Err(bad(format!("activation_function {other:?} is not supported: tandem's GPT computes gelu_new (GELU, tanh approximation)")))
+        }
     }
     if let Some(eps) = json.get("layer_norm_epsilon").filter(|v| !v.is_null()) {
         if eps.as_f64().is_none_or(|e| (e - LAYER_NORM_EPS).abs() > 1e-12) {
@@ -117,7 +124,9 @@ fn config_of_json(path: &Path, json: &Value) -> Result<GptConfig> {
             return Err(bad(format!("n_inner {inner} is not supported: tandem's MLP is 4·n_embd = {} wide", 4 * n_embd)));
         }
     }
-    for (key, want) in [("tie_word_embeddings", true), ("scale_attn_weights", true), ("scale_attn_by_inverse_layer_idx", false), ("add_cross_attention", false)] {
+    for (key, want) in
+        [("tie_word_embeddings", true), ("scale_attn_weights", true), ("scale_attn_by_inverse_layer_idx", false), ("add_cross_attention", false)]
+    {
         if let Some(v) = json.get(key).filter(|v| !v.is_null()) {
             if v.as_bool() != Some(want) {
                 return Err(bad(format!("{key} {v} is not supported: tandem's GPT-2 has {key} {want}")));

@@ -40,7 +40,12 @@ const CHUNK_BYTES: usize = 2 << 20;
 fn chunk_bytes_from_env() -> Result<usize> {
     match std::env::var("TANDEM_ALLREDUCE_CHUNK_BYTES") {
         Err(_) => Ok(CHUNK_BYTES),
-        Ok(v) => v.trim().parse::<usize>().ok().filter(|&b| b > 0).ok_or_else(|| Error::invalid("Hierarchical::new", format!("TANDEM_ALLREDUCE_CHUNK_BYTES={v:?} is not a positive number of bytes"))),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| Error::invalid("Hierarchical::new", format!("TANDEM_ALLREDUCE_CHUNK_BYTES={v:?} is not a positive number of bytes"))),
     }
 }
 
@@ -92,7 +97,15 @@ impl Hierarchical {
         let count = |c: &Vec<u64>| c.first().map_or(0, |&n| n as usize);
         let first = counts[..group.rank()].iter().map(count).sum();
         let total = counts.iter().map(count).sum();
-        Ok(Hierarchical { devices: devices.to_vec(), group, order, span: (first, total), bytes: AtomicU64::new(0), spares: Spares::default(), chunk_bytes: chunk_bytes_from_env()? })
+        Ok(Hierarchical {
+            devices: devices.to_vec(),
+            group,
+            order,
+            span: (first, total),
+            bytes: AtomicU64::new(0),
+            spares: Spares::default(),
+            chunk_bytes: chunk_bytes_from_env()?,
+        })
     }
 
     /// Moves a lone non-CPU device's all-reduce in chunks of `bytes` (at least one element);
@@ -166,8 +179,7 @@ impl Hierarchical {
         let mut recv = self.spares.take(n);
         let sums: &mut [f32] = bytemuck::cast_slice_mut(&mut recv);
         let result = if n <= chunk {
-            self.reduce_chunk(&backend.download(t.buffer())?, sums, op, false)
-                .and_then(|()| upload_into(backend, t, 0, sums))
+            self.reduce_chunk(&backend.download(t.buffer())?, sums, op, false).and_then(|()| upload_into(backend, t, 0, sums))
         } else {
             self.pipelined(t, chunk, sums, op)
         };
@@ -224,7 +236,11 @@ impl Hierarchical {
             });
             let mut reduced = Ok(());
             for (k, out) in sums.chunks_mut(chunk).enumerate() {
-                reduced = down_rx.recv().map_err(|_| Error::Msg("all_reduce: the download thread ended early".into())).and_then(|b| b).and_then(|bytes| self.reduce_chunk(&bytes, out, op, true));
+                reduced = down_rx
+                    .recv()
+                    .map_err(|_| Error::Msg("all_reduce: the download thread ended early".into()))
+                    .and_then(|b| b)
+                    .and_then(|bytes| self.reduce_chunk(&bytes, out, op, true));
                 if reduced.is_err() || up_tx.send((k * chunk, out)).is_err() {
                     break;
                 }

@@ -136,11 +136,7 @@ fn check_group(op: &'static str, devices: &[Device], tensors: &[Tensor], same_sh
             return Err(Error::shape(op, format!("tensor {i} is empty ({:?})", t.shape())));
         }
         let first = tensors[0].dims();
-        let ok = if same_shape {
-            t.dims() == first
-        } else {
-            t.rank() == first.len() && t.dims()[1..] == first[1..]
-        };
+        let ok = if same_shape { t.dims() == first } else { t.rank() == first.len() && t.dims()[1..] == first[1..] };
         if !ok {
             let shapes: Vec<_> = tensors.iter().map(|t| t.shape().clone()).collect();
             return Err(Error::shape(op, format!("tensors of shapes {shapes:?} cannot be combined")));
@@ -163,11 +159,18 @@ fn per_device<T: Send>(n: usize, f: impl Fn(usize) -> Result<T> + Sync) -> Resul
         return Ok(vec![f(0)?]);
     }
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n).map(|i| { let f = &f; s.spawn(move || f(i)) }).collect();
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let f = &f;
+                s.spawn(move || f(i))
+            })
+            .collect();
         handles
             .into_iter()
             .enumerate()
-            .map(|(i, h)| h.join().unwrap_or_else(|p| Err(Error::panicked(p).in_worker("collective transfer thread", i, format!("group device {i}")))))
+            .map(|(i, h)| {
+                h.join().unwrap_or_else(|p| Err(Error::panicked(p).in_worker("collective transfer thread", i, format!("group device {i}"))))
+            })
             .collect()
     })
 }

@@ -23,8 +23,8 @@
 use super::{check_group, check_root, even_ranges, Communicator, ReduceKind};
 pub(super) use crate::backend::cuda::panic_message;
 // The version probe is the CUDA backend's, which reports it in its device information.
-pub use crate::backend::cuda::nccl_version as probe;
 use crate::autograd::no_grad;
+pub use crate::backend::cuda::nccl_version as probe;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::Buffer;
 use crate::{DType, Device, Error, Result, Tensor};
@@ -152,24 +152,21 @@ pub(super) fn cuda_ranks(devices: &[Device]) -> Result<(Vec<Rank>, Vec<usize>)> 
         return Err(Error::invalid("Nccl", "a communicator needs at least one device"));
     }
     let mut ranks = Vec::with_capacity(devices.len());
-        let mut ordinals: Vec<usize> = Vec::with_capacity(devices.len());
-        for (i, d) in devices.iter().enumerate() {
-            let Some(backend) = cuda(d) else {
-                return Err(Error::invalid(
-                    "Nccl",
-                    format!("rank {i} is {} ({}), not a CUDA device; NCCL needs every device to be CUDA", d.spec(), d.info().name),
-                ));
-            };
-            let ordinal = backend.info_ref().ordinal;
-            if let Some(j) = ordinals.iter().position(|&o| o == ordinal) {
-                return Err(Error::invalid(
-                    "Nccl",
-                    format!("ranks {j} and {i} are both on cuda:{ordinal}; NCCL needs one rank per GPU"),
-                ));
-            }
-            ordinals.push(ordinal);
-            ranks.push(Rank { stream: backend.stream().clone(), label: backend.label().to_string() });
+    let mut ordinals: Vec<usize> = Vec::with_capacity(devices.len());
+    for (i, d) in devices.iter().enumerate() {
+        let Some(backend) = cuda(d) else {
+            return Err(Error::invalid(
+                "Nccl",
+                format!("rank {i} is {} ({}), not a CUDA device; NCCL needs every device to be CUDA", d.spec(), d.info().name),
+            ));
+        };
+        let ordinal = backend.info_ref().ordinal;
+        if let Some(j) = ordinals.iter().position(|&o| o == ordinal) {
+            return Err(Error::invalid("Nccl", format!("ranks {j} and {i} are both on cuda:{ordinal}; NCCL needs one rank per GPU")));
         }
+        ordinals.push(ordinal);
+        ranks.push(Rank { stream: backend.stream().clone(), label: backend.label().to_string() });
+    }
     Ok((ranks, ordinals))
 }
 
@@ -190,15 +187,20 @@ impl Nccl {
                 let gpus: Vec<String> = ordinals.iter().map(|o| format!("cuda:{o}")).collect();
                 return Err(Error::Backend { backend: "nccl", device: gpus.join(","), detail: format!("ncclCommInitAll: {e:?}") });
             }
-            Err(panic) => {
-                return Err(Error::Unavailable { backend: "nccl", reason: format!("ncclCommInitAll: {}", panic_message(panic)) })
-            }
+            Err(panic) => return Err(Error::Unavailable { backend: "nccl", reason: format!("ncclCommInitAll: {}", panic_message(panic)) }),
         };
         Ok(Nccl::assemble(devices, ranks, comms, version, (0, devices.len()), None))
     }
 
     /// The communicator over `comms` (one per device, in order).
-    pub(super) fn assemble(devices: &[Device], ranks: Vec<Rank>, comms: Vec<Comm>, version: String, span: (usize, usize), group: Option<crate::dist::Group>) -> Nccl {
+    pub(super) fn assemble(
+        devices: &[Device],
+        ranks: Vec<Rank>,
+        comms: Vec<Comm>,
+        version: String,
+        span: (usize, usize),
+        group: Option<crate::dist::Group>,
+    ) -> Nccl {
         Nccl { devices: devices.to_vec(), ranks, watchdog: None, comms: Mutex::new(Comms(comms)), bytes: AtomicU64::new(0), version, span, group }
     }
 
@@ -230,7 +232,11 @@ impl Nccl {
     /// `calls` gets the communicators and a checker that turns an NCCL result into tandem's.
     /// Everything that can be validated (buffers, devices, counts) is validated before this, so
     /// a call only fails inside NCCL; the group is closed whatever happens.
-    fn grouped(&self, op: &'static str, calls: impl FnOnce(&[Comm], &dyn Fn(usize, &str, Result<(), NcclError>) -> Result<()>) -> Result<()>) -> Result<()> {
+    fn grouped(
+        &self,
+        op: &'static str,
+        calls: impl FnOnce(&[Comm], &dyn Fn(usize, &str, Result<(), NcclError>) -> Result<()>) -> Result<()>,
+    ) -> Result<()> {
         let comms = self.comms.lock().unwrap_or_else(|e| e.into_inner());
         let check = |rank: usize, what: &str, r: Result<(), NcclError>| {
             r.map_err(|e| Error::Backend { backend: "nccl", device: self.ranks[rank].label.clone(), detail: format!("{op}: {what}: {e:?}") })
@@ -366,9 +372,8 @@ impl Communicator for Nccl {
         let row = tensors[0].numel() / dims[0];
         let blocks = even_ranges(dims[0], n);
         let inputs = self.spans("reduce_scatter", tensors)?;
-        let mut outputs = (0..tensors.len())
-            .map(|i| self.output("reduce_scatter", i, blocks[first + i].len() * row, DType::F32))
-            .collect::<Result<Vec<_>>>()?;
+        let mut outputs =
+            (0..tensors.len()).map(|i| self.output("reduce_scatter", i, blocks[first + i].len() * row, DType::F32)).collect::<Result<Vec<_>>>()?;
         let even = dims[0].is_multiple_of(n);
         self.grouped("reduce_scatter", |comms, check| {
             if even {

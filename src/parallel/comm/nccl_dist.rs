@@ -20,7 +20,7 @@ use super::nccl::{cuda_ranks, panic_message, probe, Nccl};
 use super::Communicator;
 use crate::dist::Group;
 use crate::{Device, Error, Result};
-use cudarc::nccl::sys::{ncclComm_t, ncclCommAbort, ncclCommGetAsyncError, ncclResult_t};
+use cudarc::nccl::sys::{ncclCommAbort, ncclCommGetAsyncError, ncclComm_t, ncclResult_t};
 use cudarc::nccl::{group_end, group_start, Comm, Id};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,13 +48,25 @@ impl Nccl {
         let (rank, size) = (group.rank(), group.size());
         let failed: Vec<usize> = all.iter().enumerate().filter(|(_, v)| v.first() != Some(&1)).map(|(r, _)| r).collect();
         let ((ranks, ordinals), version) = match local {
-            Err(e) => return Err(Error::Unavailable { backend: "nccl", reason: format!("rank {rank} of {size} cannot take part in NCCL across processes: {e}") }),
+            Err(e) => {
+                return Err(Error::Unavailable {
+                    backend: "nccl",
+                    reason: format!("rank {rank} of {size} cannot take part in NCCL across processes: {e}"),
+                })
+            }
             Ok(l) if failed.is_empty() => l,
-            Ok(_) => return Err(Error::Unavailable { backend: "nccl", reason: format!("ranks {failed:?} of {size} cannot take part in NCCL across processes (see their errors); rank {rank} stops too") }),
+            Ok(_) => {
+                return Err(Error::Unavailable {
+                    backend: "nccl",
+                    reason: format!("ranks {failed:?} of {size} cannot take part in NCCL across processes (see their errors); rank {rank} stops too"),
+                })
+            }
         };
         let id = match id {
             Some(Ok(id)) => Some(id),
-            Some(Err(e)) => return Err(Error::Backend { backend: "nccl", device: format!("rank {rank}"), detail: format!("ncclGetUniqueId: {e:?}") }),
+            Some(Err(e)) => {
+                return Err(Error::Backend { backend: "nccl", device: format!("rank {rank}"), detail: format!("ncclGetUniqueId: {e:?}") })
+            }
             None => None,
         };
         let mut bytes = id.map_or([0u8; 128], |id| id.internal().map(|c| c as u8));
@@ -73,7 +85,8 @@ impl Nccl {
                 .map(|(i, r)| {
                     // ncclCommInitRank binds the communicator to the calling thread's device.
                     r.stream.context().bind_to_thread().map_err(|e| format!("binding {}: {e:?}", r.label))?;
-                    Comm::from_rank(r.stream.clone(), first + i, total, id).map_err(|e| format!("ncclCommInitRank (rank {} of {total}): {e:?}", first + i))
+                    Comm::from_rank(r.stream.clone(), first + i, total, id)
+                        .map_err(|e| format!("ncclCommInitRank (rank {} of {total}): {e:?}", first + i))
                 })
                 .collect();
             let ended = group_end().map_err(|e| format!("ncclGroupEnd: {e:?}"));
@@ -156,7 +169,10 @@ impl Watchdog {
                             // SAFETY: the communicator exists (see `Handle`); aborting it ends
                             // its kernels, and the job ends before anything uses it again.
                             unsafe { ncclCommAbort(h.0) };
-                            group.abort(&format!("NCCL reported {err:?} on {} (NCCL rank {i} of this process); the communicator was aborted", gpus[i]));
+                            group.abort(&format!(
+                                "NCCL reported {err:?} on {} (NCCL rank {i} of this process); the communicator was aborted",
+                                gpus[i]
+                            ));
                         }
                     }
                     std::thread::sleep(POLL);

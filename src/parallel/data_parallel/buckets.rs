@@ -8,8 +8,8 @@
 //! as every device has reported it, while backward continues on the workers. Under ZeRO-3 the
 //! same thread runs the all-gathers of units the workers ask for (`gather.rs`).
 use super::timing::Stamp;
-use crate::parallel::comm::{Communicator, ReduceKind};
 use crate::autograd::no_grad;
+use crate::parallel::comm::{Communicator, ReduceKind};
 use crate::{DType, Error, Result, Tensor};
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, Sender};
@@ -180,9 +180,22 @@ pub(super) struct Exchanged {
 /// process's first device runs the same program). Inside one process (`ordered` false) a
 /// collective every device has asked for may also pass one that waits for a device: devices
 /// of different kernel families may finish gradients in different orders.
-pub(super) fn exchange(comm: &dyn Communicator, rx: Receiver<Msg>, buckets: usize, devices: usize, scatter: Option<(usize, DType)>, ordered: bool) -> Result<Exchanged> {
+pub(super) fn exchange(
+    comm: &dyn Communicator,
+    rx: Receiver<Msg>,
+    buckets: usize,
+    devices: usize,
+    scatter: Option<(usize, DType)>,
+    ordered: bool,
+) -> Result<Exchanged> {
     let mut queues: Vec<VecDeque<Msg>> = (0..devices).map(|_| VecDeque::new()).collect();
-    let mut out = Exchanged { reduced: vec![None; buckets], launches: Vec::with_capacity(buckets), stamps: vec![None; buckets], gathers: Vec::new(), abandoned: None };
+    let mut out = Exchanged {
+        reduced: vec![None; buckets],
+        launches: Vec::with_capacity(buckets),
+        stamps: vec![None; buckets],
+        gathers: Vec::new(),
+        abandoned: None,
+    };
     for msg in rx {
         if let Msg::Failed(d) = msg {
             // Dropping the queues hangs up every waiting gather's reply: its worker stops with
@@ -216,7 +229,8 @@ fn run_collective(comm: &dyn Communicator, parts: Vec<Msg>, scatter: Option<(usi
     let start = Instant::now();
     match parts[0].key() {
         (false, bucket) => {
-            let (group, ready): (Vec<Tensor>, Vec<Stamp>) = parts.into_iter().filter_map(|m| if let Msg::Ready(r) = m { Some((r.flat, r.ready)) } else { None }).unzip();
+            let (group, ready): (Vec<Tensor>, Vec<Stamp>) =
+                parts.into_iter().filter_map(|m| if let Msg::Ready(r) = m { Some((r.flat, r.ready)) } else { None }).unzip();
             let group = match scatter {
                 None => {
                     comm.all_reduce(&group, ReduceKind::Sum)?;
@@ -234,7 +248,8 @@ fn run_collective(comm: &dyn Communicator, parts: Vec<Msg>, scatter: Option<(usi
             out.reduced[bucket] = Some(group);
         }
         (_, unit) => {
-            let (blocks, replies): (Vec<Tensor>, Vec<Sender<Result<Tensor>>>) = parts.into_iter().filter_map(|m| if let Msg::Gather(g) = m { Some((g.block, g.reply)) } else { None }).unzip();
+            let (blocks, replies): (Vec<Tensor>, Vec<Sender<Result<Tensor>>>) =
+                parts.into_iter().filter_map(|m| if let Msg::Gather(g) = m { Some((g.block, g.reply)) } else { None }).unzip();
             let whole = comm.all_gather(&blocks)?;
             drop(blocks);
             // A worker that failed has hung up; the others still get their unit.

@@ -11,7 +11,13 @@ use crate::{DType, Device, Error, Result, Tensor};
 
 impl DataParallel {
     /// One replica per device of `comm`, `models[i]` on device `i`.
-    pub(super) fn from_models(models: Vec<Box<dyn Module>>, comm: Box<dyn Communicator>, opt: &OptimConfig, loss: Loss, cfg: DataParallelConfig) -> Result<Self> {
+    pub(super) fn from_models(
+        models: Vec<Box<dyn Module>>,
+        comm: Box<dyn Communicator>,
+        opt: &OptimConfig,
+        loss: Loss,
+        cfg: DataParallelConfig,
+    ) -> Result<Self> {
         let devices = comm.devices().to_vec();
         let devices = &devices[..];
         let n = devices.len();
@@ -21,11 +27,17 @@ impl DataParallel {
         for (i, (m, d)) in models.iter().zip(devices).enumerate() {
             if let Some((name, t)) = m.state_dict().into_iter().find(|(_, t)| !t.device().same(d)) {
                 let (on, own) = crate::Device::names_of(t.device(), d);
-                return Err(Error::invalid("DataParallel::new", format!("replica {i}'s {name} is on {on}, not on {own}; build each replica on its device")));
+                return Err(Error::invalid(
+                    "DataParallel::new",
+                    format!("replica {i}'s {name} is on {on}, not on {own}; build each replica on its device"),
+                ));
             }
         }
         if cfg.grad_dtype != DType::F32 && !matches!(cfg.shard, Shard::Grads | Shard::Full) {
-            return Err(Error::invalid("DataParallel::new", format!("a {:?} gradient shard needs sharded gradients (Shard::Grads or Shard::Full), not {:?}", cfg.grad_dtype, cfg.shard)));
+            return Err(Error::invalid(
+                "DataParallel::new",
+                format!("a {:?} gradient shard needs sharded gradients (Shard::Grads or Shard::Full), not {:?}", cfg.grad_dtype, cfg.shard),
+            ));
         }
         if cfg.grad_dtype == DType::I32 {
             return Err(Error::invalid("DataParallel::new", "gradients are kept in F32, Bf16 or F16, not I32"));
@@ -99,9 +111,24 @@ impl DataParallel {
             })
             .collect::<Result<Vec<_>>>()?;
         let run = StepCore::new(loss, devices);
-        Ok(DataParallel { replicas, opts, comm, run, split_weights: cfg.weights.clone(), cfg, buckets, bucket_of, owners, sharded, full_kept: false, gather_orders: Vec::new(), gathers: None, events: Vec::new(), overlap: None })
+        Ok(DataParallel {
+            replicas,
+            opts,
+            comm,
+            run,
+            split_weights: cfg.weights.clone(),
+            cfg,
+            buckets,
+            bucket_of,
+            owners,
+            sharded,
+            full_kept: false,
+            gather_orders: Vec::new(),
+            gathers: None,
+            events: Vec::new(),
+            overlap: None,
+        })
     }
-
 }
 
 /// One replica per device from the user's constructor. Under ZeRO-3 each is built deferred
@@ -127,4 +154,3 @@ pub(super) fn built<M: Module>(build: &impl Fn(&Device) -> Result<M>, devices: &
         })
         .collect()
 }
-

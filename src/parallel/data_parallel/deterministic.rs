@@ -76,7 +76,11 @@ pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], comm: &dyn Communic
     let (tx, rx) = channel();
     let server_for = plan.sharded.filter(|_| plan.units.is_some());
     let windows: Vec<Option<Arc<Window>>> = match (server_for, &plan.units) {
-        (Some(s), Some(previous)) => replicas.iter().enumerate().map(|(i, r)| Some(Window::new(i, &r.device, s.units_on(i, r), tx.clone(), previous.get(i).cloned().unwrap_or_default()))).collect(),
+        (Some(s), Some(previous)) => replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Some(Window::new(i, &r.device, s.units_on(i, r), tx.clone(), previous.get(i).cloned().unwrap_or_default())))
+            .collect(),
         _ => replicas.iter().map(|_| None).collect(),
     };
     // A worker that stops early tells the gathering thread, which lets go of the others.
@@ -116,7 +120,8 @@ pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], comm: &dyn Communic
             })
             .collect();
         let outs: Vec<Result<WorkerOut>> = handles.into_iter().zip(replicas).enumerate().map(|(i, (h, r))| joined(i, r, h.join())).collect();
-        let served: Option<Result<Vec<_>>> = server.map(|h| h.join().unwrap_or_else(|_| Err(Error::Panicked("the data-parallel gather thread panicked".into()))));
+        let served: Option<Result<Vec<_>>> =
+            server.map(|h| h.join().unwrap_or_else(|_| Err(Error::Panicked("the data-parallel gather thread panicked".into()))));
         (outs, served.transpose())
     });
     // A failed collective makes the workers fail to gather; report the cause, not the symptom.
@@ -138,7 +143,14 @@ pub(super) fn run(replicas: &[Replica], parts: &[Vec<Part>], comm: &dyn Communic
 
     let t0 = Instant::now();
     // The loss rides as one more element: the tree sums every element on its own.
-    let parts = outs.into_iter().flat_map(|o| o.grads).map(|(k, mut g, l)| { g.push(l); (k, g) }).collect();
+    let parts = outs
+        .into_iter()
+        .flat_map(|o| o.grads)
+        .map(|(k, mut g, l)| {
+            g.push(l);
+            (k, g)
+        })
+        .collect();
     let mut sum = comm.sum_by_index(parts)?;
     let loss_sum = sum.pop().unwrap_or(0.0);
     let sum = if plan.sharded.is_some() {

@@ -19,12 +19,12 @@
 //! program with the same rules; the communication thread runs a gather once every device has
 //! asked (`buckets::exchange`), so all processes run their collectives in one order.
 use super::buckets::{self, GatherAsk, Msg};
+use super::shard::Holder;
 use super::shard::Sharded;
 use super::timing::Stamp;
-use super::shard::Holder;
-use crate::parallel::comm::Communicator;
 use crate::autograd::no_grad;
 use crate::backend::Refill;
+use crate::parallel::comm::Communicator;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -139,7 +139,14 @@ pub(super) struct Window {
 impl Window {
     pub fn new(device: usize, dev: &Device, units: Vec<UnitOnDevice>, tx: Sender<Msg>, previous: Vec<usize>) -> Arc<Window> {
         let held = units.iter().map(|_| Held::Released).collect();
-        Arc::new(Window { device, dev: dev.clone(), units, tx, previous, state: Mutex::new(State { held, order: Vec::new(), stats: GatherStats::default(), waits: Vec::new(), failed: None }) })
+        Arc::new(Window {
+            device,
+            dev: dev.clone(),
+            units,
+            tx,
+            previous,
+            state: Mutex::new(State { held, order: Vec::new(), stats: GatherStats::default(), waits: Vec::new(), failed: None }),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

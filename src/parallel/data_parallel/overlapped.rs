@@ -3,11 +3,11 @@
 //! timeline is marked around backward and each bucket's all-reduce (see `timing.rs`).
 use super::buckets::{self, FailGuard, Msg, Ready};
 use super::gather::{Finished, GatherStats, Gathers, UnitOnDevice, Window};
-use crate::parallel::split::Part;
 use super::timing::{self, DeviceStamps, Stamp};
 use super::{joined, Computed, Replica, StepEvent, StepWork};
 use crate::autograd;
 use crate::parallel::comm::Communicator;
+use crate::parallel::split::Part;
 use crate::parallel::trace::Phase;
 use crate::{Error, Result};
 use std::sync::mpsc::{channel, Sender};
@@ -51,13 +51,24 @@ pub(super) struct Plan<'a> {
 
 /// Runs forward, backward and the bucketed all-reduce on every device (and with `gather`,
 /// ZeRO-3's all-gathers unit by unit).
-pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communicator, plan: &Plan, gather: Option<UnitGathers>) -> Result<(Computed, Exchange)> {
+pub(super) fn run(
+    replicas: &[Replica],
+    shards: &[Vec<Part>],
+    comm: &dyn Communicator,
+    plan: &Plan,
+    gather: Option<UnitGathers>,
+) -> Result<(Computed, Exchange)> {
     let n = replicas.len();
     let (tx, rx) = channel::<Msg>();
     let (_, world) = comm.device_span();
     let ordered = world > n;
     let mut windows: Vec<Option<std::sync::Arc<Window>>> = match gather {
-        Some(g) => g.units.into_iter().enumerate().map(|(i, units)| Some(Window::new(i, &replicas[i].device, units, tx.clone(), g.previous.clone()))).collect(),
+        Some(g) => g
+            .units
+            .into_iter()
+            .enumerate()
+            .map(|(i, units)| Some(Window::new(i, &replicas[i].device, units, tx.clone(), g.previous.clone())))
+            .collect(),
         None => (0..n).map(|_| None).collect(),
     };
     let (workers, exchanged) = std::thread::scope(|s| {
@@ -136,7 +147,11 @@ pub(super) fn run(replicas: &[Replica], shards: &[Vec<Part>], comm: &dyn Communi
             }
             let order = g[0].0.clone();
             // The waits on each device's own clock, where it keeps one.
-            let per_device = g.into_iter().enumerate().map(|(d, (_, s, _))| GatherStats { waited_s: overlap.gather_wait_s[d], device_clock: overlap.device_clock[d], ..s }).collect();
+            let per_device = g
+                .into_iter()
+                .enumerate()
+                .map(|(d, (_, s, _))| GatherStats { waited_s: overlap.gather_wait_s[d], device_clock: overlap.device_clock[d], ..s })
+                .collect();
             Some((order, Gathers { per_device, gather_s }))
         }
         _ => None,

@@ -77,7 +77,10 @@ impl Shard {
 impl std::str::FromStr for Shard {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        Shard::ALL.into_iter().find(|m| m.name() == s).ok_or_else(|| Error::invalid("--shard", format!("{s:?} is not none, optimizer, grads or full")))
+        Shard::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| Error::invalid("--shard", format!("{s:?} is not none, optimizer, grads or full")))
     }
 }
 
@@ -132,7 +135,14 @@ impl Sharded {
     /// parameter once its pieces are cut, so a device never holds more than its pieces and one
     /// whole parameter: with replicas built by [`build_deferred`](crate::tensor::build_deferred)
     /// a model several times a device's memory is sharded onto it.
-    pub fn new<H: Holder>(mode: Shard, replicas: &[H], buckets: &[Vec<usize>], first: usize, world: usize, comm: &dyn Communicator) -> Result<Sharded> {
+    pub fn new<H: Holder>(
+        mode: Shard,
+        replicas: &[H],
+        buckets: &[Vec<usize>],
+        first: usize,
+        world: usize,
+        comm: &dyn Communicator,
+    ) -> Result<Sharded> {
         let params = replicas[0].params();
         let units: Vec<Unit> = buckets
             .iter()
@@ -189,7 +199,17 @@ impl Sharded {
             .into_iter()
             .zip(&pieces)
             .zip(replicas)
-            .map(|((cs, ps), r)| cs.into_iter().zip(ps).map(|(c, pc)| Ok((r.params()[pc.param].0.clone(), c.ok_or_else(|| Error::Msg(format!("data parallel: no piece of parameter {} was cut", pc.param)))?))).collect::<Result<Vec<_>>>())
+            .map(|((cs, ps), r)| {
+                cs.into_iter()
+                    .zip(ps)
+                    .map(|(c, pc)| {
+                        Ok((
+                            r.params()[pc.param].0.clone(),
+                            c.ok_or_else(|| Error::Msg(format!("data parallel: no piece of parameter {} was cut", pc.param)))?,
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Sharded { mode, world, units, pieces, values })
     }
@@ -218,7 +238,9 @@ impl Sharded {
         no_grad(|| {
             for (ps, vs) in self.pieces.iter().zip(&self.values) {
                 for (pc, (name, v)) in ps.iter().zip(vs) {
-                    let t = state.get(name.as_str()).ok_or_else(|| Error::invalid("DataParallel::load_state_dict", format!("the state has no {name}")))?;
+                    let t = state
+                        .get(name.as_str())
+                        .ok_or_else(|| Error::invalid("DataParallel::load_state_dict", format!("the state has no {name}")))?;
                     v.assign(&cut(t, pc)?)?;
                 }
             }
@@ -326,7 +348,10 @@ impl Sharded {
     fn check_gathered(&self, u: usize, flat: &Tensor) -> Result<()> {
         let unit = &self.units[u];
         if flat.numel() != self.world * unit.block {
-            return Err(Error::shape("DataParallel::step", format!("bucket {u} gathered {} values, not {} blocks of {}", flat.numel(), self.world, unit.block)));
+            return Err(Error::shape(
+                "DataParallel::step",
+                format!("bucket {u} gathered {} values, not {} blocks of {}", flat.numel(), self.world, unit.block),
+            ));
         }
         Ok(())
     }
@@ -385,7 +410,10 @@ impl Sharded {
                 let parts = all.iter().flatten().filter(|(k, _)| k == key).map(|(_, t)| t.flatten_all()?.to(dev0)).collect::<Result<Vec<_>>>()?;
                 let whole = Tensor::cat(&parts, 0)?;
                 if whole.numel() != p.numel() {
-                    return Err(Error::shape("DataParallel::optimizer_state", format!("{key}: the shards hold {} values for a parameter of {:?}", whole.numel(), p.shape())));
+                    return Err(Error::shape(
+                        "DataParallel::optimizer_state",
+                        format!("{key}: the shards hold {} values for a parameter of {:?}", whole.numel(), p.shape()),
+                    ));
                 }
                 out.push((key.to_string(), whole.reshape(p.shape().clone())?));
             }
@@ -402,7 +430,10 @@ impl Sharded {
             let prefix = format!("{name}.");
             for (k, t) in state.iter().filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('.')) {
                 if t.numel() != p.numel() {
-                    return Err(Error::shape("DataParallel::load_optimizer_state", format!("{k} is {:?} for a parameter of {:?}", t.shape(), p.shape())));
+                    return Err(Error::shape(
+                        "DataParallel::load_optimizer_state",
+                        format!("{k} is {:?} for a parameter of {:?}", t.shape(), p.shape()),
+                    ));
                 }
                 // Cut where the state is (the host, from a checkpoint) and left there: the
                 // optimizer copies each piece into state of its own on the device, so only one

@@ -80,7 +80,9 @@ impl DataParallel {
         for (name, t) in &r0.params {
             match by_name.get(name.as_str()) {
                 None => return Err(Error::invalid(OP, format!("the state has no {name}"))),
-                Some(v) if v.shape() != t.shape() => return Err(Error::shape(OP, format!("{name} is {:?} in the state, {:?} in the model", v.shape(), t.shape()))),
+                Some(v) if v.shape() != t.shape() => {
+                    return Err(Error::shape(OP, format!("{name} is {:?} in the state, {:?} in the model", v.shape(), t.shape())))
+                }
                 Some(_) => {}
             }
         }

@@ -112,7 +112,8 @@ pub(super) fn gather_owned(replicas: &[Replica], owners: &[usize], comm: &dyn Co
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let mut parts = (0..owners.len()).filter(|&p| owners[p] == first + i).map(|p| r.params[p].1.flatten_all()).collect::<Result<Vec<_>>>()?;
+                let mut parts =
+                    (0..owners.len()).filter(|&p| owners[p] == first + i).map(|p| r.params[p].1.flatten_all()).collect::<Result<Vec<_>>>()?;
                 parts.push(Tensor::zeros([1], &r.device)?);
                 Tensor::cat(&parts, 0)
             })
@@ -120,7 +121,10 @@ pub(super) fn gather_owned(replicas: &[Replica], owners: &[usize], comm: &dyn Co
         let whole = comm.all_gather(&parts)?;
         for (i, (r, flat)) in replicas.iter().zip(&whole).enumerate() {
             if flat.numel() != offset {
-                return Err(Error::shape("DataParallel::step", format!("the gathered parameters hold {} values, not the {offset} the owners give", flat.numel())));
+                return Err(Error::shape(
+                    "DataParallel::step",
+                    format!("the gathered parameters hold {} values, not the {offset} the owners give", flat.numel()),
+                ));
             }
             for (p, (_, t)) in r.params.iter().enumerate().filter(|(p, _)| owners[*p] != first + i) {
                 t.assign(&flat.narrow(0, at[p], numel[p])?.reshape(t.shape().clone())?)?;

@@ -94,7 +94,10 @@ impl<R: Replica> DataGrid<R> {
         let counts = group.all_gather_u64(&[replicas.len() as u64, slots as u64])?;
         if counts.iter().any(|c| c.as_slice() != counts[0].as_slice()) {
             let per: Vec<String> = counts.iter().enumerate().map(|(r, c)| format!("rank {r}: {c:?}")).collect();
-            return Err(Error::invalid("DataGrid::across", format!("every rank must hold as many replicas of as many devices ([replicas, devices]: {})", per.join(", "))));
+            return Err(Error::invalid(
+                "DataGrid::across",
+                format!("every rank must hold as many replicas of as many devices ([replicas, devices]: {})", per.join(", ")),
+            ));
         }
         // NCCL only where every rank's devices are CUDA GPUs, decided together so that every
         // rank takes the same branch; one communicator per slot.
@@ -102,12 +105,16 @@ impl<R: Replica> DataGrid<R> {
         {
             let cuda = replicas.iter().flat_map(|r| r.devices()).all(|d| d.info().backend == crate::backend::BackendKind::Cuda);
             if group.all_gather_u64(&[u64::from(cuda)])?.iter().all(|v| v.first() == Some(&1)) {
-                let comms = (0..slots).map(|s| Ok(Box::new(super::comm::Nccl::across(&column(&replicas, s), group)?) as Box<dyn Communicator>)).collect::<Result<Vec<_>>>()?;
+                let comms = (0..slots)
+                    .map(|s| Ok(Box::new(super::comm::Nccl::across(&column(&replicas, s), group)?) as Box<dyn Communicator>))
+                    .collect::<Result<Vec<_>>>()?;
                 return Self::with_communicators(replicas, comms);
             }
         }
         let comms = (0..slots)
-            .map(|s| Ok(Box::new(super::comm::Hierarchical::new(&column(&replicas, s), group.clone(), crate::dist::Order::Mpi)?) as Box<dyn Communicator>))
+            .map(|s| {
+                Ok(Box::new(super::comm::Hierarchical::new(&column(&replicas, s), group.clone(), crate::dist::Order::Mpi)?) as Box<dyn Communicator>)
+            })
             .collect::<Result<Vec<_>>>()?;
         Self::with_communicators(replicas, comms)
     }
@@ -122,14 +129,22 @@ impl<R: Replica> DataGrid<R> {
         let want = names(first)?;
         for (r, p) in replicas.iter().enumerate() {
             if p.devices().len() != first.devices().len() || names(p)? != want {
-                return Err(Error::invalid("DataGrid", format!("{kind} {r} has other devices or parameters than {kind} 0; every replica must be the same model")));
+                return Err(Error::invalid(
+                    "DataGrid",
+                    format!("{kind} {r} has other devices or parameters than {kind} 0; every replica must be the same model"),
+                ));
             }
         }
         align_cuts(&mut replicas, None)?;
-        let slots = |p: &R| -> Vec<Vec<(String, Vec<usize>)>> { p.slot_params().iter().map(|s| s.iter().map(|(n, t)| (n.clone(), t.dims().to_vec())).collect()).collect() };
+        let slots = |p: &R| -> Vec<Vec<(String, Vec<usize>)>> {
+            p.slot_params().iter().map(|s| s.iter().map(|(n, t)| (n.clone(), t.dims().to_vec())).collect()).collect()
+        };
         let want = slots(&replicas[0]);
         if let Some(r) = replicas.iter().position(|p| slots(p) != want) {
-            return Err(Error::invalid("DataGrid", format!("{kind} {r} lays its parameters over its devices unlike {kind} 0; every replica must be split alike")));
+            return Err(Error::invalid(
+                "DataGrid",
+                format!("{kind} {r} lays its parameters over its devices unlike {kind} 0; every replica must be split alike"),
+            ));
         }
         if comms.len() != replicas[0].devices().len() {
             return Err(Error::invalid("DataGrid", format!("{} communicators for {} devices per {kind}", comms.len(), replicas[0].devices().len())));
@@ -224,7 +239,10 @@ impl<R: Replica> DataGrid<R> {
             Some(z) => {
                 let per_slot = z.state_bytes();
                 let slots = self.replicas[0].devices().len();
-                (0..self.replicas.len()).flat_map(|r| (0..slots).map(move |s| (r, s))).map(|(r, s)| per_slot[s].get(r).copied().unwrap_or(0)).collect()
+                (0..self.replicas.len())
+                    .flat_map(|r| (0..slots).map(move |s| (r, s)))
+                    .map(|(r, s)| per_slot[s].get(r).copied().unwrap_or(0))
+                    .collect()
             }
             None => self.replicas.iter_mut().flat_map(|r| r.optimizers().into_iter().map(|(o, _, _)| bytes(&**o)).collect::<Vec<_>>()).collect(),
         }
@@ -246,7 +264,10 @@ impl<R: Replica> DataGrid<R> {
         let shares = split::ranges(n, world, self.weights.as_deref())?;
         if n < world || shares.iter().any(Range::is_empty) {
             let sizes: Vec<usize> = shares.iter().map(Range::len).collect();
-            return Err(Error::invalid("DataGrid::step", format!("a batch of {n} samples split {sizes:?} leaves a {} of the {world} without samples", self.replicas[0].kind())));
+            return Err(Error::invalid(
+                "DataGrid::step",
+                format!("a batch of {n} samples split {sizes:?} leaves a {} of the {world} without samples", self.replicas[0].kind()),
+            ));
         }
         Ok(shares[first..first + self.replicas.len()].to_vec())
     }
@@ -305,7 +326,10 @@ fn align_cuts<R: Replica>(replicas: &mut [R], first_part: Option<&Batch>) -> Res
         }
         // A split still to be measured takes replica 0's cut at the first step anyway.
         if !p.split_pending() && first_part.is_none() {
-            return Err(Error::invalid("DataGrid", format!("pipeline {} cuts the layers {:?}, pipeline 0 {cut:?}; every replica must be cut alike", r + 1, p.ranges())));
+            return Err(Error::invalid(
+                "DataGrid",
+                format!("pipeline {} cuts the layers {:?}, pipeline 0 {cut:?}; every replica must be cut alike", r + 1, p.ranges()),
+            ));
         }
         p.fix_split(&cut)?;
     }
@@ -359,7 +383,13 @@ impl<R: Replica + 'static> Strategy for DataGrid<R> {
             core.scaler = self.run.scaler;
         }
         let results: Vec<Result<f32>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self.replicas.iter_mut().zip(&parts).zip(&shares).map(|((rep, part), r)| scope.spawn(move || rep.backward_share(part, r.start, n))).collect();
+            let handles: Vec<_> = self
+                .replicas
+                .iter_mut()
+                .zip(&parts)
+                .zip(&shares)
+                .map(|((rep, part), r)| scope.spawn(move || rep.backward_share(part, r.start, n)))
+                .collect();
             handles.into_iter().map(|h| h.join().unwrap_or_else(|p| Err(Error::panicked(p)))).collect()
         });
         let mut losses = Vec::with_capacity(results.len());
@@ -409,7 +439,8 @@ impl<R: Replica + 'static> Strategy for DataGrid<R> {
             report.comm_s += r.comm_s;
             report.peak_memory.extend(&r.peak_memory);
         }
-        report.loss = if world > self.replicas.len() { self.comms[0].sum_by_index(vec![(first, vec![losses.iter().sum()])])?[0] } else { losses.iter().sum() };
+        report.loss =
+            if world > self.replicas.len() { self.comms[0].sum_by_index(vec![(first, vec![losses.iter().sum()])])?[0] } else { losses.iter().sum() };
         report.comm_s += comm_s;
         report.wall_s = t0.elapsed().as_secs_f64();
         Ok(report)
@@ -423,7 +454,9 @@ impl<R: Replica + 'static> Strategy for DataGrid<R> {
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
         match &self.zero {
             // Copies: the live parameters are released again after.
-            Some(z) if z.mode == Shard::Full => z.with_full(&self.comms, || self.replicas[0].state_dict()?.into_iter().map(|(n, t)| Ok((n, copy_of(&t)?))).collect()),
+            Some(z) if z.mode == Shard::Full => {
+                z.with_full(&self.comms, || self.replicas[0].state_dict()?.into_iter().map(|(n, t)| Ok((n, copy_of(&t)?))).collect())
+            }
             Some(_) | None => self.replicas[0].state_dict(),
         }
     }

@@ -75,7 +75,10 @@ pub(super) fn check_config(cfg: &DataParallelConfig) -> Result<()> {
         return Err(Error::invalid(OP, format!("a grid's data axis does not take {what}")));
     }
     if cfg.grad_dtype != DType::F32 && !matches!(cfg.shard, Shard::Grads | Shard::Full) {
-        return Err(Error::invalid(OP, format!("a {:?} gradient shard needs sharded gradients (Shard::Grads or Shard::Full), not {:?}", cfg.grad_dtype, cfg.shard)));
+        return Err(Error::invalid(
+            OP,
+            format!("a {:?} gradient shard needs sharded gradients (Shard::Grads or Shard::Full), not {:?}", cfg.grad_dtype, cfg.shard),
+        ));
     }
     if cfg.grad_dtype == DType::I32 {
         return Err(Error::invalid(OP, "gradients are kept in F32, Bf16 or F16, not I32"));
@@ -95,7 +98,8 @@ impl Zero {
         let per_replica: Vec<Vec<Vec<(String, Tensor)>>> = replicas.iter().map(|r| r.slot_params()).collect();
         let mut slots = Vec::with_capacity(comms.len());
         for (s, comm) in comms.iter().enumerate() {
-            let copies: Vec<SlotCopy> = replicas.iter().zip(&per_replica).map(|(r, ps)| SlotCopy { device: r.devices()[s].clone(), params: ps[s].clone() }).collect();
+            let copies: Vec<SlotCopy> =
+                replicas.iter().zip(&per_replica).map(|(r, ps)| SlotCopy { device: r.devices()[s].clone(), params: ps[s].clone() }).collect();
             if copies[0].params.is_empty() {
                 slots.push(None);
                 continue;
@@ -230,7 +234,11 @@ impl Zero {
     pub fn state_bytes(&self) -> Vec<Vec<u64>> {
         self.slots
             .iter()
-            .map(|slot| slot.as_ref().map_or_else(Vec::new, |s| s.opts.iter().map(|o| o.state().0.iter().map(|(_, t)| t.numel() as u64 * t.dtype().size() as u64).sum()).collect()))
+            .map(|slot| {
+                slot.as_ref().map_or_else(Vec::new, |s| {
+                    s.opts.iter().map(|o| o.state().0.iter().map(|(_, t)| t.numel() as u64 * t.dtype().size() as u64).sum()).collect()
+                })
+            })
             .collect()
     }
 

@@ -1,8 +1,8 @@
 //! Where a `Split::Auto` pipeline stands: layers timed once, then the split corrected by the
 //! stages' measured compute in the first steps.
-use crate::parallel::stages::{self, Stage};
 use super::worker::Outcome;
 use crate::data::Batch;
+use crate::parallel::stages::{self, Stage};
 use crate::parallel::OptimConfig;
 use crate::Result;
 

@@ -12,7 +12,6 @@ pub use worker::graph_bytes;
 pub use schedule::{schedule, simulate, simulate_stages, theoretical_bubble, Action, Plan, Schedule, Simulation};
 pub use tied::StageParam;
 
-use balance::Balance;
 use super::stages::{self, Stage, Stages};
 use super::step::{NormOver, Part, StepCore};
 use super::{Loss, OptimConfig, StepReport, Strategy};
@@ -20,9 +19,10 @@ use crate::data::Batch;
 use crate::dist::Group;
 use crate::nn::Module;
 use crate::{Device, Error, Result, Tensor};
+use balance::Balance;
+use remote::Across;
 use std::sync::mpsc::channel;
 use std::time::Instant;
-use remote::Across;
 use worker::{Job, Links, Outcome};
 
 /// Pipeline options.

@@ -39,7 +39,10 @@ const EXACT: usize = 1 << 24;
 fn encode(mb: usize, tensor: &Tensor) -> Result<Vec<f32>> {
     let dims = tensor.dims();
     if mb >= EXACT || dims.iter().any(|&d| d >= EXACT) {
-        return Err(Error::shape("pipeline send", format!("micro-batch {mb} or shape {dims:?} has a number over 2^24, which the message header cannot carry")));
+        return Err(Error::shape(
+            "pipeline send",
+            format!("micro-batch {mb} or shape {dims:?} has a number over 2^24, which the message header cannot carry"),
+        ));
     }
     let mut body = Vec::with_capacity(2 + dims.len() + tensor.numel());
     body.push(mb as f32);
@@ -132,11 +135,7 @@ impl Drop for RemoteOut {
 /// the last rank's output is returned on every rank, on `device`.
 pub(super) fn forward_across(group: &Group, x: &Tensor, device: &Device, run_mine: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
     let (rank, size) = (group.rank(), group.size());
-    let input = if rank == 0 {
-        x.clone()
-    } else {
-        decode(group.recv(rank - 1, PREDICT_TAG)?, rank - 1, device)?.1
-    };
+    let input = if rank == 0 { x.clone() } else { decode(group.recv(rank - 1, PREDICT_TAG)?, rank - 1, device)?.1 };
     let out = run_mine(&input)?;
     if rank + 1 < size {
         group.send(&encode(0, &out)?, rank + 1, PREDICT_TAG)?;
@@ -152,7 +151,10 @@ pub(super) fn forward_across(group: &Group, x: &Tensor, device: &Device, run_min
 /// tell apart.
 pub(super) fn check_options(auto_split: bool, micro_batches: usize) -> Result<()> {
     if auto_split {
-        return Err(Error::invalid("Pipeline::across", "Split::Auto cannot balance stages across processes; give each rank its stages (Stages::Built) or a Split::At of its part"));
+        return Err(Error::invalid(
+            "Pipeline::across",
+            "Split::Auto cannot balance stages across processes; give each rank its stages (Stages::Built) or a Split::At of its part",
+        ));
     }
     if micro_batches > MAX_MICRO_BATCHES {
         return Err(Error::invalid("Pipeline::across", format!("{micro_batches} micro-batches; across processes at most {MAX_MICRO_BATCHES}")));
@@ -177,7 +179,10 @@ impl Across {
     pub fn place(group: &Group, local: usize) -> Result<Across> {
         let counts: Vec<usize> = group.all_gather_u64(&[local as u64])?.iter().map(|c| c.first().map_or(0, |&n| n as usize)).collect();
         if let Some(r) = counts.iter().position(|&c| c == 0) {
-            return Err(Error::invalid("Pipeline", format!("rank {r} of {} has no stage; across processes every rank holds at least one", group.size())));
+            return Err(Error::invalid(
+                "Pipeline",
+                format!("rank {r} of {} has no stage; across processes every rank holds at least one", group.size()),
+            ));
         }
         let first = counts[..group.rank()].iter().sum();
         Ok(Across { group: group.clone(), first, total: counts.iter().sum(), counts })
@@ -200,13 +205,15 @@ impl Across {
     pub fn link_ends(&self, links: &mut [Links], first_device: &Device, last_device: &Device) -> Result<()> {
         let (rank, size) = (self.group.rank(), self.group.size());
         if rank > 0 {
-            links[0].act_in = Some(Box::new(RemoteIn { group: self.group.clone(), peer: rank - 1, dir: Dir::Activation, device: first_device.clone() }));
+            links[0].act_in =
+                Some(Box::new(RemoteIn { group: self.group.clone(), peer: rank - 1, dir: Dir::Activation, device: first_device.clone() }));
             links[0].grad_out = Some(Box::new(RemoteOut::new(&self.group, rank - 1, Dir::Gradient)?));
         }
         if rank + 1 < size {
             let last = links.len() - 1;
             links[last].act_out = Some(Box::new(RemoteOut::new(&self.group, rank + 1, Dir::Activation)?));
-            links[last].grad_in = Some(Box::new(RemoteIn { group: self.group.clone(), peer: rank + 1, dir: Dir::Gradient, device: last_device.clone() }));
+            links[last].grad_in =
+                Some(Box::new(RemoteIn { group: self.group.clone(), peer: rank + 1, dir: Dir::Gradient, device: last_device.clone() }));
         }
         Ok(())
     }
@@ -224,7 +231,10 @@ impl Across {
         let all = self.group.all_gather_names(mine)?;
         let unexpected: Vec<&str> = state.iter().map(|s| s.0.as_str()).filter(|n| !all.iter().any(|a| a == n)).collect();
         if !unexpected.is_empty() {
-            return Err(Error::invalid("load_state_dict", format!("unexpected [{}] (no rank's stage holds them)", crate::error::capped_list(unexpected))));
+            return Err(Error::invalid(
+                "load_state_dict",
+                format!("unexpected [{}] (no rank's stage holds them)", crate::error::capped_list(unexpected)),
+            ));
         }
         let own: Vec<(String, Tensor)> = state.iter().filter(|(n, _)| mine.contains(n)).cloned().collect();
         load(&own)

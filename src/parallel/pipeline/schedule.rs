@@ -92,7 +92,10 @@ pub fn simulate(plan: &[Vec<Action>], micro_batches: usize, forward_time: f64, b
 pub fn simulate_stages(plan: &[Vec<Action>], micro_batches: usize, forward_time: &[f64], backward_time: &[f64]) -> Result<Simulation> {
     let p = plan.len();
     if forward_time.len() != p || backward_time.len() != p {
-        return Err(Error::invalid("pipeline schedule", format!("{p} stages but {} forward and {} backward times", forward_time.len(), backward_time.len())));
+        return Err(Error::invalid(
+            "pipeline schedule",
+            format!("{p} stages but {} forward and {} backward times", forward_time.len(), backward_time.len()),
+        ));
     }
     for (s, list) in plan.iter().enumerate() {
         for want in (0..micro_batches).flat_map(|mb| [Action::Forward(mb), Action::Backward(mb)]) {
@@ -118,7 +121,13 @@ pub fn simulate_stages(plan: &[Vec<Action>], micro_batches: usize, forward_time:
         for s in 0..p {
             while let Some(&a) = plan[s].get(next[s]) {
                 let ready = match a {
-                    Action::Forward(mb) => if s == 0 { Some(0.0) } else { f_end[s - 1][mb] },
+                    Action::Forward(mb) => {
+                        if s == 0 {
+                            Some(0.0)
+                        } else {
+                            f_end[s - 1][mb]
+                        }
+                    }
                     Action::Backward(mb) => match (f_end[s][mb], if s + 1 == p { Some(0.0) } else { b_end[s + 1][mb] }) {
                         (Some(a), Some(b)) => Some(a.max(b)),
                         _ => None,
@@ -175,10 +184,7 @@ mod tests {
     fn one_f_one_b_lists_by_hand() {
         let plan = schedule(Schedule::OneFOneB, 3, 4);
         let text = Plan(&plan).to_string();
-        assert_eq!(
-            text,
-            "stage 0: F0 F1 F2 B0 F3 B1 B2 B3\nstage 1: F0 F1 B0 F2 B1 F3 B2 B3\nstage 2: F0 B0 F1 B1 F2 B2 F3 B3\n"
-        );
+        assert_eq!(text, "stage 0: F0 F1 F2 B0 F3 B1 B2 B3\nstage 1: F0 F1 B0 F2 B1 F3 B2 B3\nstage 2: F0 B0 F1 B1 F2 B2 F3 B3\n");
     }
 
     #[test]

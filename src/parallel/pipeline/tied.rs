@@ -27,7 +27,8 @@ pub(super) struct Tied {
 }
 
 fn find(stages: &[Stage], (s, name): &StageParam) -> Result<Tensor> {
-    let stage = stages.get(*s).ok_or_else(|| Error::invalid("Pipeline::tie", format!("stage {s} of {name}: the pipeline has {} stages", stages.len())))?;
+    let stage =
+        stages.get(*s).ok_or_else(|| Error::invalid("Pipeline::tie", format!("stage {s} of {name}: the pipeline has {} stages", stages.len())))?;
     stage.model.parameters().into_iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
         let names: Vec<String> = stage.model.parameters().into_iter().map(|p| p.0).collect();
         Error::invalid("Pipeline::tie", format!("stage {s} on {} has no parameter {name}; it has {names:?}", stage.device))
@@ -46,7 +47,8 @@ pub(super) fn declared(stages: &[Stage], mut given: Vec<(StageParam, StageParam)
     let mut elsewhere = Vec::new();
     for (c, stage) in stages.iter().enumerate() {
         for (copy, primary) in stage.model.tied_parameters() {
-            let holder = stages.iter().enumerate().find_map(|(p, s)| s.model.parameters().into_iter().find(|(n, _)| *n == primary).map(|(_, t)| (p, t)));
+            let holder =
+                stages.iter().enumerate().find_map(|(p, s)| s.model.parameters().into_iter().find(|(n, _)| *n == primary).map(|(_, t)| (p, t)));
             let Some((p, primary_t)) = holder else {
                 if let Some(first) = spread {
                     elsewhere.push((first + c, copy, primary));
@@ -71,10 +73,16 @@ pub(super) fn resolve(stages: &[Stage], ties: Vec<(StageParam, StageParam)>) -> 
         let (p, c) = (find(stages, &primary)?, find(stages, &copy)?);
         let used = |sp: &StageParam| out.iter().any(|t| t.copy == *sp || t.primary == *sp);
         if p.id() == c.id() || primary == copy || used(&primary) || used(&copy) {
-            return Err(Error::invalid("Pipeline::tie", format!("{primary:?} and {copy:?}: each tie needs two distinct parameters, each in one tie")));
+            return Err(Error::invalid(
+                "Pipeline::tie",
+                format!("{primary:?} and {copy:?}: each tie needs two distinct parameters, each in one tie"),
+            ));
         }
         if p.shape() != c.shape() || p.dtype() != c.dtype() {
-            return Err(Error::shape("Pipeline::tie", format!("{primary:?} is {:?} {:?}, {copy:?} is {:?} {:?}", p.shape(), p.dtype(), c.shape(), c.dtype())));
+            return Err(Error::shape(
+                "Pipeline::tie",
+                format!("{primary:?} is {:?} {:?}, {copy:?} is {:?} {:?}", p.shape(), p.dtype(), c.shape(), c.dtype()),
+            ));
         }
         c.assign(&p)?;
         out.push(Tied { primary, copy, primary_t: p, copy_t: c });

@@ -97,9 +97,8 @@ pub(super) fn agree(a: &Across, stages: &[Stage], given: &[(StageParam, StagePar
     let all: BTreeSet<(StageParam, StageParam)> = p.given.iter().flatten().cloned().collect();
     for (r, set) in p.given.iter().enumerate() {
         if let Some(((ps, pn), (cs, cn))) = all.iter().find(|t| !set.contains(*t)) {
-            let what = format!(
-                "rank {r} does not tie stage {cs}'s {cn} to stage {ps}'s {pn}, which another rank ties: give every rank the same ties"
-            );
+            let what =
+                format!("rank {r} does not tie stage {cs}'s {cn} to stage {ps}'s {pn}, which another rank ties: give every rank the same ties");
             return Err(Error::invalid("Pipeline::tie", what));
         }
     }

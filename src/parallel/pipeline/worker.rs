@@ -10,10 +10,10 @@ use crate::autograd::{no_grad, GradOp};
 use crate::backend::Buffer;
 use crate::data::Batch;
 use crate::nn::Module;
+use crate::parallel::batch_to_device;
 use crate::parallel::stages::Stage;
 use crate::parallel::step::StepCore;
 use crate::parallel::trace::{Phase, Trace};
-use crate::parallel::batch_to_device;
 use crate::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, Sender};
@@ -252,7 +252,9 @@ impl Job<'_> {
                     self.span(&format!("F{mb}"), Phase::Forward, t0);
                 }
                 Action::Backward(mb) => {
-                    let s = saved.remove(&mb).ok_or_else(|| Error::Msg(format!("pipeline stage {}: backward of micro-batch {mb} before its forward", self.index)))?;
+                    let s = saved
+                        .remove(&mb)
+                        .ok_or_else(|| Error::Msg(format!("pipeline stage {}: backward of micro-batch {mb} before its forward", self.index)))?;
                     let grad = if self.last {
                         None
                     } else {

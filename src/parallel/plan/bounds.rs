@@ -47,7 +47,12 @@ fn workload(work: &Workload) -> Option<String> {
                 return Some(format!("{layer}: {what} is {s}; times are 0 to {MAX_LAYER_S} s"));
             }
         }
-        let sizes = [("param_bytes", l.param_bytes), ("largest_param_bytes", l.largest_param_bytes), ("activation_bytes", l.activation_bytes), ("output_bytes", l.output_bytes)];
+        let sizes = [
+            ("param_bytes", l.param_bytes),
+            ("largest_param_bytes", l.largest_param_bytes),
+            ("activation_bytes", l.activation_bytes),
+            ("output_bytes", l.output_bytes),
+        ];
         if let Some((what, b)) = sizes.iter().find(|(_, b)| *b > MAX_BYTES) {
             return Some(format!("{layer}: {what} is {b}; at most {MAX_BYTES} bytes"));
         }

@@ -18,7 +18,10 @@ pub fn unbuildable(l: &Layout, shares: &[usize], model: &Sequential) -> Option<S
         if l.pipeline > 1 {
             // The split pair must sit in the last stage, a constraint on cuts the search does not
             // carry: `Sequential::tensor_stages` builds this layout by hand.
-            return Some("tensor parallelism of a Sequential does not combine with pipeline parallelism in a plan (build it with Sequential::tensor_stages)".into());
+            return Some(
+                "tensor parallelism of a Sequential does not combine with pipeline parallelism in a plan (build it with Sequential::tensor_stages)"
+                    .into(),
+            );
         }
         if l.micro_batches > 1 || l.recompute {
             return Some("tensor parallelism of a Sequential takes whole batches, without recomputation".into());
@@ -98,7 +101,14 @@ impl Plan {
         match (l.data, l.tensor, l.pipeline) {
             (1, 1, 1) if l.micro_batches == 1 => Parallel::single(copy, &used[0], opt, loss).boxed(),
             (_, 1, 1) => {
-                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, grad_dtype: self.grad_dtype_of(l), bucket_bytes: l.bucket_bytes() as usize, ..Default::default() };
+                let cfg = DataParallelConfig {
+                    micro_batches: l.micro_batches,
+                    weights,
+                    shard: l.shard,
+                    grad_dtype: self.grad_dtype_of(l),
+                    bucket_bytes: l.bucket_bytes() as usize,
+                    ..Default::default()
+                };
                 Parallel::data(copy, used, opt, loss).config(cfg).boxed()
             }
             (1, _, 1) => Parallel::tensor(model, used, opt, loss).boxed(),

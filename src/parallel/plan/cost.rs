@@ -212,7 +212,9 @@ impl Cluster {
     }
     /// `servers` servers of `per_server` devices like `device` each.
     pub fn servers(servers: usize, per_server: usize, device: DeviceSpec, within: Link, across: Link) -> Cluster {
-        let devices = (0..servers * per_server).map(|i| DeviceSpec { server: i / per_server, name: format!("{}#{i}", device.name), ..device.clone() }).collect();
+        let devices = (0..servers * per_server)
+            .map(|i| DeviceSpec { server: i / per_server, name: format!("{}#{i}", device.name), ..device.clone() })
+            .collect();
         Cluster { devices, within, across, contention: 1.0, step_overheads: Vec::new(), links: Vec::new() }
     }
     /// Servers of two Tesla M60 boards (4 GM204 GPUs of 8 GB, ~4.8 TFLOP/s each at speed 1)
@@ -272,7 +274,9 @@ impl Cluster {
     pub fn group_link(&self, members: &[usize]) -> Link {
         if !self.links.is_empty() && members.len() > 1 {
             let hops = (0..members.len()).map(|i| self.link(members[i], members[(i + 1) % members.len()]));
-            return hops.reduce(|a, b| Link { latency_s: a.latency_s.max(b.latency_s), bytes_per_s: a.bytes_per_s.min(b.bytes_per_s) }).unwrap_or(self.within);
+            return hops
+                .reduce(|a, b| Link { latency_s: a.latency_s.max(b.latency_s), bytes_per_s: a.bytes_per_s.min(b.bytes_per_s) })
+                .unwrap_or(self.within);
         }
         let one_server = members.windows(2).all(|w| self.devices[w[0]].server == self.devices[w[1]].server);
         if one_server {

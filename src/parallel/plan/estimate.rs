@@ -1,10 +1,13 @@
 //! The cost of one layout: each layer's time per micro-batch on its stage, the best cut of
 //! the layers into stages, and the step time and memory per device the planner predicts.
-use super::{shard, Cluster, Estimate, Layout, Shard, Workload, device_states, offloaded_states};
+use super::{device_states, offloaded_states, shard, Cluster, Estimate, Layout, Shard, Workload};
 
 /// The slowest device of replica `r`: its pace, and its weight in the batch shares.
 pub(super) fn replica_speed(cluster: &Cluster, l: &Layout, r: usize) -> f64 {
-    (0..l.pipeline).flat_map(|s| (0..l.tensor).map(move |t| (s, t))).map(|(s, t)| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min)
+    (0..l.pipeline)
+        .flat_map(|s| (0..l.tensor).map(move |t| (s, t)))
+        .map(|(s, t)| cluster.devices[l.device(r, s, t)].speed)
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Replica `r`'s samples per micro-batch: data-parallel shares are proportional to the
@@ -46,7 +49,8 @@ pub(super) fn best_cuts(work: &Workload, cluster: &Cluster, l: &Layout, cuttable
     }
     // Each layer's seconds on each (replica, stage), computed once: the search reads them for
     // every candidate range.
-    let cost: Vec<Vec<Vec<f64>>> = (0..l.data).map(|r| (0..p).map(|s| (0..n).map(|i| layer_s(work, cluster, l, r, s, i)).collect()).collect()).collect();
+    let cost: Vec<Vec<Vec<f64>>> =
+        (0..l.data).map(|r| (0..p).map(|s| (0..n).map(|i| layer_s(work, cluster, l, r, s, i)).collect()).collect()).collect();
     let stage_s = |s: usize, a: usize, b: usize| cost.iter().map(|rep| rep[s][a..b].iter().sum::<f64>()).fold(0.0, f64::max);
     // best[s][a]: the slowest stage of stages s.. over layers a..n; choice[s][a]: stage s's end.
     let mut best = vec![vec![f64::INFINITY; n + 1]; p + 1];
@@ -127,7 +131,11 @@ pub fn estimate(work: &Workload, cluster: &Cluster, l: &Layout) -> Estimate {
             let slowest_speed = (0..l.tensor).map(|t| cluster.devices[l.device(r, s, t)].speed).fold(f64::INFINITY, f64::min);
             let update: f64 = range.clone().map(|i| work.layers[i].update_s / split(i) as f64).sum::<f64>() / updated / slowest_speed;
             // Offloaded state: each layer's share goes to the device and back around its update.
-            let offload: f64 = range.clone().filter(|_| offloaded > 0).map(|i| cluster.within.send_s((work.layers[i].param_bytes / split(i)).saturating_mul(offloaded) as f64 / updated)).sum();
+            let offload: f64 = range
+                .clone()
+                .filter(|_| offloaded > 0)
+                .map(|i| cluster.within.send_s((work.layers[i].param_bytes / split(i)).saturating_mul(offloaded) as f64 / updated))
+                .sum();
             let update = update + offload;
             update_s = update_s.max(update);
             // An offloaded update holds one parameter's state on the device at a time.

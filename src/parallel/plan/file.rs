@@ -23,7 +23,8 @@ impl Plan {
             version: u64,
             plan: &'a Plan,
         }
-        let text = serde_json::to_string_pretty(&File { version: PLAN_VERSION, plan: self }).map_err(|e| Error::format(path, format!("cannot encode the plan: {e}")))?;
+        let text = serde_json::to_string_pretty(&File { version: PLAN_VERSION, plan: self })
+            .map_err(|e| Error::format(path, format!("cannot encode the plan: {e}")))?;
         crate::checkpoint::write_atomic(path, format!("{text}\n").as_bytes())
     }
 

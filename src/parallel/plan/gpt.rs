@@ -18,7 +18,9 @@ use super::reuse::{Calibration, Reuse};
 use super::{Cluster, Layout, Plan, Workload};
 use crate::nn::models::{Gpt, GptConfig};
 use crate::nn::Module;
-use crate::parallel::{DataGrid, DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Schedule, Single, Stages, Strategy, TensorParallelGpt};
+use crate::parallel::{
+    DataGrid, DataParallel, DataParallelConfig, Loss, OptimConfig, Pipeline, PipelineGrid, Schedule, Single, Stages, Strategy, TensorParallelGpt,
+};
 use crate::{Device, Error, Result, Tensor};
 
 /// [`measure`](super::measure) of `gpt` on `devices`: each of its layers (embeddings, every
@@ -32,7 +34,14 @@ pub fn measure_gpt(gpt: &Gpt, probe: &Tensor, devices: &[Device], batch: usize, 
 
 /// [`measure_gpt`], or the same calibration kept on disk where `reuse` allows (as
 /// [`measure_reusing`](super::measure_reusing)), and where it came from.
-pub fn measure_gpt_reusing(gpt: &Gpt, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, reuse: Reuse) -> Result<(Workload, Cluster, Calibration)> {
+pub fn measure_gpt_reusing(
+    gpt: &Gpt,
+    probe: &Tensor,
+    devices: &[Device],
+    batch: usize,
+    optimizer_states: usize,
+    reuse: Reuse,
+) -> Result<(Workload, Cluster, Calibration)> {
     let make = |d: &Device| -> Result<crate::nn::Sequential> {
         let mut stages = gpt.stages(std::slice::from_ref(d), None)?;
         Ok(stages.remove(0))
@@ -114,7 +123,14 @@ impl Plan {
             }
             (_, 1, 1) => {
                 drop(host);
-                let cfg = DataParallelConfig { micro_batches: l.micro_batches, weights, shard: l.shard, grad_dtype: self.grad_dtype_of(l), bucket_bytes: l.bucket_bytes() as usize, ..Default::default() };
+                let cfg = DataParallelConfig {
+                    micro_batches: l.micro_batches,
+                    weights,
+                    shard: l.shard,
+                    grad_dtype: self.grad_dtype_of(l),
+                    bucket_bytes: l.bucket_bytes() as usize,
+                    ..Default::default()
+                };
                 Ok(Box::new(DataParallel::from_factory(gpt, used, opt, loss, cfg)?))
             }
             (1, _, 1) => {
@@ -123,7 +139,8 @@ impl Plan {
             }
             (_, tensor, 1) => {
                 drop(host);
-                let mesh = DataGrid::from_factory(used, used.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, opt, loss.clone()))?.shard(&grid_config(self, l), opt)?;
+                let mesh = DataGrid::from_factory(used, used.len() / tensor, |row| TensorParallelGpt::new(gpt(&row[0])?, row, opt, loss.clone()))?
+                    .shard(&grid_config(self, l), opt)?;
                 Ok(Box::new(match weights {
                     Some(w) => mesh.split_weights(w)?,
                     None => mesh,
@@ -131,7 +148,8 @@ impl Plan {
             }
             (1, _, _) => Ok(Box::new(gpt_pipeline(&host, used, opt, l)?)),
             (data, _, _) => {
-                let grid = PipelineGrid::from_factory(&l.replica_major(used), data, |row| gpt_pipeline(&host, row, opt, l))?.shard(&grid_config(self, l), opt)?;
+                let grid = PipelineGrid::from_factory(&l.replica_major(used), data, |row| gpt_pipeline(&host, row, opt, l))?
+                    .shard(&grid_config(self, l), opt)?;
                 Ok(Box::new(match weights {
                     Some(w) => grid.split_weights(w)?,
                     None => grid,

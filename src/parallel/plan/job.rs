@@ -38,14 +38,8 @@ fn reference_s(layers: &[LayerCost]) -> f64 {
 /// ranks' own and `across_contention` (the ranks computing at once against one at a time).
 /// Also each device's `(rank, index among its rank's devices)`, in the cluster's order.
 #[allow(clippy::type_complexity)]
-pub fn combine(
-    parts: &[RankCalibration],
-    across: Link,
-    across_contention: f64,
-) -> Result<(Workload, Cluster, Vec<(usize, usize)>)> {
-    let first = parts
-        .first()
-        .ok_or_else(|| Error::invalid("plan::combine", "no ranks"))?;
+pub fn combine(parts: &[RankCalibration], across: Link, across_contention: f64) -> Result<(Workload, Cluster, Vec<(usize, usize)>)> {
+    let first = parts.first().ok_or_else(|| Error::invalid("plan::combine", "no ranks"))?;
     let reference = reference_s(&first.work.layers);
     let mut devices = Vec::new();
     let mut processes = Vec::new();
@@ -62,17 +56,9 @@ pub fn combine(
         }
         // How much slower this rank's reference device runs the model than rank 0's.
         let slower = reference_s(&part.work.layers) / reference.max(1e-12);
-        let slower = if slower.is_finite() && slower > 0.0 {
-            slower
-        } else {
-            1.0
-        };
+        let slower = if slower.is_finite() && slower > 0.0 { slower } else { 1.0 };
         for (i, d) in part.cluster.devices.iter().enumerate() {
-            devices.push(super::DeviceSpec {
-                speed: d.speed / slower,
-                server: rank,
-                ..d.clone()
-            });
+            devices.push(super::DeviceSpec { speed: d.speed / slower, server: rank, ..d.clone() });
             processes.push((rank, i));
         }
     }
@@ -91,20 +77,10 @@ pub fn combine(
         .map(|p| p.cluster.within)
         .min_by(|a, b| a.bytes_per_s.total_cmp(&b.bytes_per_s))
         .unwrap_or(first.cluster.within);
-    let contention = parts
-        .iter()
-        .map(|p| p.cluster.contention)
-        .fold(across_contention.max(1.0), f64::max);
+    let contention = parts.iter().map(|p| p.cluster.contention).fold(across_contention.max(1.0), f64::max);
     Ok((
         first.work.clone(),
-        Cluster {
-            devices,
-            within,
-            across,
-            contention,
-            step_overheads: Vec::new(),
-            links: job_links(parts, &processes, across),
-        },
+        Cluster { devices, within, across, contention, step_overheads: Vec::new(), links: job_links(parts, &processes, across) },
         processes,
     ))
 }
@@ -128,12 +104,7 @@ pub fn job_unbuildable(l: &Layout, devices: usize) -> Option<String> {
     if l.recompute {
         return Some("recomputation needs pipeline stages".into());
     }
-    (l.devices() != devices).then(|| {
-        format!(
-            "a job of several processes runs on all its {devices} devices, not {}",
-            l.devices()
-        )
-    })
+    (l.devices() != devices).then(|| format!("a job of several processes runs on all its {devices} devices, not {}", l.devices()))
 }
 
 /// The plan of a job of several processes: each rank calibrates its own devices with
@@ -154,16 +125,14 @@ pub fn measure_job(
     search: &dyn Fn(&Workload, &Cluster) -> Result<Plan>,
     run: Option<&mut super::Trial>,
 ) -> Result<(Plan, Calibration)> {
-    let (own, how) = agreed(group, in_turn(group, calibrate)?, "calibrate its devices")
-        .map(|(work, cluster, how)| (RankCalibration { work, cluster }, how))?;
-    let text = serde_json::to_vec(&own)
-        .map_err(|e| Error::Msg(format!("encoding the calibration: {e}")))?;
+    let (own, how) =
+        agreed(group, in_turn(group, calibrate)?, "calibrate its devices").map(|(work, cluster, how)| (RankCalibration { work, cluster }, how))?;
+    let text = serde_json::to_vec(&own).map_err(|e| Error::Msg(format!("encoding the calibration: {e}")))?;
     let parts = exchange(group, &text)?
         .iter()
         .enumerate()
         .map(|(r, bytes)| {
-            serde_json::from_slice::<RankCalibration>(bytes)
-                .map_err(|e| Error::Msg(format!("rank {r}'s calibration did not arrive whole: {e}")))
+            serde_json::from_slice::<RankCalibration>(bytes).map_err(|e| Error::Msg(format!("rank {r}'s calibration did not arrive whole: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
     let contention = contention(group, device)?;
@@ -182,7 +151,10 @@ pub fn measure_job(
                 Ok((p, done))
             });
             let text = match &answer {
-                Ok((p, done)) => [if *done { &b"done:"[..] } else { b"try:" }, &serde_json::to_vec(p).map_err(|e| Error::Msg(format!("encoding the plan: {e}")))?].concat(),
+                Ok((p, done)) => {
+                    [if *done { &b"done:"[..] } else { b"try:" }, &serde_json::to_vec(p).map_err(|e| Error::Msg(format!("encoding the plan: {e}")))?]
+                        .concat()
+                }
                 Err(e) => format!("error:{e}").into_bytes(),
             };
             from_rank(group, &text, 0)?;
@@ -192,7 +164,12 @@ pub fn measure_job(
             let (done, json) = match (sent.strip_prefix(b"done:"), sent.strip_prefix(b"try:")) {
                 (Some(json), _) => (true, json),
                 (_, Some(json)) => (false, json),
-                _ => return Err(Error::invalid("plan", format!("rank 0 found no plan: {}", String::from_utf8_lossy(sent.strip_prefix(b"error:").unwrap_or(&sent))))),
+                _ => {
+                    return Err(Error::invalid(
+                        "plan",
+                        format!("rank 0 found no plan: {}", String::from_utf8_lossy(sent.strip_prefix(b"error:").unwrap_or(&sent))),
+                    ))
+                }
             };
             let p = serde_json::from_slice::<Plan>(json).map_err(|e| Error::Msg(format!("rank 0's plan did not arrive whole: {e}")))?;
             (p, done)
@@ -219,7 +196,8 @@ pub fn measure_job_speeds(group: &Group, make: &dyn Fn(&Device) -> Result<Box<dy
     let text = serde_json::to_vec(&(names, alone)).map_err(|e| Error::Msg(format!("encoding the timings: {e}")))?;
     let (mut names, mut alone) = (Vec::new(), Vec::new());
     for (r, bytes) in exchange(group, &text)?.iter().enumerate() {
-        let (n, t): (Vec<String>, Vec<f64>) = serde_json::from_slice(bytes).map_err(|e| Error::Msg(format!("rank {r}'s timings did not arrive whole: {e}")))?;
+        let (n, t): (Vec<String>, Vec<f64>) =
+            serde_json::from_slice(bytes).map_err(|e| Error::Msg(format!("rank {r}'s timings did not arrive whole: {e}")))?;
         if n.len() != t.len() {
             return Err(Error::Msg(format!("rank {r} sent {} timings for {} devices", t.len(), n.len())));
         }
@@ -331,10 +309,7 @@ fn mpi_link(group: &Group) -> Result<Link> {
     let latency_s = time(1)? / messages;
     let len = 1 << 20;
     let per_message = time(len)? / messages - latency_s;
-    Ok(Link {
-        latency_s,
-        bytes_per_s: (len * 4) as f64 / n / per_message.max(1e-9),
-    })
+    Ok(Link { latency_s, bytes_per_s: (len * 4) as f64 / n / per_message.max(1e-9) })
 }
 
 impl Plan {
@@ -347,12 +322,7 @@ impl Plan {
         }
         let mut order: Vec<usize> = (0..self.processes.len()).collect();
         order.sort_by_key(|&i| self.processes[i]);
-        Some(
-            order
-                .into_iter()
-                .map(|i| self.shares.get(i).copied().unwrap_or(0) as f64)
-                .collect(),
-        )
+        Some(order.into_iter().map(|i| self.shares.get(i).copied().unwrap_or(0) as f64).collect())
     }
 
     /// Errors unless `devices` are the devices of rank `rank` this plan was made for (names as
@@ -365,24 +335,15 @@ impl Plan {
             }
             return self.check_devices(devices);
         }
-        let mut mine: Vec<(usize, &str)> = self
-            .processes
-            .iter()
-            .zip(&self.devices)
-            .filter(|((r, _), _)| *r == rank)
-            .map(|((_, i), n)| (*i, n.as_str()))
-            .collect();
+        let mut mine: Vec<(usize, &str)> =
+            self.processes.iter().zip(&self.devices).filter(|((r, _), _)| *r == rank).map(|((_, i), n)| (*i, n.as_str())).collect();
         mine.sort();
         let planned: Vec<&str> = mine.into_iter().map(|(_, n)| n).collect();
         let given: Vec<String> = devices.iter().map(Device::spec).collect();
         if planned != given {
             return Err(Error::invalid(
                 "Plan::build",
-                format!(
-                    "the plan gives rank {rank} devices {}, it has {}",
-                    planned.join(","),
-                    given.join(",")
-                ),
+                format!("the plan gives rank {rank} devices {}, it has {}", planned.join(","), given.join(",")),
             ));
         }
         Ok(())

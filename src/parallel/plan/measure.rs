@@ -64,7 +64,14 @@ pub fn measure(model: &Sequential, probe: &Tensor, devices: &[Device], batch: us
 /// [`measure`], or the same calibration kept on disk by an earlier run where `reuse` allows
 /// (see [`Reuse`]: same model, probe shape, batch, optimizer and devices, this tandem, under
 /// a week old), and where it came from.
-pub fn measure_reusing(model: &Sequential, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, reuse: Reuse) -> Result<(Workload, Cluster, Calibration)> {
+pub fn measure_reusing(
+    model: &Sequential,
+    probe: &Tensor,
+    devices: &[Device],
+    batch: usize,
+    optimizer_states: usize,
+    reuse: Reuse,
+) -> Result<(Workload, Cluster, Calibration)> {
     let all = model.layers();
     let with_params: Vec<usize> = (0..all.len()).filter(|&i| !all[i].1.parameters().is_empty()).collect();
     let sharded = &with_params[with_params.len().saturating_sub(2)..];
@@ -121,7 +128,14 @@ fn probe_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices
 
 /// The calibration of [`measure_built`], the devices' memory left to it, and each device's
 /// seconds on the speed probe ([`probe_s`]).
-fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devices: &[Device], batch: usize, optimizer_states: usize, tensor_parallel: &dyn Fn(usize, &str, &dyn Module) -> bool) -> Result<(Workload, Cluster, Vec<f64>)> {
+fn calibrate(
+    make: &dyn Fn(&Device) -> Result<Sequential>,
+    probe: &Tensor,
+    devices: &[Device],
+    batch: usize,
+    optimizer_states: usize,
+    tensor_parallel: &dyn Fn(usize, &str, &dyn Module) -> bool,
+) -> Result<(Workload, Cluster, Vec<f64>)> {
     let first = devices.first().ok_or_else(|| crate::Error::invalid("plan::measure", "no devices"))?;
     let k = probe.dims().first().copied().unwrap_or(1).max(1);
     let small = probe.to(first)?;
@@ -130,7 +144,12 @@ fn calibrate(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, devic
     let mut layers = Vec::new();
     let built = make(first)?;
     // Which layer holds each parameter (by full name), for the tied copies the model declares.
-    let holder: std::collections::HashMap<String, usize> = built.layers().iter().enumerate().flat_map(|(i, (name, m))| m.parameters().into_iter().map(move |(p, _)| (format!("{name}.{p}"), i))).collect();
+    let holder: std::collections::HashMap<String, usize> = built
+        .layers()
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (name, m))| m.parameters().into_iter().map(move |(p, _)| (format!("{name}.{p}"), i)))
+        .collect();
     let ties = built.tied_parameters();
     for (i, (name, here)) in built.layers().iter().enumerate() {
         let here: &dyn Module = &**here;
@@ -324,25 +343,29 @@ fn all_at_once_s(make: &dyn Fn(&Device) -> Result<Sequential>, probe: &Tensor, d
     // The caller's autocast is this thread's: each device's thread runs under it too.
     let cast = crate::tensor::autocast_dtype();
     std::thread::scope(|scope| {
-        let runs: Vec<_> = copies.iter().zip(devices).map(|((m, x), d)| {
-            let start = &start;
-            scope.spawn(move || -> Result<f64> {
-                crate::tensor::autocast(cast, || {
-                    start.wait();
-                    let t0 = Instant::now();
-                    let mut runs = 0u32;
-                    while runs == 0 || t0.elapsed().as_secs_f64() < window_s {
-                        let root = m.forward(x)?.sum_all()?;
-                        if root.needs_grad() {
-                            root.backward()?;
+        let runs: Vec<_> = copies
+            .iter()
+            .zip(devices)
+            .map(|((m, x), d)| {
+                let start = &start;
+                scope.spawn(move || -> Result<f64> {
+                    crate::tensor::autocast(cast, || {
+                        start.wait();
+                        let t0 = Instant::now();
+                        let mut runs = 0u32;
+                        while runs == 0 || t0.elapsed().as_secs_f64() < window_s {
+                            let root = m.forward(x)?.sum_all()?;
+                            if root.needs_grad() {
+                                root.backward()?;
+                            }
+                            d.sync()?;
+                            runs += 1;
                         }
-                        d.sync()?;
-                        runs += 1;
-                    }
-                    Ok(t0.elapsed().as_secs_f64() / f64::from(runs))
+                        Ok(t0.elapsed().as_secs_f64() / f64::from(runs))
+                    })
                 })
             })
-        }).collect();
+            .collect();
         runs.into_iter().map(|r| r.join().map_err(|_| crate::Error::Panicked("plan::measure: a calibration thread panicked".into()))?).collect()
     })
 }

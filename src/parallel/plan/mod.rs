@@ -84,16 +84,16 @@ mod tried;
 
 pub use bounds::{MAX_BYTES, MAX_LAYERS, MAX_LAYER_S};
 pub use build::unbuildable;
+pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, MAX_CLUSTER_DEVICES, REFERENCE_FLOPS};
 pub use estimate::estimate;
 use estimate::{best_cuts, micro_batch, replica_speed};
-pub use cost::{Cluster, DeviceSpec, Estimate, LayerCost, Link, Workload, MAX_CLUSTER_DEVICES, REFERENCE_FLOPS};
 pub use file::PLAN_VERSION;
 pub use gpt::{gpt_cuttable, gpt_unbuildable, measure_gpt, measure_gpt_reusing};
 pub use job::{combine, job_unbuildable, measure_job, measure_job_speeds, RankCalibration};
 pub use measure::{measure, measure_reusing, measure_speeds, measure_speeds_of};
 pub use paper::{measure_gpt_scaled, scaled_gpt, ByteModel, Reduction};
-pub use shard::{DEFAULT_BUCKET_BYTES, SMALL_BUCKETS};
 pub use reuse::{Calibration, Reuse, MAX_AGE_S, REUSE_ENV, SPEED_DRIFT};
+pub use shard::{DEFAULT_BUCKET_BYTES, SMALL_BUCKETS};
 pub use tried::{faster_than_modelled, step_seconds, tried, StepOverhead, Trial, MAX_TRIALS, NEGATIVE_OVERHEAD_SHARE, TRIALS_BUDGET_S};
 
 use crate::parallel::{OptimConfig, Shard};
@@ -154,7 +154,10 @@ impl Layout {
     /// `devices` (in the layout's cluster order) replica by replica, each replica's stage by
     /// stage and tensor rank by rank: the rows a grid takes.
     pub fn replica_major<T: Clone>(&self, devices: &[T]) -> Vec<T> {
-        (0..self.data).flat_map(|r| (0..self.pipeline).flat_map(move |s| (0..self.tensor).map(move |t| (r, s, t)))).map(|(r, s, t)| devices[self.device(r, s, t)].clone()).collect()
+        (0..self.data)
+            .flat_map(|r| (0..self.pipeline).flat_map(move |s| (0..self.tensor).map(move |t| (r, s, t))))
+            .map(|(r, s, t)| devices[self.device(r, s, t)].clone())
+            .collect()
     }
     /// [`Layout::bucket`], or the default where it is `None`.
     pub fn bucket_bytes(&self) -> u64 {
@@ -302,7 +305,12 @@ pub fn plan_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&Layout
 /// `1..layers`): a model whose stages must open and close on certain layers, such as the GPT
 /// ([`gpt_cuttable`]: its embeddings open the first stage, its head closes the last). A
 /// pipeline with no allowed cut is rejected with that reason.
-pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&Layout, &[usize]) -> Option<String>, cuttable: &dyn Fn(usize) -> bool) -> Result<Plan> {
+pub fn plan_cut_within(
+    work: &Workload,
+    cluster: &Cluster,
+    excluded: &dyn Fn(&Layout, &[usize]) -> Option<String>,
+    cuttable: &dyn Fn(usize) -> bool,
+) -> Result<Plan> {
     if work.layers.is_empty() || work.batch == 0 || cluster.devices.is_empty() {
         return Err(Error::invalid("plan", "a plan needs layers, a batch of at least 1 and at least one device"));
     }
@@ -325,10 +333,24 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
                 // Data inside the stages only changes which devices a layout takes where both
                 // the data and the pipeline axes exist.
                 let orders: &[bool] = if data > 1 && pipeline > 1 { &[false, true] } else { &[false] };
-                let variants = [false, true].into_iter().flat_map(|r| shard::modes(data).iter().flat_map(move |s| orders.iter().map(move |&o| (r, *s, o))));
+                let variants =
+                    [false, true].into_iter().flat_map(|r| shard::modes(data).iter().flat_map(move |s| orders.iter().map(move |&o| (r, *s, o))));
                 for (recompute, shard, data_inner) in variants {
-                    let mut layout = Layout { data, tensor, pipeline, micro_batches, recompute, cuts: Vec::new(), shard, offload: false, bucket: None, data_inner };
-                    if let Some(why) = unsplittable(work, cluster, &layout).or_else(|| excluded(&layout, &shares_of(work.batch, cluster, &layout).unwrap_or_default())) {
+                    let mut layout = Layout {
+                        data,
+                        tensor,
+                        pipeline,
+                        micro_batches,
+                        recompute,
+                        cuts: Vec::new(),
+                        shard,
+                        offload: false,
+                        bucket: None,
+                        data_inner,
+                    };
+                    if let Some(why) = unsplittable(work, cluster, &layout)
+                        .or_else(|| excluded(&layout, &shares_of(work.batch, cluster, &layout).unwrap_or_default()))
+                    {
                         rejected.push(Rejected { layout, why });
                         continue;
                     }
@@ -375,7 +397,21 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
     let devices = cluster.devices.iter().map(|d| d.name.clone()).collect();
     let shares = shares_of(work.batch, cluster, &best.layout)?;
     let offloaded_states = offloaded_states(work, &best.layout);
-    Ok(Plan { model: String::new(), devices, batch: work.batch, shares, best, alternatives: fits, rejected, grad_dtype: work.grad_dtype, offloaded_states, processes: Vec::new(), tried: Vec::new(), precision: None, precisions: Vec::new() })
+    Ok(Plan {
+        model: String::new(),
+        devices,
+        batch: work.batch,
+        shares,
+        best,
+        alternatives: fits,
+        rejected,
+        grad_dtype: work.grad_dtype,
+        offloaded_states,
+        processes: Vec::new(),
+        tried: Vec::new(),
+        precision: None,
+        precisions: Vec::new(),
+    })
 }
 
 /// The fastest of the plans `plan_for` makes in each of `candidates` (a calibration per
@@ -386,16 +422,16 @@ pub fn plan_cut_within(work: &Workload, cluster: &Cluster, excluded: &dyn Fn(&La
 /// no candidate has a plan, with each one's reason.
 pub fn fastest_precision(candidates: &[crate::optim::Precision], plan_for: &mut dyn FnMut(crate::optim::Precision) -> Result<Plan>) -> Result<Plan> {
     let mut planned: Vec<(crate::optim::Precision, Result<Plan>)> = candidates.iter().map(|&c| (c, plan_for(c))).collect();
-    let best = planned
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (_, p))| p.as_ref().ok().map(|p| (i, p.best.step_s)))
-        .fold(None, |acc: Option<(usize, f64)>, (i, s)| match acc {
+    let best = planned.iter().enumerate().filter_map(|(i, (_, p))| p.as_ref().ok().map(|p| (i, p.best.step_s))).fold(
+        None,
+        |acc: Option<(usize, f64)>, (i, s)| match acc {
             Some((_, b)) if b <= s => acc,
             _ => Some((i, s)),
-        });
+        },
+    );
     let Some((i, _)) = best else {
-        let why: Vec<String> = planned.iter().map(|(c, p)| format!("{}: {}", c.name(), p.as_ref().err().map_or(String::new(), |e| e.to_string()))).collect();
+        let why: Vec<String> =
+            planned.iter().map(|(c, p)| format!("{}: {}", c.name(), p.as_ref().err().map_or(String::new(), |e| e.to_string()))).collect();
         return Err(Error::invalid("plan", format!("no precision has a plan ({})", why.join("; "))));
     };
     let (chosen, p) = planned.remove(i);
@@ -472,7 +508,9 @@ fn unsplittable(work: &Workload, cluster: &Cluster, l: &Layout) -> Option<String
     if equal && l.pipeline > 1 && !work.batch.is_multiple_of(parts) {
         return Some(format!("the batch of {} does not split into {} replicas x {} micro-batches", work.batch, l.data, l.micro_batches));
     }
-    (0..l.data).any(|r| micro_batch(work, cluster, l, r) < 1.0).then(|| format!("a replica's share of the batch of {} holds fewer than {} samples", work.batch, l.micro_batches))
+    (0..l.data)
+        .any(|r| micro_batch(work, cluster, l, r) < 1.0)
+        .then(|| format!("a replica's share of the batch of {} holds fewer than {} samples", work.batch, l.micro_batches))
 }
 
 /// `(data, tensor, pipeline)` with `data * tensor * pipeline = k`.

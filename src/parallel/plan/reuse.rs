@@ -81,7 +81,9 @@ impl fmt::Display for Calibration {
                     None => Ok(()),
                 }
             }
-            Calibration::Reused { path, age_s } => write!(f, "calibration reused from {} (measured {} ago; --recalibrate measures again)", path.display(), age(*age_s)),
+            Calibration::Reused { path, age_s } => {
+                write!(f, "calibration reused from {} (measured {} ago; --recalibrate measures again)", path.display(), age(*age_s))
+            }
         }
     }
 }
@@ -177,7 +179,12 @@ pub(super) fn key(model: &str, probe: &Tensor, devices: &[Device], batch: usize,
 /// `measure` also returns each device's seconds on the speed probe, and `probe` times them
 /// again: a file whose devices now run the probe more than [`SPEED_DRIFT`] times faster than
 /// when it was measured is measured over.
-pub(super) fn calibrated(key: &str, reuse: Reuse, measure: impl FnOnce() -> Result<(Workload, Cluster, Vec<f64>)>, probe: impl FnOnce() -> Result<Vec<f64>>) -> Result<(Workload, Cluster, Calibration)> {
+pub(super) fn calibrated(
+    key: &str,
+    reuse: Reuse,
+    measure: impl FnOnce() -> Result<(Workload, Cluster, Vec<f64>)>,
+    probe: impl FnOnce() -> Result<Vec<f64>>,
+) -> Result<(Workload, Cluster, Calibration)> {
     let path = (reuse != Reuse::Off).then(|| cache_dir("plan")).flatten().map(|dir| {
         let hex: String = Sha256::digest(key.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
         dir.join(format!("{hex}.json"))

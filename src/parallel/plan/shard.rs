@@ -54,7 +54,15 @@ pub const SMALL_BUCKETS: [u64; 3] = [4 << 20, 1 << 20, 256 << 10];
 /// ([`DataGrid::shard`](crate::parallel::DataGrid::shard)): every sharding mode holds the full
 /// parameters and gradients through the step, and only the optimizer state (with the pieces
 /// it updates) is divided, ZeRO-1's `2P + states P / d`.
-pub(super) fn state_bytes(params: u64, states: u64, grad_bytes: u64, shard: Shard, (data, accumulates): (usize, bool), bucket: u64, grid: bool) -> u64 {
+pub(super) fn state_bytes(
+    params: u64,
+    states: u64,
+    grad_bytes: u64,
+    shard: Shard,
+    (data, accumulates): (usize, bool),
+    bucket: u64,
+    grid: bool,
+) -> u64 {
     let shard = if grid && shard != Shard::None { Shard::Optimizer } else { shard };
     // Saturating: a size past a u64 is no device's, never a wrapped small one.
     let (add, mul) = (u64::saturating_add, u64::saturating_mul);

@@ -33,7 +33,14 @@ impl fmt::Display for Plan {
                 o if o.abs() < 5e-6 => String::new(),
                 o => format!(", {:+.2} ms measured overhead", o * 1e3),
             };
-            writeln!(f, "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%{tried}), peak {peak}/device", e.layout, e.step_s * 1e3, e.compute_s * 1e3, e.bubble * 100.0)
+            writeln!(
+                f,
+                "  {}: {:.2} ms/step (compute {:.2} ms, bubble {:.0}%{tried}), peak {peak}/device",
+                e.layout,
+                e.step_s * 1e3,
+                e.compute_s * 1e3,
+                e.bubble * 100.0
+            )
         };
         let degrees = |l: &Layout| (l.data, l.tensor, l.pipeline);
         let labels = self.labels();

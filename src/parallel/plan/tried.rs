@@ -69,7 +69,11 @@ impl Cluster {
             return o.seconds();
         }
         let alike = self.step_overheads.iter().filter(|o| o.failed.is_none() && o.layout.devices() == l.devices());
-        let closeness = |o: &StepOverhead| ((o.layout.data, o.layout.tensor, o.layout.pipeline) == (l.data, l.tensor, l.pipeline)) as u8 * 4 + (o.layout.shard == l.shard) as u8 * 2 + (o.layout.micro_batches == l.micro_batches) as u8;
+        let closeness = |o: &StepOverhead| {
+            ((o.layout.data, o.layout.tensor, o.layout.pipeline) == (l.data, l.tensor, l.pipeline)) as u8 * 4
+                + (o.layout.shard == l.shard) as u8 * 2
+                + (o.layout.micro_batches == l.micro_batches) as u8
+        };
         alike.max_by_key(|o| closeness(o)).map_or(0.0, StepOverhead::seconds)
     }
 }

@@ -285,14 +285,20 @@ pub(crate) fn build_stages(stages: Stages, devices: &[Device], opt: &OptimConfig
         Stages::Built(models) => {
             if models.len() != devices.len() || models.iter().any(Sequential::is_empty) {
                 let sizes: Vec<usize> = models.iter().map(Sequential::len).collect();
-                return Err(Error::invalid("stages", format!("{} stages of {sizes:?} layers for {} devices; give one non-empty stage per device", models.len(), devices.len())));
+                return Err(Error::invalid(
+                    "stages",
+                    format!("{} stages of {sizes:?} layers for {} devices; give one non-empty stage per device", models.len(), devices.len()),
+                ));
             }
             let mut start = 0;
             let mut out = Vec::with_capacity(models.len());
             for (s, (model, dev)) in models.into_iter().zip(devices).enumerate() {
                 if let Some((name, t)) = model.state_dict().into_iter().find(|(_, t)| !t.device().same(dev)) {
                     let (on, own) = Device::names_of(t.device(), dev);
-                    return Err(Error::invalid("stages", format!("stage {s}'s {name} is on {on}, not on its device {own}; build each stage on its device")));
+                    return Err(Error::invalid(
+                        "stages",
+                        format!("stage {s}'s {name} is on {on}, not on its device {own}; build each stage on its device"),
+                    ));
                 }
                 let opt = opt.build(model.parameters())?;
                 let range = start..start + model.len();
@@ -305,7 +311,13 @@ pub(crate) fn build_stages(stages: Stages, devices: &[Device], opt: &OptimConfig
             let given: Vec<Device> = stages.iter().flat_map(|s| s.devices.clone()).collect();
             if given.len() != devices.len() || given.iter().zip(devices).any(|(a, b)| !a.same(b)) {
                 let per: Vec<usize> = stages.iter().map(|s| s.devices.len()).collect();
-                return Err(Error::invalid("stages", format!("stages over groups of {per:?} devices for {} devices; give the devices the stages were made on, in order", devices.len())));
+                return Err(Error::invalid(
+                    "stages",
+                    format!(
+                        "stages over groups of {per:?} devices for {} devices; give the devices the stages were made on, in order",
+                        devices.len()
+                    ),
+                ));
             }
             let mut start = 0;
             let mut out = Vec::with_capacity(stages.len());

@@ -47,7 +47,8 @@ impl ParallelAttention {
     pub(crate) fn new(attn: Attention, fused: bool, devices: &[Device]) -> Result<Self> {
         let n = devices.len();
         let c_attn = &attn.c_attn;
-        let reordered = Linear { weight: qkv_order(&c_attn.weight, n, true)?, bias: c_attn.bias.as_ref().map(|b| qkv_order(b, n, true)).transpose()? };
+        let reordered =
+            Linear { weight: qkv_order(&c_attn.weight, n, true)?, bias: c_attn.bias.as_ref().map(|b| qkv_order(b, n, true)).transpose()? };
         Ok(ParallelAttention {
             c_attn: ColumnParallelLinear::from_linear(&reordered, devices)?,
             c_proj: RowParallelLinear::from_linear(&attn.c_proj, devices)?,

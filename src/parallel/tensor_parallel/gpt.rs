@@ -44,7 +44,8 @@ impl ParallelBlock {
     /// Linears copied to their devices, the LayerNorms and dropout kept on the first.
     pub(super) fn split(block: crate::nn::models::Block, devices: &[Device]) -> Result<Self> {
         let (recompute, fused) = (block.recompute(), block.layers.attn.fused());
-        let BlockLayers { ln_1, attn, ln_2, mlp } = Arc::try_unwrap(block.layers).map_err(|_| Error::invalid("TensorParallelGpt", "a block of the model is still in use by a graph"))?;
+        let BlockLayers { ln_1, attn, ln_2, mlp } =
+            Arc::try_unwrap(block.layers).map_err(|_| Error::invalid("TensorParallelGpt", "a block of the model is still in use by a graph"))?;
         let layers = ParallelLayers {
             ln_1,
             attn: ParallelAttention::new(attn, fused, devices)?,
@@ -116,7 +117,8 @@ impl ParallelGpt {
     /// Every nanoGPT parameter in state_dict order (without the tied `lm_head.weight`).
     fn logical(&self) -> Vec<Logical> {
         let t = &self.transformer;
-        let mut out = vec![Logical::whole("transformer.wte.weight", t.wte.weight.clone()), Logical::whole("transformer.wpe.weight", t.wpe.weight.clone())];
+        let mut out =
+            vec![Logical::whole("transformer.wte.weight", t.wte.weight.clone()), Logical::whole("transformer.wpe.weight", t.wpe.weight.clone())];
         for (i, b) in self.blocks.iter().enumerate() {
             out.extend(b.logical(&format!("transformer.h.{i}")));
         }
@@ -153,7 +155,12 @@ impl TensorParallelGpt {
     pub fn new(gpt: Gpt, devices: &[Device], opt: &OptimConfig, loss: Loss) -> Result<Self> {
         let first = devices.first().ok_or_else(|| Error::invalid("TensorParallelGpt", "no devices given"))?;
         if !gpt.config.n_head.is_multiple_of(devices.len()) {
-            let what = format!("n_head {} does not split evenly over {} devices ({}): each device takes the same number of whole heads", gpt.config.n_head, devices.len(), devices.iter().map(Device::spec).collect::<Vec<_>>().join(","));
+            let what = format!(
+                "n_head {} does not split evenly over {} devices ({}): each device takes the same number of whole heads",
+                gpt.config.n_head,
+                devices.len(),
+                devices.iter().map(Device::spec).collect::<Vec<_>>().join(",")
+            );
             return Err(Error::invalid("TensorParallelGpt", what));
         }
         if let Some((n, t)) = gpt.state_dict().into_iter().find(|(_, t)| !t.device().same(first)) {
@@ -212,7 +219,6 @@ impl Replica for TensorParallelGpt {
     }
 }
 
-
 impl Strategy for TensorParallelGpt {
     fn autocasts(&self) -> bool {
         true
@@ -240,7 +246,10 @@ impl Strategy for TensorParallelGpt {
         if let Some((_, head)) = state.iter().find(|s| s.0 == "lm_head.weight") {
             let wte = &self.model.transformer.wte.weight;
             if head.shape() != wte.shape() || head.to_vec()?.iter().zip(wte.to_vec()?).any(|(a, b)| a.to_bits() != b.to_bits()) {
-                return Err(Error::invalid("TensorParallelGpt::load_state_dict", "lm_head.weight differs from transformer.wte.weight; they are tied"));
+                return Err(Error::invalid(
+                    "TensorParallelGpt::load_state_dict",
+                    "lm_head.weight differs from transformer.wte.weight; they are tied",
+                ));
             }
         }
         Ok(())

@@ -36,7 +36,8 @@ impl ParallelMlp {
     pub fn from_linears(c_fc: &Linear, c_proj: &Linear, act: GELU, devices: &[Device]) -> Result<Self> {
         let (hidden, takes) = (c_fc.weight.dims()[0], c_proj.weight.dims()[1]);
         if hidden != takes {
-            let what = format!("c_fc weight {:?} gives {hidden} features but c_proj weight {:?} takes {takes}", c_fc.weight.shape(), c_proj.weight.shape());
+            let what =
+                format!("c_fc weight {:?} gives {hidden} features but c_proj weight {:?} takes {takes}", c_fc.weight.shape(), c_proj.weight.shape());
             return Err(Error::shape("ParallelMlp", what));
         }
         // Both layers split `hidden` over the same devices the same way, so slice i of the

@@ -115,10 +115,14 @@ impl Placed {
     /// as a tied copy): every logical tensor present at its whole shape, nothing unknown; each
     /// device's parts take their slices. Errors name `op` and the tensors.
     pub fn load_state_dict(&self, op: &'static str, state: &[(String, Tensor)], skipped: &dyn Fn(&str, &Tensor) -> bool) -> Result<()> {
-        let unexpected: Vec<&str> = state.iter().filter(|(n, t)| !skipped(n, t) && !self.logical.iter().any(|l| &l.name == n)).map(|p| p.0.as_str()).collect();
+        let unexpected: Vec<&str> =
+            state.iter().filter(|(n, t)| !skipped(n, t) && !self.logical.iter().any(|l| &l.name == n)).map(|p| p.0.as_str()).collect();
         let missing: Vec<&str> = self.logical.iter().filter(|l| !state.iter().any(|s| s.0 == l.name)).map(|l| l.name.as_str()).collect();
         if !missing.is_empty() || !unexpected.is_empty() {
-            return Err(Error::invalid(op, format!("missing [{}], unexpected [{}]", crate::error::capped_list(missing), crate::error::capped_list(unexpected))));
+            return Err(Error::invalid(
+                op,
+                format!("missing [{}], unexpected [{}]", crate::error::capped_list(missing), crate::error::capped_list(unexpected)),
+            ));
         }
         for l in &self.logical {
             let full = &state.iter().find(|s| s.0 == l.name).expect("checked above").1;

@@ -61,10 +61,20 @@ impl Gpt {
     /// group of `tensor` of `devices`): one process's part of a pipeline across processes, each
     /// stage a tensor-parallel group inside the process, as [`Gpt::stages_of`] gives whole
     /// stages.
-    pub fn tensor_stages_of(&self, mine: std::ops::Range<usize>, total: usize, devices: &[Device], tensor: usize, starts: Option<&[usize]>) -> Result<Vec<ShardedStage>> {
+    pub fn tensor_stages_of(
+        &self,
+        mine: std::ops::Range<usize>,
+        total: usize,
+        devices: &[Device],
+        tensor: usize,
+        starts: Option<&[usize]>,
+    ) -> Result<Vec<ShardedStage>> {
         let groups = groups("Gpt::tensor_stages", devices, tensor)?;
         if !self.config.n_head.is_multiple_of(tensor) {
-            return Err(Error::invalid("Gpt::tensor_stages", format!("n_head {} does not split evenly over {tensor} devices of a group", self.config.n_head)));
+            return Err(Error::invalid(
+                "Gpt::tensor_stages",
+                format!("n_head {} does not split evenly over {tensor} devices of a group", self.config.n_head),
+            ));
         }
         let firsts: Vec<Device> = groups.iter().map(|g| g[0].clone()).collect();
         // Each split block's tensors by its name, for the stage's placement below.
@@ -116,7 +126,10 @@ impl Sequential {
         let last = groups.len() - 1;
         let pair = SplitPair::of(self, groups[last])?;
         if pair.at < ranges[last].start {
-            let what = format!("the last stage starts at layer {}, after the first of the two Linears tensor parallelism splits (layer {}): cut later", ranges[last].start, pair.at);
+            let what = format!(
+                "the last stage starts at layer {}, after the first of the two Linears tensor parallelism splits (layer {}): cut later",
+                ranges[last].start, pair.at
+            );
             return Err(Error::invalid("Sequential::tensor_stages", what));
         }
         let mut out = Vec::with_capacity(groups.len());

@@ -79,7 +79,13 @@ impl Cache {
             .or_insert_with(|| {
                 let entries = path.as_deref().map_or_else(BTreeMap::new, |p| read(p, &info.name, &info.driver, true));
                 let entries = entries.into_iter().map(|(class, c)| (class, (c, true))).collect();
-                Arc::new(Cache { path, adapter: info.name.clone(), driver: info.driver.clone(), entries: Mutex::new(entries), warned: AtomicBool::new(false) })
+                Arc::new(Cache {
+                    path,
+                    adapter: info.name.clone(),
+                    driver: info.driver.clone(),
+                    entries: Mutex::new(entries),
+                    warned: AtomicBool::new(false),
+                })
             })
             .clone()
     }
@@ -127,7 +133,13 @@ fn read(path: &Path, adapter: &str, driver: &str, warn: bool) -> BTreeMap<String
         Err(e) => return ignore(format!("not a cache file ({e})")),
     };
     if file.tandem != env!("CARGO_PKG_VERSION") || file.adapter != adapter || file.driver != driver {
-        return ignore(format!("written by tandem {} for {} ({}), stale for tandem {} on this adapter", file.tandem, file.adapter, file.driver, env!("CARGO_PKG_VERSION")));
+        return ignore(format!(
+            "written by tandem {} for {} ({}), stale for tandem {} on this adapter",
+            file.tandem,
+            file.adapter,
+            file.driver,
+            env!("CARGO_PKG_VERSION")
+        ));
     }
     file.choices
 }

@@ -36,7 +36,10 @@ pub(super) fn tiled_wide(name: &str) -> String {
     }
     // Each operand's share of the next K step is read into registers (`pa`, `pb`) before the
     // FMAs of this one, so that global-memory latency hides behind them.
-    let ops = [(a, "wa", "pa", WideOperand { x: "a", o0: "row0", ext: "p.m", os: "p.a_rs", ks: "p.a_cs" }), (b, "wb", "pb", WideOperand { x: "b", o0: "col0", ext: "p.n", os: "p.b_cs", ks: "p.b_rs" })];
+    let ops = [
+        (a, "wa", "pa", WideOperand { x: "a", o0: "row0", ext: "p.m", os: "p.a_rs", ks: "p.a_cs" }),
+        (b, "wb", "pb", WideOperand { x: "b", o0: "col0", ext: "p.n", os: "p.b_cs", ks: "p.b_rs" }),
+    ];
     let _ = writeln!(s, "    var pa = vec4<f32>(0.0);\n    var pb = vec4<f32>(0.0);");
     for (how, _, reg, x) in &ops {
         s.push_str(&wide_fetch(how, reg, x, "0u", "    "));
