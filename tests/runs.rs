@@ -178,6 +178,34 @@ fn spawn_until_step(args: &[&str], step: u64) -> (Running, Lines) {
     panic!("tandem {args:?} ended before step {step}");
 }
 
+/// Waits until no thread of `child` has signal `sig` pending (Linux's /proc status masks):
+/// a handler has taken it.
+fn handled(child: &Running, sig: u32) {
+    let pending = |status: &str, key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|m| m & (1 << (sig - 1)) != 0)
+    };
+    let pid = child.0.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let shared = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.flatten().map(|e| e.path().join("status")).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let any_thread = tasks.iter().any(|t| pending(&std::fs::read_to_string(t).unwrap_or_default(), "SigPnd:"));
+        if !pending(&shared, "ShdPnd:") && !any_thread {
+            // Taken; the handler's store follows at once on the thread that took it.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "signal {sig} still pending in {pid} after 30 s");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 fn signal(child: &Running, name: &str) {
     let status = Command::new("kill").args([&format!("-{name}"), &child.0.id().to_string()]).status().unwrap();
     assert!(status.success());
@@ -412,6 +440,10 @@ fn a_stop_before_any_checkpoint_does_not_advise_resume() {
     // signal handlers are in place.
     let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
     signal(&child, "TERM");
+    // A signal is asynchronous: it may wait, pending, for a thread of the run to be scheduled,
+    // while the run reads its weights and starts. Written once it has been taken, the weights
+    // reach a run that has seen the stop.
+    handled(&child, 15);
     writer.write_all(&std::fs::read(&w).unwrap()).unwrap();
     drop(writer);
     let mut err = String::new();
