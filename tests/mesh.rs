@@ -127,28 +127,8 @@ fn groups_that_do_not_divide_the_devices_are_errors() {
 /// belongs to data,tensor alone.
 #[test]
 fn the_command_line_trains_data_over_tensor_groups() {
-    let args = [
-        "train",
-        "--model",
-        "gpt",
-        "--data",
-        "text",
-        "--n-layer",
-        "2",
-        "--n-head",
-        "2",
-        "--n-embd",
-        "16",
-        "--block-size",
-        "8",
-        "--batch",
-        "4",
-        "--steps",
-        "3",
-        "--dropout",
-        "0.1",
-    ];
-    let losses = |extra: &[&str]| common::logged_losses(&[&args[..], extra].concat());
+    let args = mesh_common::TINY_GPT_TRAIN;
+    let losses = mesh_common::tiny_gpt_losses;
     let single = losses(&["--devices", "cpu"]);
     assert_eq!(single.len(), 3, "{single:?}");
     let mesh = losses(&["--strategy", "data,tensor", "--tensor", "2", "--devices", "cpu,cpu,cpu,cpu"]);

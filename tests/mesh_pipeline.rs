@@ -9,7 +9,7 @@ mod gpt_fixture;
 mod mesh_common;
 use common::assert_close;
 use gpt_fixture::Fixture;
-use mesh_common::{same_as_single, token_batches, train};
+use mesh_common::{same_as_single, snapshot, token_batches, train};
 use tandem::nn::models::{Gpt, GptConfig, SeedModel};
 use tandem::nn::Module;
 use tandem::parallel::{Loss, OptimConfig, Parallel, Pipeline, PipelineGrid, Single, Split, Stages, Strategy};
@@ -18,14 +18,7 @@ use tandem::{Device, Result};
 /// `data` pipelines of `devs.len() / data` devices, each stage a group of `tensor`, the
 /// stages `host`'s (1F1B, `micro` micro-batches).
 fn mesh(host: &Gpt, devs: &[Device], data: usize, tensor: usize, micro: usize, opt: &OptimConfig) -> Result<PipelineGrid> {
-    Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, tensor, None)?)), devs, data, opt, Loss::CrossEntropy)
-        .micro_batches(micro)
-        .build()
-}
-
-/// Copies of `state`'s tensors on the CPU, apart from the live ones.
-fn snapshot(state: Vec<(String, tandem::Tensor)>) -> Vec<(String, tandem::Tensor)> {
-    state.into_iter().map(|(n, t)| (n, tandem::Tensor::from_vec(t.to_vec().unwrap(), t.dims().to_vec(), &Device::cpu()).unwrap())).collect()
+    mesh_common::gpt_mesh(host, devs, (data, tensor, micro), tandem::parallel::Shard::None, opt)
 }
 
 /// Every (data, tensor, pipeline) with product 8, tensor and pipeline both above 1, over 8
@@ -168,28 +161,8 @@ fn bad_groups_are_errors() {
 /// tensor-parallel stages of a seed model, are usage errors naming the flag.
 #[test]
 fn the_command_line_trains_pipelines_of_tensor_groups() {
-    let args = [
-        "train",
-        "--model",
-        "gpt",
-        "--data",
-        "text",
-        "--n-layer",
-        "2",
-        "--n-head",
-        "2",
-        "--n-embd",
-        "16",
-        "--block-size",
-        "8",
-        "--batch",
-        "4",
-        "--steps",
-        "3",
-        "--dropout",
-        "0.1",
-    ];
-    let losses = |extra: &[&str]| common::logged_losses(&[&args[..], extra].concat());
+    let args = mesh_common::TINY_GPT_TRAIN;
+    let losses = mesh_common::tiny_gpt_losses;
     let single = losses(&["--devices", "cpu"]);
     assert_eq!(single.len(), 3, "{single:?}");
     let tp_pp = losses(&["--strategy", "pipeline", "--tensor", "2", "--micro-batches", "2", "--devices", "cpu,cpu,cpu,cpu"]);

@@ -11,7 +11,7 @@ mod gpt_fixture;
 mod mesh_common;
 use common::assert_close;
 use gpt_fixture::Fixture;
-use mesh_common::{same_as_single, token_batches, train};
+use mesh_common::{same_as_single, snapshot, token_batches, train};
 use tandem::nn::models::{Gpt, GptConfig, SeedModel};
 use tandem::nn::Module;
 use tandem::parallel::{DataParallelConfig, Loss, OptimConfig, Parallel, PipelineGrid, Shard, Single, Split, Stages, Strategy};
@@ -22,15 +22,7 @@ const MODES: [Shard; 3] = [Shard::Optimizer, Shard::Grads, Shard::Full];
 /// `data` pipelines over `devs`, each stage a group of `tensor` of `host`'s blocks, the data
 /// axis sharded as `shard` (1F1B, `micro` micro-batches).
 fn mesh(host: &Gpt, devs: &[Device], data: usize, tensor: usize, micro: usize, shard: Shard, opt: &OptimConfig) -> Result<PipelineGrid> {
-    Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, tensor, None)?)), devs, data, opt, Loss::CrossEntropy)
-        .micro_batches(micro)
-        .shard(shard)
-        .build()
-}
-
-/// Copies of `state`'s tensors on the CPU, apart from the live ones.
-fn snapshot(state: Vec<(String, tandem::Tensor)>) -> Vec<(String, tandem::Tensor)> {
-    state.into_iter().map(|(n, t)| (n, tandem::Tensor::from_vec(t.to_vec().unwrap(), t.dims().to_vec(), &Device::cpu()).unwrap())).collect()
+    mesh_common::gpt_mesh(host, devs, (data, tensor, micro), shard, opt)
 }
 
 /// Every (data, tensor, pipeline) of 8 with data above 1 (one-device pipelines for data 8),
@@ -220,28 +212,8 @@ fn what_a_grid_does_not_shard_is_an_error() {
 /// device's losses; `--shard` with a layout that has no data axis is a usage error naming it.
 #[test]
 fn the_command_line_shards_the_data_axis_of_every_layout() {
-    let args = [
-        "train",
-        "--model",
-        "gpt",
-        "--data",
-        "text",
-        "--n-layer",
-        "2",
-        "--n-head",
-        "2",
-        "--n-embd",
-        "16",
-        "--block-size",
-        "8",
-        "--batch",
-        "4",
-        "--steps",
-        "3",
-        "--dropout",
-        "0.1",
-    ];
-    let losses = |extra: &[&str]| common::logged_losses(&[&args[..], extra].concat());
+    let args = mesh_common::TINY_GPT_TRAIN;
+    let losses = mesh_common::tiny_gpt_losses;
     let single = losses(&["--devices", "cpu"]);
     assert_eq!(single.len(), 3, "{single:?}");
     let eight = ["--devices", "cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu"];

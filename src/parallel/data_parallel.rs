@@ -15,7 +15,7 @@
 //! round differently, replica 0 alone updates every parameter and broadcasts the new values
 //! (see `update.rs` for why and what it costs).
 pub(crate) mod buckets;
-mod construct;
+pub(crate) mod construct;
 mod deterministic;
 pub(crate) mod gather;
 mod inspect;

@@ -43,3 +43,56 @@ pub fn same_as_single(what: &str, got: &Run, want: &Run) {
         assert_close(&format!("{what}: {name}"), a, b, 1e-4, 1e-3);
     }
 }
+
+/// A tiny GPT's `tandem train` flags (2 blocks, 2 heads, 16 wide, block 8, batch 4, 3 steps,
+/// dropout 0.1), which the mesh suites' command-line tests run under each layout.
+pub const TINY_GPT_TRAIN: [&str; 19] = [
+    "train",
+    "--model",
+    "gpt",
+    "--data",
+    "text",
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "16",
+    "--block-size",
+    "8",
+    "--batch",
+    "4",
+    "--steps",
+    "3",
+    "--dropout",
+    "0.1",
+];
+
+/// The logged losses of [`TINY_GPT_TRAIN`] with `extra` flags.
+pub fn tiny_gpt_losses(extra: &[&str]) -> Vec<f32> {
+    super::common::logged_losses(&[&TINY_GPT_TRAIN[..], extra].concat())
+}
+
+/// Copies of `state`'s tensors on the CPU, apart from the live ones (which the next step
+/// updates).
+pub fn snapshot(state: Vec<(String, tandem::Tensor)>) -> Vec<(String, tandem::Tensor)> {
+    let cpu = tandem::Device::cpu();
+    state.into_iter().map(|(n, t)| (n, tandem::Tensor::from_vec(t.to_vec().unwrap(), t.dims().to_vec(), &cpu).unwrap())).collect()
+}
+
+/// `data` pipelines over `devs`, each stage a tensor-parallel group of `tensor` of `host`'s
+/// blocks ([`Gpt::tensor_stages`](tandem::nn::models::Gpt::tensor_stages)), the data axis
+/// sharded as `shard` (1F1B, `micro` micro-batches).
+pub fn gpt_mesh(
+    host: &tandem::nn::models::Gpt,
+    devs: &[tandem::Device],
+    (data, tensor, micro): (usize, usize, usize),
+    shard: tandem::parallel::Shard,
+    opt: &tandem::parallel::OptimConfig,
+) -> tandem::Result<tandem::parallel::PipelineGrid> {
+    use tandem::parallel::{Loss, Parallel, Stages};
+    Parallel::grid(|row| Ok(Stages::Sharded(host.tensor_stages(row, tensor, None)?)), devs, data, opt, Loss::CrossEntropy)
+        .micro_batches(micro)
+        .shard(shard)
+        .build()
+}

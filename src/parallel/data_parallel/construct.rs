@@ -33,15 +33,7 @@ impl DataParallel {
                 ));
             }
         }
-        if cfg.grad_dtype != DType::F32 && !matches!(cfg.shard, Shard::Grads | Shard::Full) {
-            return Err(Error::invalid(
-                "DataParallel::new",
-                format!("a {:?} gradient shard needs sharded gradients (Shard::Grads or Shard::Full), not {:?}", cfg.grad_dtype, cfg.shard),
-            ));
-        }
-        if cfg.grad_dtype == DType::I32 {
-            return Err(Error::invalid("DataParallel::new", "gradients are kept in F32, Bf16 or F16, not I32"));
-        }
+        check_grad_dtype("DataParallel::new", &cfg)?;
         if cfg.micro_batches == 0 || cfg.deterministic_shards == 0 {
             return Err(Error::invalid("DataParallel::new", "micro_batches and deterministic_shards must be at least 1"));
         }
@@ -153,4 +145,17 @@ pub(super) fn built<M: Module>(build: &impl Fn(&Device) -> Result<M>, devices: &
             Ok(Box::new(m) as Box<dyn Module>)
         })
         .collect()
+}
+
+/// What a data axis (`op`) asks of `cfg.grad_dtype`: a half type only where gradients are
+/// sharded (ZeRO-2/3), never an integer type.
+pub(crate) fn check_grad_dtype(op: &'static str, cfg: &DataParallelConfig) -> Result<()> {
+    if cfg.grad_dtype != DType::F32 && !matches!(cfg.shard, Shard::Grads | Shard::Full) {
+        let what = format!("a {:?} gradient shard needs sharded gradients (Shard::Grads or Shard::Full), not {:?}", cfg.grad_dtype, cfg.shard);
+        return Err(Error::invalid(op, what));
+    }
+    if cfg.grad_dtype == DType::I32 {
+        return Err(Error::invalid(op, "gradients are kept in F32, Bf16 or F16, not I32"));
+    }
+    Ok(())
 }

@@ -234,7 +234,6 @@ impl<R: Replica> DataGrid<R> {
     /// Each local device's optimizer-state bytes, replica-major (a replica's devices in slot
     /// order): under ZeRO only its pieces' state.
     pub fn optimizer_state_bytes(&mut self) -> Vec<u64> {
-        let bytes = |o: &dyn crate::optim::Optimizer| o.state().0.iter().map(|(_, t)| t.numel() as u64 * t.dtype().size() as u64).sum::<u64>();
         match &self.zero {
             Some(z) => {
                 let per_slot = z.state_bytes();
@@ -244,7 +243,11 @@ impl<R: Replica> DataGrid<R> {
                     .map(|(r, s)| per_slot[s].get(r).copied().unwrap_or(0))
                     .collect()
             }
-            None => self.replicas.iter_mut().flat_map(|r| r.optimizers().into_iter().map(|(o, _, _)| bytes(&**o)).collect::<Vec<_>>()).collect(),
+            None => self
+                .replicas
+                .iter_mut()
+                .flat_map(|r| r.optimizers().into_iter().map(|(o, _, _)| zero::state_bytes(&**o)).collect::<Vec<_>>())
+                .collect(),
         }
     }
 
@@ -280,19 +283,8 @@ impl<R: Replica> DataGrid<R> {
                 if params[0].is_empty() {
                     continue;
                 }
-                let flats = params
-                    .iter()
-                    .map(|ps| {
-                        let parts = ps
-                            .iter()
-                            .map(|(_, p)| match p.grad() {
-                                Some(g) => g.reshape([p.numel()]),
-                                None => Tensor::zeros([p.numel()], p.device()),
-                            })
-                            .collect::<Result<Vec<_>>>()?;
-                        Tensor::cat(&parts, 0)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let every: Vec<usize> = (0..params[0].len()).collect();
+                let flats = params.iter().map(|ps| zero::flat_grads(ps, &every)).collect::<Result<Vec<_>>>()?;
                 comm.all_reduce(&flats, ReduceKind::Sum)?;
                 for (ps, flat) in params.iter().zip(&flats) {
                     let mut at = 0;

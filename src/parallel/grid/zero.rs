@@ -74,15 +74,7 @@ pub(super) fn check_config(cfg: &DataParallelConfig) -> Result<()> {
     if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
         return Err(Error::invalid(OP, format!("a grid's data axis does not take {what}")));
     }
-    if cfg.grad_dtype != DType::F32 && !matches!(cfg.shard, Shard::Grads | Shard::Full) {
-        return Err(Error::invalid(
-            OP,
-            format!("a {:?} gradient shard needs sharded gradients (Shard::Grads or Shard::Full), not {:?}", cfg.grad_dtype, cfg.shard),
-        ));
-    }
-    if cfg.grad_dtype == DType::I32 {
-        return Err(Error::invalid(OP, "gradients are kept in F32, Bf16 or F16, not I32"));
-    }
+    crate::parallel::data_parallel::construct::check_grad_dtype(OP, cfg)?;
     if cfg.bucket_bytes == 0 {
         return Err(Error::invalid(OP, "the bucket size must be at least 1 byte"));
     }
@@ -232,14 +224,7 @@ impl Zero {
 
     /// Each device's optimizer-state bytes (pieces only), per slot and local replica.
     pub fn state_bytes(&self) -> Vec<Vec<u64>> {
-        self.slots
-            .iter()
-            .map(|slot| {
-                slot.as_ref().map_or_else(Vec::new, |s| {
-                    s.opts.iter().map(|o| o.state().0.iter().map(|(_, t)| t.numel() as u64 * t.dtype().size() as u64).sum()).collect()
-                })
-            })
-            .collect()
+        self.slots.iter().map(|slot| slot.as_ref().map_or_else(Vec::new, |s| s.opts.iter().map(|o| state_bytes(&**o)).collect())).collect()
     }
 
     fn each(&self, comms: &[Box<dyn Communicator>], mut f: impl FnMut(&Slot, &dyn Communicator) -> Result<()>) -> Result<()> {
@@ -252,9 +237,14 @@ impl Zero {
     }
 }
 
+/// Bytes of the optimizer state `o` holds.
+pub(super) fn state_bytes(o: &dyn Optimizer) -> u64 {
+    o.state().0.iter().map(|(_, t)| t.numel() as u64 * t.dtype().size() as u64).sum()
+}
+
 /// The gradients of `params[bucket]`, flattened in bucket order (zeros where backward left
 /// none).
-fn flat_grads(params: &[(String, Tensor)], bucket: &[usize]) -> Result<Tensor> {
+pub(super) fn flat_grads(params: &[(String, Tensor)], bucket: &[usize]) -> Result<Tensor> {
     let parts = bucket
         .iter()
         .map(|&p| {
